@@ -1,0 +1,91 @@
+"""`quax.quaxify`: run a JAX program with its primitives dispatched on value types."""
+
+import functools as ft
+from collections.abc import Callable
+from typing import Any, Generic, TypeVar, cast
+
+import equinox as eqx
+import jax.tree_util as jtu
+from jaxtyping import PyTree
+
+from . import _plugins
+from ._compat import TraceTag, ensure_no_leaks, set_current_trace, take_current_trace
+from ._trace import QuaxTrace, QuaxTracer
+from ._values import is_value
+
+
+__all__ = ["quaxify"]
+
+_CT = TypeVar("_CT", bound=Callable[..., Any])
+
+
+def _unwrap(trace: QuaxTrace, x: Any) -> Any:
+    if isinstance(x, QuaxTracer) and x._trace.tag is trace.tag:
+        return x.value
+    return x
+
+
+class _Quaxify(eqx.Module, Generic[_CT]):
+    fn: _CT
+    filter_spec: PyTree[bool | Callable[[Any], bool]]
+
+    @property
+    def __wrapped__(self) -> _CT:
+        return self.fn
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        _plugins.autoload()
+        tree = (self.fn, args, kwargs)
+        if self.filter_spec is True and not any(
+            map(is_value, jtu.tree_leaves(tree, is_leaf=is_value))
+        ):
+            # No value to dispatch on: run the function as it is, untraced, so that
+            # functions with data-dependent shapes (`jnp.unique`, ...) keep working.
+            return self.fn(*args, **kwargs)
+        with take_current_trace() as parent_trace:
+            trace = QuaxTrace(parent_trace, TraceTag())
+            wrap = ft.partial(jtu.tree_map, trace.wrap, is_leaf=is_value)
+            if self.filter_spec is True:
+                fn, args, kwargs = wrap(tree)
+            else:
+                dynamic, static = eqx.partition(tree, self.filter_spec, is_leaf=is_value)
+                fn, args, kwargs = eqx.combine(wrap(dynamic), static, is_leaf=is_value)
+            with set_current_trace(trace):
+                out = fn(*args, **kwargs)
+            out = jtu.tree_map(ft.partial(_unwrap, trace), out)
+            del wrap
+            with ensure_no_leaks(trace):
+                del trace
+        return out
+
+    def __get__(self, instance: Any, owner: Any) -> Any:
+        if instance is None:
+            return self
+        return eqx.Partial(self, instance)
+
+
+def quaxify(fn: _CT, filter_spec: PyTree[bool | Callable[[Any], bool]] = True) -> _CT:
+    """Make `fn` understand [`quax.Value`][]s: each primitive it binds on one is
+    dispatched to the rule registered for the input types.
+
+    ```python
+    lora_linear = eqx.tree_at(lambda l: l.weight, linear, lora.LoraArray(...))
+    y = quax.quaxify(lambda m, x: m(x))(lora_linear, x)
+    ```
+
+    It composes with JAX's transforms in both orders (`jax.jit(quax.quaxify(f))` and
+    `quax.quaxify(jax.jit(f))`, likewise `grad`, `vmap`, ...), and with itself.
+
+    **Arguments:**
+
+    - `fn`: the function to transform; it need not know about quax.
+    - `filter_spec`: which of `(fn, args, kwargs)` to dispatch on, as for
+        `eqx.partition`. Values that it leaves out pass through unchanged, typically to
+        reach a nested `quaxify`.
+
+    **Returns:**
+
+    A callable `equinox.Module` with the signature of `fn`. Called with no `Value`
+    among the selected inputs, it runs `fn` unchanged.
+    """
+    return cast(_CT, eqx.module_update_wrapper(_Quaxify(fn, filter_spec)))

@@ -1,0 +1,279 @@
+"""The rule registry: `quax.register`, the dispatch cache, and rule resolution."""
+
+import dataclasses
+import functools as ft
+import importlib.metadata
+import warnings
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, TypeVar
+
+import plum
+
+from ._compat import Primitive
+from ._values import Value
+
+
+__all__ = [
+    "Resolution",
+    "RuleConflictWarning",
+    "register",
+    "fallback_rule",
+    "register_elementwise",
+    "resolve",
+    "rule_for",
+]
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+# A resolved rule takes the primitive's inputs as a sequence and its params as a
+# dict, whatever the rule's own calling convention was.
+Rule = Callable[[Sequence[Any], dict[str, Any]], Any]
+
+
+class RuleConflictWarning(UserWarning):
+    """Two registrations of the same signature for the same primitive."""
+
+
+@dataclasses.dataclass(frozen=True)
+class _Registration:
+    function: Callable[..., Any]
+    signature: plum.Signature
+    precedence: int
+
+
+# One plum function per primitive, plus what was registered on it.
+_functions: dict[Primitive, plum.Function] = {}
+_registrations: dict[Primitive, list[_Registration]] = {}
+# Whether every signature registered for a primitive is faithful, i.e. decided by
+# the input types alone; only then may a resolution be cached by types.
+_faithful: dict[Primitive, bool] = {}
+# The dispatch cache: (primitive, input types) -> rule. Cleared by `register`.
+_cache: dict[tuple[Primitive, tuple[type, ...]], Rule] = {}
+
+
+def register(primitive: Primitive, *, precedence: int = 0) -> Callable[[_F], _F]:
+    """Register a rule for `primitive`.
+
+    ```python
+    @quax.register(jax.lax.mul_p)
+    def _(x: MyArray, y: ArrayLike) -> MyArray:
+        ...
+    ```
+
+    Positional parameters are dispatched on by their annotations (subclasses of
+    [`quax.Value`][], or `jaxtyping.ArrayLike` and friends for plain arrays); keyword
+    parameters receive the primitive's params.
+
+    **Arguments:**
+
+    - `primitive`: the `jax.extend.core.Primitive` the rule is for.
+    - `precedence`: breaks ties between otherwise ambiguous rules; the higher wins.
+
+    **Returns:**
+
+    A decorator that registers the rule and returns it unchanged. The rule returns
+    the primitive's output: a `Value` or array, or a sequence of them for
+    primitives with `multiple_results`.
+    """
+
+    def _register(rule: _F) -> _F:
+        signature = plum.Signature.from_callable(rule, precedence=precedence)
+        existing = _registrations.setdefault(primitive, [])
+        for old in existing:
+            if old.signature == signature and old.precedence == precedence:
+                _report_conflict(primitive, old.function, rule)
+        existing.append(_Registration(rule, signature, precedence))
+        function = _functions.get(primitive)
+        if function is None:
+            function = _functions[primitive] = plum.Function(
+                _named(primitive), warn_redefinition=False
+            )
+        function.register(rule, precedence=precedence)
+        _faithful[primitive] = _faithful.get(primitive, True) and bool(
+            signature.is_faithful
+        )
+        _cache.clear()
+        return rule
+
+    return _register
+
+
+def register_elementwise(
+    primitives: Iterable[Primitive], *, precedence: int = 0
+) -> Callable[[_F], _F]:
+    """Register one rule for a whole set of primitives, like JAX's `defvectorized`.
+
+    The rule receives the primitive as its first positional argument:
+
+    ```python
+    @quax.register_elementwise([lax.sin_p, lax.cos_p, lax.exp_p])
+    def _(primitive, x: MyArray, **params) -> MyArray:
+        return MyArray(primitive.bind(x.array, **params))
+    ```
+
+    **Arguments:**
+
+    - `primitives`: the primitives the rule applies to.
+    - `precedence`: as for [`quax.register`][].
+
+    **Returns:**
+
+    A decorator that registers the rule for every primitive and returns it unchanged.
+    """
+
+    def _register(rule: _F) -> _F:
+        for primitive in primitives:
+            bound = ft.wraps(rule)(ft.partial(rule, primitive))
+            # `ft.partial` hides the first parameter from plum's signature reader.
+            bound.__signature__ = _drop_first_parameter(rule)  # type: ignore[attr-defined]
+            register(primitive, precedence=precedence)(bound)
+        return rule
+
+    return _register
+
+
+def _drop_first_parameter(rule: Callable[..., Any]) -> Any:
+    import inspect
+
+    signature = inspect.signature(rule)
+    parameters = list(signature.parameters.values())[1:]
+    return signature.replace(parameters=parameters)
+
+
+def _named(primitive: Primitive) -> Callable[..., Any]:
+    def rule(*args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError
+
+    rule.__name__ = rule.__qualname__ = f"quax_rule_{primitive.name}"
+    return rule
+
+
+def _distribution_of(function: Callable[..., Any]) -> str:
+    """The installed distribution that defines `function`, for reports."""
+    package = (getattr(function, "__module__", None) or "?").split(".")[0]
+    distributions = importlib.metadata.packages_distributions().get(package)
+    if distributions:
+        return f"{distributions[0]} ({function.__module__}.{function.__qualname__})"
+    return f"{function.__module__}.{function.__qualname__}"
+
+
+def _report_conflict(primitive: Primitive, old: Callable[..., Any], new: Callable[..., Any]) -> None:
+    warnings.warn(
+        f"Two rules for primitive `{primitive.name}` have the same signature and "
+        f"precedence: {_distribution_of(old)} and {_distribution_of(new)}. The later "
+        f"registration, {_distribution_of(new)}, wins; register one of them with a "
+        "different `precedence=` to choose explicitly.",
+        RuleConflictWarning,
+        stacklevel=3,
+    )
+
+
+# Resolution ---------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Resolution:
+    """How a primitive applied to some input types is computed, and why.
+
+    `kind` is `"rule"` (a registered rule), `"default"` (a type's `default`), or
+    `"materialise"` (no rule: every `Value` is densified and the primitive bound).
+    """
+
+    kind: str
+    function: Callable[..., Any] | None
+    reason: str
+
+
+def _overrides_default(cls: type) -> bool:
+    return cls.default is not Value.default
+
+
+def resolve(primitive: Primitive, values: Sequence[Any]) -> Resolution:
+    """Find how `primitive` applies to `values` (no caching).
+
+    **Arguments:**
+
+    - `primitive`: the primitive being bound.
+    - `values`: its inputs (`Value`s, arrays, or `ShapeDtypeStruct`-like stand-ins).
+
+    **Returns:**
+
+    A [`quax.Resolution`][] naming the rule and the reason it was chosen.
+    """
+    function = _functions.get(primitive)
+    if function is not None:
+        try:
+            method, _ = function.resolve_method(tuple(values))
+        except plum.NotFoundLookupError:
+            pass
+        except plum.AmbiguousLookupError as e:
+            names = ", ".join(type(v).__qualname__ for v in values)
+            raise TypeError(
+                f"Ambiguous quax rules for primitive `{primitive.name}` on input types "
+                f"({names}): {e}. Register a more specific rule, or pass "
+                "`precedence=` to `quax.register` to choose one."
+            ) from None
+        else:
+            return Resolution(
+                "rule", method, f"registered rule {method.__module__}.{method.__qualname__}"
+            )
+    return _resolve_fallback(primitive, values)
+
+
+def _resolve_fallback(primitive: Primitive, values: Sequence[Any]) -> Resolution:
+    overriding = list(
+        dict.fromkeys(type(v) for v in values if isinstance(v, Value) and _overrides_default(type(v)))
+    )
+    if len(overriding) > 1:
+        names = " and ".join(f"`{t.__module__}.{t.__qualname__}`" for t in overriding)
+        raise TypeError(
+            f"No quax rule for primitive `{primitive.name}` on input types "
+            f"({', '.join(type(v).__qualname__ for v in values)}), and both {names} "
+            "override `Value.default`, so quax cannot choose a fallback. Register a rule "
+            f"for `{primitive.name}` on these types with `quax.register`."
+        )
+    if overriding:
+        cls = overriding[0]
+        return Resolution("default", cls.default, f"`{cls.__qualname__}.default` (no matching rule)")
+    return Resolution(
+        "materialise", None, "no rule and no `default` override: materialise and bind"
+    )
+
+
+def _materialise_and_bind(primitive: Primitive) -> Rule:
+    def rule(values: Sequence[Any], params: dict[str, Any]) -> Any:
+        dense = [v.materialise() if isinstance(v, Value) else v for v in values]
+        return primitive.bind(*dense, **params)
+
+    return rule
+
+
+def _as_rule(primitive: Primitive, resolution: Resolution) -> Rule:
+    function = resolution.function
+    if resolution.kind == "rule":
+        assert function is not None
+        return lambda values, params: function(*values, **params)
+    if resolution.kind == "default":
+        assert function is not None
+        return lambda values, params: function(primitive, values, params)
+    return _materialise_and_bind(primitive)
+
+
+def fallback_rule(primitive: Primitive, values: Sequence[Any]) -> Rule:
+    """The rule used when no registered rule applies to `values`: the `default` of
+    the one type overriding it, else materialise and bind. A registered rule that
+    handles only some cases calls this for the others."""
+    return _as_rule(primitive, _resolve_fallback(primitive, values))
+
+
+def rule_for(primitive: Primitive, values: Sequence[Any]) -> Rule:
+    """The rule for `primitive` on `values`, through the dispatch cache."""
+    key = (primitive, tuple(map(type, values)))
+    try:
+        return _cache[key]
+    except KeyError:
+        pass
+    rule = _as_rule(primitive, resolve(primitive, values))
+    if _faithful.get(primitive, True):
+        _cache[key] = rule
+    return rule

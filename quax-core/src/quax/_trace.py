@@ -1,0 +1,145 @@
+"""The quax transform: a `Trace`/`Tracer` pair, as `jax.vmap`'s `BatchTrace`.
+
+A `QuaxTracer` stands for one [`quax.Value`][] inside a quaxified function. When a
+primitive is bound with at least one of them, `QuaxTrace.process_primitive` looks up a
+rule for the input types (through the registry's cache) and runs it under the parent
+trace. Higher-order primitives have rules in `_higher_order.py` like any other.
+"""
+
+import os
+from collections.abc import Sequence
+from typing import Any
+
+from . import _registry, _values
+from ._compat import Primitive, Trace, TraceTag, Tracer, set_current_trace, typeof
+from ._values import Value
+
+
+__all__ = ["QuaxTrace", "QuaxTracer", "set_debug_checks"]
+
+_debug_checks = os.environ.get("QUAX_DEBUG_CHECKS", "") not in ("", "0")
+
+
+def set_debug_checks(enabled: bool) -> None:
+    """Check every rule's output against the primitive's abstract evaluation.
+
+    When enabled, a rule whose output shape or dtype disagrees with what JAX expects
+    from the primitive raises an error naming the rule. It costs one abstract
+    evaluation per primitive at trace time, so it is off unless turned on here or with
+    the environment variable `QUAX_DEBUG_CHECKS=1`.
+
+    **Arguments:**
+
+    - `enabled`: whether to check.
+
+    **Returns:**
+
+    Nothing.
+    """
+    global _debug_checks
+    _debug_checks = enabled
+
+
+class QuaxTracer(Tracer):
+    """A [`quax.Value`][] inside a quaxified function."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, trace: "QuaxTrace", value: Value) -> None:
+        self._trace = trace
+        self.aval = value.aval()
+        self.value = value
+
+    def full_lower(self) -> "QuaxTracer":
+        return self
+
+    def __repr__(self) -> str:
+        return f"QuaxTracer({self.value!r})"
+
+
+class QuaxTrace(Trace):
+    """Reinterprets every primitive bound on a `QuaxTracer` by dispatching on types."""
+
+    __slots__ = ("parent_trace", "tag")
+
+    def __init__(self, parent_trace: Trace, tag: TraceTag) -> None:
+        super().__init__()
+        self.parent_trace = parent_trace
+        self.tag = tag
+
+    def to_value(self, x: Any) -> Any:
+        """The `Value` behind one of this trace's tracers; anything else unchanged."""
+        if isinstance(x, QuaxTracer) and x._trace.tag is self.tag:
+            return x.value
+        return x
+
+    def wrap(self, x: Any) -> Any:
+        """A tracer of this trace for a `Value`; anything else unchanged."""
+        if isinstance(x, Value):
+            return QuaxTracer(self, x)
+        return x
+
+    def stage_value(self, val: Any) -> Any:
+        if isinstance(val, QuaxTracer) and val._trace.tag is self.tag:
+            return val
+        return self.parent_trace.stage_value(val)
+
+    def process_primitive(self, primitive: Primitive, tracers: Sequence[Any], params: dict[str, Any], /) -> Any:
+        values = [self.to_value(t) for t in tracers]
+        if not any(isinstance(v, Value) for v in values):
+            return self.parent_trace.process_primitive(primitive, values, params)
+        rule = _registry.rule_for(primitive, values)
+        with set_current_trace(self.parent_trace):
+            if _values.tracking():
+                with _values.current_primitive(primitive):
+                    out = rule(values, params)
+            else:
+                out = rule(values, params)
+            if _debug_checks:
+                _check_rule_output(primitive, values, params, out)
+        if primitive.multiple_results:
+            return [self.wrap(o) for o in out]
+        return self.wrap(out)
+
+    def process_custom_jvp_call(self, primitive: Primitive, fun: Any, jvp: Any, tracers: Sequence[Any], /, *, symbolic_zeros: bool) -> Any:
+        # The custom rule is written for dense inputs, so run the function's own body
+        # on the values: its primitives dispatch as usual and keep the structure.
+        # Differentiation (by a trace below this one) goes through that body.
+        del primitive, jvp, symbolic_zeros
+        with set_current_trace(self):
+            return fun.call_wrapped(*tracers)
+
+    def process_custom_vjp_call(self, primitive: Primitive, fun: Any, fwd: Any, bwd: Any, tracers: Sequence[Any], /, *, out_trees: Any, symbolic_zeros: bool) -> Any:
+        del primitive, fwd, bwd, out_trees, symbolic_zeros
+        with set_current_trace(self):
+            return fun.call_wrapped(*tracers)
+
+
+def _check_rule_output(primitive: Primitive, values: Sequence[Any], params: dict[str, Any], out: Any) -> None:
+    """Compare a rule's output avals with the primitive's abstract evaluation."""
+    from ._higher_order import HIGHER_ORDER
+
+    if primitive in HIGHER_ORDER:
+        return
+    in_avals = [v.aval() if isinstance(v, Value) else typeof(v) for v in values]
+    try:
+        expected, _ = primitive.abstract_eval(*in_avals, **params)
+    except Exception:  # noqa: BLE001 - primitives without abstract evaluation
+        return
+    outs = out if primitive.multiple_results else [out]
+    expected = expected if primitive.multiple_results else [expected]
+    got = [o.aval() if isinstance(o, Value) else typeof(o) for o in outs]
+    for i, (g, e) in enumerate(zip(got, expected, strict=False)):
+        if getattr(g, "shape", None) != getattr(e, "shape", None) or getattr(g, "dtype", None) != getattr(e, "dtype", None):
+            rule = _registry.resolve(primitive, values)
+            raise TypeError(
+                f"The quax rule for `{primitive.name}` on input types "
+                f"({', '.join(type(v).__qualname__ for v in values)}) returned output {i} "
+                f"with aval {g.str_short()}, but `{primitive.name}` gives "
+                f"{e.str_short()} for these inputs. Rule: {rule.reason}."
+            )
+    if len(got) != len(expected):
+        raise TypeError(
+            f"The quax rule for `{primitive.name}` returned {len(got)} outputs; "
+            f"`{primitive.name}` has {len(expected)}."
+        )

@@ -1,0 +1,217 @@
+"""The values quax dispatches on: `Value`, `ArrayValue`, and materialisation tracking."""
+
+import abc
+import contextlib
+import dataclasses
+import functools as ft
+import threading
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, ClassVar, TypeAlias, TypeGuard
+
+import equinox as eqx
+from jaxtyping import ArrayLike
+
+from ._compat import Primitive, ShapedArray
+
+
+__all__ = [
+    "ArrayValue",
+    "MaterialisationReport",
+    "Value",
+    "ValueLike",
+    "is_value",
+    "track_materialisation",
+]
+
+
+class Value(eqx.Module):
+    """An object that quax dispatches on.
+
+    Subclass it (usually through [`quax.ArrayValue`][]) and implement `aval` and
+    `materialise`. Rules for it are registered with [`quax.register`][]; primitives
+    without a rule fall back to `default`.
+    """
+
+    @abc.abstractmethod
+    def aval(self) -> Any:
+        """The abstract value JAX sees for this object.
+
+        It must be pure: the same instance always gives the same aval. Python metadata
+        that changes it belongs in static fields.
+
+        **Returns:**
+
+        A JAX abstract value, typically a `jax.core.ShapedArray`.
+        """
+
+    @abc.abstractmethod
+    def materialise(self) -> Any:
+        """The dense JAX array this object represents.
+
+        Raise here (naming the type and how to allow it) if densifying would be too
+        costly or would lose information.
+
+        **Returns:**
+
+        A JAX array whose shape and dtype match `self.aval()`.
+        """
+
+    @staticmethod
+    def default(
+        primitive: Primitive, values: Sequence["ValueLike"], params: dict[str, Any]
+    ) -> "ValueLike | Sequence[ValueLike]":
+        """The rule used when no registered rule matches.
+
+        For `primitive.bind(*values, **params)`, quax uses, in order: a registered
+        rule matching the input types; else the `default` of the single input type
+        that overrides this method; else it materialises every `Value` and binds the
+        primitive as usual. Two input types overriding `default` is a `TypeError`.
+
+        **Arguments:**
+
+        - `primitive`: the primitive being bound.
+        - `values`: its inputs, each a `Value` or a JAX array-like.
+        - `params`: the primitive's parameters.
+
+        **Returns:**
+
+        The primitive's output: one value, or a sequence of them when
+        `primitive.multiple_results` is true.
+        """
+        dense = [v.materialise() if isinstance(v, Value) else v for v in values]
+        return primitive.bind(*dense, **params)
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        # Record every materialisation while a `track_materialisation` block is
+        # active. The wrapper costs one attribute read when nothing is tracked.
+        own = cls.__dict__.get("materialise")
+        if own is not None and not getattr(own, "__isabstractmethod__", False):
+            setattr(cls, "materialise", _tracked(own))
+
+
+ValueLike: TypeAlias = Value | ArrayLike
+
+
+def is_value(x: Any) -> TypeGuard[Value]:
+    """Whether `x` is a [`quax.Value`][]."""
+    return isinstance(x, Value)
+
+
+class ArrayValue(Value):
+    """A [`quax.Value`][] that represents an array: it gains `shape`, `dtype`, `ndim`
+    and `size` from its `aval`, which must be a `jax.core.ShapedArray`."""
+
+    @abc.abstractmethod
+    def aval(self) -> ShapedArray:
+        """See [`quax.Value.aval`][]."""
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.aval().shape
+
+    @property
+    def dtype(self) -> Any:
+        return self.aval().dtype
+
+    @property
+    def ndim(self) -> int:
+        return self.aval().ndim
+
+    @property
+    def size(self) -> int:
+        return self.aval().size
+
+
+# Materialisation tracking ------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class MaterialisationReport:
+    """What a block of code materialised: a count per (primitive name, value type).
+
+    The primitive is the one quax was dispatching when the value was densified
+    (`"<outside>"` when it happened outside any primitive, e.g. a user call).
+    """
+
+    counts: Counter[tuple[str, str]] = dataclasses.field(default_factory=Counter)
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+    def __bool__(self) -> bool:
+        return self.total > 0
+
+    def __str__(self) -> str:
+        if not self.counts:
+            return "no value was materialised"
+        lines = ["materialised values (primitive, type: count):"]
+        for (prim, typ), n in self.counts.most_common():
+            lines.append(f"  {prim}, {typ}: {n}")
+        return "\n".join(lines)
+
+
+class _State(threading.local):
+    reports: list[MaterialisationReport]
+    primitive: str
+
+    def __init__(self) -> None:
+        self.reports = []
+        self.primitive = "<outside>"
+
+
+_state = _State()
+
+
+@contextlib.contextmanager
+def current_primitive(primitive: Primitive) -> Iterator[None]:
+    """Name `primitive` as the one being dispatched, for materialisation reports."""
+    previous = _state.primitive
+    _state.primitive = primitive.name
+    try:
+        yield
+    finally:
+        _state.primitive = previous
+
+
+def tracking() -> bool:
+    return bool(_state.reports)
+
+
+def _tracked(materialise: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    @ft.wraps(materialise)
+    def wrapper(self: Any) -> Any:
+        if _state.reports:
+            key = (_state.primitive, type(self).__qualname__)
+            for report in _state.reports:
+                report.counts[key] += 1
+        return materialise(self)
+
+    return wrapper
+
+
+@contextlib.contextmanager
+def track_materialisation() -> Iterator[MaterialisationReport]:
+    """Record every [`quax.Value`][] materialised inside the block.
+
+    ```python
+    with quax.track_materialisation() as report:
+        jax.jit(quax.quaxify(f)).lower(x)
+    print(report)  # which primitive densified which type, and how often
+    ```
+
+    Materialisation happens at trace time, so trace the function inside the block
+    (call it, or `.lower` it) rather than reusing an already compiled one.
+
+    **Returns:**
+
+    A [`quax.MaterialisationReport`][], filled in as the block runs.
+    """
+    report = MaterialisationReport()
+    _state.reports.append(report)
+    try:
+        yield report
+    finally:
+        _state.reports.remove(report)
