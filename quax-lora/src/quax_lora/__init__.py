@@ -1,0 +1,1 @@
+"""quax-lora (work in progress)."""

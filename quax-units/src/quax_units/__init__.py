@@ -1,0 +1,1 @@
+"""quax-units (work in progress)."""
