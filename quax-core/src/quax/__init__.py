@@ -1,6 +1,11 @@
 """Quax: multiple dispatch over custom array-ish objects in JAX."""
 
-from . import _higher_order as _higher_order  # registers the higher-order rules
+from . import (
+    _higher_order as _higher_order,  # registers the higher-order rules
+    examples as examples,
+    hookspecs as hookspecs,
+    plugins as plugins,
+)
 from ._higher_order import JoinError as JoinError
 from ._quaxify import quaxify as quaxify
 from ._registry import (
@@ -20,3 +25,13 @@ from ._values import (
     track_materialisation as track_materialisation,
 )
 from ._version import __version__ as __version__
+
+
+def __getattr__(name: str) -> object:
+    # `quax.lora` (and any other family) as in the published quax: resolved lazily.
+    if name.startswith("__"):
+        raise AttributeError(name)
+    try:
+        return getattr(examples, name)
+    except ImportError as e:
+        raise AttributeError(f"module 'quax' has no attribute {name!r} ({e})") from e

@@ -1,5 +1,278 @@
-"""Plugin discovery (placeholder until the loader lands)."""
+"""The plugin loader: discovers the families declared in the `quax.rules`
+entry-point group and manages them with pluggy.
+
+Families load lazily, once: on the first quaxified call, the first
+`quax.examples.<name>` import, or an explicit `quax.plugins.load()`. Setting
+`QUAX_DISABLE_PLUGIN_AUTOLOAD=1` turns the automatic loading off; `load(name)` still
+loads a named family. A family that fails is reported once, as a warning naming its
+distribution and the error, and the others keep working.
+"""
+
+import dataclasses
+import importlib
+import importlib.metadata
+import os
+import warnings
+from collections.abc import Sequence
+from types import ModuleType
+from typing import Any
+
+import pluggy
+
+from . import hookspecs
+
+
+__all__ = [
+    "ENTRY_POINT_GROUP",
+    "Family",
+    "PluginWarning",
+    "autoload",
+    "block",
+    "example_module",
+    "families",
+    "load",
+    "manager",
+]
+
+ENTRY_POINT_GROUP = "quax.rules"
+DISABLE_ENV = "QUAX_DISABLE_PLUGIN_AUTOLOAD"
+
+# The distributions of the families this project publishes, for the error raised
+# when `quax.examples.<name>` names one that is not installed.
+KNOWN_DISTRIBUTIONS = {
+    "lora": "quax-lora",
+    "sparse": "quax-sparse",
+    "units": "quax-units",
+    "unitful": "quax-units",
+    "quant": "quax-quant",
+    "quantised": "quax-quant",
+    "structured": "quax-structured",
+    "structured_matrices": "quax-structured",
+    "named": "quax-named",
+}
+
+
+class PluginWarning(UserWarning):
+    """A quax family failed to load."""
+
+
+@dataclasses.dataclass
+class Family:
+    """An installed quax family, as the loader sees it.
+
+    **Fields:**
+
+    - `name`: the entry point's name (`lora`, `units`, ...).
+    - `distribution`, `version`: the distribution that declares it.
+    - `entry_point`: the entry point's value (`quax_lora._plugin`).
+    - `state`: `"available"` (not loaded yet), `"loaded"`, `"failed"` or `"blocked"`.
+    - `error`: why it failed, if it did.
+    - `plugin`: the loaded entry-point object.
+    """
+
+    name: str
+    distribution: str
+    version: str
+    entry_point: importlib.metadata.EntryPoint
+    state: str = "available"
+    error: str | None = None
+    plugin: Any = None
+
+
+_manager = pluggy.PluginManager(hookspecs.PROJECT)
+_manager.add_hookspecs(hookspecs)
+_families: dict[str, Family] | None = None
+_blocked: set[str] = set()
+_autoloaded = False
+
+
+def manager() -> pluggy.PluginManager:
+    """The pluggy plugin manager holding every loaded family."""
+    return _manager
+
+
+def _discover() -> dict[str, Family]:
+    global _families
+    if _families is None:
+        found: dict[str, Family] = {}
+        for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+            dist = ep.dist
+            found.setdefault(
+                ep.name,
+                Family(
+                    ep.name,
+                    dist.name if dist is not None else "?",
+                    dist.version if dist is not None else "?",
+                    ep,
+                    state="blocked" if ep.name in _blocked else "available",
+                ),
+            )
+        _families = found
+    return _families
+
+
+def families() -> list[Family]:
+    """Every installed family, whether loaded or not (this loads none).
+
+    **Returns:**
+
+    A list of [`quax.plugins.Family`][].
+    """
+    return list(_discover().values())
 
 
 def autoload() -> None:
-    """Load every installed family once."""
+    """Load every installed family, the first time it is called, unless
+    `QUAX_DISABLE_PLUGIN_AUTOLOAD` is set. Cheap afterwards: quaxify calls it."""
+    global _autoloaded
+    if _autoloaded:
+        return
+    _autoloaded = True
+    if os.environ.get(DISABLE_ENV, "") not in ("", "0"):
+        return
+    load()
+
+
+def load(name: str | None = None) -> list[Family]:
+    """Load the named family, or every installed one that is not blocked.
+
+    Each family is loaded once; loading one again does nothing.
+
+    **Arguments:**
+
+    - `name`: an entry-point name, or `None` for all.
+
+    **Returns:**
+
+    The families that were asked for, with their state.
+    """
+    found = _discover()
+    if name is not None:
+        if name not in found:
+            raise LookupError(
+                f"No quax family named {name!r} is installed (installed: "
+                f"{', '.join(sorted(found)) or 'none'})."
+            )
+        _blocked.discard(name)
+        chosen = [found[name]]
+    else:
+        chosen = [f for f in found.values() if f.name not in _blocked]
+    for family in chosen:
+        if family.state in ("available", "blocked"):
+            _load_one(family)
+    return chosen
+
+
+def block(name: str) -> None:
+    """Keep a family from being loaded automatically (it can still be loaded with
+    `load(name)`). It must be called before the family loads.
+
+    **Arguments:**
+
+    - `name`: the family's entry-point name.
+
+    **Returns:**
+
+    Nothing.
+    """
+    _blocked.add(name)
+    family = _discover().get(name)
+    if family is not None and family.state == "available":
+        family.state = "blocked"
+
+
+def _load_one(family: Family) -> None:
+    try:
+        plugin = family.entry_point.load()
+        _manager.register(plugin, name=family.name)
+        try:
+            _manager.subset_hook_caller(
+                "quax_register_rules", remove_plugins=_others(plugin)
+            )()
+        except BaseException:
+            _manager.unregister(plugin)
+            raise
+    except Exception as e:  # noqa: BLE001 - isolate every failure of one family
+        family.state = "failed"
+        family.error = f"{type(e).__name__}: {e}"
+        warnings.warn(
+            f"The quax family {family.name!r} (distribution {family.distribution} "
+            f"{family.version}) failed to load and is disabled: {family.error}",
+            PluginWarning,
+            stacklevel=3,
+        )
+    else:
+        family.state = "loaded"
+        family.plugin = plugin
+
+
+def _others(plugin: Any) -> list[Any]:
+    return [p for p in _manager.get_plugins() if p is not plugin]
+
+
+def _hook(family: Family, hook: str) -> Any:
+    return getattr(_manager.subset_hook_caller(hook, remove_plugins=_others(family.plugin)), "__call__")()
+
+
+def value_types(family: Family) -> list[type]:
+    """The value types a loaded family declares (empty if not loaded)."""
+    if family.state != "loaded":
+        return []
+    return [t for result in _hook(family, "quax_value_types") for t in result]
+
+
+def _aliases(family: Family) -> list[str]:
+    if family.state != "loaded":
+        return []
+    return [a for result in _hook(family, "quax_example_aliases") for a in result]
+
+
+def example_module(name: str) -> ModuleType:
+    """The module `quax.examples.<name>` resolves to: the installed family with that
+    entry-point name or alias.
+
+    **Arguments:**
+
+    - `name`: a family name or alias (`lora`, `unitful`, `structured_matrices`, ...).
+
+    **Returns:**
+
+    The family's public module.
+
+    **Raises:**
+
+    `ImportError` naming the distribution to install when no family provides `name`.
+    """
+    if name == "zero":
+        return importlib.import_module("quax.zero")
+    autoload()
+    found = _discover()
+    candidates = [found[name]] if name in found else list(found.values())
+    for family in candidates:
+        if family.state != "loaded" and family.name == name:
+            load(name)
+        if family.state == "loaded" and (family.name == name or name in _aliases(family)):
+            module = _hook(family, "quax_example_module")
+            # Without the hook, the family's top-level package.
+            return module or importlib.import_module(family.entry_point.module.split(".")[0])
+    family = found.get(name)
+    if family is not None and family.state == "failed":
+        raise ImportError(
+            f"quax.examples.{name}: the family {name!r} ({family.distribution}) is "
+            f"installed but failed to load: {family.error}"
+        )
+    distribution = KNOWN_DISTRIBUTIONS.get(name)
+    hint = (
+        f"install the distribution `{distribution}` (`pip install {distribution}`)"
+        if distribution
+        else "install a distribution that declares it in the `quax.rules` entry-point group"
+    )
+    raise ImportError(f"quax.examples.{name} is not available: {hint}.", name=f"quax.examples.{name}")
+
+
+def _reset_for_tests(names: Sequence[str] = ()) -> None:
+    """Forget discovery (after installing a distribution in a test)."""
+    global _families, _autoloaded
+    _families = None
+    _autoloaded = False
+    _blocked.difference_update(names)

@@ -25,6 +25,19 @@ def _unwrap(trace: QuaxTrace, x: Any) -> Any:
     return x
 
 
+def _run(trace: QuaxTrace, filter_spec: Any, tree: Any) -> Any:
+    """Call `fn(*args, **kwargs)` (from `tree`) with its values as `trace`'s tracers."""
+    wrap = ft.partial(jtu.tree_map, trace.wrap, is_leaf=is_value)
+    if filter_spec is True:
+        fn, args, kwargs = wrap(tree)
+    else:
+        dynamic, static = eqx.partition(tree, filter_spec, is_leaf=is_value)
+        fn, args, kwargs = eqx.combine(wrap(dynamic), static, is_leaf=is_value)
+    with set_current_trace(trace):
+        out = fn(*args, **kwargs)
+    return jtu.tree_map(ft.partial(_unwrap, trace), out)
+
+
 class _Quaxify(eqx.Module, Generic[_CT]):
     fn: _CT
     filter_spec: PyTree[bool | Callable[[Any], bool]]
@@ -44,16 +57,7 @@ class _Quaxify(eqx.Module, Generic[_CT]):
             return self.fn(*args, **kwargs)
         with take_current_trace() as parent_trace:
             trace = QuaxTrace(parent_trace, TraceTag())
-            wrap = ft.partial(jtu.tree_map, trace.wrap, is_leaf=is_value)
-            if self.filter_spec is True:
-                fn, args, kwargs = wrap(tree)
-            else:
-                dynamic, static = eqx.partition(tree, self.filter_spec, is_leaf=is_value)
-                fn, args, kwargs = eqx.combine(wrap(dynamic), static, is_leaf=is_value)
-            with set_current_trace(trace):
-                out = fn(*args, **kwargs)
-            out = jtu.tree_map(ft.partial(_unwrap, trace), out)
-            del wrap
+            out = _run(trace, self.filter_spec, tree)
             with ensure_no_leaks(trace):
                 del trace
         return out

@@ -77,21 +77,23 @@ def register(primitive: Primitive, *, precedence: int = 0) -> Callable[[_F], _F]
     """
 
     def _register(rule: _F) -> _F:
-        signature = plum.Signature.from_callable(rule, precedence=precedence)
-        existing = _registrations.setdefault(primitive, [])
-        for old in existing:
-            if old.signature == signature and old.precedence == precedence:
-                _report_conflict(primitive, old.function, rule)
-        existing.append(_Registration(rule, signature, precedence))
-        function = _functions.get(primitive)
-        if function is None:
-            function = _functions[primitive] = plum.Function(
-                _named(primitive), warn_redefinition=False
-            )
-        function.register(rule, precedence=precedence)
-        _faithful[primitive] = _faithful.get(primitive, True) and bool(
-            signature.is_faithful
-        )
+        new = _Registration(rule, plum.Signature.from_callable(rule), precedence)
+        registrations = _registrations.setdefault(primitive, [])
+        for i, old in enumerate(registrations):
+            # Equal signatures (precedence aside) never both reach plum: the higher
+            # precedence wins, and on a tie the later registration.
+            if old.signature == new.signature and old.function is not rule:
+                _report_conflict(primitive, old, rule, precedence)
+                if precedence >= old.precedence:
+                    registrations[i] = new
+                break
+        else:
+            registrations.append(new)
+        function = plum.Function(_named(primitive), warn_redefinition=False)
+        for registration in registrations:
+            function.register(registration.function, precedence=registration.precedence)
+        _functions[primitive] = function
+        _faithful[primitive] = all(r.signature.is_faithful for r in registrations)
         _cache.clear()
         return rule
 
@@ -157,12 +159,22 @@ def _distribution_of(function: Callable[..., Any]) -> str:
     return f"{function.__module__}.{function.__qualname__}"
 
 
-def _report_conflict(primitive: Primitive, old: Callable[..., Any], new: Callable[..., Any]) -> None:
+def _report_conflict(
+    primitive: Primitive, old: _Registration, new: Callable[..., Any], precedence: int
+) -> None:
+    old_name, new_name = _distribution_of(old.function), _distribution_of(new)
+    if precedence == old.precedence:
+        outcome = (
+            f"both have precedence {precedence}, so the later one, {new_name}, wins; "
+            "give one of them a different `precedence=` to choose explicitly"
+        )
+    else:
+        winner = new_name if precedence > old.precedence else old_name
+        outcome = f"{winner} wins by its higher precedence"
     warnings.warn(
-        f"Two rules for primitive `{primitive.name}` have the same signature and "
-        f"precedence: {_distribution_of(old)} and {_distribution_of(new)}. The later "
-        f"registration, {_distribution_of(new)}, wins; register one of them with a "
-        "different `precedence=` to choose explicitly.",
+        f"Two quax rules for primitive `{primitive.name}` have the same signature: "
+        f"{old_name} (precedence {old.precedence}) and {new_name} (precedence "
+        f"{precedence}); {outcome}.",
         RuleConflictWarning,
         stacklevel=3,
     )
@@ -189,25 +201,27 @@ def _overrides_default(cls: type) -> bool:
 
 
 def resolve(primitive: Primitive, values: Sequence[Any]) -> Resolution:
-    """Find how `primitive` applies to `values` (no caching).
+    """Find how `primitive` applies to `values`, and why (no caching).
 
     **Arguments:**
 
     - `primitive`: the primitive being bound.
-    - `values`: its inputs (`Value`s, arrays, or `ShapeDtypeStruct`-like stand-ins).
+    - `values`: its inputs, or their types (`jax.Array` for a plain array).
 
     **Returns:**
 
     A [`quax.Resolution`][] naming the rule and the reason it was chosen.
     """
     function = _functions.get(primitive)
+    by_type = all(isinstance(v, type) for v in values)
     if function is not None:
         try:
-            method, _ = function.resolve_method(tuple(values))
+            target = plum.Signature(*values) if by_type else tuple(values)
+            method, _ = function.resolve_method(target)
         except plum.NotFoundLookupError:
             pass
         except plum.AmbiguousLookupError as e:
-            names = ", ".join(type(v).__qualname__ for v in values)
+            names = ", ".join(_type_name(v) for v in values)
             raise TypeError(
                 f"Ambiguous quax rules for primitive `{primitive.name}` on input types "
                 f"({names}): {e}. Register a more specific rule, or pass "
@@ -220,15 +234,20 @@ def resolve(primitive: Primitive, values: Sequence[Any]) -> Resolution:
     return _resolve_fallback(primitive, values)
 
 
+def _type_name(v: Any) -> str:
+    return (v if isinstance(v, type) else type(v)).__qualname__
+
+
 def _resolve_fallback(primitive: Primitive, values: Sequence[Any]) -> Resolution:
+    types = [v if isinstance(v, type) else type(v) for v in values]
     overriding = list(
-        dict.fromkeys(type(v) for v in values if isinstance(v, Value) and _overrides_default(type(v)))
+        dict.fromkeys(t for t in types if issubclass(t, Value) and _overrides_default(t))
     )
     if len(overriding) > 1:
         names = " and ".join(f"`{t.__module__}.{t.__qualname__}`" for t in overriding)
         raise TypeError(
             f"No quax rule for primitive `{primitive.name}` on input types "
-            f"({', '.join(type(v).__qualname__ for v in values)}), and both {names} "
+            f"({', '.join(map(_type_name, values))}), and both {names} "
             "override `Value.default`, so quax cannot choose a fallback. Register a rule "
             f"for `{primitive.name}` on these types with `quax.register`."
         )

@@ -55,8 +55,8 @@ def quax_value_types() -> Sequence[type[Value]]:
 
 @hookspec(firstresult=True)
 def quax_example_module() -> ModuleType:
-    """The module that `quax.examples.<name>` resolves to (usually the family's
-    public package).
+    """The module that `quax.examples.<name>` resolves to. Without this hook it is
+    the top-level package of the entry point's module.
 
     **Returns:**
 

@@ -1,0 +1,111 @@
+"""Introspection: which families are installed, which rule a primitive resolves to,
+and what a program materialises."""
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.extend.core.primitives as jprim
+
+from . import _plugins, _registry
+from ._compat import Primitive
+from ._values import MaterialisationReport, track_materialisation
+
+
+__all__ = ["FamilySummary", "materialisations", "primitive_named", "summarise"]
+
+
+@dataclasses.dataclass(frozen=True)
+class FamilySummary:
+    """One installed family: where it comes from and what it registers."""
+
+    name: str
+    distribution: str
+    version: str
+    state: str
+    value_types: tuple[str, ...]
+    num_rules: int
+    primitives: tuple[str, ...]
+    error: str | None
+
+
+def _package(family: _plugins.Family) -> str:
+    return family.entry_point.module.split(".")[0]
+
+
+def summarise(load: bool = True) -> list[FamilySummary]:
+    """Describe every installed family.
+
+    **Arguments:**
+
+    - `load`: load the families first (otherwise unloaded ones show no rules).
+
+    **Returns:**
+
+    A list of [`quax.plugins.FamilySummary`][].
+    """
+    if load:
+        _plugins.load()
+    out = []
+    for family in _plugins.families():
+        package = _package(family)
+        prims = sorted(
+            {
+                p.name
+                for p, regs in _registry._registrations.items()
+                for r in regs
+                if (getattr(r.function, "__module__", "") or "").split(".")[0] == package
+            }
+        )
+        num_rules = sum(
+            1
+            for regs in _registry._registrations.values()
+            for r in regs
+            if (getattr(r.function, "__module__", "") or "").split(".")[0] == package
+        )
+        out.append(
+            FamilySummary(
+                family.name,
+                family.distribution,
+                family.version,
+                family.state,
+                tuple(t.__qualname__ for t in _plugins.value_types(family)),
+                num_rules,
+                tuple(prims),
+                family.error,
+            )
+        )
+    return out
+
+
+def primitive_named(name: str) -> Primitive:
+    """The JAX primitive called `name` (`"dot_general"`, `"mul"`, ...)."""
+    for primitive in _registry._registrations:
+        if primitive.name == name:
+            return primitive
+    candidate = getattr(jprim, f"{name}_p", None)
+    if isinstance(candidate, Primitive):
+        return candidate
+    raise LookupError(f"No JAX primitive named {name!r}.")
+
+
+def materialisations(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> MaterialisationReport:
+    """Trace `quaxify(fn)(*args, **kwargs)` (without compiling or running it) and
+    report every value it materialises, by primitive and type.
+
+    **Arguments:**
+
+    - `fn`: the program.
+    - `*args`, `**kwargs`: its inputs, with the values to check.
+
+    **Returns:**
+
+    A [`quax.MaterialisationReport`][].
+    """
+    from ._quaxify import quaxify
+
+    _plugins.autoload()
+    with track_materialisation() as report:
+        jax.eval_shape(quaxify(fn), *args, **kwargs)
+    return report

@@ -1,0 +1,23 @@
+"""Installed families: loading, blocking and introspection.
+
+See `quax.hookspecs` for what a family implements, and `python -m quax --help` for
+the same information on the command line.
+"""
+
+from ._introspect import (
+    FamilySummary as FamilySummary,
+    materialisations as materialisations,
+    primitive_named as primitive_named,
+    summarise as summarise,
+)
+from ._plugins import (
+    DISABLE_ENV as DISABLE_ENV,
+    ENTRY_POINT_GROUP as ENTRY_POINT_GROUP,
+    Family as Family,
+    PluginWarning as PluginWarning,
+    block as block,
+    families as families,
+    load as load,
+    manager as manager,
+)
+from ._registry import resolve as resolve
