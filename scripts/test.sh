@@ -1,3 +1,25 @@
 #!/usr/bin/env bash
-# Runs every test suite (placeholder: filled in below by the integration step).
-set -euo pipefail
+# Every test suite: all distributions together, then each family installed alone
+# beside quax-core (the "pip install quax-core quax-<family>" promise).
+source "$(dirname "$0")/_env.sh"
+export JAX_PLATFORMS=cpu JAX_CHECK_TRACER_LEAKS=1 QUAX_DEBUG_CHECKS=1
+
+families=()
+for d in quax-*/; do
+    d=${d%/}
+    [ "$d" = quax-core ] || families+=("$d")
+done
+
+echo "== all distributions together"
+uv run --locked --no-sync pytest -n 2 -q quax-core/tests "${families[@]/%//tests}" tests
+
+for fam in "${families[@]}"; do
+    echo "== $fam alone with quax-core"
+    venv=$(mktemp -d)/venv
+    uv venv --quiet --python 3.11 "$venv"
+    reqs=$(mktemp)
+    uv export --frozen --quiet --no-hashes --no-emit-workspace --package "$fam" >"$reqs"
+    uv export --frozen --quiet --no-hashes --no-emit-workspace --only-group dev >>"$reqs"
+    uv pip install --quiet --python "$venv/bin/python" -r "$reqs" -e ./quax-core -e "./$fam"
+    "$venv/bin/python" -m pytest -n 2 -q -p no:cacheprovider "$fam/tests"
+done

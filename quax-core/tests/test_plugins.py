@@ -21,8 +21,17 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     uv = Path(sys.executable).parent / "uv"
     subprocess.run(
         [
-            str(uv), "pip", "install", "--quiet", "--offline", "--no-deps",
-            "--no-build-isolation", "--python", sys.executable, "--target", str(target),
+            str(uv),
+            "pip",
+            "install",
+            "--quiet",
+            "--offline",
+            "--no-deps",
+            "--no-build-isolation",
+            "--python",
+            sys.executable,
+            "--target",
+            str(target),
             *(str(FIXTURES / name) for name in ("family", "rival", "broken")),
         ],
         check=True,
@@ -42,22 +51,30 @@ def run(site: Path, code: str, **env: str) -> dict:
     prelude = "import json, sys, warnings\nwarnings.simplefilter('always')\n"
     result = subprocess.run(
         [sys.executable, "-c", prelude + textwrap.dedent(code)],
-        env=environment, capture_output=True, text=True, check=False,
+        env=environment,
+        capture_output=True,
+        text=True,
+        check=False,
     )
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
 def test_import_quax_loads_no_family(site: Path) -> None:
-    out = run(site, """
+    out = run(
+        site,
+        """
         import quax
         print(json.dumps([m for m in sys.modules if m.startswith("quax_")]))
-    """)
+    """,
+    )
     assert out == []
 
 
 def test_rules_fire_without_import_and_precedence_decides(site: Path) -> None:
-    out = run(site, """
+    out = run(
+        site,
+        """
         import jax.numpy as jnp, quax
         from quax.plugins import PluginWarning
         from quax import RuleConflictWarning
@@ -72,7 +89,8 @@ def test_rules_fire_without_import_and_precedence_decides(site: Path) -> None:
             "values": out.array.tolist(),
             "warnings": [(w.category.__name__, str(w.message)) for w in caught],
         }))
-    """)
+    """,
+    )
     assert not out["loaded_before"]
     # quax-fixture-rival registered the same signature with a higher precedence.
     assert out["tag"] == "negated by quax-fixture-rival"
@@ -90,7 +108,9 @@ def test_rules_fire_without_import_and_precedence_decides(site: Path) -> None:
 
 
 def test_broken_family_is_reported_once(site: Path) -> None:
-    out = run(site, """
+    out = run(
+        site,
+        """
         import jax.numpy as jnp, quax
         from quax_fixture_family import Tagged
         with warnings.catch_warnings(record=True) as caught:
@@ -102,14 +122,17 @@ def test_broken_family_is_reported_once(site: Path) -> None:
             "n": sum(w.category.__name__ == "PluginWarning" for w in caught),
             "states": states,
         }))
-    """)
+    """,
+    )
     assert out["n"] == 1
     assert out["states"]["fixture_broken"] == "failed"
     assert out["states"]["fixture_family"] == "loaded"
 
 
 def test_disable_autoload(site: Path) -> None:
-    out = run(site, """
+    out = run(
+        site,
+        """
         import jax.numpy as jnp, quax
         from quax_fixture_family import Tagged
         x = Tagged(jnp.arange(3.0))
@@ -123,18 +146,24 @@ def test_disable_autoload(site: Path) -> None:
             "tag": tagged.tag,
             "states": {f.name: f.state for f in quax.plugins.families()},
         }))
-    """, QUAX_DISABLE_PLUGIN_AUTOLOAD="1")
+    """,
+        QUAX_DISABLE_PLUGIN_AUTOLOAD="1",
+    )
     # No rule: the value was materialised and negated as a plain array.
     assert out["plain"] == "ArrayImpl"
     assert not out["rules_imported"]
     assert out["tag"] == "negated by quax-fixture-family"
     assert out["states"] == {
-        "fixture_family": "loaded", "fixture_rival": "available", "fixture_broken": "available",
+        "fixture_family": "loaded",
+        "fixture_rival": "available",
+        "fixture_broken": "available",
     } | {k: v for k, v in out["states"].items() if not k.startswith("fixture")}
 
 
 def test_block_a_family(site: Path) -> None:
-    out = run(site, """
+    out = run(
+        site,
+        """
         import jax.numpy as jnp, quax
         quax.plugins.block("fixture_rival")
         quax.plugins.block("fixture_broken")
@@ -142,12 +171,15 @@ def test_block_a_family(site: Path) -> None:
         with warnings.catch_warnings(record=True) as caught:
             out = quax.quaxify(jnp.negative)(Tagged(jnp.arange(3.0)))
         print(json.dumps({"tag": out.tag, "n_warnings": len(caught)}))
-    """)
+    """,
+    )
     assert out == {"tag": "negated by quax-fixture-family", "n_warnings": 0}
 
 
 def test_examples_namespace(site: Path) -> None:
-    out = run(site, """
+    out = run(
+        site,
+        """
         import quax
         import quax.examples.fixture_family as fam
         try:
@@ -161,7 +193,8 @@ def test_examples_namespace(site: Path) -> None:
             "missing": missing,
             "zero": quax.examples.zero.__name__,
         }))
-    """)
+    """,
+    )
     assert out["module"] == "quax_fixture_family"
     assert out["has_tagged"]
     assert "quax-sparse" in out["missing"] and "pip install" in out["missing"]
@@ -175,18 +208,28 @@ def test_command_line(site: Path) -> None:
         "PYTHONWARNINGS": "ignore",
     }
     families = subprocess.run(
-        [sys.executable, "-m", "quax", "families"], env=env, capture_output=True, text=True, check=True
+        [sys.executable, "-m", "quax", "families"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout
     assert "fixture_family: quax-fixture-family 1.2.3 [loaded]" in families
     assert "value types: Tagged" in families
     assert "fixture_broken: quax-fixture-broken 1.2.3 [failed]" in families
     explain = subprocess.run(
         [sys.executable, "-m", "quax", "explain", "neg", "Tagged"],
-        env=env, capture_output=True, text=True, check=True,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout
     assert "neg(Tagged) -> rule: registered rule quax_fixture_rival._plugin" in explain
     fallback = subprocess.run(
         [sys.executable, "-m", "quax", "explain", "sin", "Tagged"],
-        env=env, capture_output=True, text=True, check=True,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout
     assert "sin(Tagged) -> materialise" in fallback

@@ -105,7 +105,9 @@ def test_transform_of_quaxify(transform) -> None:
     np.testing.assert_allclose(out.array, transform(f)(x, y), rtol=1e-6)
 
 
-@pytest.mark.parametrize("transform", [jax.jit, jax.vmap, eqx.filter_jit], ids=["jit", "vmap", "filter_jit"])
+@pytest.mark.parametrize(
+    "transform", [jax.jit, jax.vmap, eqx.filter_jit], ids=["jit", "vmap", "filter_jit"]
+)
 def test_quaxify_of_transform(transform) -> None:
     out = quax.quaxify(transform(f))(Wrapped(x), y)
     np.testing.assert_allclose(out.array, f(x, y), rtol=1e-6)
@@ -139,11 +141,15 @@ def test_jvp_vjp_linearize() -> None:
     np.testing.assert_allclose(tangent, t2, rtol=1e-6)
     out, pullback = jax.vjp(lambda a: fq(Wrapped(a)).array, x)
     (ct,) = pullback(jnp.ones_like(out))
-    np.testing.assert_allclose(ct, jax.vjp(lambda a: f(a, y), x)[1](jnp.ones_like(out))[0], rtol=1e-6)
+    np.testing.assert_allclose(
+        ct, jax.vjp(lambda a: f(a, y), x)[1](jnp.ones_like(out))[0], rtol=1e-6
+    )
     out, lin = jax.linearize(lambda a: fq(Wrapped(a)).array, x)
     np.testing.assert_allclose(lin(jnp.ones_like(x)), t2, rtol=1e-6)
     # Inside quaxify: the transforms run on the values.
-    t = quax.quaxify(lambda a: jax.jvp(lambda b: f(b, y), (a,), (jnp.ones_like(x),))[1])(Wrapped(x))
+    t = quax.quaxify(
+        lambda a: jax.jvp(lambda b: f(b, y), (a,), (jnp.ones_like(x),))[1]
+    )(Wrapped(x))
     np.testing.assert_allclose(quax_dense(t), t2, rtol=1e-6)
 
 
@@ -154,7 +160,9 @@ def test_nested_quaxify_with_filter_spec() -> None:
     def outer(r, w):
         return inner(r, w)
 
-    out = quax.quaxify(outer, filter_spec=(True, (False, True), True))(Refuses(x), Wrapped(y))
+    out = quax.quaxify(outer, filter_spec=(True, (False, True), True))(
+        Refuses(x), Wrapped(y)
+    )
     assert isinstance(out, Refuses)
 
 
@@ -172,7 +180,9 @@ def test_materialise_refusal_names_primitive() -> None:
 
 
 def test_two_defaults_is_type_error() -> None:
-    with pytest.raises(TypeError, match="both .*Wrapped.* and .*Other.*override `Value.default`"):
+    with pytest.raises(
+        TypeError, match=r"both .*Wrapped.* and .*Other.*override `Value\.default`"
+    ):
         quax.quaxify(lambda a, b: a + b)(Wrapped(x), Other(y))
 
 
@@ -234,7 +244,9 @@ def test_materialisation_report() -> None:
     with quax.track_materialisation() as report:
         jax.eval_shape(quax.quaxify(lambda a: jnp.sin(a) + a), Wrapped(x))
     assert not report
-    report = quax.plugins.materialisations(lambda a: jnp.tanh(a) + 1, _AllowsMaterialise(x))
+    report = quax.plugins.materialisations(
+        lambda a: jnp.tanh(a) + 1, _AllowsMaterialise(x)
+    )
     assert report.counts == {("tanh", "_AllowsMaterialise"): 1}
     assert "tanh, _AllowsMaterialise: 1" in str(report)
 

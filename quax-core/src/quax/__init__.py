@@ -5,6 +5,7 @@ from . import (
     examples as examples,
     hookspecs as hookspecs,
     plugins as plugins,
+    zero as zero,
 )
 from ._higher_order import JoinError as JoinError
 from ._quaxify import quaxify as quaxify

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 import jax
 
 from . import _plugins
-from ._introspect import materialisations, primitive_named, summarise
+from ._introspect import primitive_named, summarise
 from ._registry import resolve
 from ._values import track_materialisation
 
@@ -79,13 +79,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line. **Returns:** the exit status."""
     parser = argparse.ArgumentParser(prog="python -m quax", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("families", help="list installed families").set_defaults(run=_families)
-    explain = sub.add_parser("explain", help="which rule a primitive resolves to, and why")
+    sub.add_parser("families", help="list installed families").set_defaults(
+        run=_families
+    )
+    explain = sub.add_parser(
+        "explain", help="which rule a primitive resolves to, and why"
+    )
     explain.add_argument("primitive", help="primitive name, e.g. dot_general")
-    explain.add_argument("types", nargs="+", help="input types: array, LoraArray, module:QualName")
+    explain.add_argument(
+        "types", nargs="+", help="input types: array, LoraArray, module:QualName"
+    )
     explain.set_defaults(run=_explain)
     mat = sub.add_parser(
-        "materialised", help="run MODULE:FUNCTION (no arguments) and report materialisations"
+        "materialised",
+        help="run MODULE:FUNCTION (no arguments) and report materialisations",
     )
     mat.add_argument("target")
     mat.set_defaults(run=_materialised)

@@ -4,6 +4,7 @@ A JAX upgrade should touch this file and no other. The rest of quax imports the 
 below rather than reaching into `jax._src` itself.
 """
 
+import functools as ft
 from typing import Any
 
 import jax
@@ -11,17 +12,23 @@ import jax.extend.core as jexc
 import jax.extend.core.primitives as jprim
 from jax._src import core as _core
 from jax._src.debugging import debug_callback_p, debug_print_p
-from jax._src.lax.lax import optimization_barrier_p
 from jax._src.interpreters import ad as _ad
+from jax._src.lax.lax import optimization_barrier_p
 
 
 __all__ = [
     "ClosedJaxpr",
+    "FlatTree",
     "Primitive",
     "ShapedArray",
     "Trace",
     "TraceTag",
     "Tracer",
+    "AdZero",
+    "SymbolicZero",
+    "bind_custom_jvp",
+    "bind_custom_vjp",
+    "call_fresh",
     "clean_trace_state",
     "cond_p",
     "custom_jvp_call_p",
@@ -34,11 +41,13 @@ __all__ = [
     "linear_solve_p",
     "pure_callback_p",
     "remat_p",
+    "run_debug_on_host",
     "scan_p",
     "set_current_trace",
     "take_current_trace",
     "typeof",
     "while_p",
+    "wrap_init",
 ]
 
 # Trace machinery.
@@ -85,3 +94,75 @@ def is_unspecified(sharding: Any) -> bool:
     from jax._src.sharding_impls import UnspecifiedValue
 
     return isinstance(sharding, UnspecifiedValue)
+
+
+# Custom derivatives and `shard_map`: re-binding at the parent trace over leaves.
+AdZero = _ad.Zero
+SymbolicZero = jax.custom_derivatives.SymbolicZero
+from jax._src import linear_util as _lu  # noqa: E402
+from jax._src.tree_util import FlatTree  # noqa: E402
+
+
+def wrap_init(fn: Any, debug_info: Any) -> Any:
+    """`fn` as a `lu.WrappedFun`, the form `bind_with_trace` takes for sub-functions."""
+    return _lu.wrap_init(fn, debug_info=debug_info)
+
+
+def call_fresh(fun: Any, *args: Any) -> Any:
+    """Call a `lu.WrappedFun` whose output stores may be filled from an earlier call."""
+    for store in fun.stores:
+        if store:
+            store.reset()
+    return fun.call_wrapped(*args)
+
+
+def bind_custom_jvp(
+    trace: Any, fun: Any, jvp: Any, args: Any, symbolic_zeros: bool
+) -> Any:
+    """Bind `custom_jvp_call` with the given sub-functions at `trace`."""
+    return jprim.custom_jvp_call_p.bind_with_trace(
+        trace,
+        tuple(args),
+        tuple(typeof(a) for a in args),
+        dict(subfuns=(fun, jvp), symbolic_zeros=symbolic_zeros),
+    )
+
+
+def bind_custom_vjp(
+    trace: Any,
+    fun: Any,
+    fwd: Any,
+    bwd: Any,
+    args: Any,
+    out_trees: Any,
+    symbolic_zeros: bool,
+) -> Any:
+    """Bind `custom_vjp_call` with the given sub-functions at `trace`."""
+    return jprim.custom_vjp_call_p.bind_with_trace(
+        trace,
+        tuple(args),
+        tuple(typeof(a) for a in args),
+        dict(
+            subfuns=(fun, fwd, bwd), out_trees=out_trees, symbolic_zeros=symbolic_zeros
+        ),
+    )
+
+
+def run_debug_on_host(primitive: Any, args: Any, params: dict[str, Any]) -> None:
+    """What `debug_callback_p` / `debug_print_p` do on the host, for arguments that
+    may be non-array objects (values that refuse to materialise)."""
+    from jax._src import debugging as _debugging
+
+    if primitive is debug_callback_p:
+        params["callback"](*args)
+        return
+    callback = ft.partial(
+        _debugging._format_print_callback,
+        params["fmt"],
+        dict(params["np_printoptions"]),
+        params["has_placeholders"],
+        params["logging_record"],
+    )
+    _debugging._make_flat_callback(params["in_tree"], callback, params["static_args"])(
+        *args
+    )

@@ -10,6 +10,7 @@ materialised (the family may refuse, giving an error that names the carry) and t
 body re-traced, until the types are stable.
 """
 
+import contextlib
 import functools as ft
 import weakref
 from collections.abc import Callable, Sequence
@@ -23,8 +24,15 @@ from jax import lax
 from jax.extend.core import primitives as _prims
 
 from ._compat import (
+    AdZero,
     ClosedJaxpr,
+    FlatTree,
     Primitive,
+    SymbolicZero,
+    TraceTag,
+    bind_custom_jvp,
+    bind_custom_vjp,
+    call_fresh,
     cond_p,
     debug_callback_p,
     debug_print_p,
@@ -35,15 +43,25 @@ from ._compat import (
     optimization_barrier_p,
     pure_callback_p,
     remat_p,
+    run_debug_on_host,
     scan_p,
+    set_current_trace,
+    take_current_trace,
     typeof,
     while_p,
+    wrap_init,
 )
 from ._registry import fallback_rule, register
 from ._values import Value, ValueLike, is_value
 
 
-__all__ = ["HIGHER_ORDER", "JoinError"]
+__all__ = [
+    "HIGHER_ORDER",
+    "JoinError",
+    "custom_jvp_call",
+    "custom_vjp_call",
+    "shard_map_call",
+]
 
 
 class JoinError(TypeError):
@@ -71,10 +89,8 @@ def _quaxified(jaxpr: Any) -> Callable[..., list[Any]]:
     else:
         fn = ft.partial(eval_jaxpr, jaxpr, ())
     out = quaxify(fn)
-    try:
+    with contextlib.suppress(TypeError):  # unhashable jaxprs are not cached
         _eval_cache[jaxpr] = out
-    except TypeError:
-        pass
     return out
 
 
@@ -105,7 +121,9 @@ def _materialise(x: Any, where: str) -> Any:
         ) from e
 
 
-def _materialise_at(xs: Sequence[Any], indices: set[int], where: Callable[[int], str]) -> list[Any]:
+def _materialise_at(
+    xs: Sequence[Any], indices: set[int], where: Callable[[int], str]
+) -> list[Any]:
     return [_materialise(x, where(i)) if i in indices else x for i, x in enumerate(xs)]
 
 
@@ -136,7 +154,9 @@ def _jit(
             for s, a in zip(in_shardings, args, strict=True)
         )
     del out_shardings  # outputs' types are only known after tracing the body
-    return jax.jit(body, donate_argnums=donate, keep_unused=keep_unused, **kwargs)(*args)
+    return jax.jit(body, donate_argnums=donate, keep_unused=keep_unused, **kwargs)(
+        *args
+    )
 
 
 def _named(fn: Callable[..., Any], name: str) -> Callable[..., Any]:
@@ -153,7 +173,9 @@ def _named(fn: Callable[..., Any], name: str) -> Callable[..., Any]:
 
 
 @register(cond_p)
-def _cond(index: ValueLike, *ops: ValueLike, branches: Sequence[Any], **params: Any) -> list[Any]:
+def _cond(
+    index: ValueLike, *ops: ValueLike, branches: Sequence[Any], **params: Any
+) -> list[Any]:
     del params
     if isinstance(index, Value):
         index = index.materialise()
@@ -163,8 +185,9 @@ def _cond(index: ValueLike, *ops: ValueLike, branches: Sequence[Any], **params: 
         seen: list[Any] = []
 
         def branch(fn: Callable[..., Any], *operands: Any) -> Any:
-            out = _materialise_at(fn(*operands), dense, lambda i: f"output {i} of a cond/switch")
-            seen.append(out)
+            where = lambda i: f"output {i} of a cond/switch"
+            out = _materialise_at(fn(*operands), dense, where)  # noqa: B023
+            seen.append([_structure(o) for o in out])  # noqa: B023
             return out
 
         try:
@@ -181,11 +204,7 @@ def _differing_outputs(outputs: list[Any]) -> set[int]:
     if len(outputs) < 2:
         return set()
     first = outputs[0]
-    return {
-        i
-        for i in range(len(first))
-        if any(_structure(o[i]) != _structure(first[i]) for o in outputs[1:])
-    }
+    return {i for i in range(len(first)) if any(o[i] != first[i] for o in outputs[1:])}
 
 
 # while / fori -------------------------------------------------------------------------
@@ -228,14 +247,14 @@ def _stable_loop(
     after the first `num_carry`), joining carry types until they are stable."""
     n = len(carry) if num_carry is None else num_carry
     dense: set[int] = set()
-    where = lambda i: f"carry {i} of a {what}"  # noqa: E731
+    where = lambda i: f"carry {i} of a {what}"
     for _ in range(n + 1):
         seen: list[list[Any]] = []
 
         def stable_body(c: list[Any]) -> list[Any]:
             out = list(body(c))
-            out[:n] = _materialise_at(out[:n], dense, where)
-            seen.append(out[:n])
+            out[:n] = _materialise_at(out[:n], dense, where)  # noqa: B023 - called in this iteration
+            seen.append([_structure(o) for o in out[:n]])  # noqa: B023
             return out
 
         carry = _materialise_at(carry, dense, where)
@@ -244,9 +263,7 @@ def _stable_loop(
         except TypeError:
             if not seen:
                 raise
-            differing = {
-                i for i in range(n) if _structure(seen[-1][i]) != _structure(carry[i])
-            }
+            differing = {i for i in range(n) if seen[-1][i] != _structure(carry[i])}
             if not differing or differing <= dense:
                 raise
             dense |= differing
@@ -286,7 +303,9 @@ def _scan(
             _materialise(y, f"scan output {i}") if i in dense_ys else y
             for i, y in enumerate(out[num_carry:])
         ]
-        step_shapes.update((i, y.aval().shape) for i, y in enumerate(ys) if isinstance(y, Value))
+        step_shapes.update(
+            (i, y.aval().shape) for i, y in enumerate(ys) if isinstance(y, Value)
+        )
         return list(out[:num_carry]), ys
 
     def run(stable_body: Callable[[list[Any]], list[Any]], c: list[Any]) -> Any:
@@ -337,9 +356,13 @@ def _slices_leafwise(x: Any, length: int) -> bool:
 
 
 @register(remat_p)
-def _remat(*args: ValueLike, jaxpr: Any, prevent_cse: bool, policy: Any, **params: Any) -> list[Any]:
+def _remat(
+    *args: ValueLike, jaxpr: Any, prevent_cse: bool, policy: Any, **params: Any
+) -> list[Any]:
     del params
-    return jax.checkpoint(_quaxified(jaxpr), prevent_cse=prevent_cse, policy=policy)(*args)
+    return jax.checkpoint(_quaxified(jaxpr), prevent_cse=prevent_cse, policy=policy)(
+        *args
+    )
 
 
 # custom_linear_solve ------------------------------------------------------------------
@@ -349,7 +372,9 @@ def _remat(*args: ValueLike, jaxpr: Any, prevent_cse: bool, policy: Any, **param
 def _linear_solve(*args: ValueLike, const_lengths: Any, jaxprs: Any) -> list[Any]:
     ends = np.cumsum(list(const_lengths))
     starts = ends - np.asarray(list(const_lengths))
-    matvec_c, vecmat_c, solve_c, tr_solve_c = (args[s:e] for s, e in zip(starts, ends, strict=True))
+    matvec_c, _vecmat_c, solve_c, tr_solve_c = (
+        args[s:e] for s, e in zip(starts, ends, strict=True)
+    )
     b = list(args[int(ends[-1]) :])
     num_aux = len(jaxprs.solve.out_avals) - len(jaxprs.matvec.out_avals)
 
@@ -368,7 +393,11 @@ def _linear_solve(*args: ValueLike, const_lengths: Any, jaxprs: Any) -> list[Any
         return _quaxified(jaxprs.matvec)(*matvec_c, *x)
 
     symmetric = jaxprs.vecmat is jaxprs.matvec
-    transpose_solve = None if jaxprs.transpose_solve is None else call(jaxprs.transpose_solve, tr_solve_c)
+    transpose_solve = (
+        None
+        if jaxprs.transpose_solve is None
+        else call(jaxprs.transpose_solve, tr_solve_c)
+    )
     out = lax.custom_linear_solve(
         matvec,
         b,
@@ -401,29 +430,33 @@ def _materialise_for(primitive: Primitive, x: Any) -> Any:
         return x.materialise()
     except Exception as e:
         raise TypeError(
-            f"`{primitive.name}` hands its inputs to host code as dense arrays, so quax "
+            f"`{primitive.name}` hands its inputs to host code as dense arrays, "
+            "so quax "
             f"must materialise the {_describe(x)}, and that failed: {e}"
         ) from e
 
 
 def _host_view(x: Any) -> Any:
-    """How a value is shown to a debug callback: dense if it allows it, else itself."""
+    """How a value is shown to a debug callback: dense if it allows it, else itself
+    (with its leaves on the host)."""
     if not isinstance(x, Value):
         return x
     try:
         return np.asarray(x.materialise())
-    except Exception:  # noqa: BLE001 - the value refuses to densify: show its structure
+    except Exception:
         return x
 
 
-def _on_host(primitive: Primitive, args: Sequence[Any], params: dict[str, Any]) -> list[Any]:
+def _on_host(
+    primitive: Primitive, args: Sequence[Any], params: dict[str, Any]
+) -> list[Any]:
     """Run a debug primitive with its values rebuilt on the host, never densified on
     the device: the values' leaves travel, and the host shows them."""
     leaves, treedef = jtu.tree_flatten(list(args))
 
     def host(*host_leaves: Any) -> None:
-        values = jtu.tree_unflatten(treedef, host_leaves)
-        primitive.bind(*[_host_view(v) for v in values], **params)
+        views = [_host_view(v) for v in jtu.tree_unflatten(treedef, host_leaves)]
+        run_debug_on_host(primitive, views, params)
 
     jax.debug.callback(host, *leaves, ordered=bool(params.get("ordered", False)))
     return []
@@ -473,3 +506,392 @@ def _select_n(which: ValueLike, *cases: ValueLike) -> Any:
 
 
 HIGHER_ORDER = frozenset({jit_p, cond_p, while_p, scan_p, remat_p, linear_solve_p})
+
+
+# custom_jvp / custom_vjp --------------------------------------------------------------
+#
+# Like `BatchTrace`, quax re-binds a custom-derivative call at the parent trace, over
+# the leaves of the values, so that the custom rule still applies to whatever
+# differentiates the program later. The rule then sees the values themselves, with
+# tangents (cotangents) of the same type built from the leaves' tangents: that is
+# exact when the represented array is a linear function of the leaves, which a type
+# declares with the class attribute `linear_in_leaves = True` (a dense wrapper, a
+# sparse array's data, a symbolic zero). Values of other types enter the call
+# materialised, so the custom rule sees the dense array it was written for.
+
+
+def _linear(x: Any) -> bool:
+    return isinstance(x, Value) and type(x).linear_in_leaves
+
+
+def _densify_nonlinear(x: Any, primitive: Primitive) -> Any:
+    if not isinstance(x, Value) or _linear(x):
+        return x
+    try:
+        return x.materialise()
+    except Exception as e:
+        raise TypeError(
+            f"`{primitive.name}` (a function with a custom derivative) received or "
+            f"returned a {_describe(x)}. Its custom rule is written for dense arrays, "
+            f"and `{type(x).__qualname__}` does not declare `linear_in_leaves = True` "
+            "(its array is not a linear function of its leaves), so quax must "
+            f"materialise it, and that failed: {e}\nAllow the value to materialise, or "
+            "declare `linear_in_leaves = True` on the type if it is linear."
+        ) from e
+
+
+def _is_float(leaf: Any) -> bool:
+    return jnp.issubdtype(jnp.result_type(leaf), jnp.inexact)
+
+
+def _tangent_aval(leaf: Any) -> Any:
+    return typeof(leaf).to_tangent_aval()
+
+
+def _is_zero(t: Any) -> bool:
+    return isinstance(t, SymbolicZero | AdZero)
+
+
+def _tangent_value(primal: Any, leaves: Sequence[Any], symbolic: bool) -> Any:
+    """The tangent of `primal` (a value) from its leaves' tangents: the same type,
+    with the primal's integer leaves, or a `SymbolicZero` when every leaf's is."""
+    primal_leaves, treedef = jtu.tree_flatten(primal)
+    if symbolic and all(
+        _is_zero(t) for p, t in zip(primal_leaves, leaves, strict=True) if _is_float(p)
+    ):
+        return SymbolicZero(primal.aval().to_tangent_aval())
+    tangent = [
+        (jnp.zeros(t.shape, t.dtype) if _is_zero(t) else t) if _is_float(p) else p
+        for p, t in zip(primal_leaves, leaves, strict=True)
+    ]
+    return jtu.tree_unflatten(treedef, tangent)
+
+
+def _leaf_tangents(primal: Any, tangent: Any, symbolic: bool) -> list[Any] | None:
+    """The leaves' tangents of `primal` (a linear value) represented by `tangent`, or
+    `None` when `tangent` has another structure."""
+    primal_leaves, treedef = jtu.tree_flatten(primal)
+    zero = (
+        (lambda p: SymbolicZero(_tangent_aval(p)))
+        if symbolic
+        else (lambda p: AdZero(_tangent_aval(p)))
+    )
+    if _is_zero(tangent):
+        return [zero(p) for p in primal_leaves]
+    if type(tangent) is not type(primal):
+        return None
+    tangent_leaves, tangent_treedef = jtu.tree_flatten(tangent)
+    if tangent_treedef != treedef:
+        return None
+    return [
+        t if _is_float(p) else zero(p)
+        for p, t in zip(primal_leaves, tangent_leaves, strict=True)
+    ]
+
+
+def _run(fun: Any, *values: Any) -> list[Any]:
+    """Call a `lu.WrappedFun` on values, under a fresh quax trace."""
+    from ._quaxify import quaxify
+
+    return list(quaxify(lambda *v: call_fresh(fun, *v))(*values))
+
+
+class _Flat:
+    """How values flatten to leaves, input by input. It keeps no leaf, so closures
+    holding it (which JAX may cache) leak no tracer."""
+
+    def __init__(self, values: Sequence[Any]) -> None:
+        flat = [jtu.tree_flatten(v) for v in values]
+        self.treedefs = [t for _, t in flat]
+        self.counts = [len(leaves) for leaves, _ in flat]
+
+    def split(self, leaves: Sequence[Any]) -> list[list[Any]]:
+        ends = np.cumsum(self.counts)
+        return [list(leaves[e - n : e]) for n, e in zip(self.counts, ends, strict=True)]
+
+    def unflatten(self, leaves: Sequence[Any]) -> list[Any]:
+        return [
+            jtu.tree_unflatten(t, part)
+            for t, part in zip(self.treedefs, self.split(leaves), strict=True)
+        ]
+
+
+def _leaves(values: Sequence[Any]) -> list[Any]:
+    return jtu.tree_leaves(list(values))
+
+
+def custom_jvp_call(
+    trace: Any,
+    primitive: Primitive,
+    fun: Any,
+    jvp: Any,
+    values: Sequence[Any],
+    symbolic_zeros: bool,
+) -> list[Any]:
+    """`QuaxTrace.process_custom_jvp_call`: re-bind at the parent trace over leaves.
+
+    **Arguments:**
+
+    - `trace`: the quax trace; the call is bound at its parent.
+    - `primitive`: `custom_jvp_call_p`.
+    - `fun`, `jvp`: the function and its custom JVP, as `lu.WrappedFun`s.
+    - `values`: the inputs, `Value`s or arrays.
+    - `symbolic_zeros`: as for `jax.custom_jvp.defjvp`.
+
+    **Returns:**
+
+    The outputs, `Value`s or arrays.
+    """
+    with set_current_trace(trace.parent_trace):
+        values = [_densify_nonlinear(v, primitive) for v in values]
+    flat = _Flat(values)
+    leaves = _leaves(values)
+    n = len(leaves)
+    out_tree: list[Any] = []
+
+    def fun_leaves(*leaves: Any) -> list[Any]:
+        outs = [
+            _densify_nonlinear(o, primitive) for o in _run(fun, *flat.unflatten(leaves))
+        ]
+        out_leaves, tree = jtu.tree_flatten(outs)
+        out_tree[:] = [tree]
+        return out_leaves
+
+    def jvp_leaves(*args: Any) -> list[Any]:
+        primals = flat.unflatten(args[:n])
+        tangents = [
+            _tangent_value(p, ts, symbolic_zeros) if isinstance(p, Value) else ts[0]
+            for p, ts in zip(primals, flat.split(args[n:]), strict=True)
+        ]
+        outs = _run(jvp, *primals, *tangents)
+        m = len(outs) // 2
+        primal_out, tangent_out = [], []
+        for p, t in zip(outs[:m], outs[m:], strict=True):
+            p = _densify_nonlinear(p, primitive)
+            leaf_ts = (
+                _leaf_tangents(p, t, symbolic_zeros) if isinstance(p, Value) else None
+            )
+            if leaf_ts is None:
+                # The tangent has another structure than the primal: go dense.
+                p = _materialise(p, f"an output of `{primitive.name}`")
+                leaf_ts = [_materialise(t, f"a tangent output of `{primitive.name}`")]
+            primal_out.append(p)
+            tangent_out.extend(leaf_ts)
+        out_leaves, tree = jtu.tree_flatten(primal_out)
+        out_tree[:] = [tree]
+        return [*out_leaves, *tangent_out]
+
+    out = bind_custom_jvp(
+        trace.parent_trace,
+        wrap_init(fun_leaves, fun.debug_info.with_unknown_names()),
+        wrap_init(jvp_leaves, jvp.debug_info.with_unknown_names()),
+        leaves,
+        symbolic_zeros,
+    )
+    return jtu.tree_unflatten(out_tree[0], out)
+
+
+def custom_vjp_call(
+    trace: Any,
+    primitive: Primitive,
+    fun: Any,
+    fwd: Any,
+    bwd: Any,
+    values: Sequence[Any],
+    out_trees: Callable[[], Any],
+    symbolic_zeros: bool,
+) -> list[Any]:
+    """`QuaxTrace.process_custom_vjp_call`: re-bind at the parent trace over leaves.
+
+    **Arguments:**
+
+    - `trace`: the quax trace; the call is bound at its parent.
+    - `primitive`: `custom_vjp_call_p`.
+    - `fun`, `fwd`, `bwd`: the function and its rules, as `lu.WrappedFun`s.
+    - `values`: the inputs, `Value`s or arrays.
+    - `out_trees`: JAX's thunk giving the trees `fwd` produced.
+    - `symbolic_zeros`: as for `jax.custom_vjp.defvjp`.
+
+    **Returns:**
+
+    The outputs, `Value`s or arrays.
+    """
+    with set_current_trace(trace.parent_trace):
+        values = [_densify_nonlinear(v, primitive) for v in values]
+    flat = _Flat(values)
+    out_tree: list[Any] = []
+    fwd_trees: list[Any] = []
+
+    def fun_leaves(*leaves: Any) -> list[Any]:
+        outs = [
+            _densify_nonlinear(o, primitive) for o in _run(fun, *flat.unflatten(leaves))
+        ]
+        out_leaves, tree = jtu.tree_flatten(outs)
+        out_tree[:] = [tree]
+        return out_leaves
+
+    def fwd_leaves(*pairs: Any) -> list[Any]:
+        inputs = flat.unflatten(pairs[::2])
+        nonzero = [any(part) for part in flat.split(pairs[1::2])]
+        interleaved = [x for pair in zip(inputs, nonzero, strict=True) for x in pair]
+        from ._quaxify import quaxify
+
+        res_and_outs = list(quaxify(lambda *a: call_fresh(fwd, *a))(*interleaved))
+        _, res_tree, input_fwds = out_trees()
+        num_res = res_tree.num_leaves - sum(f is not None for f in input_fwds)
+        fresh = iter(res_and_outs[:num_res])
+        res = [next(fresh) if f is None else inputs[f] for f in input_fwds]
+        outs = [_densify_nonlinear(o, primitive) for o in res_and_outs[num_res:]]
+        # The residuals carry the inputs and outputs too: their integer leaves
+        # rebuild the (co)tangents' structure in `bwd`.
+        res_leaves, tree = jtu.tree_flatten((res, inputs, outs))
+        out_leaves, otree = jtu.tree_flatten(outs)
+        fwd_trees[:] = [tree]
+        out_tree[:] = [otree]
+        return [*res_leaves, *out_leaves]
+
+    def leaf_out_trees() -> tuple[Any, Any, list[None]]:
+        (tree,) = fwd_trees
+        return out_tree[0], tree, [None] * tree.num_leaves
+
+    def bwd_leaves(*args: Any) -> list[Any]:
+        (tree,) = fwd_trees
+        res, inputs, outs = jtu.tree_unflatten(tree, args[: tree.num_leaves])
+        out_flat = _Flat(outs)
+        cts = [
+            _tangent_value(o, ts, symbolic_zeros) if isinstance(o, Value) else ts[0]
+            for o, ts in zip(outs, out_flat.split(args[tree.num_leaves :]), strict=True)
+        ]
+        cts_in = _run(bwd, *res, *cts)
+        return [
+            leaf
+            for x, ct in zip(inputs, cts_in, strict=True)
+            for leaf in _input_cotangents(x, ct, primitive)
+        ]
+
+    out = bind_custom_vjp(
+        trace.parent_trace,
+        wrap_init(fun_leaves, fun.debug_info.with_unknown_names()),
+        wrap_init(fwd_leaves, fwd.debug_info.with_unknown_names()),
+        wrap_init(bwd_leaves, bwd.debug_info.with_unknown_names()),
+        _leaves(values),
+        leaf_out_trees,
+        symbolic_zeros,
+    )
+    return jtu.tree_unflatten(out_tree[0], out)
+
+
+def _input_cotangents(x: Any, ct: Any, primitive: Primitive) -> list[Any]:
+    """The leaves' cotangents of the input `x` from the rule's cotangent `ct`."""
+    if not isinstance(x, Value):
+        return [_materialise(ct, f"a cotangent of `{primitive.name}`")]
+    leaf_cts = _leaf_tangents(x, ct, symbolic=False)
+    if leaf_cts is not None:
+        return leaf_cts
+    # A dense cotangent for a linear value: transpose `materialise` (the value is
+    # linear in its float leaves, so this is the exact cotangent of the leaves).
+    leaves, treedef = jtu.tree_flatten(x)
+    floats = [i for i, leaf in enumerate(leaves) if _is_float(leaf)]
+
+    def dense_of(float_leaves: list[Any]) -> Any:
+        full = list(leaves)
+        for i, leaf in zip(floats, float_leaves, strict=True):
+            full[i] = leaf
+        return jtu.tree_unflatten(treedef, full).materialise()
+
+    dense_ct = _materialise(ct, f"a cotangent of `{primitive.name}`")
+    try:
+        (float_cts,) = jax.linear_transpose(dense_of, [leaves[i] for i in floats])(
+            dense_ct
+        )
+    except Exception as e:
+        raise TypeError(
+            f"The custom VJP of `{primitive.name}` returned a dense cotangent for a "
+            f"{_describe(x)}; quax maps it onto the value's leaves by transposing "
+            f"`{type(x).__qualname__}.materialise`, and that failed: {e}\nReturn a "
+            f"cotangent of type `{type(x).__qualname__}` from the rule instead."
+        ) from e
+    out = [AdZero(_tangent_aval(leaf)) for leaf in leaves]
+    for i, c in zip(floats, float_cts, strict=True):
+        out[i] = c
+    return out
+
+
+# shard_map ----------------------------------------------------------------------------
+
+
+def _leaf_spec(x: Any, leaf: Any, spec: Any) -> Any:
+    """The `PartitionSpec` of one leaf of `x` when `x` is split by `spec`: the same
+    spec for a leaf with the value's shape, replicated for a scalar leaf."""
+    if np.shape(leaf) == x.aval().shape:
+        return spec
+    if np.ndim(leaf) == 0 or all(s is None for s in spec):
+        return jax.sharding.PartitionSpec()
+    raise TypeError(
+        f"`shard_map` splits a {_describe(x)} by {spec}, but its leaf of shape "
+        f"{np.shape(leaf)} does not have the value's shape, so quax cannot tell how to "
+        "split it. Materialise the value before the `shard_map`, or pass it "
+        "replicated (`P()`)."
+    )
+
+
+def shard_map_call(
+    trace: Any,
+    primitive: Primitive,
+    fun: Any,
+    values: Sequence[Any],
+    params: dict[str, Any],
+) -> Any:
+    """`QuaxTrace.process_shard_map`: re-bind at the parent trace over leaves, each
+    leaf split like the value it belongs to.
+
+    **Arguments:**
+
+    - `trace`: the quax trace; the call is bound at its parent.
+    - `primitive`: `shard_map_p`.
+    - `fun`: the body; it returns JAX's flat tree of outputs, with the out specs.
+    - `values`: the inputs, `Value`s or arrays.
+    - `params`: the primitive's other params (`mesh`, `in_specs`, ...).
+
+    **Returns:**
+
+    JAX's flat tree of the outputs (`Value`s or arrays), in the body's structure.
+    """
+    from ._trace import QuaxTrace
+
+    flat = _Flat(values)
+    in_specs = [
+        _leaf_spec(v, leaf, spec) if isinstance(v, Value) else spec
+        for v, spec, leaves in zip(
+            values, params["in_specs"], flat.split(_leaves(values)), strict=True
+        )
+        for leaf in leaves
+    ]
+    out: dict[str, Any] = {}
+
+    def body(*leaves: Any) -> Any:
+        with take_current_trace() as parent:
+            inner = QuaxTrace(parent, TraceTag())
+            with set_current_trace(inner):
+                ans_aux = fun(*[inner.wrap(v) for v in flat.unflatten(leaves)])
+            ans, specs = ans_aux.unpack_aux()
+            outs = [inner.to_value(o) for o in ans.vals]
+        out["tree"] = ans.map(lambda _: None)
+        out_flat = _Flat(outs)
+        out["flat"] = out_flat
+        out_leaves = _leaves(outs)
+        out_specs = [
+            _leaf_spec(o, leaf, spec) if isinstance(o, Value) else spec
+            for o, spec, leaves in zip(
+                outs, specs, out_flat.split(out_leaves), strict=True
+            )
+            for leaf in leaves
+        ]
+        return FlatTree.flatten(out_leaves).with_aux(tuple(out_specs))
+
+    new_params = dict(params, in_specs=tuple(in_specs))
+    new_params["debug_info"] = params["debug_info"].with_unknown_names()
+    with set_current_trace(trace.parent_trace):
+        leaves_out = primitive.bind(*_leaves(values), subfuns=(body,), **new_params)
+    outs = out["flat"].unflatten(list(leaves_out.vals))
+    return out["tree"].update([trace.wrap(o) for o in outs])

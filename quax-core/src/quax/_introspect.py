@@ -55,7 +55,8 @@ def summarise(load: bool = True) -> list[FamilySummary]:
                 p.name
                 for p, regs in _registry._registrations.items()
                 for r in regs
-                if (getattr(r.function, "__module__", "") or "").split(".")[0] == package
+                if (getattr(r.function, "__module__", "") or "").split(".")[0]
+                == package
             }
         )
         num_rules = sum(
@@ -90,7 +91,9 @@ def primitive_named(name: str) -> Primitive:
     raise LookupError(f"No JAX primitive named {name!r}.")
 
 
-def materialisations(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> MaterialisationReport:
+def materialisations(
+    fn: Callable[..., Any], *args: Any, **kwargs: Any
+) -> MaterialisationReport:
     """Trace `quaxify(fn)(*args, **kwargs)` (without compiling or running it) and
     report every value it materialises, by primitive and type.
 

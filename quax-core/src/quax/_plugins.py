@@ -192,7 +192,7 @@ def _load_one(family: Family) -> None:
         except BaseException:
             _manager.unregister(plugin)
             raise
-    except Exception as e:  # noqa: BLE001 - isolate every failure of one family
+    except Exception as e:
         family.state = "failed"
         family.error = f"{type(e).__name__}: {e}"
         warnings.warn(
@@ -211,7 +211,9 @@ def _others(plugin: Any) -> list[Any]:
 
 
 def _hook(family: Family, hook: str) -> Any:
-    return getattr(_manager.subset_hook_caller(hook, remove_plugins=_others(family.plugin)), "__call__")()
+    return _manager.subset_hook_caller(
+        hook, remove_plugins=_others(family.plugin)
+    ).__call__()
 
 
 def value_types(family: Family) -> list[type]:
@@ -251,10 +253,14 @@ def example_module(name: str) -> ModuleType:
     for family in candidates:
         if family.state != "loaded" and family.name == name:
             load(name)
-        if family.state == "loaded" and (family.name == name or name in _aliases(family)):
+        if family.state == "loaded" and (
+            family.name == name or name in _aliases(family)
+        ):
             module = _hook(family, "quax_example_module")
             # Without the hook, the family's top-level package.
-            return module or importlib.import_module(family.entry_point.module.split(".")[0])
+            return module or importlib.import_module(
+                family.entry_point.module.split(".")[0]
+            )
     family = found.get(name)
     if family is not None and family.state == "failed":
         raise ImportError(
@@ -265,9 +271,12 @@ def example_module(name: str) -> ModuleType:
     hint = (
         f"install the distribution `{distribution}` (`pip install {distribution}`)"
         if distribution
-        else "install a distribution that declares it in the `quax.rules` entry-point group"
+        else "install a distribution that declares it in the `quax.rules` "
+        "entry-point group"
     )
-    raise ImportError(f"quax.examples.{name} is not available: {hint}.", name=f"quax.examples.{name}")
+    raise ImportError(
+        f"quax.examples.{name} is not available: {hint}.", name=f"quax.examples.{name}"
+    )
 
 
 def _reset_for_tests(names: Sequence[str] = ()) -> None:

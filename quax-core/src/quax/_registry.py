@@ -1,12 +1,15 @@
 """The rule registry: `quax.register`, the dispatch cache, and rule resolution."""
 
+import abc
 import dataclasses
 import functools as ft
 import importlib.metadata
+import typing
 import warnings
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar
 
+import jax
 import plum
 
 from ._compat import Primitive
@@ -93,7 +96,9 @@ def register(primitive: Primitive, *, precedence: int = 0) -> Callable[[_F], _F]
         for registration in registrations:
             function.register(registration.function, precedence=registration.precedence)
         _functions[primitive] = function
-        _faithful[primitive] = all(r.signature.is_faithful for r in registrations)
+        _faithful[primitive] = all(
+            _decided_by_types(r.signature) for r in registrations
+        )
         _cache.clear()
         return rule
 
@@ -132,6 +137,27 @@ def register_elementwise(
         return rule
 
     return _register
+
+
+def _decided_by_types(signature: plum.Signature) -> bool:
+    """Whether the input types alone decide whether `signature` matches, so that a
+    resolution may be cached by types. Plum counts `jax.Array` (and so `ArrayLike`)
+    as unfaithful because of its instance check; for quax's inputs (arrays, tracers,
+    scalars) the type decides, so it is counted as faithful here."""
+    hints = [*signature.types]
+    if signature.has_varargs:
+        hints.append(signature.varargs)
+    for hint in hints:
+        for member in typing.get_args(hint) or (hint,):
+            if member is jax.Array or member is Any or member is object:
+                continue
+            if not isinstance(member, type) or type(member) not in (
+                type,
+                abc.ABCMeta,
+                type(Value),
+            ):
+                return False
+    return True
 
 
 def _drop_first_parameter(rule: Callable[..., Any]) -> Any:
@@ -229,7 +255,9 @@ def resolve(primitive: Primitive, values: Sequence[Any]) -> Resolution:
             ) from None
         else:
             return Resolution(
-                "rule", method, f"registered rule {method.__module__}.{method.__qualname__}"
+                "rule",
+                method,
+                f"registered rule {method.__module__}.{method.__qualname__}",
             )
     return _resolve_fallback(primitive, values)
 
@@ -241,19 +269,24 @@ def _type_name(v: Any) -> str:
 def _resolve_fallback(primitive: Primitive, values: Sequence[Any]) -> Resolution:
     types = [v if isinstance(v, type) else type(v) for v in values]
     overriding = list(
-        dict.fromkeys(t for t in types if issubclass(t, Value) and _overrides_default(t))
+        dict.fromkeys(
+            t for t in types if issubclass(t, Value) and _overrides_default(t)
+        )
     )
     if len(overriding) > 1:
         names = " and ".join(f"`{t.__module__}.{t.__qualname__}`" for t in overriding)
         raise TypeError(
             f"No quax rule for primitive `{primitive.name}` on input types "
             f"({', '.join(map(_type_name, values))}), and both {names} "
-            "override `Value.default`, so quax cannot choose a fallback. Register a rule "
+            "override `Value.default`, so quax cannot choose a fallback. Register a "
+            "rule "
             f"for `{primitive.name}` on these types with `quax.register`."
         )
     if overriding:
         cls = overriding[0]
-        return Resolution("default", cls.default, f"`{cls.__qualname__}.default` (no matching rule)")
+        return Resolution(
+            "default", cls.default, f"`{cls.__qualname__}.default` (no matching rule)"
+        )
     return Resolution(
         "materialise", None, "no rule and no `default` override: materialise and bind"
     )
@@ -261,7 +294,7 @@ def _resolve_fallback(primitive: Primitive, values: Sequence[Any]) -> Resolution
 
 def _materialise_and_bind(primitive: Primitive) -> Rule:
     def rule(values: Sequence[Any], params: dict[str, Any]) -> Any:
-        dense = [v.materialise() if isinstance(v, Value) else v for v in values]
+        dense = [type(v).materialise(v) if isinstance(v, Value) else v for v in values]
         return primitive.bind(*dense, **params)
 
     return rule

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from . import _registry, _values
-from ._compat import Primitive, Trace, TraceTag, Tracer, set_current_trace, typeof
+from ._compat import Primitive, Trace, Tracer, TraceTag, set_current_trace, typeof
 from ._values import Value
 
 
@@ -47,7 +47,9 @@ class QuaxTracer(Tracer):
 
     def __init__(self, trace: "QuaxTrace", value: Value) -> None:
         self._trace = trace
-        self.aval = value.aval()
+        # `type(value).aval(value)`, not `value.aval()`: equinox would build a bound
+        # method module on every access, which costs more than the call itself.
+        self.aval = type(value).aval(value)
         self.value = value
 
     def full_lower(self) -> "QuaxTracer":
@@ -84,7 +86,9 @@ class QuaxTrace(Trace):
             return val
         return self.parent_trace.stage_value(val)
 
-    def process_primitive(self, primitive: Primitive, tracers: Sequence[Any], params: dict[str, Any], /) -> Any:
+    def process_primitive(
+        self, primitive: Primitive, tracers: Sequence[Any], params: dict[str, Any], /
+    ) -> Any:
         values = [self.to_value(t) for t in tracers]
         if not any(isinstance(v, Value) for v in values):
             return self.parent_trace.process_primitive(primitive, values, params)
@@ -101,21 +105,54 @@ class QuaxTrace(Trace):
             return [self.wrap(o) for o in out]
         return self.wrap(out)
 
-    def process_custom_jvp_call(self, primitive: Primitive, fun: Any, jvp: Any, tracers: Sequence[Any], /, *, symbolic_zeros: bool) -> Any:
-        # The custom rule is written for dense inputs, so run the function's own body
-        # on the values: its primitives dispatch as usual and keep the structure.
-        # Differentiation (by a trace below this one) goes through that body.
-        del primitive, jvp, symbolic_zeros
-        with set_current_trace(self):
-            return fun.call_wrapped(*tracers)
+    def process_custom_jvp_call(
+        self,
+        primitive: Primitive,
+        fun: Any,
+        jvp: Any,
+        tracers: Sequence[Any],
+        /,
+        *,
+        symbolic_zeros: bool,
+    ) -> Any:
+        from ._higher_order import custom_jvp_call
 
-    def process_custom_vjp_call(self, primitive: Primitive, fun: Any, fwd: Any, bwd: Any, tracers: Sequence[Any], /, *, out_trees: Any, symbolic_zeros: bool) -> Any:
-        del primitive, fwd, bwd, out_trees, symbolic_zeros
-        with set_current_trace(self):
-            return fun.call_wrapped(*tracers)
+        values = [self.to_value(t) for t in tracers]
+        outs = custom_jvp_call(self, primitive, fun, jvp, values, symbolic_zeros)
+        return [self.wrap(o) for o in outs]
+
+    def process_custom_vjp_call(
+        self,
+        primitive: Primitive,
+        fun: Any,
+        fwd: Any,
+        bwd: Any,
+        tracers: Sequence[Any],
+        /,
+        *,
+        out_trees: Any,
+        symbolic_zeros: bool,
+    ) -> Any:
+        from ._higher_order import custom_vjp_call
+
+        values = [self.to_value(t) for t in tracers]
+        outs = custom_vjp_call(
+            self, primitive, fun, fwd, bwd, values, out_trees, symbolic_zeros
+        )
+        return [self.wrap(o) for o in outs]
+
+    def process_shard_map(
+        self, primitive: Primitive, fun: Any, tracers: Sequence[Any], /, **params: Any
+    ) -> Any:
+        from ._higher_order import shard_map_call
+
+        values = [self.to_value(t) for t in tracers]
+        return shard_map_call(self, primitive, fun, values, params)
 
 
-def _check_rule_output(primitive: Primitive, values: Sequence[Any], params: dict[str, Any], out: Any) -> None:
+def _check_rule_output(
+    primitive: Primitive, values: Sequence[Any], params: dict[str, Any], out: Any
+) -> None:
     """Compare a rule's output avals with the primitive's abstract evaluation."""
     from ._higher_order import HIGHER_ORDER
 
@@ -124,17 +161,20 @@ def _check_rule_output(primitive: Primitive, values: Sequence[Any], params: dict
     in_avals = [v.aval() if isinstance(v, Value) else typeof(v) for v in values]
     try:
         expected, _ = primitive.abstract_eval(*in_avals, **params)
-    except Exception:  # noqa: BLE001 - primitives without abstract evaluation
+    except Exception:
         return
     outs = out if primitive.multiple_results else [out]
     expected = expected if primitive.multiple_results else [expected]
     got = [o.aval() if isinstance(o, Value) else typeof(o) for o in outs]
     for i, (g, e) in enumerate(zip(got, expected, strict=False)):
-        if getattr(g, "shape", None) != getattr(e, "shape", None) or getattr(g, "dtype", None) != getattr(e, "dtype", None):
+        if getattr(g, "shape", None) != getattr(e, "shape", None) or getattr(
+            g, "dtype", None
+        ) != getattr(e, "dtype", None):
             rule = _registry.resolve(primitive, values)
             raise TypeError(
                 f"The quax rule for `{primitive.name}` on input types "
-                f"({', '.join(type(v).__qualname__ for v in values)}) returned output {i} "
+                f"({', '.join(type(v).__qualname__ for v in values)}) "
+                f"returned output {i} "
                 f"with aval {g.str_short()}, but `{primitive.name}` gives "
                 f"{e.str_short()} for these inputs. Rule: {rule.reason}."
             )

@@ -1,4 +1,4 @@
-"""The values quax dispatches on: `Value`, `ArrayValue`, and materialisation tracking."""
+"""The values quax dispatches on, and materialisation tracking."""
 
 import abc
 import contextlib
@@ -31,7 +31,14 @@ class Value(eqx.Module):
     Subclass it (usually through [`quax.ArrayValue`][]) and implement `aval` and
     `materialise`. Rules for it are registered with [`quax.register`][]; primitives
     without a rule fall back to `default`.
+
+    Set the class variable `linear_in_leaves = True` when `materialise` is linear in
+    the value's array leaves (a dense wrapper, a symbolic zero, sparse data, units):
+    then the tangents and cotangents of a `custom_jvp`/`custom_vjp` function stay
+    values of the same type. Otherwise such functions see the materialised array.
     """
+
+    linear_in_leaves: ClassVar[bool] = False
 
     @abc.abstractmethod
     def aval(self) -> Any:
@@ -88,7 +95,7 @@ class Value(eqx.Module):
         # active. The wrapper costs one attribute read when nothing is tracked.
         own = cls.__dict__.get("materialise")
         if own is not None and not getattr(own, "__isabstractmethod__", False):
-            setattr(cls, "materialise", _tracked(own))
+            cls.materialise = _tracked(own)
 
 
 ValueLike: TypeAlias = Value | ArrayLike

@@ -1,1 +1,22 @@
-"""quax-lora (work in progress)."""
+"""quax-lora: LoRA arrays for quax, to fine-tune any Equinox model.
+
+```python
+import quax, quax_lora
+lora_model = quax_lora.loraify(model, rank=8, key=key)
+y = quax.quaxify(lora_model)(x)
+```
+"""
+
+from . import _rules as _rules  # registers the rules
+from ._lora import LoraArray as LoraArray, MaterialisationError as MaterialisationError
+from ._model import (
+    ParameterCount as ParameterCount,
+    adapter_filter as adapter_filter,
+    count_parameters as count_parameters,
+    is_lora as is_lora,
+    load_adapter as load_adapter,
+    loraify as loraify,
+    merge as merge,
+    save_adapter as save_adapter,
+    trainable_filter as trainable_filter,
+)

@@ -1,1 +1,40 @@
-"""quax-units (work in progress)."""
+"""quax-units: physical units for JAX programs, checked at trace time, free at run time.
+
+```python
+import jax, jax.numpy as jnp, quax
+from quax_units import Quantity, ustrip
+
+@jax.jit
+@quax.quaxify
+def kinetic(m, v):
+    return 0.5 * m * v**2
+
+ustrip("kJ", kinetic(Quantity(2.0, "kg"), Quantity(jnp.array([3.0, 4.0]), "km / s")))
+```
+"""
+
+from . import _rules as _rules  # registers the rules
+from ._dimensions import (
+    Dimension as Dimension,
+    Dimensions as Dimensions,
+    UnitError as UnitError,
+    amperes as amperes,
+    candelas as candelas,
+    dimensionless as dimensionless,
+    kelvins as kelvins,
+    kilograms as kilograms,
+    meters as meters,
+    moles as moles,
+    seconds as seconds,
+)
+from ._interop import (
+    from_astropy as from_astropy,
+    from_pint as from_pint,
+    to_astropy as to_astropy,
+    to_pint as to_pint,
+)
+from ._quantity import Quantity as Quantity, Unitful as Unitful, ustrip as ustrip
+from ._units import Unit as Unit, unit as unit
+
+
+__version__ = "0.1.0"

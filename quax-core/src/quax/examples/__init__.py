@@ -31,7 +31,9 @@ class _FamilyLoader(importlib.abc.Loader):
 class _FamilyFinder(importlib.abc.MetaPathFinder):
     """Resolves `import quax.examples.<name>` to the family's own module."""
 
-    def find_spec(self, fullname: str, path: Any, target: Any = None) -> importlib.machinery.ModuleSpec | None:
+    def find_spec(
+        self, fullname: str, path: Any, target: Any = None
+    ) -> importlib.machinery.ModuleSpec | None:
         prefix = __name__ + "."
         if not fullname.startswith(prefix) or "." in fullname[len(prefix) :]:
             return None

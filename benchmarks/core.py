@@ -1,0 +1,138 @@
+"""Core overheads, as ratios measured in one run (see the README's benchmark table).
+
+- eager: a quaxified two-primitive call on a user `ArrayValue`, over the same call on
+  plain arrays;
+- tracing: `make_jaxpr` of a quaxified 200-primitive chain, over the same on plain
+  arrays;
+- import: `import quax` over `import jax, equinox, plum` (fresh interpreters).
+
+Run: `uv run python benchmarks/core.py` (add `--published` to also time the published
+quax 0.4.6 in its own environment, given by `QUAX_PUBLISHED_PYTHON`).
+"""
+
+import os
+import statistics
+import subprocess
+import sys
+import timeit
+
+import jax
+import jax.numpy as jnp
+import quax
+
+
+class Dense(quax.ArrayValue):
+    array: jax.Array
+
+    def aval(self):
+        return jax.core.ShapedArray(self.array.shape, self.array.dtype)
+
+    def materialise(self):
+        return self.array
+
+    @staticmethod
+    def default(primitive, values, params):
+        arrays = [v.array if isinstance(v, Dense) else v for v in values]
+        out = primitive.bind(*arrays, **params)
+        if primitive.multiple_results:
+            return [Dense(o) for o in out]
+        return Dense(out)
+
+
+def two(x, y):
+    return jax.lax.mul(jax.lax.add(x, y), y)
+
+
+def chain(x):
+    for _ in range(100):
+        x = jax.lax.sin(jax.lax.mul(x, x))
+    return x
+
+
+def best(fn, number: int, repeat: int = 7) -> float:
+    return min(timeit.repeat(fn, number=number, repeat=repeat)) / number
+
+
+def measure() -> dict[str, float]:
+    x = jnp.ones((8,))
+    y = jnp.full((8,), 2.0)
+    dx, dy = Dense(x), Dense(y)
+    q = quax.quaxify(two)
+    q(dx, dy)
+    two(x, y)
+    eager_plain = best(lambda: two(x, y), 300)
+    eager_quax = best(lambda: q(dx, dy), 300)
+    # A fresh function each time, so that JAX's tracing cache never answers.
+    trace_plain = best(lambda: jax.make_jaxpr(lambda a: chain(a))(x), 5)
+    trace_quax = best(lambda: jax.make_jaxpr(lambda a: quax.quaxify(chain)(a))(dx), 5)
+    return {
+        "eager_plain_us": eager_plain * 1e6,
+        "eager_quax_us": eager_quax * 1e6,
+        "eager_ratio": eager_quax / eager_plain,
+        "trace_plain_ms": trace_plain * 1e3,
+        "trace_quax_ms": trace_quax * 1e3,
+        "trace_ratio": trace_quax / trace_plain,
+    }
+
+
+def import_time(python: str, code: str, runs: int = 7) -> float:
+    """Median wall time of a fresh interpreter running `code`."""
+    times = []
+    for _ in range(runs):
+        out = subprocess.run(
+            [
+                python,
+                "-c",
+                "import time; t = time.perf_counter(); "
+                f"{code}; print(time.perf_counter() - t)",
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        times.append(float(out.stdout.strip()))
+    return statistics.median(times)
+
+
+def main() -> None:
+    m = measure()
+    base = import_time(sys.executable, "import jax, equinox, plum")
+    ours = import_time(sys.executable, "import jax, equinox, plum, quax")
+    rows = [
+        (
+            "eager two-primitive call",
+            f"{m['eager_quax_us']:.1f} us",
+            f"{m['eager_plain_us']:.1f} us",
+            m["eager_ratio"],
+        ),
+        (
+            "make_jaxpr, 200-primitive chain",
+            f"{m['trace_quax_ms']:.2f} ms",
+            f"{m['trace_plain_ms']:.2f} ms",
+            m["trace_ratio"],
+        ),
+        (
+            "import quax",
+            f"{ours:.3f} s",
+            f"{base:.3f} s (jax, equinox, plum)",
+            ours / base,
+        ),
+    ]
+    print("| measure | quax (ours) | plain JAX | ratio |")
+    print("|---|---|---|---|")
+    for name, a, b, ratio in rows:
+        print(f"| {name} | {a} | {b} | {ratio:.2f}x |")
+    published = os.environ.get("QUAX_PUBLISHED_PYTHON")
+    if "--published" in sys.argv and published:
+        code = (
+            "import sys; sys.argv=['x']; import runpy; "
+            f"m = runpy.run_path({__file__!r}, run_name='bench')['measure'](); print(m)"
+        )
+        out = subprocess.run(
+            [published, "-c", code], capture_output=True, text=True, check=True
+        )
+        print(f"published quax in its own environment: {out.stdout.strip()}")
+
+
+if __name__ == "__main__":
+    main()

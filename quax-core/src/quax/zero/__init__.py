@@ -1,0 +1,13 @@
+"""Symbolic zeros: [`quax.zero.Zero`][], an array known to be all zeros.
+
+Operations on it are simplified at trace time (`x + zero` is `x`, `zero * x` and
+`zero @ x` are zeros, reshapes and reductions of zeros are zeros); anything else
+materialises it as `jnp.zeros`. See [`quax.zero.ieee_strict`][] for `0 * nan`.
+"""
+
+from . import _rules as _rules  # registers the rules
+from ._value import (
+    Zero as Zero,
+    ieee_strict as ieee_strict,
+    is_ieee_strict as is_ieee_strict,
+)

@@ -1,0 +1,123 @@
+"""Value types shared by the core's tests.
+
+- `Dense`: wraps an array; its `default` unwraps, binds and rewraps, so every
+  primitive keeps the wrapper. Its materialise is allowed.
+- `Refusing`: wraps an array like `Dense`, but refuses to materialise: a test that
+  passes with it proves the body ran on the structured value.
+- `Scaled`: `array * scale`, with real rules for a few primitives (`mul` by an array,
+  `neg`, `dot_general`) and materialisation allowed for the rest.
+"""
+
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+import jax
+import jax.numpy as jnp
+import jax.tree_util as jtu
+import quax
+from jax import lax
+from jaxtyping import Array, ArrayLike
+
+
+class Dense(quax.ArrayValue):
+    """An array in a wrapper that every primitive keeps."""
+
+    array: Array
+    linear_in_leaves: ClassVar[bool] = True
+
+    def aval(self) -> jax.core.ShapedArray:
+        return jax.core.ShapedArray(jnp.shape(self.array), jnp.result_type(self.array))
+
+    def materialise(self) -> Array:
+        return self.array
+
+    @staticmethod
+    def default(primitive: Any, values: Sequence[Any], params: dict[str, Any]) -> Any:
+        wrapper = next(type(v) for v in values if isinstance(v, Dense))
+        arrays = [v.array if isinstance(v, Dense) else v for v in values]
+        out = primitive.bind(*arrays, **params)
+        # Comparisons and integer results come back plain, as a family's would.
+        wrap = lambda o: wrapper(o) if jnp.issubdtype(o.dtype, jnp.inexact) else o
+        if primitive.multiple_results:
+            return [wrap(o) for o in out]
+        return wrap(out)
+
+
+class RefusedMaterialisation(RuntimeError):
+    pass
+
+
+class Refusing(Dense):
+    """A `Dense` that refuses to materialise."""
+
+    def materialise(self) -> Array:
+        raise RefusedMaterialisation("Refusing values never materialise")
+
+
+class Scaled(quax.ArrayValue):
+    """`array * scale`, with `scale` a scalar."""
+
+    array: Array
+    scale: Array
+
+    def aval(self) -> jax.core.ShapedArray:
+        return jax.core.ShapedArray(jnp.shape(self.array), jnp.result_type(self.array))
+
+    def materialise(self) -> Array:
+        return self.array * self.scale
+
+
+@quax.register(lax.mul_p)
+def _(x: Scaled, y: ArrayLike, **params: Any) -> Scaled:
+    del params
+    if jnp.ndim(y) == 0:
+        return Scaled(x.array, x.scale * y)
+    return Scaled(x.array * y, x.scale)
+
+
+@quax.register(lax.mul_p)
+def _(x: ArrayLike, y: Scaled, **params: Any) -> Scaled:
+    del params
+    if jnp.ndim(x) == 0:
+        return Scaled(y.array, y.scale * x)
+    return Scaled(y.array * x, y.scale)
+
+
+@quax.register(lax.neg_p)
+def _(x: Scaled, **params: Any) -> Scaled:
+    del params
+    return Scaled(x.array, -x.scale)
+
+
+@quax.register(lax.dot_general_p)
+def _(x: Scaled, y: ArrayLike, **params: Any) -> Array:
+    return lax.dot_general_p.bind(x.array, y, **params) * x.scale
+
+
+def leaves_equal(a: Any, b: Any) -> bool:
+    """Whether two pytrees have the same structure and (close) leaves."""
+    la, ta = jtu.tree_flatten(a)
+    lb, tb = jtu.tree_flatten(b)
+    return ta == tb and all(
+        jnp.shape(x) == jnp.shape(y) and bool(jnp.allclose(x, y, atol=1e-5))
+        for x, y in zip(la, lb, strict=True)
+    )
+
+
+def dense(x: Any) -> Any:
+    """Unwrap test values (not materialise: `Refusing` is unwrapped too)."""
+    return jtu.tree_map(
+        lambda v: v.array if isinstance(v, Dense) else v,
+        x,
+        is_leaf=lambda v: isinstance(v, Dense),
+    )
+
+
+__all__ = [
+    "Dense",
+    "RefusedMaterialisation",
+    "Refusing",
+    "Scaled",
+    "dense",
+    "leaves_equal",
+]

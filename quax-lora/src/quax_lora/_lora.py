@@ -1,0 +1,167 @@
+"""The value type: `LoraArray`, a weight `w` plus a low-rank update `a @ b`."""
+
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import jax.random as jr
+import quax
+from jax import lax
+from jaxtyping import Array, PRNGKeyArray
+
+
+__all__ = ["LoraArray", "MaterialisationError"]
+
+
+class MaterialisationError(RuntimeError):
+    """A `LoraArray` with `allow_materialise=False` met an operation that has no
+    LoRA rule and would need the dense `w + a @ b`."""
+
+
+class LoraArray(quax.ArrayValue):
+    """A weight `w` plus a low-rank adaptation: it stands for `w + s * (a @ b)`,
+    stored as the three arrays, never summed.
+
+    For a weight of shape `(*batch, n, m)`, `a` has shape `(*batch, n, rank)` and `b`
+    shape `(*batch, rank, m)`; `s` is `alpha / rank` (as in peft), or `1` when `alpha`
+    is not given (as in the published quax). Inside [`quax.quaxify`][], a product with
+    it costs `w @ x + s * (a @ (b @ x))`: the `(n, m)` update `a @ b` is never formed.
+
+    `b` starts at zero, so a fresh `LoraArray` computes exactly what `w` did; `a`
+    starts at `Normal(0, scale^2)`. Fine-tuning trains `a` and `b` only: with
+    `stop_gradient=True` the gradient with respect to `w` is a symbolic zero, so JAX
+    does not compute it.
+
+    **Fields:**
+
+    - `w`: the original weight, shape `(*batch, n, *m)`.
+    - `a`: shape `(*batch, n, rank)`.
+    - `b`: shape `(*batch, rank, *m)`.
+    - `alpha`, `allow_materialise`, `stop_gradient`: as passed to `__init__` (static).
+    """
+
+    w: Array
+    a: Array
+    b: Array
+    alpha: float | None = eqx.field(static=True)
+    allow_materialise: bool = eqx.field(static=True)
+    stop_gradient: bool = eqx.field(static=True)
+
+    def __init__(
+        self,
+        weight: Array,
+        *,
+        rank: int,
+        scale: float = 0.01,
+        alpha: float | None = None,
+        allow_materialise: bool = False,
+        stop_gradient: bool = True,
+        batch_ndim: int | None = None,
+        key: PRNGKeyArray,
+    ):
+        """**Arguments:**
+
+        - `weight`: the weight to adapt, shape `(*batch, n, m)`.
+        - `rank`: the rank of the adaptation.
+        - `scale`: `a` is initialised from `Normal(0, scale^2)`; `b` is zero.
+        - `alpha`: the update is multiplied by `alpha / rank` (peft's `lora_alpha`).
+            `None` (the default) multiplies it by one.
+        - `allow_materialise`: what to do on an operation without a LoRA rule:
+            raise a `MaterialisationError` naming it (`False`, the default), or form
+            the dense `w + s * a @ b` and carry on (`True`).
+        - `stop_gradient`: whether `w` is frozen (no gradient flows to it).
+        - `batch_ndim`: how many leading axes of `weight` are batch axes, each with
+            its own adaptation. The default, `weight.ndim - 2`, adapts the trailing
+            matrices. `0` adapts a convolution kernel `(out, in, *spatial)` as the
+            matrix `out x (in * prod(spatial))`, as peft does for convolutions:
+            `a` is `(out, rank)` and `b` is `(rank, in, *spatial)`.
+        - `key`: a `jax.random` key, used to initialise `a`.
+        """
+        weight = jnp.asarray(weight)
+        if batch_ndim is None:
+            batch_ndim = weight.ndim - 2
+        if not 0 <= batch_ndim <= weight.ndim - 2:
+            raise ValueError(
+                f"LoraArray needs a weight with at least 2 axes and "
+                f"0 <= batch_ndim <= weight.ndim - 2; got shape {weight.shape} and "
+                f"batch_ndim={batch_ndim}."
+            )
+        if rank < 1:
+            raise ValueError(f"LoraArray needs rank >= 1, got {rank}.")
+        if not jnp.issubdtype(weight.dtype, jnp.inexact):
+            raise ValueError(
+                f"LoraArray needs a floating-point weight, got dtype {weight.dtype}."
+            )
+        batch = weight.shape[:batch_ndim]
+        n = weight.shape[batch_ndim]
+        rest = weight.shape[batch_ndim + 1 :]
+        self.w = weight
+        self.a = jr.normal(key, (*batch, n, rank), dtype=weight.dtype) * scale
+        self.b = jnp.zeros((*batch, rank, *rest), dtype=weight.dtype)
+        self.alpha = alpha
+        self.allow_materialise = allow_materialise
+        self.stop_gradient = stop_gradient
+
+    @property
+    def rank(self) -> int:
+        """The rank of the adaptation."""
+        return self.a.shape[-1]
+
+    @property
+    def batch_ndim(self) -> int:
+        """How many leading axes are batch axes."""
+        return self.a.ndim - 2
+
+    @property
+    def scaling(self) -> float:
+        """The factor `s` of the update: `alpha / rank`, or `1`."""
+        return 1.0 if self.alpha is None else self.alpha / self.rank
+
+    def weight(self) -> Array:
+        """`w`, behind `lax.stop_gradient` when `stop_gradient` is set: what every
+        rule computes with, so that no gradient reaches a frozen weight."""
+        return lax.stop_gradient(self.w) if self.stop_gradient else self.w
+
+    def delta(self) -> Array:
+        """The dense update `s * (a @ b)`, shape `w.shape`. Used by `materialise` and
+        `quax_lora.merge`; rules never form it."""
+        nb = self.batch_ndim
+        batch = tuple(range(nb))
+        out = lax.dot_general(
+            self.a,
+            self.b,
+            (((nb + 1,), (nb,)), (batch, batch)),
+            preferred_element_type=jnp.promote_types(self.w.dtype, jnp.float32),
+        )
+        return out * self.scaling
+
+    def aval(self) -> jax.core.ShapedArray:
+        return jax.core.ShapedArray(self.w.shape, self.w.dtype)
+
+    def materialise(self) -> Array:
+        if not self.allow_materialise:
+            raise MaterialisationError(
+                f"LoraArray refuses to materialise its dense weight w + a @ b "
+                f"(shape {self.w.shape}, dtype {self.w.dtype}): an operation on it has "
+                "no LoRA rule. Pass allow_materialise=True to LoraArray / "
+                "quax_lora.loraify to allow it, or use quax_lora.merge(model) to get "
+                "dense weights."
+            )
+        return (self.weight() + self.delta()).astype(self.w.dtype)
+
+    @staticmethod
+    def default(primitive: Any, values: Any, params: dict[str, Any]) -> Any:
+        for value in values:
+            if isinstance(value, LoraArray) and not value.allow_materialise:
+                types = ", ".join(type(v).__qualname__ for v in values)
+                raise MaterialisationError(
+                    f"LoraArray refuses to materialise for primitive "
+                    f"`{primitive.name}` on input types ({types}): quax_lora has no "
+                    f"rule "
+                    f"for this case, and forming the dense w + a @ b (shape "
+                    f"{value.shape}) would cost what LoRA saves. Pass "
+                    "allow_materialise=True to LoraArray / quax_lora.loraify to allow "
+                    "it, or use quax_lora.merge(model) to get dense weights."
+                )
+        return quax.Value.default(primitive, values, params)

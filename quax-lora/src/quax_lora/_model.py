@@ -1,0 +1,269 @@
+"""Whole-model helpers: `loraify`, `merge`, the trainable filter, parameter counts,
+and saving/loading only the adapter."""
+
+import dataclasses
+import itertools
+from collections.abc import Callable
+from typing import Any, BinaryIO
+
+import equinox as eqx
+import jax.random as jr
+import jax.tree_util as jtu
+import numpy as np
+from jaxtyping import PRNGKeyArray, PyTree
+
+from ._lora import LoraArray
+
+
+__all__ = [
+    "ParameterCount",
+    "adapter_filter",
+    "count_parameters",
+    "is_lora",
+    "load_adapter",
+    "loraify",
+    "merge",
+    "save_adapter",
+    "trainable_filter",
+]
+
+_CONV = (eqx.nn.Conv, eqx.nn.ConvTranspose)
+
+
+def is_lora(x: Any) -> bool:
+    """Whether `x` is a [`quax_lora.LoraArray`][]; an `is_leaf` for tree maps."""
+    return isinstance(x, LoraArray)
+
+
+def _selector(
+    filter: type | tuple[type, ...] | Callable[[Any], bool],
+) -> Callable[[Any], bool]:
+    if isinstance(filter, type | tuple):
+        return lambda x: isinstance(x, filter)
+    return filter
+
+
+def loraify(
+    model: PyTree,
+    *,
+    rank: int,
+    scale: float = 0.01,
+    alpha: float | None = None,
+    allow_materialise: bool = False,
+    stop_gradient: bool = True,
+    filter: type | tuple[type, ...] | Callable[[Any], bool] = eqx.nn.Linear,
+    where: Callable[[PyTree], Any] | None = None,
+    key: PRNGKeyArray,
+) -> PyTree:
+    """Replace the weights of the layers of `model` with [`quax_lora.LoraArray`][]s.
+
+    ```python
+    mlp = eqx.nn.MLP(64, 10, 128, depth=2, key=key1)
+    lora_mlp = quax_lora.loraify(mlp, rank=4, key=key2)
+    y = quax.quaxify(lora_mlp)(x)
+    ```
+
+    Nothing else changes, so the model is called as before, inside
+    [`quax.quaxify`][]. (It is not wrapped for you: quaxify whichever method or
+    loss function you call.)
+
+    **Arguments:**
+
+    - `model`: any PyTree, usually an Equinox module.
+    - `rank`, `scale`, `alpha`, `allow_materialise`, `stop_gradient`: as for
+        [`quax_lora.LoraArray`][].
+    - `filter`: which layers to adapt: a layer type, a tuple of them, or a predicate
+        on a layer. By default every `eqx.nn.Linear`. A matching layer's `weight` is
+        adapted; for `eqx.nn.Conv` and `eqx.nn.ConvTranspose` the kernel is adapted
+        along its output channels (`batch_ndim=0`), as peft does.
+    - `where`: choose by path, as for `eqx.tree_at`: a function from `model` to the
+        sub-tree (or tuple of sub-trees) to adapt, e.g.
+        `where=lambda m: (m.query_proj, m.value_proj)`. Only layers inside it that
+        match `filter` are adapted. By default the whole model.
+    - `key`: a `jax.random` key; each layer gets its own.
+
+    **Returns:**
+
+    A copy of `model` with the selected weights replaced.
+    """
+    select = _selector(filter)
+    counter = itertools.count()
+
+    def adapt(layer: Any) -> Any:
+        if not select(layer):
+            return layer
+        weight = getattr(layer, "weight", None)
+        if weight is None or isinstance(weight, LoraArray) or np.ndim(weight) < 2:
+            return layer
+        lora = LoraArray(
+            weight,
+            rank=rank,
+            scale=scale,
+            alpha=alpha,
+            allow_materialise=allow_materialise,
+            stop_gradient=stop_gradient,
+            batch_ndim=0 if isinstance(layer, _CONV) else None,
+            key=jr.fold_in(key, next(counter)),
+        )
+        return eqx.tree_at(lambda x: x.weight, layer, lora)
+
+    def adapt_all(tree: PyTree) -> PyTree:
+        return jtu.tree_map(adapt, tree, is_leaf=select)
+
+    if where is None:
+        return adapt_all(model)
+    return eqx.tree_at(where, model, replace_fn=adapt_all)
+
+
+def merge(model: PyTree) -> PyTree:
+    """Replace every [`quax_lora.LoraArray`][] in `model` by the dense weight
+    `w + s * a @ b`, in the dtype of `w`: a plain model for inference or export,
+    which needs no `quax.quaxify`.
+
+    **Arguments:**
+
+    - `model`: a PyTree containing `LoraArray`s.
+
+    **Returns:**
+
+    A copy of `model` with dense weights.
+    """
+
+    def dense(x: Any) -> Any:
+        if isinstance(x, LoraArray):
+            return (x.w + x.delta()).astype(x.w.dtype)
+        return x
+
+    return jtu.tree_map(dense, model, is_leaf=is_lora)
+
+
+def _spec(model: PyTree, train_weights: bool) -> PyTree:
+    def leaf(x: Any) -> Any:
+        if isinstance(x, LoraArray):
+            w = train_weights and not x.stop_gradient
+            return eqx.tree_at(lambda y: (y.w, y.a, y.b), x, (w, True, True))
+        return False
+
+    return jtu.tree_map(leaf, model, is_leaf=is_lora)
+
+
+def trainable_filter(model: PyTree) -> PyTree:
+    """A filter spec marking what fine-tuning trains: the `a` and `b` of every
+    [`quax_lora.LoraArray`][] (and `w` when it was made with `stop_gradient=False`);
+    everything else is frozen.
+
+    ```python
+    spec = quax_lora.trainable_filter(model)
+    params, frozen = eqx.partition(model, spec)
+    opt_state = optimiser.init(params)
+    # in the loss: model = eqx.combine(params, frozen)
+    ```
+
+    **Arguments:**
+
+    - `model`: a PyTree containing `LoraArray`s.
+
+    **Returns:**
+
+    A PyTree of bools with the structure of `model`, for `eqx.partition`,
+    `eqx.filter_grad`-style filtering or an optax mask.
+    """
+    return _spec(model, train_weights=True)
+
+
+def adapter_filter(model: PyTree) -> PyTree:
+    """A filter spec marking the adapter only: the `a` and `b` of every
+    [`quax_lora.LoraArray`][]. What [`quax_lora.save_adapter`][] saves.
+
+    **Arguments:**
+
+    - `model`: a PyTree containing `LoraArray`s.
+
+    **Returns:**
+
+    A PyTree of bools with the structure of `model`.
+    """
+    return _spec(model, train_weights=False)
+
+
+@dataclasses.dataclass(frozen=True)
+class ParameterCount:
+    """How many parameters a model has and how many fine-tuning trains.
+
+    **Fields:**
+
+    - `trainable`: elements of the arrays [`quax_lora.trainable_filter`][] selects.
+    - `total`: elements of every floating-point array in the model.
+    """
+
+    trainable: int
+    total: int
+
+    @property
+    def fraction(self) -> float:
+        """`trainable / total`."""
+        return self.trainable / self.total if self.total else 0.0
+
+    def __str__(self) -> str:
+        return (
+            f"trainable params: {self.trainable:,} || all params: {self.total:,} || "
+            f"trainable%: {100 * self.fraction:.4f}"
+        )
+
+
+def count_parameters(model: PyTree) -> ParameterCount:
+    """Count the parameters of a LoRA model, like peft's
+    `print_trainable_parameters`: `print(quax_lora.count_parameters(model))`.
+
+    **Arguments:**
+
+    - `model`: a PyTree containing `LoraArray`s.
+
+    **Returns:**
+
+    A [`quax_lora.ParameterCount`][].
+    """
+    params = eqx.filter(model, eqx.is_inexact_array)
+    trainable = eqx.filter(params, trainable_filter(params))
+    size = lambda tree: sum(int(np.size(x)) for x in jtu.tree_leaves(tree))
+    return ParameterCount(trainable=size(trainable), total=size(params))
+
+
+def save_adapter(path_or_file: str | BinaryIO, model: PyTree) -> None:
+    """Save only the adapter (`a` and `b` of every [`quax_lora.LoraArray`][]) of
+    `model`, with `eqx.tree_serialise_leaves`: a few megabytes, not the base model.
+
+    **Arguments:**
+
+    - `path_or_file`: a file name or a binary file object.
+    - `model`: a PyTree containing `LoraArray`s.
+
+    **Returns:**
+
+    Nothing.
+    """
+    eqx.tree_serialise_leaves(path_or_file, eqx.filter(model, adapter_filter(model)))
+
+
+def load_adapter(path_or_file: str | BinaryIO, model: PyTree) -> PyTree:
+    """Load an adapter saved by [`quax_lora.save_adapter`][] into `model`, which
+    must be loraified the same way (same layers, ranks, shapes and dtypes).
+
+    ```python
+    base = quax_lora.loraify(pretrained, rank=8, key=key)
+    tuned = quax_lora.load_adapter("adapter.eqx", base)
+    ```
+
+    **Arguments:**
+
+    - `path_or_file`: a file name or a binary file object.
+    - `model`: the loraified model to load into; its `w` and other leaves are kept.
+
+    **Returns:**
+
+    A copy of `model` with the loaded `a` and `b`.
+    """
+    spec = adapter_filter(model)
+    adapter, rest = eqx.partition(model, spec)
+    loaded = eqx.tree_deserialise_leaves(path_or_file, adapter)
+    return eqx.combine(loaded, rest)

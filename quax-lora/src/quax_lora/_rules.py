@@ -1,0 +1,312 @@
+"""The rules for `LoraArray`: products computed as `w @ x + s * a @ (b @ x)`, and the
+cheap structural operations (`transpose`, `neg`, scalar `mul`, dtype conversion)
+that keep the low-rank form.
+
+Operations without a rule fall back to `LoraArray.default`, which refuses (naming the
+primitive) unless the array was created with `allow_materialise=True`.
+"""
+
+import string
+from collections.abc import Sequence
+from typing import Any
+
+import equinox as eqx
+import jax.numpy as jnp
+import numpy as np
+import quax
+from jax import lax
+from jaxtyping import ArrayLike
+
+from ._lora import LoraArray
+
+
+# dot_general --------------------------------------------------------------------------
+
+
+def _cost(subscripts: Sequence[str], sizes: dict[str, int]) -> int:
+    return int(np.prod([sizes[c] for c in set("".join(subscripts))], dtype=np.int64))
+
+
+def _factored_path(
+    a_sub: str, b_sub: str, x_sub: str, out_sub: str, sizes: dict[str, int]
+) -> str:
+    """Which factor meets `x` first: `"b"` (`a @ (b @ x)`) or `"a"` (`(x @ a) @ b`),
+    whichever does fewer multiplications. `a @ b` is never formed."""
+
+    def cost(first: str, second: str) -> int:
+        keep = set(second) | set(out_sub)
+        middle = "".join(c for c in dict.fromkeys(first + x_sub) if c in keep)
+        return _cost([first, x_sub], sizes) + _cost([second, middle], sizes)
+
+    return "b" if cost(b_sub, a_sub) <= cost(a_sub, b_sub) else "a"
+
+
+def _lora_dot_general(
+    w: ArrayLike,
+    a: ArrayLike,
+    b: ArrayLike,
+    x: Any,
+    *,
+    lora_is_lhs: bool,
+    scaling: float,
+    dimension_numbers: Any,
+    params: dict[str, Any],
+) -> Any:
+    """`dot_general` of `w + scaling * a @ b` with `x` (on the side `lora_is_lhs`
+    says), as `dot_general(w, x) + einsum(a, b, x)` with the einsum contracted in
+    the cheaper of the two orders that avoid `a @ b`.
+
+    Quaxified by the caller, so `x` may itself be a `quax.Value`.
+    """
+    w_, a_, b_ = (jnp.asarray(t) for t in (w, a, b))
+    (lhs_contract, rhs_contract), (lhs_batch, rhs_batch) = dimension_numbers
+    if lora_is_lhs:
+        dense = lax.dot_general_p.bind(
+            w_, x, dimension_numbers=dimension_numbers, **params
+        )
+        l_contract, x_contract, l_batch, x_batch = (
+            lhs_contract,
+            rhs_contract,
+            lhs_batch,
+            rhs_batch,
+        )
+    else:
+        dense = lax.dot_general_p.bind(
+            x, w_, dimension_numbers=dimension_numbers, **params
+        )
+        l_contract, x_contract, l_batch, x_batch = (
+            rhs_contract,
+            lhs_contract,
+            rhs_batch,
+            lhs_batch,
+        )
+    nb = a_.ndim - 2
+    letters = iter(string.ascii_letters)
+    lora_sub = [next(letters) for _ in range(w_.ndim)]
+    x_sub = [next(letters) for _ in range(np.ndim(x))]
+    for i, j in zip(l_contract, x_contract, strict=True):
+        x_sub[j] = lora_sub[i]
+    for i, j in zip(l_batch, x_batch, strict=True):
+        x_sub[j] = lora_sub[i]
+    r = next(letters)
+    a_sub = "".join(lora_sub[: nb + 1]) + r
+    b_sub = "".join(lora_sub[:nb]) + r + "".join(lora_sub[nb + 1 :])
+    l_free = [
+        c for i, c in enumerate(lora_sub) if i not in l_contract and i not in l_batch
+    ]
+    x_free = [
+        c for j, c in enumerate(x_sub) if j not in x_contract and j not in x_batch
+    ]
+    batch = [lora_sub[i] for i in l_batch]
+    out_sub = "".join(batch + (l_free + x_free if lora_is_lhs else x_free + l_free))
+    sizes = dict(
+        zip(
+            lora_sub + x_sub + [r], (*w_.shape, *np.shape(x), a_.shape[-1]), strict=True
+        )
+    )
+    first = _factored_path(a_sub, b_sub, "".join(x_sub), out_sub, sizes)
+    if scaling != 1.0:
+        a_ = a_ * jnp.asarray(scaling, a_.dtype)
+    if lora_is_lhs:  # operands a, b, x
+        spec = f"{a_sub},{b_sub},{''.join(x_sub)}->{out_sub}"
+        path = [(1, 2), (0, 1)] if first == "b" else [(0, 2), (0, 1)]
+        operands = (a_, b_, x)
+    else:  # operands x, a, b
+        spec = f"{''.join(x_sub)},{a_sub},{b_sub}->{out_sub}"
+        path = [(0, 2), (0, 1)] if first == "b" else [(0, 1), (0, 1)]
+        operands = (x, a_, b_)
+    delta = jnp.einsum(
+        spec,
+        *operands,
+        optimize=path,
+        precision=params["precision"],
+        preferred_element_type=params["preferred_element_type"],
+        out_sharding=params["out_sharding"],
+    )
+    return dense + delta.astype(dense.dtype)
+
+
+def _dot(
+    lora: LoraArray,
+    x: Any,
+    *,
+    lora_is_lhs: bool,
+    dimension_numbers: Any,
+    params: dict[str, Any],
+) -> Any:
+    return quax.quaxify(_lora_dot_general)(
+        lora.weight(),
+        lora.a,
+        lora.b,
+        x,
+        lora_is_lhs=lora_is_lhs,
+        scaling=lora.scaling,
+        dimension_numbers=dimension_numbers,
+        params=params,
+    )
+
+
+@quax.register(lax.dot_general_p)
+def _(
+    lhs: LoraArray,
+    rhs: ArrayLike | quax.ArrayValue,
+    *,
+    dimension_numbers: Any,
+    **params: Any,
+) -> Any:
+    return _dot(
+        lhs, rhs, lora_is_lhs=True, dimension_numbers=dimension_numbers, params=params
+    )
+
+
+@quax.register(lax.dot_general_p)
+def _(
+    lhs: ArrayLike | quax.ArrayValue,
+    rhs: LoraArray,
+    *,
+    dimension_numbers: Any,
+    **params: Any,
+) -> Any:
+    return _dot(
+        rhs, lhs, lora_is_lhs=False, dimension_numbers=dimension_numbers, params=params
+    )
+
+
+@quax.register(lax.dot_general_p)
+def _(lhs: LoraArray, rhs: LoraArray, *, dimension_numbers: Any, **params: Any) -> Any:
+    # Factor the left one; products with the right one dispatch to the rule above.
+    return _dot(
+        lhs, rhs, lora_is_lhs=True, dimension_numbers=dimension_numbers, params=params
+    )
+
+
+# conv_general_dilated -----------------------------------------------------------------
+
+
+def _lora_conv(
+    w: ArrayLike,
+    a: ArrayLike,
+    b: ArrayLike,
+    x: Any,
+    *,
+    scaling: float,
+    params: dict[str, Any],
+) -> Any:
+    """`conv(x, w) + scaling * a @ conv(x, b)`: `b` is a kernel with `rank` output
+    features, `a` mixes them into the output features, like a 1x1 convolution."""
+    dense = lax.conv_general_dilated_p.bind(x, w, **params)
+    hidden = lax.conv_general_dilated_p.bind(x, b, **params)
+    feature = params["dimension_numbers"].out_spec[1]
+    a_ = jnp.asarray(a)
+    if scaling != 1.0:
+        a_ = a_ * jnp.asarray(scaling, a_.dtype)
+    delta = lax.dot_general(
+        hidden,
+        a_.astype(hidden.dtype),
+        (((feature,), (1,)), ((), ())),
+        precision=params["precision"],
+        preferred_element_type=params["preferred_element_type"],
+    )
+    return dense + jnp.moveaxis(delta, -1, feature).astype(dense.dtype)
+
+
+@quax.register(lax.conv_general_dilated_p)
+def _(lhs: ArrayLike | quax.ArrayValue, rhs: LoraArray, **params: Any) -> Any:
+    rhs_spec = params["dimension_numbers"].rhs_spec
+    if (
+        rhs.batch_ndim != 0
+        or rhs_spec[0] != 0
+        or params["feature_group_count"] != 1
+        or params["batch_group_count"] != 1
+    ):
+        # Only a kernel adapted along its output features (`batch_ndim=0`, as
+        # `loraify` makes for convolutions) factors; the rest falls back.
+        return quax.fallback_rule(lax.conv_general_dilated_p, (lhs, rhs))(
+            (lhs, rhs), params
+        )
+    return quax.quaxify(_lora_conv)(
+        rhs.weight(), rhs.a, rhs.b, lhs, scaling=rhs.scaling, params=params
+    )
+
+
+# Structural operations ----------------------------------------------------------------
+
+
+def _replace(lora: LoraArray, w: Any, a: Any, b: Any) -> LoraArray:
+    return eqx.tree_at(lambda x: (x.w, x.a, x.b), lora, (w, a, b))
+
+
+@quax.register(lax.transpose_p)
+def _(operand: LoraArray, *, permutation: Sequence[int]) -> Any:
+    nb = operand.batch_ndim
+    perm = tuple(permutation)
+    batch, rest = perm[:nb], perm[nb:]
+    if sorted(batch) == list(range(nb)) and operand.ndim == nb + 2:
+        w = lax.transpose(operand.weight(), perm)
+        if rest == (nb, nb + 1):
+            a = lax.transpose(operand.a, perm)
+            b = lax.transpose(operand.b, perm)
+        else:  # (w + a b)^T = w^T + b^T a^T
+            a = lax.transpose(operand.b, perm)
+            b = lax.transpose(operand.a, perm)
+        return _replace(operand, w, a, b)
+    if sorted(batch) == list(range(nb)) and rest[0] == nb:
+        # A kernel (`batch_ndim=0`, more than one input axis): permute the input axes.
+        w = lax.transpose(operand.weight(), perm)
+        a = lax.transpose(operand.a, (*batch, nb, nb + 1))
+        b = lax.transpose(operand.b, perm)
+        return _replace(operand, w, a, b)
+    return quax.fallback_rule(lax.transpose_p, (operand,))(
+        (operand,), {"permutation": permutation}
+    )
+
+
+@quax.register(lax.neg_p)
+def _(x: LoraArray) -> LoraArray:
+    return _replace(x, -x.weight(), -x.a, x.b)
+
+
+def _scale(
+    lora: LoraArray, c: Any, values: tuple[Any, Any], params: dict[str, Any]
+) -> Any:
+    if np.ndim(c) != 0:
+        return quax.fallback_rule(lax.mul_p, values)(values, params)
+    w = lax.mul_p.bind(lora.weight(), c, **params)
+    a = lax.mul_p.bind(lora.a, c, **params)
+    return _replace(lora, w, a, lora.b)
+
+
+@quax.register(lax.mul_p)
+def _(x: LoraArray, y: ArrayLike, **params: Any) -> Any:
+    return _scale(x, y, (x, y), params)
+
+
+@quax.register(lax.mul_p)
+def _(x: ArrayLike, y: LoraArray, **params: Any) -> Any:
+    return _scale(y, x, (x, y), params)
+
+
+@quax.register(lax.convert_element_type_p)
+def _(operand: LoraArray, *, new_dtype: Any, weak_type: bool, sharding: Any) -> Any:
+    params = {"new_dtype": new_dtype, "weak_type": weak_type, "sharding": sharding}
+    if not jnp.issubdtype(new_dtype, jnp.inexact):
+        # Rounding does not distribute over the sum: only the dense value converts.
+        return quax.fallback_rule(lax.convert_element_type_p, (operand,))(
+            (operand,), params
+        )
+    w = lax.convert_element_type_p.bind(operand.weight(), **params)
+    factors = {"new_dtype": new_dtype, "weak_type": weak_type, "sharding": None}
+    a = lax.convert_element_type_p.bind(operand.a, **factors)
+    b = lax.convert_element_type_p.bind(operand.b, **factors)
+    return _replace(operand, w, a, b)
+
+
+@quax.register(lax.rev_p)
+def _(operand: LoraArray, *, dimensions: Sequence[int]) -> LoraArray:
+    # Batch axes flip in all three arrays, the output axis in `a`, the input axes
+    # (e.g. a transposed convolution's spatial axes) in `b`.
+    nb = operand.batch_ndim
+    w = lax.rev(operand.weight(), tuple(dimensions))
+    a = lax.rev(operand.a, tuple(d for d in dimensions if d <= nb))
+    b = lax.rev(operand.b, tuple(d for d in dimensions if d != nb))
+    return _replace(operand, w, a, b)

@@ -1,0 +1,368 @@
+"""The quax rules for `Unitful`: which primitives keep, combine or require units.
+
+Every rule runs at trace time and works on the SI-coherent arrays, so a unitful
+program compiles to the same operations as the plain one. Plain arrays are
+dimensionless, except constants known at trace time that fit any unit (zeros,
+infinities, NaNs), which `jax.numpy` functions use internally.
+"""
+
+import math
+from collections.abc import Sequence
+from fractions import Fraction
+from typing import Any
+
+import jax
+import jax.extend.core.primitives as jprim
+import numpy as np
+import quax
+from jax import lax
+from jaxtyping import ArrayLike
+
+from ._dimensions import Dimensions, UnitError, dimensionless
+from ._quantity import Unitful, describe
+from ._units import Unit, si_unit, unit
+
+
+_Operand = Unitful | ArrayLike
+_RADIAN = unit("rad")
+
+
+# Helpers ------------------------------------------------------------------------------
+
+
+def _array(x: Any) -> Any:
+    return x.array if isinstance(x, Unitful) else x
+
+
+def _dims(x: Any) -> Dimensions:
+    return x.units if isinstance(x, Unitful) else dimensionless
+
+
+def _shown(x: Any) -> Unit:
+    """The display unit of an operand (a plain array shows as dimensionless)."""
+    if isinstance(x, Unitful):
+        return x.unit
+    return si_unit(dimensionless)
+
+
+def _wrap(array: Any, dims: Dimensions, shown: Unit | None) -> Unitful:
+    return Unitful(array, dims, shown)
+
+
+def _unit_agnostic(x: Any) -> bool:
+    """Whether a plain operand is a constant known at trace time that fits any unit:
+    all zeros, infinities or NaNs (as in `jnp.where(x > 0, x, 0)` inside `jnp`)."""
+    if isinstance(x, Unitful | jax.core.Tracer):
+        return False
+    values = np.asarray(x)
+    return bool(np.all((values == 0) | ~np.isfinite(values)))
+
+
+def _same_units(primitive: Any, operands: Sequence[Any]) -> tuple[Dimensions, Unit]:
+    """The common dimensions of `operands` (all must agree), and the display unit of
+    the first quantity among them, which the result takes."""
+    first = next(x for x in operands if isinstance(x, Unitful))
+    for x in operands:
+        if x is first or _dims(x) == first.units or _unit_agnostic(x):
+            continue
+        raise UnitError(
+            f"`{primitive.name}` needs operands of the same dimensions, but got "
+            f"{describe(first)} and {describe(x)}. Quantities with the same dimensions "
+            "in different units (m, km) combine; these cannot."
+        )
+    return first.units, first.unit
+
+
+def _require_dimensionless(primitive: Any, x: Any, role: str = "operand") -> Any:
+    if isinstance(x, Unitful) and not x.units.is_dimensionless:
+        raise UnitError(
+            f"`{primitive.name}` needs a dimensionless {role} (angles count, in "
+            f"radians), but got {describe(x)}. Divide by a reference quantity, or "
+            "strip the units with `quax_units.ustrip`."
+        )
+    return _array(x)
+
+
+def _static_exponent(primitive: Any, x: Unitful, y: Any) -> Fraction:
+    """The exponent of `pow(x, y)`, which must be known at trace time to give units."""
+    exponent = _require_dimensionless(primitive, y, "exponent")
+    try:
+        values = np.asarray(exponent)
+    except (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError):
+        raise UnitError(
+            f"`{primitive.name}` of {describe(x)} with an exponent only known at run "
+            "time: the units of the result would depend on it. Use a Python number as "
+            "the exponent."
+        ) from None
+    flat = values.reshape(-1)
+    if flat.size == 0 or np.any(flat != flat[0]):
+        raise UnitError(
+            f"`{primitive.name}` of {describe(x)} with differing exponents {values}: "
+            "every element would get different units. Use a single exponent."
+        )
+    return Fraction(float(flat[0])).limit_denominator(1000)
+
+
+# Operands of the same dimensions ------------------------------------------------------
+
+_SAME_UNITS = [lax.add_p, lax.sub_p, lax.max_p, lax.min_p, lax.rem_p, lax.nextafter_p]
+
+
+@quax.register_elementwise(_SAME_UNITS)
+def _same(primitive: Any, x: _Operand, y: _Operand, **params: Any) -> Unitful:
+    dims, shown = _same_units(primitive, [x, y])
+    return _wrap(primitive.bind(_array(x), _array(y), **params), dims, shown)
+
+
+@quax.register(jprim.add_jaxvals_p)
+def _add_any(x: _Operand, y: _Operand) -> Unitful:
+    # Autodiff's accumulation of cotangents. Cotangents of one variable always share
+    # units (the forward rules checked the program), so a plain operand here is an
+    # instantiated symbolic zero: it takes the other operand's units.
+    first = x if isinstance(x, Unitful) else y
+    assert isinstance(first, Unitful)
+    if isinstance(x, Unitful) and isinstance(y, Unitful):
+        _same_units(jprim.add_jaxvals_p, [x, y])
+    return _wrap(
+        jprim.add_jaxvals_p.bind(_array(x), _array(y)), first.units, first.unit
+    )
+
+
+@quax.register_elementwise([lax.eq_p, lax.ne_p, lax.lt_p, lax.le_p, lax.gt_p, lax.ge_p])
+def _compare(primitive: Any, x: _Operand, y: _Operand, **params: Any) -> Any:
+    _same_units(primitive, [x, y])
+    return primitive.bind(_array(x), _array(y), **params)
+
+
+@quax.register(lax.atan2_p)
+def _atan2(x: _Operand, y: _Operand, **params: Any) -> Unitful:
+    _same_units(lax.atan2_p, [x, y])
+    return _wrap(
+        lax.atan2_p.bind(_array(x), _array(y), **params), dimensionless, _RADIAN
+    )
+
+
+@quax.register(lax.clamp_p)
+def _clamp(low: _Operand, x: _Operand, high: _Operand, **params: Any) -> Unitful:
+    dims, shown = _same_units(lax.clamp_p, [x, low, high])
+    return _wrap(
+        lax.clamp_p.bind(_array(low), _array(x), _array(high), **params), dims, shown
+    )
+
+
+@quax.register(lax.select_n_p)
+def _select_n(which: ArrayLike, *cases: _Operand) -> Unitful:
+    dims, shown = _same_units(lax.select_n_p, cases)
+    return _wrap(lax.select_n_p.bind(which, *map(_array, cases)), dims, shown)
+
+
+@quax.register(lax.concatenate_p)
+def _concatenate(*operands: _Operand, **params: Any) -> Unitful:
+    dims, shown = _same_units(lax.concatenate_p, operands)
+    return _wrap(lax.concatenate_p.bind(*map(_array, operands), **params), dims, shown)
+
+
+@quax.register(lax.pad_p)
+def _pad(operand: _Operand, padding_value: _Operand, **params: Any) -> Unitful:
+    dims, shown = _same_units(lax.pad_p, [operand, padding_value])
+    return _wrap(
+        lax.pad_p.bind(_array(operand), _array(padding_value), **params), dims, shown
+    )
+
+
+@quax.register(lax.dynamic_update_slice_p)
+def _dynamic_update_slice(
+    operand: _Operand, update: _Operand, *indices: _Operand, **params: Any
+) -> Unitful:
+    p = lax.dynamic_update_slice_p
+    dims, shown = _same_units(p, [operand, update])
+    starts = [_require_dimensionless(p, i, "index") for i in indices]
+    return _wrap(
+        p.bind(_array(operand), _array(update), *starts, **params), dims, shown
+    )
+
+
+_SCATTERS = [
+    lax.scatter_p,
+    lax.scatter_add_p,
+    lax.scatter_sub_p,
+    lax.scatter_min_p,
+    lax.scatter_max_p,
+]
+
+
+@quax.register_elementwise(_SCATTERS)
+def _scatter(
+    primitive: Any,
+    operand: _Operand,
+    indices: _Operand,
+    updates: _Operand,
+    **params: Any,
+) -> Unitful:
+    dims, shown = _same_units(primitive, [operand, updates])
+    index = _require_dimensionless(primitive, indices, "index")
+    return _wrap(
+        primitive.bind(_array(operand), index, _array(updates), **params), dims, shown
+    )
+
+
+@quax.register(lax.scatter_mul_p)
+def _scatter_mul(
+    operand: _Operand, indices: _Operand, updates: _Operand, **params: Any
+) -> Any:
+    p = lax.scatter_mul_p
+    index = _require_dimensionless(p, indices, "index")
+    factors = _require_dimensionless(p, updates, "update")
+    return _wrap(
+        p.bind(_array(operand), index, factors, **params),
+        _dims(operand),
+        _shown(operand),
+    )
+
+
+# Operations that keep the units -------------------------------------------------------
+
+_KEEP_UNITS = [
+    lax.neg_p, lax.abs_p, lax.floor_p, lax.ceil_p, lax.round_p, lax.real_p, lax.imag_p,
+    lax.conj_p, lax.reduce_sum_p, lax.reduce_max_p, lax.reduce_min_p, lax.cumsum_p,
+    lax.cummax_p, lax.cummin_p, lax.reshape_p, lax.squeeze_p, lax.broadcast_in_dim_p,
+    lax.transpose_p, lax.slice_p, lax.rev_p, lax.convert_element_type_p,
+    lax.reduce_precision_p, jprim.copy_p,
+]  # fmt: skip
+
+
+@quax.register_elementwise(_KEEP_UNITS)
+def _keep(primitive: Any, x: Unitful, **params: Any) -> Unitful:
+    return _wrap(primitive.bind(x.array, **params), x.units, x.unit)
+
+
+@quax.register_elementwise([lax.dynamic_slice_p, lax.gather_p])
+def _index(
+    primitive: Any, operand: Unitful, *indices: _Operand, **params: Any
+) -> Unitful:
+    index = [_require_dimensionless(primitive, i, "index") for i in indices]
+    return _wrap(
+        primitive.bind(operand.array, *index, **params), operand.units, operand.unit
+    )
+
+
+@quax.register(lax.split_p)
+def _split(operand: Unitful, **params: Any) -> list[Unitful]:
+    return [
+        _wrap(out, operand.units, operand.unit)
+        for out in lax.split_p.bind(operand.array, **params)
+    ]
+
+
+@quax.register(lax.sort_p)
+def _sort(*operands: _Operand, **params: Any) -> list[Any]:
+    outs = lax.sort_p.bind(*map(_array, operands), **params)
+    return [
+        _wrap(o, x.units, x.unit) if isinstance(x, Unitful) else o
+        for o, x in zip(outs, operands, strict=True)
+    ]
+
+
+@quax.register(lax.top_k_p)
+def _top_k(operand: Unitful, **params: Any) -> list[Any]:
+    values, indices = lax.top_k_p.bind(operand.array, **params)
+    return [_wrap(values, operand.units, operand.unit), indices]
+
+
+@quax.register_elementwise([lax.argmax_p, lax.argmin_p, lax.is_finite_p])
+def _plain_result(primitive: Any, x: Unitful, **params: Any) -> Any:
+    return primitive.bind(x.array, **params)
+
+
+@quax.register(lax.sign_p)
+def _sign(x: Unitful, **params: Any) -> Unitful:
+    return _wrap(lax.sign_p.bind(x.array, **params), dimensionless, None)
+
+
+# Operations that combine units --------------------------------------------------------
+
+
+@quax.register_elementwise([lax.mul_p, lax.dot_general_p, lax.conv_general_dilated_p])
+def _product(primitive: Any, x: _Operand, y: _Operand, **params: Any) -> Unitful:
+    return _wrap(
+        primitive.bind(_array(x), _array(y), **params),
+        _dims(x) * _dims(y),
+        _shown(x) * _shown(y),
+    )
+
+
+@quax.register(lax.div_p)
+def _div(x: _Operand, y: _Operand, **params: Any) -> Unitful:
+    return _wrap(
+        lax.div_p.bind(_array(x), _array(y), **params),
+        _dims(x) / _dims(y),
+        _shown(x) / _shown(y),
+    )
+
+
+def _power_rule(primitive: Any, exponent: Fraction) -> None:
+    @quax.register(primitive)
+    def _(x: Unitful, **params: Any) -> Unitful:
+        return _wrap(
+            primitive.bind(x.array, **params), x.units**exponent, x.unit**exponent
+        )
+
+
+for _p, _e in [
+    (lax.sqrt_p, Fraction(1, 2)),
+    (lax.cbrt_p, Fraction(1, 3)),
+    (lax.rsqrt_p, Fraction(-1, 2)),
+    (lax.square_p, Fraction(2)),
+]:
+    _power_rule(_p, _e)
+
+
+@quax.register(lax.integer_pow_p)
+def _integer_pow(x: Unitful, *, y: int) -> Unitful:
+    return _wrap(lax.integer_pow_p.bind(x.array, y=y), x.units**y, x.unit**y)
+
+
+@quax.register(lax.pow_p)
+def _pow(x: _Operand, y: _Operand, **params: Any) -> Unitful:
+    if not isinstance(x, Unitful) or x.units.is_dimensionless:
+        base = _array(x)
+        exponent = _require_dimensionless(lax.pow_p, y, "exponent")
+        return _wrap(lax.pow_p.bind(base, exponent, **params), dimensionless, None)
+    e = _static_exponent(lax.pow_p, x, y)
+    return _wrap(lax.pow_p.bind(x.array, _array(y), **params), x.units**e, x.unit**e)
+
+
+@quax.register(lax.reduce_prod_p)
+def _reduce_prod(x: Unitful, *, axes: Sequence[int], **params: Any) -> Unitful:
+    n = math.prod(x.shape[a] for a in axes)
+    return _wrap(
+        lax.reduce_prod_p.bind(x.array, axes=axes, **params), x.units**n, x.unit**n
+    )
+
+
+# Operations that need dimensionless operands ------------------------------------------
+
+_DIMENSIONLESS = [
+    lax.exp_p, lax.exp2_p, lax.log_p, lax.log1p_p, lax.expm1_p, lax.sin_p, lax.cos_p,
+    lax.tan_p, lax.sinh_p, lax.cosh_p, lax.tanh_p, lax.asinh_p, lax.acosh_p,
+    lax.atanh_p, lax.logistic_p, lax.erf_p, lax.erfc_p, lax.erf_inv_p, lax.lgamma_p,
+    lax.digamma_p, lax.cumprod_p, lax.cumlogsumexp_p,
+]  # fmt: skip
+
+
+@quax.register_elementwise(_DIMENSIONLESS)
+def _dimensionless(primitive: Any, x: Unitful, **params: Any) -> Unitful:
+    return _wrap(
+        primitive.bind(_require_dimensionless(primitive, x), **params),
+        dimensionless,
+        None,
+    )
+
+
+@quax.register_elementwise([lax.asin_p, lax.acos_p, lax.atan_p])
+def _inverse_trig(primitive: Any, x: Unitful, **params: Any) -> Unitful:
+    return _wrap(
+        primitive.bind(_require_dimensionless(primitive, x), **params),
+        dimensionless,
+        _RADIAN,
+    )

@@ -1,0 +1,128 @@
+"""The `Unitful` value: the published API, `Quantity`, conversion, display."""
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import quax
+import quax_units
+from quax_units import (
+    Dimension,
+    Quantity,
+    UnitError,
+    Unitful,
+    kilograms,
+    meters,
+    seconds,
+    unit,
+    ustrip,
+)
+
+
+def test_published_api():
+    x = Unitful(jnp.array([1.0, 2.0]), meters)
+    assert x.units == {meters: 1}
+    np.testing.assert_array_equal(x.array, [1.0, 2.0])
+    y = Unitful(jnp.array(3.0), {kilograms: 1, seconds: -2})
+    assert y.units == {kilograms: 1, seconds: -2}
+    assert isinstance(meters, Dimension)
+    assert x.shape == (2,) and x.dtype == jnp.float32 and x.ndim == 1 and x.size == 2
+
+    @quax.quaxify
+    def f(a, b):
+        return a * b
+
+    z = f(x, y)
+    assert z.units == {kilograms: 1, meters: 1, seconds: -2}
+    np.testing.assert_array_equal(z.array, [3.0, 6.0])
+
+
+def test_quantity_stores_si_and_displays_its_unit():
+    q = Quantity(jnp.array([1.0, 2.5]), "km")
+    np.testing.assert_allclose(q.array, [1000.0, 2500.0])
+    assert q.unit == unit("km") and str(q.unit) == "km"
+    np.testing.assert_allclose(q.value, [1.0, 2.5])
+    np.testing.assert_allclose(ustrip("m", q), [1000.0, 2500.0])
+    np.testing.assert_allclose(
+        q.to_value("mi"), np.array([1000.0, 2500.0]) / 1609.344, rtol=1e-6
+    )
+    km_h = Quantity(36.0, "km / h")
+    assert float(ustrip("m / s", km_h)) == pytest.approx(10.0)
+    assert str(km_h.to("m / s").unit) == "m / s"
+    assert float(km_h.to("m / s").value) == pytest.approx(10.0)
+
+
+def test_integer_values():
+    assert Quantity(3, "m").dtype == jnp.int32
+    assert float(Quantity(3, "km").array) == 3000.0
+
+
+def test_conversion_errors():
+    q = Quantity(1.0, "m")
+    with pytest.raises(UnitError, match=r"from m \(m\) to s \(s\)"):
+        q.to("s")
+    with pytest.raises(UnitError, match=r"from m \(m\) to kg \(kg\)"):
+        ustrip("kg", q)
+    with pytest.raises(UnitError, match="plain"):
+        ustrip("m", jnp.ones(2))
+    with pytest.raises(UnitError, match="does not have the dimensions"):
+        Unitful(jnp.ones(2), meters, unit("s"))
+
+
+def test_ustrip_plain_dimensionless():
+    np.testing.assert_allclose(ustrip("", jnp.ones(2)), [1.0, 1.0])
+    np.testing.assert_allclose(ustrip("percent", jnp.ones(2)), [100.0, 100.0])
+
+
+def test_repr_eager_and_under_jit():
+    q = Quantity(jnp.array([1.0, 2.0]), "km / s")
+    assert repr(q) == "Quantity(Array([1., 2.], dtype=float32), unit='km / s')"
+    seen = []
+
+    @jax.jit
+    @quax.quaxify
+    def f(x):
+        seen.append(repr(x))
+        return x
+
+    f(q)
+    assert seen == ["QuaxTracer(Quantity(float32[2], unit='km / s'))"]
+
+
+def test_materialise_refuses_dimensionful_allows_dimensionless():
+    with pytest.raises(UnitError, match=r"m / s \(m / s\) into a plain array"):
+        Quantity(1.0, "m / s").materialise()
+    np.testing.assert_allclose(Quantity(90.0, "deg").materialise(), np.pi / 2)
+
+
+def test_m_and_km_share_one_compilation():
+    f = jax.jit(quax.quaxify(lambda x, t: x / t))
+    a = f(Quantity(jnp.ones(3), "m"), Quantity(2.0, "s"))
+    b = f(Quantity(jnp.ones(3), "km"), Quantity(2.0, "h"))
+    assert f._cache_size() == 1  # type: ignore[attr-defined]
+    np.testing.assert_allclose(ustrip("m / s", a), 0.5)
+    np.testing.assert_allclose(ustrip("m / s", b), 1000.0 / 7200.0, rtol=1e-6)
+    # Different dimensions are a different pytree structure.
+    f(Quantity(jnp.ones(3), "kg"), Quantity(2.0, "s"))
+    assert f._cache_size() == 2  # type: ignore[attr-defined]
+
+
+def test_tree_equal_is_physical():
+    assert eqx.tree_equal(Quantity(1.0, "km"), Quantity(1000.0, "m"))
+    assert not eqx.tree_equal(Quantity(1.0, "km"), Quantity(1.0, "s"))
+
+
+def test_unit_times_number_is_quantity():
+    q = 3.0 * unit("km")
+    assert isinstance(q, Unitful) and float(q.array) == 3000.0
+    assert float((unit("m") * 2.0).array) == 2.0
+
+
+def test_plugin_hooks():
+    from quax_units import _plugin
+
+    _plugin.quax_register_rules()
+    assert list(_plugin.quax_value_types()) == [Unitful]
+    assert _plugin.quax_example_module() is quax_units
+    assert list(_plugin.quax_example_aliases()) == ["unitful"]

@@ -1,0 +1,247 @@
+"""Each rule against the same computation on the plain (SI) arrays, and every error."""
+
+from fractions import Fraction
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import quax
+from jax import lax
+from quax_units import Quantity, UnitError, Unitful, meters, seconds, unit, ustrip
+
+
+a = Quantity(jnp.array([1.0, -2.0, 3.5]), "m")
+b = Quantity(jnp.array([0.5, 4.0, -1.0]), "km")
+t = Quantity(jnp.array([2.0, 3.0, 4.0]), "s")
+plain = jnp.array([1.5, 2.0, -0.5])
+angle = Quantity(jnp.array([0.0, 30.0, 90.0]), "deg")
+ratio = Quantity(jnp.array([0.1, 0.2, 0.3]), "m / km")
+
+
+def _bare(x):
+    return x.array if isinstance(x, Unitful) else x
+
+
+def check(f, *args, units, jit=True):
+    """`quaxify(f)` on quantities equals `f` on their SI arrays, with `units`."""
+    got = quax.quaxify(f)(*args)
+    want = f(*[_bare(x) for x in args])
+    if jit:
+        jitted = jax.jit(quax.quaxify(f))(*args)
+        np.testing.assert_array_equal(
+            _bare(jitted), jax.jit(f)(*[_bare(x) for x in args])
+        )
+    if units is None:
+        assert not isinstance(got, Unitful)
+    else:
+        assert isinstance(got, Unitful)
+        assert got.units == unit(units).dimensions, (got.units, units)
+    np.testing.assert_allclose(_bare(got), want, rtol=1e-6)
+    return got
+
+
+@pytest.mark.parametrize(
+    "f",
+    [
+        jnp.add,
+        jnp.subtract,
+        jnp.maximum,
+        jnp.minimum,
+        jnp.remainder,
+        lambda x, y: jnp.clip(x, y, 2 * y),
+    ],
+)
+def test_same_units_keep_units_and_left_display(f):
+    check(f, a, b, units="m")
+
+
+def test_right_operand_takes_left_display_unit():
+    assert str(quax.quaxify(jnp.add)(a, b).unit) == "m"
+    assert str(quax.quaxify(jnp.subtract)(b, a).unit) == "km"
+
+
+@pytest.mark.parametrize(
+    "f",
+    [
+        jnp.less,
+        jnp.less_equal,
+        jnp.greater,
+        jnp.greater_equal,
+        jnp.equal,
+        jnp.not_equal,
+    ],
+)
+def test_comparisons_give_plain_bools(f):
+    out = check(f, a, b, units=None)
+    assert out.dtype == jnp.bool_
+
+
+def test_select_concatenate_pad_atan2():
+    check(lambda x, y: jnp.where(x > y, x, y), a, b, units="m")
+    check(lambda x, y: jnp.concatenate([x, y]), a, b, units="m")
+    check(lambda x, y: lax.pad(x, y[0], [(1, 2, 0)]), a, b, units="m")
+    out = check(jnp.arctan2, a, b, units="rad")
+    assert str(out.unit) == "rad"
+
+
+@pytest.mark.parametrize(
+    "f",
+    [
+        lambda x, y: x + y,
+        lambda x, y: x - y,
+        lambda x, y: x < y,
+        jnp.maximum,
+        lambda x, y: jnp.where(jnp.array(True), x, y),
+        lambda x, y: jnp.concatenate([x, y]),
+        lambda x, y: x.at[0].set(y[0]),
+        lambda x, y: x.at[0].add(y[0]),
+        lambda x, y: lax.dynamic_update_slice(x, y[:1], (0,)),
+        jnp.arctan2,
+        lambda x, y: jnp.clip(x, y, y),
+    ],
+)
+def test_incompatible_units_raise_naming_both(f):
+    with pytest.raises(UnitError, match=r"m \[m\] and s \[s\]|s \[s\] and m \[m\]"):
+        quax.quaxify(f)(a, t)
+    with pytest.raises(UnitError, match=r"m \[m\] and s \[s\]|s \[s\] and m \[m\]"):
+        jax.jit(quax.quaxify(f))(a, t)
+
+
+def test_plain_array_counts_as_dimensionless():
+    with pytest.raises(UnitError, match=r"plain array float32\[3\] \[dimensionless\]"):
+        quax.quaxify(jnp.add)(a, plain)
+    check(jnp.add, ratio, plain, units="")
+
+
+@pytest.mark.parametrize(
+    "f",
+    [
+        jnp.negative, jnp.abs, jnp.floor, jnp.ceil, jnp.round, jnp.sum, jnp.max,
+        jnp.min, jnp.mean, jnp.cumsum, lambda x: lax.cummax(x), jnp.sort,
+        lambda x: x.reshape(3, 1),
+        lambda x: x[None].squeeze(0), lambda x: jnp.broadcast_to(x, (2, 3)),
+        lambda x: jnp.outer(x, jnp.ones(2)).T, lambda x: x[1:], lambda x: x[::-1],
+        lambda x: x[jnp.array([2, 0])], lambda x: lax.dynamic_slice(x, (1,), (2,)),
+        lambda x: x.astype(jnp.float16), lambda x: jnp.split(x, 3)[1], 
+        lambda x: lax.top_k(x, 2)[0], lambda x: jnp.linalg.norm(x), jnp.real,
+        lambda x: lax.reduce_precision(x, 5, 10), jnp.copy,
+    ],
+)  # fmt: skip
+def test_unit_preserving(f):
+    check(f, a, units="m")
+
+
+@pytest.mark.parametrize(
+    "f",
+    [jnp.argmax, jnp.argmin, jnp.isfinite, lambda x: lax.top_k(x, 2)[1], jnp.argsort],
+)
+def test_plain_results(f):
+    check(f, a, units=None)
+
+
+def test_sign_is_dimensionless():
+    check(jnp.sign, a, units="")
+
+
+@pytest.mark.parametrize(
+    ("f", "units"),
+    [
+        (lambda x, y: x * y, "m s"),
+        (lambda x, y: x / y, "m / s"),
+        (lambda x, y: 2.0 / y, "1 / s"),
+        (lambda x, y: x * 3.0, "m"),
+        (lambda x, y: jnp.dot(x, y), "m s"),
+        (lambda x, y: jnp.outer(x, y) @ y, "m s2"),
+        (lambda x, y: jnp.convolve(x, y), "m s"),
+        (lambda x, y: x**2 / y**-3, "m2 s3"),
+        (lambda x, y: jnp.sqrt(x * x) * jnp.cbrt(y**3), "m s"),
+        (lambda x, y: lax.rsqrt(y), "s**(-1/2)"),
+        (lambda x, y: jnp.square(y), "s2"),
+        (lambda x, y: jnp.prod(y), "s3"),
+        (lambda x, y: jnp.prod(y.reshape(3, 1), axis=1), "s"),
+    ],
+)
+def test_combined_units(f, units):
+    check(f, a, t, units=units)
+
+
+def test_rational_exponents_and_display():
+    area = Quantity(jnp.array([4.0, 9.0]), "km2")
+    out = check(jnp.sqrt, area, units="m")
+    assert str(out.unit) == "km"
+    np.testing.assert_allclose(out.value, [2.0, 3.0])
+    out = quax.quaxify(lambda x: x**1.5)(area)
+    assert out.units == {meters: 3}
+    assert quax.quaxify(lambda x: x ** (1 / 3))(area).units == {meters: Fraction(2, 3)}
+
+
+def test_pow_exponent_errors():
+    with pytest.raises(UnitError, match="only known at run time"):
+        jax.jit(quax.quaxify(lambda x, p: x**p))(a, 2.0)
+    with pytest.raises(UnitError, match="differing exponents"):
+        quax.quaxify(lambda x: x ** jnp.array([1.0, 2.0, 3.0]))(a)
+    with pytest.raises(UnitError, match=r"dimensionless exponent.*s \[s\]"):
+        quax.quaxify(lambda x, y: x**y)(ratio, t)
+    # A dimensionless base can take any exponent, even one only known at run time.
+    check(lambda x, p: x**p, ratio, jnp.array([1.0, 2.0, 0.5]), units="")
+
+
+@pytest.mark.parametrize(
+    "f",
+    [jnp.exp, jnp.log, jnp.log1p, jnp.expm1, jnp.sin, jnp.cos, jnp.tan, jnp.tanh,
+     jnp.sinh,
+     jnp.arcsinh, jax.nn.sigmoid, jax.scipy.special.erf, jnp.cumprod, jnp.exp2],
+)  # fmt: skip
+def test_dimensionless_functions(f):
+    check(f, ratio, units="")
+    with pytest.raises(UnitError, match=r"needs a dimensionless operand .*m \[m\]"):
+        quax.quaxify(f)(a)
+
+
+def test_angles_are_radians():
+    out = check(jnp.sin, angle, units="")
+    np.testing.assert_allclose(out.array, [0.0, 0.5, 1.0], atol=1e-6)
+    back = quax.quaxify(jnp.arcsin)(out)
+    assert str(back.unit) == "rad"
+    np.testing.assert_allclose(
+        back.to_value("deg"), [0.0, 30.0, 90.0], rtol=1e-5, atol=1e-5
+    )
+
+
+def test_unsupported_primitive_raises_for_dimensionful():
+    with pytest.raises(UnitError, match=r"no rule for `fft` on \(m \[m\]\)"):
+        quax.quaxify(jnp.fft.fft)(a)
+
+
+def test_unsupported_primitive_passes_dimensionless_through():
+    out = quax.quaxify(jnp.fft.fft)(ratio)
+    np.testing.assert_allclose(out, jnp.fft.fft(ratio.array), rtol=1e-6)
+
+
+def test_gather_scatter_keep_units():
+    check(lambda x, y: x.at[jnp.array([0, 2])].set(y[:2]), a, b, units="m")
+    check(lambda x, y: x.at[1].min(y[0]), a, b, units="m")
+    check(lambda x, y: x.at[1].multiply(2.0), a, b, units="m")
+    with pytest.raises(UnitError, match="dimensionless update"):
+        quax.quaxify(lambda x, y: x.at[1].multiply(y[0]))(a, b)
+    with pytest.raises(UnitError):
+        quax.quaxify(lambda x, i: lax.dynamic_slice(x, (i,), (1,)))(a, Quantity(1, "m"))
+
+
+def test_vmap():
+    check(jax.vmap(lambda x, y: x * y + x * y), a, t, units="m s")
+    check(jax.vmap(lambda x: x * 2.0, in_axes=0), a, units="m")
+
+
+def test_seconds_dimension():
+    assert quax.quaxify(lambda x: x / x)(t).units == {}
+    assert quax.quaxify(lambda x: 1 / x)(t).units == {seconds: -1}
+
+
+def test_mixed_display_units_combine():
+    out = quax.quaxify(lambda x, y: x / y)(
+        Quantity(jnp.ones(3), "km"), Quantity(jnp.ones(3), "h")
+    )
+    assert str(out.unit) == "km / h"
+    np.testing.assert_allclose(ustrip("km / h", out), 1.0, rtol=1e-6)
