@@ -616,6 +616,23 @@ class _Flat:
         ]
 
 
+def _on_leaves(
+    fun: Any, flat: _Flat, primitive: Primitive, out_tree: list[Any]
+) -> Callable[..., list[Any]]:
+    """`fun` as a function of the inputs' leaves, returning its outputs' leaves and
+    recording their tree in `out_tree`."""
+
+    def fun_leaves(*leaves: Any) -> list[Any]:
+        outs = [
+            _densify_nonlinear(o, primitive) for o in _run(fun, *flat.unflatten(leaves))
+        ]
+        out_leaves, tree = jtu.tree_flatten(outs)
+        out_tree[:] = [tree]
+        return out_leaves
+
+    return fun_leaves
+
+
 def _leaves(values: Sequence[Any]) -> list[Any]:
     return jtu.tree_leaves(list(values))
 
@@ -649,13 +666,7 @@ def custom_jvp_call(
     n = len(leaves)
     out_tree: list[Any] = []
 
-    def fun_leaves(*leaves: Any) -> list[Any]:
-        outs = [
-            _densify_nonlinear(o, primitive) for o in _run(fun, *flat.unflatten(leaves))
-        ]
-        out_leaves, tree = jtu.tree_flatten(outs)
-        out_tree[:] = [tree]
-        return out_leaves
+    fun_leaves = _on_leaves(fun, flat, primitive, out_tree)
 
     def jvp_leaves(*args: Any) -> list[Any]:
         primals = flat.unflatten(args[:n])
@@ -722,13 +733,7 @@ def custom_vjp_call(
     out_tree: list[Any] = []
     fwd_trees: list[Any] = []
 
-    def fun_leaves(*leaves: Any) -> list[Any]:
-        outs = [
-            _densify_nonlinear(o, primitive) for o in _run(fun, *flat.unflatten(leaves))
-        ]
-        out_leaves, tree = jtu.tree_flatten(outs)
-        out_tree[:] = [tree]
-        return out_leaves
+    fun_leaves = _on_leaves(fun, flat, primitive, out_tree)
 
     def fwd_leaves(*pairs: Any) -> list[Any]:
         inputs = flat.unflatten(pairs[::2])
