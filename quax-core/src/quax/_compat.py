@@ -166,3 +166,17 @@ def run_debug_on_host(primitive: Any, args: Any, params: dict[str, Any]) -> None
     _debugging._make_flat_callback(params["in_tree"], callback, params["static_args"])(
         *args
     )
+
+
+# Equinox internals used by the fast `Value` constructor (see `_values.py`).
+from equinox._module import _module as _eqx_module  # noqa: E402
+
+
+def eqx_has_dataclass_init(cls: type) -> bool:
+    """Whether an equinox Module class uses the dataclass-generated `__init__`."""
+    return bool(_eqx_module._has_dataclass_init.get(cls, False))
+
+
+def eqx_finish_init(module: Any) -> None:
+    """Mark a Module built without equinox's metaclass `__call__` as initialised."""
+    _eqx_module._currently_initialising.remove(module)

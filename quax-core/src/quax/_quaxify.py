@@ -25,12 +25,14 @@ def _unwrap(trace: QuaxTrace, x: Any) -> Any:
     return x
 
 
-def _run(trace: QuaxTrace, filter_spec: Any, tree: Any) -> Any:
-    """Call `fn(*args, **kwargs)` (from `tree`) with its values as `trace`'s tracers."""
-    wrap = ft.partial(jtu.tree_map, trace.wrap, is_leaf=is_value)
+def _run(trace: QuaxTrace, filter_spec: Any, leaves: list[Any], treedef: Any) -> Any:
+    """Call `fn(*args, **kwargs)` (flattened in `leaves`, `treedef`) with its values
+    as `trace`'s tracers."""
     if filter_spec is True:
-        fn, args, kwargs = wrap(tree)
+        fn, args, kwargs = jtu.tree_unflatten(treedef, [trace.wrap(x) for x in leaves])
     else:
+        tree = jtu.tree_unflatten(treedef, leaves)
+        wrap = ft.partial(jtu.tree_map, trace.wrap, is_leaf=is_value)
         dynamic, static = eqx.partition(tree, filter_spec, is_leaf=is_value)
         fn, args, kwargs = eqx.combine(wrap(dynamic), static, is_leaf=is_value)
     with set_current_trace(trace):
@@ -48,16 +50,15 @@ class _Quaxify(eqx.Module, Generic[_CT]):
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         _plugins.autoload()
-        tree = (self.fn, args, kwargs)
-        if self.filter_spec is True and not any(
-            map(is_value, jtu.tree_leaves(tree, is_leaf=is_value))
-        ):
+        filter_spec = self.filter_spec
+        leaves, treedef = jtu.tree_flatten((self.fn, args, kwargs), is_leaf=is_value)
+        if filter_spec is True and not any(map(is_value, leaves)):
             # No value to dispatch on: run the function as it is, untraced, so that
             # functions with data-dependent shapes (`jnp.unique`, ...) keep working.
             return self.fn(*args, **kwargs)
         with take_current_trace() as parent_trace:
             trace = QuaxTrace(parent_trace, TraceTag())
-            out = _run(trace, self.filter_spec, tree)
+            out = _run(trace, filter_spec, leaves, treedef)
             with ensure_no_leaks(trace):
                 del trace
         return out

@@ -12,7 +12,7 @@ from typing import Any, ClassVar, TypeAlias, TypeGuard
 import equinox as eqx
 from jaxtyping import ArrayLike
 
-from ._compat import Primitive, ShapedArray
+from ._compat import Primitive, ShapedArray, eqx_finish_init, eqx_has_dataclass_init
 
 
 __all__ = [
@@ -25,7 +25,39 @@ __all__ = [
 ]
 
 
-class Value(eqx.Module):
+class _ValueMeta(type(eqx.Module)):
+    """Equinox's metaclass, with a fast constructor for plain value classes.
+
+    Quax builds values on its hot path (every rule returns new ones). For a class
+    with the dataclass `__init__` and nothing for equinox to check after it (no
+    converters, no `__check_init__`, no `init=False` fields), construction is the
+    dataclass `__init__` alone: about 4x cheaper than equinox's general path.
+    """
+
+    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+        fast = _fast_construction.get(cls)
+        if fast is None:
+            fast = _fast_construction[cls] = _can_construct_fast(cls)
+        if not fast:
+            return super().__call__(*args, **kwargs)
+        self = type.__call__(cls, *args, **kwargs)
+        eqx_finish_init(self)
+        return self
+
+
+_fast_construction: dict[type, bool] = {}
+
+
+def _can_construct_fast(cls: type) -> bool:
+    if getattr(cls, "__abstractmethods__", None) or not eqx_has_dataclass_init(cls):
+        return False
+    if any("__check_init__" in vars(k) for k in cls.__mro__):
+        return False
+    fields = dataclasses.fields(cls)
+    return all(f.init and "converter" not in f.metadata for f in fields)
+
+
+class Value(eqx.Module, metaclass=_ValueMeta):
     """An object that quax dispatches on.
 
     Subclass it (usually through [`quax.ArrayValue`][]) and implement `aval` and
