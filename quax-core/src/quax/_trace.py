@@ -89,8 +89,17 @@ class QuaxTrace(Trace):
     def process_primitive(
         self, primitive: Primitive, tracers: Sequence[Any], params: dict[str, Any], /
     ) -> Any:
-        values = [self.to_value(t) for t in tracers]
-        if not any(isinstance(v, Value) for v in values):
+        # The hot path of quax: kept to plain loops and one dict lookup.
+        tag = self.tag
+        values = []
+        found = False
+        for t in tracers:
+            if type(t) is QuaxTracer and t._trace.tag is tag:
+                values.append(t.value)
+                found = True
+            else:
+                values.append(t)
+        if not found:
             return self.parent_trace.process_primitive(primitive, values, params)
         rule = _registry.rule_for(primitive, values)
         with set_current_trace(self.parent_trace):
@@ -102,8 +111,8 @@ class QuaxTrace(Trace):
             if _debug_checks:
                 _check_rule_output(primitive, values, params, out)
         if primitive.multiple_results:
-            return [self.wrap(o) for o in out]
-        return self.wrap(out)
+            return [QuaxTracer(self, o) if isinstance(o, Value) else o for o in out]
+        return QuaxTracer(self, out) if isinstance(out, Value) else out
 
     def process_custom_jvp_call(
         self,
