@@ -6,10 +6,12 @@
   arrays;
 - import: `import quax` over `import jax, equinox, plum` (fresh interpreters).
 
-Run: `uv run python benchmarks/core.py` (add `--published` to also time the published
-quax 0.4.6 in its own environment, given by `QUAX_PUBLISHED_PYTHON`).
+Run: `uv run python benchmarks/core.py`. To compare with the published quax 0.4.6 in
+its own environment, point `QUAX_PUBLISHED_PYTHON` at that environment's interpreter
+(e.g. a venv with `pip install quax==0.4.6`); the same `measure()` runs there.
 """
 
+import ast
 import os
 import statistics
 import subprocess
@@ -98,40 +100,48 @@ def main() -> None:
     m = measure()
     base = import_time(sys.executable, "import jax, equinox, plum")
     ours = import_time(sys.executable, "import jax, equinox, plum, quax")
+    published: dict[str, float] = {}
+    python = os.environ.get("QUAX_PUBLISHED_PYTHON")
+    if python:
+        code = (
+            "import runpy; "
+            f"print(runpy.run_path({__file__!r}, run_name='bench')['measure']())"
+        )
+        out = subprocess.run([python, "-c", code], capture_output=True, text=True)
+        published = ast.literal_eval(out.stdout.strip()) if out.returncode == 0 else {}
+
+    def other(key: str) -> str:
+        return f"{published[key]:.2f}x" if key in published else "-"
+
     rows = [
         (
             "eager two-primitive call",
             f"{m['eager_quax_us']:.1f} us",
             f"{m['eager_plain_us']:.1f} us",
             m["eager_ratio"],
+            other("eager_ratio"),
         ),
         (
             "make_jaxpr, 200-primitive chain",
             f"{m['trace_quax_ms']:.2f} ms",
             f"{m['trace_plain_ms']:.2f} ms",
             m["trace_ratio"],
+            other("trace_ratio"),
         ),
         (
             "import quax",
             f"{ours:.3f} s",
             f"{base:.3f} s (jax, equinox, plum)",
             ours / base,
+            "-",
         ),
     ]
-    print("| measure | quax (ours) | plain JAX | ratio |")
-    print("|---|---|---|---|")
-    for name, a, b, ratio in rows:
-        print(f"| {name} | {a} | {b} | {ratio:.2f}x |")
-    published = os.environ.get("QUAX_PUBLISHED_PYTHON")
-    if "--published" in sys.argv and published:
-        code = (
-            "import sys; sys.argv=['x']; import runpy; "
-            f"m = runpy.run_path({__file__!r}, run_name='bench')['measure'](); print(m)"
-        )
-        out = subprocess.run(
-            [published, "-c", code], capture_output=True, text=True, check=True
-        )
-        print(f"published quax in its own environment: {out.stdout.strip()}")
+    print(
+        "| measure | quax (ours) | plain JAX | ours / plain | published quax / plain |"
+    )
+    print("|---|---|---|---|---|")
+    for name, a, b, ratio, theirs in rows:
+        print(f"| {name} | {a} | {b} | {ratio:.2f}x | {theirs} |")
 
 
 if __name__ == "__main__":
