@@ -41,6 +41,52 @@ def _factored_path(
     return "b" if cost(b_sub, a_sub) <= cost(a_sub, b_sub) else "a"
 
 
+def _contract(
+    factor: Any,
+    f_sub: str,
+    other: Any,
+    o_sub: str,
+    keep: set[str],
+    factor_is_lhs: bool,
+    params: dict[str, Any],
+    out_sub: str | None = None,
+) -> tuple[Any, str]:
+    """One `dot_general` of two operands labelled by subscripts: a label on both is
+    a batch axis if it is in `keep`, else contracted. Returns the result and its
+    labels (batch, then the free labels of lhs and of rhs, as `dot_general` orders
+    them). `params["out_sharding"]` applies when the labels are `out_sub`."""
+    lhs, l_sub, rhs, r_sub = (
+        (factor, f_sub, other, o_sub)
+        if factor_is_lhs
+        else (other, o_sub, factor, f_sub)
+    )
+    shared = [c for c in l_sub if c in r_sub]
+    batch = [c for c in shared if c in keep]
+    contract = [c for c in shared if c not in keep]
+    names = "".join(
+        batch
+        + [c for c in l_sub if c not in shared]
+        + [c for c in r_sub if c not in shared]
+    )
+    dimension_numbers = (
+        (
+            tuple(l_sub.index(c) for c in contract),
+            tuple(r_sub.index(c) for c in contract),
+        ),
+        (tuple(l_sub.index(c) for c in batch), tuple(r_sub.index(c) for c in batch)),
+    )
+    out_sharding = params["out_sharding"] if names == out_sub else None
+    out = lax.dot_general(
+        lhs,
+        rhs,
+        dimension_numbers,
+        precision=params["precision"],
+        preferred_element_type=params["preferred_element_type"],
+        out_sharding=out_sharding,
+    )
+    return out, names
+
+
 def _lora_dot_general(
     w: ArrayLike,
     a: ArrayLike,
@@ -53,8 +99,8 @@ def _lora_dot_general(
     params: dict[str, Any],
 ) -> Any:
     """`dot_general` of `w + scaling * a @ b` with `x` (on the side `lora_is_lhs`
-    says), as `dot_general(w, x) + einsum(a, b, x)` with the einsum contracted in
-    the cheaper of the two orders that avoid `a @ b`.
+    says), as `dot_general(w, x) + a (b x)` or `+ (x a) b`, whichever costs less;
+    `a @ b` is never formed.
 
     Quaxified by the caller, so `x` may itself be a `quax.Value`.
     """
@@ -107,22 +153,20 @@ def _lora_dot_general(
     first = _factored_path(a_sub, b_sub, "".join(x_sub), out_sub, sizes)
     if scaling != 1.0:
         a_ = a_ * jnp.asarray(scaling, a_.dtype)
-    if lora_is_lhs:  # operands a, b, x
-        spec = f"{a_sub},{b_sub},{''.join(x_sub)}->{out_sub}"
-        path = [(1, 2), (0, 1)] if first == "b" else [(0, 2), (0, 1)]
-        operands = (a_, b_, x)
-    else:  # operands x, a, b
-        spec = f"{''.join(x_sub)},{a_sub},{b_sub}->{out_sub}"
-        path = [(0, 2), (0, 1)] if first == "b" else [(0, 1), (0, 1)]
-        operands = (x, a_, b_)
-    delta = jnp.einsum(
-        spec,
-        *operands,
-        optimize=path,
-        precision=params["precision"],
-        preferred_element_type=params["preferred_element_type"],
-        out_sharding=params["out_sharding"],
+    (f, f_sub), (g, g_sub) = (
+        ((b_, b_sub), (a_, a_sub)) if first == "b" else ((a_, a_sub), (b_, b_sub))
     )
+    # Two `dot_general`s with the factors on the side the LoRA array was on, as
+    # `a @ (b @ x)` or `(x @ a) @ b` would be written by hand, so that XLA sees the
+    # same program as for the hand-written LoRA layer.
+    hidden, h_sub = _contract(
+        f, f_sub, x, "".join(x_sub), set(g_sub) | set(out_sub), lora_is_lhs, params
+    )
+    delta, d_sub = _contract(
+        g, g_sub, hidden, h_sub, set(out_sub), lora_is_lhs, params, out_sub
+    )
+    if d_sub != out_sub:
+        delta = lax.transpose(delta, tuple(d_sub.index(c) for c in out_sub))
     return dense + delta.astype(dense.dtype)
 
 
