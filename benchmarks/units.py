@@ -2,10 +2,23 @@
 
 Prints a Markdown table of ratios (unitful / plain), all measured in this one run:
 the run time of the compiled program (units should cost nothing), and the time to
-trace (and lower) it. Run with `python benchmarks/units.py`; it takes well under a
+trace (and lower) it. Run with `python benchmarks/units.py`; it takes about a
 minute on a CPU.
+
+It also times the same program with `unxt` Quantities (which run on the published
+quax), in a separate environment, since unxt pins its own quax. Make one with
+
+    uv venv /tmp/unxt-env && uv pip install --python /tmp/unxt-env/bin/python unxt
+
+and point `UNXT_PYTHON` at its interpreter (default `/tmp/unxt-env/bin/python`).
 """
 
+import inspect
+import json
+import os
+import subprocess
+import sys
+import textwrap
 import timeit
 
 import jax
@@ -39,6 +52,55 @@ def _plain(tree):
 
 def _best(fn, number, repeat=7):
     return min(timeit.repeat(fn, number=number, repeat=repeat)) / number
+
+
+_UNXT_SCRIPT = """
+import json, sys, timeit
+import jax, jax.numpy as jnp, quax, unxt
+from jax import lax
+
+{simulate}
+{best}
+n = {n}
+q = unxt.Quantity
+args = (q(jnp.linspace(-1.0, 1.0, n), "cm"), q(jnp.zeros(n), "m / s"),
+        q(40.0, "N / m"), q(0.5, "N s / m"), q(2.0, "kg"), q(1.0, "ms"))
+plain_args = (jnp.linspace(-1.0, 1.0, n) * 0.01, jnp.zeros(n), 40.0, 0.5, 2.0, 1e-3)
+unitful, plain = jax.jit(quax.quaxify(simulate)), jax.jit(simulate)
+jax.block_until_ready(unitful(*args)); jax.block_until_ready(plain(*plain_args))
+t_unitful, t_plain = [], []
+for _ in range(10):
+    t_unitful.append(_best(lambda: jax.block_until_ready(unitful(*args)), 20, 3))
+    t_plain.append(_best(lambda: jax.block_until_ready(plain(*plain_args)), 20, 3))
+trace = _best(
+    lambda: jax.jit(quax.quaxify(lambda *a: simulate(*a))).trace(*args).lower(), 3, 5
+)
+json.dump({{"run": min(t_unitful), "plain": min(t_plain), "trace": trace,
+            "version": unxt.__version__}}, sys.stdout)
+"""
+
+
+def _time_unxt(n):
+    """Time `simulate` with unxt Quantities in unxt's own environment, or say why
+    not: a dict of times, or a string."""
+    python = os.environ.get("UNXT_PYTHON", "/tmp/unxt-env/bin/python")
+    if not os.path.exists(python):
+        return f"no unxt environment at {python} (see this file's docstring)"
+    script = _UNXT_SCRIPT.format(
+        simulate=inspect.getsource(simulate),
+        best=inspect.getsource(_best),
+        n=n,
+    )
+    done = subprocess.run(
+        [python, "-c", textwrap.dedent(script)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "JAX_PLATFORMS": os.environ.get("JAX_PLATFORMS", "cpu")},
+        check=False,
+    )
+    if done.returncode != 0:
+        return f"the unxt run failed: {done.stderr.strip().splitlines()[-1]}"
+    return json.loads(done.stdout)
 
 
 def main():
@@ -100,10 +162,25 @@ def main():
     )
     print(f"| compiled HLO lines | {hlo[0]} | {hlo[1]} | |")
     print(f"| compilations for m and km inputs | {compilations} | 1 | |")
-    print()
+    unxt = _time_unxt(n)
+    if isinstance(unxt, str):
+        print(f"\nunxt: not compared: {unxt}.", file=sys.stderr)
+        return
     print(
-        "unxt: not compared (its install into a throwaway environment failed here; "
-        "see quax-units/README.md)."
+        f"| unxt {unxt['version']}: compiled run | {unxt['run'] * 1e3:.3f} ms "
+        f"| {unxt['plain'] * 1e3:.3f} ms | {unxt['run'] / unxt['plain']:.3f}x |"
+    )
+    print(f"| unxt: trace + lower | {unxt['trace'] * 1e3:.1f} ms | | |")
+    # Separate processes see different machine load: compare each library's
+    # overhead over its own plain run, not raw times across processes.
+    print(
+        f"| quax-units vs unxt: run overhead | {run_ratio:.3f}x "
+        f"| {unxt['run'] / unxt['plain']:.3f}x "
+        f"| {run_ratio / (unxt['run'] / unxt['plain']):.3f}x |"
+    )
+    print(
+        f"| quax-units vs unxt: trace + lower | {trace_unitful * 1e3:.1f} ms "
+        f"| {unxt['trace'] * 1e3:.1f} ms | {trace_unitful / unxt['trace']:.2f}x |"
     )
 
 

@@ -4,6 +4,7 @@
   primitive keeps the wrapper. Its materialise is allowed.
 - `Refusing`: wraps an array like `Dense`, but refuses to materialise: a test that
   passes with it proves the body ran on the structured value.
+- `Liftable`: a `Refusing` with a `lift` classmethod (plain arrays join it).
 - `Scaled`: `array * scale`, with real rules for a few primitives (`mul` by an array,
   `neg`, `dot_general`) and materialisation allowed for the rest.
 """
@@ -52,6 +53,17 @@ class Refusing(Dense):
 
     def materialise(self) -> Array:
         raise RefusedMaterialisation("Refusing values never materialise")
+
+
+class Liftable(Refusing):
+    """A `Refusing` whose type says how to lift a plain array into it (`lift`), so
+    that loop carries and branch outputs that are plain on one side join without
+    materialising."""
+
+    @classmethod
+    def lift(cls, array: ArrayLike, like: "Liftable") -> "Liftable":
+        del like
+        return cls(jnp.asarray(array))
 
 
 class Scaled(quax.ArrayValue):
@@ -115,6 +127,7 @@ def dense(x: Any) -> Any:
 
 __all__ = [
     "Dense",
+    "Liftable",
     "RefusedMaterialisation",
     "Refusing",
     "Scaled",

@@ -16,7 +16,8 @@ from jax import lax
 
 
 sys.path.insert(0, str(Path(__file__).parent))
-from helpers import Dense, Refusing, dense
+from helpers import Dense, Liftable, Refusing, dense
+from quax.zero import Zero
 
 
 x = jnp.array([0.5, 1.0, 2.0, 3.0])
@@ -107,8 +108,78 @@ def test_grad(name):
 def test_join_refused_names_the_carry():
     # The carry starts plain and becomes a value: joining needs materialising.
     f = lambda a: lax.scan(lambda c, xi: (c + xi, xi), jnp.zeros(()), a)[0]
-    with pytest.raises(quax.JoinError, match=r"carry 0 of a scan.*Refusing"):
+    with pytest.raises(quax.JoinError, match=r"loop carry `c` of a scan.*Refusing"):
         quax.quaxify(f)(Refusing(x))
+
+
+def test_join_errors_name_the_users_carry():
+    # fori_loop puts its counter first, and while_loop drops carries the body
+    # leaves unchanged: errors still name the carry as the body's argument.
+    fori = lambda a: lax.fori_loop(
+        0, 3, lambda i, c: (c[0] + c[1], c[1]), (jnp.zeros(4), a)
+    )[0]
+    with pytest.raises(quax.JoinError, match=r"loop carry `c\[0\]` of a .*Refusing"):
+        quax.quaxify(fori)(Refusing(x))
+    loop = lambda a: lax.while_loop(
+        lambda c: c[0] < 3,
+        lambda c: (c[0] + 1, c[1], c[2] + c[1]),
+        (0, a, jnp.zeros(4)),
+    )[2]
+    with pytest.raises(
+        quax.JoinError, match=r"loop carry `c\[2\]` of a while_loop.*Refusing"
+    ):
+        quax.quaxify(loop)(Refusing(x))
+
+
+def test_join_lifts_plain_carry():
+    # A plain carry that becomes a value is lifted by the type's `lift`: no
+    # materialisation (`Liftable` refuses it).
+    f = lambda a: lax.scan(lambda c, xi: (c + xi, xi), jnp.zeros(()), a)[0]
+    out = quax.quaxify(f)(Liftable(x))
+    assert isinstance(out, Liftable) and jnp.allclose(out.array, jnp.sum(x))
+    fori = lambda a: lax.fori_loop(0, 3, lambda i, c: c + a, jnp.zeros(4))
+    out = jax.jit(quax.quaxify(fori))(Liftable(x))
+    assert isinstance(out, Liftable) and jnp.allclose(out.array, 3 * x)
+
+
+@pytest.mark.parametrize("jit", [False, True])
+def test_grad_through_loop_with_value_carry(jit):
+    # The cotangent carry starts as JAX's plain zeros and becomes a value; under
+    # `jit` the zeros are tracers whose value quax reads off the trace.
+    def loss(v, y):
+        step = lambda i, c: (c[0] + 0.1 * c[1], c[1] * 0.9)
+        return jnp.sum(lax.fori_loop(0, 10, step, (y, v))[0] * y)
+
+    grad = quax.quaxify(jax.grad(loss))
+    grad = jax.jit(grad) if jit else grad
+    out = grad(Liftable(x), Liftable(x + 1))
+    assert isinstance(out, Liftable)
+    assert jnp.allclose(out.array, jax.grad(loss)(x, x + 1), rtol=1e-5)
+
+
+def test_zero_carry_joins_dense():
+    f = lambda z: lax.fori_loop(0, 3, lambda i, c: c + 1.0, z)
+    out = quax.quaxify(f)(Zero((4,), jnp.float32))
+    assert not isinstance(out, quax.Value) and jnp.allclose(out, 3.0)
+    g = lambda z: lax.scan(lambda c, xi: (c * xi, c), z, jnp.ones((3, 4)))[1]
+    out = quax.quaxify(g)(Zero((4,), jnp.float32))
+    assert jnp.allclose(quax.quaxify(lambda o: o * 1.0)(out), 0.0)
+
+
+def test_cond_lifts_plain_branch():
+    f = lambda p, a: lax.cond(p, lambda b: b * 2, lambda b: jnp.zeros(4), a)
+    out = quax.quaxify(f)(False, Liftable(x))
+    assert isinstance(out, Liftable) and jnp.allclose(out.array, 0.0)
+
+
+def test_linear_solve_plain_rhs_value_operator():
+    # `b` is plain, `matvec` returns a value: inverting a matrix held in a value.
+    m = jnp.array([[4.0, 1.0, 0.5], [1.0, 3.0, -0.2], [0.5, -0.2, 2.0]])
+    out = quax.quaxify(jnp.linalg.inv)(Dense(m))
+    assert jnp.allclose(dense(out), jnp.linalg.inv(m), atol=1e-5)
+    out = quax.quaxify(jnp.linalg.inv)(Liftable(m))  # lifted `b`: nothing densified
+    assert isinstance(out, Liftable)
+    assert jnp.allclose(out.array, jnp.linalg.inv(m), atol=1e-5)
 
 
 def test_join_materialises_only_what_differs():
@@ -159,4 +230,50 @@ def test_jit_cache_hits():
     f = quax.quaxify(lambda a: inner(a))
     f(Refusing(x))
     f(Refusing(x))
+    assert count == 1
+
+
+class NeedsConstant(Dense):
+    """A `Dense` whose `pow` and `select_n` rules need their plain operands' values,
+    like a units family's (an exponent, a constant of NaNs)."""
+
+
+@quax.register(lax.pow_p)
+def _(a: NeedsConstant, y: jax.typing.ArrayLike) -> NeedsConstant:
+    assert not isinstance(y, jax.core.Tracer), "exponent only known at run time"
+    return NeedsConstant(lax.pow(a.array, y))
+
+
+@quax.register(lax.select_n_p)
+def _(which: jax.typing.ArrayLike, *cases: jax.typing.ArrayLike | NeedsConstant):
+    for c in cases:
+        assert isinstance(c, NeedsConstant) or not isinstance(c, jax.core.Tracer)
+    return NeedsConstant(lax.select_n(which, *dense(list(cases))))
+
+
+@pytest.mark.parametrize("jit", [False, True])
+def test_constants_stay_constants(jit):
+    # Under an enclosing `jit`, constants passed to or computed in a nested
+    # (inline) jit reach the rules as numbers, as they would without it.
+    g = lambda a: jax.jit(lambda b, e: b**e)(a, 1.5)
+    run = (lambda h: jax.jit(quax.quaxify(h))) if jit else quax.quaxify
+    p, w = run(lambda a: (a**1.5, jnp.where(x > 1, a, jnp.nan)))(NeedsConstant(x))
+    assert jnp.allclose(p.array, x**1.5)
+    assert jnp.allclose(w.array, jnp.where(x > 1, x, jnp.nan), equal_nan=True)
+    assert jnp.allclose(run(g)(NeedsConstant(x)).array, x**1.5)
+
+
+def test_nested_jit_constants_cached():
+    count = 0
+
+    def inner(b, e):
+        nonlocal count
+        count += 1
+        return b**e
+
+    f = quax.quaxify(lambda a, e: jax.jit(inner)(a, e))
+    f(NeedsConstant(x), 1.5)
+    f(NeedsConstant(x), 1.5)
+    # Another constant re-evaluates the same jaxpr under quax, not `inner`.
+    assert jnp.allclose(f(NeedsConstant(x), 2.5).array, x**2.5)
     assert count == 1

@@ -585,6 +585,8 @@ _case("linalg.tensordot", lambda a, b: jnp.linalg.tensordot(a, b, axes=1), X, Y.
 _case("linalg.matrix_power", lambda m: jnp.linalg.matrix_power(m, 3), N)
 _case("linalg.multi_dot", lambda a, b, c: jnp.linalg.multi_dot([a, b, c]), X, Y.T, N)
 _case("linalg.tensorsolve", jnp.linalg.tensorsolve, N, V[:3])
+_case("linalg.inv", jnp.linalg.inv, M)
+_case("linalg.tensorinv", lambda a: jnp.linalg.tensorinv(a, ind=1), N)
 
 # jax.nn.
 _NN = """celu elu gelu glu hard_sigmoid hard_silu hard_swish hard_tanh identity
@@ -719,10 +721,6 @@ UNSUPPORTED: dict[str, str] = {
     "lax.pcast": "core bug: inside `shard_map`, `pcast(x, 'i', to='varying')` on a "
     "quax value raises 'pvary is a invariant->variant collective': the value's aval "
     "loses the varying-manual-axes type",
-    "linalg.inv": "core bug: the `custom_linear_solve` rule fails when `b` is a plain "
-    "array and `matvec` returns a value ('matvec() output pytree structure must "
-    "match b')",
-    "linalg.tensorinv": "core bug: calls `linalg.inv` (see there)",
 }
 
 
@@ -802,8 +800,6 @@ _MESH_FN = lambda f: jax.shard_map(
     f, mesh=jax.make_mesh((1,), ("i",)), in_specs=jax.P(), out_specs=jax.P("i")
 )
 FAILING_CASES: dict[str, tuple[Callable[..., Any], tuple[Any, ...]]] = {
-    "linalg.inv": (jnp.linalg.inv, (M,)),
-    "linalg.tensorinv": (lambda a: jnp.linalg.tensorinv(a, ind=1), (N,)),
     "lax.pcast": (_MESH_FN(lambda x: lax.pcast(x, "i", to="varying")), (X,)),
     "jnp.trim_zeros": (jnp.trim_zeros, (jnp.array([0.0, 1.0, 2.0, 0.0]),)),
 }

@@ -103,9 +103,9 @@ def test_loop_changing_units_names_the_carry():
         return lax.scan(lambda c, _: (c * v, None), x, length=2)
 
     for program, carry in [
-        (fori, "carry 1 of a scan"),
-        (while_, r"carry \d of a while_loop"),
-        (scan, "carry 0 of a scan"),
+        (fori, "carry.* of a scan"),
+        (while_, r"carry.* of a while_loop"),
+        (scan, "carry.* of a scan"),
     ]:
         with pytest.raises(
             Exception, match=rf"{carry}.*quantity in m \(m\) into a plain array"
@@ -161,16 +161,14 @@ def test_jvp_and_jacobian():
     assert jac.units == {kilograms: 1}
 
 
-def test_grad_through_loop_is_refused_clearly():
-    # Reverse mode through a loop starts the cotangent carry as plain zeros, which
-    # the body turns into seconds: quax-core cannot yet lift plain zeros into a
-    # `Unitful` carry, so this is a clear trace-time error, never wrong units.
+def test_grad_through_loop():
+    # The cotangent carry starts as plain zeros: quax-core lifts it into units with
+    # `Unitful.lift`.
     def final_height(v, x, g, dt):
         x, _ = projectile_fori(x, v, g, dt)
         return x[1]
 
-    with pytest.raises(
-        Exception, match=r"carry \d of a scan.*quantity in s \(s\)"
-    ) as info:
-        quax.quaxify(jax.grad(final_height))(v0, x0, g, dt)
-    assert "Refusing to turn a quantity" in str(info.value)
+    grad = quax.quaxify(jax.grad(final_height))(v0, x0, g, dt)
+    assert grad.units == {seconds: 1}
+    want = jax.grad(final_height)(*_bare((v0, x0, g, dt)))
+    np.testing.assert_allclose(grad.array, want, rtol=1e-6)

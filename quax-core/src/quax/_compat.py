@@ -4,6 +4,7 @@ A JAX upgrade should touch this file and no other. The rest of quax imports the 
 below rather than reaching into `jax._src` itself.
 """
 
+import contextlib
 import functools as ft
 from typing import Any
 
@@ -18,6 +19,7 @@ from jax._src.lax.lax import optimization_barrier_p
 
 __all__ = [
     "ClosedJaxpr",
+    "Jaxpr",
     "FlatTree",
     "Primitive",
     "ShapedArray",
@@ -36,6 +38,10 @@ __all__ = [
     "debug_callback_p",
     "debug_print_p",
     "eval_jaxpr",
+    "eval_jaxpr_folding",
+    "known_constant",
+    "body_arg_names",
+    "body_source",
     "jit_p",
     "optimization_barrier_p",
     "linear_solve_p",
@@ -59,6 +65,7 @@ set_current_trace = jexc.set_current_trace
 typeof = jax.typeof
 ShapedArray = jax.core.ShapedArray
 ClosedJaxpr = jexc.ClosedJaxpr
+Jaxpr = jexc.Jaxpr
 Primitive = jexc.Primitive
 eval_jaxpr = _core.eval_jaxpr
 
@@ -180,3 +187,86 @@ def eqx_has_dataclass_init(cls: type) -> bool:
 def eqx_finish_init(module: Any) -> None:
     """Mark a Module built without equinox's metaclass `__call__` as initialised."""
     _eqx_module._currently_initialising.remove(module)
+
+
+def body_arg_names(jaxpr: Any) -> tuple[str, ...] | None:
+    """The names of a traced body's arguments, as the user wrote them (`c[0]`, `i`),
+    or `None` when JAX did not record them."""
+    info = getattr(getattr(jaxpr, "jaxpr", jaxpr), "debug_info", None)
+    return None if info is None else info.arg_names
+
+
+def body_source(jaxpr: Any) -> str | None:
+    """Where a traced body was defined (`f at file.py:12`), or `None`."""
+    info = getattr(getattr(jaxpr, "jaxpr", jaxpr), "debug_info", None)
+    return None if info is None else info.func_src_info
+
+
+def eval_jaxpr_folding(
+    jaxpr: Any, consts: Any, *args: Any, fold: Any, max_size: int
+) -> list[Any]:
+    """`eval_jaxpr`, except that an equation `fold(eqn, inputs)` accepts, with every
+    output of at most `max_size` elements, is evaluated now (as under
+    `jax.ensure_compile_time_eval`) rather than bound at the current trace: constants
+    computed inside the jaxpr stay concrete under an enclosing `jit`."""
+    from jax._src import source_info_util
+
+    env: dict[Any, Any] = {}
+
+    def read(v: Any) -> Any:
+        return v.val if isinstance(v, _core.Literal) else env[v]
+
+    env.update(zip(jaxpr.constvars, consts, strict=True))
+    env.update(zip(jaxpr.invars, args, strict=True))
+    for eqn in jaxpr.eqns:
+        invals = [read(v) for v in eqn.invars]
+        params = eqn.primitive.get_bind_params(eqn.params)
+        now = (
+            not eqn.effects
+            and all(
+                getattr(v.aval, "size", max_size + 1) <= max_size for v in eqn.outvars
+            )
+            and fold(eqn.primitive, invals, params)
+        )
+        name_stack = source_info_util.current_name_stack() + eqn.source_info.name_stack
+        with (
+            source_info_util.user_context(
+                eqn.source_info.traceback, name_stack=name_stack
+            ),
+            eqn.ctx.manager,
+            jax.ensure_compile_time_eval() if now else contextlib.nullcontext(),
+        ):
+            ans = eqn.primitive.bind(*invals, **params)
+        outs = ans if eqn.primitive.multiple_results else [ans]
+        env.update(zip(eqn.outvars, outs, strict=True))
+    return [read(v) for v in jaxpr.outvars]
+
+
+def known_constant(x: Any, max_size: int) -> Any:
+    """The value of the jit-traced array `x`, as a NumPy array, when the trace shows
+    it is a constant (a literal, or a broadcast or conversion of one, as JAX makes
+    an instantiated zero) of at most `max_size` elements; else `None`."""
+    import numpy as np
+    from jax._src.interpreters import partial_eval as _pe
+
+    if not isinstance(x, _pe.DynamicJaxprTracer) or x.aval.size > max_size:
+        return None
+    if isinstance(x.val, _core.Literal):
+        return np.asarray(x.val.val)
+    eqn = x.parent
+    if eqn is None or len(eqn.in_tracers) != 1:
+        return None
+    operand = known_constant(eqn.in_tracers[0], max_size)
+    if operand is None:
+        return None
+    dtype = x.aval.dtype
+    if eqn.primitive is jprim.convert_element_type_p:
+        return operand.astype(dtype)
+    if eqn.primitive is jprim.broadcast_in_dim_p:
+        dims = eqn.params["broadcast_dimensions"]
+        shape = x.aval.shape
+        kept = [
+            operand.shape[dims.index(d)] if d in dims else 1 for d in range(len(shape))
+        ]
+        return np.broadcast_to(operand.reshape(kept), shape).astype(dtype)
+    return None

@@ -27,18 +27,23 @@ from ._compat import (
     AdZero,
     ClosedJaxpr,
     FlatTree,
+    Jaxpr,
     Primitive,
     SymbolicZero,
+    Tracer,
     TraceTag,
     bind_custom_jvp,
     bind_custom_vjp,
+    body_arg_names,
+    body_source,
     call_fresh,
     cond_p,
     debug_callback_p,
     debug_print_p,
-    eval_jaxpr,
+    eval_jaxpr_folding,
     is_unspecified,
     jit_p,
+    known_constant,
     linear_solve_p,
     optimization_barrier_p,
     pure_callback_p,
@@ -85,13 +90,39 @@ def _quaxified(jaxpr: Any) -> Callable[..., list[Any]]:
     from ._quaxify import quaxify
 
     if isinstance(jaxpr, ClosedJaxpr):
-        fn = ft.partial(eval_jaxpr, jaxpr.jaxpr, jaxpr.consts)
+        fn = ft.partial(_eval, jaxpr.jaxpr, jaxpr.consts)
     else:
-        fn = ft.partial(eval_jaxpr, jaxpr, ())
+        fn = ft.partial(_eval, jaxpr, ())
     out = quaxify(fn)
     with contextlib.suppress(TypeError):  # unhashable jaxprs are not cached
         _eval_cache[jaxpr] = out
     return out
+
+
+# Equations on constants only, with outputs this small, are computed at trace time.
+_FOLD_MAX_SIZE = 1024
+
+
+def _is_constant(x: Any) -> bool:
+    return not isinstance(x, Value | Tracer)
+
+
+def _foldable(
+    primitive: Primitive, inputs: Sequence[Any], params: dict[str, Any]
+) -> bool:
+    """Whether to compute an equation of a jaxpr now: its inputs are all constants
+    and it calls no sub-jaxpr. Otherwise under an enclosing `jit` the constants a
+    jaxpr computes (`convert_element_type(1.5)`, a `full` of NaNs) would reach the
+    rules as tracers, whereas the Python program gave them as numbers."""
+    return all(map(_is_constant, inputs)) and not any(
+        isinstance(p, ClosedJaxpr | Jaxpr) for p in params.values()
+    )
+
+
+def _eval(jaxpr: Any, consts: Sequence[Any], *args: Any) -> list[Any]:
+    return eval_jaxpr_folding(
+        jaxpr, consts, *args, fold=_foldable, max_size=_FOLD_MAX_SIZE
+    )
 
 
 def _structure(tree: Any) -> Any:
@@ -101,9 +132,19 @@ def _structure(tree: Any) -> Any:
     return treedef, tuple((np.shape(x), jnp.result_type(x)) for x in leaves)
 
 
+def _skeleton(x: Any) -> Any:
+    """`x` with every leaf a `jax.ShapeDtypeStruct`: its type and static metadata,
+    without the (possibly traced) arrays, so it may outlive the trace it came from."""
+    return jtu.tree_map(
+        lambda leaf: jax.ShapeDtypeStruct(np.shape(leaf), jnp.result_type(leaf)), x
+    )
+
+
 def _describe(x: Any) -> str:
     if isinstance(x, Value):
         return f"{type(x).__qualname__} {x.aval().str_short()}"
+    if isinstance(x, jax.ShapeDtypeStruct):
+        return f"array {x.dtype.name}{list(x.shape)}"
     return f"array {typeof(x).str_short()}"
 
 
@@ -116,15 +157,124 @@ def _materialise(x: Any, where: str) -> Any:
         raise JoinError(
             f"{where}: its type changes, so quax must join the types by materialising "
             f"the {_describe(x)}, and that failed: {e}\nKeep the type stable in the "
-            "body (return the same kind of value it receives), allow the value to "
+            "body (return the same kind of value it receives), give the type a `lift` "
+            "classmethod that turns the plain array into one, allow the value to "
             "materialise, or register a rule for the primitive."
         ) from e
+
+
+def _lift(x: Any, like: Any) -> Any:
+    """The plain array `x` as a value of `like`'s type, when the type says how.
+
+    Calls the value type's `quax.Value.lift` (see there), also with the known value
+    of a tracer that JAX built from a constant.
+
+    **Returns:**
+
+    The lifted value, or `None` when the type's `lift` declines or returns a
+    value of another structure than `like`.
+    """
+    if isinstance(x, Value):
+        return None
+    lift = type(like).lift
+    out = lift(x, like)
+    if out is None:
+        # Under `jit`, a constant JAX made (the zero a reverse-mode loop starts its
+        # cotangent carry with) is a tracer: offer the type its known value.
+        known = known_constant(x, _FOLD_MAX_SIZE)
+        out = None if known is None else lift(known, like)
+    if out is None or _structure(out) != _structure(like):
+        return None
+    return out
+
+
+class _Join:
+    """The joins decided so far for a function whose outputs must have the types of
+    its inputs (a loop body, a linear operator) or of each other (branches).
+
+    At a position whose types differ, quax tries, in order: lifting a plain input to
+    the output's value type (`_lift`), lifting a plain output to the input's (or the
+    other branches') value type in the body, and materialising both sides. Each step
+    is taken once per position, so the joins settle after a few re-traces.
+    """
+
+    def __init__(self, where: Callable[[int], str]) -> None:
+        self.where = where
+        self.dense: set[int] = set()
+        self.lift_out: dict[int, Any] = {}
+
+    def outputs(self, out: Sequence[Any]) -> list[Any]:
+        """The body's outputs with the joins applied (inside the body's trace)."""
+        out = list(out)
+        for i, like in self.lift_out.items():
+            lifted = _lift(out[i], like)
+            if lifted is not None:
+                out[i] = lifted
+        return _materialise_at(out, self.dense, self.where)
+
+    def inputs(self, xs: Sequence[Any]) -> list[Any]:
+        return _materialise_at(xs, self.dense, self.where)
+
+    def update(self, xs: list[Any], outs: Sequence[Any]) -> bool:
+        """Join the inputs `xs` (updated in place) with the skeletons `outs` of what
+        the body returned for them. Whether anything changed."""
+        changed = False
+        for i, (x, o) in enumerate(zip(xs, outs, strict=True)):
+            if i in self.dense or _structure(x) == _structure(o):
+                continue
+            lifted = _lift(x, o) if isinstance(o, Value) else None
+            if lifted is not None:
+                xs[i] = lifted
+            elif (
+                isinstance(x, Value)
+                and not isinstance(o, Value)
+                and (i not in self.lift_out)
+            ):
+                self.lift_out[i] = _skeleton(x)
+            else:
+                self.dense.add(i)
+            changed = True
+        return changed
+
+    def update_branches(self, outs: Sequence[Sequence[Any]]) -> bool:
+        """Join the skeletons `outs[k]` of each branch's outputs with each other.
+        Whether anything changed."""
+        changed = False
+        for i, column in enumerate(zip(*outs, strict=True)):
+            if i in self.dense or len({_structure(o) for o in column}) == 1:
+                continue
+            values = {_structure(o): o for o in column if isinstance(o, Value)}
+            if len(values) == 1 and i not in self.lift_out:
+                (self.lift_out[i],) = values.values()
+            else:
+                self.dense.add(i)
+            changed = True
+        return changed
 
 
 def _materialise_at(
     xs: Sequence[Any], indices: set[int], where: Callable[[int], str]
 ) -> list[Any]:
     return [_materialise(x, where(i)) if i in indices else x for i, x in enumerate(xs)]
+
+
+def _carry_names(jaxpr: Any, first: int, what: str) -> Callable[[int], str]:
+    """How an error names loop carry `i` (JAX's numbering): by the body's argument as
+    the user wrote it (`c[0]`), and where the body is defined, when JAX recorded it."""
+    names = body_arg_names(jaxpr)
+    source = body_source(jaxpr)
+
+    def where(i: int) -> str:
+        name = names[first + i] if names and first + i < len(names) else ""
+        if not name:
+            return (
+                f"carry {i} of a {what} (counted over JAX's loop state, which for a "
+                "fori_loop starts with the counter)"
+            )
+        at = f" (body {source})" if source else ""
+        return f"loop carry `{name}` of a {what}{at}"
+
+    return where
 
 
 # jit ----------------------------------------------------------------------------------
@@ -142,31 +292,78 @@ def _jit(
     keep_unused: bool,
     **params: Any,
 ) -> list[Any]:
-    fn = _quaxified(jaxpr)
-    if inline:
-        return fn(*args)
-    body = _named(fn, name)
-    donate = tuple(i for i, d in enumerate(donated_invars) if d)
-    kwargs: dict[str, Any] = {}
-    if not all(is_unspecified(s) for s in in_shardings):
-        kwargs["in_shardings"] = tuple(
-            None if is_unspecified(s) or is_value(a) else s
-            for s, a in zip(in_shardings, args, strict=True)
-        )
     del out_shardings  # outputs' types are only known after tracing the body
-    return jax.jit(body, donate_argnums=donate, keep_unused=keep_unused, **kwargs)(
-        *args
+    if inline:
+        return _quaxified(jaxpr)(*args)
+    # Plain arguments known now (Python and NumPy scalars, concrete arrays) stay
+    # constants of the body, as they would be without the `jit`: rules may need
+    # their values (an exponent, a constant of NaNs).
+    known = [not is_value(a) and not isinstance(a, Tracer) for a in args]
+    dynamic = [i for i, k in enumerate(known) if not k]
+    key = (
+        name,
+        tuple(j for j, i in enumerate(dynamic) if donated_invars[i]),
+        keep_unused,
+        tuple(
+            None if is_unspecified(s) or is_value(a) else s
+            for s, a, k in zip(in_shardings, args, known, strict=True)
+            if not k
+        ),
+        tuple(_ConstKey(a) if k else None for a, k in zip(args, known, strict=True)),
     )
+    return _jitted(jaxpr, key)(*[args[i] for i in dynamic])
 
 
-def _named(fn: Callable[..., Any], name: str) -> Callable[..., Any]:
-    """`fn` under the jitted function's own name (kept in the jaxpr and HLO)."""
+class _ConstKey:
+    """A constant argument of a nested `jit` as part of a cache key: equal to another
+    for the same object, or for an equal small array of the same type."""
 
-    def body(*args: Any) -> Any:
-        return fn(*args)
+    __slots__ = ("aval", "data", "value")
+
+    def __init__(self, value: Any) -> None:
+        self.value = value  # kept alive, so that its `id` is not reused
+        self.aval = typeof(value)
+        array = np.asarray(value)
+        self.data = array.tobytes() if array.size <= 64 else id(value)
+
+    def __eq__(self, other: object) -> bool:
+        return (
+            isinstance(other, _ConstKey)
+            and self.aval == other.aval
+            and self.data == other.data
+        )
+
+    def __hash__(self) -> int:
+        return hash((self.aval, self.data))
+
+
+_jit_cache: "weakref.WeakKeyDictionary[Any, dict[Any, Callable[..., Any]]]" = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _jitted(jaxpr: Any, key: tuple[Any, ...]) -> Callable[..., Any]:
+    """`jax.jit` of the quaxified `jaxpr`, with the constants in `key` closed over,
+    cached so that JAX's own cache hits when the same nested `jit` comes back."""
+    per_jaxpr = _jit_cache.setdefault(jaxpr, {})
+    try:
+        return per_jaxpr[key]
+    except KeyError:
+        pass
+    name, donate, keep_unused, shardings, consts = key
+    fn = _quaxified(jaxpr)
+
+    def body(*dynamic: Any) -> Any:
+        it = iter(dynamic)
+        return fn(*[next(it) if c is None else c.value for c in consts])
 
     body.__name__ = body.__qualname__ = name
-    return body
+    kwargs: dict[str, Any] = {}
+    if not all(s is None for s in shardings):
+        kwargs["in_shardings"] = shardings
+    out = jax.jit(body, donate_argnums=donate, keep_unused=keep_unused, **kwargs)
+    per_jaxpr[key] = out
+    return out
 
 
 # cond / switch ------------------------------------------------------------------------
@@ -180,31 +377,21 @@ def _cond(
     if isinstance(index, Value):
         index = index.materialise()
     fns = [_quaxified(b) for b in branches]
-    dense: set[int] = set()
-    for _ in range(2):
+    join = _Join(lambda i: f"output {i} of a cond/switch")
+    for _ in range(2 * len(branches[0].out_avals) + 1):
         seen: list[Any] = []
 
         def branch(fn: Callable[..., Any], *operands: Any) -> Any:
-            where = lambda i: f"output {i} of a cond/switch"
-            out = _materialise_at(fn(*operands), dense, where)  # noqa: B023
-            seen.append([_structure(o) for o in out])  # noqa: B023
+            out = join.outputs(fn(*operands))
+            seen.append([_skeleton(o) for o in out])  # noqa: B023
             return out
 
         try:
             return lax.switch(index, [ft.partial(branch, fn) for fn in fns], *ops)
         except TypeError:
-            differing = _differing_outputs(seen)
-            if not differing or differing <= dense:
+            if len(seen) < len(fns) or not join.update_branches(seen):
                 raise
-            dense |= differing
     raise AssertionError("unreachable")
-
-
-def _differing_outputs(outputs: list[Any]) -> set[int]:
-    if len(outputs) < 2:
-        return set()
-    first = outputs[0]
-    return {i for i in range(len(first)) if any(o[i] != first[i] for o in outputs[1:])}
 
 
 # while / fori -------------------------------------------------------------------------
@@ -223,6 +410,8 @@ def _while(
     carry = list(args[cond_nconsts + body_nconsts :])
     cond_fn = _quaxified(cond_jaxpr)
     body_fn = _quaxified(body_jaxpr)
+    fori = (body_source(cond_jaxpr) or "").startswith("_fori_cond_fun")
+    what = "fori_loop" if fori else "while_loop"
 
     def cond(c: list[Any]) -> Any:
         (pred,) = cond_fn(*cond_consts, *c)
@@ -232,7 +421,7 @@ def _while(
         carry,
         lambda c: body_fn(*body_consts, *c),
         lambda body, c: lax.while_loop(cond, body, c),
-        "while_loop",
+        _carry_names(body_jaxpr, body_nconsts, what),
     )
 
 
@@ -240,33 +429,28 @@ def _stable_loop(
     carry: list[Any],
     body: Callable[[list[Any]], list[Any]],
     run: Callable[[Callable[[list[Any]], list[Any]], list[Any]], Any],
-    what: str,
+    where: Callable[[int], str],
     num_carry: int | None = None,
 ) -> Any:
     """Run a loop whose body maps `carry` to a new carry (and, for scan, outputs
     after the first `num_carry`), joining carry types until they are stable."""
     n = len(carry) if num_carry is None else num_carry
-    dense: set[int] = set()
-    where = lambda i: f"carry {i} of a {what}"
-    for _ in range(n + 1):
+    join = _Join(where)
+    for _ in range(3 * n + 1):
         seen: list[list[Any]] = []
 
         def stable_body(c: list[Any]) -> list[Any]:
             out = list(body(c))
-            out[:n] = _materialise_at(out[:n], dense, where)  # noqa: B023 - called in this iteration
-            seen.append([_structure(o) for o in out[:n]])  # noqa: B023
+            out[:n] = join.outputs(out[:n])
+            seen.append([_skeleton(o) for o in out[:n]])  # noqa: B023
             return out
 
-        carry = _materialise_at(carry, dense, where)
+        carry = join.inputs(carry)
         try:
             return run(stable_body, carry)
         except TypeError:
-            if not seen:
+            if not seen or not join.update(carry, seen[-1]):
                 raise
-            differing = {i for i in range(n) if seen[-1][i] != _structure(carry[i])}
-            if not differing or differing <= dense:
-                raise
-            dense |= differing
     raise AssertionError("unreachable")
 
 
@@ -320,7 +504,7 @@ def _scan(
             carry,
             lambda cx: _flat_body(body, cx, num_carry),
             run,
-            "scan",
+            _carry_names(jaxpr, num_consts, "scan" if xs else "scan or fori_loop"),
             num_carry=num_carry,
         )
         bad = {
@@ -377,6 +561,15 @@ def _linear_solve(*args: ValueLike, const_lengths: Any, jaxprs: Any) -> list[Any
     )
     b = list(args[int(ends[-1]) :])
     num_aux = len(jaxprs.solve.out_avals) - len(jaxprs.matvec.out_avals)
+    # `matvec`, `solve` and `transpose_solve` all map vectors of `b`'s types to
+    # vectors of `b`'s types: join those like a loop's carry.
+    join = _Join(lambda i: f"leaf {i} of the right-hand side of a custom_linear_solve")
+    seen: list[list[Any]] = []
+
+    def joined(out: Sequence[Any]) -> list[Any]:
+        out = join.outputs(out)
+        seen.append([_skeleton(o) for o in out])
+        return out
 
     def call(jaxpr: Any, consts: Sequence[Any]) -> Callable[..., Any]:
         fn = _quaxified(jaxpr)
@@ -384,13 +577,13 @@ def _linear_solve(*args: ValueLike, const_lengths: Any, jaxprs: Any) -> list[Any
         def f(_: Any, x: list[Any]) -> Any:
             out = fn(*consts, *x)
             if num_aux:
-                return out[: len(b)], out[len(b) :]
-            return out
+                return joined(out[: len(b)]), out[len(b) :]
+            return joined(out)
 
         return f
 
     def matvec(x: list[Any]) -> list[Any]:
-        return _quaxified(jaxprs.matvec)(*matvec_c, *x)
+        return joined(_quaxified(jaxprs.matvec)(*matvec_c, *x))
 
     symmetric = jaxprs.vecmat is jaxprs.matvec
     transpose_solve = (
@@ -398,18 +591,27 @@ def _linear_solve(*args: ValueLike, const_lengths: Any, jaxprs: Any) -> list[Any
         if jaxprs.transpose_solve is None
         else call(jaxprs.transpose_solve, tr_solve_c)
     )
-    out = lax.custom_linear_solve(
-        matvec,
-        b,
-        call(jaxprs.solve, solve_c),
-        transpose_solve,
-        symmetric=symmetric,
-        has_aux=bool(num_aux),
-    )
-    if num_aux:
-        x, aux = out
-        return [*x, *aux]
-    return list(out)
+    for _ in range(3 * len(b) + 1):
+        seen.clear()
+        b = join.inputs(b)
+        try:
+            out = lax.custom_linear_solve(
+                matvec,
+                b,
+                call(jaxprs.solve, solve_c),
+                transpose_solve,
+                symmetric=symmetric,
+                has_aux=bool(num_aux),
+            )
+        except TypeError:
+            if not seen or not join.update(b, seen[-1]):
+                raise
+            continue
+        if num_aux:
+            x, aux = out
+            return [*x, *aux]
+        return list(out)
+    raise AssertionError("unreachable")
 
 
 # callbacks ----------------------------------------------------------------------------

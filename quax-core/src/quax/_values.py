@@ -121,6 +121,29 @@ class Value(eqx.Module, metaclass=_ValueMeta):
         dense = [v.materialise() if isinstance(v, Value) else v for v in values]
         return primitive.bind(*dense, **params)
 
+    @classmethod
+    def lift(cls, array: ArrayLike, like: "Value") -> "Value | None":
+        """`array` (a plain array, possibly a tracer) as a value of type `cls` with the
+        static metadata of `like`, or `None` to decline.
+
+        Quax calls it to join a loop carry, branch output or linear-solve right-hand
+        side that is plain on one side and a `cls` on the other (e.g. the zero
+        cotangent a reverse-mode loop starts with), before falling back to
+        materialising. `like`'s leaves are `jax.ShapeDtypeStruct`s: use only its
+        type and static fields. The default declines.
+
+        **Arguments:**
+
+        - `array`: the plain array.
+        - `like`: a value of type `cls` with the target structure.
+
+        **Returns:**
+
+        A value of `like`'s pytree structure, or `None`.
+        """
+        del array, like
+        return None
+
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         # Record every materialisation while a `track_materialisation` block is

@@ -1,10 +1,13 @@
 """`Unitful`: an array with units, and the functions to make and read one."""
 
-from typing import Any
+import operator
+from collections.abc import Callable, Iterator
+from typing import Any, ClassVar
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
 import quax
 from jaxtyping import ArrayLike
 
@@ -12,7 +15,7 @@ from ._dimensions import Dimensions, UnitError, as_dimensions
 from ._units import Unit, UnitLike, conversion_factor, si_unit, unit
 
 
-__all__ = ["Quantity", "Unitful", "ustrip"]
+__all__ = ["Quantity", "Unitful", "fits_any_unit", "ustrip"]
 
 
 class DisplayUnit:
@@ -50,6 +53,33 @@ def _as_display(u: "DisplayUnit | UnitLike | None") -> DisplayUnit:
     return DisplayUnit(None if u is None else unit(u))
 
 
+_OPERAND = (jax.Array, np.ndarray, np.generic, int, float, complex)
+
+
+def _operator(op: Callable[..., Any], *, reflected: bool = False) -> Any:
+    """A Python operator method of `Unitful`, run through `quax.quaxify` so that the
+    rules decide its units (and raise its unit errors)."""
+    quaxified = quax.quaxify(op)
+
+    def method(self: "Unitful", other: Any) -> Any:
+        if not isinstance(other, (Unitful, *_OPERAND)):
+            return NotImplemented
+        return quaxified(other, self) if reflected else quaxified(self, other)
+
+    method.__name__ = f"__{'r' if reflected else ''}{op.__name__.strip('_')}__"
+    return method
+
+
+def _unary(op: Callable[[Any], Any]) -> Any:
+    quaxified = quax.quaxify(op)
+
+    def method(self: "Unitful") -> Any:
+        return quaxified(self)
+
+    method.__name__ = f"__{op.__name__.strip('_')}__"
+    return method
+
+
 class Unitful(quax.ArrayValue):
     """An array with physical units, for `quax.quaxify`.
 
@@ -64,6 +94,10 @@ class Unitful(quax.ArrayValue):
     a value was made in is kept only for display (`.unit`), so `m` and `km` inputs
     share one compilation. Unit errors (adding metres to seconds, the sine of a length)
     raise [`quax_units.UnitError`][] at trace time.
+
+    Outside `quax.quaxify`, Python operators work too (`q1 + q2`, `q * 2`,
+    `q ** 2`, `q < q2`, `q[0]`, `len(q)`): each runs `quax.quaxify` on the operator,
+    so the same rules give the units. Inside a quaxified function, use `jax.numpy`.
 
     **Arguments:**
 
@@ -83,6 +117,75 @@ class Unitful(quax.ArrayValue):
                 f"Display unit {shown} ({shown.dimensions}) does not have the "
                 f"dimensions of the value ({self.units})."
             )
+
+    # A quantity is its array times its units: linear in its leaves, so the tangents
+    # and cotangents of `custom_jvp`/`custom_vjp` functions keep their units.
+    linear_in_leaves: ClassVar[bool] = True
+
+    # NumPy arrays defer to these operators instead of broadcasting over the object.
+    __array_ufunc__ = None
+
+    __add__ = _operator(operator.add)
+    __radd__ = _operator(operator.add, reflected=True)
+    __sub__ = _operator(operator.sub)
+    __rsub__ = _operator(operator.sub, reflected=True)
+    __mul__ = _operator(operator.mul)
+    __rmul__ = _operator(operator.mul, reflected=True)
+    __truediv__ = _operator(operator.truediv)
+    __rtruediv__ = _operator(operator.truediv, reflected=True)
+    __floordiv__ = _operator(operator.floordiv)
+    __rfloordiv__ = _operator(operator.floordiv, reflected=True)
+    __mod__ = _operator(operator.mod)
+    __rmod__ = _operator(operator.mod, reflected=True)
+    __matmul__ = _operator(operator.matmul)
+    __rmatmul__ = _operator(operator.matmul, reflected=True)
+    __pow__ = _operator(operator.pow)
+    __rpow__ = _operator(operator.pow, reflected=True)
+    __lt__ = _operator(operator.lt)
+    __le__ = _operator(operator.le)
+    __gt__ = _operator(operator.gt)
+    __ge__ = _operator(operator.ge)
+    __eq__ = _operator(operator.eq)  # type: ignore[assignment]
+    __ne__ = _operator(operator.ne)  # type: ignore[assignment]
+    __neg__ = _unary(operator.neg)
+    __pos__ = _unary(operator.pos)
+    __abs__ = _unary(operator.abs)
+    __hash__ = None  # type: ignore[assignment]  # `==` is elementwise, as for arrays
+
+    def __getitem__(self, index: Any) -> "Unitful":
+        return quax.quaxify(lambda x: x[index])(self)
+
+    def __len__(self) -> int:
+        if not self.shape:
+            raise TypeError("len() of a 0-d quantity")
+        return self.shape[0]
+
+    def __iter__(self) -> Iterator["Unitful"]:
+        return (self[i] for i in range(len(self)))
+
+    @classmethod
+    def lift(cls, array: ArrayLike, like: "Unitful") -> "Unitful | None":
+        """`array` as a value of `like`'s units, when a plain array must join a
+        `Unitful` (a loop carry or branch output that is plain on one side).
+
+        Quax-core calls this, e.g. for the zero cotangent a reverse-mode loop starts
+        its carry with. A plain array counts as dimensionless, so it is lifted when
+        `like` is dimensionless or when it fits any unit (a constant of zeros,
+        infinities or NaNs); otherwise joining it would be a unit error, and this
+        returns `None` (quax-core then reports the join as failed).
+
+        **Arguments:**
+
+        - `array`: the plain array.
+        - `like`: the `Unitful` it is joined with.
+
+        **Returns:**
+
+        A `Unitful` with `like`'s dimensions and display unit, or `None`.
+        """
+        if like.units.is_dimensionless or fits_any_unit(array):
+            return cls(array, like.units, like.display)
+        return None
 
     def aval(self) -> jax.core.ShapedArray:
         return jax.core.ShapedArray(jnp.shape(self.array), jnp.result_type(self.array))
@@ -150,6 +253,15 @@ class Unitful(quax.ArrayValue):
         return f"Quantity({numbers}, unit={str(self.unit)!r})"
 
 
+def fits_any_unit(x: Any) -> bool:
+    """Whether a plain operand is a constant known at trace time that fits any unit:
+    all zeros, infinities or NaNs (as in `jnp.where(x > 0, x, 0)` inside `jnp`)."""
+    if isinstance(x, Unitful | jax.core.Tracer):
+        return False
+    values = np.asarray(x)
+    return bool(np.all((values == 0) | ~np.isfinite(values)))
+
+
 def describe(x: Any) -> str:
     """How an operand is named in error messages: its unit and dimensions."""
     if isinstance(x, Unitful):
@@ -172,10 +284,13 @@ def Quantity(value: ArrayLike, unit: UnitLike) -> Unitful:
     """
     u = _to_unit(unit)
     array = jnp.asarray(value)
-    if u.scale != 1.0:
+    if u.scale != 1.0 or u.offset:
         if not jnp.issubdtype(array.dtype, jnp.inexact):
             array = array.astype(jnp.result_type(float))
-        array = array * u.scale
+        if u.scale != 1.0:
+            array = array * u.scale
+        if u.offset:
+            array = array + u.offset
     return Unitful(array, u.dimensions, u)
 
 
@@ -193,12 +308,14 @@ def ustrip(u: UnitLike, q: Any) -> Any:
 
     **Returns:**
 
-    A plain array. Different dimensions raise [`quax_units.UnitError`][].
+    A plain array. Different dimensions raise [`quax_units.UnitError`][]. For an
+    offset unit (`degC`), the numbers are measured from its zero.
     """
     target = _to_unit(u)
     if isinstance(q, Unitful):
         factor = conversion_factor(si_unit(q.units), target)
-        return q.array if factor == 1.0 else q.array * factor
+        array = q.array - target.offset if target.offset else q.array
+        return array if factor == 1.0 else array * factor
     if not target.is_dimensionless:
         raise UnitError(
             "Cannot express a plain (dimensionless) array in "

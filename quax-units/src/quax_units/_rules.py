@@ -15,11 +15,12 @@ import jax
 import jax.extend.core.primitives as jprim
 import numpy as np
 import quax
+from equinox.internal._loop.common import maybe_set_p, select_if_vmap_p
 from jax import lax
 from jaxtyping import ArrayLike
 
 from ._dimensions import Dimensions, UnitError, dimensionless
-from ._quantity import Unitful, describe
+from ._quantity import Unitful, describe, fits_any_unit
 from ._units import Unit, si_unit, unit
 
 
@@ -39,9 +40,11 @@ def _dims(x: Any) -> Dimensions:
 
 
 def _shown(x: Any) -> Unit:
-    """The display unit of an operand (a plain array shows as dimensionless)."""
+    """The display unit of the result of arithmetic on an operand (a plain array
+    shows as dimensionless). Arithmetic happens on the SI-coherent arrays, so its
+    results are absolute: an offset unit (`degC`) gives way to its SI unit (`K`)."""
     if isinstance(x, Unitful):
-        return x.unit
+        return x.unit.linear
     return si_unit(dimensionless)
 
 
@@ -49,26 +52,26 @@ def _wrap(array: Any, dims: Dimensions, shown: Unit | None) -> Unitful:
     return Unitful(array, dims, shown)
 
 
-def _unit_agnostic(x: Any) -> bool:
-    """Whether a plain operand is a constant known at trace time that fits any unit:
-    all zeros, infinities or NaNs (as in `jnp.where(x > 0, x, 0)` inside `jnp`)."""
-    if isinstance(x, Unitful | jax.core.Tracer):
-        return False
-    values = np.asarray(x)
-    return bool(np.all((values == 0) | ~np.isfinite(values)))
+_TRACED_CONSTANT_HINT = (
+    " The plain operand is only known at run time (a loop carry or a traced value), "
+    "so it cannot be checked to be a zero, infinity or NaN constant, which fits any "
+    "unit: start it as a quantity (`Quantity(jnp.zeros(...), unit)`)."
+)
 
 
 def _same_units(primitive: Any, operands: Sequence[Any]) -> tuple[Dimensions, Unit]:
     """The common dimensions of `operands` (all must agree), and the display unit of
-    the first quantity among them, which the result takes."""
+    the first quantity among them, which a result that selects among the operands
+    takes (arithmetic results use its `.linear` unit)."""
     first = next(x for x in operands if isinstance(x, Unitful))
     for x in operands:
-        if x is first or _dims(x) == first.units or _unit_agnostic(x):
+        if x is first or _dims(x) == first.units or fits_any_unit(x):
             continue
+        hint = _TRACED_CONSTANT_HINT if isinstance(x, jax.core.Tracer) else ""
         raise UnitError(
             f"`{primitive.name}` needs operands of the same dimensions, but got "
             f"{describe(first)} and {describe(x)}. Quantities with the same dimensions "
-            "in different units (m, km) combine; these cannot."
+            f"in different units (m, km) combine; these cannot.{hint}"
         )
     return first.units, first.unit
 
@@ -91,8 +94,8 @@ def _static_exponent(primitive: Any, x: Unitful, y: Any) -> Fraction:
     except (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError):
         raise UnitError(
             f"`{primitive.name}` of {describe(x)} with an exponent only known at run "
-            "time: the units of the result would depend on it. Use a Python number as "
-            "the exponent."
+            "time: the units of the result would depend on it. Use a constant "
+            "exponent (`x ** 1.5`)."
         ) from None
     flat = values.reshape(-1)
     if flat.size == 0 or np.any(flat != flat[0]):
@@ -106,11 +109,14 @@ def _static_exponent(primitive: Any, x: Unitful, y: Any) -> Fraction:
 # Operands of the same dimensions ------------------------------------------------------
 
 _SAME_UNITS = [lax.add_p, lax.sub_p, lax.max_p, lax.min_p, lax.rem_p, lax.nextafter_p]
+_SELECTING = {lax.max_p, lax.min_p, lax.nextafter_p, lax.scatter_p}
+_SELECTING |= {lax.scatter_min_p, lax.scatter_max_p}
 
 
 @quax.register_elementwise(_SAME_UNITS)
 def _same(primitive: Any, x: _Operand, y: _Operand, **params: Any) -> Unitful:
     dims, shown = _same_units(primitive, [x, y])
+    shown = shown if primitive in _SELECTING else shown.linear
     return _wrap(primitive.bind(_array(x), _array(y), **params), dims, shown)
 
 
@@ -124,7 +130,7 @@ def _add_any(x: _Operand, y: _Operand) -> Unitful:
     if isinstance(x, Unitful) and isinstance(y, Unitful):
         _same_units(jprim.add_jaxvals_p, [x, y])
     return _wrap(
-        jprim.add_jaxvals_p.bind(_array(x), _array(y)), first.units, first.unit
+        jprim.add_jaxvals_p.bind(_array(x), _array(y)), first.units, _shown(first)
     )
 
 
@@ -154,6 +160,26 @@ def _clamp(low: _Operand, x: _Operand, high: _Operand, **params: Any) -> Unitful
 def _select_n(which: ArrayLike, *cases: _Operand) -> Unitful:
     dims, shown = _same_units(lax.select_n_p, cases)
     return _wrap(lax.select_n_p.bind(which, *map(_array, cases)), dims, shown)
+
+
+@quax.register(select_if_vmap_p)
+def _select_if_vmap(pred: ArrayLike, x: _Operand, y: _Operand, **params: Any) -> Any:
+    # Equinox's loops (used by diffrax, optimistix) select with this primitive.
+    dims, shown = _same_units(select_if_vmap_p, [x, y])
+    return _wrap(
+        select_if_vmap_p.bind(pred, _array(x), _array(y), **params), dims, shown
+    )
+
+
+@quax.register(maybe_set_p)
+def _maybe_set(
+    pred: ArrayLike, xs: _Operand, x: _Operand, *index: _Operand, **params: Any
+) -> list[Any]:
+    # Equinox's loop buffers (diffrax's saved solution) are written with this one.
+    dims, shown = _same_units(maybe_set_p, [xs, x])
+    index = [_require_dimensionless(maybe_set_p, i, "index") for i in index]
+    (out,) = maybe_set_p.bind(pred, _array(xs), _array(x), *index, **params)
+    return [_wrap(out, dims, shown)]
 
 
 @quax.register(lax.concatenate_p)
@@ -200,6 +226,7 @@ def _scatter(
     **params: Any,
 ) -> Unitful:
     dims, shown = _same_units(primitive, [operand, updates])
+    shown = shown if primitive in _SELECTING else shown.linear
     index = _require_dimensionless(primitive, indices, "index")
     return _wrap(
         primitive.bind(_array(operand), index, _array(updates), **params), dims, shown
@@ -223,17 +250,25 @@ def _scatter_mul(
 # Operations that keep the units -------------------------------------------------------
 
 _KEEP_UNITS = [
+    lax.reduce_max_p, lax.reduce_min_p, lax.cummax_p, lax.cummin_p, lax.reshape_p,
+    lax.squeeze_p, lax.broadcast_in_dim_p, lax.transpose_p, lax.slice_p, lax.rev_p,
+    lax.convert_element_type_p, lax.reduce_precision_p, jprim.copy_p,
+]  # fmt: skip
+_KEEP_DIMENSIONS = [
     lax.neg_p, lax.abs_p, lax.floor_p, lax.ceil_p, lax.round_p, lax.real_p, lax.imag_p,
-    lax.conj_p, lax.reduce_sum_p, lax.reduce_max_p, lax.reduce_min_p, lax.cumsum_p,
-    lax.cummax_p, lax.cummin_p, lax.reshape_p, lax.squeeze_p, lax.broadcast_in_dim_p,
-    lax.transpose_p, lax.slice_p, lax.rev_p, lax.convert_element_type_p,
-    lax.reduce_precision_p, jprim.copy_p,
+    lax.conj_p, lax.reduce_sum_p, lax.cumsum_p,
 ]  # fmt: skip
 
 
 @quax.register_elementwise(_KEEP_UNITS)
 def _keep(primitive: Any, x: Unitful, **params: Any) -> Unitful:
     return _wrap(primitive.bind(x.array, **params), x.units, x.unit)
+
+
+@quax.register_elementwise(_KEEP_DIMENSIONS)
+def _keep_dimensions(primitive: Any, x: Unitful, **params: Any) -> Unitful:
+    # Arithmetic on the SI-coherent numbers: shown in `degC` it would be wrong.
+    return _wrap(primitive.bind(x.array, **params), x.units, _shown(x))
 
 
 @quax.register_elementwise([lax.dynamic_slice_p, lax.gather_p])
@@ -304,7 +339,7 @@ def _power_rule(primitive: Any, exponent: Fraction) -> None:
     @quax.register(primitive)
     def _(x: Unitful, **params: Any) -> Unitful:
         return _wrap(
-            primitive.bind(x.array, **params), x.units**exponent, x.unit**exponent
+            primitive.bind(x.array, **params), x.units**exponent, _shown(x) ** exponent
         )
 
 
@@ -319,7 +354,7 @@ for _p, _e in [
 
 @quax.register(lax.integer_pow_p)
 def _integer_pow(x: Unitful, *, y: int) -> Unitful:
-    return _wrap(lax.integer_pow_p.bind(x.array, y=y), x.units**y, x.unit**y)
+    return _wrap(lax.integer_pow_p.bind(x.array, y=y), x.units**y, _shown(x) ** y)
 
 
 @quax.register(lax.pow_p)
@@ -329,14 +364,16 @@ def _pow(x: _Operand, y: _Operand, **params: Any) -> Unitful:
         exponent = _require_dimensionless(lax.pow_p, y, "exponent")
         return _wrap(lax.pow_p.bind(base, exponent, **params), dimensionless, None)
     e = _static_exponent(lax.pow_p, x, y)
-    return _wrap(lax.pow_p.bind(x.array, _array(y), **params), x.units**e, x.unit**e)
+    return _wrap(
+        lax.pow_p.bind(x.array, _array(y), **params), x.units**e, _shown(x) ** e
+    )
 
 
 @quax.register(lax.reduce_prod_p)
 def _reduce_prod(x: Unitful, *, axes: Sequence[int], **params: Any) -> Unitful:
     n = math.prod(x.shape[a] for a in axes)
     return _wrap(
-        lax.reduce_prod_p.bind(x.array, axes=axes, **params), x.units**n, x.unit**n
+        lax.reduce_prod_p.bind(x.array, axes=axes, **params), x.units**n, _shown(x) ** n
     )
 
 

@@ -31,30 +31,39 @@ class Unit:
     """A unit of measure: `scale` SI-coherent units of `dimensions`, shown as `terms`.
 
     Build units by parsing (`unit("km / s")`), or by arithmetic on other units
-    (`unit("km") / unit("h")`). Two units are equal when they have the same scale and
-    dimensions, whatever their names (`unit("J") == unit("N m")`).
+    (`unit("km") / unit("h")`). Two units are equal when they have the same scale,
+    offset and dimensions, whatever their names (`unit("J") == unit("N m")`).
+
+    An *offset* unit (`degC`, `degF`) measures from another zero: `x` of it is
+    `x * scale + offset` SI-coherent units (`20 degC` is `293.15 K`). Offset units
+    only convert; they cannot be multiplied, divided or raised to a power (use `K`,
+    or the differences `delta_degC`, `delta_degF`, in compound units).
 
     **Arguments:**
 
     - `scale`: how many SI-coherent units one of this unit is (1000 for `km`).
     - `dimensions`: the unit's `Dimensions`.
     - `terms`: the named units it is a product of, with exponents, for display.
+    - `offset`: the SI-coherent value of this unit's zero (273.15 for `degC`).
     """
 
-    __slots__ = ("dimensions", "scale", "terms")
+    __slots__ = ("dimensions", "offset", "scale", "terms")
     scale: float
     dimensions: Dimensions
     terms: tuple[tuple[str, Fraction], ...]
+    offset: float
 
     def __init__(
         self,
         scale: float,
         dimensions: Dimensions,
         terms: tuple[tuple[str, Fraction], ...],
+        offset: float = 0.0,
     ) -> None:
         object.__setattr__(self, "scale", float(scale))
         object.__setattr__(self, "dimensions", dimensions)
         object.__setattr__(self, "terms", terms)
+        object.__setattr__(self, "offset", float(offset))
 
     def __setattr__(self, name: str, value: Any) -> None:
         raise AttributeError("Unit is immutable")
@@ -64,13 +73,27 @@ class Unit:
             other = unit(other)
         if not isinstance(other, Unit):
             return NotImplemented
-        return self.scale == other.scale and self.dimensions == other.dimensions
+        return (
+            self.scale == other.scale
+            and self.offset == other.offset
+            and self.dimensions == other.dimensions
+        )
 
     def __hash__(self) -> int:
-        return hash((self.scale, self.dimensions))
+        return hash((self.scale, self.offset, self.dimensions))
+
+    def _no_offset(self, operation: str) -> None:
+        if self.offset:
+            raise UnitError(
+                f"Cannot {operation} the offset unit {self}: its zero is not zero. "
+                f"Use {si_unit(self.dimensions)} (or the difference unit "
+                f"`delta_{self}`) in compound units."
+            )
 
     def __mul__(self, other: Any) -> Any:
         if isinstance(other, Unit):
+            self._no_offset("multiply")
+            other._no_offset("multiply")
             return Unit(
                 self.scale * other.scale,
                 self.dimensions * other.dimensions,
@@ -86,6 +109,8 @@ class Unit:
         return Quantity(other, self)
 
     def __truediv__(self, other: "Unit") -> "Unit":
+        self._no_offset("divide")
+        other._no_offset("divide by")
         return Unit(
             self.scale / other.scale,
             self.dimensions / other.dimensions,
@@ -94,6 +119,9 @@ class Unit:
 
     def __pow__(self, power: int | Fraction) -> "Unit":
         power = Fraction(power)
+        if power == 1:
+            return self
+        self._no_offset("raise to a power")
         return Unit(
             self.scale ** float(power),
             self.dimensions**power,
@@ -103,6 +131,12 @@ class Unit:
     @property
     def is_dimensionless(self) -> bool:
         return self.dimensions.is_dimensionless
+
+    @property
+    def linear(self) -> "Unit":
+        """This unit, or for an offset unit the SI-coherent unit of its dimensions
+        (`K` for `degC`): the unit that results of arithmetic are shown in."""
+        return si_unit(self.dimensions) if self.offset else self
 
     def __str__(self) -> str:
         return format_exponents(list(self.terms))
@@ -153,9 +187,12 @@ def _define(
     *,
     names: tuple[str, ...] = (),
     prefixable: bool = True,
+    offset: float = 0.0,
 ) -> None:
     base = si_unit(definition) if isinstance(definition, Dimensions) else definition
-    _UNITS[symbol] = Unit(scale * base.scale, base.dimensions, ((symbol, Fraction(1)),))
+    _UNITS[symbol] = Unit(
+        scale * base.scale, base.dimensions, ((symbol, Fraction(1)),), offset
+    )
     for name in names:
         _ALIASES[name] = symbol
     if prefixable:
@@ -346,7 +383,8 @@ def unit(u: UnitLike) -> Unit:
 
 
 def conversion_factor(source: Unit, target: Unit) -> float:
-    """The factor turning numbers in `source` into numbers in `target`."""
+    """The factor turning numbers in `source` into numbers in `target`, once
+    offsets are removed (see `Unit`)."""
     if source.dimensions != target.dimensions:
         raise UnitError(
             f"Cannot convert from {source} ({source.dimensions}) to {target} "
@@ -419,3 +457,23 @@ _define("ft", unit("m"), 0.3048, names=("foot", "feet"), prefixable=False)
 _define("mi", unit("m"), 1609.344, names=("mile", "miles"), prefixable=False)
 _define("lb", unit("kg"), 0.45359237, names=("pound",), prefixable=False)
 _define("percent", dimensionless, 0.01, names=("%",), prefixable=False)
+# Temperatures on other scales: absolute ones (offset units, as in pint) and the
+# units of their differences.
+_define(
+    "degC",
+    unit("K"),
+    offset=273.15,
+    names=("°C", "celsius", "degree_Celsius"),
+    prefixable=False,
+)
+_define(
+    "degF",
+    unit("K"),
+    5 / 9,
+    offset=273.15 - 32 * 5 / 9,
+    names=("°F", "fahrenheit", "degree_Fahrenheit"),
+    prefixable=False,
+)
+_define("delta_degC", unit("K"), prefixable=False)
+_define("delta_degF", unit("K"), 5 / 9, prefixable=False)
+_define("degR", unit("K"), 5 / 9, names=("rankine", "°R"), prefixable=False)
