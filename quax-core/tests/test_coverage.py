@@ -388,6 +388,11 @@ _case(
 _case("lax.pswapaxes", _named(lambda x: lax.pswapaxes(x, "i", 0)), jnp.ones((3, 3, 2)))
 _case("lax.axis_index", _named(lambda x: x * lax.axis_index("i")), X)
 _case("lax.axis_size", _named(lambda x: x * lax.axis_size("i")), X)
+# Varying-manual-axes casts, under a one-device `shard_map`.
+_MESH_FN = lambda f: jax.shard_map(
+    f, mesh=jax.make_mesh((1,), ("i",)), in_specs=jax.P(), out_specs=jax.P("i")
+)
+_case("lax.pcast", _MESH_FN(lambda x: lax.pcast(x, "i", to="varying")), X)
 
 # jax.numpy: elementwise.
 _UNARY = """abs absolute acos arccos arcsin arctan arctanh asin atan atanh arcsinh asinh
@@ -712,15 +717,12 @@ UNSUPPORTED: dict[str, str] = {
     + "has no `vmap` rule and needs a peer device to receive from",
     "lax.pbroadcast": _JAX_FAILS
     + "its `vmap` rule raises TypeError, and under `shard_map` "
-    "it needs a device-varying operand, which takes `lax.pcast` (see below)",
+    "XLA:CPU has no lowering for it (on a `lax.pcast` varying operand)",
     "lax.ragged_all_to_all": _JAX_FAILS
     + "XLA:CPU does not implement `ragged-all-to-all`",
     "nn.scaled_matmul": _JAX_FAILS + "JAX lowers `scaled_matmul` for GPU only",
     "jnp.trim_zeros": "its output shape depends on the values and it has no `size=` "
     "argument, so it fails under any trace, as under `jax.jit`",
-    "lax.pcast": "core bug: inside `shard_map`, `pcast(x, 'i', to='varying')` on a "
-    "quax value raises 'pvary is a invariant->variant collective': the value's aval "
-    "loses the varying-manual-axes type",
 }
 
 
@@ -796,11 +798,7 @@ def test_function(name: str) -> None:
 
 # Entries of `UNSUPPORTED` that fail because of quax, not JAX: each must still fail,
 # so that a fix shows up here and the function moves to `CASES`.
-_MESH_FN = lambda f: jax.shard_map(
-    f, mesh=jax.make_mesh((1,), ("i",)), in_specs=jax.P(), out_specs=jax.P("i")
-)
 FAILING_CASES: dict[str, tuple[Callable[..., Any], tuple[Any, ...]]] = {
-    "lax.pcast": (_MESH_FN(lambda x: lax.pcast(x, "i", to="varying")), (X,)),
     "jnp.trim_zeros": (jnp.trim_zeros, (jnp.array([0.0, 1.0, 2.0, 0.0]),)),
 }
 

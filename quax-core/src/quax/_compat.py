@@ -40,6 +40,9 @@ __all__ = [
     "eval_jaxpr",
     "eval_jaxpr_folding",
     "known_constant",
+    "manual_axes_active",
+    "with_leaf_vma",
+    "pvary_to_spec",
     "body_arg_names",
     "body_source",
     "jit_p",
@@ -101,6 +104,60 @@ def is_unspecified(sharding: Any) -> bool:
     from jax._src.sharding_impls import UnspecifiedValue
 
     return isinstance(sharding, UnspecifiedValue)
+
+
+# Varying manual axes (vma): inside `shard_map`, an aval records the mesh axes along
+# which its value varies, and collectives (`pcast`, the implicit `pvary` that
+# `shard_map` puts on its outputs) read it from the operand's type.
+
+
+from jax._src import config as _config  # noqa: E402
+from jax._src.mesh import get_abstract_mesh as _get_abstract_mesh  # noqa: E402
+
+
+_abstract_mesh_state = _config.abstract_mesh_context_manager
+
+
+def manual_axes_active() -> bool:
+    """Whether some mesh axis is manual here: whether code runs inside `shard_map`,
+    the only place avals carry varying manual axes. Called for every `QuaxTrace`, so
+    kept to one context-variable read outside a mesh context."""
+    mesh = _abstract_mesh_state.value
+    return mesh is not None and bool(mesh.manual_axes)
+
+
+def with_leaf_vma(aval: Any, leaves: Any) -> Any:
+    """`aval`, varying along every manual axis along which one of `leaves` varies.
+
+    A value's own `aval()` knows nothing of `shard_map`; the vma of the value is
+    that of its leaves (their union)."""
+    vma: frozenset = frozenset()
+    for leaf in leaves:
+        mat = getattr(getattr(leaf, "aval", None), "manual_axis_type", None)
+        if mat is not None:
+            vma |= mat.varying
+    mat = getattr(aval, "manual_axis_type", None)
+    if not vma or mat is None or vma <= mat.varying:
+        return aval
+    # A varying type needs the manual mesh (a value's `aval()` has none), as `pvary`.
+    return aval.update(
+        sharding=aval.sharding.update(mesh=_get_abstract_mesh()),
+        manual_axis_type=mat.update(varying=mat.varying | vma),
+    )
+
+
+def pvary_to_spec(leaf: Any, spec: Any) -> Any:
+    """`leaf`, made varying along the axes of the `PartitionSpec` `spec` it does not
+    vary along yet, as `shard_map` does to each output."""
+    from jax._src.shard_map import _spec_to_vma
+
+    if not isinstance(spec, jax.sharding.PartitionSpec) or not _config.auto_pcast.value:
+        return leaf
+    mat = getattr(typeof(leaf), "manual_axis_type", None)
+    if mat is None:
+        return leaf
+    missing = _spec_to_vma(spec) - mat.varying
+    return _core.pvary(leaf, tuple(missing)) if missing else leaf
 
 
 # Custom derivatives and `shard_map`: re-binding at the parent trace over leaves.
@@ -202,6 +259,11 @@ def body_source(jaxpr: Any) -> str | None:
     return None if info is None else info.func_src_info
 
 
+def _varying(aval: Any) -> bool:
+    mat = getattr(aval, "manual_axis_type", None)
+    return mat is not None and bool(mat.varying)
+
+
 def eval_jaxpr_folding(
     jaxpr: Any, consts: Any, *args: Any, fold: Any, max_size: int
 ) -> list[Any]:
@@ -227,6 +289,9 @@ def eval_jaxpr_folding(
                 getattr(v.aval, "size", max_size + 1) <= max_size for v in eqn.outvars
             )
             and fold(eqn.primitive, invals, params)
+            # A device-varying output (`pvary` of a constant, in `shard_map`) has no
+            # value outside `shard_map`.
+            and not any(_varying(v.aval) for v in eqn.outvars)
         )
         name_stack = source_info_util.current_name_stack() + eqn.source_info.name_stack
         with (

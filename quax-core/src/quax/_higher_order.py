@@ -47,6 +47,7 @@ from ._compat import (
     linear_solve_p,
     optimization_barrier_p,
     pure_callback_p,
+    pvary_to_spec,
     remat_p,
     run_debug_on_host,
     scan_p,
@@ -1094,6 +1095,13 @@ def shard_map_call(
             )
             for leaf in leaves
         ]
+        if params["check_vma"]:
+            # JAX made each output value vary along its out spec's axes; a value
+            # varies where any of its leaves does, so some leaves may not yet.
+            out_leaves = [
+                pvary_to_spec(leaf, spec)
+                for leaf, spec in zip(out_leaves, out_specs, strict=True)
+            ]
         return FlatTree.flatten(out_leaves).with_aux(tuple(out_specs))
 
     new_params = dict(params, in_specs=tuple(in_specs))

@@ -10,8 +10,19 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
+import jax.tree_util as jtu
+
 from . import _registry, _values
-from ._compat import Primitive, Trace, Tracer, TraceTag, set_current_trace, typeof
+from ._compat import (
+    Primitive,
+    Trace,
+    Tracer,
+    TraceTag,
+    manual_axes_active,
+    set_current_trace,
+    typeof,
+    with_leaf_vma,
+)
 from ._values import Value
 
 
@@ -49,7 +60,12 @@ class QuaxTracer(Tracer):
         self._trace = trace
         # `type(value).aval(value)`, not `value.aval()`: equinox would build a bound
         # method module on every access, which costs more than the call itself.
-        self.aval = type(value).aval(value)
+        aval = type(value).aval(value)
+        if trace.manual:
+            # Inside `shard_map`: the aval must vary along the manual axes its leaves
+            # vary along, as collectives (`pcast`, ...) read that from its type.
+            aval = with_leaf_vma(aval, jtu.tree_leaves(value))
+        self.aval = aval
         self.value = value
 
     def full_lower(self) -> "QuaxTracer":
@@ -62,12 +78,16 @@ class QuaxTracer(Tracer):
 class QuaxTrace(Trace):
     """Reinterprets every primitive bound on a `QuaxTracer` by dispatching on types."""
 
-    __slots__ = ("parent_trace", "tag")
+    __slots__ = ("manual", "parent_trace", "tag")
 
     def __init__(self, parent_trace: Trace, tag: TraceTag) -> None:
         super().__init__()
         self.parent_trace = parent_trace
         self.tag = tag
+        # Whether this trace runs inside `shard_map`, where its tracers' avals carry
+        # the varying manual axes of their values' leaves. Checked once here, so that
+        # tracers outside `shard_map` pay one attribute test.
+        self.manual = manual_axes_active()
 
     def to_value(self, x: Any) -> Any:
         """The `Value` behind one of this trace's tracers; anything else unchanged."""
