@@ -77,7 +77,10 @@ class Value(eqx.Module, metaclass=_ValueMeta):
         """The abstract value JAX sees for this object.
 
         It must be pure: the same instance always gives the same aval. Python metadata
-        that changes it belongs in static fields.
+        that changes it belongs in static fields. Quax calls it for every value a rule
+        returns, so keep it cheap: where a leaf has the value's shape and dtype,
+        `return jax.typeof(leaf)` (about 1 us) beats building a new `ShapedArray`
+        (about 3 us).
 
         **Returns:**
 
