@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import quax
 import quax._higher_order as _ho
 from jax import lax
+from quax_units import Quantity
 
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "quax-core" / "tests"))
@@ -58,6 +59,12 @@ PROGRAMS = {
     "fori_loop (join: dense)": (
         lambda b: lax.fori_loop(0, 3, lambda i, c: c + b, jnp.zeros(4)),
         Dense,
+    ),
+    "fori_loop (plain zeros buffer of quantities: discovered)": (
+        lambda b: lax.fori_loop(
+            0, 3, lambda i, buf: buf.at[i].set(b * i), jnp.zeros((3, 4))
+        ),
+        lambda a: Quantity(a, "m"),
     ),
     "scan": (
         lambda b: lax.scan(lambda c, y: (c * y, c), b, jnp.ones((3, 4)))[0],

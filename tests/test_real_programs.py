@@ -72,3 +72,26 @@ def test_diffrax_solve_with_value_state():
         out = quax.quaxify(solve)(Liftable(y0))
     assert isinstance(out, Liftable)
     assert jnp.allclose(out.array, y0 * jnp.exp(-0.5), atol=1e-4)
+
+
+def test_diffrax_solve_with_a_quantity_state():
+    # diffrax writes its steps into buffers that start as plain zeros and infs, and
+    # guards its solution with `eqx.error_if` (whose error branch is built from a
+    # shape): quax gives both the state's units.
+    from quax_units import Quantity, ustrip
+
+    def solve(y0, rate):
+        term = dfx.ODETerm(lambda t, y, args: -args * y)
+        saveat = dfx.SaveAt(ts=jnp.linspace(0.0, 1.0, 5))
+        sol = dfx.diffeqsolve(
+            term, dfx.Tsit5(), t0=0.0, t1=1.0, dt0=0.1, y0=y0, args=rate, saveat=saveat
+        )
+        return sol.ys
+
+    y0 = jnp.array([1.0, 2.0])
+    with _no_leak_check():
+        expected = solve(y0, 0.5)
+        eager = quax.quaxify(solve)(Quantity(y0, "m"), 0.5)
+        jitted = jax.jit(quax.quaxify(solve))(Quantity(y0, "km"), 0.5)
+    assert jnp.allclose(ustrip("m", eager), expected, rtol=1e-6)
+    assert jnp.allclose(ustrip("km", jitted), expected, rtol=1e-6)

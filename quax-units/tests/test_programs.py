@@ -172,3 +172,51 @@ def test_grad_through_loop():
     assert grad.units == {seconds: 1}
     want = jax.grad(final_height)(*_bare((v0, x0, g, dt)))
     np.testing.assert_allclose(grad.array, want, rtol=1e-6)
+
+
+def test_loop_writes_quantities_into_a_plain_zeros_buffer():
+    # The published repro: a buffer that starts as plain zeros (or NaNs) takes the
+    # units of what the loop writes into it.
+    def record(y):
+        return lax.fori_loop(0, 3, lambda i, b: b.at[i].set(y * i), jnp.zeros((3, 2)))
+
+    def record_while(y, n):
+        buffer = jnp.full((3, 2), jnp.nan)
+        return lax.fori_loop(0, n, lambda i, b: b.at[i].set(y * i), buffer)
+
+    y = Quantity(jnp.array([1.0, 2.0]), "km")
+    for out, expected in [
+        (quax.quaxify(record)(y), record(y.value)),
+        (jax.jit(quax.quaxify(record))(y), record(y.value)),
+        (jax.jit(quax.quaxify(record_while))(y, 2), record_while(y.value, 2)),
+    ]:
+        assert out.units == {meters: 1}
+        np.testing.assert_array_equal(ustrip("km", out), expected)
+
+
+def test_trajectory_recorded_into_a_buffer_matches_the_plain_program():
+    def trajectory(x, v, g, dt):
+        def step(i, state):
+            x, v, xs = state
+            v = v + g * dt
+            x = x + v * dt
+            return x, v, xs.at[i].set(x)
+
+        return lax.fori_loop(0, 50, step, (x, v, jnp.zeros((50, 2))))[2]
+
+    out = jax.jit(quax.quaxify(trajectory))(x0, v0, g, dt)
+    expected = jax.jit(trajectory)(*_bare((x0, v0, g, dt)))
+    assert out.units == {meters: 1}
+    np.testing.assert_array_equal(out.array, expected)
+
+
+def test_a_buffer_written_with_mixed_units_raises():
+    # Discovery only lifts the buffer's start; the body is then checked as usual.
+    def mixed(x, v):
+        def step(i, b):
+            return b.at[i].set(x).at[i + 1].set(v)
+
+        return lax.fori_loop(0, 2, step, jnp.zeros((3, 2)))
+
+    with pytest.raises(UnitError, match="scatter"):
+        quax.quaxify(mixed)(x0, v0)

@@ -48,6 +48,7 @@ __all__ = [
     "jit_p",
     "optimization_barrier_p",
     "linear_solve_p",
+    "io_callback_p",
     "pure_callback_p",
     "remat_p",
     "run_debug_on_host",
@@ -81,7 +82,7 @@ remat_p = jprim.remat_p
 linear_solve_p = jprim.linear_solve_p
 custom_jvp_call_p = jprim.custom_jvp_call_p
 custom_vjp_call_p = jprim.custom_vjp_call_p
-from jax._src.callback import pure_callback_p  # noqa: E402
+from jax._src.callback import io_callback_p, pure_callback_p  # noqa: E402
 
 
 def clean_trace_state() -> bool:
@@ -335,3 +336,17 @@ def known_constant(x: Any, max_size: int) -> Any:
         ]
         return np.broadcast_to(operand.reshape(kept), shape).astype(dtype)
     return None
+
+
+def callback_module(x: Any) -> str | None:
+    """The module of the host function whose `pure_callback` computed the traced
+    array `x` (read from the trace), else `None`."""
+    from jax._src.interpreters import partial_eval as _pe
+
+    if not isinstance(x, _pe.DynamicJaxprTracer):
+        return None
+    eqn = x.parent
+    if eqn is None or eqn.primitive is not pure_callback_p:
+        return None
+    callback = getattr(eqn.params["callback"], "callback_func", None)
+    return getattr(callback, "__module__", None)

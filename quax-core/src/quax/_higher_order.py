@@ -14,8 +14,9 @@ import contextlib
 import functools as ft
 import weakref
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import jax.tree_util as jtu
@@ -37,10 +38,12 @@ from ._compat import (
     body_arg_names,
     body_source,
     call_fresh,
+    callback_module,
     cond_p,
     debug_callback_p,
     debug_print_p,
     eval_jaxpr_folding,
+    io_callback_p,
     is_unspecified,
     jit_p,
     known_constant,
@@ -112,12 +115,22 @@ def _foldable(
     primitive: Primitive, inputs: Sequence[Any], params: dict[str, Any]
 ) -> bool:
     """Whether to compute an equation of a jaxpr now: its inputs are all constants
-    and it calls no sub-jaxpr. Otherwise under an enclosing `jit` the constants a
-    jaxpr computes (`convert_element_type(1.5)`, a `full` of NaNs) would reach the
-    rules as tracers, whereas the Python program gave them as numbers."""
-    return all(map(_is_constant, inputs)) and not any(
-        isinstance(p, ClosedJaxpr | Jaxpr) for p in params.values()
+    and it calls no sub-jaxpr and no host callback. Otherwise under an enclosing
+    `jit` the constants a jaxpr computes (`convert_element_type(1.5)`, a `full` of
+    NaNs) would reach the rules as tracers, whereas the Python program gave them as
+    numbers."""
+    return (
+        primitive not in _CALLBACKS
+        and all(map(_is_constant, inputs))
+        and not any(isinstance(p, ClosedJaxpr | Jaxpr) for p in params.values())
     )
+
+
+# Host code runs when the program does, never at trace time (`eqx.error_if`'s error
+# branch raises from a `pure_callback` on constant inputs).
+_CALLBACKS = frozenset(
+    {pure_callback_p, io_callback_p, debug_callback_p, debug_print_p}
+)
 
 
 def _eval(jaxpr: Any, consts: Sequence[Any], *args: Any) -> list[Any]:
@@ -175,6 +188,8 @@ def _lift(x: Any, like: Any) -> Any:
     The lifted value, or `None` when the type's `lift` declines or returns a
     value of another structure than `like`.
     """
+    if isinstance(x, _Fill):
+        x = x.materialise()
     if isinstance(x, Value):
         return None
     lift = type(like).lift
@@ -184,9 +199,24 @@ def _lift(x: Any, like: Any) -> Any:
         # cotangent carry with) is a tracer: offer the type its known value.
         known = known_constant(x, _FOLD_MAX_SIZE)
         out = None if known is None else lift(known, like)
+    if out is None and _raised_by_equinox(x):
+        out = _lift_fill(x, _Fill(np.nan, *_shape_dtype(x)), like, keep=True)
     if out is None or _structure(out) != _structure(like):
         return None
     return out
+
+
+def _raised_by_equinox(x: Any) -> bool:
+    """Whether `x` is the output of `eqx.error_if`'s error branch: a host callback
+    that raises (or, on TPU, returns NaNs). Equinox builds that output from the
+    guarded value's shape alone (equinox issue 1257), so it is plain where the other
+    branch returns the value; quax joins it as a NaN fill of the value's type."""
+    module = callback_module(x)
+    return module is not None and module.split(".")[0] == "equinox"
+
+
+def _shape_dtype(x: Any) -> tuple[tuple[int, ...], Any]:
+    return np.shape(x), jnp.result_type(x)
 
 
 class _Join:
@@ -432,27 +462,237 @@ def _stable_loop(
     run: Callable[[Callable[[list[Any]], list[Any]], list[Any]], Any],
     where: Callable[[int], str],
     num_carry: int | None = None,
+    xs: Sequence[Any] = (),
 ) -> Any:
-    """Run a loop whose body maps `carry` to a new carry (and, for scan, outputs
-    after the first `num_carry`), joining carry types until they are stable."""
+    """Run a loop whose body maps `carry` (and, for scan, one slice of each of `xs`)
+    to a new carry (and, for scan, outputs after the first `num_carry`), joining
+    carry types until they are stable."""
     n = len(carry) if num_carry is None else num_carry
     join = _Join(where)
     for _ in range(3 * n + 1):
         seen: list[list[Any]] = []
+        # Whether the body failed; and whether to catch that, letting the loop's
+        # trace end normally (a trace left by an exception keeps the tracers it
+        # closed over alive, which the leak checker reports once quax recovers).
+        failed, catch = [False], [True]
 
         def stable_body(c: list[Any]) -> list[Any]:
-            out = list(body(c))
-            out[:n] = join.outputs(out[:n])
+            if catch[0]:  # noqa: B023
+                try:
+                    with _Catching():
+                        out = list(body(c))
+                        out[:n] = join.outputs(out[:n])
+                except Exception:
+                    failed[0] = True  # noqa: B023
+                    return list(c)
+            else:
+                out = list(body(c))
+                out[:n] = join.outputs(out[:n])
             seen.append([_skeleton(o) for o in out[:n]])  # noqa: B023
             return out
 
         carry = join.inputs(carry)
         try:
-            return run(stable_body, carry)
-        except TypeError:
+            result = run(stable_body, carry)
+        except TypeError:  # the body ran, and its outputs disagree with the carry
             if not seen or not join.update(carry, seen[-1]):
                 raise
+            continue
+        if not failed[0]:
+            return result
+        # The body failed, perhaps on a plain carry that starts as a constant fill.
+        if not _join_fills(carry, body, n, xs):
+            if _Catching.depth:
+                # Inside a body that an enclosing loop is trying: let it retry.
+                raise _BodyFailed
+            # Raise the body's error. A new function, so that JAX's tracing cache
+            # cannot answer with the stand-in body traced above.
+            catch[0] = False
+            return run(lambda c: stable_body(c), carry)
     raise AssertionError("unreachable")
+
+
+class _BodyFailed(Exception):
+    """A nested loop's body failed inside a body that quax is trying."""
+
+
+class _Catching:
+    """Counts the loop bodies being tried (their errors caught). A nested loop
+    whose body fails there only signals it: re-tracing its body to raise the error
+    would leave a trace holding the enclosing body's tracers."""
+
+    depth = 0
+
+    def __enter__(self) -> None:
+        type(self).depth += 1
+
+    def __exit__(self, *exc: object) -> None:
+        type(self).depth -= 1
+
+
+# A loop carry that starts as a plain constant fill (the zeros or NaNs a solver
+# writes its results into) and is then given values: its type is known only once
+# the body has run, and the body may fail on the plain array (a unit error on
+# `buffer.at[i].set(quantity)`). Quax then traces the first iteration abstractly,
+# with such carries as `_Fill`s that take the type of whatever value they meet, and
+# lifts the carries' starts into the types found.
+
+
+class _Fill(Value):
+    """A plain array whose every element is `fill`, standing for a loop carry's
+    constant start while quax finds the carry's type. It holds no array, so it stays
+    static (known) through tracing."""
+
+    fill: Any = eqx.field(static=True)
+    shape: tuple[int, ...] = eqx.field(static=True)
+    dtype: Any = eqx.field(static=True)
+
+    # Settle this type's inputs before any other type's `default` (see
+    # `quax._registry`): it only stands in for a plain array.
+    settles_first: ClassVar[bool] = True
+
+    @classmethod
+    def of(cls, x: Any) -> "_Fill | None":
+        """`x` as a `_Fill`, when it is a plain array known to be a constant fill."""
+        if isinstance(x, Value):
+            return None
+        aval = typeof(x)
+        known = (
+            known_constant(x, _FILL_MAX_SIZE)
+            if isinstance(x, Tracer)
+            else np.asarray(x, aval.dtype)
+        )
+        if known is None or known.size == 0:
+            return None
+        first = known.flat[0]
+        same = known == first
+        if np.issubdtype(known.dtype, np.inexact):
+            same |= np.isnan(known) & np.isnan(first)
+        if not np.all(same):
+            return None
+        return cls(first.item(), aval.shape, aval.dtype)
+
+    @property
+    def key(self) -> tuple[Any, ...]:
+        """Equal for fills of the same array (NaN included)."""
+        return repr(self.fill), self.shape, self.dtype
+
+    def aval(self) -> Any:
+        return jax.core.ShapedArray(self.shape, self.dtype)
+
+    def materialise(self) -> Any:
+        with jax.ensure_compile_time_eval():  # a known array, also inside a trace
+            return jnp.full(self.shape, self.fill, self.dtype)
+
+    @staticmethod
+    def default(
+        primitive: Primitive, values: Sequence[Any], params: dict[str, Any]
+    ) -> Any:
+        """Compute on the known arrays where every input is known; else bind on the
+        plain arrays (a family may accept a known constant of zeros or NaNs, as
+        quax-units does); where that fails, lift fills to the other inputs' types."""
+        from ._quaxify import quaxify
+
+        cases = values[1:]
+        if primitive is lax.select_n_p and all(
+            isinstance(c, _Fill) and c.key == cases[0].key for c in cases
+        ):
+            return cases[0]  # the same fill whichever case is selected
+        dense = [v.materialise() if isinstance(v, _Fill) else v for v in values]
+        if not any(isinstance(v, Value | Tracer) for v in dense):
+            with jax.ensure_compile_time_eval():
+                out = primitive.bind(*dense, **params)
+            if primitive.multiple_results:
+                return [_Fill.of(o) or o for o in out]
+            return _Fill.of(out) or out
+        bind = quaxify(lambda *vs: primitive.bind(*vs, **params))
+        if primitive in _ANNIHILATED and any(
+            isinstance(v, _Fill) and v.fill == 0 for v in values
+        ):
+            # Products with zeros are zeros: what the body's types may hinge on
+            # (`dt * f0` with `f0` zeros is added to a quantity). Only types are
+            # taken from this trace, so the zero need not hold for a NaN factor.
+            out = bind(*dense)
+            if not isinstance(out, Value):
+                return _Fill(0, out.shape, out.dtype)
+            return out
+        try:
+            return bind(*dense)
+        except Exception as e:
+            error = e
+        fills = [i for i, v in enumerate(values) if isinstance(v, _Fill)]
+        likes = [v for v in values if isinstance(v, Value) and not isinstance(v, _Fill)]
+        for like in likes:
+            for chosen in [*([i] for i in fills), fills]:
+                lifted = list(dense)
+                for i in chosen:
+                    lifted[i] = _lift_fill(dense[i], values[i], _skeleton(like))
+                if any(v is None for v in lifted):
+                    continue
+                with contextlib.suppress(Exception):
+                    return bind(*lifted)
+        raise error
+
+
+# Primitives whose output is zero when an input is.
+_ANNIHILATED = frozenset({lax.mul_p, lax.dot_general_p})
+
+# Largest carry recognised as a constant fill (the known value is a broadcast view).
+_FILL_MAX_SIZE = 2**26
+
+
+def _lift_fill(x: Any, fill: _Fill, like: Any, keep: bool = False) -> Any:
+    """The plain array `x`, known to equal `fill`, lifted to `like`'s type (of any
+    shape), or `None` when the type declines, or when `keep` and the lifted value
+    does not hold `x` itself."""
+    dense = fill.materialise()
+    out = type(like).lift(dense, like)
+    if not isinstance(out, Value) or out.aval().shape != fill.shape:
+        return None
+    # Keep `x` itself (traced, cheap; and what computes it stays in the program)
+    # where the type stored the array unchanged, rather than a constant.
+    leaves, treedef = jtu.tree_flatten(out)
+    if keep and not any(leaf is dense for leaf in leaves):
+        return None
+    kept = [x if leaf is dense else leaf for leaf in leaves]
+    return jtu.tree_unflatten(treedef, kept)
+
+
+def _join_fills(
+    carry: list[Any],
+    body: Callable[[list[Any]], list[Any]],
+    n: int,
+    xs: Sequence[Any],
+) -> bool:
+    """After the body failed on `carry`: trace its first iteration abstractly with
+    the plain constant-fill carries as `_Fill`s, and lift those carries (updated in
+    place) to the value types the body gives them. Whether anything changed."""
+    fills = {i: f for i, x in enumerate(carry) if (f := _Fill.of(x)) is not None}
+    if not fills:
+        return False
+    trial = [fills.get(i, x) for i, x in enumerate(carry)]
+
+    def first(c: list[Any], xs: Sequence[Any]) -> list[Any] | None:
+        try:
+            with _Catching():
+                step = [jtu.tree_map(lambda leaf: leaf[0], x) for x in xs]
+                return list(body([*c, *step]))[:n]
+        except Exception:  # caught inside, so that the trace ends normally
+            return None
+
+    found = jax.eval_shape(first, trial, list(xs))
+    if found is None:
+        return False
+    changed = False
+    for i, fill in fills.items():
+        like = found[i]
+        if not isinstance(like, Value) or isinstance(like, _Fill):
+            continue
+        lifted = _lift_fill(carry[i], fill, like)
+        if lifted is not None and _structure(lifted) == _structure(like):
+            carry[i] = lifted
+            changed = True
+    return changed
 
 
 # scan / map / fori_loop ---------------------------------------------------------------
@@ -507,6 +747,7 @@ def _scan(
             run,
             _carry_names(jaxpr, num_consts, "scan" if xs else "scan or fori_loop"),
             num_carry=num_carry,
+            xs=xs,
         )
         bad = {
             i
@@ -820,12 +1061,17 @@ class _Flat:
 
 
 def _on_leaves(
-    fun: Any, flat: _Flat, primitive: Primitive, out_tree: list[Any]
+    fun: Any,
+    flat: _Flat,
+    primitive: Primitive,
+    out_tree: list[Any],
+    known: Sequence[Any],
 ) -> Callable[..., list[Any]]:
     """`fun` as a function of the inputs' leaves, returning its outputs' leaves and
-    recording their tree in `out_tree`."""
+    recording their tree in `out_tree`. The leaves `known` now stay constants of it."""
 
     def fun_leaves(*leaves: Any) -> list[Any]:
+        leaves = _with_known(leaves, known)
         outs = [
             _densify_nonlinear(o, primitive) for o in _run(fun, *flat.unflatten(leaves))
         ]
@@ -838,6 +1084,20 @@ def _on_leaves(
 
 def _leaves(values: Sequence[Any]) -> list[Any]:
     return jtu.tree_leaves(list(values))
+
+
+def _known(leaves: Sequence[Any]) -> list[Any]:
+    """Each leaf whose value is known now (not traced), else `None`.
+
+    Inside a custom derivative's primal function such leaves stay constants, as they
+    are without the custom derivative (and as the `jit` rule keeps them): rules may
+    need their values, and a loop inside may start a carry from one (the zeros a
+    solver fills in), which quax lifts into a value type only when it is known."""
+    return [None if isinstance(leaf, Tracer) else leaf for leaf in leaves]
+
+
+def _with_known(leaves: Sequence[Any], known: Sequence[Any]) -> list[Any]:
+    return [x if k is None else k for x, k in zip(leaves, known, strict=True)]
 
 
 def custom_jvp_call(
@@ -869,7 +1129,7 @@ def custom_jvp_call(
     n = len(leaves)
     out_tree: list[Any] = []
 
-    fun_leaves = _on_leaves(fun, flat, primitive, out_tree)
+    fun_leaves = _on_leaves(fun, flat, primitive, out_tree, _known(_leaves(values)))
 
     def jvp_leaves(*args: Any) -> list[Any]:
         primals = flat.unflatten(args[:n])
@@ -936,10 +1196,11 @@ def custom_vjp_call(
     out_tree: list[Any] = []
     fwd_trees: list[Any] = []
 
-    fun_leaves = _on_leaves(fun, flat, primitive, out_tree)
+    known = _known(_leaves(values))
+    fun_leaves = _on_leaves(fun, flat, primitive, out_tree, known)
 
     def fwd_leaves(*pairs: Any) -> list[Any]:
-        inputs = flat.unflatten(pairs[::2])
+        inputs = flat.unflatten(_with_known(pairs[::2], known))
         nonzero = [any(part) for part in flat.split(pairs[1::2])]
         interleaved = [x for pair in zip(inputs, nonzero, strict=True) for x in pair]
         from ._quaxify import quaxify

@@ -273,6 +273,11 @@ def _resolve_fallback(primitive: Primitive, values: Sequence[Any]) -> Resolution
             t for t in types if issubclass(t, Value) and _overrides_default(t)
         )
     )
+    # quax's own stand-in for a plain array (a loop carry's constant start while
+    # its type is found) turns itself into the other inputs' type first.
+    overriding = [t for t in overriding if getattr(t, "settles_first", False)] or (
+        overriding
+    )
     if len(overriding) > 1:
         names = " and ".join(f"`{t.__module__}.{t.__qualname__}`" for t in overriding)
         raise TypeError(

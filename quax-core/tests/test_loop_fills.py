@@ -1,0 +1,168 @@
+"""Loop carries that start as constant fills and then receive values, and
+`eqx.error_if` on values.
+
+A solver writes its results into buffers that start as plain zeros or NaNs
+(`jnp.zeros((n, *y.shape)).at[i].set(y)`). A family that refuses traced plain
+operands (as quax-units does: their units are unknown) cannot run the body on the
+plain carry; quax traces the first iteration with the fills known, finds the type
+the body gives the carry, and lifts the start into it. `Tagged` below behaves like
+such a family: it joins a plain float operand only when it is a known constant of
+zeros, infinities or NaNs.
+"""
+
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import quax
+from jax import lax
+from jaxtyping import Array, ArrayLike
+
+
+class TagError(TypeError):
+    pass
+
+
+# Primitives whose operands must agree (as add or select do for units).
+_JOINING = {
+    lax.add_p,
+    lax.sub_p,
+    lax.select_n_p,
+    lax.scatter_p,
+    lax.dynamic_update_slice_p,
+    lax.concatenate_p,
+}
+
+
+def _fits_any_tag(x: Any) -> bool:
+    if isinstance(x, jax.core.Tracer):
+        return False
+    values = np.asarray(x)
+    return bool(np.all((values == 0) | ~np.isfinite(values)))
+
+
+class Tagged(quax.ArrayValue):
+    """An array with a static tag, which refuses to materialise."""
+
+    array: Array
+    tag: str = eqx.field(static=True)
+    linear_in_leaves: ClassVar[bool] = True
+
+    def aval(self) -> jax.core.ShapedArray:
+        return jax.core.ShapedArray(jnp.shape(self.array), jnp.result_type(self.array))
+
+    def materialise(self) -> Array:
+        raise TagError(f"a {self.tag!r} array never materialises")
+
+    @classmethod
+    def lift(cls, array: ArrayLike, like: "Tagged") -> "Tagged | None":
+        return cls(jnp.asarray(array), like.tag) if _fits_any_tag(array) else None
+
+    @staticmethod
+    def default(primitive: Any, values: Sequence[Any], params: dict[str, Any]) -> Any:
+        (tag,) = {v.tag for v in values if isinstance(v, Tagged)}
+        if primitive in _JOINING:
+            for v in values:
+                plain_float = not isinstance(v, Tagged) and jnp.issubdtype(
+                    jnp.result_type(v), jnp.inexact
+                )
+                if plain_float and not _fits_any_tag(v):
+                    raise TagError(f"`{primitive.name}` of {tag!r} and plain")
+        arrays = [v.array if isinstance(v, Tagged) else v for v in values]
+        out = primitive.bind(*arrays, **params)
+
+        def wrap(o: Any) -> Any:
+            return Tagged(o, tag) if jnp.issubdtype(o.dtype, jnp.inexact) else o
+
+        return [wrap(o) for o in out] if primitive.multiple_results else wrap(out)
+
+
+y = jnp.array([1.0, 2.0])
+
+
+def _check(program: Any, *args: Any) -> None:
+    expected = program(y, *args)
+    for run in (quax.quaxify(program), jax.jit(quax.quaxify(program))):
+        out = run(Tagged(y, "m"), *args)
+        assert isinstance(out, Tagged) and out.tag == "m"
+        np.testing.assert_array_equal(out.array, expected)
+
+
+def test_fori_loop_fills_a_zeros_buffer():
+    def program(v):
+        return lax.fori_loop(0, 3, lambda i, b: b.at[i].set(v * i), jnp.zeros((3, 2)))
+
+    _check(program)
+
+
+def test_while_loop_with_traced_bound_fills_a_nan_buffer():
+    def program(v, n):
+        buffer = jnp.full((3, 2), jnp.nan)
+        return lax.fori_loop(0, n, lambda i, b: b.at[i].set(v * i), buffer)
+
+    _check(program, 2)
+
+
+def test_scan_fills_an_inf_buffer():
+    def program(v):
+        def step(b, i):
+            return lax.dynamic_update_slice(b, v[None] * i, (i, 0)), None
+
+        return lax.scan(step, jnp.full((3, 2), jnp.inf), jnp.arange(3))[0]
+
+    _check(program)
+
+
+def test_nested_loops_fill_buffers_from_products_of_zeros():
+    # The outer carry `f` starts as zeros and is only known to be zero inside the
+    # first iteration; the inner stage buffer is built from `dt * f` (zero), as an
+    # FSAL Runge-Kutta step builds its stages.
+    def program(v):
+        def outer(i, c):
+            f, out = c
+            dt = 0.1 * (i + 1)
+            stages = jnp.zeros((2, 2)).at[0].set(dt * f)
+
+            def inner(j, s):
+                return s.at[j].set(v + jnp.sum(s, axis=0) * dt)
+
+            stages = lax.fori_loop(1, 2, inner, stages)
+            return stages[1], out.at[i].set(stages[1])
+
+        return lax.fori_loop(0, 3, outer, (jnp.zeros(2), jnp.zeros((3, 2))))[1]
+
+    _check(program)
+
+
+def test_a_genuine_error_in_the_body_is_reported():
+    traced = lambda v: lax.fori_loop(
+        0, 3, lambda i, b: b.at[i].set(v) + i * jnp.ones(2), jnp.zeros((3, 2))
+    )
+    with pytest.raises(TagError, match="`add` of 'm' and plain"):
+        quax.quaxify(traced)(Tagged(y, "m"))
+
+
+def test_a_buffer_of_other_values_is_not_lifted():
+    # A start of ones is no fill of zeros or NaNs: the type declines to lift it.
+    program = lambda v: lax.fori_loop(
+        0, 2, lambda i, b: b.at[i].set(v), jnp.ones((2, 2))
+    )
+    with pytest.raises(TagError, match="`scatter` of 'm' and plain"):
+        quax.quaxify(program)(Tagged(y, "m"))
+
+
+def test_error_if_keeps_the_value_type():
+    # equinox issue 1257: `error_if`'s error branch is built from a shape. JAX's
+    # tracer-leak checker crashes (IndexError in `leaked_tracer_error`) on Equinox's
+    # error primitives, without quax too, so it is off here.
+    guarded = lambda v: eqx.error_if(v, v.sum() < 0, "negative total") * 2
+    with jax.check_tracer_leaks(False):
+        out = eqx.filter_jit(quax.quaxify(guarded))(Tagged(y, "m"))
+        assert isinstance(out, Tagged) and out.tag == "m"
+        np.testing.assert_array_equal(out.array, y * 2)
+        with pytest.raises(eqx.EquinoxRuntimeError, match="negative total"):
+            eqx.filter_jit(quax.quaxify(guarded))(Tagged(-y, "m"))
