@@ -55,3 +55,18 @@ def test_fallback_to_si_and_errors():
         to_astropy(Unitful(jnp.ones(2), Dimension("apple")))
     with pytest.raises(UnitError, match="astropy's base unit"):
         from_astropy(3.0 * apu.bit)
+
+
+@pytest.mark.parametrize("u", ["degC", "degF"])
+def test_temperature_scales_round_trip(u):
+    # Offset units go to pint's and astropy's temperature scales, not to kelvin
+    # differences: 20 degC is 293.15 K both ways.
+    q = Quantity(jnp.array([20.0, 100.0]), u)
+    a = to_astropy(q)
+    kelvin = a.to(apu.K, equivalencies=apu.temperature()).value
+    np.testing.assert_allclose(kelvin, q.array, rtol=1e-6)
+    p = to_pint(q)
+    np.testing.assert_allclose(p.to("kelvin").magnitude, q.array, rtol=1e-6)
+    for back in (from_astropy(a), from_pint(p)):
+        assert back.unit == q.unit
+        np.testing.assert_allclose(back.array, q.array, rtol=1e-6)

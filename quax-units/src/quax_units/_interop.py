@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ._dimensions import Dimension, Dimensions, UnitError
-from ._quantity import Unitful
+from ._quantity import Quantity, Unitful
 from ._units import Unit, unit
 
 
@@ -18,6 +18,14 @@ _PINT_DIMENSIONS = {
 }  # fmt: skip
 _SI_BASES = set(_PINT_DIMENSIONS.values())
 _ASTROPY_DIMENSIONLESS_BASES = {"rad", "sr"}
+
+
+def _astropy_offset_units() -> dict[str, Any]:
+    """Our offset units and astropy's temperature scales for them."""
+    import astropy.units as apu
+    from astropy.units import imperial
+
+    return {"degC": apu.deg_C, "degF": imperial.deg_F}
 
 
 def _display(text: str, dims: Dimensions) -> Unit | None:
@@ -103,6 +111,8 @@ def to_astropy(q: Unitful) -> Any:
     """
     import astropy.units as apu
 
+    if q.unit.offset:  # astropy's temperature scales (see `apu.temperature()`)
+        return np.asarray(q.value) * _astropy_offset_units()[str(q.unit)]
     try:
         return np.asarray(q.value) * apu.Unit(str(q.unit) or "dimensionless")
     except ValueError:
@@ -123,6 +133,9 @@ def from_astropy(q: Any) -> Unitful:
 
     The `Unitful`, shown in the astropy unit when quax-units knows it.
     """
+    for name, scale in _astropy_offset_units().items():
+        if q.unit == scale:  # a temperature scale: 20 deg_C is 293.15 K
+            return Quantity(jnp.asarray(q.value), name)
     decomposed = q.unit.decompose()
     exponents = {}
     for base, power in zip(decomposed.bases, decomposed.powers, strict=True):
