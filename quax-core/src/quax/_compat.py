@@ -350,3 +350,41 @@ def callback_module(x: Any) -> str | None:
         return None
     callback = getattr(eqn.params["callback"], "callback_func", None)
     return getattr(callback, "__module__", None)
+
+
+def eqx_warn_transformed_function(cls: type, value: Any) -> None:
+    """Equinox's warning for a Module field that holds a JAX-transformed function
+    (`jax.jit(f)`, ...), which its `__setattr__` gives during `__init__`."""
+    _eqx_module._warn_jax_transformed_function(cls, value)
+
+
+def eqx_bound_method(func: Any, module: Any) -> Any:
+    """Equinox's pytree bound method, as `Module.__getattribute__` returns for a
+    method of a Module instance."""
+    return _eqx_module.BoundMethod(func, module)
+
+
+# The current trace, as `set_current_trace` keeps it: a strong reference, and a weak
+# one that JAX's caches key on.
+_trace_strong = _core.trace_state_strong_ref
+_trace_weak = _core.trace_state
+
+
+def call_at_trace(trace: Any, rule: Any, values: Any, params: Any) -> Any:
+    """`rule(values, params)` with `trace` as the current trace: `with
+    set_current_trace(trace)` at a third of its cost, for quax's per-primitive hot
+    path."""
+    prev = _trace_strong.value
+    _trace_strong.set_local(trace)
+    _trace_weak.set_local(trace._weakref)
+    try:
+        return rule(values, params)
+    finally:
+        _trace_strong.set_local(prev)
+        _trace_weak.set_local(None if prev is None else prev._weakref)
+
+
+def register_tracer_type(cls: type) -> None:
+    """Let `jax.typeof` find the `Tracer` subclass `cls` in one dict lookup, as JAX
+    registers its own tracers, rather than by walking its MRO to `Tracer`."""
+    _core.pytype_aval_mappings[cls] = _core.pytype_aval_mappings[_core.Tracer]

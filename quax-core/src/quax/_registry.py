@@ -13,7 +13,7 @@ import jax
 import plum
 
 from ._compat import Primitive
-from ._values import Value
+from ._values import Value, is_value
 
 
 __all__ = [
@@ -299,7 +299,7 @@ def _resolve_fallback(primitive: Primitive, values: Sequence[Any]) -> Resolution
 
 def _materialise_and_bind(primitive: Primitive) -> Rule:
     def rule(values: Sequence[Any], params: dict[str, Any]) -> Any:
-        dense = [type(v).materialise(v) if isinstance(v, Value) else v for v in values]
+        dense = [type(v).materialise(v) if is_value(v) else v for v in values]
         return primitive.bind(*dense, **params)
 
     return rule
@@ -312,7 +312,7 @@ def _as_rule(primitive: Primitive, resolution: Resolution) -> Rule:
         return lambda values, params: function(*values, **params)
     if resolution.kind == "default":
         assert function is not None
-        return lambda values, params: function(primitive, values, params)
+        return ft.partial(function, primitive)
     return _materialise_and_bind(primitive)
 
 

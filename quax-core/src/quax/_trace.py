@@ -6,6 +6,7 @@ rule for the input types (through the registry's cache) and runs it under the pa
 trace. Higher-order primitives have rules in `_higher_order.py` like any other.
 """
 
+import functools as ft
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -18,12 +19,13 @@ from ._compat import (
     Trace,
     Tracer,
     TraceTag,
+    call_at_trace,
     manual_axes_active,
-    set_current_trace,
+    register_tracer_type,
     typeof,
     with_leaf_vma,
 )
-from ._values import Value
+from ._values import Value, is_value, value_classes
 
 
 __all__ = ["QuaxTrace", "QuaxTracer", "set_debug_checks"]
@@ -75,6 +77,10 @@ class QuaxTracer(Tracer):
         return f"QuaxTracer({self.value!r})"
 
 
+# `jax.typeof` reads every tracer bound with a primitive: one lookup, not an MRO walk.
+register_tracer_type(QuaxTracer)
+
+
 class QuaxTrace(Trace):
     """Reinterprets every primitive bound on a `QuaxTracer` by dispatching on types."""
 
@@ -97,7 +103,7 @@ class QuaxTrace(Trace):
 
     def wrap(self, x: Any) -> Any:
         """A tracer of this trace for a `Value`; anything else unchanged."""
-        if isinstance(x, Value):
+        if is_value(x):
             return QuaxTracer(self, x)
         return x
 
@@ -109,7 +115,8 @@ class QuaxTrace(Trace):
     def process_primitive(
         self, primitive: Primitive, tracers: Sequence[Any], params: dict[str, Any], /
     ) -> Any:
-        # The hot path of quax: kept to plain loops and one dict lookup.
+        # The hot path of quax: kept to plain loops, one dict lookup, and JAX's trace
+        # switch without its context manager.
         tag = self.tag
         values = []
         found = False
@@ -122,17 +129,16 @@ class QuaxTrace(Trace):
         if not found:
             return self.parent_trace.process_primitive(primitive, values, params)
         rule = _registry.rule_for(primitive, values)
-        with set_current_trace(self.parent_trace):
-            if _values.tracking():
-                with _values.current_primitive(primitive):
-                    out = rule(values, params)
-            else:
-                out = rule(values, params)
-            if _debug_checks:
-                _check_rule_output(primitive, values, params, out)
+        if _debug_checks or _values.tracking():
+            checked = ft.partial(_apply_checked, primitive, rule)
+            out = call_at_trace(self.parent_trace, checked, values, params)
+        else:
+            out = call_at_trace(self.parent_trace, rule, values, params)
         if primitive.multiple_results:
-            return [QuaxTracer(self, o) if isinstance(o, Value) else o for o in out]
-        return QuaxTracer(self, out) if isinstance(out, Value) else out
+            return [QuaxTracer(self, o) if is_value(o) else o for o in out]
+        if type(out) in value_classes or isinstance(out, Value):  # `is_value`, inlined
+            return QuaxTracer(self, out)
+        return out
 
     def process_custom_jvp_call(
         self,
@@ -177,6 +183,24 @@ class QuaxTrace(Trace):
 
         values = [self.to_value(t) for t in tracers]
         return shard_map_call(self, primitive, fun, values, params)
+
+
+def _apply_checked(
+    primitive: Primitive,
+    rule: _registry.Rule,
+    values: list[Any],
+    params: dict[str, Any],
+) -> Any:
+    """`rule(values, params)`, with materialisations attributed to `primitive` and,
+    under debug checks, its output checked."""
+    if _values.tracking():
+        with _values.current_primitive(primitive):
+            out = rule(values, params)
+    else:
+        out = rule(values, params)
+    if _debug_checks:
+        _check_rule_output(primitive, values, params, out)
+    return out
 
 
 def _check_rule_output(

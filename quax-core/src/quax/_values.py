@@ -4,15 +4,24 @@ import abc
 import contextlib
 import dataclasses
 import functools as ft
+import inspect
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, ClassVar, TypeAlias, TypeGuard
+from types import MethodType
+from typing import TYPE_CHECKING, Any, ClassVar, TypeAlias, TypeGuard
 
 import equinox as eqx
 from jaxtyping import ArrayLike
 
-from ._compat import Primitive, ShapedArray, eqx_finish_init, eqx_has_dataclass_init
+from ._compat import (
+    Primitive,
+    ShapedArray,
+    eqx_bound_method,
+    eqx_finish_init,
+    eqx_has_dataclass_init,
+    eqx_warn_transformed_function,
+)
 
 
 __all__ = [
@@ -26,35 +35,146 @@ __all__ = [
 
 
 class _ValueMeta(type(eqx.Module)):
-    """Equinox's metaclass, with a fast constructor for plain value classes.
+    """Equinox's metaclass, with fast constructors for plain value classes.
 
-    Quax builds values on its hot path (every rule returns new ones). For a class
-    with the dataclass `__init__` and nothing for equinox to check after it (no
-    converters, no `__check_init__`, no `init=False` fields), construction is the
-    dataclass `__init__` alone: about 4x cheaper than equinox's general path.
+    Quax builds values on its hot path (every rule returns new ones), where equinox's
+    general construction (about 8 us) would cost as much as binding the primitive.
+    For a class with the dataclass `__init__` and nothing for equinox to check after
+    it (no converters, no `__check_init__`, no `init=False` fields), construction is
+    the dataclass `__init__` alone; see `_constructor` for the two ways to run it.
     """
 
     def __call__(cls, *args: Any, **kwargs: Any) -> Any:
-        fast = _fast_construction.get(cls)
-        if fast is None:
-            fast = _fast_construction[cls] = _can_construct_fast(cls)
-        if not fast:
-            return super().__call__(*args, **kwargs)
-        self = type.__call__(cls, *args, **kwargs)
-        eqx_finish_init(self)
-        return self
+        try:
+            construct = _constructors[cls]
+        except KeyError:
+            construct = _constructors[cls] = _constructor(cls)
+        return construct(cls, *args, **kwargs)
 
 
-_fast_construction: dict[type, bool] = {}
+_constructors: dict[type, Callable[..., Any]] = {}
 
 
-def _can_construct_fast(cls: type) -> bool:
+def _constructor(cls: type) -> Callable[..., Any]:
+    """How `_ValueMeta` builds a `cls`: a function of `(cls, *args, **kwargs)`."""
     if getattr(cls, "__abstractmethods__", None) or not eqx_has_dataclass_init(cls):
-        return False
+        return _construct_general
     if any("__check_init__" in vars(k) for k in cls.__mro__):
-        return False
+        return _construct_general
     fields = dataclasses.fields(cls)
-    return all(f.init and "converter" not in f.metadata for f in fields)
+    if not all(f.init and "converter" not in f.metadata for f in fields):
+        return _construct_general
+    return _generated_init(cls, fields) or _construct_dataclass_init
+
+
+def _construct_general(cls: _ValueMeta, *args: Any, **kwargs: Any) -> Any:
+    return super(_ValueMeta, cls).__call__(*args, **kwargs)
+
+
+def _construct_dataclass_init(cls: _ValueMeta, *args: Any, **kwargs: Any) -> Any:
+    self = type.__call__(cls, *args, **kwargs)
+    eqx_finish_init(self)
+    return self
+
+
+# The names the generated constructors use besides their parameters.
+_GENERATED_GLOBALS = frozenset(
+    {
+        "self",
+        "__quax_self__",
+        "__quax_new__",
+        "__quax_set__",
+        "__quax_check__",
+        "__quax_defaults__",
+    }
+)
+
+
+def _generated_init(
+    cls: type, fields: tuple[dataclasses.Field, ...]
+) -> Callable[..., Any] | None:
+    """The dataclass `__init__` of `cls` as a constructor that sets each field with
+    `object.__setattr__`, as a frozen dataclass's does: a quarter of the cost of going
+    through equinox's `__new__` and `__setattr__`, which only do bookkeeping for
+    `__init__` methods that assign fields themselves. `None` when `cls.__init__` is not
+    exactly the one generated from `fields` (a `__post_init__`, `InitVar`s, default
+    factories, a custom `__new__`), where the dataclass `__init__` itself is run.
+
+    Like equinox's `__setattr__`, it warns about each field that holds a
+    JAX-transformed function."""
+    if (
+        hasattr(cls, "__post_init__")
+        or cls.__new__ is not eqx.Module.__new__
+        or any(f.name in _GENERATED_GLOBALS for f in fields)
+    ):
+        return None
+    if any(f.default_factory is not dataclasses.MISSING for f in fields):
+        return None
+    # The dataclass puts keyword-only fields last, each group in field order.
+    positional = [f for f in fields if not f.kw_only]
+    keyword = [f for f in fields if f.kw_only]
+    expected = [("self", _POSITIONAL, _EMPTY)]
+    expected += [(f.name, _POSITIONAL, _default(f)) for f in positional]
+    expected += [(f.name, _KEYWORD, _default(f)) for f in keyword]
+    actual = inspect.signature(cls.__init__).parameters.values()
+    if len(actual) != len(expected) or any(
+        (p.name, p.kind) != (name, kind) or p.default is not default
+        for p, (name, kind, default) in zip(actual, expected, strict=False)
+    ):
+        return None
+    header = ["self", *map(_parameter, positional)]
+    if keyword:
+        header += ["*", *map(_parameter, keyword)]
+    body = "".join(
+        f"    __quax_check__(self, {f.name})\n"
+        f"    __quax_set__(__quax_self__, {f.name!r}, {f.name})\n"
+        for f in fields
+    )
+    source = (
+        f"def __init__({', '.join(header)}):\n"
+        "    __quax_self__ = __quax_new__(self)\n"
+        f"{body}"
+        "    return __quax_self__\n"
+    )
+    namespace: dict[str, Any] = {
+        "__quax_new__": object.__new__,
+        "__quax_set__": object.__setattr__,
+        "__quax_check__": eqx_warn_transformed_function,
+        "__quax_defaults__": {f.name: f.default for f in fields},
+    }
+    exec(source, namespace)
+    init = namespace["__init__"]
+    # Argument errors name `cls.__init__`, as the dataclass `__init__`'s do.
+    init.__qualname__ = f"{cls.__qualname__}.__init__"
+    return init
+
+
+_POSITIONAL = inspect.Parameter.POSITIONAL_OR_KEYWORD
+_KEYWORD = inspect.Parameter.KEYWORD_ONLY
+_EMPTY = inspect.Parameter.empty
+
+
+def _default(f: dataclasses.Field) -> Any:
+    return _EMPTY if f.default is dataclasses.MISSING else f.default
+
+
+def _parameter(f: dataclasses.Field) -> str:
+    if f.default is dataclasses.MISSING:
+        return f.name
+    return f"{f.name}=__quax_defaults__[{f.name!r}]"
+
+
+_object_getattribute = object.__getattribute__
+
+# Every subclass of `Value`: `type(x) in value_classes` is the cheap half of
+# `is_value(x)`.
+value_classes: set[type] = set()
+# The subclasses whose attribute lookup goes through `super().__getattribute__`.
+_inherited_lookup: set[type] = set()
+
+
+def _is_magic(name: str) -> bool:
+    return (name.startswith("__") and name.endswith("__")) or name == "_abc_impl"
 
 
 class Value(eqx.Module, metaclass=_ValueMeta):
@@ -71,6 +191,22 @@ class Value(eqx.Module, metaclass=_ValueMeta):
     """
 
     linear_in_leaves: ClassVar[bool] = False
+
+    if not TYPE_CHECKING:
+
+        def __getattribute__(self, name: str, /) -> Any:
+            # Equinox's `Module.__getattribute__` (methods become `BoundMethod`
+            # pytrees) at half its cost, as rules read fields on the hot path: it
+            # reads the attribute with `object.__getattribute__`, which is what
+            # `super()` reaches unless a base after `Value` has its own lookup.
+            # `type(out) is MethodType` is `isinstance`: `MethodType` has no
+            # subclasses.
+            if type(self) in _inherited_lookup:
+                return super().__getattribute__(name)
+            out = _object_getattribute(self, name)
+            if type(out) is MethodType and out.__self__ is self and not _is_magic(name):
+                return eqx_bound_method(out.__func__, self)
+            return out
 
     @abc.abstractmethod
     def aval(self) -> Any:
@@ -149,6 +285,13 @@ class Value(eqx.Module, metaclass=_ValueMeta):
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
+        value_classes.add(cls)
+        # A base after `Value` with its own `__getattribute__` (other than equinox's,
+        # which `Value.__getattribute__` repeats) keeps the lookup through it.
+        after = cls.__mro__[cls.__mro__.index(Value) + 1 :]
+        lookups = [k for k in after if "__getattribute__" in vars(k)]
+        if any(k is not eqx.Module and k is not object for k in lookups):
+            _inherited_lookup.add(cls)
         # Record every materialisation while a `track_materialisation` block is
         # active. The wrapper costs one attribute read when nothing is tracked.
         own = cls.__dict__.get("materialise")
@@ -161,7 +304,8 @@ ValueLike: TypeAlias = Value | ArrayLike
 
 def is_value(x: Any) -> TypeGuard[Value]:
     """Whether `x` is a [`quax.Value`][]."""
-    return isinstance(x, Value)
+    # `isinstance` alone goes through `ABCMeta.__instancecheck__`: 0.3 us when true.
+    return type(x) in value_classes or isinstance(x, Value)
 
 
 class ArrayValue(Value):
