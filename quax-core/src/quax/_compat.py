@@ -6,6 +6,7 @@ below rather than reaching into `jax._src` itself.
 
 import contextlib
 import functools as ft
+import importlib
 from typing import Any
 
 import jax
@@ -30,6 +31,10 @@ __all__ = [
     "SymbolicZero",
     "bind_custom_jvp",
     "bind_custom_vjp",
+    "bwd_result",
+    "bwd_split",
+    "call_at_trace",
+    "callback_module",
     "call_fresh",
     "clean_trace_state",
     "cond_p",
@@ -39,6 +44,7 @@ __all__ = [
     "debug_print_p",
     "eval_jaxpr",
     "eval_jaxpr_folding",
+    "jit_inlines",
     "known_constant",
     "manual_axes_active",
     "with_leaf_vma",
@@ -51,7 +57,9 @@ __all__ = [
     "io_callback_p",
     "pure_callback_p",
     "remat_p",
+    "register_tracer_type",
     "run_debug_on_host",
+    "scan_counts",
     "scan_p",
     "set_current_trace",
     "take_current_trace",
@@ -107,6 +115,24 @@ def is_unspecified(sharding: Any) -> bool:
     return isinstance(sharding, UnspecifiedValue)
 
 
+def jit_inlines(inline: Any) -> bool:
+    """Whether a `jit` equation's `inline` param inlines its body into the caller.
+    A bool up to JAX 0.10; from 0.11 a `jax.Inline`, whose default `AUTO` (truthy,
+    as every enum member) keeps the call, and `True` reads `JAX_LATE`."""
+    if isinstance(inline, bool):
+        return inline
+    return getattr(inline, "value", None) in ("jax_early", "jax_late")
+
+
+def scan_counts(params: dict[str, Any]) -> tuple[int, int]:
+    """`(num_consts, num_carry)` of a `scan` equation's params. JAX 0.10 records the
+    counts; 0.11 records `ft_in`, a flat tree of `(consts, carry, xs)`."""
+    if "num_consts" in params:
+        return params["num_consts"], params["num_carry"]
+    consts, carry, _ = params["ft_in"].unpack()
+    return len(consts), len(carry)
+
+
 # Varying manual axes (vma): inside `shard_map`, an aval records the mesh axes along
 # which its value varies, and collectives (`pcast`, the implicit `pvary` that
 # `shard_map` puts on its outputs) read it from the operand's type.
@@ -116,7 +142,12 @@ from jax._src import config as _config  # noqa: E402
 from jax._src.mesh import get_abstract_mesh as _get_abstract_mesh  # noqa: E402
 
 
-_abstract_mesh_state = _config.abstract_mesh_context_manager
+# JAX 0.10 keeps the abstract mesh in `config` (`None` outside a mesh); 0.11 moved it
+# to `mesh` (an empty mesh outside one). `manual_axes_active` reads either.
+_abstract_mesh_state: Any = getattr(_config, "abstract_mesh_context_manager", None)
+if _abstract_mesh_state is None:
+    _mesh_module = importlib.import_module("jax._src.mesh")
+    _abstract_mesh_state = _mesh_module.abstract_mesh_context_manager
 
 
 def manual_axes_active() -> bool:
@@ -165,7 +196,14 @@ def pvary_to_spec(leaf: Any, spec: Any) -> Any:
 AdZero = _ad.Zero
 SymbolicZero = jax.custom_derivatives.SymbolicZero
 from jax._src import linear_util as _lu  # noqa: E402
-from jax._src.tree_util import FlatTree  # noqa: E402
+
+
+# `FlatTree.flatten(leaves)`: a static method of the class `tree_util.FlatTree` up to
+# JAX 0.10; from 0.11 a function of the module `flattree`, which stands in for it.
+_tree_util = importlib.import_module("jax._src.tree_util")
+FlatTree: Any = getattr(_tree_util, "FlatTree", None) or importlib.import_module(
+    "jax._src.flattree"
+)
 
 
 def wrap_init(fn: Any, debug_info: Any) -> Any:
@@ -211,6 +249,25 @@ def bind_custom_vjp(
             subfuns=(fun, fwd, bwd), out_trees=out_trees, symbolic_zeros=symbolic_zeros
         ),
     )
+
+
+# From JAX 0.11 a custom VJP's `bwd` (as `custom_vjp_call` holds it) returns the pair
+# `(cotangents, logs)` (`jax.custom_vjp.defvjp_with_logs`), and so must one bound in
+# its place; up to 0.10 it returns the cotangents alone.
+_BWD_LOGS = hasattr(jax.custom_vjp, "defvjp_with_logs")
+
+
+def bwd_split(out: Any) -> tuple[list[Any], Any]:
+    """The cotangents and the logs (`None` before 0.11) of what a `bwd` returned."""
+    if _BWD_LOGS:
+        cts, logs = out
+        return list(cts), logs
+    return list(out), None
+
+
+def bwd_result(cts: list[Any], logs: Any) -> Any:
+    """What a `bwd` bound in `custom_vjp_call` returns, for `cts` and `logs`."""
+    return (cts, logs) if _BWD_LOGS else cts
 
 
 def run_debug_on_host(primitive: Any, args: Any, params: dict[str, Any]) -> None:

@@ -37,6 +37,8 @@ from ._compat import (
     bind_custom_vjp,
     body_arg_names,
     body_source,
+    bwd_result,
+    bwd_split,
     call_fresh,
     callback_module,
     cond_p,
@@ -45,6 +47,7 @@ from ._compat import (
     eval_jaxpr_folding,
     io_callback_p,
     is_unspecified,
+    jit_inlines,
     jit_p,
     known_constant,
     linear_solve_p,
@@ -53,6 +56,7 @@ from ._compat import (
     pvary_to_spec,
     remat_p,
     run_debug_on_host,
+    scan_counts,
     scan_p,
     set_current_trace,
     take_current_trace,
@@ -315,7 +319,7 @@ def _carry_names(jaxpr: Any, first: int, what: str) -> Callable[[int], str]:
 def _jit(
     *args: ValueLike,
     jaxpr: Any,
-    inline: bool,
+    inline: Any,
     name: str,
     donated_invars: tuple[bool, ...],
     in_shardings: tuple[Any, ...],
@@ -324,7 +328,7 @@ def _jit(
     **params: Any,
 ) -> list[Any]:
     del out_shardings  # outputs' types are only known after tracing the body
-    if inline:
+    if jit_inlines(inline):
         return _quaxified(jaxpr)(*args)
     # Plain arguments known now (Python and NumPy scalars, concrete arrays) stay
     # constants of the body, as they would be without the `jit`: rules may need
@@ -705,11 +709,9 @@ def _scan(
     length: int,
     reverse: bool,
     unroll: Any,
-    num_consts: int,
-    num_carry: int,
     **params: Any,
 ) -> list[Any]:
-    del params
+    num_consts, num_carry = scan_counts(params)
     consts = args[:num_consts]
     carry = list(args[num_consts : num_consts + num_carry])
     xs = [
@@ -1231,12 +1233,13 @@ def custom_vjp_call(
             _tangent_value(o, ts, symbolic_zeros) if isinstance(o, Value) else ts[0]
             for o, ts in zip(outs, out_flat.split(args[tree.num_leaves :]), strict=True)
         ]
-        cts_in = _run(bwd, *res, *cts)
-        return [
+        cts_in, logs = bwd_split(_run(bwd, *res, *cts))
+        leaf_cts = [
             leaf
             for x, ct in zip(inputs, cts_in, strict=True)
             for leaf in _input_cotangents(x, ct, primitive)
         ]
+        return bwd_result(leaf_cts, logs)
 
     out = bind_custom_vjp(
         trace.parent_trace,
