@@ -56,6 +56,22 @@ def units_tour() -> None:
     except UnitError as e:
         print("adding metres to seconds fails at trace time:", str(e).splitlines()[0])
 
+    # An unchanged program that records a fall into a buffer of plain zeros: the
+    # buffer takes the units written into it.
+    def fall(height, g, dt):
+        def step(i, state):
+            h, v, record = state
+            v = v - g * dt
+            h = h + v * dt
+            return h, v, record.at[i].set(h)
+
+        return jax.lax.fori_loop(0, 4, step, (height, 0 * g * dt, jnp.zeros(4)))[2]
+
+    heights = jax.jit(quax.quaxify(fall))(
+        Quantity(10.0, "m"), Quantity(9.81, "m / s2"), Quantity(0.1, "s")
+    )
+    print("recorded heights:", ustrip("cm", heights), "cm")
+
 
 def zero_tour() -> None:
     section("Symbolic zeros: structure that costs nothing")
