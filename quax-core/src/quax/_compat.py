@@ -13,6 +13,7 @@ import jax
 import jax.extend.core as jexc
 import jax.extend.core.primitives as jprim
 from jax._src import core as _core
+from jax._src.core import ShapedArray
 from jax._src.debugging import debug_callback_p, debug_print_p
 from jax._src.interpreters import ad as _ad
 from jax._src.lax.lax import optimization_barrier_p
@@ -75,7 +76,6 @@ TraceTag = jexc.TraceTag
 take_current_trace = jexc.take_current_trace
 set_current_trace = jexc.set_current_trace
 typeof = jax.typeof
-ShapedArray = jax.core.ShapedArray
 ClosedJaxpr = jexc.ClosedJaxpr
 Jaxpr = jexc.Jaxpr
 Primitive = jexc.Primitive
@@ -372,7 +372,10 @@ def known_constant(x: Any, max_size: int) -> Any:
     import numpy as np
     from jax._src.interpreters import partial_eval as _pe
 
-    if not isinstance(x, _pe.DynamicJaxprTracer) or x.aval.size > max_size:
+    if not isinstance(x, _pe.DynamicJaxprTracer):
+        return None
+    aval: Any = x.aval
+    if aval.size > max_size:
         return None
     if isinstance(x.val, _core.Literal):
         return np.asarray(x.val.val)
@@ -382,12 +385,12 @@ def known_constant(x: Any, max_size: int) -> Any:
     operand = known_constant(eqn.in_tracers[0], max_size)
     if operand is None:
         return None
-    dtype = x.aval.dtype
+    dtype = aval.dtype
     if eqn.primitive is jprim.convert_element_type_p:
         return operand.astype(dtype)
     if eqn.primitive is jprim.broadcast_in_dim_p:
         dims = eqn.params["broadcast_dimensions"]
-        shape = x.aval.shape
+        shape = aval.shape
         kept = [
             operand.shape[dims.index(d)] if d in dims else 1 for d in range(len(shape))
         ]

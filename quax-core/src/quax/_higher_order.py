@@ -18,6 +18,7 @@ from typing import Any, ClassVar
 
 import equinox as eqx
 import jax
+import jax.core
 import jax.numpy as jnp
 import jax.tree_util as jtu
 import numpy as np
@@ -1073,10 +1074,8 @@ def _on_leaves(
     recording their tree in `out_tree`. The leaves `known` now stay constants of it."""
 
     def fun_leaves(*leaves: Any) -> list[Any]:
-        leaves = _with_known(leaves, known)
-        outs = [
-            _densify_nonlinear(o, primitive) for o in _run(fun, *flat.unflatten(leaves))
-        ]
+        inputs = flat.unflatten(_with_known(leaves, known))
+        outs = [_densify_nonlinear(o, primitive) for o in _run(fun, *inputs)]
         out_leaves, tree = jtu.tree_flatten(outs)
         out_tree[:] = [tree]
         return out_leaves

@@ -296,7 +296,7 @@ class Value(eqx.Module, metaclass=_ValueMeta):
         # active. The wrapper costs one attribute read when nothing is tracked.
         own = cls.__dict__.get("materialise")
         if own is not None and not getattr(own, "__isabstractmethod__", False):
-            cls.materialise = _tracked(own)
+            setattr(cls, "materialise", _tracked(own))  # noqa: B010
 
 
 ValueLike: TypeAlias = Value | ArrayLike

@@ -12,6 +12,7 @@ from fractions import Fraction
 from typing import Any
 
 import jax
+import jax.core
 import jax.extend.core.primitives as jprim
 import numpy as np
 import quax
@@ -177,8 +178,8 @@ def _maybe_set(
 ) -> list[Any]:
     # Equinox's loop buffers (diffrax's saved solution) are written with this one.
     dims, shown = _same_units(maybe_set_p, [xs, x])
-    index = [_require_dimensionless(maybe_set_p, i, "index") for i in index]
-    (out,) = maybe_set_p.bind(pred, _array(xs), _array(x), *index, **params)
+    plain_index = [_require_dimensionless(maybe_set_p, i, "index") for i in index]
+    (out,) = maybe_set_p.bind(pred, _array(xs), _array(x), *plain_index, **params)
     return [_wrap(out, dims, shown)]
 
 

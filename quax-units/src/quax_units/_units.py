@@ -277,10 +277,11 @@ class _Parser:
         if not self.tokens:
             return Unit(1.0, dimensionless, ())
         out = self.product()
-        if self.peek() is not None:
+        extra = self.peek()
+        if extra is not None:
             raise ValueError(
-                f"Cannot parse unit {self.text!r}: unexpected {self.peek()[1]!r}."
-            )  # type: ignore[index]
+                f"Cannot parse unit {self.text!r}: unexpected {extra[1]!r}."
+            )
         return out
 
     def product(self) -> Unit:

@@ -254,7 +254,8 @@ def _zero_sub(x: Zero, y: ValueLike) -> Any:
     if isinstance(y, Value):
         from .._quaxify import quaxify
 
-        return _as(quaxify(lax.neg)(y), aval)
+        negated: Any = quaxify(lax.neg)
+        return _as(negated(y), aval)
     return _as(lax.neg(y), aval)
 
 
