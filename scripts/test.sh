@@ -10,6 +10,10 @@ for d in quax-*/; do
     [ "$d" = quax-core ] || families+=("$d")
 done
 
+echo "== lint (ruff)"
+uv run --locked --no-sync ruff check --quiet .
+uv run --locked --no-sync ruff format --check --quiet .
+
 echo "== all distributions together"
 uv run --locked --no-sync pytest -n 2 -q quax-core/tests "${families[@]/%//tests}" tests
 
