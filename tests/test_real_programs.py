@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 import lineax as lx
 import optax
+import pytest
 import quax
 
 
@@ -74,7 +75,8 @@ def test_diffrax_solve_with_value_state():
     assert jnp.allclose(out.array, y0 * jnp.exp(-0.5), atol=1e-4)
 
 
-def test_diffrax_solve_with_a_quantity_state():
+@pytest.mark.parametrize("solver", [dfx.Tsit5(), dfx.Euler()], ids=["tsit5", "euler"])
+def test_diffrax_solve_with_a_quantity_state(solver):
     # diffrax writes its steps into buffers that start as plain zeros and infs, and
     # guards its solution with `eqx.error_if` (whose error branch is built from a
     # shape): quax gives both the state's units.
@@ -84,7 +86,7 @@ def test_diffrax_solve_with_a_quantity_state():
         term = dfx.ODETerm(lambda t, y, args: -args * y)
         saveat = dfx.SaveAt(ts=jnp.linspace(0.0, 1.0, 5))
         sol = dfx.diffeqsolve(
-            term, dfx.Tsit5(), t0=0.0, t1=1.0, dt0=0.1, y0=y0, args=rate, saveat=saveat
+            term, solver, t0=0.0, t1=1.0, dt0=0.1, y0=y0, args=rate, saveat=saveat
         )
         return sol.ys
 
