@@ -622,6 +622,14 @@ _SHAPES = "computes with static shapes or parameters only"
 _DTYPES = "dtype introspection: takes dtypes, not arrays"
 _IO = "host-side K/O or printing, not an array computation"
 
+# Public names that JAX 0.11 adds (quax-core runs under it too; 0.10 is pinned).
+if hasattr(lax, "log2"):
+    _add("lax", "log2 one_minus_square", X)
+if hasattr(jnp, "top_k"):
+    _case("jnp.top_k", lambda x: jnp.top_k(x, 2), X)
+    _case("jnp.minmax", lambda x: jnp.minmax(x, axis=1), X)
+
+
 NOT_APPLICABLE: dict[str, str] = {
     **dict.fromkeys(
         [
