@@ -1,6 +1,7 @@
 """quaxify and the registry: API compatibility, composition with JAX transforms,
 dispatch resolution and its errors."""
 
+import dataclasses
 import warnings
 
 import equinox as eqx
@@ -57,6 +58,7 @@ class Other(Wrapped):
 
 
 def f(x, y):
+    """sin(x) * y + x"""
     return jnp.sin(x) * y + x
 
 
@@ -74,7 +76,15 @@ def test_api_shape() -> None:
     q = quax.quaxify(f)
     assert isinstance(q, eqx.Module)
     assert q.__wrapped__ is f
-    assert q.__name__ == "f"
+    assert (q.__name__, q.__qualname__, q.__module__) == ("f", "f", f.__module__)
+    assert q.__doc__ == f.__doc__
+    # As `eqx.module_update_wrapper` would build it: equinox's flattening keeps the
+    # wrapped function's name through a round trip.
+    leaves, treedef = jax.tree_util.tree_flatten(q)
+    again = jax.tree_util.tree_unflatten(treedef, leaves)
+    assert again.__name__ == "f" and again.fn is f
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        q.fn = jnp.sin  # type: ignore[misc]
 
     class Model(eqx.Module):
         w: jax.Array

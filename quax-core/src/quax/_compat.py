@@ -290,8 +290,12 @@ def run_debug_on_host(primitive: Any, args: Any, params: dict[str, Any]) -> None
     )
 
 
-# Equinox internals used by the fast `Value` constructor (see `_values.py`).
-from equinox._module import _module as _eqx_module  # noqa: E402
+# Equinox internals used by the fast `Value` constructor (see `_values.py`) and by
+# `quaxify` (see `_quaxify.py`).
+from equinox._module import (  # noqa: E402
+    _flatten as _eqx_flatten,
+    _module as _eqx_module,
+)
 
 
 def eqx_has_dataclass_init(cls: type) -> bool:
@@ -410,6 +414,11 @@ def callback_module(x: Any) -> str | None:
         return None
     callback = getattr(eqn.params["callback"], "callback_func", None)
     return getattr(callback, "__module__", None)
+
+
+# The attributes of a wrapped function (`__name__`, `__doc__`, ...) that equinox's
+# `module_update_wrapper` copies onto a wrapper Module and its flattening keeps.
+EQX_WRAPPER_FIELD_NAMES: tuple[str, ...] = _eqx_flatten.WRAPPER_FIELD_NAMES
 
 
 def eqx_warn_transformed_function(cls: type, value: Any) -> None:
