@@ -4,7 +4,6 @@ A JAX upgrade should touch this file and no other. The rest of quax imports the 
 below rather than reaching into `jax._src` itself.
 """
 
-import contextlib
 import functools as ft
 import importlib
 from typing import Any
@@ -336,21 +335,24 @@ def eval_jaxpr_folding(
     from jax._src import source_info_util
 
     env: dict[Any, Any] = {}
+    literal = _core.Literal
 
     def read(v: Any) -> Any:
-        return v.val if isinstance(v, _core.Literal) else env[v]
+        return v.val if type(v) is literal else env[v]
 
     env.update(zip(jaxpr.constvars, consts, strict=True))
     env.update(zip(jaxpr.invars, args, strict=True))
     for eqn in jaxpr.eqns:
+        primitive = eqn.primitive
         invals = [read(v) for v in eqn.invars]
-        params = eqn.primitive.get_bind_params(eqn.params)
+        params = primitive.get_bind_params(eqn.params)
+        # `fold` first: it usually declines at the first traced input.
         now = (
-            not eqn.effects
+            fold(primitive, invals, params)
+            and not eqn.effects
             and all(
                 getattr(v.aval, "size", max_size + 1) <= max_size for v in eqn.outvars
             )
-            and fold(eqn.primitive, invals, params)
             # A device-varying output (`pvary` of a constant, in `shard_map`) has no
             # value outside `shard_map`.
             and not any(_varying(v.aval) for v in eqn.outvars)
@@ -361,11 +363,16 @@ def eval_jaxpr_folding(
                 eqn.source_info.traceback, name_stack=name_stack
             ),
             eqn.ctx.manager,
-            jax.ensure_compile_time_eval() if now else contextlib.nullcontext(),
         ):
-            ans = eqn.primitive.bind(*invals, **params)
-        outs = ans if eqn.primitive.multiple_results else [ans]
-        env.update(zip(eqn.outvars, outs, strict=True))
+            if now:
+                with jax.ensure_compile_time_eval():
+                    ans = primitive.bind(*invals, **params)
+            else:
+                ans = primitive.bind(*invals, **params)
+        if primitive.multiple_results:
+            env.update(zip(eqn.outvars, ans, strict=True))
+        else:
+            env[eqn.outvars[0]] = ans
     return [read(v) for v in jaxpr.outvars]
 
 

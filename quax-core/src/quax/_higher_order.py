@@ -48,7 +48,6 @@ from ._compat import (
     eval_jaxpr_folding,
     io_callback_p,
     is_unspecified,
-    jit_inlines,
     jit_p,
     known_constant,
     linear_solve_p,
@@ -99,9 +98,9 @@ def _quaxified(jaxpr: Any) -> Callable[..., list[Any]]:
     from ._quaxify import quaxify
 
     if isinstance(jaxpr, ClosedJaxpr):
-        fn = ft.partial(_eval, jaxpr.jaxpr, jaxpr.consts)
+        fn = ft.partial(eval_quaxified, jaxpr.jaxpr, jaxpr.consts)
     else:
-        fn = ft.partial(_eval, jaxpr, ())
+        fn = ft.partial(eval_quaxified, jaxpr, ())
     out = quaxify(fn)
     with contextlib.suppress(TypeError):  # unhashable jaxprs are not cached
         _eval_cache[jaxpr] = out
@@ -112,8 +111,11 @@ def _quaxified(jaxpr: Any) -> Callable[..., list[Any]]:
 _FOLD_MAX_SIZE = 1024
 
 
+_TRACED = (Value, Tracer)
+
+
 def _is_constant(x: Any) -> bool:
-    return not isinstance(x, Value | Tracer)
+    return not isinstance(x, _TRACED)
 
 
 def _foldable(
@@ -138,7 +140,9 @@ _CALLBACKS = frozenset(
 )
 
 
-def _eval(jaxpr: Any, consts: Sequence[Any], *args: Any) -> list[Any]:
+def eval_quaxified(jaxpr: Any, consts: Sequence[Any], *args: Any) -> list[Any]:
+    """Evaluate `jaxpr` at the current trace, computing equations on small constants
+    now (see `_foldable`). Under a quax trace, every equation is dispatched."""
     return eval_jaxpr_folding(
         jaxpr, consts, *args, fold=_foldable, max_size=_FOLD_MAX_SIZE
     )
@@ -328,9 +332,8 @@ def _jit(
     keep_unused: bool,
     **params: Any,
 ) -> list[Any]:
-    del out_shardings  # outputs' types are only known after tracing the body
-    if jit_inlines(inline):
-        return _quaxified(jaxpr)(*args)
+    # An inlined `jit` never reaches this rule: `QuaxTrace` binds its equations.
+    del inline, out_shardings  # outputs' types are only known after tracing the body
     # Plain arguments known now (Python and NumPy scalars, concrete arrays) stay
     # constants of the body, as they would be without the `jit`: rules may need
     # their values (an exponent, a constant of NaNs).

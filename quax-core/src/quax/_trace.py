@@ -20,6 +20,8 @@ from ._compat import (
     Tracer,
     TraceTag,
     call_at_trace,
+    jit_inlines,
+    jit_p,
     manual_axes_active,
     register_tracer_type,
     typeof,
@@ -128,6 +130,8 @@ class QuaxTrace(Trace):
                 values.append(t)
         if not found:
             return self.parent_trace.process_primitive(primitive, values, params)
+        if primitive is jit_p and jit_inlines(params["inline"]):
+            return call_at_trace(self, _inline_jit, tracers, params)
         rule = _registry.rule_for(primitive, values)
         if _debug_checks or _values.tracking():
             checked = ft.partial(_apply_checked, primitive, rule)
@@ -183,6 +187,16 @@ class QuaxTrace(Trace):
 
         values = [self.to_value(t) for t in tracers]
         return shard_map_call(self, primitive, fun, values, params)
+
+
+def _inline_jit(tracers: Sequence[Any], params: dict[str, Any]) -> list[Any]:
+    """An inlined `jit` (as every `jax.numpy` function is): its equations are bound
+    on the current quax trace, each dispatched on its own, as JAX inlines them into
+    the trace that stages it. The `jit_p` rule is for kept (not inlined) calls."""
+    from ._higher_order import eval_quaxified
+
+    jaxpr = params["jaxpr"]
+    return eval_quaxified(jaxpr.jaxpr, jaxpr.consts, *tracers)
 
 
 def _apply_checked(
