@@ -5,7 +5,8 @@
 - tracing: `make_jaxpr` of a quaxified 200-primitive chain, over the same on plain
   arrays; once with `Dense.aval` building a `ShapedArray` (as the published quax docs
   write it), once with `TypedDense.aval` returning `jax.typeof` of the leaf (as
-  `quax.Value.aval`'s docstring recommends);
+  `quax.Value.aval`'s docstring recommends); and of the same chain written with
+  `jax.numpy` (`jnp.sin(x * x)`, each call an inlined `jit`), as user code is;
 - import: `import quax` over `import jax, equinox, plum` (fresh interpreters).
 
 Run: `uv run python benchmarks/core.py`. To compare with the published quax 0.4.6 in
@@ -69,6 +70,12 @@ def chain(x):
     return x
 
 
+def jnp_chain(x):
+    for _ in range(100):
+        x = jnp.sin(x * x)
+    return x
+
+
 def best(fn, number: int, repeat: int = 7) -> float:
     return min(timeit.repeat(fn, number=number, repeat=repeat)) / number
 
@@ -87,6 +94,8 @@ def measure() -> dict[str, float]:
     trace_quax = best(lambda: jax.make_jaxpr(lambda a: quax.quaxify(chain)(a))(dx), 5)
     tx = TypedDense(x)
     trace_typed = best(lambda: jax.make_jaxpr(lambda a: quax.quaxify(chain)(a))(tx), 5)
+    jnp_plain = best(lambda: jax.make_jaxpr(lambda a: jnp_chain(a))(x), 5)
+    jnp_quax = best(lambda: jax.make_jaxpr(lambda a: quax.quaxify(jnp_chain)(a))(dx), 5)
     return {
         "eager_plain_us": eager_plain * 1e6,
         "eager_quax_us": eager_quax * 1e6,
@@ -96,6 +105,9 @@ def measure() -> dict[str, float]:
         "trace_ratio": trace_quax / trace_plain,
         "trace_typed_ms": trace_typed * 1e3,
         "trace_typed_ratio": trace_typed / trace_plain,
+        "jnp_plain_ms": jnp_plain * 1e3,
+        "jnp_quax_ms": jnp_quax * 1e3,
+        "jnp_ratio": jnp_quax / jnp_plain,
     }
 
 
@@ -156,6 +168,13 @@ def main() -> None:
             f"{m['trace_plain_ms']:.2f} ms",
             m["trace_typed_ratio"],
             other("trace_typed_ratio"),
+        ),
+        (
+            "make_jaxpr, 200-call `jax.numpy` chain",
+            f"{m['jnp_quax_ms']:.2f} ms",
+            f"{m['jnp_plain_ms']:.2f} ms",
+            m["jnp_ratio"],
+            other("jnp_ratio"),
         ),
         (
             "import quax",

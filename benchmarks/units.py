@@ -8,9 +8,9 @@ minute on a CPU.
 It also times the same program with `unxt` Quantities (which run on the published
 quax), in a separate environment, since unxt pins its own quax. Make one with
 
-    uv venv /tmp/unxt-env && uv pip install --python /tmp/unxt-env/bin/python unxt
+    uv venv <dir> && uv pip install --python <dir>/bin/python unxt
 
-and point `UNXT_PYTHON` at its interpreter (default `/tmp/unxt-env/bin/python`).
+and point `UNXT_PYTHON` at its interpreter; without it, the unxt rows say so.
 """
 
 import inspect
@@ -83,7 +83,9 @@ json.dump({{"run": min(t_unitful), "plain": min(t_plain), "trace": trace,
 def _time_unxt(n):
     """Time `simulate` with unxt Quantities in unxt's own environment, or say why
     not: a dict of times, or a string."""
-    python = os.environ.get("UNXT_PYTHON", "/tmp/unxt-env/bin/python")
+    python = os.environ.get("UNXT_PYTHON")
+    if python is None:
+        return "UNXT_PYTHON is not set (see this file's docstring)"
     if not os.path.exists(python):
         return f"no unxt environment at {python} (see this file's docstring)"
     script = _UNXT_SCRIPT.format(
