@@ -189,6 +189,12 @@ def _concatenate(*operands: _Operand, **params: Any) -> Unitful:
     return _wrap(lax.concatenate_p.bind(*map(_array, operands), **params), dims, shown)
 
 
+@quax.register(lax.stack_p)
+def _stack(*operands: _Operand, **params: Any) -> Unitful:
+    dims, shown = _same_units(lax.stack_p, operands)
+    return _wrap(lax.stack_p.bind(*map(_array, operands), **params), dims, shown)
+
+
 @quax.register(lax.pad_p)
 def _pad(operand: _Operand, padding_value: _Operand, **params: Any) -> Unitful:
     dims, shown = _same_units(lax.pad_p, [operand, padding_value])
@@ -202,7 +208,16 @@ def _dynamic_update_slice(
     operand: _Operand, update: _Operand, *indices: _Operand, **params: Any
 ) -> Unitful:
     p = lax.dynamic_update_slice_p
-    dims, shown = _same_units(p, [operand, update])
+    if (
+        isinstance(update, Unitful)
+        and not isinstance(operand, Unitful)
+        and np.shape(update) == np.shape(operand)
+    ):
+        # The update covers the plain operand, so none of its values remain (a
+        # solver's buffer of one saved step): the result has the update's units.
+        dims, shown = update.units, update.unit
+    else:
+        dims, shown = _same_units(p, [operand, update])
     starts = [_require_dimensionless(p, i, "index") for i in indices]
     return _wrap(
         p.bind(_array(operand), _array(update), *starts, **params), dims, shown
@@ -282,11 +297,11 @@ def _index(
     )
 
 
-@quax.register(lax.split_p)
-def _split(operand: Unitful, **params: Any) -> list[Unitful]:
+@quax.register_elementwise([lax.split_p, lax.unstack_p])
+def _split(primitive: Any, operand: Unitful, **params: Any) -> list[Unitful]:
     return [
         _wrap(out, operand.units, operand.unit)
-        for out in lax.split_p.bind(operand.array, **params)
+        for out in primitive.bind(operand.array, **params)
     ]
 
 

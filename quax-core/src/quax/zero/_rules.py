@@ -119,6 +119,7 @@ _ZERO_PRESERVING = [
     prims.rev_p,
     prims.slice_p,
     lax.split_p,
+    lax.unstack_p,
     prims.reduce_sum_p,
     prims.reduce_xor_p,
     prims.reduce_or_p,
@@ -165,6 +166,11 @@ def _integer_pow(x: Zero, *, y: int) -> Any:
 @register(prims.concatenate_p)
 def _concatenate(*operands: Zero, dimension: int) -> Zero:
     return _zero(prims.concatenate_p, operands, {"dimension": dimension})
+
+
+@register(lax.stack_p)
+def _stack(*operands: Zero, axis: int) -> Zero:
+    return _zero(lax.stack_p, operands, {"axis": axis})
 
 
 @register(prims.select_n_p)
