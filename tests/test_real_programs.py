@@ -75,16 +75,30 @@ def test_diffrax_solve_with_value_state():
     assert jnp.allclose(out.array, y0 * jnp.exp(-0.5), atol=1e-4)
 
 
-@pytest.mark.parametrize("solver", [dfx.Tsit5(), dfx.Euler()], ids=["tsit5", "euler"])
-def test_diffrax_solve_with_a_quantity_state(solver):
-    # diffrax writes its steps into buffers that start as plain zeros and infs, and
-    # guards its solution with `eqx.error_if` (whose error branch is built from a
-    # shape): quax gives both the state's units.
+_SOLVES = {
+    # The default `SaveAt(t1=True)`: the final state overwrites a buffer that the
+    # loop passed through untouched, behind a `cond` on a static flag.
+    "tsit5-t1": (dfx.Tsit5(), dfx.SaveAt(t1=True)),
+    "tsit5-ts": (dfx.Tsit5(), dfx.SaveAt(ts=jnp.linspace(0.0, 1.0, 5))),
+    "euler-ts": (dfx.Euler(), dfx.SaveAt(ts=jnp.linspace(0.0, 1.0, 5))),
+    "dopri5-ts": (dfx.Dopri5(), dfx.SaveAt(ts=jnp.linspace(0.0, 1.0, 5))),
+    # Heun's stages are stacked (`jnp.stack`).
+    "heun-t0-t1": (dfx.Heun(), dfx.SaveAt(t0=True, t1=True)),
+    # Every step, into buffers of `max_steps` rows (8192 elements here).
+    "tsit5-steps": (dfx.Tsit5(), dfx.SaveAt(steps=True)),
+}
+
+
+@pytest.mark.parametrize("solver, saveat", _SOLVES.values(), ids=_SOLVES.keys())
+def test_diffrax_solve_with_a_quantity_state(solver, saveat):
+    # diffrax writes its steps into buffers that start as plain zeros and infs,
+    # passes them through a checkpointed loop (a `custom_vjp`), and guards its
+    # solution with `eqx.error_if` (whose error branch is built from a shape): quax
+    # gives them the state's units.
     from quax_units import Quantity, ustrip
 
     def solve(y0, rate):
         term = dfx.ODETerm(lambda t, y, args: -args * y)
-        saveat = dfx.SaveAt(ts=jnp.linspace(0.0, 1.0, 5))
         sol = dfx.diffeqsolve(
             term, solver, t0=0.0, t1=1.0, dt0=0.1, y0=y0, args=rate, saveat=saveat
         )
@@ -95,5 +109,28 @@ def test_diffrax_solve_with_a_quantity_state(solver):
         expected = solve(y0, 0.5)
         eager = quax.quaxify(solve)(Quantity(y0, "m"), 0.5)
         jitted = jax.jit(quax.quaxify(solve))(Quantity(y0, "km"), 0.5)
-    assert jnp.allclose(ustrip("m", eager), expected, rtol=1e-6)
-    assert jnp.allclose(ustrip("km", jitted), expected, rtol=1e-6)
+    # `ustrip` checks the dimensions (a length); unused rows of a `steps` buffer
+    # stay infinite, as in the plain solve. In km the solve runs on SI values, a
+    # thousand times larger: float32 rounding differs by a few ulps per step.
+    assert jnp.allclose(ustrip("m", eager), expected, rtol=1e-6, equal_nan=True)
+    assert jnp.allclose(ustrip("km", jitted), expected, rtol=1e-5, equal_nan=True)
+
+
+def test_diffrax_dense_output_with_a_quantity_state():
+    # `SaveAt(dense=True)`: the interpolation's coefficients are recorded in buffers
+    # too, and evaluating the solution between steps keeps the units.
+    from quax_units import Quantity, ustrip
+
+    def solve(y0):
+        term = dfx.ODETerm(lambda t, y, args: -0.5 * y)
+        saveat = dfx.SaveAt(dense=True, t1=True)
+        sol = dfx.diffeqsolve(term, dfx.Tsit5(), 0.0, 1.0, 0.1, y0, saveat=saveat)
+        return sol.ys, sol.evaluate(0.55)
+
+    y0 = jnp.array([1.0, 2.0])
+    with _no_leak_check():
+        expected = solve(y0)
+        ys, mid = jax.jit(quax.quaxify(solve))(Quantity(y0, "m"))
+    assert jnp.allclose(ustrip("m", ys), expected[0], rtol=1e-6)
+    assert jnp.allclose(ustrip("m", mid), expected[1], rtol=1e-6)
+    assert jnp.allclose(expected[1], y0 * jnp.exp(-0.5 * 0.55), rtol=1e-4)

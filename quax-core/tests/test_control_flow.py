@@ -194,11 +194,57 @@ def test_join_materialises_only_what_differs():
 
 
 def test_cond_branch_types_joined():
-    f = lambda p, a: lax.cond(p, lambda b: b * 2, lambda b: jnp.zeros(4), a)
-    out = quax.quaxify(f)(True, Dense(x))
+    # A predicate known only at run time: both branches' types must join.
+    f = jax.jit(
+        quax.quaxify(
+            lambda p, a: lax.cond(p, lambda b: b * 2, lambda b: jnp.zeros(4), a)
+        )
+    )
+    out = f(True, Dense(x))
     assert jnp.allclose(dense(out), x * 2)
     with pytest.raises(quax.JoinError, match="output 0 of a cond"):
-        quax.quaxify(f)(True, Refusing(x))
+        f(True, Refusing(x))
+
+
+def _known_branches(a):
+    kept = lax.cond(True, lambda b: b * 2, lambda b: jnp.zeros(4), a)
+    dropped = lax.switch(2, [jnp.sin, lambda b: b, lambda b: jnp.ones(4)], a)
+    return kept, dropped
+
+
+@pytest.mark.parametrize(
+    "wrap",
+    [lambda f: jax.jit(quax.quaxify(f)), lambda f: quax.quaxify(jax.jit(f))],
+    ids=["jit_of_quaxify", "quaxify_of_jit"],
+)
+def test_cond_known_at_trace_time_runs_one_branch(wrap):
+    # `lax.cond(True, ...)` under `jit`, as a solver writes for a static option: the
+    # branch is a constant of the program, so only it ever runs, and the other's
+    # type (here plain, which `Refusing` cannot join) does not matter.
+    kept, dropped = wrap(_known_branches)(Refusing(x))
+    assert isinstance(kept, Refusing) and jnp.allclose(kept.array, x * 2)
+    assert not isinstance(dropped, quax.Value) and jnp.allclose(dropped, 1.0)
+
+
+def test_cond_on_a_concrete_array_still_joins():
+    # Eagerly, the predicate is a concrete array: a run-time value, with which
+    # another call could take the other branch. The branches must join, as when
+    # the predicate is traced.
+    with pytest.raises(quax.JoinError, match="output 0 of a cond"):
+        quax.quaxify(_known_branches)(Refusing(x))
+
+
+def test_cond_known_at_trace_time_joins_weak_types():
+    # The chosen branch gives a weakly typed scalar, the other a float32: as JAX
+    # joins them, the output is not weakly typed.
+    def f(a):
+        out = lax.cond(True, lambda b: (b, 1.0), lambda b: (b, jnp.float32(2)), a)
+        return out[1]
+
+    expected = jax.jit(f)(x)
+    out = jax.jit(quax.quaxify(f))(Refusing(x))
+    assert not jax.typeof(out).weak_type and not jax.typeof(expected).weak_type
+    assert out == expected
 
 
 def test_jit_keeps_name_and_donation():

@@ -138,6 +138,24 @@ def test_nested_loops_fill_buffers_from_products_of_zeros():
     _check(program)
 
 
+def test_a_buffer_passed_into_a_custom_vjp_under_jit():
+    # A solver's checkpointed loop is a `custom_vjp` taking the buffer as an input:
+    # under `jit` the buffer is traced, but the trace shows it is a fill, so it
+    # stays one inside, where the loop lifts it.
+    @jax.custom_vjp
+    def record(buffer, v):
+        return lax.fori_loop(0, 3, lambda i, b: b.at[i].set(v * i), buffer)
+
+    def record_fwd(buffer, v):
+        return record(buffer, v), None
+
+    def record_bwd(_, ct):
+        return jnp.zeros_like(ct), jnp.sum(ct * jnp.arange(3.0)[:, None], axis=0)
+
+    record.defvjp(record_fwd, record_bwd)
+    _check(lambda v: record(jnp.full((3, 2), jnp.inf), v))
+
+
 def test_a_genuine_error_in_the_body_is_reported():
     traced = lambda v: lax.fori_loop(
         0, 3, lambda i, b: b.at[i].set(v) + i * jnp.ones(2), jnp.zeros((3, 2))

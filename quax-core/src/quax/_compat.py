@@ -46,6 +46,7 @@ __all__ = [
     "eval_jaxpr_folding",
     "jit_inlines",
     "known_constant",
+    "staging",
     "manual_axes_active",
     "with_leaf_vma",
     "pvary_to_spec",
@@ -378,8 +379,9 @@ def eval_jaxpr_folding(
 
 def known_constant(x: Any, max_size: int) -> Any:
     """The value of the jit-traced array `x`, as a NumPy array, when the trace shows
-    it is a constant (a literal, or a broadcast or conversion of one, as JAX makes
-    an instantiated zero) of at most `max_size` elements; else `None`."""
+    it is a constant of at most `max_size` elements: a literal, a broadcast or
+    conversion of one (as JAX makes an instantiated zero), or an effect-free
+    equation on such constants (`lax.switch` clamps a constant index); else `None`."""
     import numpy as np
     from jax._src.interpreters import partial_eval as _pe
 
@@ -391,22 +393,50 @@ def known_constant(x: Any, max_size: int) -> Any:
     if isinstance(x.val, _core.Literal):
         return np.asarray(x.val.val)
     eqn = x.parent
-    if eqn is None or len(eqn.in_tracers) != 1:
+    if eqn is None:
         return None
-    operand = known_constant(eqn.in_tracers[0], max_size)
-    if operand is None:
-        return None
+    primitive = eqn.primitive
     dtype = aval.dtype
-    if eqn.primitive is jprim.convert_element_type_p:
-        return operand.astype(dtype)
-    if eqn.primitive is jprim.broadcast_in_dim_p:
+    if primitive is jprim.convert_element_type_p:
+        operand = known_constant(eqn.in_tracers[0], max_size)
+        return None if operand is None else operand.astype(dtype)
+    if primitive is jprim.broadcast_in_dim_p and len(eqn.in_tracers) == 1:
+        operand = known_constant(eqn.in_tracers[0], max_size)
+        if operand is None:
+            return None
         dims = eqn.params["broadcast_dimensions"]
         shape = aval.shape
         kept = [
             operand.shape[dims.index(d)] if d in dims else 1 for d in range(len(shape))
         ]
         return np.broadcast_to(operand.reshape(kept), shape).astype(dtype)
-    return None
+    if (
+        primitive.multiple_results
+        or eqn.effects
+        or any(
+            isinstance(p, _core.Jaxpr | _core.ClosedJaxpr) for p in eqn.params.values()
+        )
+    ):
+        return None
+    operands = [known_constant(t, max_size) for t in eqn.in_tracers]
+    if any(o is None for o in operands):
+        return None
+    # Evaluated now, whatever the current trace (none while a primitive is bound).
+    with _core.eval_context():
+        return np.asarray(primitive.bind(*operands, **eqn.params))
+
+
+def staging() -> bool:
+    """Whether the current trace, or one it runs inside, stages a program (`jit`,
+    `make_jaxpr`, ...) rather than computing eagerly."""
+    from jax._src.interpreters import partial_eval as _pe
+
+    trace = _core.trace_ctx.trace
+    while trace is not None and not isinstance(trace, _core.EvalTrace):
+        if isinstance(trace, _pe.DynamicJaxprTrace):
+            return True
+        trace = getattr(trace, "parent_trace", None)
+    return False
 
 
 def callback_module(x: Any) -> str | None:

@@ -59,6 +59,7 @@ from ._compat import (
     scan_counts,
     scan_p,
     set_current_trace,
+    staging,
     take_current_trace,
     typeof,
     while_p,
@@ -428,9 +429,42 @@ def _cond(
         try:
             return lax.switch(index, [ft.partial(branch, fn) for fn in fns], *ops)
         except TypeError:
-            if len(seen) < len(fns) or not join.update_branches(seen):
+            if len(seen) == len(fns) and join.update_branches(seen):
+                continue
+            chosen = _known_index(index)
+            if chosen is None:
                 raise
+        # The branches' types do not join, but the branch is a constant of the
+        # program (`lax.cond(True, ...)` under `jit`, as a solver writes for a
+        # static option): only it ever runs, so its outputs are the cond's.
+        return _as_cond_outputs(fns[chosen](*ops), branches)
     raise AssertionError("unreachable")
+
+
+def _known_index(index: Any) -> int | None:
+    """The branch index of a `cond` when it is a constant of a staged program (a
+    literal, or a constant under `jit`), else `None`. In eager mode the index is a
+    run-time value: with another one the other branch would run, so the branches
+    must still join."""
+    if isinstance(index, Tracer):
+        known = known_constant(index, 1)
+    elif staging():
+        known = np.asarray(index)
+    else:
+        return None
+    return None if known is None else int(known)
+
+
+def _as_cond_outputs(outs: Sequence[Any], branches: Sequence[Any]) -> list[Any]:
+    """One branch's outputs as the `cond`'s: a plain output is weakly typed only
+    where every branch's is, as JAX joins them."""
+    joined = []
+    for i, out in enumerate(outs):
+        weak = all(b.out_avals[i].weak_type for b in branches)
+        if not isinstance(out, Value) and typeof(out).weak_type and not weak:
+            out = lax.convert_element_type(out, typeof(out).dtype)
+        joined.append(out)
+    return joined
 
 
 # while / fori -------------------------------------------------------------------------
@@ -1091,17 +1125,28 @@ def _leaves(values: Sequence[Any]) -> list[Any]:
 
 
 def _known(leaves: Sequence[Any]) -> list[Any]:
-    """Each leaf whose value is known now (not traced), else `None`.
+    """Each leaf whose value is known now, else `None`: a leaf that is not traced,
+    or a `_Fill` for a traced one that the trace shows to be a constant fill.
 
     Inside a custom derivative's primal function such leaves stay constants, as they
     are without the custom derivative (and as the `jit` rule keeps them): rules may
-    need their values, and a loop inside may start a carry from one (the zeros a
-    solver fills in), which quax lifts into a value type only when it is known."""
-    return [None if isinstance(leaf, Tracer) else leaf for leaf in leaves]
+    need their values, and a loop inside may start a carry from one (the zeros or
+    infinities a solver fills in), which quax lifts into a value type only when it
+    is known."""
+    return [_Fill.of(leaf) if isinstance(leaf, Tracer) else leaf for leaf in leaves]
 
 
 def _with_known(leaves: Sequence[Any], known: Sequence[Any]) -> list[Any]:
-    return [x if k is None else k for x, k in zip(leaves, known, strict=True)]
+    # A fill is rebuilt where it is used, as the broadcast of a constant that it is
+    # (cheap at any size), rather than passed in as an unknown array.
+    return [
+        x
+        if k is None
+        else jnp.full(k.shape, k.fill, k.dtype)
+        if isinstance(k, _Fill)
+        else k
+        for x, k in zip(leaves, known, strict=True)
+    ]
 
 
 def custom_jvp_call(
