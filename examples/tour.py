@@ -72,6 +72,16 @@ def units_tour() -> None:
     )
     print("recorded heights:", ustrip("cm", heights), "cm")
 
+    # diffrax, unchanged, with its defaults: a Quantity state, a Quantity out.
+    import diffrax
+
+    def decay(y0, rate):
+        term = diffrax.ODETerm(lambda t, y, k: -k * y)
+        return diffrax.diffeqsolve(term, diffrax.Tsit5(), 0.0, 1.0, 0.1, y0, rate).ys
+
+    y1 = jax.jit(quax.quaxify(decay))(Quantity(jnp.array([1.0, 2.0]), "mol / L"), 0.5)
+    print("diffrax decay, y(1):", ustrip("mmol / L", y1), "mmol/L")
+
 
 def zero_tour() -> None:
     section("Symbolic zeros: structure that costs nothing")
