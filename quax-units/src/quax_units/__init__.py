@@ -13,7 +13,10 @@ ustrip("kJ", kinetic(Quantity(2.0, "kg"), Quantity(jnp.array([3.0, 4.0]), "km / 
 ```
 """
 
-from . import _rules as _rules  # registers the rules
+from . import (  # registers the rules
+    _linalg as _linalg,
+    _rules as _rules,
+)
 from ._dimensions import (
     Dimension as Dimension,
     Dimensions as Dimensions,

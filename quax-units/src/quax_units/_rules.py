@@ -268,11 +268,12 @@ def _scatter_mul(
 _KEEP_UNITS = [
     lax.reduce_max_p, lax.reduce_min_p, lax.cummax_p, lax.cummin_p, lax.reshape_p,
     lax.squeeze_p, lax.broadcast_in_dim_p, lax.transpose_p, lax.slice_p, lax.rev_p,
-    lax.convert_element_type_p, lax.reduce_precision_p, jprim.copy_p,
+    lax.convert_element_type_p, lax.reduce_precision_p, jprim.copy_p, lax.tile_p,
+    lax.sharding_constraint_p, lax.reduce_window_max_p, lax.reduce_window_min_p,
 ]  # fmt: skip
 _KEEP_DIMENSIONS = [
     lax.neg_p, lax.abs_p, lax.floor_p, lax.ceil_p, lax.round_p, lax.real_p, lax.imag_p,
-    lax.conj_p, lax.reduce_sum_p, lax.cumsum_p,
+    lax.conj_p, lax.reduce_sum_p, lax.cumsum_p, lax.reduce_window_sum_p,
 ]  # fmt: skip
 
 
@@ -308,6 +309,16 @@ def _split(primitive: Any, operand: Unitful, **params: Any) -> list[Unitful]:
 @quax.register(lax.sort_p)
 def _sort(*operands: _Operand, **params: Any) -> list[Any]:
     outs = lax.sort_p.bind(*map(_array, operands), **params)
+    return [
+        _wrap(o, x.units, x.unit) if isinstance(x, Unitful) else o
+        for o, x in zip(outs, operands, strict=True)
+    ]
+
+
+@quax.register(lax.device_put_p)
+def _device_put(*operands: _Operand, **params: Any) -> list[Any]:
+    # `jax.device_put` moves (or copies) each operand: it keeps its units.
+    outs = lax.device_put_p.bind(*map(_array, operands), **params)
     return [
         _wrap(o, x.units, x.unit) if isinstance(x, Unitful) else o
         for o, x in zip(outs, operands, strict=True)
