@@ -306,19 +306,11 @@ def _split(primitive: Any, operand: Unitful, **params: Any) -> list[Unitful]:
     ]
 
 
-@quax.register(lax.sort_p)
-def _sort(*operands: _Operand, **params: Any) -> list[Any]:
-    outs = lax.sort_p.bind(*map(_array, operands), **params)
-    return [
-        _wrap(o, x.units, x.unit) if isinstance(x, Unitful) else o
-        for o, x in zip(outs, operands, strict=True)
-    ]
-
-
-@quax.register(lax.device_put_p)
-def _device_put(*operands: _Operand, **params: Any) -> list[Any]:
-    # `jax.device_put` moves (or copies) each operand: it keeps its units.
-    outs = lax.device_put_p.bind(*map(_array, operands), **params)
+@quax.register_elementwise([lax.sort_p, lax.device_put_p])
+def _each_keeps_units(primitive: Any, *operands: _Operand, **params: Any) -> list[Any]:
+    # Output i is operand i sorted (by the keys among the operands), or moved to a
+    # device: it keeps its operand's units, and a plain operand stays plain.
+    outs = primitive.bind(*map(_array, operands), **params)
     return [
         _wrap(o, x.units, x.unit) if isinstance(x, Unitful) else o
         for o, x in zip(outs, operands, strict=True)
