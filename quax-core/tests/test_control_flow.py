@@ -226,6 +226,20 @@ def test_cond_known_at_trace_time_runs_one_branch(wrap):
     assert not isinstance(dropped, quax.Value) and jnp.allclose(dropped, 1.0)
 
 
+def test_cond_index_computed_from_constants_under_jit():
+    # The index is a constant of the program, computed by equations on constants
+    # (a chain of 20 doublings, each reading the last result twice).
+    def f(a):
+        total = jnp.ones(())
+        for _ in range(20):
+            total = total + total
+        index = (total > 0).astype(jnp.int32)
+        return lax.switch(index, [lambda b: jnp.zeros(4), lambda b: b * 2], a)
+
+    out = jax.jit(quax.quaxify(f))(Refusing(x))
+    assert isinstance(out, Refusing) and jnp.allclose(out.array, x * 2)
+
+
 def test_cond_on_a_concrete_array_still_joins():
     # Eagerly, the predicate is a concrete array: a run-time value, with which
     # another call could take the other branch. The branches must join, as when

@@ -377,53 +377,74 @@ def eval_jaxpr_folding(
     return [read(v) for v in jaxpr.outvars]
 
 
+# Largest output that `known_constant` computes (rather than views, as it does a
+# broadcast), so that the trace-time work stays small.
+_KNOWN_COMPUTE_MAX_SIZE = 1024
+
+
 def known_constant(x: Any, max_size: int) -> Any:
     """The value of the jit-traced array `x`, as a NumPy array, when the trace shows
-    it is a constant of at most `max_size` elements: a literal, a broadcast or
-    conversion of one (as JAX makes an instantiated zero), or an effect-free
+    it is a constant of at most `max_size` elements: a literal, a broadcast, copy or
+    conversion of one (as JAX makes an instantiated zero), or a small effect-free
     equation on such constants (`lax.switch` clamps a constant index); else `None`."""
     import numpy as np
     from jax._src.interpreters import partial_eval as _pe
 
-    if not isinstance(x, _pe.DynamicJaxprTracer):
-        return None
-    aval: Any = x.aval
-    if aval.size > max_size:
-        return None
-    if isinstance(x.val, _core.Literal):
-        return np.asarray(x.val.val)
-    eqn = x.parent
-    if eqn is None:
-        return None
-    primitive = eqn.primitive
-    dtype = aval.dtype
-    if primitive is jprim.convert_element_type_p:
-        operand = known_constant(eqn.in_tracers[0], max_size)
-        return None if operand is None else operand.astype(dtype)
-    if primitive is jprim.broadcast_in_dim_p and len(eqn.in_tracers) == 1:
-        operand = known_constant(eqn.in_tracers[0], max_size)
-        if operand is None:
+    known: dict[int, Any] = {}  # by tracer id: each shared input is looked at once
+
+    def value(t: Any) -> Any:
+        if not isinstance(t, _pe.DynamicJaxprTracer):
             return None
-        dims = eqn.params["broadcast_dimensions"]
-        shape = aval.shape
-        kept = [
-            operand.shape[dims.index(d)] if d in dims else 1 for d in range(len(shape))
-        ]
-        return np.broadcast_to(operand.reshape(kept), shape).astype(dtype)
-    if (
-        primitive.multiple_results
-        or eqn.effects
-        or any(
-            isinstance(p, _core.Jaxpr | _core.ClosedJaxpr) for p in eqn.params.values()
-        )
-    ):
-        return None
-    operands = [known_constant(t, max_size) for t in eqn.in_tracers]
-    if any(o is None for o in operands):
-        return None
-    # Evaluated now, whatever the current trace (none while a primitive is bound).
-    with _core.eval_context():
-        return np.asarray(primitive.bind(*operands, **eqn.params))
+        if id(t) not in known:
+            known[id(t)] = evaluate(t)
+        return known[id(t)]
+
+    def evaluate(t: Any) -> Any:
+        aval: Any = t.aval
+        if aval.size > max_size:
+            return None
+        if isinstance(t.val, _core.Literal):
+            return np.asarray(t.val.val)
+        eqn = t.parent
+        if eqn is None:
+            return None
+        primitive = eqn.primitive
+        if primitive is jprim.copy_p:
+            return value(eqn.in_tracers[0])
+        if primitive is jprim.convert_element_type_p:
+            operand = value(eqn.in_tracers[0])
+            return None if operand is None else operand.astype(aval.dtype)
+        if primitive is jprim.broadcast_in_dim_p and len(eqn.in_tracers) == 1:
+            operand = value(eqn.in_tracers[0])
+            if operand is None:
+                return None
+            dims = eqn.params["broadcast_dimensions"]
+            kept = [
+                operand.shape[dims.index(d)] if d in dims else 1
+                for d in range(aval.ndim)
+            ]
+            return np.broadcast_to(operand.reshape(kept), aval.shape).astype(aval.dtype)
+        if (
+            aval.size > _KNOWN_COMPUTE_MAX_SIZE
+            or primitive.multiple_results
+            or eqn.effects
+            or any(
+                isinstance(p, _core.Jaxpr | _core.ClosedJaxpr)
+                for p in eqn.params.values()
+            )
+        ):
+            return None
+        operands = []
+        for operand_tracer in eqn.in_tracers:
+            operand = value(operand_tracer)
+            if operand is None:
+                return None
+            operands.append(operand)
+        # Evaluated now, whatever the current trace (none while a primitive is bound).
+        with _core.eval_context():
+            return np.asarray(primitive.bind(*operands, **eqn.params))
+
+    return value(x)
 
 
 def staging() -> bool:

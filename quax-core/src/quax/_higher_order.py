@@ -1137,16 +1137,17 @@ def _known(leaves: Sequence[Any]) -> list[Any]:
 
 
 def _with_known(leaves: Sequence[Any], known: Sequence[Any]) -> list[Any]:
-    # A fill is rebuilt where it is used, as the broadcast of a constant that it is
-    # (cheap at any size), rather than passed in as an unknown array.
-    return [
-        x
-        if k is None
-        else jnp.full(k.shape, k.fill, k.dtype)
-        if isinstance(k, _Fill)
-        else k
-        for x, k in zip(leaves, known, strict=True)
-    ]
+    return [_known_or(x, k) for x, k in zip(leaves, known, strict=True)]
+
+
+def _known_or(leaf: Any, known: Any) -> Any:
+    if known is None:
+        return leaf
+    if isinstance(known, _Fill):
+        # Rebuilt where it is used, as the broadcast of a constant that it is (cheap
+        # at any size), rather than passed in as an unknown array.
+        return jnp.full(known.shape, known.fill, known.dtype)
+    return known
 
 
 def custom_jvp_call(
