@@ -278,6 +278,27 @@ def test_jit_keeps_name_and_donation():
     assert text
 
 
+def test_inline_jit_is_staged_as_jax_stages_it():
+    # An inlined `jit` (every `jax.numpy` function) leaves its equations in the
+    # caller; one with shardings stays a `jit` (and from JAX 0.11 `inline=True` keeps
+    # the call for lowering to inline): the same equations as without quax.
+    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    programs = [
+        lambda a: jnp.sin(a) * 2,
+        lambda a: jax.jit(lambda b: jnp.sin(b) * 2, inline=True)(a),
+        lambda a: jax.jit(lambda b: b * 2, inline=True, in_shardings=device)(a),
+    ]
+    for program in programs:
+        jaxpr = jax.make_jaxpr(quax.quaxify(program))(Refusing(x))
+        expected = jax.make_jaxpr(program)(x)
+        assert [e.primitive.name for e in jaxpr.eqns] == [
+            e.primitive.name for e in expected.eqns
+        ]
+        out = quax.quaxify(program)(Refusing(x))
+        assert isinstance(out, Refusing) and jnp.allclose(out.array, program(x))
+    assert [e.primitive.name for e in jaxpr.eqns] == ["jit"]
+
+
 def test_jit_cache_hits():
     count = 0
 

@@ -115,13 +115,22 @@ def is_unspecified(sharding: Any) -> bool:
     return isinstance(sharding, UnspecifiedValue)
 
 
-def jit_inlines(inline: Any) -> bool:
-    """Whether a `jit` equation's `inline` param inlines its body into the caller.
-    A bool up to JAX 0.10; from 0.11 a `jax.Inline`, whose default `AUTO` (truthy,
-    as every enum member) keeps the call, and `True` reads `JAX_LATE`."""
-    if isinstance(inline, bool):
-        return inline
-    return getattr(inline, "value", None) in ("jax_early", "jax_late")
+def jit_inlines(params: dict[str, Any]) -> bool:
+    """Whether a `jit` equation's body is inlined into its caller's jaxpr: its
+    `inline` param says so, and it gives no sharding or layout (as JAX's own staging
+    rule decides). `inline` is a bool up to JAX 0.10; from 0.11 a `jax.Inline`, where
+    `JAX_EARLY` (every `jax.numpy` function) inlines, and `JAX_LATE` (what `True`
+    reads) keeps the call for lowering to inline."""
+    inline = params["inline"]
+    if not isinstance(inline, bool):
+        inline = getattr(inline, "value", None) == "jax_early"
+    return (
+        inline
+        and all(map(is_unspecified, params["in_shardings"]))
+        and all(map(is_unspecified, params["out_shardings"]))
+        and all(layout is None for layout in params.get("in_layouts", ()))
+        and all(layout is None for layout in params.get("out_layouts", ()))
+    )
 
 
 def scan_counts(params: dict[str, Any]) -> tuple[int, int]:

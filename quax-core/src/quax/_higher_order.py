@@ -333,7 +333,8 @@ def _jit(
     keep_unused: bool,
     **params: Any,
 ) -> list[Any]:
-    # An inlined `jit` never reaches this rule: `QuaxTrace` binds its equations.
+    # An inlined `jit` never reaches this rule (`QuaxTrace` binds its equations), so
+    # the call is kept.
     del inline, out_shardings  # outputs' types are only known after tracing the body
     # Plain arguments known now (Python and NumPy scalars, concrete arrays) stay
     # constants of the body, as they would be without the `jit`: rules may need

@@ -130,7 +130,7 @@ class QuaxTrace(Trace):
                 values.append(t)
         if not found:
             return self.parent_trace.process_primitive(primitive, values, params)
-        if primitive is jit_p and jit_inlines(params["inline"]):
+        if primitive is jit_p and jit_inlines(params):
             return call_at_trace(self, _inline_jit, tracers, params)
         rule = _registry.rule_for(primitive, values)
         if _debug_checks or _values.tracking():
