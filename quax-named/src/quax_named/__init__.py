@@ -1,0 +1,1 @@
+"""quax-named: (being written)."""

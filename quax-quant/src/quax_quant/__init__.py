@@ -1,0 +1,1 @@
+"""quax-quant: (being written)."""

@@ -1,0 +1,1 @@
+"""quax-sparse: (being written)."""

@@ -1,0 +1,1 @@
+"""quax-structured: (being written)."""
