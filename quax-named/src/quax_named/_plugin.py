@@ -17,7 +17,6 @@ def quax_value_types() -> Sequence[type[Value]]:
     return []
 
 
-
 @hookimpl
 def quax_example_module() -> ModuleType:
     import quax_named
