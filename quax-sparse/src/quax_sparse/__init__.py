@@ -1,1 +1,16 @@
-"""quax-sparse: (being written)."""
+"""quax-sparse: sparse arrays (BCOO, CSR) that unmodified JAX programs use at their own
+cost, inside `quax.quaxify`.
+
+```python
+import jax.numpy as jnp, quax, quax_sparse
+a = quax_sparse.BCOO.fromdense(jnp.eye(1000), nse=1000)
+y = quax.quaxify(lambda a, v: a @ v)(a, jnp.ones(1000))
+```
+"""
+
+from . import _rules as _rules  # registers the rules
+from ._bcoo import BCOO as BCOO, MaterialisationError as MaterialisationError
+from ._csr import CSR as CSR
+
+
+fromdense = BCOO.fromdense

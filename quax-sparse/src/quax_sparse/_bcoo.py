@@ -1,0 +1,404 @@
+"""The value type `BCOO`: a sparse array in batch-coordinate format."""
+
+from typing import Any, ClassVar
+
+import equinox as eqx
+import jax
+import jax.core
+import jax.numpy as jnp
+import numpy as np
+import quax
+from jax import lax
+from jaxtyping import Array, ArrayLike
+
+
+__all__ = ["BCOO", "MaterialisationError"]
+
+
+class MaterialisationError(RuntimeError):
+    """A sparse array with `allow_materialise=False` met an operation that would need
+    its dense form."""
+
+
+def _way_out(name: str) -> str:
+    return (
+        f"Pass allow_materialise=True to {name} (or call .enable_materialise()) to "
+        "allow it, or call .todense() to densify explicitly."
+    )
+
+
+class BCOO(quax.ArrayValue):
+    """A sparse array in batch-coordinate format, as in the published quax.
+
+    `shape = (*batch, *sparse)`: `data` has shape `(*batch, nse)` and `indices` has
+    shape `(*batch, nse, n_sparse)`, where `nse` is the number of stored elements and
+    `n_sparse = len(sparse)`. Entry `k` of each batch element stores `data[..., k]`
+    at the sparse position `indices[..., k, :]`. Entries at the same position add up
+    (duplicates are allowed); an entry with an index out of bounds (the padding that
+    [`quax_sparse.BCOO.fromdense`][] writes, index `shape[d]`) is ignored.
+
+    Inside [`quax.quaxify`][], products, sums and elementwise functions with
+    `f(0) = 0` cost what the stored entries cost; every other operation raises a
+    [`quax_sparse.MaterialisationError`][] naming the primitive, unless the array
+    allows materialising.
+
+    **Fields:**
+
+    - `data`, `indices`: as above.
+    - `allow_materialise`: whether an operation without a sparse rule may densify.
+    - `indices_sorted`, `unique_indices`: what is known of the entries (each batch
+        element's positions in row-major order; no position twice). Static hints:
+        rules use them to skip sorting, and set them on what they return.
+    """
+
+    data: Array
+    indices: Array
+    _shape: tuple[int, ...] = eqx.field(static=True)
+    allow_materialise: bool = eqx.field(static=True)
+    indices_sorted: bool = eqx.field(static=True)
+    unique_indices: bool = eqx.field(static=True)
+
+    linear_in_leaves: ClassVar[bool] = True
+
+    def __init__(
+        self,
+        data: ArrayLike,
+        indices: ArrayLike,
+        shape: tuple[int, ...],
+        allow_materialise: bool = False,
+        *,
+        indices_sorted: bool = False,
+        unique_indices: bool = False,
+    ):
+        """**Arguments:**
+
+        - `data`: the stored values, shape `(*batch, nse)`.
+        - `indices`: their positions, an integer array of shape
+            `(*batch, nse, n_sparse)`.
+        - `shape`: the shape of the array, `(*batch, *sparse)`.
+        - `allow_materialise`: whether an operation without a sparse rule may form the
+            dense array (`False`, the default, raises an error naming it).
+        - `indices_sorted`, `unique_indices`: promise that the positions are in
+            row-major order / that no position is stored twice (default: no promise).
+        """
+        self.data = jnp.asarray(data)
+        self.indices = jnp.asarray(indices)
+        self._shape = tuple(int(s) for s in shape)
+        self.allow_materialise = allow_materialise
+        self.indices_sorted = indices_sorted
+        self.unique_indices = unique_indices
+
+    def __check_init__(self) -> None:
+        if self.data.ndim < 1 or self.indices.ndim < 2:
+            raise ValueError(
+                "`BCOO` needs `data` of shape (*batch, nse) and `indices` of shape "
+                f"(*batch, nse, n_sparse); got {self.data.shape} and "
+                f"{self.indices.shape}."
+            )
+        *batch1, nse1 = self.data.shape
+        *batch2, nse2, n_sparse = self.indices.shape
+        batch3 = self._shape[: len(batch1)]
+        batches = {tuple(batch1), tuple(batch2), tuple(batch3)}
+        if len(batches) != 1:
+            raise ValueError(f"Inconsistent batch sizes {batches} in `BCOO`.")
+        if nse1 != nse2:
+            raise ValueError("Inconsistent number of sparse entries in `BCOO`.")
+        if len(self._shape[len(batch1) :]) != n_sparse:
+            raise ValueError(
+                "Must specify a sparse index for all non-batch dimensions in `BCOO`."
+            )
+        if not jnp.issubdtype(self.indices.dtype, jnp.integer):
+            raise ValueError(
+                f"`BCOO` indices must be integers, got dtype {self.indices.dtype}."
+            )
+
+    # Structure ---------------------------------------------------------------------
+
+    @property
+    def nse(self) -> int:
+        """The number of stored entries per batch element."""
+        return self.data.shape[-1]
+
+    @property
+    def n_batch(self) -> int:
+        """The number of batch dimensions."""
+        return self.data.ndim - 1
+
+    @property
+    def n_sparse(self) -> int:
+        """The number of sparse dimensions."""
+        return self.indices.shape[-1]
+
+    def aval(self) -> jax.core.ShapedArray:
+        return jax.core.ShapedArray(self._shape, self.data.dtype)
+
+    # Materialising -----------------------------------------------------------------
+
+    def materialise(self) -> Array:
+        if not self.allow_materialise:
+            raise MaterialisationError(
+                "Refusing to materialise sparse matrix with `allow_materialise=False` "
+                f"(BCOO of shape {self._shape}, dtype {self.data.dtype}, nse "
+                f"{self.nse}). " + _way_out("BCOO")
+            )
+        return self.todense()
+
+    def enable_materialise(self, allow_materialise: bool = True) -> "BCOO":
+        """A copy of this array with `allow_materialise` set as given."""
+        return BCOO(
+            self.data,
+            self.indices,
+            self._shape,
+            allow_materialise,
+            indices_sorted=self.indices_sorted,
+            unique_indices=self.unique_indices,
+        )
+
+    @staticmethod
+    def default(primitive: Any, values: Any, params: dict[str, Any]) -> Any:
+        for value in values:
+            if isinstance(value, BCOO) and not value.allow_materialise:
+                types = ", ".join(type(v).__qualname__ for v in values)
+                raise MaterialisationError(
+                    "Refusing to materialise sparse matrix with "
+                    f"`allow_materialise=False`: quax_sparse has no rule that keeps "
+                    f"primitive `{primitive.name}` on input types ({types}) sparse, "
+                    f"and the dense BCOO would have shape {value.shape}. "
+                    + _way_out("BCOO")
+                )
+        return quax.Value.default(primitive, values, params)
+
+    def todense(self) -> Array:
+        """The dense array (an explicit request: allowed whatever
+        `allow_materialise` says). Duplicates add up; padding is dropped.
+
+        **Returns:**
+
+        A JAX array of shape `self.shape` and dtype `self.dtype`.
+        """
+        coords, values = flat_entries(self)
+        zeros = jnp.zeros(self._shape, self.data.dtype)
+        return scatter_add(zeros, coords, tuple(range(len(self._shape))), values)
+
+    # Construction and conversion ------------------------------------------------------
+
+    @classmethod
+    def fromdense(
+        cls,
+        x: ArrayLike,
+        *,
+        nse: int,
+        n_batch: int = 0,
+        index_dtype: Any = jnp.int32,
+        allow_materialise: bool = False,
+    ) -> "BCOO":
+        """The nonzeros of a dense array, as a `BCOO` with a static `nse`.
+
+        Works under `jit` (`nse` is static). The first `nse` nonzeros of each batch
+        element are kept, in row-major order, as `jax.experimental.sparse` does:
+        **when `x` has more nonzeros than `nse`, the others are dropped**. When it has
+        fewer, the remaining entries are padding (value 0, index out of bounds).
+
+        **Arguments:**
+
+        - `x`: the dense array.
+        - `nse`: the number of entries to store per batch element.
+        - `n_batch`: how many leading axes of `x` are batch axes.
+        - `index_dtype`: the integer dtype of `indices`.
+        - `allow_materialise`: passed to `BCOO`.
+
+        **Returns:**
+
+        A `BCOO` of `x`'s shape, with sorted unique indices.
+        """
+        x = jnp.asarray(x)
+        if not 0 <= n_batch <= x.ndim:
+            raise ValueError(f"n_batch={n_batch} must be in [0, {x.ndim}].")
+        if nse < 0:
+            raise ValueError(f"nse={nse} must be >= 0.")
+        sparse_shape = x.shape[n_batch:]
+
+        def one(y: Array) -> tuple[Array, Array]:
+            if y.ndim == 0:
+                return jnp.broadcast_to(y, (nse,)), jnp.zeros((nse, 0), index_dtype)
+            idx = jnp.nonzero(y, size=nse, fill_value=sparse_shape)
+            indices = jnp.stack(idx, axis=-1).astype(index_dtype)
+            return gather(y, indices, tuple(range(y.ndim))), indices
+
+        f = one
+        for _ in range(n_batch):
+            f = jax.vmap(f)
+        data, indices = f(x)
+        return cls(
+            data,
+            indices,
+            x.shape,
+            allow_materialise,
+            indices_sorted=True,
+            unique_indices=True,
+        )
+
+    @classmethod
+    def from_jax(cls, x: Any, *, allow_materialise: bool = False) -> "BCOO":
+        """Convert a `jax.experimental.sparse.BCOO` (without dense dimensions).
+
+        **Returns:**
+
+        A `quax_sparse.BCOO` with the same entries, padding and flags.
+        """
+        if x.n_dense != 0:
+            raise ValueError(
+                "quax_sparse.BCOO has no dense dimensions; call "
+                "jax.experimental.sparse.bcoo_update_layout(x, n_dense=0) first."
+            )
+        return cls(
+            x.data,
+            x.indices,
+            x.shape,
+            allow_materialise,
+            indices_sorted=x.indices_sorted,
+            unique_indices=x.unique_indices,
+        )
+
+    def to_jax(self) -> Any:
+        """This array as a `jax.experimental.sparse.BCOO` (same entries and flags)."""
+        from jax.experimental import sparse
+
+        return sparse.BCOO(
+            (self.data, self.indices),
+            shape=self._shape,
+            indices_sorted=self.indices_sorted,
+            unique_indices=self.unique_indices,
+        )
+
+    @classmethod
+    def from_scipy(
+        cls, x: Any, *, index_dtype: Any = jnp.int32, allow_materialise: bool = False
+    ) -> "BCOO":
+        """Convert a `scipy.sparse` matrix or array (any format; 2 dimensions).
+
+        Needs the optional dependency scipy (`pip install quax-sparse[scipy]`).
+
+        **Returns:**
+
+        A `BCOO` with the entries scipy stores (explicit zeros included).
+        """
+        coo = x.tocoo()
+        indices = np.stack([coo.row, coo.col], axis=-1).astype(index_dtype)
+        return cls(coo.data, indices, coo.shape, allow_materialise)
+
+    def to_scipy(self) -> Any:
+        """This matrix as a `scipy.sparse.coo_array` (padding dropped; duplicates
+        kept, which scipy adds up). Needs concrete arrays (not under `jit`) and a
+        matrix with no batch dimensions.
+
+        **Returns:**
+
+        A `scipy.sparse.coo_array`.
+        """
+        import scipy.sparse
+
+        if len(self._shape) != 2:
+            raise ValueError(
+                f"scipy.sparse holds matrices; this BCOO has shape {self._shape}."
+            )
+        coords, values = flat_entries(self)
+        coords = np.asarray(coords)
+        values = np.asarray(values)
+        keep = np.all(coords < np.asarray(self._shape), axis=1) & np.all(
+            coords >= 0, axis=1
+        )
+        return scipy.sparse.coo_array(
+            (values[keep], (coords[keep, 0], coords[keep, 1])), shape=self._shape
+        )
+
+    def sum_duplicates(self, nse: int | None = None) -> "BCOO":
+        """Merge entries stored at the same position, sort them, and move padding to
+        the end.
+
+        **Arguments:**
+
+        - `nse`: the number of entries of the result per batch element (default: the
+            current `nse`, which always suffices). With a smaller `nse`, unique
+            positions beyond the first `nse` in row-major order are dropped.
+
+        **Returns:**
+
+        A `BCOO` with `indices_sorted=True` and `unique_indices=True`.
+        """
+        from ._kernels import sum_duplicates
+
+        return sum_duplicates(self, self.nse if nse is None else nse)
+
+
+# Kernels shared by the value types and the rules ------------------------------------
+
+
+def flat_entries(x: BCOO) -> tuple[Array, Array]:
+    """Every stored entry of `x` with its full position (batch coordinates first):
+    `coords` of shape `(N, ndim)` and `values` of shape `(N,)`, `N = prod(batch) *
+    nse`."""
+    nb = x.n_batch
+    if nb == 0:
+        return x.indices, x.data
+    batch = x.data.shape[:-1]
+    grids = jnp.meshgrid(
+        *[jnp.arange(b, dtype=x.indices.dtype) for b in batch], indexing="ij"
+    )
+    batch_coords = [jnp.broadcast_to(g[..., None], x.data.shape) for g in grids]
+    coords = jnp.concatenate(
+        [jnp.stack(batch_coords, axis=-1), x.indices.astype(x.indices.dtype)], axis=-1
+    )
+    return coords.reshape(-1, len(x.shape)), x.data.reshape(-1)
+
+
+def gather(operand: Array, coords: Array, dims: tuple[int, ...]) -> Array:
+    """`operand` read at `coords` (shape `(N, len(dims))`, positions along `dims`),
+    keeping its other axes whole: shape `(N, *rest)`. Out-of-bounds positions (the
+    padding) read zeros."""
+    rest = [d for d in range(operand.ndim) if d not in dims]
+    slice_sizes = tuple(
+        1 if d in dims else operand.shape[d] for d in range(operand.ndim)
+    )
+    dnums = lax.GatherDimensionNumbers(
+        offset_dims=tuple(range(1, 1 + len(rest))),
+        collapsed_slice_dims=tuple(sorted(dims)),
+        start_index_map=tuple(dims),
+    )
+    return lax.gather(
+        operand,
+        coords,
+        dnums,
+        slice_sizes,
+        mode=lax.GatherScatterMode.FILL_OR_DROP,
+        fill_value=0,
+    )
+
+
+def scatter_add(
+    operand: Array,
+    coords: Array,
+    dims: tuple[int, ...],
+    updates: Array,
+    *,
+    sorted_: bool = False,
+) -> Array:
+    """`operand` plus `updates` (shape `(N, *rest)`) added at `coords` (positions
+    along `dims`; the other axes of `operand` whole). Out-of-bounds positions (the
+    padding) are dropped. `sorted_` promises that `coords` are in row-major order."""
+    rest = [d for d in range(operand.ndim) if d not in dims]
+    if not dims:
+        return operand + updates.sum(axis=0).astype(operand.dtype)
+    dnums = lax.ScatterDimensionNumbers(
+        update_window_dims=tuple(range(1, 1 + len(rest))),
+        inserted_window_dims=tuple(sorted(dims)),
+        scatter_dims_to_operand_dims=tuple(dims),
+    )
+    return lax.scatter_add(
+        operand,
+        coords,
+        updates.astype(operand.dtype),
+        dnums,
+        indices_are_sorted=sorted_,
+        mode=lax.GatherScatterMode.FILL_OR_DROP,
+    )

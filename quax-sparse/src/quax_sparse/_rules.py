@@ -1,0 +1,520 @@
+"""The rules for `BCOO` (and `CSR`, through its `BCOO` form).
+
+Each rule works on the stored entries only. Operations without a rule fall back to
+`BCOO.default`, which refuses (naming the primitive) unless the array allows
+materialising.
+"""
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import jax.numpy as jnp
+import numpy as np
+import quax
+from jax import lax
+from jax.extend.core import Primitive, primitives as prims
+from jaxtyping import Array, ArrayLike
+
+from ._bcoo import BCOO, flat_entries, gather, scatter_add
+from ._csr import CSR
+from ._kernels import (
+    dot_sparse_dense,
+    dot_sparse_sparse,
+    new_like,
+    transpose_matrix,
+    unbatch,
+    unique,
+    valid_mask,
+)
+
+
+def _fallback(
+    primitive: Primitive, values: Sequence[Any], params: dict[str, Any]
+) -> Any:
+    return quax.fallback_rule(primitive, values)(values, params)
+
+
+def _out_dtype(x: Any, y: Any, preferred: Any) -> Any:
+    return preferred if preferred is not None else jnp.result_type(x.dtype, y.dtype)
+
+
+# dot_general --------------------------------------------------------------------------
+
+
+@quax.register(lax.dot_general_p)
+def _(lhs: BCOO, rhs: ArrayLike, *, dimension_numbers: Any, **params: Any) -> Array:
+    rhs = jnp.asarray(rhs)
+    return dot_sparse_dense(
+        lhs,
+        rhs,
+        dimension_numbers,
+        sparse_is_lhs=True,
+        out_dtype=_out_dtype(lhs, rhs, params.get("preferred_element_type")),
+    )
+
+
+@quax.register(lax.dot_general_p)
+def _(lhs: ArrayLike, rhs: BCOO, *, dimension_numbers: Any, **params: Any) -> Array:
+    lhs = jnp.asarray(lhs)
+    return dot_sparse_dense(
+        rhs,
+        lhs,
+        dimension_numbers,
+        sparse_is_lhs=False,
+        out_dtype=_out_dtype(lhs, rhs, params.get("preferred_element_type")),
+    )
+
+
+@quax.register(lax.dot_general_p)
+def _(lhs: BCOO, rhs: BCOO, *, dimension_numbers: Any, **params: Any) -> Any:
+    (l_contract, r_contract), (l_batch, r_batch) = dimension_numbers
+    if lhs.ndim != 2 or rhs.ndim != 2 or len(l_contract) != 1 or l_batch or r_batch:
+        params = dict(params, dimension_numbers=dimension_numbers)
+        return _fallback(lax.dot_general_p, (lhs, rhs), params)
+    a, b = unbatch(lhs), unbatch(rhs)
+    if l_contract[0] == 0:
+        a = transpose_matrix(a)
+    if r_contract[0] == 1:
+        b = transpose_matrix(b)
+    out_dtype = _out_dtype(lhs, rhs, params.get("preferred_element_type"))
+    return dot_sparse_sparse(a, b, out_dtype)
+
+
+# Elementwise with f(0) = 0 ------------------------------------------------------------
+
+# Linear in the stored values: duplicates may stay.
+_LINEAR = [prims.neg_p, prims.conj_p, prims.real_p, prims.imag_p]
+
+# Nonlinear, f(0) = 0: applied to unique entries.
+_NONLINEAR = [
+    prims.abs_p,
+    prims.sign_p,
+    prims.floor_p,
+    prims.ceil_p,
+    prims.round_p,
+    prims.sin_p,
+    prims.tan_p,
+    prims.sinh_p,
+    prims.tanh_p,
+    prims.asin_p,
+    prims.atan_p,
+    prims.asinh_p,
+    prims.atanh_p,
+    prims.expm1_p,
+    prims.log1p_p,
+    prims.sqrt_p,
+    prims.cbrt_p,
+    prims.erf_p,
+    prims.erf_inv_p,
+    prims.square_p,
+    prims.reduce_precision_p,
+]
+
+
+@quax.register_elementwise(_LINEAR)
+def _(primitive: Primitive, x: BCOO, **params: Any) -> BCOO:
+    data = primitive.bind(x.data, **params)
+    return new_like(
+        x,
+        data,
+        x.indices,
+        x.shape,
+        indices_sorted=x.indices_sorted,
+        unique_indices=x.unique_indices,
+    )
+
+
+@quax.register_elementwise(_NONLINEAR)
+def _(primitive: Primitive, x: BCOO, **params: Any) -> BCOO:
+    x = unique(x)
+    data = primitive.bind(x.data, **params)
+    return new_like(
+        x, data, x.indices, x.shape, indices_sorted=True, unique_indices=True
+    )
+
+
+@quax.register(prims.integer_pow_p)
+def _(x: BCOO, *, y: int) -> Any:
+    if y <= 0:  # x ** 0 = 1 and 0 ** -1 = inf: not sparse
+        return _fallback(prims.integer_pow_p, (x,), {"y": y})
+    x = unique(x)
+    data = prims.integer_pow_p.bind(x.data, y=y)
+    return new_like(
+        x, data, x.indices, x.shape, indices_sorted=True, unique_indices=True
+    )
+
+
+@quax.register(prims.convert_element_type_p)
+def _(x: BCOO, *, new_dtype: Any, **params: Any) -> BCOO:
+    # Conversion to a floating type is exact enough to apply to duplicates one by one;
+    # to an integer or bool it rounds, so it needs unique entries.
+    if not jnp.issubdtype(new_dtype, jnp.inexact):
+        x = unique(x)
+    params = dict(params, sharding=None)
+    data = prims.convert_element_type_p.bind(x.data, new_dtype=new_dtype, **params)
+    return new_like(
+        x,
+        data,
+        x.indices,
+        x.shape,
+        indices_sorted=x.indices_sorted,
+        unique_indices=x.unique_indices,
+    )
+
+
+@quax.register(prims.copy_p)
+def _(x: BCOO) -> BCOO:
+    return x
+
+
+# mul / div by a dense array -----------------------------------------------------------
+
+
+def _scale(x: BCOO, y: ArrayLike, primitive: Primitive, y_first: bool) -> BCOO:
+    y = jnp.asarray(y)
+    if y.ndim == 0:
+        factor = jnp.broadcast_to(y, x.data.shape)
+    else:
+        coords, _ = flat_entries(x)
+        factor = gather(y, coords, tuple(range(y.ndim))).reshape(x.data.shape)
+    args = (factor, x.data) if y_first else (x.data, factor)
+    data = primitive.bind(*args)
+    return new_like(
+        x,
+        data,
+        x.indices,
+        x.shape,
+        indices_sorted=x.indices_sorted,
+        unique_indices=x.unique_indices,
+    )
+
+
+@quax.register(prims.mul_p)
+def _(x: BCOO, y: ArrayLike) -> BCOO:
+    return _scale(x, y, prims.mul_p, y_first=False)
+
+
+@quax.register(prims.mul_p)
+def _(x: ArrayLike, y: BCOO) -> BCOO:
+    return _scale(y, x, prims.mul_p, y_first=True)
+
+
+@quax.register(prims.div_p)
+def _(x: BCOO, y: ArrayLike) -> BCOO:
+    return _scale(x, y, prims.div_p, y_first=False)
+
+
+# add / sub ----------------------------------------------------------------------------
+
+
+def _same_batching(x: BCOO, y: BCOO) -> tuple[BCOO, BCOO]:
+    if x.n_batch == y.n_batch:
+        return x, y
+    return unbatch(x), unbatch(y)
+
+
+def _concat(x: BCOO, y: BCOO) -> BCOO:
+    x, y = _same_batching(x, y)
+    data = jnp.concatenate([x.data, y.data.astype(x.data.dtype)], axis=-1)
+    index_dtype = jnp.promote_types(x.indices.dtype, y.indices.dtype)
+    indices = jnp.concatenate(
+        [x.indices.astype(index_dtype), y.indices.astype(index_dtype)], axis=-2
+    )
+    return BCOO(data, indices, x.shape, x.allow_materialise and y.allow_materialise)
+
+
+def _neg(x: BCOO) -> BCOO:
+    return new_like(x, -x.data, x.indices, x.shape, unique_indices=x.unique_indices)
+
+
+@quax.register(prims.sub_p)
+def _(x: BCOO, y: BCOO) -> BCOO:
+    return _concat(x, _neg(y))
+
+
+def _add_into_dense(x: BCOO, y: ArrayLike, sign: int) -> Array:
+    """`y + sign * x` as a dense array (the sum has `y`'s density)."""
+    y = jnp.broadcast_to(jnp.asarray(y), x.shape)
+    coords, values = flat_entries(x)
+    values = values if sign > 0 else -values
+    return scatter_add(y, coords, tuple(range(x.ndim)), values)
+
+
+def _register_add(primitive: Primitive) -> None:
+    @quax.register(primitive)
+    def _(x: BCOO, y: BCOO) -> BCOO:
+        return _concat(x, y)
+
+    @quax.register(primitive)
+    def _(x: BCOO, y: ArrayLike) -> Array:
+        return _add_into_dense(x, y, 1)
+
+    @quax.register(primitive)
+    def _(x: ArrayLike, y: BCOO) -> Array:
+        return _add_into_dense(y, x, 1)
+
+
+_register_add(prims.add_p)
+_register_add(prims.add_jaxvals_p)
+
+
+@quax.register(prims.sub_p)
+def _(x: BCOO, y: ArrayLike) -> Array:
+    return _add_into_dense(x, -jnp.asarray(y), 1)
+
+
+@quax.register(prims.sub_p)
+def _(x: ArrayLike, y: BCOO) -> Array:
+    return _add_into_dense(y, x, -1)
+
+
+# Structure ----------------------------------------------------------------------------
+
+
+@quax.register(prims.transpose_p)
+def _(x: BCOO, *, permutation: Sequence[int]) -> BCOO:
+    perm = tuple(permutation)
+    nb = x.n_batch
+    if tuple(sorted(perm[:nb])) != tuple(range(nb)):
+        x, nb = unbatch(x), 0
+    data = lax.transpose(x.data, (*perm[:nb], nb))
+    indices = lax.transpose(x.indices, (*perm[:nb], nb, nb + 1))
+    indices = indices[..., [p - nb for p in perm[nb:]]]
+    shape = tuple(x.shape[p] for p in perm)
+    return new_like(x, data, indices, shape, unique_indices=x.unique_indices)
+
+
+@quax.register(prims.reduce_sum_p)
+def _(x: BCOO, *, axes: Sequence[int], **params: Any) -> Any:
+    """Dense when the result holds no more elements than `x` stores (a row sum of a
+    matrix with more nonzeros than rows), else sparse (duplicates not merged)."""
+    axes = tuple(axes)
+    keep = tuple(i for i in range(x.ndim) if i not in axes)
+    out_shape = tuple(x.shape[i] for i in keep)
+    coords, values = flat_entries(x)
+    if math.prod(out_shape) <= values.shape[0]:
+        # A summed-out axis holding padding (out of bounds) must stay padding.
+        ok = valid_mask(coords[:, axes], [x.shape[a] for a in axes])
+        values = jnp.where(ok, values, 0)
+        out = jnp.zeros(out_shape, x.dtype)
+        return scatter_add(out, coords[:, keep], tuple(range(len(keep))), values)
+    nb = x.n_batch
+    if any(a < nb for a in axes):
+        x, nb = unbatch(x), 0
+    data = x.data
+    indices = x.indices[..., [i - nb for i in keep[nb:]]]
+    # A summed-out axis holding padding (out of bounds) must stay padding.
+    dropped = x.indices[..., [a - nb for a in axes]]
+    ok = valid_mask(dropped, [x.shape[a] for a in axes])
+    data = jnp.where(ok, data, 0)
+    return new_like(x, data, indices, out_shape)
+
+
+@quax.register(prims.broadcast_in_dim_p)
+def _(
+    x: BCOO,
+    *,
+    shape: Sequence[int],
+    broadcast_dimensions: Sequence[int],
+    **params: Any,
+) -> Any:
+    shape, dims = tuple(shape), tuple(broadcast_dimensions)
+    n_new = len(shape) - x.ndim
+    same_sizes = all(shape[d] == x.shape[i] for i, d in enumerate(dims))
+    if same_sizes and dims == tuple(range(n_new, len(shape))):
+        # New leading batch dimensions (as in the published quax).
+        lead = shape[:n_new]
+        data = jnp.broadcast_to(x.data, lead + x.data.shape)
+        indices = jnp.broadcast_to(x.indices, lead + x.indices.shape)
+        return new_like(
+            x,
+            data,
+            indices,
+            shape,
+            indices_sorted=x.indices_sorted,
+            unique_indices=x.unique_indices,
+        )
+    new = [d for d in range(len(shape)) if d not in dims]
+    if same_sizes and all(shape[d] == 1 for d in new) and list(dims) == sorted(dims):
+        # New axes of size 1 (`x[:, None]`): a zero index column each.
+        y = unbatch(x)
+        indices = y.indices
+        for d in new:  # increasing: columns before `d` are already in place
+            zeros = jnp.zeros((*indices.shape[:-1], 1), indices.dtype)
+            indices = jnp.concatenate([indices[:, :d], zeros, indices[:, d:]], axis=-1)
+        return new_like(
+            x,
+            y.data,
+            indices,
+            shape,
+            indices_sorted=x.indices_sorted,
+            unique_indices=x.unique_indices,
+        )
+    params = dict(params, shape=shape, broadcast_dimensions=dims)
+    return _fallback(prims.broadcast_in_dim_p, (x,), params)
+
+
+@quax.register(prims.squeeze_p)
+def _(x: BCOO, *, dimensions: Sequence[int]) -> BCOO:
+    dims = tuple(sorted(d % x.ndim for d in dimensions))
+    nb = x.n_batch
+    batch_dims = tuple(d for d in dims if d < nb)
+    sparse_cols = [d - nb for d in dims if d >= nb]
+    data = lax.squeeze(x.data, batch_dims)
+    indices = lax.squeeze(x.indices, batch_dims)
+    if sparse_cols:
+        # An entry whose dropped index is out of bounds is padding: zero its value.
+        ok = valid_mask(indices[..., sparse_cols], [1] * len(sparse_cols))
+        data = jnp.where(ok, data, 0)
+        keep = [c for c in range(x.n_sparse) if c not in sparse_cols]
+        indices = indices[..., keep]
+    shape = tuple(s for i, s in enumerate(x.shape) if i not in dims)
+    return new_like(
+        x,
+        data,
+        indices,
+        shape,
+        indices_sorted=x.indices_sorted,
+        unique_indices=x.unique_indices,
+    )
+
+
+@quax.register(prims.reshape_p)
+def _(x: BCOO, *, new_sizes: Sequence[int], dimensions: Any, **params: Any) -> Any:
+    new_sizes = tuple(new_sizes)
+    nb = x.n_batch
+    batch = x.shape[:nb]
+    if dimensions is not None or math.prod(x.shape[nb:]) >= 2**31:
+        params = dict(params, new_sizes=new_sizes, dimensions=dimensions)
+        return _fallback(prims.reshape_p, (x,), params)
+    if new_sizes[:nb] != batch:
+        x, nb, batch = unbatch(x), 0, ()
+    old, new = x.shape[nb:], new_sizes[nb:]
+    # Row-major position of each entry (int32 suffices: checked above), split anew.
+    if math.prod(new) == 0:
+        return new_like(
+            x,
+            x.data,
+            jnp.zeros((*x.indices.shape[:-1], len(new)), x.indices.dtype),
+            new_sizes,
+        )
+    ok = valid_mask(x.indices, old)
+    flat = jnp.zeros(x.indices.shape[:-1], x.indices.dtype)
+    for c, size in enumerate(old):
+        flat = flat * size + x.indices[..., c]
+    columns = []
+    for size in reversed(new):
+        columns.append(flat % size)
+        flat = flat // size
+    indices = jnp.stack(columns[::-1], axis=-1).astype(x.indices.dtype)
+    indices = jnp.where(ok[..., None], indices, jnp.asarray(new, x.indices.dtype))
+    return new_like(
+        x,
+        x.data,
+        indices,
+        new_sizes,
+        indices_sorted=x.indices_sorted,
+        unique_indices=x.unique_indices,
+    )
+
+
+@quax.register(prims.rev_p)
+def _(x: BCOO, *, dimensions: Sequence[int]) -> BCOO:
+    nb = x.n_batch
+    data, indices = x.data, x.indices
+    batch_dims = tuple(d for d in dimensions if d < nb)
+    if batch_dims:
+        data, indices = lax.rev(data, batch_dims), lax.rev(indices, batch_dims)
+    for d in dimensions:
+        if d >= nb:
+            c = d - nb
+            indices = indices.at[..., c].set(x.shape[d] - 1 - indices[..., c])
+    return new_like(x, data, indices, x.shape, unique_indices=x.unique_indices)
+
+
+def _window(
+    x: BCOO, starts: Sequence[Any], sizes: Sequence[int], strides: Sequence[int]
+) -> BCOO:
+    """The window of `x` starting at `starts` (static or traced), `sizes` long, every
+    `strides`-th element: entries outside it become padding."""
+    nb = x.n_batch
+    data, indices = x.data, x.indices
+    if nb:
+        batch_starts = [jnp.asarray(s) for s in starts[:nb]]
+        if any(st != 1 for st in strides[:nb]):
+            x = unbatch(x)
+            return _window(x, starts, sizes, strides)
+        data = lax.dynamic_slice(data, [*batch_starts, 0], (*tuple(sizes[:nb]), x.nse))
+        indices = lax.dynamic_slice(
+            indices, [*batch_starts, 0, 0], (*tuple(sizes[:nb]), x.nse, x.n_sparse)
+        )
+    start = jnp.stack([jnp.asarray(s, indices.dtype) for s in starts[nb:]])
+    stride = jnp.asarray(np.asarray(strides[nb:]), indices.dtype)
+    size = jnp.asarray(np.asarray(sizes[nb:]), indices.dtype)
+    shifted = indices - start
+    inside = jnp.all(
+        (shifted >= 0) & (shifted % stride == 0) & (shifted // stride < size), axis=-1
+    )
+    indices = jnp.where(inside[..., None], shifted // stride, size)
+    data = jnp.where(inside, data, 0)
+    return new_like(
+        x,
+        data,
+        indices,
+        tuple(sizes),
+        indices_sorted=x.indices_sorted,
+        unique_indices=x.unique_indices,
+    )
+
+
+@quax.register(prims.slice_p)
+def _(
+    x: BCOO,
+    *,
+    start_indices: Sequence[int],
+    limit_indices: Sequence[int],
+    strides: Sequence[int] | None,
+) -> BCOO:
+    strides = tuple(strides) if strides is not None else (1,) * x.ndim
+    sizes = tuple(
+        max(0, -(-(hi - lo) // st))
+        for lo, hi, st in zip(start_indices, limit_indices, strides, strict=True)
+    )
+    return _window(x, tuple(start_indices), sizes, strides)
+
+
+@quax.register(prims.dynamic_slice_p)
+def _(x: BCOO, *start_indices: ArrayLike, slice_sizes: Sequence[int]) -> BCOO:
+    # As `lax.dynamic_slice`, starts are clamped so that the window fits.
+    starts = [
+        jnp.clip(jnp.asarray(s), 0, dim - size)
+        for s, dim, size in zip(start_indices, x.shape, slice_sizes, strict=True)
+    ]
+    return _window(x, starts, tuple(slice_sizes), (1,) * x.ndim)
+
+
+# CSR: mixed with BCOO -----------------------------------------------------------------
+
+
+def _mixed(primitive: Primitive) -> None:
+    def convert(values: Sequence[Any]) -> list[Any]:
+        return [v.to_bcoo() if isinstance(v, CSR) else v for v in values]
+
+    @quax.register(primitive)
+    def _(x: CSR, y: BCOO, **params: Any) -> Any:
+        return quax.quaxify(primitive.bind)(*convert((x, y)), **params)
+
+    @quax.register(primitive)
+    def _(x: BCOO, y: CSR, **params: Any) -> Any:
+        return quax.quaxify(primitive.bind)(*convert((x, y)), **params)
+
+
+for _p in (
+    prims.dot_general_p,
+    prims.add_p,
+    prims.add_jaxvals_p,
+    prims.sub_p,
+    prims.mul_p,
+):
+    _mixed(_p)
