@@ -1,1 +1,32 @@
-"""quax-quant: (being written)."""
+"""quax-quant: quantised arrays for quax: int8 and int4 weights in unmodified
+Equinox models, quantisation-aware training, and QLoRA with quax-lora.
+
+```python
+import quax, quax_quant
+qmodel = quax_quant.quantise_model(model, bits=4, group_size=64)
+y = quax.quaxify(qmodel)(x)
+```
+"""
+
+from . import _rules as _rules  # registers the rules
+from ._matmul import (
+    WEIGHT_ONLY_MAX_ROWS as WEIGHT_ONLY_MAX_ROWS,
+    matmul_path as matmul_path,
+)
+from ._model import (
+    MemoryReport as MemoryReport,
+    is_quantised as is_quantised,
+    memory_report as memory_report,
+    quantise_model as quantise_model,
+)
+from ._quantise import quantise as quantise, quantize as quantize
+from ._value import (
+    MaterialisationError as MaterialisationError,
+    QuantisedArray as QuantisedArray,
+    pack_int4 as pack_int4,
+    unpack_int4 as unpack_int4,
+)
+
+
+QuantizedArray = QuantisedArray
+quantize_model = quantise_model

@@ -14,7 +14,9 @@ def quax_register_rules() -> None:
 
 @hookimpl
 def quax_value_types() -> Sequence[type[Value]]:
-    return []
+    from quax_quant import QuantisedArray
+
+    return [QuantisedArray]
 
 
 @hookimpl

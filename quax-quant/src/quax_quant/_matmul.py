@@ -1,0 +1,365 @@
+"""Products with quantised operands, never forming a float copy of the weight.
+
+The weight is `W = q * s + o` with `q` integer and the scale `s` and offset
+`o = -z * s` constant on blocks (see `QuantisedArray`). Then
+
+    x . W = (x . q) * s + (sum of x within blocks) . o
+
+when `s` is constant along the contracted axes. A scale that varies along a
+contracted axis is folded into `x` (one scale per contracted index and none
+elsewhere), or the contracted axis is split into `(groups, group_size)` and the
+groups become a batch axis of the product, summed after scaling.
+"""
+
+import functools as ft
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jaxtyping import Array
+
+from ._value import QuantisedArray
+
+
+__all__ = [
+    "WEIGHT_ONLY_MAX_ROWS",
+    "expand_axes",
+    "matmul_path",
+    "quantised_dot",
+    "rows_of",
+    "to_out",
+]
+
+# Below this many rows of activations per weight, `"auto"` takes the weight-only
+# path; from it on, the int8 x int8 path. Measured by `benchmarks/quant.py`.
+WEIGHT_ONLY_MAX_ROWS = 4
+
+DimensionNumbers = tuple[
+    tuple[Sequence[int], Sequence[int]], tuple[Sequence[int], Sequence[int]]
+]
+
+
+def matmul_path(rows: int, w: QuantisedArray) -> str:
+    """Which path `"auto"` takes for a product of `w` with a float operand that has
+    `rows` rows (the product of its free axes, times the `vmap` batch sizes).
+
+    - `"weight_only"` below `WEIGHT_ONLY_MAX_ROWS` rows: the integers are converted
+        inside the product and the scale applied after it. It computes exactly
+        `x . w.dequantise()` (up to float rounding), and at one row it reads a quarter
+        (int8) or an eighth (int4) of the float weight's bytes.
+    - `"int8"` from it on: the float operand is quantised on the fly, symmetric
+        int8 with one scale per row (absmax), the product runs in integers
+        accumulating in `int32`, then both scales are applied. Faster on CPU for
+        batches of rows, but it adds the activations' quantisation error, so results
+        at batch sizes on either side of the threshold differ by that error.
+
+    Override per array with `quantise(..., matmul="weight_only" | "int8")` (or
+    `eqx.tree_at(lambda q: q.matmul, ...)`, or `quantise_model(..., matmul=...)`).
+    Derivatives always follow the weight-only product (straight through the on-the-
+    fly quantisation of the activations).
+
+    **Arguments:**
+
+    - `rows`: rows of the float operand.
+    - `w`: the quantised operand.
+
+    **Returns:**
+
+    `"weight_only"` or `"int8"`.
+    """
+    if w.matmul != "auto":
+        return w.matmul
+    return "weight_only" if rows < WEIGHT_ONLY_MAX_ROWS else "int8"
+
+
+def rows_of(x: Any, contract: Sequence[int], batch: Sequence[int]) -> int:
+    """Rows of `x` (its free axes), times the sizes of the `vmap`s around it."""
+    shape = np.shape(x)
+    rows = math.prod(
+        d for a, d in enumerate(shape) if a not in contract and a not in batch
+    )
+    # A `vmap` batch tracer hides its batch axis from the shape; look through it
+    # (only to choose a path: a wrong guess costs speed, never correctness).
+    while isinstance(x, jax.core.Tracer):
+        dim = getattr(x, "batch_dim", None)
+        val = getattr(x, "val", None)
+        if not isinstance(dim, int) or val is None:
+            break
+        rows *= np.shape(val)[dim]
+        x = val
+    return rows
+
+
+# Layout helpers -----------------------------------------------------------------------
+
+
+def _sides(dn: DimensionNumbers, lhs: bool) -> tuple[list[int], list[int]]:
+    (lc, rc), (lb, rb) = dn
+    return (list(lc), list(lb)) if lhs else (list(rc), list(rb))
+
+
+def to_out(
+    block: Array, lhs: bool, dn: DimensionNumbers, lhs_ndim: int, rhs_ndim: int
+) -> Array:
+    """`block`, defined on the axes of one operand (`lhs` or not) with size 1 on its
+    contracted axes, laid out for broadcasting against `dot_general`'s output
+    `(batch, lhs free, rhs free)`."""
+    contract, batch = _sides(dn, lhs)
+    ndim = lhs_ndim if lhs else rhs_ndim
+    free = [a for a in range(ndim) if a not in contract and a not in batch]
+    order = batch + free
+    block = jnp.transpose(block, order + contract)
+    block = block.reshape(block.shape[: len(order)])
+    other_contract, other_batch = _sides(dn, not lhs)
+    other_free = (
+        (rhs_ndim if lhs else lhs_ndim) - len(other_contract) - len(other_batch)
+    )
+    shape = list(block.shape)
+    if lhs:
+        shape += [1] * other_free
+    else:
+        shape = shape[: len(batch)] + [1] * other_free + shape[len(batch) :]
+    return block.reshape(shape)
+
+
+def expand_axes(w: QuantisedArray, block: Array, axes: Sequence[int]) -> Array:
+    """`block` (scale layout) repeated to full size along `axes`."""
+    for a in axes:
+        g = w.shape[a] // w.scale.shape[a]
+        if g > 1 and block.shape[a] > 1:
+            block = jnp.repeat(block, g, axis=a)
+    return block
+
+
+def _split(
+    arr: Array, groups: dict[int, int]
+) -> tuple[Array, dict[int, int], dict[int, int]]:
+    """Split each axis `a` in `groups` into `(groups[a], rest)`. `arr` is an operand
+    (full size along `a`) or a block array (size `groups[a]` or 1 along `a`).
+    Returns the new array, and maps old axis -> new axis of the rest (every axis)
+    and old axis -> new axis of the groups (split axes)."""
+    shape: list[int] = []
+    inner: dict[int, int] = {}
+    outer: dict[int, int] = {}
+    for a, d in enumerate(arr.shape):
+        if a in groups:
+            n = groups[a]
+            outer[a] = len(shape)
+            shape += [n, d // n] if d % n == 0 and d > n else [d, 1]
+        inner[a] = len(shape) - 1 if a in groups else len(shape)
+        if a not in groups:
+            shape.append(d)
+    return arr.reshape(shape), inner, outer
+
+
+def _quantise_rows(x: Array, contract: Sequence[int]) -> tuple[Array, Array]:
+    """Symmetric int8 of `x` with one absmax scale per row (constant along the
+    contracted axes), as `(integers, scale)`; the scale keeps `x`'s axes."""
+    x32 = x.astype(jnp.promote_types(x.dtype, jnp.float32))
+    high = jnp.max(jnp.abs(x32), axis=tuple(contract), keepdims=True)
+    scale = jnp.where(high > 0, high / 127, jnp.ones_like(high))
+    q = jnp.clip(jnp.round(x32 / scale), -127, 127).astype(jnp.int8)
+    return q, scale
+
+
+# The product --------------------------------------------------------------------------
+
+
+def _product(
+    x: Array,
+    w: QuantisedArray,
+    *,
+    dn: DimensionNumbers,
+    w_is_lhs: bool,
+    path: str,
+    precision: Any,
+    out_dtype: Any,
+) -> Array:
+    """`dot_general` of `x` and `w` (on the side `w_is_lhs` says) along `dn`."""
+    acc = jnp.promote_types(out_dtype, jnp.float32)
+    q = w.integers()
+    w_contract, w_batch = _sides(dn, w_is_lhs)
+    x_contract, x_batch = _sides(dn, not w_is_lhs)
+    w_keep = [a for a in range(q.ndim) if a not in w_contract]
+    scale = expand_axes(w, w.scale.astype(acc), w_keep)
+    scaled = [i for i in w_contract if w.scale.shape[i] > 1]
+    if path == "int8":
+        x_op, x_scale = _quantise_rows(x, x_contract)
+    else:
+        x_op, x_scale = x, None
+
+    def dot(a: Array, b: Array, dims: DimensionNumbers, integer: bool) -> Array:
+        lhs, rhs = (b, a) if w_is_lhs else (a, b)
+        kind = jnp.int32 if integer else acc
+        if not integer:
+            lhs, rhs = lhs.astype(acc), rhs.astype(acc)
+        return lax.dot_general(
+            lhs,
+            rhs,
+            dims,
+            precision=None if integer else precision,
+            preferred_element_type=kind,
+        ).astype(acc)
+
+    lhs_ndim, rhs_ndim = (q.ndim, x.ndim) if w_is_lhs else (x.ndim, q.ndim)
+    fold = (
+        path == "weight_only"
+        and scaled
+        and all(w.scale.shape[i] == q.shape[i] for i in scaled)
+        and all(w.scale.shape[a] == 1 for a in range(q.ndim) if a not in scaled)
+    )
+    if fold:
+        # One scale per contracted index and none elsewhere: scale `x` instead.
+        x_axis = {i: j for i, j in zip(w_contract, x_contract, strict=True)}
+        to_x = [x_axis[i] for i in scaled]
+        s = jnp.transpose(
+            w.scale.astype(acc), scaled + [a for a in range(q.ndim) if a not in scaled]
+        )
+        s = s.reshape(s.shape[: len(scaled)])
+        order = np.argsort(to_x)
+        s = jnp.transpose(s, tuple(order))
+        shape = [x.shape[j] if j in to_x else 1 for j in range(x.ndim)]
+        main = dot(x.astype(acc) * s.reshape(shape), q, dn, integer=False)
+    elif scaled:
+        # Groups along contracted axes: split them off as batch axes of the product.
+        w_groups = {i: w.scale.shape[i] for i in scaled}
+        x_groups = {
+            j: w.scale.shape[i]
+            for i, j in zip(w_contract, x_contract, strict=True)
+            if i in w_groups
+        }
+        q2, w_in, w_out = _split(q, w_groups)
+        s2, _, _ = _split(scale, w_groups)
+        x2, x_in, x_out = _split(x_op, x_groups)
+        pairs = [(i, j) for i, j in zip(w_contract, x_contract, strict=True)]
+        new_batch_w = [w_out[i] for i, _ in pairs if i in w_groups] + [
+            w_in[i] for i in w_batch
+        ]
+        new_batch_x = [x_out[j] for i, j in pairs if i in w_groups] + [
+            x_in[j] for j in x_batch
+        ]
+        new_contract_w = [w_in[i] for i, _ in pairs]
+        new_contract_x = [x_in[j] for _, j in pairs]
+        if w_is_lhs:
+            dn2 = ((new_contract_w, new_contract_x), (new_batch_w, new_batch_x))
+            nd = (q2.ndim, x2.ndim)
+        else:
+            dn2 = ((new_contract_x, new_contract_w), (new_batch_x, new_batch_w))
+            nd = (x2.ndim, q2.ndim)
+        main = dot(x2, q2, dn2, integer=path == "int8")
+        main = main * to_out(s2, w_is_lhs, dn2, *nd)
+        if x_scale is not None:
+            xs2, _, _ = _split(x_scale, x_groups)
+            main = main * to_out(xs2, not w_is_lhs, dn2, *nd)
+        main = jnp.sum(main, axis=tuple(range(len(w_groups))))
+    else:
+        main = dot(x_op, q, dn, integer=path == "int8")
+        main = main * to_out(scale, w_is_lhs, dn, lhs_ndim, rhs_ndim)
+        if x_scale is not None:
+            main = main * to_out(x_scale, not w_is_lhs, dn, lhs_ndim, rhs_ndim)
+    if w.zero_point is not None:
+        # The offset `-z * s`: sum `x` within each block of the contracted axes.
+        offset = expand_axes(
+            w, -(w.zero_point.astype(acc) * w.scale.astype(acc)), w_keep
+        )
+        x_red = x.astype(acc)
+        for i, j in zip(w_contract, x_contract, strict=True):
+            n = offset.shape[i]
+            x_red = jnp.moveaxis(x_red, j, -1)
+            x_red = x_red.reshape(*x_red.shape[:-1], n, x_red.shape[-1] // n).sum(-1)
+            x_red = jnp.moveaxis(x_red, -1, j)
+        main = main + dot(x_red, offset, dn, integer=False)
+    return main.astype(out_dtype)
+
+
+def _static_fields(w: QuantisedArray) -> tuple[int, Any, bool, bool, str]:
+    return (w.bits, w.float_dtype, w.odd, w.allow_materialise, w.matmul)
+
+
+def _rebuild(
+    fields: tuple[int, Any, bool, bool, str],
+    values: Array,
+    scale: Array,
+    zero: Array | None,
+) -> QuantisedArray:
+    bits, float_dtype, odd, allow_materialise, matmul = fields
+    return QuantisedArray(
+        values,
+        scale,
+        zero,
+        None,
+        bits=bits,
+        float_dtype=float_dtype,
+        odd=odd,
+        allow_materialise=allow_materialise,
+        matmul=matmul,
+    )
+
+
+@ft.partial(jax.custom_jvp, nondiff_argnums=(0,))
+def _straight_through(
+    static: Any, x: Array, values: Array, scale: Array, zero: Any, master: Any
+) -> Array:
+    template, kwargs = static
+    w = _rebuild(template, values, scale, zero)
+    return _product(x, w, **dict(kwargs))
+
+
+@_straight_through.defjvp
+def _(static: Any, primals: Any, tangents: Any) -> Any:
+    template, kwargs = static
+    x, values, scale, zero, master = primals
+    dx, _, dscale, dzero, dmaster = tangents
+    kwargs = dict(kwargs)
+    out = _product(x, _rebuild(template, values, scale, zero), **kwargs)
+    exact = {**kwargs, "path": "weight_only"}
+
+    def weight_only(x: Array, scale: Array, zero: Any) -> Array:
+        return _product(x, _rebuild(template, values, scale, zero), **exact)
+
+    _, tangent = jax.jvp(weight_only, (x, scale, zero), (dx, dscale, dzero))
+    if master is not None:
+        lhs, rhs = (dmaster, x) if kwargs["w_is_lhs"] else (x, dmaster)
+        acc = jnp.promote_types(kwargs["out_dtype"], jnp.float32)
+        tangent = tangent + lax.dot_general(
+            lhs.astype(acc),
+            rhs.astype(acc),
+            kwargs["dn"],
+            precision=kwargs["precision"],
+        ).astype(tangent.dtype)
+    return out, tangent
+
+
+def quantised_dot(
+    x: Array,
+    w: QuantisedArray,
+    *,
+    dn: DimensionNumbers,
+    w_is_lhs: bool,
+    precision: Any,
+    preferred_element_type: Any,
+) -> Array:
+    """`dot_general` of a float array `x` with `w`, on the path `matmul_path`
+    chooses; derivatives as the weight-only product, and straight through to
+    `w.master` when it has one."""
+    x_contract, x_batch = _sides(dn, not w_is_lhs)
+    path = matmul_path(rows_of(x, x_contract, x_batch), w)
+    out_dtype = preferred_element_type or jnp.result_type(x.dtype, w.float_dtype)
+    dn = tuple(tuple(tuple(int(a) for a in axes) for axes in pair) for pair in dn)
+    kwargs = dict(
+        dn=dn,
+        w_is_lhs=w_is_lhs,
+        path=path,
+        precision=precision,
+        out_dtype=np.dtype(out_dtype),
+    )
+    if path == "weight_only" and w.master is None:
+        return _product(jnp.asarray(x), w, **kwargs)
+    static = (_static_fields(w), tuple(sorted(kwargs.items())))
+    return _straight_through(
+        static, jnp.asarray(x), w.values, w.scale, w.zero_point, w.master
+    )

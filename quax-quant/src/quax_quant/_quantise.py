@@ -1,0 +1,250 @@
+"""`quantise`: float arrays to `QuantisedArray`s, with absmax, percentile or MSE
+calibration, and straight-through gradients for quantisation-aware training."""
+
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jaxtyping import Array, ArrayLike
+
+from ._value import MATMUL_PATHS, QuantisedArray, pack_int4
+
+
+__all__ = ["CALIBRATIONS", "quantise"]
+
+CALIBRATIONS = ("absmax", "percentile", "mse")
+# Clipping ratios of the absmax range tried by `calibration="mse"`.
+_MSE_RATIOS = np.linspace(0.3, 1.0, 36)
+
+
+def _levels(bits: int, symmetric: bool) -> tuple[int, int]:
+    """The integer range `[lo, hi]`: symmetric is the narrow range `[-m, m]`."""
+    m = 2 ** (bits - 1)
+    return (-(m - 1), m - 1) if symmetric else (-m, m - 1)
+
+
+def _scale_shape(
+    shape: tuple[int, ...],
+    axis: int | Sequence[int] | None,
+    group_size: int | None,
+    group_axis: int,
+) -> tuple[int, ...]:
+    ndim = len(shape)
+    if group_size is not None:
+        if axis is not None:
+            raise ValueError(
+                "quantise takes either `axis` (per-channel scales) or `group_size` "
+                "(one scale per group of `group_size` along `group_axis`, per index "
+                "of every other axis), not both."
+            )
+        if ndim == 0:
+            raise ValueError("quantise: group_size needs an array with an axis.")
+        g_axis = group_axis % ndim
+        d = shape[g_axis]
+        if group_size < 1 or d % group_size:
+            raise ValueError(
+                f"quantise: group_size={group_size} must divide the length {d} of "
+                f"axis {g_axis} (group_axis={group_axis}) of shape {shape}."
+            )
+        return tuple(d // group_size if a == g_axis else n for a, n in enumerate(shape))
+    if axis is None:
+        return (1,) * ndim
+    axes = {a % ndim for a in ((axis,) if isinstance(axis, int) else axis)}
+    return tuple(n if a in axes else 1 for a, n in enumerate(shape))
+
+
+def _blocks(x: Array, scale_shape: tuple[int, ...]) -> Array:
+    """`x` reshaped to `(s_0, g_0, s_1, g_1, ...)`: block `(i_0, i_1, ...)` of the
+    scale layout is `x[i_0, :, i_1, :, ...]`."""
+    split = []
+    for d, s in zip(x.shape, scale_shape, strict=True):
+        split += [s, d // s]
+    return x.reshape(split)
+
+
+def _reduce(blocks: Array, fn: Any) -> Array:
+    """Reduce the within-block axes (the odd ones) of `_blocks`' output."""
+    axes = tuple(range(1, blocks.ndim, 2))
+    return fn(blocks, axis=axes)
+
+
+def _round_trip(x: Array, scale: Array, zero: Array | None, lo: int, hi: int) -> Array:
+    """The integers of `x` for `scale` and `zero` (in block layout `(s_0, 1, ...)`)."""
+    q = jnp.round(x / scale)
+    if zero is not None:
+        q = q + zero
+    return jnp.clip(q, lo, hi)
+
+
+def _range(
+    blocks: Array, calibration: str, percentile: float, symmetric: bool
+) -> tuple[Array, Array]:
+    """The calibrated `(low, high)` of each block, with `low <= 0 <= high`."""
+    if calibration == "absmax":
+        if symmetric:
+            high = _reduce(jnp.abs(blocks), jnp.max)
+            return -high, high
+        return _reduce(blocks, jnp.min), _reduce(blocks, jnp.max)
+    # percentile (and the starting point of the MSE search)
+    axes = tuple(range(1, blocks.ndim, 2))
+    if symmetric:
+        high = jnp.percentile(jnp.abs(blocks), percentile, axis=axes)
+        return -high, high
+    low = jnp.percentile(blocks, 100 - percentile, axis=axes)
+    return low, jnp.percentile(blocks, percentile, axis=axes)
+
+
+def _scale_zero(
+    low: Array, high: Array, bits: int, symmetric: bool
+) -> tuple[Array, Array | None]:
+    lo, hi = _levels(bits, symmetric)
+    low, high = jnp.minimum(low, 0), jnp.maximum(high, 0)
+    if symmetric:
+        scale = high / hi
+        zero = None
+    else:
+        scale = (high - low) / (hi - lo)
+    scale = jnp.where(scale > 0, scale, jnp.ones_like(scale))
+    if not symmetric:
+        zero = jnp.clip(jnp.round(lo - low / scale), lo, hi)
+    return scale, zero
+
+
+def _expand(block: Array) -> Array:
+    """A per-block array `(s_0, s_1, ...)` as `(s_0, 1, s_1, 1, ...)`."""
+    return block.reshape([n for s in block.shape for n in (s, 1)])
+
+
+def _mse_range(
+    blocks: Array, bits: int, symmetric: bool, low: Array, high: Array
+) -> tuple[Array, Array]:
+    """Shrink `(low, high)` by the ratio (of `_MSE_RATIOS`) that minimises each
+    block's squared quantisation error."""
+    lo, hi = _levels(bits, symmetric)
+
+    def error(ratio: Array) -> Array:
+        scale, zero = _scale_zero(low * ratio, high * ratio, bits, symmetric)
+        s = _expand(scale)
+        z = None if zero is None else _expand(zero)
+        q = _round_trip(blocks, s, z, lo, hi)
+        deq = (q if z is None else q - z) * s
+        return _reduce(jnp.square(deq - blocks), jnp.sum)
+
+    ratios = jnp.asarray(_MSE_RATIOS, blocks.dtype)
+    errors = jax.lax.map(error, ratios)
+    best = ratios[jnp.argmin(errors, axis=0)]
+    return low * best, high * best
+
+
+@jax.custom_jvp
+def _not_differentiable(x: Array) -> Array:
+    return x
+
+
+@_not_differentiable.defjvp
+def _(primals: Any, tangents: Any) -> Any:
+    raise ValueError(
+        "quax_quant.quantise is being differentiated with respect to its input, "
+        "whose integers have no gradient. For quantisation-aware training pass "
+        "straight_through=True (the gradient then flows through the quantisation as "
+        "if it were the identity); otherwise quantise lax.stop_gradient(x)."
+    )
+
+
+def quantise(
+    x: ArrayLike,
+    *,
+    bits: int = 8,
+    axis: int | Sequence[int] | None = None,
+    group_size: int | None = None,
+    symmetric: bool = True,
+    group_axis: int = -1,
+    calibration: str = "absmax",
+    percentile: float = 99.9,
+    straight_through: bool = False,
+    allow_materialise: bool = False,
+    matmul: str = "auto",
+) -> QuantisedArray:
+    """Quantise a float array to a [`quax_quant.QuantisedArray`][].
+
+    ```python
+    q = quax_quant.quantise(w, bits=4, group_size=64)  # int4, groups along axis -1
+    y = quax.quaxify(lambda w, x: w @ x)(q, x)  # never forms the float w
+    ```
+
+    **Arguments:**
+
+    - `x`: the floating-point array.
+    - `bits`: 8 (`int8`) or 4 (packed two per byte).
+    - `axis`: `None` for one scale for the whole array (per tensor); an axis (or
+        axes) to keep one scale per index along it (per channel), e.g. `axis=0` for
+        the output channels of an `eqx.nn.Linear` weight `(out, in)`.
+    - `group_size`: one scale per `group_size` consecutive indices along
+        `group_axis` and per index of every other axis (the usual int4 layout).
+        Excludes `axis`.
+    - `symmetric`: `q * s` with `q` in `[-(2^(b-1) - 1), 2^(b-1) - 1]`; or `False`
+        for `(q - z) * s` with a zero point `z`, using the full range.
+    - `group_axis`: the grouped axis; by default the last, which is the contraction
+        axis of an `eqx.nn.Linear` weight.
+    - `calibration`: how each block's range is chosen: `"absmax"` (exact range,
+        for weights), `"percentile"` (the `percentile`-th percentile of `|x|`,
+        clipping outliers, for activations) or `"mse"` (the clipping of the absmax
+        range minimising the squared error, for activations).
+    - `percentile`: for `calibration="percentile"`.
+    - `straight_through`: keep `x` as the array's `master` so that gradients flow
+        through the quantisation as if it were the identity (quantisation-aware
+        training). Without it, differentiating with respect to `x` raises.
+    - `allow_materialise`: let operations without a quantised rule dequantise
+        (otherwise they raise, naming the primitive).
+    - `matmul`: the product path with float operands: `"auto"` (see
+        [`quax_quant.matmul_path`][]), `"weight_only"` or `"int8"`.
+
+    **Returns:**
+
+    A `QuantisedArray` of `x`'s shape and dtype.
+    """
+    x = jnp.asarray(x)
+    if not jnp.issubdtype(x.dtype, jnp.floating):
+        raise ValueError(f"quantise needs a floating-point array, got {x.dtype}.")
+    if bits not in (4, 8):
+        raise ValueError(f"quantise supports bits=8 or 4, got {bits}.")
+    if calibration not in CALIBRATIONS:
+        raise ValueError(
+            f"quantise: calibration must be one of {CALIBRATIONS}, got {calibration!r}."
+        )
+    if matmul not in MATMUL_PATHS:
+        raise ValueError(
+            f"quantise: matmul must be one of {MATMUL_PATHS}, got {matmul!r}."
+        )
+    master = x if straight_through else None
+    data = lax.stop_gradient(x) if straight_through else _not_differentiable(x)
+    # Calibrate in at least float32.
+    data = data.astype(jnp.promote_types(x.dtype, jnp.float32))
+    scale_shape = _scale_shape(x.shape, axis, group_size, group_axis)
+    blocks = _blocks(data, scale_shape)
+    low, high = _range(blocks, calibration, percentile, symmetric)
+    if calibration == "mse":
+        low, high = _mse_range(blocks, bits, symmetric, low, high)
+    scale, zero = _scale_zero(low, high, bits, symmetric)
+    lo, hi = _levels(bits, symmetric)
+    z = None if zero is None else _expand(zero)
+    q = _round_trip(blocks, _expand(scale), z, lo, hi)
+    q = q.astype(jnp.int8).reshape(x.shape)
+    values = pack_int4(q) if bits == 4 else q
+    return QuantisedArray(
+        values,
+        scale.astype(x.dtype).reshape(scale_shape),
+        None if zero is None else zero.astype(x.dtype).reshape(scale_shape),
+        master,
+        bits=bits,
+        float_dtype=np.dtype(x.dtype),
+        odd=bits == 4 and x.ndim > 0 and x.shape[-1] % 2 == 1,
+        allow_materialise=allow_materialise,
+        matmul=matmul,
+    )
+
+
+quantize = quantise

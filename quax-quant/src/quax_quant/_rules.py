@@ -1,0 +1,414 @@
+"""The rules for `QuantisedArray`: products that never form the float weight, and
+the structural operations that keep the quantisation.
+
+Primitives without a rule fall back to `QuantisedArray.default`, which refuses
+(naming the primitive) unless the array allows materialising.
+"""
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+import jax.numpy as jnp
+import numpy as np
+import quax
+from jax import lax
+from jaxtyping import Array, ArrayLike
+
+from ._matmul import expand_axes, quantised_dot, to_out
+from ._value import MaterialisationError, QuantisedArray, pack_int4
+
+
+def _refuse(
+    primitive: Any, values: Sequence[Any], params: dict[str, Any], why: str
+) -> Any:
+    """Fall back (dequantise, if allowed) or raise, explaining `why` no rule applies."""
+    for value in values:
+        if isinstance(value, QuantisedArray) and not value.allow_materialise:
+            types = ", ".join(type(v).__qualname__ for v in values)
+            raise MaterialisationError(
+                f"QuantisedArray refuses to materialise for primitive "
+                f"`{primitive.name}` on input types ({types}): {why}. Pass "
+                "allow_materialise=True to quax_quant.quantise / quantise_model (or "
+                "call .enable_materialise()) to allow dequantising, or call "
+                ".dequantise() yourself."
+            )
+    return quax.Value.default(primitive, values, params)
+
+
+# dot_general --------------------------------------------------------------------------
+
+
+@quax.register(lax.dot_general_p)
+def _(
+    lhs: QuantisedArray, rhs: ArrayLike, *, dimension_numbers: Any, **params: Any
+) -> Any:
+    return _float_dot(lhs, rhs, True, dimension_numbers, params)
+
+
+@quax.register(lax.dot_general_p)
+def _(
+    lhs: ArrayLike, rhs: QuantisedArray, *, dimension_numbers: Any, **params: Any
+) -> Any:
+    return _float_dot(rhs, lhs, False, dimension_numbers, params)
+
+
+def _float_dot(
+    w: QuantisedArray, x: Any, w_is_lhs: bool, dn: Any, params: dict[str, Any]
+) -> Any:
+    values = (w, x) if w_is_lhs else (x, w)
+    if not jnp.issubdtype(jnp.result_type(x), jnp.floating):
+        return _refuse(
+            lax.dot_general_p,
+            values,
+            {"dimension_numbers": dn, **params},
+            "the other operand is not floating-point",
+        )
+    return quantised_dot(
+        x,
+        w,
+        dn=dn,
+        w_is_lhs=w_is_lhs,
+        precision=params.get("precision"),
+        preferred_element_type=params.get("preferred_element_type"),
+    )
+
+
+@quax.register(lax.dot_general_p)
+def _(
+    lhs: QuantisedArray, rhs: QuantisedArray, *, dimension_numbers: Any, **params: Any
+) -> Any:
+    """Both quantised: `int8 x int8 -> int32`, then both scales. Needs symmetric
+    operands whose scales are constant along the contracted axes (per tensor, or per
+    channel of a free or batch axis)."""
+    (lc, rc), _ = dimension_numbers
+    ok = all(
+        x.zero_point is None
+        and x.master is None
+        and all(x.scale.shape[a] == 1 for a in c)
+        for x, c in ((lhs, lc), (rhs, rc))
+    )
+    if not ok:
+        return _refuse(
+            lax.dot_general_p,
+            (lhs, rhs),
+            {"dimension_numbers": dimension_numbers, **params},
+            "the int8 x int8 product needs symmetric operands (no zero point, no "
+            "straight-through master) with scales constant along the contracted axes",
+        )
+    out = lax.dot_general(
+        lhs.integers(),
+        rhs.integers(),
+        dimension_numbers,
+        preferred_element_type=jnp.int32,
+    )
+    out_dtype = params.get("preferred_element_type") or jnp.result_type(
+        lhs.float_dtype, rhs.float_dtype
+    )
+    acc = jnp.promote_types(out_dtype, jnp.float32)
+    out = out.astype(acc)
+    for x, c, is_lhs in ((lhs, lc, True), (rhs, rc, False)):
+        keep = [a for a in range(x.ndim) if a not in c]
+        scale = expand_axes(x, x.scale.astype(acc), keep)
+        out = out * to_out(scale, is_lhs, dimension_numbers, lhs.ndim, rhs.ndim)
+    return out.astype(out_dtype)
+
+
+# conv_general_dilated -----------------------------------------------------------------
+
+
+@quax.register(lax.conv_general_dilated_p)
+def _(lhs: ArrayLike, rhs: QuantisedArray, **params: Any) -> Any:
+    """A quantised kernel with per-output-channel (or per-tensor) scales: the
+    convolution of the integers, then the scale per output feature."""
+    rhs_spec = params["dimension_numbers"].rhs_spec
+    out_feature = params["dimension_numbers"].out_spec[1]
+    o = rhs_spec[0]
+    scaled_inputs = any(rhs.scale.shape[a] > 1 for a in range(rhs.ndim) if a != o)
+    if (
+        scaled_inputs
+        or params["batch_group_count"] != 1
+        or (rhs.zero_point is not None and params["feature_group_count"] != 1)
+        or rhs.master is not None
+        or not jnp.issubdtype(jnp.result_type(lhs), jnp.floating)
+    ):
+        return _refuse(
+            lax.conv_general_dilated_p,
+            (lhs, rhs),
+            params,
+            "the quantised convolution needs a float input, a kernel with one scale "
+            "per output feature (or per tensor), no straight-through master, no "
+            "batch groups, and no zero point with feature groups",
+        )
+    out_dtype = params.get("preferred_element_type") or jnp.result_type(
+        lhs, rhs.float_dtype
+    )
+    acc = jnp.promote_types(out_dtype, jnp.float32)
+    conv = {**params, "preferred_element_type": acc}
+    x = jnp.asarray(lhs).astype(acc)
+    out = lax.conv_general_dilated_p.bind(x, rhs.integers().astype(acc), **conv)
+
+    def per_feature(block: Array) -> Array:
+        block = (
+            rhs.expanded(block.astype(acc)) if block.shape[o] > 1 else block.astype(acc)
+        )
+        block = (
+            block.reshape(block.shape[o]) if block.shape[o] > 1 else block.reshape(())
+        )
+        shape = [1] * out.ndim
+        if block.ndim:
+            shape[out_feature] = block.shape[0]
+        return block.reshape(shape)
+
+    out = out * per_feature(rhs.scale)
+    if rhs.zero_point is not None:
+        ones_shape = [1 if a == o else d for a, d in enumerate(rhs.shape)]
+        sums = lax.conv_general_dilated_p.bind(x, jnp.ones(ones_shape, acc), **conv)
+        out = out - sums * per_feature(rhs.zero_point * rhs.scale)
+    return out.astype(out_dtype)
+
+
+# Structural operations ----------------------------------------------------------------
+
+
+def _with(
+    w: QuantisedArray, q: Array, scale: Array, zero: Any, master: Any
+) -> QuantisedArray:
+    """`w` with new integers (unpacked) and blocks."""
+    values = pack_int4(q) if w.bits == 4 else q
+    odd = w.bits == 4 and q.ndim > 0 and q.shape[-1] % 2 == 1
+    return QuantisedArray(
+        values,
+        scale,
+        zero,
+        master,
+        bits=w.bits,
+        float_dtype=w.float_dtype,
+        odd=odd,
+        allow_materialise=w.allow_materialise,
+        matmul=w.matmul,
+    )
+
+
+def _map(w: QuantisedArray, on_values: Any, on_blocks: Any) -> QuantisedArray:
+    zero = None if w.zero_point is None else on_blocks(w.zero_point)
+    master = None if w.master is None else on_values(w.master)
+    return _with(w, on_values(w.integers()), on_blocks(w.scale), zero, master)
+
+
+@quax.register(lax.transpose_p)
+def _(operand: QuantisedArray, *, permutation: Sequence[int]) -> QuantisedArray:
+    perm = tuple(permutation)
+    return _map(
+        operand, lambda a: lax.transpose(a, perm), lambda b: lax.transpose(b, perm)
+    )
+
+
+def _reshape_blocks(
+    shape: Sequence[int], blocks: Sequence[int], new: Sequence[int]
+) -> tuple[int, ...] | None:
+    """The block shape for reshaping `shape` (blocks `blocks`) to `new`, or `None`
+    when a scaled axis would be merged or split. Axes of size 1 are unscaled."""
+    old_axes = [a for a, d in enumerate(shape) if d != 1]
+    new_axes = [a for a, d in enumerate(new) if d != 1]
+    out = [1] * len(new)
+    i = j = 0
+    while i < len(old_axes) or j < len(new_axes):
+        oi, nj = [old_axes[i]], [new_axes[j]]
+        po, pn = shape[oi[0]], new[nj[0]]
+        i, j = i + 1, j + 1
+        while po != pn:
+            if po < pn:
+                oi.append(old_axes[i])
+                po *= shape[old_axes[i]]
+                i += 1
+            else:
+                nj.append(new_axes[j])
+                pn *= new[new_axes[j]]
+                j += 1
+        if len(oi) == 1 and len(nj) == 1:
+            out[nj[0]] = blocks[oi[0]]
+        elif any(blocks[a] != 1 for a in oi):
+            return None
+    return tuple(out)
+
+
+@quax.register(lax.reshape_p)
+def _(
+    operand: QuantisedArray, *, new_sizes: Sequence[int], dimensions: Any, **params: Any
+) -> Any:
+    new = tuple(new_sizes)
+    blocks = (
+        _reshape_blocks(operand.shape, operand.scale.shape, new)
+        if dimensions is None
+        else None
+    )
+    if blocks is None:
+        return _refuse(
+            lax.reshape_p,
+            (operand,),
+            {"new_sizes": new_sizes, "dimensions": dimensions, **params},
+            f"reshaping {operand.shape} to {new} merges or splits an axis with "
+            f"scales (scale shape {operand.scale.shape})",
+        )
+    return _map(operand, lambda a: a.reshape(new), lambda b: b.reshape(blocks))
+
+
+@quax.register(lax.squeeze_p)
+def _(operand: QuantisedArray, *, dimensions: Sequence[int]) -> QuantisedArray:
+    dims = tuple(dimensions)
+    return _map(operand, lambda a: lax.squeeze(a, dims), lambda b: lax.squeeze(b, dims))
+
+
+def _slice_blocks(
+    w: QuantisedArray,
+    starts: Sequence[int],
+    limits: Sequence[int],
+    strides: Sequence[int],
+) -> tuple[list[int], list[int]] | None:
+    """Block-level `(starts, limits)` for a static slice, or `None` when it cuts
+    through groups."""
+    b_start, b_limit = [], []
+    for a, (lo, hi, st) in enumerate(zip(starts, limits, strides, strict=True)):
+        n = w.scale.shape[a]
+        g = w.shape[a] // n
+        if n == 1:
+            b_start.append(0)
+            b_limit.append(1)
+        elif g == 1 and st == 1:
+            b_start.append(lo)
+            b_limit.append(hi)
+        elif st == 1 and lo % g == 0 and hi % g == 0:
+            b_start.append(lo // g)
+            b_limit.append(hi // g)
+        else:
+            return None
+    return b_start, b_limit
+
+
+@quax.register(lax.slice_p)
+def _(
+    operand: QuantisedArray,
+    *,
+    start_indices: Sequence[int],
+    limit_indices: Sequence[int],
+    strides: Sequence[int] | None,
+) -> Any:
+    strides_ = tuple(strides) if strides is not None else (1,) * operand.ndim
+    blocks = _slice_blocks(operand, start_indices, limit_indices, strides_)
+    if blocks is None:
+        return _refuse(
+            lax.slice_p,
+            (operand,),
+            {
+                "start_indices": start_indices,
+                "limit_indices": limit_indices,
+                "strides": strides,
+            },
+            "the slice cuts through groups that share a scale (or strides along a "
+            "scaled axis)",
+        )
+    b_start, b_limit = blocks
+    return _map(
+        operand,
+        lambda a: lax.slice(a, tuple(start_indices), tuple(limit_indices), strides),
+        lambda b: lax.slice(b, tuple(b_start), tuple(b_limit)),
+    )
+
+
+@quax.register(lax.dynamic_slice_p)
+def _(operand: QuantisedArray, *indices: ArrayLike, slice_sizes: Sequence[int]) -> Any:
+    """Dynamic slices along unscaled axes (or per-index scaled axes)."""
+    sizes = tuple(slice_sizes)
+    groups = operand.group_sizes
+    blocked = [
+        a
+        for a, n in enumerate(operand.scale.shape)
+        if n > 1 and groups[a] > 1 and sizes[a] != operand.shape[a]
+    ]
+    if blocked:
+        return _refuse(
+            lax.dynamic_slice_p,
+            (operand, *indices),
+            {"slice_sizes": slice_sizes},
+            f"a dynamic slice along axes {blocked}, whose groups share scales",
+        )
+    zeros = jnp.zeros((), jnp.result_type(*indices)) if indices else 0
+    b_idx = [
+        i if operand.scale.shape[a] > 1 and groups[a] == 1 else zeros
+        for a, i in enumerate(indices)
+    ]
+    b_sizes = [
+        sizes[a] if operand.scale.shape[a] > 1 else 1 for a in range(operand.ndim)
+    ]
+    b_sizes = [
+        operand.scale.shape[a] if groups[a] > 1 and operand.scale.shape[a] > 1 else s
+        for a, s in enumerate(b_sizes)
+    ]
+    return _map(
+        operand,
+        lambda a: lax.dynamic_slice(a, tuple(indices), sizes),
+        lambda b: lax.dynamic_slice(b, tuple(b_idx), tuple(b_sizes)),
+    )
+
+
+@quax.register(lax.neg_p)
+def _(x: QuantisedArray) -> QuantisedArray:
+    master = None if x.master is None else -x.master
+    return dataclasses.replace(x, scale=-x.scale, master=master)
+
+
+def _scalar_mul(
+    w: QuantisedArray, c: Any, values: tuple[Any, Any], params: dict[str, Any]
+) -> Any:
+    if np.ndim(c) != 0 or not jnp.issubdtype(jnp.result_type(c), jnp.floating):
+        return _refuse(
+            lax.mul_p,
+            values,
+            params,
+            "only multiplication by a float scalar keeps the quantisation",
+        )
+    scale = w.scale * jnp.asarray(c).astype(w.scale.dtype)
+    master = None if w.master is None else w.master * c
+    return dataclasses.replace(w, scale=scale, master=master)
+
+
+@quax.register(lax.mul_p)
+def _(x: QuantisedArray, y: ArrayLike, **params: Any) -> Any:
+    return _scalar_mul(x, y, (x, y), params)
+
+
+@quax.register(lax.mul_p)
+def _(x: ArrayLike, y: QuantisedArray, **params: Any) -> Any:
+    return _scalar_mul(y, x, (x, y), params)
+
+
+@quax.register(lax.convert_element_type_p)
+def _(
+    operand: QuantisedArray, *, new_dtype: Any, weak_type: bool, sharding: Any
+) -> Any:
+    params = {"new_dtype": new_dtype, "weak_type": weak_type, "sharding": sharding}
+    if not jnp.issubdtype(new_dtype, jnp.floating) or weak_type or sharding is not None:
+        return _refuse(
+            lax.convert_element_type_p,
+            (operand,),
+            params,
+            f"converting to {np.dtype(new_dtype)} rounds the dequantised values",
+        )
+    cast = lambda b: None if b is None else b.astype(new_dtype)
+    return QuantisedArray(
+        operand.values,
+        cast(operand.scale),
+        cast(operand.zero_point),
+        cast(operand.master),
+        bits=operand.bits,
+        float_dtype=np.dtype(new_dtype),
+        odd=operand.odd,
+        allow_materialise=operand.allow_materialise,
+        matmul=operand.matmul,
+    )
+
+
+@quax.register(lax.copy_p)
+def _(operand: QuantisedArray) -> QuantisedArray:
+    return operand

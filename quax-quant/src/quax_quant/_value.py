@@ -1,0 +1,258 @@
+"""The value type: `QuantisedArray`, integers times float scales."""
+
+import dataclasses
+from typing import Any, ClassVar
+
+import equinox as eqx
+import jax
+import jax.core
+import jax.numpy as jnp
+import numpy as np
+import quax
+from jax import lax
+from jaxtyping import Array
+
+
+__all__ = [
+    "MATMUL_PATHS",
+    "MaterialisationError",
+    "QuantisedArray",
+    "pack_int4",
+    "unpack_int4",
+]
+
+# How a product with a float operand is computed; see `quax_quant.matmul_path`.
+MATMUL_PATHS = ("auto", "weight_only", "int8")
+
+
+class MaterialisationError(RuntimeError):
+    """A `QuantisedArray` with `allow_materialise=False` met an operation that has
+    no quantised rule and would need the dequantised float array."""
+
+
+def pack_int4(values: Array) -> Array:
+    """Pack signed 4-bit integers (an integer array with entries in `[-8, 7]`) two
+    per byte along the last axis, padding it with a zero to an even length.
+
+    **Arguments:**
+
+    - `values`: an integer array, shape `(*shape, n)`.
+
+    **Returns:**
+
+    An `int8` array of shape `(*shape, ceil(n / 2))`: element `2i` in the low four
+    bits of byte `i`, element `2i + 1` in the high four bits.
+    """
+    values = jnp.asarray(values).astype(jnp.int8)
+    n = values.shape[-1]
+    if n % 2:
+        values = jnp.pad(values, [(0, 0)] * (values.ndim - 1) + [(0, 1)])
+    pairs = values.reshape(*values.shape[:-1], values.shape[-1] // 2, 2)
+    low = lax.bitwise_and(pairs[..., 0], jnp.int8(0x0F))
+    high = lax.shift_left(pairs[..., 1], jnp.int8(4))
+    return lax.bitwise_or(low, high)
+
+
+def unpack_int4(packed: Array, n: int) -> Array:
+    """The inverse of [`quax_quant.pack_int4`][]: the first `n` signed 4-bit values
+    along the last axis, as `int8`.
+
+    **Arguments:**
+
+    - `packed`: an `int8` array, shape `(*shape, ceil(n / 2))`.
+    - `n`: the length of the unpacked last axis.
+
+    **Returns:**
+
+    An `int8` array of shape `(*shape, n)`.
+    """
+    four = jnp.int8(4)
+    low = lax.shift_right_arithmetic(lax.shift_left(packed, four), four)
+    high = lax.shift_right_arithmetic(packed, four)
+    both = jnp.stack([low, high], axis=-1)
+    return both.reshape(*packed.shape[:-1], 2 * packed.shape[-1])[..., :n]
+
+
+class QuantisedArray(quax.ArrayValue):
+    """A float array stored as integers times float scales: `(q - z) * s`.
+
+    `q` is `int8` (`bits=8`), or 4-bit integers packed two per byte along the last
+    axis (`bits=4`). The scale `s` (and the zero point `z`, when asymmetric) has one
+    entry per block of the array: it has the array's number of axes, and along each
+    axis of size `d` it has size `d / g` for a group size `g` dividing `d`. Size 1 is
+    one scale for the whole axis, size `d` one per index (per channel), anything in
+    between one per group of `g` consecutive indices. So per-tensor, per-channel (any
+    axis) and per-group scaling are the same representation.
+
+    Build one with [`quax_quant.quantise`][]. Inside [`quax.quaxify`][] a product with
+    a float array never forms the float weight: the scale is folded in after the
+    contraction (or into the activations), and two quantised operands multiply in
+    integers accumulating in `int32`. `transpose`, `reshape`, slicing, squeezing,
+    negation, multiplication by a scalar and float dtype conversion keep the
+    quantisation; any other primitive raises a
+    [`quax_quant.MaterialisationError`][] naming it, unless the array was made with
+    `allow_materialise=True`.
+
+    The dense array is not a linear function of the leaves (integers times scales):
+    `linear_in_leaves = False`.
+
+    **Fields:**
+
+    - `values`: the integers, `int8`; for `bits=4` packed, shape
+        `(*shape[:-1], ceil(shape[-1] / 2))`.
+    - `scale`: the float scales, in `float_dtype`, block layout as above.
+    - `zero_point`: `None` (symmetric) or the zero points, like `scale`, in
+        `float_dtype` (integer-valued).
+    - `master`: `None`, or the float array the integers were computed from, for
+        straight-through gradients (see `quantise(..., straight_through=True)`).
+    - `bits`: 8 or 4 (static).
+    - `float_dtype`: the dtype of the dequantised array (static); also `.dtype`.
+    - `odd`: whether a `bits=4` array's last axis has odd length (static).
+    - `allow_materialise`: whether operations without a rule may dequantise (static).
+    - `matmul`: the product path with a float operand: `"auto"`, `"weight_only"` or
+        `"int8"` (static; see [`quax_quant.matmul_path`][]).
+    """
+
+    values: Array
+    scale: Array
+    zero_point: Array | None
+    master: Array | None
+    bits: int = eqx.field(static=True)
+    float_dtype: Any = eqx.field(static=True)
+    odd: bool = eqx.field(static=True, default=False)
+    allow_materialise: bool = eqx.field(static=True, default=False)
+    matmul: str = eqx.field(static=True, default="auto")
+
+    linear_in_leaves: ClassVar[bool] = False
+
+    def __check_init__(self) -> None:
+        if self.bits not in (4, 8):
+            raise ValueError(f"QuantisedArray supports bits=8 or 4, got {self.bits}.")
+        if self.matmul not in MATMUL_PATHS:
+            raise ValueError(
+                f"QuantisedArray's matmul must be one of {MATMUL_PATHS}, got "
+                f"{self.matmul!r}."
+            )
+        if not jnp.issubdtype(self.float_dtype, jnp.floating):
+            raise ValueError(
+                "QuantisedArray needs a floating float_dtype, got "
+                f"{np.dtype(self.float_dtype)}."
+            )
+        shape = self.shape
+        if np.ndim(self.scale) != len(shape) or any(
+            s == 0 or d % s for d, s in zip(shape, np.shape(self.scale), strict=True)
+        ):
+            raise ValueError(
+                f"QuantisedArray's scale must have one axis per array axis, each of a "
+                f"size dividing the array's; got scale shape {np.shape(self.scale)} "
+                f"for array shape {shape}."
+            )
+        if self.zero_point is not None and np.shape(self.zero_point) != np.shape(
+            self.scale
+        ):
+            raise ValueError(
+                f"QuantisedArray's zero_point must have the scale's shape "
+                f"{np.shape(self.scale)}, got {np.shape(self.zero_point)}."
+            )
+
+    # Layout ---------------------------------------------------------------------------
+
+    def aval(self) -> jax.core.ShapedArray:
+        return jax.core.ShapedArray(self.shape, self.float_dtype)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        shape = tuple(np.shape(self.values))
+        if self.bits == 4 and shape:
+            return (*shape[:-1], 2 * shape[-1] - int(self.odd))
+        return shape
+
+    @property
+    def group_sizes(self) -> tuple[int, ...]:
+        """Along each axis, how many consecutive indices share a scale."""
+        return tuple(
+            d // s for d, s in zip(self.shape, np.shape(self.scale), strict=True)
+        )
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of storage: the integers plus the scales and zero points (not the
+        straight-through `master`)."""
+        total = int(np.size(self.values))
+        for leaf in (self.scale, self.zero_point):
+            if leaf is not None:
+                total += int(np.size(leaf)) * np.dtype(leaf.dtype).itemsize
+        return total
+
+    def integers(self) -> Array:
+        """The integers `q` unpacked, as `int8`, shape `self.shape`."""
+        if self.bits == 4:
+            return unpack_int4(self.values, self.shape[-1])
+        return self.values
+
+    def expanded(self, block: Array) -> Array:
+        """`block` (in the scale's layout) repeated to the array's shape."""
+        for axis, g in enumerate(self.group_sizes):
+            if g > 1 and block.shape[axis] > 1:
+                block = jnp.repeat(block, g, axis=axis)
+        return block
+
+    # Dequantising ---------------------------------------------------------------------
+
+    def dequantise(self) -> Array:
+        """The float array `(q - z) * s`, shape `self.shape`, dtype `self.float_dtype`.
+
+        An explicit request: it works whatever `allow_materialise` says. With a
+        straight-through `master`, the gradient flows to `master` as if the
+        quantisation were the identity.
+        """
+        q = self.integers().astype(self.float_dtype)
+        if self.zero_point is not None:
+            q = q - self.expanded(self.zero_point)
+        out = q * self.expanded(self.scale)
+        if self.master is not None:
+            out = out + (self.master - lax.stop_gradient(self.master))
+        return out
+
+    dequantize = dequantise
+
+    def materialise(self) -> Array:
+        if not self.allow_materialise:
+            raise MaterialisationError(
+                f"QuantisedArray refuses to materialise its dequantised float array "
+                f"(shape {self.shape}, dtype {np.dtype(self.dtype)}): an operation on "
+                "it has no quantised rule. Pass allow_materialise=True to "
+                "quax_quant.quantise / quantise_model (or call "
+                ".enable_materialise()), or call .dequantise() yourself."
+            )
+        return self.dequantise()
+
+    def enable_materialise(self, allow: bool = True) -> "QuantisedArray":
+        """A copy that may (`allow=True`) or may not be materialised by operations
+        without a quantised rule.
+
+        **Arguments:**
+
+        - `allow`: the new `allow_materialise`.
+
+        **Returns:**
+
+        A `QuantisedArray` with the same leaves.
+        """
+        return dataclasses.replace(self, allow_materialise=allow)
+
+    @staticmethod
+    def default(primitive: Any, values: Any, params: dict[str, Any]) -> Any:
+        for value in values:
+            if isinstance(value, QuantisedArray) and not value.allow_materialise:
+                types = ", ".join(type(v).__qualname__ for v in values)
+                raise MaterialisationError(
+                    f"QuantisedArray refuses to materialise for primitive "
+                    f"`{primitive.name}` on input types ({types}): quax_quant has no "
+                    f"quantised rule for it, and dequantising would form the float "
+                    f"array of shape {value.shape}. Pass allow_materialise=True to "
+                    "quax_quant.quantise / quantise_model (or call "
+                    ".enable_materialise()) to allow it, or call .dequantise() "
+                    "yourself."
+                )
+        return quax.Value.default(primitive, values, params)
