@@ -14,7 +14,9 @@ def quax_register_rules() -> None:
 
 @hookimpl
 def quax_value_types() -> Sequence[type[Value]]:
-    return []
+    from quax_named import NamedArray
+
+    return [NamedArray]
 
 
 @hookimpl

@@ -1,0 +1,170 @@
+"""Names to a mesh: `PartitionSpec`s and `NamedSharding`s derived from axis names."""
+
+import contextlib
+import threading
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import jax
+import jax.core
+import quax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+
+__all__ = [
+    "axis_mapping",
+    "constrain",
+    "named_sharding",
+    "partition_spec",
+    "shard",
+]
+
+MeshAxes = str | tuple[str, ...] | None
+
+
+class _State(threading.local):
+    def __init__(self) -> None:
+        self.stack: list[tuple[dict[str, MeshAxes], Mesh | None]] = []
+
+
+_state = _State()
+
+
+@contextlib.contextmanager
+def axis_mapping(
+    mapping: Mapping[str, MeshAxes], mesh: Mesh | None = None
+) -> Iterator[None]:
+    """Map axis names to mesh axes while the block runs (also while it is traced).
+
+    Inside the block, every `NamedArray` that a quax_named rule or function creates
+    is constrained (`jax.lax.with_sharding_constraint`) to the sharding its names
+    ask for, and [`quax_named.shard`][] / [`quax_named.named_sharding`][] use the
+    mapping by default.
+
+    ```python
+    mesh = jax.make_mesh((4, 2), ("data", "model"))
+    with quax_named.axis_mapping({"batch": "data", "hidden": "model"}, mesh):
+        params, x = quax_named.shard((params, x))
+        loss = jax.jit(quax.quaxify(loss_fn))(params, x)
+    ```
+
+    **Arguments:**
+
+    - `mapping`: axis name -> mesh axis name (or a tuple of them, or `None` for
+        replicated). Names absent from it are replicated.
+    - `mesh`: the `jax.sharding.Mesh`; `None` uses the mesh set with
+        `jax.sharding.use_mesh`/`jax.set_mesh`.
+    """
+    _state.stack.append((dict(mapping), mesh))
+    try:
+        yield
+    finally:
+        _state.stack.pop()
+
+
+def _current(
+    mapping: Mapping[str, MeshAxes] | None, mesh: Mesh | None
+) -> tuple[Mapping[str, MeshAxes] | None, Mesh | None]:
+    if mapping is None and _state.stack:
+        mapping, outer = _state.stack[-1]
+        mesh = mesh if mesh is not None else outer
+    return mapping, mesh
+
+
+def partition_spec(
+    axes: Sequence[Any], mapping: Mapping[str, MeshAxes] | None = None
+) -> PartitionSpec:
+    """The `PartitionSpec` of an array with `axes` (a `NamedArray`'s `.axes`, or names).
+
+    **Arguments:**
+
+    - `axes`: the axes (`Axis` objects or names), in storage order.
+    - `mapping`: axis name -> mesh axes; defaults to the active
+        [`quax_named.axis_mapping`][].
+
+    **Returns:**
+
+    One entry per axis: its mesh axes, or `None`.
+    """
+    mapping, _ = _current(mapping, None)
+    mapping = mapping or {}
+    names = [a if isinstance(a, str) else getattr(a, "name", None) for a in axes]
+    used: set[str] = set()
+    spec = []
+    for name in names:
+        target = mapping.get(name) if name is not None else None
+        parts = (target,) if isinstance(target, str) else (target or ())
+        if used & set(parts):
+            raise ValueError(
+                f"Axis {name!r} maps to mesh axes {target!r}, already used by another "
+                f"axis of {tuple(names)}: a mesh axis can shard one array axis only."
+            )
+        used |= set(parts)
+        spec.append(target)
+    return PartitionSpec(*spec)
+
+
+def named_sharding(
+    x: Any, mesh: Mesh | None = None, mapping: Mapping[str, MeshAxes] | None = None
+) -> NamedSharding:
+    """The `NamedSharding` that the names of `x` (a `NamedArray`) ask for.
+
+    **Arguments:**
+
+    - `x`: the `NamedArray`.
+    - `mesh`, `mapping`: default to those of the active [`quax_named.axis_mapping`][].
+
+    **Returns:**
+
+    A `jax.sharding.NamedSharding`.
+    """
+    mapping, mesh = _current(mapping, mesh)
+    if mesh is None:
+        raise ValueError(
+            "named_sharding needs a mesh: pass `mesh=` or use "
+            "`quax_named.axis_mapping(mapping, mesh)`."
+        )
+    return NamedSharding(mesh, partition_spec(x.axes, mapping))
+
+
+def shard(
+    tree: Any, mesh: Mesh | None = None, mapping: Mapping[str, MeshAxes] | None = None
+) -> Any:
+    """Place every `NamedArray` in `tree` on the devices by its names: `device_put`
+    outside `jit`, `with_sharding_constraint` inside it. Other leaves are unchanged.
+
+    **Arguments:**
+
+    - `tree`: any pytree.
+    - `mesh`, `mapping`: default to those of the active [`quax_named.axis_mapping`][].
+
+    **Returns:**
+
+    `tree`, with each `NamedArray`'s array sharded.
+    """
+    from ._named import NamedArray
+
+    def place(x: Any) -> Any:
+        if not isinstance(x, NamedArray):
+            return x
+        sharding = named_sharding(x, mesh, mapping)
+        if isinstance(x.array, jax.core.Tracer):
+            array = jax.lax.with_sharding_constraint(x.array, sharding)
+        else:
+            array = jax.device_put(x.array, sharding)
+        return NamedArray(array, x.axes, x.allow_materialise)
+
+    return jax.tree.map(place, tree, is_leaf=lambda x: isinstance(x, NamedArray))
+
+
+def constrain(array: Any, axes: Sequence[Any]) -> Any:
+    """`array` constrained to the sharding of `axes` when an
+    [`quax_named.axis_mapping`][] is active; else unchanged."""
+    if not _state.stack or quax.is_value(array):
+        return array
+    mapping, mesh = _state.stack[-1]
+    spec = partition_spec(axes, mapping)
+    if all(p is None for p in spec):
+        return array
+    sharding = spec if mesh is None else NamedSharding(mesh, spec)
+    return jax.lax.with_sharding_constraint(array, sharding)
