@@ -4,12 +4,14 @@ import abc
 import dataclasses
 import functools as ft
 import importlib.metadata
+import inspect
 import typing
 import warnings
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar
 
 import jax
+import numpy as np
 import plum
 
 from ._compat import Primitive
@@ -34,7 +36,7 @@ Rule = Callable[[Sequence[Any], dict[str, Any]], Any]
 
 
 class RuleConflictWarning(UserWarning):
-    """Two registrations of the same signature for the same primitive."""
+    """Two distributions registered the same signature for the same primitive."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,6 +54,9 @@ _registrations: dict[Primitive, list[_Registration]] = {}
 _faithful: dict[Primitive, bool] = {}
 # The dispatch cache: (primitive, input types) -> rule. Cleared by `register`.
 _cache: dict[tuple[Primitive, tuple[type, ...]], Rule] = {}
+# The params each rule takes by name, read once at registration; `None` for a rule
+# with `**params`, which receives every param.
+_keywords: dict[Callable[..., Any], frozenset[str] | None] = {}
 
 
 def register(primitive: Primitive, *, precedence: int = 0) -> Callable[[_F], _F]:
@@ -59,17 +64,30 @@ def register(primitive: Primitive, *, precedence: int = 0) -> Callable[[_F], _F]
 
     ```python
     @quax.register(jax.lax.mul_p)
-    def _(x: MyArray, y: ArrayLike) -> MyArray:
-        ...
+    def _(x: MyArray, y: ArrayLike, **params) -> MyArray:
+        return MyArray(jax.lax.mul_p.bind(x.array, y, **params))
     ```
 
     Positional parameters are dispatched on by their annotations (subclasses of
     [`quax.Value`][], or `jaxtyping.ArrayLike` and friends for plain arrays); keyword
-    parameters receive the primitive's params.
+    parameters receive the primitive's params. Take them all with `**params`: every
+    JAX release adds params to some primitives (`out_sharding`, `out_dtype`,
+    `accuracy`, `top_k`'s `axis`, ...). A rule written without `**params` is still
+    called, without the params it does not declare, as long as each of them holds
+    its neutral value (`None`, or `-1` for `top_k`'s `axis`): the value that means
+    what the primitive did before the param existed. Otherwise the call raises a
+    `TypeError` naming the rule and the param.
+
+    Registering the same signature again from the same distribution (or running the
+    same module again) replaces the earlier rule, as `plum` does. Two different
+    distributions registering the same signature is reported with a
+    [`quax.RuleConflictWarning`][]; the higher `precedence` wins, and on a tie the
+    later registration.
 
     **Arguments:**
 
-    - `primitive`: the `jax.extend.core.Primitive` the rule is for.
+    - `primitive`: the `jax.extend.core.Primitive` the rule is for, such as
+        `jax.lax.mul_p` (not the function `jax.lax.mul` or `jnp.multiply`).
     - `precedence`: breaks ties between otherwise ambiguous rules; the higher wins.
 
     **Returns:**
@@ -78,20 +96,28 @@ def register(primitive: Primitive, *, precedence: int = 0) -> Callable[[_F], _F]
     the primitive's output: a `Value` or array, or a sequence of them for
     primitives with `multiple_results`.
     """
+    _check_primitive(primitive, "quax.register")
 
     def _register(rule: _F) -> _F:
-        new = _Registration(rule, plum.Signature.from_callable(rule), precedence)
+        signature = _checked_signature(primitive, rule)
+        new = _Registration(rule, signature, precedence)
         registrations = _registrations.setdefault(primitive, [])
         for i, old in enumerate(registrations):
-            # Equal signatures (precedence aside) never both reach plum: the higher
-            # precedence wins, and on a tie the later registration.
-            if old.signature == new.signature and old.function is not rule:
-                _report_conflict(primitive, old, rule, precedence)
+            if old.signature != new.signature:
+                continue
+            # Equal signatures (precedence aside) never both reach plum. The same
+            # owner registering again redefines the rule; between two owners the
+            # higher precedence wins, and on a tie the later registration.
+            if _owner(old.function) == _owner(rule):
+                registrations[i] = new
+            else:
+                _report_conflict(primitive, old, new)
                 if precedence >= old.precedence:
                     registrations[i] = new
-                break
+            break
         else:
             registrations.append(new)
+        _keywords[rule] = _declared_keywords(rule)
         function = plum.Function(_named(primitive), warn_redefinition=False)
         for registration in registrations:
             function.register(registration.function, precedence=registration.precedence)
@@ -103,6 +129,51 @@ def register(primitive: Primitive, *, precedence: int = 0) -> Callable[[_F], _F]
         return rule
 
     return _register
+
+
+def _check_primitive(primitive: Any, where: str) -> None:
+    if isinstance(primitive, Primitive):
+        return
+    name = getattr(primitive, "__name__", None) or type(primitive).__name__
+    raise TypeError(
+        f"{where} expects a JAX primitive, such as `jax.lax.add_p` or "
+        f"`jax.lax.dot_general_p`; got {primitive!r} (of type "
+        f"`{type(primitive).__qualname__}`). Functions such as `jnp.{name}` or "
+        "`jax.lax.add` bind primitives; register the primitive itself (find it "
+        "with `jax.make_jaxpr(f)(x)`, which names each primitive a function binds)."
+    )
+
+
+def _checked_signature(primitive: Primitive, rule: Any) -> plum.Signature:
+    """The rule's dispatch signature, refusing a rule that could not dispatch."""
+    if not callable(rule):
+        raise TypeError(
+            f"quax.register({primitive.name}_p) decorates a function; got {rule!r}."
+        )
+    positional = [
+        p
+        for p in inspect.signature(rule).parameters.values()
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL)
+    ]
+    if not any(p.annotation is not p.empty for p in positional):
+        raise TypeError(
+            f"The quax rule {describe_rule(rule)} for primitive `{primitive.name}` "
+            "annotates none of its positional parameters, so it would catch every "
+            f"call of `{primitive.name}` on any types. Annotate the inputs it "
+            "handles, e.g. `def _(x: MyArray, y: ArrayLike, **params)`."
+        )
+    return plum.Signature.from_callable(rule)
+
+
+def _declared_keywords(rule: Callable[..., Any]) -> frozenset[str] | None:
+    parameters = inspect.signature(rule).parameters.values()
+    if any(p.kind is p.VAR_KEYWORD for p in parameters):
+        return None
+    return frozenset(
+        p.name
+        for p in parameters
+        if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)
+    )
 
 
 def register_elementwise(
@@ -127,6 +198,16 @@ def register_elementwise(
 
     A decorator that registers the rule for every primitive and returns it unchanged.
     """
+
+    if isinstance(primitives, Primitive):
+        raise TypeError(
+            "quax.register_elementwise expects a collection of primitives, such as "
+            f"`[jax.lax.sin_p, jax.lax.cos_p]`; got the single primitive "
+            f"`{primitives.name}`: use `quax.register` for one primitive."
+        )
+    primitives = list(primitives)
+    for primitive in primitives:
+        _check_primitive(primitive, "quax.register_elementwise")
 
     def _register(rule: _F) -> _F:
         for primitive in primitives:
@@ -176,31 +257,63 @@ def _named(primitive: Primitive) -> Callable[..., Any]:
     return rule
 
 
-def _distribution_of(function: Callable[..., Any]) -> str:
-    """The installed distribution that defines `function`, for reports."""
-    package = (getattr(function, "__module__", None) or "?").split(".")[0]
-    distributions = importlib.metadata.packages_distributions().get(package)
-    if distributions:
-        return f"{distributions[0]} ({function.__module__}.{function.__qualname__})"
-    return f"{function.__module__}.{function.__qualname__}"
+@ft.cache
+def _packages_distributions() -> dict[str, list[str]]:
+    return dict(importlib.metadata.packages_distributions())
+
+
+@ft.cache
+def _distribution_of(package: str) -> str:
+    """The installed distribution providing the top-level `package`, else the
+    package's own name. (Editable installs are not in `packages_distributions`;
+    they are found by the distribution named like the package.)"""
+    found = _packages_distributions().get(package)
+    if found:
+        return found[0]
+    try:
+        return importlib.metadata.distribution(package).metadata["Name"]
+    except (importlib.metadata.PackageNotFoundError, ValueError):
+        return package
+
+
+def _owner(function: Callable[..., Any]) -> str:
+    """Who registered a rule: the distribution of its module, else its top-level
+    module. A signature registered again by the same owner is a redefinition, not
+    a conflict."""
+    return _distribution_of(
+        (getattr(function, "__module__", None) or "?").split(".")[0]
+    )
+
+
+def describe_rule(function: Callable[..., Any]) -> str:
+    """`module.name at file:line` of a rule, for messages."""
+    inner = inspect.unwrap(function)
+    name = (
+        f"{getattr(inner, '__module__', '?')}.{getattr(inner, '__qualname__', inner)}"
+    )
+    code = getattr(inner, "__code__", None)
+    if code is None:
+        return name
+    return f"{name} at {code.co_filename}:{code.co_firstlineno}"
 
 
 def _report_conflict(
-    primitive: Primitive, old: _Registration, new: Callable[..., Any], precedence: int
+    primitive: Primitive, old: _Registration, new: _Registration
 ) -> None:
-    old_name, new_name = _distribution_of(old.function), _distribution_of(new)
-    if precedence == old.precedence:
+    old_name = f"{_owner(old.function)} ({describe_rule(old.function)})"
+    new_name = f"{_owner(new.function)} ({describe_rule(new.function)})"
+    if new.precedence == old.precedence:
         outcome = (
-            f"both have precedence {precedence}, so the later one, {new_name}, wins; "
-            "give one of them a different `precedence=` to choose explicitly"
+            f"both have precedence {new.precedence}, so the later one, {new_name}, "
+            "wins; give one of them a different `precedence=` to choose explicitly"
         )
     else:
-        winner = new_name if precedence > old.precedence else old_name
+        winner = new_name if new.precedence > old.precedence else old_name
         outcome = f"{winner} wins by its higher precedence"
     warnings.warn(
         f"Two quax rules for primitive `{primitive.name}` have the same signature: "
         f"{old_name} (precedence {old.precedence}) and {new_name} (precedence "
-        f"{precedence}); {outcome}.",
+        f"{new.precedence}); {outcome}.",
         RuleConflictWarning,
         stacklevel=3,
     )
@@ -229,15 +342,49 @@ def _overrides_default(cls: type) -> bool:
 def resolve(primitive: Primitive, values: Sequence[Any]) -> Resolution:
     """Find how `primitive` applies to `values`, and why (no caching).
 
+    ```python
+    quax.resolve(jax.lax.dot_general_p, [LoraArray, jax.Array])
+    ```
+
     **Arguments:**
 
-    - `primitive`: the primitive being bound.
-    - `values`: its inputs, or their types (`jax.Array` for a plain array).
+    - `primitive`: the primitive being bound, such as `jax.lax.mul_p`.
+    - `values`: its inputs, or their types: subclasses of [`quax.Value`][], and
+        `jax.Array` (or a NumPy or Python scalar type) for a plain array.
 
     **Returns:**
 
     A [`quax.Resolution`][] naming the rule and the reason it was chosen.
     """
+    _check_primitive(primitive, "quax.resolve")
+    if isinstance(values, str | bytes) or not isinstance(values, Iterable):
+        raise TypeError(
+            "quax.resolve expects a sequence of input types or values, such as "
+            f"`[MyArray, jax.Array]`; got {values!r}."
+        )
+    values = list(values)
+    for v in values:
+        if not _is_input(v):
+            raise TypeError(
+                f"quax.resolve expects input types (subclasses of `quax.Value`, or "
+                f"`jax.Array` for a plain array) or input values; got {v!r}, which "
+                f"is neither."
+            )
+    if any(isinstance(v, type) for v in values):
+        values = [v if isinstance(v, type) else type(v) for v in values]
+    return _resolve(primitive, values)
+
+
+_INPUT_TYPES = (Value, jax.Array, np.ndarray, np.generic, bool, int, float, complex)
+
+
+def _is_input(v: Any) -> bool:
+    if isinstance(v, type):
+        return issubclass(v, _INPUT_TYPES)
+    return isinstance(v, _INPUT_TYPES)
+
+
+def _resolve(primitive: Primitive, values: Sequence[Any]) -> Resolution:
     function = _functions.get(primitive)
     by_type = all(isinstance(v, type) for v in values)
     if function is not None:
@@ -255,9 +402,7 @@ def resolve(primitive: Primitive, values: Sequence[Any]) -> Resolution:
             ) from None
         else:
             return Resolution(
-                "rule",
-                method,
-                f"registered rule {method.__module__}.{method.__qualname__}",
+                "rule", method, f"registered rule {describe_rule(method)}"
             )
     return _resolve_fallback(primitive, values)
 
@@ -309,11 +454,71 @@ def _as_rule(primitive: Primitive, resolution: Resolution) -> Rule:
     function = resolution.function
     if resolution.kind == "rule":
         assert function is not None
-        return lambda values, params: function(*values, **params)
+        return _calling(primitive, function, _keywords.get(function))
     if resolution.kind == "default":
         assert function is not None
         return ft.partial(function, primitive)
     return _materialise_and_bind(primitive)
+
+
+def _calling(
+    primitive: Primitive, function: Callable[..., Any], keywords: frozenset[str] | None
+) -> Rule:
+    """How a registered rule is called: with every param, or (for a rule without
+    `**params`) with those it declares, checking that the others are neutral."""
+    if keywords is None:
+        return lambda values, params: function(*values, **params)
+
+    def rule(values: Sequence[Any], params: dict[str, Any]) -> Any:
+        if params.keys() <= keywords:
+            return function(*values, **params)
+        declared = {}
+        for name, value in params.items():
+            if name in keywords:
+                declared[name] = value
+            elif not _is_neutral(primitive, name, value, values):
+                raise _undeclared_param(primitive, function, name, value)
+        return function(*values, **declared)
+
+    return rule
+
+
+def _last_axis(axis: Any, values: Sequence[Any]) -> bool:
+    operand = values[0]
+    ndim = len(operand.aval().shape) if is_value(operand) else np.ndim(operand)
+    return axis in (-1, ndim - 1)
+
+
+# Params whose neutral value (what the primitive did before the param existed) is
+# not `None`, by (primitive name, param name): the value counts as neutral where
+# the predicate holds.
+_NEUTRAL: dict[tuple[str, str], tuple[str, Callable[[Any, Sequence[Any]], bool]]] = {
+    ("top_k", "axis"): ("-1, the last axis", _last_axis),
+}
+
+
+def _is_neutral(
+    primitive: Primitive, name: str, value: Any, values: Sequence[Any]
+) -> bool:
+    if value is None:
+        return True
+    neutral = _NEUTRAL.get((primitive.name, name))
+    return neutral is not None and neutral[1](value, values)
+
+
+def _undeclared_param(
+    primitive: Primitive, function: Callable[..., Any], name: str, value: Any
+) -> TypeError:
+    neutral = _NEUTRAL.get((primitive.name, name), ("None",))[0]
+    return TypeError(
+        f"The quax rule {describe_rule(function)} for primitive `{primitive.name}` "
+        f"does not take the param `{name}`, and JAX binds `{primitive.name}` with "
+        f"`{name}={value!r}` here. A rule without `{name}` is only called while "
+        f"it holds its neutral value ({neutral}); with another value the rule "
+        f"would compute something else. Add `**params` to the rule's signature "
+        f"and handle `{name}` (e.g. pass `**params` on to "
+        f"`{primitive.name}_p.bind`)."
+    )
 
 
 def fallback_rule(primitive: Primitive, values: Sequence[Any]) -> Rule:
@@ -330,7 +535,7 @@ def rule_for(primitive: Primitive, values: Sequence[Any]) -> Rule:
         return _cache[key]
     except KeyError:
         pass
-    rule = _as_rule(primitive, resolve(primitive, values))
+    rule = _as_rule(primitive, _resolve(primitive, values))
     if _faithful.get(primitive, True):
         _cache[key] = rule
     return rule
