@@ -1,1 +1,43 @@
-"""quax-structured: (being written)."""
+"""quax-structured: structured matrices that unmodified `jnp.linalg` code solves at
+the structure's cost.
+
+```python
+import jax.numpy as jnp, quax
+from quax_structured import TridiagonalMatrix
+
+T = TridiagonalMatrix(lower, main, upper)
+x = quax.quaxify(jnp.linalg.solve)(T, b)  # O(n), no n x n array
+```
+"""
+
+from . import _rules as _rules  # registers the rules
+from ._base import (
+    MaterialisationError as MaterialisationError,
+    StructuredMatrix as StructuredMatrix,
+)
+from ._diagonal import Diagonal as Diagonal, ScaledIdentity as ScaledIdentity
+from ._kronecker import Kronecker as Kronecker, KroneckerLU as KroneckerLU
+from ._lowrank import (
+    LowRank as LowRank,
+    LowRankPlusDiagonal as LowRankPlusDiagonal,
+    Semiseparable as Semiseparable,
+)
+from ._triangular import (
+    LowerTriangular as LowerTriangular,
+    UpperTriangular as UpperTriangular,
+)
+from ._tridiagonal import TridiagonalMatrix as TridiagonalMatrix
+
+
+VALUE_TYPES = (
+    TridiagonalMatrix,
+    Diagonal,
+    ScaledIdentity,
+    LowerTriangular,
+    UpperTriangular,
+    LowRank,
+    LowRankPlusDiagonal,
+    Semiseparable,
+    Kronecker,
+    KroneckerLU,
+)

@@ -14,7 +14,9 @@ def quax_register_rules() -> None:
 
 @hookimpl
 def quax_value_types() -> Sequence[type[Value]]:
-    return []
+    import quax_structured
+
+    return quax_structured.VALUE_TYPES
 
 
 @hookimpl

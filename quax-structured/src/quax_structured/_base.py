@@ -1,0 +1,149 @@
+"""The base of every structured matrix: materialisation policy and refusals."""
+
+import copy
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+import equinox as eqx
+import jax
+import jax.core
+import quax
+from jaxtyping import Array
+
+
+__all__ = ["MaterialisationError", "StructuredMatrix"]
+
+
+class MaterialisationError(RuntimeError):
+    """A structured matrix with `allow_materialise=False` met an operation that has
+    no structured rule and would need its dense `(n, n)` array."""
+
+
+class StructuredMatrix(quax.ArrayValue):
+    """A square matrix (with leading batch axes) stored by its structure.
+
+    Subclasses store their leaves, implement `dense()` (the dense array, used only
+    when materialising is allowed), `aval()`, and the structured operations the
+    rules call (`matmat`, `transpose`, ...). Every operation without a rule refuses,
+    naming the primitive, unless `allow_materialise=True`.
+    """
+
+    allow_materialise: eqx.AbstractVar[bool]
+    # Whether the dense array is a linear function of the float leaves.
+    linear_in_leaves: ClassVar[bool] = True
+
+    @property
+    def size_n(self) -> int:
+        """`n`, the matrix size (the last two axes are `(n, n)`)."""
+        return self.shape[-1]
+
+    @property
+    def batch_shape(self) -> tuple[int, ...]:
+        """The leading batch axes."""
+        return self.shape[:-2]
+
+    def enable_materialise(self, allow: bool = True) -> "StructuredMatrix":
+        """A copy of this matrix with `allow_materialise=allow`."""
+        new = copy.copy(self)
+        object.__setattr__(new, "allow_materialise", allow)
+        return new
+
+    def dense(self) -> Array:
+        """The dense array, whatever `allow_materialise` says."""
+        raise NotImplementedError
+
+    # The structured operations the rules call. Each returns `None` where the
+    # structure has no algorithm for it; the rule then refuses (see `default`).
+
+    def transpose(self) -> "StructuredMatrix | None":
+        """The transposed matrix (of each matrix in the batch)."""
+        return None
+
+    def map_leaves(self, fn: Callable[[Array], Array]) -> "StructuredMatrix | None":
+        """The matrix with `fn` applied to every leaf (types linear in their leaves)."""
+        return None
+
+    def scaled(self, s: Array) -> "StructuredMatrix | None":
+        """`s * self` for a scalar `s`."""
+        if type(self).linear_in_leaves:
+            return self.map_leaves(lambda leaf: leaf * s)
+        return None
+
+    def matmat(self, x: Array) -> Array | None:
+        """`self @ x` for `x` of shape `(*batch, n, k)`."""
+        return None
+
+    def entries(self, i: Array, j: Array) -> Array | None:
+        """The entries `self[i, j]` for integer arrays `i`, `j` (no batch axes)."""
+        return None
+
+    def masked(self, y: Array) -> "StructuredMatrix | None":
+        """`self * y` (elementwise) for a dense `y` of the full shape, keeping the
+        structure's pattern of zeros."""
+        return None
+
+    def add(self, other: "StructuredMatrix") -> "StructuredMatrix | None":
+        """`self + other`, keeping a structure."""
+        return None
+
+    def add_diagonal(self, d: Array) -> "StructuredMatrix | None":
+        """`self + diag(d)`, keeping a structure."""
+        return None
+
+    def row_scaled(self, d: Array) -> "StructuredMatrix | None":
+        """`diag(d) @ self`, keeping the structure."""
+        return None
+
+    def col_scaled(self, d: Array) -> "StructuredMatrix | None":
+        """`self @ diag(d)`, keeping the structure."""
+        return None
+
+    def product(self, other: "StructuredMatrix") -> "StructuredMatrix | None":
+        """`self @ other`, keeping a structure."""
+        return None
+
+    def lu(self) -> Any:
+        """The packed LU factors as `lax.linalg.lu` defines them: a structured
+        matrix (no pivoting), or `(factors, pivots, permutation)`."""
+        return None
+
+    def cholesky(self) -> "StructuredMatrix | None":
+        """The lower Cholesky factor, read from the lower triangle."""
+        return None
+
+    def triangular_solve(
+        self, b: Array, *, lower: bool, transpose_a: bool, unit_diagonal: bool
+    ) -> Array | None:
+        """Solve `op(A) x = b` for `b` of shape `(*batch, n, k)`, with `A` the lower
+        (`lower=True`) or upper triangle of this matrix and `op` a transpose when
+        `transpose_a`; a unit diagonal replaces `A`'s when `unit_diagonal`."""
+        return None
+
+    def materialise(self) -> Array:
+        if not self.allow_materialise:
+            name = type(self).__name__
+            raise MaterialisationError(
+                f"Refusing to materialise `{name}` with `allow_materialise=False`. "
+                f"Pass `allow_materialise=True` to `{name}` or call "
+                "`.enable_materialise()` to allow the dense array."
+            )
+        return self.dense()
+
+    def aval(self) -> jax.core.ShapedArray:
+        raise NotImplementedError
+
+    @staticmethod
+    def default(primitive: Any, values: Any, params: dict[str, Any]) -> Any:
+        for value in values:
+            if isinstance(value, StructuredMatrix) and not value.allow_materialise:
+                name = type(value).__name__
+                types = ", ".join(type(v).__name__ for v in values)
+                raise MaterialisationError(
+                    f"Refusing to materialise `{name}` with `allow_materialise=False`: "
+                    f"quax-structured has no rule for primitive `{primitive.name}` "
+                    f"on input types ({types}), and the dense array (shape "
+                    f"{value.shape}) costs O(n^2) memory. Pass "
+                    f"`allow_materialise=True` to `{name}` or call "
+                    "`.enable_materialise()` to allow it."
+                )
+        return quax.Value.default(primitive, values, params)

@@ -1,0 +1,161 @@
+"""`Diagonal` and `ScaledIdentity`: everything in O(n)."""
+
+import equinox as eqx
+import jax
+import jax.core
+import jax.numpy as jnp
+from jaxtyping import Array
+
+from ._base import StructuredMatrix
+
+
+__all__ = ["Diagonal", "ScaledIdentity"]
+
+
+class Diagonal(StructuredMatrix):
+    """A diagonal matrix, stored as its diagonal. Symmetric.
+
+    **Fields:**
+
+    - `diag`: shape `(*batch, n)`.
+    - `allow_materialise`: as for [`quax_structured.TridiagonalMatrix`][] (static).
+    """
+
+    diag: Array
+    allow_materialise: bool = eqx.field(default=False, static=True)
+
+    def aval(self) -> jax.core.ShapedArray:
+        *batch, n = self.diag.shape
+        return jax.core.ShapedArray((*batch, n, n), self.diag.dtype)
+
+    def dense(self) -> Array:
+        return self.diag[..., :, None] * jnp.eye(self.diag.shape[-1], dtype=self.dtype)
+
+    def transpose(self) -> "Diagonal":
+        return self
+
+    def map_leaves(self, fn) -> "Diagonal":
+        return Diagonal(fn(self.diag), self.allow_materialise)
+
+    def matmat(self, x: Array) -> Array:
+        return self.diag[..., :, None] * x
+
+    def entries(self, i: Array, j: Array) -> Array:
+        n = self.diag.shape[-1]
+        i, j = jnp.clip(i, 0, n - 1), jnp.clip(j, 0, n - 1)
+        return jnp.where(i == j, self.diag[i], jnp.zeros((), self.dtype))
+
+    def diagonal(self) -> Array:
+        return self.diag
+
+    def masked(self, y: Array) -> "Diagonal":
+        return Diagonal(self.diag * jnp.diagonal(y, 0, -2, -1), self.allow_materialise)
+
+    def product(self, other: StructuredMatrix) -> StructuredMatrix | None:
+        """`self @ other`: `other`'s rows scaled, keeping its structure."""
+        return other.row_scaled(self.diag)
+
+    def row_scaled(self, d: Array) -> "Diagonal":
+        return Diagonal(d * self.diag, self.allow_materialise)
+
+    col_scaled = row_scaled
+
+    def add(self, other: StructuredMatrix) -> StructuredMatrix | None:
+        if isinstance(other, Diagonal):
+            return Diagonal(self.diag + other.diag, self.allow_materialise)
+        if hasattr(other, "add_diagonal"):
+            return other.add_diagonal(self.diag)
+        return None
+
+    def add_diagonal(self, d: Array) -> "Diagonal":
+        return Diagonal(self.diag + d, self.allow_materialise)
+
+    def lu(self) -> "Diagonal":
+        # L = I and U = D: the packed factors are the matrix itself.
+        return self
+
+    def triangular_solve(
+        self, b: Array, *, lower: bool, transpose_a: bool, unit_diagonal: bool
+    ) -> Array:
+        del lower, transpose_a
+        return b if unit_diagonal else b / self.diag[..., :, None]
+
+    def cholesky(self) -> "Diagonal":
+        return Diagonal(jnp.sqrt(self.diag), self.allow_materialise)
+
+
+class ScaledIdentity(StructuredMatrix):
+    """`scale * I`, an `(n, n)` multiple of the identity. Symmetric.
+
+    **Fields:**
+
+    - `scale`: shape `(*batch,)` (a scalar for one matrix).
+    - `size`: `n` (static).
+    - `allow_materialise`: as for [`quax_structured.TridiagonalMatrix`][] (static).
+    """
+
+    scale: Array
+    size: int = eqx.field(static=True)
+    allow_materialise: bool = eqx.field(default=False, static=True)
+
+    def aval(self) -> jax.core.ShapedArray:
+        return jax.core.ShapedArray(
+            (*jnp.shape(self.scale), self.size, self.size), jnp.result_type(self.scale)
+        )
+
+    def dense(self) -> Array:
+        eye = jnp.eye(self.size, dtype=self.dtype)
+        return jnp.asarray(self.scale)[..., None, None] * eye
+
+    def transpose(self) -> "ScaledIdentity":
+        return self
+
+    def map_leaves(self, fn) -> "ScaledIdentity":
+        return ScaledIdentity(fn(self.scale), self.size, self.allow_materialise)
+
+    def matmat(self, x: Array) -> Array:
+        return jnp.asarray(self.scale)[..., None, None] * x
+
+    def entries(self, i: Array, j: Array) -> Array:
+        return jnp.where(i == j, self.scale, jnp.zeros((), self.dtype))
+
+    def _as_diagonal(self) -> Diagonal:
+        d = jnp.broadcast_to(
+            jnp.asarray(self.scale)[..., None], (*jnp.shape(self.scale), self.size)
+        )
+        return Diagonal(d, self.allow_materialise)
+
+    def row_scaled(self, d: Array) -> Diagonal:
+        return self._as_diagonal().row_scaled(d)
+
+    def col_scaled(self, d: Array) -> Diagonal:
+        return self._as_diagonal().col_scaled(d)
+
+    def product(self, other: StructuredMatrix) -> StructuredMatrix | None:
+        if jnp.ndim(self.scale) != 0:
+            return None
+        return other.scaled(self.scale)
+
+    def add(self, other: StructuredMatrix) -> StructuredMatrix | None:
+        if isinstance(other, ScaledIdentity):
+            return ScaledIdentity(
+                self.scale + other.scale, self.size, self.allow_materialise
+            )
+        if hasattr(other, "add_diagonal"):
+            return other.add_diagonal(self._as_diagonal().diag)
+        return None
+
+    def add_diagonal(self, d: Array) -> Diagonal:
+        return self._as_diagonal().add_diagonal(d)
+
+    def lu(self) -> "ScaledIdentity":
+        return self
+
+    def triangular_solve(
+        self, b: Array, *, lower: bool, transpose_a: bool, unit_diagonal: bool
+    ) -> Array:
+        del lower, transpose_a
+        return b if unit_diagonal else b / jnp.asarray(self.scale)[..., None, None]
+
+    def cholesky(self) -> "ScaledIdentity":
+        return ScaledIdentity(jnp.sqrt(self.scale), self.size, self.allow_materialise)

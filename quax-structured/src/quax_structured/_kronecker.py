@@ -1,0 +1,235 @@
+"""`Kronecker` products: products through reshapes, LU and Cholesky through the
+factors."""
+
+from typing import Literal
+
+import equinox as eqx
+import jax
+import jax.core
+import jax.numpy as jnp
+from jax import lax
+from jaxtyping import Array
+
+from ._base import StructuredMatrix
+
+
+__all__ = ["Kronecker", "KroneckerLU"]
+
+
+def _kron_apply(a: Array, b: Array, x: Array) -> Array:
+    """`(a ⊗ b) @ x` for `x` of shape `(na nb, k)`: `a X bᵀ` per column."""
+    xs = x.reshape(a.shape[1], b.shape[1], x.shape[-1])
+    out = jnp.einsum("ij,jlk,ml->imk", a, xs, b)
+    return out.reshape(a.shape[0] * b.shape[0], x.shape[-1])
+
+
+def _kron_entries(a: Array, b: Array, i: Array, j: Array) -> Array:
+    nb = b.shape[0]
+    return a[i // nb, j // nb] * b[i % nb, j % nb]
+
+
+def _factor_solve(
+    a: Array, b: Array, x: Array, *, lower: bool, transpose_a: bool, unit: bool
+) -> Array:
+    """Solve `op(a ⊗ b) y = x` for triangular factors, one factor at a time."""
+    na, nb = a.shape[0], b.shape[0]
+    xs = x.reshape(na, nb * x.shape[-1])
+    kw = dict(left_side=True, lower=lower, transpose_a=transpose_a, unit_diagonal=unit)
+    ys = lax.linalg.triangular_solve(a, xs, **kw)
+    ys = ys.reshape(na, nb, x.shape[-1]).transpose(1, 0, 2).reshape(nb, -1)
+    ys = lax.linalg.triangular_solve(b, ys, **kw)
+    return ys.reshape(nb, na, x.shape[-1]).transpose(1, 0, 2).reshape(na * nb, -1)
+
+
+def _pivots_of(perm: Array) -> Array:
+    """The row-swap pivots (as `lax.linalg.lu` returns them) of a permutation."""
+    n = perm.shape[0]
+
+    def step(carry, i):
+        cur, pos = carry  # cur[k]: row at position k; pos[r]: position of row r
+        p = pos[perm[i]]
+        row_i = cur[i]
+        cur = cur.at[p].set(row_i).at[i].set(perm[i])
+        pos = pos.at[row_i].set(p).at[perm[i]].set(i)
+        return (cur, pos), p
+
+    iota = jnp.arange(n, dtype=perm.dtype)
+    _, pivots = lax.scan(step, (iota, iota), iota)
+    return pivots
+
+
+class Kronecker(StructuredMatrix):
+    """`left ⊗ right`, the Kronecker product of two square matrices (row-major, as
+    `jnp.kron`). Products cost O(n (na + nb)) through reshapes; `jnp.linalg.solve`,
+    `det`, `slogdet` and `cholesky` go through the factors.
+
+    **Fields:**
+
+    - `left`: shape `(na, na)`.
+    - `right`: shape `(nb, nb)`.
+    - `symmetric`: whether both factors are symmetric (static; a property tag that
+        `jnp.linalg.cholesky` needs, as it symmetrises its input first).
+    - `triangle`: `"lower"` or `"upper"` when both factors are triangular (static;
+        set on Cholesky factors), else `None`.
+    - `allow_materialise`: as for [`quax_structured.TridiagonalMatrix`][] (static).
+    """
+
+    left: Array
+    right: Array
+    symmetric: bool = eqx.field(default=False, static=True)
+    triangle: Literal["lower", "upper"] | None = eqx.field(default=None, static=True)
+    allow_materialise: bool = eqx.field(default=False, static=True)
+
+    linear_in_leaves = False
+
+    def __check_init__(self):
+        for name in ("left", "right"):
+            shape = getattr(self, name).shape
+            if len(shape) != 2 or shape[0] != shape[1]:
+                raise ValueError(
+                    f"`Kronecker` needs square 2-dimensional factors, got `{name}` "
+                    f"of shape {shape}."
+                )
+
+    def aval(self) -> jax.core.ShapedArray:
+        n = self.left.shape[0] * self.right.shape[0]
+        return jax.core.ShapedArray((n, n), jnp.result_type(self.left, self.right))
+
+    def dense(self) -> Array:
+        return jnp.kron(self.left, self.right)
+
+    def _with(self, left: Array, right: Array, **kw) -> "Kronecker":
+        fields = dict(
+            symmetric=self.symmetric,
+            triangle=self.triangle,
+            allow_materialise=self.allow_materialise,
+        )
+        return Kronecker(left, right, **{**fields, **kw})
+
+    def transpose(self) -> "Kronecker":
+        if self.symmetric:
+            return self
+        flipped = {"lower": "upper", "upper": "lower", None: None}[self.triangle]
+        return self._with(self.left.T, self.right.T, triangle=flipped)
+
+    def scaled(self, s: Array) -> "Kronecker":
+        return self._with(self.left * s, self.right)
+
+    def matmat(self, x: Array) -> Array:
+        return _kron_apply(self.left, self.right, x)
+
+    def entries(self, i: Array, j: Array) -> Array:
+        n = self.shape[-1]
+        return _kron_entries(
+            self.left, self.right, jnp.clip(i, 0, n - 1), jnp.clip(j, 0, n - 1)
+        )
+
+    def product(self, other: StructuredMatrix) -> "Kronecker | None":
+        """`self @ other` for a Kronecker `other` with factors of matching sizes."""
+        if not isinstance(other, Kronecker):
+            return None
+        if self.left.shape != other.left.shape:
+            return None
+        return Kronecker(
+            self.left @ other.left,
+            self.right @ other.right,
+            allow_materialise=self.allow_materialise,
+        )
+
+    def lu(self) -> tuple["KroneckerLU", Array, Array]:
+        la, _, perm_a = lax.linalg.lu(self.left)
+        lb, _, perm_b = lax.linalg.lu(self.right)
+        nb = self.right.shape[0]
+        perm = (perm_a[:, None] * nb + perm_b[None, :]).reshape(-1)
+        return KroneckerLU(la, lb, self.allow_materialise), _pivots_of(perm), perm
+
+    def cholesky(self) -> "Kronecker | None":
+        if not self.symmetric:
+            return None
+        return Kronecker(
+            lax.linalg.cholesky(self.left),
+            lax.linalg.cholesky(self.right),
+            triangle="lower",
+            allow_materialise=self.allow_materialise,
+        )
+
+    def triangular_solve(
+        self, b: Array, *, lower: bool, transpose_a: bool, unit_diagonal: bool
+    ) -> Array | None:
+        if self.triangle is None:
+            return None
+        if (self.triangle == "lower") == lower:
+            if unit_diagonal:
+                return None
+            return _factor_solve(
+                self.left,
+                self.right,
+                b,
+                lower=lower,
+                transpose_a=transpose_a,
+                unit=False,
+            )
+        # The other triangle of a triangular Kronecker product is its diagonal.
+        if unit_diagonal:
+            return b
+        diag = jnp.kron(jnp.diagonal(self.left), jnp.diagonal(self.right))
+        return b / diag[:, None]
+
+
+class KroneckerLU(StructuredMatrix):
+    """The packed LU factors of a `Kronecker` product: `L = L_left ⊗ L_right` below
+    the diagonal (unit diagonal), `U = U_left ⊗ U_right` on and above it.
+
+    **Fields:**
+
+    - `left`, `right`: the packed LU factors of the two factors.
+    - `allow_materialise`: as for [`quax_structured.TridiagonalMatrix`][] (static).
+    """
+
+    left: Array
+    right: Array
+    allow_materialise: bool = eqx.field(default=False, static=True)
+
+    linear_in_leaves = False
+
+    def aval(self) -> jax.core.ShapedArray:
+        n = self.left.shape[0] * self.right.shape[0]
+        return jax.core.ShapedArray((n, n), jnp.result_type(self.left, self.right))
+
+    def _factors(self) -> tuple[Array, Array, Array, Array]:
+        def unit_lower(x: Array) -> Array:
+            return jnp.tril(x, -1) + jnp.eye(x.shape[0], dtype=x.dtype)
+
+        return (
+            unit_lower(self.left),
+            unit_lower(self.right),
+            jnp.triu(self.left),
+            jnp.triu(self.right),
+        )
+
+    def dense(self) -> Array:
+        la, lb, ua, ub = self._factors()
+        return jnp.tril(jnp.kron(la, lb), -1) + jnp.triu(jnp.kron(ua, ub))
+
+    def entries(self, i: Array, j: Array) -> Array:
+        n = self.shape[-1]
+        i, j = jnp.clip(i, 0, n - 1), jnp.clip(j, 0, n - 1)
+        la, lb, ua, ub = self._factors()
+        return jnp.where(
+            i > j, _kron_entries(la, lb, i, j), _kron_entries(ua, ub, i, j)
+        )
+
+    def triangular_solve(
+        self, b: Array, *, lower: bool, transpose_a: bool, unit_diagonal: bool
+    ) -> Array | None:
+        if lower != unit_diagonal:
+            # tril with the U diagonal, or triu with a unit one: not a product.
+            return None
+        return _factor_solve(
+            self.left,
+            self.right,
+            b,
+            lower=lower,
+            transpose_a=transpose_a,
+            unit=unit_diagonal,
+        )

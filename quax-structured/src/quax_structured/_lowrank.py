@@ -1,0 +1,292 @@
+"""Low-rank structures: `LowRank` (`U Vᵀ`), `LowRankPlusDiagonal` (`D + U Vᵀ`), and
+`Semiseparable`, the form their LU and Cholesky factors take."""
+
+import equinox as eqx
+import jax
+import jax.core
+import jax.numpy as jnp
+from jax import lax
+from jaxtyping import Array
+
+from ._base import StructuredMatrix
+
+
+__all__ = ["LowRank", "LowRankPlusDiagonal", "Semiseparable"]
+
+
+def _outer(u: Array, v: Array) -> Array:
+    return jnp.einsum("...ir,...jr->...ij", u, v)
+
+
+class LowRank(StructuredMatrix):
+    """`U Vᵀ`, an `(n, n)` matrix of rank at most `r`. Products cost O(n r).
+
+    **Fields:**
+
+    - `u`: shape `(n, r)`.
+    - `v`: shape `(n, r)`; `None` (the default) means `v = u`, a symmetric matrix.
+    - `allow_materialise`: as for [`quax_structured.TridiagonalMatrix`][] (static).
+    """
+
+    u: Array
+    v: Array | None = None
+    allow_materialise: bool = eqx.field(default=False, static=True)
+
+    linear_in_leaves = False
+
+    @property
+    def symmetric(self) -> bool:
+        return self.v is None
+
+    def _v(self) -> Array:
+        return self.u if self.v is None else self.v
+
+    def aval(self) -> jax.core.ShapedArray:
+        n = self.u.shape[-2]
+        return jax.core.ShapedArray((n, n), self.u.dtype)
+
+    def dense(self) -> Array:
+        return _outer(self.u, self._v())
+
+    def transpose(self) -> "LowRank":
+        if self.v is None:
+            return self
+        return LowRank(self.v, self.u, self.allow_materialise)
+
+    def scaled(self, s: Array) -> "LowRank":
+        return LowRank(self.u * s, self._v(), self.allow_materialise)
+
+    def matmat(self, x: Array) -> Array:
+        return self.u @ (self._v().T @ x)
+
+    def entries(self, i: Array, j: Array) -> Array:
+        n = self.u.shape[0]
+        i, j = jnp.clip(i, 0, n - 1), jnp.clip(j, 0, n - 1)
+        return jnp.sum(self.u[i] * self._v()[j], axis=-1)
+
+    def add_diagonal(self, d: Array) -> "LowRankPlusDiagonal":
+        return LowRankPlusDiagonal(d, self.u, self.v, self.allow_materialise)
+
+
+class LowRankPlusDiagonal(StructuredMatrix):
+    """`diag(d) + U Vᵀ`. Products cost O(n r); `jnp.linalg.solve` and
+    `jnp.linalg.cholesky` cost O(n r²) (the factors are semiseparable, the
+    Woodbury identity and the matrix determinant lemma in disguise).
+
+    **Fields:**
+
+    - `diag`: shape `(n,)`.
+    - `u`: shape `(n, r)`.
+    - `v`: shape `(n, r)`; `None` (the default) means `v = u`: a symmetric matrix,
+        positive definite when `diag > 0` (a kernel matrix with inducing points).
+    - `allow_materialise`: as for [`quax_structured.TridiagonalMatrix`][] (static).
+    """
+
+    diag: Array
+    u: Array
+    v: Array | None = None
+    allow_materialise: bool = eqx.field(default=False, static=True)
+
+    linear_in_leaves = False
+
+    @property
+    def symmetric(self) -> bool:
+        return self.v is None
+
+    def _v(self) -> Array:
+        return self.u if self.v is None else self.v
+
+    def aval(self) -> jax.core.ShapedArray:
+        n = self.diag.shape[-1]
+        return jax.core.ShapedArray((n, n), jnp.result_type(self.diag, self.u))
+
+    def dense(self) -> Array:
+        n = self.diag.shape[-1]
+        return self.diag[:, None] * jnp.eye(n, dtype=self.dtype) + _outer(
+            self.u, self._v()
+        )
+
+    def transpose(self) -> "LowRankPlusDiagonal":
+        if self.v is None:
+            return self
+        return LowRankPlusDiagonal(self.diag, self.v, self.u, self.allow_materialise)
+
+    def scaled(self, s: Array) -> "LowRankPlusDiagonal":
+        return LowRankPlusDiagonal(
+            self.diag * s, self.u * s, self._v(), self.allow_materialise
+        )
+
+    def matmat(self, x: Array) -> Array:
+        return self.diag[:, None] * x + self.u @ (self._v().T @ x)
+
+    def entries(self, i: Array, j: Array) -> Array:
+        return self.semiseparable().entries(i, j)
+
+    def add_diagonal(self, d: Array) -> "LowRankPlusDiagonal":
+        return LowRankPlusDiagonal(
+            self.diag + d, self.u, self.v, self.allow_materialise
+        )
+
+    def semiseparable(self) -> "Semiseparable":
+        """The same matrix as a `Semiseparable` (generators `U`, `V` both sides)."""
+        v = self._v()
+        main = self.diag + jnp.sum(self.u * v, axis=-1)
+        return Semiseparable(self.u, v, main, self.u, v, self.allow_materialise)
+
+    def lu(self) -> "Semiseparable":
+        return self.semiseparable().lu()
+
+    def cholesky(self) -> "Semiseparable":
+        return self.semiseparable().cholesky()
+
+
+class Semiseparable(StructuredMatrix):
+    """A matrix whose strictly lower part is that of `C Eᵀ`, whose diagonal is
+    `main`, and whose strictly upper part is that of `A Bᵀ`: the form of the LU and
+    Cholesky factors of `LowRankPlusDiagonal`. Products and triangular solves cost
+    O(n r) per column, LU and Cholesky factorisations O(n r²).
+
+    **Fields:**
+
+    - `lower_left`, `lower_right`: `C` and `E`, shape `(n, r)`.
+    - `main`: shape `(n,)`.
+    - `upper_left`, `upper_right`: `A` and `B`, shape `(n, s)`.
+    - `allow_materialise`: as for [`quax_structured.TridiagonalMatrix`][] (static).
+    """
+
+    lower_left: Array
+    lower_right: Array
+    main: Array
+    upper_left: Array
+    upper_right: Array
+    allow_materialise: bool = eqx.field(default=False, static=True)
+
+    linear_in_leaves = False
+
+    def aval(self) -> jax.core.ShapedArray:
+        n = self.main.shape[-1]
+        return jax.core.ShapedArray((n, n), self.main.dtype)
+
+    def dense(self) -> Array:
+        n = self.main.shape[-1]
+        lower = jnp.tril(_outer(self.lower_left, self.lower_right), -1)
+        upper = jnp.triu(_outer(self.upper_left, self.upper_right), 1)
+        return lower + upper + self.main[:, None] * jnp.eye(n, dtype=self.dtype)
+
+    def transpose(self) -> "Semiseparable":
+        return Semiseparable(
+            self.upper_right,
+            self.upper_left,
+            self.main,
+            self.lower_right,
+            self.lower_left,
+            self.allow_materialise,
+        )
+
+    def scaled(self, s: Array) -> "Semiseparable":
+        return Semiseparable(
+            self.lower_left * s,
+            self.lower_right,
+            self.main * s,
+            self.upper_left * s,
+            self.upper_right,
+            self.allow_materialise,
+        )
+
+    def entries(self, i: Array, j: Array) -> Array:
+        n = self.main.shape[-1]
+        i, j = jnp.clip(i, 0, n - 1), jnp.clip(j, 0, n - 1)
+        lower = jnp.sum(self.lower_left[i] * self.lower_right[j], axis=-1)
+        upper = jnp.sum(self.upper_left[i] * self.upper_right[j], axis=-1)
+        return jnp.where(i > j, lower, jnp.where(i < j, upper, self.main[i]))
+
+    def matmat(self, x: Array) -> Array:
+        # Exclusive prefix sums of E_k x_k (lower part) and suffix sums of B_k x_k.
+        e_x = jnp.einsum("kr,kc->krc", self.lower_right, x)
+        before = jnp.cumsum(e_x, axis=0) - e_x
+        b_x = jnp.einsum("kr,kc->krc", self.upper_right, x)
+        after = jnp.cumsum(b_x[::-1], axis=0)[::-1] - b_x
+        out = self.main[:, None] * x
+        out = out + jnp.einsum("ir,irc->ic", self.lower_left, before)
+        return out + jnp.einsum("ir,irc->ic", self.upper_left, after)
+
+    def lu(self) -> "Semiseparable":
+        """The packed LU factors without pivoting, O(n r s): the strictly lower part
+        of `L` has generators `(C, Q)`, `U` has diagonal `u` and generators
+        `(P, B)`."""
+        c, e, m, a, b = (
+            self.lower_left,
+            self.lower_right,
+            self.main,
+            self.upper_left,
+            self.upper_right,
+        )
+
+        def step(s, x):
+            ci, ei, mi, ai, bi = x
+            p = ai - s.T @ ci
+            u = mi - ci @ s @ bi
+            q = (ei - s @ bi) / u
+            return s + jnp.outer(q, p), (q, u, p)
+
+        s0 = jnp.zeros((c.shape[-1], a.shape[-1]), self.dtype)
+        _, (q, u, p) = lax.scan(step, s0, (c, e, m, a, b))
+        return Semiseparable(c, q, u, p, b, self.allow_materialise)
+
+    def cholesky(self) -> "Semiseparable":
+        """The lower Cholesky factor `G` (`M = G Gᵀ`), from the lower triangle only
+        (as `lax.linalg.cholesky` reads it), O(n r²)."""
+        sym = Semiseparable(
+            self.lower_left,
+            self.lower_right,
+            self.main,
+            self.lower_right,
+            self.lower_left,
+            self.allow_materialise,
+        )
+        lu = sym.lu()
+        root = jnp.sqrt(lu.main)
+        zeros = jnp.zeros_like(self.lower_left[:, :1])
+        return Semiseparable(
+            lu.lower_left,
+            lu.lower_right * root[:, None],
+            root,
+            zeros,
+            zeros,
+            self.allow_materialise,
+        )
+
+    def triangular_solve(
+        self, b: Array, *, lower: bool, transpose_a: bool, unit_diagonal: bool
+    ) -> Array:
+        """Solve `op(A) x = b` with `A` the lower (or upper) triangle, O(n r k)."""
+        if lower:
+            g, h = (
+                (self.lower_right, self.lower_left)
+                if transpose_a
+                else (self.lower_left, self.lower_right)
+            )
+        else:
+            g, h = (
+                (self.upper_right, self.upper_left)
+                if transpose_a
+                else (self.upper_left, self.upper_right)
+            )
+        diag = None if unit_diagonal else self.main
+        return _generator_solve(g, h, diag, b, forward=lower != transpose_a)
+
+
+def _generator_solve(
+    g: Array, h: Array, diag: Array | None, b: Array, forward: bool
+) -> Array:
+    """`x_i = (b_i - g_iᵀ Σ_k h_k x_kᵀ) / d_i` over `k < i` (forward) or `k > i`."""
+    d = jnp.ones(b.shape[:1], b.dtype) if diag is None else diag
+
+    def step(w, xs):
+        gi, hi, bi, di = xs
+        x = (bi - gi @ w) / di
+        return w + jnp.outer(hi, x), x
+
+    w0 = jnp.zeros((h.shape[-1], b.shape[-1]), jnp.result_type(h, b))
+    _, x = lax.scan(step, w0, (g, h, b, d), reverse=not forward)
+    return x

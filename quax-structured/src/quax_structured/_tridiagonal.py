@@ -1,0 +1,231 @@
+"""`TridiagonalMatrix` and its O(n) algorithms."""
+
+import equinox as eqx
+import jax
+import jax.core
+import jax.numpy as jnp
+from jax import lax
+from jaxtyping import Array
+
+from ._base import StructuredMatrix
+
+
+__all__ = ["TridiagonalMatrix"]
+
+
+class TridiagonalMatrix(StructuredMatrix):
+    """A tridiagonal matrix, stored as its three diagonals.
+
+    As in the published quax: `T[..., i + 1, i] = lower_diag[..., i]`,
+    `T[..., i, i] = main_diag[..., i]`, `T[..., i, i + 1] = upper_diag[..., i]`.
+    Products cost O(n); `jnp.linalg.solve`, `slogdet` and `det` on it cost O(n)
+    (an LU factorisation without pivoting, see the README's limits).
+
+    **Fields:**
+
+    - `lower_diag`: shape `(*batch, n - 1)`.
+    - `main_diag`: shape `(*batch, n)`.
+    - `upper_diag`: shape `(*batch, n - 1)`.
+    - `allow_materialise`: whether an operation without a rule may form the dense
+        `(*batch, n, n)` array (static, default `False`: it raises instead).
+    """
+
+    lower_diag: Array
+    main_diag: Array
+    upper_diag: Array
+    allow_materialise: bool = eqx.field(default=False, static=True)
+
+    def __check_init__(self):
+        *batch1, size1 = self.lower_diag.shape
+        *batch2, size2 = self.main_diag.shape
+        *batch3, size3 = self.upper_diag.shape
+        batches = {tuple(batch1), tuple(batch2), tuple(batch3)}
+        if len(batches) != 1:
+            raise ValueError(
+                f"Got inconsistent batch dimensions {batches} for `TridiagonalMatrix`."
+            )
+        if size1 != size2 - 1 or size3 != size2 - 1:
+            raise ValueError(
+                "Got inconsistent diagonal lengths for `TridiagonalMatrix`."
+            )
+        if (
+            self.lower_diag.dtype != self.main_diag.dtype
+            or self.upper_diag.dtype != self.main_diag.dtype
+        ):
+            raise ValueError("Got inconsistent dtypes for `TridiagonalMatrix`.")
+
+    def aval(self) -> jax.core.ShapedArray:
+        *batch, size = self.main_diag.shape
+        return jax.core.ShapedArray((*batch, size, size), self.main_diag.dtype)
+
+    def dense(self) -> Array:
+        n = self.main_diag.shape[-1]
+        out = self.main_diag[..., :, None] * jnp.eye(n, dtype=self.dtype)
+        out = out + _embed(self.upper_diag, n, 1)
+        return out + _embed(self.lower_diag, n, -1)
+
+    # Structured operations (called by the rules) ------------------------------------
+
+    def transpose(self) -> "TridiagonalMatrix":
+        return TridiagonalMatrix(
+            self.upper_diag, self.main_diag, self.lower_diag, self.allow_materialise
+        )
+
+    def map_leaves(self, fn) -> "TridiagonalMatrix":
+        return TridiagonalMatrix(
+            fn(self.lower_diag),
+            fn(self.main_diag),
+            fn(self.upper_diag),
+            self.allow_materialise,
+        )
+
+    def matmat(self, x: Array) -> Array:
+        """`T @ x` for `x` of shape `(*batch, n, k)`, in O(n k)."""
+        lower, main, upper = (
+            d[..., None] for d in (self.lower_diag, self.main_diag, self.upper_diag)
+        )
+        pad = [(0, 0)] * (x.ndim - 2)
+        out = main * x
+        out = out + jnp.pad(upper * x[..., 1:, :], [*pad, (0, 1), (0, 0)])
+        return out + jnp.pad(lower * x[..., :-1, :], [*pad, (1, 0), (0, 0)])
+
+    def entries(self, i: Array, j: Array) -> Array:
+        """`T[i, j]` for index arrays `i`, `j` (no batch axes), in O(len(i))."""
+        n = self.main_diag.shape[-1]
+        i, j = jnp.clip(i, 0, n - 1), jnp.clip(j, 0, n - 1)
+        k = jnp.minimum(i, j).clip(0, n - 2)
+        zero = jnp.zeros((), self.dtype)
+        off = jnp.where(j == i + 1, self.upper_diag[k], zero)
+        off = jnp.where(i == j + 1, self.lower_diag[k], off)
+        return jnp.where(i == j, self.main_diag[i], off)
+
+    def masked(self, y: Array) -> "TridiagonalMatrix":
+        return TridiagonalMatrix(
+            self.lower_diag * jnp.diagonal(y, -1, -2, -1),
+            self.main_diag * jnp.diagonal(y, 0, -2, -1),
+            self.upper_diag * jnp.diagonal(y, 1, -2, -1),
+            self.allow_materialise,
+        )
+
+    def add(self, other: StructuredMatrix) -> "TridiagonalMatrix | None":
+        if isinstance(other, TridiagonalMatrix):
+            return TridiagonalMatrix(
+                self.lower_diag + other.lower_diag,
+                self.main_diag + other.main_diag,
+                self.upper_diag + other.upper_diag,
+                self.allow_materialise,
+            )
+        return None
+
+    def add_diagonal(self, d: Array) -> "TridiagonalMatrix":
+        return TridiagonalMatrix(
+            self.lower_diag, self.main_diag + d, self.upper_diag, self.allow_materialise
+        )
+
+    def row_scaled(self, d: Array) -> "TridiagonalMatrix":
+        return TridiagonalMatrix(
+            self.lower_diag * d[..., 1:],
+            self.main_diag * d,
+            self.upper_diag * d[..., :-1],
+            self.allow_materialise,
+        )
+
+    def col_scaled(self, d: Array) -> "TridiagonalMatrix":
+        return TridiagonalMatrix(
+            self.lower_diag * d[..., :-1],
+            self.main_diag * d,
+            self.upper_diag * d[..., 1:],
+            self.allow_materialise,
+        )
+
+    def cholesky(self) -> "TridiagonalMatrix":
+        """The lower bidiagonal Cholesky factor (a tridiagonal matrix with a zero
+        upper diagonal), from the lower triangle, O(n)."""
+
+        def step(l_prev, x):
+            a, m = x
+            off = a / l_prev
+            l_next = jnp.sqrt(m - off * off)
+            return l_next, (off, l_next)
+
+        a, m = (jnp.moveaxis(v, -1, 0) for v in (self.lower_diag, self.main_diag))
+        first = jnp.sqrt(m[0])
+        _, (off, rest) = lax.scan(step, first, (a, m[1:]))
+        main = jnp.concatenate([first[None], rest])
+        return TridiagonalMatrix(
+            jnp.moveaxis(off, 0, -1),
+            jnp.moveaxis(main, 0, -1),
+            jnp.zeros_like(self.upper_diag),
+            self.allow_materialise,
+        )
+
+    def lu(self) -> "TridiagonalMatrix":
+        """The packed LU factors without pivoting (the Thomas algorithm): a
+        tridiagonal matrix whose strict lower part is `L - I` and whose upper part is
+        `U`. O(n)."""
+
+        def step(u_prev, x):
+            a, d, c = x
+            m = a / u_prev
+            u = d - m * c
+            return u, (m, u)
+
+        a, d, c = (jnp.moveaxis(v, -1, 0) for v in self._diags())
+        _, (m, u) = lax.scan(step, d[0], (a, d[1:], c))
+        u = jnp.concatenate([d[:1], u])
+        return TridiagonalMatrix(
+            jnp.moveaxis(m, 0, -1),
+            jnp.moveaxis(u, 0, -1),
+            self.upper_diag,
+            self.allow_materialise,
+        )
+
+    def triangular_solve(
+        self, b: Array, *, lower: bool, transpose_a: bool, unit_diagonal: bool
+    ) -> Array:
+        """Solve `op(A) x = b` with `A` the lower (or upper) triangle of this matrix,
+        for `b` of shape `(*batch, n, k)`: a bidiagonal solve, O(n k)."""
+        off = self.lower_diag if lower else self.upper_diag
+        forward = lower != transpose_a
+        diag = None if unit_diagonal else self.main_diag
+        return _bidiagonal_solve(diag, off, b, forward)
+
+    def _diags(self) -> tuple[Array, Array, Array]:
+        return self.lower_diag, self.main_diag, self.upper_diag
+
+
+def _embed(diag: Array, n: int, k: int) -> Array:
+    """The `(*batch, n, n)` matrix with `diag` on its `k`-th diagonal (`k = +-1`)."""
+    padded = jnp.pad(diag, [(0, 0)] * (diag.ndim - 1) + [(0, 1)])
+    # Row i of the first superdiagonal holds diag[i]; column j of the first
+    # subdiagonal holds diag[j].
+    padded = padded[..., :, None] if k > 0 else padded[..., None, :]
+    return jnp.eye(n, k=k, dtype=diag.dtype) * padded
+
+
+def _bidiagonal_solve(diag: Array | None, off: Array, b: Array, forward: bool) -> Array:
+    """Solve a bidiagonal system: `x[i] = (b[i] - off[j] x[i -+ 1]) / diag[i]` with
+    `j = i - 1` forwards, `j = i` backwards. `diag=None` is a unit diagonal."""
+    bt = jnp.moveaxis(b, -2, 0)
+    offt = jnp.moveaxis(off, -1, 0)[..., None]
+    diagt = None if diag is None else jnp.moveaxis(diag, -1, 0)[..., None]
+    if not forward:
+        bt, offt = bt[::-1], offt[::-1]
+        diagt = None if diagt is None else diagt[::-1]
+
+    def step(x_prev, xs):
+        if diagt is None:
+            bi, oi = xs
+            x = bi - oi * x_prev
+        else:
+            bi, oi, di = xs
+            x = (bi - oi * x_prev) / di
+        return x, x
+
+    first = bt[0] if diagt is None else bt[0] / diagt[0]
+    xs = (bt[1:], offt) if diagt is None else (bt[1:], offt, diagt[1:])
+    _, rest = lax.scan(step, first, xs)
+    out = jnp.concatenate([first[None], rest])
+    if not forward:
+        out = out[::-1]
+    return jnp.moveaxis(out, 0, -2)
