@@ -34,7 +34,7 @@ class Axis:
         - `size`: `None` (any size), or the size every array must have along this
             axis: `NamedArray` raises a `ValueError` otherwise.
         """
-        if not isinstance(name, str):
+        if name is not None and not isinstance(name, str):
             if size is not None:
                 raise TypeError(
                     f"Axis(name, size) needs a string name; got {name!r}. Use "

@@ -1,0 +1,196 @@
+"""The by-name functions, `nmap`, and arithmetic on NamedArrays, against plain JAX."""
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import jax.random as jr
+import numpy as np
+import pytest
+import quax_named as qn
+from hypothesis import given, settings, strategies as st
+from quax_named import Axis, NamedArray
+
+
+def arr(names, key=0, sizes=None):
+    sizes = sizes or {"batch": 2, "seq": 3, "feature": 4, "hidden": 5}
+    shape = tuple(sizes[n] for n in names)
+    return NamedArray(jr.normal(jr.PRNGKey(key), shape), tuple(names))
+
+
+def laid_out(x, names):
+    return np.transpose(np.asarray(x.array), [list(x.names).index(n) for n in names])
+
+
+@pytest.mark.parametrize(
+    "fn", ["sum", "mean", "max", "min", "prod", "var", "std", "logsumexp"]
+)
+def test_reductions_by_name(fn):
+    x = arr(["batch", "seq", "feature"])
+    ref = getattr(jnp, fn, None) or jax.nn.logsumexp
+    got = getattr(qn, fn)(x, "seq")
+    assert got.names == ("batch", "feature")
+    np.testing.assert_allclose(got.array, ref(x.array, axis=1), rtol=1e-5)
+    got = getattr(qn, fn)(x, ("feature", Axis("batch")))
+    np.testing.assert_allclose(got.array, ref(x.array, axis=(0, 2)), rtol=1e-5)
+    np.testing.assert_allclose(getattr(qn, fn)(x), ref(x.array), rtol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "fn", ["argmax", "argmin", "softmax", "log_softmax", "cumsum", "cumprod"]
+)
+def test_along_one_axis(fn):
+    x = arr(["batch", "seq", "feature"], 1)
+    ref = getattr(jnp, fn, None) or getattr(jax.nn, fn)
+    got = getattr(qn, fn)(x, "feature")
+    np.testing.assert_allclose(got.array, ref(x.array, axis=2), rtol=1e-5, atol=1e-6)
+    keeps = fn not in ("argmax", "argmin")
+    assert got.names == (("batch", "seq", "feature") if keeps else ("batch", "seq"))
+
+
+def test_missing_axis_error():
+    with pytest.raises(ValueError, match=r"'hidden' is not an axis.*'batch', 'seq'"):
+        qn.sum(arr(["batch", "seq"]), "hidden")
+
+
+def test_rename_and_transpose():
+    x = arr(["batch", "seq", "feature"])
+    y = qn.rename(x, {"feature": "embed"})
+    assert y.names == ("batch", "seq", "embed") and y.array is x.array
+    t = x.transpose("feature", ...)
+    assert t.names == ("feature", "batch", "seq")
+    np.testing.assert_array_equal(t.array, np.transpose(x.array, (2, 0, 1)))
+    assert qn.transpose(x, ["batch", "seq", "feature"]) is x
+    with pytest.raises(ValueError, match=r"omits axes \('feature',\)"):
+        x.transpose("seq", "batch")
+
+
+@settings(max_examples=15, deadline=None)
+@given(
+    st.permutations(["batch", "seq", "feature"]), st.permutations(["feature", "seq"])
+)
+def test_binary_operators_align_by_name(p1, p2):
+    x, y = arr(p1, 2), arr(p2, 3)
+    got = x * y + 1.0
+    want = (
+        laid_out(x, ["batch", "seq", "feature"]) * laid_out(y, ["seq", "feature"])[None]
+        + 1.0
+    )
+    np.testing.assert_allclose(
+        laid_out(got, ["batch", "seq", "feature"]), want, rtol=1e-6
+    )
+    np.testing.assert_allclose(
+        laid_out(2.0 - y, ["seq", "feature"]), 2.0 - laid_out(y, ["seq", "feature"])
+    )
+
+
+def test_binary_size_mismatch():
+    x = arr(["batch"])
+    y = NamedArray(jnp.ones(3), ("batch",))
+    with pytest.raises(ValueError, match="Axis 'batch' has size 2 and 3"):
+        _ = x + y
+    with pytest.raises(ValueError, match=r"unnamed array of shape \(2,\)"):
+        _ = x + jnp.ones(2)
+
+
+@settings(max_examples=10, deadline=None)
+@given(
+    st.permutations(["batch", "seq", "feature"]), st.permutations(["feature", "hidden"])
+)
+def test_dot_and_einsum_by_name(p1, p2):
+    x, w = arr(p1, 4), arr(p2, 5)
+    want = np.einsum(
+        "bsf,fh->bsh",
+        laid_out(x, ["batch", "seq", "feature"]),
+        laid_out(w, ["feature", "hidden"]),
+    )
+    got = qn.dot(x, w, axis="feature")
+    np.testing.assert_allclose(
+        laid_out(got, ["batch", "seq", "hidden"]), want, rtol=1e-4, atol=1e-5
+    )
+    got = qn.einsum("batch seq feature, feature hidden -> hidden batch seq", x, w)
+    assert got.names == ("hidden", "batch", "seq")
+    np.testing.assert_allclose(
+        laid_out(got, ["batch", "seq", "hidden"]), want, rtol=1e-4, atol=1e-5
+    )
+
+
+def test_dot_batches_shared_axes_and_errors():
+    q, k = arr(["batch", "seq", "feature"], 6), arr(["batch", "feature", "hidden"], 7)
+    got = qn.dot(q, k, axis="feature")
+    assert got.names == ("batch", "seq", "hidden")
+    np.testing.assert_allclose(
+        got.array, jnp.einsum("bsf,bfh->bsh", q.array, k.array), rtol=1e-5
+    )
+    with pytest.raises(ValueError, match="'nope' to contract is in none"):
+        qn.dot(q, k, axis="nope")
+    with pytest.raises(ValueError, match="does not name the axes"):
+        qn.einsum("batch seq, feature hidden -> batch", q, k)
+    with pytest.raises(ValueError, match="axis 'seq' has size 3 in one operand and 5"):
+        qn.dot(q, NamedArray(jnp.ones(5), ("seq",)), axis=None)
+
+
+def test_indexing_and_at_by_name():
+    x = arr(["batch", "seq", "feature"], 8)
+    got = x[{"seq": 1, "feature": slice(1, 3)}]
+    assert got.names == ("batch", "feature") and got.sizes == {"batch": 2, "feature": 2}
+    np.testing.assert_array_equal(got.array, x.array[:, 1, 1:3])
+    idx = NamedArray(jnp.array([[0, 2], [1, 1]]), ("i", "j"))
+    taken = x[{"feature": idx}]
+    assert taken.names == ("batch", "seq", "i", "j")
+    np.testing.assert_array_equal(taken.array, x.array[:, :, idx.array])
+    row = NamedArray(jnp.arange(4.0), ("feature",))
+    upd = x.at[{"batch": 0}].set(row)
+    want = np.asarray(x.array).copy()
+    want[0] = np.arange(4.0)[None, :]
+    np.testing.assert_array_equal(upd.array, want)
+    np.testing.assert_array_equal(
+        x.at[{"seq": 2}].add(1.0).array, x.array.at[:, 2].add(1.0)
+    )
+    np.testing.assert_array_equal(x.at[{"seq": 2}].get().array, x.array[:, 2])
+    with pytest.raises(TypeError, match="indexed by name"):
+        _ = x[0]
+    with pytest.raises(TypeError, match="unnamed array of shape"):
+        x.at[{"batch": 0}].set(jnp.ones((3, 4)))
+
+
+def test_broadcast_to():
+    x = arr(["feature"])
+    y = qn.broadcast_to(x, [Axis("batch", 2), "feature"])
+    np.testing.assert_array_equal(y.array, np.broadcast_to(x.array, (2, 4)))
+    with pytest.raises(ValueError, match="needs a size for new axis 'seq'"):
+        qn.broadcast_to(x, ["seq", "feature"])
+    with pytest.raises(ValueError, match=r"would drop axes \('feature',\)"):
+        qn.broadcast_to(x, ["seq"], {"seq": 3})
+
+
+def test_nmap_unmodified_mlp():
+    mlp = eqx.nn.MLP(4, 3, 8, 2, key=jr.PRNGKey(0))
+    x = arr(["batch", "seq", "feature"], 9)
+    y = qn.nmap(mlp, "feature", out_axes=("logit",))(x)
+    assert y.names == ("batch", "seq", "logit")
+    np.testing.assert_allclose(
+        y.array, jax.vmap(jax.vmap(mlp))(x.array), rtol=1e-5, atol=1e-6
+    )
+    # Storage order does not matter: `feature` first gives the same named result.
+    y2 = qn.nmap(mlp, "feature", out_axes=("logit",))(
+        x.transpose("feature", "seq", "batch")
+    )
+    np.testing.assert_allclose(
+        laid_out(y2, ["batch", "seq", "logit"]), y.array, rtol=1e-5, atol=1e-6
+    )
+    # Under jit and grad too.
+    g = jax.jit(
+        jax.grad(lambda x: qn.sum(qn.nmap(mlp, "feature", out_axes=("logit",))(x)))
+    )(x)
+    assert g.names == x.names
+
+
+def test_nmap_broadcasts_arguments_and_errors():
+    x, b = arr(["batch", "feature"], 1), arr(["seq", "feature"], 2)
+    out = qn.nmap(lambda u, v: u @ v, "feature")(x, b)
+    assert out.names == ("batch", "seq")
+    np.testing.assert_allclose(out.array, x.array @ b.array.T, rtol=1e-5)
+    with pytest.raises(ValueError, match="name its axes with `out_axes=`"):
+        qn.nmap(lambda u: jnp.concatenate([u, u]), "feature")(x)
+    with pytest.raises(ValueError, match=r"axes \['nope'\] are in none"):
+        qn.nmap(jnp.sum, "nope")(x)

@@ -1,0 +1,273 @@
+"""Unmodified positional code on NamedArrays, against plain JAX on the same data
+laid out by hand."""
+
+import itertools
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import jax.random as jr
+import numpy as np
+import pytest
+import quax
+import quax_named as qn
+from hypothesis import given, settings, strategies as st
+from quax_named import NamedArray
+
+
+SIZES = {"a": 2, "b": 3, "c": 4, "d": 5}
+
+
+def named(names, key=0, dtype=jnp.float32):
+    shape = tuple(SIZES[n] for n in names)
+    return NamedArray(jr.normal(jr.PRNGKey(key), shape, dtype), tuple(names))
+
+
+def laid_out(x, names):
+    """`x.array` transposed to `names` (independent of quax_named: plain numpy)."""
+    return np.transpose(np.asarray(x.array), [list(x.names).index(n) for n in names])
+
+
+def close(got, want, names, rtol=1e-5, atol=1e-6):
+    assert isinstance(got, NamedArray)
+    assert sorted(got.names) == sorted(names)
+    np.testing.assert_allclose(laid_out(got, names), want, rtol=rtol, atol=atol)
+
+
+PERMS = st.permutations(["a", "b", "c"])
+
+
+@settings(max_examples=15, deadline=None)
+@given(PERMS, st.sampled_from(["add", "sub", "mul", "max", "where"]))
+def test_elementwise_aligns_by_name_not_position(perm, op):
+    x, y = named("abc", 1), named(perm, 2)
+    fns = {
+        "add": lambda x, y: x + y,
+        "sub": lambda x, y: x - y,
+        "mul": lambda x, y: x * y,
+        "max": jnp.maximum,
+        "where": lambda x, y: jnp.where(x > 0, x, y),
+    }
+    fn = fns[op]
+    if x.array.shape != y.array.shape:
+        with pytest.raises((TypeError, ValueError), match="ncompatible shapes"):
+            quax.quaxify(fn)(x, y)  # JAX's own positional shape check comes first
+        x, y = qn.align(x, y)
+    got = quax.quaxify(fn)(x, y)
+    want = fn(laid_out(x, "abc"), laid_out(y, "abc"))
+    close(got, want, "abc")
+
+
+def test_same_sizes_different_order_is_not_positional():
+    x = NamedArray(jnp.arange(9.0).reshape(3, 3), ("foo", "bar"))
+    y = NamedArray(jnp.arange(9.0).reshape(3, 3) * 10, ("bar", "foo"))
+    got = quax.quaxify(jnp.add)(x, y)
+    assert got.names == ("foo", "bar")
+    np.testing.assert_allclose(got.array, x.array + y.array.T)
+
+
+def test_broadcast_by_name():
+    x, y = named("ab", 1), named("b", 2)
+    got = quax.quaxify(lambda x, y: x * y)(x, y)
+    close(got, laid_out(x, "ab") * laid_out(y, "b")[None, :], "ab")
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [jnp.exp, jnp.tanh, jax.nn.relu, jax.nn.gelu, jnp.abs, lambda x: x**2, jnp.sqrt],
+)
+def test_unary(fn):
+    x = named("abc", 3)
+    x = NamedArray(jnp.abs(x.array) + 0.1, x.axes)
+    close(quax.quaxify(fn)(x), fn(x.array), "abc")
+
+
+@pytest.mark.parametrize("axis", [0, 1, -1, (0, 2)])
+@pytest.mark.parametrize("red", ["sum", "max", "min", "mean", "prod", "var"])
+def test_positional_reductions_keep_names(axis, red):
+    x = named("abc", 4)
+    fn = getattr(jnp, red)
+    got = quax.quaxify(lambda x: fn(x, axis=axis))(x)
+    kept = [
+        n
+        for i, n in enumerate("abc")
+        if i not in np.atleast_1d(np.arange(3)[list(np.atleast_1d(axis))])
+    ]
+    close(got, fn(x.array, axis=axis), "".join(kept), rtol=1e-4)
+
+
+def test_full_reduction_is_plain_scalar():
+    x = named("ab", 5)
+    out = quax.quaxify(jnp.sum)(x)
+    assert not isinstance(out, NamedArray)
+    np.testing.assert_allclose(out, np.sum(np.asarray(x.array)), rtol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda x: jax.nn.softmax(x, axis=-1),
+        lambda x: jnp.argmax(x, axis=1),
+        lambda x: jnp.cumsum(x, axis=0),
+        lambda x: (x - x.mean(-1, keepdims=True)) / jnp.std(x, -1, keepdims=True),
+        lambda x: jax.nn.logsumexp(x, axis=0),
+        lambda x: x.T,
+        lambda x: jnp.expand_dims(x, 1) + 1.0,
+        lambda x: x[1:, ::2],
+        lambda x: x[0],
+    ],
+)
+def test_positional_ops(fn):
+    x = named("bc", 6)
+    got = quax.quaxify(fn)(x)
+    want = fn(x.array)
+    assert isinstance(got, NamedArray)
+    np.testing.assert_allclose(got.array, want, rtol=1e-5, atol=1e-6)
+
+
+def test_positional_ops_names():
+    x = named("bc", 6)
+    assert quax.quaxify(lambda x: x.T)(x).names == ("c", "b")
+    assert quax.quaxify(lambda x: jnp.argmax(x, axis=1))(x).names == ("b",)
+    assert quax.quaxify(lambda x: x[0])(x).names == ("c",)
+    sliced = quax.quaxify(lambda x: x[1:])(x)
+    assert sliced.names == ("b", "c") and sliced.sizes == {"b": 2, "c": 4}
+
+
+@settings(max_examples=12, deadline=None)
+@given(st.permutations(["a", "b"]), st.permutations(["b", "c"]))
+def test_matmul_by_name(p1, p2):
+    x, w = named(p1, 7), named(p2, 8)
+    x, w = qn.transpose(x, ["a", "b"]), qn.transpose(w, ["b", "c"])
+    got = quax.quaxify(jnp.matmul)(x, w)
+    close(got, laid_out(x, "ab") @ laid_out(w, "bc"), "ac")
+
+
+def test_einsum_positional_code():
+    x, y = named("abc", 9), named("acd", 10)
+    got = quax.quaxify(lambda x, y: jnp.einsum("abc,acd->abd", x, y))(x, y)
+    close(got, np.einsum("abc,acd->abd", x.array, y.array), "abd", rtol=1e-4)
+
+
+def test_errors_name_the_axes():
+    x = named("ab", 1)
+    with pytest.raises(ValueError, match=r"unnamed array of shape \(2, 3\)"):
+        quax.quaxify(jnp.add)(x, jnp.arange(6.0).reshape(2, 3))
+    with pytest.raises(ValueError, match=r"Axis 'b' has size 3 .* size 1"):
+        y = NamedArray(jnp.ones((2, 1)), ("a", "b"))
+        quax.quaxify(jnp.add)(x, y)
+    with pytest.raises(ValueError, match="more axes than the result's positional"):
+        quax.quaxify(jnp.add)(
+            NamedArray(jnp.ones(3), ("x",)), NamedArray(jnp.ones(3), ("y",))
+        )
+    with pytest.raises(ValueError, match="merge or split axes"):
+        quax.quaxify(jnp.ravel)(x)
+    with pytest.raises(TypeError, match="Ambiguous contraction: axis 'a'"):
+        quax.quaxify(lambda x, y: jnp.tensordot(x, y, axes=([1], [0])))(
+            named("ab", 1), named("ba", 2)
+        )
+    with pytest.raises(TypeError, match=r"unnamed array of shape \(3, 4\)"):
+        quax.quaxify(jnp.matmul)(x, jnp.ones((3, 4)))
+
+
+def test_reshape_of_unit_axes_keeps_names():
+    x = named("ab", 2)
+    got = quax.quaxify(lambda x: jnp.reshape(x, (2, 1, 3)).squeeze(1))(x)
+    assert got.names == ("a", "b")
+
+
+def mlp_fn(params, x):
+    h = jax.nn.relu(x @ params["w1"] + params["b1"])
+    return h @ params["w2"]
+
+
+def mlp_params(key=0):
+    k1, k2 = jr.split(jr.PRNGKey(key))
+    return {
+        "w1": NamedArray(jr.normal(k1, (3, 4)) / 2, ("c_in", "hidden")),
+        "b1": NamedArray(jnp.full((4,), 0.1), ("hidden",)),
+        "w2": NamedArray(jr.normal(k2, (4, 2)) / 2, ("hidden", "out")),
+    }
+
+
+def plain(tree):
+    return jax.tree.map(
+        lambda x: x.array if isinstance(x, NamedArray) else x,
+        tree,
+        is_leaf=lambda x: isinstance(x, NamedArray),
+    )
+
+
+def test_jit_grad_vmap():
+    params = mlp_params()
+    x = NamedArray(jr.normal(jr.PRNGKey(3), (5, 3)), ("batch", "c_in"))
+    loss = lambda p, x: jnp.mean(mlp_fn(p, x) ** 2)
+    got = jax.jit(quax.quaxify(loss))(params, x)
+    want = loss(plain(params), x.array)
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+    grads = jax.jit(jax.grad(quax.quaxify(loss)))(params, x)
+    want_grads = jax.grad(loss)(plain(params), x.array)
+    for k in params:
+        assert grads[k].axes == params[k].axes
+        np.testing.assert_allclose(grads[k].array, want_grads[k], rtol=1e-5, atol=1e-6)
+    # vmap over a plain axis, naming the rest inside the vmapped function.
+    xs = jr.normal(jr.PRNGKey(4), (6, 5, 3))
+    f = quax.quaxify(mlp_fn)
+    out = jax.vmap(lambda a: f(params, NamedArray(a, ("batch", "c_in"))).array)(xs)
+    want = jax.vmap(lambda a: mlp_fn(plain(params), a))(xs)
+    np.testing.assert_allclose(out, want, rtol=1e-5)
+
+
+def test_scan_carry_keeps_names():
+    x = named("ab", 11)
+
+    def body(c, _):
+        return c * 0.5 + 1.0, jnp.sum(c)
+
+    out, ys = quax.quaxify(lambda x: jax.lax.scan(body, x, None, length=3))(x)
+    assert isinstance(out, NamedArray) and out.names == ("a", "b")
+    want, want_ys = jax.lax.scan(body, x.array, None, length=3)
+    np.testing.assert_allclose(out.array, want, rtol=1e-6)
+    np.testing.assert_allclose(ys, want_ys, rtol=1e-5)
+
+
+def test_cond_keeps_names():
+    x = named("ab", 12)
+    f = quax.quaxify(
+        lambda p, x: jax.lax.cond(p, lambda v: v + 1.0, lambda v: v * 2.0, x)
+    )
+    for p in (True, False):
+        out = f(p, x)
+        assert out.names == ("a", "b")
+        np.testing.assert_allclose(out.array, x.array + 1.0 if p else x.array * 2.0)
+
+
+def test_unmodified_equinox_layer():
+    # eqx.nn.Linear with named weights on a named vector: names are checked.
+    linear = eqx.nn.Linear(3, 4, key=jr.PRNGKey(0))
+    named_linear = eqx.tree_at(
+        lambda m: (m.weight, m.bias),
+        linear,
+        (NamedArray(linear.weight, ("out", "in")), NamedArray(linear.bias, ("out",))),
+    )
+    v = jr.normal(jr.PRNGKey(1), (3,))
+    out = quax.quaxify(named_linear)(NamedArray(v, ("in",)))
+    assert out.names == ("out",)
+    np.testing.assert_allclose(out.array, linear(v), rtol=1e-6)
+    with pytest.raises(TypeError, match="Cannot contract mismatched dimensions"):
+        quax.quaxify(named_linear)(NamedArray(v, ("other",)))
+
+
+def test_every_pair_of_orders_gives_the_same_result():
+    # Results do not depend on the storage order of either operand.
+    x0, y0 = named("abc", 1), named("bc", 2)
+    ref = None
+    for px, py in itertools.product(
+        itertools.permutations("abc"), itertools.permutations("bc")
+    ):
+        x, y = qn.transpose(x0, list(px)), qn.transpose(y0, list(py))
+        out = quax.quaxify(lambda x, y: jnp.exp(x) * y)(*qn.align(x, y))
+        got = laid_out(out, "abc")
+        if ref is None:
+            ref = got
+        np.testing.assert_allclose(got, ref, rtol=1e-6)
