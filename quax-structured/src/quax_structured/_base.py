@@ -32,16 +32,6 @@ class StructuredMatrix(quax.ArrayValue):
     # Whether the dense array is a linear function of the float leaves.
     linear_in_leaves: ClassVar[bool] = True
 
-    @property
-    def size_n(self) -> int:
-        """`n`, the matrix size (the last two axes are `(n, n)`)."""
-        return self.shape[-1]
-
-    @property
-    def batch_shape(self) -> tuple[int, ...]:
-        """The leading batch axes."""
-        return self.shape[:-2]
-
     def enable_materialise(self, allow: bool = True) -> "StructuredMatrix":
         """A copy of this matrix with `allow_materialise=allow`."""
         new = copy.copy(self)

@@ -90,28 +90,28 @@ class ScaledIdentity(StructuredMatrix):
     **Fields:**
 
     - `scale`: shape `(*batch,)` (a scalar for one matrix).
-    - `size`: `n` (static).
+    - `n`: the matrix size (static).
     - `allow_materialise`: as for [`quax_structured.TridiagonalMatrix`][] (static).
     """
 
     scale: Array
-    size: int = eqx.field(static=True)
+    n: int = eqx.field(static=True)
     allow_materialise: bool = eqx.field(default=False, static=True)
 
     def aval(self) -> jax.core.ShapedArray:
         return jax.core.ShapedArray(
-            (*jnp.shape(self.scale), self.size, self.size), jnp.result_type(self.scale)
+            (*jnp.shape(self.scale), self.n, self.n), jnp.result_type(self.scale)
         )
 
     def dense(self) -> Array:
-        eye = jnp.eye(self.size, dtype=self.dtype)
+        eye = jnp.eye(self.n, dtype=self.dtype)
         return jnp.asarray(self.scale)[..., None, None] * eye
 
     def transpose(self) -> "ScaledIdentity":
         return self
 
     def map_leaves(self, fn) -> "ScaledIdentity":
-        return ScaledIdentity(fn(self.scale), self.size, self.allow_materialise)
+        return ScaledIdentity(fn(self.scale), self.n, self.allow_materialise)
 
     def matmat(self, x: Array) -> Array:
         return jnp.asarray(self.scale)[..., None, None] * x
@@ -119,9 +119,12 @@ class ScaledIdentity(StructuredMatrix):
     def entries(self, i: Array, j: Array) -> Array:
         return jnp.where(i == j, self.scale, jnp.zeros((), self.dtype))
 
+    def masked(self, y: Array) -> Diagonal:
+        return self._as_diagonal().masked(y)
+
     def _as_diagonal(self) -> Diagonal:
         d = jnp.broadcast_to(
-            jnp.asarray(self.scale)[..., None], (*jnp.shape(self.scale), self.size)
+            jnp.asarray(self.scale)[..., None], (*jnp.shape(self.scale), self.n)
         )
         return Diagonal(d, self.allow_materialise)
 
@@ -139,7 +142,7 @@ class ScaledIdentity(StructuredMatrix):
     def add(self, other: StructuredMatrix) -> StructuredMatrix | None:
         if isinstance(other, ScaledIdentity):
             return ScaledIdentity(
-                self.scale + other.scale, self.size, self.allow_materialise
+                self.scale + other.scale, self.n, self.allow_materialise
             )
         if hasattr(other, "add_diagonal"):
             return other.add_diagonal(self._as_diagonal().diag)
@@ -158,4 +161,4 @@ class ScaledIdentity(StructuredMatrix):
         return b if unit_diagonal else b / jnp.asarray(self.scale)[..., None, None]
 
     def cholesky(self) -> "ScaledIdentity":
-        return ScaledIdentity(jnp.sqrt(self.scale), self.size, self.allow_materialise)
+        return ScaledIdentity(jnp.sqrt(self.scale), self.n, self.allow_materialise)

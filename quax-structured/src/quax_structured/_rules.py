@@ -4,6 +4,8 @@ when the case has no structured algorithm."""
 
 from typing import Any
 
+import jax
+import jax.core
 import jax.numpy as jnp
 import jax.tree_util as jtu
 import numpy as np
@@ -257,6 +259,37 @@ def _(x: StructuredMatrix, *, axes: Any, **params: Any) -> Any:
         return _fallback(lax.reduce_sum_p, [x], dict(axes=axes, **params))
     out = out[..., 0]
     return jnp.sum(out, axis=-1) if len(axes) == 2 else out
+
+
+def _is_zeros(x: Any) -> bool:
+    """Whether the plain array `x` is known, at trace time, to hold only zeros (as
+    the zeros `jnp.where`, `jnp.tril` and `lax.linalg.cholesky` select against)."""
+    if not isinstance(x, jax.core.Tracer):
+        return bool(np.all(np.asarray(x) == 0))
+    try:
+        # The core's trace-time constant folding (not yet public API).
+        from quax._jaxpr import known_constant
+    except ImportError:
+        return False
+    known = known_constant(x, 2**62)
+    return known is not None and bool(np.all(known == 0))
+
+
+@quax.register(prims.select_n_p)
+def _(which: ArrayLike, *cases: StructuredMatrix | ArrayLike) -> Any:
+    """`where(mask, x, 0)` (`jnp.tril`, `jnp.trace`, the lower factor
+    `lax.linalg.cholesky` returns): the structure's entries, masked."""
+    out = None
+    structured = [i for i, c in enumerate(cases) if isinstance(c, StructuredMatrix)]
+    if len(cases) == 2 and len(structured) == 1 and np.shape(which) == cases[0].shape:
+        (i,) = structured
+        x, other = cases[i], cases[1 - i]
+        if _is_zeros(other):
+            keep = jnp.asarray(which) if i == 1 else ~jnp.asarray(which)
+            out = x.masked(keep.astype(x.dtype))
+    if out is None:
+        return _fallback(prims.select_n_p, [which, *cases], {})
+    return out
 
 
 # Linear algebra -----------------------------------------------------------------------

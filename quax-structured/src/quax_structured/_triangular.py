@@ -40,6 +40,9 @@ class _Triangular(StructuredMatrix):
         inside = i >= j if self.lower else i <= j
         return jnp.where(inside, self.array[i, j], jnp.zeros((), self.dtype))
 
+    def masked(self, y: Array) -> "_Triangular":
+        return type(self)(self.array * y, self.allow_materialise)
+
     def add(self, other: StructuredMatrix) -> "_Triangular | None":
         if type(other) is type(self):
             return type(self)(self.array + other.array, self.allow_materialise)
