@@ -1,0 +1,83 @@
+"""Names to a mesh: partition specs from names, and a named MLP training step on 8
+simulated CPU devices, data-parallel over `batch` and model-parallel over `hidden`."""
+
+import pytest
+import quax.testing
+import quax_named as qn
+from jax.sharding import PartitionSpec as P
+from quax_named import Axis, NamedArray
+
+
+def test_partition_spec_from_names():
+    mapping = {"batch": "data", "hidden": "model"}
+    assert qn.partition_spec(("batch", "feature"), mapping) == P("data", None)
+    assert qn.partition_spec((Axis("hidden"), Axis(3)), mapping) == P("model", None)
+    with qn.axis_mapping(mapping):
+        assert qn.partition_spec(("feature", "hidden")) == P(None, "model")
+    with pytest.raises(ValueError, match="already used by another axis"):
+        qn.partition_spec(("batch", "seq"), {"batch": "data", "seq": "data"})
+    import jax.numpy as jnp
+
+    with pytest.raises(ValueError, match="needs a mesh"):
+        qn.named_sharding(NamedArray(jnp.ones(2), ("batch",)))
+
+
+PROGRAM = r"""
+import jax, jax.numpy as jnp, jax.random as jr, numpy as np, quax
+import quax_named as qn
+from quax_named import NamedArray
+from jax.sharding import PartitionSpec as P
+
+from jax.sharding import AxisType
+mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(AxisType.Auto,) * 2)
+mapping = {"batch": "data", "hidden": "model"}
+
+def loss_fn(p, x, y):
+    h = jax.nn.relu(x @ p["w1"] + p["b1"])
+    return jnp.mean((h @ p["w2"] - y) ** 2)
+
+k = jr.split(jr.PRNGKey(0), 5)
+params = {
+    "w1": NamedArray(jr.normal(k[0], (16, 32)) / 4, ("feature", "hidden")),
+    "b1": NamedArray(jnp.zeros(32), ("hidden",)),
+    "w2": NamedArray(jr.normal(k[1], (32, 8)) / 4, ("hidden", "out")),
+}
+x = NamedArray(jr.normal(k[2], (64, 16)), ("batch", "feature"))
+y = NamedArray(jr.normal(k[3], (64, 8)), ("batch", "out"))
+
+def step(p, x, y):
+    loss, g = jax.value_and_grad(quax.quaxify(loss_fn))(p, x, y)
+    new = jax.tree.map(lambda a, b: a - 0.1 * b, p, g)
+    return loss, qn.shard(new)
+
+norm = lambda spec, n: tuple(spec) + (None,) * (n - len(spec))
+plain = lambda t: jax.tree.map(lambda a: a.array, t, is_leaf=lambda a: isinstance(a, NamedArray))
+ref_loss, ref_grads = jax.value_and_grad(loss_fn)(plain(params), x.array, y.array)
+ref_new = jax.tree.map(lambda a, b: a - 0.1 * b, plain(params), ref_grads)
+
+with qn.axis_mapping(mapping, mesh):
+    params_s, x_s, y_s = qn.shard((params, x, y))
+    assert norm(x_s.array.sharding.spec, 2) == ("data", None), x_s.array.sharding
+    compiled = jax.jit(step).lower(params_s, x_s, y_s).compile()
+    loss, new = compiled(params_s, x_s, y_s)
+
+np.testing.assert_allclose(loss, ref_loss, rtol=1e-5)
+for name in params:
+    np.testing.assert_allclose(new[name].array, ref_new[name], rtol=1e-5, atol=1e-6)
+    want = qn.partition_spec(params[name].axes, mapping)
+    got = norm(new[name].array.sharding.spec, len(want))
+    assert got == tuple(want), (name, got, want)
+assert norm(new["w1"].array.sharding.spec, 2) == (None, "model")
+assert norm(new["w2"].array.sharding.spec, 2) == ("model", None)
+# The compiled program's output shardings are the ones the names ask for.
+out_shardings = compiled.output_shardings[1]
+for name in params:
+    want = qn.partition_spec(params[name].axes, mapping)
+    assert norm(out_shardings[name].array.spec, len(want)) == tuple(want)
+print("ok", float(loss))
+"""
+
+
+def test_named_mlp_training_step_on_8_devices():
+    out = quax.testing.run_on_simulated_devices(PROGRAM, n=8, timeout=300)
+    assert out.strip().splitlines()[-1].startswith("ok")
