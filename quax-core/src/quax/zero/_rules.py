@@ -265,23 +265,28 @@ def _zero_sub(x: Zero, y: ValueLike) -> Any:
     return _as(lax.neg(y), aval)
 
 
+# A zero annihilates a product whatever the other operand is, so these rules win
+# over another family's rule for "my type times any value" (`LoraArray @ Zero`).
+_ANNIHILATING_PRECEDENCE = 1
+
+
 def _annihilating(primitive: Primitive, strict_sensitive: bool) -> None:
     """`0 op x = x op 0 = 0` (mul, dot_general, and, max/min of zeros, ...).
 
     With `strict_sensitive`, inside `ieee_strict()` the product is computed densely
     when the other operand could be non-finite."""
 
-    @register(primitive)
+    @register(primitive, precedence=_ANNIHILATING_PRECEDENCE)
     def _(x: Zero, y: Zero, **params: Any) -> Zero:
         return _zero(primitive, [x, y], params)
 
-    @register(primitive)
+    @register(primitive, precedence=_ANNIHILATING_PRECEDENCE)
     def _(x: Zero, y: ValueLike, **params: Any) -> Any:
         if strict_sensitive and is_ieee_strict() and _could_be_nonfinite(y):
             return _fallback(primitive, [x, y], params)
         return _zero(primitive, [x, y], params)
 
-    @register(primitive)
+    @register(primitive, precedence=_ANNIHILATING_PRECEDENCE)
     def _(x: ValueLike, y: Zero, **params: Any) -> Any:
         if strict_sensitive and is_ieee_strict() and _could_be_nonfinite(x):
             return _fallback(primitive, [x, y], params)
