@@ -1,0 +1,187 @@
+"""quax-named: a compiled named transformer block against the same positional program.
+
+Measures, in one run (interleaved rounds, medians):
+- the compiled run time of the block on NamedArrays (through `quax.quaxify`) over the
+  plain positional program (goal: at most 1.01x), for several sequence lengths, with
+  the fitted exponent of time against length for both;
+- the trace time (`jax.make_jaxpr`) of the named program over the positional one.
+
+`python benchmarks/named.py [--quick]`; writes docs/images/named_block.png.
+"""
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import jax.random as jr
+import numpy as np
+import quax
+from quax_named import NamedArray
+
+
+EMBED, HEAD, HIDDEN, BATCH = 64, 64, 256, 4
+
+
+def block(p: dict[str, Any], x: Any, xk: Any) -> Any:
+    """An attention + MLP block, positional code (keys carry their own copy of x)."""
+    q, k, v = x @ p["wq"], xk @ p["wk"], xk @ p["wv"]
+    s = jnp.einsum("bqh,bkh->bqk", q, k) / np.sqrt(HEAD)
+    o = jnp.einsum("bqk,bkh->bqh", jax.nn.softmax(s, axis=-1), v) @ p["wo"]
+    h = x + o
+    h = (h - h.mean(-1, keepdims=True)) / jnp.sqrt(h.var(-1, keepdims=True) + 1e-5)
+    return h + jax.nn.gelu(h @ p["w1"] + p["b1"]) @ p["w2"]
+
+
+AXES = {
+    "wq": ("embed", "head"),
+    "wk": ("embed", "head"),
+    "wv": ("embed", "head"),
+    "wo": ("head", "embed"),
+    "w1": ("embed", "hidden"),
+    "b1": ("hidden",),
+    "w2": ("hidden", "embed"),
+}
+
+
+def make(seq: int) -> tuple[dict[str, Any], Any, dict[str, Any], Any, Any]:
+    sizes = {"embed": EMBED, "head": HEAD, "hidden": HIDDEN}
+    keys = jr.split(jr.PRNGKey(0), len(AXES) + 1)
+    plain = {
+        n: jr.normal(k, tuple(sizes[a] for a in ax)) / np.sqrt(EMBED)
+        for (n, ax), k in zip(AXES.items(), keys, strict=False)
+    }
+    x = jr.normal(keys[-1], (BATCH, seq, EMBED))
+    named = {n: NamedArray(plain[n], AXES[n]) for n in AXES}
+    nx = NamedArray(x, ("batch", "seq", "embed"))
+    nk = NamedArray(x, ("batch", "kseq", "embed"))
+    return plain, x, named, nx, nk
+
+
+def _time(fn: Any, *args: Any, calls: int = 10) -> float:
+    start = time.perf_counter()
+    for _ in range(calls):
+        out = fn(*args)
+    jax.block_until_ready(out)
+    return (time.perf_counter() - start) / calls
+
+
+def _ops(fn: Any, *args: Any) -> list[str]:
+    """The compiled program's instructions (opcodes), sorted."""
+    text = fn.lower(*args).compile().as_text()
+    ops = []
+    for line in text.splitlines():
+        if " = " in line and "(" in line:
+            rest = line.split(" = ", 1)[1]
+            ops.append(rest.split("(", 1)[0].split()[-1])
+    return sorted(ops)
+
+
+def main(quick: bool = False) -> dict[str, Any]:
+    seqs = [32, 64, 128] if quick else [32, 64, 128, 256, 512]
+    rounds = 5 if quick else 15
+    quaxified = quax.quaxify(block)
+    named_fn = jax.jit(lambda p, x, k: quaxified(p, x, k).array)
+    plain_fn = jax.jit(block)
+    rows = []
+    for seq in seqs:
+        plain, x, named, nx, nk = make(seq)
+        out_named = named_fn(named, nx, nk)
+        out_plain = plain_fn(plain, x, x)
+        error = float(jnp.max(jnp.abs(out_named - out_plain)))
+        same = _ops(named_fn, named, nx, nk) == _ops(plain_fn, plain, x, x)
+        tn, tp = [], []
+        _time(named_fn, named, nx, nk), _time(plain_fn, plain, x, x)  # warm up
+        for _ in range(rounds):
+            tn.append(_time(named_fn, named, nx, nk))
+            tp.append(_time(plain_fn, plain, x, x))
+        n, p_ = statistics.median(tn), statistics.median(tp)
+        rows.append(
+            {
+                "seq": seq,
+                "named_s": n,
+                "plain_s": p_,
+                "ratio": n / p_,
+                "max_abs_diff": error,
+                "same_compiled_ops": same,
+            }
+        )
+    lengths = np.log([r["seq"] for r in rows])
+    slope_named = float(np.polyfit(lengths, np.log([r["named_s"] for r in rows]), 1)[0])
+    slope_plain = float(np.polyfit(lengths, np.log([r["plain_s"] for r in rows]), 1)[0])
+
+    # Trace time: make_jaxpr of the named program against the positional one.
+    plain, x, named, nx, nk = make(64)
+    trace_named, trace_plain = [], []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        jax.make_jaxpr(quax.quaxify(block))(named, nx, nk)
+        trace_named.append(time.perf_counter() - start)
+        start = time.perf_counter()
+        jax.make_jaxpr(block)(plain, x, x)
+        trace_plain.append(time.perf_counter() - start)
+    tn_, tp_ = statistics.median(trace_named), statistics.median(trace_plain)
+
+    print(
+        "| seq | named (ms) | positional (ms) | named / positional | max abs diff "
+        "| same compiled ops |"
+    )
+    print("|---:|---:|---:|---:|---:|:---:|")
+    for r in rows:
+        print(
+            f"| {r['seq']} | {r['named_s'] * 1e3:.3f} | {r['plain_s'] * 1e3:.3f} | "
+            f"{r['ratio']:.3f}x | {r['max_abs_diff']:.1e} | {r['same_compiled_ops']} |"
+        )
+    print(
+        f"\nfitted exponent (time ~ seq^k): named {slope_named:.2f}, "
+        f"positional {slope_plain:.2f}"
+    )
+    print("\n| trace (make_jaxpr) | named (ms) | positional (ms) | ratio |")
+    print("|---|---:|---:|---:|")
+    print(f"| block, seq 64 | {tn_ * 1e3:.1f} | {tp_ * 1e3:.1f} | {tn_ / tp_:.1f}x |")
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(4.5, 3.2), dpi=90)
+    ax.loglog(
+        [r["seq"] for r in rows],
+        [r["plain_s"] * 1e3 for r in rows],
+        "o-",
+        label="positional",
+    )
+    ax.loglog(
+        [r["seq"] for r in rows],
+        [r["named_s"] * 1e3 for r in rows],
+        "s--",
+        label="named (quaxify)",
+    )
+    ax.set_xlabel("sequence length")
+    ax.set_ylabel("compiled block time (ms)")
+    ax.set_title("transformer block, CPU")
+    ax.legend()
+    fig.tight_layout()
+    out = Path(__file__).resolve().parent.parent / "docs" / "images" / "named_block.png"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out)
+    plt.close(fig)
+    return {
+        "rows": rows,
+        "exponent_named": slope_named,
+        "exponent_positional": slope_plain,
+        "trace_named_s": tn_,
+        "trace_positional_s": tp_,
+        "trace_ratio": tn_ / tp_,
+    }
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--quick", action="store_true")
+    print(json.dumps(main(parser.parse_args().quick), indent=1))
