@@ -45,6 +45,9 @@ class BCOO(quax.ArrayValue):
     **Fields:**
 
     - `data`, `indices`: as above.
+    - `_shape`: the shape given to `__init__`. The `shape` property takes the batch
+        sizes from `data` (so that `jax.vmap` over a `BCOO`'s leaves works) and the
+        sparse sizes from `_shape`.
     - `allow_materialise`: whether an operation without a sparse rule may densify.
     - `indices_sorted`, `unique_indices`: what is known of the entries (each batch
         element's positions in row-major order; no position twice). Static hints:
@@ -130,7 +133,13 @@ class BCOO(quax.ArrayValue):
         return self.indices.shape[-1]
 
     def aval(self) -> jax.core.ShapedArray:
-        return jax.core.ShapedArray(self._shape, self.data.dtype)
+        # The batch sizes come from `data`, so that `jax.vmap` over the leaves (or
+        # stacking them) gives the array with the batch axis removed (or added).
+        n_sparse = self.indices.shape[-1]
+        sparse_shape = self._shape[len(self._shape) - n_sparse :]
+        return jax.core.ShapedArray(
+            self.data.shape[:-1] + sparse_shape, self.data.dtype
+        )
 
     # Materialising -----------------------------------------------------------------
 
@@ -138,7 +147,7 @@ class BCOO(quax.ArrayValue):
         if not self.allow_materialise:
             raise MaterialisationError(
                 "Refusing to materialise sparse matrix with `allow_materialise=False` "
-                f"(BCOO of shape {self._shape}, dtype {self.data.dtype}, nse "
+                f"(BCOO of shape {self.shape}, dtype {self.data.dtype}, nse "
                 f"{self.nse}). " + _way_out("BCOO")
             )
         return self.todense()
@@ -148,7 +157,7 @@ class BCOO(quax.ArrayValue):
         return BCOO(
             self.data,
             self.indices,
-            self._shape,
+            self.shape,
             allow_materialise,
             indices_sorted=self.indices_sorted,
             unique_indices=self.unique_indices,
@@ -177,8 +186,8 @@ class BCOO(quax.ArrayValue):
         A JAX array of shape `self.shape` and dtype `self.dtype`.
         """
         coords, values = flat_entries(self)
-        zeros = jnp.zeros(self._shape, self.data.dtype)
-        return scatter_add(zeros, coords, tuple(range(len(self._shape))), values)
+        zeros = jnp.zeros(self.shape, self.data.dtype)
+        return scatter_add(zeros, coords, tuple(range(len(self.shape))), values)
 
     # Construction and conversion ------------------------------------------------------
 
@@ -266,7 +275,7 @@ class BCOO(quax.ArrayValue):
 
         return sparse.BCOO(
             (self.data, self.indices),
-            shape=self._shape,
+            shape=self.shape,
             indices_sorted=self.indices_sorted,
             unique_indices=self.unique_indices,
         )
@@ -298,18 +307,18 @@ class BCOO(quax.ArrayValue):
         """
         import scipy.sparse
 
-        if len(self._shape) != 2:
+        if len(self.shape) != 2:
             raise ValueError(
-                f"scipy.sparse holds matrices; this BCOO has shape {self._shape}."
+                f"scipy.sparse holds matrices; this BCOO has shape {self.shape}."
             )
         coords, values = flat_entries(self)
         coords = np.asarray(coords)
         values = np.asarray(values)
-        keep = np.all(coords < np.asarray(self._shape), axis=1) & np.all(
+        keep = np.all(coords < np.asarray(self.shape), axis=1) & np.all(
             coords >= 0, axis=1
         )
         return scipy.sparse.coo_array(
-            (values[keep], (coords[keep, 0], coords[keep, 1])), shape=self._shape
+            (values[keep], (coords[keep, 0], coords[keep, 1])), shape=self.shape
         )
 
     def sum_duplicates(self, nse: int | None = None) -> "BCOO":

@@ -449,6 +449,8 @@ def _window(
         indices = lax.dynamic_slice(
             indices, [*batch_starts, 0, 0], (*tuple(sizes[:nb]), x.nse, x.n_sparse)
         )
+    if x.n_sparse == 0:
+        return new_like(x, data, indices, tuple(sizes))
     start = jnp.stack([jnp.asarray(s, indices.dtype) for s in starts[nb:]])
     stride = jnp.asarray(np.asarray(strides[nb:]), indices.dtype)
     size = jnp.asarray(np.asarray(sizes[nb:]), indices.dtype)

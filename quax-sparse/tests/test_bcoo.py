@@ -1,0 +1,176 @@
+"""The value types: construction, checks, conversions, `sum_duplicates`, refusals."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import quax
+import scipy.sparse
+from jax.experimental import sparse as jsparse
+from quax_sparse import BCOO, CSR, MaterialisationError, fromdense
+from sparse_helpers import assert_close, random_sparse
+
+
+DENSE = np.array([[0.0, 1.5, 0.0, 0.0], [2.0, 0.0, 0.0, -1.0], [0.0, 0.0, 0.0, 3.0]])
+
+
+def test_published_constructor_and_fields():
+    data = jnp.array([1.0, 2.0])
+    indices = jnp.array([[0, 1], [2, 3]])
+    x = BCOO(data, indices, (3, 4))
+    assert x.shape == (3, 4) and x.dtype == jnp.float32 and x.ndim == 2
+    assert x.allow_materialise is False
+    assert x.nse == 2 and x.n_batch == 0 and x.n_sparse == 2
+    y = BCOO(data, indices, (3, 4), True)
+    assert y.allow_materialise is True
+    assert_close(x.todense(), [[0, 1, 0, 0], [0, 0, 0, 0], [0, 0, 0, 2]])
+    assert x.enable_materialise().allow_materialise is True
+    assert y.enable_materialise(False).allow_materialise is False
+
+
+@pytest.mark.parametrize(
+    ("data_shape", "indices_shape", "shape", "match"),
+    [
+        ((2, 3), (3, 3, 1), (2, 5), "Inconsistent batch sizes"),
+        ((3,), (4, 2), (5, 5), "Inconsistent number of sparse entries"),
+        ((3,), (3, 1), (5, 5), "Must specify a sparse index for all non-batch"),
+        ((), (3, 1), (5,), "needs `data` of shape"),
+    ],
+)
+def test_published_checks(data_shape, indices_shape, shape, match):
+    with pytest.raises(ValueError, match=match):
+        BCOO(jnp.zeros(data_shape), jnp.zeros(indices_shape, jnp.int32), shape)
+
+
+def test_float_indices_refused():
+    with pytest.raises(ValueError, match="indices must be integers"):
+        BCOO(jnp.zeros(2), jnp.zeros((2, 1)), (3,))
+
+
+def test_materialise_refuses_with_published_message():
+    x = fromdense(DENSE, nse=4)
+    with pytest.raises(RuntimeError, match="Refusing to materialise sparse matrix"):
+        x.materialise()
+    with pytest.raises(MaterialisationError, match="allow_materialise=True"):
+        x.materialise()
+    assert_close(x.enable_materialise().materialise(), DENSE)
+
+
+def test_fromdense_roundtrip_sorted_and_padded():
+    x = fromdense(DENSE, nse=6)
+    assert x.indices_sorted and x.unique_indices
+    np.testing.assert_array_equal(
+        np.asarray(x.indices),
+        [[0, 1], [1, 0], [1, 3], [2, 3], [3, 4], [3, 4]],  # padding: the shape
+    )
+    np.testing.assert_array_equal(np.asarray(x.data), [1.5, 2.0, -1.0, 3.0, 0, 0])
+    assert_close(x.todense(), DENSE)
+
+
+def test_fromdense_keeps_first_nse_in_row_major_order():
+    # Four nonzeros, nse=2: the first two in row-major order stay, as in
+    # jax.experimental.sparse.
+    x = fromdense(DENSE, nse=2)
+    want = np.zeros_like(DENSE)
+    want[0, 1], want[1, 0] = 1.5, 2.0
+    assert_close(x.todense(), want)
+    assert_close(jsparse.BCOO.fromdense(DENSE, nse=2).todense(), want)
+
+
+def test_fromdense_under_jit_and_batched():
+    dense = np.stack([DENSE, -2 * DENSE, np.zeros_like(DENSE)])
+    x = jax.jit(lambda d: BCOO.fromdense(d, nse=4, n_batch=1))(dense)
+    assert x.data.shape == (3, 4) and x.indices.shape == (3, 4, 2)
+    assert_close(x.todense(), dense)
+    with pytest.raises(ValueError, match="n_batch"):
+        BCOO.fromdense(DENSE, nse=2, n_batch=3)
+    with pytest.raises(ValueError, match="nse"):
+        BCOO.fromdense(DENSE, nse=-1)
+
+
+def test_todense_adds_duplicates_and_drops_padding():
+    x = BCOO(
+        jnp.array([1.0, 2.0, 5.0, 7.0]),
+        jnp.array([[0, 0], [0, 0], [1, 2], [2, 0]]),
+        (2, 3),
+    )
+    assert_close(x.todense(), [[3.0, 0, 0], [0, 0, 5.0]])
+
+
+def test_sum_duplicates():
+    x = BCOO(
+        jnp.array([1.0, 4.0, 2.0, 9.0, 5.0]),
+        jnp.array([[1, 2], [0, 1], [1, 2], [2, 0], [0, 1]]),
+        (2, 3),
+    )
+    y = x.sum_duplicates()
+    assert y.indices_sorted and y.unique_indices and y.nse == 5
+    np.testing.assert_array_equal(
+        np.asarray(y.indices), [[0, 1], [1, 2], [2, 3], [2, 3], [2, 3]]
+    )
+    np.testing.assert_array_equal(np.asarray(y.data), [9.0, 3.0, 0, 0, 0])
+    z = jax.jit(lambda x: x.sum_duplicates(nse=1))(x)
+    assert z.nse == 1
+    assert_close(z.todense(), [[0, 9.0, 0], [0, 0, 0]])
+
+
+def test_sum_duplicates_batched():
+    rng = np.random.default_rng(0)
+    dense, x = random_sparse(rng, (3, 4, 5), 0.4, n_batch=1, extra_nse=3)
+    doubled = BCOO(
+        jnp.concatenate([x.data, x.data], -1),
+        jnp.concatenate([x.indices, x.indices], -2),
+        x.shape,
+    )
+    y = doubled.sum_duplicates()
+    assert_close(y.todense(), 2 * dense)
+    assert_close(y.sum_duplicates().todense(), 2 * dense)
+
+
+def test_csr_roundtrip():
+    rng = np.random.default_rng(1)
+    dense, x = random_sparse(rng, (7, 5), 0.3, extra_nse=2)
+    c = CSR.from_bcoo(x)
+    assert c.indptr.shape == (8,)
+    assert_close(c.todense(), dense)
+    b = c.to_bcoo()
+    assert b.indices_sorted
+    assert_close(b.todense(), dense)
+    assert_close(CSR.fromdense(dense, nse=40).todense(), dense)
+    with pytest.raises(ValueError, match="without batch dimensions"):
+        CSR.from_bcoo(fromdense(np.ones((2, 2, 2)), nse=4, n_batch=1))
+    with pytest.raises(ValueError, match="indptr"):
+        CSR(jnp.zeros(2), jnp.zeros(2, jnp.int32), jnp.zeros(3, jnp.int32), (3, 3))
+    with pytest.raises(MaterialisationError, match="Refusing to materialise"):
+        c.materialise()
+    assert_close(c.enable_materialise().materialise(), dense)
+
+
+def test_jax_experimental_sparse_roundtrip():
+    j = jsparse.BCOO.fromdense(DENSE, nse=5)
+    x = BCOO.from_jax(j)
+    assert_close(x.todense(), DENSE)
+    back = x.to_jax()
+    assert isinstance(back, jsparse.BCOO)
+    assert_close(back.todense(), DENSE)
+    with pytest.raises(ValueError, match="n_dense=0"):
+        BCOO.from_jax(jsparse.BCOO.fromdense(DENSE, n_dense=1))
+
+
+def test_scipy_roundtrip():
+    m = scipy.sparse.random_array((6, 9), density=0.3, random_state=0, dtype=np.float32)
+    dense = m.toarray()
+    x = BCOO.from_scipy(m)
+    assert_close(x.todense(), dense)
+    assert_close(x.to_scipy().toarray(), dense)
+    padded = fromdense(dense, nse=30)
+    assert_close(padded.to_scipy().toarray(), dense)
+    c = CSR.from_scipy(m)
+    assert_close(c.todense(), dense)
+    assert_close(c.to_scipy().toarray(), dense)
+    with pytest.raises(ValueError, match="matrices"):
+        fromdense(np.ones(3), nse=3).to_scipy()
+
+
+def test_is_quax_examples_sparse():
+    assert quax.examples.sparse.BCOO is BCOO

@@ -1,0 +1,207 @@
+"""`dot_general` against the dense computation: every layout, sparse on either side,
+sparse x sparse, gradients, and the compiled program holding no dense matrix."""
+
+import equinox as eqx
+import hypothesis.strategies as st
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import quax
+from hypothesis import given, settings
+from jax import lax
+from quax_sparse import BCOO, CSR, MaterialisationError, fromdense
+from sparse_helpers import assert_close, check, random_sparse
+
+
+@st.composite
+def layouts(draw):
+    """Two operand shapes and dimension numbers: batch, contracted and free axes of
+    random sizes, in a random order on each side."""
+    n_batch = draw(st.integers(0, 1))
+    n_contract = draw(st.integers(0, 2))
+    n_lfree = draw(st.integers(0, 2))
+    n_rfree = draw(st.integers(0, 2))
+    size = st.integers(1, 4)
+    batch = [draw(size) for _ in range(n_batch)]
+    contract = [draw(size) for _ in range(n_contract)]
+    lfree = [draw(size) for _ in range(n_lfree)]
+    rfree = [draw(size) for _ in range(n_rfree)]
+    l_axes = [("b", i) for i in range(n_batch)] + [("c", i) for i in range(n_contract)]
+    l_axes += [("f", i) for i in range(n_lfree)]
+    r_axes = [("b", i) for i in range(n_batch)] + [("c", i) for i in range(n_contract)]
+    r_axes += [("g", i) for i in range(n_rfree)]
+    l_axes = draw(st.permutations(l_axes))
+    r_axes = draw(st.permutations(r_axes))
+    sizes = {"b": batch, "c": contract, "f": lfree, "g": rfree}
+    l_shape = tuple(sizes[k][i] for k, i in l_axes)
+    r_shape = tuple(sizes[k][i] for k, i in r_axes)
+    dims = (
+        (
+            tuple(l_axes.index(("c", i)) for i in range(n_contract)),
+            tuple(r_axes.index(("c", i)) for i in range(n_contract)),
+        ),
+        (
+            tuple(l_axes.index(("b", i)) for i in range(n_batch)),
+            tuple(r_axes.index(("b", i)) for i in range(n_batch)),
+        ),
+    )
+    return l_shape, r_shape, dims
+
+
+@settings(max_examples=12, deadline=None)
+@given(
+    layout=layouts(),
+    sparse_left=st.booleans(),
+    density=st.sampled_from([0.0, 0.3, 1.0]),
+    n_batch=st.integers(0, 2),
+    seed=st.integers(0, 2**16),
+)
+def test_any_layout_against_dense(layout, sparse_left, density, n_batch, seed):
+    l_shape, r_shape, dims = layout
+    rng = np.random.default_rng(seed)
+    s_shape = l_shape if sparse_left else r_shape
+    n_batch = min(n_batch, len(s_shape))
+    dense_s, s = random_sparse(rng, s_shape, density, n_batch=n_batch)
+    d = rng.normal(size=r_shape if sparse_left else l_shape).astype(np.float32)
+
+    def f(a, b):
+        return lax.dot_general(a, b, dims)
+
+    if sparse_left:
+        check(f, s, d, dense_args=(dense_s, d), eager=seed % 4 == 0)
+    else:
+        check(f, d, s, dense_args=(d, dense_s))
+
+
+@settings(max_examples=6, deadline=None)
+@given(
+    n=st.integers(1, 6),
+    k=st.integers(1, 6),
+    m=st.integers(1, 6),
+    densities=st.tuples(*[st.sampled_from([0.0, 0.3, 1.0])] * 2),
+    transposes=st.tuples(st.booleans(), st.booleans()),
+    seed=st.integers(0, 2**16),
+)
+def test_sparse_times_sparse_is_sparse(n, k, m, densities, transposes, seed):
+    rng = np.random.default_rng(seed)
+    a_shape = (k, n) if transposes[0] else (n, k)
+    b_shape = (m, k) if transposes[1] else (k, m)
+    da, a = random_sparse(rng, a_shape, densities[0], extra_nse=2)
+    db, b = random_sparse(rng, b_shape, densities[1], extra_nse=2)
+
+    def f(a, b):
+        a = a.T if transposes[0] else a
+        b = b.T if transposes[1] else b
+        return a @ b
+
+    out = check(f, a, b, dense_args=(da, db))
+    assert isinstance(out, BCOO)
+
+
+def test_sparse_times_sparse_static_bound_under_jit():
+    rng = np.random.default_rng(0)
+    da, a = random_sparse(rng, (5, 6), 0.4)
+    db, b = random_sparse(rng, (6, 4), 0.4)
+    eager = quax.quaxify(jnp.matmul)(a, b)
+    jitted = jax.jit(quax.quaxify(jnp.matmul))(a, b)
+    # Eagerly the exact number of products; under jit the worst case nse(a) * nse(b).
+    assert eager.nse == int(((da != 0).astype(int) @ (db != 0).astype(int)).sum())
+    assert jitted.nse == a.nse * b.nse
+    assert_close(jitted, da @ db)
+    assert_close(jitted.sum_duplicates(), da @ db)
+
+
+def test_sparse_sparse_other_layouts_refuse():
+    a = fromdense(np.eye(3), nse=3)
+    with pytest.raises(MaterialisationError, match="dot_general"):
+        quax.quaxify(lambda a, b: jnp.einsum("ij,kl->ijkl", a, b))(a, a)
+    out = quax.quaxify(lambda a, b: jnp.einsum("ij,kl->ijkl", a, b))(
+        a.enable_materialise(), a.enable_materialise()
+    )
+    assert_close(out, np.einsum("ij,kl->ijkl", np.eye(3), np.eye(3)))
+
+
+def test_csr_products():
+    rng = np.random.default_rng(2)
+    dense, x = random_sparse(rng, (6, 5), 0.4)
+    c = CSR.from_bcoo(x)
+    v = rng.normal(size=(5, 3)).astype(np.float32)
+    check(lambda a, v: a @ v, c, v, dense_args=(dense, v), eager=True)
+    check(lambda a, v: v.T @ a.T, c, v, dense_args=(dense, v))
+    check(lambda a, b: a @ b.T, c, x, dense_args=(dense, dense))
+    check(lambda a, b: a.T @ b, x, c, dense_args=(dense, dense))
+
+
+def test_grad_wrt_data_has_the_pattern_and_matches_finite_differences():
+    rng = np.random.default_rng(3)
+    dense, x = random_sparse(rng, (8, 6), 0.3)
+    v = rng.normal(size=6).astype(np.float32)
+
+    def loss(a, v):
+        return jnp.sum(jnp.tanh(a @ v) ** 2)
+
+    g = eqx.filter_grad(quax.quaxify(loss))(x, v)
+    assert isinstance(g, BCOO) and g.data.shape == x.data.shape
+    # Central finite differences on each stored value.
+    eps = 1e-2
+    steps = eps * jnp.eye(x.nse)
+
+    @jax.jit
+    @jax.vmap
+    def at(data):
+        return quax.quaxify(loss)(BCOO(data, x.indices, x.shape), v)
+
+    fd = (at(x.data + steps) - at(x.data - steps)) / (2 * eps)
+    np.testing.assert_allclose(g.data, fd, rtol=2e-2, atol=2e-3)
+    # ...and the dense gradient at the stored positions.
+    gd = jax.grad(loss)(jnp.asarray(dense), v)
+    rows, cols = np.asarray(x.indices[:-1]).T  # the last entry is padding
+    np.testing.assert_allclose(g.data[:-1], gd[rows, cols], rtol=1e-5, atol=1e-6)
+    # ...and with respect to the dense operand.
+    gv = jax.grad(quax.quaxify(loss), argnums=1)(x, v)
+    np.testing.assert_allclose(
+        gv, jax.grad(loss, argnums=1)(dense, v), rtol=1e-5, atol=1e-6
+    )
+
+
+def test_vmap_over_right_hand_sides_and_batch_dimensions():
+    rng = np.random.default_rng(4)
+    dense, x = random_sparse(rng, (7, 5), 0.4)
+    vs = rng.normal(size=(3, 5)).astype(np.float32)
+    out = jax.vmap(quax.quaxify(lambda a, v: a @ v), in_axes=(None, 0))(x, vs)
+    assert_close(out, vs @ dense.T)
+    out = quax.quaxify(jax.vmap(lambda a, v: a @ v, in_axes=(None, 0)))(x, vs)
+    assert_close(out, vs @ dense.T)
+    dense_b, xb = random_sparse(rng, (3, 7, 5), 0.4, n_batch=1)
+    out = jax.vmap(quax.quaxify(lambda a, v: a @ v))(xb, vs)
+    assert_close(out, np.einsum("bij,bj->bi", dense_b, vs))
+    out = quax.quaxify(lambda a, v: jnp.einsum("bij,bj->bi", a, v))(xb, vs)
+    assert_close(out, np.einsum("bij,bj->bi", dense_b, vs))
+
+
+def test_scan_and_while_loop_bodies():
+    rng = np.random.default_rng(5)
+    dense, x = random_sparse(rng, (6, 6), 0.4)
+    dense = dense / 4
+    x = BCOO(x.data / 4, x.indices, x.shape)
+    v = rng.normal(size=6).astype(np.float32)
+
+    def scanned(a, v):
+        return lax.scan(lambda c, _: (a @ c, None), v, length=5)[0]
+
+    def looped(a, v):
+        return lax.fori_loop(0, 5, lambda i, c: jnp.tanh(a @ c), v)
+
+    check(scanned, x, v, dense_args=(dense, v))
+    check(looped, x, v, dense_args=(dense, v))
+
+
+def test_compiled_matvec_holds_no_dense_matrix():
+    n = 257  # a size no other array of the program has
+    x = fromdense(np.eye(n, dtype=np.float32), nse=n)
+    v = jnp.ones(n)
+    hlo = jax.jit(quax.quaxify(lambda a, v: a @ v)).lower(x, v).compile().as_text()
+    assert f"[{n},{n}]" not in hlo
+    dense_hlo = jax.jit(lambda a, v: a @ v).lower(np.eye(n), v).compile().as_text()
+    assert f"[{n},{n}]" in dense_hlo  # the check can see a dense matrix

@@ -1,0 +1,213 @@
+"""Elementwise, arithmetic and structural rules against the dense computation, and
+the refusals."""
+
+import hypothesis.strategies as st
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import quax
+from hypothesis import given, settings
+from jax import lax
+from quax_sparse import BCOO, CSR, MaterialisationError, fromdense
+from sparse_helpers import assert_close, check, random_sparse
+
+
+def _duplicated(x: BCOO) -> BCOO:
+    """`x` with every entry split in two halves stored at the same position."""
+    return BCOO(
+        jnp.concatenate([x.data / 2, x.data / 2], -1),
+        jnp.concatenate([x.indices, x.indices], -2),
+        x.shape,
+    )
+
+
+ELEMENTWISE = [
+    jnp.sin,
+    jnp.tanh,
+    jnp.abs,
+    lambda x: jnp.sqrt(jnp.abs(x)),
+    lambda x: x**3,
+    jnp.square,
+    jnp.expm1,
+    jnp.log1p,
+    jnp.sign,
+    lambda x: -x,
+    lambda x: x.astype(jnp.int32),
+    lambda x: x.astype(jnp.float16),
+]
+
+
+@pytest.mark.parametrize("fn", ELEMENTWISE)
+def test_elementwise_with_zero_at_zero(fn):
+    rng = np.random.default_rng(0)
+    dense, x = random_sparse(rng, (5, 4), 0.4)
+    dense = np.abs(dense) * 0.5  # in the domain of log1p
+    x = BCOO(jnp.abs(x.data) * 0.5, x.indices, x.shape)
+    # Duplicated entries: a nonlinear function must see their sum.
+    out = check(fn, _duplicated(x), dense_args=(dense,))
+    assert isinstance(out, BCOO)
+
+
+@settings(max_examples=6, deadline=None)
+@given(
+    shape=st.lists(st.integers(1, 4), min_size=1, max_size=3).map(tuple),
+    n_batch=st.integers(0, 2),
+    density=st.sampled_from([0.0, 0.4, 1.0]),
+    seed=st.integers(0, 2**16),
+)
+def test_arithmetic_and_reductions(shape, n_batch, density, seed):
+    rng = np.random.default_rng(seed)
+    n_batch = min(n_batch, len(shape))
+    dx, x = random_sparse(rng, shape, density, n_batch=n_batch)
+    dy, y = random_sparse(rng, shape, density)
+    d = rng.normal(size=shape).astype(np.float32)
+    axes = tuple(i for i in range(len(shape)) if rng.random() < 0.5)
+    perm = tuple(rng.permutation(len(shape)))
+
+    def f(x, y, d):
+        return {
+            "add": x + y,
+            "sub": x - y,
+            "add_dense": x + d,
+            "dense_sub": d - x,
+            "sub_dense": x - d,
+            "mul": x * d,
+            "rmul": 2.5 * x,
+            "div": x / 4.0,
+            "sum_axes": x.sum(axes),
+            "sum_all": x.sum(),
+            "transpose": jnp.transpose(x, perm),
+        }
+
+    out = check(f, x, y, d, dense_args=(dx, dy, d))
+    for key in ("add", "sub", "mul", "rmul", "div", "transpose"):
+        assert isinstance(out[key], BCOO), key
+
+
+def test_reduce_sum_is_dense_when_smaller():
+    rng = np.random.default_rng(1)
+    dense, x = random_sparse(rng, (4, 50), 0.5)
+    rows = check(lambda x: x.sum(1), x, dense_args=(dense,))
+    assert not isinstance(rows, BCOO)  # 4 sums from ~100 entries
+    dense, x = random_sparse(rng, (40, 50), 0.01)
+    rows = check(lambda x: x.sum(1), x, dense_args=(dense,))
+    assert isinstance(rows, BCOO)  # 40 sums from ~20 entries
+
+
+@settings(max_examples=6, deadline=None)
+@given(
+    shape=st.sampled_from([(4, 6), (2, 3, 4), (6,)]),
+    n_batch=st.integers(0, 1),
+    seed=st.integers(0, 2**16),
+)
+def test_structure(shape, n_batch, seed):
+    rng = np.random.default_rng(seed)
+    dense, x = random_sparse(rng, shape, 0.4, n_batch=n_batch)
+    size = int(np.prod(shape))
+    i = int(rng.integers(0, shape[0]))
+
+    def f(x, i):
+        return {
+            "reshape": x.reshape(-1),
+            "reshape2": x.reshape(2, size // 2),
+            "expand": x[None],
+            "newaxis": jnp.expand_dims(x, 1),
+            "rows": x[1:3],
+            "strided": x[::2],
+            "row": x[i],
+            "static_row": x[0],
+            "rev": jnp.flip(x, 0),
+            "squeeze": jnp.squeeze(x[None], 0),
+        }
+
+    out = check(f, x, i, dense_args=(dense, i))
+    for key, value in out.items():
+        assert isinstance(value, BCOO), key
+
+
+def test_broadcast_leading_batch_dimensions():
+    rng = np.random.default_rng(2)
+    dense, x = random_sparse(rng, (3, 4), 0.5)
+    out = check(lambda x: jnp.broadcast_to(x, (2, 3, 4)), x, dense_args=(dense,))
+    assert isinstance(out, BCOO) and out.n_batch == 1
+
+
+@pytest.mark.parametrize(
+    ("fn", "primitive"),
+    [
+        (jnp.exp, "exp"),
+        (jnp.cos, "cos"),
+        (lambda x: x + 1.0, None),
+        (lambda x: x**0, "integer_pow"),
+        (lambda x: 1.0 / x, "div"),
+        (lambda x: x * x, "mul"),
+        (lambda x: jnp.max(x), "reduce_max"),
+        (lambda x: jnp.cumsum(x, 0), "cumsum"),
+        (lambda x: jnp.broadcast_to(x[:, :1], (4, 6)), "broadcast_in_dim"),
+    ],
+)
+def test_refusals_name_the_primitive(fn, primitive):
+    rng = np.random.default_rng(3)
+    dense, x = random_sparse(rng, (4, 6), 0.3)
+    if primitive is None:  # sparse + dense is dense, at the dense operand's cost
+        assert_close(quax.quaxify(fn)(x), fn(dense))
+        return
+    with pytest.raises(
+        MaterialisationError, match=f"Refusing to materialise.*`{primitive}`"
+    ):
+        quax.quaxify(fn)(x)
+    with pytest.raises(RuntimeError, match="allow_materialise=True"):
+        jax.jit(quax.quaxify(fn))(x)
+    # Allowed: the dense computation.
+    with quax.track_materialisation() as report:
+        out = quax.quaxify(fn)(x.enable_materialise())
+    assert report
+    assert_close(out, fn(jnp.asarray(dense)))
+
+
+def test_csr_refusal_and_ops():
+    rng = np.random.default_rng(4)
+    dense, x = random_sparse(rng, (5, 5), 0.4)
+    c = CSR.from_bcoo(x)
+    with pytest.raises(MaterialisationError, match="`exp`"):
+        quax.quaxify(jnp.exp)(c)
+    out = check(lambda c, x: (jnp.sin(c) + 2 * x).T, c, x, dense_args=(dense, dense))
+    assert isinstance(out, BCOO)
+
+
+def test_large_matrix_is_never_densified():
+    n = 10**6  # a dense f32 matrix would need 4 TB
+    idx = jnp.stack([jnp.arange(n), jnp.arange(n)], -1)
+    x = BCOO(jnp.full(n, 2.0), idx, (n, n))
+    v = jnp.ones(n)
+    out = jax.jit(quax.quaxify(lambda a, v: jnp.tanh(2 * a).T @ v + a.sum(0)))(x, v)
+    assert out.shape == (n,)
+    np.testing.assert_allclose(out[:3], np.tanh(4.0) + 2.0, rtol=1e-6)
+    with pytest.raises(
+        MaterialisationError, match="`exp`.*shape \\(1000000, 1000000\\)"
+    ):
+        jax.eval_shape(quax.quaxify(jnp.exp), x)
+
+
+def test_index_dtype_and_empty():
+    x = fromdense(np.zeros((3, 3), np.float32), nse=0)
+    assert x.nse == 0
+    v = jnp.ones(3)
+    assert_close(quax.quaxify(lambda a, v: a @ v)(x, v), np.zeros(3))
+    assert_close(quax.quaxify(lambda a, b: a @ b)(x, x), np.zeros((3, 3)))
+    assert_close(x.sum_duplicates(), np.zeros((3, 3)))
+
+
+def test_lax_dot_general_preferred_element_type():
+    rng = np.random.default_rng(5)
+    dense, x = random_sparse(rng, (4, 3), 0.5)
+    v = rng.normal(size=3).astype(np.float32)
+
+    def f(a, v):
+        return lax.dot_general(
+            a, v, (((1,), (0,)), ((), ())), preferred_element_type=jnp.float32
+        )
+
+    out = check(f, x, v, dense_args=(dense, v))
+    assert out.dtype == jnp.float32
