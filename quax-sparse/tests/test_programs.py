@@ -1,6 +1,8 @@
 """Unmodified JAX programs on sparse matrices: Krylov solvers on a 5-point Laplacian,
 and a graph layer in Equinox trained by gradient descent."""
 
+import itertools
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -105,4 +107,4 @@ def test_graph_layer_trains():
         model, opt_state, value = step(model, opt_state, adjacency)
         losses.append(float(value))
     assert losses[-1] < losses[0]
-    assert all(b <= a for a, b in zip(losses, losses[1:], strict=False))
+    assert all(b <= a for a, b in itertools.pairwise(losses))
