@@ -33,7 +33,8 @@ def block(p: dict[str, Any], x: Any, xk: Any) -> Any:
     s = jnp.einsum("bqh,bkh->bqk", q, k) / np.sqrt(HEAD)
     o = jnp.einsum("bqk,bkh->bqh", jax.nn.softmax(s, axis=-1), v) @ p["wo"]
     h = x + o
-    h = (h - h.mean(-1, keepdims=True)) / jnp.sqrt(h.var(-1, keepdims=True) + 1e-5)
+    h = h - h.mean(-1, keepdims=True)
+    h = h / jnp.sqrt(jnp.mean(h * h, -1, keepdims=True) + 1e-5)
     return h + jax.nn.gelu(h @ p["w1"] + p["b1"]) @ p["w2"]
 
 
