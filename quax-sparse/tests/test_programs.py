@@ -94,7 +94,7 @@ def test_graph_layer_trains():
         return eqx.apply_updates(model, updates), opt_state, value
 
     # The first gradient is the dense one.
-    sparse_grad = eqx.filter_grad(quax.quaxify(loss))(
+    sparse_grad = eqx.filter_jit(eqx.filter_grad(quax.quaxify(loss)))(
         model, adjacency, features, targets
     )
     dense_grad = eqx.filter_grad(loss)(model, dense_adj, features, targets)
