@@ -106,6 +106,7 @@ def quantise_model(
         eqx.nn.Conv,
     ),
     where: Callable[[PyTree], Any] | None = None,
+    attribute: str = "weight",
     allow_materialise: bool = False,
     matmul: str = "auto",
 ) -> PyTree:
@@ -130,12 +131,16 @@ def quantise_model(
         channels of `eqx.nn.Linear` `(out, in)` and `eqx.nn.Conv` `(out, in, ...)`.
         `None` for one scale per weight. Ignored when `group_size` is given.
     - `group_size`: one scale per group of this many inputs (along the last axis)
-        and per output channel.
+        and per output channel. Convolution kernels are always quantised per output
+        channel.
     - `filter`: which layers: a layer type, a tuple of them, or a predicate on a
         layer. By default every `eqx.nn.Linear` and `eqx.nn.Conv`. A matching
-        layer's floating-point `weight` is quantised.
+        layer's floating-point `weight` (see `attribute`) is quantised.
     - `where`: choose by path, as for `eqx.tree_at`: only layers inside the
         sub-tree(s) `where(model)` that match `filter`. By default the whole model.
+    - `attribute`: the attribute of a matching object to quantise. With
+        `filter=quax_lora.is_lora, attribute="w"` it quantises the base weights of
+        a LoRA model (QLoRA).
 
     **Returns:**
 
@@ -152,20 +157,23 @@ def quantise_model(
     def convert(layer: Any) -> Any:
         if not select(layer):
             return layer
-        weight = getattr(layer, "weight", None)
+        weight = getattr(layer, attribute, None)
         if not eqx.is_inexact_array(weight) or np.ndim(weight) < 1:
             return layer
+        # The quantised convolution takes one scale per output channel.
+        conv = isinstance(layer, eqx.nn.Conv | eqx.nn.ConvTranspose)
+        groups = None if conv else group_size
         q = quantise(
             weight,
             bits=bits,
-            axis=None if group_size is not None else axis,
-            group_size=group_size,
+            axis=0 if conv else (None if group_size is not None else axis),
+            group_size=groups,
             symmetric=symmetric,
             allow_materialise=allow_materialise,
             matmul=matmul,
         )
         changed.append(q)
-        return eqx.tree_at(lambda x: x.weight, layer, q)
+        return eqx.tree_at(lambda x: getattr(x, attribute), layer, q)
 
     def convert_all(tree: PyTree) -> PyTree:
         return jtu.tree_map(convert, tree, is_leaf=select)
@@ -177,8 +185,8 @@ def quantise_model(
     )
     if not changed:
         raise ValueError(
-            f"quantise_model matched no layer with a floating-point weight (filter="
-            f"{filter!r}, where={where!r}): nothing was quantised."
+            f"quantise_model matched no layer with a floating-point `{attribute}` "
+            f"(filter={filter!r}, where={where!r}): nothing was quantised."
         )
     _logger.info("quantise_model: %s", memory_report(out))
     return out

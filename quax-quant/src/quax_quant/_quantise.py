@@ -1,6 +1,7 @@
 """`quantise`: float arrays to `QuantisedArray`s, with absmax, percentile or MSE
 calibration, and straight-through gradients for quantisation-aware training."""
 
+import functools as ft
 from collections.abc import Sequence
 from typing import Any
 
@@ -146,12 +147,44 @@ def _not_differentiable(x: Array) -> Array:
 
 @_not_differentiable.defjvp
 def _(primals: Any, tangents: Any) -> Any:
+    del primals, tangents
     raise ValueError(
         "quax_quant.quantise is being differentiated with respect to its input, "
         "whose integers have no gradient. For quantisation-aware training pass "
         "straight_through=True (the gradient then flows through the quantisation as "
         "if it were the identity); otherwise quantise lax.stop_gradient(x)."
     )
+
+
+@ft.partial(jax.jit, static_argnums=(1, 2, 3, 4, 5, 6))
+def _compute(
+    x: Array,
+    bits: int,
+    scale_shape: tuple[int, ...],
+    symmetric: bool,
+    calibration: str,
+    percentile: float,
+    straight_through: bool,
+) -> tuple[Array, Array, Array | None]:
+    """The integers (packed for 4 bits), scales and zero points of `x`: one compiled
+    program per layout, rather than a few dozen small ones when called eagerly."""
+    data = lax.stop_gradient(x) if straight_through else _not_differentiable(x)
+    # Calibrate in at least float32.
+    data = data.astype(jnp.promote_types(x.dtype, jnp.float32))
+    blocks = _blocks(data, scale_shape)
+    low, high = _range(blocks, calibration, percentile, symmetric)
+    if calibration == "mse":
+        low, high = _mse_range(blocks, bits, symmetric, low, high)
+    scale, zero = _scale_zero(low, high, bits, symmetric)
+    lo, hi = _levels(bits, symmetric)
+    z = None if zero is None else _expand(zero)
+    q = _round_trip(blocks, _expand(scale), z, lo, hi)
+    q = q.astype(jnp.int8).reshape(x.shape)
+    values = pack_int4(q) if bits == 4 else q
+    scale = scale.astype(x.dtype).reshape(scale_shape)
+    if zero is not None:
+        zero = zero.astype(x.dtype).reshape(scale_shape)
+    return values, scale, zero
 
 
 def quantise(
@@ -215,29 +248,23 @@ def quantise(
         raise ValueError(
             f"quantise: calibration must be one of {CALIBRATIONS}, got {calibration!r}."
         )
+    if bits == 4 and x.ndim == 0:
+        raise ValueError("quantise: bits=4 packs along the last axis; got a scalar.")
     if matmul not in MATMUL_PATHS:
         raise ValueError(
             f"quantise: matmul must be one of {MATMUL_PATHS}, got {matmul!r}."
         )
     master = x if straight_through else None
-    data = lax.stop_gradient(x) if straight_through else _not_differentiable(x)
-    # Calibrate in at least float32.
-    data = data.astype(jnp.promote_types(x.dtype, jnp.float32))
+    if axis is not None and not isinstance(axis, int):
+        axis = tuple(axis)
     scale_shape = _scale_shape(x.shape, axis, group_size, group_axis)
-    blocks = _blocks(data, scale_shape)
-    low, high = _range(blocks, calibration, percentile, symmetric)
-    if calibration == "mse":
-        low, high = _mse_range(blocks, bits, symmetric, low, high)
-    scale, zero = _scale_zero(low, high, bits, symmetric)
-    lo, hi = _levels(bits, symmetric)
-    z = None if zero is None else _expand(zero)
-    q = _round_trip(blocks, _expand(scale), z, lo, hi)
-    q = q.astype(jnp.int8).reshape(x.shape)
-    values = pack_int4(q) if bits == 4 else q
+    values, scale, zero = _compute(
+        x, bits, scale_shape, symmetric, calibration, percentile, straight_through
+    )
     return QuantisedArray(
         values,
-        scale.astype(x.dtype).reshape(scale_shape),
-        None if zero is None else zero.astype(x.dtype).reshape(scale_shape),
+        scale,
+        zero,
         master,
         bits=bits,
         float_dtype=np.dtype(x.dtype),

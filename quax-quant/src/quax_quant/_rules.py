@@ -6,6 +6,7 @@ Primitives without a rule fall back to `QuantisedArray.default`, which refuses
 """
 
 import dataclasses
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -204,11 +205,39 @@ def _(operand: QuantisedArray, *, permutation: Sequence[int]) -> QuantisedArray:
     )
 
 
+def _flat_blocks(sizes: Sequence[int], counts: Sequence[int]) -> int | None:
+    """How many blocks the flattened axes `sizes` (with `counts` blocks each) have,
+    if flattening keeps equal contiguous blocks: per-index axes, then one axis with
+    any blocks, then unscaled axes. `None` otherwise."""
+    j = 0
+    while j < len(sizes) and counts[j] == sizes[j]:
+        j += 1
+    if any(c != 1 for c in counts[j + 1 :]):
+        return None
+    return math.prod(counts[: j + 1])
+
+
+def _unflatten_blocks(sizes: Sequence[int], blocks: int) -> list[int] | None:
+    """Per-axis block counts for axes `sizes` whose flattening has `blocks` equal
+    contiguous blocks, or `None` when no such layout exists."""
+    counts = []
+    for d in sizes:
+        if blocks % d == 0:
+            counts.append(d)
+            blocks //= d
+        elif d % blocks == 0:
+            counts.append(blocks)
+            blocks = 1
+        else:
+            return None
+    return counts if blocks == 1 else None
+
+
 def _reshape_blocks(
     shape: Sequence[int], blocks: Sequence[int], new: Sequence[int]
 ) -> tuple[int, ...] | None:
     """The block shape for reshaping `shape` (blocks `blocks`) to `new`, or `None`
-    when a scaled axis would be merged or split. Axes of size 1 are unscaled."""
+    when the scales would not stay blocks of the new shape."""
     old_axes = [a for a, d in enumerate(shape) if d != 1]
     new_axes = [a for a, d in enumerate(new) if d != 1]
     out = [1] * len(new)
@@ -226,10 +255,12 @@ def _reshape_blocks(
                 nj.append(new_axes[j])
                 pn *= new[new_axes[j]]
                 j += 1
-        if len(oi) == 1 and len(nj) == 1:
-            out[nj[0]] = blocks[oi[0]]
-        elif any(blocks[a] != 1 for a in oi):
+        flat = _flat_blocks([shape[a] for a in oi], [blocks[a] for a in oi])
+        counts = None if flat is None else _unflatten_blocks([new[a] for a in nj], flat)
+        if counts is None:
             return None
+        for a, c in zip(nj, counts, strict=True):
+            out[a] = c
     return tuple(out)
 
 
@@ -252,6 +283,43 @@ def _(
             f"scales (scale shape {operand.scale.shape})",
         )
     return _map(operand, lambda a: a.reshape(new), lambda b: b.reshape(blocks))
+
+
+@quax.register(lax.broadcast_in_dim_p)
+def _(
+    operand: QuantisedArray,
+    *,
+    shape: Sequence[int],
+    broadcast_dimensions: Sequence[int],
+    sharding: Any,
+) -> Any:
+    """Only new axes of size 1 (`x[None]`, `expand_dims`): a reshape."""
+    dims = tuple(broadcast_dimensions)
+    if (
+        sharding is not None
+        or any(shape[d] != n for d, n in zip(dims, operand.shape, strict=True))
+        or math.prod(shape) != math.prod(operand.shape)
+    ):
+        return _refuse(
+            lax.broadcast_in_dim_p,
+            (operand,),
+            {
+                "shape": shape,
+                "broadcast_dimensions": broadcast_dimensions,
+                "sharding": sharding,
+            },
+            "broadcasting repeats the array (only new axes of size 1 keep the "
+            "quantisation)",
+        )
+    new = tuple(shape)
+
+    def blocks(b: Array) -> Array:
+        block_shape = [1] * len(new)
+        for d, n in zip(dims, b.shape, strict=True):
+            block_shape[d] = n
+        return b.reshape(block_shape)
+
+    return _map(operand, lambda a: a.reshape(new), blocks)
 
 
 @quax.register(lax.squeeze_p)

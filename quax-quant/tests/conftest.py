@@ -1,0 +1,70 @@
+"""Independent references for quax-quant's tests: dequantisation in NumPy from the
+stored leaves (its own bit unpacking), and a dense comparison helper."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import quax
+
+
+def np_integers(q) -> np.ndarray:
+    """The integers of a QuantisedArray, unpacked with NumPy bit operations."""
+    v = np.asarray(q.values).astype(np.int16)
+    if q.bits == 8:
+        return v
+    low = ((v & 0xF) ^ 8) - 8
+    high = (((v >> 4) & 0xF) ^ 8) - 8
+    both = np.stack([low, high], axis=-1).reshape(*v.shape[:-1], 2 * v.shape[-1])
+    return both[..., : q.shape[-1]]
+
+
+def np_blocks(block: np.ndarray, shape) -> np.ndarray:
+    """A per-block array repeated to `shape`."""
+    block = np.asarray(block, np.float64)
+    for a, d in enumerate(shape):
+        block = np.repeat(block, d // block.shape[a], axis=a)
+    return block
+
+
+def np_dequantise(q) -> np.ndarray:
+    ints = np_integers(q).astype(np.float64)
+    if q.zero_point is not None:
+        ints = ints - np_blocks(q.zero_point, q.shape)
+    return ints * np_blocks(q.scale, q.shape)
+
+
+def assert_matches_dense(fn, *args, rtol=1e-5, atol=1e-5, jit=True):
+    """`quax.quaxify(fn)(*args)` against `fn` on the dequantised arguments (NumPy
+    reference), eagerly and under `jax.jit`; nothing may be materialised."""
+    dense = [
+        jnp.asarray(np_dequantise(a), a.dtype) if hasattr(a, "bits") else a
+        for a in args
+    ]
+    expected = fn(*dense)
+    runs = [quax.quaxify(fn)]
+    if jit:
+        runs.append(jax.jit(quax.quaxify(fn)))
+    for run in runs:
+        with quax.track_materialisation() as report:
+            out = run(*args)
+        assert not report, str(report)
+        assert out.shape == expected.shape and out.dtype == expected.dtype
+        np.testing.assert_allclose(out, expected, rtol=rtol, atol=atol)
+    return expected
+
+
+@pytest.fixture(scope="session")
+def matches_dense():
+    return assert_matches_dense
+
+
+class _Reference:
+    integers = staticmethod(np_integers)
+    blocks = staticmethod(np_blocks)
+    dequantise = staticmethod(np_dequantise)
+
+
+@pytest.fixture(scope="session")
+def ref():
+    return _Reference
