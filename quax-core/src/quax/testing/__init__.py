@@ -1,0 +1,38 @@
+"""`quax.testing`: the conformance kit for quax families, ours or a third party's.
+
+- [`quax.testing.assert_matches_dense`][]: `quax.quaxify(fn)` against `fn` on dense
+    arrays (values, output types, `jit`, `vmap`, `grad`, `jvp`), and nothing
+    materialised unless allowed.
+- [`quax.testing.compiled_hlo`][], [`quax.testing.assert_hlo_lacks`][]: "the compiled
+    program holds no array of shape S / no op of kind K".
+- [`quax.testing.run_on_simulated_devices`][]: a program on 8 simulated CPU devices.
+- `quax.testing.strategies`: hypothesis strategies (shapes, dtypes, arrays,
+    `dot_general` dimension numbers, small programs). It needs `hypothesis` and is
+    imported on first use.
+"""
+
+import importlib
+from typing import Any
+
+from ._dense import (
+    ConformanceReport as ConformanceReport,
+    assert_matches_dense as assert_matches_dense,
+    densify as densify,
+    tolerance as tolerance,
+)
+from ._devices import run_on_simulated_devices as run_on_simulated_devices
+from ._hlo import (
+    HloInstruction as HloInstruction,
+    assert_hlo_lacks as assert_hlo_lacks,
+    compiled_hlo as compiled_hlo,
+    hlo_instructions as hlo_instructions,
+    hlo_ops as hlo_ops,
+    hlo_shapes as hlo_shapes,
+)
+
+
+def __getattr__(name: str) -> Any:
+    # `quax.testing.strategies` imports hypothesis: only when used.
+    if name == "strategies":
+        return importlib.import_module(f"{__name__}.strategies")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,506 @@
+"""`assert_matches_dense`: a quaxified function against the same function on dense
+arrays, under eval, `jit`, `vmap`, `grad` and `jvp`."""
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import jax.random as jr
+import jax.tree_util as jtu
+import numpy as np
+
+from .._quaxify import quaxify
+from .._values import Value, is_value, track_materialisation
+
+
+__all__ = ["ConformanceReport", "assert_matches_dense", "densify", "tolerance"]
+
+# Per-dtype (rtol, atol), by item size of the floating-point (or complex) type.
+_TOLERANCES = {
+    "bfloat16": (1.6e-2, 1.6e-2),
+    "float16": (1e-2, 1e-2),
+    "float32": (1e-5, 1e-5),
+    "complex64": (1e-5, 1e-5),
+    "float64": (1e-10, 1e-10),
+    "complex128": (1e-10, 1e-10),
+}
+# The batch copies scale every floating-point leaf by these factors.
+_BATCH_FACTORS = (1.0, 0.5, 1.5, 0.75, 1.25, 0.25, 1.75, 0.625)
+
+
+def tolerance(dtype: Any) -> dict[str, float]:
+    """The tolerance `assert_matches_dense` uses for results of `dtype`.
+
+    A result `got` matches `want` where `|got - want| <= atol * max(1, max|want|) +
+    rtol * |want|` elementwise: `atol` is relative to the largest magnitude of the
+    whole result, so that entries which cancel to near zero are judged on the scale
+    of the computation.
+
+    **Arguments:**
+
+    - `dtype`: a NumPy/JAX dtype (or anything `jnp.dtype` accepts).
+
+    **Returns:**
+
+    `dict(rtol=..., atol=...)`: `1e-10` for float64/complex128, `1e-5` for
+    float32/complex64, `1e-2` for float16, `1.6e-2` for bfloat16 (two ulps), and
+    `0.0` (exact) for integer and boolean dtypes.
+    """
+    dtype = jnp.dtype(dtype)
+    if not jnp.issubdtype(dtype, jnp.inexact):
+        return dict(rtol=0.0, atol=0.0)
+    try:
+        rtol, atol = _TOLERANCES[dtype.name]
+    except KeyError:  # float8 and the like: a few of their ulps.
+        eps = float(jnp.finfo(dtype).eps)
+        rtol, atol = 2 * eps, 2 * eps
+    return dict(rtol=rtol, atol=atol)
+
+
+def _densify_value(x: Value) -> Any:
+    while is_value(x):
+        enable = getattr(x, "enable_materialise", None)
+        if enable is not None:
+            x = enable()
+        x = x.materialise()
+    return x
+
+
+def densify(tree: Any) -> Any:
+    """Replace every [`quax.Value`][] in `tree` by its dense array, as the reference
+    of `assert_matches_dense` sees it: `x.enable_materialise().materialise()` where
+    the type has `enable_materialise`, else `x.materialise()` (repeated while the
+    result is itself a value). It is plain, differentiable JAX code.
+
+    **Arguments:**
+
+    - `tree`: any pytree; values are taken as leaves.
+
+    **Returns:**
+
+    The same pytree with arrays in place of values.
+    """
+    return jtu.tree_map(
+        lambda x: _densify_value(x) if is_value(x) else x, tree, is_leaf=is_value
+    )
+
+
+@dataclasses.dataclass
+class ConformanceReport:
+    """What `assert_matches_dense` checked.
+
+    **Fields:**
+
+    - `checks`: for each check (`"eval"`, `"jit"`, `"vmap"`, `"vmap(quaxify)"`,
+        `"quaxify(vmap)"`, `"grad"`, `"jvp"`), `"passed"` or `"skipped: <reason>"`
+        (checks turned off by the caller are absent).
+    - `out_types`: the type of each output leaf of the quaxified call (values taken
+        as leaves), in flattening order.
+    """
+
+    checks: dict[str, str] = dataclasses.field(default_factory=dict)
+    out_types: list[type] = dataclasses.field(default_factory=list)
+
+    def __str__(self) -> str:
+        lines = [f"  {name}: {outcome}" for name, outcome in self.checks.items()]
+        types = ", ".join(t.__qualname__ for t in self.out_types)
+        return "\n".join(["conformance checks:", *lines, f"  output types: {types}"])
+
+
+class _Checker:
+    """The shared state of one `assert_matches_dense` call."""
+
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        densify: Callable[[Any], Any],
+        allow_materialise: bool,
+        rtol: float | None,
+        atol: float | None,
+        out_types: Any,
+    ):
+        self.fn = fn
+        self.densify = densify
+        self.allow_materialise = allow_materialise
+        self.rtol = rtol
+        self.atol = atol
+        self.out_types = out_types
+
+    def run_quax(self, check: str, call: Callable[[], Any]) -> Any:
+        """`call()` (which runs the quaxified function), with materialisation
+        tracked and its errors turned into failures of `check`."""
+        with track_materialisation() as report:
+            try:
+                out = call()
+            except Exception as e:
+                raise AssertionError(
+                    f"[{check}] the quaxified function raised {type(e).__name__}: {e}"
+                ) from e
+        if report and not self.allow_materialise:
+            raise AssertionError(
+                f"[{check}] the quaxified function materialised values (pass "
+                f"allow_materialise=True if that is intended):\n{report}"
+            )
+        return out
+
+    def check_types(self, check: str, out: Any) -> list[type]:
+        leaves = jtu.tree_leaves(out, is_leaf=is_value)
+        types = [type(x) for x in leaves]
+        expected = self.out_types
+        if expected is None:
+            return types
+        if isinstance(expected, list):
+            if len(expected) != len(leaves):
+                raise AssertionError(
+                    f"[{check}] out_types names {len(expected)} output leaves, the "
+                    f"quaxified output has {len(leaves)}: {_names(types)}"
+                )
+        else:
+            expected = [expected] * len(leaves)
+        for i, (leaf, want) in enumerate(zip(leaves, expected, strict=True)):
+            if not isinstance(leaf, want):
+                raise AssertionError(
+                    f"[{check}] output leaf {i} is a {type(leaf).__qualname__}, "
+                    f"expected {_type_names(want)}; output types: {_names(types)}"
+                )
+        return types
+
+    def compare(self, check: str, got: Any, want: Any, what: str = "output") -> None:
+        got_leaves, got_tree = jtu.tree_flatten(got)
+        want_paths, want_tree = jtu.tree_flatten_with_path(want)
+        if got_tree != want_tree:
+            raise AssertionError(
+                f"[{check}] the quaxified {what} has structure {got_tree}, the dense "
+                f"reference {want_tree}"
+            )
+        for g, (path, w) in zip(got_leaves, want_paths, strict=True):
+            self.compare_leaf(
+                check, f"{what} leaf {jtu.keystr(path) or '<root>'}", g, w
+            )
+
+    def compare_leaf(self, check: str, where: str, got: Any, want: Any) -> None:
+        g = np.asarray(got)
+        w = np.asarray(want)
+        if g.shape != w.shape or g.dtype != w.dtype:
+            raise AssertionError(
+                f"[{check}] {where}: quaxified gives {g.dtype}{list(g.shape)}, dense "
+                f"reference {w.dtype}{list(w.shape)}"
+            )
+        if g.dtype == jax.dtypes.float0:
+            return
+        tol = tolerance(w.dtype)
+        rtol = tol["rtol"] if self.rtol is None else self.rtol
+        atol = tol["atol"] if self.atol is None else self.atol
+        if np.issubdtype(w.dtype, np.complexfloating):
+            g, w = g.astype(np.complex128), w.astype(np.complex128)
+        else:
+            g, w = g.astype(np.float64), w.astype(np.float64)
+        if g.size == 0:
+            return
+        finite = np.isfinite(w)
+        scale = max(1.0, float(np.max(np.abs(w[finite]), initial=0.0)))
+        err = np.abs(g - w)
+        both_nan = np.isnan(g) & np.isnan(w)
+        same_inf = np.isinf(w) & (g == w)
+        bad = ~(both_nan | same_inf | (err <= atol * scale + rtol * np.abs(w)))
+        if bad.any():
+            with np.errstate(invalid="ignore", divide="ignore"):
+                rel = np.where(w != 0, err / np.abs(w), np.inf)
+            i = np.unravel_index(np.argmax(np.where(bad, err, -1)), bad.shape)
+            raise AssertionError(
+                f"[{check}] {where} differs from the dense reference at "
+                f"{int(bad.sum())} of {bad.size} entries: max abs error "
+                f"{float(np.nanmax(np.where(bad, err, 0)))}, max rel error "
+                f"{float(np.nanmax(np.where(bad, rel, 0)))} (rtol={rtol}, atol={atol} "
+                f"x {scale:.3g}); e.g. at {tuple(map(int, i))}: quaxified "
+                f"{g[i]}, dense {w[i]}"
+            )
+
+
+def _type_names(t: type | tuple[type, ...]) -> str:
+    if isinstance(t, tuple):
+        return " or ".join(k.__qualname__ for k in t)
+    return t.__qualname__
+
+
+def _names(types: Sequence[type]) -> str:
+    return "[" + ", ".join(t.__qualname__ for t in types) + "]"
+
+
+def _is_float(x: Any) -> bool:
+    return eqx.is_array(x) and jnp.issubdtype(x.dtype, jnp.inexact)
+
+
+def _batch(args: tuple[Any, ...], size: int) -> tuple[list[tuple[Any, ...]], Any]:
+    """`size` copies of `args` whose floating-point array leaves are scaled by
+    different factors, and the `in_axes` that maps every array leaf."""
+    copies = []
+    for k in range(size):
+        factor = _BATCH_FACTORS[k % len(_BATCH_FACTORS)]
+        copies.append(
+            jtu.tree_map(lambda x, f=factor: x * f if _is_float(x) else x, args)
+        )
+    in_axes = jtu.tree_map(lambda x: 0 if eqx.is_array(x) else None, args)
+    return copies, in_axes
+
+
+def _stack(copies: list[tuple[Any, ...]]) -> tuple[Any, ...]:
+    return jtu.tree_map(
+        lambda *xs: jnp.stack(xs) if eqx.is_array(xs[0]) else xs[0], *copies
+    )
+
+
+def _unstacked(tree: Any, i: int) -> Any:
+    return jtu.tree_map(lambda x: x[i] if eqx.is_array(x) else x, tree)
+
+
+def _stacking_problem(
+    args: tuple[Any, ...], stacked: tuple[Any, ...], size: int
+) -> str:
+    """Why stacking the leaves of a value in `args` does not give a valid batched
+    value of the same type (`""` when it does)."""
+    values = jtu.tree_leaves(args, is_leaf=is_value)
+    batched = jtu.tree_leaves(stacked, is_leaf=is_value)
+    for value, batch in zip(values, batched, strict=True):
+        if not is_value(value) or not any(map(eqx.is_array, jtu.tree_leaves(value))):
+            continue
+        name = type(value).__qualname__
+        try:
+            aval, batch_aval = value.aval(), batch.aval()
+        except Exception as e:
+            return f"a {name} with stacked leaves has no aval ({type(e).__name__}: {e})"
+        want = (size, *aval.shape)
+        if tuple(batch_aval.shape) != want or batch_aval.dtype != aval.dtype:
+            return (
+                f"stacking the leaves of a {name} of shape {aval.shape} gives a "
+                f"{name} of shape {tuple(batch_aval.shape)}, not {want}: its shape "
+                "is static metadata, so a batch of them exists only inside jax.vmap"
+            )
+    return ""
+
+
+def _no_batch_reason(args: tuple[Any, ...]) -> str:
+    if not any(map(eqx.is_array, jtu.tree_leaves(args))):
+        leafless = [
+            type(v).__qualname__
+            for v in jtu.tree_leaves(args, is_leaf=is_value)
+            if is_value(v)
+        ]
+        return (
+            "no argument has an array leaf to batch over "
+            f"(values without array leaves: {', '.join(leafless) or 'none'})"
+        )
+    return ""
+
+
+def assert_matches_dense(
+    fn: Callable[..., Any],
+    *args: Any,
+    jit: bool = True,
+    vmap: bool = True,
+    grad: bool = True,
+    jvp: bool = True,
+    allow_materialise: bool = False,
+    rtol: float | None = None,
+    atol: float | None = None,
+    out_types: type | tuple[type, ...] | list[type | tuple[type, ...]] | None = None,
+    densify: Callable[[Any], Any] = densify,
+    batch_size: int = 2,
+    seed: int = 0,
+) -> ConformanceReport:
+    """Check that `quax.quaxify(fn)` computes what `fn` computes on dense arrays.
+
+    ```python
+    x = MyValue(...)
+    quax.testing.assert_matches_dense(lambda x, y: x @ y + 1, x, y, out_types=MyValue)
+    ```
+
+    The reference is `fn(*densify(args))`, plain JAX. Every output leaf of the
+    quaxified call (values densified the same way) must have the reference's
+    structure, shape and dtype, and its values within `tolerance(dtype)` (integers
+    and booleans exactly). The checks, each failing with an `AssertionError` that
+    names it (`[eval]`, `[jit]`, ...), the output leaf, and the max abs/rel error:
+
+    - `eval`: `quax.quaxify(fn)(*args)`.
+    - `jit`: `jax.jit(quax.quaxify(fn))(*args)`.
+    - `vmap`: a batch of `batch_size` copies of `args` whose floating-point leaves
+        are scaled by different positive factors (integer leaves, e.g. sparse
+        indices, are kept), stacked leaf-wise. `jax.vmap(quax.quaxify(fn))` over
+        it (`"vmap(quaxify)"`) and `quax.quaxify(jax.vmap(fn))` (`"quaxify(vmap)"`)
+        are compared with `fn` on each densified copy. The second needs values whose
+        stacked leaves form a valid batched value (aval `(batch_size, *shape)`); for
+        a type whose shape is static metadata it is skipped, with the reason in the
+        returned report. Non-array leaves (e.g. a leafless `Zero`) are not batched.
+    - `grad`: with respect to every floating-point array leaf of `args` (values'
+        leaves included): the vector-Jacobian product of the quaxified call, with a
+        fixed random cotangent on the densified output, against the gradient of
+        `sum(fn(*densify(args)) * cotangent)`.
+    - `jvp`: the same leaves, a fixed random tangent, the densified output tangent.
+
+    Everything the quaxified function does (not the densifying of its inputs and
+    outputs for the comparison) runs inside [`quax.track_materialisation`][]: unless
+    `allow_materialise=True`, a check fails if anything was materialised, and prints
+    the report (which primitive densified which type).
+
+    Pass array arguments positionally; close over static ones (Python ints,
+    callables) in `fn`.
+
+    **Arguments:**
+
+    - `fn`: a function of arrays (it need not know about quax).
+    - `*args`: its arguments: pytrees of arrays and [`quax.Value`][]s.
+    - `jit`, `vmap`, `grad`, `jvp`: run that check (all by default). `grad` and
+        `jvp` are skipped, with the reason in the report, when neither the arguments
+        nor the outputs have floating-point leaves.
+    - `allow_materialise`: whether the quaxified function may materialise values.
+    - `rtol`, `atol`: override `tolerance(dtype)` for every comparison.
+    - `out_types`: the expected type(s) of the quaxified output leaves (values taken
+        as leaves): a type or tuple of types that every output leaf must be an
+        instance of, or a Python `list` with one such entry per output leaf in
+        flattening order. Checked under eval, jit and both vmaps. E.g.
+        `out_types=BCOO`, `out_types=[Unitful, jax.Array]`.
+    - `densify`: how to densify values for the reference and the comparison
+        (default [`quax.testing.densify`][]), for a type that refuses to
+        materialise and has no `enable_materialise`.
+    - `batch_size`: the number of copies in the vmap batch.
+    - `seed`: seeds the random cotangents and tangents.
+
+    **Returns:**
+
+    A [`quax.testing.ConformanceReport`][]: each check `"passed"` or `"skipped:
+    <reason>"`, and the output types.
+
+    **Raises:**
+
+    `AssertionError` on the first check that fails.
+    """
+    checker = _Checker(fn, densify, allow_materialise, rtol, atol, out_types)
+    report = ConformanceReport()
+    quax_fn = quaxify(fn)
+
+    out = checker.run_quax("eval", lambda: quax_fn(*args))
+    report.out_types = checker.check_types("eval", out)
+    want = fn(*densify(args))
+    checker.compare("eval", densify(out), want)
+    report.checks["eval"] = "passed"
+
+    if jit:
+        out = checker.run_quax("jit", lambda: jax.jit(quaxify(fn))(*args))
+        checker.check_types("jit", out)
+        checker.compare("jit", densify(out), want)
+        report.checks["jit"] = "passed"
+
+    if vmap:
+        _check_vmap(checker, report, args, batch_size)
+
+    if grad or jvp:
+        _check_derivatives(checker, report, args, want, grad, jvp, seed)
+    return report
+
+
+def _check_vmap(
+    checker: _Checker, report: ConformanceReport, args: tuple[Any, ...], size: int
+) -> None:
+    fn, densify = checker.fn, checker.densify
+    reason = _no_batch_reason(args)
+    if reason:
+        report.checks["vmap"] = f"skipped: {reason}"
+        return
+    copies, in_axes = _batch(args, size)
+    stacked = _stack(copies)
+    wants = [fn(*densify(c)) for c in copies]
+    want = jtu.tree_map(lambda *xs: jnp.stack(xs), *wants)
+
+    check = "vmap(quaxify)"
+    out = checker.run_quax(
+        check, lambda: jax.vmap(quaxify(fn), in_axes=in_axes)(*stacked)
+    )
+    checker.check_types(check, out)
+    for i, w in enumerate(wants):
+        checker.compare(check, densify(_unstacked(out, i)), w, f"batch element {i}")
+    report.checks[check] = "passed"
+
+    check = "quaxify(vmap)"
+    problem = _stacking_problem(args, stacked, size)
+    if problem:
+        report.checks[check] = f"skipped: {problem}"
+        return
+    # Inside `quaxify` each value is one tracer: mapped where it has array leaves.
+    value_axes = jtu.tree_map(
+        lambda x: 0 if any(map(eqx.is_array, jtu.tree_leaves(x))) else None,
+        args,
+        is_leaf=is_value,
+    )
+    out = checker.run_quax(
+        check, lambda: quaxify(jax.vmap(fn, in_axes=value_axes))(*stacked)
+    )
+    checker.check_types(check, out)
+    checker.compare(check, densify(out), want)
+    report.checks[check] = "passed"
+
+
+def _random_like(key: Any, tree: Any) -> Any:
+    """A random array for each floating-point leaf of `tree` (float0 zeros for the
+    others, as JAX's tangents and cotangents of integer arrays)."""
+    leaves, treedef = jtu.tree_flatten(tree)
+    keys = jr.split(key, max(len(leaves), 1))
+    out = []
+    for k, x in zip(keys, leaves, strict=False):
+        if _is_float(x):
+            out.append(jr.normal(k, jnp.shape(x), jnp.result_type(x)))
+        else:
+            out.append(np.zeros(jnp.shape(x), jax.dtypes.float0))
+    return jtu.tree_unflatten(treedef, out)
+
+
+def _check_derivatives(
+    checker: _Checker,
+    report: ConformanceReport,
+    args: tuple[Any, ...],
+    want: Any,
+    grad: bool,
+    jvp: bool,
+    seed: int,
+) -> None:
+    fn, densify = checker.fn, checker.densify
+    diff, static = eqx.partition(args, eqx.is_inexact_array)
+    reason = ""
+    if not jtu.tree_leaves(diff):
+        reason = "no argument has a floating-point array leaf"
+    elif not any(map(_is_float, jtu.tree_leaves(want))):
+        reason = "no output is floating-point"
+    if reason:
+        for name, on in (("grad", grad), ("jvp", jvp)):
+            if on:
+                report.checks[name] = f"skipped: {reason}"
+        return
+
+    def quax_call(d: Any) -> Any:
+        return quaxify(fn)(*eqx.combine(d, static))
+
+    def dense_call(d: Any) -> Any:
+        return fn(*densify(eqx.combine(d, static)))
+
+    key_ct, key_t = jr.split(jr.key(seed))
+    if grad:
+        out, pullback = checker.run_quax("grad", lambda: jax.vjp(quax_call, diff))
+        cotangent = _random_like(key_ct, want)
+        _, dense_pullback = jax.vjp(densify, out)
+        (out_ct,) = dense_pullback(cotangent)
+        (got,) = pullback(out_ct)
+        _, ref_pullback = jax.vjp(dense_call, diff)
+        (expected,) = ref_pullback(cotangent)
+        checker.compare("grad", got, expected, "gradient")
+        report.checks["grad"] = "passed"
+    if jvp:
+        tangent = _random_like(key_t, diff)
+        out, out_t = checker.run_quax(
+            "jvp", lambda: jax.jvp(quax_call, (diff,), (tangent,))
+        )
+        _, got = jax.jvp(densify, (out,), (out_t,))
+        _, expected = jax.jvp(dense_call, (diff,), (tangent,))
+        checker.compare("jvp", got, expected, "output tangent")
+        report.checks["jvp"] = "passed"

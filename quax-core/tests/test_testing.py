@@ -1,0 +1,325 @@
+"""The conformance kit `quax.testing`: it passes on correct rules and fails, naming
+the check, on planted wrong ones."""
+
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import quax
+import quax.testing as qt
+from hypothesis import given, settings, strategies as st
+from jax import lax
+from quax.testing import strategies as qst
+
+
+class Wrapped(quax.ArrayValue):
+    """An array in a wrapper that every floating-point result keeps (unwrap, bind,
+    rewrap)."""
+
+    array: jax.Array
+    linear_in_leaves: ClassVar[bool] = True
+
+    def aval(self) -> Any:
+        return jax.typeof(self.array)
+
+    def materialise(self) -> jax.Array:
+        return self.array
+
+    @staticmethod
+    def default(primitive: Any, values: Sequence[Any], params: dict[str, Any]) -> Any:
+        arrays = [v.array if isinstance(v, Wrapped) else v for v in values]
+        out = primitive.bind(*arrays, **params)
+        # Comparisons and integer results come back plain, as a family's would.
+        wrap = lambda o: Wrapped(o) if jnp.issubdtype(o.dtype, jnp.inexact) else o
+        if primitive.multiple_results:
+            return [wrap(o) for o in out]
+        return wrap(out)
+
+
+class Plain(quax.ArrayValue):
+    """An array with no rules at all: every primitive materialises it."""
+
+    array: jax.Array
+
+    def aval(self) -> Any:
+        return jax.typeof(self.array)
+
+    def materialise(self) -> jax.Array:
+        return self.array
+
+
+class Gated(Plain):
+    """Refuses to materialise unless enabled, as the published quax's types do."""
+
+    allowed: bool = False
+
+    def enable_materialise(self, allow: bool = True) -> "Gated":
+        return Gated(self.array, allow)
+
+    def materialise(self) -> jax.Array:
+        if not self.allowed:
+            raise RuntimeError("Refusing to materialise a Gated")
+        return self.array
+
+
+class WrongCos(Wrapped):
+    pass
+
+
+@quax.register(lax.cos_p)
+def _(x: WrongCos, **params: Any) -> WrongCos:
+    del params
+    return WrongCos(jnp.sin(x.array))  # a planted wrong value
+
+
+class WrongGrad(Wrapped):
+    pass
+
+
+@quax.register(lax.sin_p)
+def _(x: WrongGrad, **params: Any) -> WrongGrad:
+    del params
+    return WrongGrad(jnp.sin(lax.stop_gradient(x.array)))  # right value, no gradient
+
+
+class WrongAxes(Wrapped):
+    pass
+
+
+@quax.register(lax.reduce_sum_p)
+def _(x: WrongAxes, *, axes: Any, **params: Any) -> WrongAxes:
+    del axes, params
+    return WrongAxes(jnp.sum(x.array))  # right only when summing every axis
+
+
+class Pair(quax.ArrayValue):
+    """`a + b` with the dense shape as static metadata: its stacked leaves do not
+    form a batched `Pair`."""
+
+    a: jax.Array
+    b: jax.Array
+    shape_: tuple[int, ...] = eqx.field(static=True)
+    linear_in_leaves: ClassVar[bool] = True
+
+    def aval(self) -> Any:
+        return jax.core.ShapedArray(self.shape_, self.a.dtype)
+
+    def materialise(self) -> jax.Array:
+        return self.a + self.b
+
+
+@quax.register(lax.mul_p)
+def _(x: Pair, y: jax.Array | float, **params: Any) -> Pair:
+    del params
+    return Pair(x.a * y, x.b * y, x.shape_)
+
+
+X = jnp.arange(6.0).reshape(2, 3) / 6
+Y = jnp.linspace(-1.0, 1.0, 12).reshape(3, 4)
+
+
+def test_passes_on_correct_rules():
+    report = qt.assert_matches_dense(
+        lambda a, b: jnp.tanh(a) @ b + 1, Wrapped(X), Y, out_types=Wrapped
+    )
+    assert report.checks == {
+        name: "passed"
+        for name in ("eval", "jit", "vmap(quaxify)", "quaxify(vmap)", "grad", "jvp")
+    }
+    assert report.out_types == [Wrapped]
+    assert "output types: Wrapped" in str(report)
+
+
+def test_pytree_outputs_and_integer_leaves():
+    def fn(a, i):
+        return {"sum": jnp.sum(a, axis=0), "index": jnp.argmax(a, axis=1) + i}
+
+    report = qt.assert_matches_dense(fn, Wrapped(X), jnp.array([1, 2]))
+    assert report.checks["grad"] == "passed"
+
+
+def test_wrong_value_fails():
+    with pytest.raises(AssertionError, match=r"\[eval\] output leaf <root> differs"):
+        qt.assert_matches_dense(jnp.cos, WrongCos(X))
+
+
+def test_wrong_gradient_fails():
+    with pytest.raises(AssertionError, match=r"\[grad\] gradient leaf .* differs"):
+        qt.assert_matches_dense(jnp.sin, WrongGrad(X))
+    with pytest.raises(AssertionError, match=r"\[jvp\] output tangent"):
+        qt.assert_matches_dense(jnp.sin, WrongGrad(X), grad=False)
+
+
+def test_wrong_batching_fails():
+    # Right unbatched; under `quaxify(vmap(...))` the rule sees the batch axis.
+    qt.assert_matches_dense(jnp.sum, WrongAxes(X), vmap=False)
+    with pytest.raises(AssertionError, match=r"\[quaxify\(vmap\)\]"):
+        qt.assert_matches_dense(jnp.sum, WrongAxes(X))
+
+
+def test_materialising_rule_fails():
+    with pytest.raises(
+        AssertionError, match=r"(?s)\[eval\] .*materialised.*sin, Plain: 1"
+    ):
+        qt.assert_matches_dense(jnp.sin, Plain(X))
+    report = qt.assert_matches_dense(jnp.sin, Plain(X), allow_materialise=True)
+    assert len(report.out_types) == 1 and issubclass(report.out_types[0], jax.Array)
+
+
+def test_refusal_inside_quaxify_fails_naming_the_check():
+    # `Gated` densifies for the reference (enable_materialise) but not inside.
+    with pytest.raises(AssertionError, match=r"\[eval\] .*RuntimeError.*Refusing"):
+        qt.assert_matches_dense(jnp.sin, Gated(X))
+    assert qt.densify(Gated(X)) is X
+
+
+def test_out_types():
+    with pytest.raises(
+        AssertionError, match=r"output leaf 0 is a ArrayImpl, expected Pair"
+    ):
+        qt.assert_matches_dense(
+            jnp.sin, Plain(X), allow_materialise=True, out_types=Pair
+        )
+    with pytest.raises(AssertionError, match="out_types names 2 output leaves"):
+        qt.assert_matches_dense(jnp.sin, Wrapped(X), out_types=[Wrapped, Wrapped])
+    qt.assert_matches_dense(
+        lambda a: (a, jnp.argmax(a)),
+        Wrapped(X),
+        out_types=[Wrapped, (Wrapped, jax.Array)],
+    )
+
+
+def test_static_shape_skips_quaxify_of_vmap_with_reason():
+    report = qt.assert_matches_dense(lambda p: p * 2.0, Pair(X, X, X.shape))
+    assert report.checks["vmap(quaxify)"] == "passed"
+    assert report.checks["quaxify(vmap)"].startswith("skipped: stacking the leaves")
+
+
+def test_leafless_value_skips_vmap_and_derivatives():
+    report = qt.assert_matches_dense(
+        lambda z: z + 1, quax.zero.Zero((2, 3), jnp.float32)
+    )
+    assert report.checks["vmap"].startswith("skipped: no argument has an array leaf")
+    assert report.checks["grad"].startswith("skipped: no argument has a floating")
+
+
+def test_tolerance():
+    assert qt.tolerance(jnp.float32) == dict(rtol=1e-5, atol=1e-5)
+    assert qt.tolerance(jnp.float64) == dict(rtol=1e-10, atol=1e-10)
+    assert qt.tolerance(jnp.bfloat16)["rtol"] >= 1e-2
+    assert qt.tolerance(jnp.int32) == dict(rtol=0.0, atol=0.0)
+    # Within tolerance passes; a custom tolerance is honoured.
+    near = lambda a: a * (1 + 3e-6)
+    qt.assert_matches_dense(lambda a: a, Wrapped(near(X)), vmap=False, grad=False)
+    with pytest.raises(AssertionError, match="max abs error"):
+        qt.assert_matches_dense(jnp.cos, WrongCos(X), rtol=1e-1, atol=1e-1)
+
+
+def _dot(a, b):
+    return a @ b
+
+
+def test_compiled_hlo_and_assert_hlo_lacks():
+    hlo = qt.compiled_hlo(_dot, Wrapped(X), Y)
+    assert ("f32", (2, 4)) in qt.hlo_shapes(hlo)
+    assert "dot" in qt.hlo_ops(hlo)
+    qt.assert_hlo_lacks(_dot, Wrapped(X), Y, shapes=[(4, 4)], ops=["convolution"])
+    with pytest.raises(AssertionError, match=r"array f32\[2, 4\]: .*dot"):
+        qt.assert_hlo_lacks(_dot, Wrapped(X), Y, shapes=[(2, 4)])
+    with pytest.raises(AssertionError, match="op dot"):
+        qt.assert_hlo_lacks(_dot, Wrapped(X), Y, ops=["dot"])
+    # Restricted to another dtype, the shape is allowed.
+    qt.assert_hlo_lacks(_dot, Wrapped(X), Y, shapes=[(2, 4)], dtypes=[jnp.int32])
+
+
+def test_hlo_parser_on_fusions_and_tuples():
+    hlo = """HloModule m
+
+%fused_computation (p: f32[8,8]) -> f32[8,8] {
+  %p = f32[8,8]{1,0} parameter(0)
+  ROOT %e = f32[8,8]{1,0} exponential(f32[8,8]{1,0} %p)
+}
+
+ENTRY %main (x: f32[8,8]) -> (f32[8,8], s32[]) {
+  x = f32[8,8]{1,0} parameter(0)
+  f = f32[8,8]{1,0} fusion(x), kind=kLoop, calls=%fused_computation
+  c = s32[] constant(3)
+  ROOT t = (f32[8,8]{1,0}, s32[]) tuple(f, c)
+}
+"""
+    ops = [(i.name, i.op) for i in qt.hlo_instructions(hlo)]
+    assert ops == [
+        ("p", "parameter"),
+        ("e", "exponential"),
+        ("x", "parameter"),
+        ("f", "fusion"),
+        ("c", "constant"),
+        ("t", "tuple"),
+    ]
+    assert qt.hlo_instructions(hlo)[-1].arrays == (("f32", (8, 8)), ("s32", ()))
+
+
+def test_run_on_simulated_devices():
+    out = qt.run_on_simulated_devices(
+        """
+        import jax
+        print(len(jax.devices()), jax.devices()[0].platform)
+        """,
+        n=4,
+    )
+    assert out.split() == ["4", "cpu"]
+    with pytest.raises(AssertionError, match=r"status 1(.|\n)*ZeroDivisionError"):
+        qt.run_on_simulated_devices("print('before'); 1 / 0", n=2)
+
+
+@settings(max_examples=15, deadline=None)
+@given(qst.dot_general_dimension_numbers(), st.data())
+def test_dot_general_dimension_numbers(numbers, data):
+    lhs_shape, rhs_shape, dims = numbers
+    lhs = data.draw(qst.arrays(lhs_shape))
+    rhs = data.draw(qst.arrays(rhs_shape))
+    out = lax.dot_general(lhs, rhs, dims)
+    (lc, rc), (lb, rb) = dims
+    # The same contraction with numpy's einsum, from the dimension numbers alone.
+    letters = iter("abcdefghijklmnop")
+    lhs_sub = [next(letters) for _ in lhs_shape]
+    rhs_sub = [next(letters) for _ in rhs_shape]
+    for i, j in zip(lc + lb, rc + rb, strict=True):
+        rhs_sub[j] = lhs_sub[i]
+    free_l = [s for i, s in enumerate(lhs_sub) if i not in lc + lb]
+    free_r = [s for j, s in enumerate(rhs_sub) if j not in rc + rb]
+    spec = "".join(lhs_sub) + "," + "".join(rhs_sub) + "->"
+    spec += "".join([lhs_sub[i] for i in lb] + free_l + free_r)
+    expected = np.einsum(spec, np.asarray(lhs), np.asarray(rhs))
+    np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-5)
+
+
+@settings(max_examples=8, deadline=None)
+@given(qst.programs(max_ops=3), st.data())
+def test_programs_on_a_wrapper(program, data):
+    x = data.draw(qst.arrays(program.in_shape, program.dtype))
+    assert program(x).shape == program.out_shape
+    # jit and vmap are covered above; here the programs' own variety matters.
+    qt.assert_matches_dense(
+        program, Wrapped(x), out_types=Wrapped, jit=False, vmap=False
+    )
+
+
+@settings(max_examples=10, deadline=None)
+@given(qst.shapes(1, 2, 2, 3), qst.dtypes(["float", "int", "bool"]), st.data())
+def test_shapes_dtypes_arrays(shape, dtype, data):
+    x = data.draw(qst.arrays(shape, dtype, min_value=-2, max_value=2))
+    assert x.shape == shape and x.dtype == dtype
+    assert 1 <= x.ndim <= 2 and all(2 <= s <= 3 for s in shape)
+    assert bool(jnp.all(jnp.abs(x.astype(jnp.float32)) <= 2))
+
+
+def test_strategy_errors():
+    with pytest.raises(ValueError, match="unknown dtype kind 'floaty'"):
+        qst.dtypes(["floaty"])
+    with pytest.raises(ValueError, match=r"unknown ops \['exp'\]"):
+        qst.programs(ops=["exp"])
