@@ -12,6 +12,7 @@ medians of the per-round ratios. Prints Markdown tables, writes
 """
 
 import argparse
+import itertools
 import math
 import statistics
 import time
@@ -157,7 +158,7 @@ def crossover(points: list[dict[str, Any]], op: str, n: int) -> str:
     if len(pts) < 2:
         return "-"
     logs = [(math.log(p["density"]), math.log(p["dense/quax"])) for p in pts]
-    for (d0, r0), (d1, r1) in zip(logs, logs[1:], strict=False):
+    for (d0, r0), (d1, r1) in itertools.pairwise(logs):
         if r0 >= 0 >= r1:
             d = d0 + (d1 - d0) * r0 / (r0 - r1) if r0 != r1 else d0
             return f"{100 * math.exp(d):.2g}%"
