@@ -194,3 +194,12 @@ def test_nmap_broadcasts_arguments_and_errors():
         qn.nmap(lambda u: jnp.concatenate([u, u]), "feature")(x)
     with pytest.raises(ValueError, match=r"axes \['nope'\] are in none"):
         qn.nmap(jnp.sum, "nope")(x)
+
+
+def test_where_and_comparisons_by_name():
+    x, y = arr(["batch", "feature"], 10), arr(["feature", "batch"], 11)
+    got = qn.where(x > y, x, 0.0)
+    yt = laid_out(y, ["batch", "feature"])
+    want = np.where(np.asarray(x.array) > yt, x.array, 0.0)
+    np.testing.assert_array_equal(laid_out(got, ["batch", "feature"]), want)
+    assert (x <= 0.0).names == ("batch", "feature")

@@ -51,7 +51,8 @@ def step(p, x, y):
     return loss, qn.shard(new)
 
 norm = lambda spec, n: tuple(spec) + (None,) * (n - len(spec))
-plain = lambda t: jax.tree.map(lambda a: a.array, t, is_leaf=lambda a: isinstance(a, NamedArray))
+is_named = lambda a: isinstance(a, NamedArray)
+plain = lambda t: jax.tree.map(lambda a: a.array, t, is_leaf=is_named)
 ref_loss, ref_grads = jax.value_and_grad(loss_fn)(plain(params), x.array, y.array)
 ref_new = jax.tree.map(lambda a, b: a - 0.1 * b, plain(params), ref_grads)
 

@@ -38,6 +38,7 @@ from ._ops import (
     trace as trace,
     transpose as transpose,
     var as var,
+    where as where,
 )
 from ._sharding import (
     axis_mapping as axis_mapping,

@@ -343,6 +343,18 @@ class NamedArray(quax.ArrayValue):
     def __pow__(self, other: Any) -> Any:
         return self._binary(operator.pow, other)
 
+    def __lt__(self, other: Any) -> Any:
+        return self._binary(operator.lt, other)
+
+    def __le__(self, other: Any) -> Any:
+        return self._binary(operator.le, other)
+
+    def __gt__(self, other: Any) -> Any:
+        return self._binary(operator.gt, other)
+
+    def __ge__(self, other: Any) -> Any:
+        return self._binary(operator.ge, other)
+
     def __neg__(self) -> Any:
         from ._rules import call
 

@@ -36,6 +36,7 @@ __all__ = [
     "trace",
     "transpose",
     "var",
+    "where",
 ]
 
 AxisLike = Axis | str
@@ -222,6 +223,23 @@ def align(*arrays: Any) -> tuple[Any, ...]:
         else:
             out.append(x)
     return tuple(out)
+
+
+def where(condition: Any, x: Any, y: Any) -> Any:
+    """`jnp.where(condition, x, y)` aligned and broadcast by name.
+
+    **Arguments:**
+
+    - `condition`, `x`, `y`: `NamedArray`s or scalars (at least one `NamedArray`).
+
+    **Returns:**
+
+    A `NamedArray` over the union of their axes.
+    """
+    condition, x, y = align(condition, x, y)
+    arrays = [v.array if isinstance(v, NamedArray) else v for v in (condition, x, y)]
+    first = next(v for v in (condition, x, y) if isinstance(v, NamedArray))
+    return make(call(jnp.where, *arrays), first.axes, first.allow_materialise)
 
 
 def broadcast_to(
