@@ -1,12 +1,15 @@
 """The value type: `LoraArray`, a weight `w` plus a low-rank update `a @ b`."""
 
-from typing import Any
+import copy
+import math
+from typing import Any, ClassVar
 
 import equinox as eqx
 import jax
 import jax.core
 import jax.numpy as jnp
 import jax.random as jr
+import numpy as np
 import quax
 from jax import lax
 from jaxtyping import Array, PRNGKeyArray
@@ -17,7 +20,8 @@ __all__ = ["LoraArray", "MaterialisationError"]
 
 class MaterialisationError(RuntimeError):
     """A `LoraArray` with `allow_materialise=False` met an operation that has no
-    LoRA rule and would need the dense `w + a @ b`."""
+    LoRA rule and would need the dense `w + a @ b`. Its message starts with
+    "Refusing to materialise", as the published quax's refusals do."""
 
 
 class LoraArray(quax.ArrayValue):
@@ -42,6 +46,10 @@ class LoraArray(quax.ArrayValue):
     - `alpha`, `allow_materialise`, `stop_gradient`: as passed to `__init__` (static).
     """
 
+    # `w + s * a @ b` is not linear in the leaves (a, b) together: a custom
+    # derivative meets it densified (or refused), never rebuilt from tangents.
+    linear_in_leaves: ClassVar[bool] = False
+
     w: Array
     a: Array
     b: Array
@@ -64,12 +72,15 @@ class LoraArray(quax.ArrayValue):
         """**Arguments:**
 
         - `weight`: the weight to adapt, shape `(*batch, n, m)`.
-        - `rank`: the rank of the adaptation.
+        - `rank`: the rank of the adaptation: an integer from 1 to `min(n, m)`
+            for `(n, m)` matrices (for a kernel, `m` is `in * prod(spatial)`).
         - `scale`: `a` is initialised from `Normal(0, scale^2)`; `b` is zero.
-        - `alpha`: the update is multiplied by `alpha / rank` (peft's `lora_alpha`).
-            `None` (the default) multiplies it by one.
+            Finite and positive.
+        - `alpha`: the update is multiplied by `alpha / rank` (peft's `lora_alpha`),
+            finite and positive. `None` (the default) multiplies it by one.
         - `allow_materialise`: what to do on an operation without a LoRA rule:
-            raise a `MaterialisationError` naming it (`False`, the default), or form
+            raise a `MaterialisationError` (a `RuntimeError` whose message starts
+            "Refusing to materialise") naming it (`False`, the default), or form
             the dense `w + s * a @ b` and carry on (`True`).
         - `stop_gradient`: whether `w` is frozen (no gradient flows to it).
         - `batch_ndim`: how many leading axes of `weight` are batch axes, each with
@@ -78,24 +89,57 @@ class LoraArray(quax.ArrayValue):
             matrix `out x (in * prod(spatial))`, as peft does for convolutions:
             `a` is `(out, rank)` and `b` is `(rank, in, *spatial)`.
         - `key`: a `jax.random` key, used to initialise `a`.
+
+        Invalid arguments raise a `ValueError` that says what is wrong.
         """
+        if isinstance(weight, quax.Value):
+            raise ValueError(
+                f"LoraArray needs a plain array as its weight, got a "
+                f"{type(weight).__qualname__}. To adapt a LoraArray again, merge it "
+                "first (quax_lora.merge); loraify skips weights that already are one."
+            )
         weight = jnp.asarray(weight)
         if batch_ndim is None:
             batch_ndim = weight.ndim - 2
-        if not 0 <= batch_ndim <= weight.ndim - 2:
+        if (
+            isinstance(batch_ndim, bool)
+            or not isinstance(batch_ndim, int)
+            or not 0 <= batch_ndim <= weight.ndim - 2
+        ):
             raise ValueError(
-                f"LoraArray needs a weight with at least 2 axes and "
+                f"LoraArray needs a weight with at least 2 axes and an integer "
                 f"0 <= batch_ndim <= weight.ndim - 2; got shape {weight.shape} and "
-                f"batch_ndim={batch_ndim}."
+                f"batch_ndim={batch_ndim!r}."
             )
-        if rank < 1:
-            raise ValueError(f"LoraArray needs rank >= 1, got {rank}.")
         if not jnp.issubdtype(weight.dtype, jnp.inexact):
             raise ValueError(
                 f"LoraArray needs a floating-point weight, got dtype {weight.dtype}."
             )
-        batch = weight.shape[:batch_ndim]
         n = weight.shape[batch_ndim]
+        m = math.prod(weight.shape[batch_ndim + 1 :])
+        if isinstance(rank, bool) or not isinstance(rank, int | np.integer) or rank < 1:
+            raise ValueError(f"LoraArray needs an integer rank >= 1, got {rank!r}.")
+        rank = int(rank)
+        if rank > min(n, m):
+            raise ValueError(
+                f"LoraArray(rank={rank}) is more than the weight can use: the weight "
+                f"of shape {weight.shape} adapts {n} x {m} matrices, whose rank is at "
+                f"most min({n}, {m}) = {min(n, m)}, and a larger rank only adds "
+                f"parameters. Pass rank <= {min(n, m)} (LoRA's ranks are usually "
+                "far smaller than the matrix)."
+            )
+        if not _positive_finite(scale):
+            raise ValueError(
+                f"LoraArray needs a finite scale > 0 (the standard deviation of `a` "
+                f"at initialisation; with `b` starting at zero, scale=0 would leave "
+                f"both factors without gradient), got scale={scale!r}."
+            )
+        if alpha is not None and not _positive_finite(alpha):
+            raise ValueError(
+                f"LoraArray needs alpha=None or a finite alpha > 0 (the update is "
+                f"scaled by alpha / rank), got alpha={alpha!r}."
+            )
+        batch = weight.shape[:batch_ndim]
         rest = weight.shape[batch_ndim + 1 :]
         self.w = weight
         self.a = jr.normal(key, (*batch, n, rank), dtype=weight.dtype) * scale
@@ -140,14 +184,29 @@ class LoraArray(quax.ArrayValue):
     def aval(self) -> jax.core.ShapedArray:
         return jax.core.ShapedArray(self.w.shape, self.w.dtype)
 
+    def enable_materialise(self, allow: bool = True) -> "LoraArray":
+        """A copy of this array with `allow_materialise=allow`.
+
+        **Arguments:**
+
+        - `allow`: whether the copy may form its dense `w + s * a @ b`.
+
+        **Returns:**
+
+        A `LoraArray` sharing `w`, `a` and `b` with this one.
+        """
+        out = copy.copy(self)
+        object.__setattr__(out, "allow_materialise", allow)
+        return out
+
     def materialise(self) -> Array:
         if not self.allow_materialise:
             raise MaterialisationError(
-                f"LoraArray refuses to materialise its dense weight w + a @ b "
-                f"(shape {self.w.shape}, dtype {self.w.dtype}): an operation on it has "
-                "no LoRA rule. Pass allow_materialise=True to LoraArray / "
-                "quax_lora.loraify to allow it, or use quax_lora.merge(model) to get "
-                "dense weights."
+                f"Refusing to materialise LoraArray: its dense weight w + a @ b "
+                f"(shape {self.w.shape}, dtype {self.w.dtype}) is needed by an "
+                "operation without a LoRA rule. Pass allow_materialise=True to "
+                "LoraArray / quax_lora.loraify (or call .enable_materialise()) to "
+                "allow it, or use quax_lora.merge(model) to get dense weights."
             )
         return (self.weight() + self.delta()).astype(self.w.dtype)
 
@@ -157,12 +216,20 @@ class LoraArray(quax.ArrayValue):
             if isinstance(value, LoraArray) and not value.allow_materialise:
                 types = ", ".join(type(v).__qualname__ for v in values)
                 raise MaterialisationError(
-                    f"LoraArray refuses to materialise for primitive "
+                    f"Refusing to materialise LoraArray for primitive "
                     f"`{primitive.name}` on input types ({types}): quax_lora has no "
-                    f"rule "
-                    f"for this case, and forming the dense w + a @ b (shape "
+                    f"rule for this case, and forming the dense w + a @ b (shape "
                     f"{value.shape}) would cost what LoRA saves. Pass "
-                    "allow_materialise=True to LoraArray / quax_lora.loraify to allow "
-                    "it, or use quax_lora.merge(model) to get dense weights."
+                    "allow_materialise=True to LoraArray / quax_lora.loraify (or call "
+                    ".enable_materialise()) to allow it, or use quax_lora.merge(model) "
+                    "to get dense weights."
                 )
         return quax.Value.default(primitive, values, params)
+
+
+def _positive_finite(x: Any) -> bool:
+    try:
+        value = float(x)
+    except (TypeError, ValueError):
+        return False
+    return math.isfinite(value) and value > 0

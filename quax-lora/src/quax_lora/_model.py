@@ -3,6 +3,7 @@ and saving/loading only the adapter."""
 
 import dataclasses
 import itertools
+import math
 from collections.abc import Callable
 from typing import Any, BinaryIO
 
@@ -71,7 +72,9 @@ def loraify(
 
     - `model`: any PyTree, usually an Equinox module.
     - `rank`, `scale`, `alpha`, `allow_materialise`, `stop_gradient`: as for
-        [`quax_lora.LoraArray`][].
+        [`quax_lora.LoraArray`][]. A layer whose `(n, m)` matrices are smaller than
+        `rank` (say a head with one output) is adapted with rank `min(n, m)`, the
+        most it can use, and the same scale `alpha / rank` as the other layers.
     - `filter`: which layers to adapt: a layer type, a tuple of them, or a predicate
         on a layer. By default every `eqx.nn.Linear`. A matching layer's `weight` is
         adapted; for `eqx.nn.Conv` and `eqx.nn.ConvTranspose` the kernel is adapted
@@ -85,24 +88,44 @@ def loraify(
     **Returns:**
 
     A copy of `model` with the selected weights replaced.
+
+    **Raises:**
+
+    `ValueError` when no layer matches: nothing selected by `where` matches
+    `filter`, or no matching layer has a `weight` array of at least 2 axes. (A
+    model whose matching weights already are `LoraArray`s is returned unchanged.)
     """
     select = _selector(filter)
     counter = itertools.count()
+    matched: list[Any] = []  # layers `filter` selects
+    adapted: list[Any] = []  # their weights, adapted now or before
 
     def adapt(layer: Any) -> Any:
         if not select(layer):
             return layer
+        matched.append(layer)
         weight = getattr(layer, "weight", None)
-        if weight is None or isinstance(weight, LoraArray) or np.ndim(weight) < 2:
+        if isinstance(weight, LoraArray):
+            adapted.append(weight)
             return layer
+        if weight is None or np.ndim(weight) < 2:
+            return layer
+        adapted.append(weight)
+        batch_ndim = 0 if isinstance(layer, _CONV) else np.ndim(weight) - 2
+        shape = np.shape(weight)
+        # A layer whose matrices are smaller than `rank` (a 1-output head) gets
+        # the largest rank it can use, with the same scale `alpha / rank`.
+        layer_rank = max(
+            1, min(rank, shape[batch_ndim], math.prod(shape[batch_ndim + 1 :]))
+        )
         lora = LoraArray(
             weight,
-            rank=rank,
+            rank=layer_rank,
             scale=scale,
-            alpha=alpha,
+            alpha=None if alpha is None else alpha * layer_rank / rank,
             allow_materialise=allow_materialise,
             stop_gradient=stop_gradient,
-            batch_ndim=0 if isinstance(layer, _CONV) else None,
+            batch_ndim=batch_ndim,
             key=jr.fold_in(key, next(counter)),
         )
         return eqx.tree_at(lambda x: x.weight, layer, lora)
@@ -110,9 +133,45 @@ def loraify(
     def adapt_all(tree: PyTree) -> PyTree:
         return jtu.tree_map(adapt, tree, is_leaf=select)
 
-    if where is None:
-        return adapt_all(model)
-    return eqx.tree_at(where, model, replace_fn=adapt_all)
+    out = (
+        adapt_all(model)
+        if where is None
+        else eqx.tree_at(where, model, replace_fn=adapt_all)
+    )
+    if not adapted:
+        raise ValueError(_no_match_message(model, filter, where, matched))
+    return out
+
+
+def _describe(x: Any) -> str:
+    if isinstance(x, type):
+        return x.__qualname__
+    if isinstance(x, tuple):
+        return "(" + ", ".join(map(_describe, x)) + ")"
+    code = getattr(x, "__code__", None)
+    name = getattr(x, "__qualname__", None) or repr(x)
+    return f"{name} ({code.co_filename}:{code.co_firstlineno})" if code else name
+
+
+def _no_match_message(model: Any, filter: Any, where: Any, matched: list[Any]) -> str:
+    scope = (
+        "the model" if where is None else f"the part where={_describe(where)} selects"
+    )
+    layers = sorted({type(x).__qualname__ for x in matched})
+    if layers:
+        found = (
+            f"it matched {len(matched)} layer(s) ({', '.join(layers)}), but none has a "
+            "`weight` array with at least 2 axes"
+        )
+    else:
+        found = "it matched no layer there"
+    return (
+        f"loraify adapted nothing in {scope} (a {type(model).__qualname__}) with "
+        f"filter={_describe(filter)}: {found}. Pass filter= the layer type(s) "
+        "whose `weight` to adapt (eqx.nn.Linear, eqx.nn.Conv, ...; a layer such as "
+        "eqx.nn.GRUCell has no `weight`), and a where= that selects layers (or "
+        "sub-models) rather than their arrays."
+    )
 
 
 def merge(model: PyTree) -> PyTree:

@@ -281,33 +281,40 @@ def _replace(lora: LoraArray, w: Any, a: Any, b: Any) -> LoraArray:
 
 
 @quax.register(lax.transpose_p)
-def _(operand: LoraArray, *, permutation: Sequence[int]) -> Any:
+def _(operand: LoraArray, *, permutation: Sequence[int], **params: Any) -> Any:
     nb = operand.batch_ndim
     perm = tuple(permutation)
     batch, rest = perm[:nb], perm[nb:]
+
+    def transpose(x: Any, permutation: tuple[int, ...]) -> Any:
+        return lax.transpose_p.bind(x, permutation=permutation, **params)
+
     if sorted(batch) == list(range(nb)) and operand.ndim == nb + 2:
-        w = lax.transpose(operand.weight(), perm)
+        w = transpose(operand.weight(), perm)
         if rest == (nb, nb + 1):
-            a = lax.transpose(operand.a, perm)
-            b = lax.transpose(operand.b, perm)
+            a = transpose(operand.a, perm)
+            b = transpose(operand.b, perm)
         else:  # (w + a b)^T = w^T + b^T a^T
-            a = lax.transpose(operand.b, perm)
-            b = lax.transpose(operand.a, perm)
+            a = transpose(operand.b, perm)
+            b = transpose(operand.a, perm)
         return _replace(operand, w, a, b)
     if sorted(batch) == list(range(nb)) and rest[0] == nb:
         # A kernel (`batch_ndim=0`, more than one input axis): permute the input axes.
-        w = lax.transpose(operand.weight(), perm)
-        a = lax.transpose(operand.a, (*batch, nb, nb + 1))
-        b = lax.transpose(operand.b, perm)
+        w = transpose(operand.weight(), perm)
+        a = transpose(operand.a, (*batch, nb, nb + 1))
+        b = transpose(operand.b, perm)
         return _replace(operand, w, a, b)
     return quax.fallback_rule(lax.transpose_p, (operand,))(
-        (operand,), {"permutation": permutation}
+        (operand,), {"permutation": permutation, **params}
     )
 
 
 @quax.register(lax.neg_p)
-def _(x: LoraArray) -> LoraArray:
-    return _replace(x, -x.weight(), -x.a, x.b)
+def _(x: LoraArray, **params: Any) -> LoraArray:
+    # -(w + s a b) = -w + s (-a) b
+    w = lax.neg_p.bind(x.weight(), **params)
+    a = lax.neg_p.bind(x.a, **params)
+    return _replace(x, w, a, x.b)
 
 
 def _scale(
@@ -331,26 +338,33 @@ def _(x: ArrayLike, y: LoraArray, **params: Any) -> Any:
 
 
 @quax.register(lax.convert_element_type_p)
-def _(operand: LoraArray, *, new_dtype: Any, weak_type: bool, sharding: Any) -> Any:
-    params = {"new_dtype": new_dtype, "weak_type": weak_type, "sharding": sharding}
+def _(operand: LoraArray, *, new_dtype: Any, sharding: Any, **params: Any) -> Any:
     if not jnp.issubdtype(new_dtype, jnp.inexact):
         # Rounding does not distribute over the sum: only the dense value converts.
         return quax.fallback_rule(lax.convert_element_type_p, (operand,))(
-            (operand,), params
+            (operand,), {"new_dtype": new_dtype, "sharding": sharding, **params}
         )
-    w = lax.convert_element_type_p.bind(operand.weight(), **params)
-    factors = {"new_dtype": new_dtype, "weak_type": weak_type, "sharding": None}
-    a = lax.convert_element_type_p.bind(operand.a, **factors)
-    b = lax.convert_element_type_p.bind(operand.b, **factors)
+    w = lax.convert_element_type_p.bind(
+        operand.weight(), new_dtype=new_dtype, sharding=sharding, **params
+    )
+    # The factors are not laid out like `w`: the sharding applies to `w` alone.
+    a, b = (
+        lax.convert_element_type_p.bind(f, new_dtype=new_dtype, sharding=None, **params)
+        for f in (operand.a, operand.b)
+    )
     return _replace(operand, w, a, b)
 
 
 @quax.register(lax.rev_p)
-def _(operand: LoraArray, *, dimensions: Sequence[int]) -> LoraArray:
+def _(operand: LoraArray, *, dimensions: Sequence[int], **params: Any) -> LoraArray:
     # Batch axes flip in all three arrays, the output axis in `a`, the input axes
     # (e.g. a transposed convolution's spatial axes) in `b`.
     nb = operand.batch_ndim
-    w = lax.rev(operand.weight(), tuple(dimensions))
-    a = lax.rev(operand.a, tuple(d for d in dimensions if d <= nb))
-    b = lax.rev(operand.b, tuple(d for d in dimensions if d != nb))
+
+    def rev(x: Any, dims: Sequence[int]) -> Any:
+        return lax.rev_p.bind(x, dimensions=tuple(dims), **params)
+
+    w = rev(operand.weight(), dimensions)
+    a = rev(operand.a, [d for d in dimensions if d <= nb])
+    b = rev(operand.b, [d for d in dimensions if d != nb])
     return _replace(operand, w, a, b)

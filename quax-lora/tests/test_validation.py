@@ -1,0 +1,148 @@
+"""Errors a user meets: nonsense constructor arguments, a `loraify` that matches no
+layer, and the refusal to materialise (the published quax's contract)."""
+
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import jax.random as jr
+import numpy as np
+import pytest
+import quax
+import quax_lora
+from quax_lora import LoraArray
+
+
+KEY = jr.key(0)
+
+
+@pytest.mark.parametrize(
+    "weight, kwargs, match",
+    [
+        (jnp.ones((4, 4)), {"rank": 10}, r"rank=10.*min\(4, 4\) = 4"),
+        (jnp.ones((8, 3)), {"rank": 4}, r"8 x 3 matrices.*rank <= 3"),
+        (jnp.ones((4, 3, 3, 3)), {"rank": 5, "batch_ndim": 0}, r"4 x 27 .*rank <= 4"),
+        (jnp.ones((2, 5, 3)), {"rank": 4}, r"rank <= 3"),
+        (jnp.ones((4, 4)), {"rank": 0}, "integer rank >= 1, got 0"),
+        (jnp.ones((4, 4)), {"rank": 2.5}, "integer rank >= 1, got 2.5"),
+        (jnp.ones((4, 4)), {"rank": True}, "integer rank >= 1, got True"),
+        (jnp.ones(4), {"rank": 1}, "at least 2 axes"),
+        (jnp.ones((4, 4)), {"rank": 1, "batch_ndim": 1}, "batch_ndim=1"),
+        (jnp.ones((4, 4), jnp.int32), {"rank": 1}, "floating-point weight"),
+        (jnp.ones((4, 4)), {"rank": 2, "scale": 0.0}, r"finite scale > 0.*scale=0\.0"),
+        (jnp.ones((4, 4)), {"rank": 2, "scale": -1.0}, "finite scale > 0"),
+        (jnp.ones((4, 4)), {"rank": 2, "scale": float("nan")}, "finite scale > 0"),
+        (jnp.ones((4, 4)), {"rank": 2, "alpha": 0.0}, r"finite alpha > 0.*alpha=0\.0"),
+        (jnp.ones((4, 4)), {"rank": 2, "alpha": float("inf")}, "finite alpha > 0"),
+    ],
+)
+def test_constructor_rejects_nonsense(weight: Any, kwargs: Any, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        LoraArray(weight, key=KEY, **kwargs)
+
+
+def test_constructor_accepts_the_largest_rank() -> None:
+    lora = LoraArray(jnp.ones((4, 3)), rank=3, key=KEY)
+    assert lora.a.shape == (4, 3) and lora.b.shape == (3, 3)
+    lora = LoraArray(jnp.ones((4, 4)), rank=np.int64(2), key=KEY)
+    assert lora.rank == 2 and isinstance(lora.rank, int)
+
+
+def test_constructor_rejects_a_lora_weight() -> None:
+    lora = LoraArray(jnp.ones((4, 4)), rank=2, key=KEY)
+    with pytest.raises(ValueError, match="plain array as its weight, got a LoraArray"):
+        LoraArray(lora, rank=2, key=KEY)
+
+
+# loraify that matches nothing ---------------------------------------------------------
+
+
+@pytest.fixture
+def mlp() -> eqx.nn.MLP:
+    return eqx.nn.MLP(4, 2, 8, depth=2, key=KEY)
+
+
+def test_loraify_filter_matching_no_layer(mlp: eqx.nn.MLP) -> None:
+    with pytest.raises(ValueError, match=r"filter=GRUCell: it matched no layer"):
+        quax_lora.loraify(mlp, rank=2, filter=eqx.nn.GRUCell, key=KEY)
+
+
+def test_loraify_layer_without_weight() -> None:
+    cell = eqx.nn.GRUCell(4, 3, key=KEY)
+    with pytest.raises(
+        ValueError, match=r"matched 1 layer\(s\) \(GRUCell\), but none has a `weight`"
+    ):
+        quax_lora.loraify(cell, rank=2, filter=eqx.nn.GRUCell, key=KEY)
+
+
+def test_loraify_where_pointing_at_arrays(mlp: eqx.nn.MLP) -> None:
+    where = lambda m: m.layers[0].weight
+    with pytest.raises(ValueError, match=r"where=.*test_validation.py:\d+.*no layer"):
+        quax_lora.loraify(mlp, rank=2, where=where, key=KEY)
+
+
+def test_loraify_predicate_filter_named(mlp: eqx.nn.MLP) -> None:
+    def never(layer: Any) -> bool:
+        return False
+
+    with pytest.raises(ValueError, match=r"filter=.*never"):
+        quax_lora.loraify(mlp, rank=2, filter=never, key=KEY)
+
+
+def test_loraify_again_is_not_an_error(mlp: eqx.nn.MLP) -> None:
+    once = quax_lora.loraify(mlp, rank=2, key=KEY)
+    twice = quax_lora.loraify(once, rank=2, key=jr.key(1))
+    assert all(isinstance(layer.weight, LoraArray) for layer in twice.layers)
+    np.testing.assert_array_equal(twice.layers[0].weight.a, once.layers[0].weight.a)
+
+
+# Refusing to materialise --------------------------------------------------------------
+
+
+def _lora(allow: bool = False) -> LoraArray:
+    lora = LoraArray(
+        jnp.arange(12.0).reshape(4, 3),
+        rank=2,
+        alpha=1.0,
+        allow_materialise=allow,
+        key=KEY,
+    )
+    return eqx.tree_at(lambda lr: lr.b, lora, jnp.ones((2, 3)))
+
+
+def test_refusal_is_a_runtime_error_with_the_published_text() -> None:
+    assert issubclass(quax_lora.MaterialisationError, RuntimeError)
+    with pytest.raises(RuntimeError, match="Refusing to materialise LoraArray"):
+        quax.quaxify(jnp.sin)(_lora())
+    with pytest.raises(RuntimeError, match=r"^Refusing to materialise LoraArray"):
+        _lora().materialise()
+
+
+@pytest.mark.xfail(
+    raises=TypeError,
+    strict=False,
+    reason="core (issue 12.3): a refusal inside a custom_jvp is re-raised as a "
+    "TypeError; the core keeps RuntimeError and the text once that part lands",
+)
+def test_refusal_inside_relu_keeps_the_contract() -> None:
+    with pytest.raises(RuntimeError, match="Refusing to materialise"):
+        quax.quaxify(jax.nn.relu)(_lora())
+
+
+def test_enable_materialise_returns_an_allowing_copy() -> None:
+    lora = _lora()
+    allowed = lora.enable_materialise()
+    assert allowed.allow_materialise and not lora.allow_materialise
+    assert allowed.w is lora.w and allowed.a is lora.a and allowed.b is lora.b
+    # w + 0.5 * a @ b, written out (alpha 1, rank 2).
+    expected = lora.w + 0.5 * (lora.a @ lora.b)
+    np.testing.assert_allclose(allowed.materialise(), expected, rtol=1e-6)
+    np.testing.assert_allclose(
+        quax.quaxify(jnp.sin)(allowed), jnp.sin(expected), rtol=1e-6
+    )
+    assert not allowed.enable_materialise(False).allow_materialise
+
+
+def test_lora_is_not_linear_in_its_leaves() -> None:
+    assert LoraArray.linear_in_leaves is False
