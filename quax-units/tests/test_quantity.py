@@ -91,7 +91,9 @@ def test_repr_eager_and_under_jit():
 
 
 def test_materialise_refuses_dimensionful_allows_dimensionless():
-    with pytest.raises(UnitError, match=r"m / s \(m / s\) into a plain array"):
+    with pytest.raises(
+        UnitError, match=r"Refusing to materialise a Quantity in m / s \(m / s\)"
+    ):
         Quantity(1.0, "m / s").materialise()
     np.testing.assert_allclose(Quantity(90.0, "deg").materialise(), np.pi / 2)
 
@@ -126,3 +128,67 @@ def test_plugin_hooks():
     assert list(_plugin.quax_value_types()) == [Unitful]
     assert _plugin.quax_example_module() is quax_units
     assert list(_plugin.quax_example_aliases()) == ["unitful"]
+
+
+def test_quantity_is_a_class_and_unitful_the_same_class():
+    q = Quantity(jnp.array([1.0, 2.0]), "km")
+    assert isinstance(q, Quantity) and isinstance(q, Unitful) and Quantity is Unitful
+    assert isinstance(Unitful(jnp.ones(2), meters), Quantity)
+    assert isinstance(q, quax.ArrayValue)
+
+
+def test_quantity_as_a_rule_annotation():
+    # `x: Quantity` works in a rule: plum (and beartype) need a class.
+    import plum
+    from jax import lax
+
+    @plum.dispatch
+    def which(x: Quantity) -> str:
+        return "quantity"
+
+    @plum.dispatch
+    def which(x: jax.Array) -> str:  # noqa: F811
+        return "array"
+
+    assert which(Quantity(1.0, "m")) == "quantity" and which(jnp.ones(1)) == "array"
+
+    seen = []
+
+    @quax.register(lax.exp2_p)
+    def _(x: Quantity, **params):
+        seen.append(x.unit)
+        return Quantity(2.0 ** ustrip("", x), "")
+
+    try:
+        out = quax.quaxify(jnp.exp2)(Quantity(300.0, "%"))
+        np.testing.assert_allclose(ustrip("", out), 8.0)
+        assert seen == [unit("%")]
+    finally:
+        # Restore the family's rule (registered by importing `_rules`).
+        from quax_units import _rules
+
+        quax.register_elementwise([lax.exp2_p])(_rules._dimensionless)
+
+
+def test_asarray_says_how_to_strip_units():
+    q = Quantity(jnp.array([1.0, 2.0]), "km")
+    for to_array in (jnp.asarray, np.asarray, jnp.array):
+        with pytest.raises(UnitError, match=r"to an array .* would drop its units"):
+            to_array(q)
+    with pytest.raises(UnitError, match=r"q.to_value\('km'\)"):
+        np.asarray(q)
+    # Dimensionless quantities convert to their numbers.
+    np.testing.assert_allclose(np.asarray(Quantity(jnp.array([50.0]), "%")), [0.5])
+    np.testing.assert_allclose(jnp.asarray(Quantity(2.0, "")), 2.0)
+    # Arrays still combine with quantities through the operators.
+    np.testing.assert_allclose(ustrip("km", jnp.ones(2) * q), [1.0, 2.0])
+
+
+def test_enable_materialise():
+    q = Quantity(jnp.array([1.0, 2.0]), "km")
+    with pytest.raises(UnitError, match="Refusing to materialise a Quantity in km"):
+        q.materialise()
+    allowed = q.enable_materialise()
+    np.testing.assert_allclose(allowed.materialise(), [1000.0, 2000.0])
+    assert allowed.unit == q.unit and allowed.allow_materialise
+    assert not allowed.enable_materialise(False).allow_materialise

@@ -17,6 +17,11 @@ from . import (  # registers the rules
     _linalg as _linalg,
     _rules as _rules,
 )
+from ._autodiff import (
+    grad as grad,
+    jacobian as jacobian,
+    value_and_grad as value_and_grad,
+)
 from ._dimensions import (
     Dimension as Dimension,
     Dimensions as Dimensions,

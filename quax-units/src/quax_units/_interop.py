@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ._dimensions import Dimension, Dimensions, UnitError
-from ._quantity import Quantity, Unitful
+from ._quantity import Quantity
 from ._units import Unit, unit
 
 
@@ -38,7 +38,7 @@ def _display(text: str, dims: Dimensions) -> Unit | None:
     return parsed if parsed.dimensions == dims else None
 
 
-def _si_symbols(q: Unitful) -> list[tuple[str, Any]]:
+def _si_symbols(q: Quantity) -> list[tuple[str, Any]]:
     unknown = [d.name for d in q.units if d.name not in _SI_BASES]
     if unknown:
         raise UnitError(
@@ -47,12 +47,12 @@ def _si_symbols(q: Unitful) -> list[tuple[str, Any]]:
     return [(d.name, e) for d, e in q.units.items()]
 
 
-def to_pint(q: Unitful, registry: Any = None) -> Any:
+def to_pint(q: Quantity, registry: Any = None) -> Any:
     """Convert to a `pint.Quantity` (in the display unit when pint knows it, else SI).
 
     **Arguments:**
 
-    - `q`: a concrete [`quax_units.Unitful`][] (not inside a traced function).
+    - `q`: a concrete [`quax_units.Quantity`][] (not inside a traced function).
     - `registry`: the `pint.UnitRegistry` to use; default pint's application registry.
 
     **Returns:**
@@ -75,8 +75,8 @@ def to_pint(q: Unitful, registry: Any = None) -> Any:
     return registry.Quantity(np.asarray(magnitude), pint_unit)
 
 
-def from_pint(q: Any) -> Unitful:
-    """Convert a `pint.Quantity` into a [`quax_units.Unitful`][], keeping its unit
+def from_pint(q: Any) -> Quantity:
+    """Convert a `pint.Quantity` into a [`quax_units.Quantity`][], keeping its unit
     for display when it is one quax-units knows.
 
     **Arguments:**
@@ -85,7 +85,7 @@ def from_pint(q: Any) -> Unitful:
 
     **Returns:**
 
-    The `Unitful`.
+    The `Quantity`.
     """
     base = q.to_base_units()
     exponents = {}
@@ -94,16 +94,16 @@ def from_pint(q: Any) -> Unitful:
             raise UnitError(f"No quax-units dimension for pint's {name}.")
         exponents[Dimension(_PINT_DIMENSIONS[name])] = exponent
     dims = Dimensions(exponents)
-    return Unitful(jnp.asarray(base.magnitude), dims, _display(str(q.units), dims))
+    return Quantity(jnp.asarray(base.magnitude), dims, _display(str(q.units), dims))
 
 
-def to_astropy(q: Unitful) -> Any:
+def to_astropy(q: Quantity) -> Any:
     """Convert to an `astropy.units.Quantity` (in the display unit when astropy
     parses it, else SI).
 
     **Arguments:**
 
-    - `q`: a concrete [`quax_units.Unitful`][] (not inside a traced function).
+    - `q`: a concrete [`quax_units.Quantity`][] (not inside a traced function).
 
     **Returns:**
 
@@ -122,8 +122,8 @@ def to_astropy(q: Unitful) -> Any:
         return np.asarray(q.array) * si
 
 
-def from_astropy(q: Any) -> Unitful:
-    """Convert an `astropy.units.Quantity` into a [`quax_units.Unitful`][].
+def from_astropy(q: Any) -> Quantity:
+    """Convert an `astropy.units.Quantity` into a [`quax_units.Quantity`][].
 
     **Arguments:**
 
@@ -131,7 +131,7 @@ def from_astropy(q: Any) -> Unitful:
 
     **Returns:**
 
-    The `Unitful`, shown in the astropy unit when quax-units knows it.
+    The `Quantity`, shown in the astropy unit when quax-units knows it.
     """
     for name, scale in _astropy_offset_units().items():
         if q.unit == scale:  # a temperature scale: 20 deg_C is 293.15 K
@@ -146,4 +146,4 @@ def from_astropy(q: Any) -> Unitful:
         exponents[Dimension(base.name)] = power
     dims = Dimensions(exponents)
     value = np.asarray(q.value) * decomposed.scale
-    return Unitful(jnp.asarray(value), dims, _display(q.unit.to_string(), dims))
+    return Quantity(jnp.asarray(value), dims, _display(q.unit.to_string(), dims))

@@ -1,6 +1,6 @@
-"""The quax rules for `Unitful` in linear algebra and Fourier transforms.
+"""The quax rules for `Quantity` in linear algebra and Fourier transforms.
 
-A `Unitful` matrix holds one unit for all its elements, so a factorisation splits
+A `Quantity` matrix holds one unit for all its elements, so a factorisation splits
 it into dimensionless factors (unitary or unit-triangular matrices, eigenvectors)
 and factors that carry its units (triangular factors, eigenvalues, singular values),
 and a solve divides the units of the right-hand side by those of the matrix.
@@ -18,27 +18,27 @@ from jax.lax import linalg
 from jaxtyping import ArrayLike
 
 from ._dimensions import UnitError, dimensionless
-from ._quantity import Unitful, describe
+from ._quantity import Quantity, describe
 from ._rules import _array, _dims, _shown, _wrap
 
 
-_Operand = Unitful | ArrayLike
+_Operand = Quantity | ArrayLike
 
 
-def _dimensionless_factor(x: Any) -> Unitful:
+def _dimensionless_factor(x: Any) -> Quantity:
     """A dimensionless factor (orthogonal matrix, eigenvectors)."""
     return _wrap(x, dimensionless, None)
 
 
 @quax.register(lax.fft_p)
-def _fft(x: Unitful, **params: Any) -> Unitful:
+def _fft(x: Quantity, **params: Any) -> Quantity:
     # The transform is linear: each output element is a sum of the inputs times
     # dimensionless phases.
     return _wrap(lax.fft_p.bind(x.array, **params), x.units, _shown(x))
 
 
 @quax.register(linalg.lu_p)
-def _lu(a: Unitful) -> list[Any]:
+def _lu(a: Quantity) -> list[Any]:
     # `A = P L U` with `L` unit lower-triangular, so `U` carries the units of `A`.
     # The packed output holds `U` on and above the diagonal and `L` below it, in one
     # unit: that of `U`. Solves read `L` with a unit-diagonal triangular solve, which
@@ -49,7 +49,7 @@ def _lu(a: Unitful) -> list[Any]:
 
 
 @quax.register(linalg.triangular_solve_p)
-def _triangular_solve(a: _Operand, b: _Operand, **params: Any) -> Unitful:
+def _triangular_solve(a: _Operand, b: _Operand, **params: Any) -> Quantity:
     # `a x = b` (or `x a = b`): `x` has the units of `b / a`. With a unit diagonal,
     # the matrix solved with has ones on its diagonal, so it is dimensionless, and
     # `x` has the units of `b`: `a` is then the packed LU factorisation, whose
@@ -62,7 +62,7 @@ def _triangular_solve(a: _Operand, b: _Operand, **params: Any) -> Unitful:
 
 
 @quax.register(linalg.cholesky_p)
-def _cholesky(a: Unitful, **params: Any) -> Unitful:
+def _cholesky(a: Quantity, **params: Any) -> Quantity:
     # `A = L L^H`: `L` has the units of the square root of `A`.
     half = Fraction(1, 2)
     return _wrap(
@@ -71,28 +71,28 @@ def _cholesky(a: Unitful, **params: Any) -> Unitful:
 
 
 @quax.register(linalg.eigh_p)
-def _eigh(a: Unitful, **params: Any) -> list[Unitful]:
+def _eigh(a: Quantity, **params: Any) -> list[Quantity]:
     # `A v = w v`: the eigenvalues have the units of `A`.
     v, w = linalg.eigh_p.bind(a.array, **params)
     return [_dimensionless_factor(v), _wrap(w, a.units, _shown(a))]
 
 
 @quax.register(linalg.eig_p)
-def _eig(a: Unitful, **params: Any) -> list[Unitful]:
+def _eig(a: Quantity, **params: Any) -> list[Quantity]:
     # As for `eigh`; the left and right eigenvectors (if computed) follow `w`.
     w, *vectors = linalg.eig_p.bind(a.array, **params)
     return [_wrap(w, a.units, _shown(a)), *map(_dimensionless_factor, vectors)]
 
 
 @quax.register(linalg.svd_p)
-def _svd(a: Unitful, **params: Any) -> list[Unitful]:
+def _svd(a: Quantity, **params: Any) -> list[Quantity]:
     # `A = U diag(s) V^H` with `U`, `V` unitary: the singular values carry the units.
     s, *vectors = linalg.svd_p.bind(a.array, **params)
     return [_wrap(s, a.units, _shown(a)), *map(_dimensionless_factor, vectors)]
 
 
 @quax.register(linalg.qr_p)
-def _qr(a: Unitful, **params: Any) -> list[Any]:
+def _qr(a: Quantity, **params: Any) -> list[Any]:
     # `A = Q R` (`A P = Q R` with pivoting) with `Q` unitary: `R` carries the units.
     q, r, *permutation = linalg.qr_p.bind(a.array, **params)
     return [_dimensionless_factor(q), _wrap(r, a.units, _shown(a)), *permutation]
@@ -122,7 +122,7 @@ def _linear_solve(*args: _Operand, const_lengths: Any, jaxprs: Any) -> list[Any]
         *map(_array, args), const_lengths=const_lengths, jaxprs=jaxprs
     )
     return [
-        _wrap(out, s.units, s.unit) if isinstance(s, Unitful) else out
+        _wrap(out, s.units, s.unit) if isinstance(s, Quantity) else out
         for out, s in zip(outs, solved, strict=True)
     ]
 

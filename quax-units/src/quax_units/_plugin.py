@@ -14,9 +14,9 @@ def quax_register_rules() -> None:
 
 @hookimpl
 def quax_value_types() -> Sequence[type[Value]]:
-    from quax_units import Unitful
+    from quax_units import Quantity
 
-    return [Unitful]
+    return [Quantity]
 
 
 @hookimpl

@@ -1,4 +1,5 @@
-"""`Unitful`: an array with units, and the functions to make and read one."""
+"""`Quantity` (also `Unitful`): an array with units, and the functions to make and
+read one."""
 
 import operator
 from collections.abc import Callable, Iterator
@@ -10,21 +11,24 @@ import jax.core
 import jax.numpy as jnp
 import numpy as np
 import quax
+from jax import lax
+from jax.extend.core import Primitive
+from jax.interpreters import ad, batching, mlir
 from jaxtyping import ArrayLike
 
-from ._dimensions import Dimensions, UnitError, as_dimensions
+from ._dimensions import Dimensions, UnitError, dimensionless
 from ._units import Unit, UnitLike, conversion_factor, si_unit, unit
 
 
-__all__ = ["Quantity", "Unitful", "fits_any_unit", "ustrip"]
+__all__ = ["Quantity", "Unitful", "fits_any_unit", "make", "ustrip"]
 
 
 class DisplayUnit:
-    """The unit a `Unitful` is shown in: a presentation hint, not part of its identity.
+    """The unit a `Quantity` is shown in: a presentation hint, not part of its identity.
 
     All display units compare equal (and hash alike), so values that differ only in
     their display unit (`m` and `km`) have the same pytree structure: a jitted function
-    compiles once for both. The numbers never depend on it, since a `Unitful` holds
+    compiles once for both. The numbers never depend on it, since a `Quantity` holds
     its array in SI-coherent units; a compiled function reused for `km` inputs shows
     its outputs in the units of its first trace, which are equally correct.
     """
@@ -58,12 +62,12 @@ _OPERAND = (jax.Array, np.ndarray, np.generic, int, float, complex)
 
 
 def _operator(op: Callable[..., Any], *, reflected: bool = False) -> Any:
-    """A Python operator method of `Unitful`, run through `quax.quaxify` so that the
+    """A Python operator method of `Quantity`, run through `quax.quaxify` so that the
     rules decide its units (and raise its unit errors)."""
     quaxified = quax.quaxify(op)
 
-    def method(self: "Unitful", other: Any) -> Any:
-        if not isinstance(other, (Unitful, *_OPERAND)):
+    def method(self: "Quantity", other: Any) -> Any:
+        if not isinstance(other, (Quantity, *_OPERAND)):
             return NotImplemented
         return quaxified(other, self) if reflected else quaxified(self, other)
 
@@ -74,20 +78,27 @@ def _operator(op: Callable[..., Any], *, reflected: bool = False) -> Any:
 def _unary(op: Callable[[Any], Any]) -> Any:
     quaxified = quax.quaxify(op)
 
-    def method(self: "Unitful") -> Any:
+    def method(self: "Quantity") -> Any:
         return quaxified(self)
 
     method.__name__ = f"__{op.__name__.strip('_')}__"
     return method
 
 
-class Unitful(quax.ArrayValue):
+class Quantity(quax.ArrayValue):
     """An array with physical units, for `quax.quaxify`.
 
     ```python
-    x = Unitful(jnp.array([1.0, 2.0]), meters)              # published quax API
     v = Quantity(jnp.array([3.0, 4.0]), "km / h")            # any unit
+    x = Unitful(jnp.array([1.0, 2.0]), meters)              # published quax API
+    isinstance(x, Quantity)                                  # True: the same class
     ```
+
+    `Quantity` is a class: `isinstance(q, Quantity)` works, and so does `x: Quantity`
+    as the annotation of a rule. `Unitful` is the same class under the name of the
+    published quax example, whose `Unitful(array, units)` takes `units` as a
+    `Dimension` or a mapping from `Dimension` to exponent (the SI unit of those
+    dimensions).
 
     The array is held in SI-coherent units (`.array` of `Quantity(1.0, "km")` is
     `1000.0`), and the dimensions (`.units`) are a static field: they are part of the
@@ -100,24 +111,47 @@ class Unitful(quax.ArrayValue):
     `q ** 2`, `q < q2`, `q[0]`, `len(q)`): each runs `quax.quaxify` on the operator,
     so the same rules give the units. Inside a quaxified function, use `jax.numpy`.
 
+    A quantity is not an array: `jnp.asarray(q)` and `np.asarray(q)` of a quantity
+    with dimensions raise [`quax_units.UnitError`][] (strip the units with
+    [`quax_units.ustrip`][] or `q.to_value(unit)`); a dimensionless one converts to
+    its numbers (`Quantity(50.0, "%")` to `0.5`).
+
     **Arguments:**
 
-    - `array`: the values, in SI-coherent units of `units`.
-    - `units`: the dimensions: a `Dimension`, or a mapping from `Dimension` to exponent.
-    - `display`: the unit to show the value in (default: the SI unit of `units`).
+    - `value`: the numbers, measured in `unit`.
+    - `unit`: a `Unit`, a string such as `"m / s2"`, a `Dimension` or a mapping from
+        `Dimension` to exponent (default: dimensionless).
+    - `display`: the unit to show the value in (default: `unit`); it must have the
+        same dimensions.
+    - `allow_materialise`: whether `materialise()` may drop the units of a quantity
+        with dimensions and return its SI-coherent numbers (default: refuse). See
+        `enable_materialise`.
     """
 
     array: ArrayLike
-    units: Dimensions = eqx.field(static=True, converter=as_dimensions)
-    display: DisplayUnit = eqx.field(static=True, converter=_as_display, default=None)
+    units: Dimensions = eqx.field(static=True)
+    display: DisplayUnit = eqx.field(static=True)
+    allow_materialise: bool = eqx.field(static=True)
 
-    def __check_init__(self) -> None:
-        shown = self.display.unit
-        if shown is not None and shown.dimensions != self.units:
+    def __init__(
+        self,
+        value: ArrayLike,
+        unit: UnitLike = dimensionless,
+        display: "DisplayUnit | UnitLike | None" = None,
+        *,
+        allow_materialise: bool = False,
+    ) -> None:
+        u = _to_unit(unit)
+        shown = _as_display(u if display is None else display)
+        if shown.unit is not None and shown.unit.dimensions != u.dimensions:
             raise UnitError(
-                f"Display unit {shown} ({shown.dimensions}) does not have the "
-                f"dimensions of the value ({self.units})."
+                f"Display unit {shown.unit} ({shown.unit.dimensions}) does not have "
+                f"the dimensions of the value ({u.dimensions})."
             )
+        self.array = _to_si(value, u)
+        self.units = u.dimensions
+        self.display = shown
+        self.allow_materialise = allow_materialise
 
     # A quantity is its array times its units: linear in its leaves, so the tangents
     # and cotangents of `custom_jvp`/`custom_vjp` functions keep their units.
@@ -153,7 +187,7 @@ class Unitful(quax.ArrayValue):
     __abs__ = _unary(operator.abs)
     __hash__ = None  # type: ignore[assignment]  # `==` is elementwise, as for arrays
 
-    def __getitem__(self, index: Any) -> "Unitful":
+    def __getitem__(self, index: Any) -> "Quantity":
         return quax.quaxify(lambda x: x[index])(self)
 
     def __len__(self) -> int:
@@ -161,13 +195,25 @@ class Unitful(quax.ArrayValue):
             raise TypeError("len() of a 0-d quantity")
         return self.shape[0]
 
-    def __iter__(self) -> Iterator["Unitful"]:
+    def __iter__(self) -> Iterator["Quantity"]:
         return (self[i] for i in range(len(self)))
 
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        # `np.asarray(q)` and `jnp.asarray(q)` both come here.
+        if self.units.is_dimensionless:
+            return np.asarray(self.array, dtype=dtype)
+        raise UnitError(
+            f"Converting a quantity in {self.unit} ({self.units}) to an array "
+            "(`jnp.asarray`, `np.asarray`) would drop its units. Take its numbers "
+            "in a unit of your choice with "
+            f"`quax_units.ustrip(unit, q)` or `q.to_value(unit)` (e.g. "
+            f"`q.to_value({str(self.unit)!r})`)."
+        )
+
     @classmethod
-    def lift(cls, array: ArrayLike, like: "Unitful") -> "Unitful | None":
+    def lift(cls, array: ArrayLike, like: "Quantity") -> "Quantity | None":
         """`array` as a value of `like`'s units, when a plain array must join a
-        `Unitful` (a loop carry or branch output that is plain on one side).
+        `Quantity` (a loop carry or branch output that is plain on one side).
 
         Quax-core calls this, e.g. for the zero cotangent a reverse-mode loop starts
         its carry with. A plain array counts as dimensionless, so it is lifted when
@@ -178,32 +224,52 @@ class Unitful(quax.ArrayValue):
         **Arguments:**
 
         - `array`: the plain array.
-        - `like`: the `Unitful` it is joined with.
+        - `like`: the `Quantity` it is joined with.
 
         **Returns:**
 
-        A `Unitful` with `like`'s dimensions and display unit, or `None`.
+        A `Quantity` with `like`'s dimensions and display unit, or `None`.
         """
         if like.units.is_dimensionless or fits_any_unit(array):
-            return cls(array, like.units, like.display)
+            return make(array, like.units, like.display.unit)
         return None
 
     def aval(self) -> jax.core.ShapedArray:
         return jax.core.ShapedArray(jnp.shape(self.array), jnp.result_type(self.array))
 
     def materialise(self) -> Any:
-        if self.units.is_dimensionless:
+        if self.units.is_dimensionless or self.allow_materialise:
             return self.array
         raise UnitError(
-            f"Refusing to turn a quantity in {self.unit} ({self.units}) into a plain "
-            "array, which would drop its units. Strip them explicitly with "
-            "`quax_units.ustrip(unit, q)`, or keep the units unchanged here."
+            f"Refusing to materialise a Quantity in {self.unit} ({self.units}): "
+            "turning it into a plain array would drop its units. Strip them "
+            "explicitly with `quax_units.ustrip(unit, q)`, keep the units unchanged "
+            "here, or allow it with `q.enable_materialise()` (`allow_materialise="
+            "True`), which gives the SI-coherent numbers."
         )
+
+    def enable_materialise(self, allow: bool = True) -> "Quantity":
+        """A copy that may (or, with `allow=False`, may not) materialise into its
+        SI-coherent numbers, dropping its units.
+
+        **Arguments:**
+
+        - `allow`: whether `materialise()` may drop the units.
+
+        **Returns:**
+
+        The same quantity with `allow_materialise=allow`.
+        """
+        out = make(self.array, self.units, self.display.unit)
+        object.__setattr__(out, "allow_materialise", allow)
+        return out
 
     @staticmethod
     def default(primitive: Any, values: Any, params: dict[str, Any]) -> Any:
         dimensionful = [
-            v for v in values if isinstance(v, Unitful) and not v.units.is_dimensionless
+            v
+            for v in values
+            if isinstance(v, Quantity) and not v.units.is_dimensionless
         ]
         if dimensionful:
             described = ", ".join(describe(v) for v in values)
@@ -214,7 +280,7 @@ class Unitful(quax.ArrayValue):
                 "the units first with `quax_units.ustrip(unit, q)` (and reattach them "
                 "with `quax_units.Quantity`), or register a rule with `quax.register`."
             )
-        dense = [v.array if isinstance(v, Unitful) else v for v in values]
+        dense = [v.array if isinstance(v, Quantity) else v for v in values]
         return primitive.bind(*dense, **params)
 
     @property
@@ -227,7 +293,7 @@ class Unitful(quax.ArrayValue):
         """The numbers in the display unit (`.array` is in SI-coherent units)."""
         return self.to_value(self.unit)
 
-    def to(self, u: UnitLike) -> "Unitful":
+    def to(self, u: UnitLike) -> "Quantity":
         """The same quantity, shown in unit `u` (which must have the same dimensions).
 
         **Arguments:**
@@ -236,11 +302,11 @@ class Unitful(quax.ArrayValue):
 
         **Returns:**
 
-        A `Unitful` with the same array and pytree structure, displayed in `u`.
+        A `Quantity` with the same array and pytree structure, displayed in `u`.
         """
         target = unit(u)
         conversion_factor(si_unit(self.units), target)
-        return Unitful(self.array, self.units, target)
+        return make(self.array, self.units, target)
 
     def to_value(self, u: UnitLike) -> Any:
         """The numbers of this quantity in unit `u`; see [`quax_units.ustrip`][]."""
@@ -254,10 +320,27 @@ class Unitful(quax.ArrayValue):
         return f"Quantity({numbers}, unit={str(self.unit)!r})"
 
 
+Unitful = Quantity
+"""The published quax example's name of [`quax_units.Quantity`][] (the same class):
+`Unitful(array, units)` with `units` a `Dimension` or a mapping from `Dimension` to
+exponent."""
+
+
+def make(array: Any, dims: Dimensions, shown: Unit | None) -> Quantity:
+    """A `Quantity` from its SI-coherent array, without the checks of `__init__`:
+    what rules return, on quax's hot path."""
+    out = object.__new__(Quantity)
+    object.__setattr__(out, "array", array)
+    object.__setattr__(out, "units", dims)
+    object.__setattr__(out, "display", DisplayUnit(shown))
+    object.__setattr__(out, "allow_materialise", False)
+    return out
+
+
 def fits_any_unit(x: Any) -> bool:
     """Whether a plain operand is a constant known at trace time that fits any unit:
     all zeros, infinities or NaNs (as in `jnp.where(x > 0, x, 0)` inside `jnp`)."""
-    if isinstance(x, Unitful | jax.core.Tracer):
+    if isinstance(x, Quantity | jax.core.Tracer):
         return False
     values = np.asarray(x)
     return bool(np.all((values == 0) | ~np.isfinite(values)))
@@ -265,25 +348,13 @@ def fits_any_unit(x: Any) -> bool:
 
 def describe(x: Any) -> str:
     """How an operand is named in error messages: its unit and dimensions."""
-    if isinstance(x, Unitful):
+    if isinstance(x, Quantity):
         return f"{str(x.unit) or 'dimensionless'} [{x.units}]"
     return f"plain array {jax.typeof(x).str_short()} [dimensionless]"
 
 
-def Quantity(value: ArrayLike, unit: UnitLike) -> Unitful:
-    """A quantity: `value` in `unit`, e.g. `Quantity(jnp.array([1.0, 2.0]), "km")`.
-
-    **Arguments:**
-
-    - `value`: numbers, measured in `unit`.
-    - `unit`: a `Unit`, a string such as `"m / s2"`, a `Dimension` or a mapping.
-
-    **Returns:**
-
-    A [`quax_units.Unitful`][] holding `value` converted to SI-coherent units,
-    displayed in `unit`.
-    """
-    u = _to_unit(unit)
+def _to_si(value: ArrayLike, u: Unit) -> Any:
+    """`value`, measured in `u`, in SI-coherent units of `u`'s dimensions."""
     array = jnp.asarray(value)
     if u.scale != 1.0 or u.offset:
         if not jnp.issubdtype(array.dtype, jnp.inexact):
@@ -292,7 +363,7 @@ def Quantity(value: ArrayLike, unit: UnitLike) -> Unitful:
             array = array * u.scale
         if u.offset:
             array = array + u.offset
-    return Unitful(array, u.dimensions, u)
+    return array
 
 
 def _to_unit(u: UnitLike) -> Unit:
@@ -302,10 +373,13 @@ def _to_unit(u: UnitLike) -> Unit:
 def ustrip(u: UnitLike, q: Any) -> Any:
     """The numbers of quantity `q` in unit `u`, as a plain array.
 
+    It works everywhere: on a quantity, on a plain array, and inside `quax.quaxify`
+    on a traced quantity (also under `jax.grad` and `jax.vmap` there).
+
     **Arguments:**
 
     - `u`: the unit to express `q` in; its dimensions must be those of `q`.
-    - `q`: a [`quax_units.Unitful`][]; a plain array counts as dimensionless.
+    - `q`: a [`quax_units.Quantity`][]; a plain array counts as dimensionless.
 
     **Returns:**
 
@@ -313,18 +387,135 @@ def ustrip(u: UnitLike, q: Any) -> Any:
     offset unit (`degC`), the numbers are measured from its zero.
     """
     target = _to_unit(u)
-    if isinstance(q, Unitful):
-        factor = conversion_factor(si_unit(q.units), target)
-        array = q.array - target.offset if target.offset else q.array
-        return array if factor == 1.0 else array * factor
-    if not target.is_dimensionless:
+    if isinstance(q, Quantity):
+        conversion_factor(si_unit(q.units), target)
+        array = q.array
+    elif isinstance(q, jax.core.Tracer):
+        # Inside `quax.quaxify`, a traced quantity is a tracer: the primitive's rule
+        # reads (and checks) its units, and plain tracers count as dimensionless.
+        array = strip_p.bind(q, dimensions=target.dimensions)
+    else:
+        _check_dimensions(target.dimensions, dimensionless)
+        array = jnp.asarray(q)
+    if target.offset:
+        array = array - target.offset
+    return array if target.scale == 1.0 else array / target.scale
+
+
+def _check_dimensions(want: Dimensions | None, got: Dimensions) -> None:
+    if want is not None and want != got:
+        name = "a plain (dimensionless) array" if got.is_dimensionless else str(got)
         raise UnitError(
-            "Cannot express a plain (dimensionless) array in "
-            f"{target} ({target.dimensions})."
+            f"Cannot express {name} in {si_unit(want)} ({want}): the dimensions differ."
         )
-    return q if target.scale == 1.0 else jnp.asarray(q) / target.scale
 
 
 def dimensions_of(x: Any) -> Dimensions:
     """The dimensions of an operand (a plain array is dimensionless)."""
-    return x.units if isinstance(x, Unitful) else Dimensions()
+    return x.units if isinstance(x, Quantity) else Dimensions()
+
+
+# `strip_p`: the numbers of a quantity, under transforms ------------------------------
+#
+# `ustrip` binds `strip_p` on tracers, so that inside `quax.quaxify` its rule sees the
+# quantity itself and checks its dimensions. Under autodiff, the tangent (whose units
+# come from the program's residuals) is stripped by `tangent_strip_p`, which keeps
+# the primal as a residual: its transpose (`per_unit_p`) divides the cotangent by
+# the primal's units. So the gradient of `ustrip("J", energy)` with respect to `v`
+# is in `1 / (m / s)`, as that of any plain output: one over the input's units.
+
+strip_p = Primitive("quax_units_strip")
+tangent_strip_p = Primitive("quax_units_tangent_strip")
+per_unit_p = Primitive("quax_units_per_unit")
+
+
+def _first(x: Any, *rest: Any, **params: Any) -> Any:
+    del rest, params
+    return x
+
+
+def _zero_tangent(primal: Any) -> Any:
+    return ad.Zero(jax.typeof(primal).to_tangent_aval())
+
+
+def _strip_plain(x: Any, *, dimensions: Dimensions) -> Any:
+    _check_dimensions(dimensions, dimensionless)
+    return x
+
+
+def _strip_jvp(primals: Any, tangents: Any, *, dimensions: Dimensions) -> Any:
+    (x,), (t,) = primals, tangents
+    out = strip_p.bind(x, dimensions=dimensions)
+    if type(t) is ad.Zero:
+        return out, _zero_tangent(out)
+    return out, tangent_strip_p.bind(t, x)
+
+
+def _tangent_strip_transpose(ct: Any, t: Any, x: Any) -> list[Any]:
+    del t
+    if type(ct) is ad.Zero:
+        return [ad.Zero(ct.aval), None]
+    return [per_unit_p.bind(ct, x), None]
+
+
+def _per_unit_transpose(ct: Any, y: Any, x: Any) -> list[Any]:
+    del y
+    if type(ct) is ad.Zero:
+        return [ad.Zero(ct.aval), None]
+    return [tangent_strip_p.bind(ct, x), None]
+
+
+def _linear_jvp(primitive: Primitive) -> Any:
+    # Linear in its first operand; the second only gives units.
+    def jvp(primals: Any, tangents: Any) -> Any:
+        out = primitive.bind(*primals)
+        if type(tangents[0]) is ad.Zero:
+            return out, _zero_tangent(out)
+        return out, primitive.bind(tangents[0], primals[1])
+
+    return jvp
+
+
+def _batch(primitive: Primitive) -> Any:
+    def rule(args: Any, axes: Any, **params: Any) -> Any:
+        if len(args) > 1 and axes[1] is not None:
+            # The reference's units do not depend on the batch: any element will do.
+            args = (args[0], lax.index_in_dim(args[1], 0, axes[1], keepdims=False))
+        return primitive.bind(*args, **params), axes[0]
+
+    return rule
+
+
+strip_p.def_impl(_strip_plain)
+strip_p.def_abstract_eval(_strip_plain)
+ad.primitive_jvps[strip_p] = _strip_jvp
+for _p, _transpose in [
+    (tangent_strip_p, _tangent_strip_transpose),
+    (per_unit_p, _per_unit_transpose),
+]:
+    _p.def_impl(_first)
+    _p.def_abstract_eval(_first)
+    ad.primitive_jvps[_p] = _linear_jvp(_p)
+    ad.primitive_transposes[_p] = _transpose
+for _p in (strip_p, tangent_strip_p, per_unit_p):
+    batching.primitive_batchers[_p] = _batch(_p)
+    mlir.register_lowering(_p, mlir.lower_fun(_first, multiple_results=False))
+
+
+@quax.register(strip_p)
+def _strip(q: Quantity, *, dimensions: Dimensions) -> Any:
+    _check_dimensions(dimensions, q.units)
+    return q.array
+
+
+@quax.register(tangent_strip_p)
+def _tangent_strip(t: Quantity | ArrayLike, x: Quantity) -> Any:
+    del x
+    return t.array if isinstance(t, Quantity) else t
+
+
+@quax.register(per_unit_p)
+def _per_unit(ct: Quantity | ArrayLike, x: Quantity) -> Quantity:
+    units = dimensions_of(ct) / x.units
+    array = ct.array if isinstance(ct, Quantity) else ct
+    return make(array, units, si_unit(units))

@@ -1,4 +1,4 @@
-"""The quax rules for `Unitful`: which primitives keep, combine or require units.
+"""The quax rules for `Quantity`: which primitives keep, combine or require units.
 
 Every rule runs at trace time and works on the SI-coherent arrays, so a unitful
 program compiles to the same operations as the plain one. Plain arrays are
@@ -21,11 +21,11 @@ from jax import lax
 from jaxtyping import ArrayLike
 
 from ._dimensions import Dimensions, UnitError, dimensionless
-from ._quantity import Unitful, describe, fits_any_unit
+from ._quantity import Quantity, describe, fits_any_unit, make
 from ._units import Unit, si_unit, unit
 
 
-_Operand = Unitful | ArrayLike
+_Operand = Quantity | ArrayLike
 _RADIAN = unit("rad")
 
 
@@ -33,24 +33,23 @@ _RADIAN = unit("rad")
 
 
 def _array(x: Any) -> Any:
-    return x.array if isinstance(x, Unitful) else x
+    return x.array if isinstance(x, Quantity) else x
 
 
 def _dims(x: Any) -> Dimensions:
-    return x.units if isinstance(x, Unitful) else dimensionless
+    return x.units if isinstance(x, Quantity) else dimensionless
 
 
 def _shown(x: Any) -> Unit:
     """The display unit of the result of arithmetic on an operand (a plain array
     shows as dimensionless). Arithmetic happens on the SI-coherent arrays, so its
     results are absolute: an offset unit (`degC`) gives way to its SI unit (`K`)."""
-    if isinstance(x, Unitful):
+    if isinstance(x, Quantity):
         return x.unit.linear
     return si_unit(dimensionless)
 
 
-def _wrap(array: Any, dims: Dimensions, shown: Unit | None) -> Unitful:
-    return Unitful(array, dims, shown)
+_wrap = make
 
 
 _TRACED_CONSTANT_HINT = (
@@ -64,7 +63,7 @@ def _same_units(primitive: Any, operands: Sequence[Any]) -> tuple[Dimensions, Un
     """The common dimensions of `operands` (all must agree), and the display unit of
     the first quantity among them, which a result that selects among the operands
     takes (arithmetic results use its `.linear` unit)."""
-    first = next(x for x in operands if isinstance(x, Unitful))
+    first = next(x for x in operands if isinstance(x, Quantity))
     for x in operands:
         if x is first or _dims(x) == first.units or fits_any_unit(x):
             continue
@@ -78,7 +77,7 @@ def _same_units(primitive: Any, operands: Sequence[Any]) -> tuple[Dimensions, Un
 
 
 def _require_dimensionless(primitive: Any, x: Any, role: str = "operand") -> Any:
-    if isinstance(x, Unitful) and not x.units.is_dimensionless:
+    if isinstance(x, Quantity) and not x.units.is_dimensionless:
         raise UnitError(
             f"`{primitive.name}` needs a dimensionless {role} (angles count, in "
             f"radians), but got {describe(x)}. Divide by a reference quantity, or "
@@ -87,7 +86,7 @@ def _require_dimensionless(primitive: Any, x: Any, role: str = "operand") -> Any
     return _array(x)
 
 
-def _static_exponent(primitive: Any, x: Unitful, y: Any) -> Fraction:
+def _static_exponent(primitive: Any, x: Quantity, y: Any) -> Fraction:
     """The exponent of `pow(x, y)`, which must be known at trace time to give units."""
     exponent = _require_dimensionless(primitive, y, "exponent")
     try:
@@ -115,34 +114,39 @@ _SELECTING |= {lax.scatter_min_p, lax.scatter_max_p}
 
 
 @quax.register_elementwise(_SAME_UNITS)
-def _same(primitive: Any, x: _Operand, y: _Operand, **params: Any) -> Unitful:
+def _same(primitive: Any, x: _Operand, y: _Operand, **params: Any) -> Quantity:
     dims, shown = _same_units(primitive, [x, y])
     shown = shown if primitive in _SELECTING else shown.linear
     return _wrap(primitive.bind(_array(x), _array(y), **params), dims, shown)
 
 
 @quax.register(jprim.add_jaxvals_p)
-def _add_any(x: _Operand, y: _Operand) -> Unitful:
+def _add_any(x: _Operand, y: _Operand) -> Quantity:
     # Autodiff's accumulation of cotangents. Cotangents of one variable always share
     # units (the forward rules checked the program), so a plain operand here is an
     # instantiated symbolic zero: it takes the other operand's units.
-    first = x if isinstance(x, Unitful) else y
-    assert isinstance(first, Unitful)
-    if isinstance(x, Unitful) and isinstance(y, Unitful):
+    first = x if isinstance(x, Quantity) else y
+    assert isinstance(first, Quantity)
+    if isinstance(x, Quantity) and isinstance(y, Quantity):
         _same_units(jprim.add_jaxvals_p, [x, y])
     return _wrap(
         jprim.add_jaxvals_p.bind(_array(x), _array(y)), first.units, _shown(first)
     )
 
 
-@quax.register_elementwise([lax.eq_p, lax.ne_p, lax.lt_p, lax.le_p, lax.gt_p, lax.ge_p])
+_COMPARISONS = [lax.eq_p, lax.ne_p, lax.lt_p, lax.le_p, lax.gt_p, lax.ge_p]
+# The total-order comparisons of `sort` and `searchsorted` (`jnp.interp`).
+_COMPARISONS += [lax.eq_to_p, lax.le_to_p, lax.lt_to_p]
+
+
+@quax.register_elementwise(_COMPARISONS)
 def _compare(primitive: Any, x: _Operand, y: _Operand, **params: Any) -> Any:
     _same_units(primitive, [x, y])
     return primitive.bind(_array(x), _array(y), **params)
 
 
 @quax.register(lax.atan2_p)
-def _atan2(x: _Operand, y: _Operand, **params: Any) -> Unitful:
+def _atan2(x: _Operand, y: _Operand, **params: Any) -> Quantity:
     _same_units(lax.atan2_p, [x, y])
     return _wrap(
         lax.atan2_p.bind(_array(x), _array(y), **params), dimensionless, _RADIAN
@@ -150,7 +154,7 @@ def _atan2(x: _Operand, y: _Operand, **params: Any) -> Unitful:
 
 
 @quax.register(lax.clamp_p)
-def _clamp(low: _Operand, x: _Operand, high: _Operand, **params: Any) -> Unitful:
+def _clamp(low: _Operand, x: _Operand, high: _Operand, **params: Any) -> Quantity:
     dims, shown = _same_units(lax.clamp_p, [x, low, high])
     return _wrap(
         lax.clamp_p.bind(_array(low), _array(x), _array(high), **params), dims, shown
@@ -158,7 +162,7 @@ def _clamp(low: _Operand, x: _Operand, high: _Operand, **params: Any) -> Unitful
 
 
 @quax.register(lax.select_n_p)
-def _select_n(which: ArrayLike, *cases: _Operand) -> Unitful:
+def _select_n(which: ArrayLike, *cases: _Operand) -> Quantity:
     dims, shown = _same_units(lax.select_n_p, cases)
     return _wrap(lax.select_n_p.bind(which, *map(_array, cases)), dims, shown)
 
@@ -184,19 +188,19 @@ def _maybe_set(
 
 
 @quax.register(lax.concatenate_p)
-def _concatenate(*operands: _Operand, **params: Any) -> Unitful:
+def _concatenate(*operands: _Operand, **params: Any) -> Quantity:
     dims, shown = _same_units(lax.concatenate_p, operands)
     return _wrap(lax.concatenate_p.bind(*map(_array, operands), **params), dims, shown)
 
 
 @quax.register(lax.stack_p)
-def _stack(*operands: _Operand, **params: Any) -> Unitful:
+def _stack(*operands: _Operand, **params: Any) -> Quantity:
     dims, shown = _same_units(lax.stack_p, operands)
     return _wrap(lax.stack_p.bind(*map(_array, operands), **params), dims, shown)
 
 
 @quax.register(lax.pad_p)
-def _pad(operand: _Operand, padding_value: _Operand, **params: Any) -> Unitful:
+def _pad(operand: _Operand, padding_value: _Operand, **params: Any) -> Quantity:
     dims, shown = _same_units(lax.pad_p, [operand, padding_value])
     return _wrap(
         lax.pad_p.bind(_array(operand), _array(padding_value), **params), dims, shown
@@ -206,12 +210,12 @@ def _pad(operand: _Operand, padding_value: _Operand, **params: Any) -> Unitful:
 @quax.register(lax.dynamic_update_slice_p)
 def _dynamic_update_slice(
     operand: _Operand, update: _Operand, *indices: _Operand, **params: Any
-) -> Unitful:
+) -> Quantity:
     p = lax.dynamic_update_slice_p
     if (
-        isinstance(update, Unitful)
-        and not isinstance(operand, Unitful)
-        and np.shape(update) == np.shape(operand)
+        isinstance(update, Quantity)
+        and not isinstance(operand, Quantity)
+        and update.shape == np.shape(operand)
     ):
         # The update covers the plain operand, so none of its values remain (a
         # solver's buffer of one saved step): the result has the update's units.
@@ -240,7 +244,7 @@ def _scatter(
     indices: _Operand,
     updates: _Operand,
     **params: Any,
-) -> Unitful:
+) -> Quantity:
     dims, shown = _same_units(primitive, [operand, updates])
     shown = shown if primitive in _SELECTING else shown.linear
     index = _require_dimensionless(primitive, indices, "index")
@@ -278,20 +282,20 @@ _KEEP_DIMENSIONS = [
 
 
 @quax.register_elementwise(_KEEP_UNITS)
-def _keep(primitive: Any, x: Unitful, **params: Any) -> Unitful:
+def _keep(primitive: Any, x: Quantity, **params: Any) -> Quantity:
     return _wrap(primitive.bind(x.array, **params), x.units, x.unit)
 
 
 @quax.register_elementwise(_KEEP_DIMENSIONS)
-def _keep_dimensions(primitive: Any, x: Unitful, **params: Any) -> Unitful:
+def _keep_dimensions(primitive: Any, x: Quantity, **params: Any) -> Quantity:
     # Arithmetic on the SI-coherent numbers: shown in `degC` it would be wrong.
     return _wrap(primitive.bind(x.array, **params), x.units, _shown(x))
 
 
 @quax.register_elementwise([lax.dynamic_slice_p, lax.gather_p])
 def _index(
-    primitive: Any, operand: Unitful, *indices: _Operand, **params: Any
-) -> Unitful:
+    primitive: Any, operand: Quantity, *indices: _Operand, **params: Any
+) -> Quantity:
     index = [_require_dimensionless(primitive, i, "index") for i in indices]
     return _wrap(
         primitive.bind(operand.array, *index, **params), operand.units, operand.unit
@@ -299,7 +303,7 @@ def _index(
 
 
 @quax.register_elementwise([lax.split_p, lax.unstack_p])
-def _split(primitive: Any, operand: Unitful, **params: Any) -> list[Unitful]:
+def _split(primitive: Any, operand: Quantity, **params: Any) -> list[Quantity]:
     return [
         _wrap(out, operand.units, operand.unit)
         for out in primitive.bind(operand.array, **params)
@@ -312,24 +316,24 @@ def _each_keeps_units(primitive: Any, *operands: _Operand, **params: Any) -> lis
     # device: it keeps its operand's units, and a plain operand stays plain.
     outs = primitive.bind(*map(_array, operands), **params)
     return [
-        _wrap(o, x.units, x.unit) if isinstance(x, Unitful) else o
+        _wrap(o, x.units, x.unit) if isinstance(x, Quantity) else o
         for o, x in zip(outs, operands, strict=True)
     ]
 
 
 @quax.register(lax.top_k_p)
-def _top_k(operand: Unitful, **params: Any) -> list[Any]:
+def _top_k(operand: Quantity, **params: Any) -> list[Any]:
     values, indices = lax.top_k_p.bind(operand.array, **params)
     return [_wrap(values, operand.units, operand.unit), indices]
 
 
 @quax.register_elementwise([lax.argmax_p, lax.argmin_p, lax.is_finite_p])
-def _plain_result(primitive: Any, x: Unitful, **params: Any) -> Any:
+def _plain_result(primitive: Any, x: Quantity, **params: Any) -> Any:
     return primitive.bind(x.array, **params)
 
 
 @quax.register(lax.sign_p)
-def _sign(x: Unitful, **params: Any) -> Unitful:
+def _sign(x: Quantity, **params: Any) -> Quantity:
     return _wrap(lax.sign_p.bind(x.array, **params), dimensionless, None)
 
 
@@ -337,7 +341,7 @@ def _sign(x: Unitful, **params: Any) -> Unitful:
 
 
 @quax.register_elementwise([lax.mul_p, lax.dot_general_p, lax.conv_general_dilated_p])
-def _product(primitive: Any, x: _Operand, y: _Operand, **params: Any) -> Unitful:
+def _product(primitive: Any, x: _Operand, y: _Operand, **params: Any) -> Quantity:
     return _wrap(
         primitive.bind(_array(x), _array(y), **params),
         _dims(x) * _dims(y),
@@ -346,7 +350,7 @@ def _product(primitive: Any, x: _Operand, y: _Operand, **params: Any) -> Unitful
 
 
 @quax.register(lax.div_p)
-def _div(x: _Operand, y: _Operand, **params: Any) -> Unitful:
+def _div(x: _Operand, y: _Operand, **params: Any) -> Quantity:
     return _wrap(
         lax.div_p.bind(_array(x), _array(y), **params),
         _dims(x) / _dims(y),
@@ -356,7 +360,7 @@ def _div(x: _Operand, y: _Operand, **params: Any) -> Unitful:
 
 def _power_rule(primitive: Any, exponent: Fraction) -> None:
     @quax.register(primitive)
-    def _(x: Unitful, **params: Any) -> Unitful:
+    def _(x: Quantity, **params: Any) -> Quantity:
         return _wrap(
             primitive.bind(x.array, **params), x.units**exponent, _shown(x) ** exponent
         )
@@ -372,13 +376,13 @@ for _p, _e in [
 
 
 @quax.register(lax.integer_pow_p)
-def _integer_pow(x: Unitful, *, y: int) -> Unitful:
+def _integer_pow(x: Quantity, *, y: int) -> Quantity:
     return _wrap(lax.integer_pow_p.bind(x.array, y=y), x.units**y, _shown(x) ** y)
 
 
 @quax.register(lax.pow_p)
-def _pow(x: _Operand, y: _Operand, **params: Any) -> Unitful:
-    if not isinstance(x, Unitful) or x.units.is_dimensionless:
+def _pow(x: _Operand, y: _Operand, **params: Any) -> Quantity:
+    if not isinstance(x, Quantity) or x.units.is_dimensionless:
         base = _array(x)
         exponent = _require_dimensionless(lax.pow_p, y, "exponent")
         return _wrap(lax.pow_p.bind(base, exponent, **params), dimensionless, None)
@@ -389,7 +393,7 @@ def _pow(x: _Operand, y: _Operand, **params: Any) -> Unitful:
 
 
 @quax.register(lax.reduce_prod_p)
-def _reduce_prod(x: Unitful, *, axes: Sequence[int], **params: Any) -> Unitful:
+def _reduce_prod(x: Quantity, *, axes: Sequence[int], **params: Any) -> Quantity:
     n = math.prod(x.shape[a] for a in axes)
     return _wrap(
         lax.reduce_prod_p.bind(x.array, axes=axes, **params), x.units**n, _shown(x) ** n
@@ -402,12 +406,12 @@ _DIMENSIONLESS = [
     lax.exp_p, lax.exp2_p, lax.log_p, lax.log1p_p, lax.expm1_p, lax.sin_p, lax.cos_p,
     lax.tan_p, lax.sinh_p, lax.cosh_p, lax.tanh_p, lax.asinh_p, lax.acosh_p,
     lax.atanh_p, lax.logistic_p, lax.erf_p, lax.erfc_p, lax.erf_inv_p, lax.lgamma_p,
-    lax.digamma_p, lax.cumprod_p, lax.cumlogsumexp_p,
+    lax.digamma_p, lax.cumlogsumexp_p,
 ]  # fmt: skip
 
 
 @quax.register_elementwise(_DIMENSIONLESS)
-def _dimensionless(primitive: Any, x: Unitful, **params: Any) -> Unitful:
+def _dimensionless(primitive: Any, x: Quantity, **params: Any) -> Quantity:
     return _wrap(
         primitive.bind(_require_dimensionless(primitive, x), **params),
         dimensionless,
@@ -416,9 +420,23 @@ def _dimensionless(primitive: Any, x: Unitful, **params: Any) -> Unitful:
 
 
 @quax.register_elementwise([lax.asin_p, lax.acos_p, lax.atan_p])
-def _inverse_trig(primitive: Any, x: Unitful, **params: Any) -> Unitful:
+def _inverse_trig(primitive: Any, x: Quantity, **params: Any) -> Quantity:
     return _wrap(
         primitive.bind(_require_dimensionless(primitive, x), **params),
         dimensionless,
         _RADIAN,
     )
+
+
+@quax.register(lax.cumprod_p)
+def _cumprod(x: Quantity, **params: Any) -> Quantity:
+    if not x.units.is_dimensionless:
+        raise UnitError(
+            "`cumprod` needs a dimensionless operand (element i of a cumulative "
+            "product has the units raised to the power i + 1: m, m2, m3, ..., and an "
+            f"array holds one unit for all its elements), but got {describe(x)}. "
+            "Take the cumulative product of a "
+            "dimensionless ratio (`x / x0`, then multiply by `x0 ** n` where needed) "
+            "or strip the units with `quax_units.ustrip`."
+        )
+    return _wrap(lax.cumprod_p.bind(x.array, **params), dimensionless, None)

@@ -1,0 +1,133 @@
+"""Derivatives with the right units: `quax_units.grad`, `value_and_grad`, `jacobian`,
+and `ustrip` on traced quantities inside `quax.quaxify` (also under autodiff)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import quax
+import quax_units
+from quax_units import Quantity, UnitError, unit, ustrip
+
+
+kinetic = quax.quaxify(lambda m, v: 0.5 * m * jnp.sum(v**2))
+V = jnp.array([30.0, 40.0])
+
+
+def test_grad_of_energy_is_momentum():
+    # The example of issue 18: d(energy)/d(velocity) is a momentum, in kg m/s
+    # (`jax.grad` labels it m/s, the input's unit).
+    m = Quantity(2.0, "kg")
+    p = quax_units.grad(lambda v: kinetic(m, v))(Quantity(V, "m/s"))
+    assert isinstance(p, Quantity)
+    assert p.unit == unit("kg m / s") and str(p.unit) == "kg m / s"
+    np.testing.assert_allclose(ustrip("kg m / s", p), [60.0, 80.0])
+    # In km/s the numbers per SI unit are the same; the gradient is still kg m/s.
+    p_km = quax_units.grad(lambda v: kinetic(m, v))(Quantity(V / 1000, "km/s"))
+    np.testing.assert_allclose(ustrip("kg m / s", p_km), [60.0, 80.0], rtol=1e-6)
+
+
+def test_grad_of_a_stripped_output_is_per_input_unit():
+    # `ustrip("J", E)` is the number of joules: its gradient is in 1 / (m / s).
+    m = Quantity(2.0, "kg")
+    g = quax_units.grad(lambda v: ustrip("J", kinetic(m, v)))(Quantity(V, "m/s"))
+    assert g.units == unit("s / m").dimensions
+    np.testing.assert_allclose(ustrip("s / m", g), [60.0, 80.0])
+    # Stripped in kJ, the number is a thousand times smaller, and so is its gradient.
+    g_kj = quax_units.grad(lambda v: ustrip("kJ", kinetic(m, v)))(Quantity(V, "m/s"))
+    np.testing.assert_allclose(ustrip("s / m", g_kj), [0.06, 0.08], rtol=1e-6)
+
+
+def test_value_and_grad_argnums_pytrees_and_aux():
+    def energy(params, v):
+        return kinetic(params["m"], v) + params["e0"], "aux"
+
+    params = {"m": Quantity(2.0, "kg"), "e0": Quantity(1.0, "kJ")}
+    v = Quantity(V, "m/s")
+    (value, aux), (dp, dv) = quax_units.value_and_grad(
+        energy, argnums=(0, 1), has_aux=True
+    )(params, v)
+    assert aux == "aux"
+    np.testing.assert_allclose(ustrip("J", value), 3500.0)
+    np.testing.assert_allclose(ustrip("m2 / s2", dp["m"]), 1250.0)  # v^2 / 2
+    assert dp["e0"] == pytest.approx(1.0) and not isinstance(dp["e0"], Quantity)
+    np.testing.assert_allclose(ustrip("kg m / s", dv), [60.0, 80.0])
+    g, aux = quax_units.grad(energy, has_aux=True)(params, v)
+    np.testing.assert_allclose(ustrip("m2 / s2", g["m"]), 1250.0)
+    # A plain argument: the gradient has the output's units.
+    dt = quax_units.grad(lambda t: Quantity(3.0, "m / s") * t)(2.0)
+    np.testing.assert_allclose(ustrip("m / s", dt), 3.0)
+
+
+def test_jacobian_units_and_shape():
+    t = Quantity(jnp.array([1.0, 2.0, 3.0]), "s")
+    x0 = Quantity(jnp.array([1.0, 1.0, 1.0]), "m")
+
+    def position(v):
+        return x0 + v * t
+
+    jac = quax_units.jacobian(position)(Quantity(jnp.array([1.0, 2.0, 3.0]), "m/s"))
+    assert jac.shape == (3, 3) and jac.units == unit("s").dimensions
+    np.testing.assert_allclose(ustrip("s", jac), np.diag([1.0, 2.0, 3.0]))
+    jac, aux = quax_units.jacobian(lambda v: (position(v), 1), has_aux=True)(
+        Quantity(jnp.ones(3), "m/s")
+    )
+    assert aux == 1 and jac.units == unit("s").dimensions
+
+
+def test_has_aux_needs_a_pair():
+    with pytest.raises(TypeError, match="has_aux=True needs the function to return"):
+        quax_units.grad(lambda v: kinetic(Quantity(1.0, "kg"), v), has_aux=True)(
+            Quantity(V, "m/s")
+        )
+
+
+def test_ustrip_on_traced_quantities_inside_quaxify():
+    m, v = Quantity(2.0, "kg"), Quantity(V, "m/s")
+
+    def kilojoules(m, v):
+        return ustrip("kJ", 0.5 * m * jnp.sum(v**2))
+
+    np.testing.assert_allclose(quax.quaxify(kilojoules)(m, v), 2.5)
+    np.testing.assert_allclose(jax.jit(quax.quaxify(kilojoules))(m, v), 2.5)
+    speeds = quax.quaxify(jax.vmap(lambda v: ustrip("km / h", v)))(v)
+    np.testing.assert_allclose(speeds, [108.0, 144.0], rtol=1e-6)
+    with pytest.raises(UnitError, match=r"Cannot express kg m2 / s2 in s"):
+        quax.quaxify(lambda m, v: ustrip("s", 0.5 * m * jnp.sum(v**2)))(m, v)
+    # Plain tracers count as dimensionless.
+    np.testing.assert_allclose(jax.jit(lambda x: ustrip("%", x))(0.5), 50.0)
+    with pytest.raises(UnitError, match="a plain"):
+        jax.jit(lambda x: ustrip("m", x))(0.5)
+
+
+def test_grad_inside_quaxify_agrees_with_quax_units_grad():
+    m, v = Quantity(2.0, "kg"), Quantity(V, "m/s")
+    # A quantity output: units of output over input.
+    p = quax.quaxify(jax.grad(lambda m, v: 0.5 * m * jnp.sum(v**2), argnums=1))(m, v)
+    assert p.units == unit("kg m / s").dimensions
+
+    # A stripped output is a plain number: units of one over the input's, as
+    # `quax_units.grad` gives (before, `ustrip` failed on the traced quantity).
+    def joules(m, v):
+        return ustrip("J", 0.5 * m * jnp.sum(v**2))
+
+    g = quax.quaxify(jax.grad(joules, argnums=1))(m, v)
+    want = quax_units.grad(quax.quaxify(joules), argnums=1)(m, v)
+    assert g.units == want.units == unit("s / m").dimensions
+    np.testing.assert_allclose(ustrip("s / m", g), ustrip("s / m", want))
+    # Forward mode and second derivatives through `ustrip`.
+    _, tangent = quax.quaxify(
+        lambda m, v, t: jax.jvp(lambda v: joules(m, v), (v,), (t,))
+    )(m, v, jnp.ones(2))
+    np.testing.assert_allclose(tangent, 140.0)
+    hessian = quax.quaxify(jax.hessian(joules, argnums=1))(m, v)
+    np.testing.assert_allclose(ustrip("kg / J", hessian), 2.0 * np.eye(2))
+
+
+def test_plain_jax_grad_keeps_the_input_label():
+    # The documented pitfall: JAX copies the input's static unit onto the gradient.
+    # The numbers are right per SI unit; the label is not (see the README).
+    v = Quantity(V, "m/s")
+    g = jax.grad(lambda v: ustrip("J", kinetic(Quantity(2.0, "kg"), v)))(v)
+    assert g.units == v.units
+    np.testing.assert_allclose(g.array, [60.0, 80.0])
