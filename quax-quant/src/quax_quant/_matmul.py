@@ -166,6 +166,22 @@ def _quantise_rows(x: Array, contract: Sequence[int]) -> tuple[Array, Array]:
     return q, scale
 
 
+def _reduce_dot(lhs: Array, rhs: Array, dn: DimensionNumbers) -> Array:
+    """`dot_general` as a broadcast multiply and a sum: for one row, XLA fuses the
+    integer-to-float conversion into it instead of writing out a float weight."""
+    (lc, rc), (lb, rb) = dn
+    lf = [a for a in range(lhs.ndim) if a not in lc and a not in lb]
+    rf = [a for a in range(rhs.ndim) if a not in rc and a not in rb]
+    lhs = jnp.transpose(lhs, [*lb, *lf, *lc])
+    rhs = jnp.transpose(rhs, [*rb, *rf, *rc])
+    nb, nc = len(lb), len(lc)
+    lhs = lhs.reshape(
+        *lhs.shape[: nb + len(lf)], *[1] * len(rf), *lhs.shape[nb + len(lf) :]
+    )
+    rhs = rhs.reshape(*rhs.shape[:nb], *[1] * len(lf), *rhs.shape[nb:])
+    return jnp.sum(lhs * rhs, axis=tuple(range(-nc, 0)))
+
+
 # The product --------------------------------------------------------------------------
 
 
@@ -176,10 +192,12 @@ def _product(
     dn: DimensionNumbers,
     w_is_lhs: bool,
     path: str,
+    rows: int,
     precision: Any,
     out_dtype: Any,
 ) -> Array:
-    """`dot_general` of `x` and `w` (on the side `w_is_lhs` says) along `dn`."""
+    """`dot_general` of `x` and `w` (on the side `w_is_lhs` says) along `dn`;
+    `rows` of `x` (with its `vmap`s) choose how XLA sees a one-row product."""
     acc = jnp.promote_types(out_dtype, jnp.float32)
     q = w.integers()
     w_contract, w_batch = _sides(dn, w_is_lhs)
@@ -197,6 +215,8 @@ def _product(
         kind = jnp.int32 if integer else acc
         if not integer:
             lhs, rhs = lhs.astype(acc), rhs.astype(acc)
+            if rows == 1:
+                return _reduce_dot(lhs, rhs, dims)
         return lax.dot_general(
             lhs,
             rhs,
@@ -347,13 +367,15 @@ def quantised_dot(
     chooses; derivatives as the weight-only product, and straight through to
     `w.master` when it has one."""
     x_contract, x_batch = _sides(dn, not w_is_lhs)
-    path = matmul_path(rows_of(x, x_contract, x_batch), w)
+    rows = rows_of(x, x_contract, x_batch)
+    path = matmul_path(rows, w)
     out_dtype = preferred_element_type or jnp.result_type(x.dtype, w.float_dtype)
     dn = tuple(tuple(tuple(int(a) for a in axes) for axes in pair) for pair in dn)
     kwargs = dict(
         dn=dn,
         w_is_lhs=w_is_lhs,
         path=path,
+        rows=rows,
         precision=precision,
         out_dtype=np.dtype(out_dtype),
     )

@@ -107,6 +107,7 @@ def quantise_model(
     ),
     where: Callable[[PyTree], Any] | None = None,
     attribute: str = "weight",
+    straight_through: bool = False,
     allow_materialise: bool = False,
     matmul: str = "auto",
 ) -> PyTree:
@@ -125,8 +126,9 @@ def quantise_model(
     **Arguments:**
 
     - `model`: any PyTree, usually an Equinox module.
-    - `bits`, `symmetric`, `allow_materialise`, `matmul`: as for
-        [`quax_quant.quantise`][].
+    - `bits`, `symmetric`, `straight_through`, `allow_materialise`, `matmul`: as
+        for [`quax_quant.quantise`][]. With `straight_through=True`, call it inside
+        the differentiated loss for quantisation-aware training.
     - `axis`: the per-channel axis of each weight; by default 0, the output
         channels of `eqx.nn.Linear` `(out, in)` and `eqx.nn.Conv` `(out, in, ...)`.
         `None` for one scale per weight. Ignored when `group_size` is given.
@@ -169,6 +171,7 @@ def quantise_model(
             axis=0 if conv else (None if group_size is not None else axis),
             group_size=groups,
             symmetric=symmetric,
+            straight_through=straight_through,
             allow_materialise=allow_materialise,
             matmul=matmul,
         )
@@ -188,5 +191,6 @@ def quantise_model(
             f"quantise_model matched no layer with a floating-point `{attribute}` "
             f"(filter={filter!r}, where={where!r}): nothing was quantised."
         )
-    _logger.info("quantise_model: %s", memory_report(out))
+    if _logger.isEnabledFor(logging.INFO):
+        _logger.info("quantise_model: %s", memory_report(out))
     return out
