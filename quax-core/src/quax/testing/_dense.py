@@ -1,8 +1,9 @@
 """`assert_matches_dense`: a quaxified function against the same function on dense
 arrays, under eval, `jit`, `vmap`, `grad` and `jvp`."""
 
+import contextlib
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import equinox as eqx
@@ -129,22 +130,30 @@ class _Checker:
         self.atol = atol
         self.out_types = out_types
 
-    def run_quax(self, check: str, call: Callable[[], Any]) -> Any:
-        """`call()` (which runs the quaxified function), with materialisation
-        tracked and its errors turned into failures of `check`."""
+    @contextlib.contextmanager
+    def tracked(self, check: str) -> Iterator[None]:
+        """Fail `check` if the block materialises a value (unless allowed)."""
         with track_materialisation() as report:
-            try:
-                out = call()
-            except Exception as e:
-                raise AssertionError(
-                    f"[{check}] the quaxified function raised {type(e).__name__}: {e}"
-                ) from e
+            yield
         if report and not self.allow_materialise:
             raise AssertionError(
                 f"[{check}] the quaxified function materialised values (pass "
                 f"allow_materialise=True if that is intended):\n{report}"
             )
-        return out
+
+    def run_quax(self, check: str, call: Callable[[], Any], track: bool = True) -> Any:
+        """`call()` (which runs the quaxified function) with its errors turned into
+        failures of `check`, and materialisation tracked unless `track=False`
+        (where `call` tracks its quaxified part itself)."""
+        with self.tracked(check) if track else contextlib.nullcontext():
+            try:
+                return call()
+            except AssertionError:
+                raise
+            except Exception as e:
+                raise AssertionError(
+                    f"[{check}] the quaxified function raised {type(e).__name__}: {e}"
+                ) from e
 
     def check_types(self, check: str, out: Any) -> list[type]:
         leaves = jtu.tree_leaves(out, is_leaf=is_value)
@@ -416,7 +425,7 @@ def _check_vmap(
 
     check = "vmap(quaxify)"
     out = checker.run_quax(
-        check, lambda: jax.vmap(quaxify(fn), in_axes=in_axes)(*stacked)
+        check, lambda: jax.jit(jax.vmap(quaxify(fn), in_axes=in_axes))(*stacked)
     )
     checker.check_types(check, out)
     for i, w in enumerate(wants):
@@ -435,7 +444,8 @@ def _check_vmap(
         is_leaf=is_value,
     )
     out = checker.run_quax(
-        check, lambda: quaxify(jax.vmap(fn, in_axes=value_axes))(*stacked)
+        check,
+        lambda: jax.jit(quaxify(jax.vmap(fn, in_axes=value_axes)))(*stacked),
     )
     checker.check_types(check, out)
     checker.compare(check, densify(out), want)
@@ -485,22 +495,30 @@ def _check_derivatives(
         return fn(*densify(eqx.combine(d, static)))
 
     key_ct, key_t = jr.split(jr.key(seed))
+    # Each derivative runs as one jitted program: one compilation, not one per
+    # primitive. Only the quaxified call is tracked, not the densifying after it.
     if grad:
-        out, pullback = checker.run_quax("grad", lambda: jax.vjp(quax_call, diff))
         cotangent = _random_like(key_ct, want)
-        _, dense_pullback = jax.vjp(densify, out)
-        (out_ct,) = dense_pullback(cotangent)
-        (got,) = pullback(out_ct)
-        _, ref_pullback = jax.vjp(dense_call, diff)
-        (expected,) = ref_pullback(cotangent)
+
+        def quax_grad(d: Any) -> Any:
+            with checker.tracked("grad"):
+                out, pullback = jax.vjp(quax_call, d)
+            (out_ct,) = jax.vjp(densify, out)[1](cotangent)
+            return pullback(out_ct)[0]
+
+        got = checker.run_quax("grad", lambda: jax.jit(quax_grad)(diff), track=False)
+        expected = jax.jit(lambda d: jax.vjp(dense_call, d)[1](cotangent)[0])(diff)
         checker.compare("grad", got, expected, "gradient")
         report.checks["grad"] = "passed"
     if jvp:
         tangent = _random_like(key_t, diff)
-        out, out_t = checker.run_quax(
-            "jvp", lambda: jax.jvp(quax_call, (diff,), (tangent,))
-        )
-        _, got = jax.jvp(densify, (out,), (out_t,))
-        _, expected = jax.jvp(dense_call, (diff,), (tangent,))
+
+        def quax_jvp(d: Any) -> Any:
+            with checker.tracked("jvp"):
+                out, out_t = jax.jvp(quax_call, (d,), (tangent,))
+            return jax.jvp(densify, (out,), (out_t,))[1]
+
+        got = checker.run_quax("jvp", lambda: jax.jit(quax_jvp)(diff), track=False)
+        expected = jax.jit(lambda d: jax.jvp(dense_call, (d,), (tangent,))[1])(diff)
         checker.compare("jvp", got, expected, "output tangent")
         report.checks["jvp"] = "passed"
