@@ -1,15 +1,13 @@
 """`shard_map` and `jit` with `NamedSharding` inside quaxify, on 8 simulated CPU
 devices (in a subprocess, so the device count does not leak into other tests)."""
 
-import os
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import quax
+import quax.testing
 from helpers import Dense, dense
 from jax import lax
 
@@ -81,17 +79,10 @@ SCRIPT = textwrap.dedent(
 
 
 def test_sharding_on_eight_devices():
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8")
-    script = SCRIPT.format(tests=str(Path(__file__).parent))
-    result = subprocess.run(
-        [sys.executable, "-c", script],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
+    out = quax.testing.run_on_simulated_devices(
+        SCRIPT.format(tests=str(Path(__file__).parent)), n=8
     )
-    assert result.returncode == 0, result.stderr[-4000:]
-    assert result.stdout.strip().endswith("ok")
+    assert out.strip().endswith("ok")
 
 
 def test_pcast_varying_manual_axes():

@@ -1,10 +1,9 @@
 """Sharded weights on a mesh of 8 simulated CPU devices (in a subprocess, so that
 the device count does not change the other tests)."""
 
-import os
-import subprocess
-import sys
 import textwrap
+
+import quax.testing
 
 
 _SCRIPT = textwrap.dedent(
@@ -50,17 +49,5 @@ _SCRIPT = textwrap.dedent(
 
 
 def test_sharded_weights():
-    env = dict(
-        os.environ,
-        XLA_FLAGS="--xla_force_host_platform_device_count=8",
-        JAX_PLATFORMS="cpu",
-    )
-    result = subprocess.run(
-        [sys.executable, "-W", "error", "-c", _SCRIPT],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert result.returncode == 0, result.stderr[-4000:]
-    assert result.stdout.strip().endswith("ok")
+    out = quax.testing.run_on_simulated_devices(_SCRIPT, n=8)
+    assert out.strip().endswith("ok")
