@@ -1,13 +1,18 @@
 """Quax: multiple dispatch over custom array-ish objects in JAX."""
 
 from . import (
-    _higher_order as _higher_order,  # registers the higher-order rules
+    # The modules that register the core's rules for higher-order primitives.
+    _callbacks as _callbacks,
+    _control_flow as _control_flow,
+    _custom as _custom,
+    _leafwise as _leafwise,
+    _plugins as _plugins,
     examples as examples,
     hookspecs as hookspecs,
     plugins as plugins,
     zero as zero,
 )
-from ._higher_order import JoinError as JoinError
+from ._joins import JoinError as JoinError
 from ._quaxify import quaxify as quaxify
 from ._registry import (
     Resolution as Resolution,
@@ -28,11 +33,18 @@ from ._values import (
 from ._version import __version__ as __version__
 
 
+_plugins.load_builtins()
+
+
 def __getattr__(name: str) -> object:
-    # `quax.lora` (and any other family) as in the published quax: resolved lazily.
-    if name.startswith("__"):
-        raise AttributeError(name)
-    try:
-        return getattr(examples, name)
-    except ImportError as e:
-        raise AttributeError(f"module 'quax' has no attribute {name!r} ({e})") from e
+    # `quax.lora` (any installed family, by its entry point's name) as in the
+    # published quax, resolved lazily. Any other name is unknown at once: the names
+    # come from the entry points' metadata, without importing a family.
+    if name in _plugins.family_names():
+        try:
+            return getattr(examples, name)
+        except ImportError as e:
+            raise AttributeError(
+                f"module 'quax' has no attribute {name!r} ({e})"
+            ) from e
+    raise AttributeError(f"module 'quax' has no attribute {name!r}")

@@ -2,16 +2,21 @@
 program materialises."""
 
 import argparse
+import dataclasses
 import importlib
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import jax
 
 from . import _plugins
 from ._introspect import primitive_named, summarise
-from ._registry import resolve
-from ._values import track_materialisation
+from ._registry import Resolution, resolve
+from ._values import Value, track_materialisation
+
+
+class _UsageError(Exception):
+    """A wrong command line: reported in one line, with exit status 2."""
 
 
 def _families(_: argparse.Namespace) -> int:
@@ -35,39 +40,82 @@ def _type_named(name: str) -> type:
         return jax.Array
     if ":" in name:
         module, _, qualname = name.partition(":")
-        obj: object = importlib.import_module(module)
-        for part in qualname.split("."):
-            obj = getattr(obj, part)
-        assert isinstance(obj, type)
+        try:
+            obj: object = importlib.import_module(module)
+            for part in qualname.split("."):
+                obj = getattr(obj, part)
+        except (ImportError, AttributeError) as e:
+            raise _UsageError(f"cannot find the type {name!r}: {e}") from e
+        if not isinstance(obj, type):
+            raise _UsageError(f"{name!r} is not a type")
         return obj
     for family in _plugins.families():
         for t in _plugins.value_types(family):
             if t.__qualname__ == name:
                 return t
-    if name == "Zero":
-        from .zero import Zero
+    raise _UsageError(
+        f"unknown type {name!r}: use `array`, a value type of an installed family, "
+        "or `module:QualName`"
+    )
 
-        return Zero
-    raise SystemExit(
-        f"Unknown type {name!r}: use `array`, a value type of an installed family, or "
-        "`module:QualName`."
+
+def _refusal_note(resolution: Resolution, types: Sequence[type]) -> str:
+    """What the default does where it materialises a type that refuses to, unless
+    allowed (a type with an `allow_materialise` field, as in the published quax)."""
+    if resolution.kind == "rule":
+        return ""
+    refusing = [
+        t.__qualname__
+        for t in dict.fromkeys(types)
+        if isinstance(t, type)
+        and issubclass(t, Value)
+        and dataclasses.is_dataclass(t)
+        and "allow_materialise" in {f.name for f in dataclasses.fields(t)}
+    ]
+    if not refusing:
+        return ""
+    return (
+        f"; default: materialise ({', '.join(refusing)} refuses unless "
+        "allow_materialise=True, or `.enable_materialise()`)"
     )
 
 
 def _explain(args: argparse.Namespace) -> int:
     _plugins.load()
-    primitive = primitive_named(args.primitive)
+    # The types first: a `module:QualName` type's module may register rules.
     types = [_type_named(t) for t in args.types]
-    resolution = resolve(primitive, types)
+    try:
+        primitive = primitive_named(args.primitive)
+    except LookupError as e:
+        raise _UsageError(str(e)) from e
+    try:
+        resolution = resolve(primitive, types)
+    except TypeError as e:  # ambiguous rules, or two types overriding `default`
+        raise _UsageError(str(e)) from e
     names = ", ".join(t.__qualname__ for t in types)
-    print(f"{primitive.name}({names}) -> {resolution.kind}: {resolution.reason}")
+    print(
+        f"{primitive.name}({names}) -> {resolution.kind}: {resolution.reason}"
+        f"{_refusal_note(resolution, types)}"
+    )
     return 0
 
 
-def _materialised(args: argparse.Namespace) -> int:
-    module, _, name = args.target.partition(":")
+def _target(target: str) -> Callable[[], object]:
+    module, colon, name = target.partition(":")
+    if not colon or not module or not name:
+        raise _UsageError(f"expected MODULE:FUNCTION, got {target!r}")
     sys.path.insert(0, ".")
-    fn = getattr(importlib.import_module(module), name)
+    try:
+        fn = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as e:
+        raise _UsageError(f"cannot load {target!r}: {e}") from e
+    if not callable(fn):
+        raise _UsageError(f"{target!r} is not callable")
+    return fn
+
+
+def _materialised(args: argparse.Namespace) -> int:
+    fn = _target(args.target)
     _plugins.autoload()
     with track_materialisation() as report:
         fn()
@@ -76,7 +124,8 @@ def _materialised(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line. **Returns:** the exit status."""
+    """Run the command line. **Returns:** the exit status (2 for a wrong command
+    line, reported in one line on stderr)."""
     parser = argparse.ArgumentParser(prog="python -m quax", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("families", help="list installed families").set_defaults(
@@ -97,7 +146,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     mat.add_argument("target")
     mat.set_defaults(run=_materialised)
     args = parser.parse_args(argv)
-    return args.run(args)
+    try:
+        return args.run(args)
+    except (_UsageError, Warning) as e:
+        # A `Warning` is raised where warnings are errors: a rule conflict between
+        # two families, or a family that fails to load.
+        message = " ".join(str(e).split())
+        print(f"python -m quax {args.command}: error: {message}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ import jax.extend.core.primitives as jprim
 
 from . import _plugins, _registry
 from ._compat import Primitive
+from ._quaxify import quaxify
 from ._values import MaterialisationReport, track_materialisation
 
 
@@ -30,10 +31,6 @@ class FamilySummary:
     error: str | None
 
 
-def _package(family: _plugins.Family) -> str:
-    return family.entry_point.module.split(".")[0]
-
-
 def summarise(load: bool = True) -> list[FamilySummary]:
     """Describe every installed family.
 
@@ -49,22 +46,14 @@ def summarise(load: bool = True) -> list[FamilySummary]:
         _plugins.load()
     out = []
     for family in _plugins.families():
-        package = _package(family)
-        prims = sorted(
-            {
-                p.name
-                for p, regs in _registry._registrations.items()
-                for r in regs
-                if (getattr(r.function, "__module__", "") or "").split(".")[0]
-                == package
-            }
-        )
-        num_rules = sum(
-            1
-            for regs in _registry._registrations.values()
+        owned = [
+            p
+            for p, regs in _registry._registrations.items()
             for r in regs
-            if (getattr(r.function, "__module__", "") or "").split(".")[0] == package
-        )
+            if family.owns(getattr(r.function, "__module__", "") or "")
+        ]
+        prims = sorted({p.name for p in owned})
+        num_rules = len(owned)
         out.append(
             FamilySummary(
                 family.name,
@@ -106,8 +95,6 @@ def materialisations(
 
     A [`quax.MaterialisationReport`][].
     """
-    from ._quaxify import quaxify
-
     _plugins.autoload()
     with track_materialisation() as report:
         jax.eval_shape(quaxify(fn), *args, **kwargs)

@@ -6,6 +6,10 @@ Families load lazily, once: on the first quaxified call, the first
 `QUAX_DISABLE_PLUGIN_AUTOLOAD=1` turns the automatic loading off; `load(name)` still
 loads a named family. A family that fails is reported once, as a warning naming its
 distribution and the error, and the others keep working.
+
+The families that ship inside quax-core (`BUILTIN_FAMILIES`: the symbolic zeros) go
+through the same hooks, but load at `import quax`, whatever the environment says,
+as pytest's built-in plugins do.
 """
 
 import dataclasses
@@ -23,6 +27,7 @@ from . import hookspecs
 
 
 __all__ = [
+    "BUILTIN_FAMILIES",
     "ENTRY_POINT_GROUP",
     "Family",
     "PluginWarning",
@@ -30,15 +35,21 @@ __all__ = [
     "block",
     "example_module",
     "families",
+    "family_names",
     "load",
+    "load_builtins",
     "manager",
 ]
 
 ENTRY_POINT_GROUP = "quax.rules"
 DISABLE_ENV = "QUAX_DISABLE_PLUGIN_AUTOLOAD"
 
-# The distributions of the families this project publishes, for the error raised
-# when `quax.examples.<name>` names one that is not installed.
+# The families that ship inside quax-core: name -> the module implementing the hooks.
+BUILTIN_FAMILIES = {"zero": "quax.zero._plugin"}
+
+# The distributions of the families this project publishes (by name and by the
+# aliases their hooks declare), for the error raised when `quax.examples.<name>`
+# names one that is not installed.
 KNOWN_DISTRIBUTIONS = {
     "lora": "quax-lora",
     "sparse": "quax-sparse",
@@ -46,6 +57,7 @@ KNOWN_DISTRIBUTIONS = {
     "unitful": "quax-units",
     "quant": "quax-quant",
     "quantised": "quax-quant",
+    "quantized": "quax-quant",
     "structured": "quax-structured",
     "structured_matrices": "quax-structured",
     "named": "quax-named",
@@ -65,18 +77,26 @@ class Family:
     - `name`: the entry point's name (`lora`, `units`, ...).
     - `distribution`, `version`: the distribution that declares it.
     - `entry_point`: the entry point's value (`quax_lora._plugin`).
+    - `package`: the package holding the family's code (`quax_lora`).
     - `state`: `"available"` (not loaded yet), `"loaded"`, `"failed"` or `"blocked"`.
     - `error`: why it failed, if it did.
     - `plugin`: the loaded entry-point object.
+    - `builtin`: whether it ships inside quax-core.
     """
 
     name: str
     distribution: str
     version: str
     entry_point: importlib.metadata.EntryPoint
+    package: str
     state: str = "available"
     error: str | None = None
     plugin: Any = None
+    builtin: bool = False
+
+    def owns(self, module: str) -> bool:
+        """Whether the module named `module` is part of this family's code."""
+        return module == self.package or module.startswith(self.package + ".")
 
 
 _manager = pluggy.PluginManager(hookspecs.PROJECT)
@@ -95,6 +115,16 @@ def _discover() -> dict[str, Family]:
     global _families
     if _families is None:
         found: dict[str, Family] = {}
+        for name, module in BUILTIN_FAMILIES.items():
+            ep = importlib.metadata.EntryPoint(name, module, ENTRY_POINT_GROUP)
+            found[name] = Family(
+                name,
+                "quax-core",
+                importlib.metadata.version("quax-core"),
+                ep,
+                module.rpartition(".")[0],
+                builtin=True,
+            )
         for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
             dist = ep.dist
             found.setdefault(
@@ -104,9 +134,16 @@ def _discover() -> dict[str, Family]:
                     dist.name if dist is not None else "?",
                     dist.version if dist is not None else "?",
                     ep,
+                    ep.module.split(".")[0],
                     state="blocked" if ep.name in _blocked else "available",
                 ),
             )
+        for family in found.values():
+            # Discovered again (after `_reset_for_tests`): a family loaded before
+            # stays loaded.
+            plugin = _manager.get_plugin(family.name)
+            if plugin is not None:
+                family.state, family.plugin = "loaded", plugin
         _families = found
     return _families
 
@@ -119,6 +156,29 @@ def families() -> list[Family]:
     A list of [`quax.plugins.Family`][].
     """
     return list(_discover().values())
+
+
+def family_names() -> list[str]:
+    """The names of every installed family, read from the entry points' metadata
+    (this imports no family).
+
+    **Returns:**
+
+    A list of names.
+    """
+    return list(_discover())
+
+
+def load_builtins() -> None:
+    """Load the families that ship inside quax-core (`import quax` calls it).
+
+    **Returns:**
+
+    Nothing.
+    """
+    for family in _discover().values():
+        if family.builtin and family.state == "available":
+            _load_one(family)
 
 
 def autoload() -> None:
@@ -245,8 +305,6 @@ def example_module(name: str) -> ModuleType:
 
     `ImportError` naming the distribution to install when no family provides `name`.
     """
-    if name == "zero":
-        return importlib.import_module("quax.zero")
     autoload()
     found = _discover()
     candidates = [found[name]] if name in found else list(found.values())
@@ -257,10 +315,8 @@ def example_module(name: str) -> ModuleType:
             family.name == name or name in _aliases(family)
         ):
             module = _hook(family, "quax_example_module")
-            # Without the hook, the family's top-level package.
-            return module or importlib.import_module(
-                family.entry_point.module.split(".")[0]
-            )
+            # Without the hook, the family's package.
+            return module or importlib.import_module(family.package)
     family = found.get(name)
     if family is not None and family.state == "failed":
         raise ImportError(

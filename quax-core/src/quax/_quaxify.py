@@ -9,15 +9,8 @@ import jax.tree_util as jtu
 from jaxtyping import PyTree
 
 from . import _plugins
-from ._compat import (
-    EQX_WRAPPER_FIELD_NAMES,
-    TraceTag,
-    ensure_no_leaks,
-    eqx_warn_transformed_function,
-    set_current_trace,
-    take_current_trace,
-)
-from ._trace import QuaxTrace, QuaxTracer
+from ._compat import EQX_WRAPPER_FIELD_NAMES, eqx_warn_transformed_function
+from ._trace import QuaxTrace, run_nested
 from ._values import is_value
 
 
@@ -26,15 +19,9 @@ __all__ = ["quaxify"]
 _CT = TypeVar("_CT", bound=Callable[..., Any])
 
 
-def _unwrap(trace: QuaxTrace, x: Any) -> Any:
-    if isinstance(x, QuaxTracer) and x._trace.tag is trace.tag:
-        return x.value
-    return x
-
-
-def _run(trace: QuaxTrace, filter_spec: Any, leaves: list[Any], treedef: Any) -> Any:
+def _call(trace: QuaxTrace, filter_spec: Any, leaves: list[Any], treedef: Any) -> Any:
     """Call `fn(*args, **kwargs)` (flattened in `leaves`, `treedef`) with its values
-    as `trace`'s tracers."""
+    (those `filter_spec` selects) as `trace`'s tracers."""
     if filter_spec is True:
         fn, args, kwargs = jtu.tree_unflatten(treedef, [trace.wrap(x) for x in leaves])
     else:
@@ -42,9 +29,7 @@ def _run(trace: QuaxTrace, filter_spec: Any, leaves: list[Any], treedef: Any) ->
         wrap = ft.partial(jtu.tree_map, trace.wrap, is_leaf=is_value)
         dynamic, static = eqx.partition(tree, filter_spec, is_leaf=is_value)
         fn, args, kwargs = eqx.combine(wrap(dynamic), static, is_leaf=is_value)
-    with set_current_trace(trace):
-        out = fn(*args, **kwargs)
-    return jtu.tree_map(ft.partial(_unwrap, trace), out)
+    return fn(*args, **kwargs)
 
 
 class _Quaxify(eqx.Module, Generic[_CT]):
@@ -63,12 +48,7 @@ class _Quaxify(eqx.Module, Generic[_CT]):
             # No value to dispatch on: run the function as it is, untraced, so that
             # functions with data-dependent shapes (`jnp.unique`, ...) keep working.
             return self.fn(*args, **kwargs)
-        with take_current_trace() as parent_trace:
-            trace = QuaxTrace(parent_trace, TraceTag())
-            out = _run(trace, filter_spec, leaves, treedef)
-            with ensure_no_leaks(trace):
-                del trace
-        return out
+        return run_nested(lambda trace: _call(trace, filter_spec, leaves, treedef))
 
     def __get__(self, instance: Any, owner: Any) -> Any:
         if instance is None:

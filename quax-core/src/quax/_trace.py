@@ -3,13 +3,19 @@
 A `QuaxTracer` stands for one [`quax.Value`][] inside a quaxified function. When a
 primitive is bound with at least one of them, `QuaxTrace.process_primitive` looks up a
 rule for the input types (through the registry's cache) and runs it under the parent
-trace. Higher-order primitives have rules in `_higher_order.py` like any other.
+trace. Control-flow primitives (`jit`, `cond`, `while`, ...) have registered rules
+like any other (`_control_flow.py`). Custom derivatives and `shard_map` reach the
+trace through its `process_*` methods instead; their rules are in the table
+`higher_order_rules`, which the modules defining them fill, as JAX's
+`batching.primitive_batchers` is filled: this module imports none of them.
+
+`run_nested` is the one way quax runs a function under a new quax trace.
 """
 
 import functools as ft
 import os
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 import jax.tree_util as jtu
 
@@ -20,17 +26,39 @@ from ._compat import (
     Tracer,
     TraceTag,
     call_at_trace,
+    ensure_no_leaks,
     jit_inlines,
     jit_p,
     manual_axes_active,
     register_tracer_type,
+    set_current_trace,
+    take_current_trace,
     typeof,
     with_leaf_vma,
 )
+from ._jaxpr import eval_quaxified
 from ._values import Value, is_value, value_classes
 
 
-__all__ = ["QuaxTrace", "QuaxTracer", "set_debug_checks"]
+__all__ = [
+    "QuaxTrace",
+    "QuaxTracer",
+    "higher_order_rules",
+    "run_nested",
+    "set_debug_checks",
+    "unchecked_primitives",
+]
+
+_T = TypeVar("_T")
+
+# The rules for the primitives that reach the trace through a `process_*` method
+# rather than `process_primitive`: `custom_jvp_call`, `custom_vjp_call` and
+# `shard_map` (filled by `_custom.py`). Each takes the trace, the primitive, its
+# sub-functions, the input values and params, as the method that calls it shows.
+higher_order_rules: dict[Primitive, Callable[..., Any]] = {}
+# Primitives whose rules' outputs the debug checks do not compare with the
+# primitive's abstract evaluation (higher-order ones: filled by `_control_flow.py`).
+unchecked_primitives: set[Primitive] = set()
 
 _debug_checks = os.environ.get("QUAX_DEBUG_CHECKS", "") not in ("", "0")
 
@@ -154,10 +182,9 @@ class QuaxTrace(Trace):
         *,
         symbolic_zeros: bool,
     ) -> Any:
-        from ._higher_order import custom_jvp_call
-
         values = [self.to_value(t) for t in tracers]
-        outs = custom_jvp_call(self, primitive, fun, jvp, values, symbolic_zeros)
+        rule = higher_order_rules[primitive]
+        outs = rule(self, primitive, fun, jvp, values, symbolic_zeros)
         return [self.wrap(o) for o in outs]
 
     def process_custom_vjp_call(
@@ -172,29 +199,47 @@ class QuaxTrace(Trace):
         out_trees: Any,
         symbolic_zeros: bool,
     ) -> Any:
-        from ._higher_order import custom_vjp_call
-
         values = [self.to_value(t) for t in tracers]
-        outs = custom_vjp_call(
-            self, primitive, fun, fwd, bwd, values, out_trees, symbolic_zeros
-        )
+        rule = higher_order_rules[primitive]
+        outs = rule(self, primitive, fun, fwd, bwd, values, out_trees, symbolic_zeros)
         return [self.wrap(o) for o in outs]
 
     def process_shard_map(
         self, primitive: Primitive, fun: Any, tracers: Sequence[Any], /, **params: Any
     ) -> Any:
-        from ._higher_order import shard_map_call
-
         values = [self.to_value(t) for t in tracers]
-        return shard_map_call(self, primitive, fun, values, params)
+        return higher_order_rules[primitive](self, primitive, fun, values, params)
+
+
+def run_nested(body: Callable[[QuaxTrace], _T]) -> _T:
+    """Run `body(trace)` with `trace` a new quax trace, nested in the current one and
+    current while `body` runs. `body` makes its inputs tracers of it with
+    `trace.wrap`; the tracers of it in `body`'s output come back as their values.
+    Afterwards the trace must be unreachable: under `JAX_CHECK_TRACER_LEAKS`, JAX
+    reports any tracer of it that leaked.
+
+    **Arguments:**
+
+    - `body`: the function to run; it must not keep `trace`.
+
+    **Returns:**
+
+    `body`'s output (any pytree), with this trace's tracers replaced by values.
+    """
+    with take_current_trace() as parent_trace:
+        trace = QuaxTrace(parent_trace, TraceTag())
+        with set_current_trace(trace):
+            out = body(trace)
+        out = jtu.tree_map(trace.to_value, out)
+        with ensure_no_leaks(trace):
+            del trace
+    return out
 
 
 def _inline_jit(tracers: Sequence[Any], params: dict[str, Any]) -> list[Any]:
     """An inlined `jit` (as every `jax.numpy` function is): its equations are bound
     on the current quax trace, each dispatched on its own, as JAX inlines them into
     the trace that stages it. The `jit_p` rule is for kept (not inlined) calls."""
-    from ._higher_order import eval_quaxified
-
     jaxpr = params["jaxpr"]
     return eval_quaxified(jaxpr.jaxpr, jaxpr.consts, *tracers)
 
@@ -221,9 +266,7 @@ def _check_rule_output(
     primitive: Primitive, values: Sequence[Any], params: dict[str, Any], out: Any
 ) -> None:
     """Compare a rule's output avals with the primitive's abstract evaluation."""
-    from ._higher_order import HIGHER_ORDER
-
-    if primitive in HIGHER_ORDER:
+    if primitive in unchecked_primitives:
         return
     in_avals = [v.aval() if isinstance(v, Value) else typeof(v) for v in values]
     try:

@@ -12,6 +12,7 @@ from types import MethodType
 from typing import TYPE_CHECKING, Any, ClassVar, TypeAlias, TypeGuard
 
 import equinox as eqx
+import jax
 from jaxtyping import ArrayLike
 
 from ._compat import (
@@ -21,6 +22,7 @@ from ._compat import (
     eqx_finish_init,
     eqx_has_dataclass_init,
     eqx_warn_transformed_function,
+    typeof,
 )
 
 
@@ -29,7 +31,9 @@ __all__ = [
     "MaterialisationReport",
     "Value",
     "ValueLike",
+    "describe",
     "is_value",
+    "materialise_or_explain",
     "track_materialisation",
 ]
 
@@ -331,6 +335,43 @@ class ArrayValue(Value):
     @property
     def size(self) -> int:
         return self.aval().size
+
+
+def describe(x: Any) -> str:
+    """How errors name `x`: a value's type and aval, or a plain array's aval."""
+    if isinstance(x, Value):
+        return f"{type(x).__qualname__} {x.aval().str_short()}"
+    if isinstance(x, jax.ShapeDtypeStruct):
+        return f"array {x.dtype.name}{list(x.shape)}"
+    return f"array {typeof(x).str_short()}"
+
+
+def materialise_or_explain(
+    x: Any,
+    context: Callable[[str], str],
+    advice: str = "",
+    error: type[Exception] = TypeError,
+) -> Any:
+    """`x` materialised when it is a value (anything else unchanged), or an error
+    saying why quax had to materialise it.
+
+    **Arguments:**
+
+    - `x`: a value or a plain array.
+    - `context`: given `describe(x)`, why quax must materialise it.
+    - `advice`: appended after the value's own error: what the user can do.
+    - `error`: the exception type raised, chained to the value's own error.
+
+    **Returns:**
+
+    The dense array.
+    """
+    if not isinstance(x, Value):
+        return x
+    try:
+        return x.materialise()
+    except Exception as e:
+        raise error(f"{context(describe(x))}, and that failed: {e}{advice}") from e
 
 
 # Materialisation tracking ------------------------------------------------------------

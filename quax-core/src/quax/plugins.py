@@ -10,6 +10,10 @@ from ._introspect import (
     primitive_named as primitive_named,
     summarise as summarise,
 )
+from ._jaxpr import (
+    EvaluationReport as EvaluationReport,
+    track_evaluations as track_evaluations,
+)
 from ._plugins import (
     DISABLE_ENV as DISABLE_ENV,
     ENTRY_POINT_GROUP as ENTRY_POINT_GROUP,

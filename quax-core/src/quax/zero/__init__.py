@@ -3,9 +3,11 @@
 Operations on it are simplified at trace time (`x + zero` is `x`, `zero * x` and
 `zero @ x` are zeros, reshapes and reductions of zeros are zeros); anything else
 materialises it as `jnp.zeros`. See [`quax.zero.ieee_strict`][] for `0 * nan`.
+
+The rules are registered through the plugin hooks (`quax.zero._plugin`), as an
+installed family's are: `import quax` loads this built-in family.
 """
 
-from . import _rules as _rules  # registers the rules
 from ._value import (
     Zero as Zero,
     ieee_strict as ieee_strict,

@@ -15,6 +15,7 @@ from jax import lax
 from jax.extend.core import Primitive, primitives as prims
 
 from .._compat import Tracer
+from .._quaxify import quaxify
 from .._registry import fallback_rule, register, register_elementwise
 from .._values import Value, ValueLike
 from ._value import Zero, is_ieee_strict
@@ -60,8 +61,6 @@ def _as(x: ValueLike, aval: Any) -> Any:
         return jnp.broadcast_to(y, aval.shape).astype(aval.dtype)
 
     if isinstance(x, Value):
-        from .._quaxify import quaxify
-
         return quaxify(convert)(x)
     return convert(x)
 
@@ -258,8 +257,6 @@ def _sub_zero(x: ValueLike, y: Zero) -> Any:
 def _zero_sub(x: Zero, y: ValueLike) -> Any:
     aval = _out_avals(prims.sub_p, [x, y], {})
     if isinstance(y, Value):
-        from .._quaxify import quaxify
-
         negated: Any = quaxify(lax.neg)
         return _as(negated(y), aval)
     return _as(lax.neg(y), aval)

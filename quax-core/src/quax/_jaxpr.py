@@ -1,0 +1,246 @@
+"""Evaluating jaxprs: the interpreter that runs a staged body at the current trace
+(with constants folded), and the reader of a staged program's known constants.
+
+Every higher-order rule evaluates its inner jaxprs with `eval_quaxified`, and so does
+an inlined `jit` on the quax trace.
+"""
+
+import contextlib
+import dataclasses
+import threading
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import jax
+import jax.extend.core.primitives as jprim
+import numpy as np
+
+from ._compat import (
+    ClosedJaxpr,
+    DynamicJaxprTracer,
+    Jaxpr,
+    Literal,
+    Primitive,
+    Tracer,
+    current_name_stack,
+    debug_callback_p,
+    debug_print_p,
+    eval_context,
+    io_callback_p,
+    is_varying,
+    pure_callback_p,
+    staged_equation,
+    staged_literal,
+    user_context,
+)
+from ._values import Value
+
+
+__all__ = [
+    "FOLD_MAX_SIZE",
+    "EvaluationReport",
+    "eval_quaxified",
+    "known_constant",
+    "track_evaluations",
+]
+
+# Equations on constants only, with outputs this small, are computed at trace time.
+FOLD_MAX_SIZE = 1024
+
+# Largest output that `known_constant` computes (rather than views, as it does a
+# broadcast), so that the trace-time work stays small.
+_KNOWN_COMPUTE_MAX_SIZE = 1024
+
+# Host code runs when the program does, never at trace time (`eqx.error_if`'s error
+# branch raises from a `pure_callback` on constant inputs).
+_CALLBACKS = frozenset(
+    {pure_callback_p, io_callback_p, debug_callback_p, debug_print_p}
+)
+
+_TRACED = (Value, Tracer)
+
+
+def _is_constant(x: Any) -> bool:
+    return not isinstance(x, _TRACED)
+
+
+def _foldable(
+    primitive: Primitive, inputs: Sequence[Any], params: dict[str, Any]
+) -> bool:
+    """Whether to compute an equation of a jaxpr now: its inputs are all constants
+    and it calls no sub-jaxpr and no host callback. Otherwise under an enclosing
+    `jit` the constants a jaxpr computes (`convert_element_type(1.5)`, a `full` of
+    NaNs) would reach the rules as tracers, whereas the Python program gave them as
+    numbers."""
+    return (
+        primitive not in _CALLBACKS
+        and all(map(_is_constant, inputs))
+        and not any(isinstance(p, ClosedJaxpr | Jaxpr) for p in params.values())
+    )
+
+
+def eval_quaxified(jaxpr: Any, consts: Sequence[Any], *args: Any) -> list[Any]:
+    """Evaluate `jaxpr` at the current trace, as `jax.core.eval_jaxpr` does, except
+    that an equation `_foldable` accepts, with every output of at most
+    `FOLD_MAX_SIZE` elements, is computed now (as under
+    `jax.ensure_compile_time_eval`): constants computed inside the jaxpr stay concrete
+    under an enclosing `jit`. Under a quax trace, every other equation is dispatched.
+
+    **Arguments:**
+
+    - `jaxpr`: an open jaxpr.
+    - `consts`: the values of its constvars.
+    - `*args`: the values of its invars.
+
+    **Returns:**
+
+    The values of its outvars.
+    """
+    if _evaluations.reports:
+        for report in _evaluations.reports:
+            report.total += 1
+    env: dict[Any, Any] = {}
+
+    def read(v: Any) -> Any:
+        return v.val if type(v) is Literal else env[v]
+
+    env.update(zip(jaxpr.constvars, consts, strict=True))
+    env.update(zip(jaxpr.invars, args, strict=True))
+    for eqn in jaxpr.eqns:
+        primitive = eqn.primitive
+        invals = [read(v) for v in eqn.invars]
+        params = primitive.get_bind_params(eqn.params)
+        # `_foldable` first: it usually declines at the first traced input.
+        now = (
+            _foldable(primitive, invals, params)
+            and not eqn.effects
+            and all(
+                getattr(v.aval, "size", FOLD_MAX_SIZE + 1) <= FOLD_MAX_SIZE
+                for v in eqn.outvars
+            )
+            # A device-varying output (`pvary` of a constant, in `shard_map`) has no
+            # value outside `shard_map`.
+            and not any(is_varying(v.aval) for v in eqn.outvars)
+        )
+        name_stack = current_name_stack() + eqn.source_info.name_stack
+        with (
+            user_context(eqn.source_info.traceback, name_stack=name_stack),
+            eqn.ctx.manager,
+        ):
+            if now:
+                with jax.ensure_compile_time_eval():
+                    ans = primitive.bind(*invals, **params)
+            else:
+                ans = primitive.bind(*invals, **params)
+        if primitive.multiple_results:
+            env.update(zip(eqn.outvars, ans, strict=True))
+        else:
+            env[eqn.outvars[0]] = ans
+    return [read(v) for v in jaxpr.outvars]
+
+
+def known_constant(x: Any, max_size: int) -> Any:
+    """The value of the jit-traced array `x`, as a NumPy array, when the trace shows
+    it is a constant of at most `max_size` elements: a literal, a broadcast, copy or
+    conversion of one (as JAX makes an instantiated zero), or a small effect-free
+    equation on such constants (`lax.switch` clamps a constant index); else `None`."""
+    known: dict[int, Any] = {}  # by tracer id: each shared input is looked at once
+
+    def value(t: Any) -> Any:
+        if not isinstance(t, DynamicJaxprTracer):
+            return None
+        if id(t) not in known:
+            known[id(t)] = evaluate(t)
+        return known[id(t)]
+
+    def evaluate(t: Any) -> Any:
+        aval: Any = t.aval
+        if aval.size > max_size:
+            return None
+        literal = staged_literal(t)
+        if literal is not None:
+            return np.asarray(literal)
+        eqn = staged_equation(t)
+        if eqn is None:
+            return None
+        primitive = eqn.primitive
+        if primitive is jprim.copy_p:
+            return value(eqn.inputs[0])
+        if primitive is jprim.convert_element_type_p:
+            operand = value(eqn.inputs[0])
+            return None if operand is None else operand.astype(aval.dtype)
+        if primitive is jprim.broadcast_in_dim_p and len(eqn.inputs) == 1:
+            operand = value(eqn.inputs[0])
+            if operand is None:
+                return None
+            dims = eqn.params["broadcast_dimensions"]
+            kept = [
+                operand.shape[dims.index(d)] if d in dims else 1
+                for d in range(aval.ndim)
+            ]
+            return np.broadcast_to(operand.reshape(kept), aval.shape).astype(aval.dtype)
+        if (
+            aval.size > _KNOWN_COMPUTE_MAX_SIZE
+            or primitive.multiple_results
+            or eqn.effects
+            or any(isinstance(p, Jaxpr | ClosedJaxpr) for p in eqn.params.values())
+        ):
+            return None
+        operands = []
+        for operand_tracer in eqn.inputs:
+            operand = value(operand_tracer)
+            if operand is None:
+                return None
+            operands.append(operand)
+        # Evaluated now, whatever the current trace (none while a primitive is bound).
+        with eval_context():
+            return np.asarray(primitive.bind(*operands, **eqn.params))
+
+    return value(x)
+
+
+# Counting evaluations ----------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class EvaluationReport:
+    """How many jaxprs (bodies of higher-order primitives, inlined `jit`s) quax
+    evaluated on values in a block: each is one re-trace of a body."""
+
+    total: int = 0
+
+
+class _Evaluations(threading.local):
+    reports: list[EvaluationReport]
+
+    def __init__(self) -> None:
+        self.reports = []
+
+
+_evaluations = _Evaluations()
+
+
+@contextlib.contextmanager
+def track_evaluations() -> Iterator[EvaluationReport]:
+    """Count the jaxprs quax evaluates inside the block, in this thread.
+
+    JAX traces a loop's or a branch's body once into a jaxpr; quax evaluates that
+    jaxpr on the values once per branch or function, plus once per round of type
+    joins. This counts those evaluations (benchmarks use it to measure re-traces).
+
+    ```python
+    with quax.plugins.track_evaluations() as report:
+        quax.quaxify(f)(x)
+    print(report.total)
+    ```
+
+    **Returns:**
+
+    A [`quax.plugins.EvaluationReport`][], filled in as the block runs.
+    """
+    report = EvaluationReport()
+    _evaluations.reports.append(report)
+    try:
+        yield report
+    finally:
+        _evaluations.reports.remove(report)

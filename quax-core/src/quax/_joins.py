@@ -1,0 +1,452 @@
+"""Joining types: where a loop carry, branch output or linear-solve right-hand side
+is a value of one type on one side and of another (or a plain array) on the other.
+
+Quax lifts a plain array into the value's type where the type says how
+([`quax.Value.lift`][]), and materialises otherwise. A carry that starts as a plain
+constant fill (the zeros a solver writes its results into) is traced abstractly as a
+`Fill` to find its type. `join_until_stable` is the one loop that retries a
+higher-order primitive until its types join.
+"""
+
+import contextlib
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, ClassVar, TypeVar
+
+import equinox as eqx
+import jax
+import jax.core
+import jax.numpy as jnp
+import jax.tree_util as jtu
+import numpy as np
+from jax import lax
+
+from ._compat import (
+    Primitive,
+    Tracer,
+    body_arg_names,
+    body_source,
+    callback_module,
+    typeof,
+)
+from ._jaxpr import FOLD_MAX_SIZE, known_constant
+from ._quaxify import quaxify
+from ._values import Value, materialise_or_explain
+
+
+__all__ = [
+    "BodyFailed",
+    "Fill",
+    "Join",
+    "JoinError",
+    "Rejoined",
+    "carry_names",
+    "catching",
+    "trying",
+    "join_fills",
+    "join_until_stable",
+    "lift",
+    "lift_fill",
+    "materialise_to_join",
+    "skeleton",
+    "structure",
+]
+
+_T = TypeVar("_T")
+
+
+class JoinError(TypeError):
+    """A loop carry or branch output changes type and cannot be joined."""
+
+
+class Rejoined(Exception):
+    """Raised by an attempt of `join_until_stable` that found new joins itself."""
+
+
+def join_until_stable(
+    attempt: Callable[[], _T], rejoin: Callable[[], bool], limit: int
+) -> _T:
+    """The one loop that retries a higher-order primitive until its types join.
+
+    `attempt()` traces the primitive with the joins decided so far. When JAX rejects
+    it with a `TypeError` (a body's outputs disagree with its inputs, or branches with
+    each other), `rejoin()` updates the joins from what the body returned, and the
+    primitive is traced again if anything changed; otherwise the error stands. An
+    attempt that finds new joins itself raises `Rejoined`. Each position's join
+    changes a bounded number of times, so `limit` attempts suffice.
+
+    **Arguments:**
+
+    - `attempt`: traces the primitive; returns its outputs.
+    - `rejoin`: after a `TypeError`, whether the joins changed.
+    - `limit`: the most attempts.
+
+    **Returns:**
+
+    What the first accepted attempt returns.
+    """
+    for _ in range(limit):
+        try:
+            return attempt()
+        except Rejoined:
+            continue
+        except TypeError:
+            if not rejoin():
+                raise
+    raise AssertionError(f"the types did not join in {limit} attempts")
+
+
+def structure(tree: Any) -> Any:
+    """What must agree between loop iterations or branches: the pytree structure
+    (value types and static metadata included) and each leaf's shape and dtype."""
+    leaves, treedef = jtu.tree_flatten(tree)
+    return treedef, tuple((np.shape(x), jnp.result_type(x)) for x in leaves)
+
+
+def skeleton(x: Any) -> Any:
+    """`x` with every leaf a `jax.ShapeDtypeStruct`: its type and static metadata,
+    without the (possibly traced) arrays, so it may outlive the trace it came from."""
+    return jtu.tree_map(
+        lambda leaf: jax.ShapeDtypeStruct(np.shape(leaf), jnp.result_type(leaf)), x
+    )
+
+
+def materialise_to_join(x: Any, where: str) -> Any:
+    """`x` materialised to join the types at `where` (a value; anything else
+    unchanged), or a `JoinError` saying why quax had to and how to avoid it."""
+    return materialise_or_explain(
+        x,
+        lambda value: (
+            f"{where}: its type changes, so quax must join the types by "
+            f"materialising the {value}"
+        ),
+        "\nKeep the type stable in the body (return the same kind of value it "
+        "receives), give the type a `lift` classmethod that turns the plain array "
+        "into one, allow the value to materialise, or register a rule for the "
+        "primitive.",
+        JoinError,
+    )
+
+
+def lift(x: Any, like: Any) -> Any:
+    """The plain array `x` as a value of `like`'s type, when the type says how.
+
+    Calls the value type's `quax.Value.lift` (see there), also with the known value
+    of a tracer that JAX built from a constant.
+
+    **Returns:**
+
+    The lifted value, or `None` when the type's `lift` declines or returns a
+    value of another structure than `like`.
+    """
+    if isinstance(x, Fill):
+        x = x.materialise()
+    if isinstance(x, Value):
+        return None
+    lift = type(like).lift
+    out = lift(x, like)
+    if out is None:
+        # Under `jit`, a constant JAX made (the zero a reverse-mode loop starts its
+        # cotangent carry with) is a tracer: offer the type its known value.
+        known = known_constant(x, FOLD_MAX_SIZE)
+        out = None if known is None else lift(known, like)
+    if out is None and _raised_by_equinox(x):
+        out = lift_fill(x, Fill(np.nan, *_shape_dtype(x)), like, keep=True)
+    if out is None or structure(out) != structure(like):
+        return None
+    return out
+
+
+def _raised_by_equinox(x: Any) -> bool:
+    """Whether `x` is the output of `eqx.error_if`'s error branch: a host callback
+    that raises (or, on TPU, returns NaNs). Equinox builds that output from the
+    guarded value's shape alone (equinox issue 1257), so it is plain where the other
+    branch returns the value; quax joins it as a NaN fill of the value's type."""
+    module = callback_module(x)
+    return module is not None and module.split(".")[0] == "equinox"
+
+
+def _shape_dtype(x: Any) -> tuple[tuple[int, ...], Any]:
+    return np.shape(x), jnp.result_type(x)
+
+
+class Join:
+    """The joins decided so far for a function whose outputs must have the types of
+    its inputs (a loop body, a linear operator) or of each other (branches).
+
+    At a position whose types differ, quax tries, in order: lifting a plain input to
+    the output's value type (`lift`), lifting a plain output to the input's (or the
+    other branches') value type in the body, and materialising both sides. Each step
+    is taken once per position, so the joins settle after a few re-traces.
+    """
+
+    def __init__(self, where: Callable[[int], str]) -> None:
+        self.where = where
+        self.dense: set[int] = set()
+        self.lift_out: dict[int, Any] = {}
+
+    def outputs(self, out: Sequence[Any]) -> list[Any]:
+        """The body's outputs with the joins applied (inside the body's trace)."""
+        out = list(out)
+        for i, like in self.lift_out.items():
+            lifted = lift(out[i], like)
+            if lifted is not None:
+                out[i] = lifted
+        return self._dense(out)
+
+    def inputs(self, xs: Sequence[Any]) -> list[Any]:
+        return self._dense(xs)
+
+    def _dense(self, xs: Sequence[Any]) -> list[Any]:
+        return [
+            materialise_to_join(x, self.where(i)) if i in self.dense else x
+            for i, x in enumerate(xs)
+        ]
+
+    def update(self, xs: list[Any], outs: Sequence[Any]) -> bool:
+        """Join the inputs `xs` (updated in place) with the skeletons `outs` of what
+        the body returned for them. Whether anything changed."""
+        changed = False
+        for i, (x, o) in enumerate(zip(xs, outs, strict=True)):
+            if i in self.dense or structure(x) == structure(o):
+                continue
+            lifted = lift(x, o) if isinstance(o, Value) else None
+            if lifted is not None:
+                xs[i] = lifted
+            elif (
+                isinstance(x, Value)
+                and not isinstance(o, Value)
+                and (i not in self.lift_out)
+            ):
+                self.lift_out[i] = skeleton(x)
+            else:
+                self.dense.add(i)
+            changed = True
+        return changed
+
+    def update_branches(self, outs: Sequence[Sequence[Any]]) -> bool:
+        """Join the skeletons `outs[k]` of each branch's outputs with each other.
+        Whether anything changed."""
+        changed = False
+        for i, column in enumerate(zip(*outs, strict=True)):
+            if i in self.dense or len({structure(o) for o in column}) == 1:
+                continue
+            values = {structure(o): o for o in column if isinstance(o, Value)}
+            if len(values) == 1 and i not in self.lift_out:
+                (self.lift_out[i],) = values.values()
+            else:
+                self.dense.add(i)
+            changed = True
+        return changed
+
+
+def carry_names(jaxpr: Any, first: int, what: str) -> Callable[[int], str]:
+    """How an error names loop carry `i` (JAX's numbering): by the body's argument as
+    the user wrote it (`c[0]`), and where the body is defined, when JAX recorded it."""
+    names = body_arg_names(jaxpr)
+    source = body_source(jaxpr)
+
+    def where(i: int) -> str:
+        name = names[first + i] if names and first + i < len(names) else ""
+        if not name:
+            return (
+                f"carry {i} of a {what} (counted over JAX's loop state, which for a "
+                "fori_loop starts with the counter)"
+            )
+        at = f" (body {source})" if source else ""
+        return f"loop carry `{name}` of a {what}{at}"
+
+    return where
+
+
+class BodyFailed(Exception):
+    """A nested loop's body failed inside a body that quax is trying."""
+
+
+class _Trying(threading.local):
+    """How many loop bodies this thread is tracing with their errors caught."""
+
+    depth = 0
+
+
+_trying = _Trying()
+
+
+@contextlib.contextmanager
+def catching() -> Iterator[None]:
+    """Mark a loop body being tried (its errors caught). A nested loop whose body
+    fails there only signals it (`BodyFailed`): re-tracing its body to raise the
+    error would leave a trace holding the enclosing body's tracers."""
+    _trying.depth += 1
+    try:
+        yield
+    finally:
+        _trying.depth -= 1
+
+
+def trying() -> bool:
+    """Whether this thread is inside a loop body being tried (see `catching`)."""
+    return _trying.depth > 0
+
+
+# A loop carry that starts as a plain constant fill (the zeros or NaNs a solver
+# writes its results into) and is then given values: its type is known only once
+# the body has run, and the body may fail on the plain array (a unit error on
+# `buffer.at[i].set(quantity)`). Quax then traces the first iteration abstractly,
+# with such carries as `Fill`s that take the type of whatever value they meet, and
+# lifts the carries' starts into the types found.
+
+
+class Fill(Value):
+    """A plain array whose every element is `fill`, standing for a loop carry's
+    constant start while quax finds the carry's type. It holds no array, so it stays
+    static (known) through tracing."""
+
+    fill: Any = eqx.field(static=True)
+    shape: tuple[int, ...] = eqx.field(static=True)
+    dtype: Any = eqx.field(static=True)
+
+    # Settle this type's inputs before any other type's `default` (see
+    # `quax._registry`): it only stands in for a plain array.
+    settles_first: ClassVar[bool] = True
+
+    @classmethod
+    def of(cls, x: Any) -> "Fill | None":
+        """`x` as a `Fill`, when it is a plain array known to be a constant fill."""
+        if isinstance(x, Value):
+            return None
+        aval = typeof(x)
+        known = (
+            known_constant(x, _FILL_MAX_SIZE)
+            if isinstance(x, Tracer)
+            else np.asarray(x, aval.dtype)
+        )
+        if known is None or known.size == 0:
+            return None
+        first = known.flat[0]
+        same = known == first
+        if np.issubdtype(known.dtype, np.inexact):
+            same |= np.isnan(known) & np.isnan(first)
+        if not np.all(same):
+            return None
+        return cls(first.item(), aval.shape, aval.dtype)
+
+    @property
+    def key(self) -> tuple[Any, ...]:
+        """Equal for fills of the same array (NaN included)."""
+        return repr(self.fill), self.shape, self.dtype
+
+    def aval(self) -> Any:
+        return jax.core.ShapedArray(self.shape, self.dtype)
+
+    def materialise(self) -> Any:
+        with jax.ensure_compile_time_eval():  # a known array, also inside a trace
+            return jnp.full(self.shape, self.fill, self.dtype)
+
+    @staticmethod
+    def default(
+        primitive: Primitive, values: Sequence[Any], params: dict[str, Any]
+    ) -> Any:
+        """Compute on the known arrays where every input is known; else bind on the
+        plain arrays (a family may accept a known constant of zeros or NaNs, as
+        quax-units does); where that fails, lift fills to the other inputs' types."""
+        cases = values[1:]
+        if primitive is lax.select_n_p and all(
+            isinstance(c, Fill) and c.key == cases[0].key for c in cases
+        ):
+            return cases[0]  # the same fill whichever case is selected
+        dense = [v.materialise() if isinstance(v, Fill) else v for v in values]
+        if not any(isinstance(v, Value | Tracer) for v in dense):
+            with jax.ensure_compile_time_eval():
+                out = primitive.bind(*dense, **params)
+            if primitive.multiple_results:
+                return [Fill.of(o) or o for o in out]
+            return Fill.of(out) or out
+        bind = quaxify(lambda *vs: primitive.bind(*vs, **params))
+        if primitive in _ANNIHILATED and any(
+            isinstance(v, Fill) and v.fill == 0 for v in values
+        ):
+            # Products with zeros are zeros: what the body's types may hinge on
+            # (`dt * f0` with `f0` zeros is added to a quantity). Only types are
+            # taken from this trace, so the zero need not hold for a NaN factor.
+            out = bind(*dense)
+            if not isinstance(out, Value):
+                return Fill(0, out.shape, out.dtype)
+            return out
+        try:
+            return bind(*dense)
+        except Exception as e:
+            error = e
+        fills = [i for i, v in enumerate(values) if isinstance(v, Fill)]
+        likes = [v for v in values if isinstance(v, Value) and not isinstance(v, Fill)]
+        for like in likes:
+            for chosen in [*([i] for i in fills), fills]:
+                lifted = list(dense)
+                for i in chosen:
+                    lifted[i] = lift_fill(dense[i], values[i], skeleton(like))
+                if any(v is None for v in lifted):
+                    continue
+                with contextlib.suppress(Exception):
+                    return bind(*lifted)
+        raise error
+
+
+# Primitives whose output is zero when an input is.
+_ANNIHILATED = frozenset({lax.mul_p, lax.dot_general_p})
+
+# Largest carry recognised as a constant fill (the known value is a broadcast view).
+_FILL_MAX_SIZE = 2**26
+
+
+def lift_fill(x: Any, fill: Fill, like: Any, keep: bool = False) -> Any:
+    """The plain array `x`, known to equal `fill`, lifted to `like`'s type (of any
+    shape), or `None` when the type declines, or when `keep` and the lifted value
+    does not hold `x` itself."""
+    dense = fill.materialise()
+    out = type(like).lift(dense, like)
+    if not isinstance(out, Value) or out.aval().shape != fill.shape:
+        return None
+    # Keep `x` itself (traced, cheap; and what computes it stays in the program)
+    # where the type stored the array unchanged, rather than a constant.
+    leaves, treedef = jtu.tree_flatten(out)
+    if keep and not any(leaf is dense for leaf in leaves):
+        return None
+    kept = [x if leaf is dense else leaf for leaf in leaves]
+    return jtu.tree_unflatten(treedef, kept)
+
+
+def join_fills(
+    carry: list[Any],
+    body: Callable[[list[Any]], list[Any]],
+    n: int,
+    xs: Sequence[Any],
+) -> bool:
+    """After the body failed on `carry`: trace its first iteration abstractly with
+    the plain constant-fill carries as `Fill`s, and lift those carries (updated in
+    place) to the value types the body gives them. Whether anything changed."""
+    fills = {i: f for i, x in enumerate(carry) if (f := Fill.of(x)) is not None}
+    if not fills:
+        return False
+    trial = [fills.get(i, x) for i, x in enumerate(carry)]
+
+    def first(c: list[Any], xs: Sequence[Any]) -> list[Any] | None:
+        try:
+            with catching():
+                step = [jtu.tree_map(lambda leaf: leaf[0], x) for x in xs]
+                return list(body([*c, *step]))[:n]
+        except Exception:  # caught inside, so that the trace ends normally
+            return None
+
+    found = jax.eval_shape(first, trial, list(xs))
+    if found is None:
+        return False
+    changed = False
+    for i, fill in fills.items():
+        like = found[i]
+        if not isinstance(like, Value) or isinstance(like, Fill):
+            continue
+        lifted = lift_fill(carry[i], fill, like)
+        if lifted is not None and structure(lifted) == structure(like):
+            carry[i] = lifted
+            changed = True
+    return changed

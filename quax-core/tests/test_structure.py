@@ -1,0 +1,281 @@
+"""The core's structure: its imports run one way, it knows no family, `_compat`
+holds only access to JAX's and equinox's private API (and the two names clients of
+the published quax import from it), and `quax.<unknown>` fails at once."""
+
+import ast
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import pytest
+import quax
+
+
+SOURCE = Path(quax.__file__).parent
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(SOURCE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {_module_name(p): p for p in sorted(SOURCE.rglob("*.py"))}
+
+
+def _imported(module: str, node: ast.Import | ast.ImportFrom) -> list[str]:
+    """The modules an import statement of `module` names (absolute)."""
+    if isinstance(node, ast.Import):
+        return [alias.name for alias in node.names]
+    if node.level:
+        is_package = MODULES[module].name == "__init__.py"
+        parts = module.split(".")
+        base = parts[: len(parts) - node.level + (1 if is_package else 0)]
+        target = ".".join([*base, node.module] if node.module else base)
+    else:
+        target = node.module or ""
+    # `from package import submodule` imports the submodule.
+    subs = [f"{target}.{alias.name}" for alias in node.names]
+    return [target, *(s for s in subs if s in MODULES)]
+
+
+def _imports(module: str) -> tuple[set[str], list[tuple[int, str]]]:
+    """The quax modules `module` imports at its top level, and every import
+    statement inside a function or class body (line, module)."""
+    tree = ast.parse(MODULES[module].read_text())
+    top: set[str] = set()
+    nested: list[tuple[int, str]] = []
+
+    def visit(node: ast.AST, inside: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.Import | ast.ImportFrom):
+                for name in _imported(module, child):
+                    if inside:
+                        nested.append((child.lineno, name))
+                    else:
+                        top.add(name)
+            visit(
+                child,
+                inside
+                or isinstance(
+                    child, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef
+                ),
+            )
+
+    visit(tree, False)
+    return top, nested
+
+
+def test_core_imports_run_one_way() -> None:
+    graph = {}
+    for module in MODULES:
+        top, nested = _imports(module)
+        own_nested = [
+            (line, name)
+            for line, name in nested
+            if name == "quax" or name.startswith("quax.")
+        ]
+        assert not own_nested, (
+            f"{module} imports quax's own modules inside a function: {own_nested}"
+        )
+        families = [n for n in top | {n for _, n in nested} if n.startswith("quax_")]
+        assert not families, f"{module} imports a family: {families}"
+        # A module's own parent packages are being imported already: not an edge.
+        graph[module] = {
+            n
+            for n in top
+            if n in MODULES and n != module and not module.startswith(n + ".")
+        }
+    # Depth-first search for a cycle.
+    state: dict[str, int] = {}
+
+    def visit(module: str, path: list[str]) -> None:
+        state[module] = 1
+        for dep in sorted(graph[module]):
+            if state.get(dep) == 1:
+                cycle = [*path[path.index(dep) :], dep]
+                raise AssertionError(f"import cycle: {' -> '.join(cycle)}")
+            if dep not in state:
+                visit(dep, [*path, dep])
+        state[module] = 2
+
+    for module in sorted(graph):
+        if module not in state:
+            visit(module, [module])
+
+
+def test_import_walk_finds_a_cycle_and_a_nested_import(tmp_path: Path) -> None:
+    # The walk itself: a nested import and a relative import are seen as such.
+    top, nested = _imports("quax._trace")
+    assert "quax._compat" in top and "quax._registry" in top
+    assert nested == []
+    assert "quax._quaxify" in _imports("quax.zero._rules")[0]
+
+
+def test_no_module_is_too_long() -> None:
+    long = {
+        m: n for m, p in MODULES.items() if (n := len(p.read_text().splitlines())) > 620
+    }
+    assert not long, f"modules over about 600 lines: {long}"
+
+
+def _compat_tree() -> ast.Module:
+    return ast.parse((SOURCE / "_compat.py").read_text())
+
+
+def test_compat_imports_are_at_the_top() -> None:
+    tree = _compat_tree()
+    body = tree.body
+    kinds = [isinstance(n, ast.Import | ast.ImportFrom) for n in body]
+    first_other = next(
+        i
+        for i, (n, k) in enumerate(zip(body, kinds, strict=True))
+        if not k and not (isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant))
+    )
+    assert not any(kinds[first_other:]), "an import below other statements"
+    nested = [
+        n.lineno
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Import | ast.ImportFrom) and n not in body
+    ]
+    assert nested == [], f"imports inside functions at lines {nested}"
+
+
+def test_compat_all_is_exact() -> None:
+    from quax import _compat
+
+    defined = set()
+    for node in _compat_tree().body:
+        if isinstance(node, ast.FunctionDef | ast.ClassDef):
+            defined.add(node.name)
+        elif isinstance(node, ast.Assign):
+            defined |= {t.id for t in node.targets if isinstance(t, ast.Name)}
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            defined.add(node.target.id)
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith(
+            "jax._src"
+        ):
+            defined |= {a.asname or a.name for a in node.names}
+    public = {name for name in defined if not name.startswith("_")}
+    assert sorted(_compat.__all__) == sorted(public)
+    assert len(_compat.__all__) == len(set(_compat.__all__))
+    for name in _compat.__all__:
+        assert hasattr(_compat, name)
+
+
+def test_compat_has_the_published_names() -> None:
+    # quaxed's tests import these two from `quax._compat`, as from the published quax.
+    from quax._compat import JAX_VERSION, typeof
+
+    assert isinstance(JAX_VERSION, tuple)
+    assert all(isinstance(p, int) for p in JAX_VERSION)
+    assert tuple(int(p) for p in jax.__version__.split(".")[:3]) == JAX_VERSION
+    assert JAX_VERSION >= (0, 4, 36)
+    aval = typeof(jnp.ones((2, 3), jnp.float32))
+    assert aval.shape == (2, 3) and aval.dtype == jnp.float32
+    assert typeof(1.0).weak_type
+
+
+def _python(code: str, *args: str) -> subprocess.CompletedProcess:
+    env = {
+        **{k: v for k, v in os.environ.items() if k != "QUAX_DISABLE_PLUGIN_AUTOLOAD"},
+        "JAX_PLATFORMS": "cpu",
+    }
+    return subprocess.run(
+        [sys.executable, *args, "-c", textwrap.dedent(code)],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+
+
+def test_unknown_attribute_loads_no_family() -> None:
+    result = _python(
+        """
+        import json, sys, quax
+        from quax import plugins
+        missing = hasattr(quax, "no_such_name")
+        try:
+            quax.no_such_name
+        except AttributeError as e:
+            error = str(e)
+        print(json.dumps({
+            "missing": missing,
+            "error": error,
+            "loaded": [f.name for f in plugins.families()
+                       if f.state == "loaded" and f.name != "zero"],
+            "modules": [m for m in sys.modules if m.startswith("quax_")],
+            "zero": quax.zero.Zero.__name__,
+        }))
+        """
+    )
+    assert result.returncode == 0, result.stderr
+    out = json.loads(result.stdout)
+    assert out["missing"] is False
+    assert out["error"] == "module 'quax' has no attribute 'no_such_name'"
+    assert out["loaded"] == [] and out["modules"] == []
+    assert out["zero"] == "Zero"
+
+
+def test_symbolic_zeros_are_a_builtin_family() -> None:
+    from quax import _plugins
+
+    (zero,) = [f for f in quax.plugins.families() if f.name == "zero"]
+    assert zero.builtin and zero.state == "loaded"
+    assert zero.distribution == "quax-core"
+    assert _plugins.value_types(zero) == [quax.zero.Zero]
+    assert _plugins.example_module("zero") is quax.zero
+    (summary,) = [s for s in quax.plugins.summarise() if s.name == "zero"]
+    assert summary.value_types == ("Zero",)
+    # Only the zeros' own rules count, not the core's higher-order ones.
+    assert "mul" in summary.primitives and "while" not in summary.primitives
+
+
+def test_loop_bodies_tried_per_thread() -> None:
+    # A loop body being tried in one thread does not change how another thread's
+    # loops report a failing body.
+    import threading
+
+    from quax import _joins
+
+    seen = []
+    with _joins.catching():
+        thread = threading.Thread(target=lambda: seen.append(_joins.trying()))
+        thread.start()
+        thread.join()
+        assert _joins.trying()
+    assert seen == [False]
+    assert not _joins.trying()
+
+
+def test_run_nested_checks_for_leaks() -> None:
+    from quax import _trace
+
+    kept = []
+
+    def body(trace: _trace.QuaxTrace) -> int:
+        kept.append(trace.wrap(quax.zero.Zero((2,), jnp.float32)))  # a leaked tracer
+        return 1
+
+    with jax.check_tracer_leaks(True), pytest.raises(Exception, match=r"[Ll]eak"):
+        _trace.run_nested(body)
+    kept.clear()
+
+
+def test_track_evaluations_counts_bodies() -> None:
+    x = quax.zero.Zero((3,), jnp.float32)
+
+    def f(x: object) -> object:
+        return jax.lax.cond(True, lambda c: c * 2, lambda c: c * 3, x)
+
+    with quax.plugins.track_evaluations() as report:
+        quax.quaxify(f)(x)
+    assert report.total >= 2  # one evaluation per branch at least
+    with quax.plugins.track_evaluations() as again:
+        pass
+    assert again.total == 0
