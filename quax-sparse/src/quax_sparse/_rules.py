@@ -135,11 +135,11 @@ def _(primitive: Primitive, x: BCOO, **params: Any) -> BCOO:
 
 
 @quax.register(prims.integer_pow_p)
-def _(x: BCOO, *, y: int) -> Any:
+def _(x: BCOO, *, y: int, **params: Any) -> Any:
     if y <= 0:  # x ** 0 = 1 and 0 ** -1 = inf: not sparse
-        return _fallback(prims.integer_pow_p, (x,), {"y": y})
+        return _fallback(prims.integer_pow_p, (x,), dict(params, y=y))
     x = unique(x)
-    data = prims.integer_pow_p.bind(x.data, y=y)
+    data = prims.integer_pow_p.bind(x.data, y=y, **params)
     return new_like(
         x, data, x.indices, x.shape, indices_sorted=True, unique_indices=True
     )
@@ -164,14 +164,16 @@ def _(x: BCOO, *, new_dtype: Any, **params: Any) -> BCOO:
 
 
 @quax.register(prims.copy_p)
-def _(x: BCOO) -> BCOO:
+def _(x: BCOO, **params: Any) -> BCOO:
     return x
 
 
 # mul / div by a dense array -----------------------------------------------------------
 
 
-def _scale(x: BCOO, y: ArrayLike, primitive: Primitive, y_first: bool) -> BCOO:
+def _scale(
+    x: BCOO, y: ArrayLike, primitive: Primitive, y_first: bool, params: dict[str, Any]
+) -> BCOO:
     y = jnp.asarray(y)
     if y.ndim == 0:
         factor = jnp.broadcast_to(y, x.data.shape)
@@ -179,7 +181,7 @@ def _scale(x: BCOO, y: ArrayLike, primitive: Primitive, y_first: bool) -> BCOO:
         coords, _ = flat_entries(x)
         factor = gather(y, coords, tuple(range(y.ndim))).reshape(x.data.shape)
     args = (factor, x.data) if y_first else (x.data, factor)
-    data = primitive.bind(*args)
+    data = primitive.bind(*args, **params)
     return new_like(
         x,
         data,
@@ -191,18 +193,18 @@ def _scale(x: BCOO, y: ArrayLike, primitive: Primitive, y_first: bool) -> BCOO:
 
 
 @quax.register(prims.mul_p)
-def _(x: BCOO, y: ArrayLike) -> BCOO:
-    return _scale(x, y, prims.mul_p, y_first=False)
+def _(x: BCOO, y: ArrayLike, **params: Any) -> BCOO:
+    return _scale(x, y, prims.mul_p, False, params)
 
 
 @quax.register(prims.mul_p)
-def _(x: ArrayLike, y: BCOO) -> BCOO:
-    return _scale(y, x, prims.mul_p, y_first=True)
+def _(x: ArrayLike, y: BCOO, **params: Any) -> BCOO:
+    return _scale(y, x, prims.mul_p, True, params)
 
 
 @quax.register(prims.div_p)
-def _(x: BCOO, y: ArrayLike) -> BCOO:
-    return _scale(x, y, prims.div_p, y_first=False)
+def _(x: BCOO, y: ArrayLike, **params: Any) -> BCOO:
+    return _scale(x, y, prims.div_p, False, params)
 
 
 # add / sub ----------------------------------------------------------------------------
@@ -229,7 +231,7 @@ def _neg(x: BCOO) -> BCOO:
 
 
 @quax.register(prims.sub_p)
-def _(x: BCOO, y: BCOO) -> BCOO:
+def _(x: BCOO, y: BCOO, **params: Any) -> BCOO:
     return _concat(x, _neg(y))
 
 
@@ -243,15 +245,15 @@ def _add_into_dense(x: BCOO, y: ArrayLike, sign: int) -> Array:
 
 def _register_add(primitive: Primitive) -> None:
     @quax.register(primitive)
-    def _(x: BCOO, y: BCOO) -> BCOO:
+    def _(x: BCOO, y: BCOO, **params: Any) -> BCOO:
         return _concat(x, y)
 
     @quax.register(primitive)
-    def _(x: BCOO, y: ArrayLike) -> Array:
+    def _(x: BCOO, y: ArrayLike, **params: Any) -> Array:
         return _add_into_dense(x, y, 1)
 
     @quax.register(primitive)
-    def _(x: ArrayLike, y: BCOO) -> Array:
+    def _(x: ArrayLike, y: BCOO, **params: Any) -> Array:
         return _add_into_dense(y, x, 1)
 
 
@@ -260,12 +262,12 @@ _register_add(prims.add_jaxvals_p)
 
 
 @quax.register(prims.sub_p)
-def _(x: BCOO, y: ArrayLike) -> Array:
+def _(x: BCOO, y: ArrayLike, **params: Any) -> Array:
     return _add_into_dense(x, -jnp.asarray(y), 1)
 
 
 @quax.register(prims.sub_p)
-def _(x: ArrayLike, y: BCOO) -> Array:
+def _(x: ArrayLike, y: BCOO, **params: Any) -> Array:
     return _add_into_dense(y, x, -1)
 
 
@@ -273,7 +275,7 @@ def _(x: ArrayLike, y: BCOO) -> Array:
 
 
 @quax.register(prims.transpose_p)
-def _(x: BCOO, *, permutation: Sequence[int]) -> BCOO:
+def _(x: BCOO, *, permutation: Sequence[int], **params: Any) -> BCOO:
     perm = tuple(permutation)
     nb = x.n_batch
     if tuple(sorted(perm[:nb])) != tuple(range(nb)):
@@ -356,7 +358,7 @@ def _(
 
 
 @quax.register(prims.squeeze_p)
-def _(x: BCOO, *, dimensions: Sequence[int]) -> BCOO:
+def _(x: BCOO, *, dimensions: Sequence[int], **params: Any) -> BCOO:
     dims = tuple(sorted(d % x.ndim for d in dimensions))
     nb = x.n_batch
     batch_dims = tuple(d for d in dims if d < nb)
@@ -420,7 +422,7 @@ def _(x: BCOO, *, new_sizes: Sequence[int], dimensions: Any, **params: Any) -> A
 
 
 @quax.register(prims.rev_p)
-def _(x: BCOO, *, dimensions: Sequence[int]) -> BCOO:
+def _(x: BCOO, *, dimensions: Sequence[int], **params: Any) -> BCOO:
     nb = x.n_batch
     data, indices = x.data, x.indices
     batch_dims = tuple(d for d in dimensions if d < nb)
@@ -477,6 +479,7 @@ def _(
     start_indices: Sequence[int],
     limit_indices: Sequence[int],
     strides: Sequence[int] | None,
+    **params: Any,
 ) -> BCOO:
     strides = tuple(strides) if strides is not None else (1,) * x.ndim
     sizes = tuple(
@@ -487,7 +490,9 @@ def _(
 
 
 @quax.register(prims.dynamic_slice_p)
-def _(x: BCOO, *start_indices: ArrayLike, slice_sizes: Sequence[int]) -> BCOO:
+def _(
+    x: BCOO, *start_indices: ArrayLike, slice_sizes: Sequence[int], **params: Any
+) -> BCOO:
     # As `lax.dynamic_slice`, starts are clamped so that the window fits.
     starts = [
         jnp.clip(jnp.asarray(s), 0, dim - size)

@@ -1,0 +1,39 @@
+"""The conformance kit (`quax.testing`) on BCOO: values, jit, vmap in both orders,
+grad and jvp with respect to the stored values, against the densified function; and
+the compiled matvec holding no array of the matrix's shape."""
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import quax.testing
+from jax import lax
+from quax_sparse import BCOO
+from sparse_helpers import random_sparse
+
+
+PROGRAMS = {
+    "matvec": (lambda a, v: a @ v, (6, 5), 5, None),
+    "sparse_sum": (lambda a, v: (2.0 * a - jnp.sin(a)).sum(0) + v, (6, 5), 5, None),
+    "batched": (
+        lambda a, v: lax.dot_general(a, v, (((2,), (1,)), ((0,), (0,)))),
+        (3, 4, 5),
+        (3, 5),
+        1,
+    ),
+    "sparse_out": (lambda a, v: jnp.tanh(a * v).T, (6, 5), (6, 5), None),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PROGRAMS))
+def test_kit_against_dense(name):
+    fn, shape, other, n_batch = PROGRAMS[name]
+    rng = np.random.default_rng(0)
+    _, a = random_sparse(rng, shape, 0.4, n_batch=n_batch or 0)
+    v = jnp.asarray(rng.normal(size=other), jnp.float32)
+    quax.testing.assert_matches_dense(fn, a, v)
+
+
+def test_kit_hlo_check_on_the_matvec():
+    n = 263  # no other array of the program has this size
+    a = BCOO.fromdense(np.eye(n, dtype=np.float32), nse=n)
+    quax.testing.assert_hlo_lacks(lambda a, v: a @ v, a, jnp.ones(n), shapes=[(n, n)])
