@@ -1,0 +1,141 @@
+"""quax-quant composed with other families through the core, with no import between
+them: QLoRA (a quax-lora `LoraArray` whose base weight is a `QuantisedArray`), and
+symbolic zeros."""
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import jax.random as jr
+import numpy as np
+import optax
+import quax
+import quax.testing
+import quax_lora
+import quax_quant as qq
+from quax.zero import Zero
+
+
+IN, WIDTH, OUT = 48, 64, 8
+
+
+def _qlora(bits=4):
+    mlp = eqx.nn.MLP(IN, OUT, WIDTH, depth=2, key=jr.PRNGKey(0))
+    lora = quax_lora.loraify(mlp, rank=4, key=jr.PRNGKey(1))
+    model = qq.quantise_model(
+        lora, bits=bits, group_size=16, filter=quax_lora.is_lora, attribute="w"
+    )
+    # A trained adapter: nonzero `b`.
+    return jax.tree.map(
+        lambda x: (
+            eqx.tree_at(lambda y: y.b, x, 0.1 * jnp.ones_like(x.b))
+            if quax_lora.is_lora(x)
+            else x
+        ),
+        model,
+        is_leaf=quax_lora.is_lora,
+    )
+
+
+def _dense_layers(model):
+    """(dequantised w + a b, bias) per layer, in plain JAX."""
+    return [
+        (
+            np.asarray(lr.weight.w.dequantise())
+            + np.asarray(lr.weight.a @ lr.weight.b),
+            lr.bias,
+        )
+        for lr in model.layers
+    ]
+
+
+def _dense_forward(layers, x):
+    h = x
+    for i, (w, b) in enumerate(layers):
+        h = h @ w.T + b
+        if i < len(layers) - 1:
+            h = jax.nn.relu(h)
+    return h
+
+
+def test_qlora_forward_and_trainable_parameters():
+    model = _qlora()
+    assert all(qq.is_quantised(lr.weight.w) for lr in model.layers)
+    x = jr.normal(jr.PRNGKey(2), (6, IN))
+    out = eqx.filter_jit(quax.quaxify(lambda m, x: jax.vmap(m)(x)))(model, x)
+    dense = _dense_forward(_dense_layers(model), x)
+    np.testing.assert_allclose(out, dense, rtol=0.05, atol=0.05)
+    # One row: the weight-only product, exact against the dequantised weights.
+    one = eqx.filter_jit(quax.quaxify(lambda m, x: m(x)))(model, x[0])
+    np.testing.assert_allclose(one, dense[0], rtol=1e-4, atol=1e-4)
+    count = quax_lora.count_parameters(model)
+    assert count.trainable == sum(
+        lr.weight.a.size + lr.weight.b.size for lr in model.layers
+    )
+
+
+def test_qlora_trains_only_the_adapter_and_never_dequantises():
+    model = _qlora()
+    x = jr.normal(jr.PRNGKey(2), (32, IN))
+    y = jnp.sin(x[:, :OUT])
+    params, frozen = eqx.partition(model, quax_lora.trainable_filter(model))
+
+    def loss(params, frozen):
+        m = eqx.combine(params, frozen)
+        pred = quax.quaxify(lambda m, x: jax.vmap(m)(x))(m, x)
+        return jnp.mean((pred - y) ** 2)
+
+    # The frozen base is an argument: closed over, XLA would fold its conversion
+    # into float constants at compile time.
+    grad_fn = eqx.filter_jit(jax.value_and_grad(loss))
+    with quax.track_materialisation() as report:
+        _, grads = grad_fn(params, frozen)
+    assert not report, str(report)
+    # Gradients reach `a` and `b` only; the quantised base has no float leaf to train.
+    for lr, g in zip(model.layers, grads.layers, strict=True):
+        assert g.weight.a.shape == lr.weight.a.shape
+        assert float(jnp.max(jnp.abs(g.weight.b))) > 0
+        assert g.weight.w.scale is None and g.weight.w.values is None
+    # The compiled forward pass holds no float array of the size of a hidden weight,
+    # in any layout (grouped products split it into `(groups, 16, ...)`): its
+    # products run in integers. (The backward pass to the activations follows the
+    # weight-only product, for which XLA on CPU converts the integers to float
+    # before its dot: see quax-quant's README, Limits.)
+    forward = eqx.filter_jit(loss).lower(params, frozen).lowered.compile().as_text()
+    sizes = {WIDTH * IN, WIDTH * WIDTH}
+    instructions = quax.testing.hlo_instructions(forward)
+    floats = [
+        a
+        for i in instructions
+        for a in i.arrays
+        if a[0] == "f32" and int(np.prod(a[1])) in sizes
+    ]
+    assert not floats, floats
+    assert any(i.op == "dot" and i.arrays[0][0] == "s32" for i in instructions)
+    # And training lowers the loss.
+    opt = optax.adam(1e-2)
+    state = opt.init(params)
+    first = None
+    for _ in range(15):
+        value, grads = grad_fn(params, frozen)
+        updates, state = opt.update(grads, state)
+        params = optax.apply_updates(params, updates)
+        first = value if first is None else first
+    assert value < 0.8 * first
+
+
+def test_symbolic_zeros_meet_quantised_arrays():
+    w = qq.quantise(jr.normal(jr.PRNGKey(0), (8, 12)), axis=0)
+    zero = Zero((5, 8), jnp.float32)
+    out = quax.quaxify(lambda z, w: z @ w)(zero, w)
+    assert isinstance(out, Zero) and out.shape == (5, 12)
+    out = quax.quaxify(lambda w, z: w @ z)(w, Zero((12,), jnp.float32))
+    assert isinstance(out, Zero) and out.shape == (8,)
+    # A zero tangent of the activations through a quantised layer stays zero.
+    x = jr.normal(jr.PRNGKey(1), (12,))
+    primal, tangent = jax.jvp(
+        lambda x: quax.quaxify(lambda w, x: w @ x)(w, x), (x,), (jnp.zeros(12),)
+    )
+    np.testing.assert_allclose(tangent, np.zeros(8))
+    np.testing.assert_allclose(
+        primal, np.asarray(w.dequantise()) @ np.asarray(x), rtol=1e-5, atol=1e-5
+    )
