@@ -1,6 +1,6 @@
 """The value type: `LoraArray`, a weight `w` plus a low-rank update `a @ b`."""
 
-import copy
+import dataclasses
 import math
 from typing import Any, ClassVar
 
@@ -195,7 +195,11 @@ class LoraArray(quax.ArrayValue):
 
         A `LoraArray` sharing `w`, `a` and `b` with this one.
         """
-        out = copy.copy(self)
+        # Field by field, as equinox unflattens a module: not through `__init__`
+        # (which would draw new factors), nor `Module.__new__`.
+        out = object.__new__(type(self))
+        for field in dataclasses.fields(self):
+            object.__setattr__(out, field.name, getattr(self, field.name))
         object.__setattr__(out, "allow_materialise", allow)
         return out
 
