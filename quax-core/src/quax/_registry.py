@@ -134,11 +134,10 @@ def register(primitive: Primitive, *, precedence: int = 0) -> Callable[[_F], _F]
 def _check_primitive(primitive: Any, where: str) -> None:
     if isinstance(primitive, Primitive):
         return
-    name = getattr(primitive, "__name__", None) or type(primitive).__name__
     raise TypeError(
         f"{where} expects a JAX primitive, such as `jax.lax.add_p` or "
         f"`jax.lax.dot_general_p`; got {primitive!r} (of type "
-        f"`{type(primitive).__qualname__}`). Functions such as `jnp.{name}` or "
+        f"`{type(primitive).__qualname__}`). Functions such as `jnp.add` or "
         "`jax.lax.add` bind primitives; register the primitive itself (find it "
         "with `jax.make_jaxpr(f)(x)`, which names each primitive a function binds)."
     )
