@@ -5,19 +5,14 @@ proves the body ran on the structured value; results and gradients are compared 
 the same program on plain arrays, under `vmap` in both orders too.
 """
 
-import sys
-from pathlib import Path
-
 import jax
 import jax.numpy as jnp
 import pytest
 import quax
 from jax import lax
-
-
-sys.path.insert(0, str(Path(__file__).parent))
-from helpers import Dense, Liftable, Refusing, dense
 from quax.zero import Zero
+
+from .helpers import Dense, Liftable, Refusing, dense
 
 
 x = jnp.array([0.5, 1.0, 2.0, 3.0])

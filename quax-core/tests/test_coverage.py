@@ -18,9 +18,10 @@ import jax.tree_util as jtu
 import numpy as np
 import pytest
 import quax
-from helpers import Dense, dense
 from jax import lax
 from jax.extend.core import Primitive
+
+from .helpers import Dense, dense
 
 
 MODULES: dict[str, types.ModuleType] = {

@@ -1,17 +1,13 @@
 """`custom_jvp` and `custom_vjp` inside quaxify: the custom rule still applies."""
 
 import functools as ft
-import sys
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import pytest
 import quax
 
-
-sys.path.insert(0, str(Path(__file__).parent))
-from helpers import Refusing, Scaled, dense
+from .helpers import Refusing, Scaled, dense
 
 
 x = jnp.array([-1.0, 0.0, 2.0, 3.0])

@@ -3,6 +3,7 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -182,8 +183,11 @@ def test_examples_namespace(site: Path) -> None:
         """
         import quax
         import quax.examples.fixture_family as fam
+        from quax import _plugins
+        # A first-party family that is not installed (every real one is, here).
+        _plugins.KNOWN_DISTRIBUTIONS["nonesuch"] = "quax-nonesuch"
         try:
-            import quax.examples.sparse
+            import quax.examples.nonesuch
             missing = None
         except ImportError as e:
             missing = str(e)
@@ -197,7 +201,7 @@ def test_examples_namespace(site: Path) -> None:
     )
     assert out["module"] == "quax_fixture_family"
     assert out["has_tagged"]
-    assert "quax-sparse" in out["missing"] and "pip install" in out["missing"]
+    assert "quax-nonesuch" in out["missing"] and "pip install" in out["missing"]
     assert out["zero"] == "quax.zero"
 
 
@@ -233,3 +237,118 @@ def test_command_line(site: Path) -> None:
         check=True,
     ).stdout
     assert "sin(Tagged) -> materialise" in fallback
+
+
+def _cli(site: Path, *args: str, warnings: str = "ignore", cwd: Path | None = None):
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]),
+        "PYTHONWARNINGS": warnings,
+    }
+    return subprocess.run(
+        [sys.executable, "-m", "quax", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=cwd,
+    )
+
+
+def _one_line_error(result: subprocess.CompletedProcess, match: str) -> None:
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("python -m quax ")
+    assert match in lines[0], lines[0]
+
+
+def test_command_line_errors_are_one_line(site: Path) -> None:
+    _one_line_error(
+        _cli(site, "explain", "no_such_primitive", "array"),
+        "No JAX primitive named 'no_such_primitive'",
+    )
+    _one_line_error(_cli(site, "explain", "neg", "NoSuchType"), "unknown type")
+    _one_line_error(
+        _cli(site, "explain", "neg", "no_such_module:T"), "cannot find the type"
+    )
+    _one_line_error(_cli(site, "materialised", "nocolon"), "expected MODULE:FUNCTION")
+    _one_line_error(_cli(site, "materialised", "no_such_module:main"), "cannot load")
+    _one_line_error(_cli(site, "materialised", "os:no_such_function"), "cannot load")
+    # Two installed families register the same signature: under warnings as
+    # errors, the conflict is the error.
+    _one_line_error(
+        _cli(site, "explain", "neg", "Tagged", warnings="error"),
+        "quax-fixture-rival",
+    )
+
+
+def test_command_line_ambiguity_is_one_line(site: Path, tmp_path: Path) -> None:
+    (tmp_path / "ambiguous_rules.py").write_text(
+        textwrap.dedent(
+            """
+            import jax, quax
+            from jax.extend.core import Primitive
+
+            class A(quax.ArrayValue):
+                array: jax.Array
+
+                def aval(self):
+                    return jax.typeof(self.array)
+
+                def materialise(self):
+                    return self.array
+
+            ambiguous_p = Primitive("quax_test_ambiguous")
+
+            @quax.register(ambiguous_p)
+            def _(x: A, y: quax.Value, **params):
+                return x
+
+            @quax.register(ambiguous_p)
+            def _(x: quax.Value, y: A, **params):
+                return y
+            """
+        )
+    )
+    result = _cli(
+        site,
+        "explain",
+        "quax_test_ambiguous",
+        "ambiguous_rules:A",
+        "ambiguous_rules:A",
+        cwd=tmp_path,
+    )
+    _one_line_error(result, "Ambiguous quax rules")
+
+
+def test_explain_names_file_and_line_and_refusing_defaults(
+    site: Path, tmp_path: Path
+) -> None:
+    rule = _cli(site, "explain", "mul", "Zero", "array")
+    assert rule.returncode == 0, rule.stderr
+    assert re.search(r"-> rule: .*_rules\.py:\d+", rule.stdout), rule.stdout
+    (tmp_path / "strict_value.py").write_text(
+        textwrap.dedent(
+            """
+            import equinox as eqx, jax, quax
+
+            class Strict(quax.ArrayValue):
+                array: jax.Array
+                allow_materialise: bool = eqx.field(static=True, default=False)
+
+                def aval(self):
+                    return jax.typeof(self.array)
+
+                def materialise(self):
+                    if not self.allow_materialise:
+                        raise RuntimeError("Refusing to materialise Strict")
+                    return self.array
+            """
+        )
+    )
+    strict = _cli(site, "explain", "exp", "strict_value:Strict", cwd=tmp_path)
+    assert strict.returncode == 0, strict.stderr
+    assert "exp(Strict) -> materialise" in strict.stdout
+    assert "Strict refuses unless allow_materialise=True" in strict.stdout

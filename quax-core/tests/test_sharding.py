@@ -1,6 +1,7 @@
 """`shard_map` and `jit` with `NamedSharding` inside quaxify, on 8 simulated CPU
 devices (in a subprocess, so the device count does not leak into other tests)."""
 
+import os
 import textwrap
 from pathlib import Path
 
@@ -8,18 +9,17 @@ import jax
 import jax.numpy as jnp
 import quax
 import quax.testing
-from helpers import Dense, dense
 from jax import lax
+
+from .helpers import Dense, dense
 
 
 SCRIPT = textwrap.dedent(
     """
-    import sys
-    sys.path.insert(0, {tests!r})
     import jax, jax.numpy as jnp
     from jax.sharding import NamedSharding, PartitionSpec as P
     import quax
-    from helpers import Dense, Refusing, Scaled, dense
+    from tests.helpers import Dense, Refusing, Scaled, dense
 
     assert len(jax.devices()) == 8
     mesh = jax.make_mesh((8,), ("x",), axis_types=(jax.sharding.AxisType.Auto,))
@@ -79,9 +79,11 @@ SCRIPT = textwrap.dedent(
 
 
 def test_sharding_on_eight_devices():
-    out = quax.testing.run_on_simulated_devices(
-        SCRIPT.format(tests=str(Path(__file__).parent)), n=8
+    # The subprocess imports the helpers as the package `tests` of quax-core.
+    path = os.pathsep.join(
+        [str(Path(__file__).parents[1]), os.environ.get("PYTHONPATH", "")]
     )
+    out = quax.testing.run_on_simulated_devices(SCRIPT, n=8, env={"PYTHONPATH": path})
     assert out.strip().endswith("ok")
 
 

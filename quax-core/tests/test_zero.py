@@ -268,7 +268,7 @@ def test_zero_basics() -> None:
 
 def test_nested_value_add() -> None:
     # Adding a zero to another value returns that value, still structured.
-    from helpers import Dense
+    from .helpers import Dense
 
     d = Dense(x3)
     out = quax.quaxify(jnp.add)(z3, d)
