@@ -201,9 +201,17 @@ class NamedArray(quax.ArrayValue):
         )
 
     def aval(self) -> jax.core.ShapedArray:
-        if quax.is_value(self.array):
-            return self.array.aval()
-        return jax.typeof(self.array)  # pyright: ignore[reportReturnType]
+        aval = (
+            self.array.aval() if quax.is_value(self.array) else jax.typeof(self.array)
+        )
+        if len(aval.shape) != len(self.axes):
+            raise ValueError(
+                f"This NamedArray's array has shape {aval.shape} but it names "
+                f"{len(self.axes)} axes {labels(self.axes)}: its leaves were stacked or "
+                "sliced outside `jax.vmap`. A batch of named arrays is a NamedArray "
+                "with a named batch axis."
+            )
+        return aval  # pyright: ignore[reportReturnType]
 
     def materialise(self) -> Any:
         if not self.allow_materialise:
