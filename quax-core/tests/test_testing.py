@@ -232,6 +232,9 @@ def test_compiled_hlo_and_assert_hlo_lacks():
         qt.assert_hlo_lacks(_dot, Wrapped(X), Y, shapes=[(2, 4)])
     with pytest.raises(AssertionError, match="op dot"):
         qt.assert_hlo_lacks(_dot, Wrapped(X), Y, ops=["dot"])
+    with pytest.raises(AssertionError, match=r"array f32\[3, 4\]: .*parameter"):
+        qt.assert_hlo_lacks(_dot, Wrapped(X), Y, shapes=[(3, 4)])
+    qt.assert_hlo_lacks(_dot, Wrapped(X), Y, shapes=[(3, 4)], ignore_parameters=True)
     # Restricted to another dtype, the shape is allowed.
     qt.assert_hlo_lacks(_dot, Wrapped(X), Y, shapes=[(2, 4)], dtypes=[jnp.int32])
 

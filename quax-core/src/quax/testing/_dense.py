@@ -243,17 +243,16 @@ def _is_float(x: Any) -> bool:
     return eqx.is_array(x) and jnp.issubdtype(x.dtype, jnp.inexact)
 
 
-def _batch(args: tuple[Any, ...], size: int) -> tuple[list[tuple[Any, ...]], Any]:
+def _batch(args: tuple[Any, ...], size: int) -> list[tuple[Any, ...]]:
     """`size` copies of `args` whose floating-point array leaves are scaled by
-    different factors, and the `in_axes` that maps every array leaf."""
+    different factors."""
     copies = []
     for k in range(size):
         factor = _BATCH_FACTORS[k % len(_BATCH_FACTORS)]
         copies.append(
             jtu.tree_map(lambda x, f=factor: x * f if _is_float(x) else x, args)
         )
-    in_axes = jtu.tree_map(lambda x: 0 if eqx.is_array(x) else None, args)
-    return copies, in_axes
+    return copies
 
 
 def _stack(copies: list[tuple[Any, ...]]) -> tuple[Any, ...]:
@@ -354,8 +353,9 @@ def assert_matches_dense(
     `allow_materialise=True`, a check fails if anything was materialised, and prints
     the report (which primitive densified which type).
 
-    Pass array arguments positionally; close over static ones (Python ints,
-    callables) in `fn`.
+    The transforms (`jit`, `vmap`, `grad`, `jvp`) act on the array leaves of
+    `args`; their other leaves (functions, Python numbers, as in an equinox model)
+    are held static, as `eqx.filter_jit` does.
 
     **Arguments:**
 
@@ -396,14 +396,18 @@ def assert_matches_dense(
     checker.compare("eval", densify(out), want)
     report.checks["eval"] = "passed"
 
+    # The transforms see the array leaves; the rest (functions, Python numbers, as
+    # in an equinox model) is closed over, as `eqx.filter_jit` would.
+    dynamic, static = eqx.partition(args, eqx.is_array)
     if jit:
-        out = checker.run_quax("jit", lambda: jax.jit(quaxify(fn))(*args))
+        call = lambda *d: fn(*eqx.combine(d, static))
+        out = checker.run_quax("jit", lambda: jax.jit(quaxify(call))(*dynamic))
         checker.check_types("jit", out)
         checker.compare("jit", densify(out), want)
         report.checks["jit"] = "passed"
 
     if vmap:
-        _check_vmap(checker, report, args, batch_size)
+        _check_vmap(checker, report, dynamic, static, batch_size)
 
     if grad or jvp:
         _check_derivatives(checker, report, args, want, grad, jvp, seed)
@@ -411,41 +415,47 @@ def assert_matches_dense(
 
 
 def _check_vmap(
-    checker: _Checker, report: ConformanceReport, args: tuple[Any, ...], size: int
+    checker: _Checker,
+    report: ConformanceReport,
+    dynamic: tuple[Any, ...],
+    static: tuple[Any, ...],
+    size: int,
 ) -> None:
     fn, densify = checker.fn, checker.densify
-    reason = _no_batch_reason(args)
+    reason = _no_batch_reason(dynamic)
     if reason:
         report.checks["vmap"] = f"skipped: {reason}"
         return
-    copies, in_axes = _batch(args, size)
+
+    def call(*d: Any) -> Any:
+        return fn(*eqx.combine(d, static))
+
+    copies = _batch(dynamic, size)
     stacked = _stack(copies)
-    wants = [fn(*densify(c)) for c in copies]
+    wants = [fn(*densify(eqx.combine(c, static))) for c in copies]
     want = jtu.tree_map(lambda *xs: jnp.stack(xs), *wants)
 
     check = "vmap(quaxify)"
-    out = checker.run_quax(
-        check, lambda: jax.jit(jax.vmap(quaxify(fn), in_axes=in_axes))(*stacked)
-    )
+    out = checker.run_quax(check, lambda: jax.jit(jax.vmap(quaxify(call)))(*stacked))
     checker.check_types(check, out)
     for i, w in enumerate(wants):
         checker.compare(check, densify(_unstacked(out, i)), w, f"batch element {i}")
     report.checks[check] = "passed"
 
     check = "quaxify(vmap)"
-    problem = _stacking_problem(args, stacked, size)
+    problem = _stacking_problem(
+        eqx.combine(dynamic, static), eqx.combine(stacked, static), size
+    )
     if problem:
         report.checks[check] = f"skipped: {problem}"
         return
     # Inside `quaxify` each value is one tracer: mapped where it has array leaves.
     value_axes = jtu.tree_map(
-        lambda x: 0 if any(map(eqx.is_array, jtu.tree_leaves(x))) else None,
-        args,
-        is_leaf=is_value,
+        lambda x: 0 if jtu.tree_leaves(x) else None, dynamic, is_leaf=is_value
     )
     out = checker.run_quax(
         check,
-        lambda: jax.jit(quaxify(jax.vmap(fn, in_axes=value_axes)))(*stacked),
+        lambda: jax.jit(quaxify(jax.vmap(call, in_axes=value_axes)))(*stacked),
     )
     checker.check_types(check, out)
     checker.compare(check, densify(out), want)

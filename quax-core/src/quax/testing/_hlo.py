@@ -174,6 +174,7 @@ def assert_hlo_lacks(
     shapes: Iterable[tuple[int, ...]] = (),
     ops: Iterable[str] = (),
     dtypes: Iterable[Any] | None = None,
+    ignore_parameters: bool = False,
 ) -> str:
     """Assert that the compiled program of `jax.jit(quax.quaxify(fn))(*args)` holds
     no array of any of `shapes` and no instruction of any of `ops`: e.g. that a
@@ -184,8 +185,10 @@ def assert_hlo_lacks(
     ```
 
     Every instruction counts, in every computation of the optimised module:
-    parameters (so do not forbid the shape of a dense input), intermediate results
-    inside fusions, tuple elements.
+    parameters, intermediate results inside fusions, tuple elements. Where a leaf
+    of an input has the forbidden shape (a LoRA weight `w` has the shape of the
+    dense `w + a @ b`), pass `ignore_parameters=True`: then only arrays the program
+    computes count.
 
     **Arguments:**
 
@@ -195,6 +198,8 @@ def assert_hlo_lacks(
     - `ops`: forbidden HLO opcodes (`"dot"`, `"convolution"`, `"sort"`, ...).
     - `dtypes`: restrict `shapes` to arrays of these dtypes (NumPy/JAX dtypes, or
         HLO names such as `"f32"`); by default any dtype.
+    - `ignore_parameters`: skip `parameter` instructions (the program's inputs, and
+        those of its fused computations) when looking for `shapes`.
 
     **Returns:**
 
@@ -217,6 +222,8 @@ def assert_hlo_lacks(
     for ins in instructions:
         if ins.op in forbidden_ops:
             offending.append(f"op {ins.op}: {ins.line}")
+            continue
+        if ignore_parameters and ins.op == "parameter":
             continue
         for dtype, shape in ins.arrays:
             if shape in forbidden_shapes and (kinds is None or dtype in kinds):
