@@ -207,8 +207,8 @@ class NamedArray(quax.ArrayValue):
         if len(aval.shape) != len(self.axes):
             raise ValueError(
                 f"This NamedArray's array has shape {aval.shape} but it names "
-                f"{len(self.axes)} axes {labels(self.axes)}: its leaves were stacked or "
-                "sliced outside `jax.vmap`. A batch of named arrays is a NamedArray "
+                f"{len(self.axes)} axes {labels(self.axes)}: its leaves were stacked "
+                "or sliced outside `jax.vmap`. A batch of named arrays is a NamedArray "
                 "with a named batch axis."
             )
         return aval  # pyright: ignore[reportReturnType]
