@@ -413,8 +413,8 @@ def eqx_bound_method(func: Any, module: Any) -> Any:
 
 def call_at_trace(trace: Any, rule: Any, values: Any, params: Any) -> Any:
     """`rule(values, params)` with `trace` as the current trace: `with
-    set_current_trace(trace)` at a third of its cost, for quax's per-primitive hot
-    path."""
+    set_current_trace(trace)` at a fraction of its cost, for quax's per-primitive
+    hot path."""
     prev = _trace_strong.value
     _trace_strong.set_local(trace)
     _trace_weak.set_local(trace._weakref)

@@ -80,10 +80,10 @@ def quaxify(fn: _CT, filter_spec: PyTree[bool | Callable[[Any], bool]] = True) -
     A callable `equinox.Module` with the signature of `fn`. Called with no `Value`
     among the selected inputs, it runs `fn` unchanged.
     """
-    # What `eqx.module_update_wrapper(_Quaxify(fn, filter_spec))` builds, at a tenth
-    # of its cost (2 us, not 20 us), as `quax.quaxify(f)(x)` is often written inline:
-    # the fields, then `fn`'s name, docstring, ... where equinox's flattening keeps
-    # them.
+    # What `eqx.module_update_wrapper(_Quaxify(fn, filter_spec))` builds, at a
+    # fraction of its cost (see `benchmarks/README.md`), as `quax.quaxify(f)(x)` is
+    # often written inline: the fields, then `fn`'s name, docstring, ... where
+    # equinox's flattening keeps them.
     eqx_warn_transformed_function(_Quaxify, fn)
     wrapper = object.__new__(_Quaxify)
     attributes: dict[str, Any] = vars(wrapper)

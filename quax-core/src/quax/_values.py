@@ -42,7 +42,8 @@ class _ValueMeta(type(eqx.Module)):
     """Equinox's metaclass, with fast constructors for plain value classes.
 
     Quax builds values on its hot path (every rule returns new ones), where equinox's
-    general construction (about 8 us) would cost as much as binding the primitive.
+    general construction would cost as much as binding the primitive (timings in
+    `benchmarks/README.md`).
     For a class with the dataclass `__init__` and nothing for equinox to check after
     it (no converters, no `__check_init__`, no `init=False` fields), construction is
     the dataclass `__init__` alone; see `_constructor` for the two ways to run it.
@@ -98,8 +99,8 @@ def _generated_init(
     cls: type, fields: tuple[dataclasses.Field, ...]
 ) -> Callable[..., Any] | None:
     """The dataclass `__init__` of `cls` as a constructor that sets each field with
-    `object.__setattr__`, as a frozen dataclass's does: a quarter of the cost of going
-    through equinox's `__new__` and `__setattr__`, which only do bookkeeping for
+    `object.__setattr__`, as a frozen dataclass's does: cheaper than going through
+    equinox's `__new__` and `__setattr__`, which only do bookkeeping for
     `__init__` methods that assign fields themselves. `None` when `cls.__init__` is not
     exactly the one generated from `fields` (a `__post_init__`, `InitVar`s, default
     factories, a custom `__new__`), where the dataclass `__init__` itself is run.
@@ -200,7 +201,7 @@ class Value(eqx.Module, metaclass=_ValueMeta):
 
         def __getattribute__(self, name: str, /) -> Any:
             # Equinox's `Module.__getattribute__` (methods become `BoundMethod`
-            # pytrees) at half its cost, as rules read fields on the hot path: it
+            # pytrees) at less cost, as rules read fields on the hot path: it
             # reads the attribute with `object.__getattribute__`, which is what
             # `super()` reaches unless a base after `Value` has its own lookup.
             # `type(out) is MethodType` is `isinstance`: `MethodType` has no
@@ -219,8 +220,7 @@ class Value(eqx.Module, metaclass=_ValueMeta):
         It must be pure: the same instance always gives the same aval. Python metadata
         that changes it belongs in static fields. Quax calls it for every value a rule
         returns, so keep it cheap: where a leaf has the value's shape and dtype,
-        `return jax.typeof(leaf)` (about 1 us) beats building a new `ShapedArray`
-        (about 3 us).
+        `return jax.typeof(leaf)` is cheaper than building a new `ShapedArray`.
 
         **Returns:**
 
@@ -308,7 +308,7 @@ ValueLike: TypeAlias = Value | ArrayLike
 
 def is_value(x: Any) -> TypeGuard[Value]:
     """Whether `x` is a [`quax.Value`][]."""
-    # `isinstance` alone goes through `ABCMeta.__instancecheck__`: 0.3 us when true.
+    # `isinstance` alone goes through the slower `ABCMeta.__instancecheck__`.
     return type(x) in value_classes or isinstance(x, Value)
 
 
