@@ -4,8 +4,9 @@ density sweep; the fitted exponent of time in the number of stored entries; the
 crossover density against dense; and a conjugate-gradient solve on the 5-point
 Laplacian of a 512 x 512 grid (time per iteration and XLA's peak memory).
 
-Times are medians over interleaved rounds (each round runs every method once), ratios
-medians of the per-round ratios. Prints Markdown tables, writes
+Times are medians over interleaved rounds (each round runs every method once, in a
+random order, each timed call right after an untimed one), ratios medians of the
+per-round ratios. Prints Markdown tables, writes
 `docs/images/sparse_density_sweep.png`, and returns the figures.
 
     python benchmarks/sparse.py [--quick]
@@ -14,6 +15,7 @@ medians of the per-round ratios. Prints Markdown tables, writes
 import argparse
 import itertools
 import math
+import random
 import statistics
 import time
 from collections.abc import Callable
@@ -48,14 +50,20 @@ def random_matrix(n: int, density: float, seed: int = 0) -> tuple[np.ndarray, ..
 
 
 def run_times(fns: dict[str, Callable[[], Any]], rounds: int) -> dict[str, list[float]]:
-    """Each function compiled, then timed once per round, rounds interleaved."""
+    """Each function compiled, then timed once per round, rounds interleaved, in a
+    random order each round (a call right after the dense product would otherwise
+    always meet a cold cache), each timed call right after an untimed one."""
     for fn in fns.values():
         jax.block_until_ready(fn())
     times: dict[str, list[float]] = {name: [] for name in fns}
+    order = list(fns)
+    shuffle = random.Random(0).shuffle
     for _ in range(rounds):
-        for name, fn in fns.items():
+        shuffle(order)
+        for name in order:
+            jax.block_until_ready(fns[name]())
             start = time.perf_counter()
-            jax.block_until_ready(fn())
+            jax.block_until_ready(fns[name]())
             times[name].append(time.perf_counter() - start)
     return times
 
@@ -99,7 +107,11 @@ def sweep(sizes: tuple[int, ...], rounds: int) -> list[dict[str, Any]]:
                 }
                 if dense is not None and (cols is None or n <= 4096):
                     fns["dense"] = lambda d=dense, v=v: jax_mm(d, v)
-                times = run_times(fns, rounds)
+                # Small products take microseconds: many rounds to beat the noise.
+                work = nse * (cols or 1)
+                times = run_times(
+                    fns, rounds * (15 if work < 2e5 else 3 if work < 2e6 else 1)
+                )
                 points.append(
                     {
                         "n": n,

@@ -130,20 +130,25 @@ def test_sum_duplicates_batched():
 def test_csr_roundtrip():
     rng = np.random.default_rng(1)
     dense, x = random_sparse(rng, (7, 5), 0.3, extra_nse=2)
-    c = CSR.from_bcoo(x)
-    assert c.indptr.shape == (8,)
-    assert_close(c.todense(), dense)
-    b = c.to_bcoo()
-    assert b.indices_sorted
-    assert_close(b.todense(), dense)
-    assert_close(CSR.fromdense(dense, nse=40).todense(), dense)
+
+    @jax.jit
+    def roundtrip(x):
+        c = CSR.from_bcoo(x)
+        b = c.to_bcoo()
+        return c, c.todense(), b, b.todense(), CSR.fromdense(dense, nse=40).todense()
+
+    c, c_dense, b, b_dense, from_dense = roundtrip(x)
+    assert c.indptr.shape == (8,) and b.indices_sorted
+    assert_close(c_dense, dense)
+    assert_close(b_dense, dense)
+    assert_close(from_dense, dense)
     with pytest.raises(ValueError, match="without batch dimensions"):
         CSR.from_bcoo(fromdense(np.ones((2, 2, 2)), nse=4, n_batch=1))
     with pytest.raises(ValueError, match="indptr"):
         CSR(jnp.zeros(2), jnp.zeros(2, jnp.int32), jnp.zeros(3, jnp.int32), (3, 3))
     with pytest.raises(MaterialisationError, match="Refusing to materialise"):
         c.materialise()
-    assert_close(c.enable_materialise().materialise(), dense)
+    assert_close(jax.jit(lambda c: c.enable_materialise().materialise())(c), dense)
 
 
 def test_jax_experimental_sparse_roundtrip():

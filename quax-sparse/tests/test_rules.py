@@ -49,7 +49,7 @@ def test_elementwise_with_zero_at_zero(fn):
     assert isinstance(out, BCOO)
 
 
-@settings(max_examples=6, deadline=None)
+@settings(max_examples=4, deadline=None)
 @given(
     shape=st.lists(st.integers(1, 4), min_size=1, max_size=3).map(tuple),
     n_batch=st.integers(0, 2),
@@ -95,7 +95,7 @@ def test_reduce_sum_is_dense_when_smaller():
     assert isinstance(rows, BCOO)  # 40 sums from ~20 entries
 
 
-@settings(max_examples=6, deadline=None)
+@settings(max_examples=4, deadline=None)
 @given(
     shape=st.sampled_from([(4, 6), (2, 3, 4), (6,)]),
     n_batch=st.integers(0, 1),
