@@ -1,0 +1,308 @@
+"""quax-quant benchmark: weight memory, compiled matmul time against float32 dense
+(and against the same product written by hand in plain JAX) at batch 1, 16 and 256
+on a 2048 x 2048 weight, a size sweep with the fitted exponent, and the accuracy of
+a quantised MLP against its float version. Times are medians over interleaved
+rounds, ratios medians of the per-round ratios. Prints Markdown tables and writes
+`docs/images/quant_matmul.png`.
+
+    python benchmarks/quant.py [--quick]
+"""
+
+import argparse
+import importlib.util
+import random
+import statistics
+import time
+from pathlib import Path
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import jax.random as jr
+import numpy as np
+import quax
+import quax_quant
+from jax import lax
+
+
+N = 2048
+BATCHES = (1, 16, 256)
+SWEEP = (512, 1024, 2048)
+IMAGES = Path(__file__).parents[1] / "docs" / "images"
+
+
+def _dense(w, x):
+    return x @ w.T
+
+
+def _quax(w, x):
+    return quax.quaxify(_dense)(w, x)
+
+
+def _hand_weight_only(q, s, x):
+    """The weight-only product written by hand: convert inside the dot, scale after."""
+    return (x @ q.astype(jnp.float32).T) * s
+
+
+def _hand_int8(q, s, x):
+    """The int8 x int8 product written by hand, activations quantised per row."""
+    sx = jnp.max(jnp.abs(x), axis=-1, keepdims=True) / 127
+    sx = jnp.where(sx > 0, sx, 1.0)
+    xq = jnp.clip(jnp.round(x / sx), -127, 127).astype(jnp.int8)
+    acc = lax.dot_general(
+        xq, q, (((1,), (1,)), ((), ())), preferred_element_type=jnp.int32
+    )
+    return acc.astype(jnp.float32) * sx * s
+
+
+def run_times(calls, rounds):
+    """Times of each `(compiled, args)` over `rounds` rounds in a fresh random order,
+    each timed call after an untimed call of the same program (same cache state)."""
+    times = [[] for _ in calls]
+    order = list(range(len(calls)))
+    rng = random.Random(0)
+    for _ in range(rounds):
+        rng.shuffle(order)
+        for i in order:
+            c, args = calls[i]
+            jax.block_until_ready(c(*args))
+            start = time.perf_counter()
+            jax.block_until_ready(c(*args))
+            times[i].append(time.perf_counter() - start)
+    return times
+
+
+def ratio(t1, t2):
+    return statistics.median(a / b for a, b in zip(t1, t2, strict=True))
+
+
+def _compiled(fn, *args):
+    c = jax.jit(fn).lower(*args).compile()
+    jax.block_until_ready(c(*args))
+    return c, args
+
+
+def memory():
+    w = jr.normal(jr.PRNGKey(0), (N, N))
+    rows = []
+    for name, kwargs in [
+        ("int8, per channel", {"bits": 8, "axis": 0}),
+        ("int8, groups of 128", {"bits": 8, "group_size": 128}),
+        ("int4, per channel", {"bits": 4, "axis": 0}),
+        ("int4, groups of 64", {"bits": 4, "group_size": 64}),
+        (
+            "int4, groups of 32, asymmetric",
+            {"bits": 4, "group_size": 32, "symmetric": False},
+        ),
+    ]:
+        q = quax_quant.quantise(w, **kwargs)
+        rows.append(
+            {"layout": name, "bytes": q.nbytes, "ratio": q.nbytes / (4 * N * N)}
+        )
+    return rows
+
+
+def matmul_times(rounds, n=N, batches=BATCHES):
+    w = jr.normal(jr.PRNGKey(0), (n, n)) / np.sqrt(n)
+    out = {}
+    for batch in batches:
+        x = jr.normal(jr.PRNGKey(1), (batch, n))
+        q = {
+            p: quax_quant.quantise(w, axis=0, matmul=p)
+            for p in ("weight_only", "int8", "auto")
+        }
+        q4 = quax_quant.quantise(w, bits=4, group_size=128)
+        q4c = quax_quant.quantise(w, bits=4, axis=0)
+        s = q["int8"].scale.reshape(n)
+        names = [
+            "float32",
+            "weight_only",
+            "int8",
+            "auto",
+            "int4 g128 auto",
+            "hand weight_only",
+            "hand int8",
+        ]
+        calls = [
+            _compiled(_dense, w, x),
+            _compiled(_quax, q["weight_only"], x),
+            _compiled(_quax, q["int8"], x),
+            _compiled(_quax, q["auto"], x),
+            _compiled(_quax, q4c, x),
+            _compiled(_quax, q4, x),
+            _compiled(_hand_weight_only, q["int8"].values, s, x),
+            _compiled(_hand_int8, q["int8"].values, s, x),
+        ]
+        times = dict(zip(names, run_times(calls, rounds), strict=True))
+        out[batch] = {
+            "float32_ms": 1e3 * statistics.median(times["float32"]),
+            **{f"{k}_vs_float32": ratio(times[k], times["float32"]) for k in names[1:]},
+            "weight_only_vs_hand": ratio(
+                times["weight_only"], times["hand weight_only"]
+            ),
+            "int8_vs_hand": ratio(times["int8"], times["hand int8"]),
+        }
+    return out
+
+
+def sweep(rounds):
+    """Time of the auto path at batch 16 against the size: the fitted exponent."""
+    times = {}
+    for n in SWEEP:
+        w = jr.normal(jr.PRNGKey(0), (n, n))
+        x = jr.normal(jr.PRNGKey(1), (16, n))
+        q = quax_quant.quantise(w, axis=0)
+        (t_q, t_d) = run_times(
+            [_compiled(_quax, q, x), _compiled(_dense, w, x)], rounds
+        )
+        times[n] = {
+            "quant_ms": 1e3 * statistics.median(t_q),
+            "float32_ms": 1e3 * statistics.median(t_d),
+        }
+    ns = np.log(np.array(SWEEP, float))
+    fit = {
+        k: float(np.polyfit(ns, np.log([times[n][k] for n in SWEEP]), 1)[0])
+        for k in ("quant_ms", "float32_ms")
+    }
+    return {"times": times, "exponent": fit}
+
+
+def accuracy():
+    """A small MLP quantised: the output error relative to the float model, and how
+    often the argmax (a classification) agrees."""
+    mlp = eqx.nn.MLP(256, 10, 512, depth=3, activation=jax.nn.gelu, key=jr.PRNGKey(0))
+    x = jr.normal(jr.PRNGKey(1), (1024, 256))
+    ref = jax.vmap(mlp)(x)
+    rows = []
+    for name, kwargs in [
+        ("int8 per channel, weight-only", {"bits": 8, "matmul": "weight_only"}),
+        ("int8 per channel, int8 x int8", {"bits": 8, "matmul": "int8"}),
+        (
+            "int4 groups of 32, weight-only",
+            {"bits": 4, "group_size": 32, "matmul": "weight_only"},
+        ),
+        (
+            "int4 groups of 32, int8 x int8",
+            {"bits": 4, "group_size": 32, "matmul": "int8"},
+        ),
+        ("int4 per channel, weight-only", {"bits": 4, "matmul": "weight_only"}),
+    ]:
+        q = quax_quant.quantise_model(mlp, **kwargs)
+        out = eqx.filter_jit(quax.quaxify(lambda m, x: jax.vmap(m)(x)))(q, x)
+        rel = float(jnp.linalg.norm(out - ref) / jnp.linalg.norm(ref))
+        agree = float(jnp.mean(jnp.argmax(out, -1) == jnp.argmax(ref, -1)))
+        rows.append({"model": name, "relative_error": rel, "argmax_agreement": agree})
+    return rows
+
+
+def qwix_status():
+    if importlib.util.find_spec("qwix") is None:
+        return (
+            "skipped: qwix is not in the workspace lock (adding it would change the "
+            "lock, and it needs flax); run it in its own environment to compare"
+        )
+    return "qwix installed: side-by-side comparison not implemented in this script"
+
+
+def plot(times):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5, 3.2), dpi=100)
+    for key, label in [
+        ("weight_only_vs_float32", "weight-only int8"),
+        ("int8_vs_float32", "int8 x int8"),
+        ("auto_vs_float32", "auto (quax-quant default)"),
+        ("int4 per channel auto_vs_float32", "int4 per channel, auto"),
+        ("int4 g128 auto_vs_float32", "int4, groups of 128, auto"),
+    ]:
+        ax.plot(BATCHES, [times[b][key] for b in BATCHES], marker="o", label=label)
+    ax.axhline(1.0, color="grey", lw=0.8, ls="--")
+    ax.set_xscale("log")
+    ax.set_xticks(BATCHES, [str(b) for b in BATCHES])
+    ax.set_xlabel("batch (rows)")
+    ax.set_ylabel("time / float32 dense")
+    ax.set_title(f"{N}x{N} matmul, jit, CPU")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    IMAGES.mkdir(parents=True, exist_ok=True)
+    path = IMAGES / "quant_matmul.png"
+    fig.savefig(path)
+    plt.close(fig)
+    return str(path.relative_to(IMAGES.parents[1]))
+
+
+def main(quick: bool = False) -> dict:
+    rounds = 11 if quick else 61
+    results = {
+        "machine": f"{jax.devices()[0].platform}, JAX {jax.__version__}",
+        "memory": memory(),
+        "matmul": matmul_times(rounds),
+        "sweep": sweep(5 if quick else 21),
+        "accuracy": accuracy(),
+        "qwix": qwix_status(),
+    }
+    results["plot"] = plot(results["matmul"])
+
+    print("\n## Weight memory (2048 x 2048, against float32)\n")
+    print("| layout | bytes | ratio |\n|---|---|---|")
+    for r in results["memory"]:
+        print(f"| {r['layout']} | {r['bytes']:,} | {r['ratio']:.4f}x |")
+    print("\n## Compiled matmul time against float32 dense (2048 x 2048)\n")
+    print("| path | " + " | ".join(f"batch {b}" for b in BATCHES) + " |")
+    print("|---|" + "---|" * len(BATCHES))
+    m = results["matmul"]
+    print(
+        "| float32 (ms) | "
+        + " | ".join(f"{m[b]['float32_ms']:.3f}" for b in BATCHES)
+        + " |"
+    )
+    for key in [
+        "weight_only",
+        "int8",
+        "auto",
+        "int4 g128 auto",
+        "hand weight_only",
+        "hand int8",
+    ]:
+        print(
+            f"| {key} | "
+            + " | ".join(f"{m[b][key + '_vs_float32']:.2f}x" for b in BATCHES)
+            + " |"
+        )
+    print(
+        "| quax weight_only / hand | "
+        + " | ".join(f"{m[b]['weight_only_vs_hand']:.2f}x" for b in BATCHES)
+        + " |"
+    )
+    print(
+        "| quax int8 / hand | "
+        + " | ".join(f"{m[b]['int8_vs_hand']:.2f}x" for b in BATCHES)
+        + " |"
+    )
+    s = results["sweep"]
+    print("\n## Size sweep at batch 16 (auto path)\n")
+    print("| n | quant (ms) | float32 (ms) |\n|---|---|---|")
+    for n in SWEEP:
+        t = s["times"][n]
+        print(f"| {n} | {t['quant_ms']:.3f} | {t['float32_ms']:.3f} |")
+    e = s["exponent"]
+    print(
+        f"\nfitted exponent: quant {e['quant_ms']:.2f}, float32 {e['float32_ms']:.2f}"
+    )
+    print("\n## Accuracy of a quantised MLP (256-512-512-512-10) against float32\n")
+    print("| model | relative error | argmax agreement |\n|---|---|---|")
+    for r in results["accuracy"]:
+        agree = 100 * r["argmax_agreement"]
+        print(f"| {r['model']} | {r['relative_error']:.4f} | {agree:.1f}% |")
+    print(f"\nqwix: {results['qwix']}")
+    print(f"plot: {results['plot']}")
+    return results
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--quick", action="store_true")
+    main(quick=parser.parse_args().quick)
