@@ -271,3 +271,16 @@ def test_every_pair_of_orders_gives_the_same_result():
         if ref is None:
             ref = got
         np.testing.assert_allclose(got, ref, rtol=1e-6)
+
+
+def test_while_loop_keeps_names():
+    x = named("ab", 13)
+
+    def loop(x):
+        return jax.lax.while_loop(
+            lambda c: c[0] < 3, lambda c: (c[0] + 1, c[1] * 2.0 + 1.0), (0, x)
+        )
+
+    n, out = quax.quaxify(loop)(x)
+    assert int(n) == 3 and out.names == ("a", "b")
+    np.testing.assert_allclose(out.array, loop(x.array)[1], rtol=1e-6)

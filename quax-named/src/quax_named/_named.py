@@ -187,6 +187,19 @@ class NamedArray(quax.ArrayValue):
                     f"along it (array shape {shape}, axes {labels(self.axes)})."
                 )
 
+    @classmethod
+    def _unchecked(
+        cls, array: Any, axes: tuple[Axis, ...], allow_materialise: bool
+    ) -> "NamedArray":
+        """A `NamedArray` whose axes are known to fit (a rule's result): built as
+        equinox unflattens a module, without the converter and checks of
+        `__init__`, which would cost more than the rule itself."""
+        self = object.__new__(cls)
+        object.__setattr__(self, "array", array)
+        object.__setattr__(self, "axes", axes)
+        object.__setattr__(self, "allow_materialise", allow_materialise)
+        return self
+
     # The published API ---------------------------------------------------------------
 
     @property

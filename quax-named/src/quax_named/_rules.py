@@ -44,7 +44,7 @@ def make(array: Any, axes: Sequence[Axis], allow_materialise: bool = False) -> A
     (a full reduction is a plain scalar, so a loss can be differentiated)."""
     if not axes:
         return array
-    return NamedArray(constrain(array, axes), tuple(axes), allow_materialise)
+    return NamedArray._unchecked(constrain(array, axes), tuple(axes), allow_materialise)
 
 
 def _allow(values: Sequence[Any]) -> bool:
@@ -202,9 +202,28 @@ def _relayout(x: NamedArray, out: Sequence[Axis], shape: tuple[int, ...]) -> Any
     return array
 
 
+def _same_layout(inputs: Sequence[Any]) -> NamedArray | None:
+    """The first operand when every named operand has its axes and shape and the
+    others are scalars (the common case, bound as it is); else `None`."""
+    first = None
+    for x in inputs:
+        if isinstance(x, NamedArray):
+            if first is None:
+                first = x
+            elif x.axes != first.axes or _shape(x.array) != _shape(first.array):
+                return None
+        elif np.ndim(x) != 0:
+            return None
+    return first
+
+
 def _elementwise(
     primitive: Primitive, *inputs: NamedArray | ArrayLike, **params: Any
 ) -> Any:
+    fast = _same_layout(inputs)
+    if fast is not None:
+        arrays = [x.array if isinstance(x, NamedArray) else x for x in inputs]
+        return make(bind(primitive, *arrays, **params), fast.axes, _allow(inputs))
     operands = list(inputs)
     shapes = [_shape(x) for x in operands]
     ranked = [s for s in shapes if s]
