@@ -119,6 +119,7 @@ def matmul_times(rounds, n=N, batches=BATCHES):
             "weight_only",
             "int8",
             "auto",
+            "int4 per channel auto",
             "int4 g128 auto",
             "hand weight_only",
             "hand int8",
@@ -235,7 +236,7 @@ def plot(times):
 
 
 def main(quick: bool = False) -> dict:
-    rounds = 11 if quick else 61
+    rounds = 11 if quick else 41
     results = {
         "machine": f"{jax.devices()[0].platform}, JAX {jax.__version__}",
         "memory": memory(),
@@ -263,6 +264,7 @@ def main(quick: bool = False) -> dict:
         "weight_only",
         "int8",
         "auto",
+        "int4 per channel auto",
         "int4 g128 auto",
         "hand weight_only",
         "hand int8",

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import jax
+import jax.core
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
@@ -415,9 +416,11 @@ def quantised_dot(
     rows = rows_of(x, x_contract, x_batch)
     path = matmul_path(rows, w)
     out_dtype = preferred_element_type or jnp.result_type(x.dtype, w.float_dtype)
-    dn = tuple(tuple(tuple(int(a) for a in axes) for axes in pair) for pair in dn)
-    kwargs = dict(
-        dn=dn,
+    # Hashable, for `custom_jvp`'s static arguments.
+    (lc, rc), (lb, rb) = dn
+    hashable = tuple(tuple(int(a) for a in axes) for axes in (lc, rc, lb, rb))
+    kwargs: dict[str, Any] = dict(
+        dn=(hashable[:2], hashable[2:]),
         w_is_lhs=w_is_lhs,
         path=path,
         rows=rows,

@@ -160,7 +160,7 @@ def quantise_model(
         if not select(layer):
             return layer
         weight = getattr(layer, attribute, None)
-        if not eqx.is_inexact_array(weight) or np.ndim(weight) < 1:
+        if weight is None or not eqx.is_inexact_array(weight) or np.ndim(weight) < 1:
             return layer
         # The quantised convolution takes one scale per output channel.
         conv = isinstance(layer, eqx.nn.Conv | eqx.nn.ConvTranspose)
