@@ -1,9 +1,12 @@
 """Benchmark: a unitful physics program against the same program on plain arrays.
 
-Prints a Markdown table of ratios (unitful / plain), all measured in this one run:
-the run time of the compiled program (units should cost nothing), and the time to
-trace (and lower) it. Run with `python benchmarks/units.py`; it takes about a
-minute on a CPU.
+Prints a Markdown table of ratios (unitful / plain), all measured in this one run
+(medians of interleaved rounds): the run time of the compiled program (units should
+cost nothing), the time to trace (and lower) it, and whether the two compiled
+programs hold the same instructions. Writes `docs/images/units_run.png` (the times
+of each round) and returns the raw figures. Run with
+`python benchmarks/units.py [--quick]`; it takes about a minute on a CPU (`--quick`:
+a smaller state, fewer rounds).
 
 It also times the same program with `unxt` Quantities (which run on the published
 quax), in a separate environment, since unxt pins its own quax. Make one with
@@ -13,13 +16,17 @@ quax), in a separate environment, since unxt pins its own quax. Make one with
 and point `UNXT_PYTHON` at its interpreter; without it, the unxt rows say so.
 """
 
+import argparse
 import inspect
 import json
 import os
+import re
+import statistics
 import subprocess
 import sys
 import textwrap
 import timeit
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -105,8 +112,37 @@ def _time_unxt(n):
     return json.loads(done.stdout)
 
 
-def main():
-    n = 4096
+def _instructions(hlo):
+    """The instructions of an optimised HLO module, by opcode (metadata aside)."""
+    ops = re.findall(r"^\s*(?:ROOT )?%\S+ = \S+ ([\w-]+)\(", hlo, flags=re.MULTILINE)
+    return sorted(ops)
+
+
+def _plot(t_unitful, t_plain):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(4.5, 3.2), dpi=90)
+    rounds = range(1, len(t_plain) + 1)
+    ax.plot(rounds, [t * 1e3 for t in t_plain], "o-", label="plain arrays")
+    ax.plot(rounds, [t * 1e3 for t in t_unitful], "s--", label="quantities (quaxify)")
+    ax.set_xlabel("interleaved round")
+    ax.set_ylabel("compiled run (ms)")
+    ax.set_title("damped spring scan, units vs plain")
+    ax.legend()
+    fig.tight_layout()
+    out = Path(__file__).resolve().parent.parent / "docs" / "images" / "units_run.png"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out)
+    plt.close(fig)
+    return out
+
+
+def main(quick=False):
+    n = 1024 if quick else 4096
+    rounds = 5 if quick else 15
     args = (
         Quantity(jnp.linspace(-1.0, 1.0, n), "cm"),
         Quantity(jnp.zeros(n), "m / s"),
@@ -128,21 +164,29 @@ def main():
     for got, want in zip(outs, jax.tree.leaves(plain(*plain_args)), strict=True):
         assert bool(jnp.all(got == want)), "unitful and plain results differ"
 
-    # Interleave the two so that machine noise affects both alike.
+    # Interleave the two so that machine noise affects both alike; report medians
+    # of the per-round ratios (and of the times).
     t_unitful, t_plain = [], []
-    for _ in range(10):
-        t_unitful.append(_best(run(unitful, args), 20, 3))
-        t_plain.append(_best(run(plain, plain_args), 20, 3))
-    run_ratio = min(t_unitful) / min(t_plain)
+    for _ in range(rounds):
+        t_unitful.append(_best(run(unitful, args), 10, 3))
+        t_plain.append(_best(run(plain, plain_args), 10, 3))
+    run_ratio = statistics.median(
+        u / p for u, p in zip(t_unitful, t_plain, strict=True)
+    )
 
     def trace(wrap, a):
         # A fresh function each time, so that JAX's tracing cache cannot answer.
         return lambda: jax.jit(wrap(lambda *a: simulate(*a))).trace(*a).lower()
 
-    trace_unitful = _best(trace(quax.quaxify, args), 3, 5)
-    trace_plain = _best(trace(lambda f: f, plain_args), 3, 5)
+    trace_unitful, trace_plain = [], []
+    for _ in range(3 if quick else 7):
+        trace_unitful.append(_best(trace(quax.quaxify, args), 1, 3))
+        trace_plain.append(_best(trace(lambda f: f, plain_args), 1, 3))
+    trace_ratio = statistics.median(
+        u / p for u, p in zip(trace_unitful, trace_plain, strict=True)
+    )
     hlo = [
-        jax.jit(f).lower(*a).compile().as_text().count("\n")
+        _instructions(jax.jit(f).lower(*a).compile().as_text())
         for f, a in [(quax.quaxify(simulate), args), (simulate, plain_args)]
     ]
 
@@ -152,22 +196,47 @@ def main():
     fresh(Quantity(jnp.ones(n), "km"), *args[1:])
     compilations = fresh._cache_size()
 
+    median_unitful = statistics.median(t_unitful)
+    median_plain = statistics.median(t_plain)
+    print(
+        f"{jax.devices()[0].platform}, JAX {jax.__version__}; medians of {rounds} "
+        "interleaved rounds"
+    )
     print("| measure | unitful | plain | ratio |")
     print("|---|---|---|---|")
     print(
-        f"| compiled run (2000-step scan, n={n}) | {min(t_unitful) * 1e3:.3f} ms "
-        f"| {min(t_plain) * 1e3:.3f} ms | {run_ratio:.3f}x |"
+        f"| compiled run (2000-step scan, n={n}) | {median_unitful * 1e3:.3f} ms "
+        f"| {median_plain * 1e3:.3f} ms | {run_ratio:.3f}x |"
     )
     print(
-        f"| trace + lower | {trace_unitful * 1e3:.1f} ms | {trace_plain * 1e3:.1f} ms "
-        f"| {trace_unitful / trace_plain:.2f}x |"
+        f"| trace + lower | {statistics.median(trace_unitful) * 1e3:.1f} ms "
+        f"| {statistics.median(trace_plain) * 1e3:.1f} ms | {trace_ratio:.2f}x |"
     )
-    print(f"| compiled HLO lines | {hlo[0]} | {hlo[1]} | |")
+    print(
+        f"| compiled HLO instructions | {len(hlo[0])} | {len(hlo[1])} "
+        f"| {'same opcodes' if hlo[0] == hlo[1] else 'different opcodes'} |"
+    )
     print(f"| compilations for m and km inputs | {compilations} | 1 | |")
+    image = _plot(t_unitful, t_plain)
+    print(f"plot: docs/images/{image.name}")
+    results = {
+        "machine": f"{jax.devices()[0].platform}, JAX {jax.__version__}",
+        "n": n,
+        "run_unitful_s": t_unitful,
+        "run_plain_s": t_plain,
+        "run_ratio": run_ratio,
+        "trace_unitful_s": trace_unitful,
+        "trace_plain_s": trace_plain,
+        "trace_ratio": trace_ratio,
+        "hlo_instructions": [len(hlo[0]), len(hlo[1])],
+        "same_hlo_opcodes": hlo[0] == hlo[1],
+        "compilations_m_km": compilations,
+    }
     unxt = _time_unxt(n)
     if isinstance(unxt, str):
         print(f"\nunxt: not compared: {unxt}.", file=sys.stderr)
-        return
+        return results
+    results["unxt"] = unxt
     print(
         f"| unxt {unxt['version']}: compiled run | {unxt['run'] * 1e3:.3f} ms "
         f"| {unxt['plain'] * 1e3:.3f} ms | {unxt['run'] / unxt['plain']:.3f}x |"
@@ -181,10 +250,15 @@ def main():
         f"| {run_ratio / (unxt['run'] / unxt['plain']):.3f}x |"
     )
     print(
-        f"| quax-units vs unxt: trace + lower | {trace_unitful * 1e3:.1f} ms "
-        f"| {unxt['trace'] * 1e3:.1f} ms | {trace_unitful / unxt['trace']:.2f}x |"
+        f"| quax-units vs unxt: trace + lower "
+        f"| {statistics.median(trace_unitful) * 1e3:.1f} ms "
+        f"| {unxt['trace'] * 1e3:.1f} ms "
+        f"| {statistics.median(trace_unitful) / unxt['trace']:.2f}x |"
     )
+    return results
 
 
 if __name__ == "__main__":
-    main()
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--quick", action="store_true")
+    print(json.dumps(main(parser.parse_args().quick), indent=1))

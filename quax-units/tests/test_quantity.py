@@ -192,3 +192,36 @@ def test_enable_materialise():
     np.testing.assert_allclose(allowed.materialise(), [1000.0, 2000.0])
     assert allowed.unit == q.unit and allowed.allow_materialise
     assert not allowed.enable_materialise(False).allow_materialise
+
+
+@pytest.mark.parametrize(
+    "u", ["km", "cm", "mi", "h", "ft", "km / h", "degC", "degF", "%"]
+)
+def test_given_numbers_read_back_exactly(u):
+    # The numbers a quantity was made with come back bit for bit in its unit, as in
+    # pint and unxt, although the array is held in SI-coherent units.
+    numbers = np.random.default_rng(0).uniform(-100, 100, 1000).astype(np.float32)
+    q = Quantity(jnp.asarray(numbers), u)
+    np.testing.assert_array_equal(q.value, numbers)
+    np.testing.assert_array_equal(ustrip(u, q), numbers)
+    np.testing.assert_array_equal(
+        q.to("m" if u in ("km", "cm", "mi", "ft") else u).to(u).value, numbers
+    )
+    # A computed quantity (here by `jax.jit`) reads its numbers from the SI array:
+    # float32 rounding of the SI numbers (absolute: about 3e-5 K near 300 K).
+    out = jax.jit(lambda q: q)(q)
+    np.testing.assert_allclose(out.value, numbers, rtol=2e-7, atol=1e-4)
+
+
+def test_examples_of_issue_18_round_trip():
+    assert float(Quantity(3.0, "km").value) == 3.0
+    assert float(Quantity(3, "km").value) == 3.0
+    assert float(Quantity(0.1, "degC").value) == np.float32(0.1)
+    to_f = Quantity(20.0, "degC").to("degF")
+    assert (
+        float(to_f.value) == 68.0
+        and float(ustrip("degF", Quantity(20.0, "degC"))) == 68.0
+    )
+    assert repr(to_f) == "Quantity(Array(68., dtype=float32), unit='degF')"
+    # The SI-coherent array (what programs compute on) is unchanged by `.to`.
+    np.testing.assert_array_equal(to_f.array, Quantity(20.0, "degC").array)

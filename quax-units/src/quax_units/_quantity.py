@@ -2,6 +2,7 @@
 read one."""
 
 import operator
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any, ClassVar
 
@@ -152,6 +153,10 @@ class Quantity(quax.ArrayValue):
         self.units = u.dimensions
         self.display = shown
         self.allow_materialise = allow_materialise
+        if u.scale != 1.0 or u.offset:
+            magnitude = jnp.asarray(value)
+            if not isinstance(magnitude, jax.core.Tracer):
+                _remember_given(self, magnitude, u)
 
     # A quantity is its array times its units: linear in its leaves, so the tangents
     # and cotangents of `custom_jvp`/`custom_vjp` functions keep their units.
@@ -290,7 +295,14 @@ class Quantity(quax.ArrayValue):
 
     @property
     def value(self) -> Any:
-        """The numbers in the display unit (`.array` is in SI-coherent units)."""
+        """The numbers in the display unit (`.array` is in SI-coherent units).
+
+        For a quantity made by `Quantity(value, unit)` (or converted from one with
+        `.to`), they are computed from the numbers it was given, so they come back
+        exactly: `Quantity(3.0, "km").value` is `3.0`, and
+        `Quantity(20.0, "degC").to("degF").value` is `68.0`. For a computed one
+        (the output of a rule or of `jax.jit`), from its SI-coherent array.
+        """
         return self.to_value(self.unit)
 
     def to(self, u: UnitLike) -> "Quantity":
@@ -306,7 +318,11 @@ class Quantity(quax.ArrayValue):
         """
         target = unit(u)
         conversion_factor(si_unit(self.units), target)
-        return make(self.array, self.units, target)
+        out = make(self.array, self.units, target)
+        given = _given.get(id(self))
+        if given is not None:
+            _remember_given(out, *given)
+        return out
 
     def to_value(self, u: UnitLike) -> Any:
         """The numbers of this quantity in unit `u`; see [`quax_units.ustrip`][]."""
@@ -324,6 +340,19 @@ Unitful = Quantity
 """The published quax example's name of [`quax_units.Quantity`][] (the same class):
 `Unitful(array, units)` with `units` a `Dimension` or a mapping from `Dimension` to
 exponent."""
+
+
+# The numbers a quantity was made with, in the unit it was made in, by `id` of the
+# quantity (while it lives): to read them back exactly (see `Quantity.value`). Kept
+# out of the quantity itself, as an attribute would change its pytree structure.
+# Anything computed (by a rule, `jax.jit`, `jax.tree.map`, a copy) is a new object
+# and reads its numbers from its SI-coherent array.
+_given: dict[int, tuple[Any, Unit]] = {}
+
+
+def _remember_given(q: Quantity, magnitude: Any, u: Unit) -> None:
+    _given[id(q)] = (magnitude, u)
+    weakref.finalize(q, _given.pop, id(q), None)
 
 
 def make(array: Any, dims: Dimensions, shown: Unit | None) -> Quantity:
@@ -389,6 +418,12 @@ def ustrip(u: UnitLike, q: Any) -> Any:
     target = _to_unit(u)
     if isinstance(q, Quantity):
         conversion_factor(si_unit(q.units), target)
+        given = _given.get(id(q))
+        if given is not None:
+            magnitude, source = given
+            return _convert(
+                jnp.asarray(magnitude, jnp.result_type(q.array)), source, target
+            )
         array = q.array
     elif isinstance(q, jax.core.Tracer):
         # Inside `quax.quaxify`, a traced quantity is a tracer: the primitive's rule
@@ -400,6 +435,16 @@ def ustrip(u: UnitLike, q: Any) -> Any:
     if target.offset:
         array = array - target.offset
     return array if target.scale == 1.0 else array / target.scale
+
+
+def _convert(magnitude: Any, source: Unit, target: Unit) -> Any:
+    """Numbers in `source` as numbers in `target` (same dimensions), in their dtype:
+    unchanged when the units are the same, and with the fewest roundings otherwise
+    (`20 degC` is `68 degF` exactly in float32)."""
+    ratio = source.scale / target.scale
+    shift = (source.offset - target.offset) / target.scale
+    out = magnitude if ratio == 1.0 else magnitude * ratio
+    return out if shift == 0.0 else out + shift
 
 
 def _check_dimensions(want: Dimensions | None, got: Dimensions) -> None:
