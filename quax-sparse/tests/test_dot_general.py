@@ -8,50 +8,16 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import quax
+import quax.testing.strategies as qst
 from hypothesis import given, settings
 from jax import lax
 from quax_sparse import BCOO, CSR, MaterialisationError, fromdense
 from sparse_helpers import assert_close, check, random_sparse
 
 
-@st.composite
-def layouts(draw):
-    """Two operand shapes and dimension numbers: batch, contracted and free axes of
-    random sizes, in a random order on each side."""
-    n_batch = draw(st.integers(0, 1))
-    n_contract = draw(st.integers(0, 2))
-    n_lfree = draw(st.integers(0, 2))
-    n_rfree = draw(st.integers(0, 2))
-    size = st.integers(1, 4)
-    batch = [draw(size) for _ in range(n_batch)]
-    contract = [draw(size) for _ in range(n_contract)]
-    lfree = [draw(size) for _ in range(n_lfree)]
-    rfree = [draw(size) for _ in range(n_rfree)]
-    l_axes = [("b", i) for i in range(n_batch)] + [("c", i) for i in range(n_contract)]
-    l_axes += [("f", i) for i in range(n_lfree)]
-    r_axes = [("b", i) for i in range(n_batch)] + [("c", i) for i in range(n_contract)]
-    r_axes += [("g", i) for i in range(n_rfree)]
-    l_axes = draw(st.permutations(l_axes))
-    r_axes = draw(st.permutations(r_axes))
-    sizes = {"b": batch, "c": contract, "f": lfree, "g": rfree}
-    l_shape = tuple(sizes[k][i] for k, i in l_axes)
-    r_shape = tuple(sizes[k][i] for k, i in r_axes)
-    dims = (
-        (
-            tuple(l_axes.index(("c", i)) for i in range(n_contract)),
-            tuple(r_axes.index(("c", i)) for i in range(n_contract)),
-        ),
-        (
-            tuple(l_axes.index(("b", i)) for i in range(n_batch)),
-            tuple(r_axes.index(("b", i)) for i in range(n_batch)),
-        ),
-    )
-    return l_shape, r_shape, dims
-
-
 @settings(max_examples=12, deadline=None)
 @given(
-    layout=layouts(),
+    layout=qst.dot_general_dimension_numbers(),
     sparse_left=st.booleans(),
     density=st.sampled_from([0.0, 0.3, 1.0]),
     n_batch=st.integers(0, 2),
