@@ -97,3 +97,14 @@ def test_quantisation_aware_training_reduces_loss():
         params, state, value = step(params, state)
         first = value if first is None else first
     assert value < 0.5 * first
+
+
+def test_importable_through_quax_examples():
+    import quax.examples
+
+    for name in ("quantised", "quantized", "quant"):
+        assert getattr(quax.examples, name) is qq
+    (family,) = [f for f in quax.plugins.summarise() if f.name == "quant"]
+    assert family.distribution == "quax-quant" and family.state == "loaded"
+    assert any("QuantisedArray" in t for t in family.value_types)
+    assert "dot_general" in family.primitives
