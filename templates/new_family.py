@@ -142,7 +142,7 @@ def add_to_workspace(names: Names, pyproject: Path) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("name", help="the family's name, e.g. banded")
     parser.add_argument(
         "--dest",
