@@ -17,6 +17,7 @@ from ._base import (
 )
 from ._diagonal import Diagonal as Diagonal, ScaledIdentity as ScaledIdentity
 from ._kronecker import Kronecker as Kronecker, KroneckerLU as KroneckerLU
+from ._lineax import from_lineax as from_lineax, to_lineax as to_lineax
 from ._lowrank import (
     LowRank as LowRank,
     LowRankPlusDiagonal as LowRankPlusDiagonal,

@@ -1,6 +1,6 @@
 """The base of every structured matrix: materialisation policy and refusals."""
 
-import copy
+import dataclasses
 from collections.abc import Callable
 from typing import Any, ClassVar
 
@@ -34,9 +34,7 @@ class StructuredMatrix(quax.ArrayValue):
 
     def enable_materialise(self, allow: bool = True) -> "StructuredMatrix":
         """A copy of this matrix with `allow_materialise=allow`."""
-        new = copy.copy(self)
-        object.__setattr__(new, "allow_materialise", allow)
-        return new
+        return dataclasses.replace(self, allow_materialise=allow)
 
     def dense(self) -> Array:
         """The dense array, whatever `allow_materialise` says."""

@@ -95,8 +95,15 @@ class Kronecker(StructuredMatrix):
         n = self.left.shape[0] * self.right.shape[0]
         return jax.core.ShapedArray((n, n), jnp.result_type(self.left, self.right))
 
+    def factors(self) -> tuple[Array, Array]:
+        """The two factors; symmetrised, `(a + aᵀ) / 2`, when `symmetric`, so that
+        the matrix is symmetric whatever its leaves hold (and under `grad`)."""
+        if self.symmetric:
+            return (self.left + self.left.T) / 2, (self.right + self.right.T) / 2
+        return self.left, self.right
+
     def dense(self) -> Array:
-        return jnp.kron(self.left, self.right)
+        return jnp.kron(*self.factors())
 
     def _with(self, left: Array, right: Array, **kw) -> "Kronecker":
         fields = dict(
@@ -116,12 +123,12 @@ class Kronecker(StructuredMatrix):
         return self._with(self.left * s, self.right)
 
     def matmat(self, x: Array) -> Array:
-        return _kron_apply(self.left, self.right, x)
+        return _kron_apply(*self.factors(), x)
 
     def entries(self, i: Array, j: Array) -> Array:
         n = self.shape[-1]
         return _kron_entries(
-            self.left, self.right, jnp.clip(i, 0, n - 1), jnp.clip(j, 0, n - 1)
+            *self.factors(), jnp.clip(i, 0, n - 1), jnp.clip(j, 0, n - 1)
         )
 
     def product(self, other: StructuredMatrix) -> "Kronecker | None":
@@ -130,15 +137,13 @@ class Kronecker(StructuredMatrix):
             return None
         if self.left.shape != other.left.shape:
             return None
-        return Kronecker(
-            self.left @ other.left,
-            self.right @ other.right,
-            allow_materialise=self.allow_materialise,
-        )
+        (a, b), (c, d) = self.factors(), other.factors()
+        return Kronecker(a @ c, b @ d, allow_materialise=self.allow_materialise)
 
     def lu(self) -> tuple["KroneckerLU", Array, Array]:
-        la, _, perm_a = lax.linalg.lu(self.left)
-        lb, _, perm_b = lax.linalg.lu(self.right)
+        left, right = self.factors()
+        la, _, perm_a = lax.linalg.lu(left)
+        lb, _, perm_b = lax.linalg.lu(right)
         nb = self.right.shape[0]
         perm = (perm_a[:, None] * nb + perm_b[None, :]).reshape(-1)
         return KroneckerLU(la, lb, self.allow_materialise), _pivots_of(perm), perm
@@ -146,9 +151,10 @@ class Kronecker(StructuredMatrix):
     def cholesky(self) -> "Kronecker | None":
         if not self.symmetric:
             return None
+        left, right = self.factors()
         return Kronecker(
-            lax.linalg.cholesky(self.left),
-            lax.linalg.cholesky(self.right),
+            lax.linalg.cholesky(left),
+            lax.linalg.cholesky(right),
             triangle="lower",
             allow_materialise=self.allow_materialise,
         )
@@ -162,17 +168,13 @@ class Kronecker(StructuredMatrix):
             if unit_diagonal:
                 return None
             return _factor_solve(
-                self.left,
-                self.right,
-                b,
-                lower=lower,
-                transpose_a=transpose_a,
-                unit=False,
+                *self.factors(), b, lower=lower, transpose_a=transpose_a, unit=False
             )
         # The other triangle of a triangular Kronecker product is its diagonal.
         if unit_diagonal:
             return b
-        diag = jnp.kron(jnp.diagonal(self.left), jnp.diagonal(self.right))
+        left, right = self.factors()
+        diag = jnp.kron(jnp.diagonal(left), jnp.diagonal(right))
         return b / diag[:, None]
 
 

@@ -171,9 +171,9 @@ def _times_dense(x: StructuredMatrix, y: Any) -> Any | None:
     keeps one (a pattern of zeros times anything finite is that pattern), else
     the dense product read through `x.entries`, which costs what the dense `y`
     already does (O(n²)): this is the masked branch of `jnp.diagonal`."""
-    if np.shape(y) != x.shape:
+    if np.ndim(y) != x.ndim or np.broadcast_shapes(np.shape(y), x.shape) != x.shape:
         return None
-    out = x.masked(jnp.asarray(y))
+    out = x.masked(jnp.broadcast_to(y, x.shape))
     if out is not None or x.ndim != 2:
         return out
     i, j = jnp.indices(x.shape)
@@ -281,12 +281,12 @@ def _(which: ArrayLike, *cases: StructuredMatrix | ArrayLike) -> Any:
     `lax.linalg.cholesky` returns): the structure's entries, masked."""
     out = None
     structured = [i for i, c in enumerate(cases) if isinstance(c, StructuredMatrix)]
-    if len(cases) == 2 and len(structured) == 1 and np.shape(which) == cases[0].shape:
+    if len(cases) == 2 and len(structured) == 1:
         (i,) = structured
         x, other = cases[i], cases[1 - i]
         if _is_zeros(other):
             keep = jnp.asarray(which) if i == 1 else ~jnp.asarray(which)
-            out = x.masked(keep.astype(x.dtype))
+            out = _times_dense(x, keep.astype(x.dtype))
     if out is None:
         return _fallback(prims.select_n_p, [which, *cases], {})
     return out

@@ -1,0 +1,296 @@
+"""quax-structured benchmark: unmodified `jnp` code on structured matrices through
+`jit(quaxify(...))`, against dense `jnp`, hand-written JAX and lineax.
+
+- Tridiagonal matrix-vector product (`T @ b`) and solve (`jnp.linalg.solve(T, b)`)
+  for n = 256 ... 262,144: against dense `jnp` where the dense matrix fits, against
+  hand-written JAX (three shifted products; `lax.linalg.tridiagonal_solve`) and
+  against lineax (`TridiagonalLinearOperator` with `lineax.Tridiagonal()`), with the
+  scaling exponent of quax's time fitted to the sweep.
+- Kronecker (`A ⊗ B`, SPD factors) and low-rank-plus-diagonal (`D + U Uᵀ`, rank 8)
+  solves with `jnp.linalg.solve`: against dense `jnp.linalg.solve` and against lineax
+  (a `FunctionLinearOperator` tagged positive definite, solved by `lineax.CG`,
+  which is how lineax reaches these structures).
+
+Times are medians over interleaved rounds (each round runs every method once);
+ratios are medians of the per-round ratios. Prints Markdown tables, writes
+`docs/images/structured_scaling.png`, and returns the figures.
+
+    python benchmarks/structured.py [--quick]
+"""
+
+import argparse
+import functools as ft
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import jax.random as jr
+import numpy as np
+import quax
+from jax import lax
+from quax_structured import Kronecker, LowRankPlusDiagonal, TridiagonalMatrix
+
+
+IMAGE = Path(__file__).resolve().parent.parent / "docs" / "images"
+SIZES = (256, 1024, 4096, 16384, 65536, 262144)
+DENSE_MATVEC_MAX = 8192
+DENSE_SOLVE_MAX = 2048
+
+
+def _timed(fns: dict[str, Callable[[], Any]], rounds: int) -> dict[str, list[float]]:
+    """Each function compiled (a first call), then timed once per round, rounds
+    interleaved; each timing is the mean of enough calls to last about 2 ms."""
+    reps = {}
+    for name, fn in fns.items():
+        jax.block_until_ready(fn())
+        t0 = time.perf_counter()
+        jax.block_until_ready(fn())
+        reps[name] = max(1, min(200, int(2e-3 / max(time.perf_counter() - t0, 1e-7))))
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            for _ in range(reps[name]):
+                out = fn()
+            jax.block_until_ready(out)
+            times[name].append((time.perf_counter() - t0) / reps[name])
+    return times
+
+
+def _ratio(times: dict[str, list[float]], slow: str, fast: str) -> float:
+    return statistics.median(
+        a / b for a, b in zip(times[slow], times[fast], strict=True)
+    )
+
+
+def _tridiagonal(n: int) -> tuple[TridiagonalMatrix, jax.Array]:
+    k = jr.split(jr.key(n), 4)
+    lower = jr.normal(k[0], (n - 1,))
+    upper = jr.normal(k[1], (n - 1,))
+    main = 4 + jr.normal(k[2], (n,))
+    return TridiagonalMatrix(lower, main, upper), jr.normal(k[3], (n,))
+
+
+def _handwritten_matvec(lower, main, upper, b):
+    out = main * b
+    out = out + jnp.pad(upper * b[1:], (0, 1))
+    return out + jnp.pad(lower * b[:-1], (1, 0))
+
+
+def _handwritten_solve(lower, main, upper, b):
+    dl = jnp.pad(lower, (1, 0))
+    du = jnp.pad(upper, (0, 1))
+    return lax.linalg.tridiagonal_solve(dl, main, du, b[:, None])[:, 0]
+
+
+def tridiagonal_sweep(sizes: tuple[int, ...], rounds: int) -> dict[str, Any]:
+    import lineax as lx
+
+    matvec = jax.jit(quax.quaxify(lambda t, b: t @ b))
+    solve = jax.jit(quax.quaxify(jnp.linalg.solve))
+    dense_matvec = jax.jit(lambda a, b: a @ b)
+    dense_solve = jax.jit(jnp.linalg.solve)
+    hand_matvec = jax.jit(_handwritten_matvec)
+    hand_solve = jax.jit(_handwritten_solve)
+
+    @jax.jit
+    def lineax_solve(lower, main, upper, b):
+        op = lx.TridiagonalLinearOperator(main, lower, upper)
+        return lx.linear_solve(op, b, lx.Tridiagonal()).value
+
+    rows = []
+    for n in sizes:
+        t, b = _tridiagonal(n)
+        parts = (t.lower_diag, t.main_diag, t.upper_diag, b)
+        fns = {
+            "quax matvec": ft.partial(matvec, t, b),
+            "hand matvec": ft.partial(hand_matvec, *parts),
+            "quax solve": ft.partial(solve, t, b),
+            "hand solve": ft.partial(hand_solve, *parts),
+            "lineax solve": ft.partial(lineax_solve, *parts),
+        }
+        a = None
+        if n <= DENSE_MATVEC_MAX:
+            a = t.enable_materialise().materialise()
+            fns["dense matvec"] = ft.partial(dense_matvec, a, b)
+        if n <= DENSE_SOLVE_MAX:
+            fns["dense solve"] = ft.partial(dense_solve, a, b)
+        times = _timed(fns, rounds)
+        row: dict[str, Any] = {"n": n}
+        row.update({k: statistics.median(v) for k, v in times.items()})
+        if "dense matvec" in times:
+            row["matvec speedup vs dense"] = _ratio(
+                times, "dense matvec", "quax matvec"
+            )
+        if "dense solve" in times:
+            row["solve speedup vs dense"] = _ratio(times, "dense solve", "quax solve")
+        row["matvec quax/hand"] = _ratio(times, "quax matvec", "hand matvec")
+        row["solve quax/hand"] = _ratio(times, "quax solve", "hand solve")
+        row["solve quax/lineax"] = _ratio(times, "quax solve", "lineax solve")
+        rows.append(row)
+    ns = np.log([r["n"] for r in rows])
+    fit = {
+        key: float(np.polyfit(ns, np.log([r[f"quax {key}"] for r in rows]), 1)[0])
+        for key in ("matvec", "solve")
+    }
+    big = [r for r in rows if r["n"] >= 16384]
+    if len(big) >= 2:
+        nb = np.log([r["n"] for r in big])
+        for key in ("matvec", "solve"):
+            times_big = np.log([r[f"quax {key}"] for r in big])
+            fit[f"{key} (n >= 16384)"] = float(np.polyfit(nb, times_big, 1)[0])
+    return {"rows": rows, "exponents": fit}
+
+
+def _spd(key: jax.Array, n: int) -> jax.Array:
+    a = jr.normal(key, (n, n))
+    return a @ a.T / n + jnp.eye(n)
+
+
+def _cg_solve(matvec: Callable[[jax.Array], jax.Array], b: jax.Array) -> jax.Array:
+    import lineax as lx
+
+    op = lx.FunctionLinearOperator(
+        matvec, jax.ShapeDtypeStruct(b.shape, b.dtype), lx.positive_semidefinite_tag
+    )
+    return lx.linear_solve(op, b, lx.CG(rtol=1e-6, atol=1e-6, max_steps=10_000)).value
+
+
+def kronecker_and_low_rank(sizes: tuple[int, ...], rounds: int) -> list[dict[str, Any]]:
+    solve = jax.jit(quax.quaxify(jnp.linalg.solve))
+    dense_solve = jax.jit(jnp.linalg.solve)
+
+    @jax.jit
+    def lineax_kron(a, c, b):
+        return _cg_solve(lambda v: (a @ v.reshape(a.shape[0], -1) @ c.T).ravel(), b)
+
+    @jax.jit
+    def lineax_lrpd(d, u, b):
+        return _cg_solve(lambda v: d * v + u @ (u.T @ v), b)
+
+    rows = []
+    for n in sizes:
+        side = round(n**0.5)
+        k = jr.split(jr.key(n), 5)
+        kron = Kronecker(_spd(k[0], side), _spd(k[1], side), symmetric=True)
+        lrpd = LowRankPlusDiagonal(
+            1 + jr.uniform(k[2], (n,)), jr.normal(k[3], (n, 8)) / 4
+        )
+        b = jr.normal(k[4], (n,))
+        fns = {
+            "quax kronecker": ft.partial(solve, kron, b),
+            "lineax kronecker": ft.partial(lineax_kron, kron.left, kron.right, b),
+            "quax lrpd": ft.partial(solve, lrpd, b),
+            "lineax lrpd": ft.partial(lineax_lrpd, lrpd.diag, lrpd.u, b),
+        }
+        dk = dl = None
+        if n <= DENSE_SOLVE_MAX:
+            dk = kron.enable_materialise().materialise()
+            dl = lrpd.enable_materialise().materialise()
+            fns["dense kronecker"] = ft.partial(dense_solve, dk, b)
+            fns["dense lrpd"] = ft.partial(dense_solve, dl, b)
+        times = _timed(fns, rounds)
+        row: dict[str, Any] = {"n": side * side}
+        row.update({k: statistics.median(v) for k, v in times.items()})
+        for kind in ("kronecker", "lrpd"):
+            row[f"{kind} lineax/quax"] = _ratio(times, f"lineax {kind}", f"quax {kind}")
+            if f"dense {kind}" in times:
+                row[f"{kind} dense/quax"] = _ratio(
+                    times, f"dense {kind}", f"quax {kind}"
+                )
+        rows.append(row)
+    return rows
+
+
+def _us(x: float | None) -> str:
+    return "" if x is None else f"{x * 1e6:,.1f}"
+
+
+def _x(x: float | None) -> str:
+    return "" if x is None else f"{x:,.1f}x"
+
+
+def _plot(tri: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4), dpi=80)
+    rows = tri["rows"]
+    for key, style in [
+        ("quax matvec", "o-"),
+        ("quax solve", "s-"),
+        ("hand solve", "s:"),
+        ("lineax solve", "^:"),
+        ("dense matvec", "o--"),
+        ("dense solve", "s--"),
+    ]:
+        pts = [(r["n"], r[key]) for r in rows if key in r]
+        if pts:
+            ax.loglog(*zip(*pts, strict=True), style, label=key, markersize=4)
+    ax.set_xlabel("n")
+    ax.set_ylabel("seconds per call")
+    ax.set_title("Tridiagonal, jit(quaxify(...)), CPU")
+    ax.legend(fontsize=8)
+    ax.grid(True, which="both", alpha=0.3)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def main(quick: bool = False) -> dict[str, Any]:
+    rounds = 5 if quick else 15
+    sizes = SIZES[:4] if quick else SIZES
+    tri = tridiagonal_sweep(sizes, rounds)
+    print("\n## Tridiagonal (microseconds per call; speedups in one run)\n")
+    print(
+        "| n | quax matvec | dense matvec | speedup | quax solve | dense solve | "
+        "speedup | solve quax/hand | solve quax/lineax |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
+    for r in tri["rows"]:
+        print(
+            f"| {r['n']:,} | {_us(r['quax matvec'])} | {_us(r.get('dense matvec'))} | "
+            f"{_x(r.get('matvec speedup vs dense'))} | {_us(r['quax solve'])} | "
+            f"{_us(r.get('dense solve'))} | {_x(r.get('solve speedup vs dense'))} | "
+            f"{r['solve quax/hand']:.2f} | {r['solve quax/lineax']:.2f} |"
+        )
+    print(
+        "\nFitted exponents (time ~ n^k):",
+        {k: round(v, 2) for k, v in tri["exponents"].items()},
+    )
+    ks = kronecker_and_low_rank(
+        (256, 1024) if quick else (256, 1024, 4096, 16384), rounds
+    )
+    print("\n## Kronecker and low rank plus diagonal solves (microseconds per call)\n")
+    print(
+        "| n | quax kron | dense/quax | lineax CG/quax | quax D+UUᵀ | dense/quax | "
+        "lineax CG/quax |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    for r in ks:
+        print(
+            f"| {r['n']:,} | {_us(r['quax kronecker'])} | "
+            f"{_x(r.get('kronecker dense/quax'))} | "
+            f"{_x(r['kronecker lineax/quax'])} | {_us(r['quax lrpd'])} | "
+            f"{_x(r.get('lrpd dense/quax'))} | {_x(r['lrpd lineax/quax'])} |"
+        )
+    _plot(tri, IMAGE / "structured_scaling.png")
+    return {
+        "tridiagonal": tri,
+        "kronecker_low_rank": ks,
+        "jax": jax.__version__,
+        "device": jax.devices()[0].device_kind,
+    }
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true")
+    main(parser.parse_args().quick)
