@@ -126,6 +126,24 @@ def test_structure(shape, n_batch, seed):
         assert isinstance(value, BCOO), key
 
 
+def test_concatenate_sparse_arrays():
+    rng = np.random.default_rng(6)
+    da, a = random_sparse(rng, (3, 4), 0.5, extra_nse=2)
+    db, b = random_sparse(rng, (2, 3, 4), 0.5, n_batch=1)
+
+    def f(a, b):
+        return {
+            "rows": jnp.concatenate([a, b[0], a], axis=0),
+            "cols": jnp.concatenate([a, b[1]], axis=1),
+            "batched": jnp.concatenate([b, a[None]], axis=0),
+        }
+
+    out = check(f, a, b, dense_args=(da, db))
+    assert all(isinstance(v, BCOO) for v in out.values())
+    with pytest.raises(MaterialisationError, match="`concatenate`"):
+        quax.quaxify(lambda a: jnp.concatenate([a, jnp.ones((1, 4))]))(a)
+
+
 def test_broadcast_leading_batch_dimensions():
     rng = np.random.default_rng(2)
     dense, x = random_sparse(rng, (3, 4), 0.5)

@@ -501,6 +501,33 @@ def _(
     return _window(x, starts, tuple(slice_sizes), (1,) * x.ndim)
 
 
+@quax.register(prims.concatenate_p)
+def _(*operands: BCOO, dimension: int, **params: Any) -> BCOO:
+    # Entries of every operand, the concatenated axis's index shifted by the sizes
+    # of the operands before it (batch axes become sparse ones first).
+    parts = [unbatch(x) for x in operands]
+    offset = 0
+    data, indices = [], []
+    index_dtype = jnp.result_type(*(x.indices.dtype for x in parts))
+    for x in parts:
+        shifted = x.indices.astype(index_dtype)
+        ok = valid_mask(shifted, x.shape)
+        column = jnp.where(ok, shifted[:, dimension] + offset, -1)
+        data.append(jnp.where(ok, x.data, 0))
+        indices.append(shifted.at[:, dimension].set(column))
+        offset += x.shape[dimension]
+    shape = list(parts[0].shape)
+    shape[dimension] = offset
+    out = jnp.concatenate(data).astype(jnp.result_type(*(x.dtype for x in parts)))
+    return BCOO(
+        out,
+        jnp.concatenate(indices),
+        tuple(shape),
+        all(x.allow_materialise for x in operands),
+        unique_indices=all(x.unique_indices for x in operands),
+    )
+
+
 # CSR: mixed with BCOO -----------------------------------------------------------------
 
 
