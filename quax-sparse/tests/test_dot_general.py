@@ -171,3 +171,20 @@ def test_compiled_matvec_holds_no_dense_matrix():
     assert f"[{n},{n}]" not in hlo
     dense_hlo = jax.jit(lambda a, v: a @ v).lower(np.eye(n), v).compile().as_text()
     assert f"[{n},{n}]" in dense_hlo  # the check can see a dense matrix
+
+
+def test_grad_and_jvp_inside_quaxify():
+    # The transposed products (cotangent @ a, a.T @ ...) go through the rules too.
+    rng = np.random.default_rng(6)
+    dense, x = random_sparse(rng, (6, 5), 0.4)
+    v = rng.normal(size=5).astype(np.float32)
+
+    def f(a, v):
+        return jnp.sum(jnp.tanh(a @ v) ** 2) + jnp.sum(a.T @ (a @ v))
+
+    check(jax.grad(f, argnums=1), x, v, dense_args=(dense, v))
+
+    def directional(a, v):
+        return jax.jvp(lambda v: f(a, v), (v,), (jnp.ones_like(v),))[1]
+
+    check(directional, x, v, dense_args=(dense, v))
