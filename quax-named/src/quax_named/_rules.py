@@ -94,7 +94,7 @@ def _shape(x: Any) -> tuple[int, ...]:
 _ELEMENTWISE = [
     lax.abs_p, lax.acos_p, lax.acosh_p, lax.asin_p, lax.asinh_p, lax.atan_p,
     lax.atanh_p, lax.cbrt_p, lax.ceil_p, lax.conj_p, lax.convert_element_type_p,
-    lax.copy_p, lax.cos_p, lax.cosh_p, lax.digamma_p, lax.erf_inv_p, lax.erf_p,
+    lax.cos_p, lax.cosh_p, lax.digamma_p, lax.erf_inv_p, lax.erf_p,
     lax.erfc_p, lax.exp2_p, lax.exp_p, lax.expm1_p, lax.floor_p, lax.imag_p,
     lax.integer_pow_p, lax.is_finite_p, lax.lgamma_p, lax.log1p_p, lax.log_p,
     lax.logistic_p, lax.neg_p, lax.not_p, lax.real_p, lax.reduce_precision_p,
