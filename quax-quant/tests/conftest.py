@@ -15,7 +15,7 @@ def np_integers(q) -> np.ndarray:
         return v
     low = ((v & 0xF) ^ 8) - 8
     high = (((v >> 4) & 0xF) ^ 8) - 8
-    both = np.stack([low, high], axis=-1).reshape(*v.shape[:-1], 2 * v.shape[-1])
+    both = np.concatenate([low, high], axis=-1)
     return both[..., : q.shape[-1]]
 
 

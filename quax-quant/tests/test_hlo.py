@@ -1,7 +1,7 @@
 """What the compiled programs hold: the int8 x int8 path runs an integer dot and
 never a float weight; the weight-only product at one row keeps the float weight
-inside a fusion (XLA on CPU fuses the conversion into the multiply-and-sum), and
-from two rows on XLA on CPU writes out the converted weight for its dot."""
+inside a fusion (XLA on CPU fuses the conversion into the product), and from two
+rows on XLA on CPU writes out the converted weight for its dot."""
 
 import jax.numpy as jnp
 import jax.random as jr

@@ -10,9 +10,10 @@ from hypothesis import given, settings, strategies as st
 def test_int4_packing_literal():
     values = jnp.array([[-8, 7, 1, -1, 0]], jnp.int8)
     packed = qq.pack_int4(values)
-    # byte i: element 2i in the low nibble, 2i+1 in the high nibble.
+    # byte i: element i in the low nibble, element i + 3 in the high nibble
+    # (the last axis padded with a zero to 6).
     assert packed.dtype == jnp.int8 and packed.shape == (1, 3)
-    expected = [(0x8 | 0x7 << 4), (0x1 | 0xF << 4), 0x0]
+    expected = [(0x8 | 0xF << 4), (0x7 | 0x0 << 4), 0x1]
     np.testing.assert_array_equal(np.asarray(packed).view(np.uint8)[0], expected)
     np.testing.assert_array_equal(qq.unpack_int4(packed, 5), values)
 

@@ -307,3 +307,18 @@ def test_straight_through_training_step():
         np.testing.assert_allclose(
             g, jnp.outer(jnp.full((8,), 5.0), x), rtol=1e-5, atol=1e-5
         )
+
+
+def test_vmap_over_stacked_quantised_weights(ref):
+    ws = jr.normal(jr.PRNGKey(0), (3, 8, 12))
+    qs = jax.vmap(lambda w: qq.quantise(w, bits=4, group_size=4))(ws)
+    assert qs.values.shape == (3, 8, 6) and qs.scale.shape == (3, 8, 3)
+    xs = jr.normal(jr.PRNGKey(1), (3, 12))
+    out = jax.jit(jax.vmap(quax.quaxify(lambda w, x: w @ x)))(qs, xs)
+    for i in range(3):
+        one = qq.QuantisedArray(
+            qs.values[i], qs.scale[i], None, None, bits=4, float_dtype=np.float32
+        )
+        np.testing.assert_allclose(
+            out[i], ref.dequantise(one) @ np.asarray(xs[i]), rtol=1e-5, atol=1e-5
+        )

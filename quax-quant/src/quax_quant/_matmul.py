@@ -190,6 +190,24 @@ def _reduce_dot(lhs: Array, rhs: Array, dn: DimensionNumbers) -> Array:
     return out.reshape(shape)
 
 
+def _one_row_dot(lhs: Array, rhs: Array, dn: DimensionNumbers, w_is_lhs: bool) -> Array:
+    """A one-row product, written as `x @ w.T` with `x` of shape `(1, k)`: the form
+    for which XLA on CPU fuses the conversion of `w` into the product (0.35x the
+    float32 time at 2048 x 2048, where `w @ x` converts the whole weight first and
+    takes 10x). With batch axes, a fused multiply-and-sum."""
+    if dn[1][0]:
+        return _reduce_dot(lhs, rhs, dn)
+    w, x = (lhs, rhs) if w_is_lhs else (rhs, lhs)
+    w_contract = dn[0][0] if w_is_lhs else dn[0][1]
+    k = math.prod(w.shape[a] for a in w_contract)
+    # Canonical layout (`_product`): free axes, then contracted ones.
+    w2 = w.reshape(-1, k)
+    out = lax.dot_general(x.reshape(1, k), jnp.transpose(w2), (((1,), (0,)), ((), ())))
+    shape = [lhs.shape[a] for a in range(lhs.ndim) if a not in dn[0][0]]
+    shape += [rhs.shape[a] for a in range(rhs.ndim) if a not in dn[0][1]]
+    return out.reshape(shape)
+
+
 # The product --------------------------------------------------------------------------
 
 
@@ -262,7 +280,7 @@ def _canonical_product(
         if not integer:
             lhs, rhs = lhs.astype(acc), rhs.astype(acc)
             if rows == 1:
-                return _reduce_dot(lhs, rhs, dims)
+                return _one_row_dot(lhs, rhs, dims, w_is_lhs)
         return lax.dot_general(
             lhs,
             rhs,

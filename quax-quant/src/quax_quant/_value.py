@@ -32,7 +32,9 @@ class MaterialisationError(RuntimeError):
 
 def pack_int4(values: Array) -> Array:
     """Pack signed 4-bit integers (an integer array with entries in `[-8, 7]`) two
-    per byte along the last axis, padding it with a zero to an even length.
+    per byte along the last axis: the first half of the (zero-padded to even) last
+    axis in the low four bits, the second half in the high four bits. Unpacking is
+    then a concatenation, which XLA vectorises (an interleave runs 3-5x slower).
 
     **Arguments:**
 
@@ -40,16 +42,16 @@ def pack_int4(values: Array) -> Array:
 
     **Returns:**
 
-    An `int8` array of shape `(*shape, ceil(n / 2))`: element `2i` in the low four
-    bits of byte `i`, element `2i + 1` in the high four bits.
+    An `int8` array of shape `(*shape, ceil(n / 2))`: byte `i` holds element `i`
+    (low bits) and element `i + ceil(n / 2)` (high bits).
     """
     values = jnp.asarray(values).astype(jnp.int8)
     n = values.shape[-1]
     if n % 2:
         values = jnp.pad(values, [(0, 0)] * (values.ndim - 1) + [(0, 1)])
-    pairs = values.reshape(*values.shape[:-1], values.shape[-1] // 2, 2)
-    low = lax.bitwise_and(pairs[..., 0], jnp.int8(0x0F))
-    high = lax.shift_left(pairs[..., 1], jnp.int8(4))
+    half = values.shape[-1] // 2
+    low = lax.bitwise_and(values[..., :half], jnp.int8(0x0F))
+    high = lax.shift_left(values[..., half:], jnp.int8(4))
     return lax.bitwise_or(low, high)
 
 
@@ -69,8 +71,8 @@ def unpack_int4(packed: Array, n: int) -> Array:
     four = jnp.int8(4)
     low = lax.shift_right_arithmetic(lax.shift_left(packed, four), four)
     high = lax.shift_right_arithmetic(packed, four)
-    both = jnp.stack([low, high], axis=-1)
-    return both.reshape(*packed.shape[:-1], 2 * packed.shape[-1])[..., :n]
+    both = jnp.concatenate([low, high], axis=-1)
+    return both if both.shape[-1] == n else both[..., :n]
 
 
 class QuantisedArray(quax.ArrayValue):
