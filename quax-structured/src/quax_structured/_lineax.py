@@ -3,7 +3,6 @@
 from typing import Any
 
 import jax.numpy as jnp
-import quax
 
 from ._base import StructuredMatrix
 from ._diagonal import Diagonal, ScaledIdentity
@@ -14,18 +13,20 @@ from ._tridiagonal import TridiagonalMatrix
 __all__ = ["from_lineax", "to_lineax"]
 
 
-def to_lineax(matrix: StructuredMatrix) -> Any:
+def to_lineax(matrix: StructuredMatrix, tags: Any = ()) -> Any:
     """A lineax operator for an unbatched structured matrix.
 
     `TridiagonalMatrix` becomes a `lineax.TridiagonalLinearOperator`, `Diagonal` a
     `lineax.DiagonalLinearOperator`, `ScaledIdentity` a scaled
     `lineax.IdentityLinearOperator`; every other structure a
     `lineax.FunctionLinearOperator` whose matrix-vector product is the structure's
-    own (through `quax.quaxify`), tagged symmetric where the structure is.
+    own, tagged symmetric where the structure is.
 
     **Arguments:**
 
     - `matrix`: a structured matrix without batch axes.
+    - `tags`: extra lineax tags for a `FunctionLinearOperator` (e.g.
+        `lineax.positive_semidefinite_tag`, which `lineax.CG` needs).
 
     **Returns:**
 
@@ -48,14 +49,17 @@ def to_lineax(matrix: StructuredMatrix) -> Any:
     if isinstance(matrix, ScaledIdentity):
         structure = jax.ShapeDtypeStruct((matrix.n,), matrix.dtype)
         return matrix.scale * lx.IdentityLinearOperator(structure)
-    tags = [lx.symmetric_tag] if getattr(matrix, "symmetric", False) else []
+    tags = list(tags)
+    if getattr(matrix, "symmetric", False):
+        tags.append(lx.symmetric_tag)
     if isinstance(matrix, LowerTriangular):
-        tags = [lx.lower_triangular_tag]
+        tags.append(lx.lower_triangular_tag)
     if isinstance(matrix, UpperTriangular):
-        tags = [lx.upper_triangular_tag]
+        tags.append(lx.upper_triangular_tag)
     structure = jax.ShapeDtypeStruct((matrix.shape[-1],), matrix.dtype)
-    matvec = quax.quaxify(lambda m, v: m @ v)
-    return lx.FunctionLinearOperator(lambda v: matvec(matrix, v), structure, tags)
+    return lx.FunctionLinearOperator(
+        lambda v: matrix.matmat(v[:, None])[:, 0], structure, tags
+    )
 
 
 def from_lineax(operator: Any) -> StructuredMatrix:
