@@ -1,6 +1,7 @@
 """The published API of `quax.examples.named`, exactly, and the errors around it."""
 
 import equinox as eqx
+import jax
 import jax.numpy as jnp
 import jax.random as jr
 import numpy as np
@@ -63,6 +64,8 @@ def test_refusal_names_primitive_and_way_out():
     x = NamedArray(jnp.ones((3, 4)), ("a", "b"))
     with pytest.raises(NamedMaterialisationError, match=r"primitive `sort`.*nmap"):
         quax.quaxify(jnp.sort)(x)
+    with pytest.raises(NamedMaterialisationError, match="`bitcast_convert_type`"):
+        quax.quaxify(lambda x: jax.lax.bitcast_convert_type(x, jnp.uint8))(x)
     assert issubclass(NamedMaterialisationError, RuntimeError)
     # Allowing materialisation drops the names, as in the published quax.
     out = quax.quaxify(jnp.sort)(x.enable_materialise())

@@ -192,6 +192,8 @@ def test_nmap_broadcasts_arguments_and_errors():
     np.testing.assert_allclose(out.array, x.array @ b.array.T, rtol=1e-5)
     with pytest.raises(ValueError, match="name its axes with `out_axes=`"):
         qn.nmap(lambda u: jnp.concatenate([u, u]), "feature")(x)
+    with pytest.raises(ValueError, match="must be unique; repeated: \\('batch',\\)"):
+        qn.nmap(lambda u: u, "feature", out_axes=("batch",))(x)
     with pytest.raises(ValueError, match=r"axes \['nope'\] are in none"):
         qn.nmap(jnp.sum, "nope")(x)
 

@@ -7,7 +7,6 @@ from typing import Any
 import jax
 
 from ._named import Axis, NamedArray, as_axes, labels
-from ._rules import make
 
 
 __all__ = ["nmap"]
@@ -123,7 +122,8 @@ def nmap(
                     f"nmap: out_axes {labels(axes)} name {len(axes)} axes, but an "
                     f"output has {len(own)} ({own})."
                 )
-            return make(y, (*batch, *axes))
+            out = (*batch, *axes)
+            return NamedArray(y, out) if out else y
 
         return jax.tree.map(name, out)
 

@@ -100,7 +100,7 @@ _ELEMENTWISE = [
     lax.logistic_p, lax.neg_p, lax.not_p, lax.real_p, lax.reduce_precision_p,
     lax.round_p, lax.rsqrt_p, lax.sign_p, lax.sin_p, lax.sinh_p, lax.sqrt_p,
     lax.square_p, lax.tan_p, lax.tanh_p,
-    lax.population_count_p, lax.bitcast_convert_type_p, lax.sharding_constraint_p,
+    lax.population_count_p, lax.sharding_constraint_p,
     # n-ary
     lax.add_p, lax.sub_p, lax.mul_p, lax.div_p, lax.rem_p, lax.pow_p, lax.max_p,
     lax.min_p, lax.atan2_p, lax.nextafter_p, lax.and_p, lax.or_p, lax.xor_p,
