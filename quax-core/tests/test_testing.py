@@ -31,10 +31,11 @@ class Wrapped(quax.ArrayValue):
 
     @staticmethod
     def default(primitive: Any, values: Sequence[Any], params: dict[str, Any]) -> Any:
+        cls = next(type(v) for v in values if isinstance(v, Wrapped))
         arrays = [v.array if isinstance(v, Wrapped) else v for v in values]
         out = primitive.bind(*arrays, **params)
         # Comparisons and integer results come back plain, as a family's would.
-        wrap = lambda o: Wrapped(o) if jnp.issubdtype(o.dtype, jnp.inexact) else o
+        wrap = lambda o: cls(o) if jnp.issubdtype(o.dtype, jnp.inexact) else o
         if primitive.multiple_results:
             return [wrap(o) for o in out]
         return wrap(out)
@@ -177,6 +178,26 @@ def test_refusal_inside_quaxify_fails_naming_the_check():
     assert qt.densify(Gated(X)) is X
 
 
+class Stubborn(Wrapped):
+    """Keeps its type and refuses to materialise, without `enable_materialise`."""
+
+    def materialise(self) -> jax.Array:
+        raise RuntimeError("Refusing to materialise a Stubborn")
+
+
+def test_undensifiable_values_fail_with_the_way_out():
+    with pytest.raises(AssertionError, match=r"(?s)\[eval\] .*arguments.*densify="):
+        qt.assert_matches_dense(jnp.sin, Stubborn(X))
+    # A `densify=` that knows the type.
+    unwrap = lambda t: jax.tree.map(
+        lambda v: v.array if isinstance(v, Wrapped) else v,
+        t,
+        is_leaf=lambda v: isinstance(v, Wrapped),
+    )
+    report = qt.assert_matches_dense(jnp.sin, Stubborn(X), densify=unwrap)
+    assert report.out_types == [Stubborn]
+
+
 def test_out_types():
     with pytest.raises(
         AssertionError, match=r"output leaf 0 is a ArrayImpl, expected Pair"
@@ -307,9 +328,15 @@ def test_programs_on_a_wrapper(program, data):
     x = data.draw(qst.arrays(program.in_shape, program.dtype))
     assert program(x).shape == program.out_shape
     # jit and vmap are covered above; here the programs' own variety matters.
-    qt.assert_matches_dense(
-        program, Wrapped(x), out_types=Wrapped, jit=False, vmap=False
+    report = qt.assert_matches_dense(
+        program,
+        Wrapped(x),
+        out_types=Wrapped,
+        jit=False,
+        vmap=False,
+        grad=program.reverse_mode,
     )
+    assert report.checks["jvp"] == "passed"
 
 
 @settings(max_examples=10, deadline=None)

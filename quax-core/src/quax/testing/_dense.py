@@ -155,6 +155,19 @@ class _Checker:
                     f"[{check}] the quaxified function raised {type(e).__name__}: {e}"
                 ) from e
 
+    def densify_output(self, check: str, out: Any, what: str = "output") -> Any:
+        """`out` (the quaxified output, or the arguments for the reference)
+        densified, or a failure of `check` saying how to make it densifiable."""
+        try:
+            return self.densify(out)
+        except Exception as e:
+            types = _names([type(x) for x in jtu.tree_leaves(out, is_leaf=is_value)])
+            raise AssertionError(
+                f"[{check}] the quaxified {what} (types {types}) could not be "
+                f"densified for the comparison: {type(e).__name__}: {e}. Give the "
+                "type an `enable_materialise()`, or pass `densify=`."
+            ) from e
+
     def check_types(self, check: str, out: Any) -> list[type]:
         leaves = jtu.tree_leaves(out, is_leaf=is_value)
         types = [type(x) for x in leaves]
@@ -392,8 +405,8 @@ def assert_matches_dense(
 
     out = checker.run_quax("eval", lambda: quax_fn(*args))
     report.out_types = checker.check_types("eval", out)
-    want = fn(*densify(args))
-    checker.compare("eval", densify(out), want)
+    want = fn(*checker.densify_output("eval", args, "function's arguments"))
+    checker.compare("eval", checker.densify_output("eval", out), want)
     report.checks["eval"] = "passed"
 
     # The transforms see the array leaves; the rest (functions, Python numbers, as
@@ -403,7 +416,7 @@ def assert_matches_dense(
         call = lambda *d: fn(*eqx.combine(d, static))
         out = checker.run_quax("jit", lambda: jax.jit(quaxify(call))(*dynamic))
         checker.check_types("jit", out)
-        checker.compare("jit", densify(out), want)
+        checker.compare("jit", checker.densify_output("jit", out), want)
         report.checks["jit"] = "passed"
 
     if vmap:
@@ -439,7 +452,12 @@ def _check_vmap(
     out = checker.run_quax(check, lambda: jax.jit(jax.vmap(quaxify(call)))(*stacked))
     checker.check_types(check, out)
     for i, w in enumerate(wants):
-        checker.compare(check, densify(_unstacked(out, i)), w, f"batch element {i}")
+        checker.compare(
+            check,
+            checker.densify_output(check, _unstacked(out, i)),
+            w,
+            f"batch element {i}",
+        )
     report.checks[check] = "passed"
 
     check = "quaxify(vmap)"
@@ -458,7 +476,7 @@ def _check_vmap(
         lambda: jax.jit(quaxify(jax.vmap(call, in_axes=value_axes)))(*stacked),
     )
     checker.check_types(check, out)
-    checker.compare(check, densify(out), want)
+    checker.compare(check, checker.densify_output(check, out), want)
     report.checks[check] = "passed"
 
 

@@ -199,12 +199,21 @@ class Program:
     - `steps`: the operations, as `(description, function)` pairs, applied in turn.
     - `in_shape`, `out_shape`: the shapes of its input and output.
     - `dtype`: the dtype of its input (and output).
+
+    `reverse_mode` says whether JAX can reverse-differentiate it (not through a
+    `while_loop`): pass `grad=program.reverse_mode` to
+    [`quax.testing.assert_matches_dense`][].
     """
 
     steps: tuple[tuple[str, Callable[[Any], Any]], ...]
     in_shape: tuple[int, ...]
     out_shape: tuple[int, ...]
     dtype: Any
+
+    @property
+    def reverse_mode(self) -> bool:
+        """Whether `jax.grad` works on it (no `while_loop` step)."""
+        return not any(d.startswith("while_loop") for d, _ in self.steps)
 
     def __call__(self, x: Any) -> Any:
         for _, step in self.steps:
@@ -311,8 +320,16 @@ def _draw_step(
 
         return f"scan(carry = carry * 0.5 + {inner_name}(row))", scan, shape
     n = draw(st.integers(0, 3))
-    name = f"fori_loop({n} times, {inner_name})"
-    return name, lambda x: lax.fori_loop(0, n, lambda i, c: f(c), x), shape
+
+    def loop(x: Any) -> Any:
+        # `lax.while_loop` itself (a `fori_loop` with static bounds is a scan).
+        def body(carry: tuple[Any, Any]) -> tuple[Any, Any]:
+            i, c = carry
+            return i + 1, f(c)
+
+        return lax.while_loop(lambda carry: carry[0] < n, body, (0, x))[1]
+
+    return f"while_loop({n} times, {inner_name})", loop, shape
 
 
 def programs(
@@ -329,7 +346,7 @@ def programs(
     fixed random matrix on the last axis), `sum` (over one axis), `transpose`
     (reverses the axes), `reshape` (flattens), `cond` (`lax.cond` on `sum(x) > 0`
     between two operations), `scan` (`lax.scan` over the first axis with a carry),
-    `while_loop` (`lax.fori_loop`, 0 to 3 iterations). Inside `cond`, `scan` and
+    `while_loop` (`lax.while_loop`, 0 to 3 iterations). Inside `cond`, `scan` and
     `while_loop` only the chosen operations among `neg`, `scale`, `sin`, `tanh` are
     used (`neg` when there are none), so that branches and carries keep one type.
 
