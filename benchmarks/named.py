@@ -1,9 +1,10 @@
 """quax-named: a compiled named transformer block against the same positional program.
 
 Measures, in one run (interleaved rounds, medians):
-- the compiled run time of the block on NamedArrays (through `quax.quaxify`) over the
-  plain positional program (goal: at most 1.01x), for several sequence lengths, with
-  the fitted exponent of time against length for both;
+- the compiled run time (CPU time of the process) of the block on NamedArrays
+  (through `quax.quaxify`) over the plain positional program (goal: at most
+  1.01x), for several sequence lengths, with the fitted exponent of time against
+  length for both, and whether the two compiled programs are the same;
 - the trace time (`jax.make_jaxpr`) of the named program over the positional one.
 
 `python benchmarks/named.py [--quick]`; writes docs/images/named_block.png.
@@ -64,11 +65,13 @@ def make(seq: int) -> tuple[dict[str, Any], Any, dict[str, Any], Any, Any]:
 
 
 def _time(fn: Any, *args: Any, calls: int = 10) -> float:
-    start = time.perf_counter()
+    """Seconds of CPU time of this process (all its threads) per call: on a machine
+    shared with other jobs, less noisy than wall-clock time."""
+    start = time.process_time()
     for _ in range(calls):
         out = fn(*args)
     jax.block_until_ready(out)
-    return (time.perf_counter() - start) / calls
+    return (time.process_time() - start) / calls
 
 
 def _ops(fn: Any, *args: Any) -> list[str]:
@@ -193,7 +196,7 @@ def main(quick: bool = False) -> dict[str, Any]:
         label="named (quaxify)",
     )
     ax.set_xlabel("sequence length")
-    ax.set_ylabel("compiled block time (ms)")
+    ax.set_ylabel("compiled block, CPU time (ms)")
     ax.set_title("transformer block, CPU")
     ax.legend()
     fig.tight_layout()
