@@ -13,10 +13,11 @@ def np_integers(q) -> np.ndarray:
     v = np.asarray(q.values).astype(np.int16)
     if q.bits == 8:
         return v
+    v = np.moveaxis(v, q.packed_axis, -1)
     low = ((v & 0xF) ^ 8) - 8
     high = (((v >> 4) & 0xF) ^ 8) - 8
     both = np.concatenate([low, high], axis=-1)
-    return both[..., : q.shape[-1]]
+    return np.moveaxis(both[..., : q.shape[q.packed_axis]], -1, q.packed_axis)
 
 
 def np_blocks(block: np.ndarray, shape) -> np.ndarray:

@@ -36,8 +36,10 @@ def test_int8_path_has_integer_dot_and_no_float_weight():
 
 
 def test_weight_only_one_row_never_writes_the_float_weight():
-    for bits in (8, 4):
-        w = _weight(bits=bits, matmul="weight_only")
+    grouped = qq.quantise(
+        jr.normal(jr.PRNGKey(0), (N, K)), bits=4, group_size=32, symmetric=False
+    )
+    for w in (_weight(matmul="weight_only"), _weight(bits=4), grouped):
         x = jr.normal(jr.PRNGKey(1), (K,))
         hlo = quax.testing.compiled_hlo(lambda w, x: w @ x, w, x)
         assert ("f32", (N, K)) not in _entry_arrays(hlo)

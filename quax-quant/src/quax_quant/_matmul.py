@@ -266,6 +266,14 @@ def _canonical_product(
     q = w.integers()
     w_contract, w_batch = _sides(dn, w_is_lhs)
     x_contract, x_batch = _sides(dn, not w_is_lhs)
+    if path == "weight_only" and rows == 1 and not w_batch:
+        # One row: XLA on CPU fuses the conversion and the scaling (whatever the
+        # layout) into the product, so no float weight is written.
+        deq = q.astype(acc) * w.expanded(w.scale.astype(acc))
+        if w.zero_point is not None:
+            deq = deq - w.expanded((w.zero_point * w.scale).astype(acc))
+        lhs, rhs = (deq, x.astype(acc)) if w_is_lhs else (x.astype(acc), deq)
+        return _one_row_dot(lhs, rhs, dn, w_is_lhs).astype(out_dtype)
     w_keep = [a for a in range(q.ndim) if a not in w_contract]
     scale = expand_axes(w, w.scale.astype(acc), w_keep)
     scaled = [i for i in w_contract if w.scale.shape[i] > 1]
@@ -360,17 +368,17 @@ def _canonical_product(
     return main.astype(out_dtype)
 
 
-def _static_fields(w: QuantisedArray) -> tuple[int, Any, bool, bool, str]:
-    return (w.bits, w.float_dtype, w.odd, w.allow_materialise, w.matmul)
+def _static_fields(w: QuantisedArray) -> tuple[int, Any, bool, int, bool, str]:
+    return (w.bits, w.float_dtype, w.odd, w.packed_axis, w.allow_materialise, w.matmul)
 
 
 def _rebuild(
-    fields: tuple[int, Any, bool, bool, str],
+    fields: tuple[int, Any, bool, int, bool, str],
     values: Array,
     scale: Array,
     zero: Array | None,
 ) -> QuantisedArray:
-    bits, float_dtype, odd, allow_materialise, matmul = fields
+    bits, float_dtype, odd, packed_axis, allow_materialise, matmul = fields
     return QuantisedArray(
         values,
         scale,
@@ -379,6 +387,7 @@ def _rebuild(
         bits=bits,
         float_dtype=float_dtype,
         odd=odd,
+        packed_axis=packed_axis,
         allow_materialise=allow_materialise,
         matmul=matmul,
     )

@@ -200,6 +200,20 @@ def _map(w: QuantisedArray, on_values: Any, on_blocks: Any) -> QuantisedArray:
 @quax.register(lax.transpose_p)
 def _(operand: QuantisedArray, *, permutation: Sequence[int]) -> QuantisedArray:
     perm = tuple(permutation)
+    if operand.bits == 4:
+        # Permute the bytes; the packed axis moves with them.
+        ndim = operand.ndim
+        packed = perm.index(ndim + operand.packed_axis) - ndim
+        zero = operand.zero_point
+        master = operand.master
+        return dataclasses.replace(
+            operand,
+            values=lax.transpose(operand.values, perm),
+            scale=lax.transpose(operand.scale, perm),
+            zero_point=None if zero is None else lax.transpose(zero, perm),
+            master=None if master is None else lax.transpose(master, perm),
+            packed_axis=packed,
+        )
     return _map(
         operand, lambda a: lax.transpose(a, perm), lambda b: lax.transpose(b, perm)
     )
@@ -472,6 +486,7 @@ def _(
         bits=operand.bits,
         float_dtype=np.dtype(new_dtype),
         odd=operand.odd,
+        packed_axis=operand.packed_axis,
         allow_materialise=operand.allow_materialise,
         matmul=operand.matmul,
     )

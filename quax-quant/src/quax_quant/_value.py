@@ -109,7 +109,10 @@ class QuantisedArray(quax.ArrayValue):
         straight-through gradients (see `quantise(..., straight_through=True)`).
     - `bits`: 8 or 4 (static).
     - `float_dtype`: the dtype of the dequantised array (static); also `.dtype`.
-    - `odd`: whether a `bits=4` array's last axis has odd length (static).
+    - `odd`: whether a `bits=4` array's packed axis has odd length (static).
+    - `packed_axis`: the axis a `bits=4` array is packed along, counted from the end
+        (static; `-1` unless a transpose moved it: transposes permute the bytes and
+        never repack).
     - `allow_materialise`: whether operations without a rule may dequantise (static).
     - `matmul`: the product path with a float operand: `"auto"`, `"weight_only"` or
         `"int8"` (static; see [`quax_quant.matmul_path`][]).
@@ -122,6 +125,7 @@ class QuantisedArray(quax.ArrayValue):
     bits: int = eqx.field(static=True)
     float_dtype: Any = eqx.field(static=True)
     odd: bool = eqx.field(static=True, default=False)
+    packed_axis: int = eqx.field(static=True, default=-1)
     allow_materialise: bool = eqx.field(static=True, default=False)
     matmul: str = eqx.field(static=True, default="auto")
 
@@ -130,6 +134,11 @@ class QuantisedArray(quax.ArrayValue):
     def __check_init__(self) -> None:
         if self.bits not in (4, 8):
             raise ValueError(f"QuantisedArray supports bits=8 or 4, got {self.bits}.")
+        if not -max(np.ndim(self.values), 1) <= self.packed_axis < 0:
+            raise ValueError(
+                "QuantisedArray's packed_axis counts from the end (-1, -2, ...), got "
+                f"{self.packed_axis} for {np.ndim(self.values)} axes."
+            )
         if self.matmul not in MATMUL_PATHS:
             raise ValueError(
                 f"QuantisedArray's matmul must be one of {MATMUL_PATHS}, got "
@@ -164,10 +173,10 @@ class QuantisedArray(quax.ArrayValue):
 
     @property
     def shape(self) -> tuple[int, ...]:
-        shape = tuple(np.shape(self.values))
+        shape = list(np.shape(self.values))
         if self.bits == 4 and shape:
-            return (*shape[:-1], 2 * shape[-1] - int(self.odd))
-        return shape
+            shape[self.packed_axis] = 2 * shape[self.packed_axis] - int(self.odd)
+        return tuple(shape)
 
     @property
     def group_sizes(self) -> tuple[int, ...]:
@@ -189,7 +198,9 @@ class QuantisedArray(quax.ArrayValue):
     def integers(self) -> Array:
         """The integers `q` unpacked, as `int8`, shape `self.shape`."""
         if self.bits == 4:
-            return unpack_int4(self.values, self.shape[-1])
+            n = self.shape[self.packed_axis]
+            packed = jnp.moveaxis(self.values, self.packed_axis, -1)
+            return jnp.moveaxis(unpack_int4(packed, n), -1, self.packed_axis)
         return self.values
 
     def expanded(self, block: Array) -> Array:
