@@ -1,116 +1,179 @@
 """A tour of quax and its families: the main job of this repository.
 
-Run with `bash scripts/demo.sh` (it builds the environment first).
+Runs every example program of `examples/` in turn (each also runs on its own), with
+progress, then prints a summary table and names the folder its plots were written to.
+A family that is not installed is skipped, saying which distribution to install.
+
+    bash scripts/demo.sh                  # builds the environment, then runs this
+    python examples/tour.py [--out DIR]   # plots go to DIR (default: build/tour)
 """
 
-import equinox as eqx
-import jax
+import argparse
+import dataclasses
+import importlib.util
+import inspect
+import json
+import pathlib
+import time
+from collections.abc import Callable
+
 import jax.numpy as jnp
-import jax.random as jr
 import quax
+import quax.testing
 
 
-def section(title: str) -> None:
-    print(f"\n== {title}")
+HERE = pathlib.Path(__file__).resolve().parent
 
 
-def lora_tour() -> None:
-    section("LoRA: fine-tune an Equinox model without touching its code")
-    import quax.examples.lora as lora
+@dataclasses.dataclass(frozen=True)
+class Stop:
+    """One stop of the tour: an example program and what it needs."""
 
-    key1, key2, key3 = jr.split(jr.PRNGKey(0), 3)
-    linear = eqx.nn.Linear(10, 12, key=key1)
-    vector = jr.normal(key2, (10,))
-
-    def run(model, x):
-        return model(x)
-
-    lora_weight = lora.LoraArray(linear.weight, rank=2, key=key3)
-    lora_linear = eqx.tree_at(lambda lin: lin.weight, linear, lora_weight)
-    out = quax.quaxify(run)(lora_linear, vector)
-    print("LoRA linear output:", out.shape, "==", run(linear, vector).shape)
-
-    mlp = eqx.nn.MLP(16, 4, width_size=32, depth=2, key=key1)
-    lora_mlp = lora.loraify(mlp, rank=4, key=key3)
-    x = jr.normal(key2, (16,))
-    y = eqx.filter_jit(quax.quaxify(lambda m, v: m(v)))(lora_mlp, x)
-    print("loraified MLP, jitted:", y)
-    print("parameters:", lora.count_parameters(lora_mlp))
-    merged = lora.merge(lora_mlp)
-    print("merged model agrees:", bool(jnp.allclose(merged(x), y, atol=1e-5)))
+    title: str
+    example: str  # a file of `examples/`, without `.py`
+    needs: tuple[str, ...]  # import name -> distribution, see `DISTRIBUTIONS`
+    devices: int = 1  # > 1: run in a subprocess with this many simulated devices
 
 
-def units_tour() -> None:
-    section("Units: checked at trace time, free at run time")
-    from quax_units import Quantity, UnitError, ustrip
+DISTRIBUTIONS = {
+    "quax_lora": "quax-lora",
+    "quax_units": "quax-units",
+    "quax_sparse": "quax-sparse",
+    "quax_structured": "quax-structured",
+    "quax_quant": "quax-quant",
+    "quax_named": "quax-named",
+    "diffrax": "diffrax",
+    "optax": "optax",
+}
 
-    @jax.jit
-    @quax.quaxify
-    def kinetic_energy(m, v):
-        return 0.5 * m * v**2
+STOPS = (
+    Stop("LoRA fine-tuning of an Equinox MLP", "lora_finetune", ("quax_lora", "optax")),
+    Stop(
+        "A damped oscillator with units", "units_oscillator", ("quax_units", "diffrax")
+    ),
+    Stop("Conjugate gradients on a sparse Laplacian", "sparse_cg", ("quax_sparse",)),
+    Stop(
+        "Tridiagonal solves at O(n), and a Gaussian process",
+        "structured_tridiagonal",
+        ("quax_structured",),
+    ),
+    Stop(
+        "QLoRA: int4 base weights, LoRA adapters",
+        "quant_qlora",
+        ("quax_quant", "quax_lora", "optax"),
+    ),
+    Stop(
+        "Named-axis attention, sharded on 8 simulated devices",
+        "named_attention",
+        ("quax_named",),
+        devices=8,
+    ),
+)
 
-    e = kinetic_energy(Quantity(2.0, "kg"), Quantity(jnp.array([3.0, 4.0]), "km / s"))
-    print("kinetic energy:", ustrip("kJ", e), "kJ")
-    try:
-        quax.quaxify(lambda a, b: a + b)(Quantity(1.0, "m"), Quantity(1.0, "s"))
-    except UnitError as e:
-        print("adding metres to seconds fails at trace time:", str(e).splitlines()[0])
 
-    # An unchanged program that records a fall into a buffer of plain zeros: the
-    # buffer takes the units written into it.
-    def fall(height, g, dt):
-        def step(i, state):
-            h, v, record = state
-            v = v - g * dt
-            h = h + v * dt
-            return h, v, record.at[i].set(h)
+def _missing(stop: Stop) -> list[str]:
+    return [
+        DISTRIBUTIONS[name]
+        for name in stop.needs
+        if importlib.util.find_spec(name) is None
+    ]
 
-        return jax.lax.fori_loop(0, 4, step, (height, 0 * g * dt, jnp.zeros(4)))[2]
 
-    heights = jax.jit(quax.quaxify(fall))(
-        Quantity(10.0, "m"), Quantity(9.81, "m / s2"), Quantity(0.1, "s")
+def _load_main(example: str) -> Callable[..., dict[str, str]]:
+    path = HERE / f"{example}.py"
+    spec = importlib.util.spec_from_file_location(f"quax_tour_{example}", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.main
+
+
+def _run_on_devices(stop: Stop) -> dict[str, str]:
+    # The device count is fixed when JAX starts: run the example in a fresh process.
+    source = f"""
+        import json, runpy
+        result = runpy.run_path({str(HERE / (stop.example + ".py"))!r})["main"]()
+        print("TOUR-RESULT " + json.dumps(result))
+    """
+    out = quax.testing.run_on_simulated_devices(
+        source, n=stop.devices, warnings_as_errors=False
     )
-    print("recorded heights:", ustrip("cm", heights), "cm")
-
-    # diffrax, unchanged, with its defaults: a Quantity state, a Quantity out.
-    import diffrax
-
-    def decay(y0, rate):
-        term = diffrax.ODETerm(lambda t, y, k: -k * y)
-        return diffrax.diffeqsolve(term, diffrax.Tsit5(), 0.0, 1.0, 0.1, y0, rate).ys
-
-    y1 = jax.jit(quax.quaxify(decay))(Quantity(jnp.array([1.0, 2.0]), "mol / L"), 0.5)
-    print("diffrax decay, y(1):", ustrip("mmol / L", y1), "mmol/L")
+    lines = out.splitlines()
+    print("\n".join(line for line in lines if not line.startswith("TOUR-RESULT ")))
+    result = next(line for line in lines if line.startswith("TOUR-RESULT "))
+    return json.loads(result.removeprefix("TOUR-RESULT "))
 
 
-def zero_tour() -> None:
-    section("Symbolic zeros: structure that costs nothing")
+def run_stop(stop: Stop, out_dir: pathlib.Path) -> dict[str, str]:
+    """Run one example's `main()`, giving it `out_dir` if it draws plots."""
+    if stop.devices > 1:
+        return _run_on_devices(stop)
+    main = _load_main(stop.example)
+    if "out_dir" in inspect.signature(main).parameters:
+        return main(out_dir=str(out_dir))
+    return main()
+
+
+def core_stop() -> dict[str, str]:
+    """The core alone: symbolic zeros, and the installed families."""
     from quax.zero import Zero
 
     z = Zero((3,), jnp.float32)
     out = quax.quaxify(lambda a, b: a * b + b)(z, jnp.arange(3.0))
-    print("Zero * x + x ->", out)
-    print(jax.make_jaxpr(quax.quaxify(lambda a, b: a * b))(z, jnp.arange(3.0)))
-
-
-def introspection_tour() -> None:
-    section("Introspection: installed families and materialisation reports")
-    for family in quax.plugins.summarise():
+    print(f"Zero * x + x -> {out}")
+    families = quax.plugins.summarise()
+    for family in families:
         print(
             f"{family.name}: {family.distribution} {family.version}, "
             f"{family.num_rules} rules over {len(family.primitives)} primitives"
         )
-    import quax.examples.lora as lora
+    return {
+        "Zero * x + x": str(out.tolist()),
+        "families installed": ", ".join(f.name for f in families),
+    }
 
-    w = lora.LoraArray(
-        jnp.ones((4, 4)), rank=1, allow_materialise=True, key=jr.PRNGKey(0)
-    )
-    report = quax.plugins.materialisations(lambda a: jnp.tanh(a) @ jnp.ones(4), w)
-    print(report)
+
+def main(out_dir: str = "build/tour") -> dict[str, dict[str, str]]:
+    out = pathlib.Path(out_dir).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    results: dict[str, dict[str, str]] = {}
+    timings: dict[str, str] = {}
+    total = len(STOPS) + 1
+    start = time.perf_counter()
+    for i, (title, run) in enumerate(
+        [("The core: symbolic zeros and the installed families", core_stop)]
+        + [(stop.title, stop) for stop in STOPS],
+        start=1,
+    ):
+        print(f"\n== [{i}/{total}] {title}", flush=True)
+        t0 = time.perf_counter()
+        if isinstance(run, Stop):
+            missing = _missing(run)
+            if missing:
+                note = f"skipped: pip install {' '.join(missing)}"
+                print(note)
+                results[title] = {"status": note}
+                timings[title] = "-"
+                continue
+            results[title] = run_stop(run, out)
+        else:
+            results[title] = run()
+        timings[title] = f"{time.perf_counter() - t0:.0f} s"
+        print(f"-- done in {timings[title]}", flush=True)
+
+    print("\n## Summary\n")
+    print("| stop | time | figures |")
+    print("|---|---|---|")
+    for title, figures in results.items():
+        shown = "; ".join(f"{k}: {v}" for k, v in figures.items()).replace("|", "\\|")
+        print(f"| {title} | {timings[title]} | {shown} |")
+    print(f"\nTotal {time.perf_counter() - start:.0f} s.")
+    plots = sorted(p.name for p in out.glob("*.png"))
+    print(f"Plots written to {out}: {', '.join(plots) or 'none'}")
+    return results
 
 
 if __name__ == "__main__":
-    lora_tour()
-    units_tour()
-    zero_tour()
-    introspection_tour()
+    parser = argparse.ArgumentParser(description="A tour of quax and its families.")
+    parser.add_argument("--out", default="build/tour", help="folder for the plots")
+    main(parser.parse_args().out)
