@@ -166,6 +166,10 @@ def test_errors_name_the_axes():
         quax.quaxify(lambda x, y: jnp.tensordot(x, y, axes=([1], [0])))(
             named("ab", 1), named("ba", 2)
         )
+    with pytest.raises(TypeError, match="'b' is contracted .* and kept"):
+        quax.quaxify(lambda x, y: jnp.broadcast_to(x, (3, 3)).T @ y)(
+            named("b", 1), named("bc", 2)
+        )
     with pytest.raises(TypeError, match=r"unnamed array of shape \(3, 4\)"):
         quax.quaxify(jnp.matmul)(x, jnp.ones((3, 4)))
 

@@ -301,6 +301,14 @@ def _dot_general(
     rhs_free = [a for i, a in enumerate(rhs.axes) if i not in rc and i not in rb]
     out = batch + lhs_free + rhs_free
     keys = [a.key for a in out]
+    contracted = [lhs.axes[i] for i in lc] + [rhs.axes[j] for j in rc]
+    kept = [a for a in contracted if not isinstance(a, Broadcast) and a.key in keys]
+    if kept:
+        raise TypeError(
+            f"Ambiguous contraction: axis {kept[0].label()!r} is contracted (against "
+            f"a broadcast axis) and kept in {labels(lhs.axes)} @ {labels(rhs.axes)}. "
+            "Contract by name with `quax_named.dot`/`quax_named.einsum`."
+        )
     clash = [a for k, a in enumerate(out) if a.key in keys[:k]]
     if clash:
         raise TypeError(
