@@ -195,6 +195,8 @@ def main(quick: bool = False) -> dict[str, Any]:
         "s--",
         label="named (quaxify)",
     )
+    ax.set_xticks(seqs, [str(n) for n in seqs])
+    ax.minorticks_off()
     ax.set_xlabel("sequence length")
     ax.set_ylabel("compiled block, CPU time (ms)")
     ax.set_title("transformer block, CPU")

@@ -166,7 +166,7 @@ def test_errors_name_the_axes():
         quax.quaxify(lambda x, y: jnp.tensordot(x, y, axes=([1], [0])))(
             named("ab", 1), named("ba", 2)
         )
-    with pytest.raises(TypeError, match="'b' is contracted .* and kept"):
+    with pytest.raises(TypeError, match=r"'b' is contracted .* and kept"):
         quax.quaxify(lambda x, y: jnp.broadcast_to(x, (3, 3)).T @ y)(
             named("b", 1), named("bc", 2)
         )
