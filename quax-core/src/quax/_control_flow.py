@@ -54,14 +54,14 @@ from ._registry import register
 from ._values import Value, ValueLike, is_value
 
 
-__all__ = ["quaxified"]
+__all__: list[str] = []
 
 _eval_cache: "weakref.WeakKeyDictionary[Any, Callable[..., list[Any]]]" = (
     weakref.WeakKeyDictionary()
 )
 
 
-def quaxified(jaxpr: Any) -> Callable[..., list[Any]]:
+def _quaxified(jaxpr: Any) -> Callable[..., list[Any]]:
     """A quaxified function evaluating `jaxpr` (closed or open), cached per jaxpr so
     that JAX's own tracing caches hit when the same jaxpr comes back."""
     try:
@@ -152,7 +152,7 @@ def _jitted(jaxpr: Any, key: tuple[Any, ...]) -> Callable[..., Any]:
     except KeyError:
         pass
     name, donate, keep_unused, shardings, consts = key
-    fn = quaxified(jaxpr)
+    fn = _quaxified(jaxpr)
 
     def body(*dynamic: Any) -> Any:
         it = iter(dynamic)
@@ -177,7 +177,7 @@ def _cond(
     del params
     if isinstance(index, Value):
         index = index.materialise()
-    fns = [quaxified(b) for b in branches]
+    fns = [_quaxified(b) for b in branches]
     join = Join(lambda i: f"output {i} of a cond/switch")
     seen: list[Any] = []
 
@@ -247,8 +247,8 @@ def _while(
     cond_consts = args[:cond_nconsts]
     body_consts = args[cond_nconsts : cond_nconsts + body_nconsts]
     carry = list(args[cond_nconsts + body_nconsts :])
-    cond_fn = quaxified(cond_jaxpr)
-    body_fn = quaxified(body_jaxpr)
+    cond_fn = _quaxified(cond_jaxpr)
+    body_fn = _quaxified(body_jaxpr)
     fori = (body_source(cond_jaxpr) or "").startswith("_fori_cond_fun")
     what = "fori_loop" if fori else "while_loop"
 
@@ -351,7 +351,7 @@ def _scan(
         else materialise_to_join(x, f"scanned-over input {i}")
         for i, x in enumerate(args[num_consts + num_carry :])
     ]
-    body_fn = quaxified(jaxpr)
+    body_fn = _quaxified(jaxpr)
     # Outputs stacked leafwise must still describe the stacked value; those that
     # would not are materialised in the body.
     dense_ys: set[int] = set()
@@ -423,7 +423,7 @@ def _remat(
     *args: ValueLike, jaxpr: Any, prevent_cse: bool, policy: Any, **params: Any
 ) -> list[Any]:
     del params
-    return jax.checkpoint(quaxified(jaxpr), prevent_cse=prevent_cse, policy=policy)(
+    return jax.checkpoint(_quaxified(jaxpr), prevent_cse=prevent_cse, policy=policy)(
         *args
     )
 
@@ -451,7 +451,7 @@ def _linear_solve(*args: ValueLike, const_lengths: Any, jaxprs: Any) -> list[Any
         return out
 
     def call(jaxpr: Any, consts: Sequence[Any]) -> Callable[..., Any]:
-        fn = quaxified(jaxpr)
+        fn = _quaxified(jaxpr)
 
         def f(_: Any, x: list[Any]) -> Any:
             out = fn(*consts, *x)
@@ -462,7 +462,7 @@ def _linear_solve(*args: ValueLike, const_lengths: Any, jaxprs: Any) -> list[Any
         return f
 
     def matvec(x: list[Any]) -> list[Any]:
-        return joined(quaxified(jaxprs.matvec)(*matvec_c, *x))
+        return joined(_quaxified(jaxprs.matvec)(*matvec_c, *x))
 
     symmetric = jaxprs.vecmat is jaxprs.matvec
     transpose_solve = (

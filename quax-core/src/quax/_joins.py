@@ -42,7 +42,6 @@ __all__ = [
     "Rejoined",
     "carry_names",
     "catching",
-    "trying",
     "join_fills",
     "join_until_stable",
     "lift",
@@ -50,6 +49,7 @@ __all__ = [
     "materialise_to_join",
     "skeleton",
     "structure",
+    "trying",
 ]
 
 _T = TypeVar("_T")
