@@ -10,7 +10,9 @@ lora = "quax_lora._plugin"
 The entry point's name is the family's name; its object (usually a module) implements
 some of the hooks below, each marked with `@quax.hookspecs.hookimpl`. Quax loads the
 families lazily (the first quaxified call, the first `quax.examples` access, or
-`quax.plugins.load()`), calling `quax_register_rules` once per family.
+`quax.plugins.load()`), calling `quax_register_rules` once per family. The symbolic
+zeros are a family built into quax-core (`quax.zero._plugin` implements these hooks),
+loaded at `import quax`.
 """
 
 from collections.abc import Sequence
