@@ -169,16 +169,9 @@ def test_generated_family_lints_and_passes_its_tests(tmp_path):
         "[quax.rules]\nbanded_matrix = quax_banded_matrix._plugin\n"
     )
     env = dict(os.environ, PYTHONPATH=str(src), JAX_PLATFORMS="cpu")
+    options = ["-q", "-p", "no:cacheprovider", "-W", "error"]
     result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "-qp",
-            "no:cacheprovider",
-            "-Werror",
-            str(family),
-        ],
+        [sys.executable, "-m", "pytest", *options, str(family)],
         cwd=tmp_path,
         env=env,
         capture_output=True,

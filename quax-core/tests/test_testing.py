@@ -1,7 +1,11 @@
 """The conformance kit `quax.testing`: it passes on correct rules and fails, naming
 the check, on planted wrong ones."""
 
+import os
+import subprocess
+import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, ClassVar
 
 import equinox as eqx
@@ -353,3 +357,44 @@ def test_strategy_errors():
         qst.dtypes(["floaty"])
     with pytest.raises(ValueError, match=r"unknown ops \['exp'\]"):
         qst.programs(ops=["exp"])
+
+
+PLUGIN_TESTS = """
+import jax.numpy as jnp
+import pytest
+import quax
+from tests.test_testing import Plain, Wrapped, X
+
+
+def test_kit_fixture(quax_testing):
+    quax_testing.assert_matches_dense(jnp.sin, Wrapped(X), vmap=False, grad=False)
+
+
+@pytest.mark.usefixtures("quax_no_materialisation")
+def test_keeps_structure():
+    quax.quaxify(jnp.sin)(Wrapped(X))
+
+
+@pytest.mark.usefixtures("quax_no_materialisation")
+def test_materialises():
+    quax.quaxify(jnp.sin)(Plain(X))
+"""
+
+
+def test_pytest_plugin(tmp_path):
+    # Loaded by name here; installed, the `pytest11` entry point loads it.
+    (tmp_path / "test_plugin.py").write_text(PLUGIN_TESTS)
+    core = Path(__file__).resolve().parents[1]
+    options = ["-q", "-p", "quax.testing._pytest_plugin", "-p", "no:cacheprovider"]
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", *options, str(tmp_path)],
+        cwd=tmp_path,
+        env=dict(os.environ, PYTHONPATH=str(core), JAX_PLATFORMS="cpu"),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    # The materialising test errors at the fixture's teardown.
+    assert "3 passed, 1 error" in result.stdout, result.stdout
+    assert "the test materialised quax values" in result.stdout
+    assert "sin, Plain: 1" in result.stdout
