@@ -322,3 +322,22 @@ def test_vmap_over_stacked_quantised_weights(ref):
         np.testing.assert_allclose(
             out[i], ref.dequantise(one) @ np.asarray(xs[i]), rtol=1e-5, atol=1e-5
         )
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"axis": 0},
+        {"bits": 4, "group_size": 4, "symmetric": False},
+        {"axis": 1, "symmetric": False},
+    ],
+)
+def test_conformance_kit_weight_only(kwargs):
+    """quax.testing's check: values, jit, vmap over a stacked batch, grad and jvp
+    with respect to the float leaves (scales, zero points, activations). The int8
+    path adds the activations' rounding by design (bounded above)."""
+    import quax.testing
+
+    w = qq.quantise(jr.normal(jr.PRNGKey(0), (8, 12)), matmul="weight_only", **kwargs)
+    x = jr.normal(jr.PRNGKey(1), (12,))
+    quax.testing.assert_matches_dense(lambda w, x: w @ x, w, x, rtol=1e-4, atol=1e-4)
