@@ -1,6 +1,7 @@
 """The conformance kit `quax.testing`: it passes on correct rules and fails, naming
 the check, on planted wrong ones."""
 
+import importlib.metadata
 import os
 import subprocess
 import sys
@@ -382,10 +383,13 @@ def test_materialises():
 
 
 def test_pytest_plugin(tmp_path):
-    # Loaded by name here; installed, the `pytest11` entry point loads it.
+    # Installed, the `pytest11` entry point loads it; else it is loaded by name.
     (tmp_path / "test_plugin.py").write_text(PLUGIN_TESTS)
     core = Path(__file__).resolve().parents[1]
-    options = ["-q", "-p", "quax.testing._pytest_plugin", "-p", "no:cacheprovider"]
+    installed = {e.name for e in importlib.metadata.entry_points(group="pytest11")}
+    options = ["-q", "-p", "no:cacheprovider"]
+    if "quax" not in installed:  # before the entry point is installed (uv sync)
+        options += ["-p", "quax.testing._pytest_plugin"]
     result = subprocess.run(
         [sys.executable, "-m", "pytest", *options, str(tmp_path)],
         cwd=tmp_path,
