@@ -288,3 +288,32 @@ def test_while_loop_keeps_names():
     n, out = quax.quaxify(loop)(x)
     assert int(n) == 3 and out.names == ("a", "b")
     np.testing.assert_allclose(out.array, loop(x.array)[1], rtol=1e-6)
+
+
+def test_unmodified_equinox_mlp_with_named_weights():
+    mlp = eqx.nn.MLP(4, 2, 8, 2, key=jr.PRNGKey(0))
+    names = ["feature", "h1", "h2", "logit"]
+    named_mlp = mlp
+    for i, layer in enumerate(mlp.layers):
+        named_mlp = eqx.tree_at(
+            lambda m, i=i: (m.layers[i].weight, m.layers[i].bias),
+            named_mlp,
+            (
+                NamedArray(layer.weight, (names[i + 1], names[i])),
+                NamedArray(layer.bias, (names[i + 1],)),
+            ),
+        )
+    x = jr.normal(jr.PRNGKey(1), (4,))
+    out = quax.quaxify(named_mlp)(NamedArray(x, ("feature",)))
+    assert out.names == ("logit",)
+    np.testing.assert_allclose(out.array, mlp(x), rtol=1e-5, atol=1e-6)
+
+    def loss(m):
+        return jnp.sum(quax.quaxify(m)(NamedArray(x, ("feature",))).array ** 2)
+
+    grads = eqx.filter_grad(loss)(named_mlp)
+    want = eqx.filter_grad(lambda m: jnp.sum(m(x) ** 2))(mlp)
+    assert grads.layers[1].weight.names == ("h2", "h1")
+    np.testing.assert_allclose(
+        grads.layers[1].weight.array, want.layers[1].weight, rtol=1e-5, atol=1e-6
+    )
