@@ -317,3 +317,17 @@ def test_unmodified_equinox_mlp_with_named_weights():
     np.testing.assert_allclose(
         grads.layers[1].weight.array, want.layers[1].weight, rtol=1e-5, atol=1e-6
     )
+
+
+@settings(max_examples=10, deadline=None)
+@given(PERMS, st.integers(0, 2), st.integers(0, 2))
+def test_keepdims_broadcast_axes_at_any_position(perm, k1, k2):
+    x = named(perm, 14)
+
+    def fn(x):
+        centred = x - jnp.max(x, axis=k1, keepdims=True)
+        return centred * jnp.sum(x, axis=k2, keepdims=True)
+
+    got = quax.quaxify(fn)(x)
+    assert got.names == tuple(perm)
+    np.testing.assert_allclose(got.array, fn(x.array), rtol=1e-5, atol=1e-5)
