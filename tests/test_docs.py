@@ -6,6 +6,8 @@ fence (`bash`, `console`, `toml`, `text`), or is preceded by sybil's skip direct
 with a reason: `<!-- skip: next "needs a GPU" -->`.
 """
 
+import importlib.util
+import json
 import pathlib
 
 import pytest
@@ -35,3 +37,43 @@ def test_code_blocks_run(page: pathlib.Path, monkeypatch, tmp_path):
     document = _sybil.parse(page)
     for example in document:
         example.evaluate()
+
+
+def _runner():
+    path = ROOT / "benchmarks" / "run.py"
+    spec = importlib.util.spec_from_file_location("quax_benchmarks_run", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_benchmark_runner(tmp_path, capsys):
+    # `benchmarks/run.py` (documented in docs/benchmarks.md) on two tiny benchmarks:
+    # one that follows the contract, one that fails; the real ones are too slow here.
+    (tmp_path / "tiny.py").write_text(
+        "def main(quick=False):\n"
+        "    return {'quick': quick, 'trace_ratio': 1.5,\n"
+        "            'rows': [{'n': 8, 'quax/hand': 0.5, 'seconds': 2.0}]}\n"
+    )
+    (tmp_path / "broken.py").write_text("def main(quick=False):\n    1 / 0\n")
+    out = tmp_path / "figures.json"
+    results = _runner().run(
+        quick=True, json_path=out, directory=tmp_path, images=tmp_path / "images"
+    )
+    written = json.loads(out.read_text())
+    assert written == results
+    assert written["mode"] == "quick"
+    assert written["benchmarks"]["tiny"]["figures"]["quick"] is True
+    assert "ZeroDivisionError" in written["benchmarks"]["broken"]["error"]
+    assert "jax" in written["environment"]["versions"]
+    table = capsys.readouterr().out
+    assert "| tiny | trace_ratio | 1.5 |" in table
+    assert "| tiny | rows[8].quax/hand | 0.5 |" in table
+    assert "seconds" not in table.split("Ratios measured")[1].split("Plots")[0]
+    assert "| broken | failed | ZeroDivisionError" in table
+
+
+def test_benchmark_runner_refuses_unknown_names(tmp_path):
+    with pytest.raises(SystemExit, match=r"unknown benchmark.*nope"):
+        _runner().run(["nope"], directory=tmp_path)

@@ -1,0 +1,235 @@
+"""Every benchmark in one command.
+
+    python benchmarks/run.py [--quick | --full] [--only NAME ...] [--json PATH]
+
+Imports each `benchmarks/<name>.py`, runs its `main(quick=...)` (each prints its own
+Markdown tables and draws its plots to `docs/images/<name>_*.png`), then prints one
+table of the ratios measured in this run and writes the raw figures as JSON, with the
+date, machine and versions, to `benchmarks/results/<date>.json` (or `--json PATH`).
+`--quick` takes about a minute per benchmark on a CPU; `--full` (the default) gives the
+figures of the READMEs. A benchmark that fails is reported and the others still run;
+the exit status is then 1.
+"""
+
+import argparse
+import contextlib
+import datetime
+import importlib.metadata
+import importlib.util
+import inspect
+import json
+import math
+import os
+import pathlib
+import platform
+import sys
+import time
+import traceback
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+
+HERE = pathlib.Path(__file__).resolve().parent
+IMAGES = HERE.parent / "docs" / "images"
+# Keys of the returned figures that hold a ratio (or a fitted exponent), by substring.
+_RATIO_WORDS = ("ratio", "/", "_vs_", " vs ", "speedup", "exponent", "slope")
+_DISTRIBUTIONS = (
+    "jax",
+    "jaxlib",
+    "equinox",
+    "quax-core",
+    "quax-lora",
+    "quax-units",
+    "quax-sparse",
+    "quax-structured",
+    "quax-quant",
+    "quax-named",
+    "lineax",
+    "optax",
+)
+
+
+def discover(directory: pathlib.Path = HERE) -> list[str]:
+    """The benchmark names: every `<name>.py` of `directory` but this runner."""
+    return sorted(
+        p.stem
+        for p in directory.glob("*.py")
+        if p.name != pathlib.Path(__file__).name and not p.name.startswith("_")
+    )
+
+
+def _load(name: str, directory: pathlib.Path):
+    path = directory / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"quax_benchmark_{name}", path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot import {path}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _jsonable(x: Any) -> Any:
+    """`x` with numbers as Python floats/ints, tuples as lists, keys as strings."""
+    if isinstance(x, dict):
+        return {str(k): _jsonable(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [_jsonable(v) for v in x]
+    if isinstance(x, bool | int | str) or x is None:
+        return x
+    try:
+        value = float(x)
+    except (TypeError, ValueError):
+        return str(x)
+    return value if math.isfinite(value) else str(value)
+
+
+def ratios(figures: Any, path: str = "") -> Iterator[tuple[str, float]]:
+    """The (key path, value) pairs of `figures` whose key names a ratio."""
+    if isinstance(figures, dict):
+        for key, value in figures.items():
+            sub = f"{path}.{key}" if path else str(key)
+            if isinstance(value, int | float) and not isinstance(value, bool):
+                if any(w in str(key).lower() for w in _RATIO_WORDS):
+                    yield sub, float(value)
+            else:
+                yield from ratios(value, sub)
+    elif isinstance(figures, list):
+        for i, value in enumerate(figures):
+            label = (
+                value.get("n", value.get("size", i)) if isinstance(value, dict) else i
+            )
+            yield from ratios(value, f"{path}[{label}]")
+
+
+def environment() -> dict[str, Any]:
+    """Date, machine and versions, for the JSON."""
+    versions = {}
+    for dist in _DISTRIBUTIONS:
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+            versions[dist] = importlib.metadata.version(dist)
+    import jax
+
+    return {
+        "date": datetime.datetime.now().isoformat(timespec="seconds"),
+        "machine": {
+            "platform": platform.platform(),
+            "processor": platform.processor() or platform.machine(),
+            "cpus": os.cpu_count(),
+            "jax backend": jax.default_backend(),
+            "devices": [str(d) for d in jax.devices()],
+        },
+        "python": platform.python_version(),
+        "versions": versions,
+    }
+
+
+def run(
+    names: Sequence[str] | None = None,
+    *,
+    quick: bool = False,
+    json_path: pathlib.Path | None = None,
+    directory: pathlib.Path = HERE,
+    images: pathlib.Path = IMAGES,
+) -> dict[str, Any]:
+    """Run the benchmarks `names` (all by default) and write their figures.
+
+    **Arguments:**
+
+    - `names`: benchmark names (files of `directory` without `.py`).
+    - `quick`: passed to each `main(quick=...)`.
+    - `json_path`: where to write the raw figures (default
+      `benchmarks/results/<date>.json`).
+    - `directory`: where the benchmarks are.
+    - `images`: where the benchmarks write their plots (to list the new ones).
+
+    **Returns:**
+
+    The dict written as JSON: `environment`, `mode`, and per benchmark its
+    `figures` (what its `main` returned), `seconds`, or its `error`.
+    """
+    names = list(names) if names else discover(directory)
+    unknown = sorted(set(names) - set(discover(directory)))
+    if unknown:
+        raise SystemExit(
+            f"unknown benchmark(s) {', '.join(unknown)}; "
+            f"available: {', '.join(discover(directory))}"
+        )
+    started = time.time()
+    results: dict[str, Any] = {
+        "environment": environment(),
+        "mode": "quick" if quick else "full",
+        "benchmarks": {},
+    }
+    for i, name in enumerate(names, start=1):
+        print(f"\n# [{i}/{len(names)}] benchmarks/{name}.py", flush=True)
+        t0 = time.perf_counter()
+        entry: dict[str, Any] = {}
+        try:
+            main = _load(name, directory).main
+            if "quick" in inspect.signature(main).parameters:
+                figures = main(quick=quick)
+            else:
+                figures = main()
+                entry["note"] = "main() takes no `quick`: it ran in its one mode"
+            if figures is None:
+                entry["note"] = "main() returned no figures (see its printed tables)"
+            entry["figures"] = _jsonable(figures)
+        except Exception as e:
+            traceback.print_exc()
+            entry["error"] = f"{type(e).__name__}: {e}"
+        entry["seconds"] = round(time.perf_counter() - t0, 1)
+        results["benchmarks"][name] = entry
+
+    print("\n## Ratios measured in this run\n")
+    print(f"{results['environment']['date']}, {results['mode']} mode, ", end="")
+    machine = results["environment"]["machine"]
+    print(
+        f"{machine['processor']} ({machine['cpus']} CPUs, {machine['jax backend']})\n"
+    )
+    print("| benchmark | figure | value |")
+    print("|---|---|---|")
+    for name, entry in results["benchmarks"].items():
+        if "error" in entry:
+            print(f"| {name} | failed | {entry['error'][:80]} |")
+            continue
+        found = list(ratios(entry.get("figures")))
+        if not found:
+            print(f"| {name} | (no ratio among its figures) | |")
+        for key, value in found:
+            print(f"| {name} | {key.replace('|', '/')} | {value:.3g} |")
+
+    plots = sorted(
+        str(p.relative_to(images.parent.parent))
+        if images.parent.parent in p.parents
+        else str(p)
+        for p in images.glob("*.png")
+        if p.stat().st_mtime >= started
+    )
+    results["plots"] = plots
+    if json_path is None:
+        stamp = datetime.datetime.now().strftime("%Y-%m-%d_%H%M%S")
+        json_path = directory / "results" / f"{stamp}.json"
+    json_path.parent.mkdir(parents=True, exist_ok=True)
+    json_path.write_text(json.dumps(results, indent=1) + "\n")
+    print(f"\nPlots drawn in this run: {', '.join(plots) or 'none'}")
+    print(f"Raw figures: {json_path}")
+    return results
+
+
+def _cli(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description="Run every benchmark; one table of ratios, raw figures as JSON."
+    )
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--quick", action="store_true", help="about a minute each")
+    mode.add_argument("--full", action="store_true", help="the default")
+    parser.add_argument("--only", nargs="+", metavar="NAME", help="these benchmarks")
+    parser.add_argument("--json", type=pathlib.Path, help="where to write the figures")
+    args = parser.parse_args(argv)
+    results = run(args.only, quick=args.quick, json_path=args.json)
+    failed = [n for n, e in results["benchmarks"].items() if "error" in e]
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(_cli())
