@@ -48,7 +48,7 @@ layouts = st.sampled_from(
 )
 
 
-@settings(max_examples=15, deadline=None)
+@settings(max_examples=10, deadline=None)
 @given(
     layout=layouts,
     bits=st.sampled_from([8, 4]),

@@ -25,7 +25,7 @@ layouts = st.sampled_from(
 )
 
 
-@settings(max_examples=12, deadline=None)
+@settings(max_examples=8, deadline=None)
 @given(
     layout=layouts,
     bits=st.sampled_from([8, 4]),
@@ -48,7 +48,7 @@ def test_weight_only_matches_dequantised(
         matches_dense(lambda x, w: x @ w, x, w)
 
 
-@settings(max_examples=10, deadline=None)
+@settings(max_examples=6, deadline=None)
 @given(
     layout=layouts,
     bits=st.sampled_from([8, 4]),
