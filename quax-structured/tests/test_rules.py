@@ -156,7 +156,7 @@ def test_structure_kept():
     np.testing.assert_allclose(kk, kd @ kd, rtol=1e-5)
 
 
-@settings(max_examples=10, deadline=None)
+@settings(max_examples=6, deadline=None)
 @given(
     n=st.integers(2, 9),
     batch=st.sampled_from([(), (3,), (2, 2)]),
@@ -169,7 +169,12 @@ def test_tridiagonal_property(n, batch, dtype, seed):
         t = qs.TridiagonalMatrix(*(d * (1 + 0.5j) for d in t._diags()))
     b = jr.normal(jr.key(seed + 1), (*batch, n, 2)).astype(dtype)
     quax.testing.assert_matches_dense(
-        lambda t, b: (t @ b, jnp.linalg.solve(t, b), t.mT @ b), t, b, vmap=False
+        lambda t, b: (t @ b, jnp.linalg.solve(t, b), t.mT @ b),
+        t,
+        b,
+        vmap=False,
+        grad=False,
+        jvp=n < 5,
     )
 
 
