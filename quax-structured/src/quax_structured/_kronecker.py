@@ -10,7 +10,7 @@ import jax.numpy as jnp
 from jax import lax
 from jaxtyping import Array
 
-from ._base import StructuredMatrix
+from ._base import StructuredMatrix, dense_triangular_solve
 
 
 __all__ = ["Kronecker", "KroneckerLU"]
@@ -34,10 +34,10 @@ def _factor_solve(
     """Solve `op(a ⊗ b) y = x` for triangular factors, one factor at a time."""
     na, nb = a.shape[0], b.shape[0]
     xs = x.reshape(na, nb * x.shape[-1])
-    kw = dict(left_side=True, lower=lower, transpose_a=transpose_a, unit_diagonal=unit)
-    ys = lax.linalg.triangular_solve(a, xs, **kw)
+    kw = dict(lower=lower, transpose_a=transpose_a, unit_diagonal=unit)
+    ys = dense_triangular_solve(a, xs, **kw)
     ys = ys.reshape(na, nb, x.shape[-1]).transpose(1, 0, 2).reshape(nb, -1)
-    ys = lax.linalg.triangular_solve(b, ys, **kw)
+    ys = dense_triangular_solve(b, ys, **kw)
     return ys.reshape(nb, na, x.shape[-1]).transpose(1, 0, 2).reshape(na * nb, -1)
 
 

@@ -5,10 +5,9 @@ import equinox as eqx
 import jax
 import jax.core
 import jax.numpy as jnp
-from jax import lax
 from jaxtyping import Array
 
-from ._base import StructuredMatrix
+from ._base import StructuredMatrix, dense_triangular_solve
 
 
 __all__ = ["LowerTriangular", "UpperTriangular"]
@@ -59,10 +58,9 @@ class _Triangular(StructuredMatrix):
         self, b: Array, *, lower: bool, transpose_a: bool, unit_diagonal: bool
     ) -> Array:
         if lower == self.lower:
-            return lax.linalg.triangular_solve(
+            return dense_triangular_solve(
                 self.array,
                 b,
-                left_side=True,
                 lower=lower,
                 transpose_a=transpose_a,
                 unit_diagonal=unit_diagonal,
