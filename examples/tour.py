@@ -73,7 +73,7 @@ STOPS = (
 
 def _missing(stop: Stop) -> list[str]:
     return [
-        DISTRIBUTIONS[name]
+        DISTRIBUTIONS.get(name, name)
         for name in stop.needs
         if importlib.util.find_spec(name) is None
     ]

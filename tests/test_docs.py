@@ -10,6 +10,7 @@ import importlib.util
 import json
 import pathlib
 
+import jax
 import pytest
 from sybil import Sybil
 from sybil.parsers.markdown import PythonCodeBlockParser, SkipParser
@@ -77,3 +78,39 @@ def test_benchmark_runner(tmp_path, capsys):
 def test_benchmark_runner_refuses_unknown_names(tmp_path):
     with pytest.raises(SystemExit, match=r"unknown benchmark.*nope"):
         _runner().run(["nope"], directory=tmp_path)
+
+
+def _example(name: str):
+    path = ROOT / "examples" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"quax_example_{name}", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_tour_skips_a_family_not_installed(tmp_path, capsys, monkeypatch):
+    tour = _example("tour")
+    missing = tour.Stop("A family not installed", "nothing", ("quax_not_installed",))
+    monkeypatch.setattr(tour, "DISTRIBUTIONS", {"quax_not_installed": "quax-absent"})
+    monkeypatch.setattr(tour, "STOPS", (missing,))
+    results = tour.main(out_dir=str(tmp_path / "out"))
+    assert results["A family not installed"] == {
+        "status": "skipped: pip install quax-absent"
+    }
+    core = results["The core: symbolic zeros and the installed families"]
+    assert core["Zero * x + x"] == "[0.0, 1.0, 2.0]"
+    out = capsys.readouterr().out
+    assert "| A family not installed | - | status: skipped" in out
+    assert f"Plots written to {tmp_path / 'out'}" in out
+
+
+def test_units_oscillator_example(tmp_path):
+    # JAX's tracer-leak checker crashes inside diffrax (an IndexError in its
+    # `leaked_tracer_error`), with or without quax: off for this program, as in
+    # tests/test_real_programs.py.
+    with jax.check_tracer_leaks(False):
+        figures = _example("units_oscillator").main(out_dir=str(tmp_path))
+    assert float(figures["max |x - closed form|"].removesuffix(" cm")) < 1e-3
+    assert figures["unit mistakes"] == "refused at trace time (UnitError)"
+    assert (tmp_path / "units_oscillator.png").stat().st_size > 0
