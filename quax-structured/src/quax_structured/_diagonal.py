@@ -58,7 +58,8 @@ class Diagonal(StructuredMatrix):
     def row_scaled(self, d: Array) -> "Diagonal":
         return Diagonal(d * self.diag, self.allow_materialise)
 
-    col_scaled = row_scaled
+    def col_scaled(self, d: Array) -> "Diagonal":
+        return Diagonal(self.diag * d, self.allow_materialise)
 
     def add(self, other: StructuredMatrix) -> StructuredMatrix | None:
         if isinstance(other, Diagonal):

@@ -57,9 +57,15 @@ def to_lineax(matrix: StructuredMatrix, tags: Any = ()) -> Any:
     if isinstance(matrix, UpperTriangular):
         tags.append(lx.upper_triangular_tag)
     structure = jax.ShapeDtypeStruct((matrix.shape[-1],), matrix.dtype)
-    return lx.FunctionLinearOperator(
-        lambda v: matrix.matmat(v[:, None])[:, 0], structure, tags
-    )
+    if matrix.matmat(jnp.zeros((matrix.shape[-1], 1), matrix.dtype)) is None:
+        raise TypeError(f"to_lineax: `{type(matrix).__name__}` has no product.")
+
+    def matvec(v: Any) -> Any:
+        out = matrix.matmat(v[:, None])
+        assert out is not None
+        return out[:, 0]
+
+    return lx.FunctionLinearOperator(matvec, structure, tags)
 
 
 def from_lineax(operator: Any) -> StructuredMatrix:

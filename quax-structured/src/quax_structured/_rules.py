@@ -280,11 +280,12 @@ def _(which: ArrayLike, *cases: StructuredMatrix | ArrayLike) -> Any:
     """`where(mask, x, 0)` (`jnp.tril`, `jnp.trace`, the lower factor
     `lax.linalg.cholesky` returns): the structure's entries, masked."""
     out = None
-    structured = [i for i, c in enumerate(cases) if isinstance(c, StructuredMatrix)]
+    structured = [
+        (i, c) for i, c in enumerate(cases) if isinstance(c, StructuredMatrix)
+    ]
     if len(cases) == 2 and len(structured) == 1:
-        (i,) = structured
-        x, other = cases[i], cases[1 - i]
-        if _is_zeros(other):
+        ((i, x),) = structured
+        if _is_zeros(cases[1 - i]):
             keep = jnp.asarray(which) if i == 1 else ~jnp.asarray(which)
             out = _times_dense(x, keep.astype(x.dtype))
     if out is None:
