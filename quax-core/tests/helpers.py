@@ -7,6 +7,9 @@
 - `Liftable`: a `Refusing` with a `lift` classmethod (plain arrays join it).
 - `Scaled`: `array * scale`, with real rules for a few primitives (`mul` by an array,
   `neg`, `dot_general`) and materialisation allowed for the rest.
+- `Wrapper`: a user's wrapper as clients write them: every output of every primitive
+  (booleans and integers too) is wrapped, it refuses to materialise, and it says
+  nothing about `linear_in_leaves`.
 """
 
 from collections.abc import Sequence
@@ -67,10 +70,11 @@ class Liftable(Refusing):
 
 
 class Scaled(quax.ArrayValue):
-    """`array * scale`, with `scale` a scalar."""
+    """`array * scale`, with `scale` a scalar: not linear in its leaves together."""
 
     array: Array
     scale: Array
+    linear_in_leaves: ClassVar[bool] = False
 
     def aval(self) -> jax.core.ShapedArray:
         return jax.core.ShapedArray(jnp.shape(self.array), jnp.result_type(self.array))
@@ -106,6 +110,28 @@ def _(x: Scaled, y: ArrayLike, **params: Any) -> Array:
     return lax.dot_general_p.bind(x.array, y, **params) * x.scale
 
 
+class Wrapper(quax.ArrayValue):
+    """A user's dense wrapper (as quaxed's `MyArray`): every primitive keeps it, it
+    refuses to materialise, and it says nothing about `linear_in_leaves`."""
+
+    array: jax.Array
+
+    def aval(self):
+        return jax.typeof(self.array)
+
+    def materialise(self):
+        raise RuntimeError("Refusing to materialise `Wrapper`")
+
+    @staticmethod
+    def default(primitive, values, params):
+        wrapper = next(type(v) for v in values if isinstance(v, Wrapper))
+        arrays = [v.array if isinstance(v, Wrapper) else v for v in values]
+        out = primitive.bind(*arrays, **params)
+        if primitive.multiple_results:
+            return [wrapper(o) for o in out]
+        return wrapper(out)
+
+
 def leaves_equal(a: Any, b: Any) -> bool:
     """Whether two pytrees have the same structure and (close) leaves."""
     la, ta = jtu.tree_flatten(a)
@@ -131,6 +157,7 @@ __all__ = [
     "RefusedMaterialisation",
     "Refusing",
     "Scaled",
+    "Wrapper",
     "dense",
     "leaves_equal",
 ]

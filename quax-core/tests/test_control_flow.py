@@ -7,12 +7,13 @@ the same program on plain arrays, under `vmap` in both orders too.
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 import quax
 from jax import lax
 from quax.zero import Zero
 
-from .helpers import Dense, Liftable, Refusing, dense
+from .helpers import Dense, Liftable, Refusing, Wrapper, dense
 
 
 x = jnp.array([0.5, 1.0, 2.0, 3.0])
@@ -353,3 +354,47 @@ def test_nested_jit_constants_cached():
     # Another constant re-evaluates the same jaxpr under quax, not `inner`.
     assert jnp.allclose(f(NeedsConstant(x), 2.5).array, x**2.5)
     assert count == 1
+
+
+# Decisions on values, and vmap of a loop with a batched bound -------------------------
+
+
+def test_while_with_batched_bound_under_vmap_inside_quaxify():
+    def f(a, b, c):
+        return lax.while_loop(lambda a: (a < c).squeeze(), lambda a: a + b, a)
+
+    a, b = jnp.array([0.0]), jnp.array([1.5])
+    c = jnp.array([0.0, 1.0, 2.0, 4.0, 4.5, 7.0])[:, None]
+    batched = jax.vmap(f, in_axes=(None, None, 0))
+    out = quax.quaxify(batched)(Dense(a), Dense(b), Dense(c))
+    assert isinstance(out, Dense)
+    # Each loop adds 1.5 until it reaches its own bound.
+    np.testing.assert_allclose(out.array[:, 0], [0.0, 1.5, 3.0, 4.5, 4.5, 7.5])
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda a: lax.switch(jnp.argmax(a), [jnp.sin, jnp.cos, jnp.tanh], a),
+        lambda a: lax.cond(jnp.sum(a) > 0, jnp.sin, jnp.cos, a),
+    ],
+    ids=["switch", "cond"],
+)
+def test_branch_on_a_refusing_value_names_the_primitive(fn):
+    # (`jax.scipy.linalg.expm` picks its Pade order this way.) A wrapper that
+    # refuses to materialise the index is told where and what to do.
+    with pytest.raises(
+        RuntimeError, match=r"(?s)index of a `cond`/`switch`.*Refusing"
+    ) as e:
+        quax.quaxify(fn)(Wrapper(jnp.array([0.5, 2.0, 1.0])))
+    assert "enable_materialise" in str(e.value)
+
+
+def test_while_on_a_refusing_predicate_names_the_primitive():
+    def f(a):
+        return lax.while_loop(lambda a: jnp.sum(a) < 10.0, lambda a: a + 1.0, a)
+
+    with pytest.raises(
+        RuntimeError, match=r"(?s)predicate of a `while_loop`.*Refusing"
+    ):
+        quax.quaxify(f)(Wrapper(jnp.ones(2)))

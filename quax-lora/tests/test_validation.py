@@ -119,12 +119,6 @@ def test_refusal_is_a_runtime_error_with_the_published_text() -> None:
         _lora().materialise()
 
 
-@pytest.mark.xfail(
-    raises=TypeError,
-    strict=False,
-    reason="core (issue 12.3): a refusal inside a custom_jvp is re-raised as a "
-    "TypeError; the core keeps RuntimeError and the text once that part lands",
-)
 def test_refusal_inside_relu_keeps_the_contract() -> None:
     with pytest.raises(RuntimeError, match="Refusing to materialise"):
         quax.quaxify(jax.nn.relu)(_lora())

@@ -23,7 +23,7 @@ from jax._src import (
 from jax._src.callback import io_callback_p, pure_callback_p
 from jax._src.core import ShapedArray
 from jax._src.debugging import debug_callback_p, debug_print_p
-from jax._src.interpreters import ad as _ad, partial_eval as _pe
+from jax._src.interpreters import ad as _ad, batching as _batching, partial_eval as _pe
 from jax._src.lax.lax import optimization_barrier_p
 from jax._src.mesh import get_abstract_mesh as _get_abstract_mesh
 from jax._src.shard_map import _spec_to_vma, shard_map_p
@@ -52,7 +52,9 @@ __all__ = [
     "body_source",
     "bwd_result",
     "bwd_split",
+    "batching",
     "call_at_trace",
+    "current_trace",
     "call_fresh",
     "callback_module",
     "cond_p",
@@ -374,6 +376,21 @@ def staged_equation(t: Any) -> StagedEquation | None:
     if eqn is None:
         return None
     return StagedEquation(eqn.primitive, eqn.params, eqn.in_tracers, eqn.effects)
+
+
+def current_trace() -> Any:
+    """The current trace; its enclosing ones are reached through `parent_trace`."""
+    return _core.trace_ctx.trace
+
+
+def batching() -> bool:
+    """Whether the current trace, or one it runs inside, is a `jax.vmap`."""
+    trace = _core.trace_ctx.trace
+    while trace is not None:
+        if isinstance(trace, _batching.BatchTrace):
+            return True
+        trace = getattr(trace, "parent_trace", None)
+    return False
 
 
 def staging() -> bool:

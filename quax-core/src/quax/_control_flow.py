@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import jax.tree_util as jtu
 import numpy as np
 from jax import lax
@@ -51,7 +52,7 @@ from ._joins import (
 )
 from ._quaxify import quaxify
 from ._registry import register
-from ._values import Value, ValueLike, is_value
+from ._values import Value, ValueLike, is_value, materialise_or_explain
 
 
 __all__: list[str] = []
@@ -170,13 +171,29 @@ def _jitted(jaxpr: Any, key: tuple[Any, ...]) -> Callable[..., Any]:
 # cond / switch ------------------------------------------------------------------------
 
 
+def _decision(x: ValueLike, what: str) -> Any:
+    """A branch index or loop predicate as the plain array JAX decides on: a value
+    there is materialised, or refused with an error naming the primitive."""
+    return materialise_or_explain(
+        x,
+        lambda value: (
+            f"{what} is a {value}: JAX decides on a plain array there, so quax must "
+            "materialise it"
+        ),
+        "\nAllow the value to materialise (`allow_materialise=True` or "
+        "`.enable_materialise()` where the type has it), or compute the decision "
+        "from plain arrays (e.g. with `quax.quaxify` applied to a smaller function).",
+    )
+
+
 @register(cond_p)
 def _cond(
     index: ValueLike, *ops: ValueLike, branches: Sequence[Any], **params: Any
 ) -> list[Any]:
     del params
-    if isinstance(index, Value):
-        index = index.materialise()
+    index = _decision(
+        index, "the index of a `cond`/`switch` (`lax.cond`, `lax.switch`)"
+    )
     fns = [_quaxified(b) for b in branches]
     join = Join(lambda i: f"output {i} of a cond/switch")
     seen: list[Any] = []
@@ -252,16 +269,44 @@ def _while(
     fori = (body_source(cond_jaxpr) or "").startswith("_fori_cond_fun")
     what = "fori_loop" if fori else "while_loop"
 
-    def cond(c: list[Any]) -> Any:
+    # `vmap` of a loop whose predicate is batched binds `while` with one predicate
+    # per batch element (the leading axes of every carry): each element stops on
+    # its own, as JAX's lowering does it (loop while any is true, and keep the
+    # carries of the elements that are done), whereas `lax.while_loop` wants one.
+    batched = bool(cond_jaxpr.out_avals[0].shape)
+
+    def predicate(c: list[Any]) -> Any:
         (pred,) = cond_fn(*cond_consts, *c)
-        return pred.materialise() if isinstance(pred, Value) else pred
+        return _decision(pred, f"the predicate of a `{what}` (its `cond_fun`'s output)")
+
+    def cond(c: list[Any]) -> Any:
+        pred = predicate(c)
+        return jnp.any(pred) if batched else pred
+
+    def body(c: list[Any]) -> list[Any]:
+        new = body_fn(*body_consts, *c)
+        if not batched:
+            return new
+        pred = predicate(c)
+        return [_select_where(pred, n, o) for n, o in zip(new, c, strict=True)]
 
     return _stable_loop(
         carry,
-        lambda c: body_fn(*body_consts, *c),
+        body,
         lambda body, c: lax.while_loop(cond, body, c),
         carry_names(body_jaxpr, body_nconsts, what),
     )
+
+
+def _select_where(pred: Any, new: Any, old: Any) -> Any:
+    """`new` where `pred` (over the leading axes) is true, else `old`, dispatched on
+    their types."""
+
+    def select(p: Any, n: Any, o: Any) -> Any:
+        mask = lax.broadcast_in_dim(p, jnp.shape(n), tuple(range(jnp.ndim(p))))
+        return lax.select(mask, n, o)
+
+    return quaxify(select)(pred, new, old)
 
 
 def _stable_loop(

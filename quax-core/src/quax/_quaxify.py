@@ -9,9 +9,14 @@ import jax.tree_util as jtu
 from jaxtyping import PyTree
 
 from . import _plugins
-from ._compat import EQX_WRAPPER_FIELD_NAMES, eqx_warn_transformed_function
-from ._trace import QuaxTrace, run_nested
-from ._values import is_value
+from ._compat import (
+    EQX_WRAPPER_FIELD_NAMES,
+    Tracer,
+    batching,
+    eqx_warn_transformed_function,
+)
+from ._trace import QuaxTrace, active_trace, run_nested
+from ._values import describe, is_value
 
 
 __all__ = ["quaxify"]
@@ -32,6 +37,51 @@ def _call(trace: QuaxTrace, filter_spec: Any, leaves: list[Any], treedef: Any) -
     return fn(*args, **kwargs)
 
 
+def _trace_to_join(leaves: list[Any]) -> QuaxTrace | None:
+    """The active quax trace that values meeting its tracers must join, or `None`.
+
+    A value closed over or built inside a quaxified function, which meets a traced
+    input there (`G * t`, whose operator quaxifies `mul`), is a constant of that
+    trace, as JAX lifts a constant into the trace of the tracer it meets: it joins
+    the trace rather than opening a nested one, which would take the outer tracer
+    for a plain array and build a value of values. A trace opened with a
+    `filter_spec` leaves the values it did not select to nested quaxifies, so
+    nothing joins it.
+    """
+    trace, between = active_trace()
+    if trace is None or trace.selective:
+        return None
+    tracers = [x for x in jtu.tree_leaves(leaves) if isinstance(x, Tracer)]
+    if not tracers:
+        return None
+    # A value built from tracers of a trace inside the quax one (a `vmap` or `jit`
+    # in the quaxified function) cannot become a tracer of the quax trace.
+    inside = {id(t) for t in between}
+    for x in jtu.tree_leaves(leaves, is_leaf=is_value):
+        if is_value(x) and any(
+            isinstance(leaf, Tracer) and id(leaf._trace) in inside
+            for leaf in jtu.tree_leaves(x)
+        ):
+            return None
+    return trace
+
+
+def _check_batchable(out: Any) -> None:
+    """Refuse a value without array leaves in the output of a quaxified function
+    that `jax.vmap` maps: vmap stacks outputs along their leaves, so it would return
+    one unbatched value (a `Zero` of the per-example shape) where a batch of them
+    was meant."""
+    for x in jtu.tree_leaves(out, is_leaf=is_value):
+        if is_value(x) and not jtu.tree_leaves(x):
+            raise ValueError(
+                f"A quaxified function under `jax.vmap` returned a {describe(x)}, "
+                "which has no array leaves, so `jax.vmap` cannot give it a batch "
+                "axis: the result would silently keep the per-example shape. Put "
+                "the vmap inside quaxify (`quax.quaxify(jax.vmap(f))`, where the "
+                "rules see the batched shapes), or materialise the value in `f`."
+            )
+
+
 class _Quaxify(eqx.Module, Generic[_CT]):
     fn: _CT
     filter_spec: PyTree[bool | Callable[[Any], bool]]
@@ -44,11 +94,22 @@ class _Quaxify(eqx.Module, Generic[_CT]):
         _plugins.autoload()
         filter_spec = self.filter_spec
         leaves, treedef = jtu.tree_flatten((self.fn, args, kwargs), is_leaf=is_value)
-        if filter_spec is True and not any(map(is_value, leaves)):
-            # No value to dispatch on: run the function as it is, untraced, so that
-            # functions with data-dependent shapes (`jnp.unique`, ...) keep working.
-            return self.fn(*args, **kwargs)
-        return run_nested(lambda trace: _call(trace, filter_spec, leaves, treedef))
+        if filter_spec is True:
+            if not any(map(is_value, leaves)):
+                # No value to dispatch on: run the function as it is, untraced, so
+                # that functions with data-dependent shapes (`jnp.unique`, ...) keep
+                # working.
+                return self.fn(*args, **kwargs)
+            outer = _trace_to_join(leaves)
+            if outer is not None:
+                return _call(outer, True, leaves, treedef)
+        selective = filter_spec is not True
+        out = run_nested(
+            lambda trace: _call(trace, filter_spec, leaves, treedef), selective
+        )
+        if batching():
+            _check_batchable(out)
+        return out
 
     def __get__(self, instance: Any, owner: Any) -> Any:
         if instance is None:
@@ -67,6 +128,12 @@ def quaxify(fn: _CT, filter_spec: PyTree[bool | Callable[[Any], bool]] = True) -
 
     It composes with JAX's transforms in both orders (`jax.jit(quax.quaxify(f))` and
     `quax.quaxify(jax.jit(f))`, likewise `grad`, `vmap`, ...), and with itself.
+
+    Called inside another quaxified function on values that meet that function's
+    traced inputs (a closed-over `G * t`, whose operator runs `quaxify`), the values
+    join the enclosing quax trace, as JAX lifts a constant into the trace of the
+    tracer it meets. A `filter_spec` other than `True`, on either level, keeps the
+    levels apart instead: the outer one leaves the unselected values to the inner.
 
     **Arguments:**
 

@@ -26,6 +26,7 @@ from ._compat import (
     Tracer,
     TraceTag,
     call_at_trace,
+    current_trace,
     ensure_no_leaks,
     jit_inlines,
     jit_p,
@@ -43,6 +44,7 @@ from ._values import Value, is_value, value_classes
 __all__ = [
     "QuaxTrace",
     "QuaxTracer",
+    "active_trace",
     "higher_order_rules",
     "run_nested",
     "set_debug_checks",
@@ -84,9 +86,14 @@ def set_debug_checks(enabled: bool) -> None:
 
 
 class QuaxTracer(Tracer):
-    """A [`quax.Value`][] inside a quaxified function."""
+    """A [`quax.Value`][] inside a quaxified function.
 
-    __slots__ = ("value",)
+    Besides the array interface of a JAX tracer, it forwards attribute access to the
+    value it stands for (`q.unit`, `q.to("km")`, ...): values in the result, also
+    those that a method returns, come back as tracers of the same trace.
+    """
+
+    __slots__ = ("_quax_value",)
 
     def __init__(self, trace: "QuaxTrace", value: Value) -> None:
         self._trace = trace
@@ -98,13 +105,39 @@ class QuaxTracer(Tracer):
             # vary along, as collectives (`pcast`, ...) read that from its type.
             aval = with_leaf_vma(aval, jtu.tree_leaves(value))
         self.aval = aval
-        self.value = value
+        self._quax_value = value
+
+    @property
+    def quax_value(self) -> Value:
+        """The value this tracer stands for."""
+        return self._quax_value
 
     def full_lower(self) -> "QuaxTracer":
         return self
 
+    def __getattr__(self, name: str) -> Any:
+        # Only reached for names that neither the tracer nor its aval has.
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            if name.startswith("_"):
+                raise
+        out = getattr(self._quax_value, name)
+        if callable(out) and not is_value(out):
+            return ft.wraps(out)(ft.partial(_call_rewrapped, self._trace, out))
+        return _rewrap(self._trace, out)
+
     def __repr__(self) -> str:
-        return f"QuaxTracer({self.value!r})"
+        return f"QuaxTracer({self._quax_value!r})"
+
+
+def _rewrap(trace: "QuaxTrace", out: Any) -> Any:
+    """`out` with every value in it a tracer of `trace`."""
+    return jtu.tree_map(trace.wrap, out, is_leaf=is_value)
+
+
+def _call_rewrapped(trace: "QuaxTrace", method: Any, *args: Any, **kwargs: Any) -> Any:
+    return _rewrap(trace, method(*args, **kwargs))
 
 
 # `jax.typeof` reads every tracer bound with a primitive: one lookup, not an MRO walk.
@@ -114,12 +147,17 @@ register_tracer_type(QuaxTracer)
 class QuaxTrace(Trace):
     """Reinterprets every primitive bound on a `QuaxTracer` by dispatching on types."""
 
-    __slots__ = ("manual", "parent_trace", "tag")
+    __slots__ = ("manual", "parent_trace", "selective", "tag")
 
-    def __init__(self, parent_trace: Trace, tag: TraceTag) -> None:
+    def __init__(
+        self, parent_trace: Trace, tag: TraceTag, selective: bool = False
+    ) -> None:
         super().__init__()
         self.parent_trace = parent_trace
         self.tag = tag
+        # Whether it dispatches only on the values a `filter_spec` selects, leaving
+        # the others to a nested `quaxify` (then values do not join it).
+        self.selective = selective
         # Whether this trace runs inside `shard_map`, where its tracers' avals carry
         # the varying manual axes of their values' leaves. Checked once here, so that
         # tracers outside `shard_map` pay one attribute test.
@@ -128,7 +166,7 @@ class QuaxTrace(Trace):
     def to_value(self, x: Any) -> Any:
         """The `Value` behind one of this trace's tracers; anything else unchanged."""
         if isinstance(x, QuaxTracer) and x._trace.tag is self.tag:
-            return x.value
+            return x._quax_value
         return x
 
     def wrap(self, x: Any) -> Any:
@@ -152,7 +190,7 @@ class QuaxTrace(Trace):
         found = False
         for t in tracers:
             if type(t) is QuaxTracer and t._trace.tag is tag:
-                values.append(t.value)
+                values.append(t._quax_value)
                 found = True
             else:
                 values.append(t)
@@ -211,7 +249,21 @@ class QuaxTrace(Trace):
         return higher_order_rules[primitive](self, primitive, fun, values, params)
 
 
-def run_nested(body: Callable[[QuaxTrace], _T]) -> _T:
+def active_trace() -> tuple[QuaxTrace | None, list[Trace]]:
+    """The innermost quax trace that the current trace is, or runs inside (through
+    `vmap`, `grad`, `jit`, ... traces, which keep their parent), or `None`; and the
+    traces between it and the current one (innermost first)."""
+    trace = current_trace()
+    between = []
+    while trace is not None:
+        if type(trace) is QuaxTrace:
+            return trace, between
+        between.append(trace)
+        trace = getattr(trace, "parent_trace", None)
+    return None, between
+
+
+def run_nested(body: Callable[[QuaxTrace], _T], selective: bool = False) -> _T:
     """Run `body(trace)` with `trace` a new quax trace, nested in the current one and
     current while `body` runs. `body` makes its inputs tracers of it with
     `trace.wrap`; the tracers of it in `body`'s output come back as their values.
@@ -221,13 +273,15 @@ def run_nested(body: Callable[[QuaxTrace], _T]) -> _T:
     **Arguments:**
 
     - `body`: the function to run; it must not keep `trace`.
+    - `selective`: whether the trace dispatches only on values that a `filter_spec`
+        selected (see `QuaxTrace.selective`).
 
     **Returns:**
 
     `body`'s output (any pytree), with this trace's tracers replaced by values.
     """
     with take_current_trace() as parent_trace:
-        trace = QuaxTrace(parent_trace, TraceTag())
+        trace = QuaxTrace(parent_trace, TraceTag(), selective)
         with set_current_trace(trace):
             out = body(trace)
         out = jtu.tree_map(trace.to_value, out)

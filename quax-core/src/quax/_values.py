@@ -189,13 +189,19 @@ class Value(eqx.Module, metaclass=_ValueMeta):
     `materialise`. Rules for it are registered with [`quax.register`][]; primitives
     without a rule fall back to `default`.
 
-    Set the class variable `linear_in_leaves = True` when `materialise` is linear in
-    the value's array leaves (a dense wrapper, a symbolic zero, sparse data, units):
-    then the tangents and cotangents of a `custom_jvp`/`custom_vjp` function stay
-    values of the same type. Otherwise such functions see the materialised array.
+    **Custom derivatives.** A value type counts as linear in its leaves: its
+    `materialise` is a linear function of its floating-point leaves (a dense
+    wrapper, a symbolic zero, sparse data, units). A `custom_jvp`/`custom_vjp`
+    function (`jax.nn.relu`, `jnp.logaddexp`, ...) then runs its custom rule on the
+    values themselves, with tangents and cotangents of the same type rebuilt from
+    the leaves' tangents, as the published quax does. A type whose array is *not*
+    linear in its leaves (a low-rank product, quantised data) must declare the
+    class variable `linear_in_leaves = False`: such functions then see its
+    materialised array (or the type's refusal to materialise, as a
+    `RuntimeError`).
     """
 
-    linear_in_leaves: ClassVar[bool] = False
+    linear_in_leaves: ClassVar[bool] = True
 
     if not TYPE_CHECKING:
 
@@ -371,7 +377,29 @@ def materialise_or_explain(
     try:
         return x.materialise()
     except Exception as e:
+        if isinstance(e, RuntimeError):
+            # A refusal keeps the published contract (a `RuntimeError` with the
+            # type's own text, "Refusing to materialise ..."), whatever `error` is.
+            error = _refusal_error(error)
         raise error(f"{context(describe(x))}, and that failed: {e}{advice}") from e
+
+
+_refusal_errors: dict[type[Exception], type[Exception]] = {}
+
+
+def _refusal_error(error: type[Exception]) -> type[Exception]:
+    """`error`, or a subclass of it that is also a `RuntimeError`."""
+    if issubclass(error, RuntimeError):
+        return error
+    try:
+        return _refusal_errors[error]
+    except KeyError:
+        name = f"Refused{error.__name__}"
+        doc = f"A `{error.__name__}` caused by a value's refusal to materialise."
+        bases = (error, RuntimeError)
+        cls = type(name, bases, {"__doc__": doc, "__module__": "quax"})
+        _refusal_errors[error] = cls
+        return cls
 
 
 # Materialisation tracking ------------------------------------------------------------

@@ -44,14 +44,43 @@ class Zero(ArrayValue):
         - `dtype`: its dtype (canonicalised as JAX does, so `float64` is `float32`
             unless 64-bit mode is enabled).
         """
-        self._shape = tuple(int(d) for d in shape)
-        self._dtype = jax.dtypes.canonicalize_dtype(dtype)
+        self._shape = _checked_shape(shape)
+        try:
+            self._dtype = jax.dtypes.canonicalize_dtype(dtype)
+        except TypeError as e:
+            raise ValueError(f"Zero: {dtype!r} is not a dtype ({e}).") from e
 
     def aval(self) -> ShapedArray:
         return ShapedArray(self._shape, self._dtype)
 
     def materialise(self) -> jax.Array:
         return jnp.zeros(self._shape, self._dtype)
+
+
+def _checked_shape(shape: Any) -> tuple[int, ...]:
+    """`shape` as a tuple of ints, or a `ValueError` saying what is wrong with it."""
+    if isinstance(shape, int | np.integer):
+        raise ValueError(
+            f"Zero: the shape must be a tuple of ints, got the int {shape}; "
+            f"write `({shape},)`."
+        )
+    try:
+        dims = tuple(shape)
+    except TypeError:
+        raise ValueError(
+            f"Zero: the shape must be a tuple of ints, got {shape!r}."
+        ) from None
+    for d in dims:
+        if isinstance(d, bool) or not isinstance(d, int | np.integer):
+            raise ValueError(
+                f"Zero: every dimension of the shape must be an int, got {d!r} in "
+                f"{shape!r}."
+            )
+        if d < 0:
+            raise ValueError(
+                f"Zero: dimensions must be non-negative, got {int(d)} in {shape!r}."
+            )
+    return tuple(int(d) for d in dims)
 
 
 _strict: contextvars.ContextVar[bool] = contextvars.ContextVar(
