@@ -3,6 +3,7 @@ dispatch resolution and its errors."""
 
 import dataclasses
 import warnings
+from typing import Any
 
 import equinox as eqx
 import jax
@@ -270,3 +271,28 @@ def test_no_warnings_on_plain_use() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         quax.quaxify(f)(Wrapped(x), y)
+
+
+class _Strict(quax.ArrayValue):
+    array: jax.Array
+
+    def aval(self) -> Any:
+        return jax.typeof(self.array)
+
+    def materialise(self) -> jax.Array:
+        raise RuntimeError("Refusing to materialise `_Strict`")
+
+
+def test_materialisation_report_on_a_model_reports_every_refusal() -> None:
+    # Any pytree (an MLP keeps its activation functions as fields), and a strict
+    # model reports each of its three layers' refusals, not only the first.
+    mlp = eqx.nn.MLP(2, 2, width_size=3, depth=2, key=jax.random.key(0))
+    is_weight = lambda m: [layer.weight for layer in m.layers]
+    strict = eqx.tree_at(is_weight, mlp, [_Strict(w) for w in is_weight(mlp)])
+    report = quax.plugins.materialisations(lambda m, v: m(v), strict, jnp.ones(2))
+    assert report.refusals == {("dot_general", "_Strict"): 3}
+    assert report.total == 0 and report
+    assert "refused to materialise" in str(report)
+    # Outside the report, the refusal still raises.
+    with pytest.raises(RuntimeError, match="Refusing to materialise"):
+        quax.quaxify(lambda m, v: m(v))(strict, jnp.ones(2))

@@ -390,3 +390,43 @@ def test_matmul_shapes(n: int, k: int, m: int, left: bool) -> None:
     b = jnp.ones((k, m))
     args = (Zero((n, k), F32), b) if left else (a, Zero((k, m), F32))
     _check(jnp.matmul, *args, zero=True)
+
+
+# Validation, and vmap outside quaxify -------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("shape", "dtype", "match"),
+    [
+        ((-1, 3), F32, r"non-negative, got -1 in \(-1, 3\)"),
+        (3, F32, r"tuple of ints, got the int 3; write `\(3,\)`"),
+        ((2.5,), F32, r"must be an int, got 2\.5"),
+        (None, F32, r"tuple of ints, got None"),
+        ((True, 2), F32, r"must be an int, got True"),
+        ((2,), "not-a-dtype", r"'not-a-dtype' is not a dtype"),
+    ],
+)
+def test_nonsense_shapes_and_dtypes_are_refused(shape, dtype, match) -> None:
+    with pytest.raises(ValueError, match=match):
+        Zero(shape, dtype)
+
+
+def test_shapes_of_numpy_ints_and_lists() -> None:
+    assert Zero([np.int64(2), 3], F32).shape == (2, 3)
+    assert Zero((), F32).shape == ()
+
+
+def test_vmap_outside_quaxify_refuses_an_unbatchable_zero() -> None:
+    # vmap cannot add a batch axis to a value without array leaves: without the
+    # check this returned a Zero of shape (4,) for a batch of 3.
+    x = jnp.ones((3, 4))
+    with pytest.raises(ValueError, match=r"(?s)under `jax.vmap` returned a Zero.*"):
+        jax.vmap(quax.quaxify(lambda a, b: a * b))(Zero((4,), F32), x)
+    # The way out it names: vmap inside quaxify, where the rules see the batch.
+    out = quax.quaxify(jax.vmap(lambda a, b: a * b, in_axes=(None, 0)))(
+        Zero((4,), F32), x
+    )
+    assert _is_zero(out) and out.shape == (3, 4)
+    # Values with array leaves are batched as usual.
+    out = jax.vmap(quax.quaxify(lambda a, b: a + b))(Zero((4,), F32), x)
+    np.testing.assert_allclose(out, x)

@@ -5,7 +5,7 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
-import jax
+import equinox as eqx
 import jax.extend.core.primitives as jprim
 
 from . import _plugins, _registry
@@ -84,18 +84,20 @@ def materialisations(
     fn: Callable[..., Any], *args: Any, **kwargs: Any
 ) -> MaterialisationReport:
     """Trace `quaxify(fn)(*args, **kwargs)` (without compiling or running it) and
-    report every value it materialises, by primitive and type.
+    report every value it materialises, by primitive and type, and every refusal
+    to materialise (tracing goes on past each, so a strict model reports all).
 
     **Arguments:**
 
     - `fn`: the program.
-    - `*args`, `**kwargs`: its inputs, with the values to check.
+    - `*args`, `**kwargs`: its inputs, with the values to check: any pytree, as
+        `eqx.filter_eval_shape` takes (a model with activation functions, ...).
 
     **Returns:**
 
     A [`quax.MaterialisationReport`][].
     """
     _plugins.autoload()
-    with track_materialisation() as report:
-        jax.eval_shape(quaxify(fn), *args, **kwargs)
+    with track_materialisation(collect_refusals=True) as report:
+        eqx.filter_eval_shape(quaxify(fn), *args, **kwargs)
     return report

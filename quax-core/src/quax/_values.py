@@ -397,7 +397,7 @@ def _refusal_error(error: type[Exception]) -> type[Exception]:
         name = f"Refused{error.__name__}"
         doc = f"A `{error.__name__}` caused by a value's refusal to materialise."
         bases = (error, RuntimeError)
-        cls = type(name, bases, {"__doc__": doc, "__module__": "quax"})
+        cls = type(name, bases, {"__doc__": doc, "__module__": "quax"})  # pyright: ignore[reportGeneralTypeIssues]
         _refusal_errors[error] = cls
         return cls
 
@@ -411,23 +411,35 @@ class MaterialisationReport:
 
     The primitive is the one quax was dispatching when the value was densified
     (`"<outside>"` when it happened outside any primitive, e.g. a user call).
+    `refusals` counts, the same way, the materialisations that the value refused
+    (filled by [`quax.plugins.materialisations`][], which keeps tracing past them).
     """
 
     counts: Counter[tuple[str, str]] = dataclasses.field(default_factory=Counter)
+    refusals: Counter[tuple[str, str]] = dataclasses.field(default_factory=Counter)
+    # Whether a refusal is recorded (and tracing goes on with zeros in its place)
+    # rather than raised.
+    collect_refusals: bool = False
 
     @property
     def total(self) -> int:
         return sum(self.counts.values())
 
     def __bool__(self) -> bool:
-        return self.total > 0
+        return self.total > 0 or bool(self.refusals)
 
     def __str__(self) -> str:
-        if not self.counts:
+        if not self.counts and not self.refusals:
             return "no value was materialised"
-        lines = ["materialised values (primitive, type: count):"]
-        for (prim, typ), n in self.counts.most_common():
-            lines.append(f"  {prim}, {typ}: {n}")
+        lines = []
+        if self.counts:
+            lines.append("materialised values (primitive, type: count):")
+            for (prim, typ), n in self.counts.most_common():
+                lines.append(f"  {prim}, {typ}: {n}")
+        if self.refusals:
+            lines.append("refused to materialise (primitive, type: count):")
+            for (prim, typ), n in self.refusals.most_common():
+                lines.append(f"  {prim}, {typ}: {n}")
         return "\n".join(lines)
 
 
@@ -461,17 +473,31 @@ def tracking() -> bool:
 def _tracked(materialise: Callable[[Any], Any]) -> Callable[[Any], Any]:
     @ft.wraps(materialise)
     def wrapper(self: Any) -> Any:
-        if _state.reports:
-            key = (_state.primitive, type(self).__qualname__)
-            for report in _state.reports:
-                report.counts[key] += 1
-        return materialise(self)
+        if not _state.reports:
+            return materialise(self)
+        key = (_state.primitive, type(self).__qualname__)
+        try:
+            out = materialise(self)
+        except Exception:
+            collecting = [r for r in _state.reports if r.collect_refusals]
+            if not collecting:
+                raise
+            for report in collecting:
+                report.refusals[key] += 1
+            # Tracing goes on, to find the next refusal, with zeros in its place.
+            aval = self.aval()
+            return jax.numpy.zeros(aval.shape, aval.dtype)
+        for report in _state.reports:
+            report.counts[key] += 1
+        return out
 
     return wrapper
 
 
 @contextlib.contextmanager
-def track_materialisation() -> Iterator[MaterialisationReport]:
+def track_materialisation(
+    collect_refusals: bool = False,
+) -> Iterator[MaterialisationReport]:
     """Record every [`quax.Value`][] materialised inside the block.
 
     ```python
@@ -483,11 +509,17 @@ def track_materialisation() -> Iterator[MaterialisationReport]:
     Materialisation happens at trace time, so trace the function inside the block
     (call it, or `.lower` it) rather than reusing an already compiled one.
 
+    **Arguments:**
+
+    - `collect_refusals`: record each refusal to materialise in the report's
+        `refusals` and go on tracing with zeros in its place, rather than raising
+        (for reports only: the traced program is not the user's).
+
     **Returns:**
 
     A [`quax.MaterialisationReport`][], filled in as the block runs.
     """
-    report = MaterialisationReport()
+    report = MaterialisationReport(collect_refusals=collect_refusals)
     _state.reports.append(report)
     try:
         yield report

@@ -30,8 +30,13 @@ class Zero(ArrayValue):
     computed densely instead, so non-finite values propagate.
 
     A `Zero` has no array leaves (its shape and dtype are static), so `jax.vmap`
-    cannot add a batch axis to one returned from the function it maps: vmap inside
-    quaxify (`quax.quaxify(jax.vmap(f))`), where the rules see the batched shapes.
+    cannot add a batch axis to one returned from the function it maps:
+    `jax.vmap(quax.quaxify(f))` raises a `ValueError` when `f` returns one. Put the
+    vmap inside quaxify (`quax.quaxify(jax.vmap(f))`), where the rules see the
+    batched shapes.
+
+    **Raises:** `ValueError` for a shape that is not a tuple of non-negative ints,
+    or a dtype that is not one.
     """
 
     _shape: tuple[int, ...] = eqx.field(static=True)
