@@ -352,3 +352,43 @@ def test_explain_names_file_and_line_and_refusing_defaults(
     assert strict.returncode == 0, strict.stderr
     assert "exp(Strict) -> materialise" in strict.stdout
     assert "Strict refuses unless allow_materialise=True" in strict.stdout
+
+
+def test_published_quax_beside_quax_core_is_reported(tmp_path: Path) -> None:
+    # The published `quax` distribution's metadata, as `pip install unxt` leaves it.
+    info = tmp_path / "quax-0.4.6.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: quax\nVersion: 0.4.6\n"
+    )
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(
+            [str(tmp_path), os.environ.get("PYTHONPATH", "")]
+        ),
+        "JAX_PLATFORMS": "cpu",
+    }
+    imported = subprocess.run(
+        [sys.executable, "-W", "always", "-c", "import quax"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert "QuaxShadowWarning" in imported.stderr
+    assert "`quax` 0.4.6 (the published quax) is installed beside" in imported.stderr
+    families = subprocess.run(
+        [sys.executable, "-W", "ignore", "-m", "quax", "families"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert families.startswith("warning: The distribution `quax` 0.4.6")
+    assert "override-dependencies" in families
+
+
+def test_no_shadow_warning_without_the_published_quax() -> None:
+    from quax._shadow import shadowing_message
+
+    assert shadowing_message() is None

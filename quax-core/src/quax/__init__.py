@@ -7,6 +7,7 @@ from . import (
     _custom as _custom,
     _leafwise as _leafwise,
     _plugins as _plugins,
+    _shadow as _shadow,
     examples as examples,
     hookspecs as hookspecs,
     plugins as plugins,
@@ -22,6 +23,7 @@ from ._registry import (
     register_elementwise as register_elementwise,
     resolve as resolve,
 )
+from ._shadow import QuaxShadowWarning as QuaxShadowWarning
 from ._trace import set_debug_checks as set_debug_checks
 from ._values import (
     ArrayValue as ArrayValue,
@@ -34,6 +36,7 @@ from ._version import __version__ as __version__
 
 
 _plugins.load_builtins()
+_shadow.warn_if_shadowed()
 
 
 def __getattr__(name: str) -> object:

@@ -12,6 +12,7 @@ import jax
 from . import _plugins
 from ._introspect import primitive_named, summarise
 from ._registry import Resolution, resolve
+from ._shadow import shadowing_message
 from ._values import Value, track_materialisation
 
 
@@ -20,6 +21,9 @@ class _UsageError(Exception):
 
 
 def _families(_: argparse.Namespace) -> int:
+    shadowed = shadowing_message()
+    if shadowed is not None:
+        print(f"warning: {shadowed}\n")
     rows = summarise()
     if not rows:
         print("No quax family is installed.")
