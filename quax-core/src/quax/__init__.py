@@ -13,6 +13,7 @@ from . import (
     plugins as plugins,
     zero as zero,
 )
+from ._jaxpr import known_constant as known_constant
 from ._joins import JoinError as JoinError
 from ._quaxify import quaxify as quaxify
 from ._registry import (

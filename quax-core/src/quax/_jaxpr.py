@@ -139,11 +139,29 @@ def eval_quaxified(jaxpr: Any, consts: Sequence[Any], *args: Any) -> list[Any]:
     return [read(v) for v in jaxpr.outvars]
 
 
-def known_constant(x: Any, max_size: int) -> Any:
-    """The value of the jit-traced array `x`, as a NumPy array, when the trace shows
-    it is a constant of at most `max_size` elements: a literal, a broadcast, copy or
-    conversion of one (as JAX makes an instantiated zero), or a small effect-free
-    equation on such constants (`lax.switch` clamps a constant index); else `None`."""
+def known_constant(x: Any, max_size: int = 1024) -> Any:
+    """The value of `x`, when the program being staged shows it to be a constant.
+
+    Inside `jax.jit` (and so inside a quaxified function under `jit`), a rule sees
+    plain operands as tracers even when they are constants of the program: the zeros
+    `jnp.where(x > 0, x, 0)` selects against, the fill of a `jnp.full_like`. A rule
+    whose result depends on such a constant (a structure kept only against zeros, a
+    fill that broadcasts like a scalar) asks here instead of refusing.
+
+    **Arguments:**
+
+    - `x`: a plain array or a tracer.
+    - `max_size`: arrays of more elements are not looked at (`None` is returned).
+
+    **Returns:**
+
+    A NumPy array with `x`'s value when it is known now: `x` itself when it is not a
+    tracer; for a jit-traced `x`, a literal, a broadcast, copy or conversion of one, or
+    a small effect-free equation on such constants (`lax.switch` clamps a constant
+    index). Otherwise `None`.
+    """
+    if not isinstance(x, jax.core.Tracer):
+        return np.asarray(x) if np.size(x) <= max_size else None
     known: dict[int, Any] = {}  # by tracer id: each shared input is looked at once
 
     def value(t: Any) -> Any:

@@ -12,8 +12,6 @@ unless the array allows materialising.
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import jax
-import jax.core
 import numpy as np
 import quax
 from jax import lax
@@ -57,26 +55,11 @@ def _allow(values: Sequence[Any]) -> bool:
 _UNIFORM_MAX_SIZE = 1 << 16
 
 
-def _known_constant(x: Any) -> Any:
-    """The value of a jit-traced constant (a broadcast literal), through the core's
-    folding helper; `None` if this core has none (then the operand is refused)."""
-    import importlib
-
-    for module in ("quax._jaxpr", "quax._compat"):
-        try:
-            helper = getattr(importlib.import_module(module), "known_constant", None)
-        except ImportError:
-            continue
-        if helper is not None:
-            return helper(x, _UNIFORM_MAX_SIZE)
-    return None
-
-
 def _uniform(x: Any) -> Any:
     """`x` as a scalar if it is known now to hold one value everywhere, else `None`."""
     if quax.is_value(x) or np.size(x) > _UNIFORM_MAX_SIZE:
         return None
-    known = _known_constant(x) if isinstance(x, jax.core.Tracer) else np.asarray(x)
+    known = quax.known_constant(x, _UNIFORM_MAX_SIZE)
     if known is None or known.size == 0:
         return None
     first = np.broadcast_to(known.flat[0], known.shape)
