@@ -13,7 +13,14 @@ import quax
 from jax import lax
 from quax.zero import Zero
 
-from .helpers import Dense, Liftable, Refusing, Wrapper, dense
+from .helpers import (
+    Dense,
+    Liftable,
+    RefusedMaterialisation,
+    Refusing,
+    Wrapper,
+    dense,
+)
 
 
 x = jnp.array([0.5, 1.0, 2.0, 3.0])
@@ -398,3 +405,21 @@ def test_while_on_a_refusing_predicate_names_the_primitive():
         RuntimeError, match=r"(?s)predicate of a `while_loop`.*Refusing"
     ):
         quax.quaxify(f)(Wrapper(jnp.ones(2)))
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda a: lax.scan(lambda c, xi: (c + xi, xi), jnp.zeros(()), a)[0],
+        lambda a: jax.pure_callback(
+            lambda v: v, jax.ShapeDtypeStruct(a.shape, a.dtype), a
+        ),
+    ],
+    ids=["join", "callback"],
+)
+def test_refusals_keep_the_runtime_error_contract(fn):
+    # The core's explanation is added, but the error stays a RuntimeError with the
+    # value's own text, chained to the value's error.
+    with pytest.raises(RuntimeError, match="Refusing values never materialise") as e:
+        quax.quaxify(fn)(Refusing(x))
+    assert isinstance(e.value.__cause__, RefusedMaterialisation)
