@@ -40,7 +40,8 @@ class LoraArray(quax.ArrayValue):
 
     **Fields:**
 
-    - `w`: the original weight, shape `(*batch, n, *m)`.
+    - `w`: the original weight, shape `(*batch, n, *m)`: an array, or a
+        `quax.ArrayValue` such as a quantised array (QLoRA).
     - `a`: shape `(*batch, n, rank)`.
     - `b`: shape `(*batch, rank, *m)`.
     - `alpha`, `allow_materialise`, `stop_gradient`: as passed to `__init__` (static).
@@ -50,7 +51,7 @@ class LoraArray(quax.ArrayValue):
     # derivative meets it densified (or refused), never rebuilt from tangents.
     linear_in_leaves: ClassVar[bool] = False
 
-    w: Array
+    w: Array | quax.ArrayValue
     a: Array
     b: Array
     alpha: float | None = eqx.field(static=True)
@@ -59,7 +60,7 @@ class LoraArray(quax.ArrayValue):
 
     def __init__(
         self,
-        weight: Array,
+        weight: Array | quax.ArrayValue,
         *,
         rank: int,
         scale: float = 0.01,
@@ -71,7 +72,11 @@ class LoraArray(quax.ArrayValue):
     ):
         """**Arguments:**
 
-        - `weight`: the weight to adapt, shape `(*batch, n, m)`.
+        - `weight`: the weight to adapt, shape `(*batch, n, m)`: a JAX array, or a
+            `quax.ArrayValue` other than a `LoraArray` (say a quantised array, for
+            QLoRA). A value is kept as it is, never materialised: its shape and
+            dtype are read from it, and the LoRA rules pass it to primitives, so
+            its own rules compute `w @ x`.
         - `rank`: the rank of the adaptation: an integer from 1 to `min(n, m)`
             for `(n, m)` matrices (for a kernel, `m` is `in * prod(spatial)`).
         - `scale`: `a` is initialised from `Normal(0, scale^2)`; `b` is zero.
@@ -92,13 +97,21 @@ class LoraArray(quax.ArrayValue):
 
         Invalid arguments raise a `ValueError` that says what is wrong.
         """
-        if isinstance(weight, quax.Value):
+        if isinstance(weight, LoraArray):
             raise ValueError(
-                f"LoraArray needs a plain array as its weight, got a "
-                f"{type(weight).__qualname__}. To adapt a LoraArray again, merge it "
+                "LoraArray needs a plain array as its weight, got a LoraArray (a "
+                "quax.ArrayValue of another type, such as a quantised array, is "
+                "accepted). To adapt a LoraArray again, merge it "
                 "first (quax_lora.merge); loraify skips weights that already are one."
             )
-        weight = jnp.asarray(weight)
+        if isinstance(weight, quax.Value) and not isinstance(weight, quax.ArrayValue):
+            raise ValueError(
+                f"LoraArray needs a plain array or a quax.ArrayValue as its weight, "
+                f"got a {type(weight).__qualname__}, a quax.Value without an array's "
+                "shape and dtype."
+            )
+        if not isinstance(weight, quax.ArrayValue):
+            weight = jnp.asarray(weight)
         if batch_ndim is None:
             batch_ndim = weight.ndim - 2
         if (
@@ -163,9 +176,10 @@ class LoraArray(quax.ArrayValue):
         """The factor `s` of the update: `alpha / rank`, or `1`."""
         return 1.0 if self.alpha is None else self.alpha / self.rank
 
-    def weight(self) -> Array:
+    def weight(self) -> Array | quax.ArrayValue:
         """`w`, behind `lax.stop_gradient` when `stop_gradient` is set: what every
-        rule computes with, so that no gradient reaches a frozen weight."""
+        rule computes with, so that no gradient reaches a frozen weight. (For a
+        `quax.ArrayValue` weight, every leaf of it is stopped.)"""
         return lax.stop_gradient(self.w) if self.stop_gradient else self.w
 
     def delta(self) -> Array:
@@ -212,7 +226,10 @@ class LoraArray(quax.ArrayValue):
                 "LoraArray / quax_lora.loraify (or call .enable_materialise()) to "
                 "allow it, or use quax_lora.merge(model) to get dense weights."
             )
-        return (self.weight() + self.delta()).astype(self.w.dtype)
+        w = self.weight()
+        if isinstance(w, quax.Value):
+            w = w.materialise()  # the weight's own refusal, if it has one
+        return (w + self.delta()).astype(self.w.dtype)
 
     @staticmethod
     def default(primitive: Any, values: Any, params: dict[str, Any]) -> Any:

@@ -11,9 +11,10 @@ import equinox as eqx
 import jax.random as jr
 import jax.tree_util as jtu
 import numpy as np
+import quax
 from jaxtyping import PRNGKeyArray, PyTree
 
-from ._lora import LoraArray
+from ._lora import LoraArray, MaterialisationError
 
 
 __all__ = [
@@ -108,11 +109,17 @@ def loraify(
         if isinstance(weight, LoraArray):
             adapted.append(weight)
             return layer
-        if weight is None or np.ndim(weight) < 2:
+        if weight is None:
+            return layer
+        # A `quax.ArrayValue` weight (say a quantised one) is read, never densified.
+        if isinstance(weight, quax.ArrayValue):
+            shape = weight.shape
+        else:
+            shape = np.shape(weight)
+        if len(shape) < 2:
             return layer
         adapted.append(weight)
-        batch_ndim = 0 if isinstance(layer, _CONV) else np.ndim(weight) - 2
-        shape = np.shape(weight)
+        batch_ndim = 0 if isinstance(layer, _CONV) else len(shape) - 2
         # A layer whose matrices are smaller than `rank` (a 1-output head) gets
         # the largest rank it can use, with the same scale `alpha / rank`.
         layer_rank = max(
@@ -186,12 +193,33 @@ def merge(model: PyTree) -> PyTree:
     **Returns:**
 
     A copy of `model` with dense weights.
+
+    **Raises:**
+
+    A [`quax_lora.MaterialisationError`][] (a `RuntimeError`) when a `w` is a
+    `quax.ArrayValue` (a quantised base weight, for QLoRA) that refuses to be
+    densified: the dense sum needs it densified. Allow it on that value first
+    (e.g. `.enable_materialise()`, or `allow_materialise=True` where it was made),
+    or keep the model unmerged and call it inside `quax.quaxify`.
     """
 
     def dense(x: Any) -> Any:
-        if isinstance(x, LoraArray):
-            return (x.w + x.delta()).astype(x.w.dtype)
-        return x
+        if not isinstance(x, LoraArray):
+            return x
+        w = x.w
+        if isinstance(w, quax.Value):
+            try:
+                w = w.materialise()
+            except RuntimeError as e:
+                raise MaterialisationError(
+                    f"quax_lora.merge cannot form w + s * a @ b for a LoraArray of "
+                    f"shape {x.shape} whose base weight w is a "
+                    f"{type(x.w).__qualname__} that cannot be densified: {e} Allow "
+                    "the base weight to materialise first (e.g. .enable_materialise() "
+                    "on it, or allow_materialise=True where it was made), or keep the "
+                    "model unmerged and call it inside quax.quaxify."
+                ) from e
+        return (w + x.delta()).astype(x.w.dtype)
 
     return jtu.tree_map(dense, model, is_leaf=is_lora)
 
@@ -274,6 +302,13 @@ def count_parameters(model: PyTree) -> ParameterCount:
     """Count the parameters of a LoRA model, like peft's
     `print_trainable_parameters`: `print(quax_lora.count_parameters(model))`.
 
+    Counted are the elements of every floating-point array, and of every
+    floating-point `quax.ArrayValue` other than a `LoraArray` by the size of its
+    `shape` (not of its leaves): a quantised base weight counts as the weights it
+    stands for, not as its scales. Such a value is frozen (as a `LoraArray`'s
+    base weight unless made with `stop_gradient=False`); the trainable ones are
+    those [`quax_lora.trainable_filter`][] selects.
+
     **Arguments:**
 
     - `model`: a PyTree containing `LoraArray`s.
@@ -282,10 +317,27 @@ def count_parameters(model: PyTree) -> ParameterCount:
 
     A [`quax_lora.ParameterCount`][].
     """
-    params = eqx.filter(model, eqx.is_inexact_array)
-    trainable = eqx.filter(params, trainable_filter(params))
-    size = lambda tree: sum(int(np.size(x)) for x in jtu.tree_leaves(tree))
-    return ParameterCount(trainable=size(trainable), total=size(params))
+    # What `trainable_filter` selects: `a`, `b`, and `w` unless it is frozen.
+    loras = [x for x in jtu.tree_leaves(model, is_leaf=is_lora) if is_lora(x)]
+    trainable = [(x.a, x.b) if x.stop_gradient else (x.w, x.a, x.b) for x in loras]
+    return ParameterCount(trainable=_size(trainable), total=_size(model))
+
+
+def _is_base_value(x: Any) -> bool:
+    return isinstance(x, quax.ArrayValue) and not isinstance(x, LoraArray)
+
+
+def _size(tree: PyTree) -> int:
+    """Elements of the floating-point arrays and values (by shape) in `tree`."""
+    total = 0
+    for x in jtu.tree_leaves(tree, is_leaf=_is_base_value):
+        if _is_base_value(x):
+            # One whose leaves were all filtered out (`eqx.partition`) counts 0.
+            if jtu.tree_leaves(x) and np.issubdtype(x.dtype, np.inexact):
+                total += math.prod(x.shape)
+        elif eqx.is_inexact_array(x):
+            total += int(np.size(x))
+    return total
 
 
 def save_adapter(path_or_file: str | BinaryIO, model: PyTree) -> None:

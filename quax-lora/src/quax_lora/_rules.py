@@ -4,6 +4,10 @@ that keep the low-rank form.
 
 Operations without a rule fall back to `LoraArray.default`, which refuses (naming the
 primitive) unless the array was created with `allow_materialise=True`.
+
+The weight `w` may itself be a `quax.ArrayValue` (a quantised array, for QLoRA): every
+rule passes it to a primitive inside `quax.quaxify`, so that its own rules run, and
+never densifies it.
 """
 
 import string
@@ -15,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 import quax
 from jax import lax
-from jaxtyping import ArrayLike
+from jaxtyping import Array, ArrayLike
 
 from ._lora import LoraArray
 
@@ -88,7 +92,7 @@ def _contract(
 
 
 def _lora_dot_general(
-    w: ArrayLike,
+    w: Array | quax.ArrayValue,
     a: ArrayLike,
     b: ArrayLike,
     x: Any,
@@ -102,9 +106,11 @@ def _lora_dot_general(
     says), as `dot_general(w, x) + a (b x)` or `+ (x a) b`, whichever costs less;
     `a @ b` is never formed.
 
-    Quaxified by the caller, so `x` may itself be a `quax.Value`.
+    Quaxified by the caller, so `x` and `w` may themselves be `quax.Value`s: `w`
+    only meets `dot_general`, so its own rule computes `w @ x`.
     """
-    w_, a_, b_ = (jnp.asarray(t) for t in (w, a, b))
+    w_ = w
+    a_, b_ = (jnp.asarray(t) for t in (a, b))
     (lhs_contract, rhs_contract), (lhs_batch, rhs_batch) = dimension_numbers
     if lora_is_lhs:
         dense = lax.dot_general_p.bind(
@@ -228,7 +234,7 @@ def _(lhs: LoraArray, rhs: LoraArray, *, dimension_numbers: Any, **params: Any) 
 
 
 def _lora_conv(
-    w: ArrayLike,
+    w: Array | quax.ArrayValue,
     a: ArrayLike,
     b: ArrayLike,
     x: Any,
@@ -276,6 +282,15 @@ def _(lhs: ArrayLike | quax.ArrayValue, rhs: LoraArray, **params: Any) -> Any:
 # Structural operations ----------------------------------------------------------------
 
 
+def _bind(primitive: Any, *args: Any, **params: Any) -> Any:
+    """`primitive.bind(*args, **params)`, where `args` may hold the weight of a
+    `LoraArray` that is itself a `quax.Value` (say a quantised array): the bind is
+    then quaxified, so that the value's own rule (or its refusal) runs."""
+    if any(isinstance(x, quax.Value) for x in args):
+        return quax.quaxify(lambda *xs: primitive.bind(*xs, **params))(*args)
+    return primitive.bind(*args, **params)
+
+
 def _replace(lora: LoraArray, w: Any, a: Any, b: Any) -> LoraArray:
     return eqx.tree_at(lambda x: (x.w, x.a, x.b), lora, (w, a, b))
 
@@ -287,7 +302,7 @@ def _(operand: LoraArray, *, permutation: Sequence[int], **params: Any) -> Any:
     batch, rest = perm[:nb], perm[nb:]
 
     def transpose(x: Any, permutation: tuple[int, ...]) -> Any:
-        return lax.transpose_p.bind(x, permutation=permutation, **params)
+        return _bind(lax.transpose_p, x, permutation=permutation, **params)
 
     if sorted(batch) == list(range(nb)) and operand.ndim == nb + 2:
         w = transpose(operand.weight(), perm)
@@ -312,7 +327,7 @@ def _(operand: LoraArray, *, permutation: Sequence[int], **params: Any) -> Any:
 @quax.register(lax.neg_p)
 def _(x: LoraArray, **params: Any) -> LoraArray:
     # -(w + s a b) = -w + s (-a) b
-    w = lax.neg_p.bind(x.weight(), **params)
+    w = _bind(lax.neg_p, x.weight(), **params)
     a = lax.neg_p.bind(x.a, **params)
     return _replace(x, w, a, x.b)
 
@@ -322,7 +337,7 @@ def _scale(
 ) -> Any:
     if np.ndim(c) != 0:
         return quax.fallback_rule(lax.mul_p, values)(values, params)
-    w = lax.mul_p.bind(lora.weight(), c, **params)
+    w = _bind(lax.mul_p, lora.weight(), c, **params)
     a = lax.mul_p.bind(lora.a, c, **params)
     return _replace(lora, w, a, lora.b)
 
@@ -344,8 +359,12 @@ def _(operand: LoraArray, *, new_dtype: Any, sharding: Any, **params: Any) -> An
         return quax.fallback_rule(lax.convert_element_type_p, (operand,))(
             (operand,), {"new_dtype": new_dtype, "sharding": sharding, **params}
         )
-    w = lax.convert_element_type_p.bind(
-        operand.weight(), new_dtype=new_dtype, sharding=sharding, **params
+    w = _bind(
+        lax.convert_element_type_p,
+        operand.weight(),
+        new_dtype=new_dtype,
+        sharding=sharding,
+        **params,
     )
     # The factors are not laid out like `w`: the sharding applies to `w` alone.
     a, b = (
@@ -362,7 +381,7 @@ def _(operand: LoraArray, *, dimensions: Sequence[int], **params: Any) -> LoraAr
     nb = operand.batch_ndim
 
     def rev(x: Any, dims: Sequence[int]) -> Any:
-        return lax.rev_p.bind(x, dimensions=tuple(dims), **params)
+        return _bind(lax.rev_p, x, dimensions=tuple(dims), **params)
 
     w = rev(operand.weight(), dimensions)
     a = rev(operand.a, [d for d in dimensions if d <= nb])
