@@ -7,8 +7,6 @@ trainable low-rank adapters. The model's code is unchanged; `quax.quaxify` runs 
     python examples/quant_qlora.py
 """
 
-import math
-
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -32,20 +30,16 @@ def make_task(key, n=256, dim=64):
 def main() -> dict[str, str]:
     pretrained, x, y = make_task(jr.PRNGKey(0))
 
-    # 1. LoRA adapters on every Linear layer, then int4 base weights.
-    model = quax_lora.loraify(pretrained, rank=8, alpha=16.0, key=jr.PRNGKey(1))
-    model = quax_quant.quantise_model(
-        model, bits=4, group_size=32, filter=quax_lora.is_lora, attribute="w"
-    )
+    # 1. Int4 base weights, then LoRA adapters on every Linear layer: each weight
+    # becomes a LoraArray over a QuantisedArray. (Loraifying first and then
+    # quantising the adapters' base weights, with `filter=quax_lora.is_lora,
+    # attribute="w"`, builds the same model.)
+    model = quax_quant.quantise_model(pretrained, bits=4, group_size=32)
+    model = quax_lora.loraify(model, rank=8, alpha=16.0, key=jr.PRNGKey(1))
     count = quax_lora.count_parameters(model)
     memory = quax_quant.memory_report(model)
-    # `count.total` counts float leaves: a quantised weight counts by its scales
-    # only, so count the base weights by their shapes.
-    leaves = jax.tree.leaves(model, is_leaf=quax_quant.is_quantised)
-    base = sum(
-        math.prod(leaf.shape) for leaf in leaves if quax_quant.is_quantised(leaf)
-    )
-    total = base + count.total
+    # The quantised base weights count by their shapes, as frozen parameters.
+    total = count.total
     print(f"trainable params: {count.trainable:,} of {total:,}")
     print(f"base weights: {memory}")
 

@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import jax.random as jr
 import numpy as np
 import optax
+import pytest
 import quax
 import quax.testing
 import quax_lora
@@ -18,12 +19,18 @@ from quax.zero import Zero
 IN, WIDTH, OUT = 48, 64, 8
 
 
-def _qlora(bits=4):
+def _qlora(bits=4, quantise_first=False):
+    """QLoRA built either way: loraify then quantise the base weights `w`, or
+    quantise the weights then loraify (a `LoraArray` over a `QuantisedArray`)."""
     mlp = eqx.nn.MLP(IN, OUT, WIDTH, depth=2, key=jr.PRNGKey(0))
-    lora = quax_lora.loraify(mlp, rank=4, key=jr.PRNGKey(1))
-    model = qq.quantise_model(
-        lora, bits=bits, group_size=16, filter=quax_lora.is_lora, attribute="w"
-    )
+    if quantise_first:
+        quantised = qq.quantise_model(mlp, bits=bits, group_size=16)
+        model = quax_lora.loraify(quantised, rank=4, key=jr.PRNGKey(1))
+    else:
+        lora = quax_lora.loraify(mlp, rank=4, key=jr.PRNGKey(1))
+        model = qq.quantise_model(
+            lora, bits=bits, group_size=16, filter=quax_lora.is_lora, attribute="w"
+        )
     # A trained adapter: nonzero `b`.
     return jax.tree.map(
         lambda x: (
@@ -68,9 +75,37 @@ def test_qlora_forward_and_trainable_parameters():
     one = eqx.filter_jit(quax.quaxify(lambda m, x: m(x)))(model, x[0])
     np.testing.assert_allclose(one, dense[0], rtol=1e-4, atol=1e-4)
     count = quax_lora.count_parameters(model)
-    assert count.trainable == sum(
-        lr.weight.a.size + lr.weight.b.size for lr in model.layers
+    adapters = sum(lr.weight.a.size + lr.weight.b.size for lr in model.layers)
+    assert count.trainable == adapters
+    # The quantised base weights count by their shapes, not by their scales.
+    weights = IN * WIDTH + WIDTH * WIDTH + WIDTH * OUT
+    assert count.total == weights + (WIDTH + WIDTH + OUT) + adapters
+
+
+def test_qlora_built_either_way_computes_the_same():
+    loraified_first = _qlora()
+    quantised_first = _qlora(quantise_first=True)
+    for lr, other in zip(loraified_first.layers, quantised_first.layers, strict=True):
+        assert qq.is_quantised(other.weight.w)
+        np.testing.assert_array_equal(other.weight.a, lr.weight.a)
+        np.testing.assert_array_equal(other.weight.w.values, lr.weight.w.values)
+    x = jr.normal(jr.PRNGKey(2), (6, IN))
+    forward = eqx.filter_jit(quax.quaxify(lambda m, x: jax.vmap(m)(x)))
+    with quax.track_materialisation() as report:
+        out = forward(quantised_first, x)
+    assert not report, str(report)
+    np.testing.assert_allclose(
+        out, forward(loraified_first, x), **quax.testing.tolerance(jnp.float32)
     )
+    np.testing.assert_allclose(
+        out, _dense_forward(_dense_layers(quantised_first), x), rtol=0.05, atol=0.05
+    )
+    assert quax_lora.count_parameters(quantised_first) == quax_lora.count_parameters(
+        loraified_first
+    )
+    # The quantised base refuses to be densified: merge says so.
+    with pytest.raises(quax_lora.MaterialisationError, match="cannot be densified"):
+        quax_lora.merge(quantised_first)
 
 
 def test_qlora_trains_only_the_adapter_and_never_dequantises():

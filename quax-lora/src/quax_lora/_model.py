@@ -80,6 +80,9 @@ def loraify(
         on a layer. By default every `eqx.nn.Linear`. A matching layer's `weight` is
         adapted; for `eqx.nn.Conv` and `eqx.nn.ConvTranspose` the kernel is adapted
         along its output channels (`batch_ndim=0`), as peft does.
+        A `weight` may be a `quax.ArrayValue` (say after
+        `quax_quant.quantise_model`, for QLoRA): it becomes the `LoraArray`'s
+        `w` as it is, read by its shape, never densified.
     - `where`: choose by path, as for `eqx.tree_at`: a function from `model` to the
         sub-tree (or tuple of sub-trees) to adapt, e.g.
         `where=lambda m: (m.query_proj, m.value_proj)`. Only layers inside it that
