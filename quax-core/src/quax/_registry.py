@@ -154,7 +154,9 @@ def _checked_signature(primitive: Primitive, rule: Any) -> plum.Signature:
         for p in inspect.signature(rule).parameters.values()
         if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL)
     ]
-    if not any(p.annotation is not p.empty for p in positional):
+    # A rule without positional parameters matches only a call with no operands (as
+    # with plum): it can never catch a call on a value, so it is no catch-all.
+    if positional and not any(p.annotation is not p.empty for p in positional):
         raise TypeError(
             f"The quax rule {describe_rule(rule)} for primitive `{primitive.name}` "
             "annotates none of its positional parameters, so it would catch every "
