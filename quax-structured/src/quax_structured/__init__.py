@@ -11,10 +11,13 @@ x = quax.quaxify(jnp.linalg.solve)(T, b)  # O(n), no n x n array
 """
 
 from . import _rules as _rules  # registers the rules
+from ._banded import Banded as Banded
 from ._base import (
     MaterialisationError as MaterialisationError,
     StructuredMatrix as StructuredMatrix,
 )
+from ._blockdiagonal import BlockDiagonal as BlockDiagonal
+from ._circulant import Circulant as Circulant
 from ._diagonal import Diagonal as Diagonal, ScaledIdentity as ScaledIdentity
 from ._kronecker import Kronecker as Kronecker, KroneckerLU as KroneckerLU
 from ._lineax import from_lineax as from_lineax, to_lineax as to_lineax
@@ -23,6 +26,7 @@ from ._lowrank import (
     LowRankPlusDiagonal as LowRankPlusDiagonal,
     Semiseparable as Semiseparable,
 )
+from ._toeplitz import Toeplitz as Toeplitz
 from ._triangular import (
     LowerTriangular as LowerTriangular,
     UpperTriangular as UpperTriangular,
@@ -41,4 +45,8 @@ VALUE_TYPES = (
     Semiseparable,
     Kronecker,
     KroneckerLU,
+    Banded,
+    BlockDiagonal,
+    Circulant,
+    Toeplitz,
 )

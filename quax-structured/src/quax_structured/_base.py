@@ -119,6 +119,11 @@ class StructuredMatrix(quax.ArrayValue):
         """The lower Cholesky factor, read from the lower triangle."""
         return None
 
+    def eigenvalues(self) -> Array | None:
+        """The eigenvalues (complex, in any order, as `jnp.linalg.eigvals` returns
+        them)."""
+        return None
+
     def triangular_solve(
         self, b: Array, *, lower: bool, transpose_a: bool, unit_diagonal: bool
     ) -> Array | None:

@@ -351,6 +351,28 @@ def _(x: StructuredMatrix, **params: Any) -> Any:
     return _fallback(lax.linalg.cholesky_p, [x], params) if out is None else out
 
 
+@quax.register(lax.linalg.eig_p)
+def _(
+    x: StructuredMatrix,
+    *,
+    compute_left_eigenvectors: bool,
+    compute_right_eigenvectors: bool,
+    **params: Any,
+) -> Any:
+    """`jnp.linalg.eigvals`: the eigenvalues alone, where the structure knows them."""
+    out = None
+    if not (compute_left_eigenvectors or compute_right_eigenvectors):
+        out = x.eigenvalues()
+    if out is None:
+        params = dict(
+            compute_left_eigenvectors=compute_left_eigenvectors,
+            compute_right_eigenvectors=compute_right_eigenvectors,
+            **params,
+        )
+        return _fallback(lax.linalg.eig_p, [x], params)
+    return [out]
+
+
 # Reading entries ----------------------------------------------------------------------
 
 

@@ -1,0 +1,214 @@
+"""`Banded`: products in O(n (p + q)), LU and solves in O(n p q)."""
+
+import equinox as eqx
+import jax
+import jax.core
+import jax.numpy as jnp
+from jax import lax
+from jaxtyping import Array
+
+from ._base import StructuredMatrix
+
+
+__all__ = ["Banded"]
+
+
+def _shift(x: Array, s: int) -> Array:
+    """`out[..., i] = x[..., i + s]` along the last axis, zero where out of range."""
+    n = x.shape[-1]
+    if s == 0:
+        return x
+    pad = [(0, 0)] * (x.ndim - 1)
+    if s > 0:
+        return jnp.pad(x[..., s:], [*pad, (0, min(s, n))])[..., :n]
+    return jnp.pad(x[..., : max(n + s, 0)], [*pad, (min(-s, n), 0)])[..., -n:]
+
+
+class Banded(StructuredMatrix):
+    """A banded matrix: `A[i, j] = 0` unless `-lower_bandwidth <= j - i <=
+    upper_bandwidth`, stored by its diagonals, indexed by row.
+
+    `A[..., i, i + d] = bands[..., d + lower_bandwidth, i]`; the entries of `bands`
+    whose column `i + d` falls outside the matrix are ignored. Products cost
+    O(n (p + q)) for bandwidths `p`, `q`; `jnp.linalg.solve`, `slogdet` and `det`
+    go through an LU factorisation *without pivoting* in O(n p q) (exact for
+    diagonally dominant or positive definite matrices; see the README's limits).
+
+    **Fields:**
+
+    - `bands`: shape `(*batch, lower_bandwidth + upper_bandwidth + 1, n)`.
+    - `lower_bandwidth`, `upper_bandwidth`: the number of sub- and superdiagonals
+        (static).
+    - `allow_materialise`: as for [`quax_structured.TridiagonalMatrix`][] (static).
+    """
+
+    bands: Array
+    lower_bandwidth: int = eqx.field(static=True)
+    upper_bandwidth: int = eqx.field(static=True)
+    allow_materialise: bool = eqx.field(default=False, static=True)
+
+    def __check_init__(self):
+        p, q = self.lower_bandwidth, self.upper_bandwidth
+        if p < 0 or q < 0 or self.bands.ndim < 2 or self.bands.shape[-2] != p + q + 1:
+            raise ValueError(
+                f"`Banded` needs `bands` of shape (*batch, {p} + {q} + 1, n) for "
+                f"bandwidths ({p}, {q}); got shape {self.bands.shape}."
+            )
+
+    def aval(self) -> jax.core.ShapedArray:
+        *batch, _, n = self.bands.shape
+        return jax.core.ShapedArray((*batch, n, n), self.bands.dtype)
+
+    def _band(self, d: int) -> Array:
+        """The diagonal at offset `d`, indexed by row, zero outside the matrix."""
+        n = self.bands.shape[-1]
+        row = self.bands[..., d + self.lower_bandwidth, :]
+        valid = (jnp.arange(n) + d >= 0) & (jnp.arange(n) + d < n)
+        return jnp.where(valid, row, jnp.zeros((), self.dtype))
+
+    def _offsets(self) -> range:
+        return range(-self.lower_bandwidth, self.upper_bandwidth + 1)
+
+    def dense(self) -> Array:
+        n = self.bands.shape[-1]
+        out = jnp.zeros(self.shape, self.dtype)
+        for d in self._offsets():
+            band = self._band(d)[..., :, None]
+            out = out + jnp.eye(n, k=d, dtype=self.dtype) * band
+        return out
+
+    def _with(self, bands: Array, p: int | None = None, q: int | None = None):
+        p = self.lower_bandwidth if p is None else p
+        q = self.upper_bandwidth if q is None else q
+        return Banded(bands, p, q, self.allow_materialise)
+
+    def transpose(self) -> "Banded":
+        # Aᵀ[i, i + d] = A[i + d, i]: the band at offset -d, shifted by d.
+        rows = [_shift(self._band(-d), d) for d in range(-self.upper_bandwidth, 0)]
+        rows += [_shift(self._band(-d), d) for d in range(self.lower_bandwidth + 1)]
+        return self._with(
+            jnp.stack(rows, axis=-2), self.upper_bandwidth, self.lower_bandwidth
+        )
+
+    def map_leaves(self, fn) -> "Banded":
+        return self._with(fn(self.bands))
+
+    def matmat(self, x: Array) -> Array:
+        """`A @ x` for `x` of shape `(*batch, n, k)`, in O(n k (p + q))."""
+        xt = jnp.swapaxes(x, -1, -2)  # (*batch, k, n)
+        out = 0
+        for d in self._offsets():
+            out = out + self._band(d)[..., None, :] * _shift(xt, d)
+        return jnp.swapaxes(out, -1, -2)
+
+    def entries(self, i: Array, j: Array) -> Array:
+        n = self.bands.shape[-1]
+        i, j = jnp.clip(i, 0, n - 1), jnp.clip(j, 0, n - 1)
+        d = j - i
+        inside = (d >= -self.lower_bandwidth) & (d <= self.upper_bandwidth)
+        r = jnp.clip(d + self.lower_bandwidth, 0, self.bands.shape[-2] - 1)
+        return jnp.where(inside, self.bands[r, i], jnp.zeros((), self.dtype))
+
+    def masked(self, y: Array) -> "Banded":
+        rows = []
+        for d in self._offsets():
+            diag = jnp.diagonal(y, d, -2, -1)
+            pad = [(0, 0)] * (diag.ndim - 1)
+            rows.append(jnp.pad(diag, [*pad, (0, d)] if d >= 0 else [*pad, (-d, 0)]))
+        return self._with(self.bands * jnp.stack(rows, axis=-2))
+
+    def _widened(self, p: int, q: int) -> Array:
+        pad = [(0, 0)] * (self.bands.ndim - 2)
+        pad += [(p - self.lower_bandwidth, q - self.upper_bandwidth), (0, 0)]
+        return jnp.pad(self.bands, pad)
+
+    def add(self, other: StructuredMatrix) -> "Banded | None":
+        if not isinstance(other, Banded):
+            return None
+        p = max(self.lower_bandwidth, other.lower_bandwidth)
+        q = max(self.upper_bandwidth, other.upper_bandwidth)
+        return self._with(self._widened(p, q) + other._widened(p, q), p, q)
+
+    def add_diagonal(self, d: Array) -> "Banded":
+        p = self.lower_bandwidth
+        return self._with(self.bands.at[..., p, :].add(d))
+
+    def row_scaled(self, d: Array) -> "Banded":
+        return self._with(self.bands * d[..., None, :])
+
+    def col_scaled(self, d: Array) -> "Banded":
+        scale = jnp.stack([_shift(d, k) for k in self._offsets()], axis=-2)
+        return self._with(self.bands * scale)
+
+    def lu(self) -> "Banded":
+        """The packed LU factors without pivoting, as a `Banded` matrix of the same
+        bandwidths (`L - I` below the diagonal, `U` on and above it): Gaussian
+        elimination over a sliding `(p + 1) x (q + 1)` window, O(n p q)."""
+        p, q = self.lower_bandwidth, self.upper_bandwidth
+        n = self.bands.shape[-1]
+        # Dense rows of the band: full[i, c] = A[i, i - p + c], zero outside.
+        bands = jnp.stack([self._band(d) for d in self._offsets()], axis=-2)
+        bt = jnp.moveaxis(bands, (-1, -2), (0, 1))  # (n, p + q + 1, *batch)
+        bt = jnp.pad(bt, [(0, p + 1)] + [(0, 0)] * (bt.ndim - 1))
+        # The window W[r, c] = A[k + r, k + c] (r <= p, c <= q) at step k.
+        rows = jnp.arange(p + 1)[:, None]
+        cols = jnp.arange(q + 1)[None, :]
+        window0 = jnp.moveaxis(bt[rows, p + cols - rows], (0, 1), (-2, -1))
+
+        def step(window, k):
+            pivot = window[..., 0, 0]
+            ell = window[..., 1:, 0] / pivot[..., None]
+            schur = window[..., 1:, 1:] - ell[..., :, None] * window[..., 0:1, 1:]
+            # New row k + p + 1 (columns k + 1 .. k + q + 1) and new column
+            # k + q + 1 (rows k + 1 .. k + p), untouched by earlier eliminations.
+            new_row = jnp.moveaxis(bt[k + p + 1, : q + 1], 0, -1)
+            r = jnp.arange(p)
+            new_col = jnp.moveaxis(bt[k + 1 + r, q + p - r], 0, -1)
+            top = jnp.concatenate([schur, new_col[..., :, None]], axis=-1)
+            nxt = jnp.concatenate([top, new_row[..., None, :]], axis=-2)
+            return nxt, (window[..., 0, :], ell)
+
+        _, (u_rows, ells) = lax.scan(step, window0, jnp.arange(n))
+        u_rows = jnp.moveaxis(u_rows, 0, -1)  # (*batch, q + 1, n)
+        ells = jnp.moveaxis(ells, 0, -1)  # (*batch, p, n): ells[r, k] = L[k+1+r, k]
+        lower = [_shift(ells[..., r, :], -(r + 1)) for r in reversed(range(p))]
+        packed = jnp.concatenate(
+            [jnp.stack(lower, axis=-2), u_rows] if p else [u_rows], axis=-2
+        )
+        return self._with(packed)
+
+    def triangular_solve(
+        self, b: Array, *, lower: bool, transpose_a: bool, unit_diagonal: bool
+    ) -> Array:
+        """Solve `op(A) x = b` with `A` the lower (or upper) triangle of this matrix,
+        for `b` of shape `(*batch, n, k)`: a banded substitution, O(n k p)."""
+        m = self.transpose() if transpose_a else self
+        forward = lower != transpose_a
+        width = m.lower_bandwidth if forward else m.upper_bandwidth
+        sign = -1 if forward else 1
+        # off[r] (r = 1 .. width) is the entry A[i, i -+ r] of row i.
+        diag = m._band(0)
+        empty = jnp.zeros((*diag.shape[:-1], 0, diag.shape[-1]), diag.dtype)
+        off = jnp.concatenate(
+            [empty] + [m._band(sign * r)[..., None, :] for r in range(1, width + 1)],
+            axis=-2,
+        )
+        bt = jnp.moveaxis(b, -2, 0)  # (n, *batch, k)
+        offt = jnp.moveaxis(off, -1, 0)  # (n, *batch, width)
+        diagt = jnp.moveaxis(diag, -1, 0)
+        if not forward:
+            bt, offt, diagt = bt[::-1], offt[::-1], diagt[::-1]
+
+        def step(prev, xs):
+            # prev[r - 1] holds the solution r rows back.
+            bi, oi, di = xs
+            x = bi - jnp.sum(oi[..., :, None] * jnp.moveaxis(prev, 0, -2), axis=-2)
+            if not unit_diagonal:
+                x = x / di[..., None]
+            return jnp.concatenate([x[None], prev])[:width], x
+
+        prev0 = jnp.zeros((width, *bt.shape[1:]), jnp.result_type(b, self.dtype))
+        _, out = lax.scan(step, prev0, (bt, offt, diagt))
+        if not forward:
+            out = out[::-1]
+        return jnp.moveaxis(out, 0, -2)

@@ -1,0 +1,139 @@
+"""`BlockDiagonal`: every operation block by block."""
+
+import equinox as eqx
+import jax
+import jax.core
+import jax.numpy as jnp
+from jax import lax
+from jaxtyping import Array
+
+from ._base import StructuredMatrix, dense_triangular_solve
+
+
+__all__ = ["BlockDiagonal"]
+
+
+class BlockDiagonal(StructuredMatrix):
+    """A block-diagonal matrix of `m` equal square blocks of size `b` (`n = m b`).
+
+    Products cost O(n b); `jnp.linalg.solve`, `slogdet`, `det` and `cholesky` factor
+    each block (with partial pivoting inside the block), O(n b²).
+
+    **Fields:**
+
+    - `blocks`: shape `(*batch, m, b, b)`; `blocks[..., k, :, :]` is the `k`-th
+        diagonal block.
+    - `allow_materialise`: as for [`quax_structured.TridiagonalMatrix`][] (static).
+    """
+
+    blocks: Array
+    allow_materialise: bool = eqx.field(default=False, static=True)
+
+    def __check_init__(self):
+        if self.blocks.ndim < 3 or self.blocks.shape[-1] != self.blocks.shape[-2]:
+            raise ValueError(
+                "`BlockDiagonal` needs `blocks` of shape (*batch, m, b, b); got "
+                f"shape {self.blocks.shape}."
+            )
+
+    def aval(self) -> jax.core.ShapedArray:
+        *batch, m, b, _ = self.blocks.shape
+        return jax.core.ShapedArray((*batch, m * b, m * b), self.blocks.dtype)
+
+    def _sizes(self) -> tuple[int, int]:
+        return self.blocks.shape[-3], self.blocks.shape[-1]
+
+    def dense(self) -> Array:
+        eye = jnp.eye(self.blocks.shape[-3], dtype=self.dtype)
+        out = jnp.einsum("...kij,kl->...kilj", self.blocks, eye)
+        return out.reshape(self.shape)
+
+    def _with(self, blocks: Array) -> "BlockDiagonal":
+        return BlockDiagonal(blocks, self.allow_materialise)
+
+    def _split(self, x: Array) -> Array:
+        """`(*batch, n, ...)` -> `(*batch, m, b, ...)` on the axis `-2`."""
+        m, b = self._sizes()
+        return x.reshape(*x.shape[:-2], m, b, x.shape[-1])
+
+    def transpose(self) -> "BlockDiagonal":
+        return self._with(jnp.swapaxes(self.blocks, -1, -2))
+
+    def map_leaves(self, fn) -> "BlockDiagonal":
+        return self._with(fn(self.blocks))
+
+    def matmat(self, x: Array) -> Array:
+        """`A @ x` for `x` of shape `(*batch, n, k)`, in O(n b k)."""
+        out = self.blocks @ self._split(x)
+        return out.reshape(*out.shape[:-3], -1, out.shape[-1])
+
+    def entries(self, i: Array, j: Array) -> Array:
+        m, b = self._sizes()
+        i, j = jnp.clip(i, 0, m * b - 1), jnp.clip(j, 0, m * b - 1)
+        value = self.blocks[i // b, i % b, j % b]
+        return jnp.where(i // b == j // b, value, jnp.zeros((), self.dtype))
+
+    def masked(self, y: Array) -> "BlockDiagonal":
+        m, b = self._sizes()
+        y = y.reshape(*y.shape[:-2], m, b, m, b)
+        diag_blocks = jnp.moveaxis(jnp.diagonal(y, 0, -4, -2), -1, -3)
+        return self._with(self.blocks * diag_blocks)
+
+    def _same_blocking(self, other: StructuredMatrix) -> bool:
+        return isinstance(other, BlockDiagonal) and other._sizes() == self._sizes()
+
+    def add(self, other: StructuredMatrix) -> "BlockDiagonal | None":
+        if self._same_blocking(other):
+            assert isinstance(other, BlockDiagonal)
+            return self._with(self.blocks + other.blocks)
+        return None
+
+    def add_diagonal(self, d: Array) -> "BlockDiagonal":
+        m, b = self._sizes()
+        d = d.reshape(*d.shape[:-1], m, b)
+        return self._with(self.blocks + d[..., :, None] * jnp.eye(b, dtype=d.dtype))
+
+    def row_scaled(self, d: Array) -> "BlockDiagonal":
+        m, b = self._sizes()
+        return self._with(self.blocks * d.reshape(*d.shape[:-1], m, b, 1))
+
+    def col_scaled(self, d: Array) -> "BlockDiagonal":
+        m, b = self._sizes()
+        return self._with(self.blocks * d.reshape(*d.shape[:-1], m, 1, b))
+
+    def product(self, other: StructuredMatrix) -> "BlockDiagonal | None":
+        if self._same_blocking(other):
+            assert isinstance(other, BlockDiagonal)
+            return self._with(self.blocks @ other.blocks)
+        return None
+
+    def lu(self) -> tuple["BlockDiagonal", Array, Array]:
+        """Each block's packed LU factors, pivots and permutation, with the block's
+        offset added: the row swaps stay inside their block."""
+        m, b = self._sizes()
+        factors, pivots, perm = lax.linalg.lu(self.blocks)
+        offset = (jnp.arange(m, dtype=pivots.dtype) * b)[:, None]
+        flat = lambda x: x.reshape(*x.shape[:-2], m * b)
+        return self._with(factors), flat(pivots + offset), flat(perm + offset)
+
+    def cholesky(self) -> "BlockDiagonal":
+        """Each block's lower Cholesky factor (read from its lower triangle)."""
+        return self._with(lax.linalg.cholesky(self.blocks, symmetrize_input=False))
+
+    def triangular_solve(
+        self, b: Array, *, lower: bool, transpose_a: bool, unit_diagonal: bool
+    ) -> Array:
+        """Solve `op(A) x = b` block by block, O(n b k)."""
+        blocks = self.blocks
+        rhs = self._split(b)
+        batch = jnp.broadcast_shapes(blocks.shape[:-2], rhs.shape[:-2])
+        blocks = jnp.broadcast_to(blocks, (*batch, *blocks.shape[-2:]))
+        rhs = jnp.broadcast_to(rhs, (*batch, *rhs.shape[-2:]))
+        out = dense_triangular_solve(
+            blocks,
+            rhs,
+            lower=lower,
+            transpose_a=transpose_a,
+            unit_diagonal=unit_diagonal,
+        )
+        return out.reshape(*out.shape[:-3], -1, out.shape[-1])

@@ -1,0 +1,234 @@
+"""`Banded`, `BlockDiagonal`, `Circulant` and `Toeplitz` against the dense
+computation (`quax.testing.assert_matches_dense`), their refusals, and the compiled
+programs holding no dense `(n, n)` array."""
+
+import jax.numpy as jnp
+import jax.random as jr
+import jax.scipy as jsp
+import numpy as np
+import pytest
+import quax
+import quax.testing
+import quax_structured as qs
+from hypothesis import given, settings, strategies as st
+
+
+N = 6
+
+
+def banded(key, n, p, q, batch=(), dtype=jnp.float32):
+    bands = jr.normal(key, (*batch, p + q + 1, n), dtype)
+    return qs.Banded(bands.at[..., p, :].add(2 + p + q), p, q)
+
+
+def _matrices():
+    k = jr.split(jr.key(7), 4)
+    return {
+        "banded": banded(k[0], N, 2, 1),
+        "block_diagonal": qs.BlockDiagonal(jr.normal(k[1], (3, 2, 2)) + 3 * jnp.eye(2)),
+        "circulant": qs.Circulant(jr.normal(k[2], (N,)).at[0].add(4.0)),
+        "toeplitz": qs.Toeplitz(jr.normal(k[3], (N,)), jr.normal(k[0], (N,))),
+    }
+
+
+MATRICES = _matrices()
+B = jr.normal(jr.key(8), (N,))
+
+
+def _products(x, b):
+    bb = jnp.stack([b, 2 * b], axis=1)
+    return (
+        x @ b,
+        b @ x,
+        x @ bb,
+        x.T @ b,
+        (-x) @ b + (2.0 * x) @ b,
+        (x + x) @ b,
+        jnp.sum(x, axis=0),
+    )
+
+
+@pytest.mark.parametrize("name", MATRICES)
+def test_products(name):
+    # The one full conformance run per structure (jit, vmap, grad, jvp) on the
+    # products, then every program under jit, and the entries eagerly.
+    quax.testing.assert_matches_dense(lambda x, b: (x @ b, b @ x), MATRICES[name], B)
+    quax.testing.assert_matches_dense(
+        _products, MATRICES[name], B, vmap=False, grad=False, jvp=False
+    )
+    quax.testing.assert_matches_dense(
+        jnp.diagonal, MATRICES[name], vmap=False, grad=False, jvp=False, jit=False
+    )
+
+
+@pytest.mark.parametrize("name", ["banded", "block_diagonal"])
+def test_solve_slogdet_solve_triangular(name):
+    def fn(x, b):
+        tri = [
+            jsp.linalg.solve_triangular(x, b, lower=lower, trans=trans)
+            for lower in (True, False)
+            for trans in (0, 1)
+        ]
+        return jnp.linalg.solve(x, b), jnp.linalg.slogdet(x), jnp.linalg.det(x), tri
+
+    quax.testing.assert_matches_dense(
+        fn, MATRICES[name], B, vmap=False, grad=False, jvp=False
+    )
+    quax.testing.assert_matches_dense(jnp.linalg.solve, MATRICES[name], B, jit=False)
+
+
+def test_block_diagonal_cholesky():
+    x = MATRICES["block_diagonal"]
+    x = qs.BlockDiagonal(x.blocks @ jnp.swapaxes(x.blocks, -1, -2))
+
+    def fn(x, b):
+        factor = jnp.linalg.cholesky(x)
+        logdet = 2 * jnp.sum(jnp.log(jnp.diagonal(factor)))
+        return logdet, jsp.linalg.cho_solve((factor, True), b)
+
+    quax.testing.assert_matches_dense(fn, x, B, vmap=False, jvp=False)
+
+
+def test_circulant_eigvals():
+    c = MATRICES["circulant"]
+    got = quax.quaxify(jnp.linalg.eigvals)(c)
+    # The DFT of the first column, in the DFT's order.
+    np.testing.assert_allclose(got, np.fft.fft(np.asarray(c.column)), rtol=1e-5)
+    dense = np.linalg.eigvals(np.asarray(c.enable_materialise().materialise()))
+    np.testing.assert_allclose(
+        np.sort_complex(np.asarray(got)), np.sort_complex(dense), rtol=1e-4, atol=1e-4
+    )
+
+
+def test_structure_kept():
+    m = MATRICES
+    bd, c, t = m["block_diagonal"], m["circulant"], m["toeplitz"]
+    a, d = m["banded"], qs.Diagonal(jnp.arange(1.0, N + 1))
+    add, mul = quax.quaxify(lambda x, y: x + y), quax.quaxify(lambda x, y: x @ y)
+    assert isinstance(mul(bd, bd), qs.BlockDiagonal)
+    assert isinstance(mul(c, c), qs.Circulant)
+    symmetrised = quax.quaxify(lambda x: x + x.T)(t)
+    assert isinstance(symmetrised, qs.Toeplitz)
+    assert isinstance(mul(d, a), qs.Banded) and isinstance(mul(a, d), qs.Banded)
+    wider = add(a, qs.Banded(jnp.ones((3, N)), 0, 2))
+    assert (wider.lower_bandwidth, wider.upper_bandwidth) == (2, 2)
+    dense = lambda x: x.enable_materialise().materialise()
+    for got, want in [
+        (mul(bd, bd), dense(bd) @ dense(bd)),
+        (mul(c, c), dense(c) @ dense(c)),
+        (symmetrised, dense(t) + dense(t).T),
+        (mul(d, a), dense(d) @ dense(a)),
+        (mul(a, d), dense(a) @ dense(d)),
+        (wider, dense(a) + dense(qs.Banded(jnp.ones((3, N)), 0, 2))),
+    ]:
+        np.testing.assert_allclose(dense(got), want, rtol=1e-5, atol=1e-5)
+
+
+def test_dense_meaning():
+    a = qs.Banded(jnp.array([[9.0, 1.0, 2.0], [3.0, 4.0, 5.0], [6.0, 7.0, 9.0]]), 1, 1)
+    expected = [[3.0, 6.0, 0.0], [1.0, 4.0, 7.0], [0.0, 2.0, 5.0]]
+    np.testing.assert_array_equal(a.enable_materialise().materialise(), expected)
+    c = qs.Circulant(jnp.array([1.0, 2.0, 3.0]))
+    expected = [[1.0, 3.0, 2.0], [2.0, 1.0, 3.0], [3.0, 2.0, 1.0]]
+    np.testing.assert_array_equal(c.enable_materialise().materialise(), expected)
+    t = qs.Toeplitz(jnp.array([1.0, 2.0, 3.0]), jnp.array([9.0, 4.0, 5.0]))
+    expected = [[1.0, 4.0, 5.0], [2.0, 1.0, 4.0], [3.0, 2.0, 1.0]]
+    np.testing.assert_array_equal(t.enable_materialise().materialise(), expected)
+    bd = qs.BlockDiagonal(
+        jnp.array([[[1.0, 2.0], [3.0, 4.0]], [[5.0, 6.0], [7.0, 8.0]]])
+    )
+    expected = [[1, 2, 0, 0], [3, 4, 0, 0], [0, 0, 5, 6], [0, 0, 7, 8]]
+    np.testing.assert_array_equal(bd.enable_materialise().materialise(), expected)
+
+
+def test_checks_and_refusals():
+    with pytest.raises(ValueError, match=r"`Banded` needs `bands` of shape"):
+        qs.Banded(jnp.ones((2, 4)), 1, 1)
+    with pytest.raises(ValueError, match=r"`BlockDiagonal` needs `blocks`"):
+        qs.BlockDiagonal(jnp.ones((2, 2, 3)))
+    with pytest.raises(ValueError, match=r"`Toeplitz` needs `column` and `row`"):
+        qs.Toeplitz(jnp.ones(3), jnp.ones(4))
+    for x in MATRICES.values():
+        kind = type(x).__name__
+        with pytest.raises(
+            qs.MaterialisationError, match=f"Refusing to materialise `{kind}`"
+        ):
+            x.materialise()
+        with pytest.raises(
+            qs.MaterialisationError, match=rf"`{kind}`.*primitive `exp`.*enable_mat"
+        ):
+            quax.quaxify(jnp.exp)(x)
+    # No structured LU for these: `solve` refuses, naming the primitive.
+    for name in ("circulant", "toeplitz"):
+        with pytest.raises(qs.MaterialisationError, match=r"primitive `lu`"):
+            quax.quaxify(jnp.linalg.solve)(MATRICES[name], B)
+    # Eigenvectors of a circulant have no structured rule.
+    with pytest.raises(qs.MaterialisationError, match=r"primitive `eig`"):
+        quax.quaxify(jnp.linalg.eig)(MATRICES["circulant"])
+
+
+@settings(max_examples=10, deadline=None)
+@given(
+    n=st.integers(2, 9),
+    p=st.integers(0, 3),
+    q=st.integers(0, 3),
+    batch=st.sampled_from([(), (2,)]),
+    seed=st.integers(0, 2**16),
+)
+def test_banded_property(n, p, q, batch, seed):
+    x = banded(jr.key(seed), n, p, q, batch)
+    b = jr.normal(jr.key(seed + 1), (*batch, n, 2))
+    quax.testing.assert_matches_dense(
+        lambda x, b: (x @ b, jnp.linalg.solve(x, b), x.mT @ b),
+        x,
+        b,
+        vmap=False,
+        grad=False,
+        jvp=False,
+    )
+
+
+@settings(max_examples=10, deadline=None)
+@given(
+    n=st.integers(1, 9),
+    batch=st.sampled_from([(), (2,)]),
+    dtype=st.sampled_from([jnp.float32, jnp.complex64]),
+    seed=st.integers(0, 2**16),
+)
+def test_fft_structures_property(n, batch, dtype, seed):
+    k = jr.split(jr.key(seed), 4)
+    col, row = (jr.normal(kk, (*batch, n)).astype(dtype) for kk in k[:2])
+    b = jr.normal(k[2], (*batch, n, 2)).astype(dtype)
+    fn = lambda c, t, b: (c @ b, c.mT @ b, t @ b, t.mT @ b)
+    quax.testing.assert_matches_dense(
+        fn,
+        qs.Circulant(col),
+        qs.Toeplitz(col, row),
+        b,
+        vmap=False,
+        grad=False,
+        jvp=False,
+    )
+
+
+M = 256
+
+
+def test_compiled_programs_hold_no_dense_matrix():
+    k = jr.split(jr.key(3), 5)
+    b = jr.normal(k[0], (M,))
+    x = banded(k[1], M, 2, 3)
+    quax.testing.assert_hlo_lacks(
+        lambda x, b: (x @ b, jnp.linalg.solve(x, b), jnp.linalg.slogdet(x)),
+        x,
+        b,
+        shapes=[(M, M)],
+    )
+    bd = qs.BlockDiagonal(jr.normal(k[2], (32, 8, 8)) + 8 * jnp.eye(8))
+    quax.testing.assert_hlo_lacks(
+        lambda x, b: (x @ b, jnp.linalg.solve(x, b)), bd, b, shapes=[(M, M)]
+    )
+    c, t = qs.Circulant(jr.normal(k[3], (M,))), qs.Toeplitz(b, jr.normal(k[4], (M,)))
+    quax.testing.assert_hlo_lacks(
+        lambda c, t, b: (c @ b, t @ b, jnp.linalg.eigvals(c)), c, t, b, shapes=[(M, M)]
+    )
