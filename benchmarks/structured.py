@@ -6,6 +6,9 @@
   hand-written JAX (three shifted products; `lax.linalg.tridiagonal_solve`) and
   against lineax (`TridiagonalLinearOperator` with `lineax.Tridiagonal()`), with the
   scaling exponent of quax's time fitted to the sweep.
+- Banded (bandwidths 2, 2) matrix-vector product and solve, and circulant
+  matrix-vector product (FFT), for n = 256 ... 262,144 against dense `jnp` where it
+  fits, with fitted scaling exponents.
 - Kronecker (`A ⊗ B`, SPD factors) and low-rank-plus-diagonal (`D + U Uᵀ`, rank 8)
   solves with `jnp.linalg.solve`: against dense `jnp.linalg.solve` and against lineax
   (a `FunctionLinearOperator` tagged positive definite, solved by `lineax.CG`,
@@ -32,7 +35,13 @@ import jax.random as jr
 import numpy as np
 import quax
 from jax import lax
-from quax_structured import Kronecker, LowRankPlusDiagonal, TridiagonalMatrix
+from quax_structured import (
+    Banded,
+    Circulant,
+    Kronecker,
+    LowRankPlusDiagonal,
+    TridiagonalMatrix,
+)
 
 
 IMAGE = Path(__file__).resolve().parent.parent / "docs" / "images"
@@ -143,6 +152,43 @@ def tridiagonal_sweep(sizes: tuple[int, ...], rounds: int) -> dict[str, Any]:
         for key in ("matvec", "solve"):
             times_big = np.log([r[f"quax {key}"] for r in big])
             fit[f"{key} (n >= 16384)"] = float(np.polyfit(nb, times_big, 1)[0])
+    return {"rows": rows, "exponents": fit}
+
+
+def banded_circulant_sweep(sizes: tuple[int, ...], rounds: int) -> dict[str, Any]:
+    """Banded (p = q = 2) product and solve, circulant product, against dense."""
+    matvec = jax.jit(quax.quaxify(lambda m, b: m @ b))
+    solve = jax.jit(quax.quaxify(jnp.linalg.solve))
+    dense_matvec = jax.jit(lambda a, b: a @ b)
+    rows = []
+    for n in sizes:
+        k = jr.split(jr.key(n), 3)
+        bands = jr.normal(k[0], (5, n)).at[2].add(6.0)
+        banded, circulant = Banded(bands, 2, 2), Circulant(jr.normal(k[1], (n,)))
+        b = jr.normal(k[2], (n,))
+        fns = {
+            "banded matvec": ft.partial(matvec, banded, b),
+            "banded solve": ft.partial(solve, banded, b),
+            "circulant matvec": ft.partial(matvec, circulant, b),
+        }
+        if n <= DENSE_MATVEC_MAX:
+            for name, m in (("banded", banded), ("circulant", circulant)):
+                a = m.enable_materialise().materialise()
+                fns[f"dense {name} matvec"] = ft.partial(dense_matvec, a, b)
+        times = _timed(fns, rounds)
+        row: dict[str, Any] = {"n": n}
+        row.update({key: statistics.median(v) for key, v in times.items()})
+        for name in ("banded", "circulant"):
+            if f"dense {name} matvec" in times:
+                row[f"{name} matvec speedup vs dense"] = _ratio(
+                    times, f"dense {name} matvec", f"{name} matvec"
+                )
+        rows.append(row)
+    ns = np.log([r["n"] for r in rows])
+    fit = {
+        key: float(np.polyfit(ns, np.log([r[key] for r in rows]), 1)[0])
+        for key in ("banded matvec", "banded solve", "circulant matvec")
+    }
     return {"rows": rows, "exponents": fit}
 
 
@@ -265,6 +311,24 @@ def main(quick: bool = False) -> dict[str, Any]:
         "\nFitted exponents (time ~ n^k):",
         {k: round(v, 2) for k, v in tri["exponents"].items()},
     )
+    bc = banded_circulant_sweep(sizes, rounds)
+    print("\n## Banded (p = q = 2) and circulant (microseconds per call)\n")
+    print(
+        "| n | banded matvec | speedup vs dense | banded solve | circulant matvec | "
+        "speedup vs dense |"
+    )
+    print("|---|---|---|---|---|---|")
+    for r in bc["rows"]:
+        print(
+            f"| {r['n']:,} | {_us(r['banded matvec'])} | "
+            f"{_x(r.get('banded matvec speedup vs dense'))} | "
+            f"{_us(r['banded solve'])} | {_us(r['circulant matvec'])} | "
+            f"{_x(r.get('circulant matvec speedup vs dense'))} |"
+        )
+    print(
+        "\nFitted exponents (time ~ n^k):",
+        {k: round(v, 2) for k, v in bc["exponents"].items()},
+    )
     ks = kronecker_and_low_rank(
         (256, 1024) if quick else (256, 1024, 4096, 16384), rounds
     )
@@ -284,6 +348,7 @@ def main(quick: bool = False) -> dict[str, Any]:
     _plot(tri, IMAGE / "structured_scaling.png")
     return {
         "tridiagonal": tri,
+        "banded_circulant": bc,
         "kronecker_low_rank": ks,
         "jax": jax.__version__,
         "device": jax.devices()[0].device_kind,

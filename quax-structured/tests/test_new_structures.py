@@ -175,17 +175,10 @@ def test_checks_and_refusals():
     batch=st.sampled_from([(), (2,)]),
     seed=st.integers(0, 2**16),
 )
-def test_banded_property(n, p, q, batch, seed):
+def test_banded_property(jit_matches_dense, n, p, q, batch, seed):
     x = banded(jr.key(seed), n, p, q, batch)
     b = jr.normal(jr.key(seed + 1), (*batch, n, 2))
-    quax.testing.assert_matches_dense(
-        lambda x, b: (x @ b, jnp.linalg.solve(x, b), x.mT @ b),
-        x,
-        b,
-        vmap=False,
-        grad=False,
-        jvp=False,
-    )
+    jit_matches_dense(lambda x, b: (x @ b, jnp.linalg.solve(x, b), x.mT @ b), x, b)
 
 
 @settings(max_examples=10, deadline=None)
@@ -195,20 +188,12 @@ def test_banded_property(n, p, q, batch, seed):
     dtype=st.sampled_from([jnp.float32, jnp.complex64]),
     seed=st.integers(0, 2**16),
 )
-def test_fft_structures_property(n, batch, dtype, seed):
+def test_fft_structures_property(jit_matches_dense, n, batch, dtype, seed):
     k = jr.split(jr.key(seed), 4)
     col, row = (jr.normal(kk, (*batch, n)).astype(dtype) for kk in k[:2])
     b = jr.normal(k[2], (*batch, n, 2)).astype(dtype)
     fn = lambda c, t, b: (c @ b, c.mT @ b, t @ b, t.mT @ b)
-    quax.testing.assert_matches_dense(
-        fn,
-        qs.Circulant(col),
-        qs.Toeplitz(col, row),
-        b,
-        vmap=False,
-        grad=False,
-        jvp=False,
-    )
+    jit_matches_dense(fn, qs.Circulant(col), qs.Toeplitz(col, row), b)
 
 
 M = 256
