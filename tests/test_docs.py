@@ -19,7 +19,7 @@ from sybil.parsers.markdown import PythonCodeBlockParser, SkipParser
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 DOCS = sorted((ROOT / "docs").rglob("*.md"))
-READMES = [ROOT / "README.md", ROOT / "quax-core" / "README.md"]
+READMES = [ROOT / "README.md", *sorted(ROOT.glob("quax-*/README.md"))]
 PAGES = DOCS + READMES
 
 _sybil = Sybil(parsers=[PythonCodeBlockParser(), SkipParser()])
