@@ -28,6 +28,7 @@ from jax._src.lax.lax import optimization_barrier_p
 from jax._src.mesh import get_abstract_mesh as _get_abstract_mesh
 from jax._src.shard_map import _spec_to_vma, shard_map_p
 from jax._src.sharding_impls import UnspecifiedValue as _UnspecifiedValue
+from packaging.version import Version
 
 
 __all__ = [
@@ -98,9 +99,10 @@ __all__ = [
 ]
 
 # Clients of the published quax import these two from `quax._compat` (quaxed's test
-# suite does: `from quax._compat import JAX_VERSION, typeof`), so they keep the
-# published meaning: JAX's version as a tuple of ints, and `jax.typeof`.
-JAX_VERSION: tuple[int, ...] = tuple(jax.__version_info__)
+# suite does: `from quax._compat import JAX_VERSION, typeof`, and compares
+# `Version("0.10") <= JAX_VERSION`), so they keep the published meaning: JAX's version
+# as a `packaging.version.Version`, and `jax.typeof`.
+JAX_VERSION: Version = Version(jax.__version__)
 typeof = jax.typeof
 
 # Trace machinery.
