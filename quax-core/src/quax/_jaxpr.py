@@ -160,7 +160,7 @@ def known_constant(x: Any, max_size: int = 1024) -> Any:
     a small effect-free equation on such constants (`lax.switch` clamps a constant
     index). Otherwise `None`.
     """
-    if not isinstance(x, jax.core.Tracer):
+    if not isinstance(x, Tracer):
         return np.asarray(x) if np.size(x) <= max_size else None
     known: dict[int, Any] = {}  # by tracer id: each shared input is looked at once
 
