@@ -115,7 +115,7 @@ def test_generate_into_a_workspace(tmp_path):
     assert project["entry-points"]["quax.rules"] == {
         "banded_matrix": "quax_banded_matrix._plugin"
     }
-    assert project["dependencies"] == ["quax-core>=0.1.0,<0.2"]
+    assert project["dependencies"] == ["quax-core>=0.5.0,<0.6"]
     readme = (family / "README.md").read_text()
     for section in ("Install", "Usage", "What it covers", "Benchmark", "Limits"):
         assert f"\n## {section}\n" in readme
