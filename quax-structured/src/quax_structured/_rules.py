@@ -4,8 +4,6 @@ when the case has no structured algorithm."""
 
 from typing import Any
 
-import jax
-import jax.core
 import jax.numpy as jnp
 import jax.tree_util as jtu
 import numpy as np
@@ -264,14 +262,7 @@ def _(x: StructuredMatrix, *, axes: Any, **params: Any) -> Any:
 def _is_zeros(x: Any) -> bool:
     """Whether the plain array `x` is known, at trace time, to hold only zeros (as
     the zeros `jnp.where`, `jnp.tril` and `lax.linalg.cholesky` select against)."""
-    if not isinstance(x, jax.core.Tracer):
-        return bool(np.all(np.asarray(x) == 0))
-    try:
-        # The core's trace-time constant folding (not yet public API).
-        from quax._jaxpr import known_constant
-    except ImportError:
-        return False
-    known = known_constant(x, 2**62)
+    known = quax.known_constant(x, 2**62)
     return known is not None and bool(np.all(known == 0))
 
 
