@@ -198,7 +198,7 @@ class Value(eqx.Module, metaclass=_ValueMeta):
     linear in its leaves (a low-rank product, quantised data) must declare the
     class variable `linear_in_leaves = False`: such functions then see its
     materialised array (or the type's refusal to materialise, as a
-    `RuntimeError`).
+    `RuntimeError`), unless the type overrides `tangent`, which keeps it whole.
     """
 
     linear_in_leaves: ClassVar[bool] = True
@@ -292,6 +292,32 @@ class Value(eqx.Module, metaclass=_ValueMeta):
         """
         del array, like
         return None
+
+    def tangent(self, dot: "Value") -> "ValueLike":
+        """The tangent of this value's array, given its leaves' tangents: what a
+        `custom_jvp` rule receives beside it, and what maps a `custom_vjp` rule's
+        cotangent back onto the leaves (by transposition).
+
+        The default, `dot` itself, is exact for a type linear in its leaves. A type
+        that is *not* linear (`linear_in_leaves = False`) and overrides this method
+        enters custom derivatives whole, rather than materialised: e.g. `D + U Uᵀ`
+        returns `dD + dU Uᵀ + U dUᵀ` (as a value, or as a dense array). Any type
+        may override it to give its custom rules another tangent (e.g. a dense one
+        where its rules need the dense array).
+
+        It must be linear in `dot`'s floating-point leaves (quax transposes it for
+        reverse mode), and return a value or array of this value's shape.
+
+        **Arguments:**
+
+        - `dot`: a value of this type holding the tangents of the floating-point
+            leaves (zeros where a leaf has none) and this value's other leaves.
+
+        **Returns:**
+
+        The tangent: a value, or a JAX array of this value's shape.
+        """
+        return dot
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
