@@ -34,6 +34,7 @@ from ._values import (
     track_materialisation as track_materialisation,
 )
 from ._version import __version__ as __version__
+from ._zero_preserving import ZERO_PRESERVING as ZERO_PRESERVING
 
 
 _plugins.load_builtins()

@@ -18,6 +18,7 @@ from .._compat import Tracer
 from .._quaxify import quaxify
 from .._registry import fallback_rule, register, register_elementwise
 from .._values import Value, ValueLike
+from .._zero_preserving import ZERO_PRESERVING
 from ._value import Zero, is_ieee_strict
 
 
@@ -81,34 +82,10 @@ def _could_be_nonfinite(x: ValueLike) -> bool:
 
 # Zero in, zero out --------------------------------------------------------------------
 
-# f(0) = 0 elementwise, and structural operations that only move or drop elements.
-_ZERO_PRESERVING = [
-    prims.neg_p,
-    prims.abs_p,
-    prims.sign_p,
-    prims.floor_p,
-    prims.ceil_p,
-    prims.round_p,
-    prims.sin_p,
-    prims.tan_p,
-    prims.sinh_p,
-    prims.tanh_p,
-    prims.asin_p,
-    prims.atan_p,
-    prims.asinh_p,
-    prims.atanh_p,
-    prims.expm1_p,
-    prims.log1p_p,
-    prims.sqrt_p,
-    prims.cbrt_p,
-    prims.erf_p,
-    prims.erf_inv_p,
-    prims.square_p,
-    prims.conj_p,
-    prims.real_p,
-    prims.imag_p,
-    prims.population_count_p,
-    prims.reduce_precision_p,
+# f(0) = 0 elementwise (`quax.ZERO_PRESERVING`), and structural operations that only
+# move or drop elements.
+_ZERO_IN_ZERO_OUT = [
+    *sorted(ZERO_PRESERVING, key=lambda p: p.name),
     prims.convert_element_type_p,
     prims.bitcast_convert_type_p,
     prims.broadcast_in_dim_p,
@@ -131,7 +108,7 @@ _ZERO_PRESERVING = [
 ]
 
 
-@register_elementwise(_ZERO_PRESERVING)
+@register_elementwise(_ZERO_IN_ZERO_OUT)
 def _unary(primitive: Primitive, x: Zero, **params: Any) -> Any:
     return _zero(primitive, [x], params)
 
