@@ -48,12 +48,24 @@ __all__: list[str] = []
 # tangents (cotangents) of the same type built from the leaves' tangents: that is
 # exact when the represented array is a linear function of the leaves, which a type
 # declares with the class attribute `linear_in_leaves = True` (a dense wrapper, a
-# sparse array's data, a symbolic zero). Values of other types enter the call
-# materialised, so the custom rule sees the dense array it was written for.
+# sparse array's data, a symbolic zero). A type may give another tangent through
+# `Value.tangent` (linear in the leaves' tangents); a type that is not linear enters
+# whole only when it does. Values of other types enter the call materialised, so
+# the custom rule sees the dense array it was written for. Outputs of types that
+# are not linear leave the call materialised: their tangents are not their leaves'.
 
 
 def _linear(x: Any) -> bool:
     return isinstance(x, Value) and type(x).linear_in_leaves
+
+
+def _own_tangent(x: Any) -> bool:
+    """Whether `x` is a value whose type overrides `Value.tangent`."""
+    return isinstance(x, Value) and type(x).tangent is not Value.tangent
+
+
+def _densify_input(x: Any, primitive: Primitive) -> Any:
+    return x if _own_tangent(x) else _densify_nonlinear(x, primitive)
 
 
 def _densify_nonlinear(x: Any, primitive: Primitive) -> Any:
@@ -68,8 +80,9 @@ def _densify_nonlinear(x: Any, primitive: Primitive) -> Any:
             "(its array is not a linear function of its leaves), so quax must "
             "materialise it"
         ),
-        "\nAllow the value to materialise, or declare `linear_in_leaves = True` on "
-        "the type if it is linear.",
+        "\nAllow the value to materialise, declare `linear_in_leaves = True` on "
+        "the type if it is linear, or give the type a `tangent` method (see "
+        "`quax.Value.tangent`).",
     )
 
 
@@ -98,6 +111,28 @@ def _tangent_value(primal: Any, leaves: Sequence[Any], symbolic: bool) -> Any:
         for p, t in zip(primal_leaves, leaves, strict=True)
     ]
     return jtu.tree_unflatten(treedef, tangent)
+
+
+def _input_tangent(primal: Any, leaves: Sequence[Any], symbolic: bool) -> Any:
+    """The tangent a custom JVP rule receives for the input `primal` (a value or an
+    array), from its leaves' tangents: through the type's `tangent`."""
+    if not isinstance(primal, Value):
+        return leaves[0]
+    dot = _tangent_value(primal, leaves, symbolic)
+    if _is_zero(dot) or not _own_tangent(primal):
+        return dot
+    return _checked_tangent(primal, primal.tangent(dot))
+
+
+def _checked_tangent(primal: Value, tangent: Any) -> Any:
+    shape = primal.aval().shape
+    if jnp.shape(tangent) != shape:
+        raise TypeError(
+            f"`{type(primal).__qualname__}.tangent` returned a tangent of shape "
+            f"{jnp.shape(tangent)} for a {describe(primal)}; it must have the "
+            "value's shape."
+        )
+    return tangent
 
 
 def _leaf_tangents(primal: Any, tangent: Any, symbolic: bool) -> list[Any] | None:
@@ -220,7 +255,7 @@ def custom_jvp_call(
     The outputs, `Value`s or arrays.
     """
     with set_current_trace(trace.parent_trace):
-        values = [_densify_nonlinear(v, primitive) for v in values]
+        values = [_densify_input(v, primitive) for v in values]
     flat = _Flat(values)
     leaves = _leaves(values)
     n = len(leaves)
@@ -231,7 +266,7 @@ def custom_jvp_call(
     def jvp_leaves(*args: Any) -> list[Any]:
         primals = flat.unflatten(args[:n])
         tangents = [
-            _tangent_value(p, ts, symbolic_zeros) if isinstance(p, Value) else ts[0]
+            _input_tangent(p, ts, symbolic_zeros)
             for p, ts in zip(primals, flat.split(args[n:]), strict=True)
         ]
         outs = _run(jvp, *primals, *tangents)
@@ -290,7 +325,7 @@ def custom_vjp_call(
     The outputs, `Value`s or arrays.
     """
     with set_current_trace(trace.parent_trace):
-        values = [_densify_nonlinear(v, primitive) for v in values]
+        values = [_densify_input(v, primitive) for v in values]
     flat = _Flat(values)
     out_tree: list[Any] = []
     fwd_trees: list[Any] = []
@@ -352,19 +387,25 @@ def _input_cotangents(x: Any, ct: Any, primitive: Primitive) -> list[Any]:
     """The leaves' cotangents of the input `x` from the rule's cotangent `ct`."""
     if not isinstance(x, Value):
         return [materialise_to_join(ct, f"a cotangent of `{primitive.name}`")]
-    leaf_cts = _leaf_tangents(x, ct, symbolic=False)
+    leaf_cts = _leaf_tangents(x, ct, symbolic=False) if _linear(x) else None
     if leaf_cts is not None:
         return leaf_cts
-    # A dense cotangent for a linear value: transpose `materialise` (the value is
-    # linear in its float leaves, so this is the exact cotangent of the leaves).
+    # A dense cotangent: transpose the map from the float leaves' tangents to the
+    # dense tangent (`materialise` for a linear value, else through the type's
+    # `tangent`), the exact cotangent of the leaves.
     leaves, treedef = jtu.tree_flatten(x)
     floats = [i for i, leaf in enumerate(leaves) if _is_float(leaf)]
+    own = _own_tangent(x)
 
     def dense_of(float_leaves: list[Any]) -> Any:
         full = list(leaves)
         for i, leaf in zip(floats, float_leaves, strict=True):
             full[i] = leaf
-        return jtu.tree_unflatten(treedef, full).materialise()
+        dot = jtu.tree_unflatten(treedef, full)
+        if not own:
+            return dot.materialise()
+        tangent = _checked_tangent(x, x.tangent(dot))
+        return materialise_to_join(tangent, f"the tangent of a {describe(x)}")
 
     dense_ct = materialise_to_join(ct, f"a cotangent of `{primitive.name}`")
     try:
@@ -375,7 +416,8 @@ def _input_cotangents(x: Any, ct: Any, primitive: Primitive) -> list[Any]:
         raise TypeError(
             f"The custom VJP of `{primitive.name}` returned a dense cotangent for a "
             f"{describe(x)}; quax maps it onto the value's leaves by transposing "
-            f"`{type(x).__qualname__}.materialise`, and that failed: {e}\nReturn a "
+            f"`{type(x).__qualname__}.{'tangent' if own else 'materialise'}`, and "
+            f"that failed: {e}\nReturn a "
             f"cotangent of type `{type(x).__qualname__}` from the rule instead."
         ) from e
     out = [AdZero(_tangent_aval(leaf)) for leaf in leaves]
