@@ -2,11 +2,14 @@
 written by hand, against the materialised `(W + AB) x`, and its trace time against the
 dense model. Times are medians over interleaved rounds, ratios medians of the
 per-round ratios (see `run_times`); the script also checks that the quax and
-hand-written programs have the same optimized HLO. Prints Markdown tables.
+hand-written programs have the same optimized HLO. Prints Markdown tables, writes
+`docs/images/lora_forward.png` and returns the figures.
 
-    python benchmarks/lora.py
+    python benchmarks/lora.py [--quick]
 """
 
+import argparse
+import pathlib
 import random
 import re
 import statistics
@@ -22,9 +25,11 @@ import quax_lora
 
 WIDTH, RANK, DEPTH = 2048, 8, 2
 BATCHES = (1, 16, 256)
-# Rounds of timing per batch (the small batches are the noisiest), and of tracing.
+# Rounds of timing per batch (the small batches are the noisiest), and of tracing;
+# `quick` divides them by 10.
 ROUNDS = {1: 301, 16: 301, 256: 101}
 TRACE_ROUNDS = 101
+IMAGES = pathlib.Path(__file__).resolve().parents[1] / "docs" / "images"
 
 
 def make_model():
@@ -124,6 +129,8 @@ def optimized_hlo(fn, model, xs):
     op names) that differ between two programs computing the same thing."""
     closed, params = _closed(fn, model)
     text = jax.jit(closed).lower(params, xs).compile().as_text()
+    if text is None:
+        raise RuntimeError("this backend gives no optimized HLO text")
     text = re.sub(r", metadata=\{[^}]*\}", "", text)
     # Keep the computations; drop the module header and the stack-frame tables.
     return "\n".join(
@@ -131,10 +138,10 @@ def optimized_hlo(fn, model, xs):
     )
 
 
-def trace_times(fns, model_for, xs):
+def trace_times(fns, model_for, xs, rounds):
     """The times of `make_jaxpr` for each function, interleaved."""
     times = [[] for _ in fns]
-    for _ in range(TRACE_ROUNDS):
+    for _ in range(rounds):
         for i, fn in enumerate(fns):
             # A new function each time: no tracing cache hit.
             closed, params = _closed(fn, model_for[i])
@@ -144,7 +151,36 @@ def trace_times(fns, model_for, xs):
     return times
 
 
-def main():
+def _plot(rows) -> pathlib.Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4), dpi=80)
+    batches = [r["batch"] for r in rows]
+    for key, style, label in [
+        ("quax_ms", "o-", "quax LoRA: W x + A (B x)"),
+        ("hand_ms", "s:", "hand-written W x + A (B x)"),
+        ("materialised_ms", "^--", "materialised (W + A B) x"),
+    ]:
+        ax.loglog(batches, [r[key] for r in rows], style, label=label, markersize=4)
+    ax.set_xlabel("batch")
+    ax.set_ylabel("ms per forward pass")
+    ax.set_title(f"LoRA MLP, {DEPTH} layers of {WIDTH}x{WIDTH}, rank {RANK}, jit, CPU")
+    ax.legend(fontsize=8)
+    ax.grid(True, which="both", alpha=0.3)
+    path = IMAGES / "lora_forward.png"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
+def main(quick: bool = False) -> dict:
+    """Print the tables, draw the plot, and return the figures: per batch the
+    median times (ms) and the ratios, and the trace times."""
+    scale = 10 if quick else 1
     mlp, lora = make_model()
     print(
         f"LoRA MLP: {DEPTH} layers of {WIDTH}x{WIDTH}, rank {RANK}, "
@@ -156,32 +192,63 @@ def main():
         "| materialised (ms) | quax / materialised | same optimized HLO |"
     )
     print("|---|---|---|---|---|---|---|")
+    rows = []
     for batch in BATCHES:
         xs = jr.normal(jr.PRNGKey(2), (batch, WIDTH))
         same = optimized_hlo(quax_forward, lora, xs) == optimized_hlo(
             hand_forward, lora, xs
         )
         times = run_times(
-            (quax_forward, hand_forward, materialised_forward), lora, xs, ROUNDS[batch]
+            (quax_forward, hand_forward, materialised_forward),
+            lora,
+            xs,
+            ROUNDS[batch] // scale,
         )
         t_quax, t_hand, t_mat = (1e3 * statistics.median(t) for t in times)
+        row = {
+            "batch": batch,
+            "quax_ms": t_quax,
+            "hand_ms": t_hand,
+            "materialised_ms": t_mat,
+            "quax/hand": ratio(times[0], times[1]),
+            "quax/materialised": ratio(times[0], times[2]),
+            "same optimized HLO": same,
+        }
+        rows.append(row)
         print(
             f"| {batch} | {t_quax:.3f} | {t_hand:.3f} "
-            f"| {ratio(times[0], times[1]):.3f}x "
-            f"| {t_mat:.3f} | {ratio(times[0], times[2]):.3f}x "
+            f"| {row['quax/hand']:.3f}x "
+            f"| {t_mat:.3f} | {row['quax/materialised']:.3f}x "
             f"| {'yes' if same else 'no'} |"
         )
     xs = jr.normal(jr.PRNGKey(2), (16, WIDTH))
-    traces = trace_times((quax_forward, dense_forward), (lora, mlp), xs)
+    traces = trace_times(
+        (quax_forward, dense_forward), (lora, mlp), xs, TRACE_ROUNDS // scale
+    )
     t_lora, t_dense = (1e3 * statistics.median(t) for t in traces)
+    trace = {
+        "quax_ms": t_lora,
+        "dense_ms": t_dense,
+        "quax/dense": ratio(*traces),
+    }
     print()
     print("| trace time | quax LoRA (ms) | dense (ms) | ratio |")
     print("|---|---|---|---|")
     print(
         f"| make_jaxpr, batch 16 | {t_lora:.2f} | {t_dense:.2f} "
-        f"| {ratio(*traces):.2f}x |"
+        f"| {trace['quax/dense']:.2f}x |"
     )
+    print(f"\nplot: {_plot(rows).relative_to(IMAGES.parents[1])}")
+    return {
+        "width": WIDTH,
+        "rank": RANK,
+        "depth": DEPTH,
+        "forward": rows,
+        "trace (batch 16)": trace,
+    }
 
 
 if __name__ == "__main__":
-    main()
+    parser = argparse.ArgumentParser(description="quax-lora benchmark")
+    parser.add_argument("--quick", action="store_true", help="a tenth of the rounds")
+    main(parser.parse_args().quick)

@@ -8,7 +8,9 @@ with a reason: `<!-- skip: next "needs a GPU" -->`.
 
 import importlib.util
 import json
+import os
 import pathlib
+import sys
 import unittest
 
 import jax
@@ -83,6 +85,117 @@ def test_benchmark_runner(tmp_path, capsys):
 def test_benchmark_runner_refuses_unknown_names(tmp_path):
     with pytest.raises(SystemExit, match=r"unknown benchmark.*nope"):
         _runner().run(["nope"], directory=tmp_path)
+
+
+def _stamped_venv(root: pathlib.Path, requirements: pathlib.Path, text: str):
+    """A stand-in for the published quax's environment, built from `text`."""
+    (root / "bin").mkdir(parents=True)
+    (root / "bin" / "python").symlink_to(sys.executable)
+    (root / requirements.name).write_text(text)
+    return root
+
+
+def test_published_environment_reused_or_explained(tmp_path):
+    runner = _runner()
+    requirements = tmp_path / "published-requirements.txt"
+    requirements.write_text("quax==0.4.6\n")
+    missing = tmp_path / "missing"
+    python, why = runner.published_python(
+        build=False, venv=missing, requirements=requirements
+    )
+    assert python is None
+    assert "is missing" in why and "--published" in why and "PyPI" in why
+    venv = _stamped_venv(tmp_path / "venv", requirements, "quax==0.4.6\n")
+    python, how = runner.published_python(
+        build=False, venv=venv, requirements=requirements
+    )
+    assert python == str(venv / "bin" / "python")
+    assert how.startswith("reused")
+    requirements.write_text("quax==0.4.6\njax==0.10.2\n")
+    python, why = runner.published_python(
+        build=False, venv=venv, requirements=requirements
+    )
+    assert python is None and "is out of date" in why
+
+
+def test_benchmark_runner_passes_the_published_python(tmp_path, capsys, monkeypatch):
+    # A benchmark named `published` sees the environment's interpreter as
+    # QUAX_PUBLISHED_PYTHON; quick mode without that environment says why and
+    # does not build it (no network).
+    monkeypatch.delenv("QUAX_PUBLISHED_PYTHON", raising=False)
+    (tmp_path / "published.py").write_text(
+        "import os\n"
+        "def main(quick=False):\n"
+        "    return {'python': os.environ.get('QUAX_PUBLISHED_PYTHON')}\n"
+    )
+    runner = _runner()
+    missing = tmp_path / "missing"
+    results = runner.run(
+        quick=True,
+        json_path=tmp_path / "a.json",
+        directory=tmp_path,
+        images=tmp_path,
+        published_venv=missing,
+    )
+    assert not missing.exists()
+    assert results["published"]["python"] is None
+    assert results["benchmarks"]["published"]["figures"] == {"python": None}
+    out = capsys.readouterr().out
+    assert "published quax not measured: the published quax's environment" in out
+    assert "| published quax | not measured |" in out
+
+    venv = _stamped_venv(
+        tmp_path / "venv",
+        runner.PUBLISHED_REQUIREMENTS,
+        runner.PUBLISHED_REQUIREMENTS.read_text(),
+    )
+    results = runner.run(
+        quick=True,
+        json_path=tmp_path / "b.json",
+        directory=tmp_path,
+        images=tmp_path,
+        published_venv=venv,
+    )
+    python = str(venv / "bin" / "python")
+    assert results["published"] == {"python": python, "how": f"reused {venv}"}
+    assert results["benchmarks"]["published"]["figures"] == {"python": python}
+    assert "QUAX_PUBLISHED_PYTHON" not in os.environ
+    results = runner.run(
+        quick=False,
+        json_path=tmp_path / "c.json",
+        directory=tmp_path,
+        images=tmp_path,
+        published=False,
+    )
+    assert results["published"] == {
+        "python": None,
+        "how": "left out (--no-published)",
+    }
+
+
+def test_published_side_by_side_ratios():
+    path = ROOT / "benchmarks" / "published.py"
+    spec = importlib.util.spec_from_file_location("quax_benchmark_published", path)
+    assert spec is not None and spec.loader is not None
+    published = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(published)
+    ours = {"workloads": {"w": {"quax_ms": 1.0, "plain_ms": 2.0, "quax/plain": 0.5}}}
+    theirs = {
+        "workloads": {
+            "w": {
+                "quax_ms": 8.0,
+                "plain_ms": 4.0,
+                "quax/plain": 2.0,
+                "refused": "Refusing to materialise sparse matrix",
+            }
+        }
+    }
+    row = published.side_by_side(ours, theirs)["w"]
+    assert row["ours/published"] == 0.25
+    assert row["published_ms"] == 8.0 and row["published/plain"] == 2.0
+    assert row["published refused"] == "Refusing to materialise sparse matrix"
+    alone = published.side_by_side(ours, None)["w"]
+    assert alone == {"ours_ms": 1.0, "plain_ms": 2.0, "ours/plain": 0.5}
 
 
 def _example(name: str):
