@@ -33,17 +33,28 @@ for name in names:
     with zipfile.ZipFile(wheel) as z:
         (meta,) = [n for n in z.namelist() if n.endswith(".dist-info/METADATA")]
         m = email.message_from_bytes(z.read(meta))
+        licensed = any(n.endswith(".dist-info/licenses/LICENSE") for n in z.namelist())
     with tarfile.open(sdist) as t:
-        assert any(n.endswith("/README.md") for n in t.getnames()), sdist
+        names_in_sdist = t.getnames()
     problems = []
+    for file in ("README.md", "LICENSE"):
+        if not any(n.endswith(f"/{file}") for n in names_in_sdist):
+            problems.append(f"no {file} in the sdist")
     if m.get("Description-Content-Type") != "text/markdown":
         problems.append("no Markdown long description")
     if len(m.get_payload() or "") < 500:
         problems.append("a long description under 500 characters")
-    if "Apache" not in (m.get("License") or "") + (m.get("License-Expression") or ""):
-        problems.append("no license")
-    if len(m.get_all("Classifier") or []) < 3:
+    # PEP 639: an SPDX expression and the license file; PyPI refuses a license
+    # classifier beside an expression.
+    classifiers = m.get_all("Classifier") or []
+    if m.get("License-Expression") != "Apache-2.0" or not licensed:
+        problems.append("no License-Expression Apache-2.0 with its LICENSE file")
+    if any(c.startswith("License ::") for c in classifiers):
+        problems.append("a license classifier beside the license expression")
+    if len(classifiers) < 3:
         problems.append("fewer than 3 classifiers")
+    if not m.get("Requires-Python") or not m.get("Summary") or not m.get("Keywords"):
+        problems.append("no Requires-Python, Summary or Keywords")
     requires = m.get_all("Requires-Dist") or []
     if name != "quax-core" and not any(
         r.replace(" ", "").startswith("quax-core") and "<0.6" in r and ">=0.5.0" in r
