@@ -154,21 +154,30 @@ class Banded(StructuredMatrix):
         rows = jnp.arange(p + 1)[:, None]
         cols = jnp.arange(q + 1)[None, :]
         window0 = jnp.moveaxis(bt[rows, p + cols - rows], (0, 1), (-2, -1))
+        # What step k brings into the window: row k + p + 1 (columns k + 1 ..
+        # k + q + 1) and column k + q + 1 (rows k + 1 .. k + p), untouched by
+        # earlier eliminations. Read here, for all k at once, and scanned over: an
+        # index into the whole band inside the loop makes XLA's CPU backend split
+        # each step's (p + 1) x (q + 1) fusion across threads once the band passes
+        # about a megabyte (a 40x slower solve from n = 32,768 at p = q = 2).
+        new_rows = jnp.moveaxis(bt[p + 1 : p + 1 + n, : q + 1], 1, -1)
+        cols = [bt[1 + r : 1 + r + n, q + p - r] for r in range(p)]
+        new_cols = (
+            jnp.stack(cols, axis=-1)
+            if p
+            else jnp.zeros((n, *bt.shape[2:], 0), bt.dtype)
+        )
 
-        def step(window, k):
+        def step(window, new):
+            new_row, new_col = new
             pivot = window[..., 0, 0]
             ell = window[..., 1:, 0] / pivot[..., None]
             schur = window[..., 1:, 1:] - ell[..., :, None] * window[..., 0:1, 1:]
-            # New row k + p + 1 (columns k + 1 .. k + q + 1) and new column
-            # k + q + 1 (rows k + 1 .. k + p), untouched by earlier eliminations.
-            new_row = jnp.moveaxis(bt[k + p + 1, : q + 1], 0, -1)
-            r = jnp.arange(p)
-            new_col = jnp.moveaxis(bt[k + 1 + r, q + p - r], 0, -1)
             top = jnp.concatenate([schur, new_col[..., :, None]], axis=-1)
             nxt = jnp.concatenate([top, new_row[..., None, :]], axis=-2)
             return nxt, (window[..., 0, :], ell)
 
-        _, (u_rows, ells) = lax.scan(step, window0, jnp.arange(n))
+        _, (u_rows, ells) = lax.scan(step, window0, (new_rows, new_cols))
         u_rows = jnp.moveaxis(u_rows, 0, -1)  # (*batch, q + 1, n)
         ells = jnp.moveaxis(ells, 0, -1)  # (*batch, p, n): ells[r, k] = L[k+1+r, k]
         lower = [_shift(ells[..., r, :], -(r + 1)) for r in reversed(range(p))]
