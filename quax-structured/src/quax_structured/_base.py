@@ -103,6 +103,18 @@ class StructuredMatrix(quax.ArrayValue):
         """`self + diag(d)`, keeping a structure."""
         return None
 
+    def with_diagonal_entry(self, i: int, value: Array) -> "StructuredMatrix | None":
+        """`self` with the diagonal entry `(i, i)` set to `value` (what the derivative
+        of `jnp.linalg.det` does to an LU factor), keeping a structure. By default
+        through `add_diagonal`, twice: the entry is first zeroed (exactly), so the
+        new value is not rounded against the old one."""
+        current = self.entries(jnp.asarray(i), jnp.asarray(i))
+        if current is None:
+            return None
+        zero = jnp.zeros(self.shape[-1], self.dtype)
+        out = self.add_diagonal(zero.at[i].set(-current))
+        return None if out is None else out.add_diagonal(zero.at[i].set(value))
+
     def row_scaled(self, d: Array) -> "StructuredMatrix | None":
         """`diag(d) @ self`, keeping the structure."""
         return None

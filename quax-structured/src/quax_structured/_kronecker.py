@@ -146,7 +146,7 @@ class Kronecker(StructuredMatrix):
         lb, _, perm_b = lax.linalg.lu(right)
         nb = self.right.shape[0]
         perm = (perm_a[:, None] * nb + perm_b[None, :]).reshape(-1)
-        return KroneckerLU(la, lb, self.allow_materialise), _pivots_of(perm), perm
+        return KroneckerLU(la, lb, None, self.allow_materialise), _pivots_of(perm), perm
 
     def cholesky(self) -> "Kronecker | None":
         if not self.symmetric:
@@ -180,16 +180,20 @@ class Kronecker(StructuredMatrix):
 
 class KroneckerLU(StructuredMatrix):
     """The packed LU factors of a `Kronecker` product: `L = L_left ⊗ L_right` below
-    the diagonal (unit diagonal), `U = U_left ⊗ U_right` on and above it.
+    the diagonal (unit diagonal), `U = U_left ⊗ U_right` on and above it, except
+    for the last diagonal entry when `last` is set (as the derivative of
+    `jnp.linalg.det` does; solved through the Sherman-Morrison formula).
 
     **Fields:**
 
     - `left`, `right`: the packed LU factors of the two factors.
+    - `last`: a scalar that replaces the last diagonal entry of `U`, or `None`.
     - `allow_materialise`: as for [`quax_structured.TridiagonalMatrix`][] (static).
     """
 
     left: Array
     right: Array
+    last: Array | None = None
     allow_materialise: bool = eqx.field(default=False, static=True)
 
     linear_in_leaves = False
@@ -211,15 +215,22 @@ class KroneckerLU(StructuredMatrix):
 
     def dense(self) -> Array:
         la, lb, ua, ub = self._factors()
-        return jnp.tril(jnp.kron(la, lb), -1) + jnp.triu(jnp.kron(ua, ub))
+        out = jnp.tril(jnp.kron(la, lb), -1) + jnp.triu(jnp.kron(ua, ub))
+        return out if self.last is None else out.at[-1, -1].set(self.last)
 
     def entries(self, i: Array, j: Array) -> Array:
         n = self.shape[-1]
         i, j = jnp.clip(i, 0, n - 1), jnp.clip(j, 0, n - 1)
         la, lb, ua, ub = self._factors()
-        return jnp.where(
-            i > j, _kron_entries(la, lb, i, j), _kron_entries(ua, ub, i, j)
-        )
+        upper = _kron_entries(ua, ub, i, j)
+        if self.last is not None:
+            upper = jnp.where((i == n - 1) & (j == n - 1), self.last, upper)
+        return jnp.where(i > j, _kron_entries(la, lb, i, j), upper)
+
+    def with_diagonal_entry(self, i: int, value: Array) -> "KroneckerLU | None":
+        if i != self.shape[-1] - 1:
+            return None
+        return KroneckerLU(self.left, self.right, value, self.allow_materialise)
 
     def triangular_solve(
         self, b: Array, *, lower: bool, transpose_a: bool, unit_diagonal: bool
@@ -227,11 +238,23 @@ class KroneckerLU(StructuredMatrix):
         if lower != unit_diagonal:
             # tril with the U diagonal, or triu with a unit one: not a product.
             return None
-        return _factor_solve(
-            self.left,
-            self.right,
-            b,
-            lower=lower,
-            transpose_a=transpose_a,
-            unit=unit_diagonal,
-        )
+
+        def solve(rhs: Array) -> Array:
+            return _factor_solve(
+                self.left,
+                self.right,
+                rhs,
+                lower=lower,
+                transpose_a=transpose_a,
+                unit=unit_diagonal,
+            )
+
+        y = solve(b)
+        if lower or self.last is None:
+            return y
+        # With u = U[-1, -1] replaced by u', U' = U + (u' - u) e eᵀ (e the last
+        # unit vector) and U'⁻¹b = y - z u (1 - u / u') y[-1] (Sherman-Morrison,
+        # as eᵀz = 1 / u), for y = U⁻¹b and z = U⁻¹e (Uᵀ for both when transposed).
+        e = jnp.zeros((b.shape[-2], 1), b.dtype).at[-1].set(1)
+        u = self.left[-1, -1] * self.right[-1, -1]
+        return y - solve(e) * u * (1 - u / self.last) * y[-1:]

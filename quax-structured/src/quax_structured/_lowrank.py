@@ -193,6 +193,16 @@ class Semiseparable(StructuredMatrix):
             self.allow_materialise,
         )
 
+    def add_diagonal(self, d: Array) -> "Semiseparable":
+        return Semiseparable(
+            self.lower_left,
+            self.lower_right,
+            self.main + d,
+            self.upper_left,
+            self.upper_right,
+            self.allow_materialise,
+        )
+
     def entries(self, i: Array, j: Array) -> Array:
         n = self.main.shape[-1]
         i, j = jnp.clip(i, 0, n - 1), jnp.clip(j, 0, n - 1)
