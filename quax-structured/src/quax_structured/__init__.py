@@ -17,7 +17,7 @@ from ._base import (
     StructuredMatrix as StructuredMatrix,
 )
 from ._blockdiagonal import BlockDiagonal as BlockDiagonal
-from ._circulant import Circulant as Circulant
+from ._circulant import Circulant as Circulant, CirculantLU as CirculantLU
 from ._diagonal import Diagonal as Diagonal, ScaledIdentity as ScaledIdentity
 from ._kronecker import Kronecker as Kronecker, KroneckerLU as KroneckerLU
 from ._lineax import from_lineax as from_lineax, to_lineax as to_lineax
@@ -26,7 +26,7 @@ from ._lowrank import (
     LowRankPlusDiagonal as LowRankPlusDiagonal,
     Semiseparable as Semiseparable,
 )
-from ._toeplitz import Toeplitz as Toeplitz
+from ._toeplitz import Toeplitz as Toeplitz, ToeplitzLU as ToeplitzLU
 from ._triangular import (
     LowerTriangular as LowerTriangular,
     UpperTriangular as UpperTriangular,
@@ -48,5 +48,7 @@ VALUE_TYPES = (
     Banded,
     BlockDiagonal,
     Circulant,
+    CirculantLU,
     Toeplitz,
+    ToeplitzLU,
 )

@@ -1,4 +1,8 @@
-"""`Circulant`: products and eigenvalues through the FFT, O(n log n)."""
+"""`Circulant`: products, solves, determinants and eigenvalues through the FFT,
+O(n log n); `SolverLU`, the form `lax.linalg.lu` takes for matrices that solve
+without triangular factors."""
+
+import abc
 
 import equinox as eqx
 import jax
@@ -6,25 +10,106 @@ import jax.core
 import jax.numpy as jnp
 from jaxtyping import Array
 
-from ._base import StructuredMatrix
+from ._base import MaterialisationError, StructuredMatrix
 
 
-__all__ = ["Circulant", "circular_convolve"]
+__all__ = ["Circulant", "CirculantLU", "SolverLU", "circular_convolve"]
 
 
-def circular_convolve(column: Array, x: Array) -> Array:
-    """`C @ x` for the circulant `C` with first column `column` (shape
-    `(*batch, n)`) and `x` of shape `(*batch, n, k)`, through the FFT."""
+def circular_convolve(column: Array, x: Array, inverse: bool = False) -> Array:
+    """`C @ x` (or `C⁻¹ x` when `inverse`) for the circulant `C` with first column
+    `column` (shape `(*batch, n)`) and `x` of shape `(*batch, n, k)`, through the
+    FFT."""
     n = column.shape[-1]
     dtype = jnp.result_type(column, x)
+    combine = jnp.divide if inverse else jnp.multiply
     if jnp.issubdtype(dtype, jnp.complexfloating):
-        out = jnp.fft.ifft(
-            jnp.fft.fft(column)[..., :, None] * jnp.fft.fft(x, axis=-2), axis=-2
-        )
+        spectrum = combine(jnp.fft.fft(x, axis=-2), jnp.fft.fft(column)[..., :, None])
+        out = jnp.fft.ifft(spectrum, axis=-2)
     else:
-        spectrum = jnp.fft.rfft(column)[..., :, None] * jnp.fft.rfft(x, axis=-2)
+        spectrum = combine(jnp.fft.rfft(x, axis=-2), jnp.fft.rfft(column)[..., :, None])
         out = jnp.fft.irfft(spectrum, n=n, axis=-2)
     return out.astype(dtype)
+
+
+class SolverLU(StructuredMatrix):
+    """What `lax.linalg.lu` returns (without pivoting) for a structure that solves
+    without triangular factors (`Circulant` through the FFT, `Toeplitz` through the
+    Levinson recursion): not packed LU factors, but a factor whose unit lower
+    triangle acts as the identity and whose upper triangle acts as the matrix
+    itself, so that the two triangular solves of `jnp.linalg.solve` are one
+    structured solve. Its diagonal holds the pivots of an LU factorisation (their
+    product is the determinant), which `slogdet` and `det` read. No other entry is
+    defined (off-diagonal entries read as NaN), and it never materialises.
+    """
+
+    @abc.abstractmethod
+    def pivots(self) -> Array:
+        """The diagonal: numbers whose product is the determinant."""
+
+    @abc.abstractmethod
+    def solve(self, b: Array, transpose: bool) -> Array:
+        """`A⁻¹ b` (`A⁻ᵀ b` when `transpose`) for `b` of shape `(*batch, n, k)`."""
+
+    def dense(self) -> Array:
+        name = type(self).__name__
+        raise MaterialisationError(
+            f"Refusing to materialise `{name}`: it is not a matrix of packed LU "
+            "factors (its lower triangle acts as the identity, its upper one as the "
+            "whole matrix), only `jnp.linalg.solve`, `slogdet` and `det` read it. "
+            "Factor the dense matrix (`.enable_materialise()` on the original) to "
+            "get LU factors."
+        )
+
+    def entries(self, i: Array, j: Array) -> Array:
+        n = self.shape[-1]
+        diagonal = self.pivots()[jnp.clip(i, 0, n - 1)]
+        return jnp.where(i == j, diagonal, jnp.asarray(jnp.nan, self.dtype))
+
+    def triangular_solve(
+        self, b: Array, *, lower: bool, transpose_a: bool, unit_diagonal: bool
+    ) -> Array | None:
+        if lower and unit_diagonal:
+            return b
+        if not (lower or unit_diagonal):
+            return self.solve(b, transpose_a)
+        return None
+
+
+class CirculantLU(SolverLU):
+    """`lax.linalg.lu` of a `Circulant` (see `SolverLU`): solves through the FFT,
+    O(n log n); its pivots are the eigenvalues (for a real matrix, their moduli,
+    the first one signed with the determinant), so that `slogdet` reads
+    `log |det| = Σ log |λ_k|`.
+
+    **Fields:**
+
+    - `column`: the circulant's first column, shape `(*batch, n)`.
+    - `allow_materialise`: as for [`quax_structured.TridiagonalMatrix`][] (static).
+    """
+
+    column: Array
+    allow_materialise: bool = eqx.field(default=False, static=True)
+
+    def aval(self) -> jax.core.ShapedArray:
+        *batch, n = self.column.shape
+        return jax.core.ShapedArray((*batch, n, n), self.column.dtype)
+
+    def pivots(self) -> Array:
+        eigenvalues = jnp.fft.fft(self.column)
+        if jnp.issubdtype(self.dtype, jnp.complexfloating):
+            return eigenvalues.astype(self.dtype)
+        # The eigenvalues of a real matrix are real at frequencies 0 and n / 2 (n
+        # even), in conjugate pairs elsewhere: det has the sign of the real ones.
+        n = self.column.shape[-1]
+        real = [0] if n % 2 else [0, n // 2]
+        sign = jnp.prod(jnp.sign(eigenvalues[..., real].real), axis=-1)
+        moduli = jnp.abs(eigenvalues)
+        return moduli.at[..., 0].multiply(sign).astype(self.dtype)
+
+    def solve(self, b: Array, transpose: bool) -> Array:
+        c = Circulant(self.column)
+        return circular_convolve((c.transpose() if transpose else c).column, b, True)
 
 
 class Circulant(StructuredMatrix):
@@ -82,6 +167,9 @@ class Circulant(StructuredMatrix):
                 circular_convolve(self.column, other.column[..., None])[..., 0]
             )
         return None
+
+    def lu(self) -> "CirculantLU":
+        return CirculantLU(self.column, self.allow_materialise)
 
     def eigenvalues(self) -> Array:
         """The eigenvalues, `fft(column)`, in the DFT's order (`C v_k = λ_k v_k` for

@@ -1,16 +1,93 @@
-"""`Toeplitz`: products through a circulant embedding and the FFT, O(n log n)."""
+"""`Toeplitz`: products through a circulant embedding and the FFT, O(n log n);
+solves and determinants through the Levinson recursion, O(n²)."""
 
 import equinox as eqx
 import jax
 import jax.core
 import jax.numpy as jnp
+from jax import lax
 from jaxtyping import Array
 
 from ._base import StructuredMatrix
-from ._circulant import circular_convolve
+from ._circulant import SolverLU, circular_convolve
 
 
-__all__ = ["Toeplitz"]
+__all__ = ["Toeplitz", "ToeplitzLU", "levinson"]
+
+
+def levinson(column: Array, row: Array, b: Array) -> tuple[Array, Array]:
+    """Solve `T x = b` for the Toeplitz `T` (first column `column`, first row
+    `row`, both of shape `(n,)`) and `b` of shape `(n, k)`, by the Levinson
+    recursion: O(n² (k + 1)) time, O(n k) memory.
+
+    Like LU without pivoting, it needs every leading principal submatrix of `T`
+    to be nonsingular (true for positive definite or diagonally dominant `T`),
+    and it is not backward stable for indefinite matrices.
+
+    **Returns:**
+
+    `(x, pivots)`: the solution, and the pivots of `T`'s LU factorisation without
+    pivoting (`pivots[m] = det T[:m+1, :m+1] / det T[:m, :m]`).
+    """
+    n = column.shape[-1]
+    index = jnp.arange(n)
+    t0 = column[0]
+    # Forward and backward vectors (T_m f = e_1, T_m g = e_m) and the solution of
+    # the leading m x m system, left-aligned in length-n arrays.
+    f = jnp.zeros(n, column.dtype).at[0].set(1 / t0)
+    x = jnp.zeros(b.shape, jnp.result_type(column, b)).at[0].set(b[0] / t0)
+
+    def step(carry, m):
+        f, g, x = carry
+        lower = column[jnp.clip(m - index, 0, n - 1)]  # T[m, i] for i < m
+        upper = row[jnp.clip(index + 1, 0, n - 1)]  # T[0, i + 1]
+        ef, eg = lower @ f, upper @ g
+        shifted = jnp.roll(g, 1)
+        denominator = 1 - ef * eg
+        f, g = (f - ef * shifted) / denominator, (shifted - eg * f) / denominator
+        x = x + jnp.outer(g, b[m] - lower @ x)
+        return (f, g, x), g[m]
+
+    (_, _, x), last = lax.scan(step, (f, f, x), jnp.arange(1, n))
+    return x, jnp.concatenate([t0[None], 1 / last])
+
+
+def _batched(fn, column: Array, row: Array, *args: Array):
+    for _ in range(column.ndim - 1):
+        fn = jax.vmap(fn)
+    return fn(column, row, *args)
+
+
+class ToeplitzLU(SolverLU):
+    """`lax.linalg.lu` of a `Toeplitz` matrix (see `SolverLU`): solves through the
+    Levinson recursion, O(n²) per right-hand side; its pivots are those of LU
+    without pivoting.
+
+    **Fields:**
+
+    - `column`, `row`: as for `Toeplitz`.
+    - `allow_materialise`: as for [`quax_structured.TridiagonalMatrix`][] (static).
+    """
+
+    column: Array
+    row: Array
+    allow_materialise: bool = eqx.field(default=False, static=True)
+
+    def aval(self) -> jax.core.ShapedArray:
+        *batch, n = self.column.shape
+        return jax.core.ShapedArray((*batch, n, n), self.column.dtype)
+
+    def pivots(self) -> Array:
+        empty = jnp.zeros((*self.column.shape, 0), self.dtype)
+        return _batched(
+            lambda c, r, b: levinson(c, r, b)[1], self.column, self.row, empty
+        )
+
+    def solve(self, b: Array, transpose: bool) -> Array:
+        t = Toeplitz(self.column, self.row)
+        if transpose:
+            t = t.transpose()
+        return _batched(lambda c, r, b: levinson(c, r, b)[0], t.column, t.row, b)
 
 
 class Toeplitz(StructuredMatrix):
@@ -75,6 +152,9 @@ class Toeplitz(StructuredMatrix):
         n = self.column.shape[-1]
         i, j = jnp.clip(i, 0, n - 1), jnp.clip(j, 0, n - 1)
         return jnp.where(i >= j, self.column[i - j], self.row[jnp.abs(j - i)])
+
+    def lu(self) -> ToeplitzLU:
+        return ToeplitzLU(self.column, self.row, self.allow_materialise)
 
     def add(self, other: StructuredMatrix) -> "Toeplitz | None":
         if isinstance(other, Toeplitz):
