@@ -34,7 +34,7 @@ def block(p, x, xk):
     """Positional code: knows nothing of names. `xk` is `x` with its `seq` axis
     named `kseq` (keys), so that scores have two distinct axes."""
     q, k, v = x @ p["wq"], xk @ p["wk"], xk @ p["wv"]
-    scores = jnp.einsum("bqh,bkh->bqk", q, k) / np.sqrt(HEAD)
+    scores = jnp.einsum("bqh,bkh->bqk", q, k) / np.sqrt(q.shape[-1])
     out = jnp.einsum("bqk,bkh->bqh", jax.nn.softmax(scores, axis=-1), v) @ p["wo"]
     h = x + out
     h = h - h.mean(-1, keepdims=True)

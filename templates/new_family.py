@@ -23,6 +23,8 @@ from pathlib import Path
 
 
 TEMPLATE = Path(__file__).resolve().parent / "family"
+# Every distribution ships the project's licence text beside its metadata.
+LICENSE = TEMPLATE.parent.parent / "LICENSE"
 _NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 
 
@@ -78,6 +80,10 @@ def generate(names: Names, dest: Path) -> list[Path]:
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(names.substitute(source.read_text()))
         written.append(target)
+    licence = root / "LICENSE"
+    if not licence.exists():
+        licence.write_text(LICENSE.read_text())
+        written.append(licence)
     return written
 
 

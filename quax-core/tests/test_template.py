@@ -93,16 +93,18 @@ def test_bad_names_are_refused(bad):
 def test_generate_into_a_workspace(tmp_path):
     (tmp_path / "pyproject.toml").write_text(ROOT_PYPROJECT)
     out = _scaffold("banded_matrix", "--dest", str(tmp_path))
-    assert "7 file(s) written" in out
+    assert "9 file(s) written" in out
     family = tmp_path / "quax-banded-matrix"
     files = sorted(str(p.relative_to(family)) for p in family.rglob("*") if p.is_file())
     assert files == [
+        "LICENSE",
         "README.md",
         "pyproject.toml",
         "src/quax_banded_matrix/__init__.py",
         "src/quax_banded_matrix/_plugin.py",
         "src/quax_banded_matrix/_rules.py",
         "src/quax_banded_matrix/_value.py",
+        "src/quax_banded_matrix/py.typed",
         "tests/test_banded_matrix.py",
     ]
     for path in family.rglob("*"):
@@ -116,6 +118,9 @@ def test_generate_into_a_workspace(tmp_path):
         "banded_matrix": "quax_banded_matrix._plugin"
     }
     assert project["dependencies"] == ["quax-core>=0.5.0,<0.6"]
+    assert project["license"] == "Apache-2.0"
+    assert project["license-files"] == ["LICENSE"]
+    assert (family / "LICENSE").read_text() == (REPO / "LICENSE").read_text()
     readme = (family / "README.md").read_text()
     for section in ("Install", "Usage", "What it covers", "Benchmark", "Limits"):
         assert f"\n## {section}\n" in readme
