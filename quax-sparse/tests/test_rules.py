@@ -1,6 +1,9 @@
 """Elementwise, arithmetic and structural rules against the dense computation, and
 the refusals."""
 
+from functools import partial
+from typing import Any
+
 import hypothesis.strategies as st
 import jax
 import jax.numpy as jnp
@@ -9,6 +12,7 @@ import pytest
 import quax
 from hypothesis import given, settings
 from jax import lax
+from jax.extend.core import Primitive
 from quax_sparse import BCOO, CSR, MaterialisationError, fromdense
 from sparse_helpers import assert_close, check, random_sparse
 
@@ -49,6 +53,62 @@ def test_elementwise_with_zero_at_zero(fn):
     assert isinstance(out, BCOO)
 
 
+def _through_lax(primitive: Primitive) -> tuple[Any, str]:
+    """The `lax` function that binds `primitive`, and a dtype it takes."""
+    if primitive is lax.reduce_precision_p:
+        return partial(lax.reduce_precision, exponent_bits=5, mantissa_bits=2), "f32"
+    if primitive.name in ("conj", "real", "imag"):
+        return getattr(lax, primitive.name), "c64"
+    if primitive is lax.population_count_p:
+        return lax.population_count, "i32"
+    return getattr(lax, primitive.name), "f32"
+
+
+def test_every_zero_preserving_primitive_stays_sparse():
+    rng = np.random.default_rng(7)
+    dense, x = random_sparse(rng, (4, 5), 0.4)
+    # In every domain (asin, atanh, sqrt, ...); the same map on both sides.
+    scales = {
+        "f32": (0.4, np.float32),
+        "c64": (0.4 - 0.2j, np.complex64),
+        "i32": (100, np.int32),
+    }
+    denses = {k: (np.abs(dense) * s).astype(t) for k, (s, t) in scales.items()}
+    # Unique entries, so flagged: no merging (tested above) in this large program.
+    xs = {
+        k: BCOO(
+            (jnp.abs(x.data) * s).astype(t), x.indices, x.shape, unique_indices=True
+        )
+        for k, (s, t) in scales.items()
+    }
+    calls = {p.name: _through_lax(p) for p in quax.ZERO_PRESERVING}
+
+    def f(xs):
+        return {name: fn(xs[k]) for name, (fn, k) in calls.items()}
+
+    out = check(f, xs, dense_args=(denses,))
+    assert sorted(out) == sorted(p.name for p in quax.ZERO_PRESERVING)
+    for name, value in out.items():
+        assert isinstance(value, BCOO), name
+
+
+def test_elementwise_flags_stay_true():
+    # Unique but not sorted: a nonlinear function keeps the entries in place.
+    x = BCOO(
+        jnp.array([1.0, 2.0, 3.0]),
+        jnp.array([[2, 0], [0, 1], [1, 1]]),
+        (3, 2),
+        unique_indices=True,
+    )
+    out = quax.quaxify(jnp.sin)(x)
+    assert out.unique_indices and not out.indices_sorted
+    assert_close(out, np.sin([[0.0, 2.0], [0.0, 3.0], [1.0, 0.0]]))
+    # Duplicates: merged (sorted, unique) first.
+    out = quax.quaxify(jnp.sin)(_duplicated(x))
+    assert out.unique_indices and out.indices_sorted
+    assert_close(out, np.sin([[0.0, 2.0], [0.0, 3.0], [1.0, 0.0]]))
+
+
 @settings(max_examples=4, deadline=None)
 @given(
     shape=st.lists(st.integers(1, 4), min_size=1, max_size=3).map(tuple),
@@ -83,6 +143,43 @@ def test_arithmetic_and_reductions(shape, n_batch, density, seed):
     out = check(f, x, y, d, dense_args=(dx, dy, d))
     for key in ("add", "sub", "mul", "rmul", "div", "transpose"):
         assert isinstance(out[key], BCOO), key
+
+
+def test_axes_of_size_one_broadcast():
+    # `lax` broadcasts an axis of size 1 against a longer one (`x * v` with `v` of
+    # shape (5,) binds `mul` with a (1, 5) operand): read along the other axes only.
+    rng = np.random.default_rng(8)
+    dense, x = random_sparse(rng, (6, 5), 0.4)
+    row = rng.normal(size=5).astype(np.float32)
+    col = rng.normal(size=(6, 1)).astype(np.float32)
+
+    def f(x, row, col):
+        return {
+            "mul_row": x * row,
+            "rmul_col": col * x,
+            "div_row": x / row,
+            "mul_corner": x * col[:1, :1],
+            "add_row": x + row,
+            "row_sub": row - x,
+            "sub_col": x - col,
+        }
+
+    out = check(f, x, row, col, dense_args=(dense, row, col))
+    for key in ("mul_row", "rmul_col", "div_row", "mul_corner"):
+        assert isinstance(out[key], BCOO), key
+    # A sparse operand is never stretched: refused, naming the primitive.
+    _, one_row = random_sparse(rng, (1, 5), 0.6)
+    refused = {
+        "mul": lambda x, r: r * jnp.ones((6, 5)),
+        "add": lambda x, r: x + r,
+        "sub": lambda x, r: jnp.ones((6, 5)) - r,
+    }
+    for primitive, fn in refused.items():
+        with pytest.raises(MaterialisationError, match=f"`{primitive}`"):
+            quax.quaxify(fn)(x, one_row)
+    allowed = (x.enable_materialise(), one_row.enable_materialise())
+    got = quax.quaxify(refused["add"])(*allowed)
+    assert_close(got, dense + np.asarray(one_row.todense()))
 
 
 def test_reduce_sum_is_dense_when_smaller():
@@ -206,6 +303,34 @@ def test_large_matrix_is_never_densified():
         MaterialisationError, match=r"`exp`.*shape \(1000000, 1000000\)"
     ):
         jax.eval_shape(quax.quaxify(jnp.exp), x)
+    # Its row-major positions would overflow int32: `reshape` is refused.
+    with pytest.raises(MaterialisationError, match="`reshape`"):
+        jax.eval_shape(quax.quaxify(lambda a: a.reshape(-1)), x)
+
+
+def test_cond_and_loop_carries():
+    rng = np.random.default_rng(9)
+    dense, x = random_sparse(rng, (4, 5), 0.4)
+
+    def branches(a, s):  # a sparse output of the same structure from both branches
+        return lax.cond(s > 0, lambda: 2 * a, lambda: -a)
+
+    for s in (1.0, -1.0):
+        out = check(branches, x, s, dense_args=(dense, s))
+        assert isinstance(out, BCOO)
+    # Outputs that differ in `nse` or in the static flags (`sin` merges duplicates,
+    # so its output promises sorted unique indices) cannot join: an error, not a
+    # silent densification.
+    bodies = [lambda c, a: c + a, lambda c, a: jnp.sin(c)]
+    for body in bodies:
+
+        def loop(a, body=body):
+            return lax.fori_loop(0, 3, lambda i, c: body(c, a), a)
+
+        with pytest.raises(quax.JoinError, match=r"loop carry.*Refusing to mat"):
+            quax.quaxify(loop)(x)
+    with pytest.raises(quax.JoinError, match=r"cond.*Refusing to materialise"):
+        quax.quaxify(lambda a, s: lax.cond(s > 0, jnp.sin, jnp.negative, a))(x, 1.0)
 
 
 def test_index_dtype_and_empty():

@@ -17,10 +17,15 @@ __all__ = ["CSR"]
 
 
 class CSR(quax.ArrayValue):
-    """A sparse matrix in compressed-sparse-row format (as scipy's `csr_array`).
+    """A sparse matrix in compressed-sparse-row format (as scipy's `csr_array`), or a
+    batch of them.
 
     Row `i` stores the entries `indptr[i]:indptr[i + 1]`: values `data[...]` in the
-    columns `indices[...]`. Entries from `indptr[-1]` on are padding.
+    columns `indices[...]` (in any order within the row; a column stored twice adds
+    up). Entries from `indptr[-1]` on are padding. A batch of matrices (shape
+    `(*batch, n_rows, n_cols)`) has leading batch axes on all three arrays, one
+    matrix each; as for `BCOO`, the batch sizes come from `data`, so that `jax.vmap`
+    over the leaves (or stacking them) works.
 
     Inside [`quax.quaxify`][] a `CSR` behaves as the [`quax_sparse.BCOO`][] it
     converts to (an `O(nse)` row expansion, no sort): every primitive with a sparse
@@ -29,16 +34,18 @@ class CSR(quax.ArrayValue):
 
     **Fields:**
 
-    - `data`: shape `(nse,)`.
-    - `indices`: the column of each entry, shape `(nse,)`.
-    - `indptr`: shape `(n_rows + 1,)`, non-decreasing, `indptr[0] = 0`.
+    - `data`: shape `(*batch, nse)`.
+    - `indices`: the column of each entry, shape `(*batch, nse)`.
+    - `indptr`: shape `(*batch, n_rows + 1)`, non-decreasing, `indptr[..., 0] = 0`.
+    - `_shape`: the shape given to `__init__` (the `shape` property takes the batch
+        sizes from `data`).
     - `allow_materialise`: as for `BCOO`.
     """
 
     data: Array
     indices: Array
     indptr: Array
-    _shape: tuple[int, int] = eqx.field(static=True)
+    _shape: tuple[int, ...] = eqx.field(static=True)
     allow_materialise: bool = eqx.field(static=True)
 
     linear_in_leaves: ClassVar[bool] = True
@@ -48,63 +55,76 @@ class CSR(quax.ArrayValue):
         data: ArrayLike,
         indices: ArrayLike,
         indptr: ArrayLike,
-        shape: tuple[int, int],
+        shape: tuple[int, ...],
         allow_materialise: bool = False,
     ):
         """**Arguments:**
 
         - `data`, `indices`, `indptr`: as above.
-        - `shape`: `(n_rows, n_cols)`.
+        - `shape`: `(*batch, n_rows, n_cols)`.
         - `allow_materialise`: whether an operation without a sparse rule may form the
             dense matrix.
         """
         self.data = jnp.asarray(data)
         self.indices = jnp.asarray(indices)
         self.indptr = jnp.asarray(indptr)
-        self._shape = (int(shape[0]), int(shape[1]))
+        self._shape = tuple(int(n) for n in shape)
         self.allow_materialise = allow_materialise
 
     def __check_init__(self) -> None:
-        if len(self._shape) != 2:
-            raise ValueError(f"`CSR` holds matrices; got shape {self._shape}.")
-        if self.data.ndim != 1 or self.indices.shape != self.data.shape:
+        if len(self._shape) < 2:
             raise ValueError(
-                "`CSR` needs `data` and `indices` of the same shape (nse,); got "
-                f"{self.data.shape} and {self.indices.shape}."
+                f"`CSR` holds matrices (shape (*batch, n_rows, n_cols)); got shape "
+                f"{self._shape}."
             )
-        if self.indptr.shape != (self._shape[0] + 1,):
+        batch, (n_rows, _) = self._shape[:-2], self._shape[-2:]
+        if self.data.shape[:-1] != batch or self.indices.shape != self.data.shape:
+            raise ValueError(
+                f"`CSR` of shape {self._shape} needs `data` and `indices` of the same "
+                f"shape {(*batch, 'nse')}; got {self.data.shape} and "
+                f"{self.indices.shape}."
+            )
+        if self.indptr.shape != (*batch, n_rows + 1):
             raise ValueError(
                 f"`CSR` of shape {self._shape} needs `indptr` of shape "
-                f"({self._shape[0] + 1},); got {self.indptr.shape}."
+                f"{(*batch, n_rows + 1)}; got {self.indptr.shape}."
             )
 
     @property
     def nse(self) -> int:
-        """The number of stored entries (padding included)."""
-        return self.data.shape[0]
+        """The number of stored entries per matrix (padding included)."""
+        return self.data.shape[-1]
+
+    @property
+    def n_batch(self) -> int:
+        """The number of batch dimensions."""
+        return self.data.ndim - 1
 
     def aval(self) -> jax.core.ShapedArray:
-        return jax.core.ShapedArray(self._shape, self.data.dtype)
+        return jax.core.ShapedArray(
+            self.data.shape[:-1] + self._shape[-2:], self.data.dtype
+        )
 
     def to_bcoo(self) -> BCOO:
-        """The same matrix as a `BCOO` (sorted indices; padding stays padding).
+        """The same matrix as a `BCOO` (rows in order; padding stays padding).
 
         **Returns:**
 
-        A [`quax_sparse.BCOO`][] with `indices_sorted=True`.
+        A [`quax_sparse.BCOO`][] with `n_batch` batch dimensions. It does not
+        promise `indices_sorted` (the columns within a row may be in any order).
         """
-        n_rows = self._shape[0]
-        position = jnp.arange(self.nse, dtype=self.indptr.dtype)
-        rows = jnp.searchsorted(self.indptr, position, side="right") - 1
-        rows = jnp.where(position < self.indptr[-1], rows, n_rows)
-        indices = jnp.stack([rows.astype(self.indices.dtype), self.indices], axis=-1)
-        return BCOO(
-            self.data,
-            indices,
-            self._shape,
-            self.allow_materialise,
-            indices_sorted=True,
-        )
+        n_rows = self._shape[-2]
+
+        def rows(indptr: Array) -> Array:
+            position = jnp.arange(self.nse, dtype=indptr.dtype)
+            row = jnp.searchsorted(indptr, position, side="right") - 1
+            return jnp.where(position < indptr[-1], row, n_rows)
+
+        for _ in range(self.n_batch):
+            rows = jax.vmap(rows)
+        row = rows(self.indptr).astype(self.indices.dtype)
+        indices = jnp.stack([row, self.indices], axis=-1)
+        return BCOO(self.data, indices, self.shape, self.allow_materialise)
 
     @classmethod
     def from_bcoo(cls, x: BCOO) -> "CSR":
@@ -117,7 +137,8 @@ class CSR(quax.ArrayValue):
         """
         if x.ndim != 2 or x.n_batch != 0:
             raise ValueError(
-                "CSR.from_bcoo needs a BCOO matrix without batch dimensions; got "
+                "CSR.from_bcoo needs a BCOO matrix without batch dimensions (for a "
+                "batch, `jax.vmap(CSR.from_bcoo)` over the leaves); got "
                 f"shape {x.shape} with n_batch={x.n_batch}."
             )
         n_rows, n_cols = x.shape
@@ -165,9 +186,14 @@ class CSR(quax.ArrayValue):
 
     def to_scipy(self) -> Any:
         """This matrix as a `scipy.sparse.csr_array` (padding dropped; needs concrete
-        arrays and scipy)."""
+        arrays, no batch dimensions, and scipy)."""
         import scipy.sparse
 
+        if self.n_batch:
+            raise ValueError(
+                f"scipy.sparse holds matrices; this CSR has shape {self.shape}: "
+                "convert each matrix of the batch on its own."
+            )
         end = int(self.indptr[-1])
         return scipy.sparse.csr_array(
             (
@@ -186,7 +212,7 @@ class CSR(quax.ArrayValue):
         if not self.allow_materialise:
             raise MaterialisationError(
                 "Refusing to materialise sparse matrix with `allow_materialise=False` "
-                f"(CSR of shape {self._shape}, nse {self.nse}). Pass "
+                f"(CSR of shape {self.shape}, nse {self.nse}). Pass "
                 "allow_materialise=True to CSR (or call .enable_materialise()) to "
                 "allow it, or call .todense() to densify explicitly."
             )
@@ -194,7 +220,7 @@ class CSR(quax.ArrayValue):
 
     def enable_materialise(self, allow_materialise: bool = True) -> "CSR":
         """A copy of this matrix with `allow_materialise` set as given."""
-        return CSR(self.data, self.indices, self.indptr, self._shape, allow_materialise)
+        return CSR(self.data, self.indices, self.indptr, self.shape, allow_materialise)
 
     @staticmethod
     def default(primitive: Any, values: Any, params: dict[str, Any]) -> Any:

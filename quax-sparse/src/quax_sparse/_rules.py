@@ -83,37 +83,17 @@ def _(lhs: BCOO, rhs: BCOO, *, dimension_numbers: Any, **params: Any) -> Any:
 
 # Elementwise with f(0) = 0 ------------------------------------------------------------
 
-# Linear in the stored values: duplicates may stay.
-_LINEAR = [prims.neg_p, prims.conj_p, prims.real_p, prims.imag_p]
-
-# Nonlinear, f(0) = 0: applied to unique entries.
-_NONLINEAR = [
-    prims.abs_p,
-    prims.sign_p,
-    prims.floor_p,
-    prims.ceil_p,
-    prims.round_p,
-    prims.sin_p,
-    prims.tan_p,
-    prims.sinh_p,
-    prims.tanh_p,
-    prims.asin_p,
-    prims.atan_p,
-    prims.asinh_p,
-    prims.atanh_p,
-    prims.expm1_p,
-    prims.log1p_p,
-    prims.sqrt_p,
-    prims.cbrt_p,
-    prims.erf_p,
-    prims.erf_inv_p,
-    prims.square_p,
-    prims.reduce_precision_p,
-]
+# Linear in the stored values: entries stored twice at one position may stay apart.
+# The others see each position's sum (`unique`).
+_LINEAR = frozenset({prims.neg_p, prims.conj_p, prims.real_p, prims.imag_p})
 
 
-@quax.register_elementwise(_LINEAR)
-def _(primitive: Primitive, x: BCOO, **params: Any) -> BCOO:
+def _on_data(
+    primitive: Primitive, x: BCOO, params: dict[str, Any], *, linear: bool
+) -> BCOO:
+    """`primitive` applied to the stored values of `x`, merged first unless `linear`."""
+    if not linear:
+        x = unique(x)
     data = primitive.bind(x.data, **params)
     return new_like(
         x,
@@ -125,42 +105,26 @@ def _(primitive: Primitive, x: BCOO, **params: Any) -> BCOO:
     )
 
 
-@quax.register_elementwise(_NONLINEAR)
+@quax.register_elementwise(quax.ZERO_PRESERVING)
 def _(primitive: Primitive, x: BCOO, **params: Any) -> BCOO:
-    x = unique(x)
-    data = primitive.bind(x.data, **params)
-    return new_like(
-        x, data, x.indices, x.shape, indices_sorted=True, unique_indices=True
-    )
+    return _on_data(primitive, x, params, linear=primitive in _LINEAR)
 
 
 @quax.register(prims.integer_pow_p)
 def _(x: BCOO, *, y: int, **params: Any) -> Any:
     if y <= 0:  # x ** 0 = 1 and 0 ** -1 = inf: not sparse
         return _fallback(prims.integer_pow_p, (x,), dict(params, y=y))
-    x = unique(x)
-    data = prims.integer_pow_p.bind(x.data, y=y, **params)
-    return new_like(
-        x, data, x.indices, x.shape, indices_sorted=True, unique_indices=True
-    )
+    return _on_data(prims.integer_pow_p, x, dict(params, y=y), linear=y == 1)
 
 
 @quax.register(prims.convert_element_type_p)
 def _(x: BCOO, *, new_dtype: Any, **params: Any) -> BCOO:
     # Conversion to a floating type is exact enough to apply to duplicates one by one;
-    # to an integer or bool it rounds, so it needs unique entries.
-    if not jnp.issubdtype(new_dtype, jnp.inexact):
-        x = unique(x)
-    params = dict(params, sharding=None)
-    data = prims.convert_element_type_p.bind(x.data, new_dtype=new_dtype, **params)
-    return new_like(
-        x,
-        data,
-        x.indices,
-        x.shape,
-        indices_sorted=x.indices_sorted,
-        unique_indices=x.unique_indices,
-    )
+    # to an integer or bool it rounds, so it needs unique entries. The output's
+    # sharding (for the dense shape) does not apply to `data`.
+    params = dict(params, new_dtype=new_dtype, sharding=None)
+    linear = bool(jnp.issubdtype(new_dtype, jnp.inexact))
+    return _on_data(prims.convert_element_type_p, x, params, linear=linear)
 
 
 @quax.register(prims.copy_p)
@@ -168,18 +132,34 @@ def _(x: BCOO, **params: Any) -> BCOO:
     return x
 
 
-# mul / div by a dense array -----------------------------------------------------------
+# Binary arithmetic ------------------------------------------------------------------
+
+
+def _broadcasts(x: BCOO, other: Any) -> bool:
+    """Whether `x` would be broadcast by a binary operation with `other` (`lax` lets
+    an axis of size 1 meet a longer one): no rule stretches a sparse operand, so
+    those cases go to the fallback."""
+    other_shape = other.shape if isinstance(other, BCOO) else np.shape(other)
+    return tuple(np.broadcast_shapes(x.shape, other_shape)) != x.shape
 
 
 def _scale(
-    x: BCOO, y: ArrayLike, primitive: Primitive, y_first: bool, params: dict[str, Any]
-) -> BCOO:
+    primitive: Primitive, x: BCOO, y: ArrayLike, y_first: bool, params: dict[str, Any]
+) -> Any:
+    """`x * y` or `x / y` (`y * x` if `y_first`) for a dense `y`: `y` read at the
+    stored entries only."""
+    if _broadcasts(x, y):
+        return _fallback(primitive, (y, x) if y_first else (x, y), params)
     y = jnp.asarray(y)
-    if y.ndim == 0:
-        factor = jnp.broadcast_to(y, x.data.shape)
-    else:
+    # Axes of `y` of size 1 where `x` is longer broadcast: not read along.
+    read = tuple(d for d in range(y.ndim) if y.shape[d] == x.shape[d])
+    y = y.reshape([y.shape[d] for d in read])
+    if read:
         coords, _ = flat_entries(x)
-        factor = gather(y, coords, tuple(range(y.ndim))).reshape(x.data.shape)
+        factor = gather(y, coords[:, read], tuple(range(len(read))))
+        factor = factor.reshape(x.data.shape)
+    else:
+        factor = jnp.broadcast_to(y, x.data.shape)
     args = (factor, x.data) if y_first else (x.data, factor)
     data = primitive.bind(*args, **params)
     return new_like(
@@ -193,46 +173,30 @@ def _scale(
 
 
 @quax.register(prims.mul_p)
-def _(x: BCOO, y: ArrayLike, **params: Any) -> BCOO:
-    return _scale(x, y, prims.mul_p, False, params)
+def _(x: BCOO, y: ArrayLike, **params: Any) -> Any:
+    return _scale(prims.mul_p, x, y, False, params)
 
 
 @quax.register(prims.mul_p)
-def _(x: ArrayLike, y: BCOO, **params: Any) -> BCOO:
-    return _scale(y, x, prims.mul_p, True, params)
+def _(x: ArrayLike, y: BCOO, **params: Any) -> Any:
+    return _scale(prims.mul_p, y, x, True, params)
 
 
 @quax.register(prims.div_p)
-def _(x: BCOO, y: ArrayLike, **params: Any) -> BCOO:
-    return _scale(x, y, prims.div_p, False, params)
-
-
-# add / sub ----------------------------------------------------------------------------
-
-
-def _same_batching(x: BCOO, y: BCOO) -> tuple[BCOO, BCOO]:
-    if x.n_batch == y.n_batch:
-        return x, y
-    return unbatch(x), unbatch(y)
+def _(x: BCOO, y: ArrayLike, **params: Any) -> Any:
+    return _scale(prims.div_p, x, y, False, params)
 
 
 def _concat(x: BCOO, y: BCOO) -> BCOO:
-    x, y = _same_batching(x, y)
+    """The entries of both (the sparse sum), with the same batching."""
+    if x.n_batch != y.n_batch:
+        x, y = unbatch(x), unbatch(y)
     data = jnp.concatenate([x.data, y.data.astype(x.data.dtype)], axis=-1)
     index_dtype = jnp.promote_types(x.indices.dtype, y.indices.dtype)
     indices = jnp.concatenate(
         [x.indices.astype(index_dtype), y.indices.astype(index_dtype)], axis=-2
     )
     return BCOO(data, indices, x.shape, x.allow_materialise and y.allow_materialise)
-
-
-def _neg(x: BCOO) -> BCOO:
-    return new_like(x, -x.data, x.indices, x.shape, unique_indices=x.unique_indices)
-
-
-@quax.register(prims.sub_p)
-def _(x: BCOO, y: BCOO, **params: Any) -> BCOO:
-    return _concat(x, _neg(y))
 
 
 def _add_into_dense(x: BCOO, y: ArrayLike, sign: int) -> Array:
@@ -243,32 +207,39 @@ def _add_into_dense(x: BCOO, y: ArrayLike, sign: int) -> Array:
     return scatter_add(y, coords, tuple(range(x.ndim)), values)
 
 
-def _register_add(primitive: Primitive) -> None:
-    @quax.register(primitive)
-    def _(x: BCOO, y: BCOO, **params: Any) -> BCOO:
+def _sum(primitive: Primitive, x: Any, y: Any, params: dict[str, Any]) -> Any:
+    """`x + y` or `x - y` (`sub`), one operand sparse at least: sparse if both are
+    (entries concatenated), else dense (a scatter-add into the dense one)."""
+    if any(isinstance(v, BCOO) and _broadcasts(v, w) for v, w in [(x, y), (y, x)]):
+        return _fallback(primitive, (x, y), params)
+    sign = -1 if primitive is prims.sub_p else 1
+    if isinstance(x, BCOO) and isinstance(y, BCOO):
+        if sign < 0:
+            y = new_like(
+                y, -y.data, y.indices, y.shape, unique_indices=y.unique_indices
+            )
         return _concat(x, y)
+    if isinstance(x, BCOO):
+        return _add_into_dense(x, -jnp.asarray(y) if sign < 0 else y, 1)
+    return _add_into_dense(y, x, sign)
+
+
+def _register_sum(primitive: Primitive) -> None:
+    @quax.register(primitive)
+    def _(x: BCOO, y: BCOO, **params: Any) -> Any:
+        return _sum(primitive, x, y, params)
 
     @quax.register(primitive)
-    def _(x: BCOO, y: ArrayLike, **params: Any) -> Array:
-        return _add_into_dense(x, y, 1)
+    def _(x: BCOO, y: ArrayLike, **params: Any) -> Any:
+        return _sum(primitive, x, y, params)
 
     @quax.register(primitive)
-    def _(x: ArrayLike, y: BCOO, **params: Any) -> Array:
-        return _add_into_dense(y, x, 1)
+    def _(x: ArrayLike, y: BCOO, **params: Any) -> Any:
+        return _sum(primitive, x, y, params)
 
 
-_register_add(prims.add_p)
-_register_add(prims.add_jaxvals_p)
-
-
-@quax.register(prims.sub_p)
-def _(x: BCOO, y: ArrayLike, **params: Any) -> Array:
-    return _add_into_dense(x, -jnp.asarray(y), 1)
-
-
-@quax.register(prims.sub_p)
-def _(x: ArrayLike, y: BCOO, **params: Any) -> Array:
-    return _add_into_dense(y, x, -1)
+for _p in (prims.add_p, prims.add_jaxvals_p, prims.sub_p):
+    _register_sum(_p)
 
 
 # Structure ----------------------------------------------------------------------------
