@@ -141,6 +141,12 @@ class StructuredMatrix(quax.ArrayValue):
         them)."""
         return None
 
+    def eigh(self) -> tuple[Array, Array] | None:
+        """The eigenvalues in ascending order and the orthonormal eigenvectors (as
+        columns, a dense `(n, n)` array: the output `jnp.linalg.eigh` asks for) of
+        this matrix, which `jnp.linalg.eigh` has made symmetric."""
+        return None
+
     def triangular_solve(
         self, b: Array, *, lower: bool, transpose_a: bool, unit_diagonal: bool
     ) -> Array | None:

@@ -84,6 +84,14 @@ class Diagonal(StructuredMatrix):
     def cholesky(self) -> "Diagonal":
         return Diagonal(jnp.sqrt(self.diag), self.allow_materialise)
 
+    def eigh(self) -> tuple[Array, Array]:
+        """The sorted diagonal, and the permutation matrix that sorts it, O(n²)
+        (the eigenvector matrix's size; O(n log n) for `jnp.linalg.eigvalsh`)."""
+        order = jnp.argsort(self.diag, axis=-1)
+        n = self.diag.shape[-1]
+        vectors = jnp.arange(n)[:, None] == order[..., None, :]
+        return jnp.take_along_axis(self.diag, order, -1), vectors.astype(self.dtype)
+
 
 class ScaledIdentity(StructuredMatrix):
     """`scale * I`, an `(n, n)` multiple of the identity. Symmetric.
@@ -163,3 +171,6 @@ class ScaledIdentity(StructuredMatrix):
 
     def cholesky(self) -> "ScaledIdentity":
         return ScaledIdentity(jnp.sqrt(self.scale), self.n, self.allow_materialise)
+
+    def eigh(self) -> tuple[Array, Array]:
+        return self._as_diagonal().eigh()

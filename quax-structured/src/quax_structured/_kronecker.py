@@ -159,6 +159,16 @@ class Kronecker(StructuredMatrix):
             allow_materialise=self.allow_materialise,
         )
 
+    def eigh(self) -> tuple[Array, Array] | None:
+        """With the `symmetric` tag: through the factors' eigendecompositions,
+        `O(na³ + nb³)`, plus O(n²) for the eigenvector matrix (the output)."""
+        if not self.symmetric:
+            return None
+        (wa, qa), (wb, qb) = (jnp.linalg.eigh(f) for f in self.factors())
+        values = jnp.outer(wa, wb).reshape(-1)
+        order = jnp.argsort(values)
+        return values[order], jnp.kron(qa, qb)[:, order]
+
     def triangular_solve(
         self, b: Array, *, lower: bool, transpose_a: bool, unit_diagonal: bool
     ) -> Array | None:

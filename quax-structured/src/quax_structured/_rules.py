@@ -12,8 +12,9 @@ from jax import lax
 from jax.extend.core import primitives as prims
 from jaxtyping import ArrayLike
 
-from ._base import StructuredMatrix
+from ._base import MaterialisationError, StructuredMatrix
 from ._diagonal import Diagonal, ScaledIdentity
+from ._tridiagonal import TridiagonalMatrix
 
 
 def _fallback(primitive: Any, values: list[Any], params: dict[str, Any]) -> Any:
@@ -362,6 +363,29 @@ def _(
         )
         return _fallback(lax.linalg.eig_p, [x], params)
     return [out]
+
+
+@quax.register(lax.linalg.eigh_p)
+def _(x: StructuredMatrix, *, subset_by_index: Any = None, **params: Any) -> Any:
+    """`jnp.linalg.eigh`/`eigvalsh`: through the structure's eigendecomposition."""
+    out = None
+    if subset_by_index is None or tuple(subset_by_index) == (0, x.shape[-1]):
+        out = x.eigh()
+    if out is None:
+        params = dict(subset_by_index=subset_by_index, **params)
+        if isinstance(x, TridiagonalMatrix) and not x.allow_materialise:
+            raise MaterialisationError(
+                "Refusing to materialise `TridiagonalMatrix` with "
+                "`allow_materialise=False`: quax-structured has no eigenvector "
+                "algorithm for primitive `eigh` on a tridiagonal matrix. For the "
+                "eigenvalues of a symmetric one, call `jax.scipy.linalg."
+                "eigh_tridiagonal(T.main_diag, T.lower_diag, eigvals_only=True)`; "
+                "else pass `allow_materialise=True` to `TridiagonalMatrix` or call "
+                "`.enable_materialise()` to allow the dense array."
+            )
+        return _fallback(lax.linalg.eigh_p, [x], params)
+    values, vectors = out
+    return [vectors, values]
 
 
 def _diagonal_entry_set(
