@@ -93,3 +93,17 @@ def test_gradient_matches_dense(name):
     np.testing.assert_allclose(got_value, want_value, rtol=1e-4)
     for g, w in zip(got, want, strict=True):
         np.testing.assert_allclose(g, w, rtol=2e-3, atol=1e-4 * np.abs(w).max())
+
+
+@pytest.mark.parametrize(
+    "m",
+    [
+        qs.LowRankPlusDiagonal(1 + jnp.arange(64.0) / 64, jr.normal(_k[5], (64, 3))),
+        qs.Kronecker(_m + 8 * jnp.eye(N), _m.T[:4, :4] + jnp.eye(4), symmetric=True),
+    ],
+    ids=["low_rank_plus_diagonal", "kronecker"],
+)
+def test_slogdet_holds_no_dense_matrix(m):
+    """The matrix enters `slogdet` (a custom-JVP function) structured."""
+    n = m.shape[-1]
+    quax.testing.assert_hlo_lacks(jnp.linalg.slogdet, m, shapes=[(n, n)])
