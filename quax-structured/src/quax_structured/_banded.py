@@ -186,6 +186,21 @@ class Banded(StructuredMatrix):
         )
         return self._with(packed)
 
+    def cholesky(self) -> "Banded":
+        """The lower Cholesky factor `G` (`A = G Gᵀ`, bandwidths `(p, 0)`) from the
+        lower triangle (as `lax.linalg.cholesky` reads it), O(n p²): the LU without
+        pivoting of the symmetric matrix with that lower triangle is `L (D Lᵀ)`, so
+        `G = L D^½`. As the dense Cholesky, `nan` where the matrix is not positive
+        definite."""
+        p = self.lower_bandwidth
+        tri = self._with(self.bands[..., : p + 1, :], p, 0)
+        upper = tri.transpose().bands[..., 1:, :]
+        packed = self._with(jnp.concatenate([tri.bands, upper], axis=-2), p, p).lu()
+        d = packed.bands[..., p, :]
+        ones = jnp.ones_like(d)[..., None, :]
+        unit = jnp.concatenate([packed.bands[..., :p, :], ones], axis=-2)
+        return self._with(unit, p, 0).col_scaled(jnp.sqrt(d))
+
     def triangular_solve(
         self, b: Array, *, lower: bool, transpose_a: bool, unit_diagonal: bool
     ) -> Array:

@@ -54,8 +54,23 @@ class StructuredMatrix(quax.ArrayValue):
     """
 
     allow_materialise: eqx.AbstractVar[bool]
+    # A property tag: the user's declaration that the matrix (each one of the batch)
+    # is symmetric positive definite. Not checked, as lineax's
+    # `positive_semidefinite_tag`; the rules keep it where it stays true (transpose,
+    # sums of tagged matrices, positive scalar multiples) and drop it elsewhere.
+    positive_definite: bool = eqx.field(default=False, static=True, kw_only=True)
     # Whether the dense array is a linear function of the float leaves.
     linear_in_leaves: ClassVar[bool] = True
+
+    @property
+    def symmetric(self) -> bool:
+        """Whether the matrix is known to be symmetric: by its structure, or by the
+        `positive_definite` tag."""
+        return self.positive_definite
+
+    def with_tags(self, *, positive_definite: bool) -> "StructuredMatrix":
+        """A copy of this matrix with the `positive_definite` tag set as given."""
+        return dataclasses.replace(self, positive_definite=positive_definite)
 
     def enable_materialise(self, allow: bool = True) -> "StructuredMatrix":
         """A copy of this matrix with `allow_materialise=allow`."""
@@ -174,6 +189,15 @@ class StructuredMatrix(quax.ArrayValue):
         primals = [leaves[i] for i in floats]
         return jax.jvp(dense_of, (primals,), ([dots[i] for i in floats],))[1]
 
+    def way_out(self, primitive: Any) -> str:
+        """What a refusal of `primitive` on this matrix tells the user to do."""
+        del primitive
+        name = type(self).__name__
+        return (
+            f"Pass `allow_materialise=True` to `{name}` or call "
+            "`.enable_materialise()` to allow it."
+        )
+
     def materialise(self) -> Array:
         if not self.allow_materialise:
             name = type(self).__name__
@@ -197,8 +221,6 @@ class StructuredMatrix(quax.ArrayValue):
                     f"Refusing to materialise `{name}` with `allow_materialise=False`: "
                     f"quax-structured has no rule for primitive `{primitive.name}` "
                     f"on input types ({types}), and the dense array (shape "
-                    f"{value.shape}) costs O(n^2) memory. Pass "
-                    f"`allow_materialise=True` to `{name}` or call "
-                    "`.enable_materialise()` to allow it."
+                    f"{value.shape}) costs O(n^2) memory. {value.way_out(primitive)}"
                 )
         return quax.Value.default(primitive, values, params)

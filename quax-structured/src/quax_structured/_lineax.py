@@ -20,7 +20,10 @@ def to_lineax(matrix: StructuredMatrix, tags: Any = ()) -> Any:
     `lineax.DiagonalLinearOperator`, `ScaledIdentity` a scaled
     `lineax.IdentityLinearOperator`; every other structure a
     `lineax.FunctionLinearOperator` whose matrix-vector product is the structure's
-    own, tagged symmetric where the structure is.
+    own. The tags carry over: `lineax.symmetric_tag` where the structure is known
+    symmetric, `lineax.positive_semidefinite_tag` where it is tagged
+    `positive_definite` (lineax's `CG` and `Cholesky` need it), wrapping the first
+    three in a `lineax.TaggedLinearOperator`.
 
     **Arguments:**
 
@@ -40,18 +43,23 @@ def to_lineax(matrix: StructuredMatrix, tags: Any = ()) -> Any:
             f"to_lineax needs an unbatched matrix, got shape {matrix.shape}: convert "
             "each matrix of the batch (e.g. under jax.vmap)."
         )
+    tags = list(tags)
+    if matrix.symmetric:
+        tags.append(lx.symmetric_tag)
+    if matrix.positive_definite:
+        tags.append(lx.positive_semidefinite_tag)
+    own = None
     if isinstance(matrix, TridiagonalMatrix):
-        return lx.TridiagonalLinearOperator(
+        own = lx.TridiagonalLinearOperator(
             matrix.main_diag, matrix.lower_diag, matrix.upper_diag
         )
-    if isinstance(matrix, Diagonal):
-        return lx.DiagonalLinearOperator(matrix.diag)
-    if isinstance(matrix, ScaledIdentity):
+    elif isinstance(matrix, Diagonal):
+        own = lx.DiagonalLinearOperator(matrix.diag)
+    elif isinstance(matrix, ScaledIdentity):
         structure = jax.ShapeDtypeStruct((matrix.n,), matrix.dtype)
-        return matrix.scale * lx.IdentityLinearOperator(structure)
-    tags = list(tags)
-    if getattr(matrix, "symmetric", False):
-        tags.append(lx.symmetric_tag)
+        own = matrix.scale * lx.IdentityLinearOperator(structure)
+    if own is not None:
+        return lx.TaggedLinearOperator(own, tuple(tags)) if tags else own
     if isinstance(matrix, LowerTriangular):
         tags.append(lx.lower_triangular_tag)
     if isinstance(matrix, UpperTriangular):
@@ -82,7 +90,9 @@ def from_lineax(operator: Any) -> StructuredMatrix:
 
     **Returns:**
 
-    A structured matrix (with `allow_materialise=False`).
+    A structured matrix (with `allow_materialise=False`), tagged
+    `positive_definite` when lineax tags the operator positive semidefinite (a
+    `lineax.TaggedLinearOperator` around one of the above is unwrapped).
 
     **Raises:**
 
@@ -91,21 +101,26 @@ def from_lineax(operator: Any) -> StructuredMatrix:
     """
     import lineax as lx
 
+    # lineax's positive semidefinite tag is what its Cholesky solver asks for: read
+    # as the `positive_definite` tag.
+    tag = dict(positive_definite=lx.is_positive_semidefinite(operator))
+    if isinstance(operator, lx.TaggedLinearOperator):
+        operator = operator.operator
     if isinstance(operator, lx.TridiagonalLinearOperator):
         return TridiagonalMatrix(
-            operator.lower_diagonal, operator.diagonal, operator.upper_diagonal
+            operator.lower_diagonal, operator.diagonal, operator.upper_diagonal, **tag
         )
     if isinstance(operator, lx.DiagonalLinearOperator):
-        return Diagonal(lx.diagonal(operator))
+        return Diagonal(lx.diagonal(operator), **tag)
     if isinstance(operator, lx.IdentityLinearOperator):
         n = operator.in_size()
         dtype = operator.in_structure().dtype
-        return ScaledIdentity(jnp.ones((), dtype), n)
+        return ScaledIdentity(jnp.ones((), dtype), n, **tag)
     if isinstance(operator, lx.MatrixLinearOperator):
         if lx.is_lower_triangular(operator):
-            return LowerTriangular(operator.as_matrix())
+            return LowerTriangular(operator.as_matrix(), **tag)
         if lx.is_upper_triangular(operator):
-            return UpperTriangular(operator.as_matrix())
+            return UpperTriangular(operator.as_matrix(), **tag)
     raise TypeError(
         f"from_lineax: no structured matrix for a {type(operator).__name__}; "
         "quax_structured converts tridiagonal, diagonal, identity and "

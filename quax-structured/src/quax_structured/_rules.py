@@ -4,8 +4,8 @@ when the case has no structured algorithm."""
 
 from typing import Any
 
+import jax
 import jax.numpy as jnp
-import jax.tree_util as jtu
 import numpy as np
 import quax
 from jax import lax
@@ -13,7 +13,7 @@ from jax.extend.core import primitives as prims
 from jaxtyping import ArrayLike
 
 from ._base import MaterialisationError, StructuredMatrix
-from ._diagonal import Diagonal, ScaledIdentity
+from ._composite import add, matmul
 from ._tridiagonal import TridiagonalMatrix
 
 
@@ -52,54 +52,27 @@ def _structured_product(
     return out
 
 
-def _result_dtype(s: Any, x: Any, preferred: Any) -> Any:
-    return preferred if preferred is not None else jnp.result_type(s.dtype, x.dtype)
+def _product_with_dense(
+    s: StructuredMatrix, x: Any, s_is_lhs: bool, values: list[Any], params: Any
+) -> Any:
+    """The `dot_general` rule for a structured `s` and a plain `x` on either side."""
+    dimension_numbers = params["dimension_numbers"]
+    out = _structured_product(s, x, s_is_lhs, dimension_numbers)
+    if out is None:
+        return _fallback(lax.dot_general_p, values, params)
+    preferred = params.get("preferred_element_type")
+    dtype = preferred if preferred is not None else jnp.result_type(s.dtype, x)
+    return out.astype(dtype)
 
 
 @quax.register(lax.dot_general_p)
-def _(
-    lhs: StructuredMatrix,
-    rhs: ArrayLike,
-    *,
-    dimension_numbers: Any,
-    preferred_element_type: Any = None,
-    **params: Any,
-) -> Any:
-    out = _structured_product(lhs, rhs, True, dimension_numbers)
-    if out is None:
-        return _fallback(
-            lax.dot_general_p,
-            [lhs, rhs],
-            dict(
-                dimension_numbers=dimension_numbers,
-                preferred_element_type=preferred_element_type,
-                **params,
-            ),
-        )
-    return out.astype(_result_dtype(lhs, jnp.asarray(rhs), preferred_element_type))
+def _(lhs: StructuredMatrix, rhs: ArrayLike, **params: Any) -> Any:
+    return _product_with_dense(lhs, jnp.asarray(rhs), True, [lhs, rhs], params)
 
 
 @quax.register(lax.dot_general_p)
-def _(
-    lhs: ArrayLike,
-    rhs: StructuredMatrix,
-    *,
-    dimension_numbers: Any,
-    preferred_element_type: Any = None,
-    **params: Any,
-) -> Any:
-    out = _structured_product(rhs, lhs, False, dimension_numbers)
-    if out is None:
-        return _fallback(
-            lax.dot_general_p,
-            [lhs, rhs],
-            dict(
-                dimension_numbers=dimension_numbers,
-                preferred_element_type=preferred_element_type,
-                **params,
-            ),
-        )
-    return out.astype(_result_dtype(rhs, jnp.asarray(lhs), preferred_element_type))
+def _(lhs: ArrayLike, rhs: StructuredMatrix, **params: Any) -> Any:
+    return _product_with_dense(rhs, jnp.asarray(lhs), False, [lhs, rhs], params)
 
 
 def _is_matrix_product(x: StructuredMatrix, y: StructuredMatrix, dn: Any) -> bool:
@@ -112,27 +85,22 @@ def _is_matrix_product(x: StructuredMatrix, y: StructuredMatrix, dn: Any) -> boo
 
 
 @quax.register(lax.dot_general_p)
-def _(
-    lhs: StructuredMatrix,
-    rhs: StructuredMatrix,
-    *,
-    dimension_numbers: Any,
-    **params: Any,
-) -> Any:
-    out = None
-    if _is_matrix_product(lhs, rhs, dimension_numbers):
-        out = lhs.product(rhs)
-        if out is None and isinstance(rhs, Diagonal):
-            out = lhs.col_scaled(rhs.diag)
-        if out is None and isinstance(rhs, ScaledIdentity) and jnp.ndim(rhs.scale) == 0:
-            out = lhs.scaled(rhs.scale)
-    if out is None:
-        params = dict(dimension_numbers=dimension_numbers, **params)
+def _(lhs: StructuredMatrix, rhs: StructuredMatrix, **params: Any) -> Any:
+    """`A @ B`: a closed form where the pair has one (`D @ T`, `K @ K`, ...), else a
+    lazy `Product`."""
+    if not _is_matrix_product(lhs, rhs, params["dimension_numbers"]):
         return _fallback(lax.dot_general_p, [lhs, rhs], params)
-    return out
+    return matmul(lhs, rhs)
 
 
 # Structure-keeping algebra ------------------------------------------------------------
+
+
+def _keep_tag(x: StructuredMatrix, out: Any, keep: bool = True) -> Any:
+    """`out` tagged positive definite when `x` is and the operation keeps it."""
+    if keep and x.positive_definite and isinstance(out, StructuredMatrix):
+        return out.with_tags(positive_definite=True)
+    return out
 
 
 @quax.register(lax.transpose_p)
@@ -145,7 +113,7 @@ def _(x: StructuredMatrix, *, permutation: Any) -> Any:
         out = x
     if out is None:
         return _fallback(lax.transpose_p, [x], dict(permutation=permutation))
-    return out
+    return _keep_tag(x, out)
 
 
 def _scalar(y: Any) -> Any | None:
@@ -155,9 +123,19 @@ def _scalar(y: Any) -> Any | None:
     return jnp.reshape(y, ())
 
 
+def _is_positive(s: Any) -> bool:
+    """Whether the scalar `s` is known, at trace time, to be positive."""
+    known = quax.known_constant(s, 1)
+    return known is not None and bool(
+        np.all(np.real(known) > 0) & (np.imag(known) == 0)
+    )
+
+
 def _scaled(primitive: Any, values: list[Any], x: StructuredMatrix, s: Any) -> Any:
     out = None if s is None else x.scaled(s.astype(x.dtype))
-    return _fallback(primitive, values, {}) if out is None else out
+    if out is None:
+        return _fallback(primitive, values, {})
+    return _keep_tag(x, out, x.positive_definite and _is_positive(s))
 
 
 @quax.register(lax.neg_p)
@@ -204,31 +182,25 @@ def _(x: StructuredMatrix, y: ArrayLike) -> Any:
     return _scaled(lax.div_p, [x, y], x, None if s is None else 1 / s)
 
 
-def _same_leaves(x: StructuredMatrix, y: StructuredMatrix) -> bool:
-    lx, tx = jtu.tree_flatten(x)
-    ly, ty = jtu.tree_flatten(y)
-    return tx == ty and all(a is b for a, b in zip(lx, ly, strict=True))
+def _same_type(x: StructuredMatrix, y: StructuredMatrix) -> bool:
+    return x.shape == y.shape and x.dtype == y.dtype
 
 
 @quax.register(lax.add_p)
 def _(x: StructuredMatrix, y: StructuredMatrix) -> Any:
-    out = x.add(y)
-    if out is None:
-        out = y.add(x)
-    if out is None and _same_leaves(x, y):
-        # `K + K`, e.g. a symmetric matrix plus its transpose (`jnp.linalg.cholesky`
-        # symmetrises its input).
-        out = x.scaled(jnp.asarray(2, x.dtype))
-    return _fallback(lax.add_p, [x, y], {}) if out is None else out
+    """`A + B`: a closed form where the pair has one (`D + D`, `D + T`, banded
+    sums, ...), else a lazy `Sum`."""
+    if not _same_type(x, y):
+        return _fallback(lax.add_p, [x, y], {})
+    return add(x, y)
 
 
 @quax.register(lax.sub_p)
 def _(x: StructuredMatrix, y: StructuredMatrix) -> Any:
     neg = y.scaled(jnp.asarray(-1, y.dtype))
-    out = None if neg is None else x.add(neg)
-    if out is None and neg is not None:
-        out = neg.add(x)
-    return _fallback(lax.sub_p, [x, y], {}) if out is None else out
+    if neg is None or not _same_type(x, y):
+        return _fallback(lax.sub_p, [x, y], {})
+    return add(x, neg)
 
 
 @quax.register(lax.convert_element_type_p)
@@ -241,7 +213,7 @@ def _(x: StructuredMatrix, *, new_dtype: Any, **params: Any) -> Any:
     if out is None:
         params = dict(new_dtype=new_dtype, **params)
         return _fallback(lax.convert_element_type_p, [x], params)
-    return out
+    return _keep_tag(x, out)
 
 
 @quax.register(lax.reduce_sum_p)
@@ -427,41 +399,96 @@ def _(
 # Reading entries ----------------------------------------------------------------------
 
 
-def _point_gather(
-    x: StructuredMatrix,
-    indices: Any,
-    dimension_numbers: Any,
-    slice_sizes: Any,
-    mode: Any,
-) -> Any | None:
-    """Entries `x[..., i, j]` read by a gather of single elements over the two
-    matrix axes (what `jnp.diagonal` and `a[i, j]` bind), through `x.entries`."""
+def _output_axes(ndim: int, indices: Any, dn: Any) -> list[int | None]:
+    """For each operand axis of a gather, the output axis it runs along (a slice's
+    offset axis, or the indices' batch axis of an operand batching axis), or
+    `None` for an axis read at single points."""
+    rank = jnp.ndim(indices) - 1 + len(dn.offset_dims)
+    index_batch_axes = [a for a in range(rank) if a not in dn.offset_dims]
+    offset = iter(dn.offset_dims)
+    axes: list[int | None] = []
+    for d in range(ndim):
+        if d in dn.operand_batching_dims:
+            k = dn.start_indices_batching_dims[dn.operand_batching_dims.index(d)]
+            axes.append(index_batch_axes[k])
+        elif d in dn.collapsed_slice_dims:
+            axes.append(None)
+        else:
+            axes.append(next(offset))
+    return axes
+
+
+def _coordinates(shape: Any, indices: Any, dn: Any, slice_sizes: Any) -> list[Any]:
+    """For each operand axis of a gather, the coordinate each output element reads
+    along it: an integer array broadcastable to the output's shape. Starts are
+    clamped so that each slice fits, as the `clip` and `promise_in_bounds` modes
+    read them."""
+    indices = jnp.asarray(indices)
+    rank = indices.ndim - 1 + len(dn.offset_dims)
+    index_batch_axes = [a for a in range(rank) if a not in dn.offset_dims]
+
+    def along(values: Any, axes: list[int]) -> Any:
+        """`values` (one axis per entry of `axes`, in order) on those output axes."""
+        sizes = [1] * rank
+        for a, n in zip(axes, values.shape, strict=True):
+            sizes[a] = n
+        return values.reshape(sizes)
+
+    coords = []
+    output_axes = _output_axes(len(shape), indices, dn)
+    for d, (size, axis) in enumerate(zip(shape, output_axes, strict=True)):
+        coord: Any = jnp.zeros((1,) * rank, jnp.int32)
+        if d in dn.start_index_map:
+            start = indices[..., dn.start_index_map.index(d)]
+            start = jnp.clip(start, 0, size - slice_sizes[d])
+            coord = along(start, index_batch_axes)
+        if axis is not None:
+            length = size if d in dn.operand_batching_dims else slice_sizes[d]
+            coord = coord + along(jnp.arange(length), [axis])
+        coords.append(coord)
+    return coords
+
+
+def _gather_entries(x: StructuredMatrix, indices: Any, params: Any) -> Any | None:
+    """A gather that reads entries of the two matrix axes (`jnp.diagonal`,
+    `x[..., i, j]`, rows `x[..., idx, :]`, columns, and the same under `vmap`),
+    through `x.entries`: O(1) work per entry read, never the dense matrix. Each
+    batch axis must be read whole (a full slice, or a batching axis), and one of
+    the matrix axes at single points; else `None`."""
+    dn, slice_sizes = params["dimension_numbers"], params["slice_sizes"]
     nb = x.ndim - 2
-    dn = dimension_numbers
+    axes = _output_axes(x.ndim, indices, dn)
+    whole = [
+        axes[d] is not None
+        and (d in dn.operand_batching_dims or slice_sizes[d] == x.shape[d])
+        for d in range(nb)
+    ]
     if (
-        nb != 0
-        or tuple(slice_sizes) != (1, 1)
-        or tuple(dn.collapsed_slice_dims) != (0, 1)
-        or tuple(dn.start_index_map) != (0, 1)
-        or dn.offset_dims
-        or dn.operand_batching_dims
-        or mode == lax.GatherScatterMode.FILL_OR_DROP
+        params["mode"] == lax.GatherScatterMode.FILL_OR_DROP
+        or not all(whole)
+        or min(slice_sizes[nb], slice_sizes[nb + 1]) > 1
     ):
         return None
-    # Clipped indices, as the `clip` and `promise_in_bounds` modes read them.
-    indices = jnp.asarray(indices)
-    return x.entries(indices[..., 0], indices[..., 1])
+    coords = _coordinates(x.shape, indices, dn, slice_sizes)
+    out_shape = np.broadcast_shapes(*(np.shape(c) for c in coords))
+    batch_axes = [int(a) for a in axes[:nb] if a is not None]
+    i, j = (
+        jnp.moveaxis(jnp.broadcast_to(c, out_shape), batch_axes, list(range(nb)))
+        for c in coords[nb:]
+    )
+
+    def read(m: StructuredMatrix, i: Any, j: Any) -> Any:
+        return m.entries(i, j)
+
+    for _ in range(nb):
+        read = jax.vmap(read)
+    out = read(x, i, j)
+    return None if out is None else jnp.moveaxis(out, list(range(nb)), batch_axes)
 
 
 @quax.register(prims.gather_p)
 def _(x: StructuredMatrix, indices: ArrayLike, **params: Any) -> Any:
-    out = _point_gather(
-        x,
-        indices,
-        params["dimension_numbers"],
-        params["slice_sizes"],
-        params["mode"],
-    )
+    out = _gather_entries(x, indices, params)
     if out is None:
         return _fallback(prims.gather_p, [x, indices], params)
     return out

@@ -1,0 +1,274 @@
+"""`Sum` and `Product`: lazy sums and products of structured matrices, for the pairs
+that have no closed form (e.g. `TridiagonalMatrix + Circulant`)."""
+
+import functools as ft
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.core
+import jax.numpy as jnp
+import jax.tree_util as jtu
+from jaxtyping import Array
+
+from ._base import StructuredMatrix
+from ._diagonal import Diagonal, ScaledIdentity
+
+
+__all__ = ["Product", "Sum", "add", "matmul"]
+
+
+_FACTORISATIONS = {"lu", "cholesky", "triangular_solve", "eig", "eigh"}
+
+
+def _iterative_way_out(matrix: StructuredMatrix, primitive: Any) -> str:
+    name = type(matrix).__name__
+    way_out = StructuredMatrix.way_out(matrix, primitive)
+    if primitive.name not in _FACTORISATIONS:
+        return way_out
+    return (
+        f"A `{name}` of structures has no structured factorisation; solve through "
+        "its products instead, which cost the sum of its parts' products: e.g. "
+        "`jax.scipy.sparse.linalg.cg(lambda v: M @ v, b)` (symmetric positive "
+        "definite) or `jax.scipy.sparse.linalg.gmres`. Or: " + way_out
+    )
+
+
+def _all(results: list[Any]) -> list[Any] | None:
+    return None if any(r is None for r in results) else results
+
+
+def _same_leaves(x: StructuredMatrix, y: StructuredMatrix) -> bool:
+    lx, tx = jtu.tree_flatten(x)
+    ly, ty = jtu.tree_flatten(y)
+    return tx == ty and all(a is b for a, b in zip(lx, ly, strict=True))
+
+
+def _check_parts(name: str, parts: tuple[StructuredMatrix, ...]) -> None:
+    if len(parts) < 2 or len({p.shape for p in parts}) != 1:
+        shapes = [p.shape for p in parts]
+        raise ValueError(
+            f"`{name}` needs at least two structured matrices of one shape, got "
+            f"{shapes}."
+        )
+
+
+def _aval(parts: tuple[StructuredMatrix, ...]) -> jax.core.ShapedArray:
+    dtype = jnp.result_type(*(p.dtype for p in parts))
+    return jax.core.ShapedArray(parts[0].shape, dtype)
+
+
+class Sum(StructuredMatrix):
+    """`terms[0] + terms[1] + ...`, kept lazy: what `A + B` gives for two structures
+    without a closed form for their sum. Products cost the sum of the terms'
+    costs; transpose, negation and scalar multiplication act on every term.
+    `jnp.linalg.solve` and the other factorisations refuse (no structured LU),
+    naming the way out: an iterative solver such as `cg` through `M @ v`.
+
+    Symmetric when every term is; tagged positive definite when every term is.
+
+    **Fields:**
+
+    - `terms`: a tuple of at least two structured matrices of one shape (nested sums
+        are flattened).
+    - `allow_materialise`: as for [`quax_structured.TridiagonalMatrix`][] (static).
+    """
+
+    terms: tuple[StructuredMatrix, ...]
+    allow_materialise: bool = eqx.field(default=False, static=True)
+
+    # Linear in the leaves only when every term is: declared for the type.
+    linear_in_leaves = False
+
+    def __check_init__(self):
+        _check_parts("Sum", self.terms)
+
+    @property
+    def symmetric(self) -> bool:
+        return self.positive_definite or all(t.symmetric for t in self.terms)
+
+    def aval(self) -> jax.core.ShapedArray:
+        return _aval(self.terms)
+
+    def dense(self) -> Array:
+        return ft.reduce(jnp.add, (t.dense() for t in self.terms))
+
+    def _with(self, terms: list[StructuredMatrix] | None) -> "Sum | None":
+        return None if terms is None else Sum(tuple(terms), self.allow_materialise)
+
+    def way_out(self, primitive: Any) -> str:
+        return _iterative_way_out(self, primitive)
+
+    def transpose(self) -> "Sum | None":
+        return self._with(_all([t.transpose() for t in self.terms]))
+
+    def map_leaves(self, fn) -> "Sum | None":
+        return self._with(_all([t.map_leaves(fn) for t in self.terms]))
+
+    def scaled(self, s: Array) -> "Sum | None":
+        return self._with(_all([t.scaled(s) for t in self.terms]))
+
+    def matmat(self, x: Array) -> Array | None:
+        outs = _all([t.matmat(x) for t in self.terms])
+        return None if outs is None else ft.reduce(jnp.add, outs)
+
+    def entries(self, i: Array, j: Array) -> Array | None:
+        outs = _all([t.entries(i, j) for t in self.terms])
+        return None if outs is None else ft.reduce(jnp.add, outs)
+
+    def masked(self, y: Array) -> "Sum | None":
+        return self._with(_all([t.masked(y) for t in self.terms]))
+
+    def row_scaled(self, d: Array) -> "Sum | None":
+        return self._with(_all([t.row_scaled(d) for t in self.terms]))
+
+    def col_scaled(self, d: Array) -> "Sum | None":
+        return self._with(_all([t.col_scaled(d) for t in self.terms]))
+
+    def add_diagonal(self, d: Array) -> "Sum | None":
+        for k, term in enumerate(self.terms):
+            merged = term.add_diagonal(d)
+            if merged is not None:
+                return self._with([*self.terms[:k], merged, *self.terms[k + 1 :]])
+        return None
+
+
+class Product(StructuredMatrix):
+    """`factors[0] @ factors[1] @ ...`, kept lazy: what `A @ B` gives for two
+    structures without a closed form for their product. `M @ x` applies the
+    factors right to left, costing the sum of their products' costs; transpose
+    reverses the transposed factors; scalar multiplication scales one factor.
+    Entries (`jnp.diagonal`, `M[i, j]`) and factorisations refuse, naming the way
+    out (an iterative solver through `M @ v`).
+
+    **Fields:**
+
+    - `factors`: a tuple of at least two structured matrices of one shape (nested
+        products are flattened).
+    - `allow_materialise`: as for [`quax_structured.TridiagonalMatrix`][] (static).
+    """
+
+    factors: tuple[StructuredMatrix, ...]
+    allow_materialise: bool = eqx.field(default=False, static=True)
+
+    linear_in_leaves = False
+
+    def __check_init__(self):
+        _check_parts("Product", self.factors)
+
+    def aval(self) -> jax.core.ShapedArray:
+        return _aval(self.factors)
+
+    def dense(self) -> Array:
+        return ft.reduce(jnp.matmul, (f.dense() for f in self.factors))
+
+    def way_out(self, primitive: Any) -> str:
+        return _iterative_way_out(self, primitive)
+
+    def _with(self, factors: list[StructuredMatrix]) -> "Product":
+        return Product(tuple(factors), self.allow_materialise)
+
+    def transpose(self) -> "Product | None":
+        flipped = _all([f.transpose() for f in reversed(self.factors)])
+        return None if flipped is None else self._with(flipped)
+
+    def scaled(self, s: Array) -> "Product | None":
+        for k, factor in enumerate(self.factors):
+            out = factor.scaled(s)
+            if out is not None:
+                factors = [*self.factors[:k], out, *self.factors[k + 1 :]]
+                return self._with(factors)
+        return None
+
+    def map_leaves(self, fn) -> "Product | None":
+        # Only dtype conversions reach this (`scaled` is the product's own).
+        factors = _all([f.map_leaves(fn) for f in self.factors])
+        return None if factors is None else self._with(factors)
+
+    def matmat(self, x: Array) -> Array | None:
+        out: Array | None = x
+        for factor in reversed(self.factors):
+            out = None if out is None else factor.matmat(out)
+        return out
+
+    def row_scaled(self, d: Array) -> "Product | None":
+        first = self.factors[0].row_scaled(d)
+        return None if first is None else self._with([first, *self.factors[1:]])
+
+    def col_scaled(self, d: Array) -> "Product | None":
+        last = self.factors[-1].col_scaled(d)
+        return None if last is None else self._with([*self.factors[:-1], last])
+
+
+def _terms(x: StructuredMatrix) -> tuple[StructuredMatrix, ...]:
+    return x.terms if isinstance(x, Sum) else (x,)
+
+
+def _factors(x: StructuredMatrix) -> tuple[StructuredMatrix, ...]:
+    return x.factors if isinstance(x, Product) else (x,)
+
+
+def closed_sum(x: StructuredMatrix, y: StructuredMatrix) -> StructuredMatrix | None:
+    """`x + y` in a structure of their own, or `None` (not a `Sum`)."""
+    if isinstance(x, Sum) or isinstance(y, Sum):
+        return None
+    out = x.add(y)
+    if out is None:
+        out = y.add(x)
+    if out is None and _same_leaves(x, y):
+        # `K + K`, e.g. a symmetric matrix plus its transpose (`jnp.linalg.cholesky`
+        # symmetrises its input).
+        out = x.scaled(jnp.asarray(2, x.dtype))
+    return out
+
+
+def add(x: StructuredMatrix, y: StructuredMatrix) -> StructuredMatrix:
+    """`x + y`: a closed form where one exists (`Diagonal + TridiagonalMatrix`, ...),
+    else a flat `Sum` in which each new term first merges with a term it has a
+    closed form with. Tagged positive definite when both are."""
+    out = closed_sum(x, y)
+    if out is None:
+        terms = list(_terms(x))
+        for term in _terms(y):
+            for k, existing in enumerate(terms):
+                merged = closed_sum(existing, term)
+                if merged is not None:
+                    terms[k] = merged
+                    break
+            else:
+                terms.append(term)
+        allow = x.allow_materialise and y.allow_materialise
+        out = terms[0] if len(terms) == 1 else Sum(tuple(terms), allow)
+    if x.positive_definite and y.positive_definite and not out.positive_definite:
+        out = out.with_tags(positive_definite=True)
+    return out
+
+
+def closed_product(x: StructuredMatrix, y: StructuredMatrix) -> StructuredMatrix | None:
+    """`x @ y` in a structure of their own (`K @ K`, `D @ T`, `T @ D`, ...), or
+    `None` (not a `Product`)."""
+    if isinstance(x, Product) or isinstance(y, Product):
+        return None
+    out = x.product(y)
+    if out is None and isinstance(y, Diagonal):
+        out = x.col_scaled(y.diag)
+    if out is None and isinstance(y, ScaledIdentity) and jnp.ndim(y.scale) == 0:
+        out = x.scaled(y.scale)
+    return out
+
+
+def matmul(x: StructuredMatrix, y: StructuredMatrix) -> StructuredMatrix:
+    """`x @ y`: a closed form where one exists, else a flat `Product` in which the
+    two factors that meet first merge when they have a closed form."""
+    out = closed_product(x, y)
+    if out is not None:
+        return out
+    left, right = list(_factors(x)), list(_factors(y))
+    merged = closed_product(left[-1], right[0])
+    factors = (
+        [*left[:-1], merged, *right[1:]] if merged is not None else [*left, *right]
+    )
+    if len(factors) == 1:
+        return factors[0]
+    allow = x.allow_materialise and y.allow_materialise
+    return Product(tuple(factors), allow)
