@@ -5,7 +5,10 @@
   for n = 256 ... 262,144: against dense `jnp` where the dense matrix fits, against
   hand-written JAX (three shifted products; `lax.linalg.tridiagonal_solve`) and
   against lineax (`TridiagonalLinearOperator` with `lineax.Tridiagonal()`), with the
-  scaling exponent of quax's time fitted to the sweep.
+  scaling exponent of quax's time fitted to the sweep. The product is timed twice:
+  one call per product (what a user's jitted step pays, dispatch included) and
+  `LOOP` products inside one compiled loop (the product's own cost: at small n a
+  call is all dispatch, the same for every method).
 - Banded (bandwidths 2, 2) matrix-vector product and solve, and circulant
   matrix-vector product (FFT), for n = 256 ... 262,144 against dense `jnp` where it
   fits, with fitted scaling exponents.
@@ -48,6 +51,8 @@ IMAGE = Path(__file__).resolve().parent.parent / "docs" / "images"
 SIZES = (256, 1024, 4096, 16384, 65536, 262144)
 DENSE_MATVEC_MAX = 8192
 DENSE_SOLVE_MAX = 2048
+DENSE_LOOP_MAX = 4096
+LOOP = 20
 
 
 def _timed(fns: dict[str, Callable[[], Any]], rounds: int) -> dict[str, list[float]]:
@@ -96,6 +101,17 @@ def _handwritten_solve(lower, main, upper, b):
     return lax.linalg.tridiagonal_solve(dl, main, du, b[:, None])[:, 0]
 
 
+def _in_loop(product: Callable[[Any, jax.Array], jax.Array]) -> Callable[..., Any]:
+    """`LOOP` products `m @ v` in one compiled loop, each feeding the next
+    (`v <- b + 1e-3 m v`, which stays bounded for these matrices)."""
+
+    @jax.jit
+    def run(m, b):
+        return lax.fori_loop(0, LOOP, lambda _, v: b + 1e-3 * product(m, v), b)
+
+    return run
+
+
 def tridiagonal_sweep(sizes: tuple[int, ...], rounds: int) -> dict[str, Any]:
     import lineax as lx
 
@@ -104,6 +120,8 @@ def tridiagonal_sweep(sizes: tuple[int, ...], rounds: int) -> dict[str, Any]:
     dense_matvec = jax.jit(lambda a, b: a @ b)
     dense_solve = jax.jit(jnp.linalg.solve)
     hand_matvec = jax.jit(_handwritten_matvec)
+    matvec_loop = _in_loop(quax.quaxify(lambda t, b: t @ b))
+    dense_loop = _in_loop(lambda a, b: a @ b)
     hand_solve = jax.jit(_handwritten_solve)
 
     @jax.jit
@@ -117,6 +135,7 @@ def tridiagonal_sweep(sizes: tuple[int, ...], rounds: int) -> dict[str, Any]:
         parts = (t.lower_diag, t.main_diag, t.upper_diag, b)
         fns = {
             "quax matvec": ft.partial(matvec, t, b),
+            "quax matvec (loop)": ft.partial(matvec_loop, t, b),
             "hand matvec": ft.partial(hand_matvec, *parts),
             "quax solve": ft.partial(solve, t, b),
             "hand solve": ft.partial(hand_solve, *parts),
@@ -126,11 +145,20 @@ def tridiagonal_sweep(sizes: tuple[int, ...], rounds: int) -> dict[str, Any]:
         if n <= DENSE_MATVEC_MAX:
             a = t.enable_materialise().materialise()
             fns["dense matvec"] = ft.partial(dense_matvec, a, b)
+        if n <= DENSE_LOOP_MAX:
+            fns["dense matvec (loop)"] = ft.partial(dense_loop, a, b)
         if n <= DENSE_SOLVE_MAX:
             fns["dense solve"] = ft.partial(dense_solve, a, b)
         times = _timed(fns, rounds)
         row: dict[str, Any] = {"n": n}
         row.update({k: statistics.median(v) for k, v in times.items()})
+        for key in ("quax matvec (loop)", "dense matvec (loop)"):
+            if key in row:
+                row[key] /= LOOP  # per product
+        if "dense matvec (loop)" in times:
+            row["matvec speedup vs dense (loop)"] = _ratio(
+                times, "dense matvec (loop)", "quax matvec (loop)"
+            )
         if "dense matvec" in times:
             row["matvec speedup vs dense"] = _ratio(
                 times, "dense matvec", "quax matvec"
@@ -144,12 +172,12 @@ def tridiagonal_sweep(sizes: tuple[int, ...], rounds: int) -> dict[str, Any]:
     ns = np.log([r["n"] for r in rows])
     fit = {
         key: float(np.polyfit(ns, np.log([r[f"quax {key}"] for r in rows]), 1)[0])
-        for key in ("matvec", "solve")
+        for key in ("matvec", "matvec (loop)", "solve")
     }
     big = [r for r in rows if r["n"] >= 16384]
     if len(big) >= 2:
         nb = np.log([r["n"] for r in big])
-        for key in ("matvec", "solve"):
+        for key in ("matvec", "matvec (loop)", "solve"):
             times_big = np.log([r[f"quax {key}"] for r in big])
             fit[f"{key} (n >= 16384)"] = float(np.polyfit(nb, times_big, 1)[0])
     return {"rows": rows, "exponents": fit}
@@ -253,7 +281,9 @@ def kronecker_and_low_rank(sizes: tuple[int, ...], rounds: int) -> list[dict[str
 
 
 def _us(x: float | None) -> str:
-    return "" if x is None else f"{x * 1e6:,.1f}"
+    if x is None:
+        return ""
+    return f"{x * 1e6:,.2f}" if x < 1e-5 else f"{x * 1e6:,.1f}"
 
 
 def _x(x: float | None) -> str:
@@ -270,17 +300,19 @@ def _plot(tri: dict[str, Any], path: Path) -> None:
     rows = tri["rows"]
     for key, style in [
         ("quax matvec", "o-"),
+        ("quax matvec (loop)", "o-."),
         ("quax solve", "s-"),
         ("hand solve", "s:"),
         ("lineax solve", "^:"),
         ("dense matvec", "o--"),
+        ("dense matvec (loop)", "o:"),
         ("dense solve", "s--"),
     ]:
         pts = [(r["n"], r[key]) for r in rows if key in r]
         if pts:
             ax.loglog(*zip(*pts, strict=True), style, label=key, markersize=4)
     ax.set_xlabel("n")
-    ax.set_ylabel("seconds per call")
+    ax.set_ylabel("seconds per call (loop: per product)")
     ax.set_title("Tridiagonal, jit(quaxify(...)), CPU")
     ax.legend(fontsize=8)
     ax.grid(True, which="both", alpha=0.3)
@@ -296,14 +328,17 @@ def main(quick: bool = False) -> dict[str, Any]:
     tri = tridiagonal_sweep(sizes, rounds)
     print("\n## Tridiagonal (microseconds per call; speedups in one run)\n")
     print(
-        "| n | quax matvec | dense matvec | speedup | quax solve | dense solve | "
+        "| n | quax matvec | dense matvec | speedup | quax matvec (loop) | "
+        "dense matvec (loop) | speedup (loop) | quax solve | dense solve | "
         "speedup | solve quax/hand | solve quax/lineax |"
     )
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in tri["rows"]:
         print(
             f"| {r['n']:,} | {_us(r['quax matvec'])} | {_us(r.get('dense matvec'))} | "
-            f"{_x(r.get('matvec speedup vs dense'))} | {_us(r['quax solve'])} | "
+            f"{_x(r.get('matvec speedup vs dense'))} | "
+            f"{_us(r['quax matvec (loop)'])} | {_us(r.get('dense matvec (loop)'))} | "
+            f"{_x(r.get('matvec speedup vs dense (loop)'))} | {_us(r['quax solve'])} | "
             f"{_us(r.get('dense solve'))} | {_x(r.get('solve speedup vs dense'))} | "
             f"{r['solve quax/hand']:.2f} | {r['solve quax/lineax']:.2f} |"
         )
