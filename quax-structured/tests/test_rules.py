@@ -76,8 +76,8 @@ def test_products(name):
         B,
         vmap=name != "kronecker",
     )
-    # Batched entry reads (`jnp.diagonal` of a stack of matrices, which
-    # `quaxify(vmap(...))` makes) are not implemented: the README lists them.
+    # Unbatched here; batched entry reads (`jnp.diagonal` of a stack, under
+    # `vmap`) are tested in test_composite.py.
     quax.testing.assert_matches_dense(
         PRODUCTS["diagonal"], MATRICES[name], B, jit=False, vmap=False, grad=False
     )
