@@ -24,6 +24,7 @@ from ._registry import (
     register_elementwise as register_elementwise,
     resolve as resolve,
 )
+from ._select import map_selected as map_selected
 from ._shadow import QuaxShadowWarning as QuaxShadowWarning
 from ._trace import set_debug_checks as set_debug_checks
 from ._values import (

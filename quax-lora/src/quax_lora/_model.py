@@ -37,14 +37,6 @@ def is_lora(x: Any) -> bool:
     return isinstance(x, LoraArray)
 
 
-def _selector(
-    filter: type | tuple[type, ...] | Callable[[Any], bool],
-) -> Callable[[Any], bool]:
-    if isinstance(filter, type | tuple):
-        return lambda x: isinstance(x, filter)
-    return filter
-
-
 def loraify(
     model: PyTree,
     *,
@@ -99,14 +91,11 @@ def loraify(
     `filter`, or no matching layer has a `weight` array of at least 2 axes. (A
     model whose matching weights already are `LoraArray`s is returned unchanged.)
     """
-    select = _selector(filter)
     counter = itertools.count()
     matched: list[Any] = []  # layers `filter` selects
     adapted: list[Any] = []  # their weights, adapted now or before
 
     def adapt(layer: Any) -> Any:
-        if not select(layer):
-            return layer
         matched.append(layer)
         weight = getattr(layer, "weight", None)
         if isinstance(weight, LoraArray):
@@ -140,14 +129,7 @@ def loraify(
         )
         return eqx.tree_at(lambda x: x.weight, layer, lora)
 
-    def adapt_all(tree: PyTree) -> PyTree:
-        return jtu.tree_map(adapt, tree, is_leaf=select)
-
-    out = (
-        adapt_all(model)
-        if where is None
-        else eqx.tree_at(where, model, replace_fn=adapt_all)
-    )
+    out = quax.map_selected(adapt, model, filter=filter, where=where)
     if not adapted:
         raise ValueError(_no_match_message(model, filter, where, matched))
     return out

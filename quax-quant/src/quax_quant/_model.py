@@ -8,6 +8,7 @@ from typing import Any
 import equinox as eqx
 import jax.tree_util as jtu
 import numpy as np
+import quax
 from jaxtyping import PyTree
 
 from ._quantise import quantise
@@ -86,14 +87,6 @@ def memory_report(model: PyTree) -> MemoryReport:
     return MemoryReport(count, float_bytes, quantised_bytes, other)
 
 
-def _selector(
-    filter: type | tuple[type, ...] | Callable[[Any], bool],
-) -> Callable[[Any], bool]:
-    if isinstance(filter, type | tuple):
-        return lambda x: isinstance(x, filter)
-    return filter
-
-
 def quantise_model(
     model: PyTree,
     *,
@@ -153,12 +146,9 @@ def quantise_model(
     `ValueError` when no layer matched (a quantised model with nothing quantised is
     almost always a wrong `filter` or `where`).
     """
-    select = _selector(filter)
     changed = []
 
     def convert(layer: Any) -> Any:
-        if not select(layer):
-            return layer
         weight = getattr(layer, attribute, None)
         if weight is None or not eqx.is_inexact_array(weight) or np.ndim(weight) < 1:
             return layer
@@ -178,14 +168,7 @@ def quantise_model(
         changed.append(q)
         return eqx.tree_at(lambda x: getattr(x, attribute), layer, q)
 
-    def convert_all(tree: PyTree) -> PyTree:
-        return jtu.tree_map(convert, tree, is_leaf=select)
-
-    out = (
-        convert_all(model)
-        if where is None
-        else eqx.tree_at(where, model, replace_fn=convert_all)
-    )
+    out = quax.map_selected(convert, model, filter=filter, where=where)
     if not changed:
         raise ValueError(
             f"quantise_model matched no layer with a floating-point `{attribute}` "
