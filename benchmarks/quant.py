@@ -1,17 +1,35 @@
 """quax-quant benchmark: weight memory, compiled matmul time against float32 dense
 (and against the same product written by hand in plain JAX) at batch 1, 16 and 256
-on a 2048 x 2048 weight, a size sweep with the fitted exponent, and the accuracy of
-a quantised MLP against its float version. Times are medians over interleaved
-rounds, ratios medians of the per-round ratios. Prints Markdown tables and writes
+on a 2048 x 2048 weight, the weight-only product's gradient with respect to the
+activations, a size sweep with the fitted exponent, the accuracy of a quantised MLP
+against its float version, the `matmul="auto"` threshold, and the same layer
+quantised with qwix. Times are medians over interleaved rounds, ratios medians of
+the per-round ratios. Prints Markdown tables and writes
 `docs/images/quant_matmul.png`.
 
     python benchmarks/quant.py [--quick]
+
+qwix (Google's JAX quantisation library) needs flax, which is not in this
+workspace: install it in its own environment and point `QWIX_PYTHON` at that
+interpreter, e.g.
+
+    uv venv build/qwix-env
+    uv pip install --python build/qwix-env/bin/python qwix==0.1.8 jax==0.10.2
+    QWIX_PYTHON=build/qwix-env/bin/python python benchmarks/quant.py
+
+The qwix side runs in a subprocess (`run_times` and `_QWIX_SOURCE`: a flax
+`nnx.Linear` with the same weight quantised by `qwix.quantize_model` with a
+`PtqProvider`), timing its own float32 layer in the same interleaved rounds; without
+`QWIX_PYTHON` it is skipped.
 """
 
 import argparse
-import importlib.util
+import inspect
+import json
+import os
 import random
 import statistics
+import subprocess
 import time
 from pathlib import Path
 
@@ -146,6 +164,90 @@ def matmul_times(rounds, n=N, batches=BATCHES):
     return out
 
 
+# The layers compared with qwix: quax-quant's name, its `quantise` arguments, and
+# the key of its time in `matmul_times`.
+LAYERS = {
+    "int8 weight-only": ({"axis": 0, "matmul": "weight_only"}, "weight_only"),
+    "int8 x int8": ({"axis": 0, "matmul": "int8"}, "int8"),
+    "int4 groups of 128, weight-only": (
+        {"bits": 4, "group_size": 128},
+        "int4 g128 auto",
+    ),
+}
+
+
+def layer_errors(n=N):
+    """Bytes and the relative error of `x @ w.T` on 256 random rows for the layers
+    compared with qwix (the same weight and inputs as on the qwix side)."""
+    w = jr.normal(jr.PRNGKey(0), (n, n)) / np.sqrt(n)
+    x = jr.normal(jr.PRNGKey(1), (256, n))
+    ref = x @ w.T
+    out = {}
+    for name, (kwargs, _) in LAYERS.items():
+        q = quax_quant.quantise(w, **kwargs)
+        y = jax.jit(_quax)(q, x)
+        rel = float(jnp.linalg.norm(y - ref) / jnp.linalg.norm(ref))
+        out[name] = {"bytes": q.nbytes, "relative_error": rel}
+    return out
+
+
+def _grad_x(fn):
+    """The gradient of `sum(fn(w, x) ** 2)` with respect to `x`: through the
+    weight-only product, the transposed product `g . w`."""
+
+    def grad(*args):
+        return jax.grad(lambda x: jnp.sum(fn(*args[:-1], x) ** 2))(args[-1])
+
+    return grad
+
+
+def backward_times(rounds, n=N, batches=BATCHES[1:]):
+    """The gradient with respect to the activations: float32, the weight-only
+    product (blocked dequantisation), and the same written by hand in plain JAX
+    (the whole weight converted)."""
+    w = jr.normal(jr.PRNGKey(0), (n, n)) / np.sqrt(n)
+    q = quax_quant.quantise(w, axis=0, matmul="weight_only")
+    q4 = quax_quant.quantise(w, bits=4, group_size=128)
+    s = q.scale.reshape(n)
+    out = {}
+    for batch in batches:
+        x = jr.normal(jr.PRNGKey(1), (batch, n))
+        calls = [
+            _compiled(_grad_x(_dense), w, x),
+            _compiled(_grad_x(_quax), q, x),
+            _compiled(_grad_x(_quax), q4, x),
+            _compiled(_grad_x(_hand_weight_only), q.values, s, x),
+        ]
+        t = run_times(calls, rounds)
+        out[batch] = {
+            "float32_ms": 1e3 * statistics.median(t[0]),
+            "weight_only_vs_float32": ratio(t[1], t[0]),
+            "int4 g128_vs_float32": ratio(t[2], t[0]),
+            "hand whole conversion_vs_float32": ratio(t[3], t[0]),
+        }
+    return out
+
+
+THRESHOLD_ROWS = (1, 2, 3, 4, 8, 16)
+
+
+def threshold(rounds, n=N):
+    """Where the int8 x int8 path overtakes the weight-only one: both against
+    float32 at a few row counts (`WEIGHT_ONLY_MAX_ROWS` is chosen from this)."""
+    w = jr.normal(jr.PRNGKey(0), (n, n)) / np.sqrt(n)
+    paths = ("weight_only", "int8")
+    qs = [quax_quant.quantise(w, axis=0, matmul=p) for p in paths]
+    out = {}
+    for rows in THRESHOLD_ROWS:
+        x = jr.normal(jr.PRNGKey(1), (rows, n))
+        calls = [_compiled(_dense, w, x)] + [_compiled(_quax, q, x) for q in qs]
+        t = run_times(calls, rounds)
+        out[rows] = {
+            f"{p}_vs_float32": ratio(t[i + 1], t[0]) for i, p in enumerate(paths)
+        }
+    return out
+
+
 def sweep(rounds):
     """Time of the auto path at batch 16 against the size: the fitted exponent."""
     times = {}
@@ -196,13 +298,92 @@ def accuracy():
     return rows
 
 
-def qwix_status():
-    if importlib.util.find_spec("qwix") is None:
-        return (
-            "skipped: qwix is not in the workspace lock (adding it would change the "
-            "lock, and it needs flax); run it in its own environment to compare"
+_QWIX_SOURCE = r"""# The qwix side of benchmarks/quant.py, in qwix's environment.
+import json
+import random
+import statistics
+import sys
+import time
+from importlib.metadata import version
+
+import jax
+import jax.numpy as jnp
+import jax.random as jr
+import numpy as np
+import qwix
+from flax import nnx
+
+
+args = json.loads(sys.argv[1])
+n, batches, rounds = args["n"], args["batches"], args["rounds"]
+w = jr.normal(jr.PRNGKey(0), (n, n)) / np.sqrt(n)  # (out, in), as on the quax side
+layer = nnx.Linear(n, n, use_bias=False, rngs=nnx.Rngs(0))
+layer.kernel.value = w.T
+configs = {
+    "int8 weight-only": dict(weight_qtype=jnp.int8),
+    "int8 x int8": dict(weight_qtype=jnp.int8, act_qtype=jnp.int8),
+    "int4 groups of 128, weight-only": dict(weight_qtype=jnp.int4, tile_size=128),
+}
+out = {"qwix": version("qwix"), "flax": version("flax"), "jax": jax.__version__}
+out["configs"] = {}
+
+
+def compiled(model, x):
+    graph, state = nnx.split(model)
+    c = jax.jit(lambda s, x: nnx.merge(graph, s)(x)).lower(state, x).compile()
+    jax.block_until_ready(c(state, x))
+    return c, (state, x)
+
+
+x_err = jr.normal(jr.PRNGKey(1), (256, n))
+ref = layer(x_err)
+models = {}
+for name, kw in configs.items():
+    rule = qwix.QuantizationRule(module_path=".*", **kw)
+    models[name] = qwix.quantize_model(layer, qwix.PtqProvider([rule]), x_err[:1])
+    q = models[name](x_err)
+    # Integer leaves at their bit width (int4 counted as half a byte).
+    nbytes = sum(
+        int(np.size(a)) * jnp.iinfo(a.dtype).bits // 8
+        if jnp.issubdtype(a.dtype, jnp.integer)
+        else int(np.size(a)) * np.dtype(a.dtype).itemsize
+        for a in jax.tree.leaves(nnx.state(models[name]))
+    )
+    out["configs"][name] = {
+        "bytes": nbytes,
+        "memory_ratio": nbytes / (4 * n * n),
+        "relative_error": float(jnp.linalg.norm(q - ref) / jnp.linalg.norm(ref)),
+    }
+for batch in batches:
+    x = jr.normal(jr.PRNGKey(1), (batch, n))
+    calls = [compiled(layer, x)] + [compiled(models[k], x) for k in configs]
+    times = run_times(calls, rounds)  # benchmarks/quant.py's, prepended
+    for k, t in zip(configs, times[1:], strict=True):
+        out["configs"][k][f"batch_{batch}_vs_float32"] = statistics.median(
+            a / b for a, b in zip(t, times[0], strict=True)
         )
-    return "qwix installed: side-by-side comparison not implemented in this script"
+    out[f"float32_ms_batch_{batch}"] = 1e3 * statistics.median(times[0])
+print(json.dumps(out))
+"""
+
+
+def qwix(rounds, n=N, batches=BATCHES):
+    """The same layer quantised with qwix, in the interpreter `QWIX_PYTHON` names;
+    `{"skipped": reason}` without it or when it fails."""
+    python = os.environ.get("QWIX_PYTHON")
+    if not python:
+        return {"skipped": "QWIX_PYTHON is not set (see the top of this file)"}
+    args = json.dumps({"n": n, "batches": list(batches), "rounds": rounds})
+    run = subprocess.run(
+        [python, "-c", inspect.getsource(run_times) + _QWIX_SOURCE, args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "JAX_PLATFORMS": "cpu"},
+        check=False,
+    )
+    if run.returncode:
+        return {"skipped": f"qwix failed: {run.stderr.strip().splitlines()[-1:]}"}
+    return json.loads(run.stdout.strip().splitlines()[-1])
 
 
 def plot(times):
@@ -242,8 +423,11 @@ def main(quick: bool = False) -> dict:
         "memory": memory(),
         "matmul": matmul_times(rounds),
         "sweep": sweep(5 if quick else 21),
+        "backward": backward_times(5 if quick else 21),
+        "threshold": threshold(5 if quick else 21),
         "accuracy": accuracy(),
-        "qwix": qwix_status(),
+        "layers": layer_errors(),
+        "qwix": qwix(5 if quick else 21),
     }
     results["plot"] = plot(results["matmul"])
 
@@ -284,6 +468,25 @@ def main(quick: bool = False) -> dict:
         + " | ".join(f"{m[b]['int8_vs_hand']:.2f}x" for b in BATCHES)
         + " |"
     )
+    b = results["backward"]
+    print("\n## Gradient with respect to the activations, against float32\n")
+    print("| path | " + " | ".join(f"batch {k}" for k in b) + " |")
+    print("|---|" + "---|" * len(b))
+    print(
+        "| float32 (ms) | "
+        + " | ".join(f"{v['float32_ms']:.3f}" for v in b.values())
+        + " |"
+    )
+    for key in ("weight_only", "int4 g128", "hand whole conversion"):
+        cells = " | ".join(f"{v[key + '_vs_float32']:.2f}x" for v in b.values())
+        print(f"| {key} | {cells} |")
+    t = results["threshold"]
+    print("\n## The auto threshold: each path against float32 by rows\n")
+    print("| path | " + " | ".join(f"{r} rows" for r in t) + " |")
+    print("|---|" + "---|" * len(t))
+    for key in ("weight_only", "int8"):
+        cells = " | ".join(f"{v[key + '_vs_float32']:.2f}x" for v in t.values())
+        print(f"| {key} | {cells} |")
     s = results["sweep"]
     print("\n## Size sweep at batch 16 (auto path)\n")
     print("| n | quant (ms) | float32 (ms) |\n|---|---|---|")
@@ -299,7 +502,32 @@ def main(quick: bool = False) -> dict:
     for r in results["accuracy"]:
         agree = 100 * r["argmax_agreement"]
         print(f"| {r['model']} | {r['relative_error']:.4f} | {agree:.1f}% |")
-    print(f"\nqwix: {results['qwix']}")
+    rows = []
+    for name, c in results["layers"].items():
+        key = LAYERS[name][1] + "_vs_float32"
+        times = [m[b][key] for b in BATCHES]
+        rows.append(("quax-quant", name, c["bytes"], c["relative_error"], times))
+    qw = results["qwix"]
+    if "skipped" in qw:
+        print(f"\nqwix: {qw['skipped']}")
+    else:
+        print(f"\nqwix {qw['qwix']}, flax {qw['flax']}, JAX {qw['jax']}")
+        for name, c in qw["configs"].items():
+            times = [c[f"batch_{b}_vs_float32"] for b in BATCHES]
+            rows.append(("qwix", name, c["bytes"], c["relative_error"], times))
+    print("\n## The same 2048 x 2048 layer, each library against its own float32\n")
+    print(
+        "| library | layer | bytes | of float32 | relative error | "
+        + " | ".join(f"batch {b}" for b in BATCHES)
+        + " |"
+    )
+    print("|---|---|---|---|---|" + "---|" * len(BATCHES))
+    for library, name, nbytes, error, times in sorted(rows, key=lambda r: r[1]):
+        cells = " | ".join(f"{t:.2f}x" for t in times)
+        print(
+            f"| {library} | {name} | {nbytes:,} | {nbytes / (4 * N * N):.4f}x | "
+            f"{error:.4f} | {cells} |"
+        )
     print(f"plot: {results['plot']}")
     return results
 

@@ -108,10 +108,11 @@ def test_qlora_built_either_way_computes_the_same():
         quax_lora.merge(quantised_first)
 
 
-def test_qlora_trains_only_the_adapter_and_never_dequantises():
-    model = _qlora()
-    x = jr.normal(jr.PRNGKey(2), (32, IN))
-    y = jnp.sin(x[:, :OUT])
+def _training_step(model, x, y):
+    """The jitted value and gradient of a mean squared error with respect to the
+    adapters, and the model split into adapters and frozen rest. The frozen base is
+    an argument: closed over, XLA would fold its conversion into float constants at
+    compile time."""
     params, frozen = eqx.partition(model, quax_lora.trainable_filter(model))
 
     def loss(params, frozen):
@@ -119,9 +120,14 @@ def test_qlora_trains_only_the_adapter_and_never_dequantises():
         pred = quax.quaxify(lambda m, x: jax.vmap(m)(x))(m, x)
         return jnp.mean((pred - y) ** 2)
 
-    # The frozen base is an argument: closed over, XLA would fold its conversion
-    # into float constants at compile time.
-    grad_fn = eqx.filter_jit(jax.value_and_grad(loss))
+    return eqx.filter_jit(jax.value_and_grad(loss)), params, frozen
+
+
+def test_qlora_trains_only_the_adapter_and_never_dequantises():
+    model = _qlora()
+    x = jr.normal(jr.PRNGKey(2), (32, IN))
+    y = jnp.sin(x[:, :OUT])
+    grad_fn, params, frozen = _training_step(model, x, y)
     with quax.track_materialisation() as report:
         _, grads = grad_fn(params, frozen)
     assert not report, str(report)
@@ -130,22 +136,7 @@ def test_qlora_trains_only_the_adapter_and_never_dequantises():
         assert g.weight.a.shape == lr.weight.a.shape
         assert float(jnp.max(jnp.abs(g.weight.b))) > 0
         assert g.weight.w.scale is None and g.weight.w.values is None
-    # The compiled forward pass holds no float array of the size of a hidden weight,
-    # in any layout (grouped products split it into `(groups, 16, ...)`): its
-    # products run in integers. (The backward pass to the activations follows the
-    # weight-only product, for which XLA on CPU converts the integers to float
-    # before its dot: see quax-quant's README, Limits.)
-    forward = eqx.filter_jit(loss).lower(params, frozen).lowered.compile().as_text()
-    sizes = {WIDTH * IN, WIDTH * WIDTH}
-    instructions = quax.testing.hlo_instructions(forward)
-    floats = [
-        a
-        for i in instructions
-        for a in i.arrays
-        if a[0] == "f32" and int(np.prod(a[1])) in sizes
-    ]
-    assert not floats, floats
-    assert any(i.op == "dot" and i.arrays[0][0] == "s32" for i in instructions)
+    # What the compiled step holds: see the test below.
     # And training lowers the loss.
     opt = optax.adam(1e-2)
     state = opt.init(params)
@@ -174,3 +165,51 @@ def test_symbolic_zeros_meet_quantised_arrays():
     np.testing.assert_allclose(
         primal, np.asarray(w.dequantise()) @ np.asarray(x), rtol=1e-5, atol=1e-5
     )
+
+
+def test_qlora_training_step_never_dequantises_a_whole_weight():
+    """The compiled QLoRA training step (value and gradient with respect to `a`,
+    `b`) with a weight larger than one block: the forward products run in integers
+    (int8 x int8), and the gradient to the activations (`g . w`, the weight-only
+    product transposed) dequantises one block of at most `BLOCK_ELEMENTS` elements
+    at a time. (Groups along the contraction take the blocked weight-only product
+    forward too: quax-quant's `test_hlo.py`.)"""
+    n, k = 1024, 512
+    assert n * k > qq.BLOCK_ELEMENTS
+    mlp = eqx.nn.Sequential(
+        [
+            eqx.nn.Linear(64, n, key=jr.PRNGKey(0)),
+            eqx.nn.Lambda(jnp.tanh),
+            eqx.nn.Linear(n, k, key=jr.PRNGKey(3)),
+        ]
+    )
+    x = jr.normal(jr.PRNGKey(2), (8, 64))
+    y = jr.normal(jr.PRNGKey(4), (8, k))
+    model = quax_lora.loraify(
+        qq.quantise_model(mlp, bits=4, axis=0), rank=4, key=jr.PRNGKey(1)
+    )
+    step, params, frozen = _training_step(model, x, y)
+    hlo = step.lower(params, frozen).lowered.compile().as_text()
+    instructions = quax.testing.hlo_instructions(hlo)
+    floats = [s for i in instructions for t, s in i.arrays if t == "f32"]
+    assert (n, k) not in floats and (k, n) not in floats
+    assert max(int(np.prod(s)) for s in floats) <= qq.BLOCK_ELEMENTS
+    assert any(i.op == "dot" and i.arrays[0][0] == "s32" for i in instructions)
+    # Against the same step on the dequantised weights, in plain JAX.
+    value, grads = step(params, frozen)
+    layers = (model.layers[0], model.layers[2])
+    ws = [(lr.weight.w.dequantise(), lr.bias) for lr in layers]
+
+    def dense_loss(ab):
+        (w1, b1), (w2, b2) = ws
+        (a1, bb1), (a2, bb2) = ab
+        h = jnp.tanh(x @ (w1 + a1 @ bb1).T + b1)
+        return jnp.mean((h @ (w2 + a2 @ bb2).T + b2 - y) ** 2)
+
+    ab = [(lr.weight.a, lr.weight.b) for lr in layers]
+    ref_value, ref_grads = jax.value_and_grad(dense_loss)(ab)
+    np.testing.assert_allclose(value, ref_value, rtol=0.02)
+    for g, (ga, gb) in zip((grads.layers[0], grads.layers[2]), ref_grads, strict=True):
+        assert float(jnp.max(jnp.abs(gb))) > 0
+        np.testing.assert_allclose(g.weight.a, ga, rtol=0.05, atol=1e-5)
+        np.testing.assert_allclose(g.weight.b, gb, rtol=0.05, atol=1e-5)

@@ -1,10 +1,15 @@
 """What the compiled programs hold: the int8 x int8 path runs an integer dot and
 never a float weight; the weight-only product at one row keeps the float weight
 inside a fusion (XLA on CPU fuses the conversion into the product), and from two
-rows on XLA on CPU writes out the converted weight for its dot."""
+rows on it is dequantised in blocks, forward and backward."""
 
+import math
+
+import jax
 import jax.numpy as jnp
 import jax.random as jr
+import numpy as np
+import quax
 import quax.testing
 import quax_quant as qq
 
@@ -49,9 +54,37 @@ def test_weight_only_one_row_never_writes_the_float_weight():
         assert "f32[96,160]" not in hlo.split("ENTRY")[1].split("\n}")[0]
 
 
-def test_weight_only_batch_on_cpu_writes_the_converted_weight():
-    """Documented limit: XLA on CPU converts the whole weight before its dot."""
-    w = _weight(matmul="weight_only")
-    x = jnp.ones((16, K))
-    hlo = quax.testing.compiled_hlo(lambda w, x: x @ w.T, w, x)
-    assert ("f32", (N, K)) in _entry_arrays(hlo)
+def _float_arrays(hlo: str) -> list[tuple[int, ...]]:
+    return [
+        shape
+        for i in quax.testing.hlo_instructions(hlo)
+        for dtype, shape in i.arrays
+        if dtype == "f32"
+    ]
+
+
+def test_weight_only_batch_dequantises_in_blocks():
+    """From 2 rows on the weight-only product dequantises one block of at most
+    `BLOCK_ELEMENTS` elements at a time, forward and in the gradient with respect
+    to the activations (the transposed product `g . w`)."""
+    n, k = 1024, 512  # two blocks of 512 x 512
+    assert n * k > qq.BLOCK_ELEMENTS
+    dense = jr.normal(jr.PRNGKey(0), (n, k)) / math.sqrt(k)
+    x = jr.normal(jr.PRNGKey(1), (16, k))
+    for w in (
+        qq.quantise(dense, axis=0, matmul="weight_only"),
+        qq.quantise(dense, bits=4, group_size=64, symmetric=False),
+    ):
+
+        def grad_x(w, x):
+            return jax.grad(lambda x: jnp.sum(jnp.sin(x @ w.T)))(x)
+
+        for fn in (lambda w, x: x @ w.T, lambda w, x: w @ x.T, grad_x):
+            hlo = quax.testing.assert_hlo_lacks(
+                fn, w, x, shapes=[(n, k), (k, n)], dtypes=["f32"]
+            )
+            biggest = max(math.prod(s) for s in _float_arrays(hlo))
+            assert biggest <= qq.BLOCK_ELEMENTS, biggest
+        out = jax.jit(quax.quaxify(grad_x))(w, x)
+        ref = grad_x(w.dequantise(), x)
+        np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4)

@@ -117,6 +117,13 @@ def test_auto_path_by_rows():
     w = _weight(0, (16, 32), axis=0)
     assert qq.matmul_path(1, w) == "weight_only"
     assert qq.matmul_path(qq.WEIGHT_ONLY_MAX_ROWS, w) == "int8"
+    # Groups along the contraction: weight-only (blocked) at any number of rows.
+    assert qq.matmul_path(256, w, contract=(1,)) == "int8"
+    assert qq.matmul_path(256, w, contract=(0,)) == "weight_only"
+    grouped = _weight(0, (16, 32), bits=4, group_size=8)
+    xs = jnp.ones((16, 32))
+    hlo = jax.jit(quax.quaxify(lambda w, x: x @ w.T)).lower(grouped, xs).compile()
+    assert "s32[" not in hlo.as_text()
     x1 = jnp.ones((32,))
     hlo = jax.jit(quax.quaxify(lambda w, x: w @ x)).lower(w, x1).compile().as_text()
     assert "s32[" not in hlo

@@ -10,6 +10,7 @@ y = quax.quaxify(qmodel)(x)
 
 from . import _rules as _rules  # registers the rules
 from ._matmul import (
+    BLOCK_ELEMENTS as BLOCK_ELEMENTS,
     WEIGHT_ONLY_MAX_ROWS as WEIGHT_ONLY_MAX_ROWS,
     matmul_path as matmul_path,
 )

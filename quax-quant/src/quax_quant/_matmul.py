@@ -1,14 +1,16 @@
-"""Products with quantised operands, never forming a float copy of the weight.
+"""Products with quantised operands, never forming a float copy of the whole weight.
 
 The weight is `W = q * s + o` with `q` integer and the scale `s` and offset
-`o = -z * s` constant on blocks (see `QuantisedArray`). Then
+`o = -z * s` constant on blocks (see `QuantisedArray`). Two paths:
 
-    x . W = (x . q) * s + (sum of x within blocks) . o
-
-when `s` is constant along the contracted axes. A scale that varies along a
-contracted axis is folded into `x` (one scale per contracted index and none
-elsewhere), or the contracted axis is split into `(groups, group_size)` and the
-groups become a batch axis of the product, summed after scaling.
+- weight-only: `W` dequantised inside the product. At one row XLA on CPU fuses
+  the dequantisation into the product; from two rows on `W` is dequantised one
+  block of at most `BLOCK_ELEMENTS` elements at a time inside a loop, forward and
+  in the transposed product (the gradient with respect to `x`);
+- int8 x int8: `x` quantised per row, the integers multiplied accumulating in
+  `int32`, then `x . W = (x . q) * s + (sum of x within blocks) . o` when `s` is
+  constant along the contracted axes; groups along a contracted axis become a
+  batch axis of the product, summed after scaling.
 """
 
 import functools as ft
@@ -27,6 +29,7 @@ from ._value import QuantisedArray
 
 
 __all__ = [
+    "BLOCK_ELEMENTS",
     "WEIGHT_ONLY_MAX_ROWS",
     "expand_axes",
     "matmul_path",
@@ -39,34 +42,47 @@ __all__ = [
 # path; from it on, the int8 x int8 path. Measured by `benchmarks/quant.py`.
 WEIGHT_ONLY_MAX_ROWS = 4
 
+# The weight-only product with more than one row dequantises the weight in blocks of
+# at most this many elements (1 MiB of float32) along a free axis; see
+# `_blocked_product`.
+BLOCK_ELEMENTS = 2**18
+
 DimensionNumbers = tuple[
     tuple[Sequence[int], Sequence[int]], tuple[Sequence[int], Sequence[int]]
 ]
 
 
-def matmul_path(rows: int, w: QuantisedArray) -> str:
+def matmul_path(rows: int, w: QuantisedArray, contract: Sequence[int] = ()) -> str:
     """Which path `"auto"` takes for a product of `w` with a float operand that has
     `rows` rows (the product of its free axes, times the `vmap` batch sizes).
 
-    - `"weight_only"` below `WEIGHT_ONLY_MAX_ROWS` rows: the integers are converted
-        inside the product and the scale applied after it. It computes exactly
-        `x . w.dequantise()` (up to float rounding), and at one row it reads a quarter
-        (int8) or an eighth (int4) of the float weight's bytes.
-    - `"int8"` from it on: the float operand is quantised on the fly, symmetric
+    - `"weight_only"` below `WEIGHT_ONLY_MAX_ROWS` rows, and at any number of rows
+        when `w`'s scale varies along a contracted axis (groups along the
+        contraction): `w` is dequantised inside the product, in blocks of at most
+        `BLOCK_ELEMENTS` elements from 2 rows on, never as a whole float copy. It
+        computes exactly `x . w.dequantise()` (up to float rounding), and at one
+        row it reads a quarter (int8) or an eighth (int4) of the float weight's
+        bytes.
+    - `"int8"` from `WEIGHT_ONLY_MAX_ROWS` rows on, when the scale is constant
+        along the contraction: the float operand is quantised on the fly, symmetric
         int8 with one scale per row (absmax), the product runs in integers
         accumulating in `int32`, then both scales are applied. Faster on CPU for
-        batches of rows, but it adds the activations' quantisation error, so results
-        at batch sizes on either side of the threshold differ by that error.
+        batches of rows, but **less accurate**: it adds the activations' rounding
+        error, about 1% relative (0.0121 against 0.0050 for weight-only int8 on the
+        README's MLP), so results at batch sizes on either side of the threshold
+        differ by that error.
 
     Override per array with `quantise(..., matmul="weight_only" | "int8")` (or
-    `eqx.tree_at(lambda q: q.matmul, ...)`, or `quantise_model(..., matmul=...)`).
-    Derivatives always follow the weight-only product (straight through the on-the-
-    fly quantisation of the activations).
+    `eqx.tree_at(lambda q: q.matmul, ...)`, or `quantise_model(..., matmul=...)`):
+    `"weight_only"` where the error matters more than the time. Derivatives always
+    follow the weight-only product (straight through the on-the-fly quantisation
+    of the activations).
 
     **Arguments:**
 
     - `rows`: rows of the float operand.
     - `w`: the quantised operand.
+    - `contract`: `w`'s contracted axes.
 
     **Returns:**
 
@@ -74,7 +90,13 @@ def matmul_path(rows: int, w: QuantisedArray) -> str:
     """
     if w.matmul != "auto":
         return w.matmul
-    return "weight_only" if rows < WEIGHT_ONLY_MAX_ROWS else "int8"
+    if rows < WEIGHT_ONLY_MAX_ROWS:
+        return "weight_only"
+    # Groups along the contraction: the int8 product would be a batched product
+    # over groups (on CPU several times slower than float32); the blocked
+    # weight-only product is exact and about as fast as float32.
+    grouped = any(np.shape(w.scale)[a] > 1 for a in contract)
+    return "weight_only" if grouped else "int8"
 
 
 def rows_of(x: Any, contract: Sequence[int], batch: Sequence[int]) -> int:
@@ -211,6 +233,105 @@ def _one_row_dot(lhs: Array, rhs: Array, dn: DimensionNumbers, w_is_lhs: bool) -
 # The product --------------------------------------------------------------------------
 
 
+def _dequantised(w: QuantisedArray, acc: Any) -> Array:
+    """`w` as floats of dtype `acc` (scaled in `acc`, not in `w.float_dtype`)."""
+    deq = w.integers().astype(acc) * w.expanded(w.scale.astype(acc))
+    if w.zero_point is not None:
+        deq = deq - w.expanded((w.zero_point * w.scale).astype(acc))
+    return deq
+
+
+def _take(w: QuantisedArray, axis: int, start: int, stop: int) -> QuantisedArray:
+    """`w[start:stop]` along `axis`, at scale-block boundaries; an int4 array packed
+    along `axis` comes back unpacked (`int8`)."""
+    packed = w.bits == 4 and w.packed_axis % w.ndim == axis
+    values = w.integers() if packed else w.values
+    g = w.group_sizes[axis]
+
+    def cut(block: Array) -> Array:
+        if block.shape[axis] == 1:
+            return block
+        return lax.slice_in_dim(block, start // g, stop // g, axis=axis)
+
+    fields = _static_fields(w)
+    if packed:
+        fields = (8, w.float_dtype, False, -1, *fields[4:])
+    zero = None if w.zero_point is None else cut(w.zero_point)
+    return _rebuild(
+        fields, lax.slice_in_dim(values, start, stop, axis=axis), cut(w.scale), zero
+    )
+
+
+def _blocked_product(
+    x: Array,
+    w: QuantisedArray,
+    *,
+    dn: DimensionNumbers,
+    w_is_lhs: bool,
+    acc: Any,
+    precision: Any,
+) -> Array:
+    """The weight-only product for more than one row, dequantising `w` one block at
+    a time: XLA on CPU has no mixed integer x float dot, and converts a whole integer
+    operand before its dot. The blocks split `w`'s largest free axis (at its scale
+    blocks), at most `BLOCK_ELEMENTS` elements each, inside a loop (`lax.map`) whose
+    body is rematerialised under differentiation, so that the transposed product
+    (`g . w`, the gradient with respect to `x`) also converts one block at a time.
+    Exact with respect to `x . w.dequantise()`; a weight of at most
+    `BLOCK_ELEMENTS` elements, or with no free axis, is dequantised whole."""
+    w_contract, w_batch = _sides(dn, w_is_lhs)
+    free = [a for a in range(w.ndim) if a not in w_contract and a not in w_batch]
+
+    def product(block: QuantisedArray) -> Array:
+        deq = _dequantised(block, acc)
+        lhs, rhs = (deq, x.astype(acc)) if w_is_lhs else (x.astype(acc), deq)
+        return lax.dot_general(
+            lhs, rhs, dn, precision=precision, preferred_element_type=acc
+        )
+
+    size = math.prod(w.shape)
+    if size <= BLOCK_ELEMENTS or not free:
+        return product(w)
+    axis = max(free, key=lambda a: w.shape[a])
+    # Indices per scale block along `axis` (blocks start at their boundaries).
+    unit = w.group_sizes[axis] if w.scale.shape[axis] > 1 else 1
+    per_unit = size // w.shape[axis] * unit
+    units = max(1, BLOCK_ELEMENTS // per_unit)
+    n = w.shape[axis] // (units * unit)
+    main = _take(w, axis, 0, n * units * unit)
+
+    def split(leaf: Array | None, mapped: bool) -> Array | None:
+        if leaf is None or not mapped:
+            return None
+        shape = leaf.shape
+        leaf = leaf.reshape(*shape[:axis], n, shape[axis] // n, *shape[axis + 1 :])
+        return jnp.moveaxis(leaf, axis, 0)
+
+    grouped = main.scale.shape[axis] > 1
+    xs = (
+        split(main.values, True),
+        split(main.scale, grouped),
+        split(main.zero_point, grouped),
+    )
+
+    @jax.checkpoint
+    def body(leaves: tuple[Array, Array | None, Array | None]) -> Array:
+        values, scale, zero = leaves
+        scale = main.scale if scale is None else scale
+        zero = main.zero_point if zero is None else zero
+        return product(_rebuild(_static_fields(main), values, scale, zero))
+
+    out = lax.map(body, xs)
+    x_free = np.ndim(x) - len(dn[0][0]) - len(dn[1][0])
+    position = len(w_batch) + free.index(axis) + (0 if w_is_lhs else x_free)
+    out = jnp.moveaxis(out, 0, position)
+    out = out.reshape(*out.shape[:position], -1, *out.shape[position + 2 :])
+    if main.shape[axis] < w.shape[axis]:
+        rest = product(_take(w, axis, main.shape[axis], w.shape[axis]))
+        out = jnp.concatenate([out, rest], axis=position)
+    return out
+
+
 def _product(
     x: Array, w: QuantisedArray, *, dn: DimensionNumbers, w_is_lhs: bool, **kwargs: Any
 ) -> Array:
@@ -263,28 +384,28 @@ def _canonical_product(
     """`_product` once laid out; `rows` of `x` (with its `vmap`s) choose how XLA
     sees a one-row product."""
     acc = jnp.promote_types(out_dtype, jnp.float32)
-    q = w.integers()
     w_contract, w_batch = _sides(dn, w_is_lhs)
     x_contract, x_batch = _sides(dn, not w_is_lhs)
     if path == "weight_only" and rows == 1 and not w_batch:
         # One row: XLA on CPU fuses the conversion and the scaling (whatever the
         # layout) into the product, so no float weight is written.
-        deq = q.astype(acc) * w.expanded(w.scale.astype(acc))
-        if w.zero_point is not None:
-            deq = deq - w.expanded((w.zero_point * w.scale).astype(acc))
+        deq = _dequantised(w, acc)
         lhs, rhs = (deq, x.astype(acc)) if w_is_lhs else (x.astype(acc), deq)
         return _one_row_dot(lhs, rhs, dn, w_is_lhs).astype(out_dtype)
+    if path == "weight_only":
+        out = _blocked_product(
+            x, w, dn=dn, w_is_lhs=w_is_lhs, acc=acc, precision=precision
+        )
+        return out.astype(out_dtype)
+    # The int8 x int8 path.
+    q = w.integers()
     w_keep = [a for a in range(q.ndim) if a not in w_contract]
     scale = expand_axes(w, w.scale.astype(acc), w_keep)
     scaled = [i for i in w_contract if w.scale.shape[i] > 1]
-    if path == "int8":
-        x_op, x_scale = _quantise_rows(x, x_contract)
-    else:
-        x_op, x_scale = x, None
+    x_op, x_scale = _quantise_rows(x, x_contract)
 
     def dot(a: Array, b: Array, dims: DimensionNumbers, integer: bool) -> Array:
         lhs, rhs = (b, a) if w_is_lhs else (a, b)
-        kind = jnp.int32 if integer else acc
         if not integer:
             lhs, rhs = lhs.astype(acc), rhs.astype(acc)
             if rows == 1:
@@ -294,29 +415,11 @@ def _canonical_product(
             rhs,
             dims,
             precision=None if integer else precision,
-            preferred_element_type=kind,
+            preferred_element_type=jnp.int32 if integer else acc,
         ).astype(acc)
 
     lhs_ndim, rhs_ndim = (q.ndim, x.ndim) if w_is_lhs else (x.ndim, q.ndim)
-    fold = (
-        path == "weight_only"
-        and scaled
-        and all(w.scale.shape[i] == q.shape[i] for i in scaled)
-        and all(w.scale.shape[a] == 1 for a in range(q.ndim) if a not in scaled)
-    )
-    if fold:
-        # One scale per contracted index and none elsewhere: scale `x` instead.
-        x_axis = {i: j for i, j in zip(w_contract, x_contract, strict=True)}
-        to_x = [x_axis[i] for i in scaled]
-        s = jnp.transpose(
-            w.scale.astype(acc), scaled + [a for a in range(q.ndim) if a not in scaled]
-        )
-        s = s.reshape(s.shape[: len(scaled)])
-        order = np.argsort(to_x)
-        s = jnp.transpose(s, tuple(order))
-        shape = [x.shape[j] if j in to_x else 1 for j in range(x.ndim)]
-        main = dot(x.astype(acc) * s.reshape(shape), q, dn, integer=False)
-    elif scaled:
+    if scaled:
         # Groups along contracted axes: split them off as batch axes of the product.
         w_groups = {i: w.scale.shape[i] for i in scaled}
         x_groups = {
@@ -342,17 +445,15 @@ def _canonical_product(
         else:
             dn2 = ((new_contract_x, new_contract_w), (new_batch_x, new_batch_w))
             nd = (x2.ndim, q2.ndim)
-        main = dot(x2, q2, dn2, integer=path == "int8")
+        main = dot(x2, q2, dn2, integer=True)
         main = main * to_out(s2, w_is_lhs, dn2, *nd)
-        if x_scale is not None:
-            xs2, _, _ = _split(x_scale, x_groups)
-            main = main * to_out(xs2, not w_is_lhs, dn2, *nd)
+        xs2, _, _ = _split(x_scale, x_groups)
+        main = main * to_out(xs2, not w_is_lhs, dn2, *nd)
         main = jnp.sum(main, axis=tuple(range(len(w_groups))))
     else:
-        main = dot(x_op, q, dn, integer=path == "int8")
+        main = dot(x_op, q, dn, integer=True)
         main = main * to_out(scale, w_is_lhs, dn, lhs_ndim, rhs_ndim)
-        if x_scale is not None:
-            main = main * to_out(x_scale, not w_is_lhs, dn, lhs_ndim, rhs_ndim)
+        main = main * to_out(x_scale, not w_is_lhs, dn, lhs_ndim, rhs_ndim)
     if w.zero_point is not None:
         # The offset `-z * s`: sum `x` within each block of the contracted axes.
         offset = expand_axes(
@@ -441,7 +542,7 @@ def quantised_dot(
     `w.master` when it has one."""
     x_contract, x_batch = _sides(dn, not w_is_lhs)
     rows = rows_of(x, x_contract, x_batch)
-    path = matmul_path(rows, w)
+    path = matmul_path(rows, w, _sides(dn, w_is_lhs)[0])
     out_dtype = preferred_element_type or jnp.result_type(x.dtype, w.float_dtype)
     # Hashable, for `custom_jvp`'s static arguments.
     (lc, rc), (lb, rb) = dn

@@ -232,8 +232,14 @@ def quantise(
         training). Without it, differentiating with respect to `x` raises.
     - `allow_materialise`: let operations without a quantised rule dequantise
         (otherwise they raise, naming the primitive).
-    - `matmul`: the product path with float operands: `"auto"` (see
-        [`quax_quant.matmul_path`][]), `"weight_only"` or `"int8"`.
+    - `matmul`: the product path with float operands (see
+        [`quax_quant.matmul_path`][]). `"weight_only"`: exact with respect to
+        `x @ w.dequantise()`. `"int8"`: the activations are quantised too (int8
+        per row), faster on CPU for batches of rows but about 1% relative error
+        added. `"auto"` (default): weight-only below `WEIGHT_ONLY_MAX_ROWS = 4`
+        rows and whenever the scale varies along the contraction, int8 otherwise,
+        so **from 4 rows on results carry the activations' rounding error**;
+        choose `"weight_only"` where that error matters more than the time.
 
     **Returns:**
 
