@@ -1,7 +1,9 @@
 """The rule registry: redefinition versus conflicts, params a rule does not declare,
-argument checks of `quax.register`/`quax.resolve`, and the version clients gate on."""
+rules without annotations, argument checks of `quax.register`/`quax.resolve`, and
+the version clients gate on."""
 
 import importlib.util
+import re
 import textwrap
 import warnings
 from pathlib import Path
@@ -236,14 +238,103 @@ def test_register_elementwise_expects_primitives() -> None:
         quax.register_elementwise([lax.sin_p, jnp.cos])
 
 
-def test_rule_without_annotations_is_refused() -> None:
-    def unannotated(x, y, **params):
-        return x
+# Rules without annotations ------------------------------------------------------------
 
-    with pytest.raises(TypeError, match="annotates none of its positional") as e:
-        quax.register(lax.atan2_p)(unannotated)
-    assert _line_of(unannotated) in str(e.value)
-    assert quax.resolve(lax.atan2_p, [Tagged, jax.Array]).kind == "materialise"
+
+def _doubling_primitive(name: str) -> Primitive:
+    """A fresh primitive (so that a catch-all rule for it reaches no other test):
+    `x -> 2 * x`, with its index-like first operand ignored when there are two."""
+    primitive = Primitive(name)
+    primitive.def_impl(lambda *xs, **params: 2 * xs[-1])
+    primitive.def_abstract_eval(lambda *xs, **params: xs[-1])
+    return primitive
+
+
+class Own(Tagged):
+    pass
+
+
+class Annotated(Tagged):
+    pass
+
+
+def test_rule_without_annotations_is_a_silent_catch_all_for_own_types() -> None:
+    # quaxed's test wrapper registers `def cond_p(index, consts)`, with its value
+    # type in the same package: accepted, and silent on its own types.
+    caught_p = _doubling_primitive("c5_caught")
+
+    def unannotated(x, **params):
+        return Own(x.array + 1.0)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert quax.register(caught_p)(unannotated) is unannotated
+        out = quax.quaxify(caught_p.bind)(Own(jnp.array([1.0, 2.0])))
+    assert isinstance(out, Own)
+    np.testing.assert_array_equal(out.array, [2.0, 3.0])
+    resolution = quax.resolve(caught_p, [Own])
+    assert resolution.kind == "rule" and resolution.function is unannotated
+    assert resolution.reason.endswith(f"{_line_of(unannotated)}, without annotations")
+
+
+def test_annotated_rule_wins_over_a_catch_all() -> None:
+    caught_p = _doubling_primitive("c5_outranked")
+
+    def unannotated(x, **params):
+        raise AssertionError("the annotated rule wins")
+
+    unannotated.__module__ = "someone_else._rules"
+    quax.register(caught_p)(unannotated)
+
+    @quax.register(caught_p)
+    def annotated(x: Annotated, **params: Any) -> Annotated:
+        return Annotated(x.array * 10.0)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = quax.quaxify(caught_p.bind)(Annotated(jnp.array([1.0, 2.0])))
+    np.testing.assert_array_equal(out.array, [10.0, 20.0])
+    assert quax.resolve(caught_p, [Annotated]).function is annotated
+
+
+def test_annotated_varargs_rule_wins_over_a_catch_all_of_fixed_arity() -> None:
+    # As the core's `cond` rule `(index, *operands)` against quaxed's catch-all
+    # `(index, consts)`: plum alone would call the two ambiguous.
+    branch_p = _doubling_primitive("c5_branch")
+
+    @quax.register(branch_p)
+    def annotated(index: ArrayLike, *ops: Tagged | ArrayLike, **params: Any) -> Any:
+        (operand,) = ops
+        assert isinstance(operand, Own)
+        return Own(operand.array * 10.0)
+
+    def unannotated(index, consts):
+        raise AssertionError("the annotated rule wins")
+
+    quax.register(branch_p)(unannotated)
+    out = quax.quaxify(branch_p.bind)(jnp.array(0), Own(jnp.array([1.0, 2.0])))
+    np.testing.assert_array_equal(out.array, [10.0, 20.0])
+    assert quax.resolve(branch_p, [jax.Array, Own]).function is annotated
+
+
+def test_catch_all_warns_when_it_catches_another_distributions_type() -> None:
+    caught_p = _doubling_primitive("c5_foreign")
+
+    def unannotated(x, **params):
+        return Tagged(x.array * 3.0)
+
+    unannotated.__module__ = "someone_else._rules"
+    quax.register(caught_p)(unannotated)
+    tagged = re.escape(f"`{__name__}.Tagged`")
+    with pytest.warns(
+        quax.RuleConflictWarning,
+        match=rf"(?s)primitive `c5_foreign` annotates none.*{tagged}"
+        r".*\(someone_else\).*Annotate the inputs",
+    ) as caught:
+        out = quax.quaxify(caught_p.bind)(Tagged(jnp.array([1.0, 2.0])))
+    assert _line_of(unannotated) in str(caught[0].message)
+    # A warning, not a refusal: the rule's result stands.
+    np.testing.assert_array_equal(out.array, [3.0, 6.0])
 
 
 def test_register_refuses_a_non_callable() -> None:

@@ -36,7 +36,8 @@ Rule = Callable[[Sequence[Any], dict[str, Any]], Any]
 
 
 class RuleConflictWarning(UserWarning):
-    """Two distributions registered the same signature for the same primitive."""
+    """Two distributions registered the same signature for the same primitive, or
+    a rule without annotations caught a value type of another distribution."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,10 +45,15 @@ class _Registration:
     function: Callable[..., Any]
     signature: plum.Signature
     precedence: int
+    # A rule annotating none of its positional parameters: it matches any types,
+    # and is consulted only where no annotated rule matches.
+    catch_all: bool
 
 
-# One plum function per primitive, plus what was registered on it.
+# One plum function per primitive, plus what was registered on it; the catch-all
+# rules of a primitive form a second plum function, consulted after the first.
 _functions: dict[Primitive, plum.Function] = {}
+_catch_alls: dict[Primitive, plum.Function] = {}
 _registrations: dict[Primitive, list[_Registration]] = {}
 # Whether every signature registered for a primitive is faithful, i.e. decided by
 # the input types alone; only then may a resolution be cached by types.
@@ -78,6 +84,13 @@ def register(primitive: Primitive, *, precedence: int = 0) -> Callable[[_F], _F]
     what the primitive did before the param existed. Otherwise the call raises a
     `TypeError` naming the rule and the param.
 
+    A rule that annotates none of its positional parameters (`def _(x, y,
+    **params)`) matches any input types: it ranks below every annotated rule for
+    the primitive and is used only where none of them matches (before a type's
+    `default`). When it catches a value type of another distribution than its own,
+    each dispatch there warns with a [`quax.RuleConflictWarning`][] naming the
+    rule: annotate the types it handles.
+
     Registering the same signature again from the same distribution (or running the
     same module again) replaces the earlier rule, as `plum` does. Two different
     distributions registering the same signature is reported with a
@@ -100,7 +113,7 @@ def register(primitive: Primitive, *, precedence: int = 0) -> Callable[[_F], _F]
 
     def _register(rule: _F) -> _F:
         signature = _checked_signature(primitive, rule)
-        new = _Registration(rule, signature, precedence)
+        new = _Registration(rule, signature, precedence, _is_catch_all(rule))
         registrations = _registrations.setdefault(primitive, [])
         for i, old in enumerate(registrations):
             if old.signature != new.signature:
@@ -118,10 +131,14 @@ def register(primitive: Primitive, *, precedence: int = 0) -> Callable[[_F], _F]
         else:
             registrations.append(new)
         _keywords[rule] = _declared_keywords(rule)
-        function = plum.Function(_named(primitive), warn_redefinition=False)
-        for registration in registrations:
-            function.register(registration.function, precedence=registration.precedence)
-        _functions[primitive] = function
+        for catch_all, functions in ((False, _functions), (True, _catch_alls)):
+            function = plum.Function(_named(primitive), warn_redefinition=False)
+            for registration in registrations:
+                if registration.catch_all is catch_all:
+                    function.register(
+                        registration.function, precedence=registration.precedence
+                    )
+            functions[primitive] = function
         _faithful[primitive] = all(
             _decided_by_types(r.signature) for r in registrations
         )
@@ -149,21 +166,19 @@ def _checked_signature(primitive: Primitive, rule: Any) -> plum.Signature:
         raise TypeError(
             f"quax.register({primitive.name}_p) decorates a function; got {rule!r}."
         )
+    return plum.Signature.from_callable(rule)
+
+
+def _is_catch_all(rule: Callable[..., Any]) -> bool:
+    """Whether `rule` annotates none of its positional parameters, so that it
+    matches any input types. A rule without positional parameters matches only a
+    call with no operands (as with plum): it never catches a call on a value."""
     positional = [
         p
         for p in inspect.signature(rule).parameters.values()
         if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL)
     ]
-    # A rule without positional parameters matches only a call with no operands (as
-    # with plum): it can never catch a call on a value, so it is no catch-all.
-    if positional and not any(p.annotation is not p.empty for p in positional):
-        raise TypeError(
-            f"The quax rule {describe_rule(rule)} for primitive `{primitive.name}` "
-            "annotates none of its positional parameters, so it would catch every "
-            f"call of `{primitive.name}` on any types. Annotate the inputs it "
-            "handles, e.g. `def _(x: MyArray, y: ArrayLike, **params)`."
-        )
-    return plum.Signature.from_callable(rule)
+    return bool(positional) and all(p.annotation is p.empty for p in positional)
 
 
 def _declared_keywords(rule: Callable[..., Any]) -> frozenset[str] | None:
@@ -386,14 +401,16 @@ def _is_input(v: Any) -> bool:
 
 
 def _resolve(primitive: Primitive, values: Sequence[Any]) -> Resolution:
-    function = _functions.get(primitive)
     by_type = all(isinstance(v, type) for v in values)
-    if function is not None:
+    target = plum.Signature(*values) if by_type else tuple(values)
+    for functions, kind in ((_functions, ""), (_catch_alls, ", without annotations")):
+        function = functions.get(primitive)
+        if function is None:
+            continue
         try:
-            target = plum.Signature(*values) if by_type else tuple(values)
             method, _ = function.resolve_method(target)
         except plum.NotFoundLookupError:
-            pass
+            continue
         except plum.AmbiguousLookupError as e:
             names = ", ".join(_type_name(v) for v in values)
             raise TypeError(
@@ -401,11 +418,36 @@ def _resolve(primitive: Primitive, values: Sequence[Any]) -> Resolution:
                 f"({names}): {e}. Register a more specific rule, or pass "
                 "`precedence=` to `quax.register` to choose one."
             ) from None
-        else:
-            return Resolution(
-                "rule", method, f"registered rule {describe_rule(method)}"
-            )
+        return Resolution(
+            "rule", method, f"registered rule {describe_rule(method)}{kind}"
+        )
     return _resolve_fallback(primitive, values)
+
+
+def _warn_if_foreign(
+    primitive: Primitive, resolution: Resolution, values: Sequence[Any]
+) -> None:
+    """Warn when a rule without annotations caught a value type of another
+    distribution than the rule's own: it would otherwise silently take over other
+    people's types."""
+    function = resolution.function
+    if resolution.kind != "rule" or function is None or not _is_catch_all(function):
+        return
+    owner = _owner(function)
+    types = dict.fromkeys(map(type, values))
+    foreign = [t for t in types if issubclass(t, Value) and _owner(t) != owner]
+    if not foreign:
+        return
+    names = ", ".join(f"`{t.__module__}.{t.__qualname__}`" for t in foreign)
+    warnings.warn(
+        f"The quax rule {describe_rule(function)} for primitive `{primitive.name}` "
+        f"annotates none of its positional parameters, and it catches {names}, "
+        f"of another distribution than the rule's ({owner}), which has no rule of "
+        f"its own for `{primitive.name}` here. Annotate the inputs the rule "
+        "handles, e.g. `def _(x: MyArray, y: ArrayLike, **params)`.",
+        RuleConflictWarning,
+        stacklevel=2,
+    )
 
 
 def _type_name(v: Any) -> str:
@@ -536,7 +578,9 @@ def rule_for(primitive: Primitive, values: Sequence[Any]) -> Rule:
         return _cache[key]
     except KeyError:
         pass
-    rule = _as_rule(primitive, _resolve(primitive, values))
+    resolution = _resolve(primitive, values)
+    _warn_if_foreign(primitive, resolution, values)
+    rule = _as_rule(primitive, resolution)
     if _faithful.get(primitive, True):
         _cache[key] = rule
     return rule
