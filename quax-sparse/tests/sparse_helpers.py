@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import jax.tree_util as jtu
 import numpy as np
 import quax
+import quax.testing
 from quax_sparse import BCOO
 
 
@@ -44,11 +45,27 @@ def random_sparse(
     return dense, BCOO(jnp.asarray(data), jnp.asarray(indices), shape)
 
 
-def assert_close(got: Any, want: Any, rtol: float = 1e-5, atol: float = 1e-5) -> None:
+def assert_close(
+    got: Any, want: Any, rtol: float | None = None, atol: float | None = None
+) -> None:
+    """`got` (a value is densified) against `want`, with the kit's tolerance for the
+    less precise of their dtypes unless given."""
     if isinstance(got, quax.Value):
         got = got.enable_materialise().materialise()  # pyright: ignore
     got, want = np.asarray(got), np.asarray(want)
     assert got.shape == want.shape, (got.shape, want.shape)
+    tol = max(
+        (quax.testing.tolerance(x.dtype) for x in (got, want)), key=lambda t: t["rtol"]
+    )
+    rtol = tol["rtol"] if rtol is None else rtol
+    atol = tol["atol"] if atol is None else atol
+    if jnp.issubdtype(want.dtype, jnp.inexact):  # bfloat16 and float16 too
+        wide = (
+            np.complex128
+            if jnp.issubdtype(want.dtype, jnp.complexfloating)
+            else np.float64
+        )
+        got, want = got.astype(wide), want.astype(wide)
     finite = np.abs(want[np.isfinite(want)])
     scale = max(1.0, float(np.max(finite, initial=0.0)))
     np.testing.assert_allclose(got, want, rtol=rtol, atol=atol * scale)

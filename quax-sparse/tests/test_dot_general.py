@@ -21,15 +21,16 @@ from sparse_helpers import assert_close, check, random_sparse
     sparse_left=st.booleans(),
     density=st.sampled_from([0.0, 0.3, 1.0]),
     n_batch=st.integers(0, 2),
+    dtype=qst.dtypes(("float", "low", "complex")),
     seed=st.integers(0, 2**16),
 )
-def test_any_layout_against_dense(layout, sparse_left, density, n_batch, seed):
+def test_any_layout_against_dense(layout, sparse_left, density, n_batch, dtype, seed):
     l_shape, r_shape, dims = layout
     rng = np.random.default_rng(seed)
     s_shape = l_shape if sparse_left else r_shape
     n_batch = min(n_batch, len(s_shape))
-    dense_s, s = random_sparse(rng, s_shape, density, n_batch=n_batch)
-    d = rng.normal(size=r_shape if sparse_left else l_shape).astype(np.float32)
+    dense_s, s = random_sparse(rng, s_shape, density, n_batch=n_batch, dtype=dtype)
+    d = rng.normal(size=r_shape if sparse_left else l_shape).astype(dtype)
 
     def f(a, b):
         return lax.dot_general(a, b, dims)
