@@ -88,3 +88,23 @@ def test_weight_only_batch_dequantises_in_blocks():
         out = jax.jit(quax.quaxify(grad_x))(w, x)
         ref = grad_x(w.dequantise(), x)
         np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4)
+
+
+def test_blocks_along_a_packed_axis_with_a_remainder():
+    """Blocks along the axis int4 is packed along (unpacked block by block), and a
+    last block shorter than the others."""
+    k, n = 512, 768  # one block of 512 columns, then 256
+    assert k * n > qq.BLOCK_ELEMENTS
+    w = qq.quantise(
+        jr.normal(jr.PRNGKey(0), (k, n)) / math.sqrt(k),
+        bits=4,
+        axis=1,
+        matmul="weight_only",
+    )
+    x = jr.normal(jr.PRNGKey(1), (16, k))
+    hlo = quax.testing.assert_hlo_lacks(
+        lambda x, w: x @ w, x, w, shapes=[(k, n), (n, k)], dtypes=["f32"]
+    )
+    assert max(math.prod(s) for s in _float_arrays(hlo)) <= qq.BLOCK_ELEMENTS
+    out = jax.jit(quax.quaxify(lambda x, w: x @ w))(x, w)
+    np.testing.assert_allclose(out, x @ w.dequantise(), rtol=1e-4, atol=1e-4)
