@@ -12,6 +12,7 @@ import operator
 from collections.abc import Sequence
 from typing import Any
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import jax.random as jr
@@ -162,3 +163,72 @@ def test_filter_spec_keeps_levels_apart() -> None:
         c, Boxed(jnp.array([5.0, 7.0]))
     )
     assert type(r) is Boxed and type(r.array) is Boxed
+
+
+# Values built inside a `jax.jit` (or `vmap`, `cond`) in the quaxified function: JAX
+# traces the jit with the value types erased, so the values are staged and built
+# where quax re-runs what JAX staged (see `quax._staged`).
+
+
+def _speed(s: Any) -> Any:
+    return Quantity(2.0, "m/s") * s
+
+
+@pytest.mark.parametrize(
+    "program",
+    [
+        pytest.param(lambda t: jax.jit(_speed)(t), id="jit"),
+        pytest.param(lambda t: jax.jit(lambda s: jax.jit(_speed)(s))(t), id="jit-jit"),
+        pytest.param(
+            lambda t: jax.jit(lambda s, k: _speed(s) * k, static_argnums=1)(t, 1.0),
+            id="static-arg",
+        ),
+        pytest.param(lambda t: eqx.filter_jit(_speed)(t), id="filter_jit"),
+        pytest.param(lambda t: jax.vmap(jax.jit(_speed))(t), id="jit-in-vmap"),
+        pytest.param(lambda t: jax.jit(jax.vmap(_speed))(t), id="vmap-in-jit"),
+    ],
+)
+def test_quantity_built_inside_jit(program: Any) -> None:
+    t = Quantity(jnp.array([1.0, 3.0]), "s")
+    _assert_metres(quax.quaxify(program)(t), [2.0, 6.0])
+    _assert_metres(jax.jit(quax.quaxify(program))(t), [2.0, 6.0])
+
+
+def test_issue_example_and_grad_through_jit() -> None:
+    r = quax.quaxify(lambda t: jax.jit(lambda s: Quantity(2.0, "m/s") * s)(t))(
+        Quantity(3.0, "s")
+    )
+    _assert_metres(r, 6.0)
+
+    def f(t: Any) -> Any:
+        jitted = jax.jit(lambda s, x: Quantity(2.0, "m/s") * s * x)
+        return jax.grad(lambda x: ustrip("m", jitted(t, x)))(1.0)
+
+    np.testing.assert_allclose(quax.quaxify(f)(Quantity(3.0, "s")), 6.0, rtol=1e-6)
+
+
+def test_lora_and_zero_built_inside_jit() -> None:
+    def lora_times(z: Any) -> Any:
+        lora = LoraArray(jnp.ones((3, 3)), rank=1, key=jr.key(0))
+        return quax.quaxify(operator.mul)(lora, z)
+
+    r = quax.quaxify(lambda s: jax.jit(lora_times)(s))(Zero((), jnp.float32))
+    assert type(r) is Zero and r.shape == (3, 3)
+
+    def plus_zero(q: Any) -> Any:
+        return quax.quaxify(operator.add)(Zero((2,), jnp.float32), q)
+
+    r = quax.quaxify(lambda q: jax.jit(plus_zero)(q))(
+        Quantity(jnp.array([1.0, 2.0]), "m")
+    )
+    _assert_metres(r, [1.0, 2.0])
+
+
+def test_user_type_built_inside_jit() -> None:
+    def f(b: Any) -> Any:
+        return jax.jit(lambda u: Boxed(jnp.array([2.0, 3.0])) * u)(b)
+
+    for fn in (quax.quaxify(f), jax.jit(quax.quaxify(f))):
+        r = fn(Boxed(jnp.array([5.0, 7.0])))
+        assert type(r) is Boxed and type(r.array) is not Boxed
+        np.testing.assert_allclose(r.array, [10.0, 21.0])

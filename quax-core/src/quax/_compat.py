@@ -55,6 +55,7 @@ __all__ = [
     "bwd_split",
     "batching",
     "call_at_trace",
+    "call_rule_at_trace",
     "current_trace",
     "call_fresh",
     "callback_module",
@@ -71,6 +72,8 @@ __all__ = [
     "eqx_warn_transformed_function",
     "eval_context",
     "io_callback_p",
+    "is_eval_trace",
+    "is_library_function",
     "is_unspecified",
     "is_varying",
     "jit_inlines",
@@ -87,6 +90,8 @@ __all__ = [
     "scan_p",
     "set_current_trace",
     "shard_map_p",
+    "staged_values_state",
+    "stages_or_batches",
     "staged_equation",
     "staged_literal",
     "staging",
@@ -160,6 +165,14 @@ _BWD_LOGS = hasattr(jax.custom_vjp, "defvjp_with_logs")
 _trace_strong = _core.trace_state_strong_ref
 _trace_weak = _core.trace_state
 
+# Whether values built inside a function that JAX stages (`jit`, `cond`, ...) in the
+# body of a quaxified function are staged as values (see `quax._staged`). A thread-local
+# setting that is part of JAX's trace context, as the functions JAX traces there give
+# other jaxprs than elsewhere: JAX's tracing caches must not mix the two.
+staged_values_state: Any = _config.config_ext.Config(
+    "quax_staged_values", False, include_in_trace_context=True
+)
+
 # The attributes of a wrapped function (`__name__`, `__doc__`, ...) that equinox's
 # `module_update_wrapper` copies onto a wrapper Module and its flattening keeps.
 EQX_WRAPPER_FIELD_NAMES: tuple[str, ...] = _eqx_flatten.WRAPPER_FIELD_NAMES
@@ -170,6 +183,23 @@ DynamicJaxprTracer = _pe.DynamicJaxprTracer
 def ensure_no_leaks(trace: Any) -> Any:
     """JAX's leak check for a finished trace (active under `JAX_CHECK_TRACER_LEAKS`)."""
     return _core.ensure_no_leaks(trace)
+
+
+def is_eval_trace(trace: Any) -> bool:
+    """Whether `trace` evaluates eagerly (no transform or staging below it)."""
+    return isinstance(trace, _core.EvalTrace)
+
+
+_PjitFunction = type(jax.jit(lambda: None))
+
+
+def is_library_function(fn: Any) -> bool:
+    """Whether `fn` is a jitted function (`jax.jit`'s, `jax.numpy`'s) or a function
+    of the `operator` module: code whose Python runs only when JAX traces it."""
+    return (
+        isinstance(fn, _PjitFunction | jax.numpy.ufunc)
+        or getattr(fn, "__module__", None) == "_operator"
+    )
 
 
 def is_unspecified(sharding: Any) -> bool:
@@ -395,6 +425,12 @@ def batching() -> bool:
     return False
 
 
+def stages_or_batches(trace: Any) -> bool:
+    """Whether `trace` stages a function into a jaxpr (`jit`, `cond`, ...) or
+    batches it (`vmap`)."""
+    return isinstance(trace, _pe.DynamicJaxprTrace | _batching.BatchTrace)
+
+
 def staging() -> bool:
     """Whether the current trace, or one it runs inside, stages a program (`jit`,
     `make_jaxpr`, ...) rather than computing eagerly."""
@@ -428,6 +464,24 @@ def eqx_bound_method(func: Any, module: Any) -> Any:
     """Equinox's pytree bound method, as `Module.__getattribute__` returns for a
     method of a Module instance."""
     return _eqx_module.BoundMethod(func, module)
+
+
+def call_rule_at_trace(trace: Any, rule: Any, values: Any, params: Any) -> Any:
+    """`call_at_trace` for a quax rule: the rule's own code stages no values (see
+    `staged_values_state`)."""
+    prev = _trace_strong.value
+    staged = staged_values_state.value
+    _trace_strong.set_local(trace)
+    _trace_weak.set_local(trace._weakref)
+    if staged:
+        staged_values_state.set_local(False)
+    try:
+        return rule(values, params)
+    finally:
+        _trace_strong.set_local(prev)
+        _trace_weak.set_local(None if prev is None else prev._weakref)
+        if staged:
+            staged_values_state.set_local(True)
 
 
 def call_at_trace(trace: Any, rule: Any, values: Any, params: Any) -> Any:

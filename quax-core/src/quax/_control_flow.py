@@ -37,6 +37,7 @@ from ._compat import (
     typeof,
     while_p,
 )
+from ._eager import ConstKey
 from ._jaxpr import eval_quaxified, known_constant
 from ._joins import (
     BodyFailed,
@@ -52,6 +53,7 @@ from ._joins import (
 )
 from ._quaxify import quaxify
 from ._registry import register
+from ._staged import holds_staged_values, staged_values_into
 from ._values import Value, ValueLike, is_value, materialise_or_explain
 
 
@@ -64,7 +66,9 @@ _eval_cache: "weakref.WeakKeyDictionary[Any, Callable[..., list[Any]]]" = (
 
 def _quaxified(jaxpr: Any) -> Callable[..., list[Any]]:
     """A quaxified function evaluating `jaxpr` (closed or open), cached per jaxpr so
-    that JAX's own tracing caches hit when the same jaxpr comes back."""
+    that JAX's own tracing caches hit when the same jaxpr comes back. A jaxpr that
+    stages values (see `quax._staged`) runs under a quax trace even on plain inputs,
+    as only one gives those values their types."""
     try:
         return _eval_cache[jaxpr]
     except (KeyError, TypeError):
@@ -73,10 +77,21 @@ def _quaxified(jaxpr: Any) -> Callable[..., list[Any]]:
         fn = ft.partial(eval_quaxified, jaxpr.jaxpr, jaxpr.consts)
     else:
         fn = ft.partial(eval_quaxified, jaxpr, ())
-    out = quaxify(fn)
+    if holds_staged_values({"jaxpr": jaxpr}):
+        out = ft.partial(_run_staging, fn)
+    else:
+        out = quaxify(fn)
     with contextlib.suppress(TypeError):  # unhashable jaxprs are not cached
         _eval_cache[jaxpr] = out
     return out
+
+
+def _run_staging(fn: Callable[..., list[Any]], *args: Any) -> list[Any]:
+    def body(trace: _trace.QuaxTrace) -> list[Any]:
+        with staged_values_into(trace):
+            return fn(*[trace.wrap(a) for a in args])
+
+    return _trace.run_nested(body)
 
 
 # jit ----------------------------------------------------------------------------------
@@ -111,32 +126,9 @@ def _jit(
             for s, a, k in zip(in_shardings, args, known, strict=True)
             if not k
         ),
-        tuple(_ConstKey(a) if k else None for a, k in zip(args, known, strict=True)),
+        tuple(ConstKey(a) if k else None for a, k in zip(args, known, strict=True)),
     )
     return _jitted(jaxpr, key)(*[args[i] for i in dynamic])
-
-
-class _ConstKey:
-    """A constant argument of a nested `jit` as part of a cache key: equal to another
-    for the same object, or for an equal small array of the same type."""
-
-    __slots__ = ("aval", "data", "value")
-
-    def __init__(self, value: Any) -> None:
-        self.value = value  # kept alive, so that its `id` is not reused
-        self.aval = typeof(value)
-        array = np.asarray(value)
-        self.data = array.tobytes() if array.size <= 64 else id(value)
-
-    def __eq__(self, other: object) -> bool:
-        return (
-            isinstance(other, _ConstKey)
-            and self.aval == other.aval
-            and self.data == other.data
-        )
-
-    def __hash__(self) -> int:
-        return hash((self.aval, self.data))
 
 
 _jit_cache: "weakref.WeakKeyDictionary[Any, dict[Any, Callable[..., Any]]]" = (
@@ -277,9 +269,6 @@ def _while(
 
     def predicate(c: list[Any]) -> Any:
         (pred,) = cond_fn(*cond_consts, *c)
-        leaf = _predicate_leaf(pred)
-        if leaf is not None:
-            return leaf
         return _decision(pred, f"the predicate of a `{what}` (its `cond_fun`'s output)")
 
     def cond(c: list[Any]) -> Any:
@@ -299,28 +288,6 @@ def _while(
         lambda body, c: lax.while_loop(cond, body, c),
         carry_names(body_jaxpr, body_nconsts, what),
     )
-
-
-def _predicate_leaf(pred: Any) -> Any:
-    """A loop predicate that is a value, read from its leaf without materialising
-    it (as the published quax, which flattens it to its one leaf), where that is
-    exact: the value's array is linear in its leaves (`linear_in_leaves`), and its
-    only leaf is a boolean array of the value's own shape, so the leaf is that
-    array. `None` where it is not (the predicate is materialised, or refused, as
-    usual)."""
-    if not (is_value(pred) and type(pred).linear_in_leaves):
-        return None
-    leaves = jtu.tree_leaves(pred)
-    aval = pred.aval()
-    if len(leaves) != 1 or aval.dtype != np.bool_:
-        return None
-    (leaf,) = leaves
-    if not isinstance(leaf, jax.Array | np.ndarray):
-        return None
-    leaf_aval = typeof(leaf)
-    if leaf_aval.shape != aval.shape or leaf_aval.dtype != aval.dtype:
-        return None
-    return leaf
 
 
 def _select_where(pred: Any, new: Any, old: Any) -> Any:
@@ -566,5 +533,8 @@ def _linear_solve(*args: ValueLike, const_lengths: Any, jaxprs: Any) -> list[Any
 # Higher-order primitives: their rules' outputs are not checked against the
 # primitive's abstract evaluation (see `QuaxTrace`).
 _trace.unchecked_primitives.update(
+    {jit_p, cond_p, while_p, scan_p, remat_p, linear_solve_p}
+)
+_trace.staging_primitives.update(
     {jit_p, cond_p, while_p, scan_p, remat_p, linear_solve_p}
 )

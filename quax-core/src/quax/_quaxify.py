@@ -13,8 +13,14 @@ from ._compat import (
     EQX_WRAPPER_FIELD_NAMES,
     Tracer,
     batching,
+    current_trace,
     eqx_warn_transformed_function,
+    is_eval_trace,
+    is_library_function,
+    stages_or_batches,
 )
+from ._eager import call_compiled
+from ._staged import stage_value, staging_joins
 from ._trace import QuaxTrace, active_trace, run_nested
 from ._values import describe, is_value
 
@@ -37,15 +43,23 @@ def _call(trace: QuaxTrace, filter_spec: Any, leaves: list[Any], treedef: Any) -
     return fn(*args, **kwargs)
 
 
-def _trace_to_join(leaves: list[Any]) -> QuaxTrace | None:
-    """The active quax trace that values meeting its tracers must join, or `None`.
+# What `_trace_to_join` answers when the values must be staged to join the trace.
+_STAGE = object()
+
+
+def _trace_to_join(leaves: list[Any]) -> Any:
+    """The active quax trace that values meeting its tracers must join; `_STAGE`
+    when they must be staged to join it; or `None`.
 
     A value closed over or built inside a quaxified function, which meets a traced
     input there (`G * t`, whose operator quaxifies `mul`), is a constant of that
     trace, as JAX lifts a constant into the trace of the tracer it meets: it joins
     the trace rather than opening a nested one, which would take the outer tracer
-    for a plain array and build a value of values. A trace opened with a
-    `filter_spec` leaves the values it did not select to nested quaxifies, so
+    for a plain array and build a value of values. A value built from tracers of a
+    `jit` or `vmap` (or `cond`, ...) inside the quaxified function cannot become a
+    tracer of the quax trace; there it is staged (see `quax._staged`): the quax
+    trace builds it when it re-runs what JAX staged or batched. A trace opened with
+    a `filter_spec` leaves the values it did not select to nested quaxifies, so
     nothing joins it.
     """
     trace, between = active_trace()
@@ -54,9 +68,15 @@ def _trace_to_join(leaves: list[Any]) -> QuaxTrace | None:
     tracers = [x for x in jtu.tree_leaves(leaves) if isinstance(x, Tracer)]
     if not tracers:
         return None
-    # A value built from tracers of a trace inside the quax one (a `vmap` or `jit`
-    # in the quaxified function) cannot become a tracer of the quax trace.
     inside = {id(t) for t in between}
+    if (
+        staging_joins()
+        and any(id(t._trace) in inside for t in tracers)
+        and any(map(stages_or_batches, between))
+    ):
+        # Staged rather than closed over: a long-lived jitted function would keep
+        # the quax trace's tracers among its jaxpr's constants.
+        return _STAGE
     for x in jtu.tree_leaves(leaves, is_leaf=is_value):
         if is_value(x) and any(
             isinstance(leaf, Tracer) and id(leaf._trace) in inside
@@ -64,6 +84,14 @@ def _trace_to_join(leaves: list[Any]) -> QuaxTrace | None:
         ):
             return None
     return trace
+
+
+def _call_staged(leaves: list[Any], treedef: Any) -> Any:
+    """Call `fn(*args, **kwargs)` (flattened in `leaves`, `treedef`) with its values
+    staged as plain arrays, for the quax trace below to dispatch on."""
+    staged = [stage_value(x) if is_value(x) else x for x in leaves]
+    fn, args, kwargs = jtu.tree_unflatten(treedef, staged)
+    return fn(*args, **kwargs)
 
 
 def _check_batchable(out: Any) -> None:
@@ -93,6 +121,16 @@ class _Quaxify(eqx.Module, Generic[_CT]):
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         _plugins.autoload()
         filter_spec = self.filter_spec
+        if (
+            filter_spec is True
+            and is_library_function(self.fn)
+            and is_eval_trace(current_trace())
+        ):
+            # Eagerly, library code runs as one compiled program (`quax._eager`).
+            unpacked = ft.partial(_unpacked, self)
+            done, out = call_compiled(self.fn, unpacked, (args, kwargs))
+            if done:
+                return out
         leaves, treedef = jtu.tree_flatten((self.fn, args, kwargs), is_leaf=is_value)
         if filter_spec is True:
             if not any(map(is_value, leaves)):
@@ -101,6 +139,8 @@ class _Quaxify(eqx.Module, Generic[_CT]):
                 # working.
                 return self.fn(*args, **kwargs)
             outer = _trace_to_join(leaves)
+            if outer is _STAGE:
+                return _call_staged(leaves, treedef)
             if outer is not None:
                 return _call(outer, True, leaves, treedef)
         selective = filter_spec is not True
@@ -115,6 +155,13 @@ class _Quaxify(eqx.Module, Generic[_CT]):
         if instance is None:
             return self
         return eqx.Partial(self, instance)
+
+
+def _unpacked(
+    quaxified: _Quaxify[Any],
+) -> Callable[[tuple[Any, ...], dict[str, Any]], Any]:
+    """`quaxified` on `(args, kwargs)` (for `quax._eager`)."""
+    return lambda args, kwargs: quaxified(*args, **kwargs)
 
 
 def quaxify(fn: _CT, filter_spec: PyTree[bool | Callable[[Any], bool]] = True) -> _CT:

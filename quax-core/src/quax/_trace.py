@@ -13,11 +13,14 @@ trace through its `process_*` methods instead; their rules are in the table
 """
 
 import functools as ft
+import operator
 import os
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 import jax.tree_util as jtu
+import numpy as np
+from jax import Array
 
 from . import _registry, _values
 from ._compat import (
@@ -26,18 +29,23 @@ from ._compat import (
     Tracer,
     TraceTag,
     call_at_trace,
+    call_rule_at_trace,
     current_trace,
     ensure_no_leaks,
+    is_eval_trace,
     jit_inlines,
     jit_p,
     manual_axes_active,
     register_tracer_type,
     set_current_trace,
+    staged_values_state,
     take_current_trace,
     typeof,
     with_leaf_vma,
 )
+from ._eager import call_compiled
 from ._jaxpr import eval_quaxified
+from ._staged import holds_staged_values, staged_value_p, staged_values_into, unstage
 from ._values import Value, is_value, value_classes
 
 
@@ -48,6 +56,7 @@ __all__ = [
     "higher_order_rules",
     "run_nested",
     "set_debug_checks",
+    "staging_primitives",
     "unchecked_primitives",
 ]
 
@@ -61,6 +70,10 @@ higher_order_rules: dict[Primitive, Callable[..., Any]] = {}
 # Primitives whose rules' outputs the debug checks do not compare with the
 # primitive's abstract evaluation (higher-order ones: filled by `_control_flow.py`).
 unchecked_primitives: set[Primitive] = set()
+# Primitives with sub-jaxprs whose rules re-run them (filled by `_control_flow.py`):
+# one whose jaxprs stage a value (see `quax._staged`) goes to its rule even without
+# a value among its inputs, as only a quax trace can give that value its type.
+staging_primitives: set[Primitive] = set()
 
 _debug_checks = os.environ.get("QUAX_DEBUG_CHECKS", "") not in ("", "0")
 
@@ -140,6 +153,59 @@ def _call_rewrapped(trace: "QuaxTrace", method: Any, *args: Any, **kwargs: Any) 
     return _rewrap(trace, method(*args, **kwargs))
 
 
+# Python operators on a tracer of an eager quax trace, with another one of it or a
+# small plain operand, run as one compiled program (see `quax._eager`) rather than
+# through `jax.numpy`'s inlined `jit`, equation by equation; otherwise as on any
+# tracer.
+_PLAIN = (Array, np.ndarray, np.generic, int, float, complex)
+
+
+def _eager_operator(name: str, op: Callable[[Any, Any], Any], reflected: bool) -> Any:
+    def default(self: QuaxTracer, other: Any) -> Any:
+        # Looked up when called: `jax.numpy` installs the tracers' operators.
+        return getattr(Tracer, name)(self, other)
+
+    def method(self: QuaxTracer, other: Any) -> Any:
+        trace = self._trace
+        if trace.eager:
+            if type(other) is QuaxTracer and other._trace is trace:
+                operand = other._quax_value
+            elif isinstance(other, _PLAIN) and not isinstance(other, Tracer):
+                operand = other
+            else:
+                return default(self, other)
+            value = self._quax_value
+            args = [operand, value] if reflected else [value, operand]
+            done, out = call_rule_at_trace(
+                trace.parent_trace, _compiled_operator, args, op
+            )
+            if done:
+                return trace.wrap(out)
+        return default(self, other)
+
+    method.__name__ = method.__qualname__ = name
+    return method
+
+
+def _compiled_operator(args: list[Any], op: Any) -> tuple[bool, Any]:
+    return call_compiled(op, lambda: ft.partial(_run_operator, op), args)
+
+
+def _run_operator(op: Callable[..., Any], *args: Any) -> Any:
+    return run_nested(lambda trace: op(*[trace.wrap(a) for a in args]))
+
+
+for _name, _op in [
+    ("add", operator.add),
+    ("sub", operator.sub),
+    ("mul", operator.mul),
+    ("truediv", operator.truediv),
+    ("matmul", operator.matmul),
+    ("pow", operator.pow),
+]:
+    setattr(QuaxTracer, f"__{_name}__", _eager_operator(f"__{_name}__", _op, False))
+    setattr(QuaxTracer, f"__r{_name}__", _eager_operator(f"__r{_name}__", _op, True))
+
 # `jax.typeof` reads every tracer bound with a primitive: one lookup, not an MRO walk.
 register_tracer_type(QuaxTracer)
 
@@ -147,7 +213,7 @@ register_tracer_type(QuaxTracer)
 class QuaxTrace(Trace):
     """Reinterprets every primitive bound on a `QuaxTracer` by dispatching on types."""
 
-    __slots__ = ("manual", "parent_trace", "selective", "tag")
+    __slots__ = ("eager", "manual", "parent_trace", "selective", "tag")
 
     def __init__(
         self, parent_trace: Trace, tag: TraceTag, selective: bool = False
@@ -162,6 +228,9 @@ class QuaxTrace(Trace):
         # the varying manual axes of their values' leaves. Checked once here, so that
         # tracers outside `shard_map` pay one attribute test.
         self.manual = manual_axes_active()
+        # Whether it runs eagerly: then an inlined `jit` (every `jax.numpy` function)
+        # runs as one compiled program, as JAX runs it on plain arrays.
+        self.eager = is_eval_trace(parent_trace)
 
     def to_value(self, x: Any) -> Any:
         """The `Value` behind one of this trace's tracers; anything else unchanged."""
@@ -194,16 +263,26 @@ class QuaxTrace(Trace):
                 found = True
             else:
                 values.append(t)
-        if not found:
+        if primitive is staged_value_p:
+            return QuaxTracer(self, unstage(values, **params))
+        if not found and not (
+            primitive in staging_primitives and holds_staged_values(params)
+        ):
             return self.parent_trace.process_primitive(primitive, values, params)
         if primitive is jit_p and jit_inlines(params):
+            if self.eager:
+                done, out = call_rule_at_trace(
+                    self.parent_trace, _compiled_inline, values, params
+                )
+                if done:
+                    return [self.wrap(o) for o in out]
             return call_at_trace(self, _inline_jit, tracers, params)
         rule = _registry.rule_for(primitive, values)
         if _debug_checks or _values.tracking():
             checked = ft.partial(_apply_checked, primitive, rule)
-            out = call_at_trace(self.parent_trace, checked, values, params)
+            out = call_rule_at_trace(self.parent_trace, checked, values, params)
         else:
-            out = call_at_trace(self.parent_trace, rule, values, params)
+            out = call_rule_at_trace(self.parent_trace, rule, values, params)
         if primitive.multiple_results:
             return [QuaxTracer(self, o) if is_value(o) else o for o in out]
         if type(out) in value_classes or isinstance(out, Value):  # `is_value`, inlined
@@ -280,10 +359,15 @@ def run_nested(body: Callable[[QuaxTrace], _T], selective: bool = False) -> _T:
 
     `body`'s output (any pytree), with this trace's tracers replaced by values.
     """
+    staged = staged_values_state.value
     with take_current_trace() as parent_trace:
         trace = QuaxTrace(parent_trace, TraceTag(), selective)
-        with set_current_trace(trace):
-            out = body(trace)
+        staged_values_state.set_local(not selective)
+        try:
+            with set_current_trace(trace):
+                out = body(trace)
+        finally:
+            staged_values_state.set_local(staged)
         out = jtu.tree_map(trace.to_value, out)
         with ensure_no_leaks(trace):
             del trace
@@ -295,7 +379,24 @@ def _inline_jit(tracers: Sequence[Any], params: dict[str, Any]) -> list[Any]:
     on the current quax trace, each dispatched on its own, as JAX inlines them into
     the trace that stages it. The `jit_p` rule is for kept (not inlined) calls."""
     jaxpr = params["jaxpr"]
+    if holds_staged_values(params):
+        with staged_values_into(current_trace()):
+            return eval_quaxified(jaxpr.jaxpr, jaxpr.consts, *tracers)
     return eval_quaxified(jaxpr.jaxpr, jaxpr.consts, *tracers)
+
+
+def _compiled_inline(values: list[Any], params: dict[str, Any]) -> tuple[bool, Any]:
+    """An inlined `jit` in eager mode, as one compiled program (see `quax._eager`)."""
+    jaxpr = params["jaxpr"]
+    return call_compiled(jaxpr, lambda: ft.partial(_run_jaxpr, jaxpr), values)
+
+
+def _run_jaxpr(jaxpr: Any, *args: Any) -> list[Any]:
+    return run_nested(
+        lambda trace: eval_quaxified(
+            jaxpr.jaxpr, jaxpr.consts, *[trace.wrap(a) for a in args]
+        )
+    )
 
 
 def _apply_checked(

@@ -1,0 +1,202 @@
+"""Values built inside a function that JAX stages in a quaxified function.
+
+Inside `quax.quaxify(f)`, `jax.jit(g)(t)` traces `g` with `t`'s value type erased:
+`g` sees a plain tracer, and the quax trace re-runs the jaxpr JAX recorded (the
+`jit` rule) with the value. A value that `g` builds (`Quantity(2., "m/s") * s`) runs
+its operator through `quax.quaxify`, which would dispatch then, on the erased type,
+and fix a wrong output type (a quantity of quantities) outside the jaxpr. Instead the
+value is *staged*: the primitive `staged_value_p` records its leaves and structure in
+the jaxpr, the operator is recorded on it as on a plain array, and the quax trace
+that re-runs the jaxpr rebuilds the value there and dispatches on the real types.
+So the value joins the enclosing quax trace through the staging, as a constant
+joins a `vmap`.
+
+This holds in the body of a quaxified function (and below it), never in a rule's
+own code, whose stagings are the programs quax compiles: a thread-local setting in
+JAX's trace context (`staged_values_state`) says which, so that JAX's tracing caches
+keep the two kinds of jaxprs apart.
+"""
+
+import contextlib
+import threading
+import weakref
+from collections.abc import Iterator
+from typing import Any
+
+import jax.numpy as jnp
+import jax.tree_util as jtu
+from jax.interpreters import ad, batching, mlir
+
+from ._compat import (
+    ClosedJaxpr,
+    Jaxpr,
+    Primitive,
+    ShapedArray,
+    staged_values_state,
+)
+from ._values import Value, describe
+
+
+__all__ = [
+    "StagedValueError",
+    "holds_staged_values",
+    "stage_value",
+    "staged_value_p",
+    "staged_values_into",
+    "staging_joins",
+    "unstage",
+]
+
+
+class StagedValueError(RuntimeError):
+    """A value staged inside a quaxified function was evaluated without quax."""
+
+
+staged_value_p = Primitive("quax_staged_value")
+
+
+def stage_value(value: Value) -> Any:
+    """`value` as a plain array of its aval in the function being staged: an
+    equation that the quax trace re-running the jaxpr turns back into the value."""
+    leaves, treedef = jtu.tree_flatten(value)
+    aval = type(value).aval(value)
+    aval = ShapedArray(aval.shape, aval.dtype, aval.weak_type)
+    return staged_value_p.bind(*leaves, treedef=treedef, aval=aval)
+
+
+def unstage(leaves: list[Any], treedef: Any, aval: Any) -> Value:
+    """The value that `stage_value` staged, from its leaves as the re-run gives them;
+    a `ValueError` when its aval is not the staged one (leaves batched by a `vmap`
+    that does not batch the value with them)."""
+    value = jtu.tree_unflatten(treedef, leaves)
+    got = type(value).aval(value)
+    if got.shape != aval.shape or got.dtype != aval.dtype:
+        raise ValueError(
+            f"A {describe(value)} built inside a function that JAX staged (`jax.jit`, "
+            "`lax.cond`, ...) in a quaxified function, from arrays that a `jax.vmap` "
+            f"batches, has the aval {got.str_short()} where {aval.str_short()} was "
+            "staged: its type does not batch leaf by leaf. Build the value outside "
+            "the `vmap`, or put the `vmap` inside `quax.quaxify`."
+        )
+    return value
+
+
+class _Targets(threading.local):
+    """The quax traces re-running jaxprs that hold staged values, innermost last."""
+
+    def __init__(self) -> None:
+        self.stack: list[Any] = []
+
+
+_targets = _Targets()
+
+
+@contextlib.contextmanager
+def staged_values_into(trace: Any) -> Iterator[None]:
+    """Staged values that are evaluated inside the block, with constant leaves (as
+    quax computes constants while it re-runs a jaxpr), become tracers of `trace`."""
+    _targets.stack.append(trace)
+    try:
+        yield
+    finally:
+        _targets.stack.pop()
+
+
+def _without_quax(treedef: Any) -> StagedValueError:
+    return StagedValueError(
+        "A quax value built inside a function that JAX staged (`jax.jit`, "
+        "`lax.cond`, ...) inside a quaxified function reached JAX without the quax "
+        f"trace that gives it its type ({treedef}). Call the staged function inside "
+        "`quax.quaxify`, or build the value outside it."
+    )
+
+
+def _impl(*leaves: Any, treedef: Any, aval: Any) -> Any:
+    if not _targets.stack:
+        raise _without_quax(treedef)
+    return _targets.stack[-1].wrap(unstage(list(leaves), treedef, aval))
+
+
+def _abstract_eval(*leaves: Any, treedef: Any, aval: Any) -> Any:
+    del leaves, treedef
+    return aval
+
+
+def _lowering(ctx: Any, *leaves: Any, treedef: Any, aval: Any) -> Any:
+    del ctx, leaves, aval
+    raise _without_quax(treedef)
+
+
+def _batch(args: list[Any], dims: list[Any], *, treedef: Any, aval: Any) -> Any:
+    """Leafwise: a staged value of batched leaves stands for the batch of values
+    (checked by `unstage` where the value is rebuilt)."""
+    sizes = {x.shape[d] for x, d in zip(args, dims, strict=True) if d is not None}
+    if not sizes:
+        return staged_value_p.bind(*args, treedef=treedef, aval=aval), None
+    (size,) = sizes
+    moved = [
+        jnp.broadcast_to(x, (size, *jnp.shape(x)))
+        if d is None
+        else jnp.moveaxis(x, d, 0)
+        for x, d in zip(args, dims, strict=True)
+    ]
+    batched = ShapedArray((size, *aval.shape), aval.dtype, aval.weak_type)
+    return staged_value_p.bind(*moved, treedef=treedef, aval=batched), 0
+
+
+def _jvp(primals: list[Any], tangents: list[Any], *, treedef: Any, aval: Any) -> Any:
+    out = staged_value_p.bind(*primals, treedef=treedef, aval=aval)
+    if all(type(t) is ad.Zero for t in tangents):
+        return out, ad.Zero(aval.to_tangent_aval())
+    raise NotImplementedError(
+        f"A quax value ({treedef}) built inside a function that JAX staged in a "
+        "quaxified function is differentiated with respect to its leaves there. "
+        "Build the value outside the staged function (or outside the "
+        "differentiated one), or put the transform inside `quax.quaxify`."
+    )
+
+
+staged_value_p.def_impl(_impl)
+staged_value_p.def_abstract_eval(_abstract_eval)
+mlir.register_lowering(staged_value_p, _lowering)
+batching.primitive_batchers[staged_value_p] = _batch
+ad.primitive_jvps[staged_value_p] = _jvp
+
+
+# Jaxprs that hold staged values -----------------------------------------------------
+
+_holds: "weakref.WeakKeyDictionary[Any, bool]" = weakref.WeakKeyDictionary()
+
+
+def holds_staged_values(params: dict[str, Any]) -> bool:
+    """Whether the sub-jaxprs among a primitive's `params` stage a value."""
+    return any(_param_holds(p) for p in params.values())
+
+
+def _param_holds(p: Any) -> bool:
+    if isinstance(p, ClosedJaxpr):
+        return _jaxpr_holds(p.jaxpr)
+    if isinstance(p, Jaxpr):
+        return _jaxpr_holds(p)
+    if isinstance(p, tuple):
+        return any(_param_holds(x) for x in p)
+    return False
+
+
+def _jaxpr_holds(jaxpr: Any) -> bool:
+    try:
+        return _holds[jaxpr]
+    except KeyError:
+        pass
+    out = any(
+        eqn.primitive is staged_value_p or holds_staged_values(eqn.params)
+        for eqn in jaxpr.eqns
+    )
+    _holds[jaxpr] = out
+    return out
+
+
+def staging_joins() -> bool:
+    """Whether values built here, in a function that JAX stages inside a quaxified
+    function's body, are staged (see the module's docstring)."""
+    return bool(staged_values_state.value)
