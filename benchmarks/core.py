@@ -1,29 +1,57 @@
-"""Core overheads, as ratios measured in one run (see the README's benchmark table).
+"""Core overheads, as ratios to plain JAX measured in one run (the README's core table).
 
-- eager: a quaxified two-primitive call on a user `ArrayValue`, over the same call on
-  plain arrays;
-- tracing: `make_jaxpr` of a quaxified 200-primitive chain, over the same on plain
-  arrays; once with `Dense.aval` building a `ShapedArray` (as the published quax docs
-  write it), once with `TypedDense.aval` returning `jax.typeof` of the leaf (as
-  `quax.Value.aval`'s docstring recommends); and of the same chain written with
-  `jax.numpy` (`jnp.sin(x * x)`, each call an inlined `jit`), as user code is;
+- eager: a quaxified two-primitive `lax` call, the `jax.numpy` function `a * b + a`
+  and the single operator `quax.quaxify(jnp.multiply)`, on a user `ArrayValue`, over
+  the same calls on plain arrays;
+- tracing: `make_jaxpr` of a quaxified 200-primitive `lax` chain and of the same chain
+  in `jax.numpy` (`jnp.sin(x * x)`, each call an inlined `jit`), over the same on
+  plain arrays, for three ways a value type gives its aval: `aval` building a
+  `ShapedArray` (as the published quax's docs write it), `aval` returning
+  `jax.typeof` of the leaf (as `quax.Value.aval`'s docstring advises), and the leaf
+  declared with `aval_leaf` (no user code runs);
+- time to a compiled program, per phase (trace, lower, compile): a loraified Equinox
+  MLP against the same LoRA MLP written by hand on plain arrays, and the units
+  spring of `benchmarks/units.py` against the same program on plain arrays;
 - import: `import quax` over `import jax, equinox, plum` (fresh interpreters).
 
-Run: `uv run python benchmarks/core.py`. To compare with the published quax 0.4.6 in
-its own environment, point `QUAX_PUBLISHED_PYTHON` at that environment's interpreter
-(e.g. a venv with `pip install quax==0.4.6`); the same `measure()` runs there.
+Rounds are interleaved (each round times every program once, plain and quaxified
+side by side); times are medians over rounds, ratios medians of the per-round
+ratios. The machine is shared, so everything is timed in CPU time, which other jobs
+do not inflate: tracing and lowering (pure Python) in the running thread's, eager
+calls, compiles (which may use XLA's threads) and imports in the whole process's.
+
+    python benchmarks/core.py [--quick]
+
+Prints Markdown tables, writes `docs/images/core_ratios.png` and returns the figures.
+To compare with the published quax 0.4.6, point `QUAX_PUBLISHED_PYTHON` at the
+interpreter of an environment holding it (`uv venv <dir> && uv pip install --python
+<dir>/bin/python quax==0.4.6 jax==0.10.2 equinox`); the same `measure()` runs there
+(without the declared avals and the units rows, which the published quax lacks).
 """
 
-import ast
+import argparse
+import json
 import os
+import runpy
 import statistics
 import subprocess
 import sys
-import timeit
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, ClassVar
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
+import jax.random as jr
 import quax
+from jax import lax
+
+
+IMAGES = Path(__file__).resolve().parent.parent / "docs" / "images"
+# Whether this quax has declared avals (the published one does not).
+DECLARED = hasattr(quax.Value, "aval_leaf")
 
 
 def _rewrapped(cls, primitive, values, params):
@@ -35,6 +63,9 @@ def _rewrapped(cls, primitive, values, params):
 
 
 class Dense(quax.ArrayValue):
+    """A user's array wrapper whose `aval` builds a `ShapedArray`, as the published
+    quax's docs write it."""
+
     array: jax.Array
 
     def aval(self):
@@ -49,8 +80,7 @@ class Dense(quax.ArrayValue):
 
 
 class TypedDense(Dense):
-    """`Dense` with the `aval` that `quax.Value.aval`'s docstring recommends: the
-    leaf's own type rather than a new `ShapedArray`."""
+    """`Dense` with the `aval` that `quax.Value.aval`'s docstring advises."""
 
     def aval(self):
         return jax.typeof(self.array)
@@ -60,13 +90,32 @@ class TypedDense(Dense):
         return _rewrapped(TypedDense, primitive, values, params)
 
 
+class DeclaredDense(Dense):
+    """`Dense` declaring its leaf: quax reads the aval without calling `aval`."""
+
+    aval_leaf: ClassVar[str] = "array"
+
+    @staticmethod
+    def default(primitive, values, params):
+        return _rewrapped(DeclaredDense, primitive, values, params)
+
+
+TYPES = {"shaped": Dense, "typeof": TypedDense}
+if DECLARED:
+    TYPES["declared"] = DeclaredDense
+
+
 def two(x, y):
-    return jax.lax.mul(jax.lax.add(x, y), y)
+    return lax.mul(lax.add(x, y), y)
+
+
+def mul_add(a, b):
+    return a * b + a
 
 
 def chain(x):
     for _ in range(100):
-        x = jax.lax.sin(jax.lax.mul(x, x))
+        x = lax.sin(lax.mul(x, x))
     return x
 
 
@@ -76,121 +125,346 @@ def jnp_chain(x):
     return x
 
 
-def best(fn, number: int, repeat: int = 7) -> float:
-    return min(timeit.repeat(fn, number=number, repeat=repeat)) / number
+# Timing -------------------------------------------------------------------------------
 
 
-def measure() -> dict[str, float]:
-    x = jnp.ones((8,))
-    y = jnp.full((8,), 2.0)
-    dx, dy = Dense(x), Dense(y)
-    q = quax.quaxify(two)
-    q(dx, dy)
-    two(x, y)
-    eager_plain = best(lambda: two(x, y), 300)
-    eager_quax = best(lambda: q(dx, dy), 300)
-    # A fresh function each time, so that JAX's tracing cache never answers.
-    trace_plain = best(lambda: jax.make_jaxpr(lambda a: chain(a))(x), 5)
-    trace_quax = best(lambda: jax.make_jaxpr(lambda a: quax.quaxify(chain)(a))(dx), 5)
-    tx = TypedDense(x)
-    trace_typed = best(lambda: jax.make_jaxpr(lambda a: quax.quaxify(chain)(a))(tx), 5)
-    jnp_plain = best(lambda: jax.make_jaxpr(lambda a: jnp_chain(a))(x), 5)
-    jnp_quax = best(lambda: jax.make_jaxpr(lambda a: quax.quaxify(jnp_chain)(a))(dx), 5)
+def _timed(fn: Callable[[], Any], number: int, clock: Callable[[], float]) -> float:
+    start = clock()
+    for _ in range(number):
+        fn()
+    return (clock() - start) / number
+
+
+def interleaved(
+    programs: dict[str, tuple[Callable[[], Any], int, Callable[[], float]]],
+    rounds: int,
+) -> dict[str, list[float]]:
+    """Each program (a call, calls per sample, clock) timed once per round, the
+    rounds interleaved; a warm-up call first."""
+    for fn, _, _ in programs.values():
+        fn()
+    times: dict[str, list[float]] = {name: [] for name in programs}
+    for _ in range(rounds):
+        for name, (fn, number, clock) in programs.items():
+            times[name].append(_timed(fn, number, clock))
+    return times
+
+
+def _summary(times: dict[str, list[float]], plain: str, name: str) -> dict[str, float]:
     return {
-        "eager_plain_us": eager_plain * 1e6,
-        "eager_quax_us": eager_quax * 1e6,
-        "eager_ratio": eager_quax / eager_plain,
-        "trace_plain_ms": trace_plain * 1e3,
-        "trace_quax_ms": trace_quax * 1e3,
-        "trace_ratio": trace_quax / trace_plain,
-        "trace_typed_ms": trace_typed * 1e3,
-        "trace_typed_ratio": trace_typed / trace_plain,
-        "jnp_plain_ms": jnp_plain * 1e3,
-        "jnp_quax_ms": jnp_quax * 1e3,
-        "jnp_ratio": jnp_quax / jnp_plain,
+        "plain_s": statistics.median(times[plain]),
+        "quax_s": statistics.median(times[name]),
+        "ratio": statistics.median(
+            q / p for q, p in zip(times[name], times[plain], strict=True)
+        ),
     }
 
 
-def import_time(python: str, code: str, runs: int = 7) -> float:
-    """Median wall time of a fresh interpreter running `code`."""
+CPU = time.thread_time
+PROCESS = time.process_time
+
+
+def eager(rounds: int) -> dict[str, dict[str, float]]:
+    x = jnp.linspace(0.5, 1.5, 8)
+    y = jnp.full((8,), 2.0)
+    programs = {
+        "two plain": (lambda: two(x, y), 100, PROCESS),
+        "mul_add plain": (lambda: mul_add(x, y), 50, PROCESS),
+        "multiply plain": (lambda: jnp.multiply(x, y), 100, PROCESS),
+    }
+    q_two, q_mul_add = quax.quaxify(two), quax.quaxify(mul_add)
+    q_multiply = quax.quaxify(jnp.multiply)
+    for kind, cls in TYPES.items():
+        a, b = cls(x), cls(y)
+        programs[f"two {kind}"] = (lambda a=a, b=b: q_two(a, b), 100, PROCESS)
+        programs[f"mul_add {kind}"] = (lambda a=a, b=b: q_mul_add(a, b), 50, PROCESS)
+        programs[f"multiply {kind}"] = (lambda a=a, b=b: q_multiply(a, b), 100, PROCESS)
+    times = interleaved(programs, rounds)
+    return {
+        f"{fn} {kind}": _summary(times, f"{fn} plain", f"{fn} {kind}")
+        for fn in ("two", "mul_add", "multiply")
+        for kind in TYPES
+    }
+
+
+def tracing(rounds: int) -> dict[str, dict[str, float]]:
+    x = jnp.ones((8,))
+    # A fresh function each time, so that JAX's tracing cache never answers.
+    programs = {
+        "lax plain": (lambda: jax.make_jaxpr(lambda a: chain(a))(x), 2, CPU),
+        "jnp plain": (lambda: jax.make_jaxpr(lambda a: jnp_chain(a))(x), 2, CPU),
+    }
+    for kind, cls in TYPES.items():
+        v = cls(x)
+        programs[f"lax {kind}"] = (
+            lambda v=v: jax.make_jaxpr(lambda a: quax.quaxify(chain)(a))(v),
+            2,
+            CPU,
+        )
+        programs[f"jnp {kind}"] = (
+            lambda v=v: jax.make_jaxpr(lambda a: quax.quaxify(jnp_chain)(a))(v),
+            2,
+            CPU,
+        )
+    times = interleaved(programs, rounds)
+    return {
+        f"{chain_} {kind}": _summary(times, f"{chain_} plain", f"{chain_} {kind}")
+        for chain_ in ("lax", "jnp")
+        for kind in TYPES
+    }
+
+
+# Time to a compiled program ----------------------------------------------------------
+
+WIDTH, RANK, BATCH = 256, 8, 16
+
+
+def lora_programs() -> tuple[Callable[..., Any], tuple, Callable[..., Any], tuple]:
+    """A loraified MLP through `quaxify` and the same LoRA MLP written by hand, as
+    (function, arguments) pairs whose arguments are all arrays."""
+    from quax.examples import lora
+
+    mlp = eqx.nn.MLP(WIDTH, WIDTH, WIDTH, depth=2, key=jr.PRNGKey(0))
+    model = lora.loraify(mlp, rank=RANK, key=jr.PRNGKey(1))
+    params, static = eqx.partition(model, eqx.is_array)
+    xs = jnp.ones((BATCH, WIDTH))
+
+    def quaxified(params, xs):
+        m = eqx.combine(params, static)
+        # `vmap` of a function, as in `by_hand`: JAX's debug info for `vmap` of an
+        # equinox module prints the whole module (its `repr`), on every trace.
+        return quax.quaxify(lambda m, xs: jax.vmap(lambda x: m(x))(xs))(m, xs)
+
+    keys = jr.split(jr.PRNGKey(2), 9)
+    layers = [
+        (
+            jr.normal(keys[3 * i], (WIDTH, WIDTH)),
+            jr.normal(keys[3 * i + 1], (WIDTH, RANK)),
+            jr.normal(keys[3 * i + 2], (RANK, WIDTH)),
+            jnp.zeros(WIDTH),
+        )
+        for i in range(3)
+    ]
+
+    def by_hand(layers, xs):
+        def forward(x):
+            for i, (w, a, b, bias) in enumerate(layers):
+                x = lax.stop_gradient(w) @ x + a @ (b @ x) + bias
+                if i < len(layers) - 1:
+                    x = jax.nn.relu(x)
+            return x
+
+        return jax.vmap(forward)(xs)
+
+    return quaxified, (params, xs), by_hand, (layers, xs)
+
+
+def units_programs() -> tuple[Callable[..., Any], tuple, Callable[..., Any], tuple]:
+    """The spring of `benchmarks/units.py` on quantities through `quaxify`, and on
+    plain arrays."""
+    from quax_units import Quantity
+
+    units = runpy.run_path(str(Path(__file__).with_name("units.py")))
+    n = 256
+    given = [
+        (jnp.linspace(-1.0, 1.0, n), "cm"),
+        (jnp.zeros(n), "m / s"),
+        (40.0, "N / m"),
+        (0.5, "N s / m"),
+        (2.0, "kg"),
+        (1.0, "ms"),
+    ]
+    args = tuple(Quantity(value, unit) for value, unit in given)
+    simulate = units["simulate"]
+    return quax.quaxify(simulate), args, simulate, units["_plain"](args)
+
+
+def phases(fn: Callable[..., Any], args: tuple) -> dict[str, float]:
+    """Trace, lower and compile a fresh `jax.jit` of `fn` (no cache answers)."""
+    jitted = jax.jit(lambda *a: fn(*a))
+    t0 = CPU()
+    traced = jitted.trace(*args)
+    t1 = CPU()
+    lowered = traced.lower()
+    t2, p2 = CPU(), PROCESS()
+    lowered.compile()
+    return {"trace": t1 - t0, "lower": t2 - t1, "compile": PROCESS() - p2}
+
+
+def compiled(rounds: int) -> dict[str, dict[str, float]]:
+    pairs = {"lora": lora_programs}
+    try:
+        import quax_units  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        pairs["units"] = units_programs
+    out = {}
+    for name, make in pairs.items():
+        q_fn, q_args, p_fn, p_args = make()
+        phases(q_fn, q_args)
+        phases(p_fn, p_args)
+        quaxed, plain = [], []
+        for _ in range(rounds):
+            quaxed.append(phases(q_fn, q_args))
+            plain.append(phases(p_fn, p_args))
+        for phase in ("trace", "lower", "compile", "total"):
+
+            def get(d, phase=phase):
+                return sum(d.values()) if phase == "total" else d[phase]
+
+            out[f"{name} {phase}"] = {
+                "plain_s": statistics.median(map(get, plain)),
+                "quax_s": statistics.median(map(get, quaxed)),
+                "ratio": statistics.median(
+                    get(q) / get(p) for q, p in zip(quaxed, plain, strict=True)
+                ),
+            }
+    return out
+
+
+def measure(quick: bool = False) -> dict[str, dict[str, float]]:
+    """Every measure but the import time, as `{name: {plain_s, quax_s, ratio}}`."""
+    return {
+        **eager(5 if quick else 15),
+        **tracing(5 if quick else 15),
+        **compiled(3 if quick else 7),
+    }
+
+
+def import_time(python: str, code: str, runs: int) -> float:
+    """Median CPU time of a fresh interpreter running `code`."""
     times = []
     for _ in range(runs):
-        out = subprocess.run(
+        done = subprocess.run(
             [
                 python,
                 "-c",
-                "import time; t = time.perf_counter(); "
-                f"{code}; print(time.perf_counter() - t)",
+                "import time; t = time.process_time(); "
+                f"{code}; print(time.process_time() - t)",
             ],
             capture_output=True,
             text=True,
             check=True,
         )
-        times.append(float(out.stdout.strip()))
+        times.append(float(done.stdout.strip()))
     return statistics.median(times)
 
 
-def main() -> None:
-    m = measure()
-    base = import_time(sys.executable, "import jax, equinox, plum")
-    ours = import_time(sys.executable, "import jax, equinox, plum, quax")
-    published: dict[str, float] = {}
+def published(quick: bool) -> dict[str, Any] | str:
+    """`measure()` run by the published quax, or why it was not."""
     python = os.environ.get("QUAX_PUBLISHED_PYTHON")
-    if python:
-        code = (
-            "import runpy; "
-            f"print(runpy.run_path({__file__!r}, run_name='bench')['measure']())"
-        )
-        out = subprocess.run([python, "-c", code], capture_output=True, text=True)
-        published = ast.literal_eval(out.stdout.strip()) if out.returncode == 0 else {}
-
-    def other(key: str) -> str:
-        return f"{published[key]:.2f}x" if key in published else "-"
-
-    rows = [
-        (
-            "eager two-primitive call",
-            f"{m['eager_quax_us']:.1f} us",
-            f"{m['eager_plain_us']:.1f} us",
-            m["eager_ratio"],
-            other("eager_ratio"),
-        ),
-        (
-            "make_jaxpr, 200-primitive chain",
-            f"{m['trace_quax_ms']:.2f} ms",
-            f"{m['trace_plain_ms']:.2f} ms",
-            m["trace_ratio"],
-            other("trace_ratio"),
-        ),
-        (
-            "make_jaxpr, 200-primitive chain, `aval` via `jax.typeof`",
-            f"{m['trace_typed_ms']:.2f} ms",
-            f"{m['trace_plain_ms']:.2f} ms",
-            m["trace_typed_ratio"],
-            other("trace_typed_ratio"),
-        ),
-        (
-            "make_jaxpr, 200-call `jax.numpy` chain",
-            f"{m['jnp_quax_ms']:.2f} ms",
-            f"{m['jnp_plain_ms']:.2f} ms",
-            m["jnp_ratio"],
-            other("jnp_ratio"),
-        ),
-        (
-            "import quax",
-            f"{ours:.3f} s",
-            f"{base:.3f} s (jax, equinox, plum)",
-            ours / base,
-            "-",
-        ),
-    ]
-    print(
-        "| measure | quax (ours) | plain JAX | ours / plain | published quax / plain |"
+    if not python:
+        return "QUAX_PUBLISHED_PYTHON is not set (see this file's docstring)"
+    code = (
+        "import json, runpy, sys; "
+        f"m = runpy.run_path({__file__!r}, run_name='bench')['measure']({quick}); "
+        "json.dump(m, sys.stdout)"
     )
+    done = subprocess.run([python, "-c", code], capture_output=True, text=True)
+    if done.returncode != 0:
+        lines = done.stderr.strip().splitlines() or ["no output"]
+        return f"the published run failed: {lines[-1]}"
+    return json.loads(done.stdout)
+
+
+ROWS = [
+    ("two shaped", "eager two-primitive `lax` call, `aval` builds a `ShapedArray`"),
+    ("two declared", "eager two-primitive `lax` call, declared aval"),
+    ("mul_add shaped", "eager `a * b + a` (`jax.numpy`), `ShapedArray` aval"),
+    ("mul_add declared", "eager `a * b + a` (`jax.numpy`), declared aval"),
+    ("multiply shaped", "eager `quaxify(jnp.multiply)`, `ShapedArray` aval"),
+    ("multiply declared", "eager `quaxify(jnp.multiply)`, declared aval"),
+    ("lax shaped", "`make_jaxpr`, 200-primitive `lax` chain, `ShapedArray` aval"),
+    ("lax typeof", "`make_jaxpr`, `lax` chain, `aval` returns `jax.typeof(leaf)`"),
+    ("lax declared", "`make_jaxpr`, `lax` chain, declared aval (`aval_leaf`)"),
+    ("jnp shaped", "`make_jaxpr`, 200-call `jax.numpy` chain, `ShapedArray` aval"),
+    ("jnp typeof", "`make_jaxpr`, `jax.numpy` chain, `jax.typeof` aval"),
+    ("jnp declared", "`make_jaxpr`, `jax.numpy` chain, declared aval"),
+    *[
+        (f"{name} {phase}", f"{label}: {phase}")
+        for name, label in (
+            ("lora", "LoRA MLP to a compiled program"),
+            ("units", "units spring to a compiled program"),
+        )
+        for phase in ("trace", "lower", "compile", "total")
+    ],
+]
+
+
+def _amount(seconds: float) -> str:
+    if seconds < 1e-3:
+        return f"{seconds * 1e6:.1f} us"
+    if seconds < 1:
+        return f"{seconds * 1e3:.2f} ms"
+    return f"{seconds:.2f} s"
+
+
+def plot(ours: dict[str, float], theirs: dict[str, float], path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = [key for key, _ in ROWS if key in ours]
+    fig, ax = plt.subplots(figsize=(9, 0.32 * len(names) + 1.2))
+    ys = range(len(names))
+    ax.barh([y + 0.2 for y in ys], [ours[n] for n in names], 0.4, label="quax-core")
+    ax.barh(
+        [y - 0.2 for y in ys],
+        [theirs.get(n, 0.0) for n in names],
+        0.4,
+        label="published quax 0.4.6",
+    )
+    ax.axvline(1.0, color="black", linewidth=0.8)
+    ax.set_xscale("log")
+    ax.set_yticks(list(ys), names)
+    ax.invert_yaxis()
+    ax.set_xlabel("time / plain JAX (median of interleaved rounds)")
+    ax.legend()
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def main(quick: bool = False) -> dict[str, Any]:
+    m = measure(quick)
+    runs = 3 if quick else 7
+    base = import_time(sys.executable, "import jax, equinox, plum", runs)
+    ours_import = import_time(sys.executable, "import jax, equinox, plum, quax", runs)
+    m["import"] = {"plain_s": base, "quax_s": ours_import, "ratio": ours_import / base}
+    theirs = published(quick)
+    other = theirs if isinstance(theirs, dict) else {}
+    print("| measure | quax (ours) | plain JAX | ours / plain | published / plain |")
     print("|---|---|---|---|---|")
-    for name, a, b, ratio, theirs in rows:
-        print(f"| {name} | {a} | {b} | {ratio:.2f}x | {theirs} |")
+    for key, label in [*ROWS, ("import", "`import quax` (CPU time)")]:
+        if key not in m:
+            continue
+        row = m[key]
+        them = f"{other[key]['ratio']:.2f}x" if key in other else "-"
+        print(
+            f"| {label} | {_amount(row['quax_s'])} | {_amount(row['plain_s'])} | "
+            f"{row['ratio']:.2f}x | {them} |"
+        )
+    if isinstance(theirs, str):
+        print(f"\npublished quax: {theirs}")
+    image = plot(
+        {k: v["ratio"] for k, v in m.items()},
+        {k: v["ratio"] for k, v in other.items()},
+        IMAGES / "core_ratios.png",
+    )
+    print(f"plot: docs/images/{image.name}")
+    return {
+        "ours": m,
+        "published": theirs,
+        "load": os.getloadavg()[0],
+        "quick": quick,
+    }
 
 
 if __name__ == "__main__":
-    main()
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer rounds")
+    main(parser.parse_args().quick)

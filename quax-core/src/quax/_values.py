@@ -13,8 +13,10 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypeAlias, TypeGuard
 
 import equinox as eqx
 import jax
+import numpy as np
 from jaxtyping import ArrayLike
 
+from ._avals import declared_aval
 from ._compat import (
     Primitive,
     ShapedArray,
@@ -90,6 +92,7 @@ _GENERATED_GLOBALS = frozenset(
         "__quax_new__",
         "__quax_set__",
         "__quax_check__",
+        "__quax_unchecked__",
         "__quax_defaults__",
     }
 )
@@ -131,7 +134,8 @@ def _generated_init(
     if keyword:
         header += ["*", *map(_parameter, keyword)]
     body = "".join(
-        f"    __quax_check__(self, {f.name})\n"
+        f"    if type({f.name}) not in __quax_unchecked__:\n"
+        f"        __quax_check__(self, {f.name})\n"
         f"    __quax_set__(__quax_self__, {f.name!r}, {f.name})\n"
         for f in fields
     )
@@ -144,7 +148,8 @@ def _generated_init(
     namespace: dict[str, Any] = {
         "__quax_new__": object.__new__,
         "__quax_set__": object.__setattr__,
-        "__quax_check__": eqx_warn_transformed_function,
+        "__quax_check__": _check_field,
+        "__quax_unchecked__": _unchecked_types,
         "__quax_defaults__": {f.name: f.default for f in fields},
     }
     exec(source, namespace)
@@ -152,6 +157,18 @@ def _generated_init(
     # Argument errors name `cls.__init__`, as the dataclass `__init__`'s do.
     init.__qualname__ = f"{cls.__qualname__}.__init__"
     return init
+
+
+# The types of field values that equinox's check never warns about (arrays,
+# tracers, scalars): seen once, they skip it, as rules build values on the hot path.
+_unchecked_types: set[type] = set()
+_ARRAY_TYPES = (jax.Array, np.ndarray, np.generic, bool, int, float, complex)
+
+
+def _check_field(cls: type, value: Any) -> None:
+    eqx_warn_transformed_function(cls, value)
+    if isinstance(value, _ARRAY_TYPES):
+        _unchecked_types.add(type(value))
 
 
 _POSITIONAL = inspect.Parameter.POSITIONAL_OR_KEYWORD
@@ -202,6 +219,8 @@ class Value(eqx.Module, metaclass=_ValueMeta):
     """
 
     linear_in_leaves: ClassVar[bool] = True
+    # The field whose aval is this value's (see `aval`), or `None`.
+    aval_leaf: ClassVar[str | None] = None
 
     if not TYPE_CHECKING:
 
@@ -227,6 +246,29 @@ class Value(eqx.Module, metaclass=_ValueMeta):
         that changes it belongs in static fields. Quax calls it for every value a rule
         returns, so keep it cheap: where a leaf has the value's shape and dtype,
         `return jax.typeof(leaf)` is cheaper than building a new `ShapedArray`.
+
+        **Declared avals.** When the aval is exactly one field's (its `jax.typeof`,
+        or its own `aval()` when the field holds a value), declare that field:
+
+        ```python
+        class Scaled(quax.ArrayValue):
+            array: jax.Array
+            scale: float = eqx.field(static=True)
+            aval_leaf: ClassVar[str] = "array"
+
+            def aval(self):
+                return jax.typeof(self.array)
+        ```
+
+        Quax then replaces `aval` with one that reads the field directly, with no
+        call into user code: the fastest way for a trace to learn a value's type.
+        The declared aval keeps the leaf's weak type, as JAX does for the dense
+        array. The method you wrote stays as the reference: under
+        [`quax.set_debug_checks`][] every declared aval is compared with it (shape,
+        dtype and weak type), and a difference raises a `TypeError` naming the class
+        and the field. (Without a method the class still works, but static type
+        checkers count it as abstract.) Naming a field that does not exist, or a
+        static one, is a `TypeError` when the class is created.
 
         **Returns:**
 
@@ -333,6 +375,9 @@ class Value(eqx.Module, metaclass=_ValueMeta):
         own = cls.__dict__.get("materialise")
         if own is not None and not getattr(own, "__isabstractmethod__", False):
             setattr(cls, "materialise", _tracked(own))  # noqa: B010
+        if cls.aval_leaf is not None:
+            aval = declared_aval(cls, cls.aval_leaf, value_classes)
+            setattr(cls, "aval", aval)  # noqa: B010
 
 
 ValueLike: TypeAlias = Value | ArrayLike

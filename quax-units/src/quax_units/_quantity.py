@@ -133,6 +133,9 @@ class Quantity(quax.ArrayValue):
     units: Dimensions = eqx.field(static=True)
     display: DisplayUnit = eqx.field(static=True)
     allow_materialise: bool = eqx.field(static=True)
+    # The aval is the array's (with its weak type, as for the dense numbers): quax
+    # reads it without calling `aval`, which stays as the reference.
+    aval_leaf: ClassVar[str] = "array"
 
     def __init__(
         self,
@@ -240,7 +243,7 @@ class Quantity(quax.ArrayValue):
         return None
 
     def aval(self) -> jax.core.ShapedArray:
-        return jax.core.ShapedArray(jnp.shape(self.array), jnp.result_type(self.array))
+        return jax.typeof(self.array)  # pyright: ignore[reportReturnType]
 
     def materialise(self) -> Any:
         if self.units.is_dimensionless or self.allow_materialise:

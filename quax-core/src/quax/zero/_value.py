@@ -2,6 +2,7 @@
 
 import contextlib
 import contextvars
+import functools as ft
 from collections.abc import Iterator
 from typing import Any
 
@@ -56,10 +57,17 @@ class Zero(ArrayValue):
             raise ValueError(f"Zero: {dtype!r} is not a dtype ({e}).") from e
 
     def aval(self) -> ShapedArray:
-        return ShapedArray(self._shape, self._dtype)
+        return _aval(self._shape, self._dtype)
 
     def materialise(self) -> jax.Array:
         return jnp.zeros(self._shape, self._dtype)
+
+
+@ft.lru_cache(maxsize=1024)
+def _aval(shape: tuple[int, ...], dtype: np.dtype) -> ShapedArray:
+    """A `Zero`'s aval from its static shape and dtype, built once per pair: JAX
+    interns equal `ShapedArray`s anyway, but only after the cost of building one."""
+    return ShapedArray(shape, dtype)
 
 
 def _checked_shape(shape: Any) -> tuple[int, ...]:
