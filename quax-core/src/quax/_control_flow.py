@@ -269,6 +269,9 @@ def _while(
 
     def predicate(c: list[Any]) -> Any:
         (pred,) = cond_fn(*cond_consts, *c)
+        leaf = _predicate_leaf(pred)
+        if leaf is not None:
+            return leaf
         return _decision(pred, f"the predicate of a `{what}` (its `cond_fun`'s output)")
 
     def cond(c: list[Any]) -> Any:
@@ -288,6 +291,28 @@ def _while(
         lambda body, c: lax.while_loop(cond, body, c),
         carry_names(body_jaxpr, body_nconsts, what),
     )
+
+
+def _predicate_leaf(pred: Any) -> Any:
+    """A loop predicate that is a value, read from its leaf without materialising
+    it (as the published quax, which flattens it to its one leaf), where that is
+    exact: the value's array is linear in its leaves (`linear_in_leaves`), and its
+    only leaf is a boolean array of the value's own shape, so the leaf is that
+    array. `None` where it is not (the predicate is materialised, or refused, as
+    usual)."""
+    if not (is_value(pred) and type(pred).linear_in_leaves):
+        return None
+    leaves = jtu.tree_leaves(pred)
+    aval = pred.aval()
+    if len(leaves) != 1 or aval.dtype != np.bool_:
+        return None
+    (leaf,) = leaves
+    if not isinstance(leaf, jax.Array | np.ndarray):
+        return None
+    leaf_aval = typeof(leaf)
+    if leaf_aval.shape != aval.shape or leaf_aval.dtype != aval.dtype:
+        return None
+    return leaf
 
 
 def _select_where(pred: Any, new: Any, old: Any) -> Any:
