@@ -135,3 +135,26 @@ def test_value_with_other_leaves() -> None:
     out = quax.quaxify(lambda a, b: a * b)(Named(X, "x"), Named(Y, "y"))
     assert type(out) is Named and out.name == "out"
     np.testing.assert_array_equal(out.array, X * Y)
+
+
+def test_programs_follow_new_rules() -> None:
+    # A program compiled before a rule is registered must not answer after it.
+    class Late(quax.ArrayValue):
+        array: Array
+
+        def aval(self) -> Any:
+            return jax.typeof(self.array)
+
+        def materialise(self) -> Array:
+            return self.array
+
+    q = quax.quaxify(jnp.negative)
+    assert type(q(Late(X))) is not Late  # materialised: no rule yet
+
+    @quax.register(jax.lax.neg_p)
+    def _(x: Late, **params: Any) -> Late:
+        return Late(jax.lax.neg(x.array, **params))
+
+    out = q(Late(X))
+    assert type(out) is Late
+    np.testing.assert_array_equal(out.array, -X)

@@ -25,6 +25,7 @@ import jax
 import jax.tree_util as jtu
 import numpy as np
 
+from . import _registry
 from ._compat import Tracer, typeof
 from ._values import is_value, tracking
 
@@ -59,6 +60,11 @@ class ConstKey:
     def __hash__(self) -> int:
         return hash((self.aval, self.data))
 
+
+# The registry empties its dispatch cache whenever a rule is registered: an entry of
+# this module's there says that no rule was registered since the programs were built.
+_RULES_SEEN: Any = ("quax._eager", "rules seen")
+_registry_cache: dict[Any, Any] = _registry._cache
 
 # The programs of each code, by its `id` (a `WeakKeyDictionary` would compare keys
 # with `__eq__`, which `jax.numpy`'s ufuncs make slow), dropped with the code.
@@ -99,6 +105,11 @@ def call_compiled(
     """
     if tracking():
         return False, None
+    if _RULES_SEEN not in _registry_cache:
+        # A rule was registered since the programs were compiled: they may dispatch
+        # otherwise now.
+        _programs.clear()
+        _registry_cache[_RULES_SEEN] = None
     leaves, treedef = jtu.tree_flatten(tuple(args), is_leaf=is_value)
     dynamic = []
     consts: list[ConstKey | None] = []
