@@ -6,7 +6,8 @@ op-by-op dispatch. Instead, library code called on values eagerly (an inlined `j
 a Python operator on a traced value, `quax.quaxify` of a jitted function or of an
 `operator` function) runs as the compiled program of its quaxified body, cached by
 the code, the values' types and static fields (each program sees one text of
-them, as a type may make their equality loose) and the plain inputs.
+them, as a type may make their equality loose), the plain inputs, and the settings
+that rules read (`quax.zero.ieee_strict`).
 
 Plain inputs stay constants of the program, as they are when the code runs equation
 by equation (rules may need their values: an exponent, a known fill), so they are
@@ -136,7 +137,7 @@ def call_compiled(
     # of quax-units' display units compare equal, so that `jit` compiles once per
     # dimension): eagerly, each call's static fields are its own, so programs are
     # keyed by their text too.
-    key = (treedef, tuple(consts), tuple(structures))
+    key = (treedef, tuple(consts), tuple(structures), _modes())
     program = programs.get(key)
     if program is None:
         if len(programs) >= MAX_PROGRAMS:
@@ -153,6 +154,14 @@ def call_compiled(
 
 
 _NOT_AN_ARRAY = "Error interpreting argument"
+
+
+def _modes() -> tuple[Any, ...]:
+    """The settings that rules read while they trace, which a program fixes: the
+    core's symbolic zeros' `ieee_strict`."""
+    from .zero import is_ieee_strict
+
+    return (is_ieee_strict(),)
 
 
 def _compile(
