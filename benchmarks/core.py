@@ -180,11 +180,21 @@ def eager(rounds: int) -> dict[str, dict[str, float]]:
         programs[f"mul_add {kind}"] = (lambda a=a, b=b: q_mul_add(a, b), 50, PROCESS)
         programs[f"multiply {kind}"] = (lambda a=a, b=b: q_multiply(a, b), 100, PROCESS)
     times = interleaved(programs, rounds)
-    return {
+    out = {
         f"{fn} {kind}": _summary(times, f"{fn} plain", f"{fn} {kind}")
         for fn in ("two", "mul_add", "multiply")
         for kind in TYPES
     }
+    if hasattr(quax, "set_eager_compilation"):  # ours: compiled eager code, opt-in
+        quax.set_eager_compilation(True)
+        try:
+            kept = [k for k in programs if k.endswith((" plain", " shaped"))]
+            compiled = interleaved({k: programs[k] for k in kept}, rounds)
+        finally:
+            quax.set_eager_compilation(False)
+        for fn in ("two", "mul_add", "multiply"):
+            out[f"{fn} compiled"] = _summary(compiled, f"{fn} plain", f"{fn} shaped")
+    return out
 
 
 def tracing(rounds: int) -> dict[str, dict[str, float]]:
@@ -375,6 +385,9 @@ ROWS = [
     ("mul_add declared", "eager `a * b + a` (`jax.numpy`), declared aval"),
     ("multiply shaped", "eager `quaxify(jnp.multiply)`, `ShapedArray` aval"),
     ("multiply declared", "eager `quaxify(jnp.multiply)`, declared aval"),
+    ("two compiled", "eager two-primitive call, `quax.set_eager_compilation(True)`"),
+    ("mul_add compiled", "eager `a * b + a`, `quax.set_eager_compilation(True)`"),
+    ("multiply compiled", "eager `quaxify(jnp.multiply)`, eager compilation on"),
     ("lax shaped", "`make_jaxpr`, 200-primitive `lax` chain, `ShapedArray` aval"),
     ("lax typeof", "`make_jaxpr`, `lax` chain, `aval` returns `jax.typeof(leaf)`"),
     ("lax declared", "`make_jaxpr`, `lax` chain, declared aval (`aval_leaf`)"),

@@ -35,6 +35,15 @@ class Opaque(quax.ArrayValue):
         return self.array
 
 
+@pytest.fixture(autouse=True)
+def _compiled() -> Any:
+    """Every test here runs with eager compilation on (it is opt-in), except where
+    it turns it off itself."""
+    quax.set_eager_compilation(True)
+    yield
+    quax.set_eager_compilation(False)
+
+
 X = jnp.array([0.5, -1.5, 2.25, 3.0])
 Y = jnp.array([1.25, 2.0, -0.75, 4.0])
 
@@ -65,6 +74,7 @@ def test_exact_results(fn: Any) -> None:
 def test_library_code_runs_compiled() -> None:
     q = quax.quaxify(lambda a, b: jnp.sin(a) * b)
     q(Dense(X), Dense(Y))
+    quax.quaxify(jnp.multiply)(Dense(X), Dense(Y))  # compiles its program
     with quax.plugins.track_evaluations() as report:
         q(Dense(X), Dense(Y))
         quax.quaxify(jnp.multiply)(Dense(X), Dense(Y))
@@ -158,3 +168,40 @@ def test_programs_follow_new_rules() -> None:
     out = q(Late(X))
     assert type(out) is Late
     np.testing.assert_array_equal(out.array, -X)
+
+
+def test_off_by_default_and_when_turned_off() -> None:
+    q = quax.quaxify(lambda a, b: jnp.sin(a) * b)
+    q(Dense(X), Dense(Y))
+    quax.set_eager_compilation(False)
+    with quax.plugins.track_evaluations() as report:
+        out = q(Dense(X), Dense(Y))
+    assert report.total == 2  # `sin` and `multiply`, equation by equation
+    np.testing.assert_array_equal(out.array, jnp.sin(X) * Y)
+
+
+class Counted(quax.ArrayValue):
+    """A value whose `mul` rule reads its leaf concretely (as a rule that sizes its
+    result from the data does)."""
+
+    array: Array
+
+    def aval(self) -> Any:
+        return jax.typeof(self.array)
+
+    def materialise(self) -> Array:
+        return self.array
+
+
+@quax.register(jax.lax.mul_p)
+def _(x: Counted, y: Counted, **params: Any) -> Counted:
+    positive = int(jnp.sum(x.array > 0))  # needs a concrete leaf
+    return Counted(jax.lax.mul(x.array, y.array, **params) + positive)
+
+
+def test_rules_needing_concrete_leaves_run_by_equation() -> None:
+    q = quax.quaxify(jnp.multiply)
+    for _ in range(2):  # the second call remembers: no compile attempt
+        out = q(Counted(X), Counted(Y))
+        assert type(out) is Counted
+        np.testing.assert_array_equal(out.array, X * Y + 3)

@@ -13,6 +13,7 @@ from . import (
     plugins as plugins,
     zero as zero,
 )
+from ._eager import set_eager_compilation as set_eager_compilation
 from ._jaxpr import known_constant as known_constant
 from ._joins import JoinError as JoinError
 from ._quaxify import quaxify as quaxify

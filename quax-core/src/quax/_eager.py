@@ -9,6 +9,15 @@ the code, the values' types and static fields (each program sees one text of
 them, as a type may make their equality loose), the plain inputs, and the settings
 that rules read (`quax.zero.ieee_strict`).
 
+This is opt-in ([`quax.set_eager_compilation`][], or `QUAX_EAGER_COMPILE=1`): in a
+compiled program, rules see the leaves of values as tracers, not concrete arrays. A
+rule that reads concrete leaves may then answer otherwise: a sparse product sizes
+its result for the worst case instead of exactly, and a tag that depends on a
+known scalar is dropped. A rule that needs a concrete leaf (JAX raises a
+concretization error) makes that call, and later calls of the same code and
+structure, run equation by equation instead. Rules that read global settings
+other than the zeros' `ieee_strict` must not be used with it.
+
 Plain inputs stay constants of the program, as they are when the code runs equation
 by equation (rules may need their values: an exponent, a known fill), so they are
 part of the cache key: only small ones (`MAX_CONSTANT_SIZE` elements), and at most
@@ -18,6 +27,7 @@ code runs equation by equation as before. Only library code runs this way: the
 user's own Python between calls runs as written, with its side effects.
 """
 
+import os
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -31,7 +41,13 @@ from ._compat import Tracer, typeof
 from ._values import is_value, tracking
 
 
-__all__ = ["MAX_CONSTANT_SIZE", "MAX_PROGRAMS", "ConstKey", "call_compiled"]
+__all__ = [
+    "MAX_CONSTANT_SIZE",
+    "MAX_PROGRAMS",
+    "ConstKey",
+    "call_compiled",
+    "set_eager_compilation",
+]
 
 MAX_CONSTANT_SIZE = 64
 MAX_PROGRAMS = 8
@@ -60,6 +76,47 @@ class ConstKey:
 
     def __hash__(self) -> int:
         return hash((self.aval, self.data))
+
+
+_enabled = os.environ.get("QUAX_EAGER_COMPILE", "0") not in ("", "0")
+
+
+def set_eager_compilation(enabled: bool) -> None:
+    """Run library code called eagerly on values (every `jax.numpy` function, Python
+    operators, `quax.quaxify` of a jitted function) as one compiled, cached program
+    per code and value structure, instead of equation by equation. Off by default
+    (or as the environment variable `QUAX_EAGER_COMPILE=1` sets it).
+
+    Results are exact either way, and the user's own Python (side effects,
+    `jax.debug` calls) runs as written. But inside a compiled program the rules see
+    the leaves of values as tracers: a rule that reads concrete leaves (through
+    [`quax.known_constant`][] or `==` on leaves) may pick a more general answer, such
+    as a sparse product sized for its worst case. Rules that need a concrete leaf
+    (JAX raises a concretization error) fall back to running equation by equation.
+    Turn it on when the value types in use have rules that depend only on their
+    types, static fields and small plain constants.
+
+    **Arguments:**
+
+    - `enabled`: whether eager library code runs compiled.
+
+    **Returns:**
+
+    Nothing. Compiled programs are dropped whenever the setting changes.
+    """
+    global _enabled
+    _enabled = bool(enabled)
+    _programs.clear()
+
+
+# Raised while tracing a program whose rules needed a concrete leaf.
+_NEEDS_CONCRETE = (
+    jax.errors.ConcretizationTypeError,
+    jax.errors.TracerArrayConversionError,
+    jax.errors.TracerIntegerConversionError,
+)
+# In a program table: this code and structure run equation by equation.
+_BY_EQUATION: Any = object()
 
 
 # The registry empties its dispatch cache whenever a rule is registered: an entry of
@@ -104,7 +161,7 @@ def call_compiled(
     (materialisations tracked, no value, a large or traced plain input, a value
     with other leaves than arrays, or too many programs for `code` already).
     """
-    if tracking():
+    if not _enabled or tracking():
         return False, None
     if _RULES_SEEN not in _registry_cache:
         # A rule was registered since the programs were compiled: they may dispatch
@@ -139,6 +196,8 @@ def call_compiled(
     # keyed by their text too.
     key = (treedef, tuple(consts), tuple(structures), _modes())
     program = programs.get(key)
+    if program is _BY_EQUATION:
+        return False, None
     if program is None:
         if len(programs) >= MAX_PROGRAMS:
             return False, None
@@ -146,6 +205,9 @@ def call_compiled(
         programs[key] = program
     try:
         return True, program(*dynamic)
+    except _NEEDS_CONCRETE:
+        programs[key] = _BY_EQUATION
+        return False, None
     except TypeError as e:
         # A value with a leaf that is not an array (JAX says so before tracing).
         if str(e).startswith(_NOT_AN_ARRAY):
