@@ -45,6 +45,7 @@ __all__ = [
     "MAX_CONSTANT_SIZE",
     "MAX_PROGRAMS",
     "ConstKey",
+    "add_setting",
     "call_compiled",
     "set_eager_compilation",
 ]
@@ -218,12 +219,18 @@ def call_compiled(
 _NOT_AN_ARRAY = "Error interpreting argument"
 
 
-def _modes() -> tuple[Any, ...]:
-    """The settings that rules read while they trace, which a program fixes: the
-    core's symbolic zeros' `ieee_strict`."""
-    from .zero import is_ieee_strict
+# The settings that rules read while they trace, which a compiled program fixes (the
+# core's symbolic zeros add their `ieee_strict` when they are imported).
+_settings: list[Callable[[], Any]] = []
 
-    return (is_ieee_strict(),)
+
+def add_setting(read: Callable[[], Any]) -> None:
+    """Make the setting that `read()` returns part of every compiled program's key."""
+    _settings.append(read)
+
+
+def _modes() -> tuple[Any, ...]:
+    return tuple(read() for read in _settings)
 
 
 def _compile(

@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._compat import ShapedArray
+from .._eager import add_setting
 from .._values import ArrayValue
 
 
@@ -142,3 +143,6 @@ def is_ieee_strict() -> bool:
     `True` inside an `ieee_strict()` block.
     """
     return _strict.get()
+
+
+add_setting(is_ieee_strict)  # compiled eager programs follow the setting
