@@ -335,6 +335,37 @@ class Value(eqx.Module, metaclass=_ValueMeta):
         del array, like
         return None
 
+    @classmethod
+    def join(cls, value: "Value", other: "Value") -> "Value | None":
+        """`value` (a `cls`) converted to a pytree structure that it shares with
+        `other`, or `None` to decline.
+
+        Quax calls it to join a loop carry, branch output or linear-solve right-hand
+        side that is a value on both sides but whose structures differ (the same type
+        with different static metadata, such as flags that a body's output promises
+        and its input does not), before falling back to materialising. It converts
+        the input with `join(carry, output)`, then the body's outputs with
+        `join(output, joined_carry)`, and re-traces the body until the structures
+        agree; branch outputs are joined pairwise the same way.
+
+        The result must represent the same array as `value` (the same shape and dtype;
+        e.g. with the weaker of two sets of flags), and joining the other side to it
+        must give the same structure again. `other`'s leaves may be
+        `jax.ShapeDtypeStruct`s: use only its type and static fields. The default
+        declines.
+
+        **Arguments:**
+
+        - `value`: the value to convert.
+        - `other`: a value (of any type) with the structure to join with.
+
+        **Returns:**
+
+        A value of the common structure holding `value`'s array, or `None`.
+        """
+        del value, other
+        return None
+
     def tangent(self, dot: "Value") -> "ValueLike":
         """The tangent of this value's array, given its leaves' tangents: what a
         `custom_jvp` rule receives beside it, and what maps a `custom_vjp` rule's
