@@ -190,12 +190,3 @@ def test_zero_aval_from_its_static_shape_and_dtype(shape, dtype) -> None:
     out = quax.quaxify(lambda a: a.reshape(-1))(z)
     assert isinstance(out, Zero)
     assert out.aval() == jax.core.ShapedArray((int(np.prod(shape)),), dtype)
-
-
-def test_quantity_declares_its_array() -> None:
-    units = pytest.importorskip("quax_units", reason="quax-units is not installed")
-    q = units.Quantity(jnp.asarray(2.0), "km")
-    assert q.aval() == jax.typeof(q.array)
-    half = jnp.ones(3, jnp.float16)
-    out = quax.quaxify(jnp.multiply)(q, half)
-    assert out.array.dtype == jnp.multiply(q.array, half).dtype

@@ -225,3 +225,13 @@ def test_examples_of_issue_18_round_trip():
     assert repr(to_f) == "Quantity(Array(68., dtype=float32), unit='degF')"
     # The SI-coherent array (what programs compute on) is unchanged by `.to`.
     np.testing.assert_array_equal(to_f.array, Quantity(20.0, "degC").array)
+
+
+def test_quantity_declares_its_array() -> None:
+    # The declared aval (`Value.aval_leaf`) is the array's, weak type included: a weakly
+    # typed Python-float Quantity times float16 stays float16, as in plain JAX.
+    q = Quantity(2.0, "km")
+    assert q.aval() == jax.typeof(q.array)
+    half = jnp.ones(3, jnp.float16)
+    out = quax.quaxify(jnp.multiply)(q, half)
+    assert out.array.dtype == jnp.multiply(q.array, half).dtype == jnp.float16
