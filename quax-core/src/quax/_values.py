@@ -337,31 +337,18 @@ class Value(eqx.Module, metaclass=_ValueMeta):
 
     @classmethod
     def join(cls, value: "Value", other: "Value") -> "Value | None":
-        """`value` (a `cls`) converted to a pytree structure that it shares with
-        `other`, or `None` to decline.
-
-        Quax calls it to join a loop carry, branch output or linear-solve right-hand
-        side that is a value on both sides but whose structures differ (the same type
-        with different static metadata, such as flags that a body's output promises
-        and its input does not), before falling back to materialising. It converts
-        the input with `join(carry, output)`, then the body's outputs with
-        `join(output, joined_carry)`, and re-traces the body until the structures
-        agree; branch outputs are joined pairwise the same way.
-
-        The result must represent the same array as `value` (the same shape and dtype;
-        e.g. with the weaker of two sets of flags), and joining the other side to it
-        must give the same structure again. `other`'s leaves may be
-        `jax.ShapeDtypeStruct`s: use only its type and static fields. The default
-        declines.
-
-        **Arguments:**
-
-        - `value`: the value to convert.
-        - `other`: a value (of any type) with the structure to join with.
+        """`value` (a `cls`) converted to a structure it shares with `other` (the
+        same array; e.g. the weaker of two sets of static flags), or `None` to
+        decline (the default). Quax calls it where a loop carry, branch output or
+        linear-solve right-hand side is a value on both sides whose structures
+        differ, converting the input (`join(carry, output)`) and then the body's
+        outputs (`join(output, joined)`) until they agree, before materialising.
+        `other`'s leaves may be `jax.ShapeDtypeStruct`s: read only its type and
+        static fields.
 
         **Returns:**
 
-        A value of the common structure holding `value`'s array, or `None`.
+        A value holding `value`'s array in the common structure, or `None`.
         """
         del value, other
         return None
