@@ -5,6 +5,7 @@ change: exact results, the user's Python side effects and `jax.debug` calls, the
 materialisation report, and refusals (same point, same text)."""
 
 import operator
+import os
 from typing import Any
 
 import equinox as eqx
@@ -13,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import quax
+import quax._eager as quax_eager
 from jaxtyping import Array
 
 from .helpers import Dense
@@ -37,11 +39,11 @@ class Opaque(quax.ArrayValue):
 
 @pytest.fixture(autouse=True)
 def _compiled() -> Any:
-    """Every test here runs with eager compilation on (it is opt-in), except where
-    it turns it off itself."""
+    """Every test here runs with eager compilation on (opt-in, or on for the
+    session with `QUAX_EAGER_COMPILE=1`), except where it turns it off itself."""
     quax.set_eager_compilation(True)
     yield
-    quax.set_eager_compilation(False)
+    quax.set_eager_compilation(os.environ.get("QUAX_EAGER_COMPILE", "0") != "0")
 
 
 X = jnp.array([0.5, -1.5, 2.25, 3.0])
@@ -170,7 +172,13 @@ def test_programs_follow_new_rules() -> None:
     np.testing.assert_array_equal(out.array, -X)
 
 
-def test_off_by_default_and_when_turned_off() -> None:
+def test_default_follows_the_environment() -> None:
+    # Read at import: on only with `QUAX_EAGER_COMPILE=1` (the fixture restores it).
+    quax.set_eager_compilation(os.environ.get("QUAX_EAGER_COMPILE", "0") != "0")
+    assert quax_eager._enabled is (os.environ.get("QUAX_EAGER_COMPILE") == "1")
+
+
+def test_turned_off() -> None:
     q = quax.quaxify(lambda a, b: jnp.sin(a) * b)
     q(Dense(X), Dense(Y))
     quax.set_eager_compilation(False)
@@ -180,17 +188,9 @@ def test_off_by_default_and_when_turned_off() -> None:
     np.testing.assert_array_equal(out.array, jnp.sin(X) * Y)
 
 
-class Counted(quax.ArrayValue):
+class Counted(Dense):
     """A value whose `mul` rule reads its leaf concretely (as a rule that sizes its
     result from the data does)."""
-
-    array: Array
-
-    def aval(self) -> Any:
-        return jax.typeof(self.array)
-
-    def materialise(self) -> Array:
-        return self.array
 
 
 @quax.register(jax.lax.mul_p)
@@ -205,3 +205,159 @@ def test_rules_needing_concrete_leaves_run_by_equation() -> None:
         out = q(Counted(X), Counted(Y))
         assert type(out) is Counted
         np.testing.assert_array_equal(out.array, X * Y + 3)
+
+
+# Rules that choose on concrete leaves must answer alike with compilation on and off.
+
+
+class Signed(Dense):
+    """A value whose `neg` rule keeps a `positive` tag it reads from its leaf
+    through `quax.known_constant` (as the structured family's tags do)."""
+
+    positive: bool = eqx.field(static=True, default=False)
+
+
+neg_calls = []
+
+
+@quax.register(jax.lax.neg_p)
+def _(x: Signed, **params: Any) -> Signed:
+    neg_calls.append(1)
+    known = quax.known_constant(x.array)
+    negative = known is not None and bool(np.all(known < 0))
+    return Signed(jax.lax.neg(x.array, **params), positive=negative)
+
+
+def test_known_constant_on_a_leaf_runs_by_equation() -> None:
+    q = quax.quaxify(jnp.negative)
+    # The first call runs by equation and traces its program, which stops at
+    # `known_constant`; so does the second for the inlined `jit` inside
+    # `jnp.negative`; then everything runs by equation only.
+    for calls in (2, 2, 1):
+        neg_calls.clear()
+        out = q(Signed(-jnp.abs(X)))
+        assert out.positive  # as equation by equation: the leaf is known
+        np.testing.assert_array_equal(out.array, jnp.abs(X))
+        assert len(neg_calls) == calls
+    quax.set_eager_compilation(False)
+    assert q(Signed(-jnp.abs(X))).positive
+
+
+def test_known_constant_of_a_large_leaf_keeps_the_program() -> None:
+    # Over `max_size`, equation by equation does not look either: compiled.
+    q = quax.quaxify(jnp.negative)
+    big = -jnp.arange(1.0, 2000.0)
+    q(Signed(big))
+    neg_calls.clear()
+    with quax.plugins.track_evaluations() as report:
+        out = q(Signed(big))
+    assert report.total == 0 and not neg_calls  # the compiled program answered
+    assert not out.positive
+    np.testing.assert_array_equal(out.array, -big)
+
+
+class Sized(quax.ArrayValue):
+    """Nonzeros first, then zeros: its leaf holds as many numbers as its `abs` rule
+    finds nonzero when the leaf is concrete (reading it with NumPy, as quax-sparse's
+    product counts its entries), else all of them."""
+
+    array: Array
+    length: int = eqx.field(static=True)
+
+    def aval(self) -> Any:
+        return jax.core.ShapedArray((self.length,), self.array.dtype)
+
+    def materialise(self) -> Array:
+        return (
+            jnp.zeros(self.length, self.array.dtype)
+            .at[: len(self.array)]
+            .set(self.array)
+        )
+
+
+@quax.register(jax.lax.abs_p)
+def _(x: Sized, **params: Any) -> Sized:
+    try:
+        kept = int(np.sum(np.asarray(x.array) != 0))
+    except Exception:  # a tracer: the worst case
+        kept = len(x.array)
+    return Sized(jnp.abs(x.array[:kept]), x.length)
+
+
+def test_other_structures_than_by_equation_run_by_equation() -> None:
+    # Its program is traced on the first call and dropped: it kept more numbers.
+    q = quax.quaxify(jnp.abs)
+    for _ in range(2):
+        out = q(Sized(jnp.array([1.0, -2.0, 0.0, 0.0]), 4))
+        np.testing.assert_array_equal(out.array, [1.0, 2.0])
+    (programs,) = [t for r, t in quax_eager._programs.values() if r() is jnp.abs]
+    assert list(programs.values()) == [quax_eager._BY_EQUATION]
+
+
+class Fussy(Dense):
+    """A value whose rule fails on traced leaves for another reason than JAX's
+    concretization errors (as unxt's `pow` did)."""
+
+
+@quax.register(jax.lax.sign_p)
+def _(x: Fussy, **params: Any) -> Fussy:
+    if isinstance(x.array, jax.core.Tracer):
+        raise ValueError("Fussy needs its numbers")
+    return Fussy(jax.lax.sign(x.array, **params))
+
+
+def test_programs_failing_to_trace_run_by_equation() -> None:
+    q = quax.quaxify(jnp.sign)
+    for _ in range(2):
+        np.testing.assert_array_equal(q(Fussy(X)).array, jnp.sign(X))
+
+
+class Shown(Dense):
+    """A value with a display label that compares equal to every other (as
+    quax-units' display units do), so that `jit` compiles once for all labels."""
+
+    label: "Label" = eqx.field(static=True)
+
+
+class Label(str):
+    def __hash__(self) -> int:
+        return hash(Label)
+
+    def __eq__(self, other: object) -> bool:  # every label is equal
+        return isinstance(other, Label)
+
+
+@quax.register(jax.lax.exp_p)
+def _(x: Shown, **params: Any) -> Shown:
+    return Shown(jax.lax.exp(x.array, **params), Label(f"exp {x.label}"))
+
+
+def test_each_display_text_has_its_program() -> None:
+    q = quax.quaxify(jnp.exp)
+    for _ in range(2):
+        for text in ("m", "km"):
+            out = q(Shown(X, Label(text)))
+            assert str.__eq__(out.label, f"exp {text}")
+            np.testing.assert_array_equal(out.array, jnp.exp(X))
+
+
+def test_value_parts_are_computed_once() -> None:
+    value = Shown(X, Label("m"))
+    key, leaves, treedef = quax_eager.value_parts(value)
+    assert quax_eager.value_parts(value)[0] is key
+    assert "'m'" in key and leaves == [value.array]
+    assert str.__eq__(jax.tree_util.tree_unflatten(treedef, leaves).label, "m")
+    assert quax_eager.value_parts(Named(X, "x"))[0] == ""  # a leaf that is not an array
+
+
+def test_rules_generation_counts_registrations() -> None:
+    before = quax.plugins.rules_generation()
+
+    class Fresh(Dense):
+        pass
+
+    @quax.register(jax.lax.cos_p)
+    def _(x: Fresh, **params: Any) -> Fresh:
+        return Fresh(jax.lax.cos(x.array, **params))
+
+    assert quax.plugins.rules_generation() == before + 1

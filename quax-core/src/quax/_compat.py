@@ -7,6 +7,7 @@ interprets a program: the interpreters built on these names live in `_jaxpr.py`.
 
 import functools as ft
 import importlib
+import threading
 from typing import Any, NamedTuple
 
 import jax
@@ -65,6 +66,7 @@ __all__ = [
     "custom_vjp_call_p",
     "debug_callback_p",
     "debug_print_p",
+    "eager_program",
     "ensure_no_leaks",
     "eqx_bound_method",
     "eqx_finish_init",
@@ -431,11 +433,26 @@ def stages_or_batches(trace: Any) -> bool:
     return isinstance(trace, _pe.DynamicJaxprTrace | _batching.BatchTrace)
 
 
+class _EagerProgram(threading.local):
+    trace: Any = None
+
+
+# The trace of the compiled eager program this thread traces now (`quax._eager`):
+# its tracers stand for arrays that, equation by equation, would be concrete.
+eager_program = _EagerProgram()
+
+
 def staging() -> bool:
     """Whether the current trace, or one it runs inside, stages a program (`jit`,
-    `make_jaxpr`, ...) rather than computing eagerly."""
+    `make_jaxpr`, ...) rather than computing eagerly. The `jit` of a compiled eager
+    program (`quax._eager`) counts as eager: its code runs eagerly as written."""
     trace = _core.trace_ctx.trace
-    while trace is not None and not isinstance(trace, _core.EvalTrace):
+    eager = eager_program.trace
+    while (
+        trace is not None
+        and trace is not eager
+        and not isinstance(trace, _core.EvalTrace)
+    ):
         if isinstance(trace, _pe.DynamicJaxprTrace):
             return True
         trace = getattr(trace, "parent_trace", None)

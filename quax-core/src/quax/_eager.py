@@ -5,18 +5,21 @@ program. Quax, run eagerly, would bind the function's equations one by one, each
 op-by-op dispatch. Instead, library code called on values eagerly (an inlined `jit`,
 a Python operator on a traced value, `quax.quaxify` of a jitted function or of an
 `operator` function) runs as the compiled program of its quaxified body, cached by
-the code, the values' types and static fields (each program sees one text of
-them, as a type may make their equality loose), the plain inputs, and the settings
-that rules read (`quax.zero.ieee_strict`).
+the code, the values' types and static fields (strictly: each program sees one text
+of them, as a type may make their equality loose), the plain inputs, and the
+settings that rules read (`quax.zero.ieee_strict`).
 
-This is opt-in ([`quax.set_eager_compilation`][], or `QUAX_EAGER_COMPILE=1`): in a
-compiled program, rules see the leaves of values as tracers, not concrete arrays. A
-rule that reads concrete leaves may then answer otherwise: a sparse product sizes
-its result for the worst case instead of exactly, and a tag that depends on a
-known scalar is dropped. A rule that needs a concrete leaf (JAX raises a
-concretization error) makes that call, and later calls of the same code and
-structure, run equation by equation instead. Rules that read global settings
-other than the zeros' `ieee_strict` must not be used with it.
+In a compiled program, rules see the leaves of values as tracers, where equation by
+equation they see concrete arrays. So that no rule answers otherwise there, the
+first call of each code and structure runs equation by equation, and its program is
+only traced: it is kept when it gives the same output structure (types, static
+fields, shapes and dtypes), and the code runs equation by equation from then on
+when it does not, or when tracing it fails for any reason (a rule needing a concrete
+leaf, a refusal, an error), or when a rule asks [`quax.known_constant`][] for the
+value of a leaf of the program (equation by equation it would be known). A rule
+that reads concrete leaves must do so through `quax.known_constant`: the output
+check only sees the first call. Opt-in ([`quax.set_eager_compilation`][], or
+`QUAX_EAGER_COMPILE=1`) until every family's suite has run with it.
 
 Plain inputs stay constants of the program, as they are when the code runs equation
 by equation (rules may need their values: an exponent, a known fill), so they are
@@ -28,6 +31,7 @@ user's own Python between calls runs as written, with its side effects.
 """
 
 import os
+import threading
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -37,23 +41,28 @@ import jax.tree_util as jtu
 import numpy as np
 
 from . import _registry
-from ._compat import Tracer, typeof
+from ._avals import KEPT_AVAL
+from ._compat import Tracer, current_trace, eager_program, typeof
 from ._values import is_value, tracking
 
 
 __all__ = [
     "MAX_CONSTANT_SIZE",
     "MAX_PROGRAMS",
+    "ConcreteNeeded",
     "ConstKey",
     "add_setting",
     "call_compiled",
+    "require_concrete",
     "set_eager_compilation",
+    "value_parts",
 ]
 
 MAX_CONSTANT_SIZE = 64
 MAX_PROGRAMS = 8
 
 _ARRAY_LEAVES = (jax.Array, np.ndarray, np.generic, int, float, complex)
+_object_getattribute = object.__getattribute__
 
 
 class ConstKey:
@@ -79,6 +88,28 @@ class ConstKey:
         return hash((self.aval, self.data))
 
 
+_PARTS_ATTRIBUTE = "__quax_eager_parts__"
+
+
+def value_parts(x: Any) -> tuple[str, list[Any], Any]:
+    """A strict key of the value `x`'s pytree structure (its types and static
+    fields, by their text: `==` may be loose, as for quax-units' display units), its
+    leaves, and its treedef; computed once per value and kept on it (values are
+    immutable). The key is `""` when a leaf is not an array: such a value has no
+    compiled program."""
+    attributes = getattr(x, "__dict__", None)
+    if attributes is not None:
+        parts = attributes.get(_PARTS_ATTRIBUTE)
+        if parts is not None:
+            return parts
+    leaves, treedef = jtu.tree_flatten(x)
+    arrays = all(isinstance(leaf, _ARRAY_LEAVES) for leaf in leaves)
+    parts = (repr(treedef) if arrays else "", leaves, treedef)
+    if attributes is not None:
+        attributes[_PARTS_ATTRIBUTE] = parts
+    return parts
+
+
 _enabled = os.environ.get("QUAX_EAGER_COMPILE", "0") not in ("", "0")
 
 
@@ -86,16 +117,14 @@ def set_eager_compilation(enabled: bool) -> None:
     """Run library code called eagerly on values (every `jax.numpy` function, Python
     operators, `quax.quaxify` of a jitted function) as one compiled, cached program
     per code and value structure, instead of equation by equation. Off by default
-    (or as the environment variable `QUAX_EAGER_COMPILE=1` sets it).
+    (on with the environment variable `QUAX_EAGER_COMPILE=1`).
 
-    Results are exact either way, and the user's own Python (side effects,
-    `jax.debug` calls) runs as written. But inside a compiled program the rules see
-    the leaves of values as tracers: a rule that reads concrete leaves (through
-    [`quax.known_constant`][] or `==` on leaves) may pick a more general answer, such
-    as a sparse product sized for its worst case. Rules that need a concrete leaf
-    (JAX raises a concretization error) fall back to running equation by equation.
-    Turn it on when the value types in use have rules that depend only on their
-    types, static fields and small plain constants.
+    Results are the same either way, and the user's own Python (side effects,
+    `jax.debug` calls) runs as written. The first call of each code and structure
+    runs equation by equation, and its program is kept only if it gives the same
+    output structure; code whose rules need a concrete leaf (through
+    [`quax.known_constant`][], or a JAX concretization error) keeps running equation
+    by equation.
 
     **Arguments:**
 
@@ -110,24 +139,38 @@ def set_eager_compilation(enabled: bool) -> None:
     _programs.clear()
 
 
-# Raised while tracing a program whose rules needed a concrete leaf.
-_NEEDS_CONCRETE = (
-    jax.errors.ConcretizationTypeError,
-    jax.errors.TracerArrayConversionError,
-    jax.errors.TracerIntegerConversionError,
-)
+class ConcreteNeeded(BaseException):
+    """A rule asked for the value of a leaf of the compiled eager program being
+    traced: equation by equation, it would be concrete, and the rule might answer
+    otherwise. The code then runs equation by equation. A `BaseException`, so that
+    a rule's `except Exception` cannot turn it into a more general answer."""
+
+
+def require_concrete(x: Any) -> None:
+    """Raise `ConcreteNeeded` when `x` is a tracer of the compiled eager program
+    being traced (equation by equation, it would be a concrete array)."""
+    trace = eager_program.trace
+    if trace is not None and isinstance(x, Tracer) and x._trace is trace:
+        raise ConcreteNeeded
+
+
 # In a program table: this code and structure run equation by equation.
 _BY_EQUATION: Any = object()
 
 
-# The registry empties its dispatch cache whenever a rule is registered: an entry of
-# this module's there says that no rule was registered since the programs were built.
-_RULES_SEEN: Any = ("quax._eager", "rules seen")
-_registry_cache: dict[Any, Any] = _registry._cache
+class _State(threading.local):
+    # Whether this thread runs a first call equation by equation, to check its
+    # program: code inside it runs equation by equation too.
+    checking: bool = False
+
+
+_state = _State()
 
 # The programs of each code, by its `id` (a `WeakKeyDictionary` would compare keys
-# with `__eq__`, which `jax.numpy`'s ufuncs make slow), dropped with the code.
+# with `__eq__`, which `jax.numpy`'s ufuncs make slow), dropped with the code, and
+# all of them when a rule is registered (they may dispatch otherwise now).
 _programs: dict[int, tuple[Any, dict[Any, Any]]] = {}
+_programs_generation = _registry.rules_generation()
 
 
 def _programs_of(code: Any) -> dict[Any, Any] | None:
@@ -145,78 +188,135 @@ def _programs_of(code: Any) -> dict[Any, Any] | None:
 
 
 def call_compiled(
-    code: Any, quaxified: Callable[[], Callable[..., Any]], args: Sequence[Any]
+    code: Any,
+    quaxified: Callable[[], Callable[..., Any]],
+    args: Sequence[Any],
+    kwargs: dict[str, Any] | None = None,
 ) -> tuple[bool, Any]:
-    """Run `quaxified()(*args)` as one compiled program, if it can.
+    """Run `quaxified()(*args, **kwargs)` as one compiled program, if it can.
 
     **Arguments:**
 
     - `code`: what the program is cached under (a jaxpr, a library function).
     - `quaxified`: builds the quaxified function to compile (called once per
         program).
-    - `args`: its inputs: values, and plain arrays or Python scalars.
+    - `args`, `kwargs`: its inputs: values, plain arrays or Python scalars, and
+        pytrees of them.
 
     **Returns:**
 
     `(True, output)`, or `(False, None)` when the call must run as before
-    (materialisations tracked, no value, a large or traced plain input, a value
-    with other leaves than arrays, or too many programs for `code` already).
+    (materialisations tracked, no value, a large or traced plain input, too many
+    programs for `code` already, or code that runs equation by equation).
     """
-    if not _enabled or tracking():
+    global _programs_generation
+    if not _enabled or _state.checking or tracking():
         return False, None
-    if _RULES_SEEN not in _registry_cache:
-        # A rule was registered since the programs were compiled: they may dispatch
-        # otherwise now.
+    if _registry._generation != _programs_generation:
+        # A rule was registered: the programs may dispatch otherwise now.
         _programs.clear()
-        _registry_cache[_RULES_SEEN] = None
-    leaves, treedef = jtu.tree_flatten(tuple(args), is_leaf=is_value)
-    dynamic = []
-    consts: list[ConstKey | None] = []
-    structures = []
-    for x in leaves:
+        _programs_generation = _registry._generation
+    if kwargs or not all(map(_is_input, args)):
+        inputs, treedef = jtu.tree_flatten((tuple(args), kwargs), is_leaf=is_value)
+    else:
+        inputs, treedef = args, len(args)
+    leaves: list[Any] = []
+    key: list[Any] = [treedef]
+    values = False
+    for x in inputs:
         if is_value(x):
-            dynamic.append(x)
-            consts.append(None)
-            structures.append(repr(jtu.tree_structure(x)))
+            structure, value_leaves, _ = value_parts(x)
+            if not structure:
+                return False, None
+            key.append(structure)
+            leaves += value_leaves
+            values = True
         elif (
             isinstance(x, _ARRAY_LEAVES)
             and not isinstance(x, Tracer)
             and np.size(x) <= MAX_CONSTANT_SIZE
         ):
-            consts.append(ConstKey(x))
+            key.append(ConstKey(x))
         else:
             return False, None
-    if not dynamic:
+    if not values:
         return False, None
     programs = _programs_of(code)
     if programs is None:
         return False, None
-    # `jax.jit` compares static fields with `==`, which a type may make loose (all
-    # of quax-units' display units compare equal, so that `jit` compiles once per
-    # dimension): eagerly, each call's static fields are its own, so programs are
-    # keyed by their text too.
-    key = (treedef, tuple(consts), tuple(structures), _modes())
-    program = programs.get(key)
+    for read in _settings:
+        key.append(read())
+    program_key = tuple(key)
+    program = programs.get(program_key)
     if program is _BY_EQUATION:
         return False, None
-    if program is None:
-        if len(programs) >= MAX_PROGRAMS:
-            return False, None
-        program = _compile(quaxified(), treedef, consts)
-        programs[key] = program
-    try:
-        return True, program(*dynamic)
-    except _NEEDS_CONCRETE:
-        programs[key] = _BY_EQUATION
+    if program is not None:
+        out = program.call(*leaves)
+        if program.aval is not None:
+            _object_getattribute(out, "__dict__")[KEPT_AVAL] = program.aval
+        return True, out
+    if len(programs) >= MAX_PROGRAMS:
         return False, None
-    except TypeError as e:
-        # A value with a leaf that is not an array (JAX says so before tracing).
-        if str(e).startswith(_NOT_AN_ARRAY):
-            return False, None
-        raise
+    # The first call: equation by equation, with the program traced beside it.
+    fn = quaxified()
+    _state.checking = True
+    try:
+        out = fn(*args, **(kwargs or {}))
+    finally:
+        _state.checking = False
+    programs[program_key] = _checked_program(fn, inputs, treedef, leaves, out)
+    return True, out
 
 
-_NOT_AN_ARRAY = "Error interpreting argument"
+def _is_input(x: Any) -> bool:
+    """Whether `x` is one input (no pytree of them) of compiled code."""
+    return is_value(x) or isinstance(x, _ARRAY_LEAVES)
+
+
+def _checked_program(
+    fn: Callable[..., Any],
+    inputs: Sequence[Any],
+    treedef: Any,
+    leaves: list[Any],
+    expected: Any,
+) -> Any:
+    """The compiled program of `fn` on `inputs` (the values among them are given as
+    their leaves), if tracing it on `leaves` gives the structure of `expected`
+    (what `fn` gave equation by equation); else `_BY_EQUATION`."""
+    program = _compile(fn, inputs, treedef)
+    try:
+        traced = program.trace(*leaves)
+    except (ConcreteNeeded, Exception):
+        # A rule needed a concrete leaf or refused: equation by equation, it ran.
+        return _BY_EQUATION
+    got, got_tree = jtu.tree_flatten(traced.out_info)
+    want, want_tree = jtu.tree_flatten(expected)
+    if repr(got_tree) != repr(want_tree) or any(
+        (g.shape, g.dtype, g.weak_type) != _shape_dtype(x)
+        for g, x in zip(got, want, strict=True)
+    ):
+        return _BY_EQUATION
+    # A value's aval is the same for every output of the program: kept on each.
+    kept = (
+        getattr(expected, "__dict__", {}).get(KEPT_AVAL) if is_value(expected) else None
+    )
+    return _Program(program, kept)
+
+
+class _Program:
+    """A compiled eager program, and the aval of its output when that is a value
+    whose `aval` quax keeps on the instance."""
+
+    __slots__ = ("aval", "call")
+
+    def __init__(self, call: Callable[..., Any], aval: Any) -> None:
+        self.call = call
+        self.aval = aval
+
+
+def _shape_dtype(x: Any) -> tuple[Any, ...]:
+    aval = typeof(x)
+    return aval.shape, aval.dtype, aval.weak_type
 
 
 # The settings that rules read while they trace, which a compiled program fixes (the
@@ -229,17 +329,36 @@ def add_setting(read: Callable[[], Any]) -> None:
     _settings.append(read)
 
 
-def _modes() -> tuple[Any, ...]:
-    return tuple(read() for read in _settings)
+def _compile(fn: Callable[..., Any], inputs: Sequence[Any], treedef: Any) -> Any:
+    """`fn` on `inputs` as a jitted function of the leaves of the values among them
+    (the other inputs are constants of the program)."""
+    slots: list[tuple[Any, int]] = []  # per input: its treedef and leaf count, or
+    for x in inputs:  # the constant itself
+        if is_value(x):
+            _, value_leaves, value_treedef = value_parts(x)
+            slots.append((value_treedef, len(value_leaves)))
+        else:
+            slots.append((x, -1))
 
-
-def _compile(
-    fn: Callable[..., Any], treedef: Any, consts: list[ConstKey | None]
-) -> Callable[..., Any]:
-    def body(*dynamic: Any) -> Any:
-        it = iter(dynamic)
-        leaves = [next(it) if c is None else c.value for c in consts]
-        return fn(*jtu.tree_unflatten(treedef, leaves))
+    def body(*leaves: Any) -> Any:
+        rebuilt = []
+        start = 0
+        for x, count in slots:
+            if count < 0:
+                rebuilt.append(x)
+            else:
+                rebuilt.append(jtu.tree_unflatten(x, leaves[start : start + count]))
+                start += count
+        if isinstance(treedef, int):
+            args, kwargs = rebuilt, {}
+        else:
+            args, kwargs = jtu.tree_unflatten(treedef, rebuilt)
+        outer = eager_program.trace
+        eager_program.trace = current_trace()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            eager_program.trace = outer
 
     body.__name__ = body.__qualname__ = getattr(fn, "__name__", "quaxified")
     return jax.jit(body)

@@ -33,6 +33,7 @@ from ._compat import (
     staged_literal,
     user_context,
 )
+from ._eager import require_concrete
 from ._values import Value
 
 
@@ -159,6 +160,12 @@ def known_constant(x: Any, max_size: int = 1024) -> Any:
     tracer; for a jit-traced `x`, a literal, a broadcast, copy or conversion of one, or
     a small effect-free equation on such constants (`lax.switch` clamps a constant
     index). Otherwise `None`.
+
+    Asked about an array computed from the leaves of values, in library code that
+    quax runs eagerly as one compiled program (see [`quax.set_eager_compilation`][]),
+    it makes that code run equation by equation instead, where the leaves are
+    concrete: a rule that reads the numbers of a leaf asks here, so that it answers
+    alike either way.
     """
     if not isinstance(x, Tracer):
         return np.asarray(x) if np.size(x) <= max_size else None
@@ -214,7 +221,12 @@ def known_constant(x: Any, max_size: int = 1024) -> Any:
         with eval_context():
             return np.asarray(primitive.bind(*operands, **eqn.params))
 
-    return value(x)
+    out = value(x)
+    if out is None and np.size(x) <= max_size:
+        # Computed from the leaves of an eager compiled program's values, which
+        # equation by equation are known: that code runs equation by equation.
+        require_concrete(x)
+    return out
 
 
 # Counting evaluations ----------------------------------------------------------------

@@ -127,8 +127,7 @@ class _Quaxify(eqx.Module, Generic[_CT]):
             and is_eval_trace(current_trace())
         ):
             # Eagerly, library code runs as one compiled program (`quax._eager`).
-            unpacked = ft.partial(_unpacked, self)
-            done, out = call_compiled(self.fn, unpacked, (args, kwargs))
+            done, out = call_compiled(self.fn, lambda: self, args, kwargs)
             if done:
                 return out
         leaves, treedef = jtu.tree_flatten((self.fn, args, kwargs), is_leaf=is_value)
@@ -155,13 +154,6 @@ class _Quaxify(eqx.Module, Generic[_CT]):
         if instance is None:
             return self
         return eqx.Partial(self, instance)
-
-
-def _unpacked(
-    quaxified: _Quaxify[Any],
-) -> Callable[[tuple[Any, ...], dict[str, Any]], Any]:
-    """`quaxified` on `(args, kwargs)` (for `quax._eager`)."""
-    return lambda args, kwargs: quaxified(*args, **kwargs)
 
 
 def quaxify(fn: _CT, filter_spec: PyTree[bool | Callable[[Any], bool]] = True) -> _CT:

@@ -26,6 +26,7 @@ __all__ = [
     "register_elementwise",
     "resolve",
     "rule_for",
+    "rules_generation",
 ]
 
 _F = TypeVar("_F", bound=Callable[..., Any])
@@ -60,6 +61,8 @@ _registrations: dict[Primitive, list[_Registration]] = {}
 _faithful: dict[Primitive, bool] = {}
 # The dispatch cache: (primitive, input types) -> rule. Cleared by `register`.
 _cache: dict[tuple[Primitive, tuple[type, ...]], Rule] = {}
+# How many rules were registered so far (see `rules_generation`).
+_generation = 0
 # The params each rule takes by name, read once at registration; `None` for a rule
 # with `**params`, which receives every param.
 _keywords: dict[Callable[..., Any], frozenset[str] | None] = {}
@@ -112,6 +115,7 @@ def register(primitive: Primitive, *, precedence: int = 0) -> Callable[[_F], _F]
     _check_primitive(primitive, "quax.register")
 
     def _register(rule: _F) -> _F:
+        global _generation
         signature = _checked_signature(primitive, rule)
         new = _Registration(rule, signature, precedence, _is_catch_all(rule))
         registrations = _registrations.setdefault(primitive, [])
@@ -143,9 +147,24 @@ def register(primitive: Primitive, *, precedence: int = 0) -> Callable[[_F], _F]
             _decided_by_types(r.signature) for r in registrations
         )
         _cache.clear()
+        _generation += 1
         return rule
 
     return _register
+
+
+def rules_generation() -> int:
+    """How many rules have been registered so far, in any family.
+
+    Whatever a caller derives from dispatch and keeps (a compiled program, a cache of
+    resolutions) is valid while this number is unchanged: registering a rule may
+    change what later dispatch answers.
+
+    **Returns:**
+
+    An `int` that grows by one with each rule registered.
+    """
+    return _generation
 
 
 def _check_primitive(primitive: Any, where: str) -> None:

@@ -16,7 +16,7 @@ import jax
 import numpy as np
 from jaxtyping import ArrayLike
 
-from ._avals import declared_aval
+from ._avals import class_aval
 from ._compat import (
     Primitive,
     ShapedArray,
@@ -242,10 +242,10 @@ class Value(eqx.Module, metaclass=_ValueMeta):
     def aval(self) -> Any:
         """The abstract value JAX sees for this object.
 
-        It must be pure: the same instance always gives the same aval. Python metadata
-        that changes it belongs in static fields. Quax calls it for every value a rule
-        returns, so keep it cheap: where a leaf has the value's shape and dtype,
-        `return jax.typeof(leaf)` is cheaper than building a new `ShapedArray`.
+        It must be pure: the same instance always gives the same aval (quax keeps
+        it on the instance). Python metadata that changes it belongs in static
+        fields. Quax calls it for every value a rule returns, so keep it cheap:
+        `return jax.typeof(leaf)` beats building a new `ShapedArray`.
 
         **Declared avals.** When the aval is exactly one field's (its `jax.typeof`,
         or its own `aval()` when the field holds a value), declare that field:
@@ -393,8 +393,8 @@ class Value(eqx.Module, metaclass=_ValueMeta):
         own = cls.__dict__.get("materialise")
         if own is not None and not getattr(own, "__isabstractmethod__", False):
             setattr(cls, "materialise", _tracked(own))  # noqa: B010
-        if cls.aval_leaf is not None:
-            aval = declared_aval(cls, cls.aval_leaf, value_classes)
+        aval = class_aval(cls, value_classes)
+        if aval is not None:
             setattr(cls, "aval", aval)  # noqa: B010
 
 

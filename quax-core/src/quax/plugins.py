@@ -24,4 +24,4 @@ from ._plugins import (
     load as load,
     manager as manager,
 )
-from ._registry import resolve as resolve
+from ._registry import resolve as resolve, rules_generation as rules_generation
