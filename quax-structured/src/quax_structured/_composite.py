@@ -21,19 +21,6 @@ __all__ = ["Product", "Sum", "add", "matmul"]
 _FACTORISATIONS = {"lu", "cholesky", "triangular_solve", "eig", "eigh"}
 
 
-def _iterative_way_out(matrix: StructuredMatrix, primitive: Any) -> str:
-    name = type(matrix).__name__
-    way_out = StructuredMatrix.way_out(matrix, primitive)
-    if primitive.name not in _FACTORISATIONS:
-        return way_out
-    return (
-        f"A `{name}` of structures has no structured factorisation; solve through "
-        "its products instead, which cost the sum of its parts' products: e.g. "
-        "`jax.scipy.sparse.linalg.cg(lambda v: M @ v, b)` (symmetric positive "
-        "definite) or `jax.scipy.sparse.linalg.gmres`. Or: " + way_out
-    )
-
-
 def _all(results: list[Any]) -> list[Any] | None:
     return None if any(r is None for r in results) else results
 
@@ -44,21 +31,72 @@ def _same_leaves(x: StructuredMatrix, y: StructuredMatrix) -> bool:
     return tx == ty and all(a is b for a, b in zip(lx, ly, strict=True))
 
 
-def _check_parts(name: str, parts: tuple[StructuredMatrix, ...]) -> None:
-    if len(parts) < 2 or len({p.shape for p in parts}) != 1:
-        shapes = [p.shape for p in parts]
-        raise ValueError(
-            f"`{name}` needs at least two structured matrices of one shape, got "
-            f"{shapes}."
+class _Lazy(StructuredMatrix):
+    """What `Sum` and `Product` share: a tuple of parts of one shape, rebuilt
+    part by part by the structured operations, and the refusal of factorisations
+    that names an iterative solver."""
+
+    allow_materialise: eqx.AbstractVar[bool]
+
+    # Linear in the leaves only when every part is (and a sum's): declared for
+    # the type.
+    linear_in_leaves = False
+
+    @property
+    def parts(self) -> tuple[StructuredMatrix, ...]:
+        raise NotImplementedError
+
+    def __check_init__(self):
+        parts = self.parts
+        if len(parts) < 2 or len({p.shape for p in parts}) != 1:
+            raise ValueError(
+                f"`{type(self).__name__}` needs at least two structured matrices of "
+                f"one shape, got {[p.shape for p in parts]}."
+            )
+
+    def aval(self) -> jax.core.ShapedArray:
+        dtype = jnp.result_type(*(p.dtype for p in self.parts))
+        return jax.core.ShapedArray(self.parts[0].shape, dtype)
+
+    def way_out(self, primitive: Any) -> str:
+        way_out = StructuredMatrix.way_out(self, primitive)
+        if primitive.name not in _FACTORISATIONS:
+            return way_out
+        return (
+            f"A `{type(self).__name__}` of structures has no structured "
+            "factorisation; solve through its products instead, which cost the sum "
+            "of its parts' products: e.g. `jax.scipy.sparse.linalg.cg(lambda v: M @ "
+            "v, b)` (symmetric positive definite) or `jax.scipy.sparse.linalg.gmres`. "
+            "Or: " + way_out
         )
 
+    def _with(self, parts: list[StructuredMatrix] | None) -> Any:
+        """The same kind of matrix over `parts`; `None` for `None`."""
+        return (
+            None if parts is None else type(self)(tuple(parts), self.allow_materialise)
+        )
 
-def _aval(parts: tuple[StructuredMatrix, ...]) -> jax.core.ShapedArray:
-    dtype = jnp.result_type(*(p.dtype for p in parts))
-    return jax.core.ShapedArray(parts[0].shape, dtype)
+    def _each(self, method: str, *args: Any) -> list[Any] | None:
+        """`part.method(*args)` for every part, or `None` if one has no such form."""
+        return _all([getattr(p, method)(*args) for p in self.parts])
+
+    def _replaced(self, method: str, *args: Any, at: tuple[int, ...] | None = None):
+        """The same matrix with the first part (among `at`, default all) for which
+        `part.method(*args)` has a form replaced by that form; `None` if none has."""
+        for k in range(len(self.parts)) if at is None else at:
+            out = getattr(self.parts[k], method)(*args)
+            if out is not None:
+                parts = list(self.parts)
+                parts[k] = out
+                return self._with(parts)
+        return None
+
+    def map_leaves(self, fn) -> Any:
+        # For a product, only dtype conversions reach this (`scaled` is its own).
+        return self._with(self._each("map_leaves", fn))
 
 
-class Sum(StructuredMatrix):
+class Sum(_Lazy):
     """`terms[0] + terms[1] + ...`, kept lazy: what `A + B` gives for two structures
     without a closed form for their sum. Products cost the sum of the terms'
     costs; transpose, negation and scalar multiplication act on every term.
@@ -77,63 +115,45 @@ class Sum(StructuredMatrix):
     terms: tuple[StructuredMatrix, ...]
     allow_materialise: bool = eqx.field(default=False, static=True)
 
-    # Linear in the leaves only when every term is: declared for the type.
-    linear_in_leaves = False
-
-    def __check_init__(self):
-        _check_parts("Sum", self.terms)
+    @property
+    def parts(self) -> tuple[StructuredMatrix, ...]:
+        return self.terms
 
     @property
     def symmetric(self) -> bool:
         return self.positive_definite or all(t.symmetric for t in self.terms)
 
-    def aval(self) -> jax.core.ShapedArray:
-        return _aval(self.terms)
-
     def dense(self) -> Array:
         return ft.reduce(jnp.add, (t.dense() for t in self.terms))
 
-    def _with(self, terms: list[StructuredMatrix] | None) -> "Sum | None":
-        return None if terms is None else Sum(tuple(terms), self.allow_materialise)
-
-    def way_out(self, primitive: Any) -> str:
-        return _iterative_way_out(self, primitive)
-
     def transpose(self) -> "Sum | None":
-        return self._with(_all([t.transpose() for t in self.terms]))
-
-    def map_leaves(self, fn) -> "Sum | None":
-        return self._with(_all([t.map_leaves(fn) for t in self.terms]))
+        return self._with(self._each("transpose"))
 
     def scaled(self, s: Array) -> "Sum | None":
-        return self._with(_all([t.scaled(s) for t in self.terms]))
+        return self._with(self._each("scaled", s))
+
+    def masked(self, y: Array) -> "Sum | None":
+        return self._with(self._each("masked", y))
+
+    def row_scaled(self, d: Array) -> "Sum | None":
+        return self._with(self._each("row_scaled", d))
+
+    def col_scaled(self, d: Array) -> "Sum | None":
+        return self._with(self._each("col_scaled", d))
+
+    def add_diagonal(self, d: Array) -> "Sum | None":
+        return self._replaced("add_diagonal", d)
 
     def matmat(self, x: Array) -> Array | None:
-        outs = _all([t.matmat(x) for t in self.terms])
+        outs = self._each("matmat", x)
         return None if outs is None else ft.reduce(jnp.add, outs)
 
     def entries(self, i: Array, j: Array) -> Array | None:
-        outs = _all([t.entries(i, j) for t in self.terms])
+        outs = self._each("entries", i, j)
         return None if outs is None else ft.reduce(jnp.add, outs)
 
-    def masked(self, y: Array) -> "Sum | None":
-        return self._with(_all([t.masked(y) for t in self.terms]))
 
-    def row_scaled(self, d: Array) -> "Sum | None":
-        return self._with(_all([t.row_scaled(d) for t in self.terms]))
-
-    def col_scaled(self, d: Array) -> "Sum | None":
-        return self._with(_all([t.col_scaled(d) for t in self.terms]))
-
-    def add_diagonal(self, d: Array) -> "Sum | None":
-        for k, term in enumerate(self.terms):
-            merged = term.add_diagonal(d)
-            if merged is not None:
-                return self._with([*self.terms[:k], merged, *self.terms[k + 1 :]])
-        return None
-
-
-class Product(StructuredMatrix):
+class Product(_Lazy):
     """`factors[0] @ factors[1] @ ...`, kept lazy: what `A @ B` gives for two
     structures without a closed form for their product. `M @ x` applies the
     factors right to left, costing the sum of their products' costs; transpose
@@ -151,53 +171,31 @@ class Product(StructuredMatrix):
     factors: tuple[StructuredMatrix, ...]
     allow_materialise: bool = eqx.field(default=False, static=True)
 
-    linear_in_leaves = False
-
-    def __check_init__(self):
-        _check_parts("Product", self.factors)
-
-    def aval(self) -> jax.core.ShapedArray:
-        return _aval(self.factors)
+    @property
+    def parts(self) -> tuple[StructuredMatrix, ...]:
+        return self.factors
 
     def dense(self) -> Array:
         return ft.reduce(jnp.matmul, (f.dense() for f in self.factors))
 
-    def way_out(self, primitive: Any) -> str:
-        return _iterative_way_out(self, primitive)
-
-    def _with(self, factors: list[StructuredMatrix]) -> "Product":
-        return Product(tuple(factors), self.allow_materialise)
-
     def transpose(self) -> "Product | None":
-        flipped = _all([f.transpose() for f in reversed(self.factors)])
-        return None if flipped is None else self._with(flipped)
+        flipped = self._each("transpose")
+        return None if flipped is None else self._with(flipped[::-1])
 
     def scaled(self, s: Array) -> "Product | None":
-        for k, factor in enumerate(self.factors):
-            out = factor.scaled(s)
-            if out is not None:
-                factors = [*self.factors[:k], out, *self.factors[k + 1 :]]
-                return self._with(factors)
-        return None
+        return self._replaced("scaled", s)
 
-    def map_leaves(self, fn) -> "Product | None":
-        # Only dtype conversions reach this (`scaled` is the product's own).
-        factors = _all([f.map_leaves(fn) for f in self.factors])
-        return None if factors is None else self._with(factors)
+    def row_scaled(self, d: Array) -> "Product | None":
+        return self._replaced("row_scaled", d, at=(0,))
+
+    def col_scaled(self, d: Array) -> "Product | None":
+        return self._replaced("col_scaled", d, at=(len(self.factors) - 1,))
 
     def matmat(self, x: Array) -> Array | None:
         out: Array | None = x
         for factor in reversed(self.factors):
             out = None if out is None else factor.matmat(out)
         return out
-
-    def row_scaled(self, d: Array) -> "Product | None":
-        first = self.factors[0].row_scaled(d)
-        return None if first is None else self._with([first, *self.factors[1:]])
-
-    def col_scaled(self, d: Array) -> "Product | None":
-        last = self.factors[-1].col_scaled(d)
-        return None if last is None else self._with([*self.factors[:-1], last])
 
 
 def _terms(x: StructuredMatrix) -> tuple[StructuredMatrix, ...]:

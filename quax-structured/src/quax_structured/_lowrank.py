@@ -18,7 +18,30 @@ def _outer(u: Array, v: Array) -> Array:
     return jnp.einsum("...ir,...jr->...ij", u, v)
 
 
-class LowRank(StructuredMatrix):
+class _UVt(StructuredMatrix):
+    """The `U Vᵀ` term that `LowRank` and `LowRankPlusDiagonal` share: its symmetry,
+    its dense array and its products, O(n r)."""
+
+    u: eqx.AbstractVar[Array]
+    v: eqx.AbstractVar[Array | None]
+
+    linear_in_leaves = False
+
+    @property
+    def symmetric(self) -> bool:
+        return self.v is None
+
+    def _v(self) -> Array:
+        return self.u if self.v is None else self.v
+
+    def _uvt(self) -> Array:
+        return _outer(self.u, self._v())
+
+    def _uvt_matmat(self, x: Array) -> Array:
+        return self.u @ (self._v().T @ x)
+
+
+class LowRank(_UVt):
     """`U Vᵀ`, an `(n, n)` matrix of rank at most `r`. Products cost O(n r).
 
     **Fields:**
@@ -32,21 +55,12 @@ class LowRank(StructuredMatrix):
     v: Array | None = None
     allow_materialise: bool = eqx.field(default=False, static=True)
 
-    linear_in_leaves = False
-
-    @property
-    def symmetric(self) -> bool:
-        return self.v is None
-
-    def _v(self) -> Array:
-        return self.u if self.v is None else self.v
-
     def aval(self) -> jax.core.ShapedArray:
         n = self.u.shape[-2]
         return jax.core.ShapedArray((n, n), self.u.dtype)
 
     def dense(self) -> Array:
-        return _outer(self.u, self._v())
+        return self._uvt()
 
     def transpose(self) -> "LowRank":
         if self.v is None:
@@ -57,7 +71,7 @@ class LowRank(StructuredMatrix):
         return LowRank(self.u * s, self._v(), self.allow_materialise)
 
     def matmat(self, x: Array) -> Array:
-        return self.u @ (self._v().T @ x)
+        return self._uvt_matmat(x)
 
     def entries(self, i: Array, j: Array) -> Array:
         n = self.u.shape[0]
@@ -68,7 +82,7 @@ class LowRank(StructuredMatrix):
         return LowRankPlusDiagonal(d, self.u, self.v, self.allow_materialise)
 
 
-class LowRankPlusDiagonal(StructuredMatrix):
+class LowRankPlusDiagonal(_UVt):
     """`diag(d) + U Vᵀ`. Products cost O(n r); `jnp.linalg.solve` and
     `jnp.linalg.cholesky` cost O(n r²) (the factors are semiseparable, the
     Woodbury identity and the matrix determinant lemma in disguise).
@@ -87,24 +101,13 @@ class LowRankPlusDiagonal(StructuredMatrix):
     v: Array | None = None
     allow_materialise: bool = eqx.field(default=False, static=True)
 
-    linear_in_leaves = False
-
-    @property
-    def symmetric(self) -> bool:
-        return self.v is None
-
-    def _v(self) -> Array:
-        return self.u if self.v is None else self.v
-
     def aval(self) -> jax.core.ShapedArray:
         n = self.diag.shape[-1]
         return jax.core.ShapedArray((n, n), jnp.result_type(self.diag, self.u))
 
     def dense(self) -> Array:
         n = self.diag.shape[-1]
-        return self.diag[:, None] * jnp.eye(n, dtype=self.dtype) + _outer(
-            self.u, self._v()
-        )
+        return self.diag[:, None] * jnp.eye(n, dtype=self.dtype) + self._uvt()
 
     def transpose(self) -> "LowRankPlusDiagonal":
         if self.v is None:
@@ -117,7 +120,7 @@ class LowRankPlusDiagonal(StructuredMatrix):
         )
 
     def matmat(self, x: Array) -> Array:
-        return self.diag[:, None] * x + self.u @ (self._v().T @ x)
+        return self.diag[:, None] * x + self._uvt_matmat(x)
 
     def entries(self, i: Array, j: Array) -> Array:
         return self.semiseparable().entries(i, j)
