@@ -4,7 +4,6 @@ from the same leaves (plain `jnp`)."""
 
 import jax
 import jax.numpy as jnp
-import jax.random as jr
 import jax.scipy as jsp
 import numpy as np
 import pytest
@@ -12,9 +11,15 @@ import quax
 import quax_structured as qs
 
 
-N = 6
-_k = jr.split(jr.key(7), 6)
-_m = jr.normal(_k[0], (N, N)) / 2 + 3 * jnp.eye(N)
+# The leaves are numpy arrays: built without compiling anything (each eager `jnp`
+# operation compiles once; jitted programs below compile once per test).
+N = 4
+_rng = np.random.default_rng(7)
+_m = (_rng.normal(size=(N, N)) / 2 + 3 * np.eye(N)).astype(np.float32)
+
+
+def _normal(*shape):
+    return _rng.normal(size=shape).astype(np.float32)
 
 
 def _banded_dense(bands, p=2, q=1):
@@ -25,85 +30,162 @@ def _banded_dense(bands, p=2, q=1):
     return out
 
 
+def _circulant_dense(column):
+    return jnp.stack([jnp.roll(column, j) for j in range(N)], axis=-1)
+
+
+def _toeplitz_dense(column, row):
+    i, j = np.indices((N, N))
+    return jnp.where(i >= j, column[np.abs(i - j)], row[np.abs(i - j)])
+
+
 def _sym(a):
     return (a + a.T) / 2
 
+
+_column = np.concatenate([[4.0], _normal(N - 1) / 2]).astype(np.float32)
 
 # name: (structure from leaves, dense matrix from the same leaves, leaves)
 CASES = {
     "tridiagonal": (
         qs.TridiagonalMatrix,
         lambda lo, m, up: jnp.diag(m) + jnp.diag(lo, -1) + jnp.diag(up, 1),
-        (0.5 * jnp.ones(N - 1), 3.0 + jnp.arange(N), -0.3 * jnp.ones(N - 1)),
+        (np.full(N - 1, 0.5), 3.0 + np.arange(N), np.full(N - 1, -0.3)),
     ),
-    "diagonal": (qs.Diagonal, jnp.diag, (1.0 + jnp.arange(N) / 2,)),
+    "diagonal": (qs.Diagonal, jnp.diag, (1.0 + np.arange(N) / 2,)),
     "lower": (qs.LowerTriangular, jnp.tril, (_m,)),
     "upper": (qs.UpperTriangular, jnp.triu, (_m,)),
     "banded": (
         lambda b: qs.Banded(b, 2, 1),
         _banded_dense,
-        (jr.normal(_k[1], (4, N)) / 3 + jnp.array([0, 0, 3.0, 0])[:, None],),
+        (_normal(4, N) / 3 + np.array([0, 0, 3.0, 0])[:, None],),
     ),
     "block_diagonal": (
         qs.BlockDiagonal,
         lambda b: jsp.linalg.block_diag(*b),
-        (jr.normal(_k[2], (3, 2, 2)) / 3 + 2 * jnp.eye(2),),
+        (_normal(2, 2, 2) / 3 + 2 * np.eye(2),),
     ),
-    "kronecker": (
-        qs.Kronecker,
-        jnp.kron,
-        (_m[:2, :2], _m[2:5, 2:5]),
-    ),
+    "kronecker": (qs.Kronecker, jnp.kron, (_m[:2, :2], _m[2:, 2:])),
     "kronecker_symmetric": (
         lambda a, b: qs.Kronecker(a, b, symmetric=True),
         lambda a, b: jnp.kron(_sym(a), _sym(b)),
-        (_m[:2, :2], _m[2:5, 2:5]),
+        (_m[:2, :2], _m[2:, 2:]),
     ),
     "low_rank_plus_diagonal": (
         qs.LowRankPlusDiagonal,
         lambda d, u, v: jnp.diag(d) + u @ v.T,
-        (1.0 + jnp.arange(N) / 3, jr.normal(_k[3], (N, 2)) / 2, _m[:, :2] / 3),
+        (1.0 + np.arange(N) / 3, _normal(N, 2) / 2, _m[:, :2] / 3),
     ),
     "low_rank_plus_diagonal_symmetric": (
         qs.LowRankPlusDiagonal,
         lambda d, u: jnp.diag(d) + u @ u.T,
-        (1.0 + jnp.arange(N) / 3, jr.normal(_k[4], (N, 2)) / 2),
+        (1.0 + np.arange(N) / 3, _normal(N, 2) / 2),
     ),
+    "circulant": (qs.Circulant, _circulant_dense, (_column,)),
+    "toeplitz": (qs.Toeplitz, _toeplitz_dense, (_column, _column[::-1] / 2)),
 }
 
+_b = np.arange(1.0, N + 1, dtype=np.float32)
 
-def _slogdet_and_det(a, scale):
-    """`log|det a| + det(a) / scale`: both custom-JVP functions in one program."""
-    return jnp.linalg.slogdet(a)[1] + jnp.linalg.det(a) / scale
+
+def _loss(a, scale):
+    """`log|det a| + det(a) / scale + sum(a⁻¹ b)`: two custom-JVP functions and a
+    `custom_linear_solve` in one program."""
+    solved = jnp.sum(jnp.linalg.solve(a, _b))
+    return jnp.linalg.slogdet(a)[1] + jnp.linalg.det(a) / scale + solved
 
 
 @pytest.mark.parametrize("name", CASES)
 def test_gradient_matches_dense(name):
     make, dense, leaves = CASES[name]
-    scale = float(jnp.linalg.det(dense(*leaves)))
+    leaves = [np.asarray(x, np.float32) for x in leaves]
+    scale = float(np.linalg.det(jax.jit(dense)(*leaves)))
     argnums = tuple(range(len(leaves)))
+    # Under `jit`: one compiled program each (eager, each `jnp` function compiles).
     got_value, got = jax.jit(
-        jax.value_and_grad(
-            lambda *x: quax.quaxify(_slogdet_and_det)(make(*x), scale), argnums
-        )
+        jax.value_and_grad(lambda *x: quax.quaxify(_loss)(make(*x), scale), argnums)
     )(*leaves)
-    want_value, want = jax.value_and_grad(
-        lambda *x: _slogdet_and_det(dense(*x), scale), argnums
+    want_value, want = jax.jit(
+        jax.value_and_grad(lambda *x: _loss(dense(*x), scale), argnums)
     )(*leaves)
     np.testing.assert_allclose(got_value, want_value, rtol=1e-4)
     for g, w in zip(got, want, strict=True):
         np.testing.assert_allclose(g, w, rtol=2e-3, atol=1e-4 * np.abs(w).max())
 
 
+def _cofactors(a):
+    """The cofactor matrix `adj(a)ᵀ` (the derivative of `det`), in float64 numpy."""
+    a = np.asarray(a, np.float64)
+    n = a.shape[0]
+    out = np.empty_like(a)
+    for i in range(n):
+        for j in range(n):
+            minor = np.delete(np.delete(a, i, 0), j, 1)
+            out[i, j] = (-1) ** (i + j) * np.linalg.det(minor)
+    return out
+
+
+_rank3 = np.array([[2, 1, 0, 1], [1, 3, 1, 0], [0, 1, 4, 1], [3, 4, 1, 1]], np.float32)
+_one = np.array([[2.0]], np.float32)
+_upper = np.array([[1, 2, 3, 1], [0, 2, 1, 1], [0, 0, 3, 1], [0, 0, 0, 0]], np.float32)
+_ones = np.ones(N - 1, np.float32)
+
+# Singular matrices: rank n - 1 with the zero pivot last (a nonzero adjugate), and
+# a Kronecker product of rank n - 2 (a zero adjugate).
+SINGULAR = {
+    "kronecker_1x1_right": (qs.Kronecker, jnp.kron, (_rank3, _one)),
+    "kronecker_1x1_left": (qs.Kronecker, jnp.kron, (_one, _rank3)),
+    "kronecker_rank_2": (
+        qs.Kronecker,
+        jnp.kron,
+        (np.ones((2, 2), np.float32), _m[:2, :2]),
+    ),
+    "diagonal": (qs.Diagonal, jnp.diag, (np.array([1, 2, 3, 0], np.float32),)),
+    "upper": (qs.UpperTriangular, jnp.triu, (_upper,)),
+    "lower": (qs.LowerTriangular, jnp.tril, (_upper.T,)),
+    # Pivots 2, 1, 1, 0.
+    "tridiagonal": (
+        qs.TridiagonalMatrix,
+        CASES["tridiagonal"][1],
+        (_ones, np.array([2, 1.5, 2, 1], np.float32), _ones),
+    ),
+}
+
+
+@pytest.mark.parametrize("name", SINGULAR)
+def test_det_gradient_at_singular_matrices(name):
+    """The derivative of `det` is the adjugate, not zero, at a matrix of rank n - 1
+    (against numpy's cofactors, pulled back to the leaves by plain JAX)."""
+    make, dense, leaves = SINGULAR[name]
+    argnums = tuple(range(len(leaves)))
+    got = jax.jit(jax.grad(lambda *x: quax.quaxify(jnp.linalg.det)(make(*x)), argnums))(
+        *leaves
+    )
+    leaves = [np.asarray(x, np.float32) for x in leaves]
+    a, pullback = jax.vjp(dense, *leaves)
+    cofactors = _cofactors(a)
+    assert (np.abs(cofactors).max() > 1) == (name != "kronecker_rank_2")
+    want = pullback(jnp.asarray(cofactors, a.dtype))
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize(
-    "m",
+    "make",
     [
-        qs.LowRankPlusDiagonal(1 + jnp.arange(64.0) / 64, jr.normal(_k[5], (64, 3))),
-        qs.Kronecker(_m + 8 * jnp.eye(N), _m.T[:4, :4] + jnp.eye(4), symmetric=True),
+        lambda: qs.LowRankPlusDiagonal(
+            1 + np.arange(64.0, dtype=np.float32) / 64, _normal(64, 3)
+        ),
+        lambda: qs.Kronecker(
+            _m + 8 * np.eye(N, dtype=np.float32),
+            _m.T + np.eye(N, dtype=np.float32),
+            symmetric=True,
+        ),
     ],
     ids=["low_rank_plus_diagonal", "kronecker"],
 )
-def test_slogdet_holds_no_dense_matrix(m):
+def test_slogdet_holds_no_dense_matrix(make):
     """The matrix enters `slogdet` (a custom-JVP function) structured."""
+    m = make()
     n = m.shape[-1]
     quax.testing.assert_hlo_lacks(jnp.linalg.slogdet, m, shapes=[(n, n)])

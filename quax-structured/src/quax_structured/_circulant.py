@@ -3,6 +3,8 @@ O(n log n); `SolverLU`, the form `lax.linalg.lu` takes for matrices that solve
 without triangular factors."""
 
 import abc
+import dataclasses
+from typing import Any
 
 import equinox as eqx
 import jax
@@ -41,39 +43,90 @@ class SolverLU(StructuredMatrix):
     structured solve. Its diagonal holds the pivots of an LU factorisation (their
     product is the determinant), which `slogdet` and `det` read. No other entry is
     defined (off-diagonal entries read as NaN), and it never materialises.
+
+    The derivative of `jnp.linalg.det` replaces the last pivot `p` by `v` (a
+    `scatter`); the upper triangle then acts as `S A`, with `S = diag(1, ..., 1,
+    v / p)`, whose determinant is the product of the new pivots.
+
+    **Fields:**
+
+    - `matrix`: the factored matrix (a `Circulant` or a `Toeplitz`).
+    - `last`: the last pivot, where it was replaced, else `None`.
     """
+
+    matrix: StructuredMatrix
+    last: Array | None = None
+
+    @property
+    def allow_materialise(self) -> bool:  # pyright: ignore[reportIncompatibleVariableOverride]
+        return self.matrix.allow_materialise
+
+    def aval(self) -> jax.core.ShapedArray:
+        return self.matrix.aval()
 
     @abc.abstractmethod
     def pivots(self) -> Array:
-        """The diagonal: numbers whose product is the determinant."""
+        """The diagonal of the factored matrix: numbers whose product is its
+        determinant."""
 
     @abc.abstractmethod
     def solve(self, b: Array, transpose: bool) -> Array:
-        """`A⁻¹ b` (`A⁻ᵀ b` when `transpose`) for `b` of shape `(*batch, n, k)`."""
+        """`A⁻¹ b` (`A⁻ᵀ b` when `transpose`) for the factored `A` and `b` of shape
+        `(*batch, n, k)`."""
+
+    def enable_materialise(self, allow: bool = True) -> "SolverLU":
+        """A copy whose matrix has `allow_materialise=allow` (the factor itself
+        never materialises)."""
+        return dataclasses.replace(self, matrix=self.matrix.enable_materialise(allow))
 
     def dense(self) -> Array:
         name = type(self).__name__
         raise MaterialisationError(
-            f"Refusing to materialise `{name}`: it is not a matrix of packed LU "
-            "factors (its lower triangle acts as the identity, its upper one as the "
-            "whole matrix), only `jnp.linalg.solve`, `slogdet` and `det` read it. "
-            "Factor the dense matrix (`.enable_materialise()` on the original) to "
-            "get LU factors."
+            f"Refusing to materialise `{name}`: {self.way_out(None)}"
         )
+
+    def way_out(self, primitive: Any) -> str:
+        del primitive
+        return (
+            f"`{type(self).__name__}` is not a matrix of packed LU factors (its lower "
+            "triangle acts as the identity, its upper one as the whole matrix); only "
+            "`jnp.linalg.solve`, `slogdet` and `det` (and their derivatives) read "
+            "it. Factor the dense matrix (`.enable_materialise()` on the original) "
+            "to get LU factors."
+        )
+
+    def _last_ratio(self) -> Array:
+        """`p / v`: the last pivot over its replacement (`S⁻¹`'s last entry)."""
+        assert self.last is not None
+        return self.pivots()[..., -1] / self.last
 
     def entries(self, i: Array, j: Array) -> Array:
         n = self.shape[-1]
-        diagonal = self.pivots()[jnp.clip(i, 0, n - 1)]
+        diagonal = self.pivots()
+        if self.last is not None:
+            diagonal = diagonal.at[-1].set(self.last)
+        diagonal = diagonal[jnp.clip(i, 0, n - 1)]
         return jnp.where(i == j, diagonal, jnp.asarray(jnp.nan, self.dtype))
+
+    def with_diagonal_entry(self, i: int, value: Array) -> "SolverLU | None":
+        if i != self.shape[-1] - 1:
+            return None
+        return dataclasses.replace(self, last=value)
 
     def triangular_solve(
         self, b: Array, *, lower: bool, transpose_a: bool, unit_diagonal: bool
     ) -> Array | None:
         if lower and unit_diagonal:
             return b
-        if not (lower or unit_diagonal):
+        if lower or unit_diagonal:
+            return None
+        if self.last is None:
             return self.solve(b, transpose_a)
-        return None
+        # (S A)⁻¹ b = A⁻¹ S⁻¹ b and (S A)⁻ᵀ b = S⁻¹ A⁻ᵀ b: the last row scaled.
+        ratio = self._last_ratio()
+        if transpose_a:
+            return self.solve(b, True).at[..., -1, :].multiply(ratio)
+        return self.solve(b.at[..., -1, :].multiply(ratio), False)
 
 
 class CirculantLU(SolverLU):
@@ -84,32 +137,27 @@ class CirculantLU(SolverLU):
 
     **Fields:**
 
-    - `column`: the circulant's first column, shape `(*batch, n)`.
-    - `allow_materialise`: as for [`quax_structured.TridiagonalMatrix`][] (static).
+    - `matrix`: the `Circulant`.
+    - `last`: as for `SolverLU`.
     """
 
-    column: Array
-    allow_materialise: bool = eqx.field(default=False, static=True)
-
-    def aval(self) -> jax.core.ShapedArray:
-        *batch, n = self.column.shape
-        return jax.core.ShapedArray((*batch, n, n), self.column.dtype)
+    matrix: "Circulant"
 
     def pivots(self) -> Array:
-        eigenvalues = jnp.fft.fft(self.column)
+        eigenvalues = jnp.fft.fft(self.matrix.column)
         if jnp.issubdtype(self.dtype, jnp.complexfloating):
             return eigenvalues.astype(self.dtype)
         # The eigenvalues of a real matrix are real at frequencies 0 and n / 2 (n
         # even), in conjugate pairs elsewhere: det has the sign of the real ones.
-        n = self.column.shape[-1]
+        n = self.shape[-1]
         real = [0] if n % 2 else [0, n // 2]
         sign = jnp.prod(jnp.sign(eigenvalues[..., real].real), axis=-1)
         moduli = jnp.abs(eigenvalues)
         return moduli.at[..., 0].multiply(sign).astype(self.dtype)
 
     def solve(self, b: Array, transpose: bool) -> Array:
-        c = Circulant(self.column)
-        return circular_convolve((c.transpose() if transpose else c).column, b, True)
+        c = self.matrix.transpose() if transpose else self.matrix
+        return circular_convolve(c.column, b, inverse=True)
 
 
 class Circulant(StructuredMatrix):
@@ -189,8 +237,8 @@ class Circulant(StructuredMatrix):
         order = jnp.argsort(values, axis=-1)
         return jnp.take_along_axis(values, order, -1), basis[..., order]
 
-    def lu(self) -> "CirculantLU":
-        return CirculantLU(self.column, self.allow_materialise)
+    def lu(self) -> CirculantLU:
+        return CirculantLU(self)
 
     def eigenvalues(self) -> Array:
         """The eigenvalues, `fft(column)`, in the DFT's order (`C v_k = λ_k v_k` for

@@ -240,6 +240,20 @@ class KroneckerLU(StructuredMatrix):
     def with_diagonal_entry(self, i: int, value: Array) -> "KroneckerLU | None":
         if i != self.shape[-1] - 1:
             return None
+        # With a 1 x 1 factor `c`, U is `c` times the other factor's U: the entry is
+        # set in that factor, exactly. This is the one case where the last pivot
+        # can be zero at a matrix of rank n - 1 (the derivative of `det` there is
+        # the adjugate, not zero), and where the Sherman-Morrison update below,
+        # which divides by that pivot, would fail.
+        if self.right.shape == (1, 1):
+            left = self.left.at[-1, -1].set(value / self.right[0, 0])
+            return KroneckerLU(left, self.right, None, self.allow_materialise)
+        if self.left.shape == (1, 1):
+            right = self.right.at[-1, -1].set(value / self.left[0, 0])
+            return KroneckerLU(self.left, right, None, self.allow_materialise)
+        # Else a zero last pivot `u = U_left[-1, -1] U_right[-1, -1]` makes a whole
+        # factor singular: the rank is at most n - 2 and the adjugate is zero, which
+        # is what `det`'s derivative returns when the update below fails.
         return KroneckerLU(self.left, self.right, value, self.allow_materialise)
 
     def triangular_solve(

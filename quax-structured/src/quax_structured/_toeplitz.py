@@ -65,28 +65,19 @@ class ToeplitzLU(SolverLU):
 
     **Fields:**
 
-    - `column`, `row`: as for `Toeplitz`.
-    - `allow_materialise`: as for [`quax_structured.TridiagonalMatrix`][] (static).
+    - `matrix`: the `Toeplitz` matrix.
+    - `last`: as for `SolverLU`.
     """
 
-    column: Array
-    row: Array
-    allow_materialise: bool = eqx.field(default=False, static=True)
-
-    def aval(self) -> jax.core.ShapedArray:
-        *batch, n = self.column.shape
-        return jax.core.ShapedArray((*batch, n, n), self.column.dtype)
+    matrix: "Toeplitz"
 
     def pivots(self) -> Array:
-        empty = jnp.zeros((*self.column.shape, 0), self.dtype)
-        return _batched(
-            lambda c, r, b: levinson(c, r, b)[1], self.column, self.row, empty
-        )
+        t = self.matrix
+        empty = jnp.zeros((*t.column.shape, 0), self.dtype)
+        return _batched(lambda c, r, b: levinson(c, r, b)[1], t.column, t.row, empty)
 
     def solve(self, b: Array, transpose: bool) -> Array:
-        t = Toeplitz(self.column, self.row)
-        if transpose:
-            t = t.transpose()
+        t = self.matrix.transpose() if transpose else self.matrix
         return _batched(lambda c, r, b: levinson(c, r, b)[0], t.column, t.row, b)
 
 
@@ -154,7 +145,7 @@ class Toeplitz(StructuredMatrix):
         return jnp.where(i >= j, self.column[i - j], self.row[jnp.abs(j - i)])
 
     def lu(self) -> ToeplitzLU:
-        return ToeplitzLU(self.column, self.row, self.allow_materialise)
+        return ToeplitzLU(self)
 
     def add(self, other: StructuredMatrix) -> "Toeplitz | None":
         if isinstance(other, Toeplitz):
