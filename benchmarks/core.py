@@ -185,15 +185,18 @@ def eager(rounds: int) -> dict[str, dict[str, float]]:
         for fn in ("two", "mul_add", "multiply")
         for kind in TYPES
     }
-    if hasattr(quax, "set_eager_compilation"):  # ours: equation by equation too
-        quax.set_eager_compilation(False)
+    if hasattr(quax, "set_eager_compilation"):  # ours: each setting
+        kept = [k for k in programs if k.endswith((" plain", " shaped"))]
         try:
-            kept = [k for k in programs if k.endswith((" plain", " shaped"))]
-            by_equation = interleaved({k: programs[k] for k in kept}, rounds)
+            for setting, name in ((True, "compiled"), (False, "off")):
+                quax.set_eager_compilation(setting)
+                times = interleaved({k: programs[k] for k in kept}, rounds)
+                for fn in ("two", "mul_add", "multiply"):
+                    row = _summary(times, f"{fn} plain", f"{fn} shaped")
+                    out[f"{fn} {name}"] = row
         finally:
-            quax.set_eager_compilation(True)
-        for fn in ("two", "mul_add", "multiply"):
-            out[f"{fn} off"] = _summary(by_equation, f"{fn} plain", f"{fn} shaped")
+            default = os.environ.get("QUAX_EAGER_COMPILE", "0") not in ("", "0")
+            quax.set_eager_compilation(default)
     return out
 
 
@@ -385,6 +388,9 @@ ROWS = [
     ("mul_add declared", "eager `a * b + a` (`jax.numpy`), declared aval"),
     ("multiply shaped", "eager `quaxify(jnp.multiply)`, `ShapedArray` aval"),
     ("multiply declared", "eager `quaxify(jnp.multiply)`, declared aval"),
+    ("two compiled", "eager two-primitive call, `quax.set_eager_compilation(True)`"),
+    ("mul_add compiled", "eager `a * b + a`, `quax.set_eager_compilation(True)`"),
+    ("multiply compiled", "eager `quaxify(jnp.multiply)`, eager compilation on"),
     ("two off", "eager two-primitive call, `quax.set_eager_compilation(False)`"),
     ("mul_add off", "eager `a * b + a`, `quax.set_eager_compilation(False)`"),
     ("multiply off", "eager `quaxify(jnp.multiply)`, eager compilation off"),
