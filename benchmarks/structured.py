@@ -26,6 +26,7 @@ ratios are medians of the per-round ratios. Prints Markdown tables, writes
 
 import argparse
 import functools as ft
+import os
 import statistics
 import time
 from collections.abc import Callable
@@ -45,6 +46,14 @@ from quax_structured import (
     LowRankPlusDiagonal,
     TridiagonalMatrix,
 )
+
+
+# JAX's CPU LAPACK calls (the Kronecker factors' LU and triangular solves, dense
+# `jnp.linalg.solve`) run in scipy's OpenBLAS, whose worker threads spin-wait: on a
+# loaded machine one 32 x 32 factor solve then took 100 to 180 ms instead of 0.1 ms
+# (the same compiled program, no recompilation). One thread each, unless the
+# caller chose; it takes effect if OpenBLAS is not loaded yet (it loads lazily).
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 
 IMAGE = Path(__file__).resolve().parent.parent / "docs" / "images"
@@ -73,6 +82,24 @@ def _timed(fns: dict[str, Callable[[], Any]], rounds: int) -> dict[str, list[flo
             jax.block_until_ready(out)
             times[name].append((time.perf_counter() - t0) / reps[name])
     return times
+
+
+def _compilations(fns: dict[str, Callable[[], Any]]) -> int:
+    """How many XLA compilations one more call of each (compiled) function
+    triggers, counted by a `jax.monitoring` listener."""
+    count = [0]
+
+    def listener(event: str, duration: float, **kwargs: Any) -> None:
+        del duration, kwargs
+        count[0] += event == "/jax/core/compile/backend_compile_duration"
+
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    try:
+        for fn in fns.values():
+            jax.block_until_ready(fn())
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listener)
+    return count[0]
 
 
 def _ratio(times: dict[str, list[float]], slow: str, fast: str) -> float:
@@ -269,6 +296,8 @@ def kronecker_and_low_rank(sizes: tuple[int, ...], rounds: int) -> list[dict[str
             fns["dense lrpd"] = ft.partial(dense_solve, dl, b)
         times = _timed(fns, rounds)
         row: dict[str, Any] = {"n": side * side}
+        # The same compiled programs on repeated calls (no retrace, no recompile).
+        row["compilations on repeat calls"] = _compilations(fns)
         row.update({k: statistics.median(v) for k, v in times.items()})
         for kind in ("kronecker", "lrpd"):
             row[f"{kind} lineax/quax"] = _ratio(times, f"lineax {kind}", f"quax {kind}")
@@ -380,6 +409,12 @@ def main(quick: bool = False) -> dict[str, Any]:
             f"{_x(r['kronecker lineax/quax'])} | {_us(r['quax lrpd'])} | "
             f"{_x(r.get('lrpd dense/quax'))} | {_x(r['lrpd lineax/quax'])} |"
         )
+    print(
+        "\nCompilations on repeated calls:",
+        sum(r["compilations on repeat calls"] for r in ks),
+        "| OPENBLAS_NUM_THREADS:",
+        os.environ["OPENBLAS_NUM_THREADS"],
+    )
     _plot(tri, IMAGE / "structured_scaling.png")
     return {
         "tridiagonal": tri,
@@ -387,6 +422,7 @@ def main(quick: bool = False) -> dict[str, Any]:
         "kronecker_low_rank": ks,
         "jax": jax.__version__,
         "device": jax.devices()[0].device_kind,
+        "openblas_threads": os.environ["OPENBLAS_NUM_THREADS"],
     }
 
 
