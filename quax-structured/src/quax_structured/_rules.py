@@ -12,9 +12,8 @@ from jax import lax
 from jax.extend.core import primitives as prims
 from jaxtyping import ArrayLike
 
-from ._base import MaterialisationError, StructuredMatrix
+from ._base import StructuredMatrix
 from ._composite import add, matmul
-from ._tridiagonal import TridiagonalMatrix
 
 
 def _fallback(primitive: Any, values: list[Any], params: dict[str, Any]) -> Any:
@@ -345,16 +344,6 @@ def _(x: StructuredMatrix, *, subset_by_index: Any = None, **params: Any) -> Any
         out = x.eigh()
     if out is None:
         params = dict(subset_by_index=subset_by_index, **params)
-        if isinstance(x, TridiagonalMatrix) and not x.allow_materialise:
-            raise MaterialisationError(
-                "Refusing to materialise `TridiagonalMatrix` with "
-                "`allow_materialise=False`: quax-structured has no eigenvector "
-                "algorithm for primitive `eigh` on a tridiagonal matrix. For the "
-                "eigenvalues of a symmetric one, call `jax.scipy.linalg."
-                "eigh_tridiagonal(T.main_diag, T.lower_diag, eigvals_only=True)`; "
-                "else pass `allow_materialise=True` to `TridiagonalMatrix` or call "
-                "`.enable_materialise()` to allow the dense array."
-            )
         return _fallback(lax.linalg.eigh_p, [x], params)
     values, vectors = out
     return [vectors, values]

@@ -1,16 +1,19 @@
 """`TridiagonalMatrix` and its O(n) algorithms."""
 
+from typing import Any
+
 import equinox as eqx
 import jax
 import jax.core
 import jax.numpy as jnp
+import jax.scipy.linalg
 from jax import lax
 from jaxtyping import Array
 
-from ._base import StructuredMatrix
+from ._base import MaterialisationError, StructuredMatrix
 
 
-__all__ = ["TridiagonalMatrix"]
+__all__ = ["TridiagonalEigenvectors", "TridiagonalMatrix"]
 
 
 class TridiagonalMatrix(StructuredMatrix):
@@ -190,6 +193,24 @@ class TridiagonalMatrix(StructuredMatrix):
         diag = None if unit_diagonal else self.main_diag
         return _bidiagonal_solve(diag, off, b, forward)
 
+    def eigh(self) -> "tuple[Array, TridiagonalEigenvectors] | None":
+        """For a real matrix (which `jnp.linalg.eigh` has made symmetric): the
+        eigenvalues by bisection (`jax.scipy.linalg.eigh_tridiagonal`), O(n²),
+        in ascending order; the eigenvectors only as a `TridiagonalEigenvectors`,
+        which refuses every use (no structured algorithm computes them), so that
+        `jnp.linalg.eigvalsh` runs and `eigh`'s vectors refuse where used."""
+        if jnp.issubdtype(self.dtype, jnp.complexfloating) or self.allow_materialise:
+            return None
+
+        def values(main: Array, off: Array) -> Array:
+            return jax.scipy.linalg.eigh_tridiagonal(main, off, eigvals_only=True)
+
+        for _ in range(self.main_diag.ndim - 1):
+            values = jax.vmap(values)
+        return _no_derivative(values)(
+            self.main_diag, self.lower_diag
+        ), TridiagonalEigenvectors(self)
+
     def _diags(self) -> tuple[Array, Array, Array]:
         return self.lower_diag, self.main_diag, self.upper_diag
 
@@ -229,3 +250,52 @@ def _bidiagonal_solve(diag: Array | None, off: Array, b: Array, forward: bool) -
     if not forward:
         out = out[::-1]
     return jnp.moveaxis(out, 0, -2)
+
+
+def _no_derivative(fn):
+    """`fn` with a derivative that refuses at trace time, naming the way out."""
+    wrapped = jax.custom_jvp(fn)
+
+    @wrapped.defjvp
+    def _(primals, tangents):
+        raise MaterialisationError(
+            "Refusing to differentiate the eigenvalues of a `TridiagonalMatrix` "
+            "(primitive `eigh`): their derivative needs the eigenvectors, which "
+            "quax-structured does not compute. Pass `allow_materialise=True` to "
+            "`TridiagonalMatrix` or call `.enable_materialise()` to differentiate "
+            "the dense eigendecomposition."
+        )
+
+    return wrapped
+
+
+class TridiagonalEigenvectors(StructuredMatrix):
+    """The eigenvectors `jnp.linalg.eigh` returns for a `TridiagonalMatrix`: not
+    computed (no structured algorithm), refused wherever they are used, so that
+    `jnp.linalg.eigvalsh` (which drops them) runs.
+
+    **Fields:**
+
+    - `matrix`: the `TridiagonalMatrix`.
+    """
+
+    matrix: TridiagonalMatrix
+    allow_materialise: bool = eqx.field(default=False, static=True)
+
+    def aval(self) -> jax.core.ShapedArray:
+        return self.matrix.aval()
+
+    def way_out(self, primitive: Any) -> str:
+        del primitive
+        return (
+            "The eigenvectors of a `TridiagonalMatrix` have no structured "
+            "algorithm: use `jnp.linalg.eigvalsh` for the eigenvalues alone, or "
+            "pass `allow_materialise=True` to the `TridiagonalMatrix` (or call "
+            "`.enable_materialise()`) for the dense eigendecomposition."
+        )
+
+    def dense(self) -> Array:
+        raise MaterialisationError(
+            "Refusing to materialise `TridiagonalEigenvectors` (the output of "
+            f"primitive `eigh`). {self.way_out(None)}"
+        )
