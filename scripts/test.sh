@@ -3,6 +3,11 @@
 # beside quax-core (the "pip install quax-core quax-<family>" promise).
 source "$(dirname "$0")/_env.sh"
 export JAX_PLATFORMS=cpu JAX_CHECK_TRACER_LEAKS=1 QUAX_DEBUG_CHECKS=1
+# XLA's compiled programs are kept on disk (JAX's persistent compilation cache, keyed by
+# the program, the compile options and the jax/jaxlib versions): the families' suites run
+# twice below (together, then alone), and the second run reads back what the first compiled.
+export JAX_COMPILATION_CACHE_DIR="$PWD/build/jax-cache"
+export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0 JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES=0
 
 families=()
 for d in quax-*/; do
