@@ -154,7 +154,7 @@ _matrices = hnp.arrays(np.float32, (N, N), elements=st.floats(-1, 1, width=32)).
 _vectors = hnp.arrays(np.float32, N, elements=st.floats(-10, 10, width=32))
 
 
-@settings(max_examples=20, deadline=None)
+@settings(max_examples=10, deadline=None)
 @given(_matrices, _vectors, _units, _units)
 def test_solve_and_inv_properties(A, b, ua, ub):
     A, b = Quantity(A, ua), Quantity(b, ub)
