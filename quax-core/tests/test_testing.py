@@ -154,17 +154,20 @@ def test_wrong_value_fails():
 
 
 def test_wrong_gradient_fails():
+    # Values are right: jit and vmap, which pass, are left out.
     with pytest.raises(AssertionError, match=r"\[grad\] gradient leaf .* differs"):
-        qt.assert_matches_dense(jnp.sin, WrongGrad(X))
+        qt.assert_matches_dense(jnp.sin, WrongGrad(X), jit=False, vmap=False)
     with pytest.raises(AssertionError, match=r"\[jvp\] output tangent"):
-        qt.assert_matches_dense(jnp.sin, WrongGrad(X), grad=False)
+        qt.assert_matches_dense(
+            jnp.sin, WrongGrad(X), jit=False, vmap=False, grad=False
+        )
 
 
 def test_wrong_batching_fails():
     # Right unbatched; under `quaxify(vmap(...))` the rule sees the batch axis.
-    qt.assert_matches_dense(jnp.sum, WrongAxes(X), vmap=False)
+    qt.assert_matches_dense(jnp.sum, WrongAxes(X), vmap=False, jvp=False)
     with pytest.raises(AssertionError, match=r"\[quaxify\(vmap\)\]"):
-        qt.assert_matches_dense(jnp.sum, WrongAxes(X))
+        qt.assert_matches_dense(jnp.sum, WrongAxes(X), jit=False)
 
 
 def test_materialising_rule_fails():
@@ -172,7 +175,9 @@ def test_materialising_rule_fails():
         AssertionError, match=r"(?s)\[eval\] .*materialised.*sin, Plain: 1"
     ):
         qt.assert_matches_dense(jnp.sin, Plain(X))
-    report = qt.assert_matches_dense(jnp.sin, Plain(X), allow_materialise=True)
+    report = qt.assert_matches_dense(
+        jnp.sin, Plain(X), allow_materialise=True, vmap=False, jvp=False
+    )
     assert len(report.out_types) == 1 and issubclass(report.out_types[0], jax.Array)
 
 
@@ -199,7 +204,9 @@ def test_undensifiable_values_fail_with_the_way_out():
         t,
         is_leaf=lambda v: isinstance(v, Wrapped),
     )
-    report = qt.assert_matches_dense(jnp.sin, Stubborn(X), densify=unwrap)
+    report = qt.assert_matches_dense(
+        jnp.sin, Stubborn(X), densify=unwrap, vmap=False, jvp=False
+    )
     assert report.out_types == [Stubborn]
 
 
@@ -216,11 +223,16 @@ def test_out_types():
         lambda a: (a, jnp.argmax(a)),
         Wrapped(X),
         out_types=[Wrapped, (Wrapped, jax.Array)],
+        vmap=False,
+        grad=False,
+        jvp=False,
     )
 
 
 def test_static_shape_skips_quaxify_of_vmap_with_reason():
-    report = qt.assert_matches_dense(lambda p: p * 2.0, Pair(X, X, X.shape))
+    report = qt.assert_matches_dense(
+        lambda p: p * 2.0, Pair(X, X, X.shape), jit=False, grad=False, jvp=False
+    )
     assert report.checks["vmap(quaxify)"] == "passed"
     assert report.checks["quaxify(vmap)"].startswith("skipped: stacking the leaves")
 
