@@ -205,45 +205,140 @@ def test_examples_namespace(site: Path) -> None:
     assert out["zero"] == "quax.zero"
 
 
-def test_command_line(site: Path) -> None:
+AMBIGUOUS_RULES = """
+import jax, quax
+from jax.extend.core import Primitive
+
+class A(quax.ArrayValue):
+    array: jax.Array
+
+    def aval(self):
+        return jax.typeof(self.array)
+
+    def materialise(self):
+        return self.array
+
+ambiguous_p = Primitive("quax_test_ambiguous")
+
+@quax.register(ambiguous_p)
+def _(x: A, y: quax.Value, **params):
+    return x
+
+@quax.register(ambiguous_p)
+def _(x: quax.Value, y: A, **params):
+    return y
+"""
+
+STRICT_VALUE = """
+import equinox as eqx, jax, quax
+
+class Strict(quax.ArrayValue):
+    array: jax.Array
+    allow_materialise: bool = eqx.field(static=True, default=False)
+
+    def aval(self):
+        return jax.typeof(self.array)
+
+    def materialise(self):
+        if not self.allow_materialise:
+            raise RuntimeError("Refusing to materialise Strict")
+        return self.array
+"""
+
+# Command lines run by `python -m quax`'s `main` in one interpreter (starting one
+# per command line would import JAX each time); the conflict under warnings as
+# errors, which needs a fresh interpreter, is run on its own below.
+COMMAND_LINES = {
+    "families": ["families"],
+    "explain": ["explain", "neg", "Tagged"],
+    "fallback": ["explain", "sin", "Tagged"],
+    "no_primitive": ["explain", "no_such_primitive", "array"],
+    "no_type": ["explain", "neg", "NoSuchType"],
+    "no_module": ["explain", "neg", "no_such_module:T"],
+    "no_colon": ["materialised", "nocolon"],
+    "no_target_module": ["materialised", "no_such_module:main"],
+    "no_function": ["materialised", "os:no_such_function"],
+    "zero_rule": ["explain", "mul", "Zero", "array"],
+    "strict": ["explain", "exp", "strict_value:Strict"],
+    # Last: it registers rules in the interpreter.
+    "ambiguous": [
+        "explain",
+        "quax_test_ambiguous",
+        "ambiguous_rules:A",
+        "ambiguous_rules:A",
+    ],
+}
+
+_DRIVER = """
+import contextlib, io, json, sys, traceback
+from quax.__main__ import main
+
+results = {}
+for name, argv in json.loads(sys.argv[1]).items():
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(argv)
+        except SystemExit as e:
+            code = e.code
+        except BaseException:
+            traceback.print_exc()
+            code = 1
+    results[name] = [code, out.getvalue(), err.getvalue()]
+print(json.dumps(results))
+"""
+
+
+@pytest.fixture(scope="module")
+def cli(site: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """`COMMAND_LINES` run by `python -m quax`'s `main`: for each, the exit status,
+    stdout and stderr (a `CompletedProcess`)."""
+    modules = tmp_path_factory.mktemp("modules")
+    (modules / "ambiguous_rules.py").write_text(AMBIGUOUS_RULES)
+    (modules / "strict_value.py").write_text(STRICT_VALUE)
     env = {
         **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]),
+        "PYTHONPATH": os.pathsep.join(
+            [str(modules), str(site), os.environ.get("PYTHONPATH", "")]
+        ),
         "PYTHONWARNINGS": "ignore",
     }
-    families = subprocess.run(
-        [sys.executable, "-m", "quax", "families"],
+    result = subprocess.run(
+        [sys.executable, "-c", _DRIVER, json.dumps(COMMAND_LINES)],
         env=env,
         capture_output=True,
         text=True,
-        check=True,
-    ).stdout
-    assert "fixture_family: quax-fixture-family 1.2.3 [loaded]" in families
-    assert "value types: Tagged" in families
-    assert "fixture_broken: quax-fixture-broken 1.2.3 [failed]" in families
-    explain = subprocess.run(
-        [sys.executable, "-m", "quax", "explain", "neg", "Tagged"],
-        env=env,
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    assert "neg(Tagged) -> rule: registered rule quax_fixture_rival._plugin" in explain
-    fallback = subprocess.run(
-        [sys.executable, "-m", "quax", "explain", "sin", "Tagged"],
-        env=env,
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    assert "sin(Tagged) -> materialise" in fallback
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    runs = json.loads(result.stdout.strip().splitlines()[-1])
+    return {
+        name: subprocess.CompletedProcess(COMMAND_LINES[name], code, out, err)
+        for name, (code, out, err) in runs.items()
+    }
 
 
-def _cli(site: Path, *args: str, warnings: str = "ignore", cwd: Path | None = None):
+def test_command_line(cli: dict) -> None:
+    families = cli["families"]
+    assert families.returncode == 0, families.stderr
+    assert "fixture_family: quax-fixture-family 1.2.3 [loaded]" in families.stdout
+    assert "value types: Tagged" in families.stdout
+    assert "fixture_broken: quax-fixture-broken 1.2.3 [failed]" in families.stdout
+    explain = cli["explain"]
+    assert explain.returncode == 0, explain.stderr
+    assert (
+        "neg(Tagged) -> rule: registered rule quax_fixture_rival._plugin"
+        in explain.stdout
+    )
+    assert cli["fallback"].returncode == 0, cli["fallback"].stderr
+    assert "sin(Tagged) -> materialise" in cli["fallback"].stdout
+
+
+def _cli(site: Path, *args: str) -> subprocess.CompletedProcess:
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]),
-        "PYTHONWARNINGS": warnings,
+        "PYTHONWARNINGS": "error",
     }
     return subprocess.run(
         [sys.executable, "-m", "quax", *args],
@@ -251,7 +346,6 @@ def _cli(site: Path, *args: str, warnings: str = "ignore", cwd: Path | None = No
         capture_output=True,
         text=True,
         check=False,
-        cwd=cwd,
     )
 
 
@@ -264,91 +358,28 @@ def _one_line_error(result: subprocess.CompletedProcess, match: str) -> None:
     assert match in lines[0], lines[0]
 
 
-def test_command_line_errors_are_one_line(site: Path) -> None:
-    _one_line_error(
-        _cli(site, "explain", "no_such_primitive", "array"),
-        "No JAX primitive named 'no_such_primitive'",
-    )
-    _one_line_error(_cli(site, "explain", "neg", "NoSuchType"), "unknown type")
-    _one_line_error(
-        _cli(site, "explain", "neg", "no_such_module:T"), "cannot find the type"
-    )
-    _one_line_error(_cli(site, "materialised", "nocolon"), "expected MODULE:FUNCTION")
-    _one_line_error(_cli(site, "materialised", "no_such_module:main"), "cannot load")
-    _one_line_error(_cli(site, "materialised", "os:no_such_function"), "cannot load")
+def test_command_line_errors_are_one_line(site: Path, cli: dict) -> None:
+    _one_line_error(cli["no_primitive"], "No JAX primitive named 'no_such_primitive'")
+    _one_line_error(cli["no_type"], "unknown type")
+    _one_line_error(cli["no_module"], "cannot find the type")
+    _one_line_error(cli["no_colon"], "expected MODULE:FUNCTION")
+    _one_line_error(cli["no_target_module"], "cannot load")
+    _one_line_error(cli["no_function"], "cannot load")
     # Two installed families register the same signature: under warnings as
-    # errors, the conflict is the error.
-    _one_line_error(
-        _cli(site, "explain", "neg", "Tagged", warnings="error"),
-        "quax-fixture-rival",
-    )
+    # errors, the conflict is the error (in a fresh interpreter: the families load
+    # under that setting).
+    _one_line_error(_cli(site, "explain", "neg", "Tagged"), "quax-fixture-rival")
 
 
-def test_command_line_ambiguity_is_one_line(site: Path, tmp_path: Path) -> None:
-    (tmp_path / "ambiguous_rules.py").write_text(
-        textwrap.dedent(
-            """
-            import jax, quax
-            from jax.extend.core import Primitive
-
-            class A(quax.ArrayValue):
-                array: jax.Array
-
-                def aval(self):
-                    return jax.typeof(self.array)
-
-                def materialise(self):
-                    return self.array
-
-            ambiguous_p = Primitive("quax_test_ambiguous")
-
-            @quax.register(ambiguous_p)
-            def _(x: A, y: quax.Value, **params):
-                return x
-
-            @quax.register(ambiguous_p)
-            def _(x: quax.Value, y: A, **params):
-                return y
-            """
-        )
-    )
-    result = _cli(
-        site,
-        "explain",
-        "quax_test_ambiguous",
-        "ambiguous_rules:A",
-        "ambiguous_rules:A",
-        cwd=tmp_path,
-    )
-    _one_line_error(result, "Ambiguous quax rules")
+def test_command_line_ambiguity_is_one_line(cli: dict) -> None:
+    _one_line_error(cli["ambiguous"], "Ambiguous quax rules")
 
 
-def test_explain_names_file_and_line_and_refusing_defaults(
-    site: Path, tmp_path: Path
-) -> None:
-    rule = _cli(site, "explain", "mul", "Zero", "array")
+def test_explain_names_file_and_line_and_refusing_defaults(cli: dict) -> None:
+    rule = cli["zero_rule"]
     assert rule.returncode == 0, rule.stderr
     assert re.search(r"-> rule: .*_rules\.py:\d+", rule.stdout), rule.stdout
-    (tmp_path / "strict_value.py").write_text(
-        textwrap.dedent(
-            """
-            import equinox as eqx, jax, quax
-
-            class Strict(quax.ArrayValue):
-                array: jax.Array
-                allow_materialise: bool = eqx.field(static=True, default=False)
-
-                def aval(self):
-                    return jax.typeof(self.array)
-
-                def materialise(self):
-                    if not self.allow_materialise:
-                        raise RuntimeError("Refusing to materialise Strict")
-                    return self.array
-            """
-        )
-    )
-    strict = _cli(site, "explain", "exp", "strict_value:Strict", cwd=tmp_path)
+    strict = cli["strict"]
     assert strict.returncode == 0, strict.stderr
     assert "exp(Strict) -> materialise" in strict.stdout
     assert "Strict refuses unless allow_materialise=True" in strict.stdout
