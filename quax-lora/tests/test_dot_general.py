@@ -71,7 +71,7 @@ def _problems(draw):
     return shape, nb, rank, x_shape, contract, batch, lora_is_lhs, alpha, seed
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=10, deadline=None)
 @given(_problems())
 def test_dot_general_every_layout(problem):
     shape, nb, rank, x_shape, contract, batch, lora_is_lhs, alpha, seed = problem
