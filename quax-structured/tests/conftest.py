@@ -1,5 +1,7 @@
 """Fixtures shared by the quax-structured tests."""
 
+import functools as ft
+
 import jax
 import numpy as np
 import pytest
@@ -8,17 +10,27 @@ import quax.testing
 import quax_structured as qs
 
 
+def _densify(x):
+    if isinstance(x, qs.StructuredMatrix):
+        return x.enable_materialise().materialise()
+    return x
+
+
+@ft.cache
+def _compiled(fn):
+    """`jax.jit(quax.quaxify(fn))` and `fn` on the densified arguments under
+    `jax.jit`, one pair per function: hypothesis examples of one shape share them."""
+    dense = lambda *args: fn(*(_densify(x) for x in args))
+    return jax.jit(quax.quaxify(fn)), jax.jit(dense)
+
+
 def _jit_matches_dense(fn, *args):
-    """`jax.jit(quax.quaxify(fn))` against `fn` on the dense arrays: one compiled
-    program per hypothesis example (the kit's eager `eval` check costs more)."""
-    dense = [
-        a.enable_materialise().materialise()
-        if isinstance(a, qs.StructuredMatrix)
-        else a
-        for a in args
-    ]
-    got = jax.jit(quax.quaxify(fn))(*args)
-    want = fn(*dense)
+    """`jax.jit(quax.quaxify(fn))` against `fn` on the dense arrays, also under
+    `jax.jit` (eager runs, as the kit's `eval` check and its dense references do,
+    cost a compilation per small op). Pass a function defined once (at module
+    level), not a fresh lambda per call, so that its compilations are shared."""
+    structured, dense = _compiled(fn)
+    got, want = structured(*args), dense(*args)
     for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
         np.testing.assert_allclose(g, w, **quax.testing.tolerance(w.dtype))
 

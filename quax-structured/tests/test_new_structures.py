@@ -51,10 +51,13 @@ def _products(x, b):
 
 @pytest.mark.parametrize("name", MATRICES)
 def test_products(jit_matches_dense, name):
-    # The one full conformance run per structure (eval, jit, vmap, grad, jvp) on
-    # the products, then every program in one compiled program (an eager run of
-    # it costs a compilation per small op), and the entries eagerly.
-    quax.testing.assert_matches_dense(lambda x, b: (x @ b, b @ x), MATRICES[name], B)
+    # The one conformance run per structure (eval, jit, vmap, grad; jvp is the
+    # same autodiff of the same products as grad) on the products, then every
+    # program in one compiled program (an eager run of it costs a compilation per
+    # small op), and the entries eagerly.
+    quax.testing.assert_matches_dense(
+        lambda x, b: (x @ b, b @ x), MATRICES[name], B, jvp=False
+    )
     jit_matches_dense(_products, MATRICES[name], B)
     quax.testing.assert_matches_dense(
         jnp.diagonal, MATRICES[name], vmap=False, grad=False, jvp=False, jit=False
@@ -72,7 +75,11 @@ def test_solve_slogdet_solve_triangular(jit_matches_dense, name):
         return jnp.linalg.solve(x, b), jnp.linalg.slogdet(x), jnp.linalg.det(x), tri
 
     jit_matches_dense(fn, MATRICES[name], B)
-    quax.testing.assert_matches_dense(jnp.linalg.solve, MATRICES[name], B, jit=False)
+    # The solve's derivative (its vmap: the batched property test; its jvp:
+    # test_rules.py's tridiagonal solve, through the same `custom_linear_solve`).
+    quax.testing.assert_matches_dense(
+        jnp.linalg.solve, MATRICES[name], B, jit=False, vmap=False, jvp=False
+    )
 
 
 def test_block_diagonal_cholesky():
@@ -100,27 +107,23 @@ def test_circulant_eigvals():
 
 def test_structure_kept():
     m = MATRICES
-    bd, c, t = m["block_diagonal"], m["circulant"], m["toeplitz"]
-    a, d = m["banded"], qs.Diagonal(jnp.arange(1.0, N + 1))
-    add = jax.jit(quax.quaxify(lambda x, y: x + y))
-    mul = jax.jit(quax.quaxify(lambda x, y: x @ y))
-    assert isinstance(mul(bd, bd), qs.BlockDiagonal)
-    assert isinstance(mul(c, c), qs.Circulant)
-    symmetrised = jax.jit(quax.quaxify(lambda x: x + x.T))(t)
-    assert isinstance(symmetrised, qs.Toeplitz)
-    assert isinstance(mul(d, a), qs.Banded) and isinstance(mul(a, d), qs.Banded)
-    wider = add(a, qs.Banded(jnp.ones((3, N)), 0, 2))
-    assert (wider.lower_bandwidth, wider.upper_bandwidth) == (2, 2)
+    extra = qs.Banded(jnp.ones((3, N)), 0, 2)
+    args = (m["block_diagonal"], m["circulant"], m["toeplitz"], m["banded"], extra)
+    d = qs.Diagonal(jnp.arange(1.0, N + 1))
+
+    def fn(bd, c, t, a, extra, d):
+        return [bd @ bd, c @ c, t + t.T, d @ a, a @ d, a + extra]
+
+    # One compiled program each for the structured and the dense side.
+    got = jax.jit(quax.quaxify(fn))(*args, d)
+    kinds = [qs.BlockDiagonal, qs.Circulant, qs.Toeplitz, qs.Banded, qs.Banded]
+    assert [type(x) for x in got] == [*kinds, qs.Banded]
+    assert (got[-1].lower_bandwidth, got[-1].upper_bandwidth) == (2, 2)
     dense = lambda x: x.enable_materialise().materialise()
-    for got, want in [
-        (mul(bd, bd), dense(bd) @ dense(bd)),
-        (mul(c, c), dense(c) @ dense(c)),
-        (symmetrised, dense(t) + dense(t).T),
-        (mul(d, a), dense(d) @ dense(a)),
-        (mul(a, d), dense(a) @ dense(d)),
-        (wider, dense(a) + dense(qs.Banded(jnp.ones((3, N)), 0, 2))),
-    ]:
-        np.testing.assert_allclose(dense(got), want, rtol=1e-5, atol=1e-5)
+    want = jax.jit(lambda xs: fn(*(dense(x) for x in xs)))((*args, d))
+    got = jax.jit(lambda xs: [dense(x) for x in xs])(got)
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
 
 
 def test_dense_meaning():
@@ -162,23 +165,33 @@ def test_checks_and_refusals():
         quax.quaxify(jnp.linalg.eig)(MATRICES["circulant"])
 
 
+def _banded_program(x, b):
+    return x @ b, jnp.linalg.solve(x, b), x.mT @ b
+
+
+# Few shapes (each one compiles once), random entries: bandwidths diagonal-only,
+# lower-only, upper-only (at n = 2, wider than n) and both.
 @settings(max_examples=10, deadline=None)
 @given(
-    n=st.integers(2, 7),
-    p=st.integers(0, 2),
-    q=st.integers(0, 2),
+    n=st.sampled_from([2, 5]),
+    pq=st.sampled_from([(0, 0), (2, 0), (0, 2), (1, 2)]),
     batch=st.sampled_from([(), (2,)]),
     seed=st.integers(0, 2**16),
 )
-def test_banded_property(jit_matches_dense, n, p, q, batch, seed):
-    x = banded(jr.key(seed), n, p, q, batch)
+def test_banded_property(jit_matches_dense, n, pq, batch, seed):
+    x = banded(jr.key(seed), n, *pq, batch)
     b = jr.normal(jr.key(seed + 1), (*batch, n, 2))
-    jit_matches_dense(lambda x, b: (x @ b, jnp.linalg.solve(x, b), x.mT @ b), x, b)
+    jit_matches_dense(_banded_program, x, b)
 
 
+def _fft_program(c, t, b):
+    return c @ b, c.mT @ b, t @ b, t.mT @ b
+
+
+# Odd and even FFT lengths and the 1 x 1 edge.
 @settings(max_examples=10, deadline=None)
 @given(
-    n=st.integers(1, 9),
+    n=st.sampled_from([1, 4, 5]),
     batch=st.sampled_from([(), (2,)]),
     dtype=st.sampled_from([jnp.float32, jnp.complex64]),
     seed=st.integers(0, 2**16),
@@ -187,8 +200,7 @@ def test_fft_structures_property(jit_matches_dense, n, batch, dtype, seed):
     k = jr.split(jr.key(seed), 4)
     col, row = (jr.normal(kk, (*batch, n)).astype(dtype) for kk in k[:2])
     b = jr.normal(k[2], (*batch, n, 2)).astype(dtype)
-    fn = lambda c, t, b: (c @ b, c.mT @ b, t @ b, t.mT @ b)
-    jit_matches_dense(fn, qs.Circulant(col), qs.Toeplitz(col, row), b)
+    jit_matches_dense(_fft_program, qs.Circulant(col), qs.Toeplitz(col, row), b)
 
 
 M = 256
