@@ -61,19 +61,44 @@ def run(site: Path, code: str, **env: str) -> dict:
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
-def test_import_quax_loads_no_family(site: Path) -> None:
-    out = run(
+@pytest.fixture(scope="module")
+def first_import(site: Path) -> dict:
+    """A fresh interpreter: the modules `import quax` loads, then the
+    `quax.examples` namespace."""
+    return run(
         site,
         """
         import quax
-        print(json.dumps([m for m in sys.modules if m.startswith("quax_")]))
+        modules = [m for m in sys.modules if m.startswith("quax_")]
+        import quax.examples.fixture_family as fam
+        from quax import _plugins
+        # A first-party family that is not installed (every real one is, here).
+        _plugins.KNOWN_DISTRIBUTIONS["nonesuch"] = "quax-nonesuch"
+        try:
+            import quax.examples.nonesuch
+            missing = None
+        except ImportError as e:
+            missing = str(e)
+        print(json.dumps({
+            "modules": modules,
+            "module": fam.__name__,
+            "has_tagged": hasattr(fam, "Tagged"),
+            "missing": missing,
+            "zero": quax.examples.zero.__name__,
+        }))
     """,
     )
-    assert out == []
 
 
-def test_rules_fire_without_import_and_precedence_decides(site: Path) -> None:
-    out = run(
+def test_import_quax_loads_no_family(first_import: dict) -> None:
+    assert first_import["modules"] == []
+
+
+@pytest.fixture(scope="module")
+def first_calls(site: Path) -> dict:
+    """A fresh interpreter: the first quaxified calls on a family's type (the user
+    never imports the family's rules), then an explicit `quax.plugins.load()`."""
+    return run(
         site,
         """
         import jax.numpy as jnp, quax
@@ -84,14 +109,24 @@ def test_rules_fire_without_import_and_precedence_decides(site: Path) -> None:
             from quax_fixture_family import Tagged
             loaded_before = "quax_fixture_family._rules" in sys.modules
             out = quax.quaxify(jnp.negative)(Tagged(jnp.arange(3.0)))
+            first = [(w.category.__name__, str(w.message)) for w in caught]
+            for _ in range(2):
+                quax.quaxify(jnp.negative)(Tagged(jnp.arange(3.0)))
+            quax.plugins.load()
         print(json.dumps({
             "loaded_before": loaded_before,
             "tag": out.tag,
             "values": out.array.tolist(),
-            "warnings": [(w.category.__name__, str(w.message)) for w in caught],
+            "warnings": first,
+            "n": sum(w.category.__name__ == "PluginWarning" for w in caught),
+            "states": {f.name: f.state for f in quax.plugins.families()},
         }))
     """,
     )
+
+
+def test_rules_fire_without_import_and_precedence_decides(first_calls: dict) -> None:
+    out = first_calls
     assert not out["loaded_before"]
     # quax-fixture-rival registered the same signature with a higher precedence.
     assert out["tag"] == "negated by quax-fixture-rival"
@@ -108,26 +143,11 @@ def test_rules_fire_without_import_and_precedence_decides(site: Path) -> None:
     assert "wins by its higher precedence" in conflict
 
 
-def test_broken_family_is_reported_once(site: Path) -> None:
-    out = run(
-        site,
-        """
-        import jax.numpy as jnp, quax
-        from quax_fixture_family import Tagged
-        with warnings.catch_warnings(record=True) as caught:
-            for _ in range(3):
-                quax.quaxify(jnp.negative)(Tagged(jnp.arange(3.0)))
-            quax.plugins.load()
-        states = {f.name: f.state for f in quax.plugins.families()}
-        print(json.dumps({
-            "n": sum(w.category.__name__ == "PluginWarning" for w in caught),
-            "states": states,
-        }))
-    """,
-    )
-    assert out["n"] == 1
-    assert out["states"]["fixture_broken"] == "failed"
-    assert out["states"]["fixture_family"] == "loaded"
+def test_broken_family_is_reported_once(first_calls: dict) -> None:
+    # Three calls and an explicit load: one warning.
+    assert first_calls["n"] == 1
+    assert first_calls["states"]["fixture_broken"] == "failed"
+    assert first_calls["states"]["fixture_family"] == "loaded"
 
 
 def test_disable_autoload(site: Path) -> None:
@@ -177,32 +197,12 @@ def test_block_a_family(site: Path) -> None:
     assert out == {"tag": "negated by quax-fixture-family", "n_warnings": 0}
 
 
-def test_examples_namespace(site: Path) -> None:
-    out = run(
-        site,
-        """
-        import quax
-        import quax.examples.fixture_family as fam
-        from quax import _plugins
-        # A first-party family that is not installed (every real one is, here).
-        _plugins.KNOWN_DISTRIBUTIONS["nonesuch"] = "quax-nonesuch"
-        try:
-            import quax.examples.nonesuch
-            missing = None
-        except ImportError as e:
-            missing = str(e)
-        print(json.dumps({
-            "module": fam.__name__,
-            "has_tagged": hasattr(fam, "Tagged"),
-            "missing": missing,
-            "zero": quax.examples.zero.__name__,
-        }))
-    """,
-    )
-    assert out["module"] == "quax_fixture_family"
-    assert out["has_tagged"]
-    assert "quax-nonesuch" in out["missing"] and "pip install" in out["missing"]
-    assert out["zero"] == "quax.zero"
+def test_examples_namespace(first_import: dict) -> None:
+    assert first_import["module"] == "quax_fixture_family"
+    assert first_import["has_tagged"]
+    missing = first_import["missing"]
+    assert "quax-nonesuch" in missing and "pip install" in missing
+    assert first_import["zero"] == "quax.zero"
 
 
 AMBIGUOUS_RULES = """
