@@ -169,17 +169,16 @@ def _banded_program(x, b):
     return x @ b, jnp.linalg.solve(x, b), x.mT @ b
 
 
-# Few shapes (each one compiles once), random entries: bandwidths diagonal-only,
-# lower-only, upper-only (at n = 2, wider than n) and both.
+# Four layouts (each compiles once), random entries: bandwidths diagonal-only,
+# lower-only, upper-only (wider than n) and both, unbatched and batched.
+BANDED_LAYOUTS = [(5, 0, 0, (2,)), (5, 2, 0, ()), (2, 0, 2, (2,)), (5, 1, 2, ())]
+
+
 @settings(max_examples=10, deadline=None)
-@given(
-    n=st.sampled_from([2, 5]),
-    pq=st.sampled_from([(0, 0), (2, 0), (0, 2), (1, 2)]),
-    batch=st.sampled_from([(), (2,)]),
-    seed=st.integers(0, 2**16),
-)
-def test_banded_property(jit_matches_dense, n, pq, batch, seed):
-    x = banded(jr.key(seed), n, *pq, batch)
+@given(layout=st.sampled_from(BANDED_LAYOUTS), seed=st.integers(0, 2**16))
+def test_banded_property(jit_matches_dense, layout, seed):
+    n, p, q, batch = layout
+    x = banded(jr.key(seed), n, p, q, batch)
     b = jr.normal(jr.key(seed + 1), (*batch, n, 2))
     jit_matches_dense(_banded_program, x, b)
 
@@ -188,15 +187,20 @@ def _fft_program(c, t, b):
     return c @ b, c.mT @ b, t @ b, t.mT @ b
 
 
-# Odd and even FFT lengths and the 1 x 1 edge.
+# Odd and even FFT lengths and the 1 x 1 edge, unbatched and batched, real and
+# complex: four layouts (each compiles once), random entries.
+FFT_LAYOUTS = [
+    (1, (), jnp.float32),
+    (4, (2,), jnp.complex64),
+    (5, (), jnp.complex64),
+    (5, (2,), jnp.float32),
+]
+
+
 @settings(max_examples=10, deadline=None)
-@given(
-    n=st.sampled_from([1, 4, 5]),
-    batch=st.sampled_from([(), (2,)]),
-    dtype=st.sampled_from([jnp.float32, jnp.complex64]),
-    seed=st.integers(0, 2**16),
-)
-def test_fft_structures_property(jit_matches_dense, n, batch, dtype, seed):
+@given(layout=st.sampled_from(FFT_LAYOUTS), seed=st.integers(0, 2**16))
+def test_fft_structures_property(jit_matches_dense, layout, seed):
+    n, batch, dtype = layout
     k = jr.split(jr.key(seed), 4)
     col, row = (jr.normal(kk, (*batch, n)).astype(dtype) for kk in k[:2])
     b = jr.normal(k[2], (*batch, n, 2)).astype(dtype)
