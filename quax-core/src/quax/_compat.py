@@ -5,6 +5,7 @@ below rather than reaching into `jax._src` or `equinox._module` itself. Nothing 
 interprets a program: the interpreters built on these names live in `_jaxpr.py`.
 """
 
+import contextlib
 import functools as ft
 import importlib
 import threading
@@ -28,7 +29,10 @@ from jax._src.interpreters import ad as _ad, batching as _batching, partial_eval
 from jax._src.lax.lax import optimization_barrier_p
 from jax._src.mesh import get_abstract_mesh as _get_abstract_mesh
 from jax._src.shard_map import _spec_to_vma, shard_map_p
-from jax._src.sharding_impls import UnspecifiedValue as _UnspecifiedValue
+from jax._src.sharding_impls import (
+    UNSPECIFIED as _UNSPECIFIED,
+    UnspecifiedValue as _UnspecifiedValue,
+)
 from packaging.version import Version
 
 
@@ -72,6 +76,7 @@ __all__ = [
     "eqx_finish_init",
     "eqx_has_dataclass_init",
     "eqx_warn_transformed_function",
+    "eqn_context",
     "eval_context",
     "io_callback_p",
     "is_eval_trace",
@@ -157,6 +162,38 @@ if _abstract_mesh_state is None:
         "jax._src.mesh"
     ).abstract_mesh_context_manager
 
+# Whether this JAX's equation contexts hold, and their manager sets, the settings
+# `eqn_context` compares (JAX 0.10's).
+_EQN_CONTEXT_KNOWN = _core.JaxprEqnContextManager.__slots__ == [
+    "context",
+    "prev_compute_type",
+    "prev_threefry_partitionable",
+    "prev_xla_metadata",
+    "prev_abstract_mesh",
+    "prev_remove_size_one_mesh_axis",
+]
+_UNCHANGED_CONTEXT = contextlib.nullcontext()
+
+
+def eqn_context(ctx: Any) -> Any:
+    """The context manager that binds an equation in its own context, as
+    `ctx.manager` (`ctx` an equation's `ctx`), or a no-op one when the current
+    context is the equation's already (the abstract mesh read as JAX reads it):
+    evaluating a jaxpr re-binds each equation, and this spares the usual case the
+    manager's eight setting swaps."""
+    if (
+        _EQN_CONTEXT_KNOWN
+        and not ctx.xla_metadata
+        and ctx.threefry_partitionable is _config.threefry_partitionable.value
+        and ctx.compute_type is _config.compute_on_context_manager.value
+        and ctx.cur_abstract_mesh is _get_abstract_mesh()
+        and ctx.remove_size_one_mesh_axis
+        is _config.remove_size_one_mesh_axis_from_type.value
+    ):
+        return _UNCHANGED_CONTEXT
+    return ctx.manager
+
+
 # From JAX 0.11 a custom VJP's `bwd` (as `custom_vjp_call` holds it) returns the pair
 # `(cotangents, logs)` (`jax.custom_vjp.defvjp_with_logs`), and so must one bound in
 # its place; up to 0.10 it returns the cotangents alone.
@@ -220,11 +257,23 @@ def jit_inlines(params: dict[str, Any]) -> bool:
         inline = getattr(inline, "value", None) == "jax_early"
     return (
         inline
-        and all(map(is_unspecified, params["in_shardings"]))
-        and all(map(is_unspecified, params["out_shardings"]))
-        and all(layout is None for layout in params.get("in_layouts", ()))
-        and all(layout is None for layout in params.get("out_layouts", ()))
+        and _all_unspecified(params["in_shardings"])
+        and _all_unspecified(params["out_shardings"])
+        and _all_none(params.get("in_layouts", ()))
+        and _all_none(params.get("out_layouts", ()))
     )
+
+
+def _all_unspecified(shardings: tuple[Any, ...]) -> bool:
+    # `count` compares with JAX's sentinel by identity first, in C: the usual case,
+    # on every inlined `jit` quax traces; the loop for any other instance.
+    return shardings.count(_UNSPECIFIED) == len(shardings) or all(
+        map(is_unspecified, shardings)
+    )
+
+
+def _all_none(layouts: tuple[Any, ...]) -> bool:
+    return all(layout is None for layout in layouts)
 
 
 def scan_counts(params: dict[str, Any]) -> tuple[int, int]:

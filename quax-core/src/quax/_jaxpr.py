@@ -25,6 +25,7 @@ from ._compat import (
     current_name_stack,
     debug_callback_p,
     debug_print_p,
+    eqn_context,
     eval_context,
     io_callback_p,
     is_varying,
@@ -58,7 +59,8 @@ _CALLBACKS = frozenset(
     {pure_callback_p, io_callback_p, debug_callback_p, debug_print_p}
 )
 
-_TRACED = (Value, Tracer)
+# Tracers first: the common case, and `Value`'s check goes through its ABC.
+_TRACED = (Tracer, Value)
 
 
 def _is_constant(x: Any) -> bool:
@@ -100,16 +102,14 @@ def eval_quaxified(jaxpr: Any, consts: Sequence[Any], *args: Any) -> list[Any]:
     if _evaluations.reports:
         for report in _evaluations.reports:
             report.total += 1
-    env: dict[Any, Any] = {}
-
-    def read(v: Any) -> Any:
-        return v.val if type(v) is Literal else env[v]
-
-    env.update(zip(jaxpr.constvars, consts, strict=True))
+    env: dict[Any, Any] = dict(zip(jaxpr.constvars, consts, strict=True))
     env.update(zip(jaxpr.invars, args, strict=True))
+    # Each equation's name stack extends the current one, which the loop leaves as it
+    # finds it.
+    outer_names = current_name_stack()
     for eqn in jaxpr.eqns:
         primitive = eqn.primitive
-        invals = [read(v) for v in eqn.invars]
+        invals = [v.val if type(v) is Literal else env[v] for v in eqn.invars]
         params = primitive.get_bind_params(eqn.params)
         # `_foldable` first: it usually declines at the first traced input.
         now = (
@@ -123,10 +123,14 @@ def eval_quaxified(jaxpr: Any, consts: Sequence[Any], *args: Any) -> list[Any]:
             # value outside `shard_map`.
             and not any(is_varying(v.aval) for v in eqn.outvars)
         )
-        name_stack = current_name_stack() + eqn.source_info.name_stack
+        source_info = eqn.source_info
+        names = source_info.name_stack
         with (
-            user_context(eqn.source_info.traceback, name_stack=name_stack),
-            eqn.ctx.manager,
+            user_context(
+                source_info.traceback,
+                name_stack=outer_names + names if names else outer_names,
+            ),
+            eqn_context(eqn.ctx),
         ):
             if now:
                 with jax.ensure_compile_time_eval():
@@ -137,7 +141,7 @@ def eval_quaxified(jaxpr: Any, consts: Sequence[Any], *args: Any) -> list[Any]:
             env.update(zip(eqn.outvars, ans, strict=True))
         else:
             env[eqn.outvars[0]] = ans
-    return [read(v) for v in jaxpr.outvars]
+    return [v.val if type(v) is Literal else env[v] for v in jaxpr.outvars]
 
 
 def known_constant(x: Any, max_size: int = 1024) -> Any:

@@ -40,6 +40,7 @@ from ._values import Value, describe
 __all__ = [
     "StagedValueError",
     "holds_staged_values",
+    "jaxpr_holds_staged_values",
     "stage_value",
     "staged_value_p",
     "staged_values_into",
@@ -171,6 +172,13 @@ _holds: "weakref.WeakKeyDictionary[Any, bool]" = weakref.WeakKeyDictionary()
 def holds_staged_values(params: dict[str, Any]) -> bool:
     """Whether the sub-jaxprs among a primitive's `params` stage a value."""
     return any(_param_holds(p) for p in params.values())
+
+
+def jaxpr_holds_staged_values(jaxpr: Any) -> bool:
+    """Whether a closed or open jaxpr (or its sub-jaxprs) stages a value; cached per
+    jaxpr. For a primitive whose only sub-jaxpr is known (an inlined `jit`'s
+    `jaxpr`), this is `holds_staged_values` without a walk over every param."""
+    return _jaxpr_holds(jaxpr.jaxpr if type(jaxpr) is ClosedJaxpr else jaxpr)
 
 
 def _param_holds(p: Any) -> bool:

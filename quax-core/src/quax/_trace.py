@@ -45,7 +45,13 @@ from ._compat import (
 )
 from ._eager import call_compiled
 from ._jaxpr import eval_quaxified
-from ._staged import holds_staged_values, staged_value_p, staged_values_into, unstage
+from ._staged import (
+    holds_staged_values,
+    jaxpr_holds_staged_values,
+    staged_value_p,
+    staged_values_into,
+    unstage,
+)
 from ._values import Value, is_value, value_classes
 
 
@@ -76,6 +82,12 @@ unchecked_primitives: set[Primitive] = set()
 staging_primitives: set[Primitive] = set()
 
 _debug_checks = os.environ.get("QUAX_DEBUG_CHECKS", "") not in ("", "0")
+
+# Read on every primitive without a function call: the registry's dispatch cache
+# (`rule_for` fills it; `register` clears it in place) and the materialisation
+# reports' state (non-empty while `quax.track_materialisation` runs).
+_rule_cache = _registry._cache
+_materialisations = _values._state
 
 
 def set_debug_checks(enabled: bool) -> None:
@@ -252,7 +264,8 @@ class QuaxTrace(Trace):
     def process_primitive(
         self, primitive: Primitive, tracers: Sequence[Any], params: dict[str, Any], /
     ) -> Any:
-        # The hot path of quax: kept to plain loops, one dict lookup, and JAX's trace
+        # The hot path of quax: kept to plain loops, one dict lookup (the registry's
+        # dispatch cache, read here rather than through `rule_for`), and JAX's trace
         # switch without its context manager.
         tag = self.tag
         values = []
@@ -277,8 +290,10 @@ class QuaxTrace(Trace):
                 if done:
                     return [self.wrap(o) for o in out]
             return call_at_trace(self, _inline_jit, tracers, params)
-        rule = _registry.rule_for(primitive, values)
-        if _debug_checks or _values.tracking():
+        rule = _rule_cache.get((primitive, tuple(map(type, values))))
+        if rule is None:
+            rule = _registry.rule_for(primitive, values)
+        if _debug_checks or _materialisations.reports:  # `_values.tracking()`
             checked = ft.partial(_apply_checked, primitive, rule)
             out = call_rule_at_trace(self.parent_trace, checked, values, params)
         else:
@@ -379,7 +394,8 @@ def _inline_jit(tracers: Sequence[Any], params: dict[str, Any]) -> list[Any]:
     on the current quax trace, each dispatched on its own, as JAX inlines them into
     the trace that stages it. The `jit_p` rule is for kept (not inlined) calls."""
     jaxpr = params["jaxpr"]
-    if holds_staged_values(params):
+    # `jaxpr` is the only sub-jaxpr among a `jit`'s params.
+    if jaxpr_holds_staged_values(jaxpr):
         with staged_values_into(current_trace()):
             return eval_quaxified(jaxpr.jaxpr, jaxpr.consts, *tracers)
     return eval_quaxified(jaxpr.jaxpr, jaxpr.consts, *tracers)
