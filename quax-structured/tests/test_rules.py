@@ -63,6 +63,9 @@ PRODUCTS = {
 }
 
 
+# Under `jax.jit`: the kit's dense references (eval, each vmap copy) compile once
+# instead of op by op; the quaxified eval runs the rules through the nested jit.
+@jax.jit
 def _all_products(x, b):
     return {k: f(x, b) for k, f in PRODUCTS.items() if k != "diagonal"}
 
