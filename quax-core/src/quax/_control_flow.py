@@ -47,7 +47,9 @@ from ._joins import (
     catching,
     join_fills,
     join_until_stable,
+    materialise_rhs,
     materialise_to_join,
+    release_traces,
     skeleton,
     trying,
 )
@@ -358,7 +360,8 @@ def _stable_loop(
                     with catching():
                         out = list(body(c))
                         out[:n] = join.outputs(out[:n])
-                except Exception:
+                except Exception as e:
+                    release_traces(e)
                     failed[0] = True
                     return list(c)
             else:
@@ -501,50 +504,84 @@ def _linear_solve(*args: ValueLike, const_lengths: Any, jaxprs: Any) -> list[Any
         args[s:e] for s, e in zip(starts, ends, strict=True)
     )
     b = list(args[int(ends[-1]) :])
-    num_aux = len(jaxprs.solve.out_avals) - len(jaxprs.matvec.out_avals)
+    aux_avals = jaxprs.solve.out_avals[len(b) :]
     # `matvec`, `solve` and `transpose_solve` all map vectors of `b`'s types to
     # vectors of `b`'s types: join those like a loop's carry.
     join = Join(lambda i: f"leaf {i} of the right-hand side of a custom_linear_solve")
     seen: list[list[Any]] = []
+    # The first error that `matvec` or a solve raised, caught inside its trace (a
+    # trace left by an exception keeps the tracers it closed over alive); and the
+    # error after which the right-hand side is solved on its dense array.
+    failure: list[str | None] = [None]
+    dense_rhs: list[str | None] = [None]
 
     def joined(out: Sequence[Any]) -> list[Any]:
         out = join.outputs(out)
         seen.append([skeleton(o) for o in out])
         return out
 
-    def call(jaxpr: Any, consts: Sequence[Any]) -> Callable[..., Any]:
-        fn = _quaxified(jaxpr)
+    def guarded(fn: Callable[[], Any], stand_in: Callable[[], Any], catch: bool) -> Any:
+        if not catch:
+            return fn()
+        try:
+            with catching():
+                return fn()
+        except Exception as e:
+            release_traces(e)
+            failure[0] = failure[0] or f"{type(e).__name__}: {e}"
+            return stand_in()
 
-        def f(_: Any, x: list[Any]) -> Any:
-            out = fn(*consts, *x)
-            if num_aux:
-                return joined(out[: len(b)]), out[len(b) :]
-            return joined(out)
+    def linear_solve(catch: bool) -> Any:
+        def matvec(x: list[Any]) -> list[Any]:
+            run = lambda: joined(_quaxified(jaxprs.matvec)(*matvec_c, *x))
+            return guarded(run, lambda: list(x), catch)
 
-        return f
+        def call(jaxpr: Any, consts: Sequence[Any]) -> Callable[..., Any]:
+            fn = _quaxified(jaxpr)
 
-    def matvec(x: list[Any]) -> list[Any]:
-        return joined(_quaxified(jaxprs.matvec)(*matvec_c, *x))
+            def solve(_: Any, x: list[Any]) -> Any:
+                def run() -> Any:
+                    out = fn(*consts, *x)
+                    if aux_avals:
+                        return joined(out[: len(b)]), out[len(b) :]
+                    return joined(out)
 
-    symmetric = jaxprs.vecmat is jaxprs.matvec
-    transpose_solve = (
-        None
-        if jaxprs.transpose_solve is None
-        else call(jaxprs.transpose_solve, tr_solve_c)
-    )
+                def stand_in() -> Any:
+                    if aux_avals:
+                        return list(x), [jnp.zeros(a.shape, a.dtype) for a in aux_avals]
+                    return list(x)
 
-    def attempt() -> list[Any]:
-        seen.clear()
-        b[:] = join.inputs(b)
-        out = lax.custom_linear_solve(
+                return guarded(run, stand_in, catch)
+
+            return solve
+
+        transpose_solve = jaxprs.transpose_solve
+        return lax.custom_linear_solve(
             matvec,
             b,
             call(jaxprs.solve, solve_c),
-            transpose_solve,
-            symmetric=symmetric,
-            has_aux=bool(num_aux),
+            None if transpose_solve is None else call(transpose_solve, tr_solve_c),
+            symmetric=jaxprs.vecmat is jaxprs.matvec,
+            has_aux=bool(aux_avals),
         )
-        if num_aux:
+
+    def attempt() -> list[Any]:
+        seen.clear()
+        failure[0] = None
+        b[:] = (
+            join.inputs(b) if dense_rhs[0] is None else materialise_rhs(b, dense_rhs[0])
+        )
+        out = linear_solve(catch=True)
+        if failure[0] is not None:
+            if dense_rhs[0] is None and any(isinstance(x, Value) for x in b):
+                # The solve failed on a value right-hand side (no rule for it, or
+                # its matrix refuses it): solve on the dense array instead.
+                dense_rhs[0] = failure[0]
+                raise Rejoined
+            if trying():
+                raise BodyFailed  # inside a body that an enclosing loop is trying
+            out = linear_solve(catch=False)  # raise the error
+        if aux_avals:
             x, aux = out
             return [*x, *aux]
         return list(out)
@@ -552,7 +589,9 @@ def _linear_solve(*args: ValueLike, const_lengths: Any, jaxprs: Any) -> list[Any
     def rejoin() -> bool:
         return bool(seen) and join.update(b, seen[-1])
 
-    return join_until_stable(attempt, rejoin, limit=3 * len(b) + 1)
+    return join_until_stable(
+        attempt, rejoin, limit=3 * len(b) + 2, errors=(TypeError, ValueError)
+    )
 
 
 # Higher-order primitives: their rules' outputs are not checked against the

@@ -2,13 +2,15 @@
 is a value of one type on one side and of another (or a plain array) on the other.
 
 Quax lifts a plain array into the value's type where the type says how
-([`quax.Value.lift`][]), and materialises otherwise. A carry that starts as a plain
-constant fill (the zeros a solver writes its results into) is traced abstractly as a
-`Fill` to find its type. `join_until_stable` is the one loop that retries a
-higher-order primitive until its types join.
+([`quax.Value.lift`][]), joins two values whose structures differ where their type
+says how ([`quax.Value.join`][]), and materialises otherwise. A carry that starts as
+a plain constant fill (the zeros a solver writes its results into) is traced
+abstractly as a `Fill` to find its type. `join_until_stable` is the one loop that
+retries a higher-order primitive until its types join.
 """
 
 import contextlib
+import functools as ft
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, ClassVar, TypeVar
@@ -44,9 +46,12 @@ __all__ = [
     "catching",
     "join_fills",
     "join_until_stable",
+    "join_values",
     "lift",
     "lift_fill",
+    "materialise_rhs",
     "materialise_to_join",
+    "release_traces",
     "skeleton",
     "structure",
     "trying",
@@ -64,7 +69,10 @@ class Rejoined(Exception):
 
 
 def join_until_stable(
-    attempt: Callable[[], _T], rejoin: Callable[[], bool], limit: int
+    attempt: Callable[[], _T],
+    rejoin: Callable[[], bool],
+    limit: int,
+    errors: tuple[type[Exception], ...] = (TypeError,),
 ) -> _T:
     """The one loop that retries a higher-order primitive until its types join.
 
@@ -80,6 +88,8 @@ def join_until_stable(
     - `attempt`: traces the primitive; returns its outputs.
     - `rejoin`: after a `TypeError`, whether the joins changed.
     - `limit`: the most attempts.
+    - `errors`: the errors JAX rejects disagreeing types with (`custom_linear_solve`
+        checks leaf shapes first, with a `ValueError`).
 
     **Returns:**
 
@@ -90,7 +100,8 @@ def join_until_stable(
             return attempt()
         except Rejoined:
             continue
-        except TypeError:
+        except errors as e:
+            release_traces(e)  # JAX raised some of them inside the body's trace
             if not rejoin():
                 raise
     raise AssertionError(f"the types did not join in {limit} attempts")
@@ -157,6 +168,39 @@ def lift(x: Any, like: Any) -> Any:
     return out
 
 
+def join_values(x: Any, other: Any) -> Any:
+    """The value `x` converted by its type's [`quax.Value.join`][] to a structure it
+    shares with the value `other`, or `None` where either is not a value or the type
+    declines. A join that changes the array's shape or dtype is a `TypeError`."""
+    if not (isinstance(x, Value) and isinstance(other, Value)):
+        return None
+    out = type(x).join(x, other)
+    if out is None:
+        return None
+    before, after = x.aval(), out.aval()
+    if (before.shape, before.dtype) != (after.shape, after.dtype):
+        raise TypeError(
+            f"`{type(x).__qualname__}.join` returned a `{type(out).__qualname__}` "
+            f"of shape {after.shape} and dtype {after.dtype} for a value of shape "
+            f"{before.shape} and dtype {before.dtype}: a join must keep the array."
+        )
+    return out
+
+
+def _join_skeletons(column: Sequence[Any]) -> Any:
+    """One structure that every value among the skeletons `column` joins to, as a
+    skeleton, or `None`."""
+    values = [o for o in column if isinstance(o, Value)]
+    target = values[0]
+    for o in values[1:]:
+        if structure(o) == structure(target):
+            continue
+        target = jax.eval_shape(ft.partial(join_values, other=o), target)
+        if target is None:
+            return None
+    return target
+
+
 def _raised_by_equinox(x: Any) -> bool:
     """Whether `x` is the output of `eqx.error_if`'s error branch: a host callback
     that raises (or, on TPU, returns NaNs). Equinox builds that output from the
@@ -175,23 +219,30 @@ class Join:
     its inputs (a loop body, a linear operator) or of each other (branches).
 
     At a position whose types differ, quax tries, in order: lifting a plain input to
-    the output's value type (`lift`), lifting a plain output to the input's (or the
-    other branches') value type in the body, and materialising both sides. Each step
-    is taken once per position, so the joins settle after a few re-traces.
+    the output's value type (`lift`); joining a value input and a value output of
+    different structures through their type (`join`), converting the outputs in the
+    body too; lifting a plain output to the input's (or the other branches') value
+    type in the body; and materialising both sides. Each step is taken once per
+    position, so the joins settle after a few re-traces.
     """
 
     def __init__(self, where: Callable[[int], str]) -> None:
         self.where = where
         self.dense: set[int] = set()
-        self.lift_out: dict[int, Any] = {}
+        # Per position, the skeleton that the body's outputs are converted to.
+        self.out_like: dict[int, Any] = {}
 
     def outputs(self, out: Sequence[Any]) -> list[Any]:
         """The body's outputs with the joins applied (inside the body's trace)."""
         out = list(out)
-        for i, like in self.lift_out.items():
-            lifted = lift(out[i], like)
-            if lifted is not None:
-                out[i] = lifted
+        for i, like in self.out_like.items():
+            converted = (
+                join_values(out[i], like)
+                if isinstance(out[i], Value)
+                else lift(out[i], like)
+            )
+            if converted is not None and structure(converted) == structure(like):
+                out[i] = converted
         return self._dense(out)
 
     def inputs(self, xs: Sequence[Any]) -> list[Any]:
@@ -211,18 +262,27 @@ class Join:
             if i in self.dense or structure(x) == structure(o):
                 continue
             lifted = lift(x, o) if isinstance(o, Value) else None
+            joined = None if lifted is not None else join_values(x, o)
             if lifted is not None:
                 xs[i] = lifted
+            elif joined is not None and not self._tried(i, joined):
+                xs[i] = joined
+                self.out_like[i] = skeleton(joined)
             elif (
                 isinstance(x, Value)
                 and not isinstance(o, Value)
-                and (i not in self.lift_out)
+                and (i not in self.out_like)
             ):
-                self.lift_out[i] = skeleton(x)
+                self.out_like[i] = skeleton(x)
             else:
                 self.dense.add(i)
             changed = True
         return changed
+
+    def _tried(self, i: int, like: Any) -> bool:
+        """Whether position `i`'s outputs are already converted to `like`'s
+        structure (so joining again would not change anything)."""
+        return i in self.out_like and structure(self.out_like[i]) == structure(like)
 
     def update_branches(self, outs: Sequence[Sequence[Any]]) -> bool:
         """Join the skeletons `outs[k]` of each branch's outputs with each other.
@@ -231,13 +291,35 @@ class Join:
         for i, column in enumerate(zip(*outs, strict=True)):
             if i in self.dense or len({structure(o) for o in column}) == 1:
                 continue
-            values = {structure(o): o for o in column if isinstance(o, Value)}
-            if len(values) == 1 and i not in self.lift_out:
-                (self.lift_out[i],) = values.values()
+            target = None
+            if i not in self.out_like and any(isinstance(o, Value) for o in column):
+                target = _join_skeletons(column)
+            if target is not None:
+                self.out_like[i] = target
             else:
                 self.dense.add(i)
             changed = True
         return changed
+
+
+def materialise_rhs(b: Sequence[Any], failure: str) -> list[Any]:
+    """The right-hand side `b` of a `custom_linear_solve` materialised, after the
+    solve failed on its values with `failure`, or a `JoinError` naming both."""
+    return [
+        materialise_or_explain(
+            x,
+            lambda value: (
+                "the right-hand side of a custom_linear_solve (`jnp.linalg.solve`, "
+                f"`jax.scipy.sparse.linalg.cg`, ...) is a {value}, and the solve "
+                f"failed on it ({failure}); quax solves on its dense array instead"
+            ),
+            "\nPass a plain right-hand side, allow the value to materialise "
+            "(`allow_materialise=True` or `.enable_materialise()` where the type has "
+            "it), or register rules that apply the matrix and its solve to it.",
+            JoinError,
+        )
+        for x in b
+    ]
 
 
 def carry_names(jaxpr: Any, first: int, what: str) -> Callable[[int], str]:
@@ -287,6 +369,27 @@ def catching() -> Iterator[None]:
 def trying() -> bool:
     """Whether this thread is inside a loop body being tried (see `catching`)."""
     return _trying.depth > 0
+
+
+def release_traces(error: BaseException) -> None:
+    """Close the JAX traces that `error` abandoned, after quax caught it.
+
+    JAX ends a trace (dropping the constants it captured) only when tracing
+    returns: one that an exception left stays alive, through the finalizers of its
+    constants, with every tracer of an enclosing trace it captured, which that
+    trace's leak check then reports. Quax catches errors where it tries a body, so
+    it ends the traces that the error unwound (JAX's `trace_to_*` frames).
+    """
+    tb = error.__traceback__
+    while tb is not None:
+        frame = tb.tb_frame
+        if frame.f_code.co_name.startswith("trace_to_") and frame.f_globals.get(
+            "__name__", ""
+        ).startswith("jax."):
+            trace = frame.f_locals.get("trace")
+            if isinstance(trace, jax.core.Trace):
+                trace.invalidate()
+        tb = tb.tb_next
 
 
 # A loop carry that starts as a plain constant fill (the zeros or NaNs a solver
