@@ -318,19 +318,8 @@ def test_cond_and_loop_carries():
     for s in (1.0, -1.0):
         out = check(branches, x, s, dense_args=(dense, s))
         assert isinstance(out, BCOO)
-    # Outputs that differ in `nse` or in the static flags (`sin` merges duplicates,
-    # so its output promises sorted unique indices) cannot join: an error, not a
-    # silent densification.
-    bodies = [lambda c, a: c + a, lambda c, a: jnp.sin(c)]
-    for body in bodies:
-
-        def loop(a, body=body):
-            return lax.fori_loop(0, 3, lambda i, c: body(c, a), a)
-
-        with pytest.raises(quax.JoinError, match=r"loop carry.*Refusing to mat"):
-            quax.quaxify(loop)(x)
-    with pytest.raises(quax.JoinError, match=r"cond.*Refusing to materialise"):
-        quax.quaxify(lambda a, s: lax.cond(s > 0, jnp.sin, jnp.negative, a))(x, 1.0)
+    # Outputs whose flags differ join, and a different `nse` is a `JoinError`:
+    # see test_joins.py.
 
 
 def test_index_dtype_and_empty():

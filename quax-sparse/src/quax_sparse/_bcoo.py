@@ -177,6 +177,42 @@ class BCOO(quax.ArrayValue):
                 )
         return quax.Value.default(primitive, values, params)
 
+    @classmethod
+    def join(cls, value: quax.Value, other: quax.Value) -> "BCOO | None":
+        """`value` with only the promises it shares with `other`: for a loop carry
+        or `cond` output whose flags differ between iterations or branches (`sin(c)`
+        promises sorted unique indices that `c` may lack). See
+        [`quax.Value.join`][].
+
+        **Arguments:**
+
+        - `value`: a `BCOO`.
+        - `other`: the other side (its leaves may be shapes only).
+
+        **Returns:**
+
+        A `BCOO` with `value`'s entries and the AND of both sides'
+        `indices_sorted`, `unique_indices` and `allow_materialise`; `None` where
+        `other` is not a `BCOO` of the same shape, `nse` and index layout (a
+        different `nse` cannot join).
+        """
+        if not (isinstance(value, BCOO) and isinstance(other, BCOO)):
+            return None
+        if (value._shape, value.data.shape, value.indices.shape) != (
+            other._shape,
+            other.data.shape,
+            other.indices.shape,
+        ):
+            return None
+        return BCOO(
+            value.data,
+            value.indices,
+            value._shape,
+            value.allow_materialise and other.allow_materialise,
+            indices_sorted=value.indices_sorted and other.indices_sorted,
+            unique_indices=value.unique_indices and other.unique_indices,
+        )
+
     def todense(self) -> Array:
         """The dense array (an explicit request: allowed whatever
         `allow_materialise` says). Duplicates add up; padding is dropped.

@@ -105,6 +105,15 @@ class CSR(quax.ArrayValue):
             self.data.shape[:-1] + self._shape[-2:], self.data.dtype
         )
 
+    @classmethod
+    def join(cls, value: quax.Value, other: quax.Value) -> BCOO | None:
+        """A `CSR` loop carry or `cond` output where the other side is a `BCOO` (what
+        the body's rules give): `value` as a `BCOO` (`to_bcoo`), joined with `other`
+        as `BCOO.join` does; `None` for anything else. See [`quax.Value.join`][]."""
+        if not (isinstance(value, CSR) and isinstance(other, BCOO)):
+            return None
+        return BCOO.join(value.to_bcoo(), other)
+
     def to_bcoo(self) -> BCOO:
         """The same matrix as a `BCOO` (rows in order; padding stays padding).
 
