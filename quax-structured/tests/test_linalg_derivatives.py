@@ -90,16 +90,18 @@ _b = np.arange(1.0, N + 1, dtype=np.float32)
 
 def _loss(a, scale):
     """`log|det a| + det(a) / scale + sum(a⁻¹ b)`: two custom-JVP functions and a
-    `custom_linear_solve` in one program."""
-    solved = jnp.sum(jnp.linalg.solve(a, _b))
-    return jnp.linalg.slogdet(a)[1] + jnp.linalg.det(a) / scale + solved
+    `custom_linear_solve` in one program (without `det` where `scale` is `None`)."""
+    out = jnp.linalg.slogdet(a)[1] + jnp.sum(jnp.linalg.solve(a, _b))
+    return out if scale is None else out + jnp.linalg.det(a) / scale
 
 
 @pytest.mark.parametrize("name", CASES)
 def test_gradient_matches_dense(name):
     make, dense, leaves = CASES[name]
     leaves = [np.asarray(x, np.float32) for x in leaves]
-    scale = float(np.linalg.det(jax.jit(dense)(*leaves)))
+    # `det`'s derivative of the structures in `SINGULAR` is tested there (against
+    # cofactors, which hold at any matrix).
+    scale = None if name in SINGULAR else float(np.linalg.det(jax.jit(dense)(*leaves)))
     argnums = tuple(range(len(leaves)))
     # Under `jit`: one compiled program each (eager, each `jnp` function compiles).
     got_value, got = jax.jit(

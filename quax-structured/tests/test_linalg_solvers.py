@@ -41,9 +41,9 @@ def _column(*shape, sign=1.0):
 
 # name: (structure from leaves, dense matrix from the same leaves, leaves)
 CASES = {
-    "circulant_even": (qs.Circulant, _circulant_dense, (_column(8),)),
     # A negative determinant (odd n: one real eigenvalue, the sum of the column).
     "circulant_odd": (qs.Circulant, _circulant_dense, (_column(7, sign=-1.0),)),
+    # Even n (two real eigenvalues), batched.
     "circulant_batch": (qs.Circulant, _circulant_dense, (_column(2, 6),)),
     "toeplitz": (
         qs.Toeplitz,

@@ -104,7 +104,7 @@ class SolverLU(StructuredMatrix):
         n = self.shape[-1]
         diagonal = self.pivots()
         if self.last is not None:
-            diagonal = diagonal.at[-1].set(self.last)
+            diagonal = diagonal.at[..., -1].set(self.last)
         diagonal = diagonal[jnp.clip(i, 0, n - 1)]
         return jnp.where(i == j, diagonal, jnp.asarray(jnp.nan, self.dtype))
 
