@@ -1,8 +1,7 @@
-"""The `aval` of a value type: declared, for a type that names its leaf (`aval_leaf`;
-see `quax.Value.aval`), else its own method, kept on each instance."""
+"""Declared avals: the `aval` of a value type that names its leaf (`aval_leaf`; see
+`quax.Value.aval`)."""
 
 import dataclasses
-import functools as ft
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -10,38 +9,16 @@ from typing import Any
 from ._compat import typeof
 
 
-__all__ = ["KEPT_AVAL", "class_aval", "declared_aval"]
+__all__ = ["class_aval", "declared_aval"]
 
 _object_getattribute = object.__getattribute__
 
 
-# Where a value keeps the aval its own `aval` method gave.
-KEPT_AVAL = "__quax_aval__"
-
-
 def class_aval(cls: type, value_classes: set[type]) -> Callable[[Any], Any] | None:
     """The `aval` that quax installs on the value class `cls`: the declared one
-    (`aval_leaf`), or `cls`'s own method kept per instance (values are immutable and
-    `aval` is pure); `None` to leave it as it is."""
+    (`aval_leaf`); `None` to leave its own."""
     name = getattr(cls, "aval_leaf", None)
-    if name is not None:
-        return declared_aval(cls, name, value_classes)
-    own = vars(cls).get("aval")
-    if own is None or getattr(own, "__isabstractmethod__", False):
-        return None
-    return _kept(own)
-
-
-def _kept(aval: Callable[[Any], Any]) -> Callable[[Any], Any]:
-    @ft.wraps(aval)
-    def kept(self: Any) -> Any:
-        attributes = _object_getattribute(self, "__dict__")
-        out = attributes.get(KEPT_AVAL)
-        if out is None:
-            out = attributes[KEPT_AVAL] = aval(self)
-        return out
-
-    return kept
+    return None if name is None else declared_aval(cls, name, value_classes)
 
 
 def declared_aval(

@@ -41,7 +41,6 @@ import jax.tree_util as jtu
 import numpy as np
 
 from . import _registry
-from ._avals import KEPT_AVAL
 from ._compat import Tracer, current_trace, eager_program, typeof
 from ._values import is_value, tracking
 
@@ -62,7 +61,6 @@ MAX_CONSTANT_SIZE = 64
 MAX_PROGRAMS = 8
 
 _ARRAY_LEAVES = (jax.Array, np.ndarray, np.generic, int, float, complex)
-_object_getattribute = object.__getattribute__
 
 
 class ConstKey:
@@ -251,10 +249,7 @@ def call_compiled(
     if program is _BY_EQUATION:
         return False, None
     if program is not None:
-        out = program.call(*leaves)
-        if program.aval is not None:
-            _object_getattribute(out, "__dict__")[KEPT_AVAL] = program.aval
-        return True, out
+        return True, program(*leaves)
     if len(programs) >= MAX_PROGRAMS:
         return False, None
     # The first call: equation by equation, with the program traced beside it.
@@ -296,22 +291,7 @@ def _checked_program(
         for g, x in zip(got, want, strict=True)
     ):
         return _BY_EQUATION
-    # A value's aval is the same for every output of the program: kept on each.
-    kept = (
-        getattr(expected, "__dict__", {}).get(KEPT_AVAL) if is_value(expected) else None
-    )
-    return _Program(program, kept)
-
-
-class _Program:
-    """A compiled eager program, and the aval of its output when that is a value
-    whose `aval` quax keeps on the instance."""
-
-    __slots__ = ("aval", "call")
-
-    def __init__(self, call: Callable[..., Any], aval: Any) -> None:
-        self.call = call
-        self.aval = aval
+    return program
 
 
 def _shape_dtype(x: Any) -> tuple[Any, ...]:

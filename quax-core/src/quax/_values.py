@@ -242,10 +242,10 @@ class Value(eqx.Module, metaclass=_ValueMeta):
     def aval(self) -> Any:
         """The abstract value JAX sees for this object.
 
-        It must be pure: the same instance always gives the same aval (quax keeps
-        it on the instance). Python metadata that changes it belongs in static
-        fields. Quax calls it for every value a rule returns, so keep it cheap:
-        `return jax.typeof(leaf)` beats building a new `ShapedArray`.
+        It must be pure: the same instance always gives the same aval. Python metadata
+        that changes it belongs in static fields. Quax calls it for every value a rule
+        returns, so keep it cheap: where a leaf has the value's shape and dtype,
+        `return jax.typeof(leaf)` is cheaper than building a new `ShapedArray`.
 
         **Declared avals.** When the aval is exactly one field's (its `jax.typeof`,
         or its own `aval()` when the field holds a value), declare that field:
