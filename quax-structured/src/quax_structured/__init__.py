@@ -32,11 +32,15 @@ from ._triangular import (
     LowerTriangular as LowerTriangular,
     UpperTriangular as UpperTriangular,
 )
-from ._tridiagonal import TridiagonalMatrix as TridiagonalMatrix
+from ._tridiagonal import (
+    TridiagonalEigenvectors as TridiagonalEigenvectors,
+    TridiagonalMatrix as TridiagonalMatrix,
+)
 
 
 VALUE_TYPES = (
     TridiagonalMatrix,
+    TridiagonalEigenvectors,
     Diagonal,
     ScaledIdentity,
     LowerTriangular,
