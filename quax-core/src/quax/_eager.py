@@ -86,26 +86,30 @@ class ConstKey:
         return hash((self.aval, self.data))
 
 
-_PARTS_ATTRIBUTE = "__quax_eager_parts__"
+# The key text of each value seen, by `id` (kept off the value: an attribute would
+# change its pytree structure), dropped with the value.
+_keys: dict[int, tuple[Any, str, Any]] = {}
 
 
 def value_parts(x: Any) -> tuple[str, list[Any], Any]:
     """A strict key of the value `x`'s pytree structure (its types and static
     fields, by their text: `==` may be loose, as for quax-units' display units), its
-    leaves, and its treedef; computed once per value and kept on it (values are
-    immutable). The key is `""` when a leaf is not an array: such a value has no
-    compiled program."""
-    attributes = getattr(x, "__dict__", None)
-    if attributes is not None:
-        parts = attributes.get(_PARTS_ATTRIBUTE)
-        if parts is not None:
-            return parts
+    leaves, and its treedef. The text is computed once per value, for as long as
+    its treedef stays equal (the leaves are read each time). The key is `""` when a
+    leaf is not an array: such a value has no compiled program."""
     leaves, treedef = jtu.tree_flatten(x)
+    kept = _keys.get(id(x))
+    if kept is not None and kept[0]() is x and kept[2] == treedef:
+        return kept[1], leaves, treedef
     arrays = all(isinstance(leaf, _ARRAY_LEAVES) for leaf in leaves)
-    parts = (repr(treedef) if arrays else "", leaves, treedef)
-    if attributes is not None:
-        attributes[_PARTS_ATTRIBUTE] = parts
-    return parts
+    key = repr(treedef) if arrays else ""
+    ident = id(x)
+    try:
+        ref = weakref.ref(x, lambda _: _keys.pop(ident, None))
+    except TypeError:  # not weakly referable: not kept
+        return key, leaves, treedef
+    _keys[ident] = (ref, key, treedef)
+    return key, leaves, treedef
 
 
 _enabled = os.environ.get("QUAX_EAGER_COMPILE", "0") not in ("", "0")
