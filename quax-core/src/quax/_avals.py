@@ -9,16 +9,9 @@ from typing import Any
 from ._compat import typeof
 
 
-__all__ = ["class_aval", "declared_aval"]
+__all__ = ["declared_aval"]
 
 _object_getattribute = object.__getattribute__
-
-
-def class_aval(cls: type, value_classes: set[type]) -> Callable[[Any], Any] | None:
-    """The `aval` that quax installs on the value class `cls`: the declared one
-    (`aval_leaf`); `None` to leave its own."""
-    name = getattr(cls, "aval_leaf", None)
-    return None if name is None else declared_aval(cls, name, value_classes)
 
 
 def declared_aval(

@@ -91,6 +91,7 @@ __all__ = [
     "pure_callback_p",
     "pvary_to_spec",
     "register_tracer_type",
+    "release_traces",
     "remat_p",
     "run_debug_on_host",
     "scan_counts",
@@ -568,3 +569,24 @@ def register_tracer_type(cls: type) -> None:
     """Let `jax.typeof` find the `Tracer` subclass `cls` in one dict lookup, as JAX
     registers its own tracers, rather than by walking its MRO to `Tracer`."""
     _core.pytype_aval_mappings[cls] = _core.pytype_aval_mappings[_core.Tracer]
+
+
+def release_traces(error: BaseException) -> None:
+    """Close the JAX traces that `error` abandoned, after quax caught it.
+
+    JAX ends a trace (dropping the constants it captured) only when tracing
+    returns: one that an exception left stays alive, through the finalizers of its
+    constants, with every tracer of an enclosing trace it captured, which that
+    trace's leak check then reports. Quax catches errors where it tries a body, so
+    it ends the traces that the error unwound (JAX's `trace_to_*` frames).
+    """
+    tb = error.__traceback__
+    while tb is not None:
+        frame = tb.tb_frame
+        if frame.f_code.co_name.startswith("trace_to_") and frame.f_globals.get(
+            "__name__", ""
+        ).startswith("jax."):
+            trace = frame.f_locals.get("trace")
+            if isinstance(trace, jax.core.Trace):
+                trace.invalidate()
+        tb = tb.tb_next

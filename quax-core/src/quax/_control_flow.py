@@ -30,6 +30,7 @@ from ._compat import (
     is_unspecified,
     jit_p,
     linear_solve_p,
+    release_traces,
     remat_p,
     scan_counts,
     scan_p,
@@ -49,13 +50,12 @@ from ._joins import (
     join_until_stable,
     materialise_rhs,
     materialise_to_join,
-    release_traces,
     skeleton,
     trying,
 )
 from ._quaxify import quaxify
 from ._registry import register
-from ._staged import holds_staged_values, staged_values_into
+from ._staged import jaxpr_holds_staged_values, staged_values_into
 from ._values import Value, ValueLike, is_value, materialise_or_explain
 
 
@@ -79,7 +79,7 @@ def _quaxified(jaxpr: Any) -> Callable[..., list[Any]]:
         fn = ft.partial(eval_quaxified, jaxpr.jaxpr, jaxpr.consts)
     else:
         fn = ft.partial(eval_quaxified, jaxpr, ())
-    if holds_staged_values({"jaxpr": jaxpr}):
+    if jaxpr_holds_staged_values(jaxpr):
         out = ft.partial(_run_staging, fn)
     else:
         out = quaxify(fn)

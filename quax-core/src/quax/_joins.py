@@ -29,6 +29,7 @@ from ._compat import (
     body_arg_names,
     body_source,
     callback_module,
+    release_traces,
     typeof,
 )
 from ._jaxpr import FOLD_MAX_SIZE, known_constant
@@ -51,7 +52,6 @@ __all__ = [
     "lift_fill",
     "materialise_rhs",
     "materialise_to_join",
-    "release_traces",
     "skeleton",
     "structure",
     "trying",
@@ -369,27 +369,6 @@ def catching() -> Iterator[None]:
 def trying() -> bool:
     """Whether this thread is inside a loop body being tried (see `catching`)."""
     return _trying.depth > 0
-
-
-def release_traces(error: BaseException) -> None:
-    """Close the JAX traces that `error` abandoned, after quax caught it.
-
-    JAX ends a trace (dropping the constants it captured) only when tracing
-    returns: one that an exception left stays alive, through the finalizers of its
-    constants, with every tracer of an enclosing trace it captured, which that
-    trace's leak check then reports. Quax catches errors where it tries a body, so
-    it ends the traces that the error unwound (JAX's `trace_to_*` frames).
-    """
-    tb = error.__traceback__
-    while tb is not None:
-        frame = tb.tb_frame
-        if frame.f_code.co_name.startswith("trace_to_") and frame.f_globals.get(
-            "__name__", ""
-        ).startswith("jax."):
-            trace = frame.f_locals.get("trace")
-            if isinstance(trace, jax.core.Trace):
-                trace.invalidate()
-        tb = tb.tb_next
 
 
 # A loop carry that starts as a plain constant fill (the zeros or NaNs a solver

@@ -16,7 +16,7 @@ import jax
 import numpy as np
 from jaxtyping import ArrayLike
 
-from ._avals import class_aval
+from ._avals import declared_aval
 from ._compat import (
     Primitive,
     ShapedArray,
@@ -393,8 +393,8 @@ class Value(eqx.Module, metaclass=_ValueMeta):
         own = cls.__dict__.get("materialise")
         if own is not None and not getattr(own, "__isabstractmethod__", False):
             setattr(cls, "materialise", _tracked(own))  # noqa: B010
-        aval = class_aval(cls, value_classes)
-        if aval is not None:
+        if cls.aval_leaf is not None:
+            aval = declared_aval(cls, cls.aval_leaf, value_classes)
             setattr(cls, "aval", aval)  # noqa: B010
 
 
