@@ -587,6 +587,6 @@ def release_traces(error: BaseException) -> None:
             "__name__", ""
         ).startswith("jax."):
             trace = frame.f_locals.get("trace")
-            if isinstance(trace, jax.core.Trace):
+            if isinstance(trace, Trace):
                 trace.invalidate()
         tb = tb.tb_next
