@@ -170,6 +170,38 @@ def test_wrong_batching_fails():
         qt.assert_matches_dense(jnp.sum, WrongAxes(X), jit=False)
 
 
+def test_eval_check_can_be_skipped():
+    report = qt.assert_matches_dense(
+        lambda a, b: jnp.tanh(a) @ b, Wrapped(X), Y, eval=False, out_types=Wrapped
+    )
+    assert report.checks.pop("eval") == "skipped: eval=False"
+    assert set(report.checks.values()) == {"passed"} and len(report.checks) == 5
+    assert report.out_types == [Wrapped]
+    # The jit check still compares values, types and materialisations.
+    with pytest.raises(AssertionError, match=r"\[jit\] output leaf <root> differs"):
+        qt.assert_matches_dense(jnp.cos, WrongCos(X), eval=False)
+    with pytest.raises(AssertionError, match=r"\[jit\] output leaf 0 is a Wrapped"):
+        qt.assert_matches_dense(jnp.sin, Wrapped(X), eval=False, out_types=Plain)
+    with pytest.raises(AssertionError, match=r"(?s)\[jit\] .*materialised.*sin"):
+        qt.assert_matches_dense(jnp.sin, Plain(X), eval=False)
+    with pytest.raises(ValueError, match=r"`eval=False` and `jit=False`"):
+        qt.assert_matches_dense(jnp.sin, Wrapped(X), eval=False, jit=False)
+
+
+def test_without_eval_nothing_runs_op_by_op():
+    traced = []
+
+    def fn(a):
+        traced.append(isinstance(a, jax.core.Tracer))
+        return jnp.sin(a)
+
+    qt.assert_matches_dense(fn, Wrapped(X), eval=False, grad=False)
+    assert traced and all(traced)
+    traced.clear()
+    qt.assert_matches_dense(fn, Wrapped(X), jit=False, vmap=False, grad=False)
+    assert not all(traced)  # the eval check's dense reference runs op by op
+
+
 def test_materialising_rule_fails():
     with pytest.raises(
         AssertionError, match=r"(?s)\[eval\] .*materialised.*sin, Plain: 1"

@@ -97,7 +97,7 @@ class ConformanceReport:
 
     - `checks`: for each check (`"eval"`, `"jit"`, `"vmap"`, `"vmap(quaxify)"`,
         `"quaxify(vmap)"`, `"grad"`, `"jvp"`), `"passed"` or `"skipped: <reason>"`
-        (checks turned off by the caller are absent).
+        (checks turned off by the caller are absent, but for `"eval"`).
     - `out_types`: the type of each output leaf of the quaxified call (values taken
         as leaves), in flattening order.
     """
@@ -320,6 +320,7 @@ def _no_batch_reason(args: tuple[Any, ...]) -> str:
 def assert_matches_dense(
     fn: Callable[..., Any],
     *args: Any,
+    eval: bool = True,
     jit: bool = True,
     vmap: bool = True,
     grad: bool = True,
@@ -345,7 +346,8 @@ def assert_matches_dense(
     and booleans exactly). The checks, each failing with an `AssertionError` that
     names it (`[eval]`, `[jit]`, ...), the output leaf, and the max abs/rel error:
 
-    - `eval`: `quax.quaxify(fn)(*args)`.
+    - `eval`: `quax.quaxify(fn)(*args)`, op by op (each primitive compiled on its
+        own: the costly check for programs of many small operations).
     - `jit`: `jax.jit(quax.quaxify(fn))(*args)`.
     - `vmap`: a batch of `batch_size` copies of `args` whose floating-point leaves
         are scaled by different positive factors (integer leaves, e.g. sparse
@@ -376,9 +378,13 @@ def assert_matches_dense(
 
     - `fn`: a function of arrays (it need not know about quax).
     - `*args`: its arguments: pytrees of arrays and [`quax.Value`][]s.
-    - `jit`, `vmap`, `grad`, `jvp`: run that check (all by default). `grad` and
-        `jvp` are skipped, with the reason in the report, when neither the arguments
-        nor the outputs have floating-point leaves.
+    - `eval`, `jit`, `vmap`, `grad`, `jvp`: run that check (all by default). `grad`
+        and `jvp` are skipped, with the reason in the report, when neither the
+        arguments nor the outputs have floating-point leaves. `eval=False` runs
+        nothing op by op: the dense references are computed under `jax.jit` too,
+        and the report says `"eval": "skipped: eval=False"`. One of `eval` and
+        `jit` must stay on (a `ValueError` otherwise): it compares the values and
+        the output types the other checks start from.
     - `allow_materialise`: whether the quaxified function may materialise values.
     - `rtol`, `atol`: override `tolerance(dtype)` for every comparison.
     - `out_types`: the expected type(s) of the quaxified output leaves (values taken
@@ -399,30 +405,46 @@ def assert_matches_dense(
 
     **Raises:**
 
-    `AssertionError` on the first check that fails.
+    `AssertionError` on the first check that fails; `ValueError` for `eval=False`
+    with `jit=False`.
     """
+    if not (eval or jit):
+        raise ValueError(
+            "assert_matches_dense: `eval=False` and `jit=False` leave no check of "
+            "the values and output types themselves; keep `jit=True` (one "
+            "compilation) when the op-by-op `eval` check is too slow."
+        )
     checker = _Checker(fn, densify, allow_materialise, rtol, atol, out_types)
     report = ConformanceReport()
-    quax_fn = quaxify(fn)
-
-    out = checker.run_quax("eval", lambda: quax_fn(*args))
-    report.out_types = checker.check_types("eval", out)
-    want = fn(*checker.densify_output("eval", args, "function's arguments"))
-    checker.compare("eval", checker.densify_output("eval", out), want)
-    report.checks["eval"] = "passed"
-
     # The transforms see the array leaves; the rest (functions, Python numbers, as
     # in an equinox model) is closed over, as `eqx.filter_jit` would.
     dynamic, static = eqx.partition(args, eqx.is_array)
+    call = lambda *d: fn(*eqx.combine(d, static))
+    reference = lambda *d: fn(
+        *checker.densify_output(
+            "eval" if eval else "jit", eqx.combine(d, static), "function's arguments"
+        )
+    )
+    if eval:
+        out = checker.run_quax("eval", lambda: quaxify(fn)(*args))
+        report.out_types = checker.check_types("eval", out)
+        want = reference(*dynamic)
+        checker.compare("eval", checker.densify_output("eval", out), want)
+        report.checks["eval"] = "passed"
+    else:
+        # Nothing op by op: the reference is one compiled program.
+        out, want = None, jax.jit(reference)(*dynamic)
+        report.checks["eval"] = "skipped: eval=False"
     if jit:
-        call = lambda *d: fn(*eqx.combine(d, static))
-        out = checker.run_quax("jit", lambda: jax.jit(quaxify(call))(*dynamic))
-        checker.check_types("jit", out)
-        checker.compare("jit", checker.densify_output("jit", out), want)
+        jitted = checker.run_quax("jit", lambda: jax.jit(quaxify(call))(*dynamic))
+        types = checker.check_types("jit", jitted)
+        checker.compare("jit", checker.densify_output("jit", jitted), want)
         report.checks["jit"] = "passed"
+        if out is None:
+            out, report.out_types = jitted, types
 
     if vmap:
-        _check_vmap(checker, report, dynamic, static, batch_size, out)
+        _check_vmap(checker, report, dynamic, static, batch_size, out, eager=eval)
 
     if grad or jvp:
         _check_derivatives(checker, report, args, want, grad, jvp, seed)
@@ -436,8 +458,10 @@ def _check_vmap(
     static: tuple[Any, ...],
     size: int,
     out: Any,
+    eager: bool,
 ) -> None:
-    """The vmap checks; `out` is the quaxified output of the `eval` check."""
+    """The vmap checks; `out` is the quaxified output of the `eval` (or `jit`)
+    check; the dense references run op by op where `eager`, else under `jax.jit`."""
     fn, densify = checker.fn, checker.densify
     reason = _no_batch_reason(dynamic)
     if reason:
@@ -449,7 +473,10 @@ def _check_vmap(
 
     copies = _batch(dynamic, size)
     stacked = _stack(copies)
-    wants = [fn(*densify(eqx.combine(c, static))) for c in copies]
+    reference = lambda c: fn(*densify(eqx.combine(c, static)))
+    if not eager:
+        reference = jax.jit(reference)
+    wants = [reference(c) for c in copies]
     want = jtu.tree_map(lambda *xs: jnp.stack(xs), *wants)
 
     check = "vmap(quaxify)"
