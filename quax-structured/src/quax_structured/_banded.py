@@ -8,6 +8,7 @@ from jax import lax
 from jaxtyping import Array
 
 from ._base import StructuredMatrix
+from ._determinant import DeterminantLU
 
 
 __all__ = ["Banded"]
@@ -140,7 +141,11 @@ class Banded(StructuredMatrix):
         scale = jnp.stack([_shift(d, k) for k in self._offsets()], axis=-2)
         return self._with(self.bands * scale)
 
-    def lu(self) -> "Banded":
+    def lu(self) -> DeterminantLU:
+        """The packed LU factors (`_packed_lu`), for `jnp.linalg.solve`/`slogdet`."""
+        return DeterminantLU(self._packed_lu(), self)
+
+    def _packed_lu(self) -> "Banded":
         """The packed LU factors without pivoting, as a `Banded` matrix of the same
         bandwidths (`L - I` below the diagonal, `U` on and above it): Gaussian
         elimination over a sliding `(p + 1) x (q + 1)` window, O(n p q)."""
@@ -195,7 +200,9 @@ class Banded(StructuredMatrix):
         p = self.lower_bandwidth
         tri = self._with(self.bands[..., : p + 1, :], p, 0)
         upper = tri.transpose().bands[..., 1:, :]
-        packed = self._with(jnp.concatenate([tri.bands, upper], axis=-2), p, p).lu()
+        packed = self._with(
+            jnp.concatenate([tri.bands, upper], axis=-2), p, p
+        )._packed_lu()
         d = packed.bands[..., p, :]
         ones = jnp.ones_like(d)[..., None, :]
         unit = jnp.concatenate([packed.bands[..., :p, :], ones], axis=-2)

@@ -8,6 +8,7 @@ from jax import lax
 from jaxtyping import Array
 
 from ._base import StructuredMatrix, dense_triangular_solve
+from ._determinant import DeterminantLU, product_derivative
 
 
 __all__ = ["BlockDiagonal"]
@@ -107,14 +108,27 @@ class BlockDiagonal(StructuredMatrix):
             return self._with(self.blocks @ other.blocks)
         return None
 
-    def lu(self) -> tuple["BlockDiagonal", Array, Array]:
+    def lu(self) -> tuple[DeterminantLU, Array, Array]:
         """Each block's packed LU factors, pivots and permutation, with the block's
         offset added: the row swaps stay inside their block."""
         m, b = self._sizes()
         factors, pivots, perm = lax.linalg.lu(self.blocks)
         offset = (jnp.arange(m, dtype=pivots.dtype) * b)[:, None]
         flat = lambda x: x.reshape(*x.shape[:-2], m * b)
-        return self._with(factors), flat(pivots + offset), flat(perm + offset)
+        perm = flat(perm + offset)
+        lu = DeterminantLU(self._with(factors), self, permutation=perm)
+        return lu, flat(pivots + offset), perm
+
+    def det_tangent(self, x: Array) -> Array:
+        """`trace(adj(A) X)` for `X` block diagonal as `A`: each block's derivative
+        (`jnp.linalg.det`'s, exact at a block of rank b - 1) times the other
+        blocks' determinants, without dividing."""
+        m, b = self._sizes()
+        rows = x.reshape(*x.shape[:-2], m, b, m, b)
+        dblocks = jnp.diagonal(rows, axis1=-4, axis2=-2)  # (*batch, b, b, m)
+        dblocks = jnp.moveaxis(dblocks, -1, -3)
+        dets, ddets = jax.jvp(jnp.linalg.det, (self.blocks,), (dblocks,))
+        return product_derivative(dets, ddets)
 
     def cholesky(self) -> "BlockDiagonal":
         """Each block's lower Cholesky factor (read from its lower triangle)."""

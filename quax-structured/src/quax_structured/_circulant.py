@@ -13,6 +13,7 @@ import jax.numpy as jnp
 from jaxtyping import Array
 
 from ._base import MaterialisationError, StructuredMatrix
+from ._determinant import DeterminantLU, product_derivative
 
 
 __all__ = ["Circulant", "CirculantLU", "SolverLU", "circular_convolve"]
@@ -237,8 +238,18 @@ class Circulant(StructuredMatrix):
         order = jnp.argsort(values, axis=-1)
         return jnp.take_along_axis(values, order, -1), basis[..., order]
 
-    def lu(self) -> CirculantLU:
-        return CirculantLU(self)
+    def lu(self) -> DeterminantLU:
+        return DeterminantLU(CirculantLU(self), self)
+
+    def det_tangent(self, x: Array) -> Array:
+        """`trace(adj(C) X)` for `X` circulant: the derivative of the product of the
+        eigenvalues `fft(column)` in the direction `fft(X[:, 0])`, without
+        dividing, O(n log n)."""
+        eigenvalues = jnp.fft.fft(self.column)
+        derivative = product_derivative(eigenvalues, jnp.fft.fft(x[..., :, 0]))
+        if jnp.issubdtype(self.dtype, jnp.complexfloating):
+            return derivative.astype(self.dtype)
+        return derivative.real.astype(self.dtype)
 
     def eigenvalues(self) -> Array:
         """The eigenvalues, `fft(column)`, in the DFT's order (`C v_k = λ_k v_k` for

@@ -7,6 +7,7 @@ import jax.numpy as jnp
 from jaxtyping import Array
 
 from ._base import StructuredMatrix
+from ._determinant import DeterminantLU, product_derivative
 
 
 __all__ = ["Diagonal", "ScaledIdentity"]
@@ -71,9 +72,13 @@ class Diagonal(StructuredMatrix):
     def add_diagonal(self, d: Array) -> "Diagonal":
         return Diagonal(self.diag + d, self.allow_materialise)
 
-    def lu(self) -> "Diagonal":
+    def lu(self) -> DeterminantLU:
         # L = I and U = D: the packed factors are the matrix itself.
-        return self
+        return DeterminantLU(self, self)
+
+    def det_tangent(self, x: Array) -> Array:
+        """`trace(adj(D) X) = Σ_i X_ii Π_{j≠i} d_j`, exact at singular matrices."""
+        return product_derivative(self.diag, jnp.diagonal(x, axis1=-2, axis2=-1))
 
     def triangular_solve(
         self, b: Array, *, lower: bool, transpose_a: bool, unit_diagonal: bool
@@ -160,8 +165,12 @@ class ScaledIdentity(StructuredMatrix):
     def add_diagonal(self, d: Array) -> Diagonal:
         return self._as_diagonal().add_diagonal(d)
 
-    def lu(self) -> "ScaledIdentity":
-        return self
+    def lu(self) -> DeterminantLU:
+        return DeterminantLU(self, self)
+
+    def det_tangent(self, x: Array) -> Array:
+        """`trace(adj(s I) X)`, as for `Diagonal`."""
+        return self._as_diagonal().det_tangent(x)
 
     def triangular_solve(
         self, b: Array, *, lower: bool, transpose_a: bool, unit_diagonal: bool

@@ -9,6 +9,7 @@ from jax import lax
 from jaxtyping import Array
 
 from ._base import StructuredMatrix
+from ._determinant import DeterminantLU
 
 
 __all__ = ["LowRank", "LowRankPlusDiagonal", "Semiseparable"]
@@ -136,7 +137,7 @@ class LowRankPlusDiagonal(_UVt):
         main = self.diag + jnp.sum(self.u * v, axis=-1)
         return Semiseparable(self.u, v, main, self.u, v, self.allow_materialise)
 
-    def lu(self) -> "Semiseparable":
+    def lu(self) -> DeterminantLU:
         return self.semiseparable().lu()
 
     def cholesky(self) -> "Semiseparable":
@@ -223,7 +224,11 @@ class Semiseparable(StructuredMatrix):
         out = out + jnp.einsum("ir,irc->ic", self.lower_left, before)
         return out + jnp.einsum("ir,irc->ic", self.upper_left, after)
 
-    def lu(self) -> "Semiseparable":
+    def lu(self) -> DeterminantLU:
+        """The packed LU factors (`_packed_lu`), for `jnp.linalg.solve`/`slogdet`."""
+        return DeterminantLU(self._packed_lu(), self)
+
+    def _packed_lu(self) -> "Semiseparable":
         """The packed LU factors without pivoting, O(n r s): the strictly lower part
         of `L` has generators `(C, Q)`, `U` has diagonal `u` and generators
         `(P, B)`."""
@@ -257,7 +262,7 @@ class Semiseparable(StructuredMatrix):
             self.lower_left,
             self.allow_materialise,
         )
-        lu = sym.lu()
+        lu = sym._packed_lu()
         root = jnp.sqrt(lu.main)
         zeros = jnp.zeros_like(self.lower_left[:, :1])
         return Semiseparable(

@@ -10,6 +10,7 @@ from jaxtyping import Array
 
 from ._base import StructuredMatrix
 from ._circulant import SolverLU, circular_convolve
+from ._determinant import DeterminantLU
 
 
 __all__ = ["Toeplitz", "ToeplitzLU", "levinson"]
@@ -144,8 +145,8 @@ class Toeplitz(StructuredMatrix):
         i, j = jnp.clip(i, 0, n - 1), jnp.clip(j, 0, n - 1)
         return jnp.where(i >= j, self.column[i - j], self.row[jnp.abs(j - i)])
 
-    def lu(self) -> ToeplitzLU:
-        return ToeplitzLU(self)
+    def lu(self) -> DeterminantLU:
+        return DeterminantLU(ToeplitzLU(self), self)
 
     def add(self, other: StructuredMatrix) -> "Toeplitz | None":
         if isinstance(other, Toeplitz):

@@ -8,6 +8,7 @@ import jax.numpy as jnp
 from jaxtyping import Array
 
 from ._base import StructuredMatrix, dense_triangular_solve
+from ._determinant import DeterminantLU, product_derivative
 
 
 __all__ = ["LowerTriangular", "UpperTriangular"]
@@ -54,6 +55,12 @@ class _Triangular(StructuredMatrix):
             self.allow_materialise,
         )
 
+    def det_tangent(self, x: Array) -> Array:
+        """`trace(adj(A) X) = Σ_i X_ii Π_{j≠i} A_jj` for `X` triangular as `A` (the
+        adjugate is triangular too), exact at singular matrices."""
+        diag = jnp.diagonal(self.array, axis1=-2, axis2=-1)
+        return product_derivative(diag, jnp.diagonal(x, axis1=-2, axis2=-1))
+
     def triangular_solve(
         self, b: Array, *, lower: bool, transpose_a: bool, unit_diagonal: bool
     ) -> Array:
@@ -86,7 +93,7 @@ class LowerTriangular(_Triangular):
     allow_materialise: bool = eqx.field(default=False, static=True)
     lower = True
 
-    def lu(self) -> "LowerTriangular":
+    def lu(self) -> DeterminantLU:
         # L D⁻¹ is unit lower triangular and D is upper: no pivoting needed.
         diag = jnp.diagonal(self.array, axis1=-2, axis2=-1)
         n = self.shape[-1]
@@ -94,7 +101,7 @@ class LowerTriangular(_Triangular):
         packed = (
             jnp.tril(self.array / diag[..., None, :], -1) + diag[..., :, None] * eye
         )
-        return LowerTriangular(packed, self.allow_materialise)
+        return DeterminantLU(LowerTriangular(packed, self.allow_materialise), self)
 
 
 class UpperTriangular(_Triangular):
@@ -111,6 +118,6 @@ class UpperTriangular(_Triangular):
     allow_materialise: bool = eqx.field(default=False, static=True)
     lower = False
 
-    def lu(self) -> "UpperTriangular":
+    def lu(self) -> DeterminantLU:
         # L = I, U = the matrix itself.
-        return self
+        return DeterminantLU(self, self)

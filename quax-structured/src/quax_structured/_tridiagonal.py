@@ -11,6 +11,7 @@ from jax import lax
 from jaxtyping import Array
 
 from ._base import MaterialisationError, StructuredMatrix
+from ._determinant import DeterminantLU
 
 
 __all__ = ["TridiagonalEigenvectors", "TridiagonalMatrix"]
@@ -162,7 +163,7 @@ class TridiagonalMatrix(StructuredMatrix):
             self.allow_materialise,
         )
 
-    def lu(self) -> "TridiagonalMatrix":
+    def lu(self) -> DeterminantLU:
         """The packed LU factors without pivoting (the Thomas algorithm): a
         tridiagonal matrix whose strict lower part is `L - I` and whose upper part is
         `U`. O(n)."""
@@ -176,12 +177,20 @@ class TridiagonalMatrix(StructuredMatrix):
         a, d, c = (jnp.moveaxis(v, -1, 0) for v in self._diags())
         _, (m, u) = lax.scan(step, d[0], (a, d[1:], c))
         u = jnp.concatenate([d[:1], u])
-        return TridiagonalMatrix(
+        factors = TridiagonalMatrix(
             jnp.moveaxis(m, 0, -1),
             jnp.moveaxis(u, 0, -1),
             self.upper_diag,
             self.allow_materialise,
         )
+        return DeterminantLU(factors, self)
+
+    def det_tangent(self, x: Array) -> Array:
+        """`trace(adj(T) X)` for `X` tridiagonal: the derivative of the continuant
+        recurrence (a polynomial, no division) in the direction of `X`'s three
+        diagonals, O(n), exact at singular matrices."""
+        dots = tuple(jnp.diagonal(x, k, axis1=-2, axis2=-1) for k in (-1, 0, 1))
+        return jax.jvp(_continuant, self._diags(), dots)[1]
 
     def triangular_solve(
         self, b: Array, *, lower: bool, transpose_a: bool, unit_diagonal: bool
@@ -213,6 +222,21 @@ class TridiagonalMatrix(StructuredMatrix):
 
     def _diags(self) -> tuple[Array, Array, Array]:
         return self.lower_diag, self.main_diag, self.upper_diag
+
+
+def _continuant(lower: Array, main: Array, upper: Array) -> Array:
+    """`det T` by the continuant recurrence `θ_i = main_i θ_{i-1} - lower_{i-1}
+    upper_{i-1} θ_{i-2}`, over the last axis."""
+
+    def step(carry, x):
+        before, previous = carry
+        m, couple = x
+        return (previous, m * previous - couple * before), None
+
+    m = jnp.moveaxis(main, -1, 0)
+    couple = jnp.moveaxis(lower * upper, -1, 0)
+    (_, det), _ = lax.scan(step, (jnp.ones_like(m[0]), m[0]), (m[1:], couple))
+    return det
 
 
 def _embed(diag: Array, n: int, k: int) -> Array:

@@ -1,0 +1,161 @@
+"""`DeterminantLU`: the LU factors of a matrix whose determinant has a
+division-free derivative, so that the derivative of `jnp.linalg.det` is exact at
+singular matrices."""
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.core
+import jax.numpy as jnp
+from jaxtyping import Array
+
+from ._base import MaterialisationError, StructuredMatrix
+
+
+__all__ = ["DeterminantLU", "product_derivative"]
+
+
+def product_derivative(a: Array, da: Array) -> Array:
+    """`Σ_i da_i Π_{j≠i} a_j` over the last axis: the derivative of `prod(a)` in
+    the direction `da`, without dividing (exact where entries of `a` are zero)."""
+    ones = jnp.ones_like(a[..., :1])
+    left = jnp.cumprod(jnp.concatenate([ones, a[..., :-1]], axis=-1), axis=-1)
+    tail = jnp.concatenate([a[..., 1:], ones], axis=-1)
+    right = jnp.flip(jnp.cumprod(jnp.flip(tail, -1), axis=-1), -1)
+    return jnp.sum(da * left * right, axis=-1)
+
+
+class DeterminantLU(StructuredMatrix):
+    """What `lax.linalg.lu` returns for a matrix that knows the derivative of its
+    determinant without dividing (`det_tangent`): its packed LU factors without
+    pivoting, which `jnp.linalg.solve` and `slogdet` read unchanged.
+
+    The derivative of `jnp.linalg.det` (JAX's cofactor solve) replaces the last
+    pivot (a `scatter`), then solves with the unit lower and the upper triangle and
+    takes the trace. The LU factors cannot give that derivative where a pivot other
+    than the last is zero (they divide by it; the derivative, the adjugate, is not
+    zero there). With its last pivot replaced, this factor's unit lower solve gives
+    instead a matrix whose only nonzero entry, the last diagonal one, is
+    `trace(adj(A) X)` (the matrix's `det_tangent(X)`, for `X` in its own pattern),
+    and its upper solve is the identity: the trace comes out exact. Any other solve
+    with it refuses.
+
+    **Fields:**
+
+    For a matrix without `det_tangent` (whose determinant has no division-free
+    derivative here: `Banded`, `Toeplitz`, low rank), the factors would give a
+    silent zero where a pivot other than the last is zero: the replacement refuses,
+    at trace time, naming the way out.
+
+    **Fields:**
+
+    A matrix without `det_tangent` (whose determinant has no division-free
+    derivative here) keeps its factors' own answer, which JAX's cofactor solve
+    makes exact where only the last pivot is zero; where another pivot is zero it
+    would be a silent zero, so the derivative is NaN there instead.
+
+    **Fields:**
+
+    - `factors`: the packed LU factors (a structured matrix), for the rows
+        `permutation` orders.
+    - `matrix`: the factored matrix.
+    - `permutation`: the rows' order (`lax.linalg.lu`'s third output), or `None`
+        for the identity.
+    - `last`: the replaced last pivot, else `None`.
+    """
+
+    factors: StructuredMatrix
+    matrix: StructuredMatrix
+    permutation: Array | None = None
+    last: Array | None = None
+
+    @property
+    def allow_materialise(self) -> bool:  # pyright: ignore[reportIncompatibleVariableOverride]
+        return self.matrix.allow_materialise
+
+    def enable_materialise(self, allow: bool = True) -> "DeterminantLU":
+        """A copy whose factors and matrix have `allow_materialise=allow`."""
+        return dataclasses.replace(
+            self,
+            factors=self.factors.enable_materialise(allow),
+            matrix=self.matrix.enable_materialise(allow),
+        )
+
+    def aval(self) -> jax.core.ShapedArray:
+        return self.factors.aval()
+
+    def dense(self) -> Array:
+        if self.last is not None:
+            raise MaterialisationError(
+                "Refusing to materialise `DeterminantLU` with its last pivot "
+                f"replaced: {self.way_out(None)}"
+            )
+        return self.factors.dense()
+
+    def way_out(self, primitive: Any) -> str:
+        if self.last is None:
+            return self.factors.way_out(primitive)
+        return (
+            "With its last pivot replaced, `DeterminantLU` serves only the derivative "
+            "of `jnp.linalg.det`. Factor the dense matrix (`.enable_materialise()` "
+            "on the original) to get LU factors."
+        )
+
+    def entries(self, i: Array, j: Array) -> Array | None:
+        out = self.factors.entries(i, j)
+        if out is None:
+            return out
+        # A zero pivot makes the next one infinite (or NaN): read as 1, so that the
+        # product of the pivots (the determinant `det`'s derivative returns
+        # beside its tangent) is the zero it is, not NaN.
+        out = jnp.where((i == j) & ~jnp.isfinite(out), jnp.ones_like(out), out)
+        if self.last is None:
+            return out
+        n = self.shape[-1]
+        return jnp.where((i == n - 1) & (j == n - 1), self.last, out)
+
+    def masked(self, y: Array) -> StructuredMatrix | None:
+        return None if self.last is not None else self.factors.masked(y)
+
+    def transpose(self) -> StructuredMatrix | None:
+        return None if self.last is not None else self.factors.transpose()
+
+    def matmat(self, x: Array) -> Array | None:
+        return None if self.last is not None else self.factors.matmat(x)
+
+    def with_diagonal_entry(self, i: int, value: Array) -> "DeterminantLU | None":
+        if i != self.shape[-1] - 1:
+            return None
+        if not hasattr(self.matrix, "det_tangent"):
+            name = type(self.matrix).__name__
+            raise MaterialisationError(
+                f"Refusing the derivative of `jnp.linalg.det` of a `{name}` (primitive "
+                "`scatter` on its LU factors, JAX's cofactor solve): its LU factors "
+                "have no pivoting, so the derivative would be a silent zero at a "
+                "singular matrix whose zero pivot is not the last. Differentiate "
+                "`jnp.linalg.slogdet` instead, or take `det` of the dense matrix "
+                "(`.enable_materialise().materialise()`)."
+            )
+        return dataclasses.replace(self, last=value)
+
+    def triangular_solve(
+        self, b: Array, *, lower: bool, transpose_a: bool, unit_diagonal: bool
+    ) -> Array | None:
+        if self.last is None:
+            return self.factors.triangular_solve(
+                b, lower=lower, transpose_a=transpose_a, unit_diagonal=unit_diagonal
+            )
+        n = self.shape[-1]
+        if transpose_a or lower != unit_diagonal:
+            return None
+        if not lower:
+            return b
+        if b.shape[-2:] != (n, n):
+            return None
+        if self.permutation is not None:
+            # `b` arrives with its rows in the factors' order: put them back.
+            order = jnp.argsort(self.permutation, axis=-1)
+            b = jnp.take_along_axis(b, order[..., :, None], axis=-2)
+        derivative = self.matrix.det_tangent(b)  # pyright: ignore[reportAttributeAccessIssue]
+        return jnp.zeros_like(b).at[..., -1, -1].set(derivative.astype(b.dtype))
