@@ -122,6 +122,7 @@ class _Checker:
         rtol: float | None,
         atol: float | None,
         out_types: Any,
+        eager: bool,
     ):
         self.fn = fn
         self.densify = densify
@@ -129,6 +130,9 @@ class _Checker:
         self.rtol = rtol
         self.atol = atol
         self.out_types = out_types
+        # Whether the densifying for the comparisons runs op by op (with the `eval`
+        # check), else under `jax.jit`.
+        self.eager = eager
 
     @contextlib.contextmanager
     def tracked(self, check: str) -> Iterator[None]:
@@ -159,7 +163,7 @@ class _Checker:
         """`out` (the quaxified output, or the arguments for the reference)
         densified, or a failure of `check` saying how to make it densifiable."""
         try:
-            return self.densify(out)
+            return (self.densify if self.eager else jax.jit(self.densify))(out)
         except Exception as e:
             types = _names([type(x) for x in jtu.tree_leaves(out, is_leaf=is_value)])
             raise AssertionError(
@@ -381,10 +385,10 @@ def assert_matches_dense(
     - `eval`, `jit`, `vmap`, `grad`, `jvp`: run that check (all by default). `grad`
         and `jvp` are skipped, with the reason in the report, when neither the
         arguments nor the outputs have floating-point leaves. `eval=False` runs
-        nothing op by op: the dense references are computed under `jax.jit` too,
-        and the report says `"eval": "skipped: eval=False"`. One of `eval` and
-        `jit` must stay on (a `ValueError` otherwise): it compares the values and
-        the output types the other checks start from.
+        nothing op by op: the dense references and the densifying of outputs run
+        under `jax.jit` too, and the report says `"eval": "skipped: eval=False"`.
+        One of `eval` and `jit` must stay on (a `ValueError` otherwise): it
+        compares the values and the output types the other checks start from.
     - `allow_materialise`: whether the quaxified function may materialise values.
     - `rtol`, `atol`: override `tolerance(dtype)` for every comparison.
     - `out_types`: the expected type(s) of the quaxified output leaves (values taken
@@ -414,7 +418,7 @@ def assert_matches_dense(
             "the values and output types themselves; keep `jit=True` (one "
             "compilation) when the op-by-op `eval` check is too slow."
         )
-    checker = _Checker(fn, densify, allow_materialise, rtol, atol, out_types)
+    checker = _Checker(fn, densify, allow_materialise, rtol, atol, out_types, eval)
     report = ConformanceReport()
     # The transforms see the array leaves; the rest (functions, Python numbers, as
     # in an equinox model) is closed over, as `eqx.filter_jit` would.
@@ -444,7 +448,7 @@ def assert_matches_dense(
             out, report.out_types = jitted, types
 
     if vmap:
-        _check_vmap(checker, report, dynamic, static, batch_size, out, eager=eval)
+        _check_vmap(checker, report, dynamic, static, batch_size, out)
 
     if grad or jvp:
         _check_derivatives(checker, report, args, want, grad, jvp, seed)
@@ -458,10 +462,9 @@ def _check_vmap(
     static: tuple[Any, ...],
     size: int,
     out: Any,
-    eager: bool,
 ) -> None:
     """The vmap checks; `out` is the quaxified output of the `eval` (or `jit`)
-    check; the dense references run op by op where `eager`, else under `jax.jit`."""
+    check."""
     fn, densify = checker.fn, checker.densify
     reason = _no_batch_reason(dynamic)
     if reason:
@@ -474,7 +477,7 @@ def _check_vmap(
     copies = _batch(dynamic, size)
     stacked = _stack(copies)
     reference = lambda c: fn(*densify(eqx.combine(c, static)))
-    if not eager:
+    if not checker.eager:
         reference = jax.jit(reference)
     wants = [reference(c) for c in copies]
     want = jtu.tree_map(lambda *xs: jnp.stack(xs), *wants)
