@@ -101,11 +101,7 @@ def test_gradient_matches_dense(name):
     leaves = [np.asarray(x, np.float32) for x in leaves]
     # `det`'s derivative of the structures in `SINGULAR` is tested there (against
     # cofactors, which hold at any matrix).
-    scale = (
-        None
-        if name in SINGULAR or name.startswith(DET_REFUSED)
-        else float(np.linalg.det(jax.jit(dense)(*leaves)))
-    )
+    scale = None if name in SINGULAR else float(np.linalg.det(jax.jit(dense)(*leaves)))
     argnums = tuple(range(len(leaves)))
     # Under `jit`: one compiled program each (eager, each `jnp` function compiles).
     got_value, got = jax.jit(
@@ -257,23 +253,49 @@ def test_det_gradient_at_singular_matrices(name):
         np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4)
 
 
-# Structures whose `det` derivative has no exact structured form here: refused.
-DET_REFUSED = ("banded", "low_rank_plus_diagonal", "toeplitz")
+def _banded11(main):
+    """A `Banded` matrix of bandwidths (1, 1), unit off-diagonals."""
+    main = np.array(main, np.float32)
+    return qs.Banded(np.stack([np.ones_like(main), main, np.ones_like(main)]), 1, 1)
 
 
-@pytest.mark.parametrize("name", DET_REFUSED)
-def test_det_gradient_refused_without_exact_form(name):
-    """Their LU factors have no pivoting: a zero pivot other than the last would
-    give a silent zero, so `det`'s derivative refuses at trace time, naming the
-    way out (`slogdet`'s derivative still runs, in `test_gradient_matches_dense`)."""
-    make, _, (first, *rest) = CASES[name]
-    det = quax.quaxify(jnp.linalg.det)
-    # The error leaves while JAX's linearize trace is open: not a leak.
-    with (
-        jax.check_tracer_leaks(False),
-        pytest.raises(qs.MaterialisationError, match=r"slogdet.*enable_materialise"),
-    ):
-        jax.make_jaxpr(jax.grad(lambda x: det(make(x, *rest))))(np.float32(first))
+# Structures without a division-free `det` derivative: through their factors (as
+# JAX's rule), exact where only the last pivot is zero, NaN (never a silent zero)
+# where another one is (rank n - 1 with the second pivot zero; for low rank plus
+# diagonal and Toeplitz, a zero first pivot). Their derivative at regular matrices
+# is in `test_gradient_matches_dense`.
+THROUGH_FACTORS = {
+    "banded_last": (_banded11([2, 1.5, 2, 1]), False),
+    "banded_middle": (_banded11([1, 1, 2, 0]), True),
+    "low_rank_plus_diagonal_first": (
+        qs.LowRankPlusDiagonal(
+            np.array([-1, 1, 2, 3], np.float32), np.array([[1], [2], [0.5], [1]])
+        ),
+        True,
+    ),
+    "toeplitz_first": (
+        qs.Toeplitz(
+            np.array([0, 1, 2, 3], np.float32), np.array([0, 1, 1, 1], np.float32)
+        ),
+        True,
+    ),
+}
+
+
+@pytest.mark.parametrize("name", THROUGH_FACTORS)
+def test_det_gradient_through_factors(name):
+    matrix, nan = THROUGH_FACTORS[name]
+    got = jax.jit(jax.grad(lambda m: quax.quaxify(jnp.linalg.det)(m)))(matrix)
+    leaves = [g for g in jax.tree.leaves(got) if jnp.issubdtype(g.dtype, jnp.inexact)]
+    if nan:
+        assert any(np.isnan(g).any() for g in leaves)
+        return
+    dense = matrix.enable_materialise().materialise()
+    want = jax.vjp(lambda m: m.enable_materialise().materialise(), matrix)[1](
+        jnp.asarray(_cofactors(dense), dense.dtype)
+    )[0]
+    for g, w in zip(leaves, jax.tree.leaves(want), strict=True):
+        np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize(

@@ -43,6 +43,13 @@ class DeterminantLU(StructuredMatrix):
 
     **Fields:**
 
+    A matrix without `det_tangent` (`Banded`, `Toeplitz`, low rank plus diagonal:
+    no division-free form here) gets the trace through its factors, as JAX's rule
+    computes it (exact where only the last pivot is zero), times NaN where another
+    pivot is zero: there the factors would give a silent zero.
+
+    **Fields:**
+
     For a matrix without `det_tangent` (whose determinant has no division-free
     derivative here: `Banded`, `Toeplitz`, low rank), the factors would give a
     silent zero where a pivot other than the last is zero: the replacement refuses,
@@ -127,16 +134,6 @@ class DeterminantLU(StructuredMatrix):
     def with_diagonal_entry(self, i: int, value: Array) -> "DeterminantLU | None":
         if i != self.shape[-1] - 1:
             return None
-        if not hasattr(self.matrix, "det_tangent"):
-            name = type(self.matrix).__name__
-            raise MaterialisationError(
-                f"Refusing the derivative of `jnp.linalg.det` of a `{name}` (primitive "
-                "`scatter` on its LU factors, JAX's cofactor solve): its LU factors "
-                "have no pivoting, so the derivative would be a silent zero at a "
-                "singular matrix whose zero pivot is not the last. Differentiate "
-                "`jnp.linalg.slogdet` instead, or take `det` of the dense matrix "
-                "(`.enable_materialise().materialise()`)."
-            )
         return dataclasses.replace(self, last=value)
 
     def triangular_solve(
@@ -153,9 +150,39 @@ class DeterminantLU(StructuredMatrix):
             return b
         if b.shape[-2:] != (n, n):
             return None
-        if self.permutation is not None:
-            # `b` arrives with its rows in the factors' order: put them back.
-            order = jnp.argsort(self.permutation, axis=-1)
-            b = jnp.take_along_axis(b, order[..., :, None], axis=-2)
-        derivative = self.matrix.det_tangent(b)  # pyright: ignore[reportAttributeAccessIssue]
+        if hasattr(self.matrix, "det_tangent"):
+            if self.permutation is not None:
+                # `b` arrives with its rows in the factors' order: put them back.
+                order = jnp.argsort(self.permutation, axis=-1)
+                b = jnp.take_along_axis(b, order[..., :, None], axis=-2)
+            derivative = self.matrix.det_tangent(b)  # pyright: ignore[reportAttributeAccessIssue]
+        else:
+            derivative = self._factors_derivative(b)
+            if derivative is None:
+                return None
         return jnp.zeros_like(b).at[..., -1, -1].set(derivative.astype(b.dtype))
+
+    def _factors_derivative(self, b: Array) -> Array | None:
+        """`trace(adj(A) b)` through the factors, as JAX's cofactor solve computes
+        it (`U'⁻¹ diag(det, ..., det, 1) L⁻¹ b`, `U'` with the replaced last pivot),
+        NaN where a pivot other than the last is zero."""
+        n = self.shape[-1]
+        assert self.last is not None
+        replaced = self.factors.with_diagonal_entry(n - 1, self.last)
+        index = jnp.arange(n)
+        pivots = self.factors.entries(index, index)
+        if self.permutation is not None or replaced is None or pivots is None:
+            return None
+        y = self.factors.triangular_solve(
+            b, lower=True, transpose_a=False, unit_diagonal=True
+        )
+        if y is None:
+            return None
+        y = jnp.concatenate([y[..., :-1, :] * jnp.prod(pivots), y[..., -1:, :]], -2)
+        z = replaced.triangular_solve(
+            y, lower=False, transpose_a=False, unit_diagonal=False
+        )
+        if z is None:
+            return None
+        inner_zero = jnp.any(pivots[:-1] == 0)
+        return jnp.trace(z, axis1=-2, axis2=-1) * jnp.where(inner_zero, jnp.nan, 1)
