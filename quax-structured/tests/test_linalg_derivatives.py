@@ -317,3 +317,27 @@ def test_slogdet_holds_no_dense_matrix(make):
     m = make()
     n = m.shape[-1]
     quax.testing.assert_hlo_lacks(jnp.linalg.slogdet, m, shapes=[(n, n)])
+
+
+def test_tridiagonal_det_with_zero_leading_minors():
+    """Regular tridiagonal matrices whose Thomas pivots hit an exact zero (a zero
+    main diagonal: pivots 0, inf, 0, inf; `[1, 1, 1, 1]`: 1, 0, inf, 1): `det` and
+    `slogdet` read a 2 x 2 block pivot there (numpy's values, not 0 and -inf), and
+    `det`'s derivative is the cofactors (the continuant's derivative)."""
+    mains = np.array([[0, 0, 0, 0], [1, 1, 1, 1], [2, 3, 4, 5]], np.float32)
+    ones = np.ones((3, N - 1), np.float32)
+    fn = jax.jit(quax.quaxify(lambda t: (jnp.linalg.det(t), *jnp.linalg.slogdet(t))))
+    det, sign, logdet = fn(qs.TridiagonalMatrix(ones, mains, ones))
+    dense = np.stack([_tri(o, m, o) for o, m in zip(ones, mains, strict=True)])
+    np.testing.assert_allclose(det, np.linalg.det(dense), rtol=1e-5)
+    want_sign, want_logdet = np.linalg.slogdet(dense)
+    np.testing.assert_array_equal(sign, want_sign)
+    np.testing.assert_allclose(logdet, want_logdet, rtol=1e-5, atol=1e-6)
+    grad = jax.jit(jax.grad(lambda m: quax.quaxify(jnp.linalg.det)(m)))
+    matrix = qs.TridiagonalMatrix(ones[0], mains[0], ones[0])
+    got = grad(matrix)
+    want = jax.vjp(lambda m: m.enable_materialise().materialise(), matrix)[1](
+        jnp.asarray(_cofactors(dense[0]), jnp.float32)
+    )[0]
+    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        np.testing.assert_allclose(g, w, atol=1e-5)

@@ -70,12 +70,16 @@ class DeterminantLU(StructuredMatrix):
     - `permutation`: the rows' order (`lax.linalg.lu`'s third output), or `None`
         for the identity.
     - `last`: the replaced last pivot, else `None`.
+    - `pivots`: what the diagonal reads as (numbers whose product is the
+        determinant) where the matrix gives better ones than its factors (see
+        `TridiagonalMatrix`), else `None`.
     """
 
     factors: StructuredMatrix
     matrix: StructuredMatrix
     permutation: Array | None = None
     last: Array | None = None
+    pivots: Array | None = None
 
     @property
     def allow_materialise(self) -> bool:  # pyright: ignore[reportIncompatibleVariableOverride]
@@ -117,6 +121,10 @@ class DeterminantLU(StructuredMatrix):
         # product of the pivots (the determinant `det`'s derivative returns
         # beside its tangent) is the zero it is, not NaN.
         out = jnp.where((i == j) & ~jnp.isfinite(out), jnp.ones_like(out), out)
+        if self.pivots is not None:
+            n = self.shape[-1]
+            on_diagonal = self.pivots[jnp.clip(i, 0, n - 1)]
+            out = jnp.where(i == j, on_diagonal.astype(out.dtype), out)
         if self.last is None:
             return out
         n = self.shape[-1]

@@ -183,7 +183,22 @@ class TridiagonalMatrix(StructuredMatrix):
             self.upper_diag,
             self.allow_materialise,
         )
-        return DeterminantLU(factors, self)
+        return DeterminantLU(factors, self, pivots=self._pivots(factors.main_diag))
+
+    def _pivots(self, u: Array) -> Array:
+        """Numbers whose product is `det T`, from the Thomas pivots `u`: where a
+        pivot `u_k` (not the last) is exactly zero, the next one is infinite (or
+        NaN), but `θ_{k+1} = -lower_k upper_k θ_{k-1}` (the leading minors `θ`):
+        the pair reads as `1, -lower_k upper_k` (a 2 x 2 block pivot), so that a
+        regular matrix with a zero leading minor (e.g. a zero main diagonal) has
+        its determinant, and a singular one its zero."""
+        couple = self.lower_diag * self.upper_diag
+        zero = u[..., :-1] == 0
+        after = jnp.concatenate([jnp.zeros_like(zero[..., :1]), zero], axis=-1)
+        before = jnp.concatenate([zero, jnp.zeros_like(zero[..., :1])], axis=-1)
+        shifted = jnp.concatenate([jnp.zeros_like(u[..., :1]), -couple], axis=-1)
+        pivots = jnp.where(after, shifted, jnp.where(before, 1, u))
+        return jnp.where(jnp.isfinite(pivots), pivots, 1).astype(u.dtype)
 
     def det_tangent(self, x: Array) -> Array:
         """`trace(adj(T) X)` for `X` tridiagonal: the derivative of the continuant
