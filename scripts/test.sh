@@ -19,8 +19,10 @@ echo "== lint (ruff)"
 uv run --locked --no-sync ruff check --quiet .
 uv run --locked --no-sync ruff format --check --quiet .
 
+# Two workers; `--dist worksteal`: a worker that runs out of tests takes some of the
+# other's, so that a few slow tests at the end of one worker's share keep no core idle.
 echo "== all distributions together"
-uv run --locked --no-sync pytest -n 2 -q quax-core/tests "${families[@]/%//tests}" tests
+uv run --locked --no-sync pytest -n 2 --dist worksteal -q quax-core/tests "${families[@]/%//tests}" tests
 
 for fam in "${families[@]}"; do
     echo "== $fam alone with quax-core"
@@ -30,5 +32,5 @@ for fam in "${families[@]}"; do
     uv export --frozen --quiet --no-hashes --no-emit-workspace --package "$fam" >"$reqs"
     uv export --frozen --quiet --no-hashes --no-emit-workspace --only-group dev >>"$reqs"
     uv pip install --quiet --python "$venv/bin/python" -r "$reqs" -e ./quax-core -e "./$fam"
-    "$venv/bin/python" -m pytest -n 2 -q -p no:cacheprovider "$fam/tests"
+    "$venv/bin/python" -m pytest -n 2 --dist worksteal -q -p no:cacheprovider "$fam/tests"
 done
