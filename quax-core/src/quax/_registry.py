@@ -3,7 +3,6 @@
 import abc
 import dataclasses
 import functools as ft
-import importlib.metadata
 import inspect
 import typing
 import warnings
@@ -15,6 +14,7 @@ import numpy as np
 import plum
 
 from ._compat import Primitive
+from ._owners import RuleConflictWarning, describe_rule, owner, report_conflict
 from ._values import Value, is_value
 
 
@@ -34,11 +34,6 @@ _F = TypeVar("_F", bound=Callable[..., Any])
 # A resolved rule takes the primitive's inputs as a sequence and its params as a
 # dict, whatever the rule's own calling convention was.
 Rule = Callable[[Sequence[Any], dict[str, Any]], Any]
-
-
-class RuleConflictWarning(UserWarning):
-    """Two distributions registered the same signature for the same primitive, or
-    a rule without annotations caught a value type of another distribution."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,6 +95,13 @@ def register(primitive: Primitive, *, precedence: int = 0) -> Callable[[_F], _F]
     [`quax.RuleConflictWarning`][]; the higher `precedence` wins, and on a tie the
     later registration.
 
+    A rule must not rely on how many times it runs, as a function that JAX traces
+    may be traced any number of times: for one primitive call it may run once,
+    twice (eagerly, on a first call, equation by equation and again to trace the
+    compiled program, see [`quax.set_eager_compilation`][]), or not at all (the
+    compiled program replays its output). Keep side effects out of rules; a rule
+    that reads the numbers of a leaf does so through [`quax.known_constant`][].
+
     **Arguments:**
 
     - `primitive`: the `jax.extend.core.Primitive` the rule is for, such as
@@ -125,10 +127,12 @@ def register(primitive: Primitive, *, precedence: int = 0) -> Callable[[_F], _F]
             # Equal signatures (precedence aside) never both reach plum. The same
             # owner registering again redefines the rule; between two owners the
             # higher precedence wins, and on a tie the later registration.
-            if _owner(old.function) == _owner(rule):
+            if owner(old.function) == owner(rule):
                 registrations[i] = new
             else:
-                _report_conflict(primitive, old, new)
+                report_conflict(
+                    primitive, old.function, old.precedence, rule, precedence
+                )
                 if precedence >= old.precedence:
                     registrations[i] = new
             break
@@ -292,68 +296,6 @@ def _named(primitive: Primitive) -> Callable[..., Any]:
     return rule
 
 
-@ft.cache
-def _packages_distributions() -> dict[str, list[str]]:
-    return dict(importlib.metadata.packages_distributions())
-
-
-@ft.cache
-def _distribution_of(package: str) -> str:
-    """The installed distribution providing the top-level `package`, else the
-    package's own name. (Editable installs are not in `packages_distributions`;
-    they are found by the distribution named like the package.)"""
-    found = _packages_distributions().get(package)
-    if found:
-        return found[0]
-    try:
-        return importlib.metadata.distribution(package).metadata["Name"]
-    except (importlib.metadata.PackageNotFoundError, ValueError):
-        return package
-
-
-def _owner(function: Callable[..., Any]) -> str:
-    """Who registered a rule: the distribution of its module, else its top-level
-    module. A signature registered again by the same owner is a redefinition, not
-    a conflict."""
-    return _distribution_of(
-        (getattr(function, "__module__", None) or "?").split(".")[0]
-    )
-
-
-def describe_rule(function: Callable[..., Any]) -> str:
-    """`module.name at file:line` of a rule, for messages."""
-    inner = inspect.unwrap(function)
-    name = (
-        f"{getattr(inner, '__module__', '?')}.{getattr(inner, '__qualname__', inner)}"
-    )
-    code = getattr(inner, "__code__", None)
-    if code is None:
-        return name
-    return f"{name} at {code.co_filename}:{code.co_firstlineno}"
-
-
-def _report_conflict(
-    primitive: Primitive, old: _Registration, new: _Registration
-) -> None:
-    old_name = f"{_owner(old.function)} ({describe_rule(old.function)})"
-    new_name = f"{_owner(new.function)} ({describe_rule(new.function)})"
-    if new.precedence == old.precedence:
-        outcome = (
-            f"both have precedence {new.precedence}, so the later one, {new_name}, "
-            "wins; give one of them a different `precedence=` to choose explicitly"
-        )
-    else:
-        winner = new_name if new.precedence > old.precedence else old_name
-        outcome = f"{winner} wins by its higher precedence"
-    warnings.warn(
-        f"Two quax rules for primitive `{primitive.name}` have the same signature: "
-        f"{old_name} (precedence {old.precedence}) and {new_name} (precedence "
-        f"{new.precedence}); {outcome}.",
-        RuleConflictWarning,
-        stacklevel=3,
-    )
-
-
 # Resolution ---------------------------------------------------------------------------
 
 
@@ -452,17 +394,17 @@ def _warn_if_foreign(
     function = resolution.function
     if resolution.kind != "rule" or function is None or not _is_catch_all(function):
         return
-    owner = _owner(function)
+    rule_owner = owner(function)
     types = dict.fromkeys(map(type, values))
-    foreign = [t for t in types if issubclass(t, Value) and _owner(t) != owner]
+    foreign = [t for t in types if issubclass(t, Value) and owner(t) != rule_owner]
     if not foreign:
         return
     names = ", ".join(f"`{t.__module__}.{t.__qualname__}`" for t in foreign)
     warnings.warn(
         f"The quax rule {describe_rule(function)} for primitive `{primitive.name}` "
         f"annotates none of its positional parameters, and it catches {names}, "
-        f"of another distribution than the rule's ({owner}), which has no rule of "
-        f"its own for `{primitive.name}` here. Annotate the inputs the rule "
+        f"of another distribution than the rule's ({rule_owner}), which has no rule "
+        f"of its own for `{primitive.name}` here. Annotate the inputs the rule "
         "handles, e.g. `def _(x: MyArray, y: ArrayLike, **params)`.",
         RuleConflictWarning,
         stacklevel=2,
