@@ -107,9 +107,9 @@ def test_results_do_not_change_with_batch_size():
             full = f(w, xs)
             np.testing.assert_allclose(f(w, xs[:1]), full[:1], rtol=1e-6, atol=1e-6)
             np.testing.assert_allclose(f(w, xs[:7]), full[:7], rtol=1e-6, atol=1e-6)
-            per_row = jax.vmap(quax.quaxify(lambda w, x: w @ x), in_axes=(None, 0))(
-                w, xs
-            )
+            per_row = jax.jit(
+                jax.vmap(quax.quaxify(lambda w, x: w @ x), in_axes=(None, 0))
+            )(w, xs)
             np.testing.assert_allclose(per_row, full, rtol=1e-5, atol=1e-5)
 
 
@@ -195,9 +195,11 @@ def test_structural_operations_keep_quantisation(ref):
         (lambda w: w.astype(jnp.bfloat16), lambda d: d),
         (lambda w: lax.dynamic_slice_in_dim(w, 1, 2, axis=0), lambda d: d[1:3]),
     ]
-    for op, expected in cases:
-        out = quax.quaxify(op, filter_spec=True)(w)
-        # `w[None]` broadcasts: materialising is only allowed to refuse there.
+    # One compiled program for every case (op by op, each primitive would compile
+    # on its own): the rules keep the quantisation at trace time either way.
+    # `w[None]` broadcasts: materialising is only allowed to refuse there.
+    outs = jax.jit(quax.quaxify(lambda w: [op(w) for op, _ in cases]))(w)
+    for (op, expected), out in zip(cases, outs, strict=True):
         assert isinstance(out, qq.QuantisedArray), op
         np.testing.assert_allclose(
             np.asarray(out.dequantise(), np.float32),
@@ -245,21 +247,26 @@ def test_grad_jvp_and_control_flow():
         # Linear in the product, so the gradient does not see the forward's path.
         return jnp.sum(c * (w @ x))
 
-    # Derivatives follow the weight-only product, on either path.
-    g = jax.grad(quax.quaxify(loss), argnums=1)(w, x)
+    # Derivatives follow the weight-only product, on either path (each compiled
+    # once: op by op, every primitive of the derivative would compile on its own).
+    g = jax.jit(jax.grad(quax.quaxify(loss), argnums=1))(w, x)
     np.testing.assert_allclose(g, jax.grad(loss, argnums=1)(d, x), rtol=1e-5, atol=1e-5)
-    gs = jax.grad(quax.quaxify(lambda w, x: jnp.sum(c * (x @ w.T))), argnums=1)(w, xs)
+    gs = jax.jit(
+        jax.grad(quax.quaxify(lambda w, x: jnp.sum(c * (x @ w.T))), argnums=1)
+    )(w, xs)
     np.testing.assert_allclose(
         gs, jax.grad(lambda x: jnp.sum(c * (x @ d.T)))(xs), rtol=1e-4, atol=1e-4
     )
-    gscale = jax.grad(
-        lambda s: quax.quaxify(loss)(eqx.tree_at(lambda q: q.scale, w, s), x)
+    gscale = jax.jit(
+        jax.grad(lambda s: quax.quaxify(loss)(eqx.tree_at(lambda q: q.scale, w, s), x))
     )(w.scale)
     ref_scale = jax.grad(
         lambda s: loss(eqx.tree_at(lambda q: q.scale, w, s).dequantise(), x)
     )(w.scale)
     np.testing.assert_allclose(gscale, ref_scale, rtol=1e-4, atol=1e-5)
-    _, t = jax.jvp(lambda x: quax.quaxify(lambda w, x: w @ x)(w, x), (x,), (x,))
+    _, t = jax.jit(
+        lambda x: jax.jvp(lambda x: quax.quaxify(lambda w, x: w @ x)(w, x), (x,), (x,))
+    )(x)
     np.testing.assert_allclose(t, d @ x, rtol=1e-5, atol=1e-5)
 
     def scanned(w, x):
@@ -273,20 +280,16 @@ def test_grad_jvp_and_control_flow():
         return lax.fori_loop(0, 2, lambda i, h: h * 0.5, h)
 
     ref_out = scanned(d, x)
-    out = jax.jit(quax.quaxify(scanned))(
-        eqx.tree_at(lambda q: q.matmul, w, "weight_only")
-        if False
-        else w.__class__(
-            w.values,
-            w.scale,
-            w.zero_point,
-            None,
-            bits=8,
-            float_dtype=w.float_dtype,
-            matmul="weight_only",
-        ),
-        x,
+    weight_only = w.__class__(
+        w.values,
+        w.scale,
+        w.zero_point,
+        None,
+        bits=8,
+        float_dtype=w.float_dtype,
+        matmul="weight_only",
     )
+    out = jax.jit(quax.quaxify(scanned))(weight_only, x)
     np.testing.assert_allclose(out, ref_out, rtol=1e-5, atol=1e-5)
 
 
@@ -318,7 +321,7 @@ def test_straight_through_training_step():
 
 def test_vmap_over_stacked_quantised_weights(ref):
     ws = jr.normal(jr.PRNGKey(0), (3, 8, 12))
-    qs = jax.vmap(lambda w: qq.quantise(w, bits=4, group_size=4))(ws)
+    qs = jax.jit(jax.vmap(lambda w: qq.quantise(w, bits=4, group_size=4)))(ws)
     assert qs.values.shape == (3, 8, 6) and qs.scale.shape == (3, 8, 3)
     xs = jr.normal(jr.PRNGKey(1), (3, 12))
     out = jax.jit(jax.vmap(quax.quaxify(lambda w, x: w @ x)))(qs, xs)
