@@ -187,6 +187,7 @@ def eager(rounds: int) -> dict[str, dict[str, float]]:
     }
     if hasattr(quax, "set_eager_compilation"):  # ours: each setting
         kept = [k for k in programs if k.endswith((" plain", " shaped"))]
+        default = quax.set_eager_compilation(True)
         try:
             for setting, name in ((True, "compiled"), (False, "off")):
                 quax.set_eager_compilation(setting)
@@ -195,7 +196,6 @@ def eager(rounds: int) -> dict[str, dict[str, float]]:
                     row = _summary(times, f"{fn} plain", f"{fn} shaped")
                     out[f"{fn} {name}"] = row
         finally:
-            default = os.environ.get("QUAX_EAGER_COMPILE", "0") not in ("", "0")
             quax.set_eager_compilation(default)
     return out
 

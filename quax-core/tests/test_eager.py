@@ -5,7 +5,6 @@ change: exact results, the user's Python side effects and `jax.debug` calls, the
 materialisation report, and refusals (same point, same text)."""
 
 import operator
-import os
 from typing import Any
 
 import equinox as eqx
@@ -39,11 +38,11 @@ class Opaque(quax.ArrayValue):
 
 @pytest.fixture(autouse=True)
 def _compiled() -> Any:
-    """Every test here runs with eager compilation on (opt-in, or on for the
-    session with `QUAX_EAGER_COMPILE=1`), except where it turns it off itself."""
-    quax.set_eager_compilation(True)
+    """Every test here runs with eager compilation on (the default, unless the
+    session runs with `QUAX_EAGER_COMPILE=0`), except where it turns it off itself."""
+    previous = quax.set_eager_compilation(True)
     yield
-    quax.set_eager_compilation(os.environ.get("QUAX_EAGER_COMPILE", "0") != "0")
+    quax.set_eager_compilation(previous)
 
 
 X = jnp.array([0.5, -1.5, 2.25, 3.0])
@@ -172,10 +171,20 @@ def test_programs_follow_new_rules() -> None:
     np.testing.assert_array_equal(out.array, -X)
 
 
-def test_default_follows_the_environment() -> None:
-    # Read at import: on only with `QUAX_EAGER_COMPILE=1` (the fixture restores it).
-    quax.set_eager_compilation(os.environ.get("QUAX_EAGER_COMPILE", "0") != "0")
-    assert quax_eager._enabled is (os.environ.get("QUAX_EAGER_COMPILE") == "1")
+def test_default_follows_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Read at import: on unless `QUAX_EAGER_COMPILE=0`.
+    for setting, on in (("0", False), ("1", True), ("", True), (None, True)):
+        if setting is None:
+            monkeypatch.delenv("QUAX_EAGER_COMPILE", raising=False)
+        else:
+            monkeypatch.setenv("QUAX_EAGER_COMPILE", setting)
+        assert quax_eager.environment_setting() is on
+
+
+def test_setting_returns_the_previous_one() -> None:
+    assert quax.set_eager_compilation(False) is True  # the fixture's
+    assert quax.set_eager_compilation(False) is False
+    assert quax.set_eager_compilation(True) is False
 
 
 def test_turned_off() -> None:

@@ -18,8 +18,8 @@ when it does not, or when tracing it fails for any reason (a rule needing a conc
 leaf, a refusal, an error), or when a rule asks [`quax.known_constant`][] for the
 value of a leaf of the program (equation by equation it would be known). A rule
 that reads concrete leaves must do so through `quax.known_constant`: the output
-check only sees the first call. Opt-in ([`quax.set_eager_compilation`][], or
-`QUAX_EAGER_COMPILE=1`) until every family's suite has run with it.
+check only sees the first call. On by default; [`quax.set_eager_compilation`][] (or
+`QUAX_EAGER_COMPILE=0` in the environment) turns it off.
 
 Plain inputs stay constants of the program, as they are when the code runs equation
 by equation (rules may need their values: an exponent, a known fill), so they are
@@ -52,6 +52,7 @@ __all__ = [
     "ConstKey",
     "add_setting",
     "call_compiled",
+    "environment_setting",
     "require_concrete",
     "set_eager_compilation",
     "value_parts",
@@ -112,14 +113,19 @@ def value_parts(x: Any) -> tuple[str, list[Any], Any]:
     return key, leaves, treedef
 
 
-_enabled = os.environ.get("QUAX_EAGER_COMPILE", "0") not in ("", "0")
+def environment_setting() -> bool:
+    """The setting at import: on, unless the environment has `QUAX_EAGER_COMPILE=0`."""
+    return os.environ.get("QUAX_EAGER_COMPILE", "1") != "0"
 
 
-def set_eager_compilation(enabled: bool) -> None:
+_enabled = environment_setting()
+
+
+def set_eager_compilation(enabled: bool) -> bool:
     """Run library code called eagerly on values (every `jax.numpy` function, Python
     operators, `quax.quaxify` of a jitted function) as one compiled, cached program
-    per code and value structure, instead of equation by equation. Off by default
-    (on with the environment variable `QUAX_EAGER_COMPILE=1`).
+    per code and value structure, instead of equation by equation. On by default
+    (off with the environment variable `QUAX_EAGER_COMPILE=0`).
 
     Results are the same either way, and the user's own Python (side effects,
     `jax.debug` calls) runs as written. The first call of each code and structure
@@ -134,11 +140,14 @@ def set_eager_compilation(enabled: bool) -> None:
 
     **Returns:**
 
-    Nothing. Compiled programs are dropped whenever the setting changes.
+    The previous setting, to restore it (`quax.set_eager_compilation(previous)`).
+    Compiled programs are dropped whenever the setting is set.
     """
     global _enabled
+    previous = _enabled
     _enabled = bool(enabled)
     _programs.clear()
+    return previous
 
 
 class ConcreteNeeded(BaseException):
