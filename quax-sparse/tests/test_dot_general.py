@@ -79,6 +79,24 @@ def test_sparse_times_sparse_static_bound_under_jit():
     assert_close(jitted.sum_duplicates(), da @ db)
 
 
+def test_sparse_times_sparse_exact_count_with_eager_compilation():
+    # Compiled eagerly, the indices are traced: the count asks `quax.known_constant`,
+    # so that each call counts its own products, as equation by equation.
+    b = BCOO(jnp.ones(2), jnp.array([[0, 0], [0, 1]]), (2, 2))
+    product = quax.quaxify(jnp.matmul)
+    previous = quax.set_eager_compilation(True)
+    try:
+        for indices, count, want in (
+            ([[0, 0], [1, 0]], 4, [[1.0, 1.0], [1.0, 1.0]]),
+            ([[0, 0], [1, 1]], 2, [[1.0, 1.0], [0.0, 0.0]]),
+        ):
+            out = product(BCOO(jnp.ones(2), jnp.array(indices), (2, 2)), b)
+            assert out.nse == count
+            assert_close(out, np.array(want, np.float32))
+    finally:
+        quax.set_eager_compilation(previous)
+
+
 def test_sparse_sparse_other_layouts_refuse():
     a = fromdense(np.eye(3), nse=3)
     with pytest.raises(MaterialisationError, match="dot_general"):

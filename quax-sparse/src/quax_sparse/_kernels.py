@@ -7,6 +7,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+import quax
 from jaxtyping import Array
 
 from ._bcoo import BCOO, flat_entries, gather, scatter_add
@@ -186,9 +187,11 @@ def dot_sparse_dense(
 def _pair_count(a: BCOO, b: BCOO) -> int:
     """A static bound on the number of products of `a @ b` (matrices): the exact
     count when the indices are known now, else the worst case."""
-    try:
-        ai, bi = np.asarray(a.indices), np.asarray(b.indices)
-    except Exception:  # tracers: only the worst case is known
+    # Through `quax.known_constant`: where quax compiles eager code, the indices are
+    # tracers that equation by equation would be known, and the code runs so.
+    ai = quax.known_constant(a.indices, np.size(a.indices))
+    bi = quax.known_constant(b.indices, np.size(b.indices))
+    if ai is None or bi is None:  # only the worst case is known
         bound = a.nse * b.nse
         if b.unique_indices:
             bound = min(bound, a.nse * b.shape[1])
