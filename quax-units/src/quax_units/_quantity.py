@@ -372,10 +372,13 @@ def make(array: Any, dims: Dimensions, shown: Unit | None) -> Quantity:
 def fits_any_unit(x: Any) -> bool:
     """Whether a plain operand is a constant known at trace time that fits any unit:
     all zeros, infinities or NaNs (as in `jnp.where(x > 0, x, 0)` inside `jnp`)."""
-    if isinstance(x, Quantity | jax.core.Tracer):
+    if isinstance(x, Quantity):
         return False
-    values = np.asarray(x)
-    return bool(np.all((values == 0) | ~np.isfinite(values)))
+    # Through `quax.known_constant`: where quax compiles eager code, a plain operand
+    # computed from a quantity's numbers is traced, and the code runs equation by
+    # equation instead, where it is known.
+    values = quax.known_constant(x, np.size(x))
+    return values is not None and bool(np.all((values == 0) | ~np.isfinite(values)))
 
 
 def describe(x: Any) -> str:
