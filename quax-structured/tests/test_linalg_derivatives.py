@@ -160,77 +160,65 @@ _block_diagonal = CASES["block_diagonal"][1]
 _singular_block = np.array([[1, 2], [2, 4]], np.float32)
 _regular_block = np.array([[2, 1], [0, 3]], np.float32)
 
-# Singular matrices: rank n - 1 (a nonzero adjugate) with the zero pivot first, in
-# the middle or last, and of rank n - 2 (a zero adjugate, except for triangular
-# matrices whose adjugate is off the diagonal, where the leaves' derivative is
-# still zero). The reference is numpy's cofactors, not dense JAX (which gives zeros
-# for `diag(2, 0, 3, 1)` and for upper triangular matrices).
+
+def _stack(*cases):
+    """Cases (tuples of leaves) stacked leaf by leaf, for one vmapped program."""
+    return tuple(
+        np.stack([np.asarray(x, np.float32) for x in leaf])
+        for leaf in zip(*cases, strict=True)
+    )
+
+
+_decoupled = np.array([1, 0, 1], np.float32)
+
+# Singular matrices, stacked (one compiled program each, vmapped over the cases),
+# with whether each case has rank n - 2 (a zero derivative; else rank n - 1, the
+# cofactors, not zero): the zero pivot first, in the middle, or last. The
+# reference is numpy's cofactors, not dense JAX (which gives zeros for
+# `diag(2, 0, 3, 1)` and for upper triangular matrices).
 SINGULAR = {
-    **{
-        f"diagonal_{k}": (qs.Diagonal, jnp.diag, (np.array(d, np.float32),))
-        for k, d in _ZEROS.items()
-    },
-    **{
-        f"lower_{k}": (qs.LowerTriangular, jnp.tril, (_with_diagonal(_m.T, d),))
-        for k, d in _ZEROS.items()
-    },
-    **{
-        f"upper_{k}": (qs.UpperTriangular, jnp.triu, (_with_diagonal(_m, d),))
-        for k, d in _ZEROS.items()
-    },
-    **{
-        f"tridiagonal_{k}": (
-            qs.TridiagonalMatrix,
-            _tri,
-            (_ones, np.array(m, np.float32), _ones),
-        )
-        for k, m in _TRIDIAGONAL.items()
-    },
-    # Two blocks, the second one singular (a zero pivot in the middle).
-    "tridiagonal_decoupled": (
+    "tridiagonal": (
         qs.TridiagonalMatrix,
         _tri,
-        (
-            np.array([1, 0, 1], np.float32),
-            np.array([1, 0, 1, 1], np.float32),
-            np.array([1, 0, 1], np.float32),
+        _stack(
+            *[(_ones, np.array(m, np.float32), _ones) for m in _TRIDIAGONAL.values()],
+            # Two blocks, the second one singular (a zero pivot in the middle).
+            (_decoupled, np.array([1, 0, 1, 1]), _decoupled),
         ),
+        (False,) * 4,
     ),
     "scaled_identity_zero": (
         lambda s: qs.ScaledIdentity(s, N),
         lambda s: s * jnp.eye(N),
-        (np.float32(0),),
+        _stack((0,)),
+        (True,),
     ),
-    "block_diagonal_first": (
+    "block_diagonal": (
         qs.BlockDiagonal,
         _block_diagonal,
-        (np.stack([_singular_block, _regular_block]),),
-    ),
-    "block_diagonal_two": (
-        qs.BlockDiagonal,
-        _block_diagonal,
-        (np.stack([_singular_block, _singular_block]),),
+        _stack(
+            (np.stack([_singular_block, _regular_block]),),
+            (np.stack([_singular_block, _singular_block]),),
+        ),
+        (False, True),
     ),
     # Eigenvalue 0 first, and at frequency 2 (in the middle).
-    "circulant_first": (
+    "circulant": (
         qs.Circulant,
         _circulant,
-        (np.array([1, -1, 0, 0], np.float32),),
+        _stack(([1, -1, 0, 0],), ([1, 1, 0, 0],)),
+        (False, False),
     ),
-    "circulant_middle": (
-        qs.Circulant,
-        _circulant,
-        (np.array([1, 1, 0, 0], np.float32),),
-    ),
-    "kronecker_1x1_right": (qs.Kronecker, jnp.kron, (_rank3, _one)),
-    "kronecker_1x1_left": (qs.Kronecker, jnp.kron, (_one, _rank3)),
+    "kronecker_1x1_right": (qs.Kronecker, jnp.kron, _stack((_rank3, _one)), (False,)),
+    "kronecker_1x1_left": (qs.Kronecker, jnp.kron, _stack((_one, _rank3)), (False,)),
     "kronecker_rank_2": (
         qs.Kronecker,
         jnp.kron,
-        (np.ones((2, 2), np.float32), _m[:2, :2]),
+        _stack((np.ones((2, 2)), _m[:2, :2])),
+        (True,),
     ),
-    "upper": (qs.UpperTriangular, jnp.triu, (_upper,)),
-    "lower": (qs.LowerTriangular, jnp.tril, (_upper.T,)),
+    "upper": (qs.UpperTriangular, jnp.triu, _stack((_upper,)), (False,)),
+    "lower": (qs.LowerTriangular, jnp.tril, _stack((_upper.T,)), (False,)),
 }
 
 
@@ -238,25 +226,59 @@ SINGULAR = {
 def test_det_gradient_at_singular_matrices(name):
     """The derivative of `det` is the adjugate, not zero, at a matrix of rank n - 1
     (against numpy's cofactors, pulled back to the leaves by plain JAX)."""
-    make, dense, leaves = SINGULAR[name]
-    argnums = tuple(range(len(leaves)))
-    got = jax.jit(jax.grad(lambda *x: quax.quaxify(jnp.linalg.det)(make(*x)), argnums))(
-        *leaves
-    )
-    leaves = [np.asarray(x, np.float32) for x in leaves]
-    a, pullback = jax.vjp(dense, *leaves)
-    cofactors = _cofactors(a)
-    want = pullback(jnp.asarray(cofactors, a.dtype))
-    rank_2 = name.endswith(("_two", "rank_2")) or name == "scaled_identity_zero"
-    assert (max(np.abs(w).max() for w in want) > 0.5) != rank_2
-    for g, w in zip(got, want, strict=True):
-        np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4)
+    make, dense, stacked, rank_2 = SINGULAR[name]
+    argnums = tuple(range(len(stacked)))
+    det = quax.quaxify(jnp.linalg.det)
+    got = jax.jit(jax.vmap(jax.grad(lambda *x: det(make(*x)), argnums)))(*stacked)
+    for k, low_rank in enumerate(rank_2):
+        a, pullback = jax.vjp(dense, *(x[k] for x in stacked))
+        want = pullback(jnp.asarray(_cofactors(a), a.dtype))
+        assert (max(np.abs(w).max() for w in want) > 0.5) != low_rank
+        for g, w in zip(got, want, strict=True):
+            np.testing.assert_allclose(g[k], w, rtol=1e-4, atol=1e-4)
 
 
 def _banded11(main):
     """A `Banded` matrix of bandwidths (1, 1), unit off-diagonals."""
     main = np.array(main, np.float32)
     return qs.Banded(np.stack([np.ones_like(main), main, np.ones_like(main)]), 1, 1)
+
+
+# One compiled program per structure, over the four diagonals of `_ZEROS` (vmap);
+# (structure, dense matrix, pullback of the cofactors to the leaf: numpy).
+ZERO_PIVOTS = {
+    "diagonal": (
+        qs.Diagonal,
+        np.diag,
+        np.diag,
+        np.array(list(_ZEROS.values()), np.float32),
+    ),
+    "lower": (
+        qs.LowerTriangular,
+        np.tril,
+        np.tril,
+        np.stack([_with_diagonal(_m.T, d) for d in _ZEROS.values()]),
+    ),
+    "upper": (
+        qs.UpperTriangular,
+        np.triu,
+        np.triu,
+        np.stack([_with_diagonal(_m, d) for d in _ZEROS.values()]),
+    ),
+}
+
+
+@pytest.mark.parametrize("name", ZERO_PIVOTS)
+def test_det_gradient_with_zero_pivots(name):
+    """Diagonal and triangular matrices with the zero pivot first, in the middle,
+    last (the cofactors, not zero), and two zero pivots (zero), against numpy."""
+    make, dense, pullback, stacked = ZERO_PIVOTS[name]
+    det = quax.quaxify(jnp.linalg.det)
+    got = jax.jit(jax.vmap(jax.grad(lambda x: det(make(x)))))(stacked)
+    for k, (leaf, g) in enumerate(zip(stacked, got, strict=True)):
+        want = pullback(_cofactors(dense(leaf)))
+        assert (np.abs(want).max() > 0.5) != (k == 3)  # "two": rank n - 2
+        np.testing.assert_allclose(g, want, rtol=1e-4, atol=1e-4)
 
 
 # Structures without a division-free `det` derivative: through their factors (as
