@@ -184,8 +184,13 @@ def test_eval_check_can_be_skipped():
         qt.assert_matches_dense(jnp.sin, Wrapped(X), eval=False, out_types=Plain)
     with pytest.raises(AssertionError, match=r"(?s)\[jit\] .*materialised.*sin"):
         qt.assert_matches_dense(jnp.sin, Plain(X), eval=False)
-    with pytest.raises(ValueError, match=r"`eval=False` and `jit=False`"):
+    with pytest.raises(ValueError, match=r"needs `eval=True` or `jit=True`"):
         qt.assert_matches_dense(jnp.sin, Wrapped(X), eval=False, jit=False)
+    # Non-array arguments (a function, a Python number) stay static.
+    report = qt.assert_matches_dense(
+        lambda f, a, s: f(a) * s, jnp.sin, Wrapped(X), 2.0, eval=False, jvp=False
+    )
+    assert report.checks["quaxify(vmap)"] == "passed"
 
 
 def test_without_eval_nothing_runs_op_by_op():

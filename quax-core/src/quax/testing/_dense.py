@@ -130,9 +130,12 @@ class _Checker:
         self.rtol = rtol
         self.atol = atol
         self.out_types = out_types
-        # Whether the densifying for the comparisons runs op by op (with the `eval`
-        # check), else under `jax.jit`.
-        self.eager = eager
+        self.eager = eager  # else the kit's own array work runs under jit
+
+    def run(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """`fn(*args)`: op by op where `self.eager`, else as one compiled program
+        (non-array leaves static, as `eqx.filter_jit` holds them)."""
+        return fn(*args) if self.eager else eqx.filter_jit(fn)(*args)
 
     @contextlib.contextmanager
     def tracked(self, check: str) -> Iterator[None]:
@@ -159,11 +162,14 @@ class _Checker:
                     f"[{check}] the quaxified function raised {type(e).__name__}: {e}"
                 ) from e
 
-    def densify_output(self, check: str, out: Any, what: str = "output") -> Any:
-        """`out` (the quaxified output, or the arguments for the reference)
-        densified, or a failure of `check` saying how to make it densifiable."""
+    def densify_output(
+        self, check: str, out: Any, what: str = "output", index: int | None = None
+    ) -> Any:
+        """`out` (or its batch element `index`) densified, or a failure of `check`
+        saying how to make it densifiable."""
+        pick = (lambda o: o) if index is None else (lambda o: _unstacked(o, index))
         try:
-            return (self.densify if self.eager else jax.jit(self.densify))(out)
+            return self.run(lambda o: self.densify(pick(o)), out)
         except Exception as e:
             types = _names([type(x) for x in jtu.tree_leaves(out, is_leaf=is_value)])
             raise AssertionError(
@@ -414,9 +420,8 @@ def assert_matches_dense(
     """
     if not (eval or jit):
         raise ValueError(
-            "assert_matches_dense: `eval=False` and `jit=False` leave no check of "
-            "the values and output types themselves; keep `jit=True` (one "
-            "compilation) when the op-by-op `eval` check is too slow."
+            "assert_matches_dense needs `eval=True` or `jit=True` to check the "
+            "values; keep `jit=True` where the op-by-op `eval` is too slow."
         )
     checker = _Checker(fn, densify, allow_materialise, rtol, atol, out_types, eval)
     report = ConformanceReport()
@@ -424,10 +429,9 @@ def assert_matches_dense(
     # in an equinox model) is closed over, as `eqx.filter_jit` would.
     dynamic, static = eqx.partition(args, eqx.is_array)
     call = lambda *d: fn(*eqx.combine(d, static))
+    first, arguments = ("eval" if eval else "jit"), "function's arguments"
     reference = lambda *d: fn(
-        *checker.densify_output(
-            "eval" if eval else "jit", eqx.combine(d, static), "function's arguments"
-        )
+        *checker.densify_output(first, eqx.combine(d, static), arguments)
     )
     if eval:
         out = checker.run_quax("eval", lambda: quaxify(fn)(*args))
@@ -436,8 +440,7 @@ def assert_matches_dense(
         checker.compare("eval", checker.densify_output("eval", out), want)
         report.checks["eval"] = "passed"
     else:
-        # Nothing op by op: the reference is one compiled program.
-        out, want = None, jax.jit(reference)(*dynamic)
+        out, want = None, checker.run(reference, *dynamic)
         report.checks["eval"] = "skipped: eval=False"
     if jit:
         jitted = checker.run_quax("jit", lambda: jax.jit(quaxify(call))(*dynamic))
@@ -463,8 +466,7 @@ def _check_vmap(
     size: int,
     out: Any,
 ) -> None:
-    """The vmap checks; `out` is the quaxified output of the `eval` (or `jit`)
-    check."""
+    """The vmap checks; `out` is the quaxified output of the eval or jit check."""
     fn, densify = checker.fn, checker.densify
     reason = _no_batch_reason(dynamic)
     if reason:
@@ -474,13 +476,11 @@ def _check_vmap(
     def call(*d: Any) -> Any:
         return fn(*eqx.combine(d, static))
 
-    copies = _batch(dynamic, size)
-    stacked = _stack(copies)
+    copies = checker.run(lambda d: _batch(d, size), dynamic)
+    stacked = checker.run(_stack, copies)
     reference = lambda c: fn(*densify(eqx.combine(c, static)))
-    if not checker.eager:
-        reference = jax.jit(reference)
-    wants = [reference(c) for c in copies]
-    want = jtu.tree_map(lambda *xs: jnp.stack(xs), *wants)
+    wants = [checker.run(reference, c) for c in copies]
+    want = checker.run(lambda ws: jtu.tree_map(lambda *xs: jnp.stack(xs), *ws), wants)
 
     check = "vmap(quaxify)"
     leafless = [
@@ -502,7 +502,7 @@ def _check_vmap(
         for i, w in enumerate(wants):
             checker.compare(
                 check,
-                checker.densify_output(check, _unstacked(out, i)),
+                checker.densify_output(check, out, index=i),
                 w,
                 f"batch element {i}",
             )
