@@ -131,12 +131,22 @@ class StructuredMatrix(quax.ArrayValue):
         return None if out is None else out.add_diagonal(zero.at[i].set(value))
 
     def row_scaled(self, d: Array) -> "StructuredMatrix | None":
-        """`diag(d) @ self`, keeping the structure."""
-        return None
+        """`diag(d) @ self`, keeping the structure. By default `self * d[:, None]`
+        through `masked` (scaling rows keeps every pattern of zeros), which reads
+        a broadcast `(n, n)` array of scales: the structures stored in less
+        override it."""
+        return self._masked_by(d[..., :, None])
 
     def col_scaled(self, d: Array) -> "StructuredMatrix | None":
-        """`self @ diag(d)`, keeping the structure."""
-        return None
+        """`self @ diag(d)`, keeping the structure; by default through `masked`, as
+        `row_scaled`."""
+        return self._masked_by(d[..., None, :])
+
+    def _masked_by(self, scales: Array) -> "StructuredMatrix | None":
+        shape = jnp.broadcast_shapes(scales.shape, self.shape)
+        if shape != self.shape:
+            return None
+        return self.masked(jnp.broadcast_to(scales, shape).astype(self.dtype))
 
     def product(self, other: "StructuredMatrix") -> "StructuredMatrix | None":
         """`self @ other`, keeping a structure."""

@@ -82,6 +82,12 @@ class LowRank(_UVt):
     def add_diagonal(self, d: Array) -> "LowRankPlusDiagonal":
         return LowRankPlusDiagonal(d, self.u, self.v, self.allow_materialise)
 
+    def row_scaled(self, d: Array) -> "LowRank":
+        return LowRank(d[:, None] * self.u, self._v(), self.allow_materialise)
+
+    def col_scaled(self, d: Array) -> "LowRank":
+        return LowRank(self.u, d[:, None] * self._v(), self.allow_materialise)
+
 
 class LowRankPlusDiagonal(_UVt):
     """`diag(d) + U Vᵀ`. Products cost O(n r); `jnp.linalg.solve` and
@@ -129,6 +135,16 @@ class LowRankPlusDiagonal(_UVt):
     def add_diagonal(self, d: Array) -> "LowRankPlusDiagonal":
         return LowRankPlusDiagonal(
             self.diag + d, self.u, self.v, self.allow_materialise
+        )
+
+    def row_scaled(self, d: Array) -> "LowRankPlusDiagonal":
+        return LowRankPlusDiagonal(
+            d * self.diag, d[:, None] * self.u, self._v(), self.allow_materialise
+        )
+
+    def col_scaled(self, d: Array) -> "LowRankPlusDiagonal":
+        return LowRankPlusDiagonal(
+            self.diag * d, self.u, d[:, None] * self._v(), self.allow_materialise
         )
 
     def semiseparable(self) -> "Semiseparable":

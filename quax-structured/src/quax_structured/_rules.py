@@ -11,6 +11,7 @@ import quax
 from jax import lax
 from jax.extend.core import primitives as prims
 from jaxtyping import ArrayLike
+from quax.zero import Zero, is_ieee_strict
 
 from ._base import StructuredMatrix
 from ._composite import add, matmul
@@ -306,6 +307,29 @@ def _(
     if out is None:
         return _fallback(lax.linalg.triangular_solve_p, [a, b], params)
     return out if left_side else jnp.swapaxes(out, -1, -2)
+
+
+@quax.register(lax.linalg.triangular_solve_p)
+def _(a: StructuredMatrix, b: Zero, **params: Any) -> Any:
+    """`op(A) x = 0` (`solve_triangular(A, 0)`, and the two triangular solves of
+    `jnp.linalg.solve(A, 0)`): `x` is the zero the right-hand side is, a `Zero`, as
+    a zero annihilates a product. Inside `quax.zero.ieee_strict` the zero is solved
+    as an array (a singular `A` then gives `nan`, as dense IEEE arithmetic does)."""
+    if is_ieee_strict():
+        solve = lambda a, b: lax.linalg.triangular_solve_p.bind(a, b, **params)
+        return quax.quaxify(solve)(a, b.materialise())
+    return Zero(b.shape, jnp.result_type(a.dtype, b.dtype))
+
+
+@quax.register(lax.linalg.triangular_solve_p)
+def _(a: Zero, b: StructuredMatrix, **params: Any) -> Any:
+    del params
+    raise ValueError(
+        f"`triangular_solve` of a `{type(b).__name__}` right-hand side by a `Zero` "
+        f"matrix (shape {a.shape}): the matrix is singular, the solve has no "
+        "solution (dense arithmetic gives inf and nan). Solve by a nonsingular "
+        "matrix."
+    )
 
 
 @quax.register(lax.linalg.cholesky_p)
