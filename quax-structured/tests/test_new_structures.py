@@ -57,11 +57,13 @@ def _matvecs(x, b):
 
 @pytest.mark.parametrize("name", MATRICES)
 def test_products(jit_matches_dense, name):
-    # The one conformance run per structure (eval, jit, vmap, grad; jvp is the
-    # same autodiff of the same products as grad) on the products, then every
-    # program in one compiled program (an eager run of it costs a compilation per
-    # small op), and the entries eagerly.
-    quax.testing.assert_matches_dense(_matvecs, MATRICES[name], B, jvp=False)
+    # The one conformance run per structure (jit, vmap, grad; jvp is the same
+    # autodiff of the same products as grad) on the products, then every program
+    # in one compiled program (an eager run of either costs a compilation per small
+    # op), and the entries eagerly (the eval check).
+    quax.testing.assert_matches_dense(
+        _matvecs, MATRICES[name], B, eval=False, jvp=False
+    )
     jit_matches_dense(_products, MATRICES[name], B)
     quax.testing.assert_matches_dense(
         jnp.diagonal, MATRICES[name], vmap=False, grad=False, jvp=False, jit=False
@@ -82,7 +84,7 @@ def test_solve_slogdet_solve_triangular(jit_matches_dense, name):
     # The solve's derivative (its vmap: the batched property test; its jvp:
     # test_rules.py's tridiagonal solve, through the same `custom_linear_solve`).
     quax.testing.assert_matches_dense(
-        jnp.linalg.solve, MATRICES[name], B, jit=False, vmap=False, jvp=False
+        jnp.linalg.solve, MATRICES[name], B, eval=False, vmap=False, jvp=False
     )
 
 
@@ -95,7 +97,7 @@ def test_block_diagonal_cholesky():
         logdet = 2 * jnp.sum(jnp.log(jnp.diagonal(factor)))
         return logdet, jsp.linalg.cho_solve((factor, True), b)
 
-    quax.testing.assert_matches_dense(fn, x, B, vmap=False, jvp=False)
+    quax.testing.assert_matches_dense(fn, x, B, eval=False, vmap=False, jvp=False)
 
 
 def test_circulant_eigvals():

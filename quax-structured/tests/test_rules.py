@@ -79,12 +79,18 @@ JVP = VMAP | {"kronecker"}
 
 @pytest.mark.parametrize("name", MATRICES)
 def test_products(name):
-    # Every program at once: the one conformance run per structure (eval, jit,
-    # grad; vmap and jvp as above).
+    # Every program at once: the one conformance run per structure (jit, grad;
+    # vmap and jvp as above; eval, op by op, costs seconds: its run is the entries'
+    # below).
     quax.testing.assert_matches_dense(
-        _all_products, MATRICES[name], B, vmap=name in VMAP, jvp=name in JVP
+        _all_products,
+        MATRICES[name],
+        B,
+        eval=False,
+        vmap=name in VMAP,
+        jvp=name in JVP,
     )
-    # Unbatched here; batched entry reads (`jnp.diagonal` of a stack, under
+    # Eval; unbatched here; batched entry reads (`jnp.diagonal` of a stack, under
     # `vmap`) are tested in test_composite.py.
     quax.testing.assert_matches_dense(
         PRODUCTS["diagonal"], MATRICES[name], B, jit=False, vmap=False, grad=False
@@ -98,10 +104,16 @@ SOLVERS_NONLINEAR = ["low_rank_plus_diagonal", "kronecker"]
 @pytest.mark.parametrize("name", SOLVERS + SOLVERS_NONLINEAR)
 def test_solve(name):
     # Values under jit and the gradient (the transposed solve); vmap and jvp run
-    # for the tridiagonal matrix (the structure the others' code paths share).
+    # for the tridiagonal matrix (the structure the others' code paths share), the
+    # op-by-op eval for the diagonal one.
     full = name == "tridiagonal"
     quax.testing.assert_matches_dense(
-        jnp.linalg.solve, MATRICES[name], B, vmap=full, jvp=full
+        jnp.linalg.solve,
+        MATRICES[name],
+        B,
+        eval=name == "diagonal",
+        vmap=full,
+        jvp=full,
     )
 
 
@@ -110,7 +122,7 @@ def test_slogdet_det(name):
     # The values; derivatives of slogdet/det are listed as missing in the README.
     fn = lambda x: (jnp.linalg.slogdet(x), jnp.linalg.det(x))
     quax.testing.assert_matches_dense(
-        fn, MATRICES[name], grad=False, jvp=False, vmap=False
+        fn, MATRICES[name], eval=False, grad=False, jvp=False, vmap=False
     )
     # vmap over the quaxified function (each matrix's entries read unbatched).
     x = MATRICES[name]
@@ -133,7 +145,9 @@ def test_solve_triangular(name):
         ]
 
     full = name == "tridiagonal"
-    quax.testing.assert_matches_dense(fn, MATRICES[name], B, vmap=full, jvp=False)
+    quax.testing.assert_matches_dense(
+        fn, MATRICES[name], B, eval=False, vmap=full, jvp=False
+    )
 
 
 @pytest.mark.parametrize("name", ["tridiagonal", "diagonal", "scaled_identity"])
@@ -147,7 +161,7 @@ def test_cholesky(name):
         logdet = 2 * jnp.sum(jnp.log(jnp.diagonal(factor)))
         return logdet, jsp.linalg.cho_solve((factor, True), b), jnp.trace(x)
 
-    quax.testing.assert_matches_dense(fn, x, B, vmap=False, jvp=False)
+    quax.testing.assert_matches_dense(fn, x, B, eval=False, vmap=False, jvp=False)
 
 
 def test_cg_on_symmetric_tridiagonal():
@@ -155,7 +169,7 @@ def test_cg_on_symmetric_tridiagonal():
     t = qs.TridiagonalMatrix(t.upper_diag, t.main_diag, t.upper_diag)
     fn = lambda t, b: jsp.sparse.linalg.cg(lambda v: t @ v, b, tol=1e-6)[0]
     quax.testing.assert_matches_dense(
-        fn, t, B, vmap=False, jvp=False, rtol=1e-4, atol=1e-4
+        fn, t, B, eval=False, vmap=False, jvp=False, rtol=1e-4, atol=1e-4
     )
 
 
