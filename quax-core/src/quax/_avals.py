@@ -2,7 +2,7 @@
 `quax.Value.aval`)."""
 
 import dataclasses
-import sys
+import importlib
 from collections.abc import Callable
 from typing import Any
 
@@ -31,7 +31,7 @@ def declared_aval(
     def aval(self: Any) -> Any:
         leaf = _object_getattribute(self, name)
         out = type(leaf).aval(leaf) if type(leaf) in value_classes else typeof(leaf)
-        if reference is not None and _debug_checks_enabled():
+        if reference is not None and (_trace or _import_trace())._debug_checks:
             _check_declared(self, name, out, reference(self))
         return out
 
@@ -65,11 +65,15 @@ def _check_aval_leaf(cls: type, name: str) -> None:
     )
 
 
-def _debug_checks_enabled() -> bool:
-    # The flag of `quax.set_debug_checks`, which the trace module owns (it imports
-    # this one, so it is read through `sys.modules`).
-    trace = sys.modules.get(f"{__package__}._trace")
-    return trace is not None and trace._debug_checks
+# `quax._trace`, which owns the flag of `quax.set_debug_checks` and imports this
+# module: imported on the first declared aval, then read as a global.
+_trace: Any = None
+
+
+def _import_trace() -> Any:
+    global _trace
+    _trace = importlib.import_module(f"{__package__}._trace")
+    return _trace
 
 
 def _check_declared(value: Any, name: str, declared: Any, reference: Any) -> None:

@@ -41,6 +41,7 @@ __all__ = [
     "JAX_VERSION",
     "AdZero",
     "ClosedJaxpr",
+    "EVAL_TRACE",
     "DynamicJaxprTracer",
     "FlatTree",
     "Jaxpr",
@@ -128,6 +129,8 @@ ClosedJaxpr = jexc.ClosedJaxpr
 Jaxpr = jexc.Jaxpr
 Primitive = jexc.Primitive
 eval_context = _core.eval_context
+# What `bind` makes the current trace while a trace processes a primitive.
+EVAL_TRACE = _core.eval_trace
 
 # Evaluating a jaxpr equation by equation, as `jax.core.eval_jaxpr` does.
 Literal = _core.Literal
@@ -221,8 +224,12 @@ DynamicJaxprTracer = _pe.DynamicJaxprTracer
 
 
 def ensure_no_leaks(trace: Any) -> Any:
-    """JAX's leak check for a finished trace (active under `JAX_CHECK_TRACER_LEAKS`)."""
-    return _core.ensure_no_leaks(trace)
+    """JAX's leak check for a finished trace under `JAX_CHECK_TRACER_LEAKS`;
+    otherwise `trace` is only invalidated, as that check does first."""
+    if _config.check_tracer_leaks.value:
+        return _core.ensure_no_leaks(trace)
+    trace.invalidate()
+    return _UNCHANGED_CONTEXT
 
 
 def is_eval_trace(trace: Any) -> bool:
@@ -274,7 +281,7 @@ def _all_unspecified(shardings: tuple[Any, ...]) -> bool:
 
 
 def _all_none(layouts: tuple[Any, ...]) -> bool:
-    return all(layout is None for layout in layouts)
+    return layouts.count(None) == len(layouts)
 
 
 def scan_counts(params: dict[str, Any]) -> tuple[int, int]:

@@ -7,21 +7,25 @@ an inlined `jit` on the quax trace.
 
 import contextlib
 import dataclasses
+import functools as ft
 import threading
+import weakref
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.extend.core.primitives as jprim
 import numpy as np
 
 from ._compat import (
+    EVAL_TRACE,
     ClosedJaxpr,
     DynamicJaxprTracer,
     Jaxpr,
     Literal,
     Primitive,
     Tracer,
+    call_at_trace,
     current_name_stack,
     debug_callback_p,
     debug_print_p,
@@ -29,6 +33,7 @@ from ._compat import (
     eval_context,
     io_callback_p,
     is_varying,
+    manual_axes_active,
     pure_callback_p,
     staged_equation,
     staged_literal,
@@ -63,37 +68,128 @@ _CALLBACKS = frozenset(
 _TRACED = (Tracer, Value)
 
 
+def _calls_jaxpr(params: dict[str, Any]) -> bool:
+    return any(isinstance(p, ClosedJaxpr | Jaxpr) for p in params.values())
+
+
+def binds_directly(primitive: Primitive) -> bool:
+    """Whether `primitive` binds as `Primitive.bind` does by default: then, on valid
+    tracers, outside `shard_map`, with no sub-jaxpr `is_high`, `bind`'s checks
+    change nothing and `eval_quaxified` skips them."""
+    cls = type(primitive)
+    return (
+        cls.bind is Primitive.bind
+        and cls.bind_with_trace is Primitive.bind_with_trace
+        and cls.is_high is Primitive.is_high
+        and not {"bind", "bind_with_trace", "is_high"} & vars(primitive).keys()
+    )
+
+
+class _Step(NamedTuple):
+    """How `eval_quaxified` binds one equation, worked out once per jaxpr."""
+
+    primitive: Primitive
+    invars: list[Any]
+    outvars: list[Any]
+    # The bind params, or `None` for a primitive with its own `get_bind_params`
+    # (called on `eqn_params` each time: it may build new functions).
+    params: dict[str, Any] | None
+    eqn_params: dict[str, Any]
+    # Whether the equation is computed now when its inputs are constants: it calls
+    # no host callback and (bind params known) no sub-jaxpr, has no effects, and
+    # its outputs are small and not device-varying (`pvary` of a constant, in
+    # `shard_map`, has no value outside it).
+    foldable: bool
+    # Whether it may skip `bind`'s checks on tracers (see `binds_directly`).
+    direct: bool
+    traceback: Any
+    names: Any
+    ctx: Any
+    multiple_results: bool
+
+
+def _own_bind_params(primitive: Primitive) -> bool:
+    return type(
+        primitive
+    ).get_bind_params is not Primitive.get_bind_params or "get_bind_params" in vars(
+        primitive
+    )
+
+
+_steps: "weakref.WeakKeyDictionary[Any, list[_Step]]" = weakref.WeakKeyDictionary()
+
+
+def _steps_of(jaxpr: Any) -> list[_Step]:
+    try:
+        return _steps[jaxpr]
+    except KeyError:
+        pass
+    steps = []
+    for eqn in jaxpr.eqns:
+        primitive = eqn.primitive
+        params = None if _own_bind_params(primitive) else eqn.params
+        foldable = (
+            primitive not in _CALLBACKS
+            and not eqn.effects
+            and (params is None or not _calls_jaxpr(params))
+            and all(
+                getattr(v.aval, "size", FOLD_MAX_SIZE + 1) <= FOLD_MAX_SIZE
+                for v in eqn.outvars
+            )
+            and not any(is_varying(v.aval) for v in eqn.outvars)
+        )
+        direct = (
+            params is not None
+            and binds_directly(primitive)
+            and not (params and primitive.is_high(**params))
+        )
+        source_info = eqn.source_info
+        steps.append(
+            _Step(
+                primitive,
+                eqn.invars,
+                eqn.outvars,
+                params,
+                eqn.params,
+                foldable,
+                direct,
+                source_info.traceback,
+                source_info.name_stack,
+                eqn.ctx,
+                primitive.multiple_results,
+            )
+        )
+    _steps[jaxpr] = steps
+    return steps
+
+
 def _is_constant(x: Any) -> bool:
     return not isinstance(x, _TRACED)
 
 
-def _foldable(
-    primitive: Primitive, inputs: Sequence[Any], params: dict[str, Any]
-) -> bool:
-    """Whether to compute an equation of a jaxpr now: its inputs are all constants
-    and it calls no sub-jaxpr and no host callback. Otherwise under an enclosing
-    `jit` the constants a jaxpr computes (`convert_element_type(1.5)`, a `full` of
-    NaNs) would reach the rules as tracers, whereas the Python program gave them as
-    numbers."""
-    return (
-        primitive not in _CALLBACKS
-        and all(map(_is_constant, inputs))
-        and not any(isinstance(p, ClosedJaxpr | Jaxpr) for p in params.values())
-    )
+def _is_tracer(x: Any) -> bool:
+    return isinstance(x, Tracer)
 
 
-def eval_quaxified(jaxpr: Any, consts: Sequence[Any], *args: Any) -> list[Any]:
+def eval_quaxified(
+    jaxpr: Any, consts: Sequence[Any], *args: Any, trace: Any = None
+) -> list[Any]:
     """Evaluate `jaxpr` at the current trace, as `jax.core.eval_jaxpr` does, except
-    that an equation `_foldable` accepts, with every output of at most
-    `FOLD_MAX_SIZE` elements, is computed now (as under
-    `jax.ensure_compile_time_eval`): constants computed inside the jaxpr stay concrete
-    under an enclosing `jit`. Under a quax trace, every other equation is dispatched.
+    that an equation on constants only, calling no sub-jaxpr and no host callback,
+    with every output of at most `FOLD_MAX_SIZE` elements, is computed now (as under
+    `jax.ensure_compile_time_eval`): otherwise under an enclosing `jit` the
+    constants a jaxpr computes (`convert_element_type(1.5)`, a `full` of NaNs) would
+    reach the rules as tracers, whereas the Python program gave them as numbers.
+    Under a quax trace, every other equation is dispatched.
 
     **Arguments:**
 
     - `jaxpr`: an open jaxpr.
     - `consts`: the values of its constvars.
     - `*args`: the values of its invars.
+    - `trace`: the current trace, when the caller knows it and `args` passed a
+        `bind` already (as an inlined `jit`'s did): equations on tracers then skip
+        `bind`'s checks, which hold there.
 
     **Returns:**
 
@@ -107,40 +203,43 @@ def eval_quaxified(jaxpr: Any, consts: Sequence[Any], *args: Any) -> list[Any]:
     # Each equation's name stack extends the current one, which the loop leaves as it
     # finds it.
     outer_names = current_name_stack()
-    for eqn in jaxpr.eqns:
-        primitive = eqn.primitive
-        invals = [v.val if type(v) is Literal else env[v] for v in eqn.invars]
-        params = primitive.get_bind_params(eqn.params)
-        # `_foldable` first: it usually declines at the first traced input.
-        now = (
-            _foldable(primitive, invals, params)
-            and not eqn.effects
-            and all(
-                getattr(v.aval, "size", FOLD_MAX_SIZE + 1) <= FOLD_MAX_SIZE
-                for v in eqn.outvars
+    if trace is not None and manual_axes_active():
+        trace = None  # `bind` may reshard inputs inside `shard_map`.
+    for step in _steps_of(jaxpr):
+        primitive = step.primitive
+        invals = [v.val if type(v) is Literal else env[v] for v in step.invars]
+        params = step.params
+        if params is None:
+            params = primitive.get_bind_params(step.eqn_params)
+            # The constant check first: it usually declines at the first tracer.
+            now = (
+                step.foldable
+                and all(map(_is_constant, invals))
+                and not _calls_jaxpr(params)
             )
-            # A device-varying output (`pvary` of a constant, in `shard_map`) has no
-            # value outside `shard_map`.
-            and not any(is_varying(v.aval) for v in eqn.outvars)
-        )
-        source_info = eqn.source_info
-        names = source_info.name_stack
+        else:
+            now = step.foldable and all(map(_is_constant, invals))
+        names = step.names
         with (
             user_context(
-                source_info.traceback,
+                step.traceback,
                 name_stack=outer_names + names if names else outer_names,
             ),
-            eqn_context(eqn.ctx),
+            eqn_context(step.ctx),
         ):
             if now:
                 with jax.ensure_compile_time_eval():
                     ans = primitive.bind(*invals, **params)
+            elif trace is not None and step.direct and all(map(_is_tracer, invals)):
+                # What `bind` does after its checks.
+                process = ft.partial(trace.process_primitive, primitive)
+                ans = call_at_trace(EVAL_TRACE, process, invals, params)
             else:
                 ans = primitive.bind(*invals, **params)
-        if primitive.multiple_results:
-            env.update(zip(eqn.outvars, ans, strict=True))
+        if step.multiple_results:
+            env.update(zip(step.outvars, ans, strict=True))
         else:
-            env[eqn.outvars[0]] = ans
+            env[step.outvars[0]] = ans
     return [v.val if type(v) is Literal else env[v] for v in jaxpr.outvars]
 
 

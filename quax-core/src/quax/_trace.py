@@ -120,17 +120,16 @@ class QuaxTracer(Tracer):
 
     __slots__ = ("_quax_value",)
 
-    def __init__(self, trace: "QuaxTrace", value: Value) -> None:
+    def __init__(self, trace: "QuaxTrace", value: Value, checked: bool = False) -> None:
         self._trace = trace
-        # `type(value).aval(value)`, not `value.aval()`: equinox would build a bound
-        # method module on every access, which costs more than the call itself.
-        aval = type(value).aval(value)
-        if trace.manual:
-            # Inside `shard_map`: the aval must vary along the manual axes its leaves
-            # vary along, as collectives (`pcast`, ...) read that from its type.
-            aval = with_leaf_vma(aval, jtu.tree_leaves(value))
-        self.aval = aval
         self._quax_value = value
+        # The aval is computed now, so that a value whose `aval` raises is refused
+        # here, with its own error. A `checked` value (a compiled eager program's
+        # output, whose structure that program's first call checked) may never have
+        # its aval read, as the next library call runs compiled on it too: its `aval`
+        # slot is filled on first read (by `__getattr__`).
+        if not checked:
+            self.aval = _aval(trace, value)
 
     @property
     def quax_value(self) -> Value:
@@ -141,7 +140,11 @@ class QuaxTracer(Tracer):
         return self
 
     def __getattr__(self, name: str) -> Any:
-        # Only reached for names that neither the tracer nor its aval has.
+        # Only reached for names that neither the tracer nor its aval has, and for
+        # an `aval` not read yet.
+        if name == "aval":
+            aval = self.aval = _aval(self._trace, self._quax_value)
+            return aval
         try:
             return super().__getattr__(name)
         except AttributeError:
@@ -154,6 +157,18 @@ class QuaxTracer(Tracer):
 
     def __repr__(self) -> str:
         return f"QuaxTracer({self._quax_value!r})"
+
+
+def _aval(trace: "QuaxTrace", value: Value) -> Any:
+    """The aval of a tracer of `trace` for `value`."""
+    # `type(value).aval(value)`, not `value.aval()`: equinox would build a bound
+    # method module on every access, which costs more than the call itself.
+    aval = type(value).aval(value)
+    if trace.manual:
+        # Inside `shard_map`: the aval must vary along the manual axes its leaves
+        # vary along, as collectives (`pcast`, ...) read that from its type.
+        aval = with_leaf_vma(aval, jtu.tree_leaves(value))
+    return aval
 
 
 def _rewrap(trace: "QuaxTrace", out: Any) -> Any:
@@ -192,7 +207,7 @@ def _eager_operator(name: str, op: Callable[[Any, Any], Any], reflected: bool) -
                 trace.parent_trace, _compiled_operator, args, op
             )
             if done:
-                return trace.wrap(out)
+                return QuaxTracer(trace, out, True) if is_value(out) else out
         return default(self, other)
 
     method.__name__ = method.__qualname__ = name
@@ -288,7 +303,9 @@ class QuaxTrace(Trace):
                     self.parent_trace, _compiled_inline, values, params
                 )
                 if done:
-                    return [self.wrap(o) for o in out]
+                    return [
+                        QuaxTracer(self, o, True) if is_value(o) else o for o in out
+                    ]
             return call_at_trace(self, _inline_jit, tracers, params)
         rule = _rule_cache.get((primitive, tuple(map(type, values))))
         if rule is None:
@@ -394,11 +411,12 @@ def _inline_jit(tracers: Sequence[Any], params: dict[str, Any]) -> list[Any]:
     on the current quax trace, each dispatched on its own, as JAX inlines them into
     the trace that stages it. The `jit_p` rule is for kept (not inlined) calls."""
     jaxpr = params["jaxpr"]
+    trace = current_trace()
     # `jaxpr` is the only sub-jaxpr among a `jit`'s params.
     if jaxpr_holds_staged_values(jaxpr):
-        with staged_values_into(current_trace()):
-            return eval_quaxified(jaxpr.jaxpr, jaxpr.consts, *tracers)
-    return eval_quaxified(jaxpr.jaxpr, jaxpr.consts, *tracers)
+        with staged_values_into(trace):
+            return eval_quaxified(jaxpr.jaxpr, jaxpr.consts, *tracers, trace=trace)
+    return eval_quaxified(jaxpr.jaxpr, jaxpr.consts, *tracers, trace=trace)
 
 
 def _compiled_inline(values: list[Any], params: dict[str, Any]) -> tuple[bool, Any]:
