@@ -34,6 +34,8 @@ class Banded(StructuredMatrix):
     O(n (p + q)) for bandwidths `p`, `q`; `jnp.linalg.solve`, `slogdet` and `det`
     go through an LU factorisation *without pivoting* in O(n p q) (exact for
     diagonally dominant or positive definite matrices; see the README's limits).
+    Where a pivot other than the last is exactly zero (a zero leading minor),
+    `det` and `slogdet`'s log-determinant are NaN, not a silent 0 / `-inf`.
 
     **Fields:**
 

@@ -27,9 +27,9 @@ def product_derivative(a: Array, da: Array) -> Array:
 
 
 class DeterminantLU(StructuredMatrix):
-    """What `lax.linalg.lu` returns for a matrix that knows the derivative of its
-    determinant without dividing (`det_tangent`): its packed LU factors without
-    pivoting, which `jnp.linalg.solve` and `slogdet` read unchanged.
+    """What `lax.linalg.lu` returns for every structure but `Kronecker`: its packed
+    LU factors (without pivoting, except `BlockDiagonal`'s blocks), which
+    `jnp.linalg.solve` and `slogdet` read unchanged.
 
     The derivative of `jnp.linalg.det` (JAX's cofactor solve) replaces the last
     pivot (a `scatter`), then solves with the unit lower and the upper triangle and
@@ -41,26 +41,15 @@ class DeterminantLU(StructuredMatrix):
     and its upper solve is the identity: the trace comes out exact. Any other solve
     with it refuses.
 
-    **Fields:**
-
     A matrix without `det_tangent` (`Banded`, `Toeplitz`, low rank plus diagonal:
-    no division-free form here) gets the trace through its factors, as JAX's rule
-    computes it (exact where only the last pivot is zero), times NaN where another
-    pivot is zero: there the factors would give a silent zero.
-
-    **Fields:**
-
-    For a matrix without `det_tangent` (whose determinant has no division-free
-    derivative here: `Banded`, `Toeplitz`, low rank), the factors would give a
-    silent zero where a pivot other than the last is zero: the replacement refuses,
-    at trace time, naming the way out.
-
-    **Fields:**
-
-    A matrix without `det_tangent` (whose determinant has no division-free
-    derivative here) keeps its factors' own answer, which JAX's cofactor solve
-    makes exact where only the last pivot is zero; where another pivot is zero it
-    would be a silent zero, so the derivative is NaN there instead.
+    no division-free form here) factors without pivoting. Where a pivot other than
+    the last is exactly zero (a zero leading minor; the pivots after it are
+    infinite or NaN), the pivots do not give the determinant, which may be
+    nonzero: the diagonal then reads NaN, so that `det` is NaN and `slogdet`'s
+    log-determinant is NaN (never a silent 0 / `-inf`), and `det`'s derivative is
+    NaN too. Elsewhere the derivative goes through the factors as JAX's rule
+    computes it (exact where only the last pivot is zero: `det` 0, `slogdet`
+    `(0, -inf)`, as they should be). `solve` reads the factors unchanged.
 
     **Fields:**
 
@@ -117,10 +106,8 @@ class DeterminantLU(StructuredMatrix):
         out = self.factors.entries(i, j)
         if out is None:
             return out
-        # A zero pivot makes the next one infinite (or NaN): read as 1, so that the
-        # product of the pivots (the determinant `det`'s derivative returns
-        # beside its tangent) is the zero it is, not NaN.
-        out = jnp.where((i == j) & ~jnp.isfinite(out), jnp.ones_like(out), out)
+        if self.pivots is None and not hasattr(self.matrix, "det_tangent"):
+            out = jnp.where((i == j) & self._zero_leading_minor(), jnp.nan, out)
         if self.pivots is not None:
             n = self.shape[-1]
             on_diagonal = self.pivots[jnp.clip(i, 0, n - 1)]
@@ -129,6 +116,17 @@ class DeterminantLU(StructuredMatrix):
             return out
         n = self.shape[-1]
         return jnp.where((i == n - 1) & (j == n - 1), self.last, out)
+
+    def _zero_leading_minor(self) -> Array:
+        """Whether the factors' pivots (of an LU without pivoting) meet an exactly
+        zero pivot other than the last (a zero leading minor), after which the
+        others are infinite or NaN: their product is then not the determinant,
+        which may be nonzero, so `slogdet`/`det` read NaN, never a silent zero."""
+        n = self.shape[-1]
+        index = jnp.arange(n)
+        pivots = self.factors.entries(index, index)
+        assert pivots is not None
+        return jnp.any(pivots[:-1] == 0) | ~jnp.all(jnp.isfinite(pivots))
 
     def masked(self, y: Array) -> StructuredMatrix | None:
         return None if self.last is not None else self.factors.masked(y)
@@ -192,5 +190,5 @@ class DeterminantLU(StructuredMatrix):
         )
         if z is None:
             return None
-        inner_zero = jnp.any(pivots[:-1] == 0)
-        return jnp.trace(z, axis1=-2, axis2=-1) * jnp.where(inner_zero, jnp.nan, 1)
+        trace = jnp.trace(z, axis1=-2, axis2=-1)
+        return jnp.where(self._zero_leading_minor(), jnp.nan, trace)

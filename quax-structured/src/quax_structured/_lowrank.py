@@ -92,7 +92,10 @@ class LowRank(_UVt):
 class LowRankPlusDiagonal(_UVt):
     """`diag(d) + U Vᵀ`. Products cost O(n r); `jnp.linalg.solve` and
     `jnp.linalg.cholesky` cost O(n r²) (the factors are semiseparable, the
-    Woodbury identity and the matrix determinant lemma in disguise).
+    Woodbury identity and the matrix determinant lemma in disguise), through an
+    LU factorisation *without pivoting*: where a pivot other than the last is
+    exactly zero (a zero leading minor), `det` and `slogdet`'s log-determinant
+    are NaN, not a silent 0 / `-inf`.
 
     **Fields:**
 

@@ -88,7 +88,11 @@ class Toeplitz(StructuredMatrix):
     `scipy.linalg.toeplitz`, `row[..., 0]` is ignored).
 
     Products cost O(n log n): `T` is the top-left block of a `2n x 2n` circulant
-    matrix, applied through the FFT.
+    matrix, applied through the FFT. `jnp.linalg.solve`, `slogdet` and `det` cost
+    O(n²) (the Levinson recursion, whose pivots are those of LU *without
+    pivoting*); where a pivot other than the last is exactly zero (a zero leading
+    minor, e.g. a zero diagonal), `det` and `slogdet`'s log-determinant are NaN,
+    not a silent 0 / `-inf`.
 
     **Fields:**
 
