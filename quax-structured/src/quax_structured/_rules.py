@@ -462,6 +462,18 @@ def _coordinates(shape: Any, indices: Any, dn: Any, slice_sizes: Any) -> list[An
     return coords
 
 
+def _read_entries(x: StructuredMatrix, i: Any, j: Any) -> Any | None:
+    """`x.entries(i, j)` for each matrix of the batch (`i`, `j` with `x`'s batch
+    axes first), or `None` where the structure cannot read entries."""
+
+    def read(m: StructuredMatrix, i: Any, j: Any) -> Any:
+        return m.entries(i, j)
+
+    for _ in range(x.ndim - 2):
+        read = jax.vmap(read)
+    return read(x, i, j)
+
+
 def _gather_entries(x: StructuredMatrix, indices: Any, params: Any) -> Any | None:
     """A gather that reads entries of the two matrix axes (`jnp.diagonal`,
     `x[..., i, j]`, rows `x[..., idx, :]`, columns, and the same under `vmap`),
@@ -490,12 +502,7 @@ def _gather_entries(x: StructuredMatrix, indices: Any, params: Any) -> Any | Non
         for c in coords[nb:]
     )
 
-    def read(m: StructuredMatrix, i: Any, j: Any) -> Any:
-        return m.entries(i, j)
-
-    for _ in range(nb):
-        read = jax.vmap(read)
-    out = read(x, i, j)
+    out = _read_entries(x, i, j)
     return None if out is None else jnp.moveaxis(out, list(range(nb)), batch_axes)
 
 
@@ -504,4 +511,55 @@ def _(x: StructuredMatrix, indices: ArrayLike, **params: Any) -> Any:
     out = _gather_entries(x, indices, params)
     if out is None:
         return _fallback(prims.gather_p, [x, indices], params)
+    return out
+
+
+def _slice_entries(
+    x: StructuredMatrix, start: Any, limit: Any, strides: Any
+) -> Any | None:
+    """A `slice` that keeps every batch axis whole and reads at most `n` entries of
+    each matrix (single entries, a row, a column: what `jnp.linalg.det` of a
+    2 x 2 or 3 x 3 matrix and `slogdet` of a 2 x 2 one bind), through `x.entries`;
+    else `None`."""
+    strides = strides or (1,) * x.ndim
+    nb, n = x.ndim - 2, x.shape[-1]
+    whole = all(
+        (start[d], limit[d], strides[d]) == (0, x.shape[d], 1) for d in range(nb)
+    )
+    rows, cols = (range(start[d], limit[d], strides[d]) for d in (nb, nb + 1))
+    if not whole or len(rows) * len(cols) > n:
+        return None
+    i = jnp.broadcast_to(jnp.asarray(rows, jnp.int32)[:, None], (len(rows), len(cols)))
+    j = jnp.broadcast_to(jnp.asarray(cols, jnp.int32)[None, :], (len(rows), len(cols)))
+    batch = x.shape[:nb]
+    return _read_entries(
+        x,
+        jnp.broadcast_to(i, (*batch, *i.shape)),
+        jnp.broadcast_to(j, (*batch, *j.shape)),
+    )
+
+
+@quax.register(lax.slice_p)
+def _(
+    x: StructuredMatrix, *, start_indices: Any, limit_indices: Any, strides: Any
+) -> Any:
+    out = _slice_entries(x, start_indices, limit_indices, strides)
+    if out is None:
+        params = dict(
+            start_indices=start_indices, limit_indices=limit_indices, strides=strides
+        )
+        return _fallback(lax.slice_p, [x], params)
+    return out
+
+
+@quax.register(lax.squeeze_p)
+def _(x: StructuredMatrix, *, dimensions: Any) -> Any:
+    """The entry of a 1 x 1 matrix (what `slogdet` of a 1 x 1 matrix binds)."""
+    nb = x.ndim - 2
+    out = None
+    if x.shape[-2:] == (1, 1) and tuple(sorted(dimensions)) == (nb, nb + 1):
+        zero = jnp.zeros(x.shape[:nb], jnp.int32)
+        out = _read_entries(x, zero, zero)
+    if out is None:
+        return _fallback(lax.squeeze_p, [x], dict(dimensions=dimensions))
     return out
