@@ -370,3 +370,60 @@ def test_rules_generation_counts_registrations() -> None:
         return Fresh(jax.lax.cos(x.array, **params))
 
     assert quax.plugins.rules_generation() == before + 1
+
+
+class Tag:
+    """Equal only to itself (as quax-named's anonymous axes), with one text for all."""
+
+    def __repr__(self) -> str:
+        return "Tag()"
+
+
+class Tagged(Dense):
+    tag: Tag = eqx.field(static=True, default_factory=Tag)
+
+
+@quax.register(jax.lax.mul_p)
+def _(x: Tagged, y: Tagged, **params: Any) -> Tagged:
+    if x.tag is not y.tag:
+        raise TypeError("mismatched tags")
+    return Tagged(jax.lax.mul(x.array, y.array, **params), x.tag)
+
+
+@quax.register(jax.lax.exp_p)
+def _(x: Tagged, **params: Any) -> Tagged:
+    return Tagged(jax.lax.exp(x.array, **params))  # a fresh tag each time
+
+
+def test_static_fields_equal_only_to_themselves() -> None:
+    # Alike by their text, different by `==`: each has its own program.
+    q = quax.quaxify(jnp.multiply)
+    tag = Tag()
+    for _ in range(2):
+        out = q(Tagged(X, tag), Tagged(Y, tag))
+        assert out.tag is tag
+        np.testing.assert_array_equal(out.array, X * Y)
+    with pytest.raises(TypeError, match="mismatched tags"):
+        q(Tagged(X, tag), Tagged(Y, Tag()))
+
+
+def test_outputs_unequal_to_by_equation_run_by_equation() -> None:
+    # A fresh tag per call: a compiled program would give every call its traced one.
+    q = quax.quaxify(jnp.exp)
+    value = Tagged(X)
+    tags = [q(value).tag for _ in range(3)]
+    assert len({id(t) for t in tags}) == 3
+
+
+class Listed(Dense):
+    """A value with a static field that cannot be hashed: no program is kept."""
+
+    names: list[str] = eqx.field(static=True, default_factory=lambda: ["x"])
+
+
+def test_unhashable_static_fields_run_by_equation() -> None:
+    q = quax.quaxify(jnp.sin)
+    for _ in range(2):
+        out = q(Listed(X))
+        assert type(out) is Listed and out.names == ["x"]
+        np.testing.assert_array_equal(out.array, jnp.sin(X))

@@ -6,20 +6,22 @@ op-by-op dispatch. Instead, library code called on values eagerly (an inlined `j
 a Python operator on a traced value, `quax.quaxify` of a jitted function or of an
 `operator` function) runs as the compiled program of its quaxified body, cached by
 the code, the values' types and static fields (strictly: each program sees one text
-of them, as a type may make their equality loose), the plain inputs, and the
-settings that rules read (`quax.zero.ieee_strict`).
+of them and fields equal by `==`, as a type may make their equality loose, or
+stricter than their text, as an object equal only to itself), the plain inputs, and
+the settings that rules read (`quax.zero.ieee_strict`).
 
 In a compiled program, rules see the leaves of values as tracers, where equation by
 equation they see concrete arrays. So that no rule answers otherwise there, the
 first call of each code and structure runs equation by equation, and its program is
 only traced: it is kept when it gives the same output structure (types, static
-fields, shapes and dtypes), and the code runs equation by equation from then on
-when it does not, or when tracing it fails for any reason (a rule needing a concrete
-leaf, a refusal, an error), or when a rule asks [`quax.known_constant`][] for the
-value of a leaf of the program (equation by equation it would be known). A rule
-that reads concrete leaves must do so through `quax.known_constant`: the output
-check only sees the first call. On by default; [`quax.set_eager_compilation`][] (or
-`QUAX_EAGER_COMPILE=0` in the environment) turns it off.
+fields equal and alike in text, shapes and dtypes), and the code runs equation by
+equation from then on when it does not, or when tracing it fails for any reason (a
+rule needing a concrete leaf, a refusal, an error), or when a rule asks
+[`quax.known_constant`][] for the value of a leaf of the program (equation by
+equation it would be known). A rule that reads concrete leaves must do so through
+`quax.known_constant`: the output check only sees the first call. On by default;
+[`quax.set_eager_compilation`][] (or `QUAX_EAGER_COMPILE=0` in the environment)
+turns it off.
 
 Plain inputs stay constants of the program, as they are when the code runs equation
 by equation (rules may need their values: an exponent, a known fill), so they are
@@ -236,10 +238,14 @@ def call_compiled(
     values = False
     for x in inputs:
         if is_value(x):
-            structure, value_leaves, _ = value_parts(x)
+            structure, value_leaves, value_treedef = value_parts(x)
             if not structure:
                 return False, None
+            # Both the text and the treedef: static fields may compare loosely (by
+            # `==`, as quax-units' display units) or strictly (by identity, as
+            # quax-named's anonymous axes, whose text is alike).
             key.append(structure)
+            key.append(value_treedef)
             leaves += value_leaves
             values = True
         elif (
@@ -258,7 +264,10 @@ def call_compiled(
     for read in _settings:
         key.append(read())
     program_key = tuple(key)
-    program = programs.get(program_key)
+    try:
+        program = programs.get(program_key)
+    except TypeError:  # a static field that cannot be hashed
+        return False, None
     if program is _BY_EQUATION:
         return False, None
     if program is not None:
@@ -299,7 +308,11 @@ def _checked_program(
         return _BY_EQUATION
     got, got_tree = jtu.tree_flatten(traced.out_info)
     want, want_tree = jtu.tree_flatten(expected)
-    if repr(got_tree) != repr(want_tree) or any(
+    try:
+        same = got_tree == want_tree and repr(got_tree) == repr(want_tree)
+    except Exception:  # static fields that cannot be compared
+        same = False
+    if not same or any(
         (g.shape, g.dtype, g.weak_type) != _shape_dtype(x)
         for g, x in zip(got, want, strict=True)
     ):
