@@ -5,15 +5,18 @@ singular matrices."""
 import dataclasses
 from typing import Any
 
+import equinox as eqx
 import jax
 import jax.core
 import jax.numpy as jnp
+import quax
+from jax import lax
 from jaxtyping import Array
 
 from ._base import MaterialisationError, StructuredMatrix
 
 
-__all__ = ["DeterminantLU", "product_derivative"]
+__all__ = ["DeterminantLU", "HalfSolved", "product_derivative"]
 
 
 def product_derivative(a: Array, da: Array) -> Array:
@@ -49,7 +52,9 @@ class DeterminantLU(StructuredMatrix):
     log-determinant is NaN (never a silent 0 / `-inf`), and `det`'s derivative is
     NaN too. Elsewhere the derivative goes through the factors as JAX's rule
     computes it (exact where only the last pivot is zero: `det` 0, `slogdet`
-    `(0, -inf)`, as they should be). `solve` reads the factors unchanged.
+    `(0, -inf)`, as they should be). `solve` reads the factors unchanged, except
+    for a matrix with `pivoted_solve` (`TridiagonalMatrix`), which `lu_solve`'s
+    two triangular solves solve with partial pivoting (see `HalfSolved`).
 
     **Fields:**
 
@@ -146,6 +151,11 @@ class DeterminantLU(StructuredMatrix):
         self, b: Array, *, lower: bool, transpose_a: bool, unit_diagonal: bool
     ) -> Array | None:
         if self.last is None:
+            if self._first_half(lower=lower, transpose_a=transpose_a) and (
+                unit_diagonal == lower
+            ):
+                solve = self.matrix.pivoted_solve  # pyright: ignore[reportAttributeAccessIssue]
+                return HalfSolved(solve(b, transpose=transpose_a), transpose_a, b.shape)  # pyright: ignore[reportReturnType]
             return self.factors.triangular_solve(
                 b, lower=lower, transpose_a=transpose_a, unit_diagonal=unit_diagonal
             )
@@ -167,6 +177,37 @@ class DeterminantLU(StructuredMatrix):
             if derivative is None:
                 return None
         return jnp.zeros_like(b).at[..., -1, -1].set(derivative.astype(b.dtype))
+
+    def _first_half(self, *, lower: bool, transpose_a: bool) -> bool:
+        """Whether this is the first of `lu_solve`'s two triangular solves (the unit
+        lower one, or the transposed upper one) of a matrix that solves pivoted."""
+        return hasattr(self.matrix, "pivoted_solve") and lower != transpose_a
+
+    def second_half(
+        self,
+        b: "HalfSolved",
+        *,
+        left_side: bool,
+        lower: bool,
+        transpose_a: bool,
+        unit_diagonal: bool,
+    ) -> Array:
+        """The second of `lu_solve`'s two triangular solves, after the first gave
+        `b`: the solution `b` holds. Any other solve of a `HalfSolved` refuses."""
+        if (
+            self.last is not None
+            or not left_side
+            or lower != transpose_a
+            or unit_diagonal != lower
+            or transpose_a != b.transposed
+            or not hasattr(self.matrix, "pivoted_solve")
+            or b.solution.shape != b.first_shape
+        ):
+            raise MaterialisationError(
+                "Refusing to materialise `HalfSolved` (primitive `triangular_solve`): "
+                f"{b.way_out()}"
+            )
+        return b.solution
 
     def _factors_derivative(self, b: Array) -> Array | None:
         """`trace(adj(A) b)` through the factors, as JAX's cofactor solve computes
@@ -192,3 +233,87 @@ class DeterminantLU(StructuredMatrix):
             return None
         trace = jnp.trace(z, axis1=-2, axis2=-1)
         return jnp.where(self._zero_leading_minor(), jnp.nan, trace)
+
+
+class HalfSolved(quax.ArrayValue):
+    """The first of `lu_solve`'s two triangular solves with the `DeterminantLU` of
+    a matrix that solves pivoted (`TridiagonalMatrix`): its factors are the LU
+    without pivoting, which loses all accuracy at a tiny leading pivot of a
+    well-conditioned matrix. So the first solve (the unit lower one; transposed,
+    the upper one) does the whole pivoted solve (`matrix.pivoted_solve`, with the
+    identity permutation `lu` returns) and returns it as this, and the second
+    solve returns the solution it holds. On its own, the first solve is not a
+    triangular solve with the factors: every other use of this refuses.
+
+    **Fields:**
+
+    - `solution`: the solution of the whole (transposed if `transposed`) system.
+    - `transposed`: whether the first solve was the transposed one.
+    - `first_shape`: the shape the first solve gave. `lu_solve` reshapes between
+        its two solves (`reshape` keeps this a `HalfSolved`); the second solve
+        takes it only back in that shape, where the reshapes left every entry in
+        its place.
+    """
+
+    solution: Array
+    transposed: bool = eqx.field(static=True)
+    first_shape: tuple[int, ...] = eqx.field(static=True)
+
+    def reshaped(self, shape: tuple[int, ...]) -> "HalfSolved":
+        """This, reshaped (row-major, as `lax.reshape` without `dimensions`)."""
+        return HalfSolved(
+            self.solution.reshape(shape), self.transposed, self.first_shape
+        )
+
+    def aval(self) -> jax.core.ShapedArray:
+        return jax.core.ShapedArray(self.solution.shape, self.solution.dtype)
+
+    def way_out(self) -> str:
+        return (
+            "it is the first half of a pivoted solve with the LU factors of a "
+            "`TridiagonalMatrix`, meant only for `lu_solve`'s second triangular "
+            "solve. Call `jnp.linalg.solve` / `jax.scipy.linalg.lu_solve`, or pass "
+            "`allow_materialise=True` to the matrix (`.enable_materialise()`) and "
+            "factor the dense matrix for its triangular factors."
+        )
+
+    def materialise(self) -> Array:
+        raise MaterialisationError(
+            f"Refusing to materialise `HalfSolved`: {self.way_out()}"
+        )
+
+
+@quax.register(lax.linalg.triangular_solve_p)
+def _(
+    a: DeterminantLU,
+    b: HalfSolved,
+    *,
+    left_side: bool,
+    lower: bool,
+    transpose_a: bool,
+    unit_diagonal: bool,
+    **params: Any,
+) -> Array:
+    """The second of `lu_solve`'s two triangular solves of a pivoted solve (see
+    `HalfSolved`): the solution the first one computed; anything else refuses."""
+    del params
+    return a.second_half(
+        b,
+        left_side=left_side,
+        lower=lower,
+        transpose_a=transpose_a,
+        unit_diagonal=unit_diagonal,
+    )
+
+
+@quax.register(lax.reshape_p)
+def _(x: HalfSolved, *, new_sizes: Any, dimensions: Any, **params: Any) -> HalfSolved:
+    """`lu_solve` reshapes between its two triangular solves: the first's
+    `HalfSolved` stays one."""
+    del params
+    if dimensions is not None:
+        raise MaterialisationError(
+            "Refusing to materialise `HalfSolved` (primitive `reshape` with "
+            f"`dimensions`): {x.way_out()}"
+        )
+    return x.reshaped(tuple(new_sizes))

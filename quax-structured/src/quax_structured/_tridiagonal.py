@@ -22,8 +22,9 @@ class TridiagonalMatrix(StructuredMatrix):
 
     As in the published quax: `T[..., i + 1, i] = lower_diag[..., i]`,
     `T[..., i, i] = main_diag[..., i]`, `T[..., i, i + 1] = upper_diag[..., i]`.
-    Products cost O(n); `jnp.linalg.solve`, `slogdet` and `det` on it cost O(n)
-    (an LU factorisation without pivoting, see the README's limits).
+    Products cost O(n); `jnp.linalg.solve`, `slogdet` and `det` on it cost O(n):
+    `solve` pivots (`pivoted_solve`), `slogdet` and `det` read the pivots of an LU
+    without pivoting (see `lu`).
 
     **Fields:**
 
@@ -166,7 +167,11 @@ class TridiagonalMatrix(StructuredMatrix):
     def lu(self) -> DeterminantLU:
         """The packed LU factors without pivoting (the Thomas algorithm): a
         tridiagonal matrix whose strict lower part is `L - I` and whose upper part is
-        `U`. O(n)."""
+        `U`, O(n), with the identity permutation. `slogdet` and `det` read their
+        pivots (see `_pivots`). `lu_solve` does not solve with them (a tiny pivot
+        of a well-conditioned matrix would lose every digit): its first triangular
+        solve does the whole solve with partial pivoting (`pivoted_solve`), the
+        second returns it (see `HalfSolved`)."""
 
         def step(u_prev, x):
             a, d, c = x
@@ -199,6 +204,29 @@ class TridiagonalMatrix(StructuredMatrix):
         shifted = jnp.concatenate([jnp.zeros_like(u[..., :1]), -couple], axis=-1)
         pivots = jnp.where(after, shifted, jnp.where(before, 1, u))
         return jnp.where(jnp.isfinite(pivots), pivots, 1).astype(u.dtype)
+
+    def pivoted_solve(self, b: Array, *, transpose: bool) -> Array:
+        """Solve `T x = b` (`Tᵀ x = b` if `transpose`) for `b` of shape
+        `(*batch, n, k)` with partial pivoting (`lax.linalg.tridiagonal_solve`,
+        LAPACK's `gtsv` on CPU), O(n k): what `jnp.linalg.solve` computes (see
+        `HalfSolved`), accurate at a tiny leading pivot of a well-conditioned
+        matrix, where the Thomas factors of `lu` are not."""
+        lower, main, upper = self._diags()
+        if transpose:
+            lower, upper = upper, lower
+        dtype = jnp.result_type(main, b)
+        batch = jnp.broadcast_shapes(main.shape[:-1], b.shape[:-2])
+        zero = jnp.zeros_like(main[..., :1])
+        diags = (
+            jnp.concatenate([zero, lower], axis=-1),
+            main,
+            jnp.concatenate([upper, zero], axis=-1),
+        )
+        dl, d, du = (
+            jnp.broadcast_to(v, (*batch, v.shape[-1])).astype(dtype) for v in diags
+        )
+        b = jnp.broadcast_to(b, (*batch, *b.shape[-2:])).astype(dtype)
+        return lax.linalg.tridiagonal_solve(dl, d, du, b)
 
     def det_tangent(self, x: Array) -> Array:
         """`trace(adj(T) X)` for `X` tridiagonal: the derivative of the continuant
