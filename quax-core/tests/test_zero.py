@@ -350,6 +350,20 @@ def test_ieee_strict() -> None:
     assert not quax.zero.is_ieee_strict()
 
 
+def test_ieee_strict_reaches_a_library_jit_traced_before() -> None:
+    # A nested `jax.jit` is quaxified once per setting: the body traced outside the
+    # block must not be reused inside it (nor the other way round).
+    bad = jnp.array([jnp.nan, 1.0, 2.0])
+    inner = jax.jit(lambda a, b: a * b)
+    fn = lambda a, b: inner(a, b)
+    for _ in range(2):
+        assert _is_zero(quax.quaxify(fn)(z3, bad))
+        with quax.zero.ieee_strict():
+            out = quax.quaxify(fn)(z3, bad)
+            assert not _is_zero(out)
+            np.testing.assert_array_equal(np.isnan(out), [True, False, False])
+
+
 # Property tests over shapes -----------------------------------------------------------
 
 shapes = st.lists(st.integers(0, 3), min_size=0, max_size=3).map(tuple)

@@ -36,7 +36,7 @@ from ._compat import (
     typeof,
     while_p,
 )
-from ._eager import ConstKey
+from ._eager import ConstKey, settings_key
 from ._jaxpr import known_constant
 from ._joins import (
     BodyFailed,
@@ -88,6 +88,7 @@ def _jit(
             if not k
         ),
         tuple(ConstKey(a) if k else None for a, k in zip(args, known, strict=True)),
+        settings_key(),  # rules read them while the body traces
     )
     return _jitted(jaxpr, key)(*[args[i] for i in dynamic])
 
@@ -105,7 +106,7 @@ def _jitted(jaxpr: Any, key: tuple[Any, ...]) -> Callable[..., Any]:
         return per_jaxpr[key]
     except KeyError:
         pass
-    name, donate, keep_unused, shardings, consts = key
+    name, donate, keep_unused, shardings, consts, _ = key
     fn = quaxified_jaxpr(jaxpr)
 
     def body(*dynamic: Any) -> Any:

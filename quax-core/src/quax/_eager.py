@@ -57,6 +57,7 @@ __all__ = [
     "environment_setting",
     "require_concrete",
     "set_eager_compilation",
+    "settings_key",
     "value_parts",
 ]
 
@@ -261,9 +262,7 @@ def call_compiled(
     programs = _programs_of(code)
     if programs is None:
         return False, None
-    for read in _settings:
-        key.append(read())
-    program_key = tuple(key)
+    program_key = (*key, *settings_key())
     try:
         program = programs.get(program_key)
     except TypeError:  # a static field that cannot be hashed
@@ -331,8 +330,14 @@ _settings: list[Callable[[], Any]] = []
 
 
 def add_setting(read: Callable[[], Any]) -> None:
-    """Make the setting that `read()` returns part of every compiled program's key."""
+    """Make the setting that `read()` returns part of every compiled program's key
+    (eager programs here, and the quaxified bodies of nested `jit`s)."""
     _settings.append(read)
+
+
+def settings_key() -> tuple[Any, ...]:
+    """The current values of the settings given to `add_setting`."""
+    return tuple(read() for read in _settings)
 
 
 def _compile(fn: Callable[..., Any], inputs: Sequence[Any], treedef: Any) -> Any:
