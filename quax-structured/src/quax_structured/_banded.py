@@ -31,11 +31,11 @@ class Banded(StructuredMatrix):
 
     `A[..., i, i + d] = bands[..., d + lower_bandwidth, i]`; the entries of `bands`
     whose column `i + d` falls outside the matrix are ignored. Products cost
-    O(n (p + q)) for bandwidths `p`, `q`; `jnp.linalg.solve`, `slogdet` and `det`
-    go through an LU factorisation *without pivoting* in O(n p q) (exact for
-    diagonally dominant or positive definite matrices; see the README's limits).
-    Where a pivot other than the last is exactly zero (a zero leading minor),
-    `det` and `slogdet`'s log-determinant are NaN, not a silent 0 / `-inf`.
+    O(n (p + q)) for bandwidths `p`, `q`; `jnp.linalg.solve` pivots
+    (`pivoted_solve`, O(n p (p + q))); `slogdet` and `det` read an LU
+    factorisation *without pivoting*, O(n p q) (see the README's limits): where
+    a pivot other than the last is exactly zero (a zero leading minor), `det` and
+    `slogdet`'s log-determinant are NaN, not a silent 0 / `-inf`.
 
     **Fields:**
 
@@ -144,7 +144,10 @@ class Banded(StructuredMatrix):
         return self._with(self.bands * scale)
 
     def lu(self) -> DeterminantLU:
-        """The packed LU factors (`_packed_lu`), for `jnp.linalg.solve`/`slogdet`."""
+        """The packed LU factors without pivoting (`_packed_lu`), identity
+        permutation, which `slogdet`/`det` read. `lu_solve` does not solve with
+        them: its first triangular solve does the whole solve with partial
+        pivoting (`pivoted_solve`), the second returns it (see `HalfSolved`)."""
         return DeterminantLU(self._packed_lu(), self)
 
     def _packed_lu(self) -> "Banded":
@@ -192,6 +195,27 @@ class Banded(StructuredMatrix):
             [jnp.stack(lower, axis=-2), u_rows] if p else [u_rows], axis=-2
         )
         return self._with(packed)
+
+    def pivoted_solve(self, b: Array, *, transpose: bool) -> Array:
+        """Solve `A x = b` (`Aᵀ x = b` if `transpose`) for `b` of shape
+        `(*batch, n, k)` with partial pivoting, as LAPACK's `gbsv`: Gaussian
+        elimination over a sliding window of the `p + 1` candidate rows, in
+        which `U`'s upper bandwidth grows to `p + q`, then a back substitution,
+        O(n p (p + q) k). What `jnp.linalg.solve` computes (see `HalfSolved`):
+        accurate at a tiny leading pivot of a well-conditioned matrix, where the
+        factors of `lu` (without pivoting) are not."""
+        m = self.transpose() if transpose else self
+        p, q = m.lower_bandwidth, m.upper_bandwidth
+        # Dense rows of the band: full[..., i, c] = A[i, i - p + c], zero outside.
+        full = jnp.stack([m._band(d) for d in m._offsets()], axis=-1)
+        dtype = jnp.result_type(full, b)
+        batch = jnp.broadcast_shapes(full.shape[:-2], b.shape[:-2])
+        full = jnp.broadcast_to(full, (*batch, *full.shape[-2:])).astype(dtype)
+        b = jnp.broadcast_to(b, (*batch, *b.shape[-2:])).astype(dtype)
+        solve = lambda f, y: _pivoted_band_solve(f, y, p, q)
+        for _ in batch:
+            solve = jax.vmap(solve)
+        return solve(full, b)
 
     def cholesky(self) -> "Banded":
         """The lower Cholesky factor `G` (`A = G Gᵀ`, bandwidths `(p, 0)`) from the
@@ -245,3 +269,52 @@ class Banded(StructuredMatrix):
         if not forward:
             out = out[::-1]
         return jnp.moveaxis(out, 0, -2)
+
+
+def _pivoted_band_solve(full: Array, b: Array, p: int, q: int) -> Array:
+    """`A x = b` with partial pivoting for one matrix given by its band rows
+    `full[i, c] = A[i, i - p + c]` (shape `(n, p + q + 1)`) and `b` of shape
+    `(n, k)`. Step `k` holds the window `W[r, c] = A'[k + r, k + c]` (`r <= p`,
+    `c <= p + q`) of the matrix being eliminated and the matching rows of the
+    right-hand side: it swaps the row of largest magnitude in column `k` to the
+    top, eliminates below it, and emits the top row (a row of `U`) and its
+    right-hand side; row `k + p + 1` enters untouched (no earlier row reaches
+    its columns)."""
+    n, width = full.shape
+    w = p + q + 1  # the window's width: U's upper bandwidth grows to p + q
+    rows = jnp.pad(full, [(0, p + 1), (0, w - width)])
+    # Row r holds A[r, c] in the window's columns c = 0 ..: its band row shifted
+    # left by p - r, zero past column q + r.
+    c = jnp.arange(w)
+    window0 = jnp.stack(
+        [jnp.where(c <= q + r, jnp.roll(rows[r], r - p), 0) for r in range(p + 1)]
+    )
+    rhs = jnp.pad(b, [(0, p + 1), (0, 0)])
+
+    def eliminate(carry, new):
+        window, top = carry
+        new_row, new_rhs = new
+        i = jnp.argmax(jnp.abs(window[:, 0]))
+        order = jnp.arange(p + 1).at[0].set(i).at[i].set(0)
+        window, top = window[order], top[order]
+        ell = window[1:, 0] / window[0, 0]
+        below = window[1:, 1:] - ell[:, None] * window[0:1, 1:]
+        below_rhs = top[1:] - ell[:, None] * top[0:1]
+        zero = jnp.zeros((p, 1), window.dtype)
+        nxt = jnp.concatenate([jnp.concatenate([below, zero], 1), new_row[None]], 0)
+        return (nxt, jnp.concatenate([below_rhs, new_rhs[None]])), (window[0], top[0])
+
+    carry0 = (window0, rhs[: p + 1])
+    _, (u, y) = lax.scan(
+        eliminate, carry0, (rows[p + 1 : p + 1 + n], rhs[p + 1 : p + 1 + n])
+    )
+
+    def substitute(after, xs):
+        # after[j - 1] holds the solution j rows below.
+        u_row, y_row = xs
+        x = (y_row - u_row[1:] @ after) / u_row[0]
+        return jnp.concatenate([x[None], after])[: p + q], x
+
+    after0 = jnp.zeros((p + q, b.shape[-1]), b.dtype)
+    _, x = lax.scan(substitute, after0, (u, y), reverse=True)
+    return x

@@ -53,8 +53,9 @@ class DeterminantLU(StructuredMatrix):
     NaN too. Elsewhere the derivative goes through the factors as JAX's rule
     computes it (exact where only the last pivot is zero: `det` 0, `slogdet`
     `(0, -inf)`, as they should be). `solve` reads the factors unchanged, except
-    for a matrix with `pivoted_solve` (`TridiagonalMatrix`), which `lu_solve`'s
-    two triangular solves solve with partial pivoting (see `HalfSolved`).
+    for a matrix with `pivoted_solve` (`TridiagonalMatrix`, `Banded`), which
+    `lu_solve`'s two triangular solves solve with partial pivoting (see
+    `HalfSolved`).
 
     **Fields:**
 
@@ -237,8 +238,8 @@ class DeterminantLU(StructuredMatrix):
 
 class HalfSolved(quax.ArrayValue):
     """The first of `lu_solve`'s two triangular solves with the `DeterminantLU` of
-    a matrix that solves pivoted (`TridiagonalMatrix`): its factors are the LU
-    without pivoting, which loses all accuracy at a tiny leading pivot of a
+    a matrix that solves pivoted (`TridiagonalMatrix`, `Banded`): its factors are
+    the LU without pivoting, which loses all accuracy at a tiny leading pivot of a
     well-conditioned matrix. So the first solve (the unit lower one; transposed,
     the upper one) does the whole pivoted solve (`matrix.pivoted_solve`, with the
     identity permutation `lu` returns) and returns it as this, and the second
@@ -271,10 +272,11 @@ class HalfSolved(quax.ArrayValue):
     def way_out(self) -> str:
         return (
             "it is the first half of a pivoted solve with the LU factors of a "
-            "`TridiagonalMatrix`, meant only for `lu_solve`'s second triangular "
-            "solve. Call `jnp.linalg.solve` / `jax.scipy.linalg.lu_solve`, or pass "
-            "`allow_materialise=True` to the matrix (`.enable_materialise()`) and "
-            "factor the dense matrix for its triangular factors."
+            "`TridiagonalMatrix` or `Banded`, meant only for `lu_solve`'s second "
+            "triangular solve. Call `jnp.linalg.solve` / `jax.scipy.linalg."
+            "lu_solve`, or pass `allow_materialise=True` to the matrix "
+            "(`.enable_materialise()`) and factor the dense matrix for its "
+            "triangular factors."
         )
 
     def materialise(self) -> Array:
