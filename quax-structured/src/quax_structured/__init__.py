@@ -19,7 +19,7 @@ from ._base import (
 from ._blockdiagonal import BlockDiagonal as BlockDiagonal
 from ._circulant import Circulant as Circulant, CirculantLU as CirculantLU
 from ._composite import Product as Product, Sum as Sum
-from ._determinant import DeterminantLU as DeterminantLU
+from ._determinant import DeterminantLU as DeterminantLU, HalfSolved as HalfSolved
 from ._diagonal import Diagonal as Diagonal, ScaledIdentity as ScaledIdentity
 from ._kronecker import Kronecker as Kronecker, KroneckerLU as KroneckerLU
 from ._lineax import from_lineax as from_lineax, to_lineax as to_lineax
@@ -58,6 +58,7 @@ VALUE_TYPES = (
     Toeplitz,
     ToeplitzLU,
     DeterminantLU,
+    HalfSolved,
     Sum,
     Product,
 )
