@@ -55,8 +55,6 @@ __all__ = [
     "Tracer",
     "bind_custom_jvp",
     "bind_custom_vjp",
-    "body_arg_names",
-    "body_source",
     "bwd_result",
     "bwd_split",
     "batching",
@@ -83,7 +81,6 @@ __all__ = [
     "is_eval_trace",
     "is_library_function",
     "is_unspecified",
-    "is_varying",
     "jit_inlines",
     "jit_p",
     "linear_solve_p",
@@ -95,7 +92,6 @@ __all__ = [
     "release_traces",
     "remat_p",
     "run_debug_on_host",
-    "scan_counts",
     "scan_p",
     "set_current_trace",
     "shard_map_p",
@@ -284,15 +280,6 @@ def _all_none(layouts: tuple[Any, ...]) -> bool:
     return layouts.count(None) == len(layouts)
 
 
-def scan_counts(params: dict[str, Any]) -> tuple[int, int]:
-    """`(num_consts, num_carry)` of a `scan` equation's params. JAX 0.10 records the
-    counts; 0.11 records `ft_in`, a flat tree of `(consts, carry, xs)`."""
-    if "num_consts" in params:
-        return params["num_consts"], params["num_carry"]
-    consts, carry, _ = params["ft_in"].unpack()
-    return len(consts), len(carry)
-
-
 # Varying manual axes (vma): inside `shard_map`, an aval records the mesh axes along
 # which its value varies, and collectives (`pcast`, the implicit `pvary` that
 # `shard_map` puts on its outputs) read it from the operand's type.
@@ -336,12 +323,6 @@ def pvary_to_spec(leaf: Any, spec: Any) -> Any:
         return leaf
     missing = _spec_to_vma(spec) - mat.varying
     return _core.pvary(leaf, tuple(missing)) if missing else leaf
-
-
-def is_varying(aval: Any) -> bool:
-    """Whether `aval` varies along some manual mesh axis (inside `shard_map`)."""
-    mat = getattr(aval, "manual_axis_type", None)
-    return mat is not None and bool(mat.varying)
 
 
 def wrap_init(fn: Any, debug_info: Any) -> Any:
@@ -428,19 +409,6 @@ def eqx_has_dataclass_init(cls: type) -> bool:
 def eqx_finish_init(module: Any) -> None:
     """Mark a Module built without equinox's metaclass `__call__` as initialised."""
     _eqx_module._currently_initialising.remove(module)
-
-
-def body_arg_names(jaxpr: Any) -> tuple[str, ...] | None:
-    """The names of a traced body's arguments, as the user wrote them (`c[0]`, `i`),
-    or `None` when JAX did not record them."""
-    info = getattr(getattr(jaxpr, "jaxpr", jaxpr), "debug_info", None)
-    return None if info is None else info.arg_names
-
-
-def body_source(jaxpr: Any) -> str | None:
-    """Where a traced body was defined (`f at file.py:12`), or `None`."""
-    info = getattr(getattr(jaxpr, "jaxpr", jaxpr), "debug_info", None)
-    return None if info is None else info.func_src_info
 
 
 class StagedEquation(NamedTuple):

@@ -32,7 +32,6 @@ from ._compat import (
     eqn_context,
     eval_context,
     io_callback_p,
-    is_varying,
     manual_axes_active,
     pure_callback_p,
     staged_equation,
@@ -46,7 +45,10 @@ from ._values import Value
 __all__ = [
     "FOLD_MAX_SIZE",
     "EvaluationReport",
+    "body_arg_names",
+    "body_source",
     "eval_quaxified",
+    "is_varying",
     "known_constant",
     "track_evaluations",
 ]
@@ -66,6 +68,25 @@ _CALLBACKS = frozenset(
 
 # Tracers first: the common case, and `Value`'s check goes through its ABC.
 _TRACED = (Tracer, Value)
+
+
+def is_varying(aval: Any) -> bool:
+    """Whether `aval` varies along some manual mesh axis (inside `shard_map`)."""
+    mat = getattr(aval, "manual_axis_type", None)
+    return mat is not None and bool(mat.varying)
+
+
+def body_arg_names(jaxpr: Any) -> tuple[str, ...] | None:
+    """The names of a traced body's arguments, as the user wrote them (`c[0]`, `i`),
+    or `None` when JAX did not record them."""
+    info = getattr(getattr(jaxpr, "jaxpr", jaxpr), "debug_info", None)
+    return None if info is None else info.arg_names
+
+
+def body_source(jaxpr: Any) -> str | None:
+    """Where a traced body was defined (`f at file.py:12`), or `None`."""
+    info = getattr(getattr(jaxpr, "jaxpr", jaxpr), "debug_info", None)
+    return None if info is None else info.func_src_info
 
 
 def _calls_jaxpr(params: dict[str, Any]) -> bool:

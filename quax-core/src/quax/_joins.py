@@ -26,13 +26,11 @@ from jax import lax
 from ._compat import (
     Primitive,
     Tracer,
-    body_arg_names,
-    body_source,
     callback_module,
     release_traces,
     typeof,
 )
-from ._jaxpr import FOLD_MAX_SIZE, known_constant
+from ._jaxpr import FOLD_MAX_SIZE, body_arg_names, body_source, known_constant
 from ._quaxify import quaxify
 from ._values import Value, materialise_or_explain
 

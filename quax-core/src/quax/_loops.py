@@ -18,7 +18,8 @@ import numpy as np
 from jax import lax
 
 from ._bodies import decision, quaxified_jaxpr
-from ._compat import body_source, release_traces, scan_counts, scan_p, typeof, while_p
+from ._compat import release_traces, scan_p, typeof, while_p
+from ._jaxpr import body_source
 from ._joins import (
     BodyFailed,
     Join,
@@ -191,6 +192,15 @@ def _stable_loop(
 
 
 # scan / map / fori_loop ---------------------------------------------------------------
+
+
+def scan_counts(params: dict[str, Any]) -> tuple[int, int]:
+    """`(num_consts, num_carry)` of a `scan` equation's params. JAX 0.10 records the
+    counts; 0.11 records `ft_in`, a flat tree of `(consts, carry, xs)`."""
+    if "num_consts" in params:
+        return params["num_consts"], params["num_carry"]
+    consts, carry, _ = params["ft_in"].unpack()
+    return len(consts), len(carry)
 
 
 @register(scan_p)
