@@ -31,11 +31,10 @@ class Banded(StructuredMatrix):
 
     `A[..., i, i + d] = bands[..., d + lower_bandwidth, i]`; the entries of `bands`
     whose column `i + d` falls outside the matrix are ignored. Products cost
-    O(n (p + q)) for bandwidths `p`, `q`; `jnp.linalg.solve` pivots
-    (`pivoted_solve`, O(n p (p + q))); `slogdet` and `det` read an LU
-    factorisation *without pivoting*, O(n p q) (see the README's limits): where
-    a pivot other than the last is exactly zero (a zero leading minor), `det` and
-    `slogdet`'s log-determinant are NaN, not a silent 0 / `-inf`.
+    O(n (p + q)) for bandwidths `p`, `q`; `jnp.linalg.solve`, `slogdet` and
+    `det` use Gaussian elimination with partial pivoting (as LAPACK's `gbsv`:
+    `pivoted_solve`, `pivots`), O(n p (p + q)) time and O(n (p + q)) memory,
+    accurate at zero or tiny leading minors.
 
     **Fields:**
 
@@ -145,10 +144,14 @@ class Banded(StructuredMatrix):
 
     def lu(self) -> DeterminantLU:
         """The packed LU factors without pivoting (`_packed_lu`), identity
-        permutation, which `slogdet`/`det` read. `lu_solve` does not solve with
-        them: its first triangular solve does the whole solve with partial
-        pivoting (`pivoted_solve`), the second returns it (see `HalfSolved`)."""
-        return DeterminantLU(self._packed_lu(), self)
+        permutation, whose diagonal reads as the pivots of the elimination with
+        partial pivoting (`pivots`, the swaps' sign on the first): what
+        `slogdet`/`det` read. `lu_solve` does not solve with the factors: its
+        first triangular solve does the whole solve with partial pivoting
+        (`pivoted_solve`), the second returns it (see `HalfSolved`). Under `jit`
+        a program that only solves computes neither the factors nor the pivots
+        (XLA drops them; `test_pivoted_routes.py` checks the HLO)."""
+        return DeterminantLU(self._packed_lu(), self, pivots=self.pivots())
 
     def _packed_lu(self) -> "Banded":
         """The packed LU factors without pivoting, as a `Banded` matrix of the same
@@ -196,6 +199,10 @@ class Banded(StructuredMatrix):
         )
         return self._with(packed)
 
+    def _band_rows(self) -> Array:
+        """`full[..., i, c] = A[i, i - p + c]`, zero outside the matrix."""
+        return jnp.stack([self._band(d) for d in self._offsets()], axis=-1)
+
     def pivoted_solve(self, b: Array, *, transpose: bool) -> Array:
         """Solve `A x = b` (`Aᵀ x = b` if `transpose`) for `b` of shape
         `(*batch, n, k)` with partial pivoting, as LAPACK's `gbsv`: Gaussian
@@ -206,8 +213,7 @@ class Banded(StructuredMatrix):
         factors of `lu` (without pivoting) are not."""
         m = self.transpose() if transpose else self
         p, q = m.lower_bandwidth, m.upper_bandwidth
-        # Dense rows of the band: full[..., i, c] = A[i, i - p + c], zero outside.
-        full = jnp.stack([m._band(d) for d in m._offsets()], axis=-1)
+        full = m._band_rows()
         dtype = jnp.result_type(full, b)
         batch = jnp.broadcast_shapes(full.shape[:-2], b.shape[:-2])
         full = jnp.broadcast_to(full, (*batch, *full.shape[-2:])).astype(dtype)
@@ -216,6 +222,16 @@ class Banded(StructuredMatrix):
         for _ in batch:
             solve = jax.vmap(solve)
         return solve(full, b)
+
+    def pivots(self) -> Array:
+        """Numbers whose product is the determinant (shape `(*batch, n)`), from
+        the elimination with partial pivoting (`_band_eliminate`), O(n p (p +
+        q)): what `det`/`slogdet` read."""
+        p, q = self.lower_bandwidth, self.upper_bandwidth
+        pivots = lambda f: _pivoted_band_pivots(f, p, q)
+        for _ in self.bands.shape[:-2]:
+            pivots = jax.vmap(pivots)
+        return pivots(self._band_rows())
 
     def cholesky(self) -> "Banded":
         """The lower Cholesky factor `G` (`A = G Gᵀ`, bandwidths `(p, 0)`) from the
@@ -271,15 +287,21 @@ class Banded(StructuredMatrix):
         return jnp.moveaxis(out, 0, -2)
 
 
-def _pivoted_band_solve(full: Array, b: Array, p: int, q: int) -> Array:
-    """`A x = b` with partial pivoting for one matrix given by its band rows
-    `full[i, c] = A[i, i - p + c]` (shape `(n, p + q + 1)`) and `b` of shape
-    `(n, k)`. Step `k` holds the window `W[r, c] = A'[k + r, k + c]` (`r <= p`,
-    `c <= p + q`) of the matrix being eliminated and the matching rows of the
-    right-hand side: it swaps the row of largest magnitude in column `k` to the
-    top, eliminates below it, and emits the top row (a row of `U`) and its
-    right-hand side; row `k + p + 1` enters untouched (no earlier row reaches
-    its columns)."""
+def _band_eliminate(full: Array, b: Array, p: int, q: int):
+    """Gaussian elimination with partial pivoting for one matrix given by its band
+    rows `full[i, c] = A[i, i - p + c]` (shape `(n, p + q + 1)`), applied to `b`
+    of shape `(n, k)`, as LAPACK's `gbtrf`. Step `k` holds the window `W[r, c] =
+    A'[k + r, k + c]` (`r <= p`, `c <= p + q`) of the matrix being eliminated and
+    the matching rows of the right-hand side: it swaps the row of largest
+    magnitude in column `k` to the top, eliminates below it, and emits the top
+    row (a row of `U`) and its right-hand side; row `k + p + 1` enters untouched
+    (no earlier row reaches its columns). A zero pivot (the column is zero: a
+    singular matrix) eliminates nothing.
+
+    **Returns:**
+
+    `(u, y, swaps)`: `U`'s rows (`u[k, c] = U[k, k + c]`, shape `(n, p + q +
+    1)`), the eliminated right-hand side, and the number of row swaps."""
     n, width = full.shape
     w = p + q + 1  # the window's width: U's upper bandwidth grows to p + q
     rows = jnp.pad(full, [(0, p + 1), (0, w - width)])
@@ -297,17 +319,27 @@ def _pivoted_band_solve(full: Array, b: Array, p: int, q: int) -> Array:
         i = jnp.argmax(jnp.abs(window[:, 0]))
         order = jnp.arange(p + 1).at[0].set(i).at[i].set(0)
         window, top = window[order], top[order]
-        ell = window[1:, 0] / window[0, 0]
+        pivot = window[0, 0]
+        ell = window[1:, 0] / jnp.where(pivot == 0, 1, pivot)
         below = window[1:, 1:] - ell[:, None] * window[0:1, 1:]
         below_rhs = top[1:] - ell[:, None] * top[0:1]
         zero = jnp.zeros((p, 1), window.dtype)
         nxt = jnp.concatenate([jnp.concatenate([below, zero], 1), new_row[None]], 0)
-        return (nxt, jnp.concatenate([below_rhs, new_rhs[None]])), (window[0], top[0])
+        out = (window[0], top[0], i != 0)
+        return (nxt, jnp.concatenate([below_rhs, new_rhs[None]])), out
 
     carry0 = (window0, rhs[: p + 1])
-    _, (u, y) = lax.scan(
+    _, (u, y, swapped) = lax.scan(
         eliminate, carry0, (rows[p + 1 : p + 1 + n], rhs[p + 1 : p + 1 + n])
     )
+    return u, y, jnp.sum(swapped)
+
+
+def _pivoted_band_solve(full: Array, b: Array, p: int, q: int) -> Array:
+    """`A x = b` with partial pivoting for one matrix given by its band rows (see
+    `_band_eliminate`) and `b` of shape `(n, k)`: the elimination, then a back
+    substitution with `U` (upper bandwidth `p + q`)."""
+    u, y, _ = _band_eliminate(full, b, p, q)
 
     def substitute(after, xs):
         # after[j - 1] holds the solution j rows below.
@@ -318,3 +350,12 @@ def _pivoted_band_solve(full: Array, b: Array, p: int, q: int) -> Array:
     after0 = jnp.zeros((p + q, b.shape[-1]), b.dtype)
     _, x = lax.scan(substitute, after0, (u, y), reverse=True)
     return x
+
+
+def _pivoted_band_pivots(full: Array, p: int, q: int) -> Array:
+    """Numbers whose product is `det A` for one matrix given by its band rows:
+    the pivots of the elimination with partial pivoting, the first one negated
+    for an odd number of row swaps. Exactly 0 at a singular matrix."""
+    u, _, swaps = _band_eliminate(full, jnp.zeros((full.shape[0], 0), full.dtype), p, q)
+    pivots = u[:, 0]
+    return pivots.at[0].multiply(jnp.where(swaps % 2, -1, 1).astype(pivots.dtype))

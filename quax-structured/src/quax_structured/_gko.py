@@ -1,0 +1,140 @@
+"""Gaussian elimination with partial pivoting for Toeplitz matrices in O(n²): the
+algorithm of Gohberg, Kailath and Olshevsky (Math. Comp. 64, 1995), "GKO".
+
+A Toeplitz `T` has displacement rank 2: `Z₁ T - T Z₋₁ = G Hᵀ` for the cyclic
+shifts `Z_φ` (ones below the diagonal, `φ` in the top right corner) and two
+`(n, 2)` generators read off `T`'s first row and column. The DFT diagonalises
+both shifts, so `C = F T D₀⁻¹ F⁻¹` (`F` the DFT matrix, `D₀ = diag(δᵏ)`,
+`δ = exp(iπ/n)`) is Cauchy-like: `C[i, j] = ĝᵢ · ĥⱼ / (λᵢ - μⱼ)` with `λ` the n-th
+roots of unity and `μ = δ λ` those of -1. Eliminating `C` with partial pivoting
+only updates its generators (O(n) a step), so `P C = L U` costs O(n²) time; the
+factors are stored, O(n²) memory. `T x = b` is then `x = D₀⁻¹ F⁻¹ C⁻¹ F b`, and
+`det T = det C · det D₀`.
+"""
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jaxtyping import Array
+
+from ._base import dense_triangular_solve
+
+
+__all__ = ["gko_pivots", "gko_solve"]
+
+
+def _complex_dtype(dtype) -> jnp.dtype:
+    return jnp.result_type(dtype, jnp.complex64)
+
+
+def _factor(column: Array, row: Array) -> tuple[Array, Array, Array, Array]:
+    """`P C = L U` for the Cauchy-like `C` of the Toeplitz matrix with first
+    column `column` and first row `row` (shape `(n,)`), with partial pivoting.
+
+    **Returns:**
+
+    `(packed, order, pivots, parity)`: `L - I` below the diagonal and `U` on and
+    above it (shape `(n, n)`, complex), the rows' order (`(P C)[k] =
+    C[order[k]]`), `U`'s diagonal, and the number of row swaps modulo 2 (the
+    sign of `P`).
+    """
+    n = column.shape[-1]
+    dtype = _complex_dtype(column.dtype)
+    k = jnp.arange(n)
+    # The displacement Z₁ T - T Z₋₁ = e₀ aᵀ + c eₙ₋₁ᵀ (row 0 and column n - 1).
+    a = jnp.concatenate([column[::-1][:-1] - row[1:], 2 * column[:1]])
+    c = jnp.concatenate([jnp.zeros_like(column[:1]), row[::-1][:-1] + column[1:]])
+    e0 = (k == 0).astype(dtype)
+    g = jnp.stack([e0, c.astype(dtype)], axis=-1)
+    h = jnp.stack([a.astype(dtype), e0[::-1]], axis=-1)
+    delta = jnp.exp(1j * jnp.pi * k / n).astype(dtype)  # D₀'s diagonal
+    g = jnp.fft.fft(g, axis=0)
+    h = jnp.fft.ifft(h / delta[:, None], axis=0)
+    lam = jnp.exp(-2j * jnp.pi * k / n).astype(dtype)
+    mu = jnp.exp(1j * jnp.pi / n).astype(dtype) * lam
+    zero = jnp.zeros((), dtype)
+
+    def step(carry, j):
+        g, h, active, order, parity = carry
+        # Column j of the Schur complement, on the rows not yet eliminated.
+        col = jnp.where(active, (g @ h[j]) / (lam - mu[j]), zero)
+        p = jnp.argmax(jnp.where(active, jnp.abs(col), -1))
+        pivot = col[p]
+        safe = jnp.where(pivot == 0, 1, pivot)
+        ell = jnp.where(k == p, zero, col / safe)
+        later = k > j
+        urow = jnp.where(later, (h @ g[p]) / (lam[p] - mu), zero).at[j].set(pivot)
+        g = g - ell[:, None] * g[p]
+        h = h - jnp.where(later, urow / safe, zero)[:, None] * h[j]
+        # The swap LAPACK would make: the row at position j and row p.
+        where = jnp.argmax(order == p)
+        parity = parity + (where != j)
+        order = order.at[where].set(order[j]).at[j].set(p)
+        return (g, h, active & (k != p), order, parity), (ell, urow, p)
+
+    carry = (g, h, jnp.ones(n, bool), k, jnp.zeros((), jnp.int32))
+    (_, _, _, _, parity), (ells, urows, order) = lax.scan(step, carry, k)
+    lower = ells[:, order].T  # L[i, j] = multiplier of row order[i] at step j
+    packed = jnp.where(k[:, None] > k[None, :], lower, urows)
+    return packed, order, jnp.diagonal(urows), parity % 2
+
+
+def _delta(n: int, dtype) -> Array:
+    return jnp.exp(1j * jnp.pi * jnp.arange(n) / n).astype(dtype)
+
+
+def gko_solve(column: Array, row: Array, b: Array, *, transpose: bool) -> Array:
+    """Solve `T x = b` (`Tᵀ x = b` if `transpose`) for the Toeplitz `T` (first
+    column `column`, first row `row`, shape `(n,)`) and `b` of shape `(n, k)`, by
+    GKO: O(n² (k + 1)) time, O(n²) memory (the factors of the Cauchy-like
+    matrix). NaN/inf where `T` is singular, as a dense solve."""
+    n = column.shape[-1]
+    out_dtype = jnp.result_type(column, b)
+    dtype = _complex_dtype(out_dtype)
+    packed, order, _, _ = _factor(column, row)
+    delta = _delta(n, dtype)[:, None]
+    kw = dict(lower=True, transpose_a=transpose, unit_diagonal=True)
+    if not transpose:
+        # T = F⁻¹ C F D₀, C = Pᵀ L U: x = D₀⁻¹ F⁻¹ U⁻¹ L⁻¹ P F b.
+        y = jnp.fft.fft(b.astype(dtype), axis=0)[order]
+        y = dense_triangular_solve(packed, y, **kw)
+        y = dense_triangular_solve(
+            packed, y, lower=False, transpose_a=False, unit_diagonal=False
+        )
+        x = jnp.fft.ifft(y, axis=0) / delta
+    else:
+        # Tᵀ = D₀ F Cᵀ F⁻¹ (F is symmetric): x = F Pᵀ L⁻ᵀ U⁻ᵀ F⁻¹ D₀⁻¹ b.
+        y = jnp.fft.ifft(b.astype(dtype) / delta, axis=0)
+        y = dense_triangular_solve(
+            packed, y, lower=False, transpose_a=True, unit_diagonal=False
+        )
+        y = dense_triangular_solve(packed, y, **kw)
+        x = jnp.fft.fft(jnp.zeros_like(y).at[order].set(y), axis=0)
+    if not jnp.issubdtype(out_dtype, jnp.complexfloating):
+        x = x.real
+    return x.astype(out_dtype)
+
+
+def gko_pivots(column: Array, row: Array) -> Array:
+    """Numbers whose product is `det T`, in `T`'s dtype (shape `(n,)`): the
+    moduli of `U`'s diagonal, the first one signed with the determinant (for a
+    complex `T`, `U`'s diagonal with the first one multiplied by `det P det D₀`).
+    A zero pivot (a singular `T`) leaves the others finite: `det` is exactly 0."""
+    n = column.shape[-1]
+    _, _, pivots, parity = _factor(column, row)
+    # det D₀ = δ^(n (n - 1) / 2) = exp(iπ (n - 1) / 2); det P = (-1)^parity.
+    phase = jnp.exp(1j * jnp.pi * (n - 1) / 2) * (1 - 2 * parity)
+    phase = phase.astype(pivots.dtype)
+    if jnp.issubdtype(column.dtype, jnp.complexfloating):
+        return pivots.at[0].multiply(phase).astype(column.dtype)
+    moduli = jnp.abs(pivots)
+    units = jnp.where(moduli == 0, 1, pivots / jnp.where(moduli == 0, 1, moduli))
+    sign = jnp.sign(jnp.real(jnp.prod(units) * phase))
+    return moduli.at[0].multiply(sign).astype(column.dtype)
+
+
+def batched(fn, column: Array, row: Array, *args: Array):
+    """`fn(column, row, *args)` over the leading batch axes of `column`, `row`."""
+    for _ in range(column.ndim - 1):
+        fn = jax.vmap(fn)
+    return fn(column, row, *args)
