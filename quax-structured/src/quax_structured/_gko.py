@@ -52,31 +52,68 @@ def _factor(column: Array, row: Array) -> tuple[Array, Array, Array, Array]:
     h = jnp.fft.ifft(h / delta[:, None], axis=0)
     lam = jnp.exp(-2j * jnp.pi * k / n).astype(dtype)
     mu = jnp.exp(1j * jnp.pi / n).astype(dtype) * lam
-    zero = jnp.zeros((), dtype)
+    # The elimination runs on real and imaginary parts as separate real arrays:
+    # XLA's CPU backend runs a step of complex arithmetic about 4x slower.
+    parts = lambda z: (jnp.real(z), jnp.imag(z))
+    (lr, li), (mr, mi) = parts(lam), parts(mu)
 
     def step(carry, j):
-        g, h, active, order, parity = carry
+        (gr, gi), (hr, hi), active, order, position, parity = carry
         # Column j of the Schur complement, on the rows not yet eliminated.
-        col = jnp.where(active, (g @ h[j]) / (lam - mu[j]), zero)
-        p = jnp.argmax(jnp.where(active, jnp.abs(col), -1))
-        pivot = col[p]
-        safe = jnp.where(pivot == 0, 1, pivot)
-        ell = jnp.where(k == p, zero, col / safe)
+        col = _div(*_dot(gr, gi, hr[j], hi[j]), lr - mr[j], li - mi[j])
+        col = tuple(jnp.where(active, x, 0) for x in col)
+        size = jnp.where(active, col[0] ** 2 + col[1] ** 2, -1)
+        # The first row of largest magnitude (two plain reductions: XLA's CPU
+        # argmax, a variadic reduction, costs several times more in this loop).
+        p = jnp.min(jnp.where(size == jnp.max(size), k, n))
+        pivot = (col[0][p], col[1][p])
+        safe = (jnp.where(size[p] == 0, 1, pivot[0]), pivot[1])
+        ell = tuple(jnp.where(k == p, 0, x) for x in _div(*col, *safe))
         later = k > j
-        urow = jnp.where(later, (h @ g[p]) / (lam[p] - mu), zero).at[j].set(pivot)
-        g = g - ell[:, None] * g[p]
-        h = h - jnp.where(later, urow / safe, zero)[:, None] * h[j]
-        # The swap LAPACK would make: the row at position j and row p.
-        where = jnp.argmax(order == p)
+        urow = _div(*_dot(hr, hi, gr[p], gi[p]), lr[p] - mr, li[p] - mi)
+        urow = tuple(
+            jnp.where(later, x, 0).at[j].set(y)
+            for x, y in zip(urow, pivot, strict=True)
+        )
+        gr, gi = _sub_outer(gr, gi, *ell, gr[p], gi[p])
+        scale = tuple(jnp.where(later, x, 0) for x in _div(*urow, *safe))
+        hr, hi = _sub_outer(hr, hi, *scale, hr[j], hi[j])
+        # The swap LAPACK would make: the row at position j and row p (`order`
+        # holds the rows by position, `position` the positions by row).
+        where, other = position[p], order[j]
         parity = parity + (where != j)
-        order = order.at[where].set(order[j]).at[j].set(p)
-        return (g, h, active & (k != p), order, parity), (ell, urow, p)
+        order = order.at[where].set(other).at[j].set(p)
+        position = position.at[other].set(where).at[p].set(j)
+        carry = ((gr, gi), (hr, hi), active & (k != p), order, position, parity)
+        return carry, (ell, urow, p)
 
-    carry = (g, h, jnp.ones(n, bool), k, jnp.zeros((), jnp.int32))
-    (_, _, _, _, parity), (ells, urows, order) = lax.scan(step, carry, k)
+    carry = (parts(g), parts(h), jnp.ones(n, bool), k, k, jnp.zeros((), jnp.int32))
+    (*_, parity), (ells, urows, order) = lax.scan(step, carry, k)
+    ells, urows = lax.complex(*ells), lax.complex(*urows)
     lower = ells[:, order].T  # L[i, j] = multiplier of row order[i] at step j
     packed = jnp.where(k[:, None] > k[None, :], lower, urows)
     return packed, order, jnp.diagonal(urows), parity % 2
+
+
+def _dot(ar: Array, ai: Array, br: Array, bi: Array) -> tuple[Array, Array]:
+    """`a @ b` for complex `a` of shape `(n, 2)` and `b` of shape `(2,)`, by parts."""
+    re = ar[:, 0] * br[0] - ai[:, 0] * bi[0] + ar[:, 1] * br[1] - ai[:, 1] * bi[1]
+    im = ar[:, 0] * bi[0] + ai[:, 0] * br[0] + ar[:, 1] * bi[1] + ai[:, 1] * br[1]
+    return re, im
+
+
+def _div(ar: Array, ai: Array, br: Array, bi: Array) -> tuple[Array, Array]:
+    """`a / b`, complex, by parts."""
+    size = br * br + bi * bi
+    return (ar * br + ai * bi) / size, (ai * br - ar * bi) / size
+
+
+def _sub_outer(
+    ar: Array, ai: Array, xr: Array, xi: Array, yr: Array, yi: Array
+) -> tuple[Array, Array]:
+    """`a - x yᵀ` for complex `a` of shape `(n, 2)`, `x` `(n,)`, `y` `(2,)`."""
+    re = ar - (xr[:, None] * yr - xi[:, None] * yi)
+    return re, ai - (xr[:, None] * yi + xi[:, None] * yr)
 
 
 def _delta(n: int, dtype) -> Array:
