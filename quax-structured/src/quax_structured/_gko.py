@@ -61,22 +61,20 @@ def _factor(column: Array, row: Array) -> tuple[Array, Array, Array, Array]:
         (gr, gi), (hr, hi), active, order, position, parity = carry
         # Column j of the Schur complement, on the rows not yet eliminated.
         col = _div(*_dot(gr, gi, hr[j], hi[j]), lr - mr[j], li - mi[j])
-        col = tuple(jnp.where(active, x, 0) for x in col)
+        col = _where(active, col)
         size = jnp.where(active, col[0] ** 2 + col[1] ** 2, -1)
         # The first row of largest magnitude (two plain reductions: XLA's CPU
         # argmax, a variadic reduction, costs several times more in this loop).
         p = jnp.min(jnp.where(size == jnp.max(size), k, n))
         pivot = (col[0][p], col[1][p])
         safe = (jnp.where(size[p] == 0, 1, pivot[0]), pivot[1])
-        ell = tuple(jnp.where(k == p, 0, x) for x in _div(*col, *safe))
+        ell = _where(k != p, _div(*col, *safe))
         later = k > j
         urow = _div(*_dot(hr, hi, gr[p], gi[p]), lr[p] - mr, li[p] - mi)
-        urow = tuple(
-            jnp.where(later, x, 0).at[j].set(y)
-            for x, y in zip(urow, pivot, strict=True)
-        )
+        urow = _where(later, urow)
+        urow = (urow[0].at[j].set(pivot[0]), urow[1].at[j].set(pivot[1]))
         gr, gi = _sub_outer(gr, gi, *ell, gr[p], gi[p])
-        scale = tuple(jnp.where(later, x, 0) for x in _div(*urow, *safe))
+        scale = _where(later, _div(*urow, *safe))
         hr, hi = _sub_outer(hr, hi, *scale, hr[j], hi[j])
         # The swap LAPACK would make: the row at position j and row p (`order`
         # holds the rows by position, `position` the positions by row).
@@ -93,6 +91,11 @@ def _factor(column: Array, row: Array) -> tuple[Array, Array, Array, Array]:
     lower = ells[:, order].T  # L[i, j] = multiplier of row order[i] at step j
     packed = jnp.where(k[:, None] > k[None, :], lower, urows)
     return packed, order, jnp.diagonal(urows), parity % 2
+
+
+def _where(mask: Array, z: tuple[Array, Array]) -> tuple[Array, Array]:
+    """`z` where `mask`, else 0, by parts."""
+    return jnp.where(mask, z[0], 0), jnp.where(mask, z[1], 0)
 
 
 def _dot(ar: Array, ai: Array, br: Array, bi: Array) -> tuple[Array, Array]:
