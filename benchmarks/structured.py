@@ -16,6 +16,8 @@
   solves with `jnp.linalg.solve`: against dense `jnp.linalg.solve` and against lineax
   (a `FunctionLinearOperator` tagged positive definite, solved by `lineax.CG`,
   which is how lineax reaches these structures).
+- The pivoted routes (Toeplitz and low-rank-plus-diagonal solves, banded
+  `slogdet`) against the unpivoted ones they replaced and dense `jnp`.
 
 Times are medians over interleaved rounds (each round runs every method once);
 ratios are medians of the per-round ratios. Prints Markdown tables, writes
@@ -44,8 +46,10 @@ from quax_structured import (
     Circulant,
     Kronecker,
     LowRankPlusDiagonal,
+    Toeplitz,
     TridiagonalMatrix,
 )
+from quax_structured._toeplitz import levinson as _levinson
 
 
 # JAX's CPU LAPACK calls (the Kronecker factors' LU and triangular solves, dense
@@ -309,6 +313,82 @@ def kronecker_and_low_rank(sizes: tuple[int, ...], rounds: int) -> list[dict[str
     return rows
 
 
+def pivoted_solves(sizes: tuple[int, ...], rounds: int) -> list[dict[str, Any]]:
+    """The pivoted routes against the unpivoted ones they replaced and dense `jnp`:
+    `jnp.linalg.solve` of a non-symmetric `Toeplitz` (GKO, O(n²), against the
+    Levinson recursion, which `positive_definite=True` still uses) and of `D + U
+    Vᵀ` (rank 8: the better of the semiseparable LU and Woodbury, against the LU
+    alone), and `slogdet` of a `Banded` (p = q = 2: the pivoted elimination's
+    pivots, against the LU without pivoting)."""
+    solve = jax.jit(quax.quaxify(jnp.linalg.solve))
+    slogdet = jax.jit(quax.quaxify(lambda m: jnp.linalg.slogdet(m)[1]))
+    dense_solve = jax.jit(jnp.linalg.solve)
+    dense_slogdet = jax.jit(lambda a: jnp.linalg.slogdet(a)[1])
+    levinson = jax.jit(lambda c, r, b: _levinson(c, r, b[:, None])[0])
+    unpivoted = jax.jit(
+        lambda bands: jnp.sum(
+            jnp.log(jnp.abs(Banded(bands, 2, 2)._packed_lu().bands[2]))
+        )
+    )
+    rows = []
+    for n in sizes:
+        k = jr.split(jr.key(n), 6)
+        column, row = jr.normal(k[0], (2, n))
+        toeplitz = Toeplitz(column.at[0].set(n**0.5), row.at[0].set(n**0.5))
+        lrpd = LowRankPlusDiagonal(
+            1 + jr.uniform(k[1], (n,)),
+            jr.normal(k[2], (n, 8)) / 4,
+            jr.normal(k[3], (n, 8)) / 4,
+        )
+        bands = jr.normal(k[4], (5, n)).at[2].add(2.0)
+        b = jr.normal(k[5], (n,))
+        fns = {
+            "toeplitz gko": ft.partial(solve, toeplitz, b),
+            "toeplitz levinson": ft.partial(levinson, toeplitz.column, toeplitz.row, b),
+            "lrpd pivoted": ft.partial(solve, lrpd, b),
+            "lrpd lu": ft.partial(solve, lrpd.semiseparable(), b),
+            "banded slogdet pivoted": ft.partial(slogdet, Banded(bands, 2, 2)),
+            "banded slogdet lu": ft.partial(unpivoted, bands),
+        }
+        if n <= DENSE_SOLVE_MAX:
+            for name, m in (("toeplitz", toeplitz), ("lrpd", lrpd)):
+                dense = m.enable_materialise().materialise()
+                fns[f"{name} dense"] = ft.partial(dense_solve, dense, b)
+            dense = Banded(bands, 2, 2, True).materialise()
+            fns["banded slogdet dense"] = ft.partial(dense_slogdet, dense)
+        times = _timed(fns, rounds)
+        out: dict[str, Any] = {"n": n}
+        out.update({k: statistics.median(v) for k, v in times.items()})
+        for new, old in (
+            ("toeplitz gko", "toeplitz levinson"),
+            ("lrpd pivoted", "lrpd lu"),
+            ("banded slogdet pivoted", "banded slogdet lu"),
+        ):
+            out[f"{new} / unpivoted"] = _ratio(times, new, old)
+            dense = new.rsplit(" ", 1)[0] + " dense"
+            if dense in times:
+                out[f"{dense} / {new}"] = _ratio(times, dense, new)
+        rows.append(out)
+    print("\n## Pivoted routes (microseconds per call; ratios in one run)\n")
+    print(
+        "| n | Toeplitz GKO solve | / Levinson | dense / GKO | D + UVᵀ solve | "
+        "/ LU alone | dense / quax | banded slogdet | / unpivoted | dense / quax |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(
+            f"| {r['n']:,} | {_us(r['toeplitz gko'])} | "
+            f"{_x(r['toeplitz gko / unpivoted'])} | "
+            f"{_x(r.get('toeplitz dense / toeplitz gko'))} | "
+            f"{_us(r['lrpd pivoted'])} | {_x(r['lrpd pivoted / unpivoted'])} | "
+            f"{_x(r.get('lrpd dense / lrpd pivoted'))} | "
+            f"{_us(r['banded slogdet pivoted'])} | "
+            f"{_x(r['banded slogdet pivoted / unpivoted'])} | "
+            f"{_x(r.get('banded slogdet dense / banded slogdet pivoted'))} |"
+        )
+    return rows
+
+
 def determinant_gradients(sizes: tuple[int, ...], rounds: int) -> list[dict[str, Any]]:
     """`jax.grad` of `slogdet` and of `det` with respect to a tridiagonal matrix's
     three diagonals, quax against the same `jnp` call on the dense matrix (a
@@ -460,6 +540,7 @@ def main(quick: bool = False) -> dict[str, Any]:
         "| OPENBLAS_NUM_THREADS:",
         os.environ["OPENBLAS_NUM_THREADS"],
     )
+    piv = pivoted_solves((256,) if quick else (256, 1024, 4096), rounds)
     dets = determinant_gradients((256,) if quick else (256, 1024), rounds)
     print("\n## jax.grad of slogdet and det, tridiagonal (microseconds per call)\n")
     print(
@@ -481,6 +562,7 @@ def main(quick: bool = False) -> dict[str, Any]:
         "tridiagonal": tri,
         "banded_circulant": bc,
         "kronecker_low_rank": ks,
+        "pivoted_solves": piv,
         "determinant_gradients": dets,
         "jax": jax.__version__,
         "device": jax.devices()[0].device_kind,
