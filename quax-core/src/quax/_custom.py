@@ -53,6 +53,11 @@ __all__: list[str] = []
 # whole only when it does. Values of other types enter the call materialised, so
 # the custom rule sees the dense array it was written for. Outputs of types that
 # are not linear leave the call materialised: their tangents are not their leaves'.
+#
+# A value type may also take a custom-JVP function's derivative over: its
+# `custom_jvp_rule` (see `own_rule`) returns a JVP rule that replaces the function's
+# own, e.g. one that differentiates the structure's own algorithm. The call is still
+# re-bound over the leaves; only the rule it differentiates by changes.
 
 
 def _linear(x: Any) -> bool:
@@ -162,6 +167,57 @@ def _run(fun: Any, *values: Any) -> list[Any]:
     return list(quaxify(lambda *v: call_fresh(fun, *v))(*values))
 
 
+JVPRule = Callable[[list[Any], list[Any]], tuple[Sequence[Any], Sequence[Any]]]
+
+
+def own_rule(
+    name: str, fun: Callable[..., list[Any]], values: Sequence[Any]
+) -> JVPRule | None:
+    """The JVP rule that an input's type gives for the custom-JVP function `name`
+    (`fun`, on values) in place of the function's own (see
+    `Value.custom_jvp_rule`), or `None`."""
+    for v in values:
+        if _is_value(v) and type(v).custom_jvp_rule is not Value.custom_jvp_rule:
+            rule = type(v).custom_jvp_rule(name, fun, values)
+            if rule is not None:
+                return rule
+    return None
+
+
+def _is_value(x: Any) -> bool:
+    return isinstance(x, Value)
+
+
+def _instantiated_tangent(primal: Any, leaves: Sequence[Any]) -> Any:
+    """The tangent an own rule receives for `primal`: a value of its type holding
+    the leaves' tangents, or the array's tangent, zeros instantiated."""
+    if isinstance(primal, Value):
+        return _tangent_value(primal, leaves, symbolic=False)
+    (t,) = leaves
+    return jnp.zeros(t.shape, t.dtype) if _is_zero(t) else t
+
+
+def _checked_rule_outputs(name: str, owner: str, out: Any) -> tuple[list, list]:
+    try:
+        outs, tangents = (list(x) for x in out)
+    except (TypeError, ValueError):
+        outs, tangents = None, None
+    if outs is None or tangents is None or len(outs) != len(tangents):
+        raise TypeError(
+            f"The JVP rule that `{owner}.custom_jvp_rule` gave for `{name}` must "
+            "return a pair `(outputs, output_tangents)` of sequences of equal "
+            f"length; it returned {type(out).__name__}."
+        )
+    for o, t in zip(outs, tangents, strict=True):
+        if jnp.shape(t) != jnp.shape(o):
+            raise TypeError(
+                f"The JVP rule that `{owner}.custom_jvp_rule` gave for `{name}` "
+                f"returned a tangent of shape {jnp.shape(t)} for an output of "
+                f"shape {jnp.shape(o)}; they must match."
+            )
+    return outs, tangents
+
+
 class _Flat:
     """How values flatten to leaves, input by input. It keeps no leaf, so closures
     holding it (which JAX may cache) leak no tracer."""
@@ -254,8 +310,18 @@ def custom_jvp_call(
 
     The outputs, `Value`s or arrays.
     """
-    with set_current_trace(trace.parent_trace):
-        values = [_densify_input(v, primitive) for v in values]
+    name = fun.debug_info.func_name
+    calls = [0]
+
+    def fun_values(*values: Any) -> list[Any]:
+        calls[0] += 1
+        return _run(fun, *values)
+
+    rule = own_rule(name, fun_values, values)
+    if rule is None:
+        with set_current_trace(trace.parent_trace):
+            values = [_densify_input(v, primitive) for v in values]
+    owner = next((type(v).__qualname__ for v in values if _is_value(v)), "")
     flat = _Flat(values)
     leaves = _leaves(values)
     n = len(leaves)
@@ -263,16 +329,31 @@ def custom_jvp_call(
 
     fun_leaves = _on_leaves(fun, flat, primitive, out_tree, _known(_leaves(values)))
 
-    def jvp_leaves(*args: Any) -> list[Any]:
-        primals = flat.unflatten(args[:n])
+    def run_jvp(primals: list[Any], leaf_tangents: list[list[Any]]) -> tuple:
+        if rule is not None:
+            tangents = [
+                _instantiated_tangent(p, ts)
+                for p, ts in zip(primals, leaf_tangents, strict=True)
+            ]
+            before = calls[0]
+            out = _checked_rule_outputs(name, owner, rule(primals, tangents))
+            if calls[0] == before:
+                # JAX reads the output tree that running `fun` (or `jvp`) records.
+                jax.eval_shape(fun_values, *primals)
+            return out
         tangents = [
             _input_tangent(p, ts, symbolic_zeros)
-            for p, ts in zip(primals, flat.split(args[n:]), strict=True)
+            for p, ts in zip(primals, leaf_tangents, strict=True)
         ]
         outs = _run(jvp, *primals, *tangents)
         m = len(outs) // 2
+        return outs[:m], outs[m:]
+
+    def jvp_leaves(*args: Any) -> list[Any]:
+        primals = flat.unflatten(args[:n])
+        outs, out_tangents = run_jvp(primals, flat.split(args[n:]))
         primal_out, tangent_out = [], []
-        for p, t in zip(outs[:m], outs[m:], strict=True):
+        for p, t in zip(outs, out_tangents, strict=True):
             p = _densify_nonlinear(p, primitive)
             leaf_ts = (
                 _leaf_tangents(p, t, symbolic_zeros) if isinstance(p, Value) else None

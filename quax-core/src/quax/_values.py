@@ -65,7 +65,9 @@ class Value(eqx.Module, metaclass=ValueMeta):
     linear in its leaves (a low-rank product, quantised data) must declare the
     class variable `linear_in_leaves = False`: such functions then see its
     materialised array (or the type's refusal to materialise, as a
-    `RuntimeError`), unless the type overrides `tangent`, which keeps it whole.
+    `RuntimeError`), unless the type overrides `tangent`, which keeps it whole. A
+    type may also replace a custom-JVP function's rule with its own
+    (`custom_jvp_rule`), e.g. to differentiate its own algorithm.
     """
 
     linear_in_leaves: ClassVar[bool] = True
@@ -161,6 +163,46 @@ class Value(eqx.Module, metaclass=ValueMeta):
         """
         dense = [v.materialise() if isinstance(v, Value) else v for v in values]
         return primitive.bind(*dense, **params)
+
+    @staticmethod
+    def custom_jvp_rule(
+        name: str, fun: Callable[..., Any], values: Sequence["ValueLike"]
+    ) -> Callable[..., Any] | None:
+        """A JVP rule replacing a `jax.custom_jvp` function's own, or `None` (the
+        default: the function's own rule, see the class docstring).
+
+        A custom rule is written for dense arrays: `jnp.linalg.slogdet`'s computes
+        `trace(solve(A, dA))`, `det`'s a cofactor solve, each of the full tangent
+        `dA`. A structure whose own algorithm costs less answers with a rule that
+        differentiates that algorithm, e.g. `jax.jvp` of `fun` over the leaves.
+        The call is still a custom-JVP call over the leaves: only its rule
+        changes. Quax asks each input whose type overrides this method, in input
+        order, until one returns a rule; with a rule no input is materialised.
+
+        **Arguments:**
+
+        - `name`: the function's name as JAX records it: the decorated function's
+            `__name__` (for `jnp.linalg.slogdet` of an `n x n` matrix with n > 2,
+            JAX's private `"_slogdet_lu"`; for `det` with n > 3, `"_det"`). Keying
+            on a private name is safe: a rename brings back the default rule.
+        - `fun`: the function as a callable on values, run under quax (its body's
+            primitives dispatched to the rules): `fun(*values)` gives its outputs.
+        - `values`: the inputs, each a `Value` or an array. Decide from types and
+            static fields; compute nothing here.
+
+        **Returns:**
+
+        `None`, or `rule(primals, tangents) -> (outputs, output_tangents)`: JAX's
+        JVP rule over values. `primals` are the inputs; `tangents` their tangents:
+        for a value, a value of its type holding its leaves' tangents (zeros where
+        a leaf has none; never materialised, so a structure's tangent keeps its
+        structure), for an array an array. It returns the outputs (values or
+        arrays, as `fun` gives them) and their tangents (arrays, or values of the
+        output's type holding the leaves' tangents), linear in `tangents`:
+        reverse mode transposes them.
+        """
+        del name, fun, values
+        return None
 
     @classmethod
     def lift(cls, array: ArrayLike, like: "Value") -> "Value | None":
