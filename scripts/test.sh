@@ -3,6 +3,10 @@
 # beside quax-core (the "pip install quax-core quax-<family>" promise).
 source "$(dirname "$0")/_env.sh"
 export JAX_PLATFORMS=cpu JAX_CHECK_TRACER_LEAKS=1 QUAX_DEBUG_CHECKS=1
+# XLA compiles the CPU programs without LLVM's optimisation passes: compiling dominates
+# the suites (thousands of small programs), and the optimised HLO the tests read
+# (`quax.testing.assert_hlo_lacks`) is the same, only the machine code is not optimised.
+export XLA_FLAGS="${XLA_FLAGS:-} --xla_backend_optimization_level=0"
 # XLA's compiled programs are kept on disk (JAX's persistent compilation cache, keyed by
 # the program, the compile options and the jax/jaxlib versions): the families' suites run
 # twice below (together, then alone), and the second run reads back what the first compiled.
