@@ -17,8 +17,7 @@ def _f4(*values):
 CASES = {
     "tridiagonal_2": qs.TridiagonalMatrix(_f4(2), _f4(1, 3), _f4(-1)),
     "tridiagonal_3": qs.TridiagonalMatrix(_f4(1, 2), _f4(2, 3, 1), _f4(-1, 4)),
-    # [[0, 1], [1, 0]]: a zero leading minor, exact here (det -1); `solve`, without
-    # pivoting, gives NaN (loud; see the README's limits).
+    # [[0, 1], [1, 0]]: a zero leading minor (det -1); `solve` pivots.
     "toeplitz_2": qs.Toeplitz(_f4(0, 1), _f4(0, 1)),
     "banded_3": qs.Banded(np.array([[2, 1, 0], [1, 0, 3], [4, 1, 0]], "f4"), 1, 1),
     "circulant_3": qs.Circulant(_f4(1, 2, -1)),
@@ -48,10 +47,7 @@ def test_small_det_slogdet_solve(name):
     np.testing.assert_allclose(det, np.linalg.det(dense), rtol=1e-5, atol=1e-6)
     assert sign == want_sign
     np.testing.assert_allclose(logdet, want_logdet, rtol=1e-5, atol=1e-6)
-    if name == "toeplitz_2":
-        assert np.isnan(x).all()
-    else:
-        np.testing.assert_allclose(x, np.linalg.solve(dense, b), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(x, np.linalg.solve(dense, b), rtol=1e-5, atol=1e-5)
 
 
 def test_small_det_batched_and_1x1():

@@ -1,6 +1,7 @@
 """The base of every structured matrix: materialisation policy and refusals."""
 
 import dataclasses
+import functools as ft
 from collections.abc import Callable
 from typing import Any, ClassVar
 
@@ -37,6 +38,80 @@ def dense_triangular_solve(
 
 def _is_float(leaf: Array) -> bool:
     return jnp.issubdtype(jnp.result_type(leaf), jnp.inexact)
+
+
+def jvp_over_leaves(fn: Callable[[Any], Any], x: Any, dot: Any) -> tuple[Any, Any]:
+    """`jax.jvp` of `fn(x)` over the floating-point leaves of `x` (a pytree), in
+    the direction of `dot`'s (the same structure); other leaves stay fixed."""
+    leaves, treedef = jtu.tree_flatten(x)
+    dots = jtu.tree_leaves(dot)
+    floats = [i for i, leaf in enumerate(leaves) if _is_float(leaf)]
+
+    def of(float_leaves: list[Array]) -> Any:
+        full = list(leaves)
+        for i, leaf in zip(floats, float_leaves, strict=True):
+            full[i] = leaf
+        return fn(jtu.tree_unflatten(treedef, full))
+
+    primals = [leaves[i] for i in floats]
+    return jax.jvp(of, (primals,), ([dots[i] for i in floats],))
+
+
+def _lu_pivots(m: Any) -> tuple[Array, Array | None]:
+    """The pivots of `m.lu()` (numbers whose product is `det m` up to the sign of
+    the row swaps) and whether the swaps are odd (`None`: no swaps). Nothing else
+    of the factors is computed: the derivative of an unused factor can be NaN
+    where a pivot is zero, which reverse mode would spread."""
+    out = m.lu()
+    if not isinstance(out, tuple):
+        return out.main_diagonal(), None
+    factors, swaps = out[0], out[1]
+    iota = jnp.arange(swaps.shape[-1], dtype=swaps.dtype)
+    return factors.main_diagonal(), jnp.sum(swaps != iota, axis=-1) % 2 == 1
+
+
+def _pivot_product(m: Any) -> Array:
+    """`det m` as the signed product of `lu`'s pivots (no division beyond the
+    factorisation's)."""
+    pivots, odd = _lu_pivots(m)
+    det = jnp.prod(pivots, axis=-1)
+    return det if odd is None else jnp.where(odd, -det, det)
+
+
+def _log_pivot_product(m: Any) -> tuple[Array, Array]:
+    """`(sign, log |det m|)` from `lu`'s pivots, as `jnp.linalg.slogdet` reads
+    them."""
+    pivots, odd = _lu_pivots(m)
+    size = jnp.abs(pivots)
+    unit = pivots / jnp.where(size > 0, size, 1).astype(pivots.dtype)
+    sign = jnp.prod(unit, axis=-1)
+    if odd is not None:
+        sign = jnp.where(odd, -sign, sign)
+    return sign, jnp.sum(jnp.log(size), axis=-1)
+
+
+def _det_rule(fun: Any, primals: list[Any], tangents: list[Any]) -> tuple:
+    """The JVP of `jnp.linalg.det`: the derivative of the structure's
+    `determinant`, else of the product of `lu`'s pivots."""
+    (m,), (dot,) = primals, tangents
+    (det,) = fun(m)
+    own = type(m).determinant is not StructuredMatrix.determinant
+    of = (lambda x: x.determinant()) if own else _pivot_product
+    derivative = jvp_over_leaves(of, m, dot)[1]
+    return [det], [derivative.astype(det.dtype)]
+
+
+def _slogdet_rule(fun: Any, primals: list[Any], tangents: list[Any]) -> tuple:
+    """The JVP of `jnp.linalg.slogdet`: the derivative of the structure's
+    `log_determinant`, else of the logs of `lu`'s pivots. At a singular matrix
+    (`log |det| = -inf`) the derivative is NaN, as dense JAX's is."""
+    (m,), (dot,) = primals, tangents
+    sign, logdet = fun(m)
+    own = type(m).log_determinant is not StructuredMatrix.log_determinant
+    of = (lambda x: x.log_determinant()) if own else _log_pivot_product
+    _, (sign_dot, logdet_dot) = jvp_over_leaves(of, m, dot)
+    singular = jnp.where(jnp.isneginf(logdet), jnp.nan, 1).astype(logdet.dtype)
+    return [sign, logdet], [sign_dot.astype(sign.dtype), logdet_dot * singular]
 
 
 class MaterialisationError(RuntimeError):
@@ -105,6 +180,19 @@ class StructuredMatrix(quax.ArrayValue):
         """The entries `self[i, j]` for integer arrays `i`, `j` (no batch axes)."""
         return None
 
+    def main_diagonal(self) -> Array:
+        """The main diagonal, shape `(*batch, n)`, through `entries`."""
+        index = jnp.arange(self.shape[-1])
+
+        def read(m: StructuredMatrix) -> Array:
+            out = m.entries(index, index)
+            assert out is not None
+            return out
+
+        for _ in range(self.ndim - 2):
+            read = jax.vmap(read)
+        return read(self)
+
     def masked(self, y: Array) -> "StructuredMatrix | None":
         """`self * y` (elementwise) for a dense `y` of the full shape, keeping the
         structure's pattern of zeros."""
@@ -117,18 +205,6 @@ class StructuredMatrix(quax.ArrayValue):
     def add_diagonal(self, d: Array) -> "StructuredMatrix | None":
         """`self + diag(d)`, keeping a structure."""
         return None
-
-    def with_diagonal_entry(self, i: int, value: Array) -> "StructuredMatrix | None":
-        """`self` with the diagonal entry `(i, i)` set to `value` (what the derivative
-        of `jnp.linalg.det` does to an LU factor), keeping a structure. By default
-        through `add_diagonal`, twice: the entry is first zeroed (exactly), so the
-        new value is not rounded against the old one."""
-        current = self.entries(jnp.asarray(i), jnp.asarray(i))
-        if current is None:
-            return None
-        zero = jnp.zeros(self.shape[-1], self.dtype)
-        out = self.add_diagonal(zero.at[i].set(-current))
-        return None if out is None else out.add_diagonal(zero.at[i].set(value))
 
     def row_scaled(self, d: Array) -> "StructuredMatrix | None":
         """`diag(d) @ self`, keeping the structure. By default `self * d[:, None]`
@@ -180,24 +256,44 @@ class StructuredMatrix(quax.ArrayValue):
         `transpose_a`; a unit diagonal replaces `A`'s when `unit_diagonal`."""
         return None
 
+    def determinant(self) -> Array:
+        """The determinant by a formula without division (a polynomial in the
+        leaves, e.g. the product of a diagonal), where the structure overrides
+        this method: `jnp.linalg.det`'s derivative is this formula's, exact at
+        singular matrices (the adjugate, not zero, at rank n - 1). Without it,
+        the derivative is that of the product of `lu`'s pivots: exact where no
+        pivot but the last is zero, NaN where one is."""
+        raise NotImplementedError
+
+    def log_determinant(self) -> tuple[Array, Array]:
+        """The sign and the log of the absolute value of the determinant by the
+        structure's own algorithm, differentiable, where the structure overrides
+        this method: `jnp.linalg.slogdet`'s derivative is this algorithm's.
+        Without it, the derivative is that of the logs of `lu`'s pivots."""
+        raise NotImplementedError
+
+    @staticmethod
+    def custom_jvp_rule(name: str, fun: Any, values: Any) -> Any:
+        """`jnp.linalg.slogdet` and `det` (JAX's `_slogdet_lu` and `_det`) of a
+        structure that factors (`lu`) take their derivative from the structure's
+        own algorithm (see `quax.Value.custom_jvp_rule`), in its cost, rather than
+        from JAX's rules, which solve with the whole `(n, n)` tangent."""
+        if len(values) != 1 or not isinstance(values[0], StructuredMatrix):
+            return None
+        if type(values[0]).lu is StructuredMatrix.lu:
+            return None
+        if name == "_slogdet_lu":
+            return ft.partial(_slogdet_rule, fun)
+        if name == "_det":
+            return ft.partial(_det_rule, fun)
+        return None
+
     def tangent(self, dot: "StructuredMatrix") -> Array:
         """The dense tangent of `dense()` for the leaves' tangents in `dot` (see
-        `quax.Value.tangent`): what custom derivatives such as `jnp.linalg.slogdet`'s
-        and `det`'s (whose rules compute `trace(A⁻¹ dA)`) receive, beside the
-        matrix itself, which stays structured. It costs O(n²) memory, and only
-        derivatives through a `custom_jvp`/`custom_vjp` function build it."""
-        leaves, treedef = jtu.tree_flatten(self)
-        dots = jtu.tree_leaves(dot)
-        floats = [i for i, leaf in enumerate(leaves) if _is_float(leaf)]
-
-        def dense_of(float_leaves: list[Array]) -> Array:
-            full = list(leaves)
-            for i, leaf in zip(floats, float_leaves, strict=True):
-                full[i] = leaf
-            return jtu.tree_unflatten(treedef, full).dense()
-
-        primals = [leaves[i] for i in floats]
-        return jax.jvp(dense_of, (primals,), ([dots[i] for i in floats],))[1]
+        `quax.Value.tangent`): what custom derivatives receive beside the matrix
+        itself, which stays structured. It costs O(n²) memory; `slogdet` and
+        `det` never build it (see `custom_jvp_rule`)."""
+        return jvp_over_leaves(lambda x: x.dense(), self, dot)[1]
 
     def way_out(self, primitive: Any) -> str:
         """What a refusal of `primitive` on this matrix tells the user to do."""

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 from jaxtyping import Array
 
 from ._base import MaterialisationError, StructuredMatrix
-from ._determinant import DeterminantLU, product_derivative
+from ._determinant import DeterminantLU
 
 
 __all__ = ["Circulant", "CirculantLU", "SolverLU", "circular_convolve"]
@@ -45,18 +45,12 @@ class SolverLU(StructuredMatrix):
     product is the determinant), which `slogdet` and `det` read. No other entry is
     defined (off-diagonal entries read as NaN), and it never materialises.
 
-    The derivative of `jnp.linalg.det` replaces the last pivot `p` by `v` (a
-    `scatter`); the upper triangle then acts as `S A`, with `S = diag(1, ..., 1,
-    v / p)`, whose determinant is the product of the new pivots.
-
     **Fields:**
 
     - `matrix`: the factored matrix (a `Circulant` or a `Toeplitz`).
-    - `last`: the last pivot, where it was replaced, else `None`.
     """
 
     matrix: StructuredMatrix
-    last: Array | None = None
 
     @property
     def allow_materialise(self) -> bool:  # pyright: ignore[reportIncompatibleVariableOverride]
@@ -96,23 +90,10 @@ class SolverLU(StructuredMatrix):
             "to get LU factors."
         )
 
-    def _last_ratio(self) -> Array:
-        """`p / v`: the last pivot over its replacement (`S⁻¹`'s last entry)."""
-        assert self.last is not None
-        return self.pivots()[..., -1] / self.last
-
     def entries(self, i: Array, j: Array) -> Array:
         n = self.shape[-1]
-        diagonal = self.pivots()
-        if self.last is not None:
-            diagonal = diagonal.at[..., -1].set(self.last)
-        diagonal = diagonal[jnp.clip(i, 0, n - 1)]
+        diagonal = self.pivots()[jnp.clip(i, 0, n - 1)]
         return jnp.where(i == j, diagonal, jnp.asarray(jnp.nan, self.dtype))
-
-    def with_diagonal_entry(self, i: int, value: Array) -> "SolverLU | None":
-        if i != self.shape[-1] - 1:
-            return None
-        return dataclasses.replace(self, last=value)
 
     def triangular_solve(
         self, b: Array, *, lower: bool, transpose_a: bool, unit_diagonal: bool
@@ -121,13 +102,7 @@ class SolverLU(StructuredMatrix):
             return b
         if lower or unit_diagonal:
             return None
-        if self.last is None:
-            return self.solve(b, transpose_a)
-        # (S A)⁻¹ b = A⁻¹ S⁻¹ b and (S A)⁻ᵀ b = S⁻¹ A⁻ᵀ b: the last row scaled.
-        ratio = self._last_ratio()
-        if transpose_a:
-            return self.solve(b, True).at[..., -1, :].multiply(ratio)
-        return self.solve(b.at[..., -1, :].multiply(ratio), False)
+        return self.solve(b, transpose_a)
 
 
 class CirculantLU(SolverLU):
@@ -139,7 +114,6 @@ class CirculantLU(SolverLU):
     **Fields:**
 
     - `matrix`: the `Circulant`.
-    - `last`: as for `SolverLU`.
     """
 
     matrix: "Circulant"
@@ -241,15 +215,12 @@ class Circulant(StructuredMatrix):
     def lu(self) -> DeterminantLU:
         return DeterminantLU(CirculantLU(self), self)
 
-    def det_tangent(self, x: Array) -> Array:
-        """`trace(adj(C) X)` for `X` circulant: the derivative of the product of the
-        eigenvalues `fft(column)` in the direction `fft(X[:, 0])`, without
-        dividing, O(n log n)."""
-        eigenvalues = jnp.fft.fft(self.column)
-        derivative = product_derivative(eigenvalues, jnp.fft.fft(x[..., :, 0]))
+    def determinant(self) -> Array:
+        """The product of the eigenvalues `fft(column)`, O(n log n)."""
+        det = jnp.prod(jnp.fft.fft(self.column), axis=-1)
         if jnp.issubdtype(self.dtype, jnp.complexfloating):
-            return derivative.astype(self.dtype)
-        return derivative.real.astype(self.dtype)
+            return det.astype(self.dtype)
+        return det.real.astype(self.dtype)
 
     def eigenvalues(self) -> Array:
         """The eigenvalues, `fft(column)`, in the DFT's order (`C v_k = λ_k v_k` for

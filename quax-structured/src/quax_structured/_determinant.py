@@ -1,6 +1,6 @@
-"""`DeterminantLU`: the LU factors of a matrix whose determinant has a
-division-free derivative, so that the derivative of `jnp.linalg.det` is exact at
-singular matrices."""
+"""`DeterminantLU`: what `lax.linalg.lu` returns for a structured matrix, which
+`jnp.linalg.solve`, `slogdet` and `det` read; `HalfSolved`: the first half of a
+pivoted solve."""
 
 import dataclasses
 from typing import Any
@@ -16,17 +16,7 @@ from jaxtyping import Array
 from ._base import MaterialisationError, StructuredMatrix
 
 
-__all__ = ["DeterminantLU", "HalfSolved", "product_derivative"]
-
-
-def product_derivative(a: Array, da: Array) -> Array:
-    """`Σ_i da_i Π_{j≠i} a_j` over the last axis: the derivative of `prod(a)` in
-    the direction `da`, without dividing (exact where entries of `a` are zero)."""
-    ones = jnp.ones_like(a[..., :1])
-    left = jnp.cumprod(jnp.concatenate([ones, a[..., :-1]], axis=-1), axis=-1)
-    tail = jnp.concatenate([a[..., 1:], ones], axis=-1)
-    right = jnp.flip(jnp.cumprod(jnp.flip(tail, -1), axis=-1), -1)
-    return jnp.sum(da * left * right, axis=-1)
+__all__ = ["DeterminantLU", "HalfSolved"]
 
 
 class DeterminantLU(StructuredMatrix):
@@ -34,37 +24,21 @@ class DeterminantLU(StructuredMatrix):
     LU factors (without pivoting, except `BlockDiagonal`'s blocks), which
     `jnp.linalg.solve` and `slogdet` read unchanged.
 
-    The derivative of `jnp.linalg.det` (JAX's cofactor solve) replaces the last
-    pivot (a `scatter`), then solves with the unit lower and the upper triangle and
-    takes the trace. The LU factors cannot give that derivative where a pivot other
-    than the last is zero (they divide by it; the derivative, the adjugate, is not
-    zero there). With its last pivot replaced, this factor's unit lower solve gives
-    instead a matrix whose only nonzero entry, the last diagonal one, is
-    `trace(adj(A) X)` (the matrix's `det_tangent(X)`, for `X` in its own pattern),
-    and its upper solve is the identity: the trace comes out exact. Any other solve
-    with it refuses.
-
-    A matrix without `det_tangent` (`Banded`, `Toeplitz`, low rank plus diagonal:
-    no division-free form here) factors without pivoting. Where a pivot other than
-    the last is exactly zero (a zero leading minor; the pivots after it are
-    infinite or NaN), the pivots do not give the determinant, which may be
-    nonzero: the diagonal then reads NaN, so that `det` is NaN and `slogdet`'s
-    log-determinant is NaN (never a silent 0 / `-inf`), and `det`'s derivative is
-    NaN too. Elsewhere the derivative goes through the factors as JAX's rule
-    computes it (exact where only the last pivot is zero: `det` 0, `slogdet`
-    `(0, -inf)`, as they should be). `solve` reads the factors unchanged, except
-    for a matrix with `pivoted_solve` (`TridiagonalMatrix`, `Banded`), which
-    `lu_solve`'s two triangular solves solve with partial pivoting (see
-    `HalfSolved`).
+    A matrix without a division-free `determinant` (`Banded`, `Toeplitz`, low
+    rank plus diagonal) factors without pivoting. Where a pivot other than the
+    last is exactly zero (a zero leading minor; the pivots after it are infinite
+    or NaN), the pivots do not give the determinant, which may be nonzero: the
+    diagonal then reads NaN, so that `det` is NaN and `slogdet`'s log-determinant
+    is NaN (never a silent 0 / `-inf`), and `det`'s derivative is NaN too. Where
+    only the last pivot is zero, `det` is 0 and `slogdet` `(0, -inf)`, as they
+    should be. `solve` reads the factors unchanged, except for a matrix with
+    `pivoted_solve` (`TridiagonalMatrix`, `Banded`), which `lu_solve`'s two
+    triangular solves solve with partial pivoting (see `HalfSolved`).
 
     **Fields:**
 
-    - `factors`: the packed LU factors (a structured matrix), for the rows
-        `permutation` orders.
+    - `factors`: the packed LU factors (a structured matrix).
     - `matrix`: the factored matrix.
-    - `permutation`: the rows' order (`lax.linalg.lu`'s third output), or `None`
-        for the identity.
-    - `last`: the replaced last pivot, else `None`.
     - `pivots`: what the diagonal reads as (numbers whose product is the
         determinant) where the matrix gives better ones than its factors (see
         `TridiagonalMatrix`), else `None`.
@@ -72,8 +46,6 @@ class DeterminantLU(StructuredMatrix):
 
     factors: StructuredMatrix
     matrix: StructuredMatrix
-    permutation: Array | None = None
-    last: Array | None = None
     pivots: Array | None = None
 
     @property
@@ -92,36 +64,27 @@ class DeterminantLU(StructuredMatrix):
         return self.factors.aval()
 
     def dense(self) -> Array:
-        if self.last is not None:
-            raise MaterialisationError(
-                "Refusing to materialise `DeterminantLU` with its last pivot "
-                f"replaced: {self.way_out(None)}"
-            )
         return self.factors.dense()
 
     def way_out(self, primitive: Any) -> str:
-        if self.last is None:
-            return self.factors.way_out(primitive)
-        return (
-            "With its last pivot replaced, `DeterminantLU` serves only the derivative "
-            "of `jnp.linalg.det`. Factor the dense matrix (`.enable_materialise()` "
-            "on the original) to get LU factors."
-        )
+        return self.factors.way_out(primitive)
 
     def entries(self, i: Array, j: Array) -> Array | None:
         out = self.factors.entries(i, j)
         if out is None:
             return out
-        if self.pivots is None and not hasattr(self.matrix, "det_tangent"):
-            out = jnp.where((i == j) & self._zero_leading_minor(), jnp.nan, out)
         if self.pivots is not None:
             n = self.shape[-1]
             on_diagonal = self.pivots[jnp.clip(i, 0, n - 1)]
-            out = jnp.where(i == j, on_diagonal.astype(out.dtype), out)
-        if self.last is None:
-            return out
-        n = self.shape[-1]
-        return jnp.where((i == n - 1) & (j == n - 1), self.last, out)
+            return jnp.where(i == j, on_diagonal.astype(out.dtype), out)
+        if type(self.matrix).determinant is StructuredMatrix.determinant:
+            out = jnp.where((i == j) & self._zero_leading_minor(), jnp.nan, out)
+        return out
+
+    def main_diagonal(self) -> Array:
+        if self.pivots is not None:
+            return self.pivots
+        return super().main_diagonal()
 
     def _zero_leading_minor(self) -> Array:
         """Whether the factors' pivots (of an LU without pivoting) meet an exactly
@@ -135,49 +98,25 @@ class DeterminantLU(StructuredMatrix):
         return jnp.any(pivots[:-1] == 0) | ~jnp.all(jnp.isfinite(pivots))
 
     def masked(self, y: Array) -> StructuredMatrix | None:
-        return None if self.last is not None else self.factors.masked(y)
+        return self.factors.masked(y)
 
     def transpose(self) -> StructuredMatrix | None:
-        return None if self.last is not None else self.factors.transpose()
+        return self.factors.transpose()
 
     def matmat(self, x: Array) -> Array | None:
-        return None if self.last is not None else self.factors.matmat(x)
-
-    def with_diagonal_entry(self, i: int, value: Array) -> "DeterminantLU | None":
-        if i != self.shape[-1] - 1:
-            return None
-        return dataclasses.replace(self, last=value)
+        return self.factors.matmat(x)
 
     def triangular_solve(
         self, b: Array, *, lower: bool, transpose_a: bool, unit_diagonal: bool
     ) -> Array | None:
-        if self.last is None:
-            if self._first_half(lower=lower, transpose_a=transpose_a) and (
-                unit_diagonal == lower
-            ):
-                solve = self.matrix.pivoted_solve  # pyright: ignore[reportAttributeAccessIssue]
-                return HalfSolved(solve(b, transpose=transpose_a), transpose_a, b.shape)  # pyright: ignore[reportReturnType]
-            return self.factors.triangular_solve(
-                b, lower=lower, transpose_a=transpose_a, unit_diagonal=unit_diagonal
-            )
-        n = self.shape[-1]
-        if transpose_a or lower != unit_diagonal:
-            return None
-        if not lower:
-            return b
-        if b.shape[-2:] != (n, n):
-            return None
-        if hasattr(self.matrix, "det_tangent"):
-            if self.permutation is not None:
-                # `b` arrives with its rows in the factors' order: put them back.
-                order = jnp.argsort(self.permutation, axis=-1)
-                b = jnp.take_along_axis(b, order[..., :, None], axis=-2)
-            derivative = self.matrix.det_tangent(b)  # pyright: ignore[reportAttributeAccessIssue]
-        else:
-            derivative = self._factors_derivative(b)
-            if derivative is None:
-                return None
-        return jnp.zeros_like(b).at[..., -1, -1].set(derivative.astype(b.dtype))
+        if self._first_half(lower=lower, transpose_a=transpose_a) and (
+            unit_diagonal == lower
+        ):
+            solve = self.matrix.pivoted_solve  # pyright: ignore[reportAttributeAccessIssue]
+            return HalfSolved(solve(b, transpose=transpose_a), transpose_a, b.shape)  # pyright: ignore[reportReturnType]
+        return self.factors.triangular_solve(
+            b, lower=lower, transpose_a=transpose_a, unit_diagonal=unit_diagonal
+        )
 
     def _first_half(self, *, lower: bool, transpose_a: bool) -> bool:
         """Whether this is the first of `lu_solve`'s two triangular solves (the unit
@@ -196,8 +135,7 @@ class DeterminantLU(StructuredMatrix):
         """The second of `lu_solve`'s two triangular solves, after the first gave
         `b`: the solution `b` holds. Any other solve of a `HalfSolved` refuses."""
         if (
-            self.last is not None
-            or not left_side
+            not left_side
             or lower != transpose_a
             or unit_diagonal != lower
             or transpose_a != b.transposed
@@ -209,31 +147,6 @@ class DeterminantLU(StructuredMatrix):
                 f"{b.way_out()}"
             )
         return b.solution
-
-    def _factors_derivative(self, b: Array) -> Array | None:
-        """`trace(adj(A) b)` through the factors, as JAX's cofactor solve computes
-        it (`U'⁻¹ diag(det, ..., det, 1) L⁻¹ b`, `U'` with the replaced last pivot),
-        NaN where a pivot other than the last is zero."""
-        n = self.shape[-1]
-        assert self.last is not None
-        replaced = self.factors.with_diagonal_entry(n - 1, self.last)
-        index = jnp.arange(n)
-        pivots = self.factors.entries(index, index)
-        if self.permutation is not None or replaced is None or pivots is None:
-            return None
-        y = self.factors.triangular_solve(
-            b, lower=True, transpose_a=False, unit_diagonal=True
-        )
-        if y is None:
-            return None
-        y = jnp.concatenate([y[..., :-1, :] * jnp.prod(pivots), y[..., -1:, :]], -2)
-        z = replaced.triangular_solve(
-            y, lower=False, transpose_a=False, unit_diagonal=False
-        )
-        if z is None:
-            return None
-        trace = jnp.trace(z, axis1=-2, axis2=-1)
-        return jnp.where(self._zero_leading_minor(), jnp.nan, trace)
 
 
 class HalfSolved(quax.ArrayValue):

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 from jaxtyping import Array
 
 from ._base import StructuredMatrix
-from ._determinant import DeterminantLU, product_derivative
+from ._determinant import DeterminantLU
 
 
 __all__ = ["Diagonal", "ScaledIdentity"]
@@ -76,9 +76,8 @@ class Diagonal(StructuredMatrix):
         # L = I and U = D: the packed factors are the matrix itself.
         return DeterminantLU(self, self)
 
-    def det_tangent(self, x: Array) -> Array:
-        """`trace(adj(D) X) = Σ_i X_ii Π_{j≠i} d_j`, exact at singular matrices."""
-        return product_derivative(self.diag, jnp.diagonal(x, axis1=-2, axis2=-1))
+    def determinant(self) -> Array:
+        return jnp.prod(self.diag, axis=-1)
 
     def triangular_solve(
         self, b: Array, *, lower: bool, transpose_a: bool, unit_diagonal: bool
@@ -168,9 +167,8 @@ class ScaledIdentity(StructuredMatrix):
     def lu(self) -> DeterminantLU:
         return DeterminantLU(self, self)
 
-    def det_tangent(self, x: Array) -> Array:
-        """`trace(adj(s I) X)`, as for `Diagonal`."""
-        return self._as_diagonal().det_tangent(x)
+    def determinant(self) -> Array:
+        return jnp.asarray(self.scale) ** self.n
 
     def triangular_solve(
         self, b: Array, *, lower: bool, transpose_a: bool, unit_diagonal: bool

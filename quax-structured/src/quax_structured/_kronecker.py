@@ -146,7 +146,15 @@ class Kronecker(StructuredMatrix):
         lb, _, perm_b = lax.linalg.lu(right)
         nb = self.right.shape[0]
         perm = (perm_a[:, None] * nb + perm_b[None, :]).reshape(-1)
-        return KroneckerLU(la, lb, None, self.allow_materialise), _pivots_of(perm), perm
+        return KroneckerLU(la, lb, self.allow_materialise), _pivots_of(perm), perm
+
+    def determinant(self) -> Array:
+        """`det(A)^nb det(B)^na` for `A ⊗ B` (`A` of size `na`, `B` of size `nb`),
+        through `jnp.linalg.det` of the factors (whose derivative is exact at a
+        factor of rank n - 1)."""
+        left, right = self.factors()
+        na, nb = left.shape[0], right.shape[0]
+        return jnp.linalg.det(left) ** nb * jnp.linalg.det(right) ** na
 
     def cholesky(self) -> "Kronecker | None":
         if not self.symmetric:
@@ -190,20 +198,16 @@ class Kronecker(StructuredMatrix):
 
 class KroneckerLU(StructuredMatrix):
     """The packed LU factors of a `Kronecker` product: `L = L_left ⊗ L_right` below
-    the diagonal (unit diagonal), `U = U_left ⊗ U_right` on and above it, except
-    for the last diagonal entry when `last` is set (as the derivative of
-    `jnp.linalg.det` does; solved through the Sherman-Morrison formula).
+    the diagonal (unit diagonal), `U = U_left ⊗ U_right` on and above it.
 
     **Fields:**
 
     - `left`, `right`: the packed LU factors of the two factors.
-    - `last`: a scalar that replaces the last diagonal entry of `U`, or `None`.
     - `allow_materialise`: as for [`quax_structured.TridiagonalMatrix`][] (static).
     """
 
     left: Array
     right: Array
-    last: Array | None = None
     allow_materialise: bool = eqx.field(default=False, static=True)
 
     linear_in_leaves = False
@@ -225,36 +229,14 @@ class KroneckerLU(StructuredMatrix):
 
     def dense(self) -> Array:
         la, lb, ua, ub = self._factors()
-        out = jnp.tril(jnp.kron(la, lb), -1) + jnp.triu(jnp.kron(ua, ub))
-        return out if self.last is None else out.at[-1, -1].set(self.last)
+        return jnp.tril(jnp.kron(la, lb), -1) + jnp.triu(jnp.kron(ua, ub))
 
     def entries(self, i: Array, j: Array) -> Array:
         n = self.shape[-1]
         i, j = jnp.clip(i, 0, n - 1), jnp.clip(j, 0, n - 1)
         la, lb, ua, ub = self._factors()
         upper = _kron_entries(ua, ub, i, j)
-        if self.last is not None:
-            upper = jnp.where((i == n - 1) & (j == n - 1), self.last, upper)
         return jnp.where(i > j, _kron_entries(la, lb, i, j), upper)
-
-    def with_diagonal_entry(self, i: int, value: Array) -> "KroneckerLU | None":
-        if i != self.shape[-1] - 1:
-            return None
-        # With a 1 x 1 factor `c`, U is `c` times the other factor's U: the entry is
-        # set in that factor, exactly. This is the one case where the last pivot
-        # can be zero at a matrix of rank n - 1 (the derivative of `det` there is
-        # the adjugate, not zero), and where the Sherman-Morrison update below,
-        # which divides by that pivot, would fail.
-        if self.right.shape == (1, 1):
-            left = self.left.at[-1, -1].set(value / self.right[0, 0])
-            return KroneckerLU(left, self.right, None, self.allow_materialise)
-        if self.left.shape == (1, 1):
-            right = self.right.at[-1, -1].set(value / self.left[0, 0])
-            return KroneckerLU(self.left, right, None, self.allow_materialise)
-        # Else a zero last pivot `u = U_left[-1, -1] U_right[-1, -1]` makes a whole
-        # factor singular: the rank is at most n - 2 and the adjugate is zero, which
-        # is what `det`'s derivative returns when the update below fails.
-        return KroneckerLU(self.left, self.right, value, self.allow_materialise)
 
     def triangular_solve(
         self, b: Array, *, lower: bool, transpose_a: bool, unit_diagonal: bool
@@ -262,23 +244,11 @@ class KroneckerLU(StructuredMatrix):
         if lower != unit_diagonal:
             # tril with the U diagonal, or triu with a unit one: not a product.
             return None
-
-        def solve(rhs: Array) -> Array:
-            return _factor_solve(
-                self.left,
-                self.right,
-                rhs,
-                lower=lower,
-                transpose_a=transpose_a,
-                unit=unit_diagonal,
-            )
-
-        y = solve(b)
-        if lower or self.last is None:
-            return y
-        # With u = U[-1, -1] replaced by u', U' = U + (u' - u) e eᵀ (e the last
-        # unit vector) and U'⁻¹b = y - z u (1 - u / u') y[-1] (Sherman-Morrison,
-        # as eᵀz = 1 / u), for y = U⁻¹b and z = U⁻¹e (Uᵀ for both when transposed).
-        e = jnp.zeros((b.shape[-2], 1), b.dtype).at[-1].set(1)
-        u = self.left[-1, -1] * self.right[-1, -1]
-        return y - solve(e) * u * (1 - u / self.last) * y[-1:]
+        return _factor_solve(
+            self.left,
+            self.right,
+            b,
+            lower=lower,
+            transpose_a=transpose_a,
+            unit=unit_diagonal,
+        )

@@ -373,42 +373,6 @@ def _(x: StructuredMatrix, *, subset_by_index: Any = None, **params: Any) -> Any
     return [vectors, values]
 
 
-def _diagonal_entry_set(
-    x: StructuredMatrix, indices: Any, updates: Any, params: dict[str, Any]
-) -> Any | None:
-    """`x.at[i, i].set(v)` for one known diagonal entry (what the derivative of
-    `jnp.linalg.det` does to an LU factor), through `x.with_diagonal_entry`."""
-    dn = params["dimension_numbers"]
-    if (
-        x.ndim != 2
-        or params.get("update_jaxpr") is not None
-        or np.size(updates) != 1
-        or dn.update_window_dims
-        or tuple(dn.inserted_window_dims) != (0, 1)
-        or tuple(dn.scatter_dims_to_operand_dims) != (0, 1)
-        or dn.operand_batching_dims
-    ):
-        return None
-    index = quax.known_constant(indices)
-    n = x.shape[-1]
-    if index is None or np.shape(index) != (2,) or index[0] != index[1]:
-        return None
-    i = int(index[0])
-    if not 0 <= i < n:
-        return None
-    return x.with_diagonal_entry(i, jnp.reshape(updates, ()).astype(x.dtype))
-
-
-@quax.register(prims.scatter_p)
-def _(
-    x: StructuredMatrix, indices: ArrayLike, updates: ArrayLike, **params: Any
-) -> Any:
-    out = _diagonal_entry_set(x, indices, updates, params)
-    if out is None:
-        return _fallback(prims.scatter_p, [x, indices, updates], params)
-    return out
-
-
 # Reading entries ----------------------------------------------------------------------
 
 

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 from jaxtyping import Array
 
 from ._base import StructuredMatrix, dense_triangular_solve
-from ._determinant import DeterminantLU, product_derivative
+from ._determinant import DeterminantLU
 
 
 __all__ = ["LowerTriangular", "UpperTriangular"]
@@ -55,11 +55,8 @@ class _Triangular(StructuredMatrix):
             self.allow_materialise,
         )
 
-    def det_tangent(self, x: Array) -> Array:
-        """`trace(adj(A) X) = Σ_i X_ii Π_{j≠i} A_jj` for `X` triangular as `A` (the
-        adjugate is triangular too), exact at singular matrices."""
-        diag = jnp.diagonal(self.array, axis1=-2, axis2=-1)
-        return product_derivative(diag, jnp.diagonal(x, axis1=-2, axis2=-1))
+    def determinant(self) -> Array:
+        return jnp.prod(jnp.diagonal(self.array, axis1=-2, axis2=-1), axis=-1)
 
     def triangular_solve(
         self, b: Array, *, lower: bool, transpose_a: bool, unit_diagonal: bool

@@ -228,12 +228,23 @@ class TridiagonalMatrix(StructuredMatrix):
         b = jnp.broadcast_to(b, (*batch, *b.shape[-2:])).astype(dtype)
         return lax.linalg.tridiagonal_solve(dl, d, du, b)
 
-    def det_tangent(self, x: Array) -> Array:
-        """`trace(adj(T) X)` for `X` tridiagonal: the derivative of the continuant
-        recurrence (a polynomial, no division) in the direction of `X`'s three
-        diagonals, O(n), exact at singular matrices."""
-        dots = tuple(jnp.diagonal(x, k, axis1=-2, axis2=-1) for k in (-1, 0, 1))
-        return jax.jvp(_continuant, self._diags(), dots)[1]
+    def determinant(self) -> Array:
+        """`det T` by the continuant recurrence (see `_continuant`): a polynomial
+        in the diagonals, whose derivative is exact at singular matrices."""
+        det, exponent = _continuant(*self._diags())
+        return det * jnp.exp2(exponent.astype(det.real.dtype)).astype(det.dtype)
+
+    def log_determinant(self) -> tuple[Array, Array]:
+        """The sign and `log |det T|` from the continuant recurrence: their
+        derivative (`d det / det`) needs no pivot, so it is exact at a zero
+        leading minor, where the Thomas pivots are not finite."""
+        det, exponent = _continuant(*self._diags())
+        size = jnp.abs(det)
+        if jnp.issubdtype(det.dtype, jnp.complexfloating):
+            sign = det / jnp.where(size > 0, size, 1).astype(det.dtype)
+        else:
+            sign = jnp.sign(det)
+        return sign, jnp.log(size) + exponent * jnp.log(2).astype(size.dtype)
 
     def triangular_solve(
         self, b: Array, *, lower: bool, transpose_a: bool, unit_diagonal: bool
@@ -267,19 +278,27 @@ class TridiagonalMatrix(StructuredMatrix):
         return self.lower_diag, self.main_diag, self.upper_diag
 
 
-def _continuant(lower: Array, main: Array, upper: Array) -> Array:
-    """`det T` by the continuant recurrence `θ_i = main_i θ_{i-1} - lower_{i-1}
-    upper_{i-1} θ_{i-2}`, over the last axis."""
+def _continuant(lower: Array, main: Array, upper: Array) -> tuple[Array, Array]:
+    """`det T = θ 2^e` by the continuant recurrence `θ_i = main_i θ_{i-1} -
+    lower_{i-1} upper_{i-1} θ_{i-2}` over the last axis, O(n), with no division:
+    `(θ, e)`. Each step scales the pair of minors by a power of two (exact; a
+    constant to derivatives), so that none overflows or underflows."""
 
     def step(carry, x):
-        before, previous = carry
+        before, previous, exponent = carry
         m, couple = x
-        return (previous, m * previous - couple * before), None
+        current = m * previous - couple * before
+        size = lax.stop_gradient(jnp.maximum(jnp.abs(previous), jnp.abs(current)))
+        _, e = jnp.frexp(jnp.where(size > 0, size, 1))
+        e = jnp.clip(e, -100, 100)
+        scale = jnp.exp2(-e.astype(size.dtype)).astype(current.dtype)
+        return (previous * scale, current * scale, exponent + e), None
 
     m = jnp.moveaxis(main, -1, 0)
     couple = jnp.moveaxis(lower * upper, -1, 0)
-    (_, det), _ = lax.scan(step, (jnp.ones_like(m[0]), m[0]), (m[1:], couple))
-    return det
+    start = (jnp.ones_like(m[0]), m[0], jnp.zeros(m.shape[1:], jnp.int32))
+    (_, det, exponent), _ = lax.scan(step, start, (m[1:], couple))
+    return det, exponent
 
 
 def _embed(diag: Array, n: int, k: int) -> Array:
