@@ -8,17 +8,43 @@ JAX, the families and the test modules imported, a full collection scans about
 to the collector's permanent generation (`gc.freeze`): later collections scan only
 what the running test made. The tracers a leak check looks for are always the running
 test's, so it finds the same ones. Every 100 tests the permanent generation is collected
-once, so that cycles which died later are still freed."""
+once, so that cycles which died later are still freed.
 
+Under the leak check JAX also stops caching the compiled program of each primitive
+applied outside a trace (one per primitive and parameters), so every `jnp` call in a
+test's references was compiled anew. That cache is put back as JAX keeps it without the
+check (keyed by the trace context too): its programs hold concrete parameters, no
+tracers, so the leak check reports the same tracers."""
+
+import functools
 import gc
 
 import jax
 import pytest
 import quax
+from jax._src import config as jax_config, dispatch as jax_dispatch
 
 
 jax.config.update("jax_check_tracer_leaks", True)
 quax.set_debug_checks(True)
+
+
+def _cache_eager_primitives() -> None:
+    uncached = getattr(jax_dispatch.xla_primitive_callable, "__wrapped__", None)
+    if uncached is None:  # another JAX: the programs stay uncached, only slower.
+        return
+
+    @functools.lru_cache(4096)
+    def cached(context, primitive, **params):
+        return uncached(primitive, **params)
+
+    def xla_primitive_callable(primitive, **params):
+        return cached(jax_config.trace_context(), primitive, **params)
+
+    jax_dispatch.xla_primitive_callable = xla_primitive_callable
+
+
+_cache_eager_primitives()
 
 _FULL_COLLECTION_EVERY = 100
 _tests_run = 0
