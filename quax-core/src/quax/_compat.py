@@ -9,7 +9,8 @@ import contextlib
 import functools as ft
 import importlib
 import threading
-from typing import Any, NamedTuple
+import weakref
+from typing import Any
 
 import jax
 import jax.extend.core as jexc
@@ -42,17 +43,18 @@ __all__ = [
     "AdZero",
     "ClosedJaxpr",
     "EVAL_TRACE",
+    "DynamicJaxprTrace",
     "DynamicJaxprTracer",
     "FlatTree",
     "Jaxpr",
     "Literal",
     "Primitive",
     "ShapedArray",
-    "StagedEquation",
     "SymbolicZero",
     "Trace",
     "TraceTag",
     "Tracer",
+    "atom_tracer",
     "bind_custom_jvp",
     "bind_custom_vjp",
     "bwd_result",
@@ -70,6 +72,7 @@ __all__ = [
     "debug_callback_p",
     "debug_print_p",
     "eager_program",
+    "emit_equation",
     "ensure_no_leaks",
     "eqx_bound_method",
     "eqx_finish_init",
@@ -95,12 +98,13 @@ __all__ = [
     "scan_p",
     "set_current_trace",
     "shard_map_p",
+    "staged_atom",
+    "staged_count",
+    "staged_since",
     "staged_values_state",
     "stages_or_batches",
     "staged_equation",
-    "staged_literal",
     "staging",
-    "take_current_trace",
     "typeof",
     "user_context",
     "while_p",
@@ -119,7 +123,6 @@ typeof = jax.typeof
 Trace = _core.Trace
 Tracer = _core.Tracer
 TraceTag = jexc.TraceTag
-take_current_trace = jexc.take_current_trace
 set_current_trace = jexc.set_current_trace
 ClosedJaxpr = jexc.ClosedJaxpr
 Jaxpr = jexc.Jaxpr
@@ -217,6 +220,52 @@ staged_values_state: Any = _config.config_ext.Config(
 EQX_WRAPPER_FIELD_NAMES: tuple[str, ...] = _eqx_flatten.WRAPPER_FIELD_NAMES
 
 DynamicJaxprTracer = _pe.DynamicJaxprTracer
+DynamicJaxprTrace = _pe.DynamicJaxprTrace
+
+
+# Replaying staged equations on a `DynamicJaxprTrace` (see `quax._replay`). These
+# primitives' staging rules are JAX's default one, with their params named.
+_DEFAULT_STAGING = {jprim.broadcast_in_dim_p, jprim.reshape_p, jprim.iota_p}
+_DEFAULT_STAGING.add(jprim.dynamic_slice_p)
+
+
+def staged_count(trace: Any) -> int:
+    """How many equations `trace` has staged so far."""
+    return len(trace.frame.tracing_eqns)
+
+
+def staged_since(trace: Any, start: int) -> list[Any] | None:
+    """The live equations `trace` staged from `staged_count` `start` on (each with
+    `in_tracers`, `outvars`, `primitive`, `params`, `effects`, `source_info`, `ctx`),
+    or `None` if one has its own staging rule, which `emit_equation` would bypass."""
+    eqns = trace.frame.tracing_eqns[start:]
+    eqns = [e() if isinstance(e, weakref.ref) else e for e in eqns]
+    eqns = [e for e in eqns if e is not None]
+    own = _pe.custom_staging_rules.keys() - _DEFAULT_STAGING
+    return None if any(e.primitive in own for e in eqns) else eqns
+
+
+def staged_atom(trace: Any, t: Any) -> tuple[str, Any]:
+    """What the tracer `t` of `trace` is: `("literal", literal)`, `("const",
+    value)`, or `("var", var)` (an input or an equation's output)."""
+    if type(t.val) is Literal:
+        return "literal", t.val
+    consts = trace.frame.constvar_to_val
+    return ("const", consts[t.val]) if t.val in consts else ("var", t.val)
+
+
+def atom_tracer(trace: Any, kind: str, atom: Any, source_info: Any) -> Any:
+    """A tracer of `trace` for a literal or constant that `staged_atom` gave."""
+    if kind == "literal":
+        return DynamicJaxprTracer(trace, atom.aval, atom, source_info)
+    return trace.new_const(atom, source_info)
+
+
+def emit_equation(trace: Any, eqn: Any, tracers: list[Any], names: Any) -> list[Any]:
+    """Stage a copy of `eqn` (see `quax._replay._Equation`) on `tracers`, as `names`."""
+    info = eqn.source_info.replace(name_stack=names)
+    p, params, effects, avals = eqn.primitive, eqn.params, eqn.effects, eqn.out_avals
+    return trace.emit_eqn(tracers, avals, p, params, effects, info, eqn.ctx)
 
 
 def ensure_no_leaks(trace: Any) -> Any:
@@ -263,8 +312,8 @@ def jit_inlines(params: dict[str, Any]) -> bool:
         inline
         and _all_unspecified(params["in_shardings"])
         and _all_unspecified(params["out_shardings"])
-        and _all_none(params.get("in_layouts", ()))
-        and _all_none(params.get("out_layouts", ()))
+        and not any(params.get("in_layouts", ()))
+        and not any(params.get("out_layouts", ()))
     )
 
 
@@ -274,10 +323,6 @@ def _all_unspecified(shardings: tuple[Any, ...]) -> bool:
     return shardings.count(_UNSPECIFIED) == len(shardings) or all(
         map(is_unspecified, shardings)
     )
-
-
-def _all_none(layouts: tuple[Any, ...]) -> bool:
-    return layouts.count(None) == len(layouts)
 
 
 # Varying manual axes (vma): inside `shard_map`, an aval records the mesh axes along
@@ -411,30 +456,16 @@ def eqx_finish_init(module: Any) -> None:
     _eqx_module._currently_initialising.remove(module)
 
 
-class StagedEquation(NamedTuple):
-    """The equation of a staged program that computed a traced array."""
-
-    primitive: Primitive
-    params: dict[str, Any]
-    inputs: list[Any]  # the tracers of its inputs
-    effects: Any
-
-
-def staged_literal(t: Any) -> Any:
-    """The constant behind the staged tracer `t` when it is a literal, else `None`."""
-    val = getattr(t, "val", None)
-    return val.val if isinstance(val, Literal) else None
-
-
-def staged_equation(t: Any) -> StagedEquation | None:
+def staged_equation(t: Any) -> Any:
     """The equation that computed the staged tracer `t` (under `jit`, `make_jaxpr`,
-    ...), or `None` for an input of the staged program or another tracer."""
+    ...), with `primitive`, `params`, `in_tracers` and `effects`, or `None` for an
+    input of the staged program or another tracer."""
     if not isinstance(t, DynamicJaxprTracer):
         return None
     eqn = t.parent
     if eqn is None:
         return None
-    return StagedEquation(eqn.primitive, eqn.params, eqn.in_tracers, eqn.effects)
+    return eqn
 
 
 def current_trace() -> Any:

@@ -34,8 +34,8 @@ from ._compat import (
     io_callback_p,
     manual_axes_active,
     pure_callback_p,
+    staged_atom,
     staged_equation,
-    staged_literal,
     user_context,
 )
 from ._eager import require_concrete
@@ -49,6 +49,7 @@ __all__ = [
     "body_source",
     "eval_quaxified",
     "is_varying",
+    "known_asks",
     "known_constant",
     "track_evaluations",
 ]
@@ -264,6 +265,19 @@ def eval_quaxified(
     return [v.val if type(v) is Literal else env[v] for v in jaxpr.outvars]
 
 
+class _Asks(threading.local):
+    count: int = 0
+
+
+# How many times `known_constant` was asked in this thread (see `quax._replay`).
+_asks = _Asks()
+
+
+def known_asks() -> int:
+    """How many times this thread asked `known_constant` so far."""
+    return _asks.count
+
+
 def known_constant(x: Any, max_size: int = 1024) -> Any:
     """The value of `x`, when the program being staged shows it to be a constant.
 
@@ -291,6 +305,7 @@ def known_constant(x: Any, max_size: int = 1024) -> Any:
     concrete: a rule that reads the numbers of a leaf asks here, so that it answers
     alike either way.
     """
+    _asks.count += 1
     if not isinstance(x, Tracer):
         return np.asarray(x) if np.size(x) <= max_size else None
     known: dict[int, Any] = {}  # by tracer id: each shared input is looked at once
@@ -306,20 +321,20 @@ def known_constant(x: Any, max_size: int = 1024) -> Any:
         aval: Any = t.aval
         if aval.size > max_size:
             return None
-        literal = staged_literal(t)
-        if literal is not None:
-            return np.asarray(literal)
+        kind, atom = staged_atom(t._trace, t)
+        if kind == "literal":
+            return np.asarray(atom.val)
         eqn = staged_equation(t)
         if eqn is None:
             return None
         primitive = eqn.primitive
         if primitive is jprim.copy_p:
-            return value(eqn.inputs[0])
+            return value(eqn.in_tracers[0])
         if primitive is jprim.convert_element_type_p:
-            operand = value(eqn.inputs[0])
+            operand = value(eqn.in_tracers[0])
             return None if operand is None else operand.astype(aval.dtype)
-        if primitive is jprim.broadcast_in_dim_p and len(eqn.inputs) == 1:
-            operand = value(eqn.inputs[0])
+        if primitive is jprim.broadcast_in_dim_p and len(eqn.in_tracers) == 1:
+            operand = value(eqn.in_tracers[0])
             if operand is None:
                 return None
             dims = eqn.params["broadcast_dimensions"]
@@ -336,7 +351,7 @@ def known_constant(x: Any, max_size: int = 1024) -> Any:
         ):
             return None
         operands = []
-        for operand_tracer in eqn.inputs:
+        for operand_tracer in eqn.in_tracers:
             operand = value(operand_tracer)
             if operand is None:
                 return None

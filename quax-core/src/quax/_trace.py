@@ -22,8 +22,9 @@ import jax.tree_util as jtu
 import numpy as np
 from jax import Array
 
-from . import _registry, _values
+from . import _registry, _replay, _values
 from ._compat import (
+    DynamicJaxprTrace,
     Primitive,
     Trace,
     Tracer,
@@ -37,9 +38,7 @@ from ._compat import (
     jit_p,
     manual_axes_active,
     register_tracer_type,
-    set_current_trace,
     staged_values_state,
-    take_current_trace,
     typeof,
     with_leaf_vma,
 )
@@ -240,7 +239,7 @@ register_tracer_type(QuaxTracer)
 class QuaxTrace(Trace):
     """Reinterprets every primitive bound on a `QuaxTracer` by dispatching on types."""
 
-    __slots__ = ("eager", "manual", "parent_trace", "selective", "tag")
+    __slots__ = ("eager", "manual", "parent_trace", "replays", "selective", "tag")
 
     def __init__(
         self, parent_trace: Trace, tag: TraceTag, selective: bool = False
@@ -258,6 +257,9 @@ class QuaxTrace(Trace):
         # Whether it runs eagerly: then an inlined `jit` (every `jax.numpy` function)
         # runs as one compiled program, as JAX runs it on plain arrays.
         self.eager = is_eval_trace(parent_trace)
+        # Whether it stages a program, outside `shard_map`: then an inlined `jit`
+        # replays the equations its body staged before (see `quax._replay`).
+        self.replays = type(parent_trace) is DynamicJaxprTrace and not self.manual
 
     def to_value(self, x: Any) -> Any:
         """The `Value` behind one of this trace's tracers; anything else unchanged."""
@@ -306,6 +308,10 @@ class QuaxTrace(Trace):
                     return [
                         QuaxTracer(self, o, True) if is_value(o) else o for o in out
                     ]
+            if self.replays:
+                run = ft.partial(call_at_trace, self, _inline_jit, tracers, params)
+                jaxpr = params["jaxpr"]
+                return _replay.inline(self, values, jaxpr, run, _debug_checks)
             return call_at_trace(self, _inline_jit, tracers, params)
         rule = _rule_cache.get((primitive, tuple(map(type, values))))
         if rule is None:
@@ -392,18 +398,27 @@ def run_nested(body: Callable[[QuaxTrace], _T], selective: bool = False) -> _T:
     `body`'s output (any pytree), with this trace's tracers replaced by values.
     """
     staged = staged_values_state.value
-    with take_current_trace() as parent_trace:
-        trace = QuaxTrace(parent_trace, TraceTag(), selective)
-        staged_values_state.set_local(not selective)
-        try:
-            with set_current_trace(trace):
-                out = body(trace)
-        finally:
-            staged_values_state.set_local(staged)
-        out = jtu.tree_map(trace.to_value, out)
-        with ensure_no_leaks(trace):
-            del trace
+    trace = QuaxTrace(current_trace(), TraceTag(), selective)
+    staged_values_state.set_local(not selective)
+    out: Any
+    try:
+        out = call_at_trace(trace, _call, body, trace)
+    finally:
+        staged_values_state.set_local(staged)
+    to_value = trace.to_value
+    if type(out) is QuaxTracer:
+        out = to_value(out)
+    elif type(out) is tuple and all(type(o) is QuaxTracer for o in out):
+        out = tuple(map(to_value, out))
+    else:
+        out = jtu.tree_map(to_value, out)
+    with ensure_no_leaks(trace):
+        del trace, to_value
     return out
+
+
+def _call(body: Callable[[QuaxTrace], _T], trace: QuaxTrace) -> _T:
+    return body(trace)
 
 
 def _inline_jit(tracers: Sequence[Any], params: dict[str, Any]) -> list[Any]:

@@ -427,10 +427,13 @@ class MaterialisationReport:
 class _State(threading.local):
     reports: list[MaterialisationReport]
     primitive: str
+    # Materialisations (and refusals) so far in this thread, tracked or not.
+    count: int
 
     def __init__(self) -> None:
         self.reports = []
         self.primitive = "<outside>"
+        self.count = 0
 
 
 _state = _State()
@@ -454,6 +457,7 @@ def tracking() -> bool:
 def _tracked(materialise: Callable[[Any], Any]) -> Callable[[Any], Any]:
     @ft.wraps(materialise)
     def wrapper(self: Any) -> Any:
+        _state.count += 1
         if not _state.reports:
             return materialise(self)
         key = (_state.primitive, type(self).__qualname__)
