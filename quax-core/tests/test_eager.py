@@ -65,7 +65,7 @@ def test_exact_results(fn: Any) -> None:
     expected = fn(X, Y)  # plain JAX
     with quax.track_materialisation():  # equation by equation
         by_equation = q(Dense(X), Dense(Y)).array
-    for _ in range(2):  # the second call runs the cached programs
+    for _ in range(3):  # the first runs by equation, the second compiles, then replays
         out = q(Dense(X), Dense(Y))
         assert type(out) is Dense
         np.testing.assert_array_equal(out.array, expected)
@@ -74,8 +74,9 @@ def test_exact_results(fn: Any) -> None:
 
 def test_library_code_runs_compiled() -> None:
     q = quax.quaxify(lambda a, b: jnp.sin(a) * b)
-    q(Dense(X), Dense(Y))
-    quax.quaxify(jnp.multiply)(Dense(X), Dense(Y))  # compiles its program
+    for _ in range(2):  # the second call compiles the programs
+        q(Dense(X), Dense(Y))
+        quax.quaxify(jnp.multiply)(Dense(X), Dense(Y))
     with quax.plugins.track_evaluations() as report:
         q(Dense(X), Dense(Y))
         quax.quaxify(jnp.multiply)(Dense(X), Dense(Y))
@@ -112,7 +113,8 @@ def test_side_effects_and_debug_calls(capfd: pytest.CaptureFixture[str]) -> None
 def test_materialisation_report_unchanged() -> None:
     q = quax.quaxify(lambda a: jnp.sin(a) * 2.0)
     value = Opaque(X, allow=True)
-    np.testing.assert_array_equal(q(value), jnp.sin(X) * 2.0)  # compiled, cached
+    for _ in range(2):  # compiled, cached
+        np.testing.assert_array_equal(q(value), jnp.sin(X) * 2.0)
     for _ in range(2):
         with quax.track_materialisation() as report:
             np.testing.assert_array_equal(q(value), jnp.sin(X) * 2.0)
@@ -140,6 +142,21 @@ class Named(Dense):
     """A value with a leaf that is not an array: it runs equation by equation."""
 
     name: str = "out"
+
+
+def test_program_tables_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    # At most `MAX_FIRST_CALLS` keys called once are remembered (the oldest is
+    # forgotten) and at most `MAX_PROGRAMS` programs kept per code; past that, the
+    # code runs equation by equation.
+    monkeypatch.setattr(quax_eager, "MAX_FIRST_CALLS", 2)
+    monkeypatch.setattr(quax_eager, "MAX_PROGRAMS", 1)
+    q = quax.quaxify(jax.jit(lambda a, s: a * s, inline=True))
+    traced = quax_eager.programs_traced
+    for s, programs in ((1.0, 0), (2.0, 0), (3.0, 0), (1.0, 0), (3.0, 1), (1.0, 1)):
+        np.testing.assert_array_equal(q(Dense(X), s).array, X * s)
+        assert quax_eager.programs_traced == traced + programs
+    (table,) = [t for t in quax_eager._programs.values() if t[0]() is q.fn]
+    assert len(table[1]) == 1 and len(table[2]) <= 2
 
 
 def test_value_with_other_leaves() -> None:
@@ -239,10 +256,10 @@ def _(x: Signed, **params: Any) -> Signed:
 
 def test_known_constant_on_a_leaf_runs_by_equation() -> None:
     q = quax.quaxify(jnp.negative)
-    # The first call runs by equation and traces its program, which stops at
-    # `known_constant`; so does the second for the inlined `jit` inside
-    # `jnp.negative`; then everything runs by equation only.
-    for calls in (2, 2, 1):
+    # The first call runs by equation; the second traces its program, which stops
+    # at `known_constant`, and runs by equation; so do the second and third for the
+    # inlined `jit` inside `jnp.negative`; then everything runs by equation only.
+    for calls in (1, 2, 2, 1):
         neg_calls.clear()
         out = q(Signed(-jnp.abs(X)))
         assert out.positive  # as equation by equation: the leaf is known
@@ -257,12 +274,19 @@ def test_known_constant_of_a_large_leaf_keeps_the_program() -> None:
     q = quax.quaxify(jnp.negative)
     big = -jnp.arange(1.0, 2000.0)
     q(Signed(big))
+    q(Signed(big))  # compiles
     neg_calls.clear()
     with quax.plugins.track_evaluations() as report:
         out = q(Signed(big))
     assert report.total == 0 and not neg_calls  # the compiled program answered
     assert not out.positive
     np.testing.assert_array_equal(out.array, -big)
+    # Another leaf shape is another key: its own first call, its own check.
+    small = -jnp.arange(1.0, 4.0)
+    for _ in range(3):
+        out = q(Signed(small))
+        assert out.positive  # known, as equation by equation
+        np.testing.assert_array_equal(out.array, -small)
 
 
 class Sized(quax.ArrayValue):
@@ -294,12 +318,12 @@ def _(x: Sized, **params: Any) -> Sized:
 
 
 def test_other_structures_than_by_equation_run_by_equation() -> None:
-    # Its program is traced on the first call and dropped: it kept more numbers.
+    # Its program is traced on the second call and dropped: it kept more numbers.
     q = quax.quaxify(jnp.abs)
-    for _ in range(2):
+    for _ in range(3):
         out = q(Sized(jnp.array([1.0, -2.0, 0.0, 0.0]), 4))
         np.testing.assert_array_equal(out.array, [1.0, 2.0])
-    (programs,) = [t for r, t in quax_eager._programs.values() if r() is jnp.abs]
+    (programs,) = [t[1] for t in quax_eager._programs.values() if t[0]() is jnp.abs]
     assert list(programs.values()) == [quax_eager._BY_EQUATION]
 
 
@@ -343,20 +367,70 @@ def _(x: Shown, **params: Any) -> Shown:
 
 def test_each_display_text_has_its_program() -> None:
     q = quax.quaxify(jnp.exp)
-    for _ in range(2):
+    for _ in range(3):
         for text in ("m", "km"):
             out = q(Shown(X, Label(text)))
             assert str.__eq__(out.label, f"exp {text}")
             np.testing.assert_array_equal(out.array, jnp.exp(X))
 
 
-def test_value_parts_are_computed_once() -> None:
-    value = Shown(X, Label("m"))
-    key, leaves, treedef = quax_eager.value_parts(value)
-    assert quax_eager.value_parts(value)[0] is key
-    assert "'m'" in key and leaves == [value.array]
-    assert str.__eq__(jax.tree_util.tree_unflatten(treedef, leaves).label, "m")
-    assert quax_eager.value_parts(Named(X, "x"))[0] == ""  # a leaf that is not an array
+class Paired(Dense):
+    """A value with a tuple of arrays in a field: it is flattened each time."""
+
+    pair: tuple[Array, Array] = (X, Y)
+
+
+def test_value_structures() -> None:
+    # One structure per text and treedef: found again from the same static objects
+    # without flattening, or from other ones alike in text and equal.
+    label = Label("m")
+    structure, leaves, avals = quax_eager.value_structure(Shown(X, label))
+    assert structure is not None and "'m'" in structure.text
+    assert list(leaves) == [X] and avals == [jax.typeof(X)]
+    for other in (Shown(Y, label), Shown(X, Label("m"))):
+        again, leaves, _ = quax_eager.value_structure(other)
+        assert again is structure and list(leaves) == [other.array]
+    assert quax_eager.value_structure(Shown(X, Label("km")))[0] is not structure
+    tag = Tag()
+    tagged = quax_eager.value_structure(Tagged(X, tag))[0]
+    assert quax_eager.value_structure(Tagged(Y, tag))[0] is tagged
+    assert quax_eager.value_structure(Tagged(X, Tag()))[0] is not tagged
+    paired, leaves, avals = quax_eager.value_structure(Paired(X))
+    assert [id(x) for x in leaves] == [id(X), id(X), id(Y)]
+    assert avals == [jax.typeof(X)] * 3
+    assert quax_eager.value_structure(Paired(Y, (Y, X)))[0] is paired
+    # The shapes of the leaves are no part of the structure: they key apart.
+    _, _, avals = quax_eager.value_structure(Paired(Y, (Y, X[:2])))
+    assert avals[2] == jax.typeof(X[:2])
+    # No structure (so no program): a leaf that is not an array.
+    assert quax_eager.value_structure(Named(X, "x"))[0] is None
+
+
+class Counting(Dense):
+    """A value whose `sin` rule counts its runs."""
+
+
+sin_calls = []
+
+
+@quax.register(jax.lax.sin_p)
+def _(x: Counting, **params: Any) -> Counting:
+    sin_calls.append(1)
+    return Counting(jax.lax.sin(x.array, **params))
+
+
+def test_one_off_calls_compile_nothing() -> None:
+    # The first call runs equation by equation only; the second traces (its rules
+    # run once, on tracers) and compiles; later calls replay.
+    q = quax.quaxify(jax.jit(lambda a, b: jnp.sin(a) * b, inline=True))
+    traced = quax_eager.programs_traced
+    for calls, programs in ((1, 0), (1, 1), (0, 1), (0, 1)):
+        sin_calls.clear()
+        out = q(Counting(X), Counting(Y))
+        assert type(out) is Counting
+        np.testing.assert_array_equal(out.array, jnp.sin(X) * Y)
+        assert len(sin_calls) == calls
+        assert quax_eager.programs_traced == traced + programs
 
 
 def test_rules_generation_counts_registrations() -> None:
@@ -399,7 +473,7 @@ def test_static_fields_equal_only_to_themselves() -> None:
     # Alike by their text, different by `==`: each has its own program.
     q = quax.quaxify(jnp.multiply)
     tag = Tag()
-    for _ in range(2):
+    for _ in range(3):
         out = q(Tagged(X, tag), Tagged(Y, tag))
         assert out.tag is tag
         np.testing.assert_array_equal(out.array, X * Y)
@@ -416,14 +490,14 @@ def test_outputs_unequal_to_by_equation_run_by_equation() -> None:
 
 
 class Listed(Dense):
-    """A value with a static field that cannot be hashed: no program is kept."""
+    """A value with a static field that cannot be hashed (equal lists, by `==`)."""
 
     names: list[str] = eqx.field(static=True, default_factory=lambda: ["x"])
 
 
-def test_unhashable_static_fields_run_by_equation() -> None:
+def test_unhashable_static_fields() -> None:
     q = quax.quaxify(jnp.sin)
-    for _ in range(2):
+    for _ in range(3):
         out = q(Listed(X))
         assert type(out) is Listed and out.names == ["x"]
         np.testing.assert_array_equal(out.array, jnp.sin(X))

@@ -28,6 +28,7 @@ from ._values import describe, is_value
 __all__ = ["quaxify"]
 
 _CT = TypeVar("_CT", bound=Callable[..., Any])
+_attribute = object.__getattribute__
 
 
 def _call(trace: QuaxTrace, filter_spec: Any, leaves: list[Any], treedef: Any) -> Any:
@@ -120,23 +121,25 @@ class _Quaxify(eqx.Module, Generic[_CT]):
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         _plugins.autoload()
-        filter_spec = self.filter_spec
+        # The fields without equinox's attribute lookup (this is the eager hot path).
+        fields = _attribute(self, "__dict__")
+        fn, filter_spec = fields["fn"], fields["filter_spec"]
         if (
             filter_spec is True
-            and is_library_function(self.fn)
             and is_eval_trace(current_trace())
+            and is_library_function(fn)
         ):
             # Eagerly, library code runs as one compiled program (`quax._eager`).
-            done, out = call_compiled(self.fn, lambda: self, args, kwargs)
+            done, out = call_compiled(fn, lambda: self, args, kwargs)
             if done:
                 return out
-        leaves, treedef = jtu.tree_flatten((self.fn, args, kwargs), is_leaf=is_value)
+        leaves, treedef = jtu.tree_flatten((fn, args, kwargs), is_leaf=is_value)
         if filter_spec is True:
             if not any(map(is_value, leaves)):
                 # No value to dispatch on: run the function as it is, untraced, so
                 # that functions with data-dependent shapes (`jnp.unique`, ...) keep
                 # working.
-                return self.fn(*args, **kwargs)
+                return fn(*args, **kwargs)
             outer = _trace_to_join(leaves)
             if outer is _STAGE:
                 return _call_staged(leaves, treedef)
