@@ -1,7 +1,8 @@
 """`quax.quaxify`: run a JAX program with its primitives dispatched on value types."""
 
 import functools as ft
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from types import FunctionType
 from typing import Any, Generic, TypeVar, cast
 
 import equinox as eqx
@@ -22,7 +23,7 @@ from ._compat import (
 from ._eager import call_compiled
 from ._staged import stage_value, staging_joins
 from ._trace import QuaxTrace, active_trace, run_nested
-from ._values import describe, is_value
+from ._values import describe, is_value, value_classes
 
 
 __all__ = ["quaxify"]
@@ -48,7 +49,7 @@ def _call(trace: QuaxTrace, filter_spec: Any, leaves: list[Any], treedef: Any) -
 _STAGE = object()
 
 
-def _trace_to_join(leaves: list[Any]) -> Any:
+def _trace_to_join(leaves: Sequence[Any]) -> Any:
     """The active quax trace that values meeting its tracers must join; `_STAGE`
     when they must be staged to join it; or `None`.
 
@@ -133,6 +134,19 @@ class _Quaxify(eqx.Module, Generic[_CT]):
             done, out = call_compiled(fn, lambda: self, args, kwargs)
             if done:
                 return out
+        if (
+            filter_spec is True
+            and not kwargs
+            and type(fn) is FunctionType
+            and all(type(x) in value_classes for x in args)
+            and args
+            and _trace_to_join(args) is None
+        ):
+            # The common case, a function called on values: nothing to flatten.
+            out = run_nested(lambda trace: fn(*map(trace.wrap, args)), False)
+            if batching():
+                _check_batchable(out)
+            return out
         leaves, treedef = jtu.tree_flatten((fn, args, kwargs), is_leaf=is_value)
         if filter_spec is True:
             if not any(map(is_value, leaves)):
