@@ -90,8 +90,9 @@ class TypedDense(Dense):
         return _rewrapped(TypedDense, primitive, values, params)
 
 
-class DeclaredDense(Dense):
-    """`Dense` declaring its leaf: quax reads the aval without calling `aval`."""
+class DeclaredDense(TypedDense):
+    """`TypedDense` declaring its leaf: quax reads the aval without calling `aval`
+    (which agrees with the leaf's, weak type included, as the debug checks demand)."""
 
     aval_leaf: ClassVar[str] = "array"
 

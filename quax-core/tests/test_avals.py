@@ -140,6 +140,19 @@ def test_debug_checks_compare_the_declaration_with_the_method(debug_checks) -> N
         quax.quaxify(jnp.sin)(Padded(x))
 
 
+class Strong(Counted):
+    """A declaration that differs from its `aval` method only in the weak type."""
+
+    def aval(self):
+        return jax.core.ShapedArray(self.array.shape, self.array.dtype)
+
+
+def test_debug_checks_name_a_weak_type_difference(debug_checks) -> None:
+    # Both print as float32[]; the message says which side is weakly typed.
+    with pytest.raises(TypeError, match=r"float32\[\] \(weakly typed\); but"):
+        quax.quaxify(jnp.sin)(Strong(jnp.asarray(2.0)))
+
+
 def test_a_wrong_declaration_passes_without_debug_checks(monkeypatch) -> None:
     # The declaration is what quax trusts: without checks the leaf's aval is used.
     monkeypatch.setattr(quax._trace, "_debug_checks", False)  # pyright: ignore[reportAttributeAccessIssue]

@@ -76,6 +76,11 @@ def _import_trace() -> Any:
     return _trace
 
 
+def _described(aval: Any) -> str:
+    weak = " (weakly typed)" if getattr(aval, "weak_type", False) else ""
+    return aval.str_short() + weak
+
+
 def _check_declared(value: Any, name: str, declared: Any, reference: Any) -> None:
     same = (
         declared.shape == reference.shape
@@ -87,8 +92,8 @@ def _check_declared(value: Any, name: str, declared: Any, reference: Any) -> Non
         cls = type(value).__qualname__
         raise TypeError(
             f"{cls} declares `aval_leaf = {name!r}`, so quax reads its aval from "
-            f"the field `{name}`: {declared.str_short()}; but `{cls}.aval` gives "
-            f"{reference.str_short()}. The declaration is wrong for this value: "
+            f"the field `{name}`: {_described(declared)}; but `{cls}.aval` gives "
+            f"{_described(reference)}. The declaration is wrong for this value: "
             f"name the field whose aval is the value's, or remove `aval_leaf` "
             "to have quax call `aval`."
         )
