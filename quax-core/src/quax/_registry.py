@@ -97,10 +97,12 @@ def register(primitive: Primitive, *, precedence: int = 0) -> Callable[[_F], _F]
 
     A rule must not rely on how many times it runs, as a function that JAX traces
     may be traced any number of times: for one primitive call it may run once,
-    twice (eagerly, on a first call, equation by equation and again to trace the
-    compiled program, see [`quax.set_eager_compilation`][]), or not at all (the
-    compiled program replays its output). Keep side effects out of rules; a rule
-    that reads the numbers of a leaf does so through [`quax.known_constant`][].
+    twice (eagerly, on a key's second call, to trace its compiled program and, if
+    that program is dropped, again equation by equation; see
+    [`quax.set_eager_compilation`][]), or not at all (the compiled program, or a
+    traced library `jit`'s recorded body, replays its output). Keep side effects
+    out of rules; a rule that reads the numbers of a leaf does so through
+    [`quax.known_constant`][].
 
     **Arguments:**
 

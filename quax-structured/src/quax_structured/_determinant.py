@@ -21,19 +21,21 @@ __all__ = ["DeterminantLU", "HalfSolved"]
 
 class DeterminantLU(StructuredMatrix):
     """What `lax.linalg.lu` returns for every structure but `Kronecker`: its packed
-    LU factors (without pivoting, except `BlockDiagonal`'s blocks), which
-    `jnp.linalg.solve` and `slogdet` read unchanged.
+    LU factors, which `jnp.linalg.solve` and `slogdet` read, and the pivots its
+    determinant is read from.
 
-    A matrix without a division-free `determinant` (`Banded`, `Toeplitz`, low
-    rank plus diagonal) factors without pivoting. Where a pivot other than the
-    last is exactly zero (a zero leading minor; the pivots after it are infinite
-    or NaN), the pivots do not give the determinant, which may be nonzero: the
-    diagonal then reads NaN, so that `det` is NaN and `slogdet`'s log-determinant
-    is NaN (never a silent 0 / `-inf`), and `det`'s derivative is NaN too. Where
-    only the last pivot is zero, `det` is 0 and `slogdet` `(0, -inf)`, as they
-    should be. `solve` reads the factors unchanged, except for a matrix with
-    `pivoted_solve` (`TridiagonalMatrix`, `Banded`), which `lu_solve`'s two
-    triangular solves solve with partial pivoting (see `HalfSolved`).
+    The factors are those of an LU without pivoting (except `BlockDiagonal`'s
+    blocks). Where they would be inaccurate, the matrix gives better numbers:
+    `pivots` (`TridiagonalMatrix`'s 2 x 2 block pivots; `Banded`'s, `Toeplitz`'s
+    and `LowRankPlusDiagonal`'s from a partially pivoted elimination or a stable
+    route, their product carrying the sign of the row swaps), which the diagonal
+    reads as; and a matrix with `pivoted_solve` (`TridiagonalMatrix`, `Banded`,
+    `LowRankPlusDiagonal`) is solved by `lu_solve`'s two triangular solves with
+    pivoting (see `HalfSolved`); `Toeplitz`'s factors solve pivoted themselves
+    (GKO, unless tagged positive definite). Without `pivots`, where a pivot
+    other than the last is exactly zero (a zero leading minor), the diagonal
+    reads NaN, so that `det` and `slogdet`'s log-determinant are NaN, never a
+    silent 0 / `-inf`.
 
     **Fields:**
 
@@ -151,13 +153,14 @@ class DeterminantLU(StructuredMatrix):
 
 class HalfSolved(quax.ArrayValue):
     """The first of `lu_solve`'s two triangular solves with the `DeterminantLU` of
-    a matrix that solves pivoted (`TridiagonalMatrix`, `Banded`): its factors are
-    the LU without pivoting, which loses all accuracy at a tiny leading pivot of a
-    well-conditioned matrix. So the first solve (the unit lower one; transposed,
-    the upper one) does the whole pivoted solve (`matrix.pivoted_solve`, with the
-    identity permutation `lu` returns) and returns it as this, and the second
-    solve returns the solution it holds. On its own, the first solve is not a
-    triangular solve with the factors: every other use of this refuses.
+    a matrix that solves pivoted (`TridiagonalMatrix`, `Banded`,
+    `LowRankPlusDiagonal`): its factors are the LU without pivoting, which loses
+    all accuracy at a tiny leading pivot of a well-conditioned matrix. So the
+    first solve (the unit lower one; transposed, the upper one) does the whole
+    pivoted solve (`matrix.pivoted_solve`, with the identity permutation `lu`
+    returns) and returns it as this, and the second solve returns the solution
+    it holds. On its own, the first solve is not a triangular solve with the
+    factors: every other use of this refuses.
 
     **Fields:**
 
@@ -185,7 +188,8 @@ class HalfSolved(quax.ArrayValue):
     def way_out(self) -> str:
         return (
             "it is the first half of a pivoted solve with the LU factors of a "
-            "`TridiagonalMatrix` or `Banded`, meant only for `lu_solve`'s second "
+            "`TridiagonalMatrix`, `Banded` or `LowRankPlusDiagonal`, meant only "
+            "for `lu_solve`'s second "
             "triangular solve. Call `jnp.linalg.solve` / `jax.scipy.linalg."
             "lu_solve`, or pass `allow_materialise=True` to the matrix "
             "(`.enable_materialise()`) and factor the dense matrix for its "
