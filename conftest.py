@@ -16,35 +16,19 @@ test's references was compiled anew. That cache is put back as JAX keeps it with
 check (keyed by the trace context too): its programs hold concrete parameters, no
 tracers, so the leak check reports the same tracers."""
 
-import functools
 import gc
 
 import jax
 import pytest
 import quax
-from jax._src import config as jax_config, dispatch as jax_dispatch
+from quax._compat import cache_eager_primitive_programs
 
 
 jax.config.update("jax_check_tracer_leaks", True)
 quax.set_debug_checks(True)
 
 
-def _cache_eager_primitives() -> None:
-    uncached = getattr(jax_dispatch.xla_primitive_callable, "__wrapped__", None)
-    if uncached is None:  # another JAX: the programs stay uncached, only slower.
-        return
-
-    @functools.lru_cache(4096)
-    def cached(context, primitive, **params):
-        return uncached(primitive, **params)
-
-    def xla_primitive_callable(primitive, **params):
-        return cached(jax_config.trace_context(), primitive, **params)
-
-    jax_dispatch.xla_primitive_callable = xla_primitive_callable
-
-
-_cache_eager_primitives()
+cache_eager_primitive_programs()
 
 _FULL_COLLECTION_EVERY = 100
 _tests_run = 0

@@ -20,6 +20,7 @@ from jax._src import (
     config as _config,
     core as _core,
     debugging as _debugging,
+    dispatch as _dispatch,
     linear_util as _lu,
     source_info_util as _source_info_util,
 )
@@ -58,6 +59,7 @@ __all__ = [
     "bind_custom_jvp",
     "bind_custom_vjp",
     "bwd_result",
+    "cache_eager_primitive_programs",
     "bwd_split",
     "batching",
     "call_at_trace",
@@ -82,7 +84,6 @@ __all__ = [
     "eval_context",
     "io_callback_p",
     "is_eval_trace",
-    "is_library_function",
     "is_unspecified",
     "jit_inlines",
     "jit_p",
@@ -280,18 +281,6 @@ def ensure_no_leaks(trace: Any) -> Any:
 def is_eval_trace(trace: Any) -> bool:
     """Whether `trace` evaluates eagerly (no transform or staging below it)."""
     return isinstance(trace, _core.EvalTrace)
-
-
-_PjitFunction = type(jax.jit(lambda: None))
-
-
-def is_library_function(fn: Any) -> bool:
-    """Whether `fn` is a jitted function (`jax.jit`'s, `jax.numpy`'s) or a function
-    of the `operator` module: code whose Python runs only when JAX traces it."""
-    return (
-        isinstance(fn, _PjitFunction | jax.numpy.ufunc)
-        or getattr(fn, "__module__", None) == "_operator"
-    )
 
 
 def is_unspecified(sharding: Any) -> bool:
@@ -596,3 +585,21 @@ def release_traces(error: BaseException) -> None:
             if isinstance(trace, Trace):
                 trace.invalidate()
         tb = tb.tb_next
+
+
+def cache_eager_primitive_programs() -> None:
+    """For test suites under `jax_check_tracer_leaks`, which makes JAX compile each
+    eager primitive anew: cache the programs as JAX does without the check (keyed
+    by trace context, primitive and concrete parameters: no tracers are kept)."""
+    uncached = getattr(_dispatch.xla_primitive_callable, "__wrapped__", None)
+    if uncached is None:
+        return
+
+    @ft.lru_cache(4096)
+    def cached(context: Any, primitive: Any, **params: Any) -> Any:
+        return uncached(primitive, **params)
+
+    def xla_primitive_callable(primitive: Any, **params: Any) -> Any:
+        return cached(_config.trace_context(), primitive, **params)
+
+    _dispatch.xla_primitive_callable = xla_primitive_callable

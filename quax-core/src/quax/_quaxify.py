@@ -6,6 +6,7 @@ from types import FunctionType
 from typing import Any, Generic, TypeVar, cast
 
 import equinox as eqx
+import jax
 import jax.tree_util as jtu
 from jaxtyping import PyTree
 
@@ -17,7 +18,6 @@ from ._compat import (
     current_trace,
     eqx_warn_transformed_function,
     is_eval_trace,
-    is_library_function,
     stages_or_batches,
 )
 from ._eager import call_compiled
@@ -30,6 +30,16 @@ __all__ = ["quaxify"]
 
 _CT = TypeVar("_CT", bound=Callable[..., Any])
 _attribute = object.__getattribute__
+_JitFunction = type(jax.jit(lambda: None))
+
+
+def _is_library_function(fn: Any) -> bool:
+    """Whether `fn` is a jitted function (`jax.jit`'s, `jax.numpy`'s) or a function
+    of the `operator` module: code whose Python runs only when JAX traces it."""
+    return (
+        isinstance(fn, _JitFunction | jax.numpy.ufunc)
+        or getattr(fn, "__module__", None) == "_operator"
+    )
 
 
 def _call(trace: QuaxTrace, filter_spec: Any, leaves: list[Any], treedef: Any) -> Any:
@@ -128,7 +138,7 @@ class _Quaxify(eqx.Module, Generic[_CT]):
         if (
             filter_spec is True
             and is_eval_trace(current_trace())
-            and is_library_function(fn)
+            and _is_library_function(fn)
         ):
             # Eagerly, library code runs as one compiled program (`quax._eager`).
             done, out = call_compiled(fn, lambda: self, args, kwargs)
