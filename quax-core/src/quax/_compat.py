@@ -449,12 +449,7 @@ def staged_equation(t: Any) -> Any:
     """The equation that computed the staged tracer `t` (under `jit`, `make_jaxpr`,
     ...), with `primitive`, `params`, `in_tracers` and `effects`, or `None` for an
     input of the staged program or another tracer."""
-    if not isinstance(t, DynamicJaxprTracer):
-        return None
-    eqn = t.parent
-    if eqn is None:
-        return None
-    return eqn
+    return t.parent if isinstance(t, DynamicJaxprTracer) else None
 
 
 def current_trace() -> Any:

@@ -35,7 +35,7 @@ from ._compat import (
 )
 from ._joins import Fill, materialise_to_join
 from ._quaxify import quaxify
-from ._values import Value, describe, materialise_or_explain
+from ._values import Value, describe, is_value, materialise_or_explain
 
 
 __all__: list[str] = []
@@ -177,15 +177,11 @@ def own_rule(
     (`fun`, on values) in place of the function's own (see
     `Value.custom_jvp_rule`), or `None`."""
     for v in values:
-        if _is_value(v) and type(v).custom_jvp_rule is not Value.custom_jvp_rule:
+        if is_value(v) and type(v).custom_jvp_rule is not Value.custom_jvp_rule:
             rule = type(v).custom_jvp_rule(name, fun, values)
             if rule is not None:
                 return rule
     return None
-
-
-def _is_value(x: Any) -> bool:
-    return isinstance(x, Value)
 
 
 def _instantiated_tangent(primal: Any, leaves: Sequence[Any]) -> Any:
@@ -321,7 +317,7 @@ def custom_jvp_call(
     if rule is None:
         with set_current_trace(trace.parent_trace):
             values = [_densify_input(v, primitive) for v in values]
-    owner = next((type(v).__qualname__ for v in values if _is_value(v)), "")
+    owner = next((type(v).__qualname__ for v in values if is_value(v)), "")
     flat = _Flat(values)
     leaves = _leaves(values)
     n = len(leaves)

@@ -60,6 +60,7 @@ __all__ = [
     "add_setting",
     "call_compiled",
     "environment_setting",
+    "field_layout",
     "programs_traced",
     "require_concrete",
     "set_eager_compilation",
@@ -128,7 +129,12 @@ _attribute = object.__getattribute__  # not the value's own, slower lookup
 _aval = operator.attrgetter("aval")
 
 
-def _fields_of(cls: type) -> tuple[tuple[str, ...], tuple[str, ...], int]:
+def field_layout(cls: type) -> tuple[tuple[str, ...], tuple[str, ...], int]:
+    """The names of the value type `cls`'s dynamic and static fields, and its field
+    count (cached)."""
+    layout = _fields.get(cls)
+    if layout is not None:
+        return layout
     fields = dataclasses.fields(cls)
     static = tuple(f.name for f in fields if f.metadata.get("static", False))
     dynamic = tuple(f.name for f in fields if not f.metadata.get("static", False))
@@ -166,7 +172,7 @@ def value_structure(x: Any) -> tuple[_Structure | None, Sequence[Any], list[Any]
     """The strict structure of the value `x` (see `intern`), its leaves and their
     avals."""
     cls = type(x)
-    dynamic, static, count = _fields.get(cls) or _fields_of(cls)
+    dynamic, static, count = field_layout(cls)
     fields = _attribute(x, "__dict__")
     if len(fields) == count:
         try:

@@ -31,7 +31,6 @@ while materialisations are tracked, inside `shard_map`, or when the body stages
 values (see `quax._staged`); registering a rule drops every recording.
 """
 
-import dataclasses
 import weakref
 from typing import Any, NamedTuple
 
@@ -49,7 +48,7 @@ from ._compat import (
     staged_count,
     staged_since,
 )
-from ._eager import settings_key
+from ._eager import field_layout, settings_key
 from ._jaxpr import binds_directly, known_asks
 from ._staged import jaxpr_holds_staged_values
 from ._values import is_value, value_classes
@@ -121,25 +120,6 @@ def _static_key(x: Any) -> Any:
     return _Identity(x)
 
 
-# Per value class: its dynamic and static field names, or `None` (not a dataclass).
-_layouts: dict[type, tuple[tuple[str, ...], tuple[str, ...]] | None] = {}
-
-
-def _layout(cls: type) -> tuple[tuple[str, ...], tuple[str, ...]] | None:
-    try:
-        return _layouts[cls]
-    except KeyError:
-        pass
-    layout = None
-    if dataclasses.is_dataclass(cls):
-        fields = dataclasses.fields(cls)
-        static = tuple(f.name for f in fields if f.metadata.get("static", False))
-        dynamic = tuple(f.name for f in fields if f.name not in static)
-        layout = dynamic, static
-    _layouts[cls] = layout
-    return layout
-
-
 _recordings: "weakref.WeakKeyDictionary[Any, dict[Any, Any]]" = (
     weakref.WeakKeyDictionary()
 )
@@ -169,10 +149,9 @@ def _key(trace: Any, values: list[Any], checks: bool) -> tuple[Any, list[Any]] |
             key.append(None)
             continue
         cls = type(x)
-        layout = _layout(cls) if cls in value_classes or is_value(x) else None
-        if layout is None:
+        if cls not in value_classes and not is_value(x):
             return None
-        dynamic, static = layout
+        dynamic, static, _ = field_layout(cls)
         part: list[Any] = [cls]
         for name in dynamic:
             leaf = _object_getattribute(x, name)
@@ -336,10 +315,7 @@ def _record(
                 return None
             outputs.append((None, a))
             continue
-        layout = _layout(type(value))
-        if layout is None:
-            return None
-        dynamic, static = layout
+        dynamic, static, _ = field_layout(type(value))
         fields = []
         for name in dynamic:
             a = atom(_object_getattribute(value, name))
