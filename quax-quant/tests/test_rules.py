@@ -57,7 +57,9 @@ def test_weight_only_matches_dequantised(
 )
 def test_int8_path_error_bound(layout, bits, symmetric, seed, ref):
     """int8 x int8: the only error beyond the weight's is the activations' rounding,
-    at most half a step (absmax / 127 per row) per element."""
+    at most half a step (absmax / 127 per row) per element, times the weight's
+    integers and scales: the zero-point offset (`-z * s`) is applied to the exact
+    activations, so the bound weighs `|q * s|`, not `|(q - z) * s|`."""
     w = _weight(seed, (8, 12), bits=bits, symmetric=symmetric, matmul="int8", **layout)
     x = jr.normal(jr.PRNGKey(seed + 1), (5, 8))
     with quax.track_materialisation() as report:
@@ -66,7 +68,8 @@ def test_int8_path_error_bound(layout, bits, symmetric, seed, ref):
     deq = ref.dequantise(w)
     x64 = np.asarray(x, np.float64)
     step = np.max(np.abs(x64), axis=1, keepdims=True) / 127
-    bound = (step / 2) * np.abs(deq).sum(0) + 1e-4
+    scaled = ref.integers(w) * ref.blocks(w.scale, w.shape)
+    bound = (step / 2) * np.abs(scaled).sum(0) + 1e-4
     assert np.all(np.abs(np.asarray(out) - x64 @ deq) <= bound)
 
 
