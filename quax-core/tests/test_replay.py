@@ -1,8 +1,9 @@
-"""An inlined `jit` (every `jax.numpy` function) traced again on values of the same
-key replays the equations its rules staged the first time (`quax._replay`): the
-program is the one running the rules gives, and the recording is not reused for
-other value types, other static fields, other settings, aliased inputs, a rule
-that read a constant through `quax.known_constant`, or after `quax.register`."""
+"""An inlined `jit` (every `jax.numpy` function), or a primitive, traced again on
+values of the same key replays the equations its rules staged the first time
+(`quax._replay`): the program is the one running the rules gives, and the recording
+is not reused for other value types, other static fields, other plain inputs' avals,
+other params, other settings (quax's and JAX's), aliased inputs, a rule that read a
+constant through `quax.known_constant`, or after `quax.register`."""
 
 from collections.abc import Sequence
 from typing import Any, ClassVar
@@ -39,7 +40,10 @@ class Counted(Dense):
         calls.append(primitive.name)
         first = next(v for v in values if isinstance(v, Counted))
         arrays = [v.array if isinstance(v, Counted) else v for v in values]
-        return type(first)(primitive.bind(*arrays, **params), first.tag)
+        out = primitive.bind(*arrays, **params)
+        if primitive.multiple_results:
+            return [type(first)(o, first.tag) for o in out]
+        return type(first)(out, first.tag)
 
 
 class Other(Counted):
@@ -49,9 +53,11 @@ class Other(Counted):
 @pytest.fixture(autouse=True)
 def fresh() -> Any:
     quax_replay._recordings.clear()
+    quax_replay._by_primitive.clear()
     calls.clear()
     yield
     quax_replay._recordings.clear()
+    quax_replay._by_primitive.clear()
 
 
 def program(a: Any, b: Any) -> Any:
@@ -80,7 +86,9 @@ def test_replay_stages_what_the_rules_stage(monkeypatch: pytest.MonkeyPatch) -> 
     assert evaluations.total == 4
     # The same program, name stacks, tracebacks and contexts as running the rules.
     monkeypatch.setattr(quax_replay, "MAX_RECORDINGS", 0)
+    monkeypatch.setattr(quax_replay, "MAX_PRIMITIVE_RECORDINGS", 0)
     quax_replay._recordings.clear()
+    quax_replay._by_primitive.clear()
     with quax.plugins.track_evaluations() as evaluations:
         ran = traced(program, Counted(x), Counted(y))
     assert calls == ["mul", "sin", "cos", "add"] * 2
@@ -206,3 +214,114 @@ def test_register_drops_recordings() -> None:
         return Late(lax.cos(a.array))
 
     assert traced(fn, Late(x)).eqns[0].primitive is lax.cos_p
+
+
+# Primitives bound directly (`lax`), not through an inlined `jit` ----------------------
+
+
+def lax_program(a: Any) -> Any:
+    return lax.sin(lax.mul(a, a))
+
+
+def test_a_primitive_replays_what_its_rule_stages(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    first = traced(lax_program, Counted(x))
+    assert calls == ["mul", "sin"]
+    again = traced(lax_program, Counted(x))
+    assert calls == ["mul", "sin"]  # replayed: no rule ran
+    monkeypatch.setattr(quax_replay, "MAX_PRIMITIVE_RECORDINGS", 0)
+    quax_replay._by_primitive.clear()
+    ran = traced(lax_program, Counted(x))
+    assert calls == ["mul", "sin"] * 2
+    assert str(again) == str(ran) == str(first)
+    assert [e.ctx for e in again.eqns] == [e.ctx for e in ran.eqns]
+
+
+def test_a_replayed_primitive_carries_its_own_source_info() -> None:
+    def first(a: Any) -> Any:
+        return lax.sin(a)
+
+    def second(a: Any) -> Any:
+        with jax.named_scope("here"):
+            return lax.sin(a)
+
+    traced(first, Counted(x))
+    (eqn,) = traced(second, Counted(x)).eqns
+    assert calls == ["sin"]
+    assert str(eqn.source_info.name_stack) == "here"
+    names = [f.function_name for f in eqn.source_info.traceback.frames]
+    assert any(n.endswith("second") for n in names)
+    assert not any(n.endswith("first") for n in names)
+
+
+def test_a_replayed_primitive_gives_the_values() -> None:
+    fn = jax.jit(lambda a: quax.quaxify(lax_program)(a))
+    for _ in range(2):
+        out = fn(Counted(x))
+        assert type(out) is Counted and out.tag == "a"
+        np.testing.assert_allclose(out.array, np.sin(np.asarray(x) ** 2), rtol=1e-6)
+        fn = jax.jit(lambda a: quax.quaxify(lax_program)(a))  # traced again
+    assert calls == ["mul", "sin"]
+
+
+def test_plain_inputs_avals_and_params_are_part_of_the_key() -> None:
+    m = Counted(jnp.ones((3, 4)))
+    for k in [2, 5, 2]:
+        out = jax.eval_shape(
+            lambda a, b: quax.quaxify(lax.dot)(a, b), m, jnp.ones((4, k))
+        )
+        assert out.shape == (3, k)
+    for axes, shape in [((0,), (4,)), ((1,), (3,)), ((0,), (4,))]:
+        out = jax.eval_shape(
+            lambda a, axes=axes: quax.quaxify(lax.reduce_sum)(a, axes), m
+        )
+        assert out.shape == shape
+    assert calls == ["dot_general", "dot_general", "reduce_sum", "reduce_sum"]
+
+
+class Squared(Counted):
+    """Its negation is its matrix square, as `jnp.dot` stages it (so the default
+    matmul precision, one of JAX's settings, decides the staged `dot_general`)."""
+
+
+@quax.register(lax.neg_p)
+def _(a: Squared, **params: Any) -> Squared:
+    del params
+    calls.append("neg")
+    return Squared(jnp.dot(a.array, a.array))
+
+
+def test_jax_settings_are_part_of_the_key() -> None:
+    def precision() -> Any:
+        jaxpr = traced(lax.neg, Squared(jnp.ones((3, 3))))
+        (eqn,) = [e for e in jaxpr.eqns if e.primitive is lax.dot_general_p]
+        return eqn.params["precision"]
+
+    default = precision()
+    with jax.default_matmul_precision("highest"):
+        highest = precision()
+    assert highest != default
+    assert precision() == default
+    assert calls == ["neg", "neg"]
+
+
+def test_a_primitive_with_a_jaxpr_is_never_recorded() -> None:
+    def reduced(a: Any, init: Any) -> Any:
+        return lax.reduce(a, init, lambda u, v: u + 2 * v, (0,))
+
+    for _ in range(2):
+        jaxpr = traced(reduced, Counted(x), jnp.zeros(()))
+        assert jaxpr.eqns[0].primitive is lax.reduce_p
+    assert calls == ["reduce", "reduce"]
+    assert lax.reduce_p in quax_replay._unreplayable
+    assert lax.reduce_p not in quax_replay._by_primitive
+
+
+def test_constants_and_python_scalars_run_the_rule() -> None:
+    const = Counted(x)  # given to `quaxify` only: its leaf is a constant
+    times = lambda a, b: lax.mul(a, b)
+    for _ in range(2):
+        jax.make_jaxpr(lambda a: quax.quaxify(times)(a, const))(Counted(y))
+        traced(lambda a: lax.mul(a, 2.0), Counted(y))
+    assert calls == ["mul"] * 4

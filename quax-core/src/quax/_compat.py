@@ -68,7 +68,7 @@ __all__ = [
     "call_fresh",
     "callback_module",
     "cond_p",
-    "current_name_stack",
+    "current_source_info",
     "custom_jvp_call_p",
     "custom_vjp_call_p",
     "debug_callback_p",
@@ -104,6 +104,7 @@ __all__ = [
     "staged_since",
     "staged_values_state",
     "stages_or_batches",
+    "trace_context",
     "staged_equation",
     "staging",
     "typeof",
@@ -135,7 +136,8 @@ EVAL_TRACE = _core.eval_trace
 # Evaluating a jaxpr equation by equation, as `jax.core.eval_jaxpr` does.
 Literal = _core.Literal
 user_context = _source_info_util.user_context
-current_name_stack = _source_info_util.current_name_stack
+current_source_info = _source_info_util.current  # its `name_stack` too
+trace_context = _config.trace_context  # what JAX's tracing caches key on (hashable)
 
 # Higher-order primitives that quax-core gives rules for.
 jit_p = jprim.jit_p
@@ -168,14 +170,10 @@ if _abstract_mesh_state is None:
 
 # Whether this JAX's equation contexts hold, and their manager sets, the settings
 # `eqn_context` compares (JAX 0.10's).
-_EQN_CONTEXT_KNOWN = _core.JaxprEqnContextManager.__slots__ == [
-    "context",
-    "prev_compute_type",
-    "prev_threefry_partitionable",
-    "prev_xla_metadata",
-    "prev_abstract_mesh",
-    "prev_remove_size_one_mesh_axis",
-]
+_EQN_CONTEXT_KNOWN = " ".join(_core.JaxprEqnContextManager.__slots__) == (
+    "context prev_compute_type prev_threefry_partitionable prev_xla_metadata "
+    "prev_abstract_mesh prev_remove_size_one_mesh_axis"
+)
 _UNCHANGED_CONTEXT = contextlib.nullcontext()
 
 
@@ -223,7 +221,6 @@ EQX_WRAPPER_FIELD_NAMES: tuple[str, ...] = _eqx_flatten.WRAPPER_FIELD_NAMES
 DynamicJaxprTracer = _pe.DynamicJaxprTracer
 DynamicJaxprTrace = _pe.DynamicJaxprTrace
 
-
 # Replaying staged equations on a `DynamicJaxprTrace` (see `quax._replay`). These
 # primitives' staging rules are JAX's default one, with their params named.
 _DEFAULT_STAGING = {jprim.broadcast_in_dim_p, jprim.reshape_p, jprim.iota_p}
@@ -262,9 +259,12 @@ def atom_tracer(trace: Any, kind: str, atom: Any, source_info: Any) -> Any:
     return trace.new_const(atom, source_info)
 
 
-def emit_equation(trace: Any, eqn: Any, tracers: list[Any], names: Any) -> list[Any]:
-    """Stage a copy of `eqn` (see `quax._replay._Equation`) on `tracers`, as `names`."""
-    info = eqn.source_info.replace(name_stack=names)
+def emit_equation(
+    trace: Any, eqn: Any, tracers: list[Any], names: Any, info: Any
+) -> list[Any]:
+    """Stage a copy of `eqn` (see `quax._replay._Equation`) on `tracers`, as `names`,
+    with the source info `info` (`None`: `eqn`'s own)."""
+    info = (info or eqn.source_info).replace(name_stack=names)
     p, params, effects, avals = eqn.primitive, eqn.params, eqn.effects, eqn.out_avals
     return trace.emit_eqn(tracers, avals, p, params, effects, info, eqn.ctx)
 
@@ -595,6 +595,6 @@ def cache_eager_primitive_programs() -> None:
         return uncached(primitive, **params)
 
     def xla_primitive_callable(primitive: Any, **params: Any) -> Any:
-        return cached(_config.trace_context(), primitive, **params)
+        return cached(trace_context(), primitive, **params)
 
     _dispatch.xla_primitive_callable = xla_primitive_callable

@@ -26,7 +26,7 @@ from ._compat import (
     Primitive,
     Tracer,
     call_at_trace,
-    current_name_stack,
+    current_source_info,
     debug_callback_p,
     debug_print_p,
     eqn_context,
@@ -224,7 +224,7 @@ def eval_quaxified(
     env.update(zip(jaxpr.invars, args, strict=True))
     # Each equation's name stack extends the current one, which the loop leaves as it
     # finds it.
-    outer_names = current_name_stack()
+    outer_names = current_source_info().name_stack
     if trace is not None and manual_axes_active():
         trace = None  # `bind` may reshard inputs inside `shard_map`.
     for step in _steps_of(jaxpr):

@@ -99,9 +99,11 @@ def register(primitive: Primitive, *, precedence: int = 0) -> Callable[[_F], _F]
     may be traced any number of times: for one primitive call it may run once,
     twice (eagerly, on a key's second call, to trace its compiled program and, if
     that program is dropped, again equation by equation; see
-    [`quax.set_eager_compilation`][]), or not at all (the compiled program, or a
-    traced library `jit`'s recorded body, replays its output). Keep side effects
-    out of rules; a rule that reads the numbers of a leaf does so through
+    [`quax.set_eager_compilation`][]), or not at all (the compiled program
+    replays its output; while a program is staged, the equations a rule staged
+    for the same primitive, params, value types, static fields, avals and JAX
+    settings are replayed, as are a library `jit`'s). Keep side effects out of
+    rules; a rule that reads the numbers of a leaf does so through
     [`quax.known_constant`][].
 
     **Arguments:**

@@ -1,17 +1,22 @@
-"""Replaying an inlined `jit`'s quaxified body while a program is staged.
+"""Replaying the equations that rules staged, while a program is staged.
 
-Every `jax.numpy` function is an inlined `jit`: inside `jax.jit` or `make_jaxpr`, the
-quax trace evaluates its equations, dispatching each to its rule, which stages the
-rule's own equations. The next call of the same function on values of the same
-types stages the same equations again. So the first call's staged equations are
-kept (they are read off the staging trace, no second trace is run) and a later
-call with the same key stages copies of them on its own inputs, with no rule run.
+Inside `jax.jit` or `make_jaxpr`, the quax trace runs a rule for each primitive bound
+on values, and the rule stages its own equations. The next bind of the same
+primitive, with the same params, on values of the same key stages the same
+equations again. So the first run's staged equations are kept (they are read off
+the staging trace, no second trace is run) and a later bind with the same key
+stages copies of them on its own inputs, with no rule run. The same holds for a
+whole inlined `jit` (every `jax.numpy` function is one), keyed by its jaxpr: its
+equations are evaluated one by one, each dispatched to its rule.
 
-The key is the jaxpr, for each value input its type, its static fields (strictly:
-plain scalars, strings, dtypes and tuples of ints by value and type, anything else
-by identity) and the avals of its leaves, the settings rules read
-(`quax.zero.ieee_strict`) and the debug-check flag. A body is only kept when its
-first run shows that replaying it gives exactly what running it gives:
+The key is the primitive and its params (or the jaxpr), for each value input its
+type, its static fields (strictly: plain scalars, strings, dtypes and tuples of ints
+by value and type, anything else by identity) and the avals of its leaves, the avals
+of the plain inputs, JAX's trace context (the settings its own tracing caches key
+on: the default matmul precision, the mesh, `enable_x64`, ...), the settings rules
+read (`quax.zero.ieee_strict`) and the debug-check flag. Rules are functions of
+these: a rule's Python runs once per key while staging. A body is only kept when
+its first run shows that replaying it gives exactly what running it gives:
 
 - every input (each plain one, each leaf of each value) is an input or an
   equation's output of the staging trace: never a constant, which rules could
@@ -19,16 +24,19 @@ first run shows that replaying it gives exactly what running it gives:
 - the rules asked [`quax.known_constant`][] nothing and materialised nothing (so
   the materialisation reports are unchanged);
 - every equation staged is first-order (no sub-jaxpr, no effect, no host
-  callback, no own staging rule), carries a traceback of the body's equations
-  and extends the caller's name stack (the replay extends the new caller's);
+  callback, no own staging rule) and extends the caller's name stack (the replay
+  extends the new caller's); a `jit` body's carry the tracebacks of its
+  equations, which a replay keeps, while a primitive's replay carries the source
+  info of its own bind, as its rule's equations would;
 - every output is a value whose dynamic fields are arrays, or a plain array.
 
 Inputs that are the same tracer (`x * x`) are part of the key too.
 
 The values in a replay's output are rebuilt field by field, as `jax.tree_util`
 rebuilds them, with the first run's static fields. Nothing is replayed (or kept)
-while materialisations are tracked, inside `shard_map`, or when the body stages
-values (see `quax._staged`); registering a rule drops every recording.
+while materialisations are tracked, inside `shard_map`, for a primitive with a
+sub-jaxpr or a host callback, or when a `jit` body stages values (see
+`quax._staged`); registering a rule drops every recording.
 """
 
 import weakref
@@ -40,13 +48,15 @@ import numpy as np
 from . import _jaxpr, _registry, _values
 from ._compat import (
     DynamicJaxprTracer,
+    Primitive,
     Tracer,
     atom_tracer,
-    current_name_stack,
+    current_source_info,
     emit_equation,
     staged_atom,
     staged_count,
     staged_since,
+    trace_context,
 )
 from ._eager import field_layout, settings_key
 from ._jaxpr import binds_directly, known_asks
@@ -54,10 +64,12 @@ from ._staged import jaxpr_holds_staged_values
 from ._values import is_value, value_classes
 
 
-__all__ = ["MAX_RECORDINGS", "inline"]
+__all__ = ["MAX_PRIMITIVE_RECORDINGS", "MAX_RECORDINGS", "bind", "inline"]
 
 # Structures kept per jaxpr; beyond them, other structures run their rules.
 MAX_RECORDINGS = 8
+# Keys (params and structures) kept per primitive.
+MAX_PRIMITIVE_RECORDINGS = 128
 
 _object_getattribute = object.__getattribute__
 _object_new = object.__new__
@@ -85,6 +97,9 @@ class _Recording(NamedTuple):
     # Per output: `(None, atom)` for a plain one, else `(cls, fields)` with
     # `fields` a list of `(name, atom or None, constant)`.
     outputs: list[tuple[Any, Any]]
+    # Whether the equations take the source info current when replayed (a
+    # primitive's rule staged them there), not their own (a `jit` body's).
+    here: bool
 
 
 # Marks a key whose body runs its rules every time.
@@ -123,6 +138,9 @@ def _static_key(x: Any) -> Any:
 _recordings: "weakref.WeakKeyDictionary[Any, dict[Any, Any]]" = (
     weakref.WeakKeyDictionary()
 )
+_by_primitive: dict[Primitive, dict[Any, Any]] = {}
+# Primitives never replayed: host callbacks, and those whose params hold a jaxpr.
+_unreplayable: set[Primitive] = set(_jaxpr._CALLBACKS)
 _generation = _registry.rules_generation()
 
 
@@ -139,14 +157,14 @@ def _key(trace: Any, values: list[Any], checks: bool) -> tuple[Any, list[Any]] |
     """The key of `values` and the tracers they stand on (plain inputs and leaves),
     or `None` when they cannot be replayed on."""
     parent = trace.parent_trace
-    key: list[Any] = [checks, *settings_key()]
+    key: list[Any] = [checks, trace_context(), *settings_key()]
     leaves = []
     for x in values:
         if type(x) is DynamicJaxprTracer:
             if not _variable(parent, x):
                 return None
             leaves.append(x)
-            key.append(None)
+            key.append(x.aval)  # a jaxpr's fixes it, a primitive's does not
             continue
         cls = type(x)
         if cls not in value_classes and not is_value(x):
@@ -175,54 +193,116 @@ def inline(
     inputs, as values and plain tracers): a replay of its recording, or `run()`
     (which evaluates it), recorded when it can be replayed. `checks`: whether debug
     checks are on (part of the key)."""
-    global _generation
-    state = _values._state
-    if state.reports or jaxpr_holds_staged_values(jaxpr):
+    if _values._state.reports or jaxpr_holds_staged_values(jaxpr):
         return run()
-    if _registry._generation != _generation:
-        _recordings.clear()
-        _generation = _registry._generation
-    found = _key(trace, values, checks)
-    if found is None:
-        return run()
-    key, leaves = found
+    _check_generation()
     table = _recordings.get(jaxpr)
     if table is None:
         table = _recordings[jaxpr] = {}
+    found = _key(trace, values, checks)
+    if found is None:
+        return run()
+    return _replay_or_run(trace, table, found, (), jaxpr, run, MAX_RECORDINGS)
+
+
+def bind(
+    trace: Any,
+    primitive: Primitive,
+    values: list[Any],
+    params: dict[str, Any],
+    run: Any,
+    checks: bool,
+) -> Any:
+    """The output of `primitive` bound on `values` (the quax `trace`'s inputs) with
+    `params`, as `run()` (which applies its rule) gives it, or a replay of the
+    equations that rule staged for the same key, with the current source info."""
+    if _values._state.reports or primitive in _unreplayable:
+        return run()
+    _check_generation()
+    found = _key(trace, values, checks)
+    if found is None:
+        return run()
+    table = _by_primitive.get(primitive)
+    if table is None:
+        table = _by_primitive[primitive] = {}
+    many = primitive.multiple_results
+    outs = _replay_or_run(
+        trace,
+        table,
+        found,
+        tuple(params.items()),
+        primitive,
+        run if many else lambda: [run()],
+        MAX_PRIMITIVE_RECORDINGS,
+    )
+    return outs if many else outs[0]
+
+
+def _check_generation() -> None:
+    """Drop every recording when a rule was registered since the last check."""
+    global _generation
+    if _registry._generation != _generation:
+        _recordings.clear()
+        _by_primitive.clear()
+        _generation = _registry._generation
+
+
+def _replay_or_run(
+    trace: Any,
+    table: dict[Any, Any],
+    found: tuple[Any, list[Any]],
+    params: tuple[Any, ...],
+    body: Any,
+    run: Any,
+    limit: int,
+) -> list[Any]:
+    """The outputs (a list) of `body` (a jaxpr, or a primitive with `params`) on the
+    inputs that `_key` `found`: replayed from `table`, or `run()` and recorded
+    there, up to `limit` keys."""
+    key, leaves = found
     try:
-        recording = table.get(key)
-    except TypeError:  # a static field that cannot be hashed
+        recording = table.get((key, params))
+    except TypeError:  # a static field or a param that cannot be hashed
         return run()
     if recording is _RUN:
         return run()
     if recording is not None:
-        for report in _jaxpr._evaluations.reports:
-            report.total += 1
         return _replay(trace, recording, leaves)
-    if len(table) >= MAX_RECORDINGS:
+    if len(table) >= limit:
         return run()
+    state = _values._state
     start = staged_count(trace.parent_trace)
     asked, materialised = known_asks(), state.count
-    outer = current_name_stack()
+    outer = current_source_info().name_stack
     out = run()
     if known_asks() != asked or state.count != materialised:
-        table[key] = _RUN
+        table[key, params] = _RUN
+    elif isinstance(body, Primitive) and _jaxpr._calls_jaxpr(dict(params)):
+        _unreplayable.add(body)  # its keys would keep jaxprs alive
+        _by_primitive.pop(body, None)
     else:
-        table[key] = _record(trace, jaxpr, leaves, start, outer, out) or _RUN
+        recording = _record(trace, body, leaves, start, outer, out)
+        table[key, params] = recording or _RUN
     return out
 
 
 def _replay(trace: Any, recording: _Recording, leaves: list[Any]) -> list[Any]:
     parent = trace.parent_trace
-    outer = current_name_stack()
+    if recording.here:
+        info = current_source_info()
+        outer = info.name_stack
+    else:
+        info, outer = None, current_source_info().name_stack
+        for report in _jaxpr._evaluations.reports:
+            report.total += 1
     env = list(leaves)
     for eqn, atoms, names in recording.equations:
-        source_info = eqn.source_info
+        source_info = info or eqn.source_info
         tracers = [
             env[a] if type(a) is int else atom_tracer(parent, a[0], a[1], source_info)
             for a in atoms
         ]
-        env += emit_equation(parent, eqn, tracers, outer + names)
+        env += emit_equation(parent, eqn, tracers, outer + names, info)
     out = []
     for cls, fields in recording.outputs:
         if cls is None:
@@ -248,11 +328,11 @@ _CONSTANTS = (jax.Array, np.generic, bool, int, float, complex, str, type(None))
 
 
 def _record(
-    trace: Any, jaxpr: Any, leaves: list[Any], start: int, outer: Any, out: list[Any]
+    trace: Any, body: Any, leaves: list[Any], start: int, outer: Any, out: list[Any]
 ) -> _Recording | None:
-    """The recording of the body that staged the equations from `start` on in the
-    parent of `trace`, on `leaves`, giving `out`; `None` when it cannot be
-    replayed exactly."""
+    """The recording of the `body` (a jaxpr, or a primitive) that staged the
+    equations from `start` on in the parent of `trace`, on `leaves`, giving `out`;
+    `None` when it cannot be replayed exactly."""
     parent = trace.parent_trace
     numbers: dict[Any, int] = {}
     for i, leaf in enumerate(leaves):
@@ -261,7 +341,9 @@ def _record(
     eqns = staged_since(parent, start)
     if eqns is None:
         return None
-    steps = _jaxpr._steps_of(jaxpr.jaxpr)
+    here = isinstance(body, Primitive)
+    # A jaxpr's equations are each staged with their step's traceback.
+    steps = () if here else _jaxpr._steps_of(body.jaxpr)
     tracebacks = {id(s.traceback) for s in steps if s.traceback is not None}
 
     def atom(t: Any) -> Any:
@@ -286,7 +368,7 @@ def _record(
             or eqn.primitive in _jaxpr._CALLBACKS  # host code: its own each time
             or _jaxpr._calls_jaxpr(eqn.params)
             or not binds_directly(eqn.primitive)
-            or id(eqn.source_info.traceback) not in tracebacks
+            or (not here and id(eqn.source_info.traceback) not in tracebacks)
             or names[: len(outer)] != outer
             or any(getattr(v.aval, "has_qdd", False) for v in eqn.outvars)
         ):
@@ -324,4 +406,4 @@ def _record(
             fields.append((name, *a))
         fields += [(name, None, _object_getattribute(value, name)) for name in static]
         outputs.append((type(value), fields))
-    return _Recording(equations, outputs)
+    return _Recording(equations, outputs, here)

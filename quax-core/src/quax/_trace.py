@@ -313,6 +313,16 @@ class QuaxTrace(Trace):
                 jaxpr = params["jaxpr"]
                 return _replay.inline(self, values, jaxpr, run, _debug_checks)
             return call_at_trace(self, _inline_jit, tracers, params)
+        if self.replays and primitive not in unchecked_primitives:
+            run = ft.partial(self.apply_rule, primitive, values, params)
+            return _replay.bind(self, primitive, values, params, run, _debug_checks)
+        return self.apply_rule(primitive, values, params)
+
+    def apply_rule(
+        self, primitive: Primitive, values: list[Any], params: dict[str, Any]
+    ) -> Any:
+        """`primitive`'s rule for `values` (some of them this trace's), run under
+        the parent trace; its output values as this trace's tracers."""
         rule = _rule_cache.get((primitive, tuple(map(type, values))))
         if rule is None:
             rule = _registry.rule_for(primitive, values)
