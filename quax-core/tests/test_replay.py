@@ -5,6 +5,7 @@ is not reused for other value types, other static fields, other plain inputs' av
 other params, other settings (quax's and JAX's), aliased inputs, a rule that read a
 constant through `quax.known_constant`, or after `quax.register`."""
 
+import contextvars
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
@@ -325,3 +326,35 @@ def test_constants_and_python_scalars_run_the_rule() -> None:
         jax.make_jaxpr(lambda a: quax.quaxify(times)(a, const))(Counted(y))
         traced(lambda a: lax.mul(a, 2.0), Counted(y))
     assert calls == ["mul"] * 4
+
+
+# A mode that the rule below reads, declared as a setting of quax's keys.
+_mode: contextvars.ContextVar[str] = contextvars.ContextVar("mode", default="sin")
+quax.plugins.add_setting(_mode.get)
+
+
+class Moded(Counted):
+    """Its `sin` is `sin` or `cos`, as the mode says."""
+
+
+@quax.register(lax.sin_p)
+def _(a: Moded, **params: Any) -> Moded:
+    del params
+    calls.append(_mode.get())
+    op = lax.sin if _mode.get() == "sin" else lax.cos
+    return Moded(op(a.array))
+
+
+def test_a_declared_setting_is_part_of_the_key() -> None:
+    def primitive() -> Any:
+        return traced(lax.sin, Moded(x)).eqns[0].primitive
+
+    assert primitive() is lax.sin_p
+    token = _mode.set("cos")
+    try:
+        assert primitive() is lax.cos_p
+        assert primitive() is lax.cos_p
+    finally:
+        _mode.reset(token)
+    assert primitive() is lax.sin_p
+    assert calls == ["sin", "cos"]

@@ -82,3 +82,30 @@ print("ok", float(loss))
 def test_named_mlp_training_step_on_8_devices():
     out = quax.testing.run_on_simulated_devices(PROGRAM, n=8, timeout=300)
     assert out.strip().splitlines()[-1].startswith("ok")
+
+
+def test_a_mapping_reaches_code_traced_before_it():
+    """The active mapping is a setting of quax's recordings (and compiled eager
+    programs): code traced outside `axis_mapping` is not replayed inside it, where
+    its rules constrain their outputs, nor the reverse."""
+    import jax
+    import jax.numpy as jnp
+    import quax
+    from jax.sharding import AxisType
+
+    mesh = jax.make_mesh((1,), ("data",), axis_types=(AxisType.Auto,))
+    x = NamedArray(jnp.ones((4, 3)), ("batch", "feature"))
+    y = NamedArray(jnp.ones((4, 3)), ("batch", "feature"))
+    fns = [lambda a, b: jnp.sin(a) + b, lambda a, b: jax.lax.add(a, b)]
+
+    def constraints(fn) -> int:
+        jaxpr = jax.make_jaxpr(lambda a, b: quax.quaxify(fn)(a, b))(x, y)
+        return [e.primitive.name for e in jaxpr.eqns].count("sharding_constraint")
+
+    for fn in fns:
+        assert constraints(fn) == 0
+        assert constraints(fn) == 0  # replayed
+        with qn.axis_mapping({"batch": "data"}, mesh):
+            assert constraints(fn) > 0
+            assert constraints(fn) > 0
+        assert constraints(fn) == 0

@@ -455,8 +455,23 @@ _settings: list[Callable[[], Any]] = []
 
 
 def add_setting(read: Callable[[], Any]) -> None:
-    """Make the setting that `read()` returns part of every compiled program's key
-    (eager programs here, and the quaxified bodies of nested `jit`s)."""
+    """Declare a setting that rules read while they trace: a mode that a context
+    manager sets (as `quax.zero.ieee_strict` or `quax_named.axis_mapping` do).
+
+    Quax reuses what rules traced once: compiled eager programs, and while a
+    program is staged, the equations a rule (or a library `jit`'s body) staged for
+    the same key. The setting's current value joins every such key, so that code
+    traced under one value is never reused under another.
+
+    **Arguments:**
+
+    - `read`: returns the setting's current value, hashable. Called for every key,
+        so keep it cheap (a thread-local read).
+
+    **Returns:**
+
+    Nothing.
+    """
     _settings.append(read)
 
 

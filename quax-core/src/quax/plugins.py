@@ -4,6 +4,7 @@ See `quax.hookspecs` for what a family implements, and `python -m quax --help` f
 the same information on the command line.
 """
 
+from ._eager import add_setting as add_setting
 from ._introspect import (
     FamilySummary as FamilySummary,
     materialisations as materialisations,

@@ -30,6 +30,17 @@ class _State(threading.local):
 _state = _State()
 
 
+def _setting() -> Any:
+    """The active mapping and mesh, hashable: rules read them (`constrain`)."""
+    if not _state.stack:
+        return None
+    mapping, mesh = _state.stack[-1]
+    return tuple(sorted(mapping.items())), mesh
+
+
+quax.plugins.add_setting(_setting)
+
+
 @contextlib.contextmanager
 def axis_mapping(
     mapping: Mapping[str, MeshAxes], mesh: Mesh | None = None
