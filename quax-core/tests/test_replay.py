@@ -358,3 +358,24 @@ def test_a_declared_setting_is_part_of_the_key() -> None:
         _mode.reset(token)
     assert primitive() is lax.sin_p
     assert calls == ["sin", "cos"]
+
+
+class Signed(Counted):
+    """Its `sin` is scaled by a static float."""
+
+    scale: float = eqx.field(static=True, default=1.0)
+
+
+@quax.register(lax.sin_p)
+def _(a: Signed, **params: Any) -> Signed:
+    del params
+    return Signed(lax.sin(a.array) * a.scale, scale=a.scale)
+
+
+def test_static_floats_are_keyed_by_their_bits() -> None:
+    # `0.0 == -0.0`, but the rule stages a different literal for each.
+    fn = lambda a: lax.sin(a)
+    for scale in [0.0, -0.0, 0.0]:
+        out = jax.jit(lambda a: quax.quaxify(fn)(a))(Signed(x, scale=scale))
+        assert out.scale == scale
+        assert np.all(np.signbit(out.array) == np.signbit(scale))

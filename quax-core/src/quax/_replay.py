@@ -11,10 +11,11 @@ equations are evaluated one by one, each dispatched to its rule.
 
 The key is the primitive and its params (or the jaxpr), for each value input its
 type, its static fields (strictly: plain scalars, strings, dtypes and tuples of ints
-by value and type, anything else by identity) and the avals of its leaves, the avals
-of the plain inputs, JAX's trace context (the settings its own tracing caches key
-on: the default matmul precision, the mesh, `enable_x64`, ...), the settings rules
-read (`quax.zero.ieee_strict`) and the debug-check flag. Rules are functions of
+by value and type, floats by their bits, anything else by identity) and the avals of
+its leaves, the avals of the plain inputs, JAX's trace context (the settings its own
+tracing caches key on: the default matmul precision, the mesh, `enable_x64`, ...),
+the settings rules read (`quax.zero.ieee_strict`, and any that a family declares
+with `quax.plugins.add_setting`) and the debug-check flag. Rules are functions of
 these: a rule's Python runs once per key while staging. A body is only kept when
 its first run shows that replaying it gives exactly what running it gives:
 
@@ -121,13 +122,18 @@ class _Identity:
         return id(self.value)
 
 
-_BY_VALUE = frozenset({bool, int, float, complex, str, type(None)})
+_BY_VALUE = frozenset({bool, int, str, type(None)})
 
 
 def _static_key(x: Any) -> Any:
     kind = type(x)
     if kind in _BY_VALUE:
         return kind, x
+    # Floats by their bits' text: `0.0 == -0.0`, but rules may tell them apart.
+    if kind is float:
+        return float, x.hex()
+    if kind is complex:
+        return complex, x.real.hex(), x.imag.hex()
     if isinstance(x, np.dtype):
         return np.dtype, x
     if kind is tuple and all(type(e) is int for e in x):
