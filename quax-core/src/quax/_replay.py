@@ -29,7 +29,12 @@ its first run shows that replaying it gives exactly what running it gives:
   extends the new caller's); a `jit` body's carry the tracebacks of its
   equations, which a replay keeps, while a primitive's replay carries the source
   info of its own bind, as its rule's equations would;
-- every output is a value whose dynamic fields are arrays, or a plain array.
+- every output is a value whose dynamic fields are arrays, or a plain array;
+- its outputs' static fields are keyed by value, or are (or are tuples of)
+  objects of the inputs' static fields. Others are objects the rules made, and a
+  replay would give every bind the first run's (two anonymous axes would be one):
+  the next run must give equal ones (by `==` and by text, as compiled eager
+  programs check), else the body runs every time.
 
 Inputs that are the same tracer (`x * x`) are part of the key too.
 
@@ -105,6 +110,15 @@ class _Recording(NamedTuple):
 
 # Marks a key whose body runs its rules every time.
 _RUN: Any = object()
+
+
+class _Unconfirmed(NamedTuple):
+    """A recording whose outputs hold static fields that its inputs do not: objects
+    the rules made, which a replay would share. The next run confirms it when it
+    gives equal ones (by `==` and by text)."""
+
+    recording: _Recording
+    statics: list[Any]
 
 
 class _Identity:
@@ -272,6 +286,16 @@ def _replay_or_run(
         return run()
     if recording is _RUN:
         return run()
+    if type(recording) is _Unconfirmed:
+        out = run()
+        statics = _statics(trace, out)
+        try:
+            same = statics == recording.statics
+            same = same and repr(statics) == repr(recording.statics)
+        except Exception:  # static fields that cannot be compared
+            same = False
+        table[key, params] = recording.recording if same else _RUN
+        return out
     if recording is not None:
         return _replay(trace, recording, leaves)
     if len(table) >= limit:
@@ -288,8 +312,52 @@ def _replay_or_run(
         _by_primitive.pop(body, None)
     else:
         recording = _record(trace, body, leaves, start, outer, out)
+        if recording is not None and not _kept_statics(key, recording):
+            recording = _Unconfirmed(recording, _statics(trace, out))
         table[key, params] = recording or _RUN
     return out
+
+
+def _statics(trace: Any, out: list[Any]) -> list[Any]:
+    """The type and static fields of each value among the outputs `out`."""
+    statics = []
+    for o in out:
+        value = trace.to_value(o)
+        if value is not o:
+            names = field_layout(type(value))[1]
+            fields = tuple(_object_getattribute(value, name) for name in names)
+            statics.append((type(value), fields))
+    return statics
+
+
+def _kept_statics(key: Any, recording: _Recording) -> bool:
+    """Whether each static field of the outputs of `recording` is keyed by value,
+    or is (or holds in a tuple) objects that the inputs' static fields in `key`
+    hold: then every run of the rules gives them."""
+    held: set[int] = set()
+    _held(key, held)
+
+    def kept(x: Any) -> bool:
+        if id(x) in held or type(_static_key(x)) is not _Identity:
+            return True
+        return type(x) is tuple and all(map(kept, x))
+
+    for cls, fields in recording.outputs:
+        if cls is not None:
+            names = field_layout(cls)[1]
+            if not all(kept(c) for name, _, c in fields if name in names):
+                return False
+    return True
+
+
+def _held(part: Any, held: set[int]) -> None:
+    """Add to `held` the ids of the objects that a part of a key holds by identity."""
+    if type(part) is _Identity:
+        part = part.value
+        held.add(id(part))
+    if type(part) is tuple:
+        for x in part:
+            _held(x, held)
 
 
 def _replay(trace: Any, recording: _Recording, leaves: list[Any]) -> list[Any]:
