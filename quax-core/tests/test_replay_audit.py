@@ -113,3 +113,24 @@ def test_static_outputs_equal_each_run_are_replayed() -> None:
         assert out.label == Label("a")
         np.testing.assert_allclose(out.array, np.cos(np.asarray(x)), rtol=1e-6)
     assert _recorded(lax.cos_p) == ["_Recording"]
+
+
+class Filled(Dense):
+    """Its `sin` is filled with a static float (a NaN keeps its sign bit)."""
+
+    fill: float = eqx.field(static=True, default=0.0)
+
+
+@quax.register(lax.sin_p)
+def _(a: Filled, **params: Any) -> Filled:
+    del params
+    return Filled(jnp.full(a.array.shape, a.fill), fill=a.fill)
+
+
+def test_static_nans_are_keyed_by_their_sign() -> None:
+    # `float.hex` gives "nan" for both signs, but the rule stages the NaN it holds.
+    nan = float("nan")
+    for fill in [nan, -nan, nan]:
+        out = jax.jit(quax.quaxify(lambda a: lax.sin(a)))(Filled(x, fill=fill))
+        assert np.all(np.isnan(out.array))
+        assert np.all(np.signbit(out.array) == np.signbit(fill))

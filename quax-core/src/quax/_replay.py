@@ -45,6 +45,7 @@ sub-jaxpr or a host callback, or when a `jit` body stages values (see
 `quax._staged`); registering a rule drops every recording.
 """
 
+import struct
 import weakref
 from typing import Any, NamedTuple
 
@@ -143,11 +144,12 @@ def _static_key(x: Any) -> Any:
     kind = type(x)
     if kind in _BY_VALUE:
         return kind, x
-    # Floats by their bits' text: `0.0 == -0.0`, but rules may tell them apart.
+    # Floats by their bits: `0.0 == -0.0` (and `float.hex` gives one text for
+    # both signs of NaN), but rules may tell them apart.
     if kind is float:
-        return float, x.hex()
+        return float, struct.pack("<d", x)
     if kind is complex:
-        return complex, x.real.hex(), x.imag.hex()
+        return complex, struct.pack("<dd", x.real, x.imag)
     if isinstance(x, np.dtype):
         return np.dtype, x
     if kind is tuple and all(type(e) is int for e in x):
