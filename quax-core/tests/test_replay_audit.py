@@ -134,3 +134,13 @@ def test_static_nans_are_keyed_by_their_sign() -> None:
         out = jax.jit(quax.quaxify(lambda a: lax.sin(a)))(Filled(x, fill=fill))
         assert np.all(np.isnan(out.array))
         assert np.all(np.signbit(out.array) == np.signbit(fill))
+
+
+def test_float_params_are_keyed_by_their_bits() -> None:
+    # `gather`'s `fill_value` param: `0.0 == -0.0`, but the bind stages the one given.
+    indices = jnp.array([0, 7])
+    for fill in [0.0, -0.0, np.float32(0.0), np.float32(-0.0), 0.0]:
+        fn = lambda a, i, fill=fill: a.at[i].get(mode="fill", fill_value=fill)
+        out = jax.jit(quax.quaxify(fn))(Dense(x), indices)
+        np.testing.assert_array_equal(out.array, [x[0], fill])
+        assert np.signbit(out.array[1]) == np.signbit(fill)

@@ -9,8 +9,8 @@ stages copies of them on its own inputs, with no rule run. The same holds for a
 whole inlined `jit` (every `jax.numpy` function is one), keyed by its jaxpr: its
 equations are evaluated one by one, each dispatched to its rule.
 
-The key is the primitive and its params (or the jaxpr), for each value input its
-type, its static fields (strictly: plain scalars, strings, dtypes and tuples of ints
+The key is the primitive and its params (floats by their bits) or the jaxpr, for
+each value input its type, its static fields (strictly: plain scalars, strings, dtypes and tuples of ints
 by value and type, floats by their bits, anything else by identity) and the avals of
 its leaves, the avals of the plain inputs, JAX's trace context (the settings its own
 tracing caches key on: the default matmul precision, the mesh, `enable_x64`, ...),
@@ -45,7 +45,6 @@ sub-jaxpr or a host callback, or when a `jit` body stages values (see
 `quax._staged`); registering a rule drops every recording.
 """
 
-import struct
 import weakref
 from typing import Any, NamedTuple
 
@@ -140,16 +139,30 @@ class _Identity:
 _BY_VALUE = frozenset({bool, int, str, type(None)})
 
 
+_FLOATS = (float, complex, np.floating, np.complexfloating)
+
+
+def _float_key(x: Any) -> tuple[type, bytes]:
+    """A float (Python's or NumPy's, real or complex) keyed by its bits: `0.0 ==
+    -0.0` (and `float.hex` gives one text for both signs of NaN), but rules and
+    params may tell them apart."""
+    return type(x), np.asarray(x).tobytes()
+
+
+def _params_key(params: dict[str, Any]) -> tuple[Any, ...]:
+    """A primitive's `params` as a key, its floats (`gather`'s `fill_value`) by bits."""
+    return tuple(
+        (name, _float_key(v) if isinstance(v, _FLOATS) else v)
+        for name, v in params.items()
+    )
+
+
 def _static_key(x: Any) -> Any:
     kind = type(x)
     if kind in _BY_VALUE:
         return kind, x
-    # Floats by their bits: `0.0 == -0.0` (and `float.hex` gives one text for
-    # both signs of NaN), but rules may tell them apart.
-    if kind is float:
-        return float, struct.pack("<d", x)
-    if kind is complex:
-        return complex, struct.pack("<dd", x.real, x.imag)
+    if kind is float or kind is complex:
+        return _float_key(x)
     if isinstance(x, np.dtype):
         return np.dtype, x
     if kind is tuple and all(type(e) is int for e in x):
@@ -252,7 +265,7 @@ def bind(
         trace,
         table,
         found,
-        tuple(params.items()),
+        _params_key(params),
         primitive,
         run if many else lambda: [run()],
         MAX_PRIMITIVE_RECORDINGS,
