@@ -10,14 +10,15 @@ whole inlined `jit` (every `jax.numpy` function is one), keyed by its jaxpr: its
 equations are evaluated one by one, each dispatched to its rule.
 
 The key is the primitive and its params (floats by their bits) or the jaxpr, for
-each value input its type, its static fields (strictly: plain scalars, strings, dtypes and tuples of ints
-by value and type, floats by their bits, anything else by identity) and the avals of
-its leaves, the avals of the plain inputs, JAX's trace context (the settings its own
-tracing caches key on: the default matmul precision, the mesh, `enable_x64`, ...),
-the settings rules read (`quax.zero.ieee_strict`, and any that a family declares
-with `quax.plugins.add_setting`) and the debug-check flag. Rules are functions of
-these: a rule's Python runs once per key while staging. A body is only kept when
-its first run shows that replaying it gives exactly what running it gives:
+each value input its type, its static fields (strictly: plain scalars, strings,
+dtypes and tuples of ints by value and type, floats by their bits, anything else by
+identity) and the avals of its leaves, the avals of the plain inputs, JAX's trace
+context (the settings its own tracing caches key on: the default matmul precision,
+the mesh, `enable_x64`, ...), the settings rules read (`quax.zero.ieee_strict`, and
+any that a family declares with `quax.plugins.add_setting`) and the debug-check
+flag. Rules are functions of these: a rule's Python runs once per key while staging.
+A body is only kept when its first run shows that replaying it gives exactly what
+running it gives:
 
 - every input (each plain one, each leaf of each value) is an input or an
   equation's output of the staging trace: never a constant, which rules could
