@@ -144,3 +144,22 @@ def test_float_params_are_keyed_by_their_bits() -> None:
         out = jax.jit(quax.quaxify(fn))(Dense(x), indices)
         np.testing.assert_array_equal(out.array, [x[0], fill])
         assert np.signbit(out.array[1]) == np.signbit(fill)
+
+
+class Paired(Dense):
+    """Its tokens in a tuple; its `cos` keeps them, in a new tuple."""
+
+    tokens: tuple[Token, ...] = eqx.field(static=True, default=())
+
+
+@quax.register(lax.cos_p)
+def _(a: Paired, **params: Any) -> Paired:
+    return Paired(lax.cos(a.array, **params), tuple(list(a.tokens)))
+
+
+def test_static_outputs_of_the_inputs_objects_are_replayed_at_once() -> None:
+    # The same objects every run: kept by the first, with no second run to confirm.
+    tokens = (Token(), Token())
+    out = jax.jit(quax.quaxify(lambda a: lax.cos(a)))(Paired(x, tokens))
+    assert out.tokens == tokens
+    assert _recorded(lax.cos_p) == ["_Recording"]

@@ -366,14 +366,16 @@ def _kept_statics(key: Any, recording: _Recording) -> bool:
     return True
 
 
-def _held(part: Any, held: set[int]) -> None:
-    """Add to `held` the ids of the objects that a part of a key holds by identity."""
+def _held(part: Any, held: set[int], inside: bool = False) -> None:
+    """Add to `held` the ids of the objects that a part of a key holds by identity
+    (and of those in the tuples it so holds)."""
     if type(part) is _Identity:
-        part = part.value
+        part, inside = part.value, True
+    if inside:
         held.add(id(part))
     if type(part) is tuple:
         for x in part:
-            _held(x, held)
+            _held(x, held, inside)
 
 
 def _replay(trace: Any, recording: _Recording, leaves: list[Any]) -> list[Any]:
