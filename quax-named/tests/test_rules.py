@@ -331,3 +331,15 @@ def test_keepdims_broadcast_axes_at_any_position(perm, k1, k2):
     got = quax.quaxify(fn)(x)
     assert got.names == tuple(perm)
     np.testing.assert_allclose(got.array, fn(x.array), rtol=1e-5, atol=1e-5)
+
+
+def test_two_slices_have_two_anonymous_axes_under_jit_too():
+    """Each slice of an anonymous axis makes a new anonymous axis: their sum cannot
+    align them, eagerly or under `jax.jit` (where quax replays what the first slice's
+    rule staged, but never the axis object it made)."""
+    v = NamedArray(jnp.arange(4.0), (qn.Axis(4),))
+    head = lambda v: jax.lax.slice(v, (0,), (2,))
+    f = quax.quaxify(lambda v: head(v) + head(v))
+    for run in [f, jax.jit(f)]:
+        with pytest.raises(ValueError, match="Cannot align the operands of `add`"):
+            run(v)
