@@ -6,9 +6,10 @@ plugin hooks, and every primitive with a registered rule is resolved on every pa
 of those types (and plain arrays) at every pair of input positions. A new family
 is covered as soon as it is installed.
 
-Two types that both override `Value.default` and meet on a primitive neither has a
-rule for are not ambiguous rules: quax refuses that with its own error, which
-names both types and asks for a rule.
+Two types that override `Value.default` differently and meet on a primitive neither
+has a rule for are not ambiguous rules: quax refuses that with its own error, which
+names both types and asks for a rule. (Types sharing one `default`, as every
+`quax.GuardedValue` does, do not compete: the shared policy decides.)
 """
 
 import itertools

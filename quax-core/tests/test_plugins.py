@@ -230,18 +230,15 @@ def _(x: quax.Value, y: A, **params):
 """
 
 STRICT_VALUE = """
-import equinox as eqx, jax, quax
+import jax, quax
 
-class Strict(quax.ArrayValue):
+class Strict(quax.GuardedValue):
     array: jax.Array
-    allow_materialise: bool = eqx.field(static=True, default=False)
 
     def aval(self):
         return jax.typeof(self.array)
 
-    def materialise(self):
-        if not self.allow_materialise:
-            raise RuntimeError("Refusing to materialise Strict")
+    def dense(self):
         return self.array
 """
 
@@ -381,8 +378,10 @@ def test_explain_names_file_and_line_and_refusing_defaults(cli: dict) -> None:
     assert re.search(r"-> rule: .*_rules\.py:\d+", rule.stdout), rule.stdout
     strict = cli["strict"]
     assert strict.returncode == 0, strict.stderr
-    assert "exp(Strict) -> materialise" in strict.stdout
-    assert "Strict refuses unless allow_materialise=True" in strict.stdout
+    assert "exp(Strict) -> default: `Strict.default`" in strict.stdout
+    assert "Strict refuses to materialise unless allow_materialise=True" in (
+        strict.stdout
+    )
 
 
 def test_published_quax_beside_quax_core_is_reported(tmp_path: Path) -> None:

@@ -192,7 +192,8 @@ def test_materialise_refusal_names_primitive() -> None:
 
 def test_two_defaults_is_type_error() -> None:
     with pytest.raises(
-        TypeError, match=r"both .*Wrapped.* and .*Other.*override `Value\.default`"
+        TypeError,
+        match=r"`.*Wrapped.* and `.*Other.* override `Value\.default` differently",
     ):
         quax.quaxify(lambda a, b: a + b)(Wrapped(x), Other(y))
 

@@ -93,7 +93,7 @@ def test_bad_names_are_refused(bad):
 def test_generate_into_a_workspace(tmp_path):
     (tmp_path / "pyproject.toml").write_text(ROOT_PYPROJECT)
     out = _scaffold("banded_matrix", "--dest", str(tmp_path))
-    assert "9 file(s) written" in out
+    assert "10 file(s) written" in out
     family = tmp_path / "quax-banded-matrix"
     files = sorted(str(p.relative_to(family)) for p in family.rglob("*") if p.is_file())
     assert files == [
@@ -106,6 +106,7 @@ def test_generate_into_a_workspace(tmp_path):
         "src/quax_banded_matrix/_value.py",
         "src/quax_banded_matrix/py.typed",
         "tests/test_banded_matrix.py",
+        "tests/test_structure.py",
     ]
     for path in family.rglob("*"):
         if path.is_file():
@@ -184,4 +185,4 @@ def test_generated_family_lints_and_passes_its_tests(tmp_path):
         timeout=600,
     )
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
-    assert "6 passed" in result.stdout
+    assert "7 passed" in result.stdout

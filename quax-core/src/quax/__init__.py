@@ -16,6 +16,10 @@ from . import (
 from ._eager import set_eager_compilation as set_eager_compilation
 from ._jaxpr import known_constant as known_constant
 from ._joins import JoinError as JoinError
+from ._policy import (
+    GuardedValue as GuardedValue,
+    MaterialisationError as MaterialisationError,
+)
 from ._quaxify import quaxify as quaxify
 from ._registry import (
     Resolution as Resolution,

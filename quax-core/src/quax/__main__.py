@@ -2,7 +2,6 @@
 program materialises."""
 
 import argparse
-import dataclasses
 import importlib
 import sys
 from collections.abc import Callable, Sequence
@@ -11,9 +10,10 @@ import jax
 
 from . import _plugins
 from ._introspect import primitive_named, summarise
+from ._policy import GuardedValue
 from ._registry import Resolution, resolve
 from ._shadow import shadowing_message
-from ._values import Value, track_materialisation
+from ._values import track_materialisation
 
 
 class _UsageError(Exception):
@@ -65,22 +65,19 @@ def _type_named(name: str) -> type:
 
 def _refusal_note(resolution: Resolution, types: Sequence[type]) -> str:
     """What the default does where it materialises a type that refuses to, unless
-    allowed (a type with an `allow_materialise` field, as in the published quax)."""
+    allowed: a type following the materialisation policy, `quax.GuardedValue`."""
     if resolution.kind == "rule":
         return ""
     refusing = [
         t.__qualname__
         for t in dict.fromkeys(types)
-        if isinstance(t, type)
-        and issubclass(t, Value)
-        and dataclasses.is_dataclass(t)
-        and "allow_materialise" in {f.name for f in dataclasses.fields(t)}
+        if isinstance(t, type) and issubclass(t, GuardedValue)
     ]
     if not refusing:
         return ""
     return (
-        f"; default: materialise ({', '.join(refusing)} refuses unless "
-        "allow_materialise=True, or `.enable_materialise()`)"
+        f"; {', '.join(refusing)} refuses to materialise unless "
+        "allow_materialise=True (or `.enable_materialise()`)"
     )
 
 

@@ -421,11 +421,13 @@ def _type_name(v: Any) -> str:
 
 def _resolve_fallback(primitive: Primitive, values: Sequence[Any]) -> Resolution:
     types = [v if isinstance(v, type) else type(v) for v in values]
-    overriding = list(
-        dict.fromkeys(
-            t for t in types if issubclass(t, Value) and _overrides_default(t)
-        )
-    )
+    # One type per `default` function: types sharing one (every family following
+    # `quax.GuardedValue`'s policy) do not compete, their shared `default` decides.
+    by_default: dict[Any, type] = {}
+    for t in types:
+        if issubclass(t, Value) and _overrides_default(t):
+            by_default.setdefault(t.default, t)
+    overriding = list(by_default.values())
     # quax's own stand-in for a plain array (a loop carry's constant start while
     # its type is found) turns itself into the other inputs' type first.
     overriding = [t for t in overriding if getattr(t, "settles_first", False)] or (
@@ -435,8 +437,8 @@ def _resolve_fallback(primitive: Primitive, values: Sequence[Any]) -> Resolution
         names = " and ".join(f"`{t.__module__}.{t.__qualname__}`" for t in overriding)
         raise TypeError(
             f"No quax rule for primitive `{primitive.name}` on input types "
-            f"({', '.join(map(_type_name, values))}), and both {names} "
-            "override `Value.default`, so quax cannot choose a fallback. Register a "
+            f"({', '.join(map(_type_name, values))}), and {names} override "
+            "`Value.default` differently, so quax cannot choose a fallback. Register a "
             "rule "
             f"for `{primitive.name}` on these types with `quax.register`."
         )

@@ -148,7 +148,9 @@ class Value(eqx.Module, metaclass=ValueMeta):
         For `primitive.bind(*values, **params)`, quax uses, in order: a registered
         rule matching the input types; else the `default` of the single input type
         that overrides this method; else it materialises every `Value` and binds the
-        primitive as usual. Two input types overriding `default` is a `TypeError`.
+        primitive as usual. Two input types overriding it with different functions
+        is a `TypeError`; types sharing one `default` (every [`quax.GuardedValue`][]
+        shares its refusing one) let it decide.
 
         **Arguments:**
 

@@ -6,6 +6,8 @@
 - [`quax.testing.compiled_hlo`][], [`quax.testing.assert_hlo_lacks`][]: "the compiled
     program holds no array of shape S / no op of kind K".
 - [`quax.testing.run_on_simulated_devices`][]: a program on 8 simulated CPU devices.
+- [`quax.testing.assert_family_layout`][]: a family's modules in their roles, one-way
+    imports, and the core's materialisation policy.
 - `quax.testing.strategies`: hypothesis strategies (shapes, dtypes, arrays,
     `dot_general` dimension numbers, small programs). It needs `hypothesis` and is
     imported on first use.
@@ -28,6 +30,10 @@ from ._hlo import (
     hlo_instructions as hlo_instructions,
     hlo_ops as hlo_ops,
     hlo_shapes as hlo_shapes,
+)
+from ._layout import (
+    assert_family_layout as assert_family_layout,
+    family_layout_problems as family_layout_problems,
 )
 
 
