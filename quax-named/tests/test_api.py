@@ -25,7 +25,7 @@ def test_axis_forms():
     assert Axis("batch", 32) == batch and Axis("batch") != batch
     assert Axis(3) != Axis(3)  # anonymous axes are equal only to themselves
     assert repr(Axis(4)) == "Axis(size=4)"
-    with pytest.raises(TypeError, match="string name"):
+    with pytest.raises(ValueError, match="string name"):
         Axis(3, 4)
     with pytest.raises(AttributeError, match="immutable"):
         batch.size = 3  # pyright: ignore[reportAttributeAccessIssue]
@@ -44,6 +44,62 @@ def test_construction_errors():
     ):
         NamedArray(jnp.ones((3,)), (Axis(4),))
     NamedArray(jnp.ones((5,)), (Axis(None),))  # None matches any size
+
+
+@pytest.mark.parametrize(
+    ("name", "match"),
+    [
+        ("", "Axis name must be a non-empty string, got ''"),
+        ("a b", "Axis name 'a b' holds whitespace"),
+        (" a", "Axis name ' a' holds whitespace"),
+        ("a,b", "Axis name 'a,b' holds ','"),
+        ("a->b", "Axis name 'a->b' holds '->'"),
+    ],
+)
+def test_axis_name_is_a_non_empty_string_without_separators(name, match):
+    with pytest.raises(ValueError, match=match):
+        Axis(name)
+    with pytest.raises(ValueError, match=match):
+        Axis(name, 3)
+    with pytest.raises(ValueError, match=match.replace("Axis name", "Entry 0 of .*")):
+        NamedArray(jnp.ones(3), (name,))
+    x = NamedArray(jnp.ones((3, 2)), ("a", "c"))
+    with pytest.raises(ValueError, match=match):
+        quax_named.rename(x, {"a": name})
+
+
+def test_axis_size_is_an_integer():
+    assert Axis("a", np.int64(3)).size == 3 and type(Axis(np.int32(4)).size) is int
+    for size, match in [
+        (-1, "Axis size must be >= 0, got -1"),
+        (2.0, "Axis size must be an integer >= 0 or None, got float 2.0"),
+        (True, "Axis size must be an integer >= 0 or None, got bool True"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            Axis("a", size)
+    for bad in (3.5, ["a"]):
+        with pytest.raises(ValueError, match=r"name .* or, for an anonymous axis, a"):
+            Axis(bad)  # pyright: ignore[reportArgumentType]
+
+
+def test_named_array_checks_its_fields():
+    """Bad inputs raise a `ValueError` naming the field at construction, not an
+    error far from the cause (a string of names was read as one axis per letter)."""
+    with pytest.raises(ValueError, match=r"field `axes` must be a sequence.*\('ab',\)"):
+        NamedArray(jnp.ones((3, 3)), "ab")  # pyright: ignore[reportArgumentType]
+    with pytest.raises(ValueError, match="field `axes` must be a sequence"):
+        NamedArray(jnp.ones(3), 3)  # pyright: ignore[reportArgumentType]
+    for bad in (None, 3):
+        with pytest.raises(ValueError, match="Entry 1 of `NamedArray` field `axes`"):
+            NamedArray(jnp.ones((2, 3)), ("a", bad))  # pyright: ignore[reportArgumentType]
+    with pytest.raises(ValueError, match="`array` of a `NamedArray` must be an array"):
+        NamedArray([1.0, 2.0], ("a",))
+    with pytest.raises(ValueError, match=r"repeated: \('a',\)"):
+        NamedArray(jnp.ones((2, 2)), ("a", Axis("a", 2)))
+    with pytest.raises(ValueError, match=r"Mismatched axis size for axis Axis\('b'"):
+        NamedArray(jnp.ones((2, 3)), ("a", Axis("b", 2)))
+    with pytest.raises(ValueError, match="Entry 0 of `nmap`'s `out_axes`"):
+        quax_named.nmap(jnp.sum, "a", out_axes=("",))
 
 
 def test_materialise_refused_and_enabled():

@@ -1,6 +1,8 @@
 """The value type: `NamedArray`, an array whose every axis carries an `Axis`."""
 
+import numbers
 import operator
+import re
 from collections.abc import Iterable, Sequence
 from typing import Any, ClassVar
 
@@ -36,15 +38,20 @@ class Axis:
         """
         if name is not None and not isinstance(name, str):
             if size is not None:
-                raise TypeError(
-                    f"Axis(name, size) needs a string name; got {name!r}. Use "
+                raise ValueError(
+                    f"Axis(name, size) needs a string name; got name={name!r}. Use "
                     "Axis(size) for an anonymous axis."
                 )
+            if isinstance(name, bool) or not isinstance(name, numbers.Integral):
+                raise ValueError(
+                    "Axis takes a name (a string) or, for an anonymous axis, a size "
+                    f"(an integer); got {type(name).__name__} {name!r}."
+                )
             name, size = None, name
-        if size is not None and (isinstance(size, bool) or not isinstance(size, int)):
-            raise TypeError(f"Axis size must be an int or None, got {size!r}.")
-        if size is not None and size < 0:
-            raise ValueError(f"Axis size must be >= 0, got {size}.")
+        if name is not None:
+            check_name(name, "Axis name")
+        if size is not None:
+            size = _check_size(size)
         object.__setattr__(self, "name", name)
         object.__setattr__(self, "size", size)
 
@@ -86,6 +93,52 @@ class Axis:
         return self.name if self.name is not None else f"<anonymous {self.size}>"
 
 
+# Characters an axis name may not hold: whitespace and the separators of
+# `quax_named.einsum`'s spec ("batch feature, feature hidden -> batch hidden").
+_SEPARATORS = (",", "->")
+
+
+def check_name(name: Any, field: str) -> str:
+    """`name` if it is a valid axis name, else a `ValueError` naming `field`.
+
+    A valid name is a non-empty string without whitespace, `,` or `->` (which
+    `quax_named.einsum` reads as separators).
+    """
+    if not isinstance(name, str):
+        raise ValueError(
+            f"{field} must be a string, got {type(name).__name__} {name!r}. An "
+            "anonymous axis is `Axis(size)`."
+        )
+    if not name:
+        raise ValueError(
+            f"{field} must be a non-empty string, got ''. Give the axis a name, or "
+            "use `Axis(size)` for an anonymous axis."
+        )
+    bad = [s for s in _SEPARATORS if s in name]
+    if bad or any(c.isspace() for c in name):
+        shown = repr(bad[0]) if bad else "whitespace"
+        suggestion = re.sub(r"\s|,|->", "_", name)
+        raise ValueError(
+            f"{field} {name!r} holds {shown}, which `quax_named.einsum` reads as a "
+            "separator: use a name without whitespace, ',' or '->' (e.g. "
+            f"{suggestion!r})."
+        )
+    return name
+
+
+def _check_size(size: Any) -> int:
+    """`size` as an `int` if it is a valid axis size (an integer >= 0, NumPy's
+    included), else a `ValueError` naming the field."""
+    if isinstance(size, bool) or not isinstance(size, numbers.Integral):
+        raise ValueError(
+            f"Axis size must be an integer >= 0 or None, got {type(size).__name__} "
+            f"{size!r}."
+        )
+    if size < 0:
+        raise ValueError(f"Axis size must be >= 0, got {size}.")
+    return int(size)
+
+
 class Broadcast(Axis):
     """An axis that positional code created by broadcasting (`jnp.expand_dims`, a
     `keepdims=True` reduction): the array is constant along it, so it aligns with
@@ -107,15 +160,35 @@ class Broadcast(Axis):
         return f"<broadcast {self.size}>"
 
 
-def as_axes(axes: Iterable[Axis | str]) -> tuple[Axis, ...]:
-    """`axes` as a tuple of `Axis`: a string `s` is `Axis(s)`."""
+def as_axes(
+    axes: Iterable[Axis | str], field: str = "`NamedArray` field `axes`"
+) -> tuple[Axis, ...]:
+    """`axes` as a tuple of `Axis`: a string `s` is `Axis(s)`.
+
+    **Arguments:**
+
+    - `axes`: a sequence of `Axis` objects and names.
+    - `field`: what `axes` is, for the `ValueError` that a bad entry raises.
+
+    **Returns:**
+
+    A tuple of `Axis`.
+    """
+    if isinstance(axes, str) or not isinstance(axes, Iterable):
+        hint = f" (for one axis write ({axes!r},))" if isinstance(axes, str) else ""
+        raise ValueError(
+            f"{field} must be a sequence of axes (`Axis` objects or names), got "
+            f"{type(axes).__name__} {axes!r}{hint}."
+        )
     out = []
-    for axis in axes:
+    for i, axis in enumerate(axes):
         if isinstance(axis, str):
-            axis = Axis(axis)
+            axis = Axis(check_name(axis, f"Entry {i} of {field}"))
         elif not isinstance(axis, Axis):
-            raise TypeError(
-                f"NamedArray axes must be `Axis` objects or names (str), got {axis!r}."
+            raise ValueError(
+                f"Entry {i} of {field} must be an `Axis` or a name (a non-empty "
+                f"string), got {type(axis).__name__} {axis!r}. An anonymous axis is "
+                "`Axis(size)`."
             )
         out.append(axis)
     return tuple(out)
@@ -173,7 +246,14 @@ class NamedArray(quax.ArrayValue):
                 "Axis names for `NamedArray` must be unique; repeated: "
                 f"{labels(repeated)} in {labels(self.axes)}."
             )
-        shape = _shape(self.array)
+        try:
+            shape = _shape(self.array)
+        except TypeError:
+            raise ValueError(
+                "`array` of a `NamedArray` must be an array (JAX or NumPy) or a quax "
+                f"value, got {type(self.array).__name__}. Convert it with "
+                "`jnp.asarray` first."
+            ) from None
         if len(shape) != len(self.axes):
             raise ValueError(
                 "`NamedArray` must have every axis be named: got "

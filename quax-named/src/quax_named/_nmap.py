@@ -51,7 +51,7 @@ def nmap(
     A function of the same arguments returning `NamedArray`s.
     """
     core = _keys(axes)
-    named_out = None if out_axes is None else as_axes(out_axes)
+    named_out = None if out_axes is None else as_axes(out_axes, "`nmap`'s `out_axes`")
 
     @ft.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
