@@ -343,3 +343,63 @@ def test_two_slices_have_two_anonymous_axes_under_jit_too():
     for run in [f, jax.jit(f)]:
         with pytest.raises(ValueError, match="Cannot align the operands of `add`"):
             run(v)
+
+
+def test_outer_product_of_an_axis_with_itself_is_refused():
+    """`v[:, None] * v[None, :]` needs axis `b` twice; aligning by name gave the
+    square of `v` broadcast, where positional code gives the outer product."""
+    v = NamedArray(jnp.arange(4.0), ("b",))
+    with pytest.raises(ValueError, match=r"`mul` would hold axis 'b' twice.*rename"):
+        quax.quaxify(lambda v: v[:, None] * v[None, :])(v)
+    # With two names, the outer product is by name.
+    u = qn.rename(v, {"b": "b2"})
+    got = quax.quaxify(lambda v, u: v[:, None] * u[None, :])(v, u)
+    assert got.names == ("b", "b2")
+    np.testing.assert_array_equal(got.array, np.outer(np.arange(4.0), np.arange(4.0)))
+
+
+def test_a_constant_operand_is_one_value_by_its_bits():
+    """An unnamed constant broadcasts like a scalar only if every entry has the same
+    bits: `[0.0, -0.0, 0.0]` is not `0.0` everywhere (a product's sign shows it)."""
+    x = NamedArray(jnp.array([1.0, 2.0, 3.0]), ("a",))
+    with pytest.raises(ValueError, match=r"unnamed array of shape \(3,\)"):
+        quax.quaxify(lambda x: x * jnp.array([-0.0, 0.0, 0.0]))(x)
+    got = quax.quaxify(lambda x: x * jnp.full(3, -0.0))(x)
+    np.testing.assert_array_equal(np.signbit(got.array), [True, True, True])
+    got = quax.quaxify(lambda x: x + jnp.full(3, jnp.nan))(x)
+    assert got.names == ("a",) and np.isnan(got.array).all()
+
+
+NAN = np.array([[1.0, np.nan, -2.0], [np.inf, 0.5, -0.0]], np.float32)
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda x, y: jnp.sum(x, axis=0),
+        lambda x, y: jnp.max(x, axis=1),
+        lambda x, y: jax.nn.softmax(x, axis=-1),
+        lambda x, y: jnp.cumsum(x, axis=1),
+        lambda x, y: jnp.exp(x) * 2.0 - x,
+        lambda x, y: jnp.where(x > 0, x, 0.0),
+        lambda x, y: jnp.maximum(x, 0.0),
+        lambda x, y: x.T @ y,
+    ],
+)
+def test_non_finite_entries_give_what_plain_jax_gives(fn):
+    """NaN in, NaN out (and inf, -0.0): the rules add no arithmetic of their own."""
+    x = NamedArray(jnp.asarray(NAN), ("a", "b"))
+    y = NamedArray(jnp.asarray(NAN), ("a", "c"))
+    got = quax.quaxify(fn)(x, y)
+    want = fn(jnp.asarray(NAN), jnp.asarray(NAN))
+    np.testing.assert_array_equal(got.array, want)  # NaN where plain JAX has NaN
+    np.testing.assert_array_equal(np.signbit(got.array), np.signbit(want))
+
+
+@pytest.mark.parametrize("fn", ["sum", "max", "mean", "softmax", "cumsum", "argmax"])
+def test_non_finite_entries_by_name(fn):
+    x = NamedArray(jnp.asarray(NAN), ("a", "b"))
+    ref = getattr(jnp, fn, None) or getattr(jax.nn, fn)
+    for axis, position in (("a", 0), ("b", 1)):
+        got = getattr(qn, fn)(x, axis).array
+        np.testing.assert_array_equal(got, ref(jnp.asarray(NAN), axis=position))

@@ -62,10 +62,13 @@ def _uniform(x: Any) -> Any:
     known = quax.known_constant(x, _UNIFORM_MAX_SIZE)
     if known is None or known.size == 0:
         return None
-    first = np.broadcast_to(known.flat[0], known.shape)
-    if not np.array_equal(known, first, equal_nan=known.dtype.kind in "fc"):
+    # One value by its bits: 0.0 and -0.0 (and NaNs of two signs) are two values,
+    # which a product or a quotient tells apart.
+    flat = np.ascontiguousarray(known).reshape(-1)
+    bits = flat.view(np.uint8).reshape(flat.size, -1)
+    if not (bits == bits[:1]).all():
         return None
-    return known.reshape(-1)[:1]
+    return flat[:1]
 
 
 def _shape(x: Any) -> tuple[int, ...]:
@@ -132,6 +135,28 @@ def _layout(
         out[free[0]] = axis
         placed[axis.key] = free[0]
     result = [a if a is not None else Broadcast(shape[j]) for j, a in enumerate(out)]
+    for x in operands:
+        if not isinstance(x, NamedArray):
+            continue
+        for j, axis in enumerate(x.axes):
+            # A real axis that aligning by name moves away from a position that
+            # nothing else fills: positional code varies the result along both
+            # positions (`v[:, None] * v[None, :]`), one name cannot.
+            if not isinstance(axis, Broadcast) and isinstance(result[j], Broadcast):
+                if shape[j] == 1:
+                    continue
+                named = [o for o in operands if isinstance(o, NamedArray)]
+                renamed = {axis.name or "<axis>": (axis.name or "<axis>") + "2"}
+                raise ValueError(
+                    f"`{primitive.name}` would hold axis {axis.label()!r} twice: "
+                    f"positional code puts it at position {placed[axis.key]} of one "
+                    f"operand and {j} of another "
+                    f"({' and '.join(labels(o.axes) for o in named)}), as an outer "
+                    "product of an array with itself does, and a NamedArray holds "
+                    "each axis once. Rename the axis in one operand first "
+                    f"(`quax_named.rename(x, {renamed!r})`), or use "
+                    "`quax_named.nmap`."
+                )
     for j, axis in enumerate(result):
         if not isinstance(axis, Broadcast) and sizes[axis.key] != shape[j]:
             raise ValueError(
