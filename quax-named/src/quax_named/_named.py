@@ -299,10 +299,18 @@ class NamedArray(quax.ArrayValue):
         )
         if len(aval.shape) != len(self.axes):
             raise ValueError(
-                f"This NamedArray's array has shape {aval.shape} but it names "
-                f"{len(self.axes)} axes {labels(self.axes)}: its leaves were stacked "
-                "or sliced outside `jax.vmap`. A batch of named arrays is a NamedArray "
-                "with a named batch axis."
+                f"This NamedArray names {len(self.axes)} axes {labels(self.axes)} but "
+                f"its array has shape {aval.shape}: a JAX transform mapped or sliced "
+                "its stored array by position (`jax.vmap` maps storage axis 0, or "
+                "the one `in_axes` gives; `jax.lax.scan` and `jax.lax.map` slice "
+                "axis 0), or a tree map stacked or sliced its leaves. quax_named "
+                "refuses it: the names no longer match the array's axes. To run "
+                "code over some named axes, vectorised over the others, use "
+                "`quax_named.nmap(fn, axes)`; to `jax.vmap` over a batch, map plain "
+                "arrays and name them inside the mapped function "
+                "(`NamedArray(a, axes)`), or call `jax.vmap` inside `quax.quaxify`, "
+                "where it maps the array positional code sees and every name is "
+                "kept."
             )
         return aval  # pyright: ignore[reportReturnType]
 

@@ -48,8 +48,20 @@ def _labels_of(arrays: Sequence[Any]) -> str:
 
 
 def _check(x: Any, fn: str) -> NamedArray:
+    """`x` if it is a `NamedArray` whose array has one axis per name (which
+    `NamedArray.aval` checks: `jax.vmap` over a `NamedArray` breaks it)."""
     if not isinstance(x, NamedArray):
-        raise TypeError(f"quax_named.{fn} needs a NamedArray, got {type(x).__name__}.")
+        inside = (
+            " Inside `quax.quaxify` positional code sees plain arrays (the rules "
+            "keep the names): call the by-name functions outside it, or run "
+            "positional code over named axes with `quax_named.nmap`."
+            if isinstance(x, jax.core.Tracer)
+            else ""
+        )
+        raise TypeError(
+            f"quax_named.{fn} needs a NamedArray, got {type(x).__name__}.{inside}"
+        )
+    x.aval()
     return x
 
 
