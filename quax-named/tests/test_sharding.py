@@ -109,3 +109,70 @@ def test_a_mapping_reaches_code_traced_before_it():
             assert constraints(fn) > 0
             assert constraints(fn) > 0
         assert constraints(fn) == 0
+
+
+TARGETS = r"""
+import jax, jax.numpy as jnp, quax
+import quax_named as qn
+from jax.sharding import AxisType
+from quax_named import NamedArray
+
+mesh = jax.make_mesh((2, 2), ("data", "model"), axis_types=(AxisType.Auto,) * 2)
+x = NamedArray(jnp.ones((4, 3)), ("batch", "feature"))
+y = NamedArray(jnp.ones((4, 3)), ("batch", "feature"))
+
+def constraints(jaxpr):
+    # The mesh axes of every sharding constraint, sub-programs included.
+    found = []
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "sharding_constraint":
+            found.append(tuple(eqn.params["sharding"].spec)[0])
+        for param in eqn.params.values():
+            sub = getattr(param, "jaxpr", param)
+            if hasattr(sub, "eqns"):
+                found += constraints(sub)
+    return found
+
+# The same function objects, traced under each mapping in turn.
+positional = jax.jit(quax.quaxify(lambda a, b: jnp.sum(jnp.sin(a) * b, axis=1)))
+by_name = jax.jit(lambda a, b: qn.sum(a * b, "feature").array)
+eager = quax.quaxify(lambda a, b: jnp.sin(a) + b)
+for target in ["data", "model", "data"]:
+    with qn.axis_mapping({"batch": target}, mesh):
+        for fn in (positional, by_name):
+            found = constraints(fn.trace(x, y).jaxpr.jaxpr)
+            assert found and set(found) == {target}, (target, found)
+            out = fn(x, y)
+            out = out.array if isinstance(out, NamedArray) else out
+            assert tuple(out.sharding.spec)[0] == target, (target, out.sharding)
+        found = constraints(jax.make_jaxpr(eager)(x, y).jaxpr)
+        assert found and set(found) == {target}, (target, found)
+        for _ in range(3):  # eager: first call, then compiled programs
+            out = eager(*qn.shard((x, y)))
+            assert tuple(out.array.sharding.spec)[0] == target, out.array.sharding
+print("ok")
+"""
+
+
+def test_each_mapping_constrains_to_its_own_mesh_axes():
+    """`axis_mapping`'s targets are part of every cache key, JAX's own included: a
+    jitted function traced under `{"batch": "data"}` and then called under
+    `{"batch": "model"}` constrains to `model` (it kept `data`'s constraints)."""
+    out = quax.testing.run_on_simulated_devices(TARGETS, n=4, timeout=300)
+    assert out.strip().splitlines()[-1] == "ok"
+
+
+@pytest.mark.parametrize(
+    ("mapping", "match"),
+    [
+        ([("batch", "data")], "`mapping` of `axis_mapping` must be a mapping"),
+        ({"": "data"}, "must be a non-empty string"),
+        ({"batch": 3}, "maps axis 'batch' to 3: a mesh axis is a non-empty string"),
+        ({"batch": ("data", "")}, "maps axis 'batch' to \\('data', ''\\)"),
+    ],
+)
+def test_axis_mapping_checks_its_mapping(mapping, match):
+    with pytest.raises(ValueError, match=match), qn.axis_mapping(mapping):
+        pass
+    with qn.axis_mapping({"batch": ["data", "model"]}):
+        assert qn.partition_spec(("batch",)) == P(("data", "model"))

@@ -10,6 +10,8 @@ import jax.core
 import quax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from ._named import check_name
+
 
 __all__ = [
     "axis_mapping",
@@ -38,7 +40,39 @@ def _setting() -> Any:
     return tuple(sorted(mapping.items())), mesh
 
 
+# Quax reuses what rules traced (compiled eager programs, replayed recordings) only
+# under the same setting...
 quax.plugins.add_setting(_setting)
+# ...and JAX's own caches (a `jax.jit`'s traces, lowerings and compiled programs)
+# key on this context: a jitted function traced under one mapping is traced again
+# under another, rather than keeping the first one's sharding constraints.
+_jit_context = jax.make_user_context(default_value=None)
+
+
+def _check_mapping(mapping: Any) -> dict[str, MeshAxes]:
+    """`mapping` as a dict from axis names to mesh axes (a name, a tuple of names,
+    or `None`), else a `ValueError` naming the entry."""
+    if not isinstance(mapping, Mapping):
+        raise ValueError(
+            "`mapping` of `axis_mapping` must be a mapping from axis names to mesh "
+            f"axes, got {type(mapping).__name__} {mapping!r}."
+        )
+    out: dict[str, MeshAxes] = {}
+    for name, target in mapping.items():
+        check_name(name, "An axis name of `axis_mapping`'s `mapping`")
+        if isinstance(target, list):
+            target = tuple(target)
+        parts = (target,) if isinstance(target, str) else target
+        if parts is not None and (
+            not isinstance(parts, tuple)
+            or not all(isinstance(p, str) and p for p in parts)
+        ):
+            raise ValueError(
+                f"`axis_mapping` maps axis {name!r} to {target!r}: a mesh axis is a "
+                "non-empty string, a tuple of them, or `None` (replicated)."
+            )
+        out[name] = target
+    return out
 
 
 @contextlib.contextmanager
@@ -66,9 +100,10 @@ def axis_mapping(
     - `mesh`: the `jax.sharding.Mesh`; `None` uses the mesh set with
         `jax.sharding.use_mesh`/`jax.set_mesh`.
     """
-    _state.stack.append((dict(mapping), mesh))
+    _state.stack.append((_check_mapping(mapping), mesh))
     try:
-        yield
+        with _jit_context(_setting()):
+            yield
     finally:
         _state.stack.pop()
 
