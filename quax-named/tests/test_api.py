@@ -116,6 +116,19 @@ def test_materialise_refused_and_enabled():
     assert x.sizes == {"i": 3}
 
 
+def test_follows_the_core_materialisation_policy():
+    x = NamedArray(jnp.arange(3.0), ("i",))
+    assert isinstance(x, quax.GuardedValue)
+    assert issubclass(NamedMaterialisationError, quax.MaterialisationError)
+    with pytest.raises(quax.MaterialisationError, match="axis names \\('i',\\)"):
+        x.materialise()
+    assert x.enable_materialise(allow=True).allow_materialise is True
+    # The published positional signature: NamedArray(array, axes, allow_materialise).
+    assert NamedArray(jnp.arange(3.0), ("i",), True).allow_materialise is True
+    with pytest.raises(ValueError, match="`allow_materialise` of a `NamedArray`"):
+        NamedArray(jnp.arange(3.0), ("i",), "yes")  # pyright: ignore[reportArgumentType]
+
+
 def test_refusal_names_primitive_and_way_out():
     x = NamedArray(jnp.ones((3, 4)), ("a", "b"))
     with pytest.raises(NamedMaterialisationError, match=r"primitive `sort`.*nmap"):

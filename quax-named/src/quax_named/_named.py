@@ -204,9 +204,10 @@ def labels(axes: Sequence[Axis]) -> str:
     )
 
 
-class NamedMaterialisationError(RuntimeError):
+class NamedMaterialisationError(quax.MaterialisationError):
     """A `NamedArray` with `allow_materialise=False` met an operation that has no rule
-    keeping its axis names."""
+    keeping its axis names. A [`quax.MaterialisationError`][] (a `RuntimeError`):
+    its message starts with "Refusing to materialise"."""
 
 
 def _shape(array: Any) -> tuple[int, ...]:
@@ -215,14 +216,16 @@ def _shape(array: Any) -> tuple[int, ...]:
     return tuple(jax.typeof(array).shape)
 
 
-class NamedArray(quax.ArrayValue):
+class NamedArray(quax.GuardedValue):
     """An array with each axis bound to an [`quax_named.Axis`][].
 
     Inside [`quax.quaxify`][], unmodified positional code runs on it with the names
     checked: elementwise operations align and broadcast by name (never by position),
     `@`/`dot_general` contracts only matching axes, reductions drop the axes they
-    reduce. An operation without a rule that keeps the names raises a
-    [`quax_named.NamedMaterialisationError`][] naming it.
+    reduce. It follows the core's materialisation policy ([`quax.GuardedValue`][]):
+    an operation without a rule that keeps the names raises a
+    [`quax_named.NamedMaterialisationError`][] naming it, unless
+    `allow_materialise=True`.
 
     **Fields:**
 
@@ -234,11 +237,36 @@ class NamedArray(quax.ArrayValue):
 
     array: Any
     axes: tuple[Axis, ...] = eqx.field(static=True, converter=as_axes)
-    allow_materialise: bool = eqx.field(default=False, static=True)
 
+    materialisation_error: ClassVar[type[quax.MaterialisationError]] = (
+        NamedMaterialisationError
+    )
     linear_in_leaves: ClassVar[bool] = True
 
+    def __init__(
+        self,
+        array: Any,
+        axes: Sequence[Axis | str],
+        allow_materialise: bool = False,
+    ):
+        """**Arguments:**
+
+        - `array`: the wrapped array (a JAX or NumPy array, or another quax value).
+        - `axes`: one `Axis` or name per axis of `array`, in storage order.
+        - `allow_materialise`: whether an operation without a named rule may drop
+            the names and run on the plain array (the published quax's positional
+            third argument).
+        """
+        self.array = array
+        self.axes = axes  # pyright: ignore[reportAttributeAccessIssue]
+        self.allow_materialise = allow_materialise
+
     def __check_init__(self) -> None:
+        if not isinstance(self.allow_materialise, bool):
+            raise ValueError(
+                "`allow_materialise` of a `NamedArray` must be a bool, got "
+                f"{type(self.allow_materialise).__name__} {self.allow_materialise!r}."
+            )
         keys = [a.key for a in self.axes]
         repeated = [a for i, a in enumerate(self.axes) if a.key in keys[:i]]
         if repeated:
@@ -314,46 +342,28 @@ class NamedArray(quax.ArrayValue):
             )
         return aval  # pyright: ignore[reportReturnType]
 
-    def materialise(self) -> Any:
-        if not self.allow_materialise:
-            raise NamedMaterialisationError(
-                "Refusing to materialise `NamedArray` with `allow_materialise=False` "
-                f"(axes {labels(self.axes)}). Pass allow_materialise=True or call "
-                "`.enable_materialise()` to drop the names, or use `.array`."
-            )
+    def dense(self) -> Any:
         if quax.is_value(self.array):
             return self.array.materialise()
         return self.array
 
-    def enable_materialise(self, allow_materialise: bool = True) -> "NamedArray":
-        """A copy of this array with `allow_materialise` set.
+    def refusal_reason(self) -> str:
+        return (
+            f"quax_named keeps its axis names {labels(self.axes)}, which a plain "
+            "array would drop"
+        )
 
-        **Arguments:**
-
-        - `allow_materialise`: the new setting.
-
-        **Returns:**
-
-        A `NamedArray` with the same array and axes.
-        """
-        return NamedArray(self.array, self.axes, allow_materialise)
-
-    @staticmethod
-    def default(primitive: Any, values: Any, params: dict[str, Any]) -> Any:
-        for value in values:
-            if isinstance(value, NamedArray) and not value.allow_materialise:
-                types = ", ".join(type(v).__qualname__ for v in values)
-                raise NamedMaterialisationError(
-                    "Refusing to materialise `NamedArray` with "
-                    f"`allow_materialise=False` for primitive `{primitive.name}` on "
-                    f"input types ({types}): quax_named has no rule for it that keeps "
-                    f"the axis names {labels(value.axes)}. Ways out: run the "
-                    "positional code through `quax_named.nmap` over the axes it needs, "
-                    "use the by-name functions of quax_named, or pass "
-                    "allow_materialise=True / call `.enable_materialise()` to drop the "
-                    "names."
-                )
-        return quax.Value.default(primitive, values, params)
+    def way_out(self, primitive: Any = None) -> str:
+        if primitive is None:
+            return (
+                "Pass allow_materialise=True or call `.enable_materialise()` to drop "
+                "the names, or use `.array`."
+            )
+        return (
+            "Ways out: run the positional code through `quax_named.nmap` over the "
+            "axes it needs, use the by-name functions of quax_named, or pass "
+            "allow_materialise=True / call `.enable_materialise()` to drop the names."
+        )
 
     # Names ---------------------------------------------------------------------------
 
