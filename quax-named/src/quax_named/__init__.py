@@ -10,17 +10,10 @@ h = quax.quaxify(lambda x, w: jax.nn.relu(x @ w))(x, w)  # axes (batch, hidden)
 """
 
 from . import _rules as _rules  # registers the rules
-from ._named import (
-    Axis as Axis,
-    NamedArray as NamedArray,
-    NamedMaterialisationError as NamedMaterialisationError,
-)
-from ._nmap import nmap as nmap
-from ._ops import (
-    align as align,
+from ._axes import Axis as Axis
+from ._model import (
     argmax as argmax,
     argmin as argmin,
-    broadcast_to as broadcast_to,
     cumprod as cumprod,
     cumsum as cumsum,
     dot as dot,
@@ -31,18 +24,25 @@ from ._ops import (
     mean as mean,
     min as min,
     prod as prod,
-    rename as rename,
+    shard as shard,
     softmax as softmax,
     std as std,
     sum as sum,
     trace as trace,
-    transpose as transpose,
     var as var,
     where as where,
 )
+from ._nmap import nmap as nmap
 from ._sharding import (
     axis_mapping as axis_mapping,
     named_sharding as named_sharding,
     partition_spec as partition_spec,
-    shard as shard,
+)
+from ._value import (
+    NamedArray as NamedArray,
+    NamedMaterialisationError as NamedMaterialisationError,
+    align as align,
+    broadcast_to as broadcast_to,
+    rename as rename,
+    transpose as transpose,
 )

@@ -6,7 +6,8 @@ from typing import Any
 
 import jax
 
-from ._named import Axis, NamedArray, as_axes, labels
+from ._axes import Axis, as_axes, labels
+from ._value import NamedArray
 
 
 __all__ = ["nmap"]

@@ -5,11 +5,11 @@ names that are right: elementwise operations align their operands by name (never
 position), `dot_general` contracts only matching axes, reductions and positional
 reshapes drop or keep the axes at the positions the program names (the storage order,
 `NamedArray.axes`). What cannot be laid out both ways refuses with an error naming
-the axes; every other primitive falls back to `NamedArray.default`, which refuses
-unless the array allows materialising.
+the axes; every other primitive falls back to the refusing `default` of
+`quax.GuardedValue`, unless the array allows materialising.
 """
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -18,31 +18,12 @@ from jax import lax
 from jax.extend.core import Primitive
 from jaxtyping import ArrayLike
 
-from ._named import Axis, Broadcast, NamedArray, labels
-from ._sharding import constrain
+from ._axes import Axis, Broadcast, labels
+from ._kernels import array_shape, bind, call, relayout
+from ._value import NamedArray, make
 
 
 __all__: list[str] = []
-
-
-def call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    """`fn(*args, **kwargs)`, quaxified when an argument is itself a quax value (a
-    `NamedArray` wrapping a LoRA array, a quantity, a symbolic zero)."""
-    if any(quax.is_value(a) for a in args):
-        return quax.quaxify(fn)(*args, **kwargs)
-    return fn(*args, **kwargs)
-
-
-def bind(primitive: Primitive, *args: Any, **params: Any) -> Any:
-    return call(primitive.bind, *args, **params)
-
-
-def make(array: Any, axes: Sequence[Axis], allow_materialise: bool = False) -> Any:
-    """The result of a rule: a `NamedArray`, or the plain array when no axis is left
-    (a full reduction is a plain scalar, so a loss can be differentiated)."""
-    if not axes:
-        return array
-    return NamedArray._unchecked(constrain(array, axes), tuple(axes), allow_materialise)
 
 
 def _allow(values: Sequence[Any]) -> bool:
@@ -69,10 +50,6 @@ def _uniform(x: Any) -> Any:
     if not (bits == bits[:1]).all():
         return None
     return flat[:1]
-
-
-def _shape(x: Any) -> tuple[int, ...]:
-    return tuple(x.aval().shape) if quax.is_value(x) else tuple(np.shape(x))
 
 
 # Elementwise ------------------------------------------------------------------------
@@ -173,7 +150,7 @@ def _axis_sizes(primitive: Primitive, operands: Sequence[Any]) -> dict[Any, int]
     for x in operands:
         if not isinstance(x, NamedArray):
             continue
-        for axis, n in zip(x.axes, _shape(x.array), strict=True):
+        for axis, n in zip(x.axes, array_shape(x.array), strict=True):
             if isinstance(axis, Broadcast):
                 continue
             if axis.key in sizes and sizes[axis.key] != n:
@@ -187,29 +164,6 @@ def _axis_sizes(primitive: Primitive, operands: Sequence[Any]) -> dict[Any, int]
     return sizes
 
 
-def _relayout(x: NamedArray, out: Sequence[Axis], shape: tuple[int, ...]) -> Any:
-    """`x.array` laid out on the axes `out` (shape `shape`): transposed by name, its
-    broadcast axes dropped and the axes it lacks broadcast."""
-    array = x.array
-    positions = {a.key: j for j, a in enumerate(out)}
-    own = _shape(array)
-    real = [i for i, a in enumerate(x.axes) if not isinstance(a, Broadcast)]
-    if len(real) != len(own):
-        # Drop the broadcast axes (the array is constant along them).
-        start = [0] * len(own)
-        limit = [n if i in real else min(n, 1) for i, n in enumerate(own)]
-        if any(lim != n for lim, n in zip(limit, own, strict=True)):
-            array = call(lax.slice, array, start, limit)
-        array = call(lax.reshape, array, tuple(own[i] for i in real))
-    order = sorted(range(len(real)), key=lambda k: positions[x.axes[real[k]].key])
-    if order != list(range(len(real))):
-        array = call(lax.transpose, array, order)
-    dims = tuple(sorted(positions[x.axes[i].key] for i in real))
-    if tuple(_shape(array)) != shape:
-        array = call(lax.broadcast_in_dim, array, shape, dims)
-    return array
-
-
 def _same_layout(inputs: Sequence[Any]) -> NamedArray | None:
     """The first operand when every named operand has its axes and shape and the
     others are scalars (the common case, bound as it is); else `None`."""
@@ -218,7 +172,9 @@ def _same_layout(inputs: Sequence[Any]) -> NamedArray | None:
         if isinstance(x, NamedArray):
             if first is None:
                 first = x
-            elif x.axes != first.axes or _shape(x.array) != _shape(first.array):
+            elif x.axes != first.axes or array_shape(x.array) != array_shape(
+                first.array
+            ):
                 return None
         elif np.ndim(x) != 0:
             return None
@@ -233,7 +189,7 @@ def _elementwise(
         arrays = [x.array if isinstance(x, NamedArray) else x for x in inputs]
         return make(bind(primitive, *arrays, **params), fast.axes, _allow(inputs))
     operands = list(inputs)
-    shapes = [_shape(x) for x in operands]
+    shapes = [array_shape(x) for x in operands]
     ranked = [s for s in shapes if s]
     shape = tuple(np.broadcast_shapes(*ranked)) if ranked else ()
     named = [x for x in operands if isinstance(x, NamedArray)]
@@ -260,7 +216,7 @@ def _elementwise(
     arrays = []
     for x, s in zip(operands, shapes, strict=True):
         if isinstance(x, NamedArray):
-            arrays.append(_relayout(x, out, shape))
+            arrays.append(relayout(x, out, shape))
         elif s:
             arrays.append(
                 call(lax.broadcast_in_dim, call(lax.reshape, x, ()), shape, ())
@@ -342,7 +298,7 @@ def _unnamed_contraction(
         return quax.fallback_rule(lax.dot_general_p, values)(values, params)
     raise TypeError(
         "Cannot contract mismatched dimensions: a NamedArray with axes "
-        f"{labels(named.axes)} meets an unnamed array of shape {_shape(other)} in "
+        f"{labels(named.axes)} meets an unnamed array of shape {array_shape(other)} in "
         "`dot_general`, and quax_named never contracts by position. Wrap the other "
         "operand as `NamedArray(array, axes)`, or use `quax_named.nmap`."
     )
@@ -416,7 +372,7 @@ def _broadcast_in_dim(
         broadcast_dimensions=broadcast_dimensions,
         **params,
     )
-    own = _shape(x.array)
+    own = array_shape(x.array)
     out: list[Axis] = []
     for j, n in enumerate(shape):
         if j in broadcast_dimensions:
@@ -444,7 +400,7 @@ def _reshape(
     dimensions: Any,
     **params: Any,
 ) -> Any:
-    own = _shape(x.array)
+    own = array_shape(x.array)
     kept = [(a, n) for a, n in zip(x.axes, own, strict=True) if n != 1]
     new = [n for n in new_sizes if n != 1]
     if dimensions is not None or [n for _, n in kept] != new:
@@ -474,7 +430,7 @@ def _reshape(
 @quax.register(lax.slice_p)
 def _slice(x: NamedArray, **params: Any) -> Any:
     result = bind(lax.slice_p, x.array, **params)
-    out = [a.resized(n) for a, n in zip(x.axes, _shape(result), strict=True)]
+    out = [a.resized(n) for a, n in zip(x.axes, array_shape(result), strict=True)]
     return make(result, out, x.allow_materialise)
 
 

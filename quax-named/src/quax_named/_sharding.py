@@ -6,11 +6,10 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import jax
-import jax.core
 import quax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from ._named import check_name
+from ._axes import check_name
 
 
 __all__ = [
@@ -18,7 +17,6 @@ __all__ = [
     "constrain",
     "named_sharding",
     "partition_spec",
-    "shard",
 ]
 
 MeshAxes = str | tuple[str, ...] | None
@@ -171,36 +169,6 @@ def named_sharding(
             "`quax_named.axis_mapping(mapping, mesh)`."
         )
     return NamedSharding(mesh, partition_spec(x.axes, mapping))
-
-
-def shard(
-    tree: Any, mesh: Mesh | None = None, mapping: Mapping[str, MeshAxes] | None = None
-) -> Any:
-    """Place every `NamedArray` in `tree` on the devices by its names: `device_put`
-    outside `jit`, `with_sharding_constraint` inside it. Other leaves are unchanged.
-
-    **Arguments:**
-
-    - `tree`: any pytree.
-    - `mesh`, `mapping`: default to those of the active [`quax_named.axis_mapping`][].
-
-    **Returns:**
-
-    `tree`, with each `NamedArray`'s array sharded.
-    """
-    from ._named import NamedArray
-
-    def place(x: Any) -> Any:
-        if not isinstance(x, NamedArray):
-            return x
-        sharding = named_sharding(x, mesh, mapping)
-        if isinstance(x.array, jax.core.Tracer):
-            array = jax.lax.with_sharding_constraint(x.array, sharding)
-        else:
-            array = jax.device_put(x.array, sharding)
-        return NamedArray(array, x.axes, x.allow_materialise)
-
-    return jax.tree.map(place, tree, is_leaf=lambda x: isinstance(x, NamedArray))
 
 
 def constrain(array: Any, axes: Sequence[Any]) -> Any:

@@ -1,0 +1,213 @@
+"""Axes and their names: `Axis`, the broadcast axes positional code creates, and
+the checks every name passes."""
+
+import numbers
+import re
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+
+__all__ = [
+    "Axis",
+    "AxisLike",
+    "AxisSelection",
+    "Broadcast",
+    "as_axes",
+    "check_name",
+    "labels",
+]
+
+
+class Axis:
+    """An axis of a [`quax_named.NamedArray`][].
+
+    `Axis("batch", 32)` is the axis named `batch`, of size 32: every axis with the
+    name `batch` is the same axis, and `"batch"` finds it wherever an axis is asked
+    for. `Axis(3)` is an anonymous axis of size 3, as in the published quax: it is
+    equal only to itself. A size of `None` matches any size.
+    """
+
+    __slots__ = ("name", "size")
+    name: str | None
+    size: int | None
+
+    def __init__(self, name: str | int | None = None, size: int | None = None):
+        """**Arguments:**
+
+        - `name`: the axis name. For the published form `Axis(size)`, an integer (or
+            `None`) here is the size of an anonymous axis.
+        - `size`: `None` (any size), or the size every array must have along this
+            axis: `NamedArray` raises a `ValueError` otherwise.
+        """
+        if name is not None and not isinstance(name, str):
+            if size is not None:
+                raise ValueError(
+                    f"Axis(name, size) needs a string name; got name={name!r}. Use "
+                    "Axis(size) for an anonymous axis."
+                )
+            if isinstance(name, bool) or not isinstance(name, numbers.Integral):
+                raise ValueError(
+                    "Axis takes a name (a string) or, for an anonymous axis, a size "
+                    f"(an integer); got {type(name).__name__} {name!r}."
+                )
+            name, size = None, name
+        if name is not None:
+            check_name(name, "Axis name")
+        if size is not None:
+            size = _check_size(size)
+        object.__setattr__(self, "name", name)
+        object.__setattr__(self, "size", size)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError("Axis is immutable.")
+
+    @property
+    def key(self) -> Any:
+        """What identifies the axis: its name, or the object itself if anonymous."""
+        return self if self.name is None else self.name
+
+    def resized(self, size: int) -> "Axis":
+        """This axis with another size (the same object when the size fits)."""
+        if self.size is None or self.size == size:
+            return self
+        if self.name is None:
+            return Axis(size)
+        return Axis(self.name, size)
+
+    def __eq__(self, other: object) -> bool:
+        if self is other:
+            return True
+        if not isinstance(other, Axis) or self.name is None or other.name is None:
+            return False
+        return self.name == other.name and self.size == other.size
+
+    def __hash__(self) -> int:
+        return id(self) if self.name is None else hash((self.name, self.size))
+
+    def __repr__(self) -> str:
+        if self.name is None:
+            return f"Axis(size={self.size})"
+        if self.size is None:
+            return f"Axis({self.name!r})"
+        return f"Axis({self.name!r}, size={self.size})"
+
+    def label(self) -> str:
+        """A short label for messages and reprs: the name, or `<anonymous>`."""
+        return self.name if self.name is not None else f"<anonymous {self.size}>"
+
+
+# Characters an axis name may not hold: whitespace and the separators of
+# `quax_named.einsum`'s spec ("batch feature, feature hidden -> batch hidden").
+_SEPARATORS = (",", "->")
+
+
+def check_name(name: Any, field: str) -> str:
+    """`name` if it is a valid axis name, else a `ValueError` naming `field`.
+
+    A valid name is a non-empty string without whitespace, `,` or `->` (which
+    `quax_named.einsum` reads as separators).
+    """
+    if not isinstance(name, str):
+        raise ValueError(
+            f"{field} must be a string, got {type(name).__name__} {name!r}. An "
+            "anonymous axis is `Axis(size)`."
+        )
+    if not name:
+        raise ValueError(
+            f"{field} must be a non-empty string, got ''. Give the axis a name, or "
+            "use `Axis(size)` for an anonymous axis."
+        )
+    bad = [s for s in _SEPARATORS if s in name]
+    if bad or any(c.isspace() for c in name):
+        shown = repr(bad[0]) if bad else "whitespace"
+        suggestion = re.sub(r"\s|,|->", "_", name)
+        raise ValueError(
+            f"{field} {name!r} holds {shown}, which `quax_named.einsum` reads as a "
+            "separator: use a name without whitespace, ',' or '->' (e.g. "
+            f"{suggestion!r})."
+        )
+    return name
+
+
+def _check_size(size: Any) -> int:
+    """`size` as an `int` if it is a valid axis size (an integer >= 0, NumPy's
+    included), else a `ValueError` naming the field."""
+    if isinstance(size, bool) or not isinstance(size, numbers.Integral):
+        raise ValueError(
+            f"Axis size must be an integer >= 0 or None, got {type(size).__name__} "
+            f"{size!r}."
+        )
+    if size < 0:
+        raise ValueError(f"Axis size must be >= 0, got {size}.")
+    return int(size)
+
+
+class Broadcast(Axis):
+    """An axis that positional code created by broadcasting (`jnp.expand_dims`, a
+    `keepdims=True` reduction): the array is constant along it, so it aligns with
+    whatever axis meets it."""
+
+    __slots__ = ()
+
+    def __init__(self, size: int):
+        super().__init__(None, None)
+        object.__setattr__(self, "size", size)
+
+    def resized(self, size: int) -> "Axis":
+        return self if self.size == size else Broadcast(size)
+
+    def __repr__(self) -> str:
+        return f"<broadcast {self.size}>"
+
+    def label(self) -> str:
+        return f"<broadcast {self.size}>"
+
+
+def as_axes(
+    axes: Iterable[Axis | str], field: str = "`NamedArray` field `axes`"
+) -> tuple[Axis, ...]:
+    """`axes` as a tuple of `Axis`: a string `s` is `Axis(s)`.
+
+    **Arguments:**
+
+    - `axes`: a sequence of `Axis` objects and names.
+    - `field`: what `axes` is, for the `ValueError` that a bad entry raises.
+
+    **Returns:**
+
+    A tuple of `Axis`.
+    """
+    if isinstance(axes, str) or not isinstance(axes, Iterable):
+        hint = f" (for one axis write ({axes!r},))" if isinstance(axes, str) else ""
+        raise ValueError(
+            f"{field} must be a sequence of axes (`Axis` objects or names), got "
+            f"{type(axes).__name__} {axes!r}{hint}."
+        )
+    out = []
+    for i, axis in enumerate(axes):
+        if isinstance(axis, str):
+            axis = Axis(check_name(axis, f"Entry {i} of {field}"))
+        elif not isinstance(axis, Axis):
+            raise ValueError(
+                f"Entry {i} of {field} must be an `Axis` or a name (a non-empty "
+                f"string), got {type(axis).__name__} {axis!r}. An anonymous axis is "
+                "`Axis(size)`."
+            )
+        out.append(axis)
+    return tuple(out)
+
+
+def labels(axes: Sequence[Axis]) -> str:
+    """`axes` for an error message: `('batch', 'feature')`."""
+    return (
+        "("
+        + ", ".join(repr(a.label()) for a in axes)
+        + ("," if len(axes) == 1 else "")
+        + ")"
+    )
+
+
+# An axis as the by-name functions take it: an `Axis`, or its name.
+AxisLike = Axis | str
+# One axis, several, or `None` for all of them.
+AxisSelection = AxisLike | Sequence[AxisLike] | None
