@@ -1,4 +1,5 @@
-"""`jax.vmap` and `NamedArray`, in both orders.
+"""JAX's transforms and control flow on named arrays: `jax.jit`, `jax.grad`,
+`lax.scan`, `lax.cond`, `lax.while_loop`, and `jax.vmap` in both orders.
 
 `jax.vmap` over a `NamedArray` (outside `quax.quaxify`) would map its stored array by
 position, leaving names that no longer match it: every quax_named function, and
@@ -9,6 +10,7 @@ or the one `in_axes` gives), and the rules keep every name.
 
 import jax
 import jax.numpy as jnp
+import jax.random as jr
 import numpy as np
 import pytest
 import quax
@@ -16,7 +18,96 @@ import quax_named as qn
 from quax_named import NamedArray
 
 
+SIZES = {"a": 2, "b": 3, "c": 4, "d": 5}
+
+
+def named(names, key=0, dtype=jnp.float32):
+    shape = tuple(SIZES[n] for n in names)
+    return NamedArray(jr.normal(jr.PRNGKey(key), shape, dtype), tuple(names))
+
+
+def mlp_fn(params, x):
+    h = jax.nn.relu(x @ params["w1"] + params["b1"])
+    return h @ params["w2"]
+
+
+def mlp_params(key=0):
+    k1, k2 = jr.split(jr.PRNGKey(key))
+    return {
+        "w1": NamedArray(jr.normal(k1, (3, 4)) / 2, ("c_in", "hidden")),
+        "b1": NamedArray(jnp.full((4,), 0.1), ("hidden",)),
+        "w2": NamedArray(jr.normal(k2, (4, 2)) / 2, ("hidden", "out")),
+    }
+
+
+def plain(tree):
+    return jax.tree.map(
+        lambda x: x.array if isinstance(x, NamedArray) else x,
+        tree,
+        is_leaf=lambda x: isinstance(x, NamedArray),
+    )
+
+
+def test_jit_grad_vmap():
+    params = mlp_params()
+    x = NamedArray(jr.normal(jr.PRNGKey(3), (5, 3)), ("batch", "c_in"))
+    loss = lambda p, x: jnp.mean(mlp_fn(p, x) ** 2)
+    got = jax.jit(quax.quaxify(loss))(params, x)
+    want = loss(plain(params), x.array)
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+    grads = jax.jit(jax.grad(quax.quaxify(loss)))(params, x)
+    want_grads = jax.grad(loss)(plain(params), x.array)
+    for k in params:
+        assert grads[k].axes == params[k].axes
+        np.testing.assert_allclose(grads[k].array, want_grads[k], rtol=1e-5, atol=1e-6)
+    # vmap over a plain axis, naming the rest inside the vmapped function.
+    xs = jr.normal(jr.PRNGKey(4), (6, 5, 3))
+    f = quax.quaxify(mlp_fn)
+    out = jax.vmap(lambda a: f(params, NamedArray(a, ("batch", "c_in"))).array)(xs)
+    want = jax.vmap(lambda a: mlp_fn(plain(params), a))(xs)
+    np.testing.assert_allclose(out, want, rtol=1e-5)
+
+
+def test_scan_carry_keeps_names():
+    x = named("ab", 11)
+
+    def body(c, _):
+        return c * 0.5 + 1.0, jnp.sum(c)
+
+    out, ys = quax.quaxify(lambda x: jax.lax.scan(body, x, None, length=3))(x)
+    assert isinstance(out, NamedArray) and out.names == ("a", "b")
+    want, want_ys = jax.lax.scan(body, x.array, None, length=3)
+    np.testing.assert_allclose(out.array, want, rtol=1e-6)
+    np.testing.assert_allclose(ys, want_ys, rtol=1e-5)
+
+
+def test_cond_keeps_names():
+    x = named("ab", 12)
+    f = quax.quaxify(
+        lambda p, x: jax.lax.cond(p, lambda v: v + 1.0, lambda v: v * 2.0, x)
+    )
+    for p in (True, False):
+        out = f(p, x)
+        assert out.names == ("a", "b")
+        np.testing.assert_allclose(out.array, x.array + 1.0 if p else x.array * 2.0)
+
+
+def test_while_loop_keeps_names():
+    x = named("ab", 13)
+
+    def loop(x):
+        return jax.lax.while_loop(
+            lambda c: c[0] < 3, lambda c: (c[0] + 1, c[1] * 2.0 + 1.0), (0, x)
+        )
+
+    n, out = quax.quaxify(loop)(x)
+    assert int(n) == 3 and out.names == ("a", "b")
+    np.testing.assert_allclose(out.array, loop(x.array)[1], rtol=1e-6)
+
+
 X = np.arange(12.0, dtype=np.float32).reshape(3, 4)
+
+
 W = np.arange(20.0, dtype=np.float32).reshape(4, 5) / 10
 
 
