@@ -1,6 +1,7 @@
 """`quax.testing.assert_matches_dense` on named programs whose storage order is the
 positional one: values, jit, vmap, grad and jvp against plain JAX, nothing
-materialised."""
+materialised. The programs are written out, and drawn by
+`quax.testing.strategies.programs`."""
 
 import jax
 import jax.numpy as jnp
@@ -8,6 +9,7 @@ import jax.random as jr
 import pytest
 import quax.testing
 from hypothesis import given, settings, strategies as st
+from quax.testing import strategies as qst
 from quax_named import NamedArray
 
 
@@ -53,4 +55,34 @@ def test_attention_scores_over_shapes_and_dtypes(nq, nk, nh, dtype):
 
     quax.testing.assert_matches_dense(
         scores, q, k, out_types=NamedArray, vmap=False, jvp=False
+    )
+
+
+# The operations of `quax.testing.strategies.programs` that keep the names: not
+# `matmul` (an unnamed weight, which quax_named never contracts by position),
+# `reshape` (merging axes) or `scan` (slicing a named axis).
+NAMED_OPS = (
+    "sin",
+    "tanh",
+    "neg",
+    "square",
+    "scale",
+    "add_const",
+    "sum",
+    "transpose",
+    "cond",
+    "while_loop",
+)
+
+
+@settings(max_examples=8, deadline=None)
+@given(qst.programs(ops=NAMED_OPS, max_ops=3), qst.data())
+def test_random_programs_match_plain_jax(program, data):
+    x = data.draw(qst.arrays(program.in_shape, program.dtype))
+    names = ("a", "b", "c")[: len(program.in_shape)]
+    quax.testing.assert_matches_dense(
+        program,
+        NamedArray(x, names),
+        out_types=NamedArray if program.out_shape else jax.Array,
+        grad=program.reverse_mode,
     )
