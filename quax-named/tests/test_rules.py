@@ -315,3 +315,13 @@ def test_non_finite_entries_give_what_plain_jax_gives(fn):
     want = fn(jnp.asarray(NAN), jnp.asarray(NAN))
     np.testing.assert_array_equal(got.array, want)  # NaN where plain JAX has NaN
     np.testing.assert_array_equal(np.signbit(got.array), np.signbit(want))
+
+
+def test_contraction_errors_name_the_way_out():
+    x, y = named("ab", 1), NamedArray(jnp.ones((3, 4)), ("d", "c"))
+    with pytest.raises(TypeError, match=r"mismatched dimensions.*quax_named.rename"):
+        quax.quaxify(jnp.matmul)(x, y)
+    with pytest.raises(TypeError, match=r"mismatched dimensions.*quax_named.dot"):
+        quax.quaxify(jnp.matmul)(x, y)
+    with pytest.raises(ValueError, match="Give each axis its own name"):
+        NamedArray(jnp.ones((2, 2)), ("a", "a"))

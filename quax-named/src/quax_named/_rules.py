@@ -248,14 +248,19 @@ def _dot_general(
             raise TypeError(
                 "Cannot contract mismatched dimensions: lhs axis "
                 f"{lhs.axes[i].label()!r} (of {labels(lhs.axes)}) with rhs axis "
-                f"{rhs.axes[j].label()!r} (of {labels(rhs.axes)})."
+                f"{rhs.axes[j].label()!r} (of {labels(rhs.axes)}). If they are the "
+                "same axis, give them one name (`quax_named.rename`); else contract "
+                "the axes you mean by name (`quax_named.dot`, `quax_named.einsum`)."
             )
     for i, j in zip(lb, rb, strict=True):
         if not _same(lhs.axes[i], rhs.axes[j]):
             raise TypeError(
                 "Cannot batch mismatched dimensions: lhs axis "
                 f"{lhs.axes[i].label()!r} (of {labels(lhs.axes)}) with rhs axis "
-                f"{rhs.axes[j].label()!r} (of {labels(rhs.axes)})."
+                f"{rhs.axes[j].label()!r} (of {labels(rhs.axes)}). If they are the "
+                "same axis, give them one name (`quax_named.rename`); else "
+                "lay the operands out so the batch axes match "
+                "(`quax_named.transpose`), or contract by name (`quax_named.dot`)."
             )
     batch = [
         rhs.axes[j] if isinstance(lhs.axes[i], Broadcast) else lhs.axes[i]

@@ -102,7 +102,8 @@ class NamedArray(quax.GuardedValue):
         if repeated:
             raise ValueError(
                 "Axis names for `NamedArray` must be unique; repeated: "
-                f"{labels(repeated)} in {labels(self.axes)}."
+                f"{labels(repeated)} in {labels(self.axes)}. Give each axis its own "
+                "name (a square matrix over one space is, say, ('in', 'out'))."
             )
         try:
             shape = _shape(self.array)
