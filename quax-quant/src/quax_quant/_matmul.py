@@ -73,10 +73,10 @@ def matmul_path(rows: int, w: QuantisedArray, contract: Sequence[int] = ()) -> s
         differ by that error.
 
     Override per array with `quantise(..., matmul="weight_only" | "int8")` (or
-    `eqx.tree_at(lambda q: q.matmul, ...)`, or `quantise_model(..., matmul=...)`):
-    `"weight_only"` where the error matters more than the time. Derivatives always
-    follow the weight-only product (straight through the on-the-fly quantisation
-    of the activations).
+    `dataclasses.replace(q, matmul=...)`, since `eqx.tree_at` cannot set a static
+    field, or `quantise_model(..., matmul=...)`): `"weight_only"` where the error
+    matters more than the time. Derivatives always follow the weight-only product
+    (straight through the on-the-fly quantisation of the activations).
 
     **Arguments:**
 
@@ -181,12 +181,18 @@ def _split(
 
 def _quantise_rows(x: Array, contract: Sequence[int]) -> tuple[Array, Array]:
     """Symmetric int8 of `x` with one absmax scale per row (constant along the
-    contracted axes), as `(integers, scale)`; the scale keeps `x`'s axes."""
+    contracted axes), as `(integers, scale)`; the scale keeps `x`'s axes.
+
+    A row holding a NaN or an infinity gets a NaN scale (and integers 0), so that
+    its products are NaN, as the float product is NaN (or infinite) there: int8
+    has no integer for it, and clipping would give a finite row."""
     x32 = x.astype(jnp.promote_types(x.dtype, jnp.float32))
     high = jnp.max(jnp.abs(x32), axis=tuple(contract), keepdims=True)
-    scale = jnp.where(high > 0, high / 127, jnp.ones_like(high))
-    q = jnp.clip(jnp.round(x32 / scale), -127, 127).astype(jnp.int8)
-    return q, scale
+    scale = jnp.where(
+        jnp.isfinite(high), jnp.where(high > 0, high / 127, 1), jnp.nan
+    ).astype(high.dtype)
+    q = jnp.clip(jnp.round(x32 / scale), -127, 127)
+    return jnp.where(jnp.isnan(q), 0, q).astype(jnp.int8), scale
 
 
 def _reduce_dot(lhs: Array, rhs: Array, dn: DimensionNumbers) -> Array:

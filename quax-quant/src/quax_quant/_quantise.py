@@ -2,6 +2,7 @@
 calibration, and straight-through gradients for quantisation-aware training."""
 
 import functools as ft
+import operator
 from collections.abc import Sequence
 from typing import Any
 
@@ -27,6 +28,24 @@ def _levels(bits: int, symmetric: bool) -> tuple[int, int]:
     return (-(m - 1), m - 1) if symmetric else (-m, m - 1)
 
 
+def _axis_index(value: Any, field: str) -> int:
+    """`value` as an axis number, or a `ValueError` naming `field`."""
+    try:
+        return operator.index(value)
+    except TypeError:
+        kinds = "an int or a sequence of ints" if field == "axis" else "an int"
+        raise ValueError(f"quantise: {field} must be {kinds}, got {value!r}.") from None
+
+
+def _normalise_axis(axis: int, ndim: int, field: str) -> int:
+    """`axis` in `[0, ndim)`, as NumPy reads an axis: a negative axis counts from
+    the end, and one outside `[-ndim, ndim)` raises NumPy's `AxisError` (a
+    `ValueError`) naming `field`, rather than wrapping around."""
+    if not -ndim <= axis < ndim:
+        raise np.exceptions.AxisError(axis, ndim, msg_prefix=f"quantise: {field}")
+    return axis % ndim
+
+
 def _scale_shape(
     shape: tuple[int, ...],
     axis: int | Sequence[int] | None,
@@ -43,17 +62,25 @@ def _scale_shape(
             )
         if ndim == 0:
             raise ValueError("quantise: group_size needs an array with an axis.")
-        g_axis = group_axis % ndim
+        g_axis = _normalise_axis(
+            _axis_index(group_axis, "group_axis"), ndim, "group_axis"
+        )
         d = shape[g_axis]
-        if group_size < 1 or d % group_size:
+        size = _axis_index(group_size, "group_size")
+        if size < 1 or d % size:
             raise ValueError(
                 f"quantise: group_size={group_size} must divide the length {d} of "
                 f"axis {g_axis} (group_axis={group_axis}) of shape {shape}."
             )
-        return tuple(d // group_size if a == g_axis else n for a, n in enumerate(shape))
+        return tuple(d // size if a == g_axis else n for a, n in enumerate(shape))
     if axis is None:
         return (1,) * ndim
-    axes = {a % ndim for a in ((axis,) if isinstance(axis, int) else axis)}
+    given = (axis,) if not isinstance(axis, Sequence) else tuple(axis)
+    axes = [_normalise_axis(_axis_index(a, "axis"), ndim, "axis") for a in given]
+    if len(set(axes)) != len(axes):
+        raise ValueError(
+            f"quantise: axis={axis!r} repeats an axis of an array with {ndim} axes."
+        )
     return tuple(n if a in axes else 1 for a, n in enumerate(shape))
 
 
@@ -176,15 +203,47 @@ def _compute(
     if calibration == "mse":
         low, high = _mse_range(blocks, bits, symmetric, low, high)
     scale, zero = _scale_zero(low, high, bits, symmetric)
+    # A block holding a NaN or an infinity has no integers that stand for it: its
+    # scale becomes NaN, so that the whole block dequantises to NaN and every
+    # product using it is NaN, never a finite number (its integers are stored as
+    # 0, its zero point as 0). `quantise` refuses such a weight where it is
+    # concrete; this is what a traced one gives.
+    nonfinite = _reduce(~jnp.isfinite(blocks), jnp.any)
+    scale = jnp.where(nonfinite, jnp.nan, scale)
+    if zero is not None:
+        zero = jnp.where(nonfinite, 0, zero)
     lo, hi = _levels(bits, symmetric)
     z = None if zero is None else _expand(zero)
     q = _round_trip(blocks, _expand(scale), z, lo, hi)
-    q = q.astype(jnp.int8).reshape(x.shape)
+    q = jnp.where(jnp.isnan(q), 0, q).astype(jnp.int8).reshape(x.shape)
     values = pack_int4(q) if bits == 4 else q
     scale = scale.astype(x.dtype).reshape(scale_shape)
     if zero is not None:
         zero = zero.astype(x.dtype).reshape(scale_shape)
     return values, scale, zero
+
+
+def _check_finite(x: Array) -> None:
+    """Refuse a concrete `x` holding a NaN or an infinity, naming the first one:
+    the integers of a quantised array cannot stand for it, and a finite result
+    from a diverged weight would be silently wrong."""
+    with jax.ensure_compile_time_eval():
+        finite = jnp.isfinite(x)
+        if bool(jnp.all(finite)):
+            return
+        flat = int(jnp.argmin(finite.ravel()))
+        index = tuple(int(i) for i in np.unravel_index(flat, x.shape))
+        value = float(x[index])
+    raise ValueError(
+        f"quantise: x (shape {x.shape}) holds {value} at index {index} (the first "
+        "non-finite entry): the integers of a quantised array cannot stand for a "
+        "NaN or an infinity, so quantising it would give finite numbers where the "
+        "float array gives NaN. Find where the weights diverged, or replace the "
+        "non-finite entries (e.g. `jnp.nan_to_num`) before quantising. Under "
+        "`jax.jit` or another transform, where x is not known, the block of the "
+        "scale that holds it becomes NaN instead, and so does every product using "
+        "that block."
+    )
 
 
 def quantise(
@@ -214,14 +273,16 @@ def quantise(
     - `bits`: 8 (`int8`) or 4 (packed two per byte).
     - `axis`: `None` for one scale for the whole array (per tensor); an axis (or
         axes) to keep one scale per index along it (per channel), e.g. `axis=0` for
-        the output channels of an `eqx.nn.Linear` weight `(out, in)`.
+        the output channels of an `eqx.nn.Linear` weight `(out, in)`. Axes are read
+        as NumPy reads them: negative ones count from the end, and one outside
+        `[-x.ndim, x.ndim)` raises NumPy's `AxisError` (a `ValueError`).
     - `group_size`: one scale per `group_size` consecutive indices along
         `group_axis` and per index of every other axis (the usual int4 layout).
         Excludes `axis`.
     - `symmetric`: `q * s` with `q` in `[-(2^(b-1) - 1), 2^(b-1) - 1]`; or `False`
         for `(q - z) * s` with a zero point `z`, using the full range.
     - `group_axis`: the grouped axis; by default the last, which is the contraction
-        axis of an `eqx.nn.Linear` weight.
+        axis of an `eqx.nn.Linear` weight. Read as `axis` is.
     - `calibration`: how each block's range is chosen: `"absmax"` (exact range,
         for weights), `"percentile"` (the `percentile`-th percentile of `|x|`,
         clipping outliers, for activations) or `"mse"` (the clipping of the absmax
@@ -244,6 +305,17 @@ def quantise(
     **Returns:**
 
     A `QuantisedArray` of `x`'s shape and dtype.
+
+    **Raises:**
+
+    `ValueError` for an argument out of its range (naming it), and for a concrete
+    `x` holding a NaN or an infinity (naming the index of the first one): the
+    integers cannot stand for it, and a diverged weight must not quantise into
+    finite numbers. Where `x` is traced (under `jax.jit`, `jax.vmap`, a gradient),
+    it cannot be checked: the scale of each block holding a non-finite entry is
+    NaN instead, so that the whole block dequantises to NaN and every product
+    using it is NaN (where the float array's product is NaN or infinite only in the
+    entries it touches).
     """
     x = jnp.asarray(x)
     if not jnp.issubdtype(x.dtype, jnp.floating):
@@ -261,9 +333,9 @@ def quantise(
             f"quantise: matmul must be one of {MATMUL_PATHS}, got {matmul!r}."
         )
     master = x if straight_through else None
-    if axis is not None and not isinstance(axis, int):
-        axis = tuple(axis)
     scale_shape = _scale_shape(x.shape, axis, group_size, group_axis)
+    if not isinstance(x, jax.core.Tracer):
+        _check_finite(x)
     values, scale, zero = _compute(
         x, bits, scale_shape, symmetric, calibration, percentile, straight_through
     )
