@@ -17,6 +17,7 @@ __all__ = [
     "MATMUL_PATHS",
     "MaterialisationError",
     "QuantisedArray",
+    "dtype_of",
     "pack_int4",
     "unpack_int4",
 ]
@@ -73,6 +74,12 @@ def unpack_int4(packed: Array, n: int) -> Array:
     high = lax.shift_right_arithmetic(packed, four)
     both = jnp.concatenate([low, high], axis=-1)
     return both if both.shape[-1] == n else both[..., :n]
+
+
+def dtype_of(x: Any) -> np.dtype:
+    """The dtype of an array, a tracer or anything NumPy reads as an array."""
+    dtype = getattr(x, "dtype", None)
+    return np.dtype(np.asarray(x).dtype if dtype is None else dtype)
 
 
 class QuantisedArray(quax.ArrayValue):
@@ -134,6 +141,7 @@ class QuantisedArray(quax.ArrayValue):
     def __check_init__(self) -> None:
         if self.bits not in (4, 8):
             raise ValueError(f"QuantisedArray supports bits=8 or 4, got {self.bits}.")
+        self._check_values()
         if not -max(np.ndim(self.values), 1) <= self.packed_axis < 0:
             raise ValueError(
                 "QuantisedArray's packed_axis counts from the end (-1, -2, ...), got "
@@ -165,6 +173,64 @@ class QuantisedArray(quax.ArrayValue):
                 f"QuantisedArray's zero_point must have the scale's shape "
                 f"{np.shape(self.scale)}, got {np.shape(self.zero_point)}."
             )
+        if self.master is not None and tuple(np.shape(self.master)) != shape:
+            raise ValueError(
+                f"QuantisedArray's master (the float array for straight-through "
+                f"gradients) must have the array's shape {shape}, got "
+                f"{tuple(np.shape(self.master))}."
+            )
+        for field in ("scale", "zero_point", "master"):
+            leaf = getattr(self, field)
+            if leaf is not None and not jnp.issubdtype(dtype_of(leaf), jnp.floating):
+                raise ValueError(
+                    f"QuantisedArray's {field} must be floating-point, got "
+                    f"{dtype_of(leaf)}."
+                )
+
+    def _check_values(self) -> None:
+        """`values` are integers in the range of `bits`, stored as the layout says:
+        a float `values` would be used as given by the weight-only product and
+        truncated by the int8 one."""
+        dtype = dtype_of(self.values)
+        if not jnp.issubdtype(dtype, jnp.integer):
+            raise ValueError(
+                f"QuantisedArray's values must be integers, got {dtype} values: "
+                "build a QuantisedArray from a float array with "
+                "`quax_quant.quantise`, or round and convert the integers yourself "
+                "(e.g. `.astype(jnp.int8)`)."
+            )
+        if self.bits == 4:
+            if dtype != np.int8:
+                raise ValueError(
+                    "QuantisedArray's values must be int8 for bits=4 (two 4-bit "
+                    f"integers packed per byte, see `quax_quant.pack_int4`), got "
+                    f"{dtype}."
+                )
+            if np.ndim(self.values) == 0:
+                raise ValueError(
+                    "QuantisedArray's values need an axis to pack along for bits=4 "
+                    "(two 4-bit integers per byte), got a scalar."
+                )
+            return
+        if self.odd or self.packed_axis != -1:
+            raise ValueError(
+                "QuantisedArray's odd and packed_axis describe bits=4 packing; with "
+                f"bits=8 they must be False and -1, got odd={self.odd}, "
+                f"packed_axis={self.packed_axis}."
+            )
+        if dtype == np.int8 or isinstance(self.values, jax.core.Tracer):
+            # int8 is always in range; traced integers cannot be checked (products
+            # convert them to int8, wrapping around outside [-128, 127]).
+            return
+        if np.size(self.values):
+            with jax.ensure_compile_time_eval():
+                low = int(jnp.min(self.values))
+                high = int(jnp.max(self.values))
+            if low < -128 or high > 127:
+                raise ValueError(
+                    "QuantisedArray's values must lie in [-128, 127] for bits=8, got "
+                    f"{dtype} values in [{low}, {high}]."
+                )
 
     # Layout ---------------------------------------------------------------------------
 
@@ -187,12 +253,13 @@ class QuantisedArray(quax.ArrayValue):
 
     @property
     def nbytes(self) -> int:
-        """Bytes of storage: the integers plus the scales and zero points (not the
-        straight-through `master`)."""
-        total = int(np.size(self.values))
-        for leaf in (self.scale, self.zero_point):
+        """Bytes of storage: the integers as stored (packed bytes for `bits=4`, each
+        entry at its dtype's item size for `bits=8`) plus the scales and zero points
+        (not the straight-through `master`)."""
+        total = 0
+        for leaf in (self.values, self.scale, self.zero_point):
             if leaf is not None:
-                total += int(np.size(leaf)) * np.dtype(leaf.dtype).itemsize
+                total += int(np.size(leaf)) * dtype_of(leaf).itemsize
         return total
 
     def integers(self) -> Array:
@@ -201,6 +268,8 @@ class QuantisedArray(quax.ArrayValue):
             n = self.shape[self.packed_axis]
             packed = jnp.moveaxis(self.values, self.packed_axis, -1)
             return jnp.moveaxis(unpack_int4(packed, n), -1, self.packed_axis)
+        if dtype_of(self.values) != np.int8:
+            return jnp.asarray(self.values).astype(jnp.int8)
         return self.values
 
     def expanded(self, block: Array) -> Array:
