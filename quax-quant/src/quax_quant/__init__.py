@@ -9,6 +9,11 @@ y = quax.quaxify(qmodel)(x)
 """
 
 from . import _rules as _rules  # registers the rules
+from ._checkpoint import (
+    describe as describe,
+    load_quantised as load_quantised,
+    save_quantised as save_quantised,
+)
 from ._matmul import (
     BLOCK_ELEMENTS as BLOCK_ELEMENTS,
     WEIGHT_ONLY_MAX_ROWS as WEIGHT_ONLY_MAX_ROWS,
@@ -31,3 +36,5 @@ from ._value import (
 
 QuantizedArray = QuantisedArray
 quantize_model = quantise_model
+save_quantized = save_quantised
+load_quantized = load_quantised
