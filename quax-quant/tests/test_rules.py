@@ -224,14 +224,16 @@ def test_refusals_name_the_primitive():
     ]:
         with pytest.raises(
             qq.MaterialisationError,
-            match=f"Refusing|refuses to materialise for primitive `{prim}`",
+            match=f"Refusing to materialise `QuantisedArray` for primitive `{prim}`",
         ):
             quax.quaxify(fn)(w)
     with pytest.raises(
         RuntimeError,
-        match=r"QuantisedArray refuses to materialise.*allow_materialise=True",
+        match=r"Refusing to materialise `QuantisedArray` with "
+        r"`allow_materialise=False`.*allow_materialise=True",
     ):
         w.materialise()
+    assert isinstance(qq.MaterialisationError(), quax.MaterialisationError)
     out = quax.quaxify(jnp.exp)(w.enable_materialise())
     np.testing.assert_allclose(out, jnp.exp(w.dequantise()), rtol=1e-6)
     with pytest.raises(qq.MaterialisationError, match="not floating-point"):

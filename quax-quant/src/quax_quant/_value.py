@@ -1,6 +1,5 @@
 """The value type: `QuantisedArray`, integers times float scales."""
 
-import dataclasses
 from typing import Any, ClassVar
 
 import equinox as eqx
@@ -26,9 +25,11 @@ __all__ = [
 MATMUL_PATHS = ("auto", "weight_only", "int8")
 
 
-class MaterialisationError(RuntimeError):
+class MaterialisationError(quax.MaterialisationError):
     """A `QuantisedArray` with `allow_materialise=False` met an operation that has
-    no quantised rule and would need the dequantised float array."""
+    no quantised rule and would need the dequantised float array. Its message starts
+    with "Refusing to materialise `QuantisedArray`", as the core's policy
+    ([`quax.MaterialisationError`][], a `RuntimeError`) words every refusal."""
 
 
 def pack_int4(values: Array) -> Array:
@@ -82,7 +83,7 @@ def dtype_of(x: Any) -> np.dtype:
     return np.dtype(np.asarray(x).dtype if dtype is None else dtype)
 
 
-class QuantisedArray(quax.ArrayValue):
+class QuantisedArray(quax.GuardedValue):
     """A float array stored as integers times float scales: `(q - z) * s`.
 
     `q` is `int8` (`bits=8`), or 4-bit integers packed two per byte along the last
@@ -100,7 +101,8 @@ class QuantisedArray(quax.ArrayValue):
     negation, multiplication by a scalar and float dtype conversion keep the
     quantisation; any other primitive raises a
     [`quax_quant.MaterialisationError`][] naming it, unless the array was made with
-    `allow_materialise=True`.
+    `allow_materialise=True`: the core's materialisation policy
+    ([`quax.GuardedValue`][]).
 
     The dense array is not a linear function of the leaves (integers times scales):
     `linear_in_leaves = False`.
@@ -120,9 +122,10 @@ class QuantisedArray(quax.ArrayValue):
     - `packed_axis`: the axis a `bits=4` array is packed along, counted from the end
         (static; `-1` unless a transpose moved it: transposes permute the bytes and
         never repack).
-    - `allow_materialise`: whether operations without a rule may dequantise (static).
     - `matmul`: the product path with a float operand: `"auto"`, `"weight_only"` or
         `"int8"` (static; see [`quax_quant.matmul_path`][]).
+    - `allow_materialise`: whether operations without a rule may dequantise
+        (static, keyword-only).
     """
 
     values: Array
@@ -133,10 +136,12 @@ class QuantisedArray(quax.ArrayValue):
     float_dtype: Any = eqx.field(static=True)
     odd: bool = eqx.field(static=True, default=False)
     packed_axis: int = eqx.field(static=True, default=-1)
-    allow_materialise: bool = eqx.field(static=True, default=False)
     matmul: str = eqx.field(static=True, default="auto")
 
     linear_in_leaves: ClassVar[bool] = False
+    materialisation_error: ClassVar[type[quax.MaterialisationError]] = (
+        MaterialisationError
+    )
 
     def __check_init__(self) -> None:
         if self.bits not in (4, 8):
@@ -298,43 +303,21 @@ class QuantisedArray(quax.ArrayValue):
 
     dequantize = dequantise
 
-    def materialise(self) -> Array:
-        if not self.allow_materialise:
-            raise MaterialisationError(
-                f"QuantisedArray refuses to materialise its dequantised float array "
-                f"(shape {self.shape}, dtype {np.dtype(self.dtype)}): an operation on "
-                "it has no quantised rule. Pass allow_materialise=True to "
-                "quax_quant.quantise / quantise_model (or call "
-                ".enable_materialise()), or call .dequantise() yourself."
-            )
+    def dense(self) -> Array:
+        """The dequantised float array (see `dequantise`), which the core's policy
+        forms only where materialising is allowed."""
         return self.dequantise()
 
-    def enable_materialise(self, allow: bool = True) -> "QuantisedArray":
-        """A copy that may (`allow=True`) or may not be materialised by operations
-        without a quantised rule.
+    def refusal_reason(self) -> str:
+        return (
+            f"dequantising would form the float array "
+            f"({self.aval().str_short()}) that its integers and scales replace"
+        )
 
-        **Arguments:**
-
-        - `allow`: the new `allow_materialise`.
-
-        **Returns:**
-
-        A `QuantisedArray` with the same leaves.
-        """
-        return dataclasses.replace(self, allow_materialise=allow)
-
-    @staticmethod
-    def default(primitive: Any, values: Any, params: dict[str, Any]) -> Any:
-        for value in values:
-            if isinstance(value, QuantisedArray) and not value.allow_materialise:
-                types = ", ".join(type(v).__qualname__ for v in values)
-                raise MaterialisationError(
-                    f"QuantisedArray refuses to materialise for primitive "
-                    f"`{primitive.name}` on input types ({types}): quax_quant has no "
-                    f"quantised rule for it, and dequantising would form the float "
-                    f"array of shape {value.shape}. Pass allow_materialise=True to "
-                    "quax_quant.quantise / quantise_model (or call "
-                    ".enable_materialise()) to allow it, or call .dequantise() "
-                    "yourself."
-                )
-        return quax.Value.default(primitive, values, params)
+    def way_out(self, primitive: Any = None) -> str:
+        del primitive
+        return (
+            "Pass `allow_materialise=True` to `quax_quant.quantise` / "
+            "`quantise_model` (or call `.enable_materialise()`) to allow "
+            "dequantising, or call `.dequantise()` yourself."
+        )
