@@ -14,6 +14,7 @@ from ._checkpoint import (
     load_quantised as load_quantised,
     save_quantised as save_quantised,
 )
+from ._kernels import pack_int4 as pack_int4, unpack_int4 as unpack_int4
 from ._matmul import (
     BLOCK_ELEMENTS as BLOCK_ELEMENTS,
     WEIGHT_ONLY_MAX_ROWS as WEIGHT_ONLY_MAX_ROWS,
@@ -29,8 +30,6 @@ from ._quantise import quantise as quantise, quantize as quantize
 from ._value import (
     MaterialisationError as MaterialisationError,
     QuantisedArray as QuantisedArray,
-    pack_int4 as pack_int4,
-    unpack_int4 as unpack_int4,
 )
 
 

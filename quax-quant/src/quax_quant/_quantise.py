@@ -1,7 +1,6 @@
 """`quantise`: float arrays to `QuantisedArray`s, with absmax, percentile or MSE
 calibration, and straight-through gradients for quantisation-aware training."""
 
-import functools as ft
 import operator
 from collections.abc import Sequence
 from typing import Any
@@ -9,23 +8,13 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax import lax
 from jaxtyping import Array, ArrayLike
 
-from ._value import MATMUL_PATHS, QuantisedArray, pack_int4
+from ._kernels import CALIBRATIONS, quantised_leaves
+from ._value import MATMUL_PATHS, QuantisedArray
 
 
-__all__ = ["CALIBRATIONS", "quantise"]
-
-CALIBRATIONS = ("absmax", "percentile", "mse")
-# Clipping ratios of the absmax range tried by `calibration="mse"`.
-_MSE_RATIOS = np.linspace(0.3, 1.0, 36)
-
-
-def _levels(bits: int, symmetric: bool) -> tuple[int, int]:
-    """The integer range `[lo, hi]`: symmetric is the narrow range `[-m, m]`."""
-    m = 2 ** (bits - 1)
-    return (-(m - 1), m - 1) if symmetric else (-m, m - 1)
+__all__ = ["quantise"]
 
 
 def _axis_index(value: Any, field: str) -> int:
@@ -82,145 +71,6 @@ def _scale_shape(
             f"quantise: axis={axis!r} repeats an axis of an array with {ndim} axes."
         )
     return tuple(n if a in axes else 1 for a, n in enumerate(shape))
-
-
-def _blocks(x: Array, scale_shape: tuple[int, ...]) -> Array:
-    """`x` reshaped to `(s_0, g_0, s_1, g_1, ...)`: block `(i_0, i_1, ...)` of the
-    scale layout is `x[i_0, :, i_1, :, ...]`."""
-    split = []
-    for d, s in zip(x.shape, scale_shape, strict=True):
-        split += [s, d // s]
-    return x.reshape(split)
-
-
-def _reduce(blocks: Array, fn: Any) -> Array:
-    """Reduce the within-block axes (the odd ones) of `_blocks`' output."""
-    axes = tuple(range(1, blocks.ndim, 2))
-    return fn(blocks, axis=axes)
-
-
-def _round_trip(x: Array, scale: Array, zero: Array | None, lo: int, hi: int) -> Array:
-    """The integers of `x` for `scale` and `zero` (in block layout `(s_0, 1, ...)`)."""
-    q = jnp.round(x / scale)
-    if zero is not None:
-        q = q + zero
-    return jnp.clip(q, lo, hi)
-
-
-def _range(
-    blocks: Array, calibration: str, percentile: float, symmetric: bool
-) -> tuple[Array, Array]:
-    """The calibrated `(low, high)` of each block, with `low <= 0 <= high`."""
-    if calibration == "absmax":
-        if symmetric:
-            high = _reduce(jnp.abs(blocks), jnp.max)
-            return -high, high
-        return _reduce(blocks, jnp.min), _reduce(blocks, jnp.max)
-    # percentile (and the starting point of the MSE search)
-    axes = tuple(range(1, blocks.ndim, 2))
-    if symmetric:
-        high = jnp.percentile(jnp.abs(blocks), percentile, axis=axes)
-        return -high, high
-    low = jnp.percentile(blocks, 100 - percentile, axis=axes)
-    return low, jnp.percentile(blocks, percentile, axis=axes)
-
-
-def _scale_zero(
-    low: Array, high: Array, bits: int, symmetric: bool
-) -> tuple[Array, Array | None]:
-    lo, hi = _levels(bits, symmetric)
-    low, high = jnp.minimum(low, 0), jnp.maximum(high, 0)
-    if symmetric:
-        scale = high / hi
-        zero = None
-    else:
-        scale = (high - low) / (hi - lo)
-    scale = jnp.where(scale > 0, scale, jnp.ones_like(scale))
-    if not symmetric:
-        zero = jnp.clip(jnp.round(lo - low / scale), lo, hi)
-    return scale, zero
-
-
-def _expand(block: Array) -> Array:
-    """A per-block array `(s_0, s_1, ...)` as `(s_0, 1, s_1, 1, ...)`."""
-    return block.reshape([n for s in block.shape for n in (s, 1)])
-
-
-def _mse_range(
-    blocks: Array, bits: int, symmetric: bool, low: Array, high: Array
-) -> tuple[Array, Array]:
-    """Shrink `(low, high)` by the ratio (of `_MSE_RATIOS`) that minimises each
-    block's squared quantisation error."""
-    lo, hi = _levels(bits, symmetric)
-
-    def error(ratio: Array) -> Array:
-        scale, zero = _scale_zero(low * ratio, high * ratio, bits, symmetric)
-        s = _expand(scale)
-        z = None if zero is None else _expand(zero)
-        q = _round_trip(blocks, s, z, lo, hi)
-        deq = (q if z is None else q - z) * s
-        return _reduce(jnp.square(deq - blocks), jnp.sum)
-
-    ratios = jnp.asarray(_MSE_RATIOS, blocks.dtype)
-    errors = jax.lax.map(error, ratios)
-    best = ratios[jnp.argmin(errors, axis=0)]
-    return low * best, high * best
-
-
-@jax.custom_jvp
-def _not_differentiable(x: Array) -> Array:
-    return x
-
-
-@_not_differentiable.defjvp
-def _(primals: Any, tangents: Any) -> Any:
-    del primals, tangents
-    raise ValueError(
-        "quax_quant.quantise is being differentiated with respect to its input, "
-        "whose integers have no gradient. For quantisation-aware training pass "
-        "straight_through=True (the gradient then flows through the quantisation as "
-        "if it were the identity); otherwise quantise lax.stop_gradient(x)."
-    )
-
-
-@ft.partial(jax.jit, static_argnums=(1, 2, 3, 4, 5, 6))
-def _compute(
-    x: Array,
-    bits: int,
-    scale_shape: tuple[int, ...],
-    symmetric: bool,
-    calibration: str,
-    percentile: float,
-    straight_through: bool,
-) -> tuple[Array, Array, Array | None]:
-    """The integers (packed for 4 bits), scales and zero points of `x`: one compiled
-    program per layout, rather than a few dozen small ones when called eagerly."""
-    data = lax.stop_gradient(x) if straight_through else _not_differentiable(x)
-    # Calibrate in at least float32.
-    data = data.astype(jnp.promote_types(x.dtype, jnp.float32))
-    blocks = _blocks(data, scale_shape)
-    low, high = _range(blocks, calibration, percentile, symmetric)
-    if calibration == "mse":
-        low, high = _mse_range(blocks, bits, symmetric, low, high)
-    scale, zero = _scale_zero(low, high, bits, symmetric)
-    # A block holding a NaN or an infinity has no integers that stand for it: its
-    # scale becomes NaN, so that the whole block dequantises to NaN and every
-    # product using it is NaN, never a finite number (its integers are stored as
-    # 0, its zero point as 0). `quantise` refuses such a weight where it is
-    # concrete; this is what a traced one gives.
-    nonfinite = _reduce(~jnp.isfinite(blocks), jnp.any)
-    scale = jnp.where(nonfinite, jnp.nan, scale)
-    if zero is not None:
-        zero = jnp.where(nonfinite, 0, zero)
-    lo, hi = _levels(bits, symmetric)
-    z = None if zero is None else _expand(zero)
-    q = _round_trip(blocks, _expand(scale), z, lo, hi)
-    q = jnp.where(jnp.isnan(q), 0, q).astype(jnp.int8).reshape(x.shape)
-    values = pack_int4(q) if bits == 4 else q
-    scale = scale.astype(x.dtype).reshape(scale_shape)
-    if zero is not None:
-        zero = zero.astype(x.dtype).reshape(scale_shape)
-    return values, scale, zero
 
 
 def _check_finite(x: Array) -> None:
@@ -336,7 +186,7 @@ def quantise(
     scale_shape = _scale_shape(x.shape, axis, group_size, group_axis)
     if not isinstance(x, jax.core.Tracer):
         _check_finite(x)
-    values, scale, zero = _compute(
+    values, scale, zero = quantised_leaves(
         x, bits, scale_shape, symmetric, calibration, percentile, straight_through
     )
     return QuantisedArray(

@@ -16,8 +16,9 @@ import quax
 from jax import lax
 from jaxtyping import Array, ArrayLike
 
-from ._matmul import expand_axes, quantised_dot, to_out
-from ._value import QuantisedArray, pack_int4
+from ._kernels import pack_int4, to_out
+from ._matmul import expand_axes, quantised_dot
+from ._value import QuantisedArray
 
 
 def _refuse(

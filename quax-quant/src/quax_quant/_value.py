@@ -11,14 +11,14 @@ import quax
 from jax import lax
 from jaxtyping import Array
 
+from ._kernels import unpack_int4
+
 
 __all__ = [
     "MATMUL_PATHS",
     "MaterialisationError",
     "QuantisedArray",
     "dtype_of",
-    "pack_int4",
-    "unpack_int4",
 ]
 
 # How a product with a float operand is computed; see `quax_quant.matmul_path`.
@@ -30,51 +30,6 @@ class MaterialisationError(quax.MaterialisationError):
     no quantised rule and would need the dequantised float array. Its message starts
     with "Refusing to materialise `QuantisedArray`", as the core's policy
     ([`quax.MaterialisationError`][], a `RuntimeError`) words every refusal."""
-
-
-def pack_int4(values: Array) -> Array:
-    """Pack signed 4-bit integers (an integer array with entries in `[-8, 7]`) two
-    per byte along the last axis: the first half of the (zero-padded to even) last
-    axis in the low four bits, the second half in the high four bits. Unpacking is
-    then a concatenation, which XLA vectorises (an interleave runs 3-5x slower).
-
-    **Arguments:**
-
-    - `values`: an integer array, shape `(*shape, n)`.
-
-    **Returns:**
-
-    An `int8` array of shape `(*shape, ceil(n / 2))`: byte `i` holds element `i`
-    (low bits) and element `i + ceil(n / 2)` (high bits).
-    """
-    values = jnp.asarray(values).astype(jnp.int8)
-    n = values.shape[-1]
-    if n % 2:
-        values = jnp.pad(values, [(0, 0)] * (values.ndim - 1) + [(0, 1)])
-    half = values.shape[-1] // 2
-    low = lax.bitwise_and(values[..., :half], jnp.int8(0x0F))
-    high = lax.shift_left(values[..., half:], jnp.int8(4))
-    return lax.bitwise_or(low, high)
-
-
-def unpack_int4(packed: Array, n: int) -> Array:
-    """The inverse of [`quax_quant.pack_int4`][]: the first `n` signed 4-bit values
-    along the last axis, as `int8`.
-
-    **Arguments:**
-
-    - `packed`: an `int8` array, shape `(*shape, ceil(n / 2))`.
-    - `n`: the length of the unpacked last axis.
-
-    **Returns:**
-
-    An `int8` array of shape `(*shape, n)`.
-    """
-    four = jnp.int8(4)
-    low = lax.shift_right_arithmetic(lax.shift_left(packed, four), four)
-    high = lax.shift_right_arithmetic(packed, four)
-    both = jnp.concatenate([low, high], axis=-1)
-    return both if both.shape[-1] == n else both[..., :n]
 
 
 def dtype_of(x: Any) -> np.dtype:
