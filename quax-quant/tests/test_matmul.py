@@ -120,3 +120,33 @@ def test_int8_path_grouped_output_axis(bits, symmetric, ref):
             for out in outs:
                 np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-5)
                 assert np.all(np.abs(np.asarray(out) - dense) <= bound + 1e-5)
+
+
+def test_weight_only_zero_point_entries_are_exact_zeros():
+    """An asymmetric weight entry at its zero point dequantises to exactly 0, so an
+    infinite activation times it is NaN, as in the dense product. The product used
+    to dequantise as `q * s - z * s`, which XLA under jit fuses into one
+    multiply-add whose unrounded `q * s` leaves a residue: -inf where dense is NaN
+    (found by test_conformance.py)."""
+    values = np.full((4, 6), -26, np.int8)
+    values[1, :2] = [25, -128]
+    values[3, 5] = 127
+    w = qq.QuantisedArray(
+        jnp.asarray(values),
+        jnp.array([[0.01960784]]),
+        jnp.array([[-26.0]]),
+        None,
+        bits=8,
+        float_dtype=np.float32,
+        matmul="weight_only",
+    )
+    # Dequantised from the literals: (q - z) * s, exactly 0 where q == z.
+    dense = (values.astype(np.float32) + 26) * np.float32(0.01960784)
+    for rows in (1, 5):
+        x = np.zeros((rows, 6), np.float32)
+        x[:, 0] = np.inf
+        with np.errstate(invalid="ignore"):
+            expected = x @ dense.T  # NaN where the row is 0, +inf for row 1
+        f = quax.quaxify(lambda w, x: x @ w.T)
+        for out in (f(w, jnp.asarray(x)), jax.jit(f)(w, jnp.asarray(x))):
+            np.testing.assert_array_equal(out, expected)

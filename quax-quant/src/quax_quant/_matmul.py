@@ -136,11 +136,15 @@ def expand_axes(w: QuantisedArray, block: Array, axes: Sequence[int]) -> Array:
 
 
 def _dequantised(w: QuantisedArray, acc: Any) -> Array:
-    """`w` as floats of dtype `acc` (scaled in `acc`, not in `w.float_dtype`)."""
-    deq = w.integers().astype(acc) * w.expanded(w.scale.astype(acc))
+    """`w` as floats of dtype `acc` (scaled in `acc`, not in `w.float_dtype`):
+    `(q - z) * s`, as `QuantisedArray.dequantise` computes it. The difference of
+    two integers is exact, so an entry at its zero point is exactly 0 (an infinite
+    activation times it is NaN, as in the dense product); `q * s - z * s` would
+    let XLA fuse a multiply-add that leaves a residue of one rounding there."""
+    q = w.integers().astype(acc)
     if w.zero_point is not None:
-        deq = deq - w.expanded((w.zero_point * w.scale).astype(acc))
-    return deq
+        q = q - w.expanded(w.zero_point.astype(acc))
+    return q * w.expanded(w.scale.astype(acc))
 
 
 def _take(w: QuantisedArray, axis: int, start: int, stop: int) -> QuantisedArray:
