@@ -163,6 +163,18 @@ def test_errors():
         qq.QuantisedArray(q.values, q.scale, None, None, bits=8, float_dtype=np.int8)
 
 
+def test_percentile_out_of_range_is_refused():
+    """A percentile outside (0, 100] was accepted and clamped: 150 read as 100,
+    and 0 or a negative one as the smallest |x|, which clips almost every entry
+    to the largest integer."""
+    for percentile in (0.0, 150.0, -5.0):
+        for calibration in ("percentile", "mse"):
+            with pytest.raises(ValueError, match=r"percentile must be in \(0, 100\]"):
+                qq.quantise(
+                    jnp.ones((4, 6)), calibration=calibration, percentile=percentile
+                )
+
+
 # Non-finite weights -------------------------------------------------------------------
 
 nonfinite_layouts = [

@@ -137,7 +137,8 @@ def quantise(
         for weights), `"percentile"` (the `percentile`-th percentile of `|x|`,
         clipping outliers, for activations) or `"mse"` (the clipping of the absmax
         range minimising the squared error, for activations).
-    - `percentile`: for `calibration="percentile"`.
+    - `percentile`: for `calibration="percentile"` (and where the `"mse"` search
+        starts), in `(0, 100]`.
     - `straight_through`: keep `x` as the array's `master` so that gradients flow
         through the quantisation as if it were the identity (quantisation-aware
         training). Without it, differentiating with respect to `x` raises.
@@ -175,6 +176,11 @@ def quantise(
     if calibration not in CALIBRATIONS:
         raise ValueError(
             f"quantise: calibration must be one of {CALIBRATIONS}, got {calibration!r}."
+        )
+    if not 0 < percentile <= 100:
+        raise ValueError(
+            f"quantise: percentile must be in (0, 100], got {percentile} (it is a "
+            "percentile of |x|, e.g. 99.9)."
         )
     if bits == 4 and x.ndim == 0:
         raise ValueError("quantise: bits=4 packs along the last axis; got a scalar.")
