@@ -107,3 +107,18 @@ def test_leaves_are_checked():
             bits=8,
             float_dtype=np.float32,
         )
+
+
+def test_scale_zero_point_and_float_dtype_are_checked():
+    x = jnp.ones((4, 6))
+    q = qq.quantise(x)
+    with pytest.raises(ValueError, match="scale must have one axis per array axis"):
+        qq.QuantisedArray(
+            q.values, jnp.ones((3, 1)), None, None, bits=8, float_dtype=np.float32
+        )
+    with pytest.raises(ValueError, match="zero_point must have the scale's shape"):
+        qq.QuantisedArray(
+            q.values, q.scale, jnp.ones((4, 6)), None, bits=8, float_dtype=np.float32
+        )
+    with pytest.raises(ValueError, match="floating float_dtype"):
+        qq.QuantisedArray(q.values, q.scale, None, None, bits=8, float_dtype=np.int8)
