@@ -1,5 +1,6 @@
 """Independent references for quax-quant's tests: dequantisation in NumPy from the
-stored leaves (its own bit unpacking), and a dense comparison helper."""
+stored leaves (its own bit unpacking), the same in plain JAX (differentiable, for
+`quax.testing.assert_matches_dense`'s `densify`), and a dense comparison helper."""
 
 import jax
 import jax.numpy as jnp
@@ -35,6 +36,38 @@ def np_dequantise(q) -> np.ndarray:
     return ints * np_blocks(q.scale, q.shape)
 
 
+def jnp_dequantise(q):
+    """The float array of a QuantisedArray in plain JAX, from its leaves, with the
+    bit unpacking and block repetition written here (not the family's): a
+    differentiable reference for `quax.testing.assert_matches_dense`."""
+    v = jnp.asarray(q.values).astype(jnp.int32)
+    if q.bits == 4:
+        v = jnp.moveaxis(v, q.packed_axis, -1)
+        low = ((v & 0xF) ^ 8) - 8
+        high = (((v >> 4) & 0xF) ^ 8) - 8
+        both = jnp.concatenate([low, high], axis=-1)
+        v = jnp.moveaxis(both[..., : q.shape[q.packed_axis]], -1, q.packed_axis)
+
+    def blocks(block):
+        for a, d in enumerate(q.shape):
+            block = jnp.repeat(block, d // block.shape[a], axis=a)
+        return block
+
+    ints = v.astype(q.float_dtype)
+    if q.zero_point is not None:
+        ints = ints - blocks(q.zero_point)
+    return ints * blocks(q.scale)
+
+
+def densify(tree):
+    """`tree` with every QuantisedArray replaced by `jnp_dequantise` of it."""
+    return jax.tree.map(
+        lambda x: jnp_dequantise(x) if hasattr(x, "bits") else x,
+        tree,
+        is_leaf=lambda x: hasattr(x, "bits"),
+    )
+
+
 def assert_matches_dense(fn, *args, rtol=1e-5, atol=1e-5, jit=True):
     """`quax.quaxify(fn)(*args)` against `fn` on the dequantised arguments (NumPy
     reference), eagerly and under `jax.jit`; nothing may be materialised."""
@@ -64,6 +97,8 @@ class _Reference:
     integers = staticmethod(np_integers)
     blocks = staticmethod(np_blocks)
     dequantise = staticmethod(np_dequantise)
+    jnp_dequantise = staticmethod(jnp_dequantise)
+    densify = staticmethod(densify)
 
 
 @pytest.fixture(scope="session")

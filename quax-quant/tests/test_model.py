@@ -1,3 +1,6 @@
+"""Model-level helpers (`quax_quant._model`): `quantise_model`, `memory_report`,
+quantisation-aware training and control flow over a quantised model."""
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp

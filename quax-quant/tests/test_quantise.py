@@ -1,21 +1,16 @@
+"""`quantise`: the integers and scales of each layout and calibration, its
+argument checks (axes, group sizes), non-finite weights, and straight-through
+gradients."""
+
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import jax.random as jr
 import numpy as np
 import pytest
+import quax
 import quax_quant as qq
 from hypothesis import given, settings, strategies as st
-
-
-def test_int4_packing_literal():
-    values = jnp.array([[-8, 7, 1, -1, 0]], jnp.int8)
-    packed = qq.pack_int4(values)
-    # byte i: element i in the low nibble, element i + 3 in the high nibble
-    # (the last axis padded with a zero to 6).
-    assert packed.dtype == jnp.int8 and packed.shape == (1, 3)
-    expected = [(0x8 | 0xF << 4), (0x7 | 0x0 << 4), 0x1]
-    np.testing.assert_array_equal(np.asarray(packed).view(np.uint8)[0], expected)
-    np.testing.assert_array_equal(qq.unpack_int4(packed, 5), values)
 
 
 def test_per_tensor_literal():
@@ -148,14 +143,194 @@ def test_errors():
         pytest.raises(ValueError, match="straight_through=True"),
     ):
         jax.grad(lambda x: qq.quantise(x).scale.sum())(x)
-    q = qq.quantise(x)
-    with pytest.raises(ValueError, match="scale must have one axis per array axis"):
-        qq.QuantisedArray(
-            q.values, jnp.ones((3, 1)), None, None, bits=8, float_dtype=np.float32
+
+
+def test_percentile_out_of_range_is_refused():
+    """A percentile outside (0, 100] was accepted and clamped: 150 read as 100,
+    and 0 or a negative one as the smallest |x|, which clips almost every entry
+    to the largest integer."""
+    for percentile in (0.0, 150.0, -5.0):
+        for calibration in ("percentile", "mse"):
+            with pytest.raises(ValueError, match=r"percentile must be in \(0, 100\]"):
+                qq.quantise(
+                    jnp.ones((4, 6)), calibration=calibration, percentile=percentile
+                )
+
+
+# Non-finite weights -------------------------------------------------------------------
+
+nonfinite_layouts = [
+    {"bits": bits, "symmetric": symmetric, **layout}
+    for bits in (8, 4)
+    for symmetric in (True, False)
+    for layout in (
+        {},
+        {"axis": 0},
+        {"axis": 1},
+        {"group_size": 4},
+        {"group_size": 2, "group_axis": 0},
+    )
+]
+
+
+def _block_mask(shape, scale_shape, index):
+    """The entries sharing a scale block with `index`, for the layout's block
+    shape (computed from the arguments, not from the quantised array)."""
+    mask = np.ones(shape, bool)
+    for axis, (d, s) in enumerate(zip(shape, scale_shape, strict=True)):
+        g = d // s
+        along = (np.arange(d) // g) == (index[axis] // g)
+        mask &= along.reshape([-1 if a == axis else 1 for a in range(len(shape))])
+    return mask
+
+
+def _scale_shape_of(layout, shape):
+    if "group_size" in layout:
+        axis = layout.get("group_axis", -1) % len(shape)
+        return tuple(
+            d // layout["group_size"] if a == axis else d for a, d in enumerate(shape)
         )
-    with pytest.raises(ValueError, match="zero_point must have the scale's shape"):
-        qq.QuantisedArray(
-            q.values, q.scale, jnp.ones((4, 6)), None, bits=8, float_dtype=np.float32
-        )
-    with pytest.raises(ValueError, match="floating float_dtype"):
-        qq.QuantisedArray(q.values, q.scale, None, None, bits=8, float_dtype=np.int8)
+    if "axis" in layout:
+        return tuple(d if a == layout["axis"] else 1 for a, d in enumerate(shape))
+    return (1,) * len(shape)
+
+
+@pytest.mark.parametrize(
+    "layout",
+    nonfinite_layouts,
+    ids=lambda k: "-".join(f"{a}={b}" for a, b in k.items()),
+)
+def test_nonfinite_weights_are_refused_or_propagated(layout):
+    """A concrete weight holding a NaN or an infinity is refused, naming the first
+    one; a traced one (under `jax.jit`) quantises to a NaN scale for each block
+    holding one, so that the dequantised block and every product using it are NaN:
+    never the finite numbers a diverged weight used to quantise to."""
+    shape = (4, 8)
+    for bad in (np.nan, np.inf, -np.inf):
+        w = np.array(jr.normal(jr.PRNGKey(0), shape))
+        w[1, 2] = bad
+        w[3, 6] = np.nan
+        with pytest.raises(
+            ValueError, match=rf"holds {bad} at index \(1, 2\) \(the first non-finite"
+        ):
+            qq.quantise(jnp.asarray(w), **layout)
+    w = np.array(jr.normal(jr.PRNGKey(0), shape))
+    w[1, 2] = np.nan
+    w[3, 6] = -np.inf
+    x1 = jr.normal(jr.PRNGKey(1), (1, 8))
+    x5 = jr.normal(jr.PRNGKey(2), (5, 8))
+
+    @jax.jit
+    def run(w, x1, x5):
+        product = quax.quaxify(lambda x, w: x @ w.T)
+        outs = [
+            product(x, qq.quantise(w, matmul=path, **layout))
+            for path in ("weight_only", "int8")
+            for x in (x1, x5)
+        ]
+        return qq.quantise(w, **layout), outs
+
+    q, outs = run(jnp.asarray(w), x1, x5)
+    scale_shape = _scale_shape_of(layout, shape)
+    assert q.scale.shape == scale_shape
+    nan = _block_mask(shape, scale_shape, (1, 2)) | _block_mask(
+        shape, scale_shape, (3, 6)
+    )
+    deq = np.asarray(q.dequantise())
+    np.testing.assert_array_equal(np.isnan(deq), nan)
+    # Elsewhere, the finite entries quantise as they would alone.
+    step = np.where(nan, 0, np.asarray(jnp.nan_to_num(q.expanded(q.scale))))
+    assert np.all(np.abs(np.where(nan, 0, deq - w)) <= step / 2 + 1e-5)
+    # Every product (both paths, one row and five): NaN wherever the float product
+    # is not finite (plain NumPy), and exactly on the outputs using a NaN block.
+    for out, x in zip(outs, (x1, x5, x1, x5), strict=True):
+        out = np.asarray(out)
+        with np.errstate(invalid="ignore"):
+            dense = np.asarray(x) @ w.T
+        assert np.all(np.isnan(out[~np.isfinite(dense)]))
+        touched = np.broadcast_to(nan.any(axis=1), out.shape)
+        np.testing.assert_array_equal(np.isnan(out), touched)
+
+
+def test_nonfinite_activations_on_the_int8_path():
+    """The int8 x int8 path quantises the activations too: a row holding a NaN or
+    an infinity gives a NaN row (the float product is NaN or infinite there), not
+    the finite row that clipping it to int8 gave."""
+    w = qq.quantise(jr.normal(jr.PRNGKey(0), (8, 12)), axis=0, matmul="int8")
+    x = jr.normal(jr.PRNGKey(1), (6, 12))
+    x = x.at[2, 3].set(jnp.nan).at[4, 5].set(jnp.inf).at[5, 0].set(-jnp.inf)
+    out = np.asarray(jax.jit(quax.quaxify(lambda x, w: x @ w.T))(x, w))
+    rows = np.array([False, False, True, False, True, True])
+    assert np.all(np.isnan(out[rows]))
+    assert np.all(np.isfinite(out[~rows]))
+
+
+def test_quantise_model_refuses_a_diverged_model():
+    mlp = eqx.nn.MLP(4, 2, 8, depth=2, key=jr.PRNGKey(0))
+    diverged = eqx.tree_at(
+        lambda m: m.layers[1].weight, mlp, mlp.layers[1].weight.at[3, 2].set(jnp.nan)
+    )
+    for kwargs in ({}, {"bits": 4, "group_size": 4}, {"axis": None}):
+        with pytest.raises(
+            ValueError, match=r"Linear at \.layers\[1\].*index \(3, 2\)"
+        ):
+            qq.quantise_model(diverged, **kwargs)
+        # Quantised inside a traced function (quantisation-aware training): the
+        # outputs are NaN where the float model's are, never finite.
+        x = jr.normal(jr.PRNGKey(1), (3, 4))
+
+        @eqx.filter_jit
+        def run(model, x, kwargs=kwargs):
+            q = qq.quantise_model(model, **kwargs)
+            return quax.quaxify(lambda m, x: jax.vmap(m)(x))(q, x)
+
+        assert np.all(np.isnan(np.asarray(run(diverged, x))))
+        assert np.all(np.isnan(np.asarray(jax.vmap(diverged)(x))))
+
+
+# Axes ---------------------------------------------------------------------------------
+
+
+def test_axes_are_read_as_numpy_reads_them():
+    w = jnp.ones((3, 4))
+    # In range, negative axes count from the end.
+    assert qq.quantise(w, axis=-1).scale.shape == (1, 4)
+    assert qq.quantise(w, axis=-2).scale.shape == (3, 1)
+    assert qq.quantise(w, axis=(-1, 0)).scale.shape == (3, 4)
+    assert qq.quantise(w, axis=np.int64(1)).scale.shape == (1, 4)
+    assert qq.quantise(jnp.ones((4, 6)), group_size=2, group_axis=-2).scale.shape == (
+        2,
+        6,
+    )
+    # Out of range: NumPy's AxisError (a ValueError), never wrapped modulo ndim.
+    for axis in (2, -3, (0, 2)):
+        with pytest.raises(
+            np.exceptions.AxisError,
+            match=r"quantise: axis: axis -?\d is out of bounds for array of "
+            "dimension 2",
+        ):
+            qq.quantise(w, axis=axis)
+    with pytest.raises(
+        np.exceptions.AxisError,
+        match="quantise: group_axis: axis 2 is out of bounds for array of dimension 2",
+    ):
+        qq.quantise(jnp.ones((3, 4)), group_size=2, group_axis=2)
+    with pytest.raises(ValueError, match=r"axis=\(0, -2\) repeats an axis"):
+        qq.quantise(w, axis=(0, -2))
+    with pytest.raises(ValueError, match="axis must be an int or a sequence of ints"):
+        qq.quantise(w, axis=1.5)
+    with pytest.raises(ValueError, match="group_size must be an int"):
+        qq.quantise(w, group_size=2.0)
+
+
+def test_quantise_model_axis_out_of_range():
+    mlp = eqx.nn.MLP(4, 2, 8, depth=1, key=jr.PRNGKey(0))
+    with pytest.raises(
+        ValueError,
+        match=r"Linear at \.layers\[0\].*axis 5 is out of bounds for array of "
+        "dimension 2",
+    ):
+        qq.quantise_model(mlp, axis=5)
+    q = qq.quantise_model(mlp, axis=-1)
+    assert q.layers[0].weight.scale.shape == (1, 4)
+    assert q.layers[1].weight.scale.shape == (1, 8)

@@ -9,6 +9,12 @@ y = quax.quaxify(qmodel)(x)
 """
 
 from . import _rules as _rules  # registers the rules
+from ._checkpoint import (
+    describe as describe,
+    load_quantised as load_quantised,
+    save_quantised as save_quantised,
+)
+from ._kernels import pack_int4 as pack_int4, unpack_int4 as unpack_int4
 from ._matmul import (
     BLOCK_ELEMENTS as BLOCK_ELEMENTS,
     WEIGHT_ONLY_MAX_ROWS as WEIGHT_ONLY_MAX_ROWS,
@@ -24,10 +30,10 @@ from ._quantise import quantise as quantise, quantize as quantize
 from ._value import (
     MaterialisationError as MaterialisationError,
     QuantisedArray as QuantisedArray,
-    pack_int4 as pack_int4,
-    unpack_int4 as unpack_int4,
 )
 
 
 QuantizedArray = QuantisedArray
 quantize_model = quantise_model
+save_quantized = save_quantised
+load_quantized = load_quantised

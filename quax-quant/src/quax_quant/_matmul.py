@@ -25,6 +25,14 @@ import numpy as np
 from jax import lax
 from jaxtyping import Array
 
+from ._kernels import (
+    DimensionNumbers,
+    one_row_dot,
+    quantise_rows,
+    sides,
+    split_groups,
+    to_out,
+)
 from ._value import QuantisedArray
 
 
@@ -35,7 +43,6 @@ __all__ = [
     "matmul_path",
     "quantised_dot",
     "rows_of",
-    "to_out",
 ]
 
 # Below this many rows of activations per weight, `"auto"` takes the weight-only
@@ -46,10 +53,6 @@ WEIGHT_ONLY_MAX_ROWS = 4
 # at most this many elements (1 MiB of float32) along a free axis; see
 # `_blocked_product`.
 BLOCK_ELEMENTS = 2**18
-
-DimensionNumbers = tuple[
-    tuple[Sequence[int], Sequence[int]], tuple[Sequence[int], Sequence[int]]
-]
 
 
 def matmul_path(rows: int, w: QuantisedArray, contract: Sequence[int] = ()) -> str:
@@ -73,10 +76,10 @@ def matmul_path(rows: int, w: QuantisedArray, contract: Sequence[int] = ()) -> s
         differ by that error.
 
     Override per array with `quantise(..., matmul="weight_only" | "int8")` (or
-    `eqx.tree_at(lambda q: q.matmul, ...)`, or `quantise_model(..., matmul=...)`):
-    `"weight_only"` where the error matters more than the time. Derivatives always
-    follow the weight-only product (straight through the on-the-fly quantisation
-    of the activations).
+    `dataclasses.replace(q, matmul=...)`, since `eqx.tree_at` cannot set a static
+    field, or `quantise_model(..., matmul=...)`): `"weight_only"` where the error
+    matters more than the time. Derivatives always follow the weight-only product
+    (straight through the on-the-fly quantisation of the activations).
 
     **Arguments:**
 
@@ -120,35 +123,6 @@ def rows_of(x: Any, contract: Sequence[int], batch: Sequence[int]) -> int:
 # Layout helpers -----------------------------------------------------------------------
 
 
-def _sides(dn: DimensionNumbers, lhs: bool) -> tuple[list[int], list[int]]:
-    (lc, rc), (lb, rb) = dn
-    return (list(lc), list(lb)) if lhs else (list(rc), list(rb))
-
-
-def to_out(
-    block: Array, lhs: bool, dn: DimensionNumbers, lhs_ndim: int, rhs_ndim: int
-) -> Array:
-    """`block`, defined on the axes of one operand (`lhs` or not) with size 1 on its
-    contracted axes, laid out for broadcasting against `dot_general`'s output
-    `(batch, lhs free, rhs free)`."""
-    contract, batch = _sides(dn, lhs)
-    ndim = lhs_ndim if lhs else rhs_ndim
-    free = [a for a in range(ndim) if a not in contract and a not in batch]
-    order = batch + free
-    block = jnp.transpose(block, order + contract)
-    block = block.reshape(block.shape[: len(order)])
-    other_contract, other_batch = _sides(dn, not lhs)
-    other_free = (
-        (rhs_ndim if lhs else lhs_ndim) - len(other_contract) - len(other_batch)
-    )
-    shape = list(block.shape)
-    if lhs:
-        shape += [1] * other_free
-    else:
-        shape = shape[: len(batch)] + [1] * other_free + shape[len(batch) :]
-    return block.reshape(shape)
-
-
 def expand_axes(w: QuantisedArray, block: Array, axes: Sequence[int]) -> Array:
     """`block` (scale layout) repeated to full size along `axes`."""
     for a in axes:
@@ -158,87 +132,19 @@ def expand_axes(w: QuantisedArray, block: Array, axes: Sequence[int]) -> Array:
     return block
 
 
-def _split(
-    arr: Array, groups: dict[int, int]
-) -> tuple[Array, dict[int, int], dict[int, int]]:
-    """Split each axis `a` in `groups` into `(groups[a], rest)`. `arr` is an operand
-    (full size along `a`) or a block array (size `groups[a]` or 1 along `a`).
-    Returns the new array, and maps old axis -> new axis of the rest (every axis)
-    and old axis -> new axis of the groups (split axes)."""
-    shape: list[int] = []
-    inner: dict[int, int] = {}
-    outer: dict[int, int] = {}
-    for a, d in enumerate(arr.shape):
-        if a in groups:
-            n = groups[a]
-            outer[a] = len(shape)
-            shape += [n, d // n] if d % n == 0 and d > n else [d, 1]
-        inner[a] = len(shape) - 1 if a in groups else len(shape)
-        if a not in groups:
-            shape.append(d)
-    return arr.reshape(shape), inner, outer
-
-
-def _quantise_rows(x: Array, contract: Sequence[int]) -> tuple[Array, Array]:
-    """Symmetric int8 of `x` with one absmax scale per row (constant along the
-    contracted axes), as `(integers, scale)`; the scale keeps `x`'s axes."""
-    x32 = x.astype(jnp.promote_types(x.dtype, jnp.float32))
-    high = jnp.max(jnp.abs(x32), axis=tuple(contract), keepdims=True)
-    scale = jnp.where(high > 0, high / 127, jnp.ones_like(high))
-    q = jnp.clip(jnp.round(x32 / scale), -127, 127).astype(jnp.int8)
-    return q, scale
-
-
-def _reduce_dot(lhs: Array, rhs: Array, dn: DimensionNumbers) -> Array:
-    """`dot_general` as a broadcast multiply and a sum: for one row, XLA fuses the
-    integer-to-float conversion into it instead of writing out a float weight.
-    Free axes of size 1 are left out of the multiply (XLA on CPU runs a reduction
-    with a leading unit axis two hundred times slower)."""
-    (lc, rc), (lb, rb) = dn
-    lf = [a for a in range(lhs.ndim) if a not in lc and a not in lb]
-    rf = [a for a in range(rhs.ndim) if a not in rc and a not in rb]
-    batch = [lhs.shape[a] for a in lb]
-    contract = [lhs.shape[a] for a in lc]
-    l_free = [lhs.shape[a] for a in lf if lhs.shape[a] != 1]
-    r_free = [rhs.shape[a] for a in rf if rhs.shape[a] != 1]
-    lhs2 = jnp.transpose(lhs, [*lb, *lf, *lc]).reshape(
-        *batch, *l_free, *[1] * len(r_free), *contract
-    )
-    rhs2 = jnp.transpose(rhs, [*rb, *rf, *rc]).reshape(
-        *batch, *[1] * len(l_free), *r_free, *contract
-    )
-    out = jnp.sum(lhs2 * rhs2, axis=tuple(range(-len(contract), 0)))
-    shape = [*batch, *[lhs.shape[a] for a in lf], *[rhs.shape[a] for a in rf]]
-    return out.reshape(shape)
-
-
-def _one_row_dot(lhs: Array, rhs: Array, dn: DimensionNumbers, w_is_lhs: bool) -> Array:
-    """A one-row product, written as `x @ w.T` with `x` of shape `(1, k)`: the form
-    for which XLA on CPU fuses the conversion of `w` into the product (0.35x the
-    float32 time at 2048 x 2048, where `w @ x` converts the whole weight first and
-    takes 10x). With batch axes, a fused multiply-and-sum."""
-    if dn[1][0]:
-        return _reduce_dot(lhs, rhs, dn)
-    w, x = (lhs, rhs) if w_is_lhs else (rhs, lhs)
-    w_contract = dn[0][0] if w_is_lhs else dn[0][1]
-    k = math.prod(w.shape[a] for a in w_contract)
-    # Canonical layout (`_product`): free axes, then contracted ones.
-    w2 = w.reshape(-1, k)
-    out = lax.dot_general(x.reshape(1, k), jnp.transpose(w2), (((1,), (0,)), ((), ())))
-    shape = [lhs.shape[a] for a in range(lhs.ndim) if a not in dn[0][0]]
-    shape += [rhs.shape[a] for a in range(rhs.ndim) if a not in dn[0][1]]
-    return out.reshape(shape)
-
-
 # The product --------------------------------------------------------------------------
 
 
 def _dequantised(w: QuantisedArray, acc: Any) -> Array:
-    """`w` as floats of dtype `acc` (scaled in `acc`, not in `w.float_dtype`)."""
-    deq = w.integers().astype(acc) * w.expanded(w.scale.astype(acc))
+    """`w` as floats of dtype `acc` (scaled in `acc`, not in `w.float_dtype`):
+    `(q - z) * s`, as `QuantisedArray.dequantise` computes it. The difference of
+    two integers is exact, so an entry at its zero point is exactly 0 (an infinite
+    activation times it is NaN, as in the dense product); `q * s - z * s` would
+    let XLA fuse a multiply-add that leaves a residue of one rounding there."""
+    q = w.integers().astype(acc)
     if w.zero_point is not None:
-        deq = deq - w.expanded((w.zero_point * w.scale).astype(acc))
-    return deq
+        q = q - w.expanded(w.zero_point.astype(acc))
+    return q * w.expanded(w.scale.astype(acc))
 
 
 def _take(w: QuantisedArray, axis: int, start: int, stop: int) -> QuantisedArray:
@@ -279,7 +185,7 @@ def _blocked_product(
     (`g . w`, the gradient with respect to `x`) also converts one block at a time.
     Exact with respect to `x . w.dequantise()`; a weight of at most
     `BLOCK_ELEMENTS` elements, or with no free axis, is dequantised whole."""
-    w_contract, w_batch = _sides(dn, w_is_lhs)
+    w_contract, w_batch = sides(dn, w_is_lhs)
     free = [a for a in range(w.ndim) if a not in w_contract and a not in w_batch]
 
     def product(block: QuantisedArray) -> Array:
@@ -341,8 +247,8 @@ def _product(
     reached the product transposed (`x @ w.T`) is transposed back, which XLA cancels,
     instead of a product contracting along a strided axis (for `int8` on CPU, six
     times slower)."""
-    w_contract, w_batch = _sides(dn, w_is_lhs)
-    x_contract, x_batch = _sides(dn, not w_is_lhs)
+    w_contract, w_batch = sides(dn, w_is_lhs)
+    x_contract, x_batch = sides(dn, not w_is_lhs)
     w_free = [a for a in range(w.ndim) if a not in w_contract and a not in w_batch]
     x_free = [a for a in range(np.ndim(x)) if a not in x_contract and a not in x_batch]
     w_perm = w_batch + w_free + w_contract
@@ -384,14 +290,14 @@ def _canonical_product(
     """`_product` once laid out; `rows` of `x` (with its `vmap`s) choose how XLA
     sees a one-row product."""
     acc = jnp.promote_types(out_dtype, jnp.float32)
-    w_contract, w_batch = _sides(dn, w_is_lhs)
-    x_contract, x_batch = _sides(dn, not w_is_lhs)
+    w_contract, w_batch = sides(dn, w_is_lhs)
+    x_contract, x_batch = sides(dn, not w_is_lhs)
     if path == "weight_only" and rows == 1 and not w_batch:
         # One row: XLA on CPU fuses the conversion and the scaling (whatever the
         # layout) into the product, so no float weight is written.
         deq = _dequantised(w, acc)
         lhs, rhs = (deq, x.astype(acc)) if w_is_lhs else (x.astype(acc), deq)
-        return _one_row_dot(lhs, rhs, dn, w_is_lhs).astype(out_dtype)
+        return one_row_dot(lhs, rhs, dn, w_is_lhs).astype(out_dtype)
     if path == "weight_only":
         out = _blocked_product(
             x, w, dn=dn, w_is_lhs=w_is_lhs, acc=acc, precision=precision
@@ -402,14 +308,14 @@ def _canonical_product(
     w_keep = [a for a in range(q.ndim) if a not in w_contract]
     scale = expand_axes(w, w.scale.astype(acc), w_keep)
     scaled = [i for i in w_contract if w.scale.shape[i] > 1]
-    x_op, x_scale = _quantise_rows(x, x_contract)
+    x_op, x_scale = quantise_rows(x, x_contract)
 
     def dot(a: Array, b: Array, dims: DimensionNumbers, integer: bool) -> Array:
         lhs, rhs = (b, a) if w_is_lhs else (a, b)
         if not integer:
             lhs, rhs = lhs.astype(acc), rhs.astype(acc)
             if rows == 1:
-                return _one_row_dot(lhs, rhs, dims, w_is_lhs)
+                return one_row_dot(lhs, rhs, dims, w_is_lhs)
         return lax.dot_general(
             lhs,
             rhs,
@@ -427,9 +333,9 @@ def _canonical_product(
             for i, j in zip(w_contract, x_contract, strict=True)
             if i in w_groups
         }
-        q2, w_in, w_out = _split(q, w_groups)
-        s2, _, _ = _split(scale, w_groups)
-        x2, x_in, x_out = _split(x_op, x_groups)
+        q2, w_in, w_out = split_groups(q, w_groups)
+        s2, _, _ = split_groups(scale, w_groups)
+        x2, x_in, x_out = split_groups(x_op, x_groups)
         pairs = [(i, j) for i, j in zip(w_contract, x_contract, strict=True)]
         new_batch_w = [w_out[i] for i, _ in pairs if i in w_groups] + [
             w_in[i] for i in w_batch
@@ -447,7 +353,7 @@ def _canonical_product(
             nd = (x2.ndim, q2.ndim)
         main = dot(x2, q2, dn2, integer=True)
         main = main * to_out(s2, w_is_lhs, dn2, *nd)
-        xs2, _, _ = _split(x_scale, x_groups)
+        xs2, _, _ = split_groups(x_scale, x_groups)
         main = main * to_out(xs2, not w_is_lhs, dn2, *nd)
         main = jnp.sum(main, axis=tuple(range(len(w_groups))))
     else:
@@ -540,9 +446,9 @@ def quantised_dot(
     """`dot_general` of a float array `x` with `w`, on the path `matmul_path`
     chooses; derivatives as the weight-only product, and straight through to
     `w.master` when it has one."""
-    x_contract, x_batch = _sides(dn, not w_is_lhs)
+    x_contract, x_batch = sides(dn, not w_is_lhs)
     rows = rows_of(x, x_contract, x_batch)
-    path = matmul_path(rows, w, _sides(dn, w_is_lhs)[0])
+    path = matmul_path(rows, w, sides(dn, w_is_lhs)[0])
     out_dtype = preferred_element_type or jnp.result_type(x.dtype, w.float_dtype)
     # Hashable, for `custom_jvp`'s static arguments.
     (lc, rc), (lb, rb) = dn

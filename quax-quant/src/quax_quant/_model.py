@@ -87,6 +87,18 @@ def memory_report(model: PyTree) -> MemoryReport:
     return MemoryReport(count, float_bytes, quantised_bytes, other)
 
 
+def _path_of(model: PyTree, node: Any) -> str:
+    """Where `node` (an object inside `model`) is, as `jax.tree_util.keystr` writes
+    it (`.layers[1]`); `<model>` for the model itself."""
+    if node is model:
+        return "<model>"
+    found = jtu.tree_flatten_with_path(model, is_leaf=lambda x: x is node)[0]
+    for path, leaf in found:
+        if leaf is node:
+            return jtu.keystr(path)
+    return "<unknown path>"
+
+
 def quantise_model(
     model: PyTree,
     *,
@@ -124,7 +136,8 @@ def quantise_model(
         the differentiated loss for quantisation-aware training.
     - `axis`: the per-channel axis of each weight; by default 0, the output
         channels of `eqx.nn.Linear` `(out, in)` and `eqx.nn.Conv` `(out, in, ...)`.
-        `None` for one scale per weight. Ignored when `group_size` is given.
+        `None` for one scale per weight. Ignored when `group_size` is given. An
+        axis out of range for a weight raises, as NumPy does.
     - `group_size`: one scale per group of this many inputs (along the last axis)
         and per output channel. Convolution kernels are always quantised per output
         channel.
@@ -144,7 +157,9 @@ def quantise_model(
     **Raises:**
 
     `ValueError` when no layer matched (a quantised model with nothing quantised is
-    almost always a wrong `filter` or `where`).
+    almost always a wrong `filter` or `where`), and where `quantise` refuses a
+    weight (an `axis` out of range for it, a concrete weight holding a NaN or an
+    infinity: a diverged model), naming the layer by its path in `model`.
     """
     changed = []
 
@@ -155,16 +170,22 @@ def quantise_model(
         # The quantised convolution takes one scale per output channel.
         conv = isinstance(layer, eqx.nn.Conv | eqx.nn.ConvTranspose)
         groups = None if conv else group_size
-        q = quantise(
-            weight,
-            bits=bits,
-            axis=0 if conv else (None if group_size is not None else axis),
-            group_size=groups,
-            symmetric=symmetric,
-            straight_through=straight_through,
-            allow_materialise=allow_materialise,
-            matmul=matmul,
-        )
+        try:
+            q = quantise(
+                weight,
+                bits=bits,
+                axis=0 if conv else (None if group_size is not None else axis),
+                group_size=groups,
+                symmetric=symmetric,
+                straight_through=straight_through,
+                allow_materialise=allow_materialise,
+                matmul=matmul,
+            )
+        except ValueError as e:
+            raise type(e)(
+                f"quantise_model: the `{attribute}` of the {type(layer).__name__} at "
+                f"{_path_of(model, layer)}: {e}"
+            ) from e
         changed.append(q)
         return eqx.tree_at(lambda x: getattr(x, attribute), layer, q)
 

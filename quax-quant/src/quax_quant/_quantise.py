@@ -1,30 +1,38 @@
 """`quantise`: float arrays to `QuantisedArray`s, with absmax, percentile or MSE
 calibration, and straight-through gradients for quantisation-aware training."""
 
-import functools as ft
+import operator
 from collections.abc import Sequence
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax import lax
 from jaxtyping import Array, ArrayLike
 
-from ._value import MATMUL_PATHS, QuantisedArray, pack_int4
+from ._kernels import CALIBRATIONS, quantised_leaves
+from ._value import MATMUL_PATHS, QuantisedArray
 
 
-__all__ = ["CALIBRATIONS", "quantise"]
-
-CALIBRATIONS = ("absmax", "percentile", "mse")
-# Clipping ratios of the absmax range tried by `calibration="mse"`.
-_MSE_RATIOS = np.linspace(0.3, 1.0, 36)
+__all__ = ["quantise"]
 
 
-def _levels(bits: int, symmetric: bool) -> tuple[int, int]:
-    """The integer range `[lo, hi]`: symmetric is the narrow range `[-m, m]`."""
-    m = 2 ** (bits - 1)
-    return (-(m - 1), m - 1) if symmetric else (-m, m - 1)
+def _axis_index(value: Any, field: str) -> int:
+    """`value` as an axis number, or a `ValueError` naming `field`."""
+    try:
+        return operator.index(value)
+    except TypeError:
+        kinds = "an int or a sequence of ints" if field == "axis" else "an int"
+        raise ValueError(f"quantise: {field} must be {kinds}, got {value!r}.") from None
+
+
+def _normalise_axis(axis: int, ndim: int, field: str) -> int:
+    """`axis` in `[0, ndim)`, as NumPy reads an axis: a negative axis counts from
+    the end, and one outside `[-ndim, ndim)` raises NumPy's `AxisError` (a
+    `ValueError`) naming `field`, rather than wrapping around."""
+    if not -ndim <= axis < ndim:
+        raise np.exceptions.AxisError(axis, ndim, msg_prefix=f"quantise: {field}")
+    return axis % ndim
 
 
 def _scale_shape(
@@ -43,148 +51,49 @@ def _scale_shape(
             )
         if ndim == 0:
             raise ValueError("quantise: group_size needs an array with an axis.")
-        g_axis = group_axis % ndim
+        g_axis = _normalise_axis(
+            _axis_index(group_axis, "group_axis"), ndim, "group_axis"
+        )
         d = shape[g_axis]
-        if group_size < 1 or d % group_size:
+        size = _axis_index(group_size, "group_size")
+        if size < 1 or d % size:
             raise ValueError(
                 f"quantise: group_size={group_size} must divide the length {d} of "
                 f"axis {g_axis} (group_axis={group_axis}) of shape {shape}."
             )
-        return tuple(d // group_size if a == g_axis else n for a, n in enumerate(shape))
+        return tuple(d // size if a == g_axis else n for a, n in enumerate(shape))
     if axis is None:
         return (1,) * ndim
-    axes = {a % ndim for a in ((axis,) if isinstance(axis, int) else axis)}
+    given = (axis,) if not isinstance(axis, Sequence) else tuple(axis)
+    axes = [_normalise_axis(_axis_index(a, "axis"), ndim, "axis") for a in given]
+    if len(set(axes)) != len(axes):
+        raise ValueError(
+            f"quantise: axis={axis!r} repeats an axis of an array with {ndim} axes."
+        )
     return tuple(n if a in axes else 1 for a, n in enumerate(shape))
 
 
-def _blocks(x: Array, scale_shape: tuple[int, ...]) -> Array:
-    """`x` reshaped to `(s_0, g_0, s_1, g_1, ...)`: block `(i_0, i_1, ...)` of the
-    scale layout is `x[i_0, :, i_1, :, ...]`."""
-    split = []
-    for d, s in zip(x.shape, scale_shape, strict=True):
-        split += [s, d // s]
-    return x.reshape(split)
-
-
-def _reduce(blocks: Array, fn: Any) -> Array:
-    """Reduce the within-block axes (the odd ones) of `_blocks`' output."""
-    axes = tuple(range(1, blocks.ndim, 2))
-    return fn(blocks, axis=axes)
-
-
-def _round_trip(x: Array, scale: Array, zero: Array | None, lo: int, hi: int) -> Array:
-    """The integers of `x` for `scale` and `zero` (in block layout `(s_0, 1, ...)`)."""
-    q = jnp.round(x / scale)
-    if zero is not None:
-        q = q + zero
-    return jnp.clip(q, lo, hi)
-
-
-def _range(
-    blocks: Array, calibration: str, percentile: float, symmetric: bool
-) -> tuple[Array, Array]:
-    """The calibrated `(low, high)` of each block, with `low <= 0 <= high`."""
-    if calibration == "absmax":
-        if symmetric:
-            high = _reduce(jnp.abs(blocks), jnp.max)
-            return -high, high
-        return _reduce(blocks, jnp.min), _reduce(blocks, jnp.max)
-    # percentile (and the starting point of the MSE search)
-    axes = tuple(range(1, blocks.ndim, 2))
-    if symmetric:
-        high = jnp.percentile(jnp.abs(blocks), percentile, axis=axes)
-        return -high, high
-    low = jnp.percentile(blocks, 100 - percentile, axis=axes)
-    return low, jnp.percentile(blocks, percentile, axis=axes)
-
-
-def _scale_zero(
-    low: Array, high: Array, bits: int, symmetric: bool
-) -> tuple[Array, Array | None]:
-    lo, hi = _levels(bits, symmetric)
-    low, high = jnp.minimum(low, 0), jnp.maximum(high, 0)
-    if symmetric:
-        scale = high / hi
-        zero = None
-    else:
-        scale = (high - low) / (hi - lo)
-    scale = jnp.where(scale > 0, scale, jnp.ones_like(scale))
-    if not symmetric:
-        zero = jnp.clip(jnp.round(lo - low / scale), lo, hi)
-    return scale, zero
-
-
-def _expand(block: Array) -> Array:
-    """A per-block array `(s_0, s_1, ...)` as `(s_0, 1, s_1, 1, ...)`."""
-    return block.reshape([n for s in block.shape for n in (s, 1)])
-
-
-def _mse_range(
-    blocks: Array, bits: int, symmetric: bool, low: Array, high: Array
-) -> tuple[Array, Array]:
-    """Shrink `(low, high)` by the ratio (of `_MSE_RATIOS`) that minimises each
-    block's squared quantisation error."""
-    lo, hi = _levels(bits, symmetric)
-
-    def error(ratio: Array) -> Array:
-        scale, zero = _scale_zero(low * ratio, high * ratio, bits, symmetric)
-        s = _expand(scale)
-        z = None if zero is None else _expand(zero)
-        q = _round_trip(blocks, s, z, lo, hi)
-        deq = (q if z is None else q - z) * s
-        return _reduce(jnp.square(deq - blocks), jnp.sum)
-
-    ratios = jnp.asarray(_MSE_RATIOS, blocks.dtype)
-    errors = jax.lax.map(error, ratios)
-    best = ratios[jnp.argmin(errors, axis=0)]
-    return low * best, high * best
-
-
-@jax.custom_jvp
-def _not_differentiable(x: Array) -> Array:
-    return x
-
-
-@_not_differentiable.defjvp
-def _(primals: Any, tangents: Any) -> Any:
-    del primals, tangents
+def _check_finite(x: Array) -> None:
+    """Refuse a concrete `x` holding a NaN or an infinity, naming the first one:
+    the integers of a quantised array cannot stand for it, and a finite result
+    from a diverged weight would be silently wrong."""
+    with jax.ensure_compile_time_eval():
+        finite = jnp.isfinite(x)
+        if bool(jnp.all(finite)):
+            return
+        flat = int(jnp.argmin(finite.ravel()))
+        index = tuple(int(i) for i in np.unravel_index(flat, x.shape))
+        value = float(x[index])
     raise ValueError(
-        "quax_quant.quantise is being differentiated with respect to its input, "
-        "whose integers have no gradient. For quantisation-aware training pass "
-        "straight_through=True (the gradient then flows through the quantisation as "
-        "if it were the identity); otherwise quantise lax.stop_gradient(x)."
+        f"quantise: x (shape {x.shape}) holds {value} at index {index} (the first "
+        "non-finite entry): the integers of a quantised array cannot stand for a "
+        "NaN or an infinity, so quantising it would give finite numbers where the "
+        "float array gives NaN. Find where the weights diverged, or replace the "
+        "non-finite entries (e.g. `jnp.nan_to_num`) before quantising. Under "
+        "`jax.jit` or another transform, where x is not known, the block of the "
+        "scale that holds it becomes NaN instead, and so does every product using "
+        "that block."
     )
-
-
-@ft.partial(jax.jit, static_argnums=(1, 2, 3, 4, 5, 6))
-def _compute(
-    x: Array,
-    bits: int,
-    scale_shape: tuple[int, ...],
-    symmetric: bool,
-    calibration: str,
-    percentile: float,
-    straight_through: bool,
-) -> tuple[Array, Array, Array | None]:
-    """The integers (packed for 4 bits), scales and zero points of `x`: one compiled
-    program per layout, rather than a few dozen small ones when called eagerly."""
-    data = lax.stop_gradient(x) if straight_through else _not_differentiable(x)
-    # Calibrate in at least float32.
-    data = data.astype(jnp.promote_types(x.dtype, jnp.float32))
-    blocks = _blocks(data, scale_shape)
-    low, high = _range(blocks, calibration, percentile, symmetric)
-    if calibration == "mse":
-        low, high = _mse_range(blocks, bits, symmetric, low, high)
-    scale, zero = _scale_zero(low, high, bits, symmetric)
-    lo, hi = _levels(bits, symmetric)
-    z = None if zero is None else _expand(zero)
-    q = _round_trip(blocks, _expand(scale), z, lo, hi)
-    q = q.astype(jnp.int8).reshape(x.shape)
-    values = pack_int4(q) if bits == 4 else q
-    scale = scale.astype(x.dtype).reshape(scale_shape)
-    if zero is not None:
-        zero = zero.astype(x.dtype).reshape(scale_shape)
-    return values, scale, zero
 
 
 def quantise(
@@ -214,19 +123,22 @@ def quantise(
     - `bits`: 8 (`int8`) or 4 (packed two per byte).
     - `axis`: `None` for one scale for the whole array (per tensor); an axis (or
         axes) to keep one scale per index along it (per channel), e.g. `axis=0` for
-        the output channels of an `eqx.nn.Linear` weight `(out, in)`.
+        the output channels of an `eqx.nn.Linear` weight `(out, in)`. Axes are read
+        as NumPy reads them: negative ones count from the end, and one outside
+        `[-x.ndim, x.ndim)` raises NumPy's `AxisError` (a `ValueError`).
     - `group_size`: one scale per `group_size` consecutive indices along
         `group_axis` and per index of every other axis (the usual int4 layout).
         Excludes `axis`.
     - `symmetric`: `q * s` with `q` in `[-(2^(b-1) - 1), 2^(b-1) - 1]`; or `False`
         for `(q - z) * s` with a zero point `z`, using the full range.
     - `group_axis`: the grouped axis; by default the last, which is the contraction
-        axis of an `eqx.nn.Linear` weight.
+        axis of an `eqx.nn.Linear` weight. Read as `axis` is.
     - `calibration`: how each block's range is chosen: `"absmax"` (exact range,
         for weights), `"percentile"` (the `percentile`-th percentile of `|x|`,
         clipping outliers, for activations) or `"mse"` (the clipping of the absmax
         range minimising the squared error, for activations).
-    - `percentile`: for `calibration="percentile"`.
+    - `percentile`: for `calibration="percentile"` (and where the `"mse"` search
+        starts), in `(0, 100]`.
     - `straight_through`: keep `x` as the array's `master` so that gradients flow
         through the quantisation as if it were the identity (quantisation-aware
         training). Without it, differentiating with respect to `x` raises.
@@ -244,6 +156,17 @@ def quantise(
     **Returns:**
 
     A `QuantisedArray` of `x`'s shape and dtype.
+
+    **Raises:**
+
+    `ValueError` for an argument out of its range (naming it), and for a concrete
+    `x` holding a NaN or an infinity (naming the index of the first one): the
+    integers cannot stand for it, and a diverged weight must not quantise into
+    finite numbers. Where `x` is traced (under `jax.jit`, `jax.vmap`, a gradient),
+    it cannot be checked: the scale of each block holding a non-finite entry is
+    NaN instead, so that the whole block dequantises to NaN and every product
+    using it is NaN (where the float array's product is NaN or infinite only in the
+    entries it touches).
     """
     x = jnp.asarray(x)
     if not jnp.issubdtype(x.dtype, jnp.floating):
@@ -254,6 +177,11 @@ def quantise(
         raise ValueError(
             f"quantise: calibration must be one of {CALIBRATIONS}, got {calibration!r}."
         )
+    if not 0 < percentile <= 100:
+        raise ValueError(
+            f"quantise: percentile must be in (0, 100], got {percentile} (it is a "
+            "percentile of |x|, e.g. 99.9)."
+        )
     if bits == 4 and x.ndim == 0:
         raise ValueError("quantise: bits=4 packs along the last axis; got a scalar.")
     if matmul not in MATMUL_PATHS:
@@ -261,10 +189,10 @@ def quantise(
             f"quantise: matmul must be one of {MATMUL_PATHS}, got {matmul!r}."
         )
     master = x if straight_through else None
-    if axis is not None and not isinstance(axis, int):
-        axis = tuple(axis)
     scale_shape = _scale_shape(x.shape, axis, group_size, group_axis)
-    values, scale, zero = _compute(
+    if not isinstance(x, jax.core.Tracer):
+        _check_finite(x)
+    values, scale, zero = quantised_leaves(
         x, bits, scale_shape, symmetric, calibration, percentile, straight_through
     )
     return QuantisedArray(

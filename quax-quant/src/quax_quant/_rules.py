@@ -16,25 +16,30 @@ import quax
 from jax import lax
 from jaxtyping import Array, ArrayLike
 
-from ._matmul import expand_axes, quantised_dot, to_out
-from ._value import MaterialisationError, QuantisedArray, pack_int4
+from ._kernels import pack_int4, to_out
+from ._matmul import expand_axes, quantised_dot
+from ._value import QuantisedArray
 
 
 def _refuse(
     primitive: Any, values: Sequence[Any], params: dict[str, Any], why: str
 ) -> Any:
-    """Fall back (dequantise, if allowed) or raise, explaining `why` no rule applies."""
+    """Fall back (dequantise, if allowed) or raise, explaining `why` the rule for
+    `primitive` does not apply to these inputs. The refusal is worded as the core's
+    policy words one (`quax.GuardedValue.refusal`), with `why` in place of "no rule
+    for this case"."""
     for value in values:
         if isinstance(value, QuantisedArray) and not value.allow_materialise:
-            types = ", ".join(type(v).__qualname__ for v in values)
-            raise MaterialisationError(
-                f"QuantisedArray refuses to materialise for primitive "
-                f"`{primitive.name}` on input types ({types}): {why}. Pass "
-                "allow_materialise=True to quax_quant.quantise / quantise_model (or "
-                "call .enable_materialise()) to allow dequantising, or call "
-                ".dequantise() yourself."
+            types = ", ".join(
+                type(v).__qualname__ if isinstance(v, quax.Value) else "array"
+                for v in values
             )
-    return quax.Value.default(primitive, values, params)
+            raise value.materialisation_error(
+                f"Refusing to materialise `QuantisedArray` for primitive "
+                f"`{primitive.name}` on input types ({types}): {why}, and "
+                f"{value.refusal_reason()}. {value.way_out(primitive)}"
+            )
+    return quax.GuardedValue.default(primitive, values, params)
 
 
 # dot_general --------------------------------------------------------------------------

@@ -1,6 +1,5 @@
 """The value type: `QuantisedArray`, integers times float scales."""
 
-import dataclasses
 from typing import Any, ClassVar
 
 import equinox as eqx
@@ -12,70 +11,34 @@ import quax
 from jax import lax
 from jaxtyping import Array
 
+from ._kernels import unpack_int4
+
 
 __all__ = [
     "MATMUL_PATHS",
     "MaterialisationError",
     "QuantisedArray",
-    "pack_int4",
-    "unpack_int4",
+    "dtype_of",
 ]
 
 # How a product with a float operand is computed; see `quax_quant.matmul_path`.
 MATMUL_PATHS = ("auto", "weight_only", "int8")
 
 
-class MaterialisationError(RuntimeError):
+class MaterialisationError(quax.MaterialisationError):
     """A `QuantisedArray` with `allow_materialise=False` met an operation that has
-    no quantised rule and would need the dequantised float array."""
+    no quantised rule and would need the dequantised float array. Its message starts
+    with "Refusing to materialise `QuantisedArray`", as the core's policy
+    ([`quax.MaterialisationError`][], a `RuntimeError`) words every refusal."""
 
 
-def pack_int4(values: Array) -> Array:
-    """Pack signed 4-bit integers (an integer array with entries in `[-8, 7]`) two
-    per byte along the last axis: the first half of the (zero-padded to even) last
-    axis in the low four bits, the second half in the high four bits. Unpacking is
-    then a concatenation, which XLA vectorises (an interleave runs 3-5x slower).
-
-    **Arguments:**
-
-    - `values`: an integer array, shape `(*shape, n)`.
-
-    **Returns:**
-
-    An `int8` array of shape `(*shape, ceil(n / 2))`: byte `i` holds element `i`
-    (low bits) and element `i + ceil(n / 2)` (high bits).
-    """
-    values = jnp.asarray(values).astype(jnp.int8)
-    n = values.shape[-1]
-    if n % 2:
-        values = jnp.pad(values, [(0, 0)] * (values.ndim - 1) + [(0, 1)])
-    half = values.shape[-1] // 2
-    low = lax.bitwise_and(values[..., :half], jnp.int8(0x0F))
-    high = lax.shift_left(values[..., half:], jnp.int8(4))
-    return lax.bitwise_or(low, high)
+def dtype_of(x: Any) -> np.dtype:
+    """The dtype of an array, a tracer or anything NumPy reads as an array."""
+    dtype = getattr(x, "dtype", None)
+    return np.dtype(np.asarray(x).dtype if dtype is None else dtype)
 
 
-def unpack_int4(packed: Array, n: int) -> Array:
-    """The inverse of [`quax_quant.pack_int4`][]: the first `n` signed 4-bit values
-    along the last axis, as `int8`.
-
-    **Arguments:**
-
-    - `packed`: an `int8` array, shape `(*shape, ceil(n / 2))`.
-    - `n`: the length of the unpacked last axis.
-
-    **Returns:**
-
-    An `int8` array of shape `(*shape, n)`.
-    """
-    four = jnp.int8(4)
-    low = lax.shift_right_arithmetic(lax.shift_left(packed, four), four)
-    high = lax.shift_right_arithmetic(packed, four)
-    both = jnp.concatenate([low, high], axis=-1)
-    return both if both.shape[-1] == n else both[..., :n]
-
-
-class QuantisedArray(quax.ArrayValue):
+class QuantisedArray(quax.GuardedValue):
     """A float array stored as integers times float scales: `(q - z) * s`.
 
     `q` is `int8` (`bits=8`), or 4-bit integers packed two per byte along the last
@@ -93,7 +56,8 @@ class QuantisedArray(quax.ArrayValue):
     negation, multiplication by a scalar and float dtype conversion keep the
     quantisation; any other primitive raises a
     [`quax_quant.MaterialisationError`][] naming it, unless the array was made with
-    `allow_materialise=True`.
+    `allow_materialise=True`: the core's materialisation policy
+    ([`quax.GuardedValue`][]).
 
     The dense array is not a linear function of the leaves (integers times scales):
     `linear_in_leaves = False`.
@@ -113,9 +77,10 @@ class QuantisedArray(quax.ArrayValue):
     - `packed_axis`: the axis a `bits=4` array is packed along, counted from the end
         (static; `-1` unless a transpose moved it: transposes permute the bytes and
         never repack).
-    - `allow_materialise`: whether operations without a rule may dequantise (static).
     - `matmul`: the product path with a float operand: `"auto"`, `"weight_only"` or
         `"int8"` (static; see [`quax_quant.matmul_path`][]).
+    - `allow_materialise`: whether operations without a rule may dequantise
+        (static, keyword-only).
     """
 
     values: Array
@@ -126,14 +91,17 @@ class QuantisedArray(quax.ArrayValue):
     float_dtype: Any = eqx.field(static=True)
     odd: bool = eqx.field(static=True, default=False)
     packed_axis: int = eqx.field(static=True, default=-1)
-    allow_materialise: bool = eqx.field(static=True, default=False)
     matmul: str = eqx.field(static=True, default="auto")
 
     linear_in_leaves: ClassVar[bool] = False
+    materialisation_error: ClassVar[type[quax.MaterialisationError]] = (
+        MaterialisationError
+    )
 
     def __check_init__(self) -> None:
         if self.bits not in (4, 8):
             raise ValueError(f"QuantisedArray supports bits=8 or 4, got {self.bits}.")
+        self._check_values()
         if not -max(np.ndim(self.values), 1) <= self.packed_axis < 0:
             raise ValueError(
                 "QuantisedArray's packed_axis counts from the end (-1, -2, ...), got "
@@ -165,6 +133,64 @@ class QuantisedArray(quax.ArrayValue):
                 f"QuantisedArray's zero_point must have the scale's shape "
                 f"{np.shape(self.scale)}, got {np.shape(self.zero_point)}."
             )
+        if self.master is not None and tuple(np.shape(self.master)) != shape:
+            raise ValueError(
+                f"QuantisedArray's master (the float array for straight-through "
+                f"gradients) must have the array's shape {shape}, got "
+                f"{tuple(np.shape(self.master))}."
+            )
+        for field in ("scale", "zero_point", "master"):
+            leaf = getattr(self, field)
+            if leaf is not None and not jnp.issubdtype(dtype_of(leaf), jnp.floating):
+                raise ValueError(
+                    f"QuantisedArray's {field} must be floating-point, got "
+                    f"{dtype_of(leaf)}."
+                )
+
+    def _check_values(self) -> None:
+        """`values` are integers in the range of `bits`, stored as the layout says:
+        a float `values` would be used as given by the weight-only product and
+        truncated by the int8 one."""
+        dtype = dtype_of(self.values)
+        if not jnp.issubdtype(dtype, jnp.integer):
+            raise ValueError(
+                f"QuantisedArray's values must be integers, got {dtype} values: "
+                "build a QuantisedArray from a float array with "
+                "`quax_quant.quantise`, or round and convert the integers yourself "
+                "(e.g. `.astype(jnp.int8)`)."
+            )
+        if self.bits == 4:
+            if dtype != np.int8:
+                raise ValueError(
+                    "QuantisedArray's values must be int8 for bits=4 (two 4-bit "
+                    f"integers packed per byte, see `quax_quant.pack_int4`), got "
+                    f"{dtype}."
+                )
+            if np.ndim(self.values) == 0:
+                raise ValueError(
+                    "QuantisedArray's values need an axis to pack along for bits=4 "
+                    "(two 4-bit integers per byte), got a scalar."
+                )
+            return
+        if self.odd or self.packed_axis != -1:
+            raise ValueError(
+                "QuantisedArray's odd and packed_axis describe bits=4 packing; with "
+                f"bits=8 they must be False and -1, got odd={self.odd}, "
+                f"packed_axis={self.packed_axis}."
+            )
+        if dtype == np.int8 or isinstance(self.values, jax.core.Tracer):
+            # int8 is always in range; traced integers cannot be checked (products
+            # convert them to int8, wrapping around outside [-128, 127]).
+            return
+        if np.size(self.values):
+            with jax.ensure_compile_time_eval():
+                low = int(jnp.min(self.values))
+                high = int(jnp.max(self.values))
+            if low < -128 or high > 127:
+                raise ValueError(
+                    "QuantisedArray's values must lie in [-128, 127] for bits=8, got "
+                    f"{dtype} values in [{low}, {high}]."
+                )
 
     # Layout ---------------------------------------------------------------------------
 
@@ -187,12 +213,13 @@ class QuantisedArray(quax.ArrayValue):
 
     @property
     def nbytes(self) -> int:
-        """Bytes of storage: the integers plus the scales and zero points (not the
-        straight-through `master`)."""
-        total = int(np.size(self.values))
-        for leaf in (self.scale, self.zero_point):
+        """Bytes of storage: the integers as stored (packed bytes for `bits=4`, each
+        entry at its dtype's item size for `bits=8`) plus the scales and zero points
+        (not the straight-through `master`)."""
+        total = 0
+        for leaf in (self.values, self.scale, self.zero_point):
             if leaf is not None:
-                total += int(np.size(leaf)) * np.dtype(leaf.dtype).itemsize
+                total += int(np.size(leaf)) * dtype_of(leaf).itemsize
         return total
 
     def integers(self) -> Array:
@@ -201,6 +228,8 @@ class QuantisedArray(quax.ArrayValue):
             n = self.shape[self.packed_axis]
             packed = jnp.moveaxis(self.values, self.packed_axis, -1)
             return jnp.moveaxis(unpack_int4(packed, n), -1, self.packed_axis)
+        if dtype_of(self.values) != np.int8:
+            return jnp.asarray(self.values).astype(jnp.int8)
         return self.values
 
     def expanded(self, block: Array) -> Array:
@@ -229,43 +258,21 @@ class QuantisedArray(quax.ArrayValue):
 
     dequantize = dequantise
 
-    def materialise(self) -> Array:
-        if not self.allow_materialise:
-            raise MaterialisationError(
-                f"QuantisedArray refuses to materialise its dequantised float array "
-                f"(shape {self.shape}, dtype {np.dtype(self.dtype)}): an operation on "
-                "it has no quantised rule. Pass allow_materialise=True to "
-                "quax_quant.quantise / quantise_model (or call "
-                ".enable_materialise()), or call .dequantise() yourself."
-            )
+    def dense(self) -> Array:
+        """The dequantised float array (see `dequantise`), which the core's policy
+        forms only where materialising is allowed."""
         return self.dequantise()
 
-    def enable_materialise(self, allow: bool = True) -> "QuantisedArray":
-        """A copy that may (`allow=True`) or may not be materialised by operations
-        without a quantised rule.
+    def refusal_reason(self) -> str:
+        return (
+            f"dequantising would form the float array "
+            f"({self.aval().str_short()}) that its integers and scales replace"
+        )
 
-        **Arguments:**
-
-        - `allow`: the new `allow_materialise`.
-
-        **Returns:**
-
-        A `QuantisedArray` with the same leaves.
-        """
-        return dataclasses.replace(self, allow_materialise=allow)
-
-    @staticmethod
-    def default(primitive: Any, values: Any, params: dict[str, Any]) -> Any:
-        for value in values:
-            if isinstance(value, QuantisedArray) and not value.allow_materialise:
-                types = ", ".join(type(v).__qualname__ for v in values)
-                raise MaterialisationError(
-                    f"QuantisedArray refuses to materialise for primitive "
-                    f"`{primitive.name}` on input types ({types}): quax_quant has no "
-                    f"quantised rule for it, and dequantising would form the float "
-                    f"array of shape {value.shape}. Pass allow_materialise=True to "
-                    "quax_quant.quantise / quantise_model (or call "
-                    ".enable_materialise()) to allow it, or call .dequantise() "
-                    "yourself."
-                )
-        return quax.Value.default(primitive, values, params)
+    def way_out(self, primitive: Any = None) -> str:
+        del primitive
+        return (
+            "Pass `allow_materialise=True` to `quax_quant.quantise` / "
+            "`quantise_model` (or call `.enable_materialise()`) to allow "
+            "dequantising, or call `.dequantise()` yourself."
+        )

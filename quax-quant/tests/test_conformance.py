@@ -1,0 +1,163 @@
+"""`quax.testing`'s conformance check on `QuantisedArray`: `quax.quaxify(fn)` against
+`fn` on the dequantised arrays (a plain-JAX dequantisation written in the tests),
+under eval, `jit`, both `vmap`s, `grad` and `jvp`, with hypothesis drawing the shapes,
+the bit widths, the block layouts and the functions. The products here take the
+weight-only path, which is exact with respect to the dequantised weight; the int8 x
+int8 path adds the activations' rounding by design and is checked against its own
+NumPy reference in `test_matmul.py`."""
+
+import jax.numpy as jnp
+import jax.random as jr
+import numpy as np
+import pytest
+import quax.testing
+import quax.testing.strategies as qst
+import quax_quant as qq
+from hypothesis import given, settings, strategies as st
+from jax import lax
+
+
+# Examples per test: each runs every check of the kit (about six compilations).
+EXAMPLES = 10
+
+
+@st.composite
+def layouts(draw, shape):
+    """`quantise`'s layout arguments for an array of `shape`: per tensor, per
+    channel along some axes, or groups (of a size dividing the axis) along one."""
+    kinds = ["tensor"] + (["channel", "group"] if shape else [])
+    kind = draw(st.sampled_from(kinds))
+    if kind == "tensor":
+        return {}
+    if kind == "channel":
+        axes = draw(st.lists(st.integers(0, len(shape) - 1), min_size=1, unique=True))
+        negative = draw(st.booleans())
+        return {"axis": tuple(a - len(shape) if negative else a for a in axes)}
+    axis = draw(st.integers(0, len(shape) - 1))
+    d = shape[axis]
+    size = draw(st.sampled_from([g for g in range(1, d + 1) if d % g == 0]))
+    return {"group_size": size, "group_axis": axis}
+
+
+@st.composite
+def quantised(draw, shape):
+    """A `QuantisedArray` of `shape` (weight-only products): int8 or int4,
+    symmetric or not, in any layout, quantised from drawn float entries."""
+    bits = draw(st.sampled_from([8, 4] if shape else [8]))
+    symmetric = draw(st.booleans())
+    x = draw(qst.arrays(shape, jnp.float32))
+    layout = draw(layouts(shape))
+    return qq.quantise(
+        x, bits=bits, symmetric=symmetric, matmul="weight_only", **layout
+    )
+
+
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(problem=qst.dot_general_dimension_numbers(max_side=5), data=st.data())
+def test_dot_general_matches_dense(problem, data, ref):
+    """Any `dot_general` (batch, contracting and free axes in any order) with a
+    quantised operand on either side and a float one on the other."""
+    lhs_shape, rhs_shape, dims = problem
+    quantised_lhs = data.draw(st.booleans())
+    if quantised_lhs:
+        lhs = data.draw(quantised(lhs_shape))
+        rhs = data.draw(qst.arrays(rhs_shape, jnp.float32))
+    else:
+        lhs = data.draw(qst.arrays(lhs_shape, jnp.float32))
+        rhs = data.draw(quantised(rhs_shape))
+    quax.testing.assert_matches_dense(
+        lambda a, b: lax.dot_general(a, b, dims), lhs, rhs, densify=ref.densify
+    )
+
+
+STRUCTURAL = {
+    "transpose": (lambda w: w.T, {}),
+    "neg": (lambda w: -w, {}),
+    "scalar mul": (lambda w: w * 2.5, {}),
+    "slice along a per-channel axis": (lambda w: w[1:3], {"axis": 0}),
+    "slice at group boundaries": (lambda w: w[:, 2:6], {"group_size": 2}),
+    "reshape merging": (lambda w: w.reshape(-1), {"axis": 0}),
+    "reshape splitting at groups": (
+        lambda w: w.reshape(4, 4, 2),
+        {"group_size": 2},
+    ),
+    "expand_dims": (lambda w: w[None], {"group_size": 4}),
+}
+
+
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(
+    case=st.sampled_from(sorted(STRUCTURAL)),
+    bits=st.sampled_from([8, 4]),
+    symmetric=st.booleans(),
+    data=st.data(),
+)
+def test_structural_operations_match_dense(case, bits, symmetric, data, ref):
+    """The structural operations keep the quantisation (the output is a
+    `QuantisedArray`) and its values, and a product after them matches too."""
+    op, layout = STRUCTURAL[case]
+    w = qq.quantise(
+        data.draw(qst.arrays((4, 8), jnp.float32)),
+        bits=bits,
+        symmetric=symmetric,
+        matmul="weight_only",
+        **layout,
+    )
+    quax.testing.assert_matches_dense(
+        op, w, densify=ref.densify, out_types=qq.QuantisedArray
+    )
+    k = np.shape(op(np.zeros((4, 8))))[-1]
+    x = data.draw(qst.arrays((3, k), jnp.float32))
+    quax.testing.assert_matches_dense(
+        lambda w, x: x @ jnp.reshape(op(w), (-1, x.shape[-1])).T,
+        w,
+        x,
+        densify=ref.densify,
+    )
+
+
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(
+    w=st.tuples(st.integers(1, 6), st.integers(1, 6)).flatmap(quantised),
+    rows=st.integers(1, 5),
+    bad=st.sampled_from([np.nan, np.inf, -np.inf, -0.0]),
+    data=st.data(),
+)
+def test_nonfinite_activations_match_dense(w, rows, bad, data, ref):
+    """NaN in, NaN out: activations holding a NaN, an infinity or -0.0 give what
+    the dense product gives, entry by entry (values, jit and vmap)."""
+    x = np.array(data.draw(qst.arrays((rows, w.shape[1]), jnp.float32)))
+    index = data.draw(
+        st.tuples(st.integers(0, rows - 1), st.integers(0, w.shape[1] - 1))
+    )
+    x[index] = bad
+    # quax.testing's comparison subtracts infinities of the same sign before it
+    # accepts them as equal, which NumPy warns about (and warnings are errors).
+    with np.errstate(invalid="ignore"):
+        quax.testing.assert_matches_dense(
+            lambda w, x: x @ w.T,
+            w,
+            jnp.asarray(x),
+            densify=ref.densify,
+            grad=False,
+            jvp=False,
+        )
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"axis": 0},
+        {"bits": 4, "group_size": 4, "symmetric": False},
+        {"axis": 1, "symmetric": False},
+    ],
+)
+def test_conformance_kit_weight_only(kwargs):
+    """quax.testing's check: values, jit, vmap over a stacked batch, grad and jvp
+    with respect to the float leaves (scales, zero points, activations). The int8
+    path adds the activations' rounding by design (bounded above)."""
+    import quax.testing
+
+    w = qq.quantise(jr.normal(jr.PRNGKey(0), (8, 12)), matmul="weight_only", **kwargs)
+    x = jr.normal(jr.PRNGKey(1), (12,))
+    quax.testing.assert_matches_dense(lambda w, x: w @ x, w, x, rtol=1e-4, atol=1e-4)
