@@ -206,3 +206,118 @@ def test_scipy_roundtrip():
 
 def test_is_quax_examples_sparse():
     assert quax.examples.sparse.BCOO is BCOO
+
+
+# Index conventions: negative indices count from the end, `n` is padding -----------
+
+
+def test_negative_indices_count_from_the_end():
+    # As NumPy indexing and jax.experimental.sparse read them: -1 is the last row.
+    data, indices = jnp.array([1.0, 2.0]), jnp.array([[0, -1], [1, 0]])
+    want = np.array([[0.0, 1.0], [2.0, 0.0]])
+    np.testing.assert_array_equal(
+        jsparse.BCOO((data, indices), shape=(2, 2)).todense(), want
+    )
+    x = BCOO(data, indices, (2, 2))
+    np.testing.assert_array_equal(np.asarray(x.indices), [[0, 1], [1, 0]])
+    np.testing.assert_array_equal(x.todense(), want)
+    np.testing.assert_array_equal(x.to_jax().todense(), want)
+    np.testing.assert_array_equal(x.to_scipy().toarray(), want)
+    matvec = quax.quaxify(lambda a, v: a @ v)
+    np.testing.assert_array_equal(matvec(x, jnp.array([1.0, 10.0])), [10.0, 2.0])
+    # Traced indices (built under jit) read the same.
+    traced = jax.jit(lambda d, i: BCOO(d, i, (2, 2)).todense())(data, indices)
+    np.testing.assert_array_equal(traced, want)
+    sin_matvec = quax.quaxify(lambda a, v: jnp.sin(a) @ v)
+    sin = jax.jit(lambda d, i, v: sin_matvec(BCOO(d, i, (2, 2)), v))
+    np.testing.assert_allclose(
+        sin(data, indices, jnp.array([1.0, 10.0])), [10 * np.sin(1.0), np.sin(2.0)]
+    )
+    # A batched BCOO: the index counts from the end of its own dimension.
+    b = BCOO(jnp.array([[1.0], [2.0]]), jnp.array([[[-3]], [[-1]]]), (2, 3))
+    np.testing.assert_array_equal(b.todense(), [[1.0, 0, 0], [0, 0, 2.0]])
+
+
+def test_negative_csr_columns_count_from_the_end():
+    c = CSR(jnp.array([1.0, 2.0]), jnp.array([-1, 0]), jnp.array([0, 1, 2]), (2, 3))
+    np.testing.assert_array_equal(c.todense(), [[0, 0, 1.0], [2.0, 0, 0]])
+    np.testing.assert_array_equal(
+        quax.quaxify(lambda a, v: a @ v)(c, jnp.array([1.0, 10.0, 100.0])),
+        [100.0, 2.0],
+    )
+
+
+@pytest.mark.parametrize(
+    ("indices", "match"),
+    [
+        ([[0, 3], [1, 0]], r"`indices\[0, 1\]` = 3 for a dimension of size 2"),
+        ([[0, 0], [-3, 0]], r"`indices\[1, 0\]` = -3 for a dimension of size 2"),
+    ],
+)
+def test_indices_outside_the_dimension_refused(indices, match):
+    with pytest.raises(ValueError, match=match):
+        BCOO(jnp.ones(2), jnp.array(indices), (2, 2))
+
+
+def test_csr_columns_outside_the_matrix_refused():
+    with pytest.raises(ValueError, match=r"`CSR` got `indices\[1\]` = 4"):
+        CSR(jnp.ones(2), jnp.array([0, 4]), jnp.array([0, 1, 2]), (2, 3))
+
+
+def test_index_equal_to_the_size_is_padding():
+    x = BCOO(jnp.array([1.0, 5.0, 7.0]), jnp.array([[0, 1], [2, 0], [1, 2]]), (2, 2))
+    np.testing.assert_array_equal(x.todense(), [[0, 1.0], [0, 0]])
+    np.testing.assert_array_equal(x.to_jax().todense(), [[0, 1.0], [0, 0]])
+    np.testing.assert_array_equal(x.to_scipy().toarray(), [[0, 1.0], [0, 0]])
+
+
+def _jsparse_matrices():
+    """Matrices built by jax.experimental.sparse, each with its dense array."""
+    padded = jsparse.BCOO.fromdense(DENSE, nse=8)
+    batched = jsparse.BCOO.fromdense(np.stack([DENSE, -DENSE]), nse=6, n_batch=1)
+    # Duplicates, negative indices, and entries jsparse ignores (outside [-n, n)).
+    odd = jsparse.BCOO(
+        (
+            jnp.array([1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0]),
+            jnp.array(
+                [[0, -1], [1, 0], [0, 3], [-4, 0], [3, 1], [0, -1], [-3, -4], [0, 5]]
+            ),
+        ),
+        shape=(3, 4),
+    )
+    summed = jsparse.bcoo_sum_duplicates(
+        jsparse.BCOO(
+            (jnp.array([1.0, 2.0, 3.0]), jnp.array([[1, 1], [0, 2], [1, 1]])),
+            shape=(2, 3),
+        ),
+        nse=4,
+    )
+    return {"padded": padded, "batched": batched, "odd": odd, "summed": summed}
+
+
+@pytest.mark.parametrize("name", ["padded", "batched", "odd", "summed"])
+def test_from_jax_and_back_keep_every_jsparse_matrix(name):
+    j = _jsparse_matrices()[name]
+    want = np.asarray(j.todense())
+    x = BCOO.from_jax(j)
+    np.testing.assert_array_equal(x.todense(), want)
+    np.testing.assert_array_equal(x.to_jax().todense(), want)
+    np.testing.assert_array_equal(BCOO.from_jax(x.to_jax()).todense(), want)
+    np.testing.assert_array_equal(
+        jax.jit(lambda j: BCOO.from_jax(j).todense())(j), want
+    )
+    v = np.arange(1.0, 1.0 + j.shape[-1], dtype=np.float32)
+    np.testing.assert_allclose(
+        quax.quaxify(lambda a, v: a @ v)(x, v), want @ v, rtol=1e-6
+    )
+    # The rebuilt BCOO reads its own indices the same way.
+    again = BCOO(x.data, x.indices, x.shape)
+    np.testing.assert_array_equal(again.todense(), want)
+
+
+def test_from_jax_keeps_the_flags_where_no_index_changes():
+    j = jsparse.BCOO.fromdense(DENSE, nse=8)
+    x = BCOO.from_jax(j)
+    assert x.indices_sorted and x.unique_indices
+    odd = BCOO.from_jax(_jsparse_matrices()["odd"])
+    assert not odd.indices_sorted and not odd.unique_indices

@@ -343,3 +343,21 @@ def test_lax_dot_general_preferred_element_type():
 
     out = check(f, x, v, dense_args=(dense, v))
     assert out.dtype == jnp.float32
+
+
+def test_rule_outputs_keep_padding_at_the_size():
+    # Padding moved by a rule stays padding when the entries are read again (by the
+    # constructor, or by jax.experimental.sparse): reversing a padding index must
+    # not make it -1 (the last position), nor concatenating it.
+    x = BCOO(jnp.array([1.0, 9.0]), jnp.array([[0, 1], [2, 2]]), (2, 2))
+    dense = np.array([[0.0, 1.0], [0.0, 0.0]])
+    flip = quax.quaxify(lambda a: a[::-1, ::-1])(x)
+    cat = quax.quaxify(lambda a: jnp.concatenate([a, a], axis=1))(x)
+    for got, want in [
+        (flip, dense[::-1, ::-1]),
+        (cat, np.concatenate([dense, dense], 1)),
+    ]:
+        np.testing.assert_array_equal(
+            BCOO(got.data, got.indices, got.shape).todense(), want
+        )
+        np.testing.assert_array_equal(got.to_jax().todense(), want)

@@ -1,5 +1,6 @@
 """The value type `BCOO`: a sparse array in batch-coordinate format."""
 
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import equinox as eqx
@@ -27,6 +28,57 @@ def _way_out(name: str) -> str:
     )
 
 
+def wrapped_indices(owner: str, indices: Array, sizes: Sequence[int] | int) -> Array:
+    """`indices` read as NumPy indexing (and `jax.experimental.sparse`) reads them,
+    with the family's padding convention: along a dimension of size `n`, `-n <= i <
+    0` is position `i + n` (stored so), `0 <= i < n` is position `i`, and `i = n`
+    marks padding.
+
+    **Arguments:**
+
+    - `owner`: the type being constructed, for the message.
+    - `indices`: an integer array whose last axis runs over the dimensions of
+        `sizes` (or any integer array, when `sizes` is one size).
+    - `sizes`: the size of each indexed dimension (or one size for all).
+
+    **Returns:**
+
+    `indices` with negative entries wrapped. Concrete indices outside `[-n, n]`
+    raise a `ValueError` naming the field `indices` and the position; traced ones
+    cannot be checked, and there wrapping leaves them out of bounds: padding.
+    """
+    bound = np.asarray(sizes, dtype=np.int64)
+    if isinstance(indices, jax.core.Tracer):
+        return jnp.where(indices < 0, indices + bound.astype(indices.dtype), indices)
+    value = np.asarray(indices)
+    full = np.broadcast_to(bound, value.shape)
+    bad = (value < -full) | (value > full)
+    if bad.any():
+        position = tuple(int(p) for p in np.argwhere(bad)[0])
+        n = int(full[position])
+        raise ValueError(
+            f"`{owner}` got `indices[{', '.join(map(str, position))}]` = "
+            f"{int(value[position])} for a dimension of size {n}: an index must lie "
+            f"in [-{n}, {n}] (`-{n} <= i < 0` counts from the end, as in NumPy and "
+            f"jax.experimental.sparse; `i = {n}` marks padding)."
+        )
+    negative = value < 0
+    if not negative.any():
+        return indices
+    return jnp.asarray(np.where(negative, value + full, value).astype(value.dtype))
+
+
+def jsparse_indices(indices: Array, sparse_shape: Sequence[int]) -> Array:
+    """`indices` as `jax.experimental.sparse` reads them, in the family's form:
+    negative indices in `[-n, 0)` wrapped to `i + n`, and every entry that
+    `jax.experimental.sparse` ignores (an index outside `[-n, n)` in any dimension)
+    moved to the padding position, `n` in every dimension."""
+    bound = jnp.asarray(np.asarray(sparse_shape, dtype=np.int64), indices.dtype)
+    wrapped = jnp.where(indices < 0, indices + bound, indices)
+    inside = jnp.all((wrapped >= 0) & (wrapped < bound), axis=-1, keepdims=True)
+    return jnp.where(inside, wrapped, bound)
+
+
 class BCOO(quax.ArrayValue):
     """A sparse array in batch-coordinate format, as in the published quax.
 
@@ -34,8 +86,11 @@ class BCOO(quax.ArrayValue):
     shape `(*batch, nse, n_sparse)`, where `nse` is the number of stored elements and
     `n_sparse = len(sparse)`. Entry `k` of each batch element stores `data[..., k]`
     at the sparse position `indices[..., k, :]`. Entries at the same position add up
-    (duplicates are allowed); an entry with an index out of bounds (the padding that
-    [`quax_sparse.BCOO.fromdense`][] writes, index `shape[d]`) is ignored.
+    (duplicates are allowed). Indices are read as NumPy indexing and
+    `jax.experimental.sparse` read them: along a dimension of size `n`, `-n <= i < 0`
+    counts from the end (the constructor stores it wrapped, `i + n`), and an entry
+    with an index `i = n` is padding, ignored (what
+    [`quax_sparse.BCOO.fromdense`][] writes when `x` has fewer nonzeros than `nse`).
 
     Inside [`quax.quaxify`][], products, sums and elementwise functions with
     `f(0) = 0` cost what the stored entries cost; every other operation raises a
@@ -77,7 +132,12 @@ class BCOO(quax.ArrayValue):
 
         - `data`: the stored values, shape `(*batch, nse)`.
         - `indices`: their positions, an integer array of shape
-            `(*batch, nse, n_sparse)`.
+            `(*batch, nse, n_sparse)`. Along a sparse dimension of size `n`, an
+            index `i` with `0 <= i < n` is that position, one with `-n <= i < 0`
+            is position `i + n` (counted from the end, as NumPy indexing and
+            `jax.experimental.sparse` read it; stored wrapped), and `i = n` marks
+            the entry as padding (ignored). Concrete indices outside `[-n, n]` are
+            refused; traced ones there are padding.
         - `shape`: the shape of the array, `(*batch, *sparse)`.
         - `allow_materialise`: whether an operation without a sparse rule may form the
             dense array (`False`, the default, raises an error naming it).
@@ -85,21 +145,26 @@ class BCOO(quax.ArrayValue):
             row-major order / that no position is stored twice (default: no promise).
         """
         self.data = jnp.asarray(data)
-        self.indices = jnp.asarray(indices)
+        indices = jnp.asarray(indices)
         self._shape = tuple(int(s) for s in shape)
+        self._check_layout(indices)
+        self.indices = wrapped_indices(
+            "BCOO", indices, self._shape[self.data.ndim - 1 :]
+        )
         self.allow_materialise = allow_materialise
         self.indices_sorted = indices_sorted
         self.unique_indices = unique_indices
 
-    def __check_init__(self) -> None:
-        if self.data.ndim < 1 or self.indices.ndim < 2:
+    def _check_layout(self, indices: Array) -> None:
+        """The published checks of `data`, `indices` and `shape` against each other."""
+        if self.data.ndim < 1 or indices.ndim < 2:
             raise ValueError(
                 "`BCOO` needs `data` of shape (*batch, nse) and `indices` of shape "
                 f"(*batch, nse, n_sparse); got {self.data.shape} and "
-                f"{self.indices.shape}."
+                f"{indices.shape}."
             )
         *batch1, nse1 = self.data.shape
-        *batch2, nse2, n_sparse = self.indices.shape
+        *batch2, nse2, n_sparse = indices.shape
         batch3 = self._shape[: len(batch1)]
         batches = {tuple(batch1), tuple(batch2), tuple(batch3)}
         if len(batches) != 1:
@@ -110,10 +175,39 @@ class BCOO(quax.ArrayValue):
             raise ValueError(
                 "Must specify a sparse index for all non-batch dimensions in `BCOO`."
             )
-        if not jnp.issubdtype(self.indices.dtype, jnp.integer):
+        if not jnp.issubdtype(indices.dtype, jnp.integer):
             raise ValueError(
-                f"`BCOO` indices must be integers, got dtype {self.indices.dtype}."
+                f"`BCOO` indices must be integers, got dtype {indices.dtype}."
             )
+
+    @classmethod
+    def _from_entries(
+        cls,
+        data: Array,
+        indices: Array,
+        shape: tuple[int, ...],
+        allow_materialise: bool = False,
+        *,
+        indices_sorted: bool = False,
+        unique_indices: bool = False,
+    ) -> "BCOO":
+        """A `BCOO` of entries that the family computed itself (a rule's output, a
+        conversion): the layout is consistent and every index is in `[0, n]` by
+        construction, so the checks of user input are skipped (on every rule's
+        output they would read traced indices again, or copy concrete ones to the
+        host)."""
+        out = object.__new__(cls)
+        fields = {
+            "data": data,
+            "indices": indices,
+            "_shape": tuple(shape),
+            "allow_materialise": allow_materialise,
+            "indices_sorted": indices_sorted,
+            "unique_indices": unique_indices,
+        }
+        for name, value in fields.items():
+            object.__setattr__(out, name, value)
+        return out
 
     # Structure ---------------------------------------------------------------------
 
@@ -154,7 +248,7 @@ class BCOO(quax.ArrayValue):
 
     def enable_materialise(self, allow_materialise: bool = True) -> "BCOO":
         """A copy of this array with `allow_materialise` set as given."""
-        return BCOO(
+        return BCOO._from_entries(
             self.data,
             self.indices,
             self.shape,
@@ -204,7 +298,7 @@ class BCOO(quax.ArrayValue):
             other.indices.shape,
         ):
             return None
-        return BCOO(
+        return BCOO._from_entries(
             value.data,
             value.indices,
             value._shape,
@@ -274,7 +368,7 @@ class BCOO(quax.ArrayValue):
         for _ in range(n_batch):
             f = jax.vmap(f)
         data, indices = f(x)
-        return cls(
+        return cls._from_entries(
             data,
             indices,
             x.shape,
@@ -287,30 +381,54 @@ class BCOO(quax.ArrayValue):
     def from_jax(cls, x: Any, *, allow_materialise: bool = False) -> "BCOO":
         """Convert a `jax.experimental.sparse.BCOO` (without dense dimensions).
 
+        Its indices are read as `jax.experimental.sparse` reads them: negative ones
+        (in `[-n, 0)`) count from the end and are stored wrapped, and an entry that
+        it ignores (an index outside `[-n, n)`) becomes padding (index `n`). Index
+        batch axes of size 1 are broadcast to the batch shape.
+
         **Returns:**
 
-        A `quax_sparse.BCOO` with the same entries, padding and flags.
+        A `quax_sparse.BCOO` with the same dense array, entries and padding. The
+        flags `indices_sorted` and `unique_indices` are kept where no index changed
+        (checked on concrete indices; under `jit`, where that cannot be checked,
+        they are dropped).
         """
         if x.n_dense != 0:
             raise ValueError(
                 "quax_sparse.BCOO has no dense dimensions; call "
                 "jax.experimental.sparse.bcoo_update_layout(x, n_dense=0) first."
             )
-        return cls(
-            x.data,
-            x.indices,
-            x.shape,
+        batch = tuple(x.shape[: x.n_batch])
+        data = jnp.broadcast_to(x.data, batch + x.data.shape[x.n_batch :])
+        given = jnp.broadcast_to(x.indices, batch + x.indices.shape[x.n_batch :])
+        indices = jsparse_indices(given, x.shape[x.n_batch :])
+        same = (
+            not isinstance(given, jax.core.Tracer)
+            and not isinstance(indices, jax.core.Tracer)
+            and bool(np.array_equal(np.asarray(given), np.asarray(indices)))
+        )
+        return cls._from_entries(
+            data,
+            indices,
+            tuple(x.shape),
             allow_materialise,
-            indices_sorted=x.indices_sorted,
-            unique_indices=x.unique_indices,
+            indices_sorted=same and x.indices_sorted,
+            unique_indices=same and x.unique_indices,
         )
 
     def to_jax(self) -> Any:
-        """This array as a `jax.experimental.sparse.BCOO` (same entries and flags)."""
+        """This array as a `jax.experimental.sparse.BCOO`: the same entries and
+        flags, every padding entry at index `n` in every dimension (which
+        `jax.experimental.sparse` ignores, as it does for `fromdense`'s padding).
+
+        **Returns:**
+
+        A `jax.experimental.sparse.BCOO` with the same dense array.
+        """
         from jax.experimental import sparse
 
         return sparse.BCOO(
-            (self.data, self.indices),
+            (self.data, jsparse_indices(self.indices, self.shape[self.n_batch :])),
             shape=self.shape,
             indices_sorted=self.indices_sorted,
             unique_indices=self.unique_indices,

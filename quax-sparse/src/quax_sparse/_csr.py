@@ -10,7 +10,7 @@ import numpy as np
 import quax
 from jaxtyping import Array, ArrayLike
 
-from ._bcoo import BCOO, MaterialisationError
+from ._bcoo import BCOO, MaterialisationError, wrapped_indices
 
 
 __all__ = ["CSR"]
@@ -60,35 +60,65 @@ class CSR(quax.ArrayValue):
     ):
         """**Arguments:**
 
-        - `data`, `indices`, `indptr`: as above.
+        - `data`, `indices`, `indptr`: as above. A column index `i` in `[-n_cols,
+            0)` counts from the end (stored wrapped, `i + n_cols`), and
+            `i = n_cols` marks padding, as for [`quax_sparse.BCOO`][]; concrete
+            column indices outside `[-n_cols, n_cols]` are refused.
         - `shape`: `(*batch, n_rows, n_cols)`.
         - `allow_materialise`: whether an operation without a sparse rule may form the
             dense matrix.
         """
         self.data = jnp.asarray(data)
-        self.indices = jnp.asarray(indices)
+        indices = jnp.asarray(indices)
         self.indptr = jnp.asarray(indptr)
         self._shape = tuple(int(n) for n in shape)
+        self._check_layout(indices)
+        self.indices = wrapped_indices("CSR", indices, self._shape[-1])
         self.allow_materialise = allow_materialise
 
-    def __check_init__(self) -> None:
+    def _check_layout(self, indices: Array) -> None:
+        """The shapes of `data`, `indices` and `indptr` against `shape`."""
         if len(self._shape) < 2:
             raise ValueError(
                 f"`CSR` holds matrices (shape (*batch, n_rows, n_cols)); got shape "
                 f"{self._shape}."
             )
         batch, (n_rows, _) = self._shape[:-2], self._shape[-2:]
-        if self.data.shape[:-1] != batch or self.indices.shape != self.data.shape:
+        if self.data.shape[:-1] != batch or indices.shape != self.data.shape:
             raise ValueError(
                 f"`CSR` of shape {self._shape} needs `data` and `indices` of the same "
                 f"shape {(*batch, 'nse')}; got {self.data.shape} and "
-                f"{self.indices.shape}."
+                f"{indices.shape}."
             )
         if self.indptr.shape != (*batch, n_rows + 1):
             raise ValueError(
                 f"`CSR` of shape {self._shape} needs `indptr` of shape "
                 f"{(*batch, n_rows + 1)}; got {self.indptr.shape}."
             )
+
+    @classmethod
+    def _from_entries(
+        cls,
+        data: Array,
+        indices: Array,
+        indptr: Array,
+        shape: tuple[int, ...],
+        allow_materialise: bool = False,
+    ) -> "CSR":
+        """A `CSR` that the family computed itself (a conversion): consistent and
+        in range by construction, so the checks of user input are skipped (see
+        `BCOO._from_entries`)."""
+        out = object.__new__(cls)
+        fields = {
+            "data": data,
+            "indices": indices,
+            "indptr": indptr,
+            "_shape": tuple(shape),
+            "allow_materialise": allow_materialise,
+        }
+        for name, value in fields.items():
+            object.__setattr__(out, name, value)
+        return out
 
     @property
     def nse(self) -> int:
@@ -122,18 +152,26 @@ class CSR(quax.ArrayValue):
         A [`quax_sparse.BCOO`][] with `n_batch` batch dimensions. It does not
         promise `indices_sorted` (the columns within a row may be in any order).
         """
-        n_rows = self._shape[-2]
+        n_rows, n_cols = self._shape[-2:]
+
+        def stored(indptr: Array) -> Array:
+            position = jnp.arange(self.nse, dtype=indptr.dtype)
+            return position < indptr[-1]
 
         def rows(indptr: Array) -> Array:
             position = jnp.arange(self.nse, dtype=indptr.dtype)
-            row = jnp.searchsorted(indptr, position, side="right") - 1
-            return jnp.where(position < indptr[-1], row, n_rows)
+            return jnp.searchsorted(indptr, position, side="right") - 1
 
         for _ in range(self.n_batch):
-            rows = jax.vmap(rows)
-        row = rows(self.indptr).astype(self.indices.dtype)
-        indices = jnp.stack([row, self.indices], axis=-1)
-        return BCOO(self.data, indices, self.shape, self.allow_materialise)
+            rows, stored = jax.vmap(rows), jax.vmap(stored)
+        # Padding (the entries from `indptr[-1]` on) at index (n_rows, n_cols).
+        keep = stored(self.indptr)
+        row = jnp.where(keep, rows(self.indptr), n_rows).astype(self.indices.dtype)
+        column = jnp.where(keep, self.indices, n_cols)
+        indices = jnp.stack([row, column], axis=-1)
+        return BCOO._from_entries(
+            self.data, indices, self.shape, self.allow_materialise
+        )
 
     @classmethod
     def from_bcoo(cls, x: BCOO) -> "CSR":
@@ -161,7 +199,9 @@ class CSR(quax.ArrayValue):
         data = jnp.where(rows < n_rows, data, 0)
         bounds = jnp.arange(n_rows + 1, dtype=rows.dtype)
         indptr = jnp.searchsorted(rows, bounds, side="left").astype(x.indices.dtype)
-        return cls(data, cols, indptr, (n_rows, n_cols), x.allow_materialise)
+        return cls._from_entries(
+            data, cols, indptr, (n_rows, n_cols), x.allow_materialise
+        )
 
     @classmethod
     def fromdense(
@@ -229,7 +269,9 @@ class CSR(quax.ArrayValue):
 
     def enable_materialise(self, allow_materialise: bool = True) -> "CSR":
         """A copy of this matrix with `allow_materialise` set as given."""
-        return CSR(self.data, self.indices, self.indptr, self.shape, allow_materialise)
+        return CSR._from_entries(
+            self.data, self.indices, self.indptr, self.shape, allow_materialise
+        )
 
     @staticmethod
     def default(primitive: Any, values: Any, params: dict[str, Any]) -> Any:

@@ -35,7 +35,7 @@ def new_like(
     unique_indices: bool = False,
 ) -> BCOO:
     """A `BCOO` with `x`'s options and the given entries."""
-    return BCOO(
+    return BCOO._from_entries(
         data,
         indices,
         tuple(shape),
@@ -220,7 +220,7 @@ def dot_sparse_sparse(a: BCOO, b: BCOO, out_dtype: Any) -> BCOO:
     index_dtype = jnp.promote_types(a.indices.dtype, b.indices.dtype)
     fill = jnp.asarray([n, m], index_dtype)
     if count == 0 or a.nse == 0 or b.nse == 0:
-        return BCOO(
+        return BCOO._from_entries(
             jnp.zeros((0,), out_dtype),
             jnp.zeros((0, 2), index_dtype),
             (n, m),
@@ -252,7 +252,7 @@ def dot_sparse_sparse(a: BCOO, b: BCOO, out_dtype: Any) -> BCOO:
     out_data = jnp.where(
         used, a.data[entry].astype(out_dtype) * b.data[partner].astype(out_dtype), 0
     )
-    return BCOO(
+    return BCOO._from_entries(
         out_data,
         out_indices,
         (n, m),

@@ -196,7 +196,9 @@ def _concat(x: BCOO, y: BCOO) -> BCOO:
     indices = jnp.concatenate(
         [x.indices.astype(index_dtype), y.indices.astype(index_dtype)], axis=-2
     )
-    return BCOO(data, indices, x.shape, x.allow_materialise and y.allow_materialise)
+    return BCOO._from_entries(
+        data, indices, x.shape, x.allow_materialise and y.allow_materialise
+    )
 
 
 def _add_into_dense(x: BCOO, y: ArrayLike, sign: int) -> Array:
@@ -401,8 +403,11 @@ def _(x: BCOO, *, dimensions: Sequence[int], **params: Any) -> BCOO:
         data, indices = lax.rev(data, batch_dims), lax.rev(indices, batch_dims)
     for d in dimensions:
         if d >= nb:
-            c = d - nb
-            indices = indices.at[..., c].set(x.shape[d] - 1 - indices[..., c])
+            # Padding (an index outside [0, n)) stays where it is.
+            c, n = d - nb, x.shape[d]
+            column = indices[..., c]
+            flipped = jnp.where((column >= 0) & (column < n), n - 1 - column, column)
+            indices = indices.at[..., c].set(flipped)
     return new_like(x, data, indices, x.shape, unique_indices=x.unique_indices)
 
 
@@ -476,21 +481,23 @@ def _(
 def _(*operands: BCOO, dimension: int, **params: Any) -> BCOO:
     # Entries of every operand, the concatenated axis's index shifted by the sizes
     # of the operands before it (batch axes become sparse ones first).
+    # Padding goes to the concatenated axis's size (the padding index of the result).
     parts = [unbatch(x) for x in operands]
+    total = sum(x.shape[dimension] for x in parts)
     offset = 0
     data, indices = [], []
     index_dtype = jnp.result_type(*(x.indices.dtype for x in parts))
     for x in parts:
         shifted = x.indices.astype(index_dtype)
         ok = valid_mask(shifted, x.shape)
-        column = jnp.where(ok, shifted[:, dimension] + offset, -1)
+        column = jnp.where(ok, shifted[:, dimension] + offset, total)
         data.append(jnp.where(ok, x.data, 0))
         indices.append(shifted.at[:, dimension].set(column))
         offset += x.shape[dimension]
     shape = list(parts[0].shape)
-    shape[dimension] = offset
+    shape[dimension] = total
     out = jnp.concatenate(data).astype(jnp.result_type(*(x.dtype for x in parts)))
-    return BCOO(
+    return BCOO._from_entries(
         out,
         jnp.concatenate(indices),
         tuple(shape),
