@@ -321,3 +321,65 @@ def test_from_jax_keeps_the_flags_where_no_index_changes():
     assert x.indices_sorted and x.unique_indices
     odd = BCOO.from_jax(_jsparse_matrices()["odd"])
     assert not odd.indices_sorted and not odd.unique_indices
+
+
+# Constructor checks: shape, CSR's indptr --------------------------------------------
+
+
+@pytest.mark.parametrize("shape", [(-3, 3), (2.5, 3), (True, 3), 3, ("a", 3)])
+def test_shape_of_non_negative_integers(shape):
+    with pytest.raises(ValueError, match="`BCOO` needs `shape`"):
+        BCOO(jnp.ones(1), jnp.zeros((1, 2), jnp.int32), shape)
+    with pytest.raises(ValueError, match="`CSR` needs `shape`"):
+        CSR(jnp.ones(1), jnp.zeros(1, jnp.int32), jnp.array([0, 1, 1, 1]), shape)
+
+
+def test_shape_accepts_numpy_integers():
+    x = BCOO(jnp.ones(1), jnp.zeros((1, 2), jnp.int32), (np.int64(2), np.int32(3)))
+    assert x.shape == (2, 3) and all(type(n) is int for n in x.shape)
+
+
+@pytest.mark.parametrize(
+    ("indptr", "match"),
+    [
+        # The matrix: `m @ 1` gave [1, 0, 5] for [1, 2, 3] in one row each.
+        ([0, 2, 1, 3], r"non-decreasing .* `indptr\[1\]` = 2 > `indptr\[2\]` = 1"),
+        ([1, 1, 2, 3], r"start at 0 .* `indptr\[0\]` = 1"),
+        ([0, 1, 2, 4], r"end at most at the number of stored entries \(nse = 3"),
+        ([0, 1, 3], r"needs `indptr` of shape \(4,\)"),
+    ],
+)
+def test_csr_indptr_refused(indptr, match):
+    with pytest.raises(ValueError, match=match):
+        CSR(
+            jnp.array([1.0, 2.0, 3.0]),
+            jnp.array([0, 1, 2]),
+            jnp.array(indptr),
+            (3, 3),
+        )
+
+
+def test_csr_indptr_refused_in_a_batch():
+    indptr = jnp.array([[0, 1, 2], [0, 2, 1]])
+    with pytest.raises(ValueError, match=r"`indptr\[1, 1\]` = 2 > `indptr\[1, 2\]`"):
+        CSR(jnp.ones((2, 2)), jnp.zeros((2, 2), jnp.int32), indptr, (2, 2, 2))
+
+
+def test_csr_integer_fields():
+    with pytest.raises(ValueError, match="`CSR` indices must be integers"):
+        CSR(jnp.ones(1), jnp.zeros(1), jnp.array([0, 1]), (1, 1))
+    with pytest.raises(ValueError, match="`CSR` indptr must be integers"):
+        CSR(jnp.ones(1), jnp.zeros(1, jnp.int32), jnp.array([0.0, 1.0]), (1, 1))
+
+
+def test_csr_with_padding_after_the_last_row():
+    # Entries from `indptr[-1]` on are padding (jax.experimental.sparse's BCSR pads
+    # so): an `indptr` ending before `nse` is valid.
+    c = CSR(
+        jnp.array([1.0, 2.0, 9.0]), jnp.array([1, 0, 0]), jnp.array([0, 1, 2]), (2, 2)
+    )
+    np.testing.assert_array_equal(c.todense(), [[0, 1.0], [2.0, 0]])
+    j = jsparse.BCSR.fromdense(jnp.array([[0, 1.0], [2.0, 0]]), nse=4)
+    np.testing.assert_array_equal(
+        CSR(j.data, j.indices, j.indptr, j.shape).todense(), [[0, 1.0], [2.0, 0]]
+    )

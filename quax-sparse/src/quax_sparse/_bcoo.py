@@ -1,5 +1,6 @@
 """The value type `BCOO`: a sparse array in batch-coordinate format."""
 
+import operator
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
@@ -26,6 +27,47 @@ def _way_out(name: str) -> str:
         f"Pass allow_materialise=True to {name} (or call .enable_materialise()) to "
         "allow it, or call .todense() to densify explicitly."
     )
+
+
+def checked_shape(owner: str, shape: Any) -> tuple[int, ...]:
+    """`shape` as a tuple of Python integers, or a `ValueError` naming `owner`'s
+    `shape` field and the offending dimension.
+
+    **Arguments:**
+
+    - `owner`: the type being constructed, for the message.
+    - `shape`: a sequence of non-negative integers (NumPy integers included; not
+        floats, not bools).
+
+    **Returns:**
+
+    The shape as a tuple of `int`.
+    """
+    try:
+        sizes = list(shape)
+    except TypeError:
+        raise ValueError(
+            f"`{owner}` needs `shape` to be a sequence of non-negative integers; got "
+            f"{shape!r}."
+        ) from None
+    out = []
+    for d, size in enumerate(sizes):
+        try:
+            if isinstance(size, (bool, np.bool_)):
+                raise TypeError
+            value = operator.index(size)
+        except TypeError:
+            raise ValueError(
+                f"`{owner}` needs `shape` to be a sequence of non-negative integers; "
+                f"dimension {d} of {tuple(sizes)!r} is {size!r}."
+            ) from None
+        if value < 0:
+            raise ValueError(
+                f"`{owner}` needs `shape` to be a sequence of non-negative integers; "
+                f"dimension {d} of {tuple(sizes)!r} is negative."
+            )
+        out.append(value)
+    return tuple(out)
 
 
 def wrapped_indices(owner: str, indices: Array, sizes: Sequence[int] | int) -> Array:
@@ -138,7 +180,8 @@ class BCOO(quax.ArrayValue):
             `jax.experimental.sparse` read it; stored wrapped), and `i = n` marks
             the entry as padding (ignored). Concrete indices outside `[-n, n]` are
             refused; traced ones there are padding.
-        - `shape`: the shape of the array, `(*batch, *sparse)`.
+        - `shape`: the shape of the array, `(*batch, *sparse)`: non-negative
+            integers.
         - `allow_materialise`: whether an operation without a sparse rule may form the
             dense array (`False`, the default, raises an error naming it).
         - `indices_sorted`, `unique_indices`: promise that the positions are in
@@ -146,7 +189,7 @@ class BCOO(quax.ArrayValue):
         """
         self.data = jnp.asarray(data)
         indices = jnp.asarray(indices)
-        self._shape = tuple(int(s) for s in shape)
+        self._shape = checked_shape("BCOO", shape)
         self._check_layout(indices)
         self.indices = wrapped_indices(
             "BCOO", indices, self._shape[self.data.ndim - 1 :]

@@ -10,7 +10,7 @@ import numpy as np
 import quax
 from jaxtyping import Array, ArrayLike
 
-from ._bcoo import BCOO, MaterialisationError, wrapped_indices
+from ._bcoo import BCOO, MaterialisationError, checked_shape, wrapped_indices
 
 
 __all__ = ["CSR"]
@@ -36,7 +36,9 @@ class CSR(quax.ArrayValue):
 
     - `data`: shape `(*batch, nse)`.
     - `indices`: the column of each entry, shape `(*batch, nse)`.
-    - `indptr`: shape `(*batch, n_rows + 1)`, non-decreasing, `indptr[..., 0] = 0`.
+    - `indptr`: shape `(*batch, n_rows + 1)`, non-decreasing, `indptr[..., 0] = 0`,
+        `indptr[..., -1] <= nse` (the entries from there on are padding), integers.
+        Concrete values are checked at construction.
     - `_shape`: the shape given to `__init__` (the `shape` property takes the batch
         sizes from `data`).
     - `allow_materialise`: as for `BCOO`.
@@ -64,15 +66,16 @@ class CSR(quax.ArrayValue):
             0)` counts from the end (stored wrapped, `i + n_cols`), and
             `i = n_cols` marks padding, as for [`quax_sparse.BCOO`][]; concrete
             column indices outside `[-n_cols, n_cols]` are refused.
-        - `shape`: `(*batch, n_rows, n_cols)`.
+        - `shape`: `(*batch, n_rows, n_cols)`, non-negative integers.
         - `allow_materialise`: whether an operation without a sparse rule may form the
             dense matrix.
         """
         self.data = jnp.asarray(data)
         indices = jnp.asarray(indices)
         self.indptr = jnp.asarray(indptr)
-        self._shape = tuple(int(n) for n in shape)
+        self._shape = checked_shape("CSR", shape)
         self._check_layout(indices)
+        self._check_indptr()
         self.indices = wrapped_indices("CSR", indices, self._shape[-1])
         self.allow_materialise = allow_materialise
 
@@ -94,6 +97,48 @@ class CSR(quax.ArrayValue):
             raise ValueError(
                 f"`CSR` of shape {self._shape} needs `indptr` of shape "
                 f"{(*batch, n_rows + 1)}; got {self.indptr.shape}."
+            )
+        for name, array in (("indices", indices), ("indptr", self.indptr)):
+            if not jnp.issubdtype(array.dtype, jnp.integer):
+                raise ValueError(
+                    f"`CSR` {name} must be integers, got dtype {array.dtype}."
+                )
+
+    def _check_indptr(self) -> None:
+        """Concrete `indptr` values: each matrix's `indptr` starts at 0, never
+        decreases, and ends at most at `nse` (the entries from `indptr[-1]` on are
+        padding). Traced values (under `jit`) cannot be checked."""
+        if isinstance(self.indptr, jax.core.Tracer):
+            return
+        indptr = np.asarray(self.indptr)
+
+        def where(position: tuple[int, ...]) -> str:
+            return ", ".join(map(str, position))
+
+        start = indptr[..., 0]
+        if np.any(start != 0):
+            position = (*np.argwhere(start != 0)[0], 0)
+            raise ValueError(
+                f"`CSR` needs `indptr` to start at 0 (row 0 starts at entry 0); got "
+                f"`indptr[{where(position)}]` = {int(indptr[position])}."
+            )
+        steps = np.diff(indptr, axis=-1)
+        if np.any(steps < 0):
+            *batch, row = np.argwhere(steps < 0)[0]
+            before, after = (*batch, row), (*batch, row + 1)
+            raise ValueError(
+                "`CSR` needs `indptr` to be non-decreasing (row `i` holds the entries "
+                f"`indptr[i]:indptr[i + 1]`); got `indptr[{where(before)}]` = "
+                f"{int(indptr[before])} > `indptr[{where(after)}]` = "
+                f"{int(indptr[after])}."
+            )
+        end = indptr[..., -1]
+        if np.any(end > self.nse):
+            position = (*np.argwhere(end > self.nse)[0], indptr.shape[-1] - 1)
+            raise ValueError(
+                f"`CSR` needs `indptr` to end at most at the number of stored entries "
+                f"(nse = {self.nse}; the entries from `indptr[-1]` on are padding); "
+                f"got `indptr[{where(position)}]` = {int(indptr[position])}."
             )
 
     @classmethod
