@@ -591,7 +591,9 @@ def scatter_add(
 ) -> Array:
     """`operand` plus `updates` (shape `(N, *rest)`) added at `coords` (positions
     along `dims`; the other axes of `operand` whole). Out-of-bounds positions (the
-    padding) are dropped. `sorted_` promises that `coords` are in row-major order."""
+    padding) are dropped. `sorted_` promises that `coords` are in row-major order.
+    Bools add as JAX adds them, by logical or (a scatter-max: XLA has no bool
+    scatter-add)."""
     rest = [d for d in range(operand.ndim) if d not in dims]
     if not dims:
         return operand + updates.sum(axis=0).astype(operand.dtype)
@@ -600,7 +602,8 @@ def scatter_add(
         inserted_window_dims=tuple(sorted(dims)),
         scatter_dims_to_operand_dims=tuple(dims),
     )
-    return lax.scatter_add(
+    scatter = lax.scatter_max if operand.dtype == jnp.bool_ else lax.scatter_add
+    return scatter(
         operand,
         coords,
         updates.astype(operand.dtype),

@@ -91,9 +91,9 @@ def _sum_duplicates_one(
     differs = jnp.any(indices[1:] != indices[:-1], axis=-1)
     new = jnp.concatenate([jnp.ones((1,), bool), differs]) & valid
     group = jnp.where(valid, jnp.cumsum(new) - 1, nse)
-    out_data = jax.ops.segment_sum(
-        data, group, num_segments=nse, indices_are_sorted=True
-    )
+    # Bools add by logical or, as JAX adds them (XLA has no bool scatter-add).
+    segment = jax.ops.segment_max if data.dtype == jnp.bool_ else jax.ops.segment_sum
+    out_data = segment(data, group, num_segments=nse, indices_are_sorted=True)
     out_indices = (
         jnp.broadcast_to(fill, (nse, n_sparse))
         .astype(indices.dtype)

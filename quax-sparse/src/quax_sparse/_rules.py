@@ -39,30 +39,41 @@ def _out_dtype(x: Any, y: Any, preferred: Any) -> Any:
     return preferred if preferred is not None else jnp.result_type(x.dtype, y.dtype)
 
 
+def _read_as(x: BCOO, dtype: Any) -> BCOO:
+    """`x`, its duplicates merged first where its stored bools are read as another
+    dtype: bools add by logical or, so two `True`s at one position are one `True`,
+    read as 1, not 2."""
+    if x.dtype == jnp.bool_ and dtype != jnp.bool_:
+        return unique(x)
+    return x
+
+
 # dot_general --------------------------------------------------------------------------
 
 
 @quax.register(lax.dot_general_p)
 def _(lhs: BCOO, rhs: ArrayLike, *, dimension_numbers: Any, **params: Any) -> Array:
     rhs = jnp.asarray(rhs)
+    out_dtype = _out_dtype(lhs, rhs, params.get("preferred_element_type"))
     return dot_sparse_dense(
-        lhs,
+        _read_as(lhs, out_dtype),
         rhs,
         dimension_numbers,
         sparse_is_lhs=True,
-        out_dtype=_out_dtype(lhs, rhs, params.get("preferred_element_type")),
+        out_dtype=out_dtype,
     )
 
 
 @quax.register(lax.dot_general_p)
 def _(lhs: ArrayLike, rhs: BCOO, *, dimension_numbers: Any, **params: Any) -> Array:
     lhs = jnp.asarray(lhs)
+    out_dtype = _out_dtype(lhs, rhs, params.get("preferred_element_type"))
     return dot_sparse_dense(
-        rhs,
+        _read_as(rhs, out_dtype),
         lhs,
         dimension_numbers,
         sparse_is_lhs=False,
-        out_dtype=_out_dtype(lhs, rhs, params.get("preferred_element_type")),
+        out_dtype=out_dtype,
     )
 
 
@@ -72,12 +83,12 @@ def _(lhs: BCOO, rhs: BCOO, *, dimension_numbers: Any, **params: Any) -> Any:
     if lhs.ndim != 2 or rhs.ndim != 2 or len(l_contract) != 1 or l_batch or r_batch:
         params = dict(params, dimension_numbers=dimension_numbers)
         return _fallback(lax.dot_general_p, (lhs, rhs), params)
-    a, b = unbatch(lhs), unbatch(rhs)
+    out_dtype = _out_dtype(lhs, rhs, params.get("preferred_element_type"))
+    a, b = unbatch(_read_as(lhs, out_dtype)), unbatch(_read_as(rhs, out_dtype))
     if l_contract[0] == 0:
         a = transpose_matrix(a)
     if r_contract[0] == 1:
         b = transpose_matrix(b)
-    out_dtype = _out_dtype(lhs, rhs, params.get("preferred_element_type"))
     return dot_sparse_sparse(a, b, out_dtype)
 
 
@@ -120,8 +131,10 @@ def _(x: BCOO, *, y: int, **params: Any) -> Any:
 @quax.register(prims.convert_element_type_p)
 def _(x: BCOO, *, new_dtype: Any, **params: Any) -> BCOO:
     # Conversion to a floating type is exact enough to apply to duplicates one by one;
-    # to an integer or bool it rounds, so it needs unique entries. The output's
-    # sharding (for the dense shape) does not apply to `data`.
+    # to an integer or bool it rounds, so it needs unique entries, and so does a
+    # conversion from bool (`_read_as`). The output's sharding (for the dense shape)
+    # does not apply to `data`.
+    x = _read_as(x, new_dtype)
     params = dict(params, new_dtype=new_dtype, sharding=None)
     linear = bool(jnp.issubdtype(new_dtype, jnp.inexact))
     return _on_data(prims.convert_element_type_p, x, params, linear=linear)
@@ -185,6 +198,18 @@ def _(x: ArrayLike, y: BCOO, **params: Any) -> Any:
 @quax.register(prims.div_p)
 def _(x: BCOO, y: ArrayLike, **params: Any) -> Any:
     return _scale(prims.div_p, x, y, False, params)
+
+
+# `and` with a dense array keeps zeros (`jnp.multiply` of bools binds it). It is not
+# linear in the stored values (bitwise on integers), so duplicates merge first.
+@quax.register(prims.and_p)
+def _(x: BCOO, y: ArrayLike, **params: Any) -> Any:
+    return _scale(prims.and_p, unique(x), y, False, params)
+
+
+@quax.register(prims.and_p)
+def _(x: ArrayLike, y: BCOO, **params: Any) -> Any:
+    return _scale(prims.and_p, unique(y), x, True, params)
 
 
 def _concat(x: BCOO, y: BCOO) -> BCOO:
