@@ -439,3 +439,33 @@ def test_bool_mask_in_where():
     np.testing.assert_array_equal(
         where(m.enable_materialise(), x), np.where(want, x, 0.0)
     )
+
+
+def test_broadcasting_a_sparse_operand_is_refused_with_the_way_out():
+    # The published quax's own tests add a (2, 5, 1, 4) BCOO to a (3, 2, 5, 1, 4)
+    # dense array and BCOO; quax-sparse refuses to stretch a sparse operand, and the
+    # refusal says how to get the sum.
+    rng = np.random.default_rng(0)
+    dense, x = random_sparse(rng, (2, 5, 1, 4), 0.4, n_batch=1)
+    dense3, x3 = random_sparse(rng, (3, 2, 5, 1, 4), 0.4, n_batch=2)
+    y = rng.normal(size=(3, 2, 5, 1, 4)).astype(np.float32)
+    add = quax.quaxify(lambda a, b: a + b)
+    way_out = r"jnp\.broadcast_to\(x, \(3, 2, 5, 1, 4\)\)` keeps a sparse `x` sparse"
+    for other in (y, x3):
+        with pytest.raises(MaterialisationError, match=r"primitive `add`.*" + way_out):
+            add(x, other)
+        with pytest.raises(MaterialisationError, match=way_out):
+            add(other, x)
+    # The way out: broadcast explicitly (sparse, new leading axes), then add.
+    add_broadcast = jax.jit(quax.quaxify(lambda a, b: jnp.broadcast_to(a, b.shape) + b))
+    assert_close(add_broadcast(x, y), dense + y)
+    both = add_broadcast(x, x3)
+    assert isinstance(both, BCOO)
+    assert_close(both, dense + dense3)
+    # Or allow materialising: the dense sum.
+    assert_close(add(x.enable_materialise(), y), dense + y)
+    # Stretching an axis of size 1 in place is refused the same way, in `mul` too.
+    _, row = random_sparse(rng, (1, 4), 0.5)
+    stretched = r"`mul`.*shape \(1, 4\) to \(5, 4\)"
+    with pytest.raises(MaterialisationError, match=stretched):
+        quax.quaxify(lambda a, b: a * b)(row, np.ones((5, 4), np.float32))

@@ -16,7 +16,7 @@ from jax import lax
 from jax.extend.core import Primitive, primitives as prims
 from jaxtyping import Array, ArrayLike
 
-from ._bcoo import BCOO, flat_entries, gather, scatter_add
+from ._bcoo import BCOO, MaterialisationError, flat_entries, gather, scatter_add
 from ._csr import CSR
 from ._kernels import (
     dot_sparse_dense,
@@ -151,9 +151,41 @@ def _(x: BCOO, **params: Any) -> BCOO:
 def _broadcasts(x: BCOO, other: Any) -> bool:
     """Whether `x` would be broadcast by a binary operation with `other` (`lax` lets
     an axis of size 1 meet a longer one): no rule stretches a sparse operand, so
-    those cases go to the fallback."""
+    those cases go to `_broadcast_fallback`."""
     other_shape = other.shape if isinstance(other, BCOO) else np.shape(other)
     return tuple(np.broadcast_shapes(x.shape, other_shape)) != x.shape
+
+
+def _broadcast_fallback(
+    primitive: Primitive, values: Sequence[Any], params: dict[str, Any]
+) -> Any:
+    """A binary operation that would broadcast a sparse operand (stretch an axis of
+    size 1 to a longer one, as `jnp.add` of a `(2, 5)` and a `(3, 2, 5)` array asks
+    of `lax.add`). quax-sparse never broadcasts a sparse operand implicitly: every
+    stored entry would be copied along each stretched axis. So the operation is
+    refused, saying the way out, unless the stretched operand allows materialising
+    (then the fallback computes it densely)."""
+    shapes = [np.shape(v) if not isinstance(v, BCOO) else v.shape for v in values]
+    shape = tuple(np.broadcast_shapes(*shapes))
+    for value in values:
+        if (
+            isinstance(value, BCOO)
+            and value.shape != shape
+            and not value.allow_materialise
+        ):
+            types = ", ".join(type(v).__qualname__ for v in values)
+            raise MaterialisationError(
+                "Refusing to materialise sparse matrix with `allow_materialise=False`: "
+                f"primitive `{primitive.name}` on input types ({types}) would "
+                f"broadcast the BCOO of shape {value.shape} to {shape}, and "
+                "quax_sparse never broadcasts a sparse operand implicitly (each "
+                "stored entry would be copied along every stretched axis). Give the "
+                f"operands the same shape first: `jnp.broadcast_to(x, {shape})` keeps "
+                "a sparse `x` sparse where it only adds leading axes; or densify "
+                "explicitly with `x.todense()`, or pass allow_materialise=True to "
+                "BCOO (or call .enable_materialise())."
+            )
+    return _fallback(primitive, values, params)
 
 
 def _scale(
@@ -162,7 +194,7 @@ def _scale(
     """`x * y` or `x / y` (`y * x` if `y_first`) for a dense `y`: `y` read at the
     stored entries only."""
     if _broadcasts(x, y):
-        return _fallback(primitive, (y, x) if y_first else (x, y), params)
+        return _broadcast_fallback(primitive, (y, x) if y_first else (x, y), params)
     y = jnp.asarray(y)
     # Axes of `y` of size 1 where `x` is longer broadcast: not read along.
     read = tuple(d for d in range(y.ndim) if y.shape[d] == x.shape[d])
@@ -238,7 +270,7 @@ def _sum(primitive: Primitive, x: Any, y: Any, params: dict[str, Any]) -> Any:
     """`x + y` or `x - y` (`sub`), one operand sparse at least: sparse if both are
     (entries concatenated), else dense (a scatter-add into the dense one)."""
     if any(isinstance(v, BCOO) and _broadcasts(v, w) for v, w in [(x, y), (y, x)]):
-        return _fallback(primitive, (x, y), params)
+        return _broadcast_fallback(primitive, (x, y), params)
     sign = -1 if primitive is prims.sub_p else 1
     if isinstance(x, BCOO) and isinstance(y, BCOO):
         if sign < 0:
