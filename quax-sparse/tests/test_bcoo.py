@@ -49,11 +49,36 @@ def test_float_indices_refused():
 
 def test_materialise_refuses_with_published_message():
     x = fromdense(DENSE, nse=4)
-    with pytest.raises(RuntimeError, match="Refusing to materialise sparse matrix"):
+    with pytest.raises(RuntimeError, match="Refusing to materialise `BCOO`"):
         x.materialise()
     with pytest.raises(MaterialisationError, match="allow_materialise=True"):
         x.materialise()
     assert_close(x.enable_materialise().materialise(), DENSE)
+
+
+@pytest.mark.parametrize("kind", ["BCOO", "CSR"])
+def test_the_core_materialisation_policy(kind):
+    # BCOO and CSR follow quax.GuardedValue: a refusal any family's `except` catches,
+    # naming the type, the primitive, what densifying costs, and the way out. (A CSR
+    # acts as its BCOO form, so the refusal is its BCOO form's.)
+    x = (fromdense if kind == "BCOO" else CSR.fromdense)(DENSE, nse=4)
+    assert isinstance(x, quax.GuardedValue)
+    assert issubclass(MaterialisationError, quax.MaterialisationError)
+    message = (
+        r"Refusing to materialise `BCOO` for primitive `exp` on input types \(BCOO\)"
+        r".*\(shape \(3, 4\), dtype float32\) would hold all 12 elements of this "
+        r"sparse array, which stores 4 entries\. Pass `allow_materialise=True` to "
+        r"`BCOO` or call `\.enable_materialise\(\)`.* Or call `\.todense\(\)`"
+    )
+    with pytest.raises(quax.MaterialisationError, match=message):
+        quax.quaxify(jnp.exp)(x)
+    with pytest.raises(MaterialisationError, match=f"Refusing to materialise `{kind}`"):
+        x.materialise()
+    allowed = x.enable_materialise(allow=True)
+    assert allowed.allow_materialise and not x.allow_materialise
+    assert_close(quax.quaxify(jnp.exp)(allowed), np.exp(DENSE))
+    assert_close(allowed.materialise(), DENSE)
+    assert not allowed.enable_materialise(allow=False).allow_materialise
 
 
 def test_fromdense_roundtrip_sorted_and_padded():

@@ -1,5 +1,6 @@
 """The value type `BCOO`: a sparse array in batch-coordinate format."""
 
+import math
 import operator
 from collections.abc import Sequence
 from typing import Any, ClassVar
@@ -11,22 +12,45 @@ import jax.numpy as jnp
 import numpy as np
 import quax
 from jax import lax
+from jax.extend.core import Primitive
 from jaxtyping import Array, ArrayLike
 
 
 __all__ = ["BCOO", "MaterialisationError"]
 
 
-class MaterialisationError(RuntimeError):
-    """A sparse array with `allow_materialise=False` met an operation that would need
-    its dense form."""
+class MaterialisationError(quax.MaterialisationError):
+    """A sparse array (`BCOO`, `CSR`) with `allow_materialise=False` met an operation
+    that has no sparse rule and would need its dense array. A
+    [`quax.MaterialisationError`][] (so a `RuntimeError`): the message starts with
+    "Refusing to materialise", names the type, the primitive and the input types,
+    and says the way out."""
 
 
-def _way_out(name: str) -> str:
+def refusal_reason(aval: jax.core.ShapedArray, stored: int) -> str:
+    """Why a sparse array refuses to densify, for [`quax.GuardedValue`][]'s
+    message: what the dense array would hold against what is stored.
+
+    **Arguments:**
+
+    - `aval`: the array's shape and dtype.
+    - `stored`: how many entries it stores (padding included).
+
+    **Returns:**
+
+    A sentence without a final full stop.
+    """
     return (
-        f"Pass allow_materialise=True to {name} (or call .enable_materialise()) to "
-        "allow it, or call .todense() to densify explicitly."
+        f"its dense array (shape {tuple(aval.shape)}, dtype {aval.dtype}) would hold "
+        f"all {math.prod(aval.shape)} elements of this sparse array, which stores "
+        f"{stored} entries"
     )
+
+
+EXPLICIT_WAY_OUT = (
+    " Or call `.todense()` to densify it explicitly (an explicit request is always "
+    "allowed)."
+)
 
 
 def checked_shape(owner: str, shape: Any) -> tuple[int, ...]:
@@ -121,7 +145,7 @@ def jsparse_indices(indices: Array, sparse_shape: Sequence[int]) -> Array:
     return jnp.where(inside, wrapped, bound)
 
 
-class BCOO(quax.ArrayValue):
+class BCOO(quax.GuardedValue):
     """A sparse array in batch-coordinate format, as in the published quax.
 
     `shape = (*batch, *sparse)`: `data` has shape `(*batch, nse)` and `indices` has
@@ -137,7 +161,8 @@ class BCOO(quax.ArrayValue):
     Inside [`quax.quaxify`][], products, sums and elementwise functions with
     `f(0) = 0` cost what the stored entries cost; every other operation raises a
     [`quax_sparse.MaterialisationError`][] naming the primitive, unless the array
-    allows materialising.
+    allows materialising: the core's materialisation policy
+    ([`quax.GuardedValue`][]), with `enable_materialise(allow=True)`.
 
     **Fields:**
 
@@ -154,11 +179,13 @@ class BCOO(quax.ArrayValue):
     data: Array
     indices: Array
     _shape: tuple[int, ...] = eqx.field(static=True)
-    allow_materialise: bool = eqx.field(static=True)
     indices_sorted: bool = eqx.field(static=True)
     unique_indices: bool = eqx.field(static=True)
 
     linear_in_leaves: ClassVar[bool] = True
+    materialisation_error: ClassVar[type[quax.MaterialisationError]] = (
+        MaterialisationError
+    )
 
     def __init__(
         self,
@@ -280,39 +307,14 @@ class BCOO(quax.ArrayValue):
 
     # Materialising -----------------------------------------------------------------
 
-    def materialise(self) -> Array:
-        if not self.allow_materialise:
-            raise MaterialisationError(
-                "Refusing to materialise sparse matrix with `allow_materialise=False` "
-                f"(BCOO of shape {self.shape}, dtype {self.data.dtype}, nse "
-                f"{self.nse}). " + _way_out("BCOO")
-            )
+    def dense(self) -> Array:
         return self.todense()
 
-    def enable_materialise(self, allow_materialise: bool = True) -> "BCOO":
-        """A copy of this array with `allow_materialise` set as given."""
-        return BCOO._from_entries(
-            self.data,
-            self.indices,
-            self.shape,
-            allow_materialise,
-            indices_sorted=self.indices_sorted,
-            unique_indices=self.unique_indices,
-        )
+    def refusal_reason(self) -> str:
+        return refusal_reason(self.aval(), self.data.size)
 
-    @staticmethod
-    def default(primitive: Any, values: Any, params: dict[str, Any]) -> Any:
-        for value in values:
-            if isinstance(value, BCOO) and not value.allow_materialise:
-                types = ", ".join(type(v).__qualname__ for v in values)
-                raise MaterialisationError(
-                    "Refusing to materialise sparse matrix with "
-                    f"`allow_materialise=False`: quax_sparse has no rule that keeps "
-                    f"primitive `{primitive.name}` on input types ({types}) sparse, "
-                    f"and the dense BCOO would have shape {value.shape}. "
-                    + _way_out("BCOO")
-                )
-        return quax.Value.default(primitive, values, params)
+    def way_out(self, primitive: Primitive | None = None) -> str:
+        return super().way_out(primitive) + EXPLICIT_WAY_OUT
 
     @classmethod
     def join(cls, value: quax.Value, other: quax.Value) -> "BCOO | None":

@@ -8,15 +8,23 @@ import jax.core
 import jax.numpy as jnp
 import numpy as np
 import quax
+from jax.extend.core import Primitive
 from jaxtyping import Array, ArrayLike
 
-from ._bcoo import BCOO, MaterialisationError, checked_shape, wrapped_indices
+from ._bcoo import (
+    BCOO,
+    EXPLICIT_WAY_OUT,
+    MaterialisationError,
+    checked_shape,
+    refusal_reason,
+    wrapped_indices,
+)
 
 
 __all__ = ["CSR"]
 
 
-class CSR(quax.ArrayValue):
+class CSR(quax.GuardedValue):
     """A sparse matrix in compressed-sparse-row format (as scipy's `csr_array`), or a
     batch of them.
 
@@ -30,7 +38,8 @@ class CSR(quax.ArrayValue):
     Inside [`quax.quaxify`][] a `CSR` behaves as the [`quax_sparse.BCOO`][] it
     converts to (an `O(nse)` row expansion, no sort): every primitive with a sparse
     rule for `BCOO` works, and gives what that rule gives (a `BCOO` where the result is
-    sparse).
+    sparse); the others refuse as for `BCOO`. It follows the core's materialisation
+    policy ([`quax.GuardedValue`][]), with its own `default`: the conversion.
 
     **Fields:**
 
@@ -48,9 +57,11 @@ class CSR(quax.ArrayValue):
     indices: Array
     indptr: Array
     _shape: tuple[int, ...] = eqx.field(static=True)
-    allow_materialise: bool = eqx.field(static=True)
 
     linear_in_leaves: ClassVar[bool] = True
+    materialisation_error: ClassVar[type[quax.MaterialisationError]] = (
+        MaterialisationError
+    )
 
     def __init__(
         self,
@@ -302,21 +313,14 @@ class CSR(quax.ArrayValue):
         """The dense matrix (an explicit request, always allowed)."""
         return self.to_bcoo().todense()
 
-    def materialise(self) -> Array:
-        if not self.allow_materialise:
-            raise MaterialisationError(
-                "Refusing to materialise sparse matrix with `allow_materialise=False` "
-                f"(CSR of shape {self.shape}, nse {self.nse}). Pass "
-                "allow_materialise=True to CSR (or call .enable_materialise()) to "
-                "allow it, or call .todense() to densify explicitly."
-            )
+    def dense(self) -> Array:
         return self.todense()
 
-    def enable_materialise(self, allow_materialise: bool = True) -> "CSR":
-        """A copy of this matrix with `allow_materialise` set as given."""
-        return CSR._from_entries(
-            self.data, self.indices, self.indptr, self.shape, allow_materialise
-        )
+    def refusal_reason(self) -> str:
+        return refusal_reason(self.aval(), self.data.size)
+
+    def way_out(self, primitive: Primitive | None = None) -> str:
+        return super().way_out(primitive) + EXPLICIT_WAY_OUT
 
     @staticmethod
     def default(primitive: Any, values: Any, params: dict[str, Any]) -> Any:

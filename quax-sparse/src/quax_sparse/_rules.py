@@ -1,8 +1,8 @@
 """The rules for `BCOO` (and `CSR`, through its `BCOO` form).
 
 Each rule works on the stored entries only. Operations without a rule fall back to
-`BCOO.default`, which refuses (naming the primitive) unless the array allows
-materialising.
+the core's refusing default ([`quax.GuardedValue`][]), which names the primitive
+unless the array allows materialising.
 """
 
 import math
@@ -16,7 +16,7 @@ from jax import lax
 from jax.extend.core import Primitive, primitives as prims
 from jaxtyping import Array, ArrayLike
 
-from ._bcoo import BCOO, MaterialisationError, flat_entries, gather, scatter_add
+from ._bcoo import BCOO, flat_entries, gather, scatter_add
 from ._csr import CSR
 from ._kernels import (
     dot_sparse_dense,
@@ -174,16 +174,14 @@ def _broadcast_fallback(
             and not value.allow_materialise
         ):
             types = ", ".join(type(v).__qualname__ for v in values)
-            raise MaterialisationError(
-                "Refusing to materialise sparse matrix with `allow_materialise=False`: "
-                f"primitive `{primitive.name}` on input types ({types}) would "
-                f"broadcast the BCOO of shape {value.shape} to {shape}, and "
-                "quax_sparse never broadcasts a sparse operand implicitly (each "
-                "stored entry would be copied along every stretched axis). Give the "
-                f"operands the same shape first: `jnp.broadcast_to(x, {shape})` keeps "
-                "a sparse `x` sparse where it only adds leading axes; or densify "
-                "explicitly with `x.todense()`, or pass allow_materialise=True to "
-                "BCOO (or call .enable_materialise())."
+            raise value.materialisation_error(
+                f"Refusing to materialise `BCOO` for primitive `{primitive.name}` on "
+                f"input types ({types}): it would broadcast the BCOO of shape "
+                f"{value.shape} to {shape}, and quax-sparse never broadcasts a sparse "
+                "operand implicitly (each stored entry would be copied along every "
+                "stretched axis). Give the operands the same shape first: "
+                f"`jnp.broadcast_to(x, {shape})` keeps a sparse `x` sparse where it "
+                "only adds leading axes. " + value.way_out(primitive)
             )
     return _fallback(primitive, values, params)
 
