@@ -10,7 +10,7 @@ import numpy as np
 import quax
 from jaxtyping import Array
 
-from ._bcoo import BCOO, flat_entries, gather, scatter_add
+from ._values._bcoo import BCOO, flat_entries, gather, scatter_add
 
 
 __all__ = [

@@ -16,8 +16,6 @@ from jax import lax
 from jax.extend.core import Primitive, primitives as prims
 from jaxtyping import Array, ArrayLike
 
-from ._bcoo import BCOO, flat_entries, gather, scatter_add
-from ._csr import CSR
 from ._kernels import (
     dot_sparse_dense,
     dot_sparse_sparse,
@@ -27,6 +25,8 @@ from ._kernels import (
     unique,
     valid_mask,
 )
+from ._values import BCOO, CSR
+from ._values._bcoo import flat_entries, gather, scatter_add
 
 
 def _fallback(

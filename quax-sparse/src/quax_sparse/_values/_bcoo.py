@@ -534,7 +534,7 @@ class BCOO(quax.GuardedValue):
 
         A `BCOO` with `indices_sorted=True` and `unique_indices=True`.
         """
-        from ._kernels import sum_duplicates
+        from .._kernels import sum_duplicates
 
         return sum_duplicates(self, self.nse if nse is None else nse)
 
