@@ -19,20 +19,70 @@ from jaxtyping import Array, ArrayLike
 from ._kernels import (
     dot_sparse_dense,
     dot_sparse_sparse,
-    new_like,
-    transpose_matrix,
-    unbatch,
-    unique,
+    flat_entries,
+    gather,
+    scatter_add,
     valid_mask,
 )
 from ._values import BCOO, CSR
-from ._values._bcoo import flat_entries, gather, scatter_add
 
 
 def _fallback(
     primitive: Primitive, values: Sequence[Any], params: dict[str, Any]
 ) -> Any:
     return quax.fallback_rule(primitive, values)(values, params)
+
+
+# BCOO helpers ------------------------------------------------------------------------
+
+
+def new_like(
+    x: BCOO,
+    data: Array,
+    indices: Array,
+    shape: Sequence[int],
+    *,
+    indices_sorted: bool = False,
+    unique_indices: bool = False,
+) -> BCOO:
+    """A `BCOO` with `x`'s options and the given entries."""
+    return BCOO._from_entries(
+        data,
+        indices,
+        tuple(shape),
+        x.allow_materialise,
+        indices_sorted=indices_sorted,
+        unique_indices=unique_indices,
+    )
+
+
+def unbatch(x: BCOO) -> BCOO:
+    """`x` with every dimension sparse (`n_batch = 0`): `prod(batch) * nse` entries,
+    the batch coordinates as leading index columns. Order and uniqueness are kept."""
+    if x.n_batch == 0:
+        return x
+    coords, values = flat_entries(x.data, x.indices)
+    return new_like(
+        x,
+        values,
+        coords,
+        x.shape,
+        indices_sorted=x.indices_sorted,
+        unique_indices=x.unique_indices,
+    )
+
+
+def unique(x: BCOO) -> BCOO:
+    """`x` with no position stored twice (what a nonlinear elementwise function
+    needs): `x` itself when known, else `sum_duplicates` with the same `nse`."""
+    return x if x.unique_indices else x.sum_duplicates()
+
+
+def transpose_matrix(x: BCOO) -> BCOO:
+    """The transpose of an unbatched sparse matrix (index columns swapped)."""
+    return new_like(
+        x, x.data, x.indices[:, ::-1], x.shape[::-1], unique_indices=x.unique_indices
+    )
 
 
 def _out_dtype(x: Any, y: Any, preferred: Any) -> Any:
@@ -55,12 +105,16 @@ def _read_as(x: BCOO, dtype: Any) -> BCOO:
 def _(lhs: BCOO, rhs: ArrayLike, *, dimension_numbers: Any, **params: Any) -> Array:
     rhs = jnp.asarray(rhs)
     out_dtype = _out_dtype(lhs, rhs, params.get("preferred_element_type"))
+    lhs = _read_as(lhs, out_dtype)
     return dot_sparse_dense(
-        _read_as(lhs, out_dtype),
+        lhs.data,
+        lhs.indices,
+        lhs.shape,
         rhs,
         dimension_numbers,
         sparse_is_lhs=True,
         out_dtype=out_dtype,
+        indices_sorted=lhs.indices_sorted,
     )
 
 
@@ -68,12 +122,16 @@ def _(lhs: BCOO, rhs: ArrayLike, *, dimension_numbers: Any, **params: Any) -> Ar
 def _(lhs: ArrayLike, rhs: BCOO, *, dimension_numbers: Any, **params: Any) -> Array:
     lhs = jnp.asarray(lhs)
     out_dtype = _out_dtype(lhs, rhs, params.get("preferred_element_type"))
+    rhs = _read_as(rhs, out_dtype)
     return dot_sparse_dense(
-        _read_as(rhs, out_dtype),
+        rhs.data,
+        rhs.indices,
+        rhs.shape,
         lhs,
         dimension_numbers,
         sparse_is_lhs=False,
         out_dtype=out_dtype,
+        indices_sorted=rhs.indices_sorted,
     )
 
 
@@ -89,7 +147,19 @@ def _(lhs: BCOO, rhs: BCOO, *, dimension_numbers: Any, **params: Any) -> Any:
         a = transpose_matrix(a)
     if r_contract[0] == 1:
         b = transpose_matrix(b)
-    return dot_sparse_sparse(a, b, out_dtype)
+    (n, k), m = a.shape, b.shape[1]
+    data, indices = dot_sparse_sparse(
+        a.data,
+        a.indices,
+        b.data,
+        b.indices,
+        (n, k, m),
+        out_dtype,
+        a_unique=a.unique_indices,
+        b_unique=b.unique_indices,
+    )
+    allow = a.allow_materialise and b.allow_materialise
+    return BCOO._from_entries(data, indices, (n, m), allow)
 
 
 # Elementwise with f(0) = 0 ------------------------------------------------------------
@@ -198,7 +268,7 @@ def _scale(
     read = tuple(d for d in range(y.ndim) if y.shape[d] == x.shape[d])
     y = y.reshape([y.shape[d] for d in read])
     if read:
-        coords, _ = flat_entries(x)
+        coords, _ = flat_entries(x.data, x.indices)
         factor = gather(y, coords[:, read], tuple(range(len(read))))
         factor = factor.reshape(x.data.shape)
     else:
@@ -259,7 +329,7 @@ def _concat(x: BCOO, y: BCOO) -> BCOO:
 def _add_into_dense(x: BCOO, y: ArrayLike, sign: int) -> Array:
     """`y + sign * x` as a dense array (the sum has `y`'s density)."""
     y = jnp.broadcast_to(jnp.asarray(y), x.shape)
-    coords, values = flat_entries(x)
+    coords, values = flat_entries(x.data, x.indices)
     values = values if sign > 0 else -values
     return scatter_add(y, coords, tuple(range(x.ndim)), values)
 
@@ -322,7 +392,7 @@ def _(x: BCOO, *, axes: Sequence[int], **params: Any) -> Any:
     axes = tuple(axes)
     keep = tuple(i for i in range(x.ndim) if i not in axes)
     out_shape = tuple(x.shape[i] for i in keep)
-    coords, values = flat_entries(x)
+    coords, values = flat_entries(x.data, x.indices)
     if math.prod(out_shape) <= values.shape[0]:
         # A summed-out axis holding padding (out of bounds) must stay padding.
         ok = valid_mask(coords[:, axes], [x.shape[a] for a in axes])

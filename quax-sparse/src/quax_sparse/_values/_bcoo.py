@@ -11,9 +11,10 @@ import jax.core
 import jax.numpy as jnp
 import numpy as np
 import quax
-from jax import lax
 from jax.extend.core import Primitive
 from jaxtyping import Array, ArrayLike
+
+from .._kernels import flat_entries, gather, scatter_add, sum_duplicates
 
 
 __all__ = ["BCOO", "MaterialisationError"]
@@ -360,7 +361,7 @@ class BCOO(quax.GuardedValue):
 
         A JAX array of shape `self.shape` and dtype `self.dtype`.
         """
-        coords, values = flat_entries(self)
+        coords, values = flat_entries(self.data, self.indices)
         zeros = jnp.zeros(self.shape, self.data.dtype)
         return scatter_add(zeros, coords, tuple(range(len(self.shape))), values)
 
@@ -510,7 +511,7 @@ class BCOO(quax.GuardedValue):
             raise ValueError(
                 f"scipy.sparse holds matrices; this BCOO has shape {self.shape}."
             )
-        coords, values = flat_entries(self)
+        coords, values = flat_entries(self.data, self.indices)
         coords = np.asarray(coords)
         values = np.asarray(values)
         keep = np.all(coords < np.asarray(self.shape), axis=1) & np.all(
@@ -534,82 +535,18 @@ class BCOO(quax.GuardedValue):
 
         A `BCOO` with `indices_sorted=True` and `unique_indices=True`.
         """
-        from .._kernels import sum_duplicates
-
-        return sum_duplicates(self, self.nse if nse is None else nse)
-
-
-# Kernels shared by the value types and the rules ------------------------------------
-
-
-def flat_entries(x: BCOO) -> tuple[Array, Array]:
-    """Every stored entry of `x` with its full position (batch coordinates first):
-    `coords` of shape `(N, ndim)` and `values` of shape `(N,)`, `N = prod(batch) *
-    nse`."""
-    nb = x.n_batch
-    if nb == 0:
-        return x.indices, x.data
-    batch = x.data.shape[:-1]
-    grids = jnp.meshgrid(
-        *[jnp.arange(b, dtype=x.indices.dtype) for b in batch], indexing="ij"
-    )
-    batch_coords = [jnp.broadcast_to(g[..., None], x.data.shape) for g in grids]
-    coords = jnp.concatenate(
-        [jnp.stack(batch_coords, axis=-1), x.indices.astype(x.indices.dtype)], axis=-1
-    )
-    return coords.reshape(-1, len(x.shape)), x.data.reshape(-1)
-
-
-def gather(operand: Array, coords: Array, dims: tuple[int, ...]) -> Array:
-    """`operand` read at `coords` (shape `(N, len(dims))`, positions along `dims`),
-    keeping its other axes whole: shape `(N, *rest)`. Out-of-bounds positions (the
-    padding) read zeros."""
-    rest = [d for d in range(operand.ndim) if d not in dims]
-    slice_sizes = tuple(
-        1 if d in dims else operand.shape[d] for d in range(operand.ndim)
-    )
-    dnums = lax.GatherDimensionNumbers(
-        offset_dims=tuple(range(1, 1 + len(rest))),
-        collapsed_slice_dims=tuple(sorted(dims)),
-        start_index_map=tuple(dims),
-    )
-    return lax.gather(
-        operand,
-        coords,
-        dnums,
-        slice_sizes,
-        mode=lax.GatherScatterMode.FILL_OR_DROP,
-        fill_value=0,
-    )
-
-
-def scatter_add(
-    operand: Array,
-    coords: Array,
-    dims: tuple[int, ...],
-    updates: Array,
-    *,
-    sorted_: bool = False,
-) -> Array:
-    """`operand` plus `updates` (shape `(N, *rest)`) added at `coords` (positions
-    along `dims`; the other axes of `operand` whole). Out-of-bounds positions (the
-    padding) are dropped. `sorted_` promises that `coords` are in row-major order.
-    Bools add as JAX adds them, by logical or (a scatter-max: XLA has no bool
-    scatter-add)."""
-    rest = [d for d in range(operand.ndim) if d not in dims]
-    if not dims:
-        return operand + updates.sum(axis=0).astype(operand.dtype)
-    dnums = lax.ScatterDimensionNumbers(
-        update_window_dims=tuple(range(1, 1 + len(rest))),
-        inserted_window_dims=tuple(sorted(dims)),
-        scatter_dims_to_operand_dims=tuple(dims),
-    )
-    scatter = lax.scatter_max if operand.dtype == jnp.bool_ else lax.scatter_add
-    return scatter(
-        operand,
-        coords,
-        updates.astype(operand.dtype),
-        dnums,
-        indices_are_sorted=sorted_,
-        mode=lax.GatherScatterMode.FILL_OR_DROP,
-    )
+        data, indices = sum_duplicates(
+            self.data,
+            self.indices,
+            self.shape[self.n_batch :],
+            self.nse if nse is None else nse,
+            is_sorted=self.indices_sorted,
+        )
+        return BCOO._from_entries(
+            data,
+            indices,
+            self.shape,
+            self.allow_materialise,
+            indices_sorted=True,
+            unique_indices=True,
+        )
