@@ -338,8 +338,11 @@ class BCOO(quax.GuardedValue):
         """
         if not (isinstance(value, BCOO) and isinstance(other, BCOO)):
             return None
-        if (value._shape, value.data.shape, value.indices.shape) != (
-            other._shape,
+        # The shapes the leaves give (`shape`), not the `_shape` each side was built
+        # with: a `BCOO` batched by `jax.vmap` over its leaves keeps the `_shape` of
+        # one batch element, and a rule's output records the full one.
+        if (value.shape, value.data.shape, value.indices.shape) != (
+            other.shape,
             other.data.shape,
             other.indices.shape,
         ):
@@ -347,7 +350,7 @@ class BCOO(quax.GuardedValue):
         return BCOO._from_entries(
             value.data,
             value.indices,
-            value._shape,
+            value.shape,
             value.allow_materialise and other.allow_materialise,
             indices_sorted=value.indices_sorted and other.indices_sorted,
             unique_indices=value.unique_indices and other.unique_indices,
