@@ -1,20 +1,18 @@
-"""Elementwise, arithmetic and structural rules against the dense computation, and
-the refusals."""
+"""Elementwise, arithmetic and structural rules against the dense computation (the
+products: `test_dot_general.py`; the refusals: `test_materialisation.py`)."""
 
 from functools import partial
 from typing import Any
 
 import hypothesis.strategies as st
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 import quax
 from hypothesis import given, settings
 from jax import lax
-from jax.experimental import sparse as jsparse
 from jax.extend.core import Primitive
-from quax_sparse import BCOO, CSR, MaterialisationError, fromdense
+from quax_sparse import BCOO, MaterialisationError, fromdense
 from sparse_helpers import assert_close, check, random_sparse
 
 
@@ -249,66 +247,6 @@ def test_broadcast_leading_batch_dimensions():
     assert isinstance(out, BCOO) and out.n_batch == 1
 
 
-@pytest.mark.parametrize(
-    ("fn", "primitive"),
-    [
-        (jnp.exp, "exp"),
-        (jnp.cos, "cos"),
-        (lambda x: x + 1.0, None),
-        (lambda x: x**0, "integer_pow"),
-        (lambda x: 1.0 / x, "div"),
-        (lambda x: x * x, "mul"),
-        (lambda x: jnp.max(x), "reduce_max"),
-        (lambda x: jnp.cumsum(x, 0), "cumsum"),
-        (lambda x: jnp.broadcast_to(x[:, :1], (4, 6)), "broadcast_in_dim"),
-    ],
-)
-def test_refusals_name_the_primitive(fn, primitive):
-    rng = np.random.default_rng(3)
-    dense, x = random_sparse(rng, (4, 6), 0.3)
-    if primitive is None:  # sparse + dense is dense, at the dense operand's cost
-        assert_close(quax.quaxify(fn)(x), fn(dense))
-        return
-    with pytest.raises(
-        MaterialisationError, match=f"Refusing to materialise.*`{primitive}`"
-    ):
-        quax.quaxify(fn)(x)
-    with pytest.raises(RuntimeError, match="allow_materialise=True"):
-        jax.jit(quax.quaxify(fn))(x)
-    # Allowed: the dense computation.
-    with quax.track_materialisation() as report:
-        out = quax.quaxify(fn)(x.enable_materialise())
-    assert report
-    assert_close(out, fn(jnp.asarray(dense)))
-
-
-def test_csr_refusal_and_ops():
-    rng = np.random.default_rng(4)
-    dense, x = random_sparse(rng, (5, 5), 0.4)
-    c = CSR.from_bcoo(x)
-    with pytest.raises(MaterialisationError, match="`exp`"):
-        quax.quaxify(jnp.exp)(c)
-    out = check(lambda c, x: (jnp.sin(c) + 2 * x).T, c, x, dense_args=(dense, dense))
-    assert isinstance(out, BCOO)
-
-
-def test_large_matrix_is_never_densified():
-    n = 10**6  # a dense f32 matrix would need 4 TB
-    idx = jnp.stack([jnp.arange(n), jnp.arange(n)], -1)
-    x = BCOO(jnp.full(n, 2.0), idx, (n, n))
-    v = jnp.ones(n)
-    out = jax.jit(quax.quaxify(lambda a, v: jnp.tanh(2 * a).T @ v + a.sum(0)))(x, v)
-    assert out.shape == (n,)
-    np.testing.assert_allclose(out[:3], np.tanh(4.0) + 2.0, rtol=1e-6)
-    with pytest.raises(
-        MaterialisationError, match=r"`exp`.*shape \(1000000, 1000000\)"
-    ):
-        jax.eval_shape(quax.quaxify(jnp.exp), x)
-    # Its row-major positions would overflow int32: `reshape` is refused.
-    with pytest.raises(MaterialisationError, match="`reshape`"):
-        jax.eval_shape(quax.quaxify(lambda a: a.reshape(-1)), x)
-
-
 def test_cond_and_loop_carries():
     rng = np.random.default_rng(9)
     dense, x = random_sparse(rng, (4, 5), 0.4)
@@ -319,8 +257,6 @@ def test_cond_and_loop_carries():
     for s in (1.0, -1.0):
         out = check(branches, x, s, dense_args=(dense, s))
         assert isinstance(out, BCOO)
-    # Outputs whose flags differ join, and a different `nse` is a `JoinError`:
-    # see test_joins.py.
 
 
 def test_index_dtype_and_empty():
@@ -362,110 +298,3 @@ def test_rule_outputs_keep_padding_at_the_size():
             BCOO(got.data, got.indices, got.shape).todense(), want
         )
         np.testing.assert_array_equal(got.to_jax().todense(), want)
-
-
-# Bool masks -------------------------------------------------------------------------
-
-EYE = np.eye(3, dtype=bool)
-# A bool mask with position (0, 0) stored twice: bool entries add up as JAX adds
-# bools (logical or), so the dense mask is `[[T, F, F], [F, F, F], [F, F, T]]`.
-MASK = np.array([[True, False, False], [False, False, False], [False, False, True]])
-
-
-def _bool_masks() -> dict[str, tuple[BCOO, np.ndarray]]:
-    twice = BCOO(
-        jnp.array([True, True, True, False]),
-        jnp.array([[0, 0], [0, 0], [2, 2], [1, 1]]),
-        (3, 3),
-    )
-    return {
-        "eye": (BCOO.fromdense(jnp.eye(3, dtype=bool), nse=3), EYE),
-        "padded": (BCOO.fromdense(jnp.eye(3, dtype=bool), nse=5), EYE),
-        "twice": (twice, MASK),
-    }
-
-
-@pytest.mark.parametrize("name", ["eye", "padded", "twice"])
-def test_bool_mask_todense(name):
-    m, want = _bool_masks()[name]
-    assert m.dtype == jnp.bool_
-    for got in (m.todense(), jax.jit(lambda m: m.todense())(m)):
-        assert got.dtype == jnp.bool_
-        np.testing.assert_array_equal(got, want)
-    merged = m.sum_duplicates()
-    assert merged.dtype == jnp.bool_
-    np.testing.assert_array_equal(merged.todense(), want)
-
-
-@pytest.mark.parametrize("name", ["eye", "padded", "twice"])
-def test_bool_mask_operations_against_dense(name):
-    m, want = _bool_masks()[name]
-    v = np.array([1.0, 10.0, 100.0], np.float32)
-    w = np.array([True, False, True])
-    x = np.arange(9.0, dtype=np.float32).reshape(3, 3) + 1
-    # Each reference is the same function on the dense bool mask, in plain JAX.
-    for fn in [
-        lambda a, v, w, x: a @ v,
-        lambda a, v, w, x: a @ w,
-        lambda a, v, w, x: a.astype(jnp.float32).sum(),
-        lambda a, v, w, x: (a * x).sum(0),
-        lambda a, v, w, x: a.sum(),
-    ]:
-        got = jax.jit(quax.quaxify(fn))(m, v, w, x)
-        np.testing.assert_array_equal(got, fn(jnp.asarray(want), v, w, x))
-    mul = jax.jit(quax.quaxify(lambda a, w: a * w))(m, w)
-    assert isinstance(mul, BCOO) and mul.dtype == jnp.bool_
-    np.testing.assert_array_equal(mul.todense(), want * w)
-    as_float = jax.jit(quax.quaxify(lambda a: a.astype(jnp.float32)))(m)
-    np.testing.assert_array_equal(as_float.todense(), want.astype(np.float32))
-
-
-def test_bool_mask_matmul_as_jax_experimental_sparse():
-    # jsparse stores a bool `fromdense` as int32 entries; its products agree.
-    m, _ = _bool_masks()["padded"]
-    j = jsparse.BCOO.fromdense(jnp.eye(3, dtype=bool), nse=5)
-    v = jnp.array([1.0, 10.0, 100.0])
-    np.testing.assert_array_equal(quax.quaxify(lambda a, v: a @ v)(m, v), j @ v)
-
-
-def test_bool_mask_in_where():
-    # `jnp.where(mask, x, 0)` with a sparse mask has no sparse rule yet: refused,
-    # naming `select_n` and the way out; allowed, it is the dense `where`.
-    m, want = _bool_masks()["twice"]
-    x = np.arange(9.0, dtype=np.float32).reshape(3, 3) + 1
-    where = quax.quaxify(lambda m, x: jnp.where(m, x, 0.0))
-    with pytest.raises(MaterialisationError, match=r"select_n.*allow_materialise"):
-        where(m, x)
-    np.testing.assert_array_equal(
-        where(m.enable_materialise(), x), np.where(want, x, 0.0)
-    )
-
-
-def test_broadcasting_a_sparse_operand_is_refused_with_the_way_out():
-    # The published quax's own tests add a (2, 5, 1, 4) BCOO to a (3, 2, 5, 1, 4)
-    # dense array and BCOO; quax-sparse refuses to stretch a sparse operand, and the
-    # refusal says how to get the sum.
-    rng = np.random.default_rng(0)
-    dense, x = random_sparse(rng, (2, 5, 1, 4), 0.4, n_batch=1)
-    dense3, x3 = random_sparse(rng, (3, 2, 5, 1, 4), 0.4, n_batch=2)
-    y = rng.normal(size=(3, 2, 5, 1, 4)).astype(np.float32)
-    add = quax.quaxify(lambda a, b: a + b)
-    way_out = r"jnp\.broadcast_to\(x, \(3, 2, 5, 1, 4\)\)` keeps a sparse `x` sparse"
-    for other in (y, x3):
-        with pytest.raises(MaterialisationError, match=r"primitive `add`.*" + way_out):
-            add(x, other)
-        with pytest.raises(MaterialisationError, match=way_out):
-            add(other, x)
-    # The way out: broadcast explicitly (sparse, new leading axes), then add.
-    add_broadcast = jax.jit(quax.quaxify(lambda a, b: jnp.broadcast_to(a, b.shape) + b))
-    assert_close(add_broadcast(x, y), dense + y)
-    both = add_broadcast(x, x3)
-    assert isinstance(both, BCOO)
-    assert_close(both, dense + dense3)
-    # Or allow materialising: the dense sum.
-    assert_close(add(x.enable_materialise(), y), dense + y)
-    # Stretching an axis of size 1 in place is refused the same way, in `mul` too.
-    _, row = random_sparse(rng, (1, 4), 0.5)
-    stretched = r"`mul`.*shape \(1, 4\) to \(5, 4\)"
-    with pytest.raises(MaterialisationError, match=stretched):
-        quax.quaxify(lambda a, b: a * b)(row, np.ones((5, 4), np.float32))
