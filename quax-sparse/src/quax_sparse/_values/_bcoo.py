@@ -263,10 +263,11 @@ class BCOO(quax.GuardedValue):
         unique_indices: bool = False,
     ) -> "BCOO":
         """A `BCOO` of entries that the family computed itself (a rule's output, a
-        conversion): the layout is consistent and every index is in `[0, n]` by
-        construction, so the checks of user input are skipped (on every rule's
-        output they would read traced indices again, or copy concrete ones to the
-        host)."""
+        conversion): the layout is consistent and the indices are already read
+        (positions in `[0, n)`, padding at `n` where the family writes it, or out
+        of bounds where a traced index put it), so the checks of user input are
+        skipped (on every rule's output they would wrap traced indices again, or
+        copy concrete ones to the host)."""
         out = object.__new__(cls)
         fields = {
             "data": data,
