@@ -1,5 +1,5 @@
-"""Shared helpers: random sparse arrays with an independent dense twin, and a
-comparison of a quaxified function with the dense one."""
+"""Shared helpers: a small literal matrix, random sparse arrays with an independent
+dense twin, and a comparison of a quaxified function with the dense one."""
 
 from collections.abc import Callable
 from typing import Any
@@ -11,6 +11,10 @@ import numpy as np
 import quax
 import quax.testing
 from quax_sparse import BCOO
+
+
+DENSE = np.array([[0.0, 1.5, 0.0, 0.0], [2.0, 0.0, 0.0, -1.0], [0.0, 0.0, 0.0, 3.0]])
+"""A 3 x 4 matrix with four nonzeros, for the tests that need a small literal."""
 
 
 def random_sparse(

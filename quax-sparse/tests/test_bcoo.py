@@ -1,4 +1,6 @@
-"""The value types: construction, checks, conversions, `sum_duplicates`, refusals."""
+"""The value type `BCOO`: construction and its checks, how indices are read
+(negative ones, padding), `fromdense`, `todense`, `sum_duplicates`, and the
+conversions to and from `jax.experimental.sparse` and scipy."""
 
 import jax
 import jax.numpy as jnp
@@ -7,11 +9,8 @@ import pytest
 import quax
 import scipy.sparse
 from jax.experimental import sparse as jsparse
-from quax_sparse import BCOO, CSR, MaterialisationError, fromdense
-from sparse_helpers import assert_close, random_sparse
-
-
-DENSE = np.array([[0.0, 1.5, 0.0, 0.0], [2.0, 0.0, 0.0, -1.0], [0.0, 0.0, 0.0, 3.0]])
+from quax_sparse import BCOO, CSR, fromdense
+from sparse_helpers import DENSE, assert_close, random_sparse
 
 
 def test_published_constructor_and_fields():
@@ -47,13 +46,69 @@ def test_float_indices_refused():
         BCOO(jnp.zeros(2), jnp.zeros((2, 1)), (3,))
 
 
-def test_materialise_refuses_with_published_message():
-    x = fromdense(DENSE, nse=4)
-    with pytest.raises(RuntimeError, match="Refusing to materialise sparse matrix"):
-        x.materialise()
-    with pytest.raises(MaterialisationError, match="allow_materialise=True"):
-        x.materialise()
-    assert_close(x.enable_materialise().materialise(), DENSE)
+@pytest.mark.parametrize("shape", [(-3, 3), (2.5, 3), (True, 3), 3, ("a", 3)])
+def test_shape_of_non_negative_integers(shape):
+    with pytest.raises(ValueError, match="`BCOO` needs `shape`"):
+        BCOO(jnp.ones(1), jnp.zeros((1, 2), jnp.int32), shape)
+    with pytest.raises(ValueError, match="`CSR` needs `shape`"):
+        CSR(jnp.ones(1), jnp.zeros(1, jnp.int32), jnp.array([0, 1, 1, 1]), shape)
+
+
+def test_shape_accepts_numpy_integers():
+    x = BCOO(jnp.ones(1), jnp.zeros((1, 2), jnp.int32), (np.int64(2), np.int32(3)))
+    assert x.shape == (2, 3) and all(type(n) is int for n in x.shape)
+
+
+# Index conventions: negative indices count from the end, `n` is padding -----------
+
+
+def test_negative_indices_count_from_the_end():
+    # As NumPy indexing and jax.experimental.sparse read them: -1 is the last row.
+    data, indices = jnp.array([1.0, 2.0]), jnp.array([[0, -1], [1, 0]])
+    want = np.array([[0.0, 1.0], [2.0, 0.0]])
+    np.testing.assert_array_equal(
+        jsparse.BCOO((data, indices), shape=(2, 2)).todense(), want
+    )
+    x = BCOO(data, indices, (2, 2))
+    np.testing.assert_array_equal(np.asarray(x.indices), [[0, 1], [1, 0]])
+    np.testing.assert_array_equal(x.todense(), want)
+    np.testing.assert_array_equal(x.to_jax().todense(), want)
+    np.testing.assert_array_equal(x.to_scipy().toarray(), want)
+    matvec = quax.quaxify(lambda a, v: a @ v)
+    np.testing.assert_array_equal(matvec(x, jnp.array([1.0, 10.0])), [10.0, 2.0])
+    # Traced indices (built under jit) read the same.
+    traced = jax.jit(lambda d, i: BCOO(d, i, (2, 2)).todense())(data, indices)
+    np.testing.assert_array_equal(traced, want)
+    sin_matvec = quax.quaxify(lambda a, v: jnp.sin(a) @ v)
+    sin = jax.jit(lambda d, i, v: sin_matvec(BCOO(d, i, (2, 2)), v))
+    np.testing.assert_allclose(
+        sin(data, indices, jnp.array([1.0, 10.0])), [10 * np.sin(1.0), np.sin(2.0)]
+    )
+    # A batched BCOO: the index counts from the end of its own dimension.
+    b = BCOO(jnp.array([[1.0], [2.0]]), jnp.array([[[-3]], [[-1]]]), (2, 3))
+    np.testing.assert_array_equal(b.todense(), [[1.0, 0, 0], [0, 0, 2.0]])
+
+
+@pytest.mark.parametrize(
+    ("indices", "match"),
+    [
+        ([[0, 3], [1, 0]], r"`indices\[0, 1\]` = 3 for a dimension of size 2"),
+        ([[0, 0], [-3, 0]], r"`indices\[1, 0\]` = -3 for a dimension of size 2"),
+    ],
+)
+def test_indices_outside_the_dimension_refused(indices, match):
+    with pytest.raises(ValueError, match=match):
+        BCOO(jnp.ones(2), jnp.array(indices), (2, 2))
+
+
+def test_index_equal_to_the_size_is_padding():
+    x = BCOO(jnp.array([1.0, 5.0, 7.0]), jnp.array([[0, 1], [2, 0], [1, 2]]), (2, 2))
+    np.testing.assert_array_equal(x.todense(), [[0, 1.0], [0, 0]])
+    np.testing.assert_array_equal(x.to_jax().todense(), [[0, 1.0], [0, 0]])
+    np.testing.assert_array_equal(x.to_scipy().toarray(), [[0, 1.0], [0, 0]])
+
+
+# fromdense, todense, sum_duplicates -----------------------------------------------
 
 
 def test_fromdense_roundtrip_sorted_and_padded():
@@ -127,55 +182,7 @@ def test_sum_duplicates_batched():
     assert_close(y.sum_duplicates().todense(), 2 * dense)
 
 
-def test_csr_roundtrip():
-    rng = np.random.default_rng(1)
-    dense, x = random_sparse(rng, (7, 5), 0.3, extra_nse=2)
-
-    @jax.jit
-    def roundtrip(x):
-        c = CSR.from_bcoo(x)
-        b = c.to_bcoo()
-        return c, c.todense(), b, b.todense(), CSR.fromdense(dense, nse=40).todense()
-
-    c, c_dense, b, b_dense, from_dense = roundtrip(x)
-    # Rows in order, columns within a row not: no promise of row-major order.
-    assert c.indptr.shape == (8,) and not b.indices_sorted
-    assert_close(c_dense, dense)
-    assert_close(b_dense, dense)
-    assert_close(from_dense, dense)
-    with pytest.raises(ValueError, match="without batch dimensions"):
-        CSR.from_bcoo(fromdense(np.ones((2, 2, 2)), nse=4, n_batch=1))
-    with pytest.raises(ValueError, match="indptr"):
-        CSR(jnp.zeros(2), jnp.zeros(2, jnp.int32), jnp.zeros(3, jnp.int32), (3, 3))
-    with pytest.raises(MaterialisationError, match="Refusing to materialise"):
-        c.materialise()
-    assert_close(jax.jit(lambda c: c.enable_materialise().materialise())(c), dense)
-
-
-def test_batched_csr():
-    rng = np.random.default_rng(2)
-    dense, x = random_sparse(rng, (3, 4, 5), 0.4, n_batch=1)
-    c = jax.vmap(CSR.from_bcoo)(x)  # a batch of matrices: leaves stacked
-    assert c.shape == (3, 4, 5) and c.n_batch == 1 and c.indptr.shape == (3, 5)
-    assert_close(c.todense(), dense)
-    b = c.to_bcoo()
-    assert b.n_batch == 1
-    assert_close(b.todense(), dense)
-    v = rng.normal(size=(3, 5)).astype(np.float32)
-    out = jax.jit(quax.quaxify(lambda a, v: jnp.einsum("bij,bj->bi", jnp.sin(a), v)))(
-        c, v
-    )
-    assert_close(out, np.einsum("bij,bj->bi", np.sin(dense), v))
-    rebuilt = CSR(c.data, c.indices, c.indptr, (3, 4, 5))
-    assert_close(rebuilt.todense(), dense)
-    with pytest.raises(ValueError, match="indptr"):
-        CSR(c.data, c.indices, c.indptr[:2], (3, 4, 5))
-    with pytest.raises(ValueError, match="same shape"):
-        CSR(c.data, c.indices, c.indptr, (2, 4, 5))
-    with pytest.raises(ValueError, match="holds matrices"):
-        CSR(c.data[0], c.indices[0], c.indptr[0], (5,))
-    with pytest.raises(ValueError, match=r"scipy\.sparse holds matrices"):
-        c.to_scipy()
+# Conversions ----------------------------------------------------------------------
 
 
 def test_jax_experimental_sparse_roundtrip():
@@ -187,6 +194,58 @@ def test_jax_experimental_sparse_roundtrip():
     assert_close(back.todense(), DENSE)
     with pytest.raises(ValueError, match="n_dense=0"):
         BCOO.from_jax(jsparse.BCOO.fromdense(DENSE, n_dense=1))
+
+
+def _jsparse_matrices():
+    """Matrices built by jax.experimental.sparse, each with its dense array."""
+    padded = jsparse.BCOO.fromdense(DENSE, nse=8)
+    batched = jsparse.BCOO.fromdense(np.stack([DENSE, -DENSE]), nse=6, n_batch=1)
+    # Duplicates, negative indices, and entries jsparse ignores (outside [-n, n)).
+    odd = jsparse.BCOO(
+        (
+            jnp.array([1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0]),
+            jnp.array(
+                [[0, -1], [1, 0], [0, 3], [-4, 0], [3, 1], [0, -1], [-3, -4], [0, 5]]
+            ),
+        ),
+        shape=(3, 4),
+    )
+    summed = jsparse.bcoo_sum_duplicates(
+        jsparse.BCOO(
+            (jnp.array([1.0, 2.0, 3.0]), jnp.array([[1, 1], [0, 2], [1, 1]])),
+            shape=(2, 3),
+        ),
+        nse=4,
+    )
+    return {"padded": padded, "batched": batched, "odd": odd, "summed": summed}
+
+
+@pytest.mark.parametrize("name", ["padded", "batched", "odd", "summed"])
+def test_from_jax_and_back_keep_every_jsparse_matrix(name):
+    j = _jsparse_matrices()[name]
+    want = np.asarray(j.todense())
+    x = BCOO.from_jax(j)
+    np.testing.assert_array_equal(x.todense(), want)
+    np.testing.assert_array_equal(x.to_jax().todense(), want)
+    np.testing.assert_array_equal(BCOO.from_jax(x.to_jax()).todense(), want)
+    np.testing.assert_array_equal(
+        jax.jit(lambda j: BCOO.from_jax(j).todense())(j), want
+    )
+    v = np.arange(1.0, 1.0 + j.shape[-1], dtype=np.float32)
+    np.testing.assert_allclose(
+        quax.quaxify(lambda a, v: a @ v)(x, v), want @ v, rtol=1e-6
+    )
+    # The rebuilt BCOO reads its own indices the same way.
+    again = BCOO(x.data, x.indices, x.shape)
+    np.testing.assert_array_equal(again.todense(), want)
+
+
+def test_from_jax_keeps_the_flags_where_no_index_changes():
+    j = jsparse.BCOO.fromdense(DENSE, nse=8)
+    x = BCOO.from_jax(j)
+    assert x.indices_sorted and x.unique_indices
+    odd = BCOO.from_jax(_jsparse_matrices()["odd"])
+    assert not odd.indices_sorted and not odd.unique_indices
 
 
 def test_scipy_roundtrip():
@@ -202,7 +261,3 @@ def test_scipy_roundtrip():
     assert_close(c.to_scipy().toarray(), dense)
     with pytest.raises(ValueError, match="matrices"):
         fromdense(np.ones(3), nse=3).to_scipy()
-
-
-def test_is_quax_examples_sparse():
-    assert quax.examples.sparse.BCOO is BCOO

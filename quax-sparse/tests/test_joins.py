@@ -84,3 +84,26 @@ def test_a_different_nse_still_does_not_join():
     loop = lambda a: lax.fori_loop(0, 3, lambda i, c: c + a, a)
     with pytest.raises(quax.JoinError, match=r"loop carry `c`.*Refusing to mat"):
         quax.quaxify(loop)(x)
+
+
+def test_carry_of_a_bcoo_batched_over_its_leaves():
+    # Stacking the leaves of two BCOOs gives a batch whose `_shape` is one
+    # element's, while the body's output records the batch's full shape: the
+    # carry joins all the same (it was refused, materialising).
+    rng = np.random.default_rng(3)
+    dense, x = random_sparse(rng, (3, 4), 0.5)
+    twice = BCOO(2 * x.data, x.indices, x.shape)
+    stacked = jax.tree.map(lambda *leaves: jnp.stack(leaves), x, twice)
+    assert stacked.shape == (2, 3, 4)
+
+    def negate_three_times(a):
+        def body(carry):
+            i, c = carry
+            return i + 1, -c
+
+        return lax.while_loop(lambda carry: carry[0] < 3, body, (0, a))[1]
+
+    fn = quax.quaxify(jax.vmap(negate_three_times))
+    for got in (fn(stacked), jax.jit(fn)(stacked)):
+        assert isinstance(got, BCOO)
+        assert_close(got, -np.stack([dense, 2 * dense]))

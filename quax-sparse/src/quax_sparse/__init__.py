@@ -9,8 +9,11 @@ y = quax.quaxify(lambda a, v: a @ v)(a, jnp.ones(1000))
 """
 
 from . import _rules as _rules  # registers the rules
-from ._bcoo import BCOO as BCOO, MaterialisationError as MaterialisationError
-from ._csr import CSR as CSR
+from ._values import (
+    BCOO as BCOO,
+    CSR as CSR,
+    MaterialisationError as MaterialisationError,
+)
 
 
 fromdense = BCOO.fromdense

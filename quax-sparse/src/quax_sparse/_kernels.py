@@ -1,5 +1,11 @@
-"""The sparse kernels: gathers and scatter-adds over the stored entries, never a
-dense array of the sparse operand's shape."""
+"""The sparse kernels, on plain arrays: gathers and scatter-adds over the stored
+entries, merging duplicates, and the products; never a dense array of the sparse
+operand's shape.
+
+A sparse operand comes as a `BCOO` stores it: `data` of shape `(*batch, nse)` and
+`indices` of shape `(*batch, nse, n_sparse)`, each index in `[0, n]` along a
+dimension of size `n` (`n`, or anything outside `[0, n)`, is padding), with its shape
+and what is known of its entries. The value types and the rules wrap the results."""
 
 from collections.abc import Sequence
 from typing import Any
@@ -8,56 +14,92 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import quax
+from jax import lax
 from jaxtyping import Array
-
-from ._bcoo import BCOO, flat_entries, gather, scatter_add
 
 
 __all__ = [
     "dot_sparse_dense",
     "dot_sparse_sparse",
-    "new_like",
+    "flat_entries",
+    "gather",
+    "scatter_add",
     "sum_duplicates",
-    "transpose_matrix",
-    "unbatch",
-    "unique",
     "valid_mask",
 ]
 
 
-def new_like(
-    x: BCOO,
-    data: Array,
-    indices: Array,
-    shape: Sequence[int],
-    *,
-    indices_sorted: bool = False,
-    unique_indices: bool = False,
-) -> BCOO:
-    """A `BCOO` with `x`'s options and the given entries."""
-    return BCOO(
-        data,
-        indices,
-        tuple(shape),
-        x.allow_materialise,
-        indices_sorted=indices_sorted,
-        unique_indices=unique_indices,
+def flat_entries(data: Array, indices: Array) -> tuple[Array, Array]:
+    """Every stored entry of a sparse array (`data` of shape `(*batch, nse)`,
+    `indices` of shape `(*batch, nse, n_sparse)`) with its full position (batch
+    coordinates first): `coords` of shape `(N, ndim)` and `values` of shape `(N,)`,
+    `N = prod(batch) * nse`."""
+    nb = data.ndim - 1
+    if nb == 0:
+        return indices, data
+    batch = data.shape[:-1]
+    grids = jnp.meshgrid(
+        *[jnp.arange(b, dtype=indices.dtype) for b in batch], indexing="ij"
+    )
+    batch_coords = [jnp.broadcast_to(g[..., None], data.shape) for g in grids]
+    coords = jnp.concatenate(
+        [jnp.stack(batch_coords, axis=-1), indices.astype(indices.dtype)], axis=-1
+    )
+    return coords.reshape(-1, nb + indices.shape[-1]), data.reshape(-1)
+
+
+def gather(operand: Array, coords: Array, dims: tuple[int, ...]) -> Array:
+    """`operand` read at `coords` (shape `(N, len(dims))`, positions along `dims`),
+    keeping its other axes whole: shape `(N, *rest)`. Out-of-bounds positions (the
+    padding) read zeros."""
+    rest = [d for d in range(operand.ndim) if d not in dims]
+    slice_sizes = tuple(
+        1 if d in dims else operand.shape[d] for d in range(operand.ndim)
+    )
+    dnums = lax.GatherDimensionNumbers(
+        offset_dims=tuple(range(1, 1 + len(rest))),
+        collapsed_slice_dims=tuple(sorted(dims)),
+        start_index_map=tuple(dims),
+    )
+    return lax.gather(
+        operand,
+        coords,
+        dnums,
+        slice_sizes,
+        mode=lax.GatherScatterMode.FILL_OR_DROP,
+        fill_value=0,
     )
 
 
-def unbatch(x: BCOO) -> BCOO:
-    """`x` with every dimension sparse (`n_batch = 0`): `prod(batch) * nse` entries,
-    the batch coordinates as leading index columns. Order and uniqueness are kept."""
-    if x.n_batch == 0:
-        return x
-    coords, values = flat_entries(x)
-    return new_like(
-        x,
-        values,
+def scatter_add(
+    operand: Array,
+    coords: Array,
+    dims: tuple[int, ...],
+    updates: Array,
+    *,
+    sorted_: bool = False,
+) -> Array:
+    """`operand` plus `updates` (shape `(N, *rest)`) added at `coords` (positions
+    along `dims`; the other axes of `operand` whole). Out-of-bounds positions (the
+    padding) are dropped. `sorted_` promises that `coords` are in row-major order.
+    Bools add as JAX adds them, by logical or (a scatter-max: XLA has no bool
+    scatter-add)."""
+    rest = [d for d in range(operand.ndim) if d not in dims]
+    if not dims:
+        return operand + updates.sum(axis=0).astype(operand.dtype)
+    dnums = lax.ScatterDimensionNumbers(
+        update_window_dims=tuple(range(1, 1 + len(rest))),
+        inserted_window_dims=tuple(sorted(dims)),
+        scatter_dims_to_operand_dims=tuple(dims),
+    )
+    scatter = lax.scatter_max if operand.dtype == jnp.bool_ else lax.scatter_add
+    return scatter(
+        operand,
         coords,
-        x.shape,
-        indices_sorted=x.indices_sorted,
-        unique_indices=x.unique_indices,
+        updates.astype(operand.dtype),
+        dnums,
+        indices_are_sorted=sorted_,
+        mode=lax.GatherScatterMode.FILL_OR_DROP,
     )
 
 
@@ -91,9 +133,9 @@ def _sum_duplicates_one(
     differs = jnp.any(indices[1:] != indices[:-1], axis=-1)
     new = jnp.concatenate([jnp.ones((1,), bool), differs]) & valid
     group = jnp.where(valid, jnp.cumsum(new) - 1, nse)
-    out_data = jax.ops.segment_sum(
-        data, group, num_segments=nse, indices_are_sorted=True
-    )
+    # Bools add by logical or, as JAX adds them (XLA has no bool scatter-add).
+    segment = jax.ops.segment_max if data.dtype == jnp.bool_ else jax.ops.segment_sum
+    out_data = segment(data, group, num_segments=nse, indices_are_sorted=True)
     out_indices = (
         jnp.broadcast_to(fill, (nse, n_sparse))
         .astype(indices.dtype)
@@ -103,43 +145,73 @@ def _sum_duplicates_one(
     return out_data, out_indices
 
 
-def sum_duplicates(x: BCOO, nse: int) -> BCOO:
-    """See [`quax_sparse.BCOO.sum_duplicates`][]."""
-    sparse_shape = x.shape[x.n_batch :]
+def sum_duplicates(
+    data: Array,
+    indices: Array,
+    sparse_shape: Sequence[int],
+    nse: int,
+    *,
+    is_sorted: bool,
+) -> tuple[Array, Array]:
+    """The entries of each batch element merged by position, sorted, padding last
+    (see [`quax_sparse.BCOO.sum_duplicates`][]).
+
+    **Arguments:**
+
+    - `data`, `indices`: the entries, as a `BCOO` stores them.
+    - `sparse_shape`: the sizes of the sparse dimensions.
+    - `nse`: the number of entries of the result per batch element.
+    - `is_sorted`: whether the positions are known to be in row-major order.
+
+    **Returns:**
+
+    `(data, indices)` with `nse` entries per batch element, sorted and unique.
+    """
+    sparse_shape = tuple(sparse_shape)
 
     def one(data: Array, indices: Array) -> tuple[Array, Array]:
-        return _sum_duplicates_one(data, indices, sparse_shape, nse, x.indices_sorted)
+        return _sum_duplicates_one(data, indices, sparse_shape, nse, is_sorted)
 
     f = one
-    for _ in range(x.n_batch):
+    for _ in range(data.ndim - 1):
         f = jax.vmap(f)
-    data, indices = f(x.data, x.indices)
-    return new_like(x, data, indices, x.shape, indices_sorted=True, unique_indices=True)
-
-
-def unique(x: BCOO) -> BCOO:
-    """`x` with no position stored twice (what a nonlinear elementwise function
-    needs): `x` itself when known, else `sum_duplicates` with the same `nse`."""
-    return x if x.unique_indices else sum_duplicates(x, x.nse)
+    return f(data, indices)
 
 
 # dot_general --------------------------------------------------------------------------
 
 
 def dot_sparse_dense(
-    s: BCOO,
+    data: Array,
+    indices: Array,
+    shape: Sequence[int],
     d: Array,
     dimension_numbers: Any,
     *,
     sparse_is_lhs: bool,
     out_dtype: Any,
+    indices_sorted: bool,
 ) -> Array:
     """`dot_general` of a sparse and a dense operand, for any dimension numbers.
 
     Each stored entry reads the slice of `d` at its contracted and batch coordinates
     (a gather, shape `(N, *d_free)`), scales it by its value, and adds it into the
     output at its free and batch coordinates (a scatter-add). The cost is
-    `O(N * prod(d_free))`; the only dense array is the output."""
+    `O(N * prod(d_free))`; the only dense array is the output.
+
+    **Arguments:**
+
+    - `data`, `indices`, `shape`: the sparse operand, as a `BCOO` stores it.
+    - `d`: the dense operand.
+    - `dimension_numbers`: as for `lax.dot_general`.
+    - `sparse_is_lhs`: whether the sparse operand is the left one.
+    - `out_dtype`: the dtype of the product.
+    - `indices_sorted`: whether the sparse positions are in row-major order.
+
+    **Returns:**
+
+    The dense product.
+    """
     (l_contract, r_contract), (l_batch, r_batch) = dimension_numbers
     if sparse_is_lhs:
         s_contract, d_contract, s_batch, d_batch = (
@@ -157,8 +229,8 @@ def dot_sparse_dense(
         )
     s_contract, d_contract = tuple(s_contract), tuple(d_contract)
     s_batch, d_batch = tuple(s_batch), tuple(d_batch)
-    coords, values = flat_entries(s)
-    s_free = tuple(i for i in range(s.ndim) if i not in s_contract + s_batch)
+    coords, values = flat_entries(data, indices)
+    s_free = tuple(i for i in range(len(shape)) if i not in s_contract + s_batch)
     d_free = tuple(i for i in range(d.ndim) if i not in d_contract + d_batch)
     d_read = d_batch + d_contract
     if d_read:
@@ -168,8 +240,8 @@ def dot_sparse_dense(
     contrib = values.astype(out_dtype).reshape(
         (-1,) + (1,) * len(d_free)
     ) * slices.astype(out_dtype)
-    batch_shape = tuple(s.shape[i] for i in s_batch)
-    s_free_shape = tuple(s.shape[i] for i in s_free)
+    batch_shape = tuple(shape[i] for i in s_batch)
+    s_free_shape = tuple(shape[i] for i in s_free)
     d_free_shape = tuple(d.shape[i] for i in d_free)
     nb, nsf, ndf = len(s_batch), len(s_free), len(d_free)
     if sparse_is_lhs:
@@ -179,32 +251,52 @@ def dot_sparse_dense(
         out_shape = batch_shape + d_free_shape + s_free_shape
         out_dims = tuple(range(nb)) + tuple(range(nb + ndf, nb + ndf + nsf))
     write = s_batch + s_free
-    in_order = s.indices_sorted and write == tuple(range(len(write)))
+    in_order = indices_sorted and write == tuple(range(len(write)))
     out = jnp.zeros(out_shape, out_dtype)
     return scatter_add(out, coords[:, write], out_dims, contrib, sorted_=in_order)
 
 
-def _pair_count(a: BCOO, b: BCOO) -> int:
-    """A static bound on the number of products of `a @ b` (matrices): the exact
-    count when the indices are known now, else the worst case."""
+def _pair_count(
+    a_indices: Array,
+    b_indices: Array,
+    shape: tuple[int, int, int],
+    *,
+    a_unique: bool,
+    b_unique: bool,
+) -> int:
+    """A static bound on the number of products of `a @ b` (matrices of shapes
+    `(n, k)` and `(k, m)`, `shape = (n, k, m)`): the exact count when the indices
+    are known now, else the worst case."""
+    n, k, m = shape
+    a_nse, b_nse = a_indices.shape[0], b_indices.shape[0]
     # Through `quax.known_constant`: where quax compiles eager code, the indices are
     # tracers that equation by equation would be known, and the code runs so.
-    ai = quax.known_constant(a.indices, np.size(a.indices))
-    bi = quax.known_constant(b.indices, np.size(b.indices))
+    ai = quax.known_constant(a_indices, np.size(a_indices))
+    bi = quax.known_constant(b_indices, np.size(b_indices))
     if ai is None or bi is None:  # only the worst case is known
-        bound = a.nse * b.nse
-        if b.unique_indices:
-            bound = min(bound, a.nse * b.shape[1])
-        if a.unique_indices:
-            bound = min(bound, b.nse * a.shape[0])
+        bound = a_nse * b_nse
+        if b_unique:
+            bound = min(bound, a_nse * m)
+        if a_unique:
+            bound = min(bound, b_nse * n)
         return bound
-    a_ok = np.all((ai >= 0) & (ai < np.asarray(a.shape)), axis=1)
-    b_ok = np.all((bi >= 0) & (bi < np.asarray(b.shape)), axis=1)
-    per_row = np.bincount(bi[b_ok, 0], minlength=b.shape[0])
+    a_ok = np.all((ai >= 0) & (ai < np.asarray((n, k))), axis=1)
+    b_ok = np.all((bi >= 0) & (bi < np.asarray((k, m))), axis=1)
+    per_row = np.bincount(bi[b_ok, 0], minlength=k)
     return int(per_row[ai[a_ok, 1]].sum())
 
 
-def dot_sparse_sparse(a: BCOO, b: BCOO, out_dtype: Any) -> BCOO:
+def dot_sparse_sparse(
+    a_data: Array,
+    a_indices: Array,
+    b_data: Array,
+    b_indices: Array,
+    shape: tuple[int, int, int],
+    out_dtype: Any,
+    *,
+    a_unique: bool,
+    b_unique: bool,
+) -> tuple[Array, Array]:
     """The matrix product `a @ b` of two sparse matrices (no batch dimensions), as a
     sparse matrix holding one entry per product `a[i, k] * b[k, j]` (duplicates not
     summed; call `sum_duplicates` to merge them).
@@ -213,55 +305,52 @@ def dot_sparse_sparse(a: BCOO, b: BCOO, out_dtype: Any) -> BCOO:
     time, else the static bound `nse(a) * nse(b)`, lowered to `nse(a) * m` when `b`
     has unique indices and to `nse(b) * n` when `a` has: the unused entries are
     padding. Each entry of `a` is paired with the run of `b`'s entries in its column's
-    row (`b` sorted by row once)."""
-    n, k = a.shape
-    m = b.shape[1]
-    count = _pair_count(a, b)
-    index_dtype = jnp.promote_types(a.indices.dtype, b.indices.dtype)
+    row (`b` sorted by row once).
+
+    **Arguments:**
+
+    - `a_data`, `a_indices`, `b_data`, `b_indices`: the two matrices' entries.
+    - `shape`: `(n, k, m)`: `a` is `n x k` and `b` is `k x m`.
+    - `out_dtype`: the dtype of the product.
+    - `a_unique`, `b_unique`: whether each is known to store no position twice.
+
+    **Returns:**
+
+    `(data, indices)` of the `n x m` product.
+    """
+    n, k, m = shape
+    a_nse, b_nse = a_data.shape[0], b_data.shape[0]
+    count = _pair_count(
+        a_indices, b_indices, shape, a_unique=a_unique, b_unique=b_unique
+    )
+    index_dtype = jnp.promote_types(a_indices.dtype, b_indices.dtype)
     fill = jnp.asarray([n, m], index_dtype)
-    if count == 0 or a.nse == 0 or b.nse == 0:
-        return BCOO(
-            jnp.zeros((0,), out_dtype),
-            jnp.zeros((0, 2), index_dtype),
-            (n, m),
-            a.allow_materialise and b.allow_materialise,
-        )
-    a_ok = valid_mask(a.indices, a.shape)
-    b_ok = valid_mask(b.indices, b.shape)
-    b_row = jnp.where(b_ok, b.indices[:, 0], k)
+    if count == 0 or a_nse == 0 or b_nse == 0:
+        return jnp.zeros((0,), out_dtype), jnp.zeros((0, 2), index_dtype)
+    a_ok = valid_mask(a_indices, (n, k))
+    b_ok = valid_mask(b_indices, (k, m))
+    b_row = jnp.where(b_ok, b_indices[:, 0], k)
     order = jnp.argsort(b_row, stable=True)
     b_row_sorted = b_row[order]
     rows = jnp.arange(k, dtype=b_row.dtype)
     start = jnp.searchsorted(b_row_sorted, rows, side="left")
     per_row = jnp.searchsorted(b_row_sorted, rows, side="right") - start
-    a_col = jnp.where(a_ok, a.indices[:, 1], 0)
+    a_col = jnp.where(a_ok, a_indices[:, 1], 0)
     per_entry = jnp.where(a_ok, per_row[a_col], 0)
     ends = jnp.cumsum(per_entry)
     p = jnp.arange(count, dtype=ends.dtype)
-    entry = jnp.minimum(jnp.searchsorted(ends, p, side="right"), a.nse - 1)
+    entry = jnp.minimum(jnp.searchsorted(ends, p, side="right"), a_nse - 1)
     offset = p - (ends[entry] - per_entry[entry])
-    partner = order[jnp.clip(start[a_col[entry]] + offset, 0, b.nse - 1)]
+    partner = order[jnp.clip(start[a_col[entry]] + offset, 0, b_nse - 1)]
     used = p < ends[-1]
     out_indices = jnp.where(
         used[:, None],
-        jnp.stack([a.indices[entry, 0], b.indices[partner, 1]], axis=-1).astype(
+        jnp.stack([a_indices[entry, 0], b_indices[partner, 1]], axis=-1).astype(
             index_dtype
         ),
         fill,
     )
     out_data = jnp.where(
-        used, a.data[entry].astype(out_dtype) * b.data[partner].astype(out_dtype), 0
+        used, a_data[entry].astype(out_dtype) * b_data[partner].astype(out_dtype), 0
     )
-    return BCOO(
-        out_data,
-        out_indices,
-        (n, m),
-        a.allow_materialise and b.allow_materialise,
-    )
-
-
-def transpose_matrix(x: BCOO) -> BCOO:
-    """The transpose of an unbatched sparse matrix (index columns swapped)."""
-    return new_like(
-        x, x.data, x.indices[:, ::-1], x.shape[::-1], unique_indices=x.unique_indices
-    )
+    return out_data, out_indices

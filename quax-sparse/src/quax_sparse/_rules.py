@@ -1,8 +1,8 @@
 """The rules for `BCOO` (and `CSR`, through its `BCOO` form).
 
 Each rule works on the stored entries only. Operations without a rule fall back to
-`BCOO.default`, which refuses (naming the primitive) unless the array allows
-materialising.
+the core's refusing default ([`quax.GuardedValue`][]), which names the primitive
+unless the array allows materialising.
 """
 
 import math
@@ -16,17 +16,15 @@ from jax import lax
 from jax.extend.core import Primitive, primitives as prims
 from jaxtyping import Array, ArrayLike
 
-from ._bcoo import BCOO, flat_entries, gather, scatter_add
-from ._csr import CSR
 from ._kernels import (
     dot_sparse_dense,
     dot_sparse_sparse,
-    new_like,
-    transpose_matrix,
-    unbatch,
-    unique,
+    flat_entries,
+    gather,
+    scatter_add,
     valid_mask,
 )
+from ._values import BCOO, CSR
 
 
 def _fallback(
@@ -35,8 +33,69 @@ def _fallback(
     return quax.fallback_rule(primitive, values)(values, params)
 
 
+# BCOO helpers ------------------------------------------------------------------------
+
+
+def new_like(
+    x: BCOO,
+    data: Array,
+    indices: Array,
+    shape: Sequence[int],
+    *,
+    indices_sorted: bool = False,
+    unique_indices: bool = False,
+) -> BCOO:
+    """A `BCOO` with `x`'s options and the given entries."""
+    return BCOO._from_entries(
+        data,
+        indices,
+        tuple(shape),
+        x.allow_materialise,
+        indices_sorted=indices_sorted,
+        unique_indices=unique_indices,
+    )
+
+
+def unbatch(x: BCOO) -> BCOO:
+    """`x` with every dimension sparse (`n_batch = 0`): `prod(batch) * nse` entries,
+    the batch coordinates as leading index columns. Order and uniqueness are kept."""
+    if x.n_batch == 0:
+        return x
+    coords, values = flat_entries(x.data, x.indices)
+    return new_like(
+        x,
+        values,
+        coords,
+        x.shape,
+        indices_sorted=x.indices_sorted,
+        unique_indices=x.unique_indices,
+    )
+
+
+def unique(x: BCOO) -> BCOO:
+    """`x` with no position stored twice (what a nonlinear elementwise function
+    needs): `x` itself when known, else `sum_duplicates` with the same `nse`."""
+    return x if x.unique_indices else x.sum_duplicates()
+
+
+def transpose_matrix(x: BCOO) -> BCOO:
+    """The transpose of an unbatched sparse matrix (index columns swapped)."""
+    return new_like(
+        x, x.data, x.indices[:, ::-1], x.shape[::-1], unique_indices=x.unique_indices
+    )
+
+
 def _out_dtype(x: Any, y: Any, preferred: Any) -> Any:
     return preferred if preferred is not None else jnp.result_type(x.dtype, y.dtype)
+
+
+def _read_as(x: BCOO, dtype: Any) -> BCOO:
+    """`x`, its duplicates merged first where its stored bools are read as another
+    dtype: bools add by logical or, so two `True`s at one position are one `True`,
+    read as 1, not 2."""
+    if x.dtype == jnp.bool_ and dtype != jnp.bool_:
+        return unique(x)
+    return x
 
 
 # dot_general --------------------------------------------------------------------------
@@ -45,24 +104,34 @@ def _out_dtype(x: Any, y: Any, preferred: Any) -> Any:
 @quax.register(lax.dot_general_p)
 def _(lhs: BCOO, rhs: ArrayLike, *, dimension_numbers: Any, **params: Any) -> Array:
     rhs = jnp.asarray(rhs)
+    out_dtype = _out_dtype(lhs, rhs, params.get("preferred_element_type"))
+    lhs = _read_as(lhs, out_dtype)
     return dot_sparse_dense(
-        lhs,
+        lhs.data,
+        lhs.indices,
+        lhs.shape,
         rhs,
         dimension_numbers,
         sparse_is_lhs=True,
-        out_dtype=_out_dtype(lhs, rhs, params.get("preferred_element_type")),
+        out_dtype=out_dtype,
+        indices_sorted=lhs.indices_sorted,
     )
 
 
 @quax.register(lax.dot_general_p)
 def _(lhs: ArrayLike, rhs: BCOO, *, dimension_numbers: Any, **params: Any) -> Array:
     lhs = jnp.asarray(lhs)
+    out_dtype = _out_dtype(lhs, rhs, params.get("preferred_element_type"))
+    rhs = _read_as(rhs, out_dtype)
     return dot_sparse_dense(
-        rhs,
+        rhs.data,
+        rhs.indices,
+        rhs.shape,
         lhs,
         dimension_numbers,
         sparse_is_lhs=False,
-        out_dtype=_out_dtype(lhs, rhs, params.get("preferred_element_type")),
+        out_dtype=out_dtype,
+        indices_sorted=rhs.indices_sorted,
     )
 
 
@@ -72,13 +141,25 @@ def _(lhs: BCOO, rhs: BCOO, *, dimension_numbers: Any, **params: Any) -> Any:
     if lhs.ndim != 2 or rhs.ndim != 2 or len(l_contract) != 1 or l_batch or r_batch:
         params = dict(params, dimension_numbers=dimension_numbers)
         return _fallback(lax.dot_general_p, (lhs, rhs), params)
-    a, b = unbatch(lhs), unbatch(rhs)
+    out_dtype = _out_dtype(lhs, rhs, params.get("preferred_element_type"))
+    a, b = unbatch(_read_as(lhs, out_dtype)), unbatch(_read_as(rhs, out_dtype))
     if l_contract[0] == 0:
         a = transpose_matrix(a)
     if r_contract[0] == 1:
         b = transpose_matrix(b)
-    out_dtype = _out_dtype(lhs, rhs, params.get("preferred_element_type"))
-    return dot_sparse_sparse(a, b, out_dtype)
+    (n, k), m = a.shape, b.shape[1]
+    data, indices = dot_sparse_sparse(
+        a.data,
+        a.indices,
+        b.data,
+        b.indices,
+        (n, k, m),
+        out_dtype,
+        a_unique=a.unique_indices,
+        b_unique=b.unique_indices,
+    )
+    allow = a.allow_materialise and b.allow_materialise
+    return BCOO._from_entries(data, indices, (n, m), allow)
 
 
 # Elementwise with f(0) = 0 ------------------------------------------------------------
@@ -120,8 +201,10 @@ def _(x: BCOO, *, y: int, **params: Any) -> Any:
 @quax.register(prims.convert_element_type_p)
 def _(x: BCOO, *, new_dtype: Any, **params: Any) -> BCOO:
     # Conversion to a floating type is exact enough to apply to duplicates one by one;
-    # to an integer or bool it rounds, so it needs unique entries. The output's
-    # sharding (for the dense shape) does not apply to `data`.
+    # to an integer or bool it rounds, so it needs unique entries, and so does a
+    # conversion from bool (`_read_as`). The output's sharding (for the dense shape)
+    # does not apply to `data`.
+    x = _read_as(x, new_dtype)
     params = dict(params, new_dtype=new_dtype, sharding=None)
     linear = bool(jnp.issubdtype(new_dtype, jnp.inexact))
     return _on_data(prims.convert_element_type_p, x, params, linear=linear)
@@ -138,9 +221,39 @@ def _(x: BCOO, **params: Any) -> BCOO:
 def _broadcasts(x: BCOO, other: Any) -> bool:
     """Whether `x` would be broadcast by a binary operation with `other` (`lax` lets
     an axis of size 1 meet a longer one): no rule stretches a sparse operand, so
-    those cases go to the fallback."""
+    those cases go to `_broadcast_fallback`."""
     other_shape = other.shape if isinstance(other, BCOO) else np.shape(other)
     return tuple(np.broadcast_shapes(x.shape, other_shape)) != x.shape
+
+
+def _broadcast_fallback(
+    primitive: Primitive, values: Sequence[Any], params: dict[str, Any]
+) -> Any:
+    """A binary operation that would broadcast a sparse operand (stretch an axis of
+    size 1 to a longer one, as `jnp.add` of a `(2, 5)` and a `(3, 2, 5)` array asks
+    of `lax.add`). quax-sparse never broadcasts a sparse operand implicitly: every
+    stored entry would be copied along each stretched axis. So the operation is
+    refused, saying the way out, unless the stretched operand allows materialising
+    (then the fallback computes it densely)."""
+    shapes = [np.shape(v) if not isinstance(v, BCOO) else v.shape for v in values]
+    shape = tuple(np.broadcast_shapes(*shapes))
+    for value in values:
+        if (
+            isinstance(value, BCOO)
+            and value.shape != shape
+            and not value.allow_materialise
+        ):
+            types = ", ".join(type(v).__qualname__ for v in values)
+            raise value.materialisation_error(
+                f"Refusing to materialise `BCOO` for primitive `{primitive.name}` on "
+                f"input types ({types}): it would broadcast the BCOO of shape "
+                f"{value.shape} to {shape}, and quax-sparse never broadcasts a sparse "
+                "operand implicitly (each stored entry would be copied along every "
+                "stretched axis). Give the operands the same shape first: "
+                f"`jnp.broadcast_to(x, {shape})` keeps a sparse `x` sparse where it "
+                "only adds leading axes. " + value.way_out(primitive)
+            )
+    return _fallback(primitive, values, params)
 
 
 def _scale(
@@ -149,13 +262,13 @@ def _scale(
     """`x * y` or `x / y` (`y * x` if `y_first`) for a dense `y`: `y` read at the
     stored entries only."""
     if _broadcasts(x, y):
-        return _fallback(primitive, (y, x) if y_first else (x, y), params)
+        return _broadcast_fallback(primitive, (y, x) if y_first else (x, y), params)
     y = jnp.asarray(y)
     # Axes of `y` of size 1 where `x` is longer broadcast: not read along.
     read = tuple(d for d in range(y.ndim) if y.shape[d] == x.shape[d])
     y = y.reshape([y.shape[d] for d in read])
     if read:
-        coords, _ = flat_entries(x)
+        coords, _ = flat_entries(x.data, x.indices)
         factor = gather(y, coords[:, read], tuple(range(len(read))))
         factor = factor.reshape(x.data.shape)
     else:
@@ -187,6 +300,18 @@ def _(x: BCOO, y: ArrayLike, **params: Any) -> Any:
     return _scale(prims.div_p, x, y, False, params)
 
 
+# `and` with a dense array keeps zeros (`jnp.multiply` of bools binds it). It is not
+# linear in the stored values (bitwise on integers), so duplicates merge first.
+@quax.register(prims.and_p)
+def _(x: BCOO, y: ArrayLike, **params: Any) -> Any:
+    return _scale(prims.and_p, unique(x), y, False, params)
+
+
+@quax.register(prims.and_p)
+def _(x: ArrayLike, y: BCOO, **params: Any) -> Any:
+    return _scale(prims.and_p, unique(y), x, True, params)
+
+
 def _concat(x: BCOO, y: BCOO) -> BCOO:
     """The entries of both (the sparse sum), with the same batching."""
     if x.n_batch != y.n_batch:
@@ -196,13 +321,15 @@ def _concat(x: BCOO, y: BCOO) -> BCOO:
     indices = jnp.concatenate(
         [x.indices.astype(index_dtype), y.indices.astype(index_dtype)], axis=-2
     )
-    return BCOO(data, indices, x.shape, x.allow_materialise and y.allow_materialise)
+    return BCOO._from_entries(
+        data, indices, x.shape, x.allow_materialise and y.allow_materialise
+    )
 
 
 def _add_into_dense(x: BCOO, y: ArrayLike, sign: int) -> Array:
     """`y + sign * x` as a dense array (the sum has `y`'s density)."""
     y = jnp.broadcast_to(jnp.asarray(y), x.shape)
-    coords, values = flat_entries(x)
+    coords, values = flat_entries(x.data, x.indices)
     values = values if sign > 0 else -values
     return scatter_add(y, coords, tuple(range(x.ndim)), values)
 
@@ -211,7 +338,7 @@ def _sum(primitive: Primitive, x: Any, y: Any, params: dict[str, Any]) -> Any:
     """`x + y` or `x - y` (`sub`), one operand sparse at least: sparse if both are
     (entries concatenated), else dense (a scatter-add into the dense one)."""
     if any(isinstance(v, BCOO) and _broadcasts(v, w) for v, w in [(x, y), (y, x)]):
-        return _fallback(primitive, (x, y), params)
+        return _broadcast_fallback(primitive, (x, y), params)
     sign = -1 if primitive is prims.sub_p else 1
     if isinstance(x, BCOO) and isinstance(y, BCOO):
         if sign < 0:
@@ -265,7 +392,7 @@ def _(x: BCOO, *, axes: Sequence[int], **params: Any) -> Any:
     axes = tuple(axes)
     keep = tuple(i for i in range(x.ndim) if i not in axes)
     out_shape = tuple(x.shape[i] for i in keep)
-    coords, values = flat_entries(x)
+    coords, values = flat_entries(x.data, x.indices)
     if math.prod(out_shape) <= values.shape[0]:
         # A summed-out axis holding padding (out of bounds) must stay padding.
         ok = valid_mask(coords[:, axes], [x.shape[a] for a in axes])
@@ -401,8 +528,11 @@ def _(x: BCOO, *, dimensions: Sequence[int], **params: Any) -> BCOO:
         data, indices = lax.rev(data, batch_dims), lax.rev(indices, batch_dims)
     for d in dimensions:
         if d >= nb:
-            c = d - nb
-            indices = indices.at[..., c].set(x.shape[d] - 1 - indices[..., c])
+            # Padding (an index outside [0, n)) stays where it is.
+            c, n = d - nb, x.shape[d]
+            column = indices[..., c]
+            flipped = jnp.where((column >= 0) & (column < n), n - 1 - column, column)
+            indices = indices.at[..., c].set(flipped)
     return new_like(x, data, indices, x.shape, unique_indices=x.unique_indices)
 
 
@@ -476,21 +606,23 @@ def _(
 def _(*operands: BCOO, dimension: int, **params: Any) -> BCOO:
     # Entries of every operand, the concatenated axis's index shifted by the sizes
     # of the operands before it (batch axes become sparse ones first).
+    # Padding goes to the concatenated axis's size (the padding index of the result).
     parts = [unbatch(x) for x in operands]
+    total = sum(x.shape[dimension] for x in parts)
     offset = 0
     data, indices = [], []
     index_dtype = jnp.result_type(*(x.indices.dtype for x in parts))
     for x in parts:
         shifted = x.indices.astype(index_dtype)
         ok = valid_mask(shifted, x.shape)
-        column = jnp.where(ok, shifted[:, dimension] + offset, -1)
+        column = jnp.where(ok, shifted[:, dimension] + offset, total)
         data.append(jnp.where(ok, x.data, 0))
         indices.append(shifted.at[:, dimension].set(column))
         offset += x.shape[dimension]
     shape = list(parts[0].shape)
-    shape[dimension] = offset
+    shape[dimension] = total
     out = jnp.concatenate(data).astype(jnp.result_type(*(x.dtype for x in parts)))
-    return BCOO(
+    return BCOO._from_entries(
         out,
         jnp.concatenate(indices),
         tuple(shape),

@@ -8,15 +8,23 @@ import jax.core
 import jax.numpy as jnp
 import numpy as np
 import quax
+from jax.extend.core import Primitive
 from jaxtyping import Array, ArrayLike
 
-from ._bcoo import BCOO, MaterialisationError
+from ._bcoo import (
+    BCOO,
+    EXPLICIT_WAY_OUT,
+    MaterialisationError,
+    checked_shape,
+    refusal_reason,
+    wrapped_indices,
+)
 
 
 __all__ = ["CSR"]
 
 
-class CSR(quax.ArrayValue):
+class CSR(quax.GuardedValue):
     """A sparse matrix in compressed-sparse-row format (as scipy's `csr_array`), or a
     batch of them.
 
@@ -30,13 +38,16 @@ class CSR(quax.ArrayValue):
     Inside [`quax.quaxify`][] a `CSR` behaves as the [`quax_sparse.BCOO`][] it
     converts to (an `O(nse)` row expansion, no sort): every primitive with a sparse
     rule for `BCOO` works, and gives what that rule gives (a `BCOO` where the result is
-    sparse).
+    sparse); the others refuse as for `BCOO`. It follows the core's materialisation
+    policy ([`quax.GuardedValue`][]), with its own `default`: the conversion.
 
     **Fields:**
 
     - `data`: shape `(*batch, nse)`.
     - `indices`: the column of each entry, shape `(*batch, nse)`.
-    - `indptr`: shape `(*batch, n_rows + 1)`, non-decreasing, `indptr[..., 0] = 0`.
+    - `indptr`: shape `(*batch, n_rows + 1)`, non-decreasing, `indptr[..., 0] = 0`,
+        `indptr[..., -1] <= nse` (the entries from there on are padding), integers.
+        Concrete values are checked at construction.
     - `_shape`: the shape given to `__init__` (the `shape` property takes the batch
         sizes from `data`).
     - `allow_materialise`: as for `BCOO`.
@@ -46,9 +57,11 @@ class CSR(quax.ArrayValue):
     indices: Array
     indptr: Array
     _shape: tuple[int, ...] = eqx.field(static=True)
-    allow_materialise: bool = eqx.field(static=True)
 
     linear_in_leaves: ClassVar[bool] = True
+    materialisation_error: ClassVar[type[quax.MaterialisationError]] = (
+        MaterialisationError
+    )
 
     def __init__(
         self,
@@ -60,35 +73,108 @@ class CSR(quax.ArrayValue):
     ):
         """**Arguments:**
 
-        - `data`, `indices`, `indptr`: as above.
-        - `shape`: `(*batch, n_rows, n_cols)`.
+        - `data`, `indices`, `indptr`: as above. A column index `i` in `[-n_cols,
+            0)` counts from the end (stored wrapped, `i + n_cols`), and
+            `i = n_cols` marks padding, as for [`quax_sparse.BCOO`][]; concrete
+            column indices outside `[-n_cols, n_cols]` are refused.
+        - `shape`: `(*batch, n_rows, n_cols)`, non-negative integers.
         - `allow_materialise`: whether an operation without a sparse rule may form the
             dense matrix.
         """
         self.data = jnp.asarray(data)
-        self.indices = jnp.asarray(indices)
+        indices = jnp.asarray(indices)
         self.indptr = jnp.asarray(indptr)
-        self._shape = tuple(int(n) for n in shape)
+        self._shape = checked_shape("CSR", shape)
+        self._check_layout(indices)
+        self._check_indptr()
+        self.indices = wrapped_indices("CSR", indices, self._shape[-1])
         self.allow_materialise = allow_materialise
 
-    def __check_init__(self) -> None:
+    def _check_layout(self, indices: Array) -> None:
+        """The shapes of `data`, `indices` and `indptr` against `shape`."""
         if len(self._shape) < 2:
             raise ValueError(
                 f"`CSR` holds matrices (shape (*batch, n_rows, n_cols)); got shape "
                 f"{self._shape}."
             )
         batch, (n_rows, _) = self._shape[:-2], self._shape[-2:]
-        if self.data.shape[:-1] != batch or self.indices.shape != self.data.shape:
+        if self.data.shape[:-1] != batch or indices.shape != self.data.shape:
             raise ValueError(
                 f"`CSR` of shape {self._shape} needs `data` and `indices` of the same "
                 f"shape {(*batch, 'nse')}; got {self.data.shape} and "
-                f"{self.indices.shape}."
+                f"{indices.shape}."
             )
         if self.indptr.shape != (*batch, n_rows + 1):
             raise ValueError(
                 f"`CSR` of shape {self._shape} needs `indptr` of shape "
                 f"{(*batch, n_rows + 1)}; got {self.indptr.shape}."
             )
+        for name, array in (("indices", indices), ("indptr", self.indptr)):
+            if not jnp.issubdtype(array.dtype, jnp.integer):
+                raise ValueError(
+                    f"`CSR` {name} must be integers, got dtype {array.dtype}."
+                )
+
+    def _check_indptr(self) -> None:
+        """Concrete `indptr` values: each matrix's `indptr` starts at 0, never
+        decreases, and ends at most at `nse` (the entries from `indptr[-1]` on are
+        padding). Traced values (under `jit`) cannot be checked."""
+        if isinstance(self.indptr, jax.core.Tracer):
+            return
+        indptr = np.asarray(self.indptr)
+
+        def where(position: tuple[int, ...]) -> str:
+            return ", ".join(map(str, position))
+
+        start = indptr[..., 0]
+        if np.any(start != 0):
+            position = (*np.argwhere(start != 0)[0], 0)
+            raise ValueError(
+                f"`CSR` needs `indptr` to start at 0 (row 0 starts at entry 0); got "
+                f"`indptr[{where(position)}]` = {int(indptr[position])}."
+            )
+        steps = np.diff(indptr, axis=-1)
+        if np.any(steps < 0):
+            *batch, row = np.argwhere(steps < 0)[0]
+            before, after = (*batch, row), (*batch, row + 1)
+            raise ValueError(
+                "`CSR` needs `indptr` to be non-decreasing (row `i` holds the entries "
+                f"`indptr[i]:indptr[i + 1]`); got `indptr[{where(before)}]` = "
+                f"{int(indptr[before])} > `indptr[{where(after)}]` = "
+                f"{int(indptr[after])}."
+            )
+        end = indptr[..., -1]
+        if np.any(end > self.nse):
+            position = (*np.argwhere(end > self.nse)[0], indptr.shape[-1] - 1)
+            raise ValueError(
+                f"`CSR` needs `indptr` to end at most at the number of stored entries "
+                f"(nse = {self.nse}; the entries from `indptr[-1]` on are padding); "
+                f"got `indptr[{where(position)}]` = {int(indptr[position])}."
+            )
+
+    @classmethod
+    def _from_entries(
+        cls,
+        data: Array,
+        indices: Array,
+        indptr: Array,
+        shape: tuple[int, ...],
+        allow_materialise: bool = False,
+    ) -> "CSR":
+        """A `CSR` that the family computed itself (a conversion): consistent and
+        in range by construction, so the checks of user input are skipped (see
+        `BCOO._from_entries`)."""
+        out = object.__new__(cls)
+        fields = {
+            "data": data,
+            "indices": indices,
+            "indptr": indptr,
+            "_shape": tuple(shape),
+            "allow_materialise": allow_materialise,
+        }
+        for name, value in fields.items():
+            object.__setattr__(out, name, value)
+        return out
 
     @property
     def nse(self) -> int:
@@ -122,18 +208,26 @@ class CSR(quax.ArrayValue):
         A [`quax_sparse.BCOO`][] with `n_batch` batch dimensions. It does not
         promise `indices_sorted` (the columns within a row may be in any order).
         """
-        n_rows = self._shape[-2]
+        n_rows, n_cols = self._shape[-2:]
+
+        def stored(indptr: Array) -> Array:
+            position = jnp.arange(self.nse, dtype=indptr.dtype)
+            return position < indptr[-1]
 
         def rows(indptr: Array) -> Array:
             position = jnp.arange(self.nse, dtype=indptr.dtype)
-            row = jnp.searchsorted(indptr, position, side="right") - 1
-            return jnp.where(position < indptr[-1], row, n_rows)
+            return jnp.searchsorted(indptr, position, side="right") - 1
 
         for _ in range(self.n_batch):
-            rows = jax.vmap(rows)
-        row = rows(self.indptr).astype(self.indices.dtype)
-        indices = jnp.stack([row, self.indices], axis=-1)
-        return BCOO(self.data, indices, self.shape, self.allow_materialise)
+            rows, stored = jax.vmap(rows), jax.vmap(stored)
+        # Padding (the entries from `indptr[-1]` on) at index (n_rows, n_cols).
+        keep = stored(self.indptr)
+        row = jnp.where(keep, rows(self.indptr), n_rows).astype(self.indices.dtype)
+        column = jnp.where(keep, self.indices, n_cols)
+        indices = jnp.stack([row, column], axis=-1)
+        return BCOO._from_entries(
+            self.data, indices, self.shape, self.allow_materialise
+        )
 
     @classmethod
     def from_bcoo(cls, x: BCOO) -> "CSR":
@@ -161,7 +255,9 @@ class CSR(quax.ArrayValue):
         data = jnp.where(rows < n_rows, data, 0)
         bounds = jnp.arange(n_rows + 1, dtype=rows.dtype)
         indptr = jnp.searchsorted(rows, bounds, side="left").astype(x.indices.dtype)
-        return cls(data, cols, indptr, (n_rows, n_cols), x.allow_materialise)
+        return cls._from_entries(
+            data, cols, indptr, (n_rows, n_cols), x.allow_materialise
+        )
 
     @classmethod
     def fromdense(
@@ -217,19 +313,14 @@ class CSR(quax.ArrayValue):
         """The dense matrix (an explicit request, always allowed)."""
         return self.to_bcoo().todense()
 
-    def materialise(self) -> Array:
-        if not self.allow_materialise:
-            raise MaterialisationError(
-                "Refusing to materialise sparse matrix with `allow_materialise=False` "
-                f"(CSR of shape {self.shape}, nse {self.nse}). Pass "
-                "allow_materialise=True to CSR (or call .enable_materialise()) to "
-                "allow it, or call .todense() to densify explicitly."
-            )
+    def dense(self) -> Array:
         return self.todense()
 
-    def enable_materialise(self, allow_materialise: bool = True) -> "CSR":
-        """A copy of this matrix with `allow_materialise` set as given."""
-        return CSR(self.data, self.indices, self.indptr, self.shape, allow_materialise)
+    def refusal_reason(self) -> str:
+        return refusal_reason(self.aval(), self.data.size)
+
+    def way_out(self, primitive: Primitive | None = None) -> str:
+        return super().way_out(primitive) + EXPLICIT_WAY_OUT
 
     @staticmethod
     def default(primitive: Any, values: Any, params: dict[str, Any]) -> Any:

@@ -1,0 +1,556 @@
+"""The value type `BCOO`: a sparse array in batch-coordinate format."""
+
+import math
+import operator
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+import equinox as eqx
+import jax
+import jax.core
+import jax.numpy as jnp
+import numpy as np
+import quax
+from jax.extend.core import Primitive
+from jaxtyping import Array, ArrayLike
+
+from .._kernels import flat_entries, gather, scatter_add, sum_duplicates
+
+
+__all__ = ["BCOO", "MaterialisationError"]
+
+
+class MaterialisationError(quax.MaterialisationError):
+    """A sparse array (`BCOO`, `CSR`) with `allow_materialise=False` met an operation
+    that has no sparse rule and would need its dense array. A
+    [`quax.MaterialisationError`][] (so a `RuntimeError`): the message starts with
+    "Refusing to materialise", names the type, the primitive and the input types,
+    and says the way out."""
+
+
+def refusal_reason(aval: jax.core.ShapedArray, stored: int) -> str:
+    """Why a sparse array refuses to densify, for [`quax.GuardedValue`][]'s
+    message: what the dense array would hold against what is stored.
+
+    **Arguments:**
+
+    - `aval`: the array's shape and dtype.
+    - `stored`: how many entries it stores (padding included).
+
+    **Returns:**
+
+    A sentence without a final full stop.
+    """
+    return (
+        f"its dense array (shape {tuple(aval.shape)}, dtype {aval.dtype}) would hold "
+        f"all {math.prod(aval.shape)} elements of this sparse array, which stores "
+        f"{stored} entries"
+    )
+
+
+EXPLICIT_WAY_OUT = (
+    " Or call `.todense()` to densify it explicitly (an explicit request is always "
+    "allowed)."
+)
+
+
+def checked_shape(owner: str, shape: Any) -> tuple[int, ...]:
+    """`shape` as a tuple of Python integers, or a `ValueError` naming `owner`'s
+    `shape` field and the offending dimension.
+
+    **Arguments:**
+
+    - `owner`: the type being constructed, for the message.
+    - `shape`: a sequence of non-negative integers (NumPy integers included; not
+        floats, not bools).
+
+    **Returns:**
+
+    The shape as a tuple of `int`.
+    """
+    try:
+        sizes = list(shape)
+    except TypeError:
+        raise ValueError(
+            f"`{owner}` needs `shape` to be a sequence of non-negative integers; got "
+            f"{shape!r}."
+        ) from None
+    out = []
+    for d, size in enumerate(sizes):
+        try:
+            if isinstance(size, (bool, np.bool_)):
+                raise TypeError
+            value = operator.index(size)
+        except TypeError:
+            raise ValueError(
+                f"`{owner}` needs `shape` to be a sequence of non-negative integers; "
+                f"dimension {d} of {tuple(sizes)!r} is {size!r}."
+            ) from None
+        if value < 0:
+            raise ValueError(
+                f"`{owner}` needs `shape` to be a sequence of non-negative integers; "
+                f"dimension {d} of {tuple(sizes)!r} is negative."
+            )
+        out.append(value)
+    return tuple(out)
+
+
+def wrapped_indices(owner: str, indices: Array, sizes: Sequence[int] | int) -> Array:
+    """`indices` read as NumPy indexing (and `jax.experimental.sparse`) reads them,
+    with the family's padding convention: along a dimension of size `n`, `-n <= i <
+    0` is position `i + n` (stored so), `0 <= i < n` is position `i`, and `i = n`
+    marks padding.
+
+    **Arguments:**
+
+    - `owner`: the type being constructed, for the message.
+    - `indices`: an integer array whose last axis runs over the dimensions of
+        `sizes` (or any integer array, when `sizes` is one size).
+    - `sizes`: the size of each indexed dimension (or one size for all).
+
+    **Returns:**
+
+    `indices` with negative entries wrapped. Concrete indices outside `[-n, n]`
+    raise a `ValueError` naming the field `indices` and the position; traced ones
+    cannot be checked, and there wrapping leaves them out of bounds: padding.
+    """
+    bound = np.asarray(sizes, dtype=np.int64)
+    if isinstance(indices, jax.core.Tracer):
+        return jnp.where(indices < 0, indices + bound.astype(indices.dtype), indices)
+    value = np.asarray(indices)
+    full = np.broadcast_to(bound, value.shape)
+    bad = (value < -full) | (value > full)
+    if bad.any():
+        position = tuple(int(p) for p in np.argwhere(bad)[0])
+        n = int(full[position])
+        raise ValueError(
+            f"`{owner}` got `indices[{', '.join(map(str, position))}]` = "
+            f"{int(value[position])} for a dimension of size {n}: an index must lie "
+            f"in [-{n}, {n}] (`-{n} <= i < 0` counts from the end, as in NumPy and "
+            f"jax.experimental.sparse; `i = {n}` marks padding)."
+        )
+    negative = value < 0
+    if not negative.any():
+        return indices
+    return jnp.asarray(np.where(negative, value + full, value).astype(value.dtype))
+
+
+def jsparse_indices(indices: Array, sparse_shape: Sequence[int]) -> Array:
+    """`indices` as `jax.experimental.sparse` reads them, in the family's form:
+    negative indices in `[-n, 0)` wrapped to `i + n`, and every entry that
+    `jax.experimental.sparse` ignores (an index outside `[-n, n)` in any dimension)
+    moved to the padding position, `n` in every dimension."""
+    bound = jnp.asarray(np.asarray(sparse_shape, dtype=np.int64), indices.dtype)
+    wrapped = jnp.where(indices < 0, indices + bound, indices)
+    inside = jnp.all((wrapped >= 0) & (wrapped < bound), axis=-1, keepdims=True)
+    return jnp.where(inside, wrapped, bound)
+
+
+class BCOO(quax.GuardedValue):
+    """A sparse array in batch-coordinate format, as in the published quax.
+
+    `shape = (*batch, *sparse)`: `data` has shape `(*batch, nse)` and `indices` has
+    shape `(*batch, nse, n_sparse)`, where `nse` is the number of stored elements and
+    `n_sparse = len(sparse)`. Entry `k` of each batch element stores `data[..., k]`
+    at the sparse position `indices[..., k, :]`. Entries at the same position add up
+    (duplicates are allowed). Indices are read as NumPy indexing and
+    `jax.experimental.sparse` read them: along a dimension of size `n`, `-n <= i < 0`
+    counts from the end (the constructor stores it wrapped, `i + n`), and an entry
+    with an index `i = n` is padding, ignored (what
+    [`quax_sparse.BCOO.fromdense`][] writes when `x` has fewer nonzeros than `nse`).
+
+    Inside [`quax.quaxify`][], products, sums and elementwise functions with
+    `f(0) = 0` cost what the stored entries cost; every other operation raises a
+    [`quax_sparse.MaterialisationError`][] naming the primitive, unless the array
+    allows materialising: the core's materialisation policy
+    ([`quax.GuardedValue`][]), with `enable_materialise(allow=True)`.
+
+    **Fields:**
+
+    - `data`, `indices`: as above.
+    - `_shape`: the shape given to `__init__`. The `shape` property takes the batch
+        sizes from `data` (so that `jax.vmap` over a `BCOO`'s leaves works) and the
+        sparse sizes from `_shape`.
+    - `allow_materialise`: whether an operation without a sparse rule may densify.
+    - `indices_sorted`, `unique_indices`: what is known of the entries (each batch
+        element's positions in row-major order; no position twice). Static hints:
+        rules use them to skip sorting, and set them on what they return.
+    """
+
+    data: Array
+    indices: Array
+    _shape: tuple[int, ...] = eqx.field(static=True)
+    indices_sorted: bool = eqx.field(static=True)
+    unique_indices: bool = eqx.field(static=True)
+
+    linear_in_leaves: ClassVar[bool] = True
+    materialisation_error: ClassVar[type[quax.MaterialisationError]] = (
+        MaterialisationError
+    )
+
+    def __init__(
+        self,
+        data: ArrayLike,
+        indices: ArrayLike,
+        shape: tuple[int, ...],
+        allow_materialise: bool = False,
+        *,
+        indices_sorted: bool = False,
+        unique_indices: bool = False,
+    ):
+        """**Arguments:**
+
+        - `data`: the stored values, shape `(*batch, nse)`.
+        - `indices`: their positions, an integer array of shape
+            `(*batch, nse, n_sparse)`. Along a sparse dimension of size `n`, an
+            index `i` with `0 <= i < n` is that position, one with `-n <= i < 0`
+            is position `i + n` (counted from the end, as NumPy indexing and
+            `jax.experimental.sparse` read it; stored wrapped), and `i = n` marks
+            the entry as padding (ignored). Concrete indices outside `[-n, n]` are
+            refused; traced ones there are padding.
+        - `shape`: the shape of the array, `(*batch, *sparse)`: non-negative
+            integers.
+        - `allow_materialise`: whether an operation without a sparse rule may form the
+            dense array (`False`, the default, raises an error naming it).
+        - `indices_sorted`, `unique_indices`: promise that the positions are in
+            row-major order / that no position is stored twice (default: no promise).
+        """
+        self.data = jnp.asarray(data)
+        indices = jnp.asarray(indices)
+        self._shape = checked_shape("BCOO", shape)
+        self._check_layout(indices)
+        self.indices = wrapped_indices(
+            "BCOO", indices, self._shape[self.data.ndim - 1 :]
+        )
+        self.allow_materialise = allow_materialise
+        self.indices_sorted = indices_sorted
+        self.unique_indices = unique_indices
+
+    def _check_layout(self, indices: Array) -> None:
+        """The published checks of `data`, `indices` and `shape` against each other."""
+        if self.data.ndim < 1 or indices.ndim < 2:
+            raise ValueError(
+                "`BCOO` needs `data` of shape (*batch, nse) and `indices` of shape "
+                f"(*batch, nse, n_sparse); got {self.data.shape} and "
+                f"{indices.shape}."
+            )
+        *batch1, nse1 = self.data.shape
+        *batch2, nse2, n_sparse = indices.shape
+        batch3 = self._shape[: len(batch1)]
+        batches = {tuple(batch1), tuple(batch2), tuple(batch3)}
+        if len(batches) != 1:
+            raise ValueError(f"Inconsistent batch sizes {batches} in `BCOO`.")
+        if nse1 != nse2:
+            raise ValueError("Inconsistent number of sparse entries in `BCOO`.")
+        if len(self._shape[len(batch1) :]) != n_sparse:
+            raise ValueError(
+                "Must specify a sparse index for all non-batch dimensions in `BCOO`."
+            )
+        if not jnp.issubdtype(indices.dtype, jnp.integer):
+            raise ValueError(
+                f"`BCOO` indices must be integers, got dtype {indices.dtype}."
+            )
+
+    @classmethod
+    def _from_entries(
+        cls,
+        data: Array,
+        indices: Array,
+        shape: tuple[int, ...],
+        allow_materialise: bool = False,
+        *,
+        indices_sorted: bool = False,
+        unique_indices: bool = False,
+    ) -> "BCOO":
+        """A `BCOO` of entries that the family computed itself (a rule's output, a
+        conversion): the layout is consistent and the indices are already read
+        (positions in `[0, n)`, padding at `n` where the family writes it, or out
+        of bounds where a traced index put it), so the checks of user input are
+        skipped (on every rule's output they would wrap traced indices again, or
+        copy concrete ones to the host)."""
+        out = object.__new__(cls)
+        fields = {
+            "data": data,
+            "indices": indices,
+            "_shape": tuple(shape),
+            "allow_materialise": allow_materialise,
+            "indices_sorted": indices_sorted,
+            "unique_indices": unique_indices,
+        }
+        for name, value in fields.items():
+            object.__setattr__(out, name, value)
+        return out
+
+    # Structure ---------------------------------------------------------------------
+
+    @property
+    def nse(self) -> int:
+        """The number of stored entries per batch element."""
+        return self.data.shape[-1]
+
+    @property
+    def n_batch(self) -> int:
+        """The number of batch dimensions."""
+        return self.data.ndim - 1
+
+    @property
+    def n_sparse(self) -> int:
+        """The number of sparse dimensions."""
+        return self.indices.shape[-1]
+
+    def aval(self) -> jax.core.ShapedArray:
+        # The batch sizes come from `data`, so that `jax.vmap` over the leaves (or
+        # stacking them) gives the array with the batch axis removed (or added).
+        n_sparse = self.indices.shape[-1]
+        sparse_shape = self._shape[len(self._shape) - n_sparse :]
+        return jax.core.ShapedArray(
+            self.data.shape[:-1] + sparse_shape, self.data.dtype
+        )
+
+    # Materialising -----------------------------------------------------------------
+
+    def dense(self) -> Array:
+        return self.todense()
+
+    def refusal_reason(self) -> str:
+        return refusal_reason(self.aval(), self.data.size)
+
+    def way_out(self, primitive: Primitive | None = None) -> str:
+        return super().way_out(primitive) + EXPLICIT_WAY_OUT
+
+    @classmethod
+    def join(cls, value: quax.Value, other: quax.Value) -> "BCOO | None":
+        """`value` with only the promises it shares with `other`: for a loop carry
+        or `cond` output whose flags differ between iterations or branches (`sin(c)`
+        promises sorted unique indices that `c` may lack). See
+        [`quax.Value.join`][].
+
+        **Arguments:**
+
+        - `value`: a `BCOO`.
+        - `other`: the other side (its leaves may be shapes only).
+
+        **Returns:**
+
+        A `BCOO` with `value`'s entries and the AND of both sides'
+        `indices_sorted`, `unique_indices` and `allow_materialise`; `None` where
+        `other` is not a `BCOO` of the same shape, `nse` and index layout (a
+        different `nse` cannot join).
+        """
+        if not (isinstance(value, BCOO) and isinstance(other, BCOO)):
+            return None
+        # The shapes the leaves give (`shape`), not the `_shape` each side was built
+        # with: a `BCOO` batched by `jax.vmap` over its leaves keeps the `_shape` of
+        # one batch element, and a rule's output records the full one.
+        if (value.shape, value.data.shape, value.indices.shape) != (
+            other.shape,
+            other.data.shape,
+            other.indices.shape,
+        ):
+            return None
+        return BCOO._from_entries(
+            value.data,
+            value.indices,
+            value.shape,
+            value.allow_materialise and other.allow_materialise,
+            indices_sorted=value.indices_sorted and other.indices_sorted,
+            unique_indices=value.unique_indices and other.unique_indices,
+        )
+
+    def todense(self) -> Array:
+        """The dense array (an explicit request: allowed whatever
+        `allow_materialise` says). Duplicates add up; padding is dropped.
+
+        **Returns:**
+
+        A JAX array of shape `self.shape` and dtype `self.dtype`.
+        """
+        coords, values = flat_entries(self.data, self.indices)
+        zeros = jnp.zeros(self.shape, self.data.dtype)
+        return scatter_add(zeros, coords, tuple(range(len(self.shape))), values)
+
+    # Construction and conversion ------------------------------------------------------
+
+    @classmethod
+    def fromdense(
+        cls,
+        x: ArrayLike,
+        *,
+        nse: int,
+        n_batch: int = 0,
+        index_dtype: Any = jnp.int32,
+        allow_materialise: bool = False,
+    ) -> "BCOO":
+        """The nonzeros of a dense array, as a `BCOO` with a static `nse`.
+
+        Works under `jit` (`nse` is static). The first `nse` nonzeros of each batch
+        element are kept, in row-major order, as `jax.experimental.sparse` does:
+        **when `x` has more nonzeros than `nse`, the others are dropped**. When it has
+        fewer, the remaining entries are padding (value 0, index out of bounds).
+
+        **Arguments:**
+
+        - `x`: the dense array.
+        - `nse`: the number of entries to store per batch element.
+        - `n_batch`: how many leading axes of `x` are batch axes.
+        - `index_dtype`: the integer dtype of `indices`.
+        - `allow_materialise`: passed to `BCOO`.
+
+        **Returns:**
+
+        A `BCOO` of `x`'s shape, with sorted unique indices.
+        """
+        x = jnp.asarray(x)
+        if not 0 <= n_batch <= x.ndim:
+            raise ValueError(f"n_batch={n_batch} must be in [0, {x.ndim}].")
+        if nse < 0:
+            raise ValueError(f"nse={nse} must be >= 0.")
+        sparse_shape = x.shape[n_batch:]
+
+        def one(y: Array) -> tuple[Array, Array]:
+            if y.ndim == 0:
+                return jnp.broadcast_to(y, (nse,)), jnp.zeros((nse, 0), index_dtype)
+            idx = jnp.nonzero(y, size=nse, fill_value=sparse_shape)
+            indices = jnp.stack(idx, axis=-1).astype(index_dtype)
+            return gather(y, indices, tuple(range(y.ndim))), indices
+
+        f = one
+        for _ in range(n_batch):
+            f = jax.vmap(f)
+        data, indices = f(x)
+        return cls._from_entries(
+            data,
+            indices,
+            x.shape,
+            allow_materialise,
+            indices_sorted=True,
+            unique_indices=True,
+        )
+
+    @classmethod
+    def from_jax(cls, x: Any, *, allow_materialise: bool = False) -> "BCOO":
+        """Convert a `jax.experimental.sparse.BCOO` (without dense dimensions).
+
+        Its indices are read as `jax.experimental.sparse` reads them: negative ones
+        (in `[-n, 0)`) count from the end and are stored wrapped, and an entry that
+        it ignores (an index outside `[-n, n)`) becomes padding (index `n`). Index
+        batch axes of size 1 are broadcast to the batch shape.
+
+        **Returns:**
+
+        A `quax_sparse.BCOO` with the same dense array, entries and padding. The
+        flags `indices_sorted` and `unique_indices` are kept where no index changed
+        (checked on concrete indices; under `jit`, where that cannot be checked,
+        they are dropped).
+        """
+        if x.n_dense != 0:
+            raise ValueError(
+                "quax_sparse.BCOO has no dense dimensions; call "
+                "jax.experimental.sparse.bcoo_update_layout(x, n_dense=0) first."
+            )
+        batch = tuple(x.shape[: x.n_batch])
+        data = jnp.broadcast_to(x.data, batch + x.data.shape[x.n_batch :])
+        given = jnp.broadcast_to(x.indices, batch + x.indices.shape[x.n_batch :])
+        indices = jsparse_indices(given, x.shape[x.n_batch :])
+        same = (
+            not isinstance(given, jax.core.Tracer)
+            and not isinstance(indices, jax.core.Tracer)
+            and bool(np.array_equal(np.asarray(given), np.asarray(indices)))
+        )
+        return cls._from_entries(
+            data,
+            indices,
+            tuple(x.shape),
+            allow_materialise,
+            indices_sorted=same and x.indices_sorted,
+            unique_indices=same and x.unique_indices,
+        )
+
+    def to_jax(self) -> Any:
+        """This array as a `jax.experimental.sparse.BCOO`: the same entries and
+        flags, every padding entry at index `n` in every dimension (which
+        `jax.experimental.sparse` ignores, as it does for `fromdense`'s padding).
+
+        **Returns:**
+
+        A `jax.experimental.sparse.BCOO` with the same dense array.
+        """
+        from jax.experimental import sparse
+
+        return sparse.BCOO(
+            (self.data, jsparse_indices(self.indices, self.shape[self.n_batch :])),
+            shape=self.shape,
+            indices_sorted=self.indices_sorted,
+            unique_indices=self.unique_indices,
+        )
+
+    @classmethod
+    def from_scipy(
+        cls, x: Any, *, index_dtype: Any = jnp.int32, allow_materialise: bool = False
+    ) -> "BCOO":
+        """Convert a `scipy.sparse` matrix or array (any format; 2 dimensions).
+
+        Needs the optional dependency scipy (`pip install quax-sparse[scipy]`).
+
+        **Returns:**
+
+        A `BCOO` with the entries scipy stores (explicit zeros included).
+        """
+        coo = x.tocoo()
+        indices = np.stack([coo.row, coo.col], axis=-1).astype(index_dtype)
+        return cls(coo.data, indices, coo.shape, allow_materialise)
+
+    def to_scipy(self) -> Any:
+        """This matrix as a `scipy.sparse.coo_array` (padding dropped; duplicates
+        kept, which scipy adds up). Needs concrete arrays (not under `jit`) and a
+        matrix with no batch dimensions.
+
+        **Returns:**
+
+        A `scipy.sparse.coo_array`.
+        """
+        import scipy.sparse
+
+        if len(self.shape) != 2:
+            raise ValueError(
+                f"scipy.sparse holds matrices; this BCOO has shape {self.shape}."
+            )
+        coords, values = flat_entries(self.data, self.indices)
+        coords = np.asarray(coords)
+        values = np.asarray(values)
+        keep = np.all(coords < np.asarray(self.shape), axis=1) & np.all(
+            coords >= 0, axis=1
+        )
+        return scipy.sparse.coo_array(
+            (values[keep], (coords[keep, 0], coords[keep, 1])), shape=self.shape
+        )
+
+    def sum_duplicates(self, nse: int | None = None) -> "BCOO":
+        """Merge entries stored at the same position, sort them, and move padding to
+        the end.
+
+        **Arguments:**
+
+        - `nse`: the number of entries of the result per batch element (default: the
+            current `nse`, which always suffices). With a smaller `nse`, unique
+            positions beyond the first `nse` in row-major order are dropped.
+
+        **Returns:**
+
+        A `BCOO` with `indices_sorted=True` and `unique_indices=True`.
+        """
+        data, indices = sum_duplicates(
+            self.data,
+            self.indices,
+            self.shape[self.n_batch :],
+            self.nse if nse is None else nse,
+            is_sorted=self.indices_sorted,
+        )
+        return BCOO._from_entries(
+            data,
+            indices,
+            self.shape,
+            self.allow_materialise,
+            indices_sorted=True,
+            unique_indices=True,
+        )
