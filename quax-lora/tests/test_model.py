@@ -135,7 +135,13 @@ def test_save_and_load_adapter(tmp_path, perturb):
         np.testing.assert_array_equal(got.a, want.a)
         np.testing.assert_array_equal(got.b, want.b)
         np.testing.assert_array_equal(got.w, want.w)
-    # Only the adapter is in the file: a, b of two layers, far smaller than the model.
+    # Only the adapter is in the file: a, b of two layers and their settings, far
+    # smaller than the model (one wide enough that the settings, a few hundred
+    # bytes, do not weigh as much as its weights).
+    wide = quax_lora.loraify(
+        eqx.nn.MLP(32, 16, 64, depth=1, key=jr.PRNGKey(0)), rank=2, key=jr.PRNGKey(1)
+    )
+    quax_lora.save_adapter(path, wide)
     full = tmp_path / "full.eqx"
-    eqx.tree_serialise_leaves(full, tuned)
+    eqx.tree_serialise_leaves(full, wide)
     assert path.stat().st_size < full.stat().st_size / 2

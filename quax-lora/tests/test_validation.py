@@ -20,10 +20,6 @@ KEY = jr.key(0)
 @pytest.mark.parametrize(
     "weight, kwargs, match",
     [
-        (jnp.ones((4, 4)), {"rank": 10}, r"rank=10.*min\(4, 4\) = 4"),
-        (jnp.ones((8, 3)), {"rank": 4}, r"8 x 3 matrices.*rank <= 3"),
-        (jnp.ones((4, 3, 3, 3)), {"rank": 5, "batch_ndim": 0}, r"4 x 27 .*rank <= 4"),
-        (jnp.ones((2, 5, 3)), {"rank": 4}, r"rank <= 3"),
         (jnp.ones((4, 4)), {"rank": 0}, "integer rank >= 1, got 0"),
         (jnp.ones((4, 4)), {"rank": 2.5}, "integer rank >= 1, got 2.5"),
         (jnp.ones((4, 4)), {"rank": True}, "integer rank >= 1, got True"),
@@ -35,11 +31,76 @@ KEY = jr.key(0)
         (jnp.ones((4, 4)), {"rank": 2, "scale": float("nan")}, "finite scale > 0"),
         (jnp.ones((4, 4)), {"rank": 2, "alpha": 0.0}, r"finite alpha > 0.*alpha=0\.0"),
         (jnp.ones((4, 4)), {"rank": 2, "alpha": float("inf")}, "finite alpha > 0"),
+        (
+            jnp.ones((4, 4)),
+            {"rank": 2, "stop_gradient": "no"},
+            "stop_gradient=True or False, got stop_gradient='no'",
+        ),
+        (
+            jnp.ones((4, 4)),
+            {"rank": 2, "allow_materialise": None},
+            "allow_materialise=True or False, got allow_materialise=None",
+        ),
     ],
 )
 def test_constructor_rejects_nonsense(weight: Any, kwargs: Any, match: str) -> None:
     with pytest.raises(ValueError, match=match):
         LoraArray(weight, key=KEY, **kwargs)
+
+
+@pytest.mark.parametrize(
+    "weight, kwargs, match",
+    [
+        (jnp.ones((4, 4)), {"rank": 11}, r"rank=11.*min\(4, 4\) = 4.*rank <= 4"),
+        (jnp.ones((8, 3)), {"rank": 4}, r"8 x 3 matrices.*1 extra rank.*11 param"),
+        (
+            jnp.ones((4, 3, 3, 3)),
+            {"rank": 5, "batch_ndim": 0},
+            r"4 x 27 .*1 extra rank.*31 parameters.*rank <= 4",
+        ),
+        (jnp.ones((2, 5, 3)), {"rank": 4}, r"1 extra rank.*16 parameters.*rank <= 3"),
+    ],
+)
+def test_a_rank_above_the_matrix_rank_warns_and_works(
+    weight: Any, kwargs: Any, match: str
+) -> None:
+    # The published quax accepts a rank larger than min(n, m); so does quax-lora,
+    # warning of what it costs.
+    with pytest.warns(quax_lora.RankWarning, match=match):
+        lora = LoraArray(weight, key=KEY, **kwargs)
+    assert lora.rank == kwargs["rank"]
+    assert issubclass(quax_lora.RankWarning, quax_lora.LoraWarning)
+    assert issubclass(quax_lora.LoraWarning, UserWarning)
+
+
+def test_a_rank_above_the_matrix_rank_computes_the_product() -> None:
+    w = jr.normal(jr.key(1), (4, 3))
+    with pytest.warns(quax_lora.RankWarning):
+        lora = LoraArray(w, rank=11, alpha=22.0, key=KEY)
+    b = jr.normal(jr.key(2), (11, 3))
+    lora = eqx.tree_at(lambda x: x.b, lora, b)
+    x = jr.normal(jr.key(3), (3, 2))
+    # Plain JAX, with the literal scaling 22 / 11 = 2.
+    expected = w @ x + 2.0 * (lora.a @ (b @ x))
+    got = quax.quaxify(lambda m, v: m @ v)(lora, x)
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_nan_in_is_nan_out() -> None:
+    # A NaN in the weight, or in the input, is a NaN where the dense product has
+    # one (dense: plain JAX on the summed weight).
+    w = jnp.ones((3, 4)).at[1, 2].set(jnp.nan)
+    lora = LoraArray(w, rank=2, key=KEY)
+    lora = eqx.tree_at(lambda x: x.b, lora, jnp.full((2, 4), 0.5))
+    x = jnp.arange(8.0).reshape(4, 2).at[0, 1].set(jnp.nan)
+    dense = w + lora.a @ lora.b
+    for got, want in [
+        (quax.quaxify(lambda m, v: m @ v)(lora, x), dense @ x),
+        (quax.quaxify(lambda v, m: v @ m.T)(x.T, lora), x.T @ dense.T),
+    ]:
+        assert np.array_equal(np.isnan(got), np.isnan(want))
+        assert np.isnan(got).any() and not np.isnan(got).all()
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
 def test_constructor_accepts_the_largest_rank() -> None:

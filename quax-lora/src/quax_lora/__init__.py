@@ -8,8 +8,14 @@ y = quax.quaxify(lora_model)(x)
 """
 
 from . import _rules as _rules  # registers the rules
-from ._lora import LoraArray as LoraArray, MaterialisationError as MaterialisationError
+from ._lora import (
+    LoraArray as LoraArray,
+    LoraWarning as LoraWarning,
+    MaterialisationError as MaterialisationError,
+    RankWarning as RankWarning,
+)
 from ._model import (
+    LegacyAdapterWarning as LegacyAdapterWarning,
     ParameterCount as ParameterCount,
     adapter_filter as adapter_filter,
     count_parameters as count_parameters,

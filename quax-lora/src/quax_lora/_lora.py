@@ -2,6 +2,8 @@
 
 import dataclasses
 import math
+import sys
+import warnings
 from typing import Any, ClassVar
 
 import equinox as eqx
@@ -15,7 +17,19 @@ from jax import lax
 from jaxtyping import Array, PRNGKeyArray
 
 
-__all__ = ["LoraArray", "MaterialisationError"]
+__all__ = ["LoraArray", "LoraWarning", "MaterialisationError", "RankWarning"]
+
+
+class LoraWarning(UserWarning):
+    """The base of quax-lora's warnings: something works, but not as the user may
+    expect (filter them all with `warnings.filterwarnings("ignore",
+    category=quax_lora.LoraWarning)`)."""
+
+
+class RankWarning(LoraWarning):
+    """A `LoraArray` was made with a rank larger than its matrices can use
+    (`min(n, m)`): it works, as in the published quax, but the extra rank adds
+    parameters and work and no expressiveness."""
 
 
 class MaterialisationError(RuntimeError):
@@ -77,8 +91,11 @@ class LoraArray(quax.ArrayValue):
             QLoRA). A value is kept as it is, never materialised: its shape and
             dtype are read from it, and the LoRA rules pass it to primitives, so
             its own rules compute `w @ x`.
-        - `rank`: the rank of the adaptation: an integer from 1 to `min(n, m)`
-            for `(n, m)` matrices (for a kernel, `m` is `in * prod(spatial)`).
+        - `rank`: the rank of the adaptation: an integer >= 1, usually far below
+            `min(n, m)` for `(n, m)` matrices (for a kernel, `m` is
+            `in * prod(spatial)`). A larger rank than `min(n, m)` works, as in
+            the published quax, and warns with a [`quax_lora.RankWarning`][]: it
+            adds parameters and no expressiveness.
         - `scale`: `a` is initialised from `Normal(0, scale^2)`; `b` is zero.
             Finite and positive.
         - `alpha`: the update is multiplied by `alpha / rank` (peft's `lora_alpha`),
@@ -95,7 +112,8 @@ class LoraArray(quax.ArrayValue):
             `a` is `(out, rank)` and `b` is `(rank, in, *spatial)`.
         - `key`: a `jax.random` key, used to initialise `a`.
 
-        Invalid arguments raise a `ValueError` that says what is wrong.
+        Invalid arguments raise a `ValueError` that names the argument and says
+        what is wrong.
         """
         if isinstance(weight, LoraArray):
             raise ValueError(
@@ -134,12 +152,21 @@ class LoraArray(quax.ArrayValue):
             raise ValueError(f"LoraArray needs an integer rank >= 1, got {rank!r}.")
         rank = int(rank)
         if rank > min(n, m):
-            raise ValueError(
-                f"LoraArray(rank={rank}) is more than the weight can use: the weight "
+            # The published quax accepts it (the update `a @ b` is then any matrix,
+            # as with rank `min(n, m)`), so it is accepted here too, with a warning.
+            extra = rank - min(n, m)
+            matrices = math.prod(weight.shape[:batch_ndim])
+            warnings.warn(
+                f"LoraArray(rank={rank}) exceeds what the weight can use: the weight "
                 f"of shape {weight.shape} adapts {n} x {m} matrices, whose rank is at "
-                f"most min({n}, {m}) = {min(n, m)}, and a larger rank only adds "
-                f"parameters. Pass rank <= {min(n, m)} (LoRA's ranks are usually "
-                "far smaller than the matrix)."
+                f"most min({n}, {m}) = {min(n, m)}. The {extra} extra rank(s) add "
+                f"{extra * (n + m) * matrices} parameters to `a` and `b` (and their "
+                "share of every product's work and of the adapter's file) and no "
+                "expressiveness; the scaling alpha / rank also divides by the "
+                f"larger rank. Pass rank <= {min(n, m)} (loraify caps the rank of "
+                "each layer so)",
+                RankWarning,
+                stacklevel=_user_stacklevel(),
             )
         if not _positive_finite(scale):
             raise ValueError(
@@ -152,14 +179,22 @@ class LoraArray(quax.ArrayValue):
                 f"LoraArray needs alpha=None or a finite alpha > 0 (the update is "
                 f"scaled by alpha / rank), got alpha={alpha!r}."
             )
+        for name, flag in (
+            ("allow_materialise", allow_materialise),
+            ("stop_gradient", stop_gradient),
+        ):
+            if not isinstance(flag, bool | np.bool_):
+                raise ValueError(
+                    f"LoraArray needs {name}=True or False, got {name}={flag!r}."
+                )
         batch = weight.shape[:batch_ndim]
         rest = weight.shape[batch_ndim + 1 :]
         self.w = weight
         self.a = jr.normal(key, (*batch, n, rank), dtype=weight.dtype) * scale
         self.b = jnp.zeros((*batch, rank, *rest), dtype=weight.dtype)
         self.alpha = alpha
-        self.allow_materialise = allow_materialise
-        self.stop_gradient = stop_gradient
+        self.allow_materialise = bool(allow_materialise)
+        self.stop_gradient = bool(stop_gradient)
 
     @property
     def rank(self) -> int:
@@ -246,6 +281,19 @@ class LoraArray(quax.ArrayValue):
                     "to get dense weights."
                 )
         return quax.Value.default(primitive, values, params)
+
+
+def _user_stacklevel() -> int:
+    """The `stacklevel` of a warning raised by the caller of this function that
+    points at the user's code: the first frame outside quax-lora, quax and
+    equinox (which wrap a value's `__init__` in frames of their own)."""
+    level, frame = 1, sys._getframe(1)
+    while frame.f_back is not None and frame.f_globals.get("__name__", "").split(".")[
+        0
+    ] in ("quax_lora", "quax", "equinox"):
+        frame = frame.f_back
+        level += 1
+    return level
 
 
 def _positive_finite(x: Any) -> bool:
