@@ -255,3 +255,32 @@ def test_quantity_declares_its_array() -> None:
     half = jnp.ones(3, jnp.float16)
     out = quax.quaxify(jnp.multiply)(q, half)
     assert out.array.dtype == jnp.multiply(q.array, half).dtype == jnp.float16
+
+
+@pytest.mark.parametrize(
+    "args, error, match",
+    [
+        (("abc", "m"), ValueError, r"Quantity needs numbers as its `value`.*'abc'"),
+        ((None, "m"), ValueError, r"Quantity needs numbers as its `value`.*None"),
+        ((1.0, "furlong"), ValueError, r"Quantity's `unit` 'furlong' is not a unit"),
+        ((1.0, "m**(1/0)"), ValueError, r"`unit` 'm\*\*\(1/0\)'.*divides by zero"),
+        ((1.0, 3), TypeError, r"Quantity's `unit` 3 is not a unit: Expected a unit"),
+        ((1.0, "m", "furlong"), ValueError, r"Quantity's `display` 'furlong'"),
+    ],
+)
+def test_constructor_names_the_bad_argument(args, error, match):
+    with pytest.raises(error, match=match):
+        Quantity(*args)
+
+
+def test_nan_in_is_nan_out():
+    # NaNs stay where plain JAX has them, through rules that combine and convert
+    # units, under jit, and when the numbers are read back in another unit.
+    x = jnp.array([1.0, jnp.nan, 3.0, 4.0])
+    y = jnp.array([2.0, 2.0, jnp.nan, 0.5])
+    f = lambda a, b: jnp.sqrt(a * b + a**2) / b * a - a
+    got = jax.jit(quax.quaxify(f))(Quantity(x, "km"), Quantity(y, "km"))
+    want = f(x * 1e3, y * 1e3)
+    assert np.array_equal(np.isnan(got.array), np.isnan(want))
+    np.testing.assert_allclose(got.array, want, rtol=1e-6)
+    np.testing.assert_allclose(ustrip("km", got), want / 1e3, rtol=1e-6)

@@ -145,8 +145,15 @@ class Quantity(quax.ArrayValue):
         *,
         allow_materialise: bool = False,
     ) -> None:
-        u = _to_unit(unit)
-        shown = _as_display(u if display is None else display)
+        u = _checked(_to_unit, unit, "unit")
+        shown = _checked(_as_display, u if display is None else display, "display")
+        try:
+            value = jnp.asarray(value)
+        except (TypeError, ValueError) as e:
+            raise ValueError(
+                "Quantity needs numbers as its `value` (an array, a scalar or nested "
+                f"lists of them), got {value!r}: {e}"
+            ) from None
         if shown.unit is not None and shown.unit.dimensions != u.dimensions:
             raise UnitError(
                 f"Display unit {shown.unit} ({shown.unit.dimensions}) does not have "
@@ -403,6 +410,16 @@ def _to_si(value: ArrayLike, u: Unit) -> Any:
 
 def _to_unit(u: UnitLike) -> Unit:
     return u if isinstance(u, Unit) else unit(u)
+
+
+def _checked(convert: Callable[[Any], Any], value: Any, field: str) -> Any:
+    """`convert(value)` for the constructor's argument `field`: an error names the
+    field, and keeps its class (`ValueError` for a unit that does not parse,
+    `TypeError` for something that is not a unit)."""
+    try:
+        return convert(value)
+    except (TypeError, ValueError) as e:
+        raise type(e)(f"Quantity's `{field}` {value!r} is not a unit: {e}") from e
 
 
 def ustrip(u: UnitLike, q: Any) -> Any:
