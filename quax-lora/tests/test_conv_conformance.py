@@ -53,6 +53,6 @@ def test_conv_vmap_over_kernels_refuses() -> None:
     kernels = jax.tree.map(lambda leaf: jnp.stack([leaf, leaf]), _kernel())
     x = jr.normal(jr.key(1), (2, 3, 9))
     with pytest.raises(
-        RuntimeError, match=r"Refusing to materialise LoraArray.*reshape"
+        RuntimeError, match=r"Refusing to materialise `LoraArray`.*reshape"
     ):
         quax.quaxify(jax.vmap(_conv, in_axes=(0, None)))(kernels, x)

@@ -92,7 +92,7 @@ def test_repr_eager_and_under_jit():
 
 def test_materialise_refuses_dimensionful_allows_dimensionless():
     with pytest.raises(
-        UnitError, match=r"Refusing to materialise a Quantity in m / s \(m / s\)"
+        UnitError, match=r"Refusing to materialise `Quantity` .*in m / s \(m / s\)"
     ):
         Quantity(1.0, "m / s").materialise()
     np.testing.assert_allclose(Quantity(90.0, "deg").materialise(), np.pi / 2)
@@ -206,12 +206,32 @@ def test_asarray_says_how_to_strip_units():
 
 def test_enable_materialise():
     q = Quantity(jnp.array([1.0, 2.0]), "km")
-    with pytest.raises(UnitError, match="Refusing to materialise a Quantity in km"):
+    with pytest.raises(UnitError, match=r"Refusing to materialise `Quantity` .*in km"):
         q.materialise()
     allowed = q.enable_materialise()
     np.testing.assert_allclose(allowed.materialise(), [1000.0, 2000.0])
     assert allowed.unit == q.unit and allowed.allow_materialise
     assert not allowed.enable_materialise(False).allow_materialise
+
+
+def test_the_materialisation_policy_is_the_cores():
+    q = Quantity(jnp.array([1.0, 2.0]), "km")
+    assert isinstance(q, quax.GuardedValue)
+    # The refusal is a `UnitError`, as it always was, and a
+    # `quax.MaterialisationError`, as every family's is.
+    assert issubclass(quax_units.MaterialisationError, UnitError)
+    assert issubclass(quax_units.MaterialisationError, quax.MaterialisationError)
+    with pytest.raises(
+        quax.MaterialisationError,
+        match=r"^Refusing to materialise `Quantity` with `allow_materialise=False`, "
+        r"and turning a quantity in km \(m\) into a plain array would drop its "
+        r"units\. Strip the units explicitly",
+    ):
+        q.materialise()
+    # A dimensionless quantity is a number: it may always materialise, and says so.
+    for dimensionless in [Quantity(0.5), Quantity(50.0, "%"), q / q]:
+        assert dimensionless.allow_materialise
+    assert not Quantity(1.0, "m", allow_materialise=False).allow_materialise
 
 
 @pytest.mark.parametrize(

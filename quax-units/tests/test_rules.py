@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import quax
+import quax_units
 from jax import lax
 from quax_units import Quantity, UnitError, Unitful, meters, seconds, unit, ustrip
 
@@ -306,8 +307,26 @@ def test_angles_are_radians():
 
 
 def test_unsupported_primitive_raises_for_dimensionful():
-    with pytest.raises(UnitError, match=r"no rule for `bessel_i0e` on \(m \[m\]\)"):
+    # The core's policy (`quax.GuardedValue`) words the refusal: the primitive,
+    # the input types, the owner, then the units that would be dropped.
+    with pytest.raises(
+        UnitError,
+        match=r"^Refusing to materialise `Quantity` for primitive `bessel_i0e` on "
+        r"input types \(Quantity\): quax-units has no rule for this case, and "
+        r"turning a quantity in m \(m\) into a plain array would drop its units\. "
+        r"Strip the units first",
+    ) as error:
         quax.quaxify(lambda x: lax.bessel_i0e(x))(a)
+    assert isinstance(error.value, quax.MaterialisationError)
+    assert isinstance(error.value, quax_units.MaterialisationError)
+
+
+def test_unsupported_primitive_runs_on_the_numbers_where_allowed():
+    # `allow_materialise=True` lets the quantity drop its units: the primitive runs
+    # on its SI-coherent numbers (refused before, whatever the flag said).
+    out = quax.quaxify(lambda x: lax.bessel_i0e(x))(b.enable_materialise())
+    assert not isinstance(out, Quantity)
+    np.testing.assert_allclose(out, lax.bessel_i0e(b.array), rtol=1e-6)
 
 
 def test_unsupported_primitive_passes_dimensionless_through():

@@ -1,6 +1,5 @@
 """The value type: `LoraArray`, a weight `w` plus a low-rank update `a @ b`."""
 
-import dataclasses
 import math
 import sys
 import warnings
@@ -32,13 +31,14 @@ class RankWarning(LoraWarning):
     parameters and work and no expressiveness."""
 
 
-class MaterialisationError(RuntimeError):
+class MaterialisationError(quax.MaterialisationError):
     """A `LoraArray` with `allow_materialise=False` met an operation that has no
     LoRA rule and would need the dense `w + a @ b`. Its message starts with
-    "Refusing to materialise", as the published quax's refusals do."""
+    "Refusing to materialise `LoraArray`", as the published quax's refusals do;
+    it is a [`quax.MaterialisationError`][] (a `RuntimeError`)."""
 
 
-class LoraArray(quax.ArrayValue):
+class LoraArray(quax.GuardedValue):
     """A weight `w` plus a low-rank adaptation: it stands for `w + s * (a @ b)`,
     stored as the three arrays, never summed.
 
@@ -59,17 +59,25 @@ class LoraArray(quax.ArrayValue):
     - `a`: shape `(*batch, n, rank)`.
     - `b`: shape `(*batch, rank, *m)`.
     - `alpha`, `allow_materialise`, `stop_gradient`: as passed to `__init__` (static).
+
+    It follows the core's materialisation policy ([`quax.GuardedValue`][]): an
+    operation without a LoRA rule raises a [`quax_lora.MaterialisationError`][]
+    naming the primitive, the types and the way out, unless
+    `allow_materialise=True` (or `.enable_materialise()`, which returns a copy
+    sharing `w`, `a` and `b`).
     """
 
     # `w + s * a @ b` is not linear in the leaves (a, b) together: a custom
     # derivative meets it densified (or refused), never rebuilt from tangents.
     linear_in_leaves: ClassVar[bool] = False
+    materialisation_error: ClassVar[type[quax.MaterialisationError]] = (
+        MaterialisationError
+    )
 
     w: Array | quax.ArrayValue
     a: Array
     b: Array
     alpha: float | None = eqx.field(static=True)
-    allow_materialise: bool = eqx.field(static=True)
     stop_gradient: bool = eqx.field(static=True)
 
     def __init__(
@@ -233,54 +241,27 @@ class LoraArray(quax.ArrayValue):
     def aval(self) -> jax.core.ShapedArray:
         return jax.core.ShapedArray(self.w.shape, self.w.dtype)
 
-    def enable_materialise(self, allow: bool = True) -> "LoraArray":
-        """A copy of this array with `allow_materialise=allow`.
-
-        **Arguments:**
-
-        - `allow`: whether the copy may form its dense `w + s * a @ b`.
-
-        **Returns:**
-
-        A `LoraArray` sharing `w`, `a` and `b` with this one.
-        """
-        # Field by field, as equinox unflattens a module: not through `__init__`
-        # (which would draw new factors), nor `Module.__new__`.
-        out = object.__new__(type(self))
-        for field in dataclasses.fields(self):
-            object.__setattr__(out, field.name, getattr(self, field.name))
-        object.__setattr__(out, "allow_materialise", allow)
-        return out
-
-    def materialise(self) -> Array:
-        if not self.allow_materialise:
-            raise MaterialisationError(
-                f"Refusing to materialise LoraArray: its dense weight w + a @ b "
-                f"(shape {self.w.shape}, dtype {self.w.dtype}) is needed by an "
-                "operation without a LoRA rule. Pass allow_materialise=True to "
-                "LoraArray / quax_lora.loraify (or call .enable_materialise()) to "
-                "allow it, or use quax_lora.merge(model) to get dense weights."
-            )
+    def dense(self) -> Array:
+        """The dense weight `w + s * a @ b`, in the dtype of `w`. A `w` that is
+        itself a `quax.Value` is materialised by its own policy (or refuses)."""
         w = self.weight()
         if isinstance(w, quax.Value):
             w = w.materialise()  # the weight's own refusal, if it has one
         return (w + self.delta()).astype(self.w.dtype)
 
-    @staticmethod
-    def default(primitive: Any, values: Any, params: dict[str, Any]) -> Any:
-        for value in values:
-            if isinstance(value, LoraArray) and not value.allow_materialise:
-                types = ", ".join(type(v).__qualname__ for v in values)
-                raise MaterialisationError(
-                    f"Refusing to materialise LoraArray for primitive "
-                    f"`{primitive.name}` on input types ({types}): quax_lora has no "
-                    f"rule for this case, and forming the dense w + a @ b (shape "
-                    f"{value.shape}) would cost what LoRA saves. Pass "
-                    "allow_materialise=True to LoraArray / quax_lora.loraify (or call "
-                    ".enable_materialise()) to allow it, or use quax_lora.merge(model) "
-                    "to get dense weights."
-                )
-        return quax.Value.default(primitive, values, params)
+    def refusal_reason(self) -> str:
+        return (
+            f"forming its dense weight w + s * a @ b (shape {self.w.shape}, dtype "
+            f"{self.w.dtype}) would cost what LoRA saves"
+        )
+
+    def way_out(self, primitive: Any = None) -> str:
+        del primitive
+        return (
+            "Pass allow_materialise=True to LoraArray / quax_lora.loraify (or call "
+            ".enable_materialise()) to allow it, or use quax_lora.merge(model) to "
+            "get dense weights."
+        )
 
 
 def _user_stacklevel() -> int:

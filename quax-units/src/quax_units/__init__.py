@@ -41,7 +41,12 @@ from ._interop import (
     to_astropy as to_astropy,
     to_pint as to_pint,
 )
-from ._quantity import Quantity as Quantity, Unitful as Unitful, ustrip as ustrip
+from ._quantity import (
+    MaterialisationError as MaterialisationError,
+    Quantity as Quantity,
+    Unitful as Unitful,
+    ustrip as ustrip,
+)
 from ._units import Unit as Unit, unit as unit
 
 

@@ -21,7 +21,27 @@ from ._dimensions import Dimensions, UnitError, dimensionless
 from ._units import Unit, UnitLike, conversion_factor, si_unit, unit
 
 
-__all__ = ["Quantity", "Unitful", "fits_any_unit", "make", "ustrip"]
+__all__ = [
+    "MaterialisationError",
+    "Quantity",
+    "Unitful",
+    "fits_any_unit",
+    "make",
+    "ustrip",
+]
+
+
+class MaterialisationError(UnitError, quax.MaterialisationError):
+    """A `Quantity` with dimensions refused to become a plain array: turning it
+    into its numbers would drop its units. Raised by `materialise()` and by a
+    primitive that has no rule for quantities, unless the quantity allows it
+    (`allow_materialise=True`, `.enable_materialise()`).
+
+    Its message starts with "Refusing to materialise `Quantity`". It is a
+    [`quax_units.UnitError`][] (a `TypeError`), as the family's refusals always
+    were, and a [`quax.MaterialisationError`][] (a `RuntimeError`), as every
+    family's refusal is.
+    """
 
 
 class DisplayUnit:
@@ -86,7 +106,7 @@ def _unary(op: Callable[[Any], Any]) -> Any:
     return method
 
 
-class Quantity(quax.ArrayValue):
+class Quantity(quax.GuardedValue):
     """An array with physical units, for `quax.quaxify`.
 
     ```python
@@ -124,15 +144,19 @@ class Quantity(quax.ArrayValue):
         `Dimension` to exponent (default: dimensionless).
     - `display`: the unit to show the value in (default: `unit`); it must have the
         same dimensions.
-    - `allow_materialise`: whether `materialise()` may drop the units of a quantity
-        with dimensions and return its SI-coherent numbers (default: refuse). See
+    - `allow_materialise`: whether the quantity may drop its units and become its
+        SI-coherent numbers: in `materialise()`, and for a primitive without a rule
+        for quantities, which then runs on the numbers (default: refuse, with a
+        [`quax_units.MaterialisationError`][]). A dimensionless quantity is a
+        number: it always may, and its flag is `True` whatever is passed. See
         `enable_materialise`.
+
+    It follows the core's materialisation policy ([`quax.GuardedValue`][]).
     """
 
     array: ArrayLike
     units: Dimensions = eqx.field(static=True)
     display: DisplayUnit = eqx.field(static=True)
-    allow_materialise: bool = eqx.field(static=True)
     # The aval is the array's (with its weak type, as for the dense numbers): quax
     # reads it without calling `aval`, which stays as the reference.
     aval_leaf: ClassVar[str] = "array"
@@ -162,7 +186,7 @@ class Quantity(quax.ArrayValue):
         self.array = _to_si(value, u)
         self.units = u.dimensions
         self.display = shown
-        self.allow_materialise = allow_materialise
+        self.allow_materialise = bool(allow_materialise) or u.is_dimensionless
         if u.scale != 1.0 or u.offset:
             magnitude = jnp.asarray(value)
             if not isinstance(magnitude, jax.core.Tracer):
@@ -171,6 +195,9 @@ class Quantity(quax.ArrayValue):
     # A quantity is its array times its units: linear in its leaves, so the tangents
     # and cotangents of `custom_jvp`/`custom_vjp` functions keep their units.
     linear_in_leaves: ClassVar[bool] = True
+    materialisation_error: ClassVar[type[quax.MaterialisationError]] = (
+        MaterialisationError
+    )
 
     # NumPy arrays defer to these operators instead of broadcasting over the object.
     __array_ufunc__ = None
@@ -252,51 +279,31 @@ class Quantity(quax.ArrayValue):
     def aval(self) -> jax.core.ShapedArray:
         return jax.typeof(self.array)  # pyright: ignore[reportReturnType]
 
-    def materialise(self) -> Any:
-        if self.units.is_dimensionless or self.allow_materialise:
-            return self.array
-        raise UnitError(
-            f"Refusing to materialise a Quantity in {self.unit} ({self.units}): "
-            "turning it into a plain array would drop its units. Strip them "
-            "explicitly with `quax_units.ustrip(unit, q)`, keep the units unchanged "
-            "here, or allow it with `q.enable_materialise()` (`allow_materialise="
-            "True`), which gives the SI-coherent numbers."
+    def dense(self) -> Any:
+        """The numbers in SI-coherent units (`.array`), without the units."""
+        return self.array
+
+    def refusal_reason(self) -> str:
+        return (
+            f"turning a quantity in {self.unit} ({self.units}) into a plain array "
+            "would drop its units"
         )
 
-    def enable_materialise(self, allow: bool = True) -> "Quantity":
-        """A copy that may (or, with `allow=False`, may not) materialise into its
-        SI-coherent numbers, dropping its units.
-
-        **Arguments:**
-
-        - `allow`: whether `materialise()` may drop the units.
-
-        **Returns:**
-
-        The same quantity with `allow_materialise=allow`.
-        """
-        out = make(self.array, self.units, self.display.unit)
-        object.__setattr__(out, "allow_materialise", allow)
-        return out
-
-    @staticmethod
-    def default(primitive: Any, values: Any, params: dict[str, Any]) -> Any:
-        dimensionful = [
-            v
-            for v in values
-            if isinstance(v, Quantity) and not v.units.is_dimensionless
-        ]
-        if dimensionful:
-            described = ", ".join(describe(v) for v in values)
-            raise UnitError(
-                f"quax-units has no rule for `{primitive.name}` on ({described}), and "
-                "applying it to the bare numbers would drop or corrupt the units. "
-                "Strip "
-                "the units first with `quax_units.ustrip(unit, q)` (and reattach them "
-                "with `quax_units.Quantity`), or register a rule with `quax.register`."
+    def way_out(self, primitive: Any = None) -> str:
+        allow = (
+            "allow it with `q.enable_materialise()` (`allow_materialise=True`), "
+            "which gives the SI-coherent numbers"
+        )
+        if primitive is None:
+            return (
+                "Strip the units explicitly with `quax_units.ustrip(unit, q)`, keep "
+                f"the units unchanged here, or {allow}."
             )
-        dense = [v.array if isinstance(v, Quantity) else v for v in values]
-        return primitive.bind(*dense, **params)
+        return (
+            "Strip the units first with `quax_units.ustrip(unit, q)` (and reattach "
+            f"them with `quax_units.Quantity`), register a rule for "
+            f"`{primitive.name}` with `quax.register`, or {allow} (to run it on them)."
+        )
 
     @property
     def unit(self) -> Unit:
@@ -372,7 +379,7 @@ def make(array: Any, dims: Dimensions, shown: Unit | None) -> Quantity:
     object.__setattr__(out, "array", array)
     object.__setattr__(out, "units", dims)
     object.__setattr__(out, "display", DisplayUnit(shown))
-    object.__setattr__(out, "allow_materialise", False)
+    object.__setattr__(out, "allow_materialise", dims.is_dimensionless)
     return out
 
 
