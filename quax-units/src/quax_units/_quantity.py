@@ -14,8 +14,9 @@ import numpy as np
 import quax
 from jax import lax
 from jax.extend.core import Primitive
-from jax.interpreters import ad, batching, mlir
+from jax.interpreters import ad, mlir
 from jaxtyping import ArrayLike
+from quax._compat import define_batching_rule
 
 from ._dimensions import Dimensions, UnitError, dimensionless
 from ._units import Unit, UnitLike, conversion_factor, si_unit, unit
@@ -573,7 +574,7 @@ for _p, _transpose in [
     ad.primitive_jvps[_p] = _linear_jvp(_p)
     ad.primitive_transposes[_p] = _transpose
 for _p in (strip_p, tangent_strip_p, per_unit_p):
-    batching.primitive_batchers[_p] = _batch(_p)
+    define_batching_rule(_p, _batch(_p))
     mlir.register_lowering(_p, mlir.lower_fun(_first, multiple_results=False))
 
 
