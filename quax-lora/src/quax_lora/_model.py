@@ -19,7 +19,7 @@ import numpy as np
 import quax
 from jaxtyping import PRNGKeyArray, PyTree
 
-from ._lora import LoraArray, LoraWarning, MaterialisationError
+from ._value import LoraArray, LoraWarning, MaterialisationError
 
 
 __all__ = [
