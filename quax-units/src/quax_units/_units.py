@@ -117,12 +117,12 @@ class Unit:
                 self.dimensions * other.dimensions,
                 _merge(self.terms, other.terms, 1),
             )
-        from ._quantity import Quantity
+        from ._value import Quantity
 
         return Quantity(other, self)
 
     def __rmul__(self, other: Any) -> Any:
-        from ._quantity import Quantity
+        from ._value import Quantity
 
         return Quantity(other, self)
 

@@ -20,9 +20,9 @@ from equinox.internal._loop.common import maybe_set_p, select_if_vmap_p
 from jax import lax
 from jaxtyping import ArrayLike
 
-from ._dimensions import Dimensions, UnitError, dimensionless, rational_exponent
-from ._quantity import Quantity, describe, fits_any_unit, make
-from ._units import Unit, si_unit, unit
+from .._dimensions import Dimensions, UnitError, dimensionless, rational_exponent
+from .._units import Unit, si_unit, unit
+from .._value import Quantity, describe, fits_any_unit, make
 
 
 _Operand = Quantity | ArrayLike
