@@ -3,7 +3,7 @@ strings such as `"km / s"`, `"kg m2 s-2"` or `"m**(1/2)"`."""
 
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from fractions import Fraction
 from typing import Any
 
@@ -25,7 +25,7 @@ from ._dimensions import (
 )
 
 
-__all__ = ["Unit", "UnitLike", "si_unit", "unit"]
+__all__ = ["Unit", "UnitLike", "set_quantity_type", "si_unit", "unit"]
 
 
 class Unit:
@@ -117,14 +117,10 @@ class Unit:
                 self.dimensions * other.dimensions,
                 _merge(self.terms, other.terms, 1),
             )
-        from ._value import Quantity
-
-        return Quantity(other, self)
+        return _quantity_type(other, self)
 
     def __rmul__(self, other: Any) -> Any:
-        from ._value import Quantity
-
-        return Quantity(other, self)
+        return _quantity_type(other, self)
 
     def __truediv__(self, other: "Unit") -> "Unit":
         if not isinstance(other, Unit):
@@ -180,6 +176,28 @@ class Unit:
 
     def __repr__(self) -> str:
         return f"Unit({str(self)!r})"
+
+
+# What `number * unit` makes: `quax_units.Quantity`. Quantities are built on units
+# (`_value` imports this module), so `_value` hands the class down here when it is
+# imported, rather than this module importing it, which would be an import cycle.
+_quantity_type: Callable[[Any, Unit], Any]
+
+
+def set_quantity_type(make: Callable[[Any, Unit], Any]) -> None:
+    """Make `number * unit` and `unit * number` return `make(number, unit)`.
+    `_value` calls it once, with `Quantity`.
+
+    **Arguments:**
+
+    - `make`: the quantity type, called as `make(value, unit)`.
+
+    **Returns:**
+
+    Nothing.
+    """
+    global _quantity_type
+    _quantity_type = make
 
 
 def _finite(x: Any) -> bool:

@@ -16,7 +16,14 @@ from jaxtyping import ArrayLike
 
 from ._dimensions import Dimensions, UnitError, dimensionless
 from ._strip import _check_dimensions, strip_p
-from ._units import Unit, UnitLike, conversion_factor, si_unit, unit
+from ._units import (
+    Unit,
+    UnitLike,
+    conversion_factor,
+    set_quantity_type,
+    si_unit,
+    unit,
+)
 
 
 __all__ = [
@@ -350,6 +357,8 @@ class Quantity(quax.GuardedValue):
             numbers = repr(self.value)
         return f"Quantity({numbers}, unit={str(self.unit)!r})"
 
+
+set_quantity_type(Quantity)  # `number * unit` makes a quantity
 
 Unitful = Quantity
 """The published quax example's name of [`quax_units.Quantity`][] (the same class):
