@@ -7,6 +7,7 @@ warning."""
 import io
 
 import equinox as eqx
+import jax
 import jax.numpy as jnp
 import jax.random as jr
 import numpy as np
@@ -29,6 +30,14 @@ def _saved(model) -> io.BytesIO:
     quax_lora.save_adapter(f, model)
     f.seek(0)
     return f
+
+
+def _loras_of(model):
+    return [
+        x
+        for x in jax.tree.leaves(model, is_leaf=quax_lora.is_lora)
+        if quax_lora.is_lora(x)
+    ]
 
 
 def _reference(model, x):
@@ -169,3 +178,26 @@ def test_a_path_without_suffix_gets_eqx(perturb, tmp_path):
     assert (tmp_path / "adapter.eqx").exists()
     fresh = quax_lora.loraify(MLP, rank=2, alpha=8.0, key=jr.key(9))
     quax_lora.load_adapter(str(tmp_path / "adapter"), fresh)
+
+
+def test_save_and_load_adapter(tmp_path, perturb):
+    mlp = eqx.nn.MLP(5, 3, 7, depth=1, key=jr.PRNGKey(0))
+    tuned = perturb(quax_lora.loraify(mlp, rank=2, key=jr.PRNGKey(1)), jr.PRNGKey(2))
+    path = tmp_path / "adapter.eqx"
+    quax_lora.save_adapter(path, tuned)
+    fresh = quax_lora.loraify(mlp, rank=2, key=jr.PRNGKey(9))
+    loaded = quax_lora.load_adapter(path, fresh)
+    for got, want in zip(_loras_of(loaded), _loras_of(tuned), strict=True):
+        np.testing.assert_array_equal(got.a, want.a)
+        np.testing.assert_array_equal(got.b, want.b)
+        np.testing.assert_array_equal(got.w, want.w)
+    # Only the adapter is in the file: a, b of two layers and their settings, far
+    # smaller than the model (one wide enough that the settings, a few hundred
+    # bytes, do not weigh as much as its weights).
+    wide = quax_lora.loraify(
+        eqx.nn.MLP(32, 16, 64, depth=1, key=jr.PRNGKey(0)), rank=2, key=jr.PRNGKey(1)
+    )
+    quax_lora.save_adapter(path, wide)
+    full = tmp_path / "full.eqx"
+    eqx.tree_serialise_leaves(full, wide)
+    assert path.stat().st_size < full.stat().st_size / 2
