@@ -1,4 +1,7 @@
-"""loraify, merge, the trainable filter, parameter counts, adapter files."""
+"""loraify (and its errors when it matches nothing), merge, the trainable filter,
+parameter counts."""
+
+from typing import Any
 
 import equinox as eqx
 import jax
@@ -8,6 +11,7 @@ import numpy as np
 import pytest
 import quax
 import quax_lora
+from quax_lora import LoraArray
 
 
 def _loras(model):
@@ -124,18 +128,46 @@ def test_trainable_filter_and_count():
     )
 
 
-def test_save_and_load_adapter(tmp_path, perturb):
-    mlp = eqx.nn.MLP(5, 3, 7, depth=1, key=jr.PRNGKey(0))
-    tuned = perturb(quax_lora.loraify(mlp, rank=2, key=jr.PRNGKey(1)), jr.PRNGKey(2))
-    path = tmp_path / "adapter.eqx"
-    quax_lora.save_adapter(path, tuned)
-    fresh = quax_lora.loraify(mlp, rank=2, key=jr.PRNGKey(9))
-    loaded = quax_lora.load_adapter(path, fresh)
-    for got, want in zip(_loras(loaded), _loras(tuned), strict=True):
-        np.testing.assert_array_equal(got.a, want.a)
-        np.testing.assert_array_equal(got.b, want.b)
-        np.testing.assert_array_equal(got.w, want.w)
-    # Only the adapter is in the file: a, b of two layers, far smaller than the model.
-    full = tmp_path / "full.eqx"
-    eqx.tree_serialise_leaves(full, tuned)
-    assert path.stat().st_size < full.stat().st_size / 2
+# loraify that matches nothing ---------------------------------------------------------
+
+
+KEY = jr.key(0)
+
+
+@pytest.fixture
+def mlp() -> eqx.nn.MLP:
+    return eqx.nn.MLP(4, 2, 8, depth=2, key=KEY)
+
+
+def test_loraify_filter_matching_no_layer(mlp: eqx.nn.MLP) -> None:
+    with pytest.raises(ValueError, match=r"filter=GRUCell: it matched no layer"):
+        quax_lora.loraify(mlp, rank=2, filter=eqx.nn.GRUCell, key=KEY)
+
+
+def test_loraify_layer_without_weight() -> None:
+    cell = eqx.nn.GRUCell(4, 3, key=KEY)
+    with pytest.raises(
+        ValueError, match=r"matched 1 layer\(s\) \(GRUCell\), but none has a `weight`"
+    ):
+        quax_lora.loraify(cell, rank=2, filter=eqx.nn.GRUCell, key=KEY)
+
+
+def test_loraify_where_pointing_at_arrays(mlp: eqx.nn.MLP) -> None:
+    where = lambda m: m.layers[0].weight
+    with pytest.raises(ValueError, match=r"where=.*test_model.py:\d+.*no layer"):
+        quax_lora.loraify(mlp, rank=2, where=where, key=KEY)
+
+
+def test_loraify_predicate_filter_named(mlp: eqx.nn.MLP) -> None:
+    def never(layer: Any) -> bool:
+        return False
+
+    with pytest.raises(ValueError, match=r"filter=.*never"):
+        quax_lora.loraify(mlp, rank=2, filter=never, key=KEY)
+
+
+def test_loraify_again_is_not_an_error(mlp: eqx.nn.MLP) -> None:
+    once = quax_lora.loraify(mlp, rank=2, key=KEY)
+    twice = quax_lora.loraify(once, rank=2, key=jr.key(1))
+    assert all(isinstance(layer.weight, LoraArray) for layer in twice.layers)
+    np.testing.assert_array_equal(twice.layers[0].weight.a, once.layers[0].weight.a)

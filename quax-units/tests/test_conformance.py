@@ -2,9 +2,12 @@
 SI-coherent numbers (eval, jit, vmap, grad, jvp), and compiled programs free of
 unit conversions."""
 
+import hypothesis.strategies as st
 import jax.numpy as jnp
 import pytest
 import quax.testing
+import quax.testing.strategies as qst
+from hypothesis import given, settings
 from jax import lax
 from quax_units import Quantity
 
@@ -37,6 +40,27 @@ PROGRAMS = {
 def test_matches_the_program_on_si_numbers(name):
     fn, args = PROGRAMS[name]
     quax.testing.assert_matches_dense(fn, *args)
+
+
+# The operations of `quax.testing.strategies.programs` that a quantity with
+# dimensions takes: `sin`, `tanh` and `add_const` (a plain constant) need a
+# dimensionless one.
+_DIMENSIONAL_OPS = tuple(
+    op for op in qst.ALL_OPS if op not in ("sin", "tanh", "add_const")
+)
+
+
+@settings(max_examples=10, deadline=None)
+@given(qst.data())
+def test_random_programs_match_the_program_on_si_numbers(data):
+    unit = data.draw(st.sampled_from(["km", "m / s", "degC", "%"]), label="unit")
+    ops = qst.ALL_OPS if unit == "%" else _DIMENSIONAL_OPS
+    program = data.draw(qst.programs(ops=ops), label="program")
+    x = data.draw(qst.arrays(program.in_shape, program.dtype), label="x")
+    # A `while_loop` has no reverse-mode derivative, in plain JAX either.
+    quax.testing.assert_matches_dense(
+        program, Quantity(x, unit), grad=program.reverse_mode
+    )
 
 
 def test_compiled_program_converts_nothing():

@@ -92,7 +92,7 @@ def test_repr_eager_and_under_jit():
 
 def test_materialise_refuses_dimensionful_allows_dimensionless():
     with pytest.raises(
-        UnitError, match=r"Refusing to materialise a Quantity in m / s \(m / s\)"
+        UnitError, match=r"Refusing to materialise `Quantity` .*in m / s \(m / s\)"
     ):
         Quantity(1.0, "m / s").materialise()
     np.testing.assert_allclose(Quantity(90.0, "deg").materialise(), np.pi / 2)
@@ -166,10 +166,10 @@ def test_quantity_as_a_rule_annotation():
         # (a compiled eager program traces it beside the first call).
         assert seen and all(u == unit("%") for u in seen)
     finally:
-        # Restore the family's rule (registered by importing `_rules`).
-        from quax_units import _rules
+        # Restore the family's rule (registered by importing `_rules._arrays`).
+        from quax_units._rules import _arrays
 
-        quax.register_elementwise([lax.exp2_p])(_rules._dimensionless)
+        quax.register_elementwise([lax.exp2_p])(_arrays._dimensionless)
 
 
 def test_zeros_computed_from_a_quantity_fit_its_unit_with_eager_compilation():
@@ -206,12 +206,32 @@ def test_asarray_says_how_to_strip_units():
 
 def test_enable_materialise():
     q = Quantity(jnp.array([1.0, 2.0]), "km")
-    with pytest.raises(UnitError, match="Refusing to materialise a Quantity in km"):
+    with pytest.raises(UnitError, match=r"Refusing to materialise `Quantity` .*in km"):
         q.materialise()
     allowed = q.enable_materialise()
     np.testing.assert_allclose(allowed.materialise(), [1000.0, 2000.0])
     assert allowed.unit == q.unit and allowed.allow_materialise
     assert not allowed.enable_materialise(False).allow_materialise
+
+
+def test_the_materialisation_policy_is_the_cores():
+    q = Quantity(jnp.array([1.0, 2.0]), "km")
+    assert isinstance(q, quax.GuardedValue)
+    # The refusal is a `UnitError`, as it always was, and a
+    # `quax.MaterialisationError`, as every family's is.
+    assert issubclass(quax_units.MaterialisationError, UnitError)
+    assert issubclass(quax_units.MaterialisationError, quax.MaterialisationError)
+    with pytest.raises(
+        quax.MaterialisationError,
+        match=r"^Refusing to materialise `Quantity` with `allow_materialise=False`, "
+        r"and turning a quantity in km \(m\) into a plain array would drop its "
+        r"units\. Strip the units explicitly",
+    ):
+        q.materialise()
+    # A dimensionless quantity is a number: it may always materialise, and says so.
+    for dimensionless in [Quantity(0.5), Quantity(50.0, "%"), q / q]:
+        assert dimensionless.allow_materialise
+    assert not Quantity(1.0, "m", allow_materialise=False).allow_materialise
 
 
 @pytest.mark.parametrize(
@@ -255,3 +275,32 @@ def test_quantity_declares_its_array() -> None:
     half = jnp.ones(3, jnp.float16)
     out = quax.quaxify(jnp.multiply)(q, half)
     assert out.array.dtype == jnp.multiply(q.array, half).dtype == jnp.float16
+
+
+@pytest.mark.parametrize(
+    "args, error, match",
+    [
+        (("abc", "m"), ValueError, r"Quantity needs numbers as its `value`.*'abc'"),
+        ((None, "m"), ValueError, r"Quantity needs numbers as its `value`.*None"),
+        ((1.0, "furlong"), ValueError, r"Quantity's `unit` 'furlong' is not a unit"),
+        ((1.0, "m**(1/0)"), ValueError, r"`unit` 'm\*\*\(1/0\)'.*divides by zero"),
+        ((1.0, 3), TypeError, r"Quantity's `unit` 3 is not a unit: Expected a unit"),
+        ((1.0, "m", "furlong"), ValueError, r"Quantity's `display` 'furlong'"),
+    ],
+)
+def test_constructor_names_the_bad_argument(args, error, match):
+    with pytest.raises(error, match=match):
+        Quantity(*args)
+
+
+def test_nan_in_is_nan_out():
+    # NaNs stay where plain JAX has them, through rules that combine and convert
+    # units, under jit, and when the numbers are read back in another unit.
+    x = jnp.array([1.0, jnp.nan, 3.0, 4.0])
+    y = jnp.array([2.0, 2.0, jnp.nan, 0.5])
+    f = lambda a, b: jnp.sqrt(a * b + a**2) / b * a - a
+    got = jax.jit(quax.quaxify(f))(Quantity(x, "km"), Quantity(y, "km"))
+    want = f(x * 1e3, y * 1e3)
+    assert np.array_equal(np.isnan(got.array), np.isnan(want))
+    np.testing.assert_allclose(got.array, want, rtol=1e-6)
+    np.testing.assert_allclose(ustrip("km", got), want / 1e3, rtol=1e-6)

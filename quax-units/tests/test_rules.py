@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import quax
+import quax_units
 from jax import lax
 from quax_units import Quantity, UnitError, Unitful, meters, seconds, unit, ustrip
 
@@ -236,6 +237,53 @@ def test_pow_exponent_errors():
     check(lambda x, p: x**p, ratio, jnp.array([1.0, 2.0, 0.5]), units="")
 
 
+@pytest.mark.parametrize("exponent", [jnp.nan, jnp.inf, -jnp.inf])
+@pytest.mark.parametrize("jit", [False, True])
+def test_pow_with_a_non_finite_exponent_names_it(exponent, jit):
+    # A NaN exponent once read as "differing exponents nan", and an infinite one
+    # raised a bare OverflowError from `Fraction`.
+    f = quax.quaxify(lambda x: x**exponent)
+    with pytest.raises(
+        UnitError,
+        match=rf"Cannot take `pow` of m \[m\] with the exponent -?{exponent}: the "
+        r"exponent of a unit is a finite number.*dimensionless first",
+    ):
+        (jax.jit(f) if jit else f)(a)
+    # NaN in, NaN out where the base is dimensionless, as in plain JAX.
+    check(lambda x: x**exponent, ratio, units="")
+
+
+def test_pow_with_an_exponent_no_simple_fraction_rounds_to():
+    # Read as 10/81 before: the units said m^(10/81) of numbers raised to
+    # 0.1234567.
+    with pytest.raises(
+        UnitError,
+        match=r"exponent 0\.1234567: exponents of units are exact fractions.*"
+        r"nearest is 10/81",
+    ):
+        quax.quaxify(lambda x: x**0.1234567)(a)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16, jnp.float16])
+def test_pow_reads_one_third_in_every_float_dtype(dtype):
+    x = Quantity(jnp.array([8.0, 27.0], dtype), "m")
+    out = quax.quaxify(lambda x: x ** jnp.asarray(1 / 3, dtype))(x)
+    assert out.units == {meters: Fraction(1, 3)}
+
+
+def test_powers_whose_display_scale_overflows_show_si_units():
+    # `km ** 200` has a scale of 1e600, out of a float's range: the numbers are in
+    # SI units (`m ** 200`) anyway, and the display falls back to them. Before, a
+    # bare OverflowError.
+    x = Quantity(jnp.array([1.0, 1.5]), "km")
+    out = quax.quaxify(lambda x: x**200)(x)
+    assert out.units == {meters: 200} and str(out.unit) == "m200"
+    np.testing.assert_array_equal(out.array, jnp.array([1000.0, 1500.0]) ** 200)
+    out = quax.quaxify(jnp.prod)(Quantity(jnp.full(200, 1e-3), "km"))
+    assert out.units == {meters: 200} and str(out.unit) == "m200"
+    np.testing.assert_allclose(out.array, 1.0)
+
+
 @pytest.mark.parametrize(
     "f",
     [jnp.exp, jnp.log, jnp.log1p, jnp.expm1, jnp.sin, jnp.cos, jnp.tan, jnp.tanh,
@@ -259,8 +307,26 @@ def test_angles_are_radians():
 
 
 def test_unsupported_primitive_raises_for_dimensionful():
-    with pytest.raises(UnitError, match=r"no rule for `bessel_i0e` on \(m \[m\]\)"):
+    # The core's policy (`quax.GuardedValue`) words the refusal: the primitive,
+    # the input types, the owner, then the units that would be dropped.
+    with pytest.raises(
+        UnitError,
+        match=r"^Refusing to materialise `Quantity` for primitive `bessel_i0e` on "
+        r"input types \(Quantity\): quax-units has no rule for this case, and "
+        r"turning a quantity in m \(m\) into a plain array would drop its units\. "
+        r"Strip the units first",
+    ) as error:
         quax.quaxify(lambda x: lax.bessel_i0e(x))(a)
+    assert isinstance(error.value, quax.MaterialisationError)
+    assert isinstance(error.value, quax_units.MaterialisationError)
+
+
+def test_unsupported_primitive_runs_on_the_numbers_where_allowed():
+    # `allow_materialise=True` lets the quantity drop its units: the primitive runs
+    # on its SI-coherent numbers (refused before, whatever the flag said).
+    out = quax.quaxify(lambda x: lax.bessel_i0e(x))(b.enable_materialise())
+    assert not isinstance(out, Quantity)
+    np.testing.assert_allclose(out, lax.bessel_i0e(b.array), rtol=1e-6)
 
 
 def test_unsupported_primitive_passes_dimensionless_through():

@@ -73,6 +73,7 @@ __all__ = [
     "custom_vjp_call_p",
     "debug_callback_p",
     "debug_print_p",
+    "define_batching_rule",
     "eager_program",
     "emit_equation",
     "ensure_no_leaks",
@@ -598,3 +599,22 @@ def cache_eager_primitive_programs() -> None:
         return cached(trace_context(), primitive, **params)
 
     _dispatch.xla_primitive_callable = xla_primitive_callable
+
+
+def define_batching_rule(primitive: Any, rule: Any) -> None:
+    """Define `primitive`'s batching rule, what `jax.vmap` calls for it: for a
+    family that defines a primitive of its own (quax-units' `ustrip`). JAX keeps
+    these rules in a private table, `batching.primitive_batchers`.
+
+    **Arguments:**
+
+    - `primitive`: a `jax.extend.core.Primitive`.
+    - `rule`: as JAX's batching rules: `rule(args, dims, **params)` returns the
+        output and its batch dimension (lists of them for a primitive with
+        `multiple_results`).
+
+    **Returns:**
+
+    Nothing.
+    """
+    _batching.primitive_batchers[primitive] = rule

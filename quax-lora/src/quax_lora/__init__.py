@@ -8,8 +8,8 @@ y = quax.quaxify(lora_model)(x)
 """
 
 from . import _rules as _rules  # registers the rules
-from ._lora import LoraArray as LoraArray, MaterialisationError as MaterialisationError
 from ._model import (
+    LegacyAdapterWarning as LegacyAdapterWarning,
     ParameterCount as ParameterCount,
     adapter_filter as adapter_filter,
     count_parameters as count_parameters,
@@ -19,4 +19,10 @@ from ._model import (
     merge as merge,
     save_adapter as save_adapter,
     trainable_filter as trainable_filter,
+)
+from ._value import (
+    LoraArray as LoraArray,
+    LoraWarning as LoraWarning,
+    MaterialisationError as MaterialisationError,
+    RankWarning as RankWarning,
 )

@@ -2,9 +2,14 @@
 and saving/loading only the adapter."""
 
 import dataclasses
+import io
 import itertools
+import json
 import math
-from collections.abc import Callable
+import pathlib
+import warnings
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any, BinaryIO
 
 import equinox as eqx
@@ -14,10 +19,11 @@ import numpy as np
 import quax
 from jaxtyping import PRNGKeyArray, PyTree
 
-from ._lora import LoraArray, MaterialisationError
+from ._value import LoraArray, LoraWarning, MaterialisationError
 
 
 __all__ = [
+    "LegacyAdapterWarning",
     "ParameterCount",
     "adapter_filter",
     "count_parameters",
@@ -325,41 +331,229 @@ def _size(tree: PyTree) -> int:
     return total
 
 
-def save_adapter(path_or_file: str | BinaryIO, model: PyTree) -> None:
+class LegacyAdapterWarning(LoraWarning):
+    """An adapter file in the format of earlier quax-lora versions, which saved `a`
+    and `b` without the settings that reproduce the outputs: loading it checks the
+    shapes (so the ranks) but cannot check `alpha`."""
+
+
+# An adapter file: this line, the length of the header (8 bytes, little-endian),
+# the header (JSON: the settings of every adapted layer), then the leaves `a` and
+# `b` as `eqx.tree_serialise_leaves` writes them. Files of earlier versions hold
+# the leaves alone, and start as a NumPy array does (`\x93NUMPY`).
+_MAGIC = b"quax-lora adapter\n"
+_FORMAT_VERSION = 2
+# The settings of a layer that must agree between the file and the model, in the
+# order they are checked and named.
+_SETTINGS = ("shape", "dtype", "batch_ndim", "rank", "scaling", "stop_gradient")
+# How many differences a refusal to load names (a model of many layers loraified
+# with another alpha differs at every layer).
+_PROBLEMS_SHOWN = 4
+
+
+def _layers(model: PyTree) -> Iterator[tuple[str, LoraArray]]:
+    """(path, array) of every `LoraArray` of `model`, in the order of its leaves;
+    the path as `jax.tree_util.keystr` writes it (`.layers[0].weight`)."""
+    for path, x in jtu.tree_flatten_with_path(model, is_leaf=is_lora)[0]:
+        if isinstance(x, LoraArray):
+            yield jtu.keystr(path), x
+
+
+def _settings(lora: LoraArray) -> dict[str, Any]:
+    """What reproduces a layer's outputs from its `a` and `b`: the weight's shape
+    and dtype, the layout, the rank, `alpha` and the scaling `alpha / rank`, and
+    whether `w` is frozen (which decides what fine-tuning trains)."""
+    return {
+        "shape": list(lora.shape),
+        "dtype": str(lora.dtype),
+        "batch_ndim": lora.batch_ndim,
+        "rank": lora.rank,
+        "alpha": lora.alpha,
+        "scaling": lora.scaling,
+        "stop_gradient": lora.stop_gradient,
+    }
+
+
+def _differs(key: str, saved: Any, current: Any) -> bool:
+    if key == "scaling":  # alpha / rank, computed alike on both sides
+        return not math.isclose(saved, current, rel_tol=1e-12)
+    return saved != current
+
+
+def _describe_setting(key: str, settings: dict[str, Any]) -> str:
+    if key == "scaling":
+        return (
+            f"alpha={settings['alpha']!r} (scaling alpha / rank = "
+            f"{settings['scaling']!r})"
+        )
+    value = settings[key]
+    return f"{key}={tuple(value) if key == 'shape' else value!r}"
+
+
+def _check_settings(saved: dict[str, dict[str, Any]], model: PyTree) -> None:
+    """Raise a `ValueError` naming every layer whose settings in `model` differ
+    from those `saved` (by path), and the layers only one of them has."""
+    current = {path: _settings(x) for path, x in _layers(model)}
+    problems = []
+    missing = [p for p in saved if p not in current]
+    extra = [p for p in current if p not in saved]
+    if missing:
+        problems.append(
+            f"the file has adapters for {', '.join(f'`{p}`' for p in missing)}, "
+            "which the model does not adapt"
+        )
+    if extra:
+        problems.append(
+            f"the model adapts {', '.join(f'`{p}`' for p in extra)}, for which the "
+            "file has no adapter"
+        )
+    for path, settings in saved.items():
+        if path not in current:
+            continue
+        for key in _SETTINGS:
+            if _differs(key, settings[key], current[path][key]):
+                problems.append(
+                    f"layer `{path}` was saved with "
+                    f"{_describe_setting(key, settings)}, and the model's has "
+                    f"{_describe_setting(key, current[path])}"
+                )
+    if len(problems) > _PROBLEMS_SHOWN:
+        hidden = len(problems) - _PROBLEMS_SHOWN
+        problems = [*problems[:_PROBLEMS_SHOWN], f"and {hidden} more difference(s)"]
+    if problems:
+        raise ValueError(
+            "quax_lora.load_adapter: the adapter was saved from a model loraified "
+            "otherwise than this one, so its outputs would differ: "
+            + "; ".join(problems)
+            + ". Loraify the model as the adapter's was (the same layers, with "
+            "loraify's filter= and where=, and the same rank=, alpha= and "
+            "stop_gradient=), then load it."
+        )
+
+
+def _with_suffix(path: str | pathlib.Path) -> pathlib.Path:
+    # As `eqx.tree_serialise_leaves` names files, so that the same path works for
+    # the files earlier versions wrote.
+    path = pathlib.Path(path)
+    return path.with_suffix(".eqx") if path.suffix == "" else path
+
+
+@contextmanager
+def _open(path_or_file: str | pathlib.Path | BinaryIO, mode: str) -> Iterator[Any]:
+    if isinstance(path_or_file, str | pathlib.Path):
+        with open(_with_suffix(path_or_file), mode) as f:
+            yield f
+    else:
+        yield path_or_file
+
+
+def save_adapter(path_or_file: str | pathlib.Path | BinaryIO, model: PyTree) -> None:
     """Save only the adapter (`a` and `b` of every [`quax_lora.LoraArray`][]) of
-    `model`, with `eqx.tree_serialise_leaves`: a few megabytes, not the base model.
+    `model`: a few megabytes, not the base model.
+
+    The file also records, for every adapted layer by its path in `model`, the
+    settings that reproduce its outputs from `a` and `b`: the weight's shape and
+    dtype, `batch_ndim`, `rank`, `alpha` and the scaling `alpha / rank`, and
+    `stop_gradient`. [`quax_lora.load_adapter`][] checks them. (The initial
+    `scale` of `a` is not recorded: the file replaces `a`.)
 
     **Arguments:**
 
-    - `path_or_file`: a file name or a binary file object.
+    - `path_or_file`: a file name (without a suffix, `.eqx` is added, as
+        `eqx.tree_serialise_leaves` does) or a binary file object.
     - `model`: a PyTree containing `LoraArray`s.
 
     **Returns:**
 
     Nothing.
     """
-    eqx.tree_serialise_leaves(path_or_file, eqx.filter(model, adapter_filter(model)))
+    header = json.dumps(
+        {
+            "version": _FORMAT_VERSION,
+            "layers": {path: _settings(x) for path, x in _layers(model)},
+        }
+    ).encode()
+    with _open(path_or_file, "wb") as f:
+        f.write(_MAGIC)
+        f.write(len(header).to_bytes(8, "little"))
+        f.write(header)
+        eqx.tree_serialise_leaves(f, eqx.filter(model, adapter_filter(model)))
 
 
-def load_adapter(path_or_file: str | BinaryIO, model: PyTree) -> PyTree:
+def _read_header(f: BinaryIO) -> tuple[dict[str, Any] | None, BinaryIO]:
+    """The header of an adapter file (`None` for a file of an earlier version,
+    which has none), and the file positioned at its leaves."""
+    if not f.seekable():
+        # A stream (a pipe, a socket): NumPy's reader of the leaves seeks.
+        f = io.BytesIO(f.read())
+    start = f.read(len(_MAGIC))
+    if start != _MAGIC:
+        f.seek(-len(start), io.SEEK_CUR)
+        return None, f
+    length = int.from_bytes(f.read(8), "little")
+    header = json.loads(f.read(length).decode())
+    if header.get("version") != _FORMAT_VERSION:
+        raise ValueError(
+            f"quax_lora.load_adapter: the file is an adapter of format version "
+            f"{header.get('version')!r}, and this quax-lora reads version "
+            f"{_FORMAT_VERSION}. Load it with the quax-lora that wrote it."
+        )
+    return header, f
+
+
+def load_adapter(path_or_file: str | pathlib.Path | BinaryIO, model: PyTree) -> PyTree:
     """Load an adapter saved by [`quax_lora.save_adapter`][] into `model`, which
-    must be loraified the same way (same layers, ranks, shapes and dtypes).
+    must be loraified the same way: the same layers, and for each the same shape,
+    dtype, rank, `alpha` (so the same scaling `alpha / rank`), layout and
+    `stop_gradient`.
 
     ```python
-    base = quax_lora.loraify(pretrained, rank=8, key=key)
+    base = quax_lora.loraify(pretrained, rank=8, alpha=16.0, key=key)
     tuned = quax_lora.load_adapter("adapter.eqx", base)
     ```
 
+    A file in the format of earlier versions (`a` and `b` alone) records no
+    settings: it loads, with a
+    [`quax_lora.LegacyAdapterWarning`][], and only the shapes of `a` and `b` (so
+    the ranks) are checked. Its `alpha` cannot be: the outputs are right only if
+    `model` has the adapter's `alpha`. Save it again to record them.
+
     **Arguments:**
 
-    - `path_or_file`: a file name or a binary file object.
+    - `path_or_file`: a file name (without a suffix, `.eqx` is added) or a binary
+        file object.
     - `model`: the loraified model to load into; its `w` and other leaves are kept.
 
     **Returns:**
 
     A copy of `model` with the loaded `a` and `b`.
+
+    **Raises:**
+
+    `ValueError` when a setting of `model` differs from the file's, naming the
+    layer (by its path) and the setting, or when the file and `model` adapt
+    different layers.
     """
     spec = adapter_filter(model)
     adapter, rest = eqx.partition(model, spec)
-    loaded = eqx.tree_deserialise_leaves(path_or_file, adapter)
+    with _open(path_or_file, "rb") as f:
+        header, f = _read_header(f)
+        if header is None:
+            layers = dict(_layers(model))
+            scalings = sorted({repr(x.scaling) for x in layers.values()})
+            warnings.warn(
+                "quax_lora.load_adapter: the file is in the format of earlier "
+                "quax-lora versions, which did not record the adapter's settings "
+                "(rank, alpha, scaling, layers). The shapes of "
+                "`a` and `b` (so the ranks) are checked, but alpha cannot be: the "
+                "outputs are right only if the adapter was trained with this "
+                f"model's alpha (scaling alpha / rank: {', '.join(scalings)} over "
+                f"{len(layers)} layer(s)). Save it again with "
+                "quax_lora.save_adapter to record its settings.",
+                LegacyAdapterWarning,
+                stacklevel=2,
+            )
+        else:
+            _check_settings(header["layers"], model)
+        loaded = eqx.tree_deserialise_leaves(f, adapter)
     return eqx.combine(loaded, rest)

@@ -21,7 +21,7 @@ import quax
 from jax import lax
 from jaxtyping import Array, ArrayLike
 
-from ._lora import LoraArray
+from ._value import LoraArray
 
 
 # dot_general --------------------------------------------------------------------------

@@ -13,10 +13,7 @@ ustrip("kJ", kinetic(Quantity(2.0, "kg"), Quantity(jnp.array([3.0, 4.0]), "km / 
 ```
 """
 
-from . import (  # registers the rules
-    _linalg as _linalg,
-    _rules as _rules,
-)
+from . import _rules as _rules  # registers the rules
 from ._autodiff import (
     grad as grad,
     jacobian as jacobian,
@@ -41,8 +38,13 @@ from ._interop import (
     to_astropy as to_astropy,
     to_pint as to_pint,
 )
-from ._quantity import Quantity as Quantity, Unitful as Unitful, ustrip as ustrip
 from ._units import Unit as Unit, unit as unit
+from ._value import (
+    MaterialisationError as MaterialisationError,
+    Quantity as Quantity,
+    Unitful as Unitful,
+    ustrip as ustrip,
+)
 
 
 __version__ = "0.1.0"

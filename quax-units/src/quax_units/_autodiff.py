@@ -15,8 +15,8 @@ import jax
 import jax.tree_util as jtu
 
 from ._dimensions import Dimensions, dimensionless
-from ._quantity import Quantity, make
 from ._units import si_unit
+from ._value import Quantity, make
 
 
 __all__ = ["grad", "jacobian", "value_and_grad"]

@@ -1,8 +1,11 @@
 """Physical dimensions: base `Dimension`s and their products, `Dimensions`."""
 
+import math
 from collections.abc import Iterator, Mapping
 from fractions import Fraction
 from typing import Any
+
+import numpy as np
 
 
 __all__ = [
@@ -18,6 +21,7 @@ __all__ = [
     "kilograms",
     "meters",
     "moles",
+    "rational_exponent",
     "seconds",
 ]
 
@@ -45,6 +49,11 @@ class Dimension:
     name: str
 
     def __init__(self, name: str) -> None:
+        if not isinstance(name, str) or not name.strip():
+            raise ValueError(
+                "Dimension needs a `name`: the symbol of its base unit, a non-empty "
+                f"string such as 'm' or 'apple', got name={name!r}."
+            )
         object.__setattr__(self, "name", name)
 
     def __setattr__(self, name: str, value: Any) -> None:
@@ -83,6 +92,87 @@ def _order(d: Dimension) -> tuple[int, str]:
     return (_BASE_ORDER.get(d.name, len(_BASE_ORDER)), d.name)
 
 
+# The largest denominator of an exponent given as a float: float32's `1 / 3`
+# (0.33333334) is the exponent 1/3.
+_MAX_DENOMINATOR = 1000
+
+
+def rational_exponent(
+    value: Any,
+    operation: str,
+    error: type[Exception] = ValueError,
+    way_out: str = "Pass a `fractions.Fraction` for an exact exponent.",
+) -> Fraction:
+    """`value` as the exact exponent of a unit or of dimensions.
+
+    Integers and `Fraction`s are exact, and so is a string such as `"3/2"`. A
+    float (Python's, NumPy's or JAX's, in its own precision) is the fraction with
+    the smallest denominator, at most 1000, that rounds to it: `0.5` is 1/2, and
+    `1 / 3` is 1/3 in float64, float32 and bfloat16 alike.
+
+    **Arguments:**
+
+    - `value`: the exponent.
+    - `operation`: what is raised to it, for the message: "raise the unit km
+        to the power".
+    - `error`: the class of the error to raise.
+    - `way_out`: what to do instead of an exponent that is not finite or not a
+        simple fraction, for the message.
+
+    **Returns:**
+
+    The exponent, a `Fraction`.
+
+    **Raises:**
+
+    `error`, naming the operation and the exponent, when `value` is not a real
+    number, is not finite, or is a float that no fraction with a denominator up
+    to 1000 rounds to.
+    """
+    if isinstance(value, Fraction):
+        return value
+    if isinstance(value, str):
+        try:
+            return Fraction(value)
+        except (ValueError, ZeroDivisionError):
+            raise error(
+                f"Cannot {operation} {value!r}: it is not a number. Write an "
+                "exponent as an integer, a fraction ('3/2') or a float."
+            ) from None
+    if isinstance(value, int):
+        return Fraction(value)
+    number = np.asarray(value)
+    shown = str(number) if number.ndim == 0 else repr(value)
+    # Floats include JAX's own (bfloat16 is NumPy's kind "V").
+    if number.ndim != 0 or number.dtype.kind in "cmMOSUa":
+        raise error(
+            f"Cannot {operation} {shown}: an exponent is one real number (an "
+            "integer, a fraction or a float)."
+        )
+    if number.dtype.kind in "biu":
+        return Fraction(int(number))
+    if not math.isfinite(float(number)):
+        raise error(
+            f"Cannot {operation} {shown}: the exponent of a unit is a finite "
+            f"number, and the units of the result would be undefined. {way_out}"
+        )
+    # The simplest fraction that rounds to the float in its own dtype: the first
+    # denominator q whose nearest numerator p gives p / q == value.
+    denominators = np.arange(1, _MAX_DENOMINATOR + 1)
+    numerators = np.round(float(number) * denominators)
+    with np.errstate(over="ignore"):
+        matches = (numerators / denominators).astype(number.dtype) == number
+    if not matches.any():
+        nearest = Fraction(float(number)).limit_denominator(_MAX_DENOMINATOR)
+        raise error(
+            f"Cannot {operation} {shown}: exponents of units are exact fractions, "
+            f"and no fraction with a denominator up to {_MAX_DENOMINATOR} rounds to "
+            f"this float (the nearest is {nearest}, {float(nearest)!r}). {way_out}"
+        )
+    q = int(np.argmax(matches))
+    return Fraction(int(numerators[q]), int(denominators[q]))
+
+
 class Dimensions(Mapping[Dimension, Fraction]):
     """A product of base dimensions with rational exponents, e.g. `{m: 1, s: -2}`.
 
@@ -92,7 +182,8 @@ class Dimensions(Mapping[Dimension, Fraction]):
 
     **Arguments:**
 
-    - `exponents`: a mapping from `Dimension` to exponent (int or `Fraction`); zero
+    - `exponents`: a mapping from `Dimension` to exponent (an int, a `Fraction`, or
+        a float that a simple fraction rounds to, see `rational_exponent`); zero
         exponents are dropped.
     """
 
@@ -105,7 +196,12 @@ class Dimensions(Mapping[Dimension, Fraction]):
         for dim, exponent in exponents.items():
             if not isinstance(dim, Dimension):
                 raise TypeError(f"Expected a Dimension as key, got {dim!r}.")
-            exponent = Fraction(exponent)
+            if isinstance(exponent, int):
+                exponent = Fraction(exponent)
+            elif not isinstance(exponent, Fraction):
+                exponent = rational_exponent(
+                    exponent, f"give the dimension {dim} the exponent"
+                )
             if exponent != 0:
                 items.append((dim, exponent))
         items.sort(key=lambda item: _order(item[0]))
@@ -150,7 +246,12 @@ class Dimensions(Mapping[Dimension, Fraction]):
         return self * other**-1
 
     def __pow__(self, power: int | Fraction) -> "Dimensions":
-        power = Fraction(power)
+        if isinstance(power, int):
+            power = Fraction(power)
+        elif not isinstance(power, Fraction):
+            power = rational_exponent(
+                power, f"raise the dimensions {self} to the power"
+            )
         return Dimensions({d: e * power for d, e in self._items})
 
     @property

@@ -6,8 +6,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from ._dimensions import Dimension, Dimensions, UnitError
-from ._quantity import Quantity
 from ._units import Unit, unit
+from ._value import Quantity
 
 
 __all__ = ["from_astropy", "from_pint", "to_astropy", "to_pint"]

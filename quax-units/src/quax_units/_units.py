@@ -3,7 +3,7 @@ strings such as `"km / s"`, `"kg m2 s-2"` or `"m**(1/2)"`."""
 
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from fractions import Fraction
 from typing import Any
 
@@ -20,11 +20,12 @@ from ._dimensions import (
     kilograms,
     meters,
     moles,
+    rational_exponent,
     seconds,
 )
 
 
-__all__ = ["Unit", "UnitLike", "si_unit", "unit"]
+__all__ = ["Unit", "UnitLike", "set_quantity_type", "si_unit", "unit"]
 
 
 class Unit:
@@ -60,6 +61,23 @@ class Unit:
         terms: tuple[tuple[str, Fraction], ...],
         offset: float = 0.0,
     ) -> None:
+        name = format_exponents(list(terms)) if isinstance(terms, tuple) else terms
+        if not _positive_finite(scale):
+            raise ValueError(
+                f"Unit {name!r} needs a finite `scale` > 0 (how many SI-coherent "
+                f"units one of it is), got scale={scale!r}: a scale out of a float's "
+                "range, zero or negative cannot convert numbers to SI-coherent units."
+            )
+        if not isinstance(dimensions, Dimensions):
+            raise ValueError(
+                f"Unit {name!r} needs `dimensions` of type Dimensions (see "
+                f"quax_units.Dimensions), got dimensions={dimensions!r}."
+            )
+        if not _finite(offset):
+            raise ValueError(
+                f"Unit {name!r} needs a finite `offset` (the SI-coherent value of its "
+                f"zero), got offset={offset!r}."
+            )
         object.__setattr__(self, "scale", float(scale))
         object.__setattr__(self, "dimensions", dimensions)
         object.__setattr__(self, "terms", terms)
@@ -99,16 +117,14 @@ class Unit:
                 self.dimensions * other.dimensions,
                 _merge(self.terms, other.terms, 1),
             )
-        from ._quantity import Quantity
-
-        return Quantity(other, self)
+        return _quantity_type(other, self)
 
     def __rmul__(self, other: Any) -> Any:
-        from ._quantity import Quantity
-
-        return Quantity(other, self)
+        return _quantity_type(other, self)
 
     def __truediv__(self, other: "Unit") -> "Unit":
+        if not isinstance(other, Unit):
+            return NotImplemented
         self._no_offset("divide")
         other._no_offset("divide by")
         return Unit(
@@ -118,12 +134,29 @@ class Unit:
         )
 
     def __pow__(self, power: int | Fraction) -> "Unit":
-        power = Fraction(power)
+        if isinstance(power, int):
+            power = Fraction(power)
+        elif not isinstance(power, Fraction):
+            power = rational_exponent(power, f"raise the unit {self} to the power")
         if power == 1:
             return self
         self._no_offset("raise to a power")
+        if self.scale == 1.0:
+            scale = 1.0
+        else:
+            try:
+                scale = self.scale ** float(power)
+            except OverflowError:  # of the float, or of the power
+                scale = math.inf
+        if not 0.0 < scale < math.inf:
+            raise ValueError(
+                f"Cannot raise the unit {self} to the power {power}: its scale, "
+                f"{self.scale!r} SI-coherent units, to that power is out of a "
+                f"float's range. Use the SI-coherent unit {si_unit(self.dimensions)} "
+                "(scale 1), whose powers all have scale 1."
+            )
         return Unit(
-            self.scale ** float(power),
+            scale,
             self.dimensions**power,
             tuple((s, e * power) for s, e in self.terms if e * power != 0),
         )
@@ -143,6 +176,39 @@ class Unit:
 
     def __repr__(self) -> str:
         return f"Unit({str(self)!r})"
+
+
+# What `number * unit` makes: `quax_units.Quantity`. Quantities are built on units
+# (`_value` imports this module), so `_value` hands the class down here when it is
+# imported, rather than this module importing it, which would be an import cycle.
+_quantity_type: Callable[[Any, Unit], Any]
+
+
+def set_quantity_type(make: Callable[[Any, Unit], Any]) -> None:
+    """Make `number * unit` and `unit * number` return `make(number, unit)`.
+    `_value` calls it once, with `Quantity`.
+
+    **Arguments:**
+
+    - `make`: the quantity type, called as `make(value, unit)`.
+
+    **Returns:**
+
+    Nothing.
+    """
+    global _quantity_type
+    _quantity_type = make
+
+
+def _finite(x: Any) -> bool:
+    try:
+        return math.isfinite(float(x))
+    except (TypeError, ValueError):
+        return False
+
+
+def _positive_finite(x: Any) -> bool:
+    return _finite(x) and float(x) > 0
 
 
 def _merge(
@@ -314,7 +380,7 @@ class _Parser:
             value = self._number()
             if self.peek() is not None and self.peek()[1] == "/":  # type: ignore[index]
                 self.take("/")
-                value /= self._number()
+                value = self._ratio(value, self._number())
             self.take(")")
             return sign * value
         sign = -1 if self._minus() else 1
@@ -328,6 +394,14 @@ class _Parser:
             )
         return Fraction(value)
 
+    def _ratio(self, numerator: Fraction, denominator: Fraction) -> Fraction:
+        if denominator == 0:
+            raise ValueError(
+                f"Cannot parse unit {self.text!r}: the exponent {numerator}/0 divides "
+                "by zero. Write a nonzero denominator, e.g. 'm**(1/2)'."
+            )
+        return numerator / denominator
+
     def _minus(self) -> bool:
         if self.peek() is not None and self.peek()[1] == "-":  # type: ignore[index]
             self.take()
@@ -337,6 +411,13 @@ class _Parser:
     def factor(self) -> Unit:
         kind, value, exp = self.take()
         if kind == "num":
+            if not _positive_finite(value):
+                problem = "zero" if float(value) == 0 else "out of a float's range"
+                raise ValueError(
+                    f"Cannot parse unit {self.text!r}: its factor {value} is "
+                    f"{problem}, and a unit is a finite number > 0 of SI-coherent "
+                    "units."
+                )
             return Unit(
                 float(value),
                 dimensionless,
@@ -344,7 +425,13 @@ class _Parser:
             )
         if kind == "name":
             named = _lookup(value)
-            return named ** Fraction(exp) if exp else named
+            if not exp:
+                return named
+            numerator, _, denominator = exp.partition("/")
+            power = Fraction(numerator)
+            if denominator:
+                power = self._ratio(power, Fraction(denominator))
+            return named**power
         if value == "(":
             out = self.product()
             self.take(")")

@@ -20,9 +20,9 @@ from equinox.internal._loop.common import maybe_set_p, select_if_vmap_p
 from jax import lax
 from jaxtyping import ArrayLike
 
-from ._dimensions import Dimensions, UnitError, dimensionless
-from ._quantity import Quantity, describe, fits_any_unit, make
-from ._units import Unit, si_unit, unit
+from .._dimensions import Dimensions, UnitError, dimensionless, rational_exponent
+from .._units import Unit, si_unit, unit
+from .._value import Quantity, describe, fits_any_unit, make
 
 
 _Operand = Quantity | ArrayLike
@@ -98,12 +98,32 @@ def _static_exponent(primitive: Any, x: Quantity, y: Any) -> Fraction:
             "exponent (`x ** 1.5`)."
         ) from None
     flat = values.reshape(-1)
+    operation = f"take `{primitive.name}` of {describe(x)} with the exponent"
+    way_out = (
+        "Use a finite exponent that is a simple fraction (`x ** (1 / 3)`, "
+        "`x ** 1.5`), or make the base dimensionless first (divide it by a "
+        "reference quantity)."
+    )
+    for value in flat[~np.isfinite(flat)][:1]:
+        rational_exponent(value, operation, UnitError, way_out)  # raises
     if flat.size == 0 or np.any(flat != flat[0]):
         raise UnitError(
             f"`{primitive.name}` of {describe(x)} with differing exponents {values}: "
             "every element would get different units. Use a single exponent."
         )
-    return Fraction(float(flat[0])).limit_denominator(1000)
+    return rational_exponent(flat[0], operation, UnitError, way_out)
+
+
+def _powered(x: Any, exponent: Fraction | int) -> tuple[Dimensions, Unit]:
+    """The dimensions and display unit of `x` to the power `exponent`. The display
+    unit is `x`'s to that power, or the SI-coherent one where that power's scale
+    is out of a float's range (`km ** 200`): the numbers are held in SI-coherent
+    units either way."""
+    dims = _dims(x) ** exponent
+    try:
+        return dims, _shown(x) ** exponent
+    except ValueError:
+        return dims, si_unit(dims)
 
 
 # Operands of the same dimensions ------------------------------------------------------
@@ -361,9 +381,7 @@ def _div(x: _Operand, y: _Operand, **params: Any) -> Quantity:
 def _power_rule(primitive: Any, exponent: Fraction) -> None:
     @quax.register(primitive)
     def _(x: Quantity, **params: Any) -> Quantity:
-        return _wrap(
-            primitive.bind(x.array, **params), x.units**exponent, _shown(x) ** exponent
-        )
+        return _wrap(primitive.bind(x.array, **params), *_powered(x, exponent))
 
 
 for _p, _e in [
@@ -377,7 +395,7 @@ for _p, _e in [
 
 @quax.register(lax.integer_pow_p)
 def _integer_pow(x: Quantity, *, y: int) -> Quantity:
-    return _wrap(lax.integer_pow_p.bind(x.array, y=y), x.units**y, _shown(x) ** y)
+    return _wrap(lax.integer_pow_p.bind(x.array, y=y), *_powered(x, y))
 
 
 @quax.register(lax.pow_p)
@@ -387,17 +405,13 @@ def _pow(x: _Operand, y: _Operand, **params: Any) -> Quantity:
         exponent = _require_dimensionless(lax.pow_p, y, "exponent")
         return _wrap(lax.pow_p.bind(base, exponent, **params), dimensionless, None)
     e = _static_exponent(lax.pow_p, x, y)
-    return _wrap(
-        lax.pow_p.bind(x.array, _array(y), **params), x.units**e, _shown(x) ** e
-    )
+    return _wrap(lax.pow_p.bind(x.array, _array(y), **params), *_powered(x, e))
 
 
 @quax.register(lax.reduce_prod_p)
 def _reduce_prod(x: Quantity, *, axes: Sequence[int], **params: Any) -> Quantity:
     n = math.prod(x.shape[a] for a in axes)
-    return _wrap(
-        lax.reduce_prod_p.bind(x.array, axes=axes, **params), x.units**n, _shown(x) ** n
-    )
+    return _wrap(lax.reduce_prod_p.bind(x.array, axes=axes, **params), *_powered(x, n))
 
 
 # Operations that need dimensionless operands ------------------------------------------

@@ -1,7 +1,8 @@
 """The value type: `LoraArray`, a weight `w` plus a low-rank update `a @ b`."""
 
-import dataclasses
 import math
+import sys
+import warnings
 from typing import Any, ClassVar
 
 import equinox as eqx
@@ -15,16 +16,29 @@ from jax import lax
 from jaxtyping import Array, PRNGKeyArray
 
 
-__all__ = ["LoraArray", "MaterialisationError"]
+__all__ = ["LoraArray", "LoraWarning", "MaterialisationError", "RankWarning"]
 
 
-class MaterialisationError(RuntimeError):
+class LoraWarning(UserWarning):
+    """The base of quax-lora's warnings: something works, but not as the user may
+    expect (filter them all with `warnings.filterwarnings("ignore",
+    category=quax_lora.LoraWarning)`)."""
+
+
+class RankWarning(LoraWarning):
+    """A `LoraArray` was made with a rank larger than its matrices can use
+    (`min(n, m)`): it works, as in the published quax, but the extra rank adds
+    parameters and work and no expressiveness."""
+
+
+class MaterialisationError(quax.MaterialisationError):
     """A `LoraArray` with `allow_materialise=False` met an operation that has no
     LoRA rule and would need the dense `w + a @ b`. Its message starts with
-    "Refusing to materialise", as the published quax's refusals do."""
+    "Refusing to materialise `LoraArray`", as the published quax's refusals do;
+    it is a [`quax.MaterialisationError`][] (a `RuntimeError`)."""
 
 
-class LoraArray(quax.ArrayValue):
+class LoraArray(quax.GuardedValue):
     """A weight `w` plus a low-rank adaptation: it stands for `w + s * (a @ b)`,
     stored as the three arrays, never summed.
 
@@ -45,17 +59,25 @@ class LoraArray(quax.ArrayValue):
     - `a`: shape `(*batch, n, rank)`.
     - `b`: shape `(*batch, rank, *m)`.
     - `alpha`, `allow_materialise`, `stop_gradient`: as passed to `__init__` (static).
+
+    It follows the core's materialisation policy ([`quax.GuardedValue`][]): an
+    operation without a LoRA rule raises a [`quax_lora.MaterialisationError`][]
+    naming the primitive, the types and the way out, unless
+    `allow_materialise=True` (or `.enable_materialise()`, which returns a copy
+    sharing `w`, `a` and `b`).
     """
 
     # `w + s * a @ b` is not linear in the leaves (a, b) together: a custom
     # derivative meets it densified (or refused), never rebuilt from tangents.
     linear_in_leaves: ClassVar[bool] = False
+    materialisation_error: ClassVar[type[quax.MaterialisationError]] = (
+        MaterialisationError
+    )
 
     w: Array | quax.ArrayValue
     a: Array
     b: Array
     alpha: float | None = eqx.field(static=True)
-    allow_materialise: bool = eqx.field(static=True)
     stop_gradient: bool = eqx.field(static=True)
 
     def __init__(
@@ -77,8 +99,11 @@ class LoraArray(quax.ArrayValue):
             QLoRA). A value is kept as it is, never materialised: its shape and
             dtype are read from it, and the LoRA rules pass it to primitives, so
             its own rules compute `w @ x`.
-        - `rank`: the rank of the adaptation: an integer from 1 to `min(n, m)`
-            for `(n, m)` matrices (for a kernel, `m` is `in * prod(spatial)`).
+        - `rank`: the rank of the adaptation: an integer >= 1, usually far below
+            `min(n, m)` for `(n, m)` matrices (for a kernel, `m` is
+            `in * prod(spatial)`). A larger rank than `min(n, m)` works, as in
+            the published quax, and warns with a [`quax_lora.RankWarning`][]: it
+            adds parameters and no expressiveness.
         - `scale`: `a` is initialised from `Normal(0, scale^2)`; `b` is zero.
             Finite and positive.
         - `alpha`: the update is multiplied by `alpha / rank` (peft's `lora_alpha`),
@@ -95,7 +120,8 @@ class LoraArray(quax.ArrayValue):
             `a` is `(out, rank)` and `b` is `(rank, in, *spatial)`.
         - `key`: a `jax.random` key, used to initialise `a`.
 
-        Invalid arguments raise a `ValueError` that says what is wrong.
+        Invalid arguments raise a `ValueError` that names the argument and says
+        what is wrong.
         """
         if isinstance(weight, LoraArray):
             raise ValueError(
@@ -134,12 +160,21 @@ class LoraArray(quax.ArrayValue):
             raise ValueError(f"LoraArray needs an integer rank >= 1, got {rank!r}.")
         rank = int(rank)
         if rank > min(n, m):
-            raise ValueError(
-                f"LoraArray(rank={rank}) is more than the weight can use: the weight "
+            # The published quax accepts it (the update `a @ b` is then any matrix,
+            # as with rank `min(n, m)`), so it is accepted here too, with a warning.
+            extra = rank - min(n, m)
+            matrices = math.prod(weight.shape[:batch_ndim])
+            warnings.warn(
+                f"LoraArray(rank={rank}) exceeds what the weight can use: the weight "
                 f"of shape {weight.shape} adapts {n} x {m} matrices, whose rank is at "
-                f"most min({n}, {m}) = {min(n, m)}, and a larger rank only adds "
-                f"parameters. Pass rank <= {min(n, m)} (LoRA's ranks are usually "
-                "far smaller than the matrix)."
+                f"most min({n}, {m}) = {min(n, m)}. The {extra} extra rank(s) add "
+                f"{extra * (n + m) * matrices} parameters to `a` and `b` (and their "
+                "share of every product's work and of the adapter's file) and no "
+                "expressiveness; the scaling alpha / rank also divides by the "
+                f"larger rank. Pass rank <= {min(n, m)} (loraify caps the rank of "
+                "each layer so)",
+                RankWarning,
+                stacklevel=_user_stacklevel(),
             )
         if not _positive_finite(scale):
             raise ValueError(
@@ -152,14 +187,22 @@ class LoraArray(quax.ArrayValue):
                 f"LoraArray needs alpha=None or a finite alpha > 0 (the update is "
                 f"scaled by alpha / rank), got alpha={alpha!r}."
             )
+        for name, flag in (
+            ("allow_materialise", allow_materialise),
+            ("stop_gradient", stop_gradient),
+        ):
+            if not isinstance(flag, bool | np.bool_):
+                raise ValueError(
+                    f"LoraArray needs {name}=True or False, got {name}={flag!r}."
+                )
         batch = weight.shape[:batch_ndim]
         rest = weight.shape[batch_ndim + 1 :]
         self.w = weight
         self.a = jr.normal(key, (*batch, n, rank), dtype=weight.dtype) * scale
         self.b = jnp.zeros((*batch, rank, *rest), dtype=weight.dtype)
         self.alpha = alpha
-        self.allow_materialise = allow_materialise
-        self.stop_gradient = stop_gradient
+        self.allow_materialise = bool(allow_materialise)
+        self.stop_gradient = bool(stop_gradient)
 
     @property
     def rank(self) -> int:
@@ -198,54 +241,40 @@ class LoraArray(quax.ArrayValue):
     def aval(self) -> jax.core.ShapedArray:
         return jax.core.ShapedArray(self.w.shape, self.w.dtype)
 
-    def enable_materialise(self, allow: bool = True) -> "LoraArray":
-        """A copy of this array with `allow_materialise=allow`.
-
-        **Arguments:**
-
-        - `allow`: whether the copy may form its dense `w + s * a @ b`.
-
-        **Returns:**
-
-        A `LoraArray` sharing `w`, `a` and `b` with this one.
-        """
-        # Field by field, as equinox unflattens a module: not through `__init__`
-        # (which would draw new factors), nor `Module.__new__`.
-        out = object.__new__(type(self))
-        for field in dataclasses.fields(self):
-            object.__setattr__(out, field.name, getattr(self, field.name))
-        object.__setattr__(out, "allow_materialise", allow)
-        return out
-
-    def materialise(self) -> Array:
-        if not self.allow_materialise:
-            raise MaterialisationError(
-                f"Refusing to materialise LoraArray: its dense weight w + a @ b "
-                f"(shape {self.w.shape}, dtype {self.w.dtype}) is needed by an "
-                "operation without a LoRA rule. Pass allow_materialise=True to "
-                "LoraArray / quax_lora.loraify (or call .enable_materialise()) to "
-                "allow it, or use quax_lora.merge(model) to get dense weights."
-            )
+    def dense(self) -> Array:
+        """The dense weight `w + s * a @ b`, in the dtype of `w`. A `w` that is
+        itself a `quax.Value` is materialised by its own policy (or refuses)."""
         w = self.weight()
         if isinstance(w, quax.Value):
             w = w.materialise()  # the weight's own refusal, if it has one
         return (w + self.delta()).astype(self.w.dtype)
 
-    @staticmethod
-    def default(primitive: Any, values: Any, params: dict[str, Any]) -> Any:
-        for value in values:
-            if isinstance(value, LoraArray) and not value.allow_materialise:
-                types = ", ".join(type(v).__qualname__ for v in values)
-                raise MaterialisationError(
-                    f"Refusing to materialise LoraArray for primitive "
-                    f"`{primitive.name}` on input types ({types}): quax_lora has no "
-                    f"rule for this case, and forming the dense w + a @ b (shape "
-                    f"{value.shape}) would cost what LoRA saves. Pass "
-                    "allow_materialise=True to LoraArray / quax_lora.loraify (or call "
-                    ".enable_materialise()) to allow it, or use quax_lora.merge(model) "
-                    "to get dense weights."
-                )
-        return quax.Value.default(primitive, values, params)
+    def refusal_reason(self) -> str:
+        return (
+            f"forming its dense weight w + s * a @ b (shape {self.w.shape}, dtype "
+            f"{self.w.dtype}) would cost what LoRA saves"
+        )
+
+    def way_out(self, primitive: Any = None) -> str:
+        del primitive
+        return (
+            "Pass allow_materialise=True to LoraArray / quax_lora.loraify (or call "
+            ".enable_materialise()) to allow it, or use quax_lora.merge(model) to "
+            "get dense weights."
+        )
+
+
+def _user_stacklevel() -> int:
+    """The `stacklevel` of a warning raised by the caller of this function that
+    points at the user's code: the first frame outside quax-lora, quax and
+    equinox (which wrap a value's `__init__` in frames of their own)."""
+    level, frame = 1, sys._getframe(1)
+    while frame.f_back is not None and frame.f_globals.get("__name__", "").split(".")[
+        0
+    ] in ("quax_lora", "quax", "equinox"):
+        frame = frame.f_back
+        level += 1
+    return level
 
 
 def _positive_finite(x: Any) -> bool:

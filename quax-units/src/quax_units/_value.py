@@ -12,16 +12,41 @@ import jax.core
 import jax.numpy as jnp
 import numpy as np
 import quax
-from jax import lax
-from jax.extend.core import Primitive
-from jax.interpreters import ad, batching, mlir
 from jaxtyping import ArrayLike
 
 from ._dimensions import Dimensions, UnitError, dimensionless
-from ._units import Unit, UnitLike, conversion_factor, si_unit, unit
+from ._strip import _check_dimensions, strip_p
+from ._units import (
+    Unit,
+    UnitLike,
+    conversion_factor,
+    set_quantity_type,
+    si_unit,
+    unit,
+)
 
 
-__all__ = ["Quantity", "Unitful", "fits_any_unit", "make", "ustrip"]
+__all__ = [
+    "MaterialisationError",
+    "Quantity",
+    "Unitful",
+    "fits_any_unit",
+    "make",
+    "ustrip",
+]
+
+
+class MaterialisationError(UnitError, quax.MaterialisationError):
+    """A `Quantity` with dimensions refused to become a plain array: turning it
+    into its numbers would drop its units. Raised by `materialise()` and by a
+    primitive that has no rule for quantities, unless the quantity allows it
+    (`allow_materialise=True`, `.enable_materialise()`).
+
+    Its message starts with "Refusing to materialise `Quantity`". It is a
+    [`quax_units.UnitError`][] (a `TypeError`), as the family's refusals always
+    were, and a [`quax.MaterialisationError`][] (a `RuntimeError`), as every
+    family's refusal is.
+    """
 
 
 class DisplayUnit:
@@ -86,7 +111,7 @@ def _unary(op: Callable[[Any], Any]) -> Any:
     return method
 
 
-class Quantity(quax.ArrayValue):
+class Quantity(quax.GuardedValue):
     """An array with physical units, for `quax.quaxify`.
 
     ```python
@@ -124,15 +149,19 @@ class Quantity(quax.ArrayValue):
         `Dimension` to exponent (default: dimensionless).
     - `display`: the unit to show the value in (default: `unit`); it must have the
         same dimensions.
-    - `allow_materialise`: whether `materialise()` may drop the units of a quantity
-        with dimensions and return its SI-coherent numbers (default: refuse). See
+    - `allow_materialise`: whether the quantity may drop its units and become its
+        SI-coherent numbers: in `materialise()`, and for a primitive without a rule
+        for quantities, which then runs on the numbers (default: refuse, with a
+        [`quax_units.MaterialisationError`][]). A dimensionless quantity is a
+        number: it always may, and its flag is `True` whatever is passed. See
         `enable_materialise`.
+
+    It follows the core's materialisation policy ([`quax.GuardedValue`][]).
     """
 
     array: ArrayLike
     units: Dimensions = eqx.field(static=True)
     display: DisplayUnit = eqx.field(static=True)
-    allow_materialise: bool = eqx.field(static=True)
     # The aval is the array's (with its weak type, as for the dense numbers): quax
     # reads it without calling `aval`, which stays as the reference.
     aval_leaf: ClassVar[str] = "array"
@@ -145,8 +174,15 @@ class Quantity(quax.ArrayValue):
         *,
         allow_materialise: bool = False,
     ) -> None:
-        u = _to_unit(unit)
-        shown = _as_display(u if display is None else display)
+        u = _checked(_to_unit, unit, "unit")
+        shown = _checked(_as_display, u if display is None else display, "display")
+        try:
+            value = jnp.asarray(value)
+        except (TypeError, ValueError) as e:
+            raise ValueError(
+                "Quantity needs numbers as its `value` (an array, a scalar or nested "
+                f"lists of them), got {value!r}: {e}"
+            ) from None
         if shown.unit is not None and shown.unit.dimensions != u.dimensions:
             raise UnitError(
                 f"Display unit {shown.unit} ({shown.unit.dimensions}) does not have "
@@ -155,7 +191,7 @@ class Quantity(quax.ArrayValue):
         self.array = _to_si(value, u)
         self.units = u.dimensions
         self.display = shown
-        self.allow_materialise = allow_materialise
+        self.allow_materialise = bool(allow_materialise) or u.is_dimensionless
         if u.scale != 1.0 or u.offset:
             magnitude = jnp.asarray(value)
             if not isinstance(magnitude, jax.core.Tracer):
@@ -164,6 +200,9 @@ class Quantity(quax.ArrayValue):
     # A quantity is its array times its units: linear in its leaves, so the tangents
     # and cotangents of `custom_jvp`/`custom_vjp` functions keep their units.
     linear_in_leaves: ClassVar[bool] = True
+    materialisation_error: ClassVar[type[quax.MaterialisationError]] = (
+        MaterialisationError
+    )
 
     # NumPy arrays defer to these operators instead of broadcasting over the object.
     __array_ufunc__ = None
@@ -245,51 +284,31 @@ class Quantity(quax.ArrayValue):
     def aval(self) -> jax.core.ShapedArray:
         return jax.typeof(self.array)  # pyright: ignore[reportReturnType]
 
-    def materialise(self) -> Any:
-        if self.units.is_dimensionless or self.allow_materialise:
-            return self.array
-        raise UnitError(
-            f"Refusing to materialise a Quantity in {self.unit} ({self.units}): "
-            "turning it into a plain array would drop its units. Strip them "
-            "explicitly with `quax_units.ustrip(unit, q)`, keep the units unchanged "
-            "here, or allow it with `q.enable_materialise()` (`allow_materialise="
-            "True`), which gives the SI-coherent numbers."
+    def dense(self) -> Any:
+        """The numbers in SI-coherent units (`.array`), without the units."""
+        return self.array
+
+    def refusal_reason(self) -> str:
+        return (
+            f"turning a quantity in {self.unit} ({self.units}) into a plain array "
+            "would drop its units"
         )
 
-    def enable_materialise(self, allow: bool = True) -> "Quantity":
-        """A copy that may (or, with `allow=False`, may not) materialise into its
-        SI-coherent numbers, dropping its units.
-
-        **Arguments:**
-
-        - `allow`: whether `materialise()` may drop the units.
-
-        **Returns:**
-
-        The same quantity with `allow_materialise=allow`.
-        """
-        out = make(self.array, self.units, self.display.unit)
-        object.__setattr__(out, "allow_materialise", allow)
-        return out
-
-    @staticmethod
-    def default(primitive: Any, values: Any, params: dict[str, Any]) -> Any:
-        dimensionful = [
-            v
-            for v in values
-            if isinstance(v, Quantity) and not v.units.is_dimensionless
-        ]
-        if dimensionful:
-            described = ", ".join(describe(v) for v in values)
-            raise UnitError(
-                f"quax-units has no rule for `{primitive.name}` on ({described}), and "
-                "applying it to the bare numbers would drop or corrupt the units. "
-                "Strip "
-                "the units first with `quax_units.ustrip(unit, q)` (and reattach them "
-                "with `quax_units.Quantity`), or register a rule with `quax.register`."
+    def way_out(self, primitive: Any = None) -> str:
+        allow = (
+            "allow it with `q.enable_materialise()` (`allow_materialise=True`), "
+            "which gives the SI-coherent numbers"
+        )
+        if primitive is None:
+            return (
+                "Strip the units explicitly with `quax_units.ustrip(unit, q)`, keep "
+                f"the units unchanged here, or {allow}."
             )
-        dense = [v.array if isinstance(v, Quantity) else v for v in values]
-        return primitive.bind(*dense, **params)
+        return (
+            "Strip the units first with `quax_units.ustrip(unit, q)` (and reattach "
+            f"them with `quax_units.Quantity`), register a rule for "
+            f"`{primitive.name}` with `quax.register`, or {allow} (to run it on them)."
+        )
 
     @property
     def unit(self) -> Unit:
@@ -339,6 +358,8 @@ class Quantity(quax.ArrayValue):
         return f"Quantity({numbers}, unit={str(self.unit)!r})"
 
 
+set_quantity_type(Quantity)  # `number * unit` makes a quantity
+
 Unitful = Quantity
 """The published quax example's name of [`quax_units.Quantity`][] (the same class):
 `Unitful(array, units)` with `units` a `Dimension` or a mapping from `Dimension` to
@@ -365,7 +386,7 @@ def make(array: Any, dims: Dimensions, shown: Unit | None) -> Quantity:
     object.__setattr__(out, "array", array)
     object.__setattr__(out, "units", dims)
     object.__setattr__(out, "display", DisplayUnit(shown))
-    object.__setattr__(out, "allow_materialise", False)
+    object.__setattr__(out, "allow_materialise", dims.is_dimensionless)
     return out
 
 
@@ -403,6 +424,16 @@ def _to_si(value: ArrayLike, u: Unit) -> Any:
 
 def _to_unit(u: UnitLike) -> Unit:
     return u if isinstance(u, Unit) else unit(u)
+
+
+def _checked(convert: Callable[[Any], Any], value: Any, field: str) -> Any:
+    """`convert(value)` for the constructor's argument `field`: an error names the
+    field, and keeps its class (`ValueError` for a unit that does not parse,
+    `TypeError` for something that is not a unit)."""
+    try:
+        return convert(value)
+    except (TypeError, ValueError) as e:
+        raise type(e)(f"Quantity's `{field}` {value!r} is not a unit: {e}") from e
 
 
 def ustrip(u: UnitLike, q: Any) -> Any:
@@ -453,120 +484,6 @@ def _convert(magnitude: Any, source: Unit, target: Unit) -> Any:
     return out if shift == 0.0 else out + shift
 
 
-def _check_dimensions(want: Dimensions | None, got: Dimensions) -> None:
-    if want is not None and want != got:
-        name = "a plain (dimensionless) array" if got.is_dimensionless else str(got)
-        raise UnitError(
-            f"Cannot express {name} in {si_unit(want)} ({want}): the dimensions differ."
-        )
-
-
 def dimensions_of(x: Any) -> Dimensions:
     """The dimensions of an operand (a plain array is dimensionless)."""
     return x.units if isinstance(x, Quantity) else Dimensions()
-
-
-# `strip_p`: the numbers of a quantity, under transforms ------------------------------
-#
-# `ustrip` binds `strip_p` on tracers, so that inside `quax.quaxify` its rule sees the
-# quantity itself and checks its dimensions. Under autodiff, the tangent (whose units
-# come from the program's residuals) is stripped by `tangent_strip_p`, which keeps
-# the primal as a residual: its transpose (`per_unit_p`) divides the cotangent by
-# the primal's units. So the gradient of `ustrip("J", energy)` with respect to `v`
-# is in `1 / (m / s)`, as that of any plain output: one over the input's units.
-
-strip_p = Primitive("quax_units_strip")
-tangent_strip_p = Primitive("quax_units_tangent_strip")
-per_unit_p = Primitive("quax_units_per_unit")
-
-
-def _first(x: Any, *rest: Any, **params: Any) -> Any:
-    del rest, params
-    return x
-
-
-def _zero_tangent(primal: Any) -> Any:
-    return ad.Zero(jax.typeof(primal).to_tangent_aval())
-
-
-def _strip_plain(x: Any, *, dimensions: Dimensions) -> Any:
-    _check_dimensions(dimensions, dimensionless)
-    return x
-
-
-def _strip_jvp(primals: Any, tangents: Any, *, dimensions: Dimensions) -> Any:
-    (x,), (t,) = primals, tangents
-    out = strip_p.bind(x, dimensions=dimensions)
-    if type(t) is ad.Zero:
-        return out, _zero_tangent(out)
-    return out, tangent_strip_p.bind(t, x)
-
-
-def _tangent_strip_transpose(ct: Any, t: Any, x: Any) -> list[Any]:
-    del t
-    if type(ct) is ad.Zero:
-        return [ad.Zero(ct.aval), None]
-    return [per_unit_p.bind(ct, x), None]
-
-
-def _per_unit_transpose(ct: Any, y: Any, x: Any) -> list[Any]:
-    del y
-    if type(ct) is ad.Zero:
-        return [ad.Zero(ct.aval), None]
-    return [tangent_strip_p.bind(ct, x), None]
-
-
-def _linear_jvp(primitive: Primitive) -> Any:
-    # Linear in its first operand; the second only gives units.
-    def jvp(primals: Any, tangents: Any) -> Any:
-        out = primitive.bind(*primals)
-        if type(tangents[0]) is ad.Zero:
-            return out, _zero_tangent(out)
-        return out, primitive.bind(tangents[0], primals[1])
-
-    return jvp
-
-
-def _batch(primitive: Primitive) -> Any:
-    def rule(args: Any, axes: Any, **params: Any) -> Any:
-        if len(args) > 1 and axes[1] is not None:
-            # The reference's units do not depend on the batch: any element will do.
-            args = (args[0], lax.index_in_dim(args[1], 0, axes[1], keepdims=False))
-        return primitive.bind(*args, **params), axes[0]
-
-    return rule
-
-
-strip_p.def_impl(_strip_plain)
-strip_p.def_abstract_eval(_strip_plain)
-ad.primitive_jvps[strip_p] = _strip_jvp
-for _p, _transpose in [
-    (tangent_strip_p, _tangent_strip_transpose),
-    (per_unit_p, _per_unit_transpose),
-]:
-    _p.def_impl(_first)
-    _p.def_abstract_eval(_first)
-    ad.primitive_jvps[_p] = _linear_jvp(_p)
-    ad.primitive_transposes[_p] = _transpose
-for _p in (strip_p, tangent_strip_p, per_unit_p):
-    batching.primitive_batchers[_p] = _batch(_p)
-    mlir.register_lowering(_p, mlir.lower_fun(_first, multiple_results=False))
-
-
-@quax.register(strip_p)
-def _strip(q: Quantity, *, dimensions: Dimensions) -> Any:
-    _check_dimensions(dimensions, q.units)
-    return q.array
-
-
-@quax.register(tangent_strip_p)
-def _tangent_strip(t: Quantity | ArrayLike, x: Quantity) -> Any:
-    del x
-    return t.array if isinstance(t, Quantity) else t
-
-
-@quax.register(per_unit_p)
-def _per_unit(ct: Quantity | ArrayLike, x: Quantity) -> Quantity:
-    units = dimensions_of(ct) / x.units
-    array = ct.array if isinstance(ct, Quantity) else ct
-    return make(array, units, si_unit(units))

@@ -17,9 +17,9 @@ from jax.extend.core import jaxpr_as_fun
 from jax.lax import linalg
 from jaxtyping import ArrayLike
 
-from ._dimensions import UnitError, dimensionless
-from ._quantity import Quantity, describe
-from ._rules import _array, _dims, _shown, _wrap
+from .._dimensions import UnitError, dimensionless
+from .._value import Quantity, describe
+from ._arrays import _array, _dims, _shown, _wrap
 
 
 _Operand = Quantity | ArrayLike

@@ -1,0 +1,13 @@
+"""Every quax rule of quax-units (every `quax.register` of the family is in this
+package; importing it registers them):
+
+- `_arrays`: `lax`'s array primitives: which keep, combine or require units;
+- `_linalg`: linear algebra and Fourier transforms;
+- `_strip`: the primitives behind `ustrip`.
+"""
+
+from . import (
+    _arrays as _arrays,
+    _linalg as _linalg,
+    _strip as _strip,
+)
