@@ -24,6 +24,7 @@ from ._model import (
     mean as mean,
     min as min,
     prod as prod,
+    scan as scan,
     shard as shard,
     softmax as softmax,
     std as std,

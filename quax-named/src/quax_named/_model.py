@@ -16,8 +16,9 @@ from jax.sharding import Mesh
 
 from ._axes import Axis, AxisLike, AxisSelection, labels
 from ._kernels import call
+from ._loops import run_scan
 from ._sharding import MeshAxes, named_sharding
-from ._value import NamedArray, align, check_named, labels_of, make
+from ._value import NamedArray, align, check_named, labels_of, make, transpose
 
 
 __all__ = [
@@ -33,6 +34,7 @@ __all__ = [
     "mean",
     "min",
     "prod",
+    "scan",
     "shard",
     "softmax",
     "std",
@@ -298,3 +300,81 @@ def shard(
         return NamedArray(array, x.axes, x.allow_materialise)
 
     return jax.tree.map(place, tree, is_leaf=lambda x: isinstance(x, NamedArray))
+
+
+def scan(
+    f: Callable[[Any, Any], tuple[Any, Any]],
+    init: Any,
+    xs: Any,
+    axis: AxisLike,
+    *,
+    reverse: bool = False,
+    unroll: int | bool = 1,
+) -> tuple[Any, Any]:
+    """`jax.lax.scan` along a named axis: `scan(f, init, xs, axis="seq")`.
+
+    Every `NamedArray` in `xs` is sliced along `axis`, wherever it is stored, and
+    `f` receives each slice with the other names; plain arrays in `xs` are sliced
+    along their leading axis (of the same size). `f(carry, x)` returns `(carry,
+    y)`: the carry keeps its type and axes from step to step (a carry returned
+    with its axes in another order is laid back out by name), and each
+    `NamedArray` in `y` is stacked with `axis` first, under its name, while plain
+    outputs stay plain, stacked along a leading unnamed axis.
+
+    `f` runs on `NamedArray`s, outside `quax.quaxify`: write it with the
+    by-name functions and operators, or pass `quax.quaxify(g)` to run positional
+    code `g` on the slices.
+
+    **Arguments:**
+
+    - `f`: `(carry, x) -> (carry, y)`, on pytrees.
+    - `init`: the initial carry (any pytree).
+    - `xs`: a pytree of `NamedArray`s holding `axis` (and plain arrays).
+    - `axis`: the axis to scan along (name or `Axis`).
+    - `reverse`, `unroll`: as for `jax.lax.scan`.
+
+    **Returns:**
+
+    `(carry, ys)`: the final carry, and the stacked outputs.
+    """
+    is_named = lambda x: isinstance(x, NamedArray)
+    leaves, treedef = jax.tree.flatten(xs, is_leaf=is_named)
+    front = []
+    for leaf in leaves:
+        if isinstance(leaf, NamedArray):
+            leaf = check_named(leaf, "scan")
+            leaf.index(axis)  # a ValueError naming the axes when it is missing
+            leaf = transpose(leaf, (axis, ...))
+        front.append(leaf)
+    named = [x for x in front if isinstance(x, NamedArray)]
+    if not named:
+        raise ValueError(
+            f"quax_named.scan scans along the named axis {axis!r}, and `xs` holds no "
+            "NamedArray: use `jax.lax.scan` for plain arrays."
+        )
+    length = named[0].sizes[named[0].axes[0].key]
+    init_leaves, init_def = jax.tree.flatten(init, is_leaf=is_named)
+
+    def body(c: list[Any], slices: list[Any]) -> tuple[list[Any], list[Any]]:
+        carry = jax.tree.unflatten(init_def, c)
+        carry, y = f(carry, jax.tree.unflatten(treedef, slices))
+        new, new_def = jax.tree.flatten(carry, is_leaf=is_named)
+        if new_def != init_def:
+            raise ValueError(
+                "quax_named.scan: `f` returns a carry of another structure than "
+                f"`init`'s ({new_def} against {init_def})."
+            )
+        ys, ys_def[0] = jax.tree.flatten(y, is_leaf=is_named)
+        return new, ys
+
+    ys_def: list[Any] = [None]
+    carry, ys = run_scan(
+        body,
+        init_leaves,
+        front,
+        length=length,
+        reverse=reverse,
+        unroll=unroll,
+        fn="quax_named.scan",
+    )
+    return jax.tree.unflatten(init_def, carry), jax.tree.unflatten(ys_def[0], ys)

@@ -19,7 +19,8 @@ from jax.extend.core import Primitive
 from jaxtyping import ArrayLike
 
 from ._axes import Axis, Broadcast, labels
-from ._kernels import array_shape, bind, call, relayout
+from ._kernels import array_shape, bind, call, relayout, uniform_value
+from ._loops import body_of, run_scan
 from ._value import NamedArray, make
 
 
@@ -29,27 +30,6 @@ __all__: list[str] = []
 def _allow(values: Sequence[Any]) -> bool:
     named = [v for v in values if isinstance(v, NamedArray)]
     return all(v.allow_materialise for v in named)
-
-
-# Largest unnamed array checked for being one value repeated (a `jnp.full_like` of a
-# named array, as `jnp.std` and `jnp.where` make): those broadcast like scalars.
-_UNIFORM_MAX_SIZE = 1 << 16
-
-
-def _uniform(x: Any) -> Any:
-    """`x` as a scalar if it is known now to hold one value everywhere, else `None`."""
-    if quax.is_value(x) or np.size(x) > _UNIFORM_MAX_SIZE:
-        return None
-    known = quax.known_constant(x, _UNIFORM_MAX_SIZE)
-    if known is None or known.size == 0:
-        return None
-    # One value by its bits: 0.0 and -0.0 (and NaNs of two signs) are two values,
-    # which a product or a quotient tells apart.
-    flat = np.ascontiguousarray(known).reshape(-1)
-    bits = flat.view(np.uint8).reshape(flat.size, -1)
-    if not (bits == bits[:1]).all():
-        return None
-    return flat[:1]
 
 
 # Elementwise ------------------------------------------------------------------------
@@ -196,7 +176,7 @@ def _elementwise(
     for k, (x, s) in enumerate(zip(operands, shapes, strict=True)):
         if isinstance(x, NamedArray) or all(n == 1 for n in s):
             continue
-        uniform = _uniform(x)
+        uniform = uniform_value(x)
         if uniform is not None:
             operands[k] = np.reshape(uniform, (1,) * len(s))
             shapes[k] = (1,) * len(s)
@@ -442,3 +422,41 @@ def _slice(x: NamedArray, **params: Any) -> Any:
 @quax.register(lax.rev_p)
 def _rev(x: NamedArray, **params: Any) -> Any:
     return make(bind(lax.rev_p, x.array, **params), x.axes, x.allow_materialise)
+
+
+# Loops --------------------------------------------------------------------------------
+
+
+@quax.register(lax.scan_p)
+def _scan(
+    *args: NamedArray | ArrayLike,
+    jaxpr: Any,
+    length: int,
+    reverse: bool,
+    unroll: Any,
+    num_consts: int,
+    num_carry: int,
+    **params: Any,
+) -> list[Any]:
+    # `jax.lax.scan` slices each scanned-over input along its leading storage axis;
+    # the core's scan would slice a NamedArray's leaf and leave its names. Here each
+    # slice keeps the other names, and outputs are stacked under the scanned axis.
+    consts = args[:num_consts]
+    carry = args[num_consts : num_consts + num_carry]
+    xs = args[num_consts + num_carry :]
+    body = body_of(jaxpr)
+
+    def step(c: list[Any], slices: list[Any]) -> tuple[list[Any], list[Any]]:
+        out = body(*consts, *c, *slices)
+        return list(out[:num_carry]), list(out[num_carry:])
+
+    new, ys = run_scan(
+        step,
+        carry,
+        xs,
+        length=length,
+        reverse=reverse,
+        unroll=unroll,
+        fn="`jax.lax.scan`",
+    )
+    return [*new, *ys]

@@ -169,7 +169,9 @@ class NamedArray(quax.GuardedValue):
                 "arrays and name them inside the mapped function "
                 "(`NamedArray(a, axes)`), or call `jax.vmap` inside `quax.quaxify`, "
                 "where it maps the array positional code sees and every name is "
-                "kept."
+                "kept. To scan, use `quax_named.scan(f, init, xs, axis=...)`, or "
+                "call `jax.lax.scan` inside `quax.quaxify`, where each slice keeps "
+                "the other names."
             )
         return aval  # pyright: ignore[reportReturnType]
 
