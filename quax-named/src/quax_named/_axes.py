@@ -12,6 +12,7 @@ __all__ = [
     "AxisLike",
     "AxisSelection",
     "Broadcast",
+    "Flattened",
     "as_axes",
     "check_name",
     "labels",
@@ -72,7 +73,7 @@ class Axis:
             return self
         if self.name is None:
             return Axis(size)
-        return Axis(self.name, size)
+        return _unchecked(self.name, size)
 
     def __eq__(self, other: object) -> bool:
         if self is other:
@@ -94,6 +95,15 @@ class Axis:
     def label(self) -> str:
         """A short label for messages and reprs: the name, or `<anonymous>`."""
         return self.name if self.name is not None else f"<anonymous {self.size}>"
+
+
+def _unchecked(name: str | None, size: int | None) -> Axis:
+    """`Axis(name, size)` without the name check: for a name checked when its axis
+    was made, or the group name of a `Flattened` axis (`"(seq embed)"`)."""
+    axis = object.__new__(Axis)
+    object.__setattr__(axis, "name", name)
+    object.__setattr__(axis, "size", size)
+    return axis
 
 
 # Characters an axis name may not hold: whitespace and the separators of
@@ -161,6 +171,43 @@ class Broadcast(Axis):
 
     def label(self) -> str:
         return f"<broadcast {self.size}>"
+
+
+class Flattened(Axis):
+    """An axis that positional code made by merging adjacent named axes
+    (`x.reshape(batch, -1)` of an array over `(batch, seq, embed)`): named after its
+    parts, in order, as einops writes a group (`"(seq embed)"`), and split back
+    into them by a positional reshape to their sizes. A `ValueError` refuses any
+    other split, which could not know the names of the pieces.
+
+    Refer to it by that name (`quax_named.sum(x, "(seq embed)")`), or rename it
+    (`quax_named.rename(x, {"(seq embed)": "features"})`).
+    """
+
+    __slots__ = ("part_sizes", "parts")
+    parts: tuple[Axis, ...]
+    part_sizes: tuple[int, ...]
+
+    def __init__(self, parts: Sequence[Axis], part_sizes: Sequence[int]):
+        """**Arguments:**
+
+        - `parts`: the merged axes, in storage order (each named).
+        - `part_sizes`: their sizes.
+        """
+        super().__init__(None, None)
+        size = 1
+        for n in part_sizes:
+            size *= n
+        name = "(" + " ".join(a.label() for a in parts) + ")"
+        object.__setattr__(self, "name", name)
+        object.__setattr__(self, "size", size)
+        object.__setattr__(self, "parts", tuple(parts))
+        object.__setattr__(self, "part_sizes", tuple(part_sizes))
+
+    def resized(self, size: int) -> "Axis":
+        # A piece of the merged axis (a slice of it) keeps its name, but is no
+        # longer the product of its parts: a plain `Axis`.
+        return self if self.size == size else _unchecked(self.name, size)
 
 
 def as_axes(

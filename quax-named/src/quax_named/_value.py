@@ -28,7 +28,9 @@ __all__ = [
     "check_named",
     "getitem",
     "labels_of",
+    "like",
     "make",
+    "positions",
     "rename",
     "transpose",
 ]
@@ -316,6 +318,24 @@ def make(array: Any, axes: Sequence[Axis], allow_materialise: bool = False) -> A
     if not axes:
         return array
     return NamedArray._unchecked(constrain(array, axes), tuple(axes), allow_materialise)
+
+
+def positions(x: NamedArray, axis: Any) -> tuple[int, ...]:
+    """The storage positions of `axis` in `x`: one axis (a name or an `Axis`), a
+    sequence of them, or `None` for all."""
+    if axis is None:
+        return tuple(range(len(x.axes)))
+    if isinstance(axis, (str, Axis)):
+        return (x.index(axis),)
+    return tuple(x.index(a) for a in axis)
+
+
+def like(x: NamedArray, result: Any) -> Any:
+    """`result`, an array of `x`'s rank, named with `x`'s axes resized to its shape
+    (a padded, sliced, split or transformed `x`: each axis keeps its name)."""
+    shape = result.aval().shape if quax.is_value(result) else jax.typeof(result).shape
+    out = [a.resized(n) for a, n in zip(x.axes, shape, strict=True)]
+    return make(result, out, x.allow_materialise)
 
 
 def labels_of(arrays: Sequence[Any]) -> str:
