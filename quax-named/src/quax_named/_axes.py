@@ -1,6 +1,7 @@
 """Axes and their names: `Axis`, the broadcast axes positional code creates, and
 the checks every name passes."""
 
+import itertools
 import numbers
 import re
 from collections.abc import Iterable, Sequence
@@ -15,6 +16,7 @@ __all__ = [
     "Flattened",
     "as_axes",
     "check_name",
+    "intern_axes",
     "labels",
 ]
 
@@ -155,22 +157,42 @@ def _check_size(size: Any) -> int:
 class Broadcast(Axis):
     """An axis that positional code created by broadcasting (`jnp.expand_dims`, a
     `keepdims=True` reduction): the array is constant along it, so it aligns with
-    whatever axis meets it."""
+    whatever axis meets it.
 
-    __slots__ = ()
+    Two broadcast axes of one size are equal (`==`), as they stand for the same
+    thing, so that equal layouts are equal tuples; each still has its own `key`,
+    so that an array may hold several (`x[:, None, None]`)."""
+
+    __slots__ = ("_key",)
+    _key: tuple[str, int]
 
     def __init__(self, size: int):
-        super().__init__(None, None)
+        # Set directly: rules make many, and a broadcast axis has no name to check.
+        object.__setattr__(self, "name", None)
         object.__setattr__(self, "size", size)
+        object.__setattr__(self, "_key", ("<broadcast>", next(_broadcast_keys)))
+
+    @property
+    def key(self) -> Any:
+        return self._key
 
     def resized(self, size: int) -> "Axis":
         return self if self.size == size else Broadcast(size)
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is Broadcast and other.size == self.size
+
+    def __hash__(self) -> int:
+        return hash(("<broadcast>", self.size))
 
     def __repr__(self) -> str:
         return f"<broadcast {self.size}>"
 
     def label(self) -> str:
         return f"<broadcast {self.size}>"
+
+
+_broadcast_keys = itertools.count()
 
 
 class Flattened(Axis):
@@ -242,6 +264,24 @@ def as_axes(
             )
         out.append(axis)
     return tuple(out)
+
+
+# Axes tuples by value: equal layouts share one tuple object. Quax keys the static
+# fields of values by identity (its replayed recordings, `quax._replay`), so an
+# array's axes are this one tuple, and a rule's result on equal layouts is too.
+_INTERNED: dict[tuple[Axis, ...], tuple[Axis, ...]] = {}
+_INTERNED_MAX = 1 << 14
+
+
+def intern_axes(axes: tuple[Axis, ...]) -> tuple[Axis, ...]:
+    """The one tuple object equal to `axes` (a tuple of `Axis`)."""
+    found = _INTERNED.get(axes)
+    if found is not None:
+        return found
+    if len(_INTERNED) >= _INTERNED_MAX:
+        _INTERNED.clear()
+    _INTERNED[axes] = axes
+    return axes
 
 
 def labels(axes: Sequence[Axis]) -> str:

@@ -126,7 +126,7 @@ def _layout(
 
 def _axis_sizes(primitive: Primitive, operands: Sequence[Any]) -> dict[Any, int]:
     sizes: dict[Any, int] = {}
-    where: dict[Any, str] = {}
+    where: dict[Any, NamedArray] = {}
     for x in operands:
         if not isinstance(x, NamedArray):
             continue
@@ -136,29 +136,60 @@ def _axis_sizes(primitive: Primitive, operands: Sequence[Any]) -> dict[Any, int]
             if axis.key in sizes and sizes[axis.key] != n:
                 raise ValueError(
                     f"Axis {axis.label()!r} has size {sizes[axis.key]} in operand "
-                    f"{where[axis.key]} and size {n} in operand {labels(x.axes)} of "
-                    f"`{primitive.name}`."
+                    f"{labels(where[axis.key].axes)} and size {n} in operand "
+                    f"{labels(x.axes)} of `{primitive.name}`."
                 )
             sizes[axis.key] = n
-            where[axis.key] = labels(x.axes)
+            where[axis.key] = x
     return sizes
 
 
-def _same_layout(inputs: Sequence[Any]) -> NamedArray | None:
-    """The first operand when every named operand has its axes and shape and the
-    others are scalars (the common case, bound as it is); else `None`."""
-    first = None
+def _same_layout(inputs: Sequence[Any]) -> Sequence[Axis] | None:
+    """The axes of an elementwise result whose operands need no laying out (the
+    common case, bound as it is): the named operands have one rank and, at each
+    position, one axis, of the result's size (a broadcast axis, as `keepdims` and
+    `jnp` broadcasting make, adopts the other operands' axis there, and a size-1
+    one broadcasts as JAX does), and the others are scalars. Else `None`, and the
+    general path aligns or refuses."""
+    named = []
     for x in inputs:
         if isinstance(x, NamedArray):
-            if first is None:
-                first = x
-            elif x.axes != first.axes or array_shape(x.array) != array_shape(
-                first.array
-            ):
-                return None
+            named.append(x)
         elif np.ndim(x) != 0:
             return None
-    return first
+    if not named:
+        return None
+    first = named[0]
+    shape = array_shape(first.array)
+    if all(x.axes == first.axes and array_shape(x.array) == shape for x in named[1:]):
+        return first.axes
+    shapes = [array_shape(x.array) for x in named]
+    if any(len(s) != len(shape) for s in shapes):
+        return None
+    axes: list[Axis] = []
+    for j in range(len(shape)):
+        n = 1
+        for s in shapes:
+            if s[j] != 1:
+                if n not in (1, s[j]):
+                    return None
+                n = s[j]
+        chosen: Axis | None = None
+        spare: Axis | None = None
+        for x, s in zip(named, shapes, strict=True):
+            a = x.axes[j]
+            if isinstance(a, Broadcast):
+                if s[j] == n:
+                    spare = a
+                continue
+            if s[j] != n or (chosen is not None and chosen.key != a.key):
+                return None  # a named axis stretched, or two names at one position
+            chosen = a
+        axes.append(chosen or spare or Broadcast(n))
+    keys = [a.key for a in axes if not isinstance(a, Broadcast)]
+    if len(set(keys)) != len(keys):
+        return None  # an axis at two positions: refused by the general path
+    return axes
 
 
 def _elementwise(
@@ -167,7 +198,7 @@ def _elementwise(
     fast = _same_layout(inputs)
     if fast is not None:
         arrays = [x.array if isinstance(x, NamedArray) else x for x in inputs]
-        return make(bind(primitive, *arrays, **params), fast.axes, _allow(inputs))
+        return make(bind(primitive, *arrays, **params), fast, _allow(inputs))
     operands = list(inputs)
     shapes = [array_shape(x) for x in operands]
     ranked = [s for s in shapes if s]

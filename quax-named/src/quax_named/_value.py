@@ -14,7 +14,7 @@ import jax.core
 import numpy as np
 import quax
 
-from ._axes import Axis, AxisLike, Broadcast, as_axes, labels
+from ._axes import Axis, AxisLike, Broadcast, as_axes, intern_axes, labels
 from ._kernels import call, relayout
 from ._sharding import constrain
 
@@ -48,6 +48,12 @@ def _shape(array: Any) -> tuple[int, ...]:
     return tuple(jax.typeof(array).shape)
 
 
+def _axes_field(axes: Any) -> tuple[Axis, ...]:
+    """`NamedArray`'s `axes`, checked, as the one tuple of equal axes (see
+    `intern_axes`)."""
+    return intern_axes(as_axes(axes))
+
+
 class NamedArray(quax.GuardedValue):
     """An array with each axis bound to an [`quax_named.Axis`][].
 
@@ -68,7 +74,7 @@ class NamedArray(quax.GuardedValue):
     """
 
     array: Any
-    axes: tuple[Axis, ...] = eqx.field(static=True, converter=as_axes)
+    axes: tuple[Axis, ...] = eqx.field(static=True, converter=_axes_field)
 
     materialisation_error: ClassVar[type[quax.MaterialisationError]] = (
         NamedMaterialisationError
@@ -137,7 +143,7 @@ class NamedArray(quax.GuardedValue):
         `__init__`, which would cost more than the rule itself."""
         self = object.__new__(cls)
         object.__setattr__(self, "array", array)
-        object.__setattr__(self, "axes", axes)
+        object.__setattr__(self, "axes", intern_axes(axes))
         object.__setattr__(self, "allow_materialise", allow_materialise)
         return self
 
