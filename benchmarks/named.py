@@ -9,8 +9,9 @@ Measures, in one run (interleaved rounds, medians):
   (goal: at most 1.3x), and of the same program on `Bound`, a quax value whose rules
   do nothing but bind the primitive on its array: the floor that quax's own trace
   sets, which no family's rules can go below;
-- with `--haliax-python PYTHON`, the same block written with haliax, run by
-  `benchmarks/named_haliax.py` under that interpreter (haliax needs an older JAX,
+- with `--haliax-python PYTHON` (or `QUAX_HALIAX_PYTHON` set, as `run.py` passes
+  nothing else), the same block written with haliax, run by
+  `benchmarks/_named_haliax.py` under that interpreter (haliax needs an older JAX,
   so it has an environment of its own: that script says how to make it), its
   trace and run times taken against the positional block timed there.
 
@@ -185,7 +186,7 @@ def main(quick: bool = False, haliax_python: str | None = None) -> dict[str, Any
 
     # Trace time: make_jaxpr of the named program, of the same program on `Bound`
     # values (quax's floor) and of the positional one, each through a fresh
-    # function (no cached trace), after one warm-up, interleaved.
+    # function (no cached trace of its own), after one warm-up, interleaved.
     plain, x, named, nx, nk = make(64)
     _register_bound(jax.make_jaxpr(block)(plain, x, x))
     bound = {n: Bound(a) for n, a in plain.items()}
@@ -201,9 +202,12 @@ def main(quick: bool = False, haliax_python: str | None = None) -> dict[str, Any
     for i in range(rounds):
         order = list(traces)[i % 3 :] + list(traces)[: i % 3]
         for k in order:
-            start = time.perf_counter()
-            traces[k]()
-            trace_times[k].append(time.perf_counter() - start)
+            # CPU time of the process, as for the runs: other jobs on a shared
+            # machine stretch wall-clock time, not this process's CPU time.
+            start = time.process_time()
+            for _ in range(3):
+                traces[k]()
+            trace_times[k].append((time.process_time() - start) / 3)
 
     def trace_ratio(k: str) -> float:
         pairs = zip(trace_times[k], trace_times["positional"], strict=True)
@@ -239,7 +243,8 @@ def main(quick: bool = False, haliax_python: str | None = None) -> dict[str, Any
         f"{trace_ratio('floor'):.2f}x |"
     )
     haliax = None
-    if haliax_python is not None:
+    haliax_python = haliax_python or os.environ.get("QUAX_HALIAX_PYTHON")
+    if haliax_python:
         haliax = _haliax(haliax_python, seqs, rounds)
         by_seq = {r["seq"]: r for r in rows}
         print(
@@ -301,8 +306,8 @@ def main(quick: bool = False, haliax_python: str | None = None) -> dict[str, Any
 
 
 def _haliax(python: str, seqs: list[int], rounds: int) -> dict[str, Any]:
-    """`benchmarks/named_haliax.py` run under `python` (haliax's environment)."""
-    script = Path(__file__).resolve().parent / "named_haliax.py"
+    """`benchmarks/_named_haliax.py` run under `python` (haliax's environment)."""
+    script = Path(__file__).resolve().parent / "_named_haliax.py"
     env = dict(os.environ, JAX_PLATFORMS="cpu")
     out = subprocess.run(
         [
@@ -326,7 +331,7 @@ if __name__ == "__main__":
     parser.add_argument("--quick", action="store_true")
     parser.add_argument(
         "--haliax-python",
-        help="the Python of an environment with haliax (see named_haliax.py)",
+        help="the Python of an environment with haliax (see _named_haliax.py)",
     )
     args = parser.parse_args()
     print(json.dumps(main(args.quick, args.haliax_python), indent=1))

@@ -8,10 +8,12 @@ of its own, outside the repository:
     python -m venv haliax-env
     haliax-env/bin/pip install haliax==1.3 jax==0.4.30 jaxlib==0.4.30 "equinox<0.12"
 
-`python benchmarks/named.py --haliax-python haliax-env/bin/python` runs this script
-with that interpreter, in the same run as its own measurements, and reads the JSON
-it prints: each ratio is taken against the positional block timed in the same
-process (so on the same JAX), as `named.py` takes the named block's.
+`python benchmarks/named.py --haliax-python haliax-env/bin/python` (or
+`QUAX_HALIAX_PYTHON=haliax-env/bin/python python benchmarks/run.py --only named`)
+runs this script with that interpreter, in the same run as its own measurements,
+and reads the JSON it prints: each ratio is taken against the positional block
+timed in the same process (so on the same JAX), as `named.py` takes the named
+block's.
 
 The positional block is `block` of `examples/named_attention.py`, read from that
 file (which imports quax, not installed here) rather than copied.
@@ -136,13 +138,12 @@ def measure(seqs: list[int], rounds: int) -> dict[str, Any]:
     trace_haliax()
     trace_plain()
     th, tp = [], []
-    for _ in range(rounds):
-        start = time.perf_counter()
-        trace_haliax()
-        th.append(time.perf_counter() - start)
-        start = time.perf_counter()
-        trace_plain()
-        tp.append(time.perf_counter() - start)
+    for i in range(rounds):  # as `named.py` times its traces
+        for trace, times in [(trace_haliax, th), (trace_plain, tp)][:: 1 - 2 * (i % 2)]:
+            start = time.process_time()
+            for _ in range(3):
+                trace()
+            times.append((time.process_time() - start) / 3)
     return {
         "versions": {
             "haliax": getattr(hax, "__version__", "1.3"),
