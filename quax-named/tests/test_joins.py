@@ -374,6 +374,14 @@ POSITIONAL = {
         ),
         NAMES,
     ),
+    "at set": (lambda x, y, t: x.at[1].set(0.0), NAMES),
+    "at set traced": (lambda x, y, t: x.at[:, jnp.argmin(t.sum())].set(-1.0), NAMES),
+    "at set indices": (lambda x, y, t: x.at[:, jnp.array([0, 2])].set(9.0), NAMES),
+    "at add named": (lambda x, y, t: x.at[:, t].add(x[:, t] * 2.0), NAMES),
+    "at multiply named": (
+        lambda x, y, t: x.at[:, :, jnp.array([3, 1])].multiply(x[:, :, 1:3]),
+        NAMES,
+    ),
     "sort": (lambda x, y, t: jnp.sort(x, axis=1), NAMES),
     "argsort": (lambda x, y, t: jnp.argsort(-x, axis=2), NAMES),
     "roll": (lambda x, y, t: jnp.roll(x, 1, axis=1), NAMES),
@@ -430,7 +438,9 @@ def test_positional_code_nan_in_nan_out(name):
 
 @pytest.mark.parametrize(
     "name",
-    [n for n in sorted(POSITIONAL) if n not in ("argsort", "unstack")],
+    # Not argsort (integers); not `.at[].multiply`, which JAX itself does not
+    # differentiate without unique indices (plain arrays raise the same).
+    [n for n in sorted(POSITIONAL) if n not in ("argsort", "at multiply named")],
 )
 def test_positional_code_gradients(name):
     fn, _ = POSITIONAL[name]
@@ -474,6 +484,17 @@ def test_positional_refusals_name_the_axes_and_the_way_out():
     # Unnamed index arrays of two axes.
     with pytest.raises(ValueError, match=r"unnamed indices of shape \(2, 2\)"):
         quax.quaxify(lambda a: a[:, jnp.array([[0, 1], [1, 2]])])(x)
+    # Indexed updates: unnamed updates, and updates named otherwise than the
+    # indexed window.
+    with pytest.raises(
+        ValueError, match=r"writes an unnamed array of shape \(2, 2, 4\)"
+    ):
+        quax.quaxify(
+            lambda a: a.at[:, jnp.array([0, 2])].add(jnp.asarray(DATA[:, :2]))
+        )(x)
+    other = NamedArray(jnp.asarray(DATA[:, :2]), ("batch", "time", "embed"))
+    with pytest.raises(ValueError, match="position 1 holds 'time' in one and 'seq'"):
+        quax.quaxify(lambda a, u: a.at[:, jnp.array([0, 2])].add(u))(x, other)
     # A constant fill joins any names (jnp.pad's pieces, a zeros block).
     got = quax.quaxify(lambda a: jnp.concatenate([a, jnp.zeros((2, 1, 4))], axis=1))(x)
     assert got.names == NAMES

@@ -781,12 +781,17 @@ def _fft(x: NamedArray, **params: Any) -> Any:
     return like(x, bind(lax.fft_p, x.array, **params))
 
 
+_TAKE = "take by name with `quax_named.take`"
+
+
 def _gather_axes(
     operand: Any,
     indices: Any,
     dimension_numbers: Any,
     slice_sizes: Sequence[int],
     shape: Sequence[int],
+    what: str = "`gather` (an indexing) reads",
+    way_out: str = _TAKE,
 ) -> list[Axis]:
     """The axes of a `gather` result (shape `shape`). Its offset axes are the
     operand's axes that are neither collapsed nor batched, resized to the slice
@@ -827,10 +832,10 @@ def _gather_axes(
                 and other.key != own.key
             ):
                 raise ValueError(
-                    f"`gather` batches operand axis {own.label()!r} with index "
+                    f"{what} with operand axis {own.label()!r} batched with index "
                     f"axis {other.label()!r}: quax_named never pairs two names "
                     "by position. Give them one name (`quax_named.rename`), or "
-                    "take by name with `quax_named.take`."
+                    f"{way_out}."
                 )
             out[j] = own
         elif index_axes is not None:
@@ -848,22 +853,19 @@ def _gather_axes(
             out[j] = Broadcast(1)
     if any(a is None for a in out):
         if operand_axes is None:
-            what = (
+            read = (
                 f"an unnamed array of shape {array_shape(operand)} at a NamedArray "
                 f"of indices {labels(indices.axes)}, and the array's axes have no "
                 "names. Wrap it as `NamedArray(array, axes)`"
             )
         else:
-            what = (
+            read = (
                 f"a NamedArray with axes {labels(operand_axes)} at unnamed indices "
                 f"of shape {array_shape(indices)[:-1]}, whose axes have no names. "
                 "Name the index array (`NamedArray(indices, axes)`: the result "
                 "takes its axes)"
             )
-        raise ValueError(
-            f"`gather` (an indexing) reads {what}, or take by name with "
-            "`quax_named.take`."
-        )
+        raise ValueError(f"{what} {read}, or {way_out}.")
     return [a for a in out if a is not None]
 
 
@@ -901,3 +903,85 @@ def _gather_named(
 @quax.register(lax.gather_p)
 def _gather_at_named(operand: ArrayLike, indices: NamedArray, **params: Any) -> Any:
     return _gather(operand, indices, **params)
+
+
+_SCATTERS = [
+    lax.scatter_p, lax.scatter_add_p, lax.scatter_sub_p, lax.scatter_mul_p,
+    lax.scatter_min_p, lax.scatter_max_p,
+]  # fmt: skip
+
+
+def _scatter(
+    primitive: Primitive,
+    operand: NamedArray,
+    indices: NamedArray | ArrayLike,
+    updates: NamedArray | ArrayLike,
+    *,
+    dimension_numbers: Any,
+    **params: Any,
+) -> Any:
+    # `x.at[idx].set(v)`: the result has the operand's axes; the updates must be
+    # named as what indexing the operand there gives (`x[idx]`), or be one value.
+    values = [operand, indices, updates]
+    dn = dimension_numbers
+    way_out = "update by name with `x.at[{...}].set(v)`"
+    try:
+        update_array = updates.array if isinstance(updates, NamedArray) else updates
+        update_shape = array_shape(update_array)
+        window = [
+            d
+            for d in range(len(operand.axes))
+            if d not in dn.inserted_window_dims and d not in dn.operand_batching_dims
+        ]
+        slice_sizes = [1] * len(operand.axes)
+        for j, d in zip(dn.update_window_dims, window, strict=True):
+            slice_sizes[d] = update_shape[j]
+        read = lax.GatherDimensionNumbers(
+            offset_dims=tuple(dn.update_window_dims),
+            collapsed_slice_dims=tuple(dn.inserted_window_dims),
+            start_index_map=tuple(dn.scatter_dims_to_operand_dims),
+            operand_batching_dims=tuple(dn.operand_batching_dims),
+            start_indices_batching_dims=tuple(dn.scatter_indices_batching_dims),
+        )
+        what = f"`{primitive.name}` (an indexed update) writes"
+        expected = _gather_axes(
+            operand, indices, read, slice_sizes, update_shape, what, way_out
+        )
+        if isinstance(updates, NamedArray):
+            for j, (a, b) in enumerate(zip(expected, updates.axes, strict=True)):
+                if isinstance(a, Broadcast) or isinstance(b, Broadcast):
+                    continue
+                if a.key != b.key:
+                    raise ValueError(
+                        f"{what} updates with axes {labels(updates.axes)} where "
+                        f"indexing the NamedArray with axes {labels(operand.axes)} "
+                        f"gives {labels(expected)}: position {j} holds "
+                        f"{b.label()!r} in one and {a.label()!r} in the other, and "
+                        "quax_named never pairs two names by position. Lay the "
+                        f"updates out by name, or {way_out}."
+                    )
+        elif any(n != 1 for n in update_shape) and uniform_value(updates) is None:
+            raise ValueError(
+                f"{what} an unnamed array of shape {update_shape} into a NamedArray "
+                f"with axes {labels(operand.axes)}: quax_named never aligns an "
+                f"array by position. Name the updates as {labels(expected)}, or "
+                f"{way_out}."
+            )
+    except ValueError:
+        if _allow(values):
+            rule = quax.fallback_rule(primitive, values)
+            return rule(values, dict(params, dimension_numbers=dn))
+        raise
+    result = bind(
+        primitive,
+        operand.array,
+        indices.array if isinstance(indices, NamedArray) else indices,
+        update_array,
+        dimension_numbers=dn,
+        **params,
+    )
+    return make(result, operand.axes, _allow(values))
+
+
+for _p in _SCATTERS:
+    quax.register_elementwise([_p])(_scatter)
