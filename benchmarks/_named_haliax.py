@@ -40,7 +40,7 @@ EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "named_attention.py
 def _positional() -> tuple[Any, dict[str, tuple[str, ...]]]:
     """`block` and `AXES` from the example, without running its imports."""
     tree = ast.parse(EXAMPLE.read_text())
-    wanted = [
+    wanted: list[ast.stmt] = [
         node
         for node in tree.body
         if (isinstance(node, ast.FunctionDef) and node.name == "block")

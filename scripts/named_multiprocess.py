@@ -203,6 +203,8 @@ if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--child":
         _child(*map(int, sys.argv[2:5]))
     else:
-        parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+        parser = argparse.ArgumentParser(
+            description="The named MLP training step on two processes, against one."
+        )
         parser.add_argument("--timeout", type=float, default=600.0)
         print(json.dumps(main(parser.parse_args().timeout), indent=1))

@@ -10,6 +10,7 @@ import jax
 import numpy as np
 import quax
 from jax import lax
+from jax.extend.core import jaxpr_as_fun
 
 from ._axes import Axis, Broadcast, labels
 from ._kernels import array_shape, relayout, uniform_value
@@ -233,4 +234,4 @@ def run_scan(
 
 def body_of(jaxpr: Any) -> Callable[..., list[Any]]:
     """The scan body `jaxpr` (a closed jaxpr) as a quaxified function."""
-    return quax.quaxify(jax.extend.core.jaxpr_as_fun(jaxpr))
+    return quax.quaxify(jaxpr_as_fun(jaxpr))
