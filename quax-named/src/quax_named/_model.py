@@ -1,6 +1,7 @@
 """The by-name functions a user writes named code with (reductions, softmax,
-cumulative sums, contractions, `where`, the published `trace`) and `shard`,
-which places a model's named arrays on devices by their names.
+cumulative sums, contractions, `where`, the published `trace`, `scan`, joining,
+splitting and reshaping, `take`, `sort`, `roll`, `pad`) and `shard`, which places a
+model's named arrays on devices by their names.
 
 They are model-level: built on the value, its by-name methods and the mesh
 mapping, called by user code and never by a rule."""

@@ -4,9 +4,12 @@ Every rule returns an array of exactly the shape the positional program expects,
 names that are right: elementwise operations align their operands by name (never by
 position), `dot_general` contracts only matching axes, reductions and positional
 reshapes drop or keep the axes at the positions the program names (the storage order,
-`NamedArray.axes`). What cannot be laid out both ways refuses with an error naming
-the axes; every other primitive falls back to the refusing `default` of
-`quax.GuardedValue`, unless the array allows materialising.
+`NamedArray.axes`), reshapes merge adjacent axes into one named after them, joins
+(`concatenate`, `stack`, `pad`, `sort`) line their operands up by name at each
+position, indexing (`gather`, `scatter`) names the result after the indices, and
+`scan` slices its inputs keeping the other names. What cannot be laid out both ways
+refuses with an error naming the axes; every other primitive falls back to the
+refusing `default` of `quax.GuardedValue`, unless the array allows materialising.
 """
 
 from collections.abc import Sequence
