@@ -5,15 +5,26 @@ Measures, in one run (interleaved rounds, medians):
   (through `quax.quaxify`) over the plain positional program (goal: at most
   1.01x), for several sequence lengths, with the fitted exponent of time against
   length for both, and whether the two compiled programs are the same;
-- the trace time (`jax.make_jaxpr`) of the named program over the positional one.
+- the trace time (`jax.make_jaxpr`) of the named program over the positional one
+  (goal: at most 1.3x), and of the same program on `Bound`, a quax value whose rules
+  do nothing but bind the primitive on its array: the floor that quax's own trace
+  sets, which no family's rules can go below;
+- with `--haliax-python PYTHON` (or `QUAX_HALIAX_PYTHON` set, as `run.py` passes
+  nothing else), the same block written with haliax, run by
+  `benchmarks/_named_haliax.py` under that interpreter (haliax needs an older JAX,
+  so it has an environment of its own: that script says how to make it), its
+  trace and run times taken against the positional block timed there.
 
-`python benchmarks/named.py [--quick]`; writes docs/images/named_block.png.
+`python benchmarks/named.py [--quick] [--haliax-python PYTHON]`; writes
+docs/images/named_block.png.
 """
 
 import argparse
 import importlib.util
 import json
+import os
 import statistics
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -23,6 +34,7 @@ import jax.numpy as jnp
 import jax.random as jr
 import numpy as np
 import quax
+from jaxtyping import ArrayLike
 from quax_named import NamedArray
 
 
@@ -57,6 +69,46 @@ def make(seq: int) -> tuple[dict[str, Any], Any, dict[str, Any], Any, Any]:
     nx = NamedArray(x, ("batch", "seq", "embed"))
     nk = NamedArray(x, ("batch", "kseq", "embed"))
     return plain, x, named, nx, nk
+
+
+class Bound(quax.ArrayValue):
+    """A quax value whose rules do nothing but bind the primitive on its array and
+    wrap the result: tracing the block on it costs what quax's own trace costs."""
+
+    array: Any
+
+    def aval(self) -> Any:
+        return jax.typeof(self.array)
+
+    def materialise(self) -> Any:
+        return self.array
+
+
+def _register_bound(jaxpr: Any) -> None:
+    """Rules for `Bound` on every primitive of `jaxpr` (and of its sub-jaxprs)."""
+    primitives = set()
+
+    def walk(jaxpr: Any) -> None:
+        for eqn in jaxpr.eqns:
+            primitives.add(eqn.primitive)
+            for param in eqn.params.values():
+                inner = getattr(param, "jaxpr", None)
+                if inner is not None:
+                    walk(inner if hasattr(inner, "eqns") else inner.jaxpr)
+
+    walk(jaxpr.jaxpr)
+    for primitive in primitives:
+        if primitive.name in ("jit", "pjit", "custom_jvp_call", "custom_vjp_call"):
+            continue  # quax's own rules (an inlined jit, custom derivatives)
+
+        def rule(*args: Bound | ArrayLike, _p: Any = primitive, **params: Any) -> Any:
+            out = _p.bind(
+                *(a.array if isinstance(a, Bound) else a for a in args), **params
+            )
+            return [Bound(o) for o in out] if _p.multiple_results else Bound(out)
+
+        # Above the core's own leafwise rules (`stop_gradient`), which match too.
+        quax.register(primitive, precedence=1)(rule)
 
 
 def _time(fn: Any, *args: Any, calls: int = 10) -> float:
@@ -123,7 +175,7 @@ def _measure(seq: int, rounds: int, quaxified: Any) -> dict[str, Any]:
     }
 
 
-def main(quick: bool = False) -> dict[str, Any]:
+def main(quick: bool = False, haliax_python: str | None = None) -> dict[str, Any]:
     seqs = [32, 64, 128] if quick else [32, 64, 128, 256, 512]
     rounds = 7 if quick else 31
     quaxified: Any = quax.quaxify(block)
@@ -132,27 +184,38 @@ def main(quick: bool = False) -> dict[str, Any]:
     slope_named = float(np.polyfit(lengths, np.log([r["named_s"] for r in rows]), 1)[0])
     slope_plain = float(np.polyfit(lengths, np.log([r["plain_s"] for r in rows]), 1)[0])
 
-    # Trace time: make_jaxpr of the named program against the positional one, each
-    # through a fresh function (no cached trace), after one warm-up.
+    # Trace time: make_jaxpr of the named program, of the same program on `Bound`
+    # values (quax's floor) and of the positional one, each through a fresh
+    # function (no cached trace of its own), after one warm-up, interleaved.
     plain, x, named, nx, nk = make(64)
+    _register_bound(jax.make_jaxpr(block)(plain, x, x))
+    bound = {n: Bound(a) for n, a in plain.items()}
+    bx = Bound(x)
+    traces = {
+        "named": lambda: jax.make_jaxpr(lambda *a: quaxified(*a))(named, nx, nk),
+        "floor": lambda: jax.make_jaxpr(lambda *a: quaxified(*a))(bound, bx, bx),
+        "positional": lambda: jax.make_jaxpr(lambda *a: block(*a))(plain, x, x),
+    }
+    for trace in traces.values():
+        trace()
+    trace_times: dict[str, list[float]] = {k: [] for k in traces}
+    for i in range(rounds):
+        order = list(traces)[i % 3 :] + list(traces)[: i % 3]
+        for k in order:
+            # CPU time of the process, as for the runs: other jobs on a shared
+            # machine stretch wall-clock time, not this process's CPU time.
+            start = time.process_time()
+            for _ in range(3):
+                traces[k]()
+            trace_times[k].append((time.process_time() - start) / 3)
 
-    def trace_named() -> Any:
-        return jax.make_jaxpr(lambda *a: quaxified(*a))(named, nx, nk)
+    def trace_ratio(k: str) -> float:
+        pairs = zip(trace_times[k], trace_times["positional"], strict=True)
+        return statistics.median(a / b for a, b in pairs)
 
-    def trace_plain() -> Any:
-        return jax.make_jaxpr(lambda *a: block(*a))(plain, x, x)
-
-    trace_named()
-    trace_plain()
-    times_named, times_plain = [], []
-    for _ in range(rounds):
-        start = time.perf_counter()
-        trace_named()
-        times_named.append(time.perf_counter() - start)
-        start = time.perf_counter()
-        trace_plain()
-        times_plain.append(time.perf_counter() - start)
-    tn_, tp_ = statistics.median(times_named), statistics.median(times_plain)
+    tn_ = statistics.median(trace_times["named"])
+    tf_ = statistics.median(trace_times["floor"])
+    tp_ = statistics.median(trace_times["positional"])
 
     print(
         "| seq | positional (ms) | named (ms) | named / positional | named, arrays "
@@ -169,9 +232,36 @@ def main(quick: bool = False) -> dict[str, Any]:
         f"\nfitted exponent (time ~ seq^k): named {slope_named:.2f}, "
         f"positional {slope_plain:.2f}"
     )
-    print("\n| trace (make_jaxpr) | named (ms) | positional (ms) | ratio |")
-    print("|---|---:|---:|---:|")
-    print(f"| block, seq 64 | {tn_ * 1e3:.1f} | {tp_ * 1e3:.1f} | {tn_ / tp_:.1f}x |")
+    print(
+        "\n| trace (make_jaxpr, seq 64) | named | quax's floor (`Bound`) | "
+        "positional | named / positional | floor / positional |"
+    )
+    print("|---|---:|---:|---:|---:|---:|")
+    print(
+        f"| attention + MLP block | {tn_ * 1e3:.1f} ms | {tf_ * 1e3:.1f} ms | "
+        f"{tp_ * 1e3:.1f} ms | {trace_ratio('named'):.2f}x | "
+        f"{trace_ratio('floor'):.2f}x |"
+    )
+    haliax = None
+    haliax_python = haliax_python or os.environ.get("QUAX_HALIAX_PYTHON")
+    if haliax_python:
+        haliax = _haliax(haliax_python, seqs, rounds)
+        by_seq = {r["seq"]: r for r in rows}
+        print(
+            f"\n| vs haliax {haliax['versions']['haliax']} (JAX "
+            f"{haliax['versions']['jax']}) | quax-named / positional | "
+            "haliax / positional |"
+        )
+        print("|---|---:|---:|")
+        print(
+            f"| trace (seq 64) | {trace_ratio('named'):.2f}x | "
+            f"{haliax['trace_ratio']:.2f}x |"
+        )
+        for r in haliax["rows"]:
+            print(
+                f"| compiled run, seq {r['seq']} | {by_seq[r['seq']]['ratio']:.3f}x | "
+                f"{r['ratio']:.3f}x |"
+            )
 
     import matplotlib
 
@@ -207,12 +297,41 @@ def main(quick: bool = False) -> dict[str, Any]:
         "exponent_named": slope_named,
         "exponent_positional": slope_plain,
         "trace_named_s": tn_,
+        "trace_floor_s": tf_,
         "trace_positional_s": tp_,
-        "trace_ratio": tn_ / tp_,
+        "trace_ratio": trace_ratio("named"),
+        "trace_floor_ratio": trace_ratio("floor"),
+        "haliax": haliax,
     }
+
+
+def _haliax(python: str, seqs: list[int], rounds: int) -> dict[str, Any]:
+    """`benchmarks/_named_haliax.py` run under `python` (haliax's environment)."""
+    script = Path(__file__).resolve().parent / "_named_haliax.py"
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    out = subprocess.run(
+        [
+            python,
+            str(script),
+            "--seqs",
+            ",".join(map(str, seqs)),
+            "--rounds",
+            str(rounds),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=True,
+    )
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true")
-    print(json.dumps(main(parser.parse_args().quick), indent=1))
+    parser.add_argument(
+        "--haliax-python",
+        help="the Python of an environment with haliax (see _named_haliax.py)",
+    )
+    args = parser.parse_args()
+    print(json.dumps(main(args.quick, args.haliax_python), indent=1))

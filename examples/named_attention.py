@@ -103,12 +103,26 @@ def main() -> dict[str, str]:
     # 4. nmap: positional code over one named axis, vectorised over the rest.
     norms = qn.nmap(jnp.linalg.norm, "embed")(out)
     print(f"nmap(jnp.linalg.norm, 'embed') -> {norms}")
+
+    # 5. Reshaping and scanning by name: heads split off `embed`, and running sums
+    # along `seq` (each step sees one position, named `batch` and `embed`).
+    heads = qn.rearrange(
+        out, "batch seq (embed: heads dim) -> batch heads seq dim", heads=4
+    )
+    total, running = qn.scan(
+        lambda c, row: (c + row, c + row), qn.sum(out, "seq") * 0.0, out, axis="seq"
+    )
+    scan_error = float(jnp.max(jnp.abs((total - qn.sum(out, "seq")).array)))
+    print(f"rearrange -> {heads}; scan along 'seq' -> {running}, {total}")
     return {
         "devices": f"{data} x {model}",
         "output axes": " ".join(str(a) for a in out.names),
         "max |named - positional|": f"{error:.1e}",
         "max |sharded - positional|": f"{sharded_error:.1e}",
         "w1 partition spec": str(tuple(spec)),
+        "heads": str(heads),
+        "running sum axes": " ".join(str(a) for a in running.names),
+        "max |scan total - sum|": f"{scan_error:.1e}",
     }
 
 

@@ -38,3 +38,30 @@ def test_named_lora_weight_contracts_by_name_without_forming_w_plus_ab():
     # Gradient with respect to the LoRA factors, through the names.
     grads = jax.grad(lambda w: jnp.sum(fn(x, w).array))(w)
     assert isinstance(grads, NamedArray) and grads.names == ("in", "out")
+
+
+def test_scan_over_named_inputs_with_a_named_lora_weight():
+    # lax.scan slices the named inputs; the LoRA weight is a constant of the body
+    # and contracts by name through the LoRA rule at every step.
+    lora = quax_lora.LoraArray(
+        jr.normal(jr.PRNGKey(0), (4, 4)) / 2, rank=2, key=jr.PRNGKey(1)
+    )
+    lora = eqx.tree_at(lambda m: m.b, lora, jr.normal(jr.PRNGKey(2), (2, 4)))
+    w = NamedArray(lora, ("in", "hidden"))
+    xs = NamedArray(jr.normal(jr.PRNGKey(3), (5, 3, 4)), ("seq", "batch", "in"))
+
+    def rnn(w, xs):
+        def cell(h, x):
+            h = jnp.tanh(x @ w + h)
+            return h, jnp.sum(h, axis=-1)
+
+        return jax.lax.scan(cell, jnp.zeros((3, 4)), xs)
+
+    with quax.track_materialisation() as report:
+        h, ys = jax.jit(quax.quaxify(rnn))(w, xs)
+    assert not report, str(report)
+    assert h.names == ("batch", "hidden") and ys.names == ("seq", "batch")
+    dense = np.asarray(lora.w) + np.asarray(lora.a) @ np.asarray(lora.b)
+    want_h, want_ys = rnn(jnp.asarray(dense), xs.array)
+    np.testing.assert_allclose(h.array, want_h, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(ys.array, want_ys, rtol=1e-5, atol=1e-5)

@@ -59,8 +59,9 @@ def test_attention_scores_over_shapes_and_dtypes(nq, nk, nh, dtype):
 
 
 # The operations of `quax.testing.strategies.programs` that keep the names: not
-# `matmul` (an unnamed weight, which quax_named never contracts by position),
-# `reshape` (merging axes) or `scan` (slicing a named axis).
+# `matmul` (an unnamed weight, which quax_named never contracts by position).
+# `reshape` merges every axis into one named after them; `scan` slices the leading
+# axis and stacks its outputs under it.
 NAMED_OPS = (
     "sin",
     "tanh",
@@ -70,7 +71,9 @@ NAMED_OPS = (
     "add_const",
     "sum",
     "transpose",
+    "reshape",
     "cond",
+    "scan",
     "while_loop",
 )
 

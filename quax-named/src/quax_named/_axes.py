@@ -1,6 +1,7 @@
 """Axes and their names: `Axis`, the broadcast axes positional code creates, and
 the checks every name passes."""
 
+import itertools
 import numbers
 import re
 from collections.abc import Iterable, Sequence
@@ -12,8 +13,10 @@ __all__ = [
     "AxisLike",
     "AxisSelection",
     "Broadcast",
+    "Flattened",
     "as_axes",
     "check_name",
+    "intern_axes",
     "labels",
 ]
 
@@ -72,7 +75,7 @@ class Axis:
             return self
         if self.name is None:
             return Axis(size)
-        return Axis(self.name, size)
+        return _unchecked(self.name, size)
 
     def __eq__(self, other: object) -> bool:
         if self is other:
@@ -94,6 +97,15 @@ class Axis:
     def label(self) -> str:
         """A short label for messages and reprs: the name, or `<anonymous>`."""
         return self.name if self.name is not None else f"<anonymous {self.size}>"
+
+
+def _unchecked(name: str | None, size: int | None) -> Axis:
+    """`Axis(name, size)` without the name check: for a name checked when its axis
+    was made, or the group name of a `Flattened` axis (`"(seq embed)"`)."""
+    axis = object.__new__(Axis)
+    object.__setattr__(axis, "name", name)
+    object.__setattr__(axis, "size", size)
+    return axis
 
 
 # Characters an axis name may not hold: whitespace and the separators of
@@ -145,22 +157,79 @@ def _check_size(size: Any) -> int:
 class Broadcast(Axis):
     """An axis that positional code created by broadcasting (`jnp.expand_dims`, a
     `keepdims=True` reduction): the array is constant along it, so it aligns with
-    whatever axis meets it."""
+    whatever axis meets it.
 
-    __slots__ = ()
+    Two broadcast axes of one size are equal (`==`), as they stand for the same
+    thing, so that equal layouts are equal tuples; each still has its own `key`,
+    so that an array may hold several (`x[:, None, None]`)."""
+
+    __slots__ = ("_key",)
+    _key: tuple[str, int]
 
     def __init__(self, size: int):
-        super().__init__(None, None)
+        # Set directly: rules make many, and a broadcast axis has no name to check.
+        object.__setattr__(self, "name", None)
         object.__setattr__(self, "size", size)
+        object.__setattr__(self, "_key", ("<broadcast>", next(_broadcast_keys)))
+
+    @property
+    def key(self) -> Any:
+        return self._key
 
     def resized(self, size: int) -> "Axis":
         return self if self.size == size else Broadcast(size)
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is Broadcast and other.size == self.size
+
+    def __hash__(self) -> int:
+        return hash(("<broadcast>", self.size))
 
     def __repr__(self) -> str:
         return f"<broadcast {self.size}>"
 
     def label(self) -> str:
         return f"<broadcast {self.size}>"
+
+
+_broadcast_keys = itertools.count()
+
+
+class Flattened(Axis):
+    """An axis that positional code made by merging adjacent named axes
+    (`x.reshape(batch, -1)` of an array over `(batch, seq, embed)`): named after its
+    parts, in order, as einops writes a group (`"(seq embed)"`), and split back
+    into them by a positional reshape to their sizes. A `ValueError` refuses any
+    other split, which could not know the names of the pieces.
+
+    Refer to it by that name (`quax_named.sum(x, "(seq embed)")`), or rename it
+    (`quax_named.rename(x, {"(seq embed)": "features"})`).
+    """
+
+    __slots__ = ("part_sizes", "parts")
+    parts: tuple[Axis, ...]
+    part_sizes: tuple[int, ...]
+
+    def __init__(self, parts: Sequence[Axis], part_sizes: Sequence[int]):
+        """**Arguments:**
+
+        - `parts`: the merged axes, in storage order (each named).
+        - `part_sizes`: their sizes.
+        """
+        super().__init__(None, None)
+        size = 1
+        for n in part_sizes:
+            size *= n
+        name = "(" + " ".join(a.label() for a in parts) + ")"
+        object.__setattr__(self, "name", name)
+        object.__setattr__(self, "size", size)
+        object.__setattr__(self, "parts", tuple(parts))
+        object.__setattr__(self, "part_sizes", tuple(part_sizes))
+
+    def resized(self, size: int) -> "Axis":
+        # A piece of the merged axis (a slice of it) keeps its name, but is no
+        # longer the product of its parts: a plain `Axis`.
+        return self if self.size == size else _unchecked(self.name, size)
 
 
 def as_axes(
@@ -195,6 +264,24 @@ def as_axes(
             )
         out.append(axis)
     return tuple(out)
+
+
+# Axes tuples by value: equal layouts share one tuple object. Quax keys the static
+# fields of values by identity (its replayed recordings, `quax._replay`), so an
+# array's axes are this one tuple, and a rule's result on equal layouts is too.
+_INTERNED: dict[tuple[Axis, ...], tuple[Axis, ...]] = {}
+_INTERNED_MAX = 1 << 14
+
+
+def intern_axes(axes: tuple[Axis, ...]) -> tuple[Axis, ...]:
+    """The one tuple object equal to `axes` (a tuple of `Axis`)."""
+    found = _INTERNED.get(axes)
+    if found is not None:
+        return found
+    if len(_INTERNED) >= _INTERNED_MAX:
+        _INTERNED.clear()
+    _INTERNED[axes] = axes
+    return axes
 
 
 def labels(axes: Sequence[Axis]) -> str:

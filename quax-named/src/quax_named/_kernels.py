@@ -13,7 +13,7 @@ from jax.extend.core import Primitive
 from ._axes import Axis, Broadcast
 
 
-__all__ = ["array_shape", "bind", "call", "relayout"]
+__all__ = ["array_shape", "bind", "call", "relayout", "uniform_value"]
 
 
 def call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -54,3 +54,24 @@ def relayout(x: Any, out: Sequence[Axis], shape: tuple[int, ...]) -> Any:
     if tuple(array_shape(array)) != shape:
         array = call(lax.broadcast_in_dim, array, shape, dims)
     return array
+
+
+# Largest unnamed array checked for being one value repeated (a `jnp.full_like` of a
+# named array, as `jnp.std` and `jnp.where` make): those broadcast like scalars.
+_UNIFORM_MAX_SIZE = 1 << 16
+
+
+def uniform_value(x: Any) -> Any:
+    """`x` as a scalar if it is known now to hold one value everywhere, else `None`."""
+    if quax.is_value(x) or np.size(x) > _UNIFORM_MAX_SIZE:
+        return None
+    known = quax.known_constant(x, _UNIFORM_MAX_SIZE)
+    if known is None or known.size == 0:
+        return None
+    # One value by its bits: 0.0 and -0.0 (and NaNs of two signs) are two values,
+    # which a product or a quotient tells apart.
+    flat = np.ascontiguousarray(known).reshape(-1)
+    bits = flat.view(np.uint8).reshape(flat.size, -1)
+    if not (bits == bits[:1]).all():
+        return None
+    return flat[:1]

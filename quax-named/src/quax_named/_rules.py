@@ -4,9 +4,12 @@ Every rule returns an array of exactly the shape the positional program expects,
 names that are right: elementwise operations align their operands by name (never by
 position), `dot_general` contracts only matching axes, reductions and positional
 reshapes drop or keep the axes at the positions the program names (the storage order,
-`NamedArray.axes`). What cannot be laid out both ways refuses with an error naming
-the axes; every other primitive falls back to the refusing `default` of
-`quax.GuardedValue`, unless the array allows materialising.
+`NamedArray.axes`), reshapes merge adjacent axes into one named after them, joins
+(`concatenate`, `stack`, `pad`, `sort`) line their operands up by name at each
+position, indexing (`gather`, `scatter`) names the result after the indices, and
+`scan` slices its inputs keeping the other names. What cannot be laid out both ways
+refuses with an error naming the axes; every other primitive falls back to the
+refusing `default` of `quax.GuardedValue`, unless the array allows materialising.
 """
 
 from collections.abc import Sequence
@@ -18,9 +21,10 @@ from jax import lax
 from jax.extend.core import Primitive
 from jaxtyping import ArrayLike
 
-from ._axes import Axis, Broadcast, labels
-from ._kernels import array_shape, bind, call, relayout
-from ._value import NamedArray, make
+from ._axes import Axis, Broadcast, Flattened, labels
+from ._kernels import array_shape, bind, call, relayout, uniform_value
+from ._loops import body_of, run_scan
+from ._value import NamedArray, like, make
 
 
 __all__: list[str] = []
@@ -29,27 +33,6 @@ __all__: list[str] = []
 def _allow(values: Sequence[Any]) -> bool:
     named = [v for v in values if isinstance(v, NamedArray)]
     return all(v.allow_materialise for v in named)
-
-
-# Largest unnamed array checked for being one value repeated (a `jnp.full_like` of a
-# named array, as `jnp.std` and `jnp.where` make): those broadcast like scalars.
-_UNIFORM_MAX_SIZE = 1 << 16
-
-
-def _uniform(x: Any) -> Any:
-    """`x` as a scalar if it is known now to hold one value everywhere, else `None`."""
-    if quax.is_value(x) or np.size(x) > _UNIFORM_MAX_SIZE:
-        return None
-    known = quax.known_constant(x, _UNIFORM_MAX_SIZE)
-    if known is None or known.size == 0:
-        return None
-    # One value by its bits: 0.0 and -0.0 (and NaNs of two signs) are two values,
-    # which a product or a quotient tells apart.
-    flat = np.ascontiguousarray(known).reshape(-1)
-    bits = flat.view(np.uint8).reshape(flat.size, -1)
-    if not (bits == bits[:1]).all():
-        return None
-    return flat[:1]
 
 
 # Elementwise ------------------------------------------------------------------------
@@ -146,7 +129,7 @@ def _layout(
 
 def _axis_sizes(primitive: Primitive, operands: Sequence[Any]) -> dict[Any, int]:
     sizes: dict[Any, int] = {}
-    where: dict[Any, str] = {}
+    where: dict[Any, NamedArray] = {}
     for x in operands:
         if not isinstance(x, NamedArray):
             continue
@@ -156,29 +139,60 @@ def _axis_sizes(primitive: Primitive, operands: Sequence[Any]) -> dict[Any, int]
             if axis.key in sizes and sizes[axis.key] != n:
                 raise ValueError(
                     f"Axis {axis.label()!r} has size {sizes[axis.key]} in operand "
-                    f"{where[axis.key]} and size {n} in operand {labels(x.axes)} of "
-                    f"`{primitive.name}`."
+                    f"{labels(where[axis.key].axes)} and size {n} in operand "
+                    f"{labels(x.axes)} of `{primitive.name}`."
                 )
             sizes[axis.key] = n
-            where[axis.key] = labels(x.axes)
+            where[axis.key] = x
     return sizes
 
 
-def _same_layout(inputs: Sequence[Any]) -> NamedArray | None:
-    """The first operand when every named operand has its axes and shape and the
-    others are scalars (the common case, bound as it is); else `None`."""
-    first = None
+def _same_layout(inputs: Sequence[Any]) -> Sequence[Axis] | None:
+    """The axes of an elementwise result whose operands need no laying out (the
+    common case, bound as it is): the named operands have one rank and, at each
+    position, one axis, of the result's size (a broadcast axis, as `keepdims` and
+    `jnp` broadcasting make, adopts the other operands' axis there, and a size-1
+    one broadcasts as JAX does), and the others are scalars. Else `None`, and the
+    general path aligns or refuses."""
+    named = []
     for x in inputs:
         if isinstance(x, NamedArray):
-            if first is None:
-                first = x
-            elif x.axes != first.axes or array_shape(x.array) != array_shape(
-                first.array
-            ):
-                return None
+            named.append(x)
         elif np.ndim(x) != 0:
             return None
-    return first
+    if not named:
+        return None
+    first = named[0]
+    shape = array_shape(first.array)
+    if all(x.axes == first.axes and array_shape(x.array) == shape for x in named[1:]):
+        return first.axes
+    shapes = [array_shape(x.array) for x in named]
+    if any(len(s) != len(shape) for s in shapes):
+        return None
+    axes: list[Axis] = []
+    for j in range(len(shape)):
+        n = 1
+        for s in shapes:
+            if s[j] != 1:
+                if n not in (1, s[j]):
+                    return None
+                n = s[j]
+        chosen: Axis | None = None
+        spare: Axis | None = None
+        for x, s in zip(named, shapes, strict=True):
+            a = x.axes[j]
+            if isinstance(a, Broadcast):
+                if s[j] == n:
+                    spare = a
+                continue
+            if s[j] != n or (chosen is not None and chosen.key != a.key):
+                return None  # a named axis stretched, or two names at one position
+            chosen = a
+        axes.append(chosen or spare or Broadcast(n))
+    keys = [a.key for a in axes if not isinstance(a, Broadcast)]
+    if len(set(keys)) != len(keys):
+        return None  # an axis at two positions: refused by the general path
+    return axes
 
 
 def _elementwise(
@@ -187,7 +201,7 @@ def _elementwise(
     fast = _same_layout(inputs)
     if fast is not None:
         arrays = [x.array if isinstance(x, NamedArray) else x for x in inputs]
-        return make(bind(primitive, *arrays, **params), fast.axes, _allow(inputs))
+        return make(bind(primitive, *arrays, **params), fast, _allow(inputs))
     operands = list(inputs)
     shapes = [array_shape(x) for x in operands]
     ranked = [s for s in shapes if s]
@@ -196,7 +210,7 @@ def _elementwise(
     for k, (x, s) in enumerate(zip(operands, shapes, strict=True)):
         if isinstance(x, NamedArray) or all(n == 1 for n in s):
             continue
-        uniform = _uniform(x)
+        uniform = uniform_value(x)
         if uniform is not None:
             operands[k] = np.reshape(uniform, (1,) * len(s))
             shapes[k] = (1,) * len(s)
@@ -397,6 +411,101 @@ def _squeeze(x: NamedArray, *, dimensions: Sequence[int]) -> Any:
     return make(result, kept, x.allow_materialise)
 
 
+def _regroup(
+    x: NamedArray, own: tuple[int, ...], new_sizes: Sequence[int]
+) -> list[Axis]:
+    """The axes of `x` reshaped from `own` to `new_sizes`, where names can follow:
+    size-1 axes dropped or added (broadcast), adjacent named axes merged into a
+    `Flattened` axis, a `Flattened` axis split back into its parts, a broadcast
+    axis merged or split. Anything else is a `ValueError` naming the axes."""
+    kept = [(a, n) for a, n in zip(x.axes, own, strict=True) if n != 1]
+    new = [n for n in new_sizes if n != 1]
+
+    def refuse(why: str) -> ValueError:
+        return ValueError(
+            f"`reshape` from shape {own} to {tuple(new_sizes)} on a NamedArray with "
+            f"axes {labels(x.axes)} {why}. Merge and split axes by name "
+            "(`quax_named.flatten_axes`, `quax_named.unflatten_axis`, "
+            "`quax_named.rearrange`), run the positional code through "
+            "`quax_named.nmap`, or call `.enable_materialise()` to drop the names."
+        )
+
+    groups: list[tuple[list[tuple[Axis, int]], list[int]]] = []
+    if 0 in own or 0 in new_sizes:
+        if [n for _, n in kept] != new:
+            raise refuse("regroups axes of size 0")
+        groups = [([k], [n]) for k, n in zip(kept, new, strict=True)]
+        i = j = len(kept)
+    else:
+        i = j = 0
+    # Group the axes of both shapes into runs of equal products.
+    while i < len(kept) or j < len(new):
+        if i == len(kept) or j == len(new):
+            raise refuse("regroups its axes")
+        old_group, new_group = [kept[i]], [new[j]]
+        old_size, new_size = kept[i][1], new[j]
+        i, j = i + 1, j + 1
+        while old_size != new_size:
+            if old_size < new_size and i < len(kept):
+                old_group.append(kept[i])
+                old_size *= kept[i][1]
+                i += 1
+            elif new_size < old_size and j < len(new):
+                new_group.append(new[j])
+                new_size *= new[j]
+                j += 1
+            else:
+                raise refuse("regroups its axes")
+        groups.append((old_group, new_group))
+    placed: list[Axis] = []
+    for old_group, new_group in groups:
+        axes = [a for a, _ in old_group]
+        if len(axes) == 1 and len(new_group) == 1:
+            placed.append(axes[0])
+        elif all(isinstance(a, Broadcast) for a in axes):
+            placed.extend(Broadcast(n) for n in new_group)
+        elif len(new_group) == 1 and len(axes) > 1:
+            odd = [a for a in axes if isinstance(a, Broadcast) or a.name is None]
+            if odd:
+                raise refuse(
+                    f"merges axes {labels(axes)}, among them {odd[0].label()!r}, "
+                    "which has no name to give the merged axis"
+                )
+            placed.append(Flattened(axes, [n for _, n in old_group]))
+        elif len(axes) == 1 and isinstance(axes[0], Flattened):
+            if tuple(new_group) != axes[0].part_sizes:
+                raise refuse(
+                    f"splits the merged axis {axes[0].label()!r} (of sizes "
+                    f"{axes[0].part_sizes}) into sizes {tuple(new_group)}, whose "
+                    "pieces have no names"
+                )
+            placed.extend(axes[0].parts)
+        elif len(axes) == 1:
+            raise refuse(
+                f"splits axis {axes[0].label()!r} into sizes {tuple(new_group)}, "
+                "whose pieces have no names"
+            )
+        else:
+            raise refuse(f"regroups axes {labels(axes)} into sizes {tuple(new_group)}")
+    it = iter(placed)
+    out = [next(it) if n != 1 else Broadcast(1) for n in new_sizes]
+    _check_unique("reshape", out, [x])
+    return out
+
+
+def _check_unique(name: str, axes: Sequence[Axis], operands: Sequence[Any]) -> None:
+    """Refuse a result that would hold one axis twice."""
+    keys = [a.key for a in axes if not isinstance(a, Broadcast)]
+    twice = [a for a in axes if not isinstance(a, Broadcast) and keys.count(a.key) > 1]
+    if twice:
+        named = [o for o in operands if isinstance(o, NamedArray)]
+        raise ValueError(
+            f"`{name}` would hold axis {twice[0].label()!r} twice (operands "
+            f"{' and '.join(labels(o.axes) for o in named)}): a NamedArray holds each "
+            "axis once. Rename one of them first (`quax_named.rename`)."
+        )
+
+
 @quax.register(lax.reshape_p)
 def _reshape(
     x: NamedArray,
@@ -406,19 +515,21 @@ def _reshape(
     **params: Any,
 ) -> Any:
     own = array_shape(x.array)
-    kept = [(a, n) for a, n in zip(x.axes, own, strict=True) if n != 1]
-    new = [n for n in new_sizes if n != 1]
-    if dimensions is not None or [n for _, n in kept] != new:
+    try:
+        if dimensions is not None:
+            raise ValueError(
+                f"`reshape` with `dimensions={dimensions}` transposes and regroups "
+                f"the axes {labels(x.axes)} at once: transpose first "
+                "(`quax_named.transpose`), or call `.enable_materialise()` to drop "
+                "the names."
+            )
+        out = _regroup(x, own, new_sizes)
+    except ValueError:
         if x.allow_materialise:
             values = [x, *dyn]
             params = dict(params, new_sizes=new_sizes, dimensions=dimensions)
             return quax.fallback_rule(lax.reshape_p, values)(values, params)
-        raise ValueError(
-            f"`reshape` from shape {own} to {tuple(new_sizes)} would merge or split "
-            f"axes of a NamedArray with axes {labels(x.axes)}, and names cannot follow "
-            "that. Use `quax_named.nmap` for code that reshapes, or "
-            "`.enable_materialise()` to drop the names."
-        )
+        raise
     result = bind(
         lax.reshape_p,
         x.array,
@@ -427,18 +538,453 @@ def _reshape(
         dimensions=dimensions,
         **params,
     )
-    it = iter(kept)
-    out = [next(it)[0] if n != 1 else Broadcast(1) for n in new_sizes]
     return make(result, out, x.allow_materialise)
 
 
 @quax.register(lax.slice_p)
 def _slice(x: NamedArray, **params: Any) -> Any:
-    result = bind(lax.slice_p, x.array, **params)
-    out = [a.resized(n) for a, n in zip(x.axes, array_shape(result), strict=True)]
-    return make(result, out, x.allow_materialise)
+    return like(x, bind(lax.slice_p, x.array, **params))
 
 
 @quax.register(lax.rev_p)
 def _rev(x: NamedArray, **params: Any) -> Any:
     return make(bind(lax.rev_p, x.array, **params), x.axes, x.allow_materialise)
+
+
+# Loops --------------------------------------------------------------------------------
+
+
+@quax.register(lax.scan_p)
+def _scan(
+    *args: NamedArray | ArrayLike,
+    jaxpr: Any,
+    length: int,
+    reverse: bool,
+    unroll: Any,
+    num_consts: int,
+    num_carry: int,
+    **params: Any,
+) -> list[Any]:
+    # `jax.lax.scan` slices each scanned-over input along its leading storage axis;
+    # the core's scan would slice a NamedArray's leaf and leave its names. Here each
+    # slice keeps the other names, and outputs are stacked under the scanned axis.
+    consts = args[:num_consts]
+    carry = args[num_consts : num_consts + num_carry]
+    xs = args[num_consts + num_carry :]
+    body = body_of(jaxpr)
+
+    def step(c: list[Any], slices: list[Any]) -> tuple[list[Any], list[Any]]:
+        out = body(*consts, *c, *slices)
+        return list(out[:num_carry]), list(out[num_carry:])
+
+    new, ys = run_scan(
+        step,
+        carry,
+        xs,
+        length=length,
+        reverse=reverse,
+        unroll=unroll,
+        fn="`jax.lax.scan`",
+    )
+    return [*new, *ys]
+
+
+# Joining, splitting, padding, sorting ----------------------------------------------
+
+
+def _lined_up(
+    primitive: Primitive,
+    operands: Sequence[Any],
+    shape: Sequence[int],
+    skip: int | None = None,
+    way_out: str = "",
+) -> list[Axis]:
+    """The axes of a result whose operands positional code lines up position by
+    position (a concatenation, a stack, a sort): at each position the one axis the
+    named operands hold there (broadcast axes adopt it), or a broadcast axis of
+    `shape`'s size where none holds one. Two different axes at one position are
+    refused: quax_named never pairs two names by position. `skip` is a position
+    the caller decides."""
+    named = [x for x in operands if isinstance(x, NamedArray)]
+    out: list[Axis] = []
+    for j, n in enumerate(shape):
+        if j == skip:
+            out.append(Broadcast(n))
+            continue
+        real = [x.axes[j] for x in named if not isinstance(x.axes[j], Broadcast)]
+        for a in real[1:]:
+            if a.key != real[0].key:
+                raise ValueError(
+                    f"`{primitive.name}` lines up its operands position by position, "
+                    f"and position {j} holds axes {real[0].label()!r} and "
+                    f"{a.label()!r} ({' and '.join(labels(x.axes) for x in named)}): "
+                    "quax_named never pairs two names by position. Lay the operands "
+                    "out alike by name first (`quax_named.transpose`, "
+                    f"`quax_named.align`){way_out}."
+                )
+        out.append(real[0].resized(n) if real else Broadcast(n))
+    return out
+
+
+def _unnamed_operands(
+    primitive: Primitive, operands: list[Any], way_out: str
+) -> list[Any] | None:
+    """`operands`, each unnamed one that is known to hold one value everywhere
+    kept as it is (it lines up with any names); `None` when another unnamed one
+    meets the named operands and the arrays allow materialising (the caller falls
+    back); else a `ValueError` naming it."""
+    named = [x for x in operands if isinstance(x, NamedArray)]
+    for x in operands:
+        if isinstance(x, NamedArray) or uniform_value(x) is not None:
+            continue
+        if _allow(named):
+            return None
+        raise ValueError(
+            f"`{primitive.name}` lines up a NamedArray with axes "
+            f"{labels(named[0].axes)} and an unnamed array of shape "
+            f"{array_shape(x)} position by position: quax_named never aligns an "
+            "array by position. Wrap the other operand as `NamedArray(array, axes)`"
+            f"{way_out}."
+        )
+    return operands
+
+
+_CONCATENATE_WAY_OUT = ", or join by name with `quax_named.concatenate`"
+
+
+@quax.register(lax.concatenate_p)
+def _concatenate(*operands: NamedArray | ArrayLike, dimension: int) -> Any:
+    checked = _unnamed_operands(lax.concatenate_p, list(operands), _CONCATENATE_WAY_OUT)
+    if checked is None:
+        values = list(operands)
+        params = {"dimension": dimension}
+        return quax.fallback_rule(lax.concatenate_p, values)(values, params)
+    result = bind(
+        lax.concatenate_p,
+        *(x.array if isinstance(x, NamedArray) else x for x in operands),
+        dimension=dimension,
+    )
+    shape = array_shape(result)
+    out = _lined_up(lax.concatenate_p, operands, shape, dimension, _CONCATENATE_WAY_OUT)
+    # The joined axis: the one name the operands give it (broadcast pieces, as
+    # `jnp.pad` makes, adopt it), or a new anonymous axis when none names it (the
+    # pieces of a stack).
+    joined = [
+        x.axes[dimension]
+        for x in operands
+        if isinstance(x, NamedArray) and not isinstance(x.axes[dimension], Broadcast)
+    ]
+    names = {a.key for a in joined if a.name is not None}
+    if len(names) > 1 or (
+        names and len(joined) > len([a for a in joined if a.name is not None])
+    ):
+        named = [x for x in operands if isinstance(x, NamedArray)]
+        raise ValueError(
+            f"`concatenate` joins axes {labels(joined)} along position {dimension} "
+            f"({' and '.join(labels(x.axes) for x in named)}): a joined axis is one "
+            "axis, and quax_named never pairs two names by position. Give the "
+            "pieces one name (`quax_named.rename`), or join by name with "
+            "`quax_named.concatenate`."
+        )
+    n = shape[dimension]
+    out[dimension] = (
+        joined[0].resized(n) if names else (Axis(n) if joined else Broadcast(n))
+    )
+    _check_unique("concatenate", out, operands)
+    return make(result, out, _allow(operands))
+
+
+@quax.register(lax.stack_p)
+def _stack(*operands: NamedArray | ArrayLike, axis: int, **params: Any) -> Any:
+    way_out = ", or stack by name with `quax_named.stack`"
+    checked = _unnamed_operands(lax.stack_p, list(operands), way_out)
+    if checked is None:
+        values = list(operands)
+        return quax.fallback_rule(lax.stack_p, values)(values, dict(params, axis=axis))
+    result = bind(
+        lax.stack_p,
+        *(x.array if isinstance(x, NamedArray) else x for x in operands),
+        axis=axis,
+        **params,
+    )
+    shape = array_shape(result)
+    own = [s for j, s in enumerate(shape) if j != axis]
+    out = _lined_up(lax.stack_p, operands, own, None, way_out)
+    # The new axis has no name in positional code: an anonymous axis.
+    out.insert(axis, Axis(shape[axis]))
+    return make(result, out, _allow(operands))
+
+
+@quax.register(lax.unstack_p)
+def _unstack(x: NamedArray, *, axis: int, **params: Any) -> Any:
+    results = bind(lax.unstack_p, x.array, axis=axis, **params)
+    kept = [a for i, a in enumerate(x.axes) if i != axis]
+    return [make(r, kept, x.allow_materialise) for r in results]
+
+
+@quax.register(lax.split_p)
+def _split(x: NamedArray, **params: Any) -> Any:
+    results = bind(lax.split_p, x.array, **params)
+    return [like(x, r) for r in results]
+
+
+@quax.register(lax.pad_p)
+def _pad(x: NamedArray, padding_value: ArrayLike, **params: Any) -> Any:
+    return like(x, bind(lax.pad_p, x.array, padding_value, **params))
+
+
+@quax.register(lax.dynamic_slice_p)
+def _dynamic_slice(x: NamedArray, *indices: ArrayLike, **params: Any) -> Any:
+    return like(x, bind(lax.dynamic_slice_p, x.array, *indices, **params))
+
+
+@quax.register(lax.dynamic_update_slice_p)
+def _dynamic_update_slice(
+    x: NamedArray, update: NamedArray | ArrayLike, *indices: ArrayLike, **params: Any
+) -> Any:
+    way_out = ", or update by name with `x.at[{...}].set(update)`"
+    checked = _unnamed_operands(lax.dynamic_update_slice_p, [x, update], way_out)
+    if checked is None:
+        values = [x, update, *indices]
+        rule = quax.fallback_rule(lax.dynamic_update_slice_p, values)
+        return rule(values, params)
+    if isinstance(update, NamedArray):
+        for j, (a, b) in enumerate(zip(x.axes, update.axes, strict=True)):
+            if isinstance(b, Broadcast) or a.key == b.key:
+                continue
+            raise ValueError(
+                "`dynamic_update_slice` writes an update with axes "
+                f"{labels(update.axes)} into a NamedArray with axes "
+                f"{labels(x.axes)}, and position {j} holds {b.label()!r} in one and "
+                f"{a.label()!r} in the other: quax_named never pairs two names by "
+                f"position. Lay the update out as the array{way_out}."
+            )
+        update = update.array
+    result = bind(lax.dynamic_update_slice_p, x.array, update, *indices, **params)
+    return make(result, x.axes, x.allow_materialise)
+
+
+@quax.register(lax.sort_p)
+def _sort(*operands: NamedArray | ArrayLike, dimension: int, **params: Any) -> Any:
+    # Every operand is permuted alike along `dimension`: the named ones line up by
+    # position; an unnamed one (the iota `jnp.argsort` sorts alongside) is a rider
+    # and comes out with their names.
+    arrays = [x.array if isinstance(x, NamedArray) else x for x in operands]
+    results = bind(lax.sort_p, *arrays, dimension=dimension, **params)
+    shape = array_shape(results[0])
+    way_out = ", or sort by name with `quax_named.sort`/`quax_named.argsort`"
+    out = _lined_up(lax.sort_p, operands, shape, None, way_out)
+    return [make(r, out, _allow(operands)) for r in results]
+
+
+@quax.register(lax.fft_p)
+def _fft(x: NamedArray, **params: Any) -> Any:
+    # Along the trailing axes; a real transform changes the last one's size (it
+    # keeps its name).
+    return like(x, bind(lax.fft_p, x.array, **params))
+
+
+_TAKE = "take by name with `quax_named.take`"
+
+
+def _gather_axes(
+    operand: Any,
+    indices: Any,
+    dimension_numbers: Any,
+    slice_sizes: Sequence[int],
+    shape: Sequence[int],
+    what: str = "`gather` (an indexing) reads",
+    way_out: str = _TAKE,
+) -> list[Axis]:
+    """The axes of a `gather` result (shape `shape`). Its offset axes are the
+    operand's axes that are neither collapsed nor batched, resized to the slice
+    (a window keeps its name, as a slice does); its batch axes are the indices'
+    axes (but the last, the index vector), or the operand's batched axes. A plain
+    index array names its one axis after the one axis it indexes (`x[idx]`,
+    `jnp.take(x, idx, axis=1)`); any other unnamed axis is refused."""
+    dn = dimension_numbers
+    operand_axes = operand.axes if isinstance(operand, NamedArray) else None
+    index_axes = indices.axes[:-1] if isinstance(indices, NamedArray) else None
+    offset = [
+        d
+        for d in range(len(slice_sizes))
+        if d not in dn.collapsed_slice_dims and d not in dn.operand_batching_dims
+    ]
+    batch_positions = [j for j in range(len(shape)) if j not in dn.offset_dims]
+    free = [
+        k
+        for k in range(len(batch_positions))
+        if k not in dn.start_indices_batching_dims
+    ]
+    out: list[Axis | None] = [None] * len(shape)
+    for j, d in zip(dn.offset_dims, offset, strict=True):
+        if operand_axes is not None:
+            out[j] = operand_axes[d].resized(shape[j])
+        elif shape[j] == 1:
+            out[j] = Broadcast(1)
+    for k, j in enumerate(batch_positions):
+        if k in dn.start_indices_batching_dims:
+            p = list(dn.start_indices_batching_dims).index(k)
+            own = operand_axes[dn.operand_batching_dims[p]] if operand_axes else None
+            other = index_axes[k] if index_axes is not None else None
+            if own is None or isinstance(own, Broadcast):
+                own = other
+            elif (
+                other is not None
+                and not isinstance(other, Broadcast)
+                and other.key != own.key
+            ):
+                raise ValueError(
+                    f"{what} with operand axis {own.label()!r} batched with index "
+                    f"axis {other.label()!r}: quax_named never pairs two names "
+                    "by position. Give them one name (`quax_named.rename`), or "
+                    f"{way_out}."
+                )
+            out[j] = own
+        elif index_axes is not None:
+            out[j] = index_axes[k]
+        elif (
+            len(free) == 1
+            and operand_axes is not None
+            and len(dn.collapsed_slice_dims) == 1
+            and tuple(dn.start_index_map) == tuple(dn.collapsed_slice_dims)
+        ):
+            # One plain index array picking along one axis: the picked entries
+            # keep that axis's name, as a slice does.
+            out[j] = operand_axes[dn.collapsed_slice_dims[0]].resized(shape[j])
+        elif shape[j] == 1:
+            out[j] = Broadcast(1)
+    if any(a is None for a in out):
+        if operand_axes is None:
+            read = (
+                f"an unnamed array of shape {array_shape(operand)} at a NamedArray "
+                f"of indices {labels(indices.axes)}, and the array's axes have no "
+                "names. Wrap it as `NamedArray(array, axes)`"
+            )
+        else:
+            read = (
+                f"a NamedArray with axes {labels(operand_axes)} at unnamed indices "
+                f"of shape {array_shape(indices)[:-1]}, whose axes have no names. "
+                "Name the index array (`NamedArray(indices, axes)`: the result "
+                "takes its axes)"
+            )
+        raise ValueError(f"{what} {read}, or {way_out}.")
+    return [a for a in out if a is not None]
+
+
+def _gather(operand: Any, indices: Any, **params: Any) -> Any:
+    values = [operand, indices]
+    try:
+        result = bind(
+            lax.gather_p,
+            operand.array if isinstance(operand, NamedArray) else operand,
+            indices.array if isinstance(indices, NamedArray) else indices,
+            **params,
+        )
+        out = _gather_axes(
+            operand,
+            indices,
+            params["dimension_numbers"],
+            params["slice_sizes"],
+            array_shape(result),
+        )
+        _check_unique("gather", out, values)
+    except ValueError:
+        if _allow(values):
+            return quax.fallback_rule(lax.gather_p, values)(values, params)
+        raise
+    return make(result, out, _allow(values))
+
+
+@quax.register(lax.gather_p)
+def _gather_named(
+    operand: NamedArray, indices: NamedArray | ArrayLike, **params: Any
+) -> Any:
+    return _gather(operand, indices, **params)
+
+
+@quax.register(lax.gather_p)
+def _gather_at_named(operand: ArrayLike, indices: NamedArray, **params: Any) -> Any:
+    return _gather(operand, indices, **params)
+
+
+_SCATTERS = [
+    lax.scatter_p, lax.scatter_add_p, lax.scatter_sub_p, lax.scatter_mul_p,
+    lax.scatter_min_p, lax.scatter_max_p,
+]  # fmt: skip
+
+
+def _scatter(
+    primitive: Primitive,
+    operand: NamedArray,
+    indices: NamedArray | ArrayLike,
+    updates: NamedArray | ArrayLike,
+    *,
+    dimension_numbers: Any,
+    **params: Any,
+) -> Any:
+    # `x.at[idx].set(v)`: the result has the operand's axes; the updates must be
+    # named as what indexing the operand there gives (`x[idx]`), or be one value.
+    values = [operand, indices, updates]
+    dn = dimension_numbers
+    way_out = "update by name with `x.at[{...}].set(v)`"
+    try:
+        update_array = updates.array if isinstance(updates, NamedArray) else updates
+        update_shape = array_shape(update_array)
+        window = [
+            d
+            for d in range(len(operand.axes))
+            if d not in dn.inserted_window_dims and d not in dn.operand_batching_dims
+        ]
+        slice_sizes = [1] * len(operand.axes)
+        for j, d in zip(dn.update_window_dims, window, strict=True):
+            slice_sizes[d] = update_shape[j]
+        read = lax.GatherDimensionNumbers(
+            offset_dims=tuple(dn.update_window_dims),
+            collapsed_slice_dims=tuple(dn.inserted_window_dims),
+            start_index_map=tuple(dn.scatter_dims_to_operand_dims),
+            operand_batching_dims=tuple(dn.operand_batching_dims),
+            start_indices_batching_dims=tuple(dn.scatter_indices_batching_dims),
+        )
+        what = f"`{primitive.name}` (an indexed update) writes"
+        expected = _gather_axes(
+            operand, indices, read, slice_sizes, update_shape, what, way_out
+        )
+        if isinstance(updates, NamedArray):
+            for j, (a, b) in enumerate(zip(expected, updates.axes, strict=True)):
+                if isinstance(a, Broadcast) or isinstance(b, Broadcast):
+                    continue
+                if a.key != b.key:
+                    raise ValueError(
+                        f"{what} updates with axes {labels(updates.axes)} where "
+                        f"indexing the NamedArray with axes {labels(operand.axes)} "
+                        f"gives {labels(expected)}: position {j} holds "
+                        f"{b.label()!r} in one and {a.label()!r} in the other, and "
+                        "quax_named never pairs two names by position. Lay the "
+                        f"updates out by name, or {way_out}."
+                    )
+        elif any(n != 1 for n in update_shape) and uniform_value(updates) is None:
+            raise ValueError(
+                f"{what} an unnamed array of shape {update_shape} into a NamedArray "
+                f"with axes {labels(operand.axes)}: quax_named never aligns an "
+                f"array by position. Name the updates as {labels(expected)}, or "
+                f"{way_out}."
+            )
+    except ValueError:
+        if _allow(values):
+            rule = quax.fallback_rule(primitive, values)
+            return rule(values, dict(params, dimension_numbers=dn))
+        raise
+    result = bind(
+        primitive,
+        operand.array,
+        indices.array if isinstance(indices, NamedArray) else indices,
+        update_array,
+        dimension_numbers=dn,
+        **params,
+    )
+    return make(result, operand.axes, _allow(values))
+
+
+for _p in _SCATTERS:
+    quax.register_elementwise([_p])(_scatter)

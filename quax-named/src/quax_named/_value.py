@@ -14,7 +14,7 @@ import jax.core
 import numpy as np
 import quax
 
-from ._axes import Axis, AxisLike, Broadcast, as_axes, labels
+from ._axes import Axis, AxisLike, Broadcast, as_axes, intern_axes, labels
 from ._kernels import call, relayout
 from ._sharding import constrain
 
@@ -28,7 +28,9 @@ __all__ = [
     "check_named",
     "getitem",
     "labels_of",
+    "like",
     "make",
+    "positions",
     "rename",
     "transpose",
 ]
@@ -44,6 +46,12 @@ def _shape(array: Any) -> tuple[int, ...]:
     if quax.is_value(array):
         return tuple(array.aval().shape)
     return tuple(jax.typeof(array).shape)
+
+
+def _axes_field(axes: Any) -> tuple[Axis, ...]:
+    """`NamedArray`'s `axes`, checked, as the one tuple of equal axes (see
+    `intern_axes`)."""
+    return intern_axes(as_axes(axes))
 
 
 class NamedArray(quax.GuardedValue):
@@ -66,7 +74,7 @@ class NamedArray(quax.GuardedValue):
     """
 
     array: Any
-    axes: tuple[Axis, ...] = eqx.field(static=True, converter=as_axes)
+    axes: tuple[Axis, ...] = eqx.field(static=True, converter=_axes_field)
 
     materialisation_error: ClassVar[type[quax.MaterialisationError]] = (
         NamedMaterialisationError
@@ -135,7 +143,7 @@ class NamedArray(quax.GuardedValue):
         `__init__`, which would cost more than the rule itself."""
         self = object.__new__(cls)
         object.__setattr__(self, "array", array)
-        object.__setattr__(self, "axes", axes)
+        object.__setattr__(self, "axes", intern_axes(axes))
         object.__setattr__(self, "allow_materialise", allow_materialise)
         return self
 
@@ -169,7 +177,9 @@ class NamedArray(quax.GuardedValue):
                 "arrays and name them inside the mapped function "
                 "(`NamedArray(a, axes)`), or call `jax.vmap` inside `quax.quaxify`, "
                 "where it maps the array positional code sees and every name is "
-                "kept."
+                "kept. To scan, use `quax_named.scan(f, init, xs, axis=...)`, or "
+                "call `jax.lax.scan` inside `quax.quaxify`, where each slice keeps "
+                "the other names."
             )
         return aval  # pyright: ignore[reportReturnType]
 
@@ -314,6 +324,24 @@ def make(array: Any, axes: Sequence[Axis], allow_materialise: bool = False) -> A
     if not axes:
         return array
     return NamedArray._unchecked(constrain(array, axes), tuple(axes), allow_materialise)
+
+
+def positions(x: NamedArray, axis: Any) -> tuple[int, ...]:
+    """The storage positions of `axis` in `x`: one axis (a name or an `Axis`), a
+    sequence of them, or `None` for all."""
+    if axis is None:
+        return tuple(range(len(x.axes)))
+    if isinstance(axis, (str, Axis)):
+        return (x.index(axis),)
+    return tuple(x.index(a) for a in axis)
+
+
+def like(x: NamedArray, result: Any) -> Any:
+    """`result`, an array of `x`'s rank, named with `x`'s axes resized to its shape
+    (a padded, sliced, split or transformed `x`: each axis keeps its name)."""
+    shape = result.aval().shape if quax.is_value(result) else jax.typeof(result).shape
+    out = [a.resized(n) for a, n in zip(x.axes, shape, strict=True)]
+    return make(result, out, x.allow_materialise)
 
 
 def labels_of(arrays: Sequence[Any]) -> str:
