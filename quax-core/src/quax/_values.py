@@ -14,6 +14,7 @@ import equinox as eqx
 import jax
 from jaxtyping import ArrayLike
 
+from . import _journal
 from ._avals import declared_aval
 from ._compat import (
     Primitive,
@@ -276,6 +277,8 @@ class Value(eqx.Module, metaclass=ValueMeta):
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         value_classes.add(cls)
+        # A family that fails to load takes its value types back (`quax._journal`).
+        _journal.record(ft.partial(_forget_class, cls), cls.__module__)
         # A base after `Value` with its own `__getattribute__` (other than equinox's,
         # which `Value.__getattribute__` repeats) keeps the lookup through it.
         after = cls.__mro__[cls.__mro__.index(Value) + 1 :]
@@ -290,6 +293,11 @@ class Value(eqx.Module, metaclass=ValueMeta):
         if cls.aval_leaf is not None:
             aval = declared_aval(cls, cls.aval_leaf, value_classes)
             setattr(cls, "aval", aval)  # noqa: B010
+
+
+def _forget_class(cls: type) -> None:
+    value_classes.discard(cls)
+    _inherited_lookup.discard(cls)
 
 
 ValueLike: TypeAlias = Value | ArrayLike

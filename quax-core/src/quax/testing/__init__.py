@@ -8,6 +8,8 @@
 - [`quax.testing.run_on_simulated_devices`][]: a program on 8 simulated CPU devices.
 - [`quax.testing.assert_family_layout`][]: a family's modules in their roles, one-way
     imports, and the core's materialisation policy.
+- [`quax.testing.assert_registration_all_or_nothing`][]: a family whose registration
+    raises half-way leaves every rule, setting and value type as it was.
 - `quax.testing.strategies`: hypothesis strategies (shapes, dtypes, arrays,
     `dot_general` dimension numbers, small programs). It needs `hypothesis` and is
     imported on first use.
@@ -23,6 +25,11 @@ from ._dense import (
     tolerance as tolerance,
 )
 from ._devices import run_on_simulated_devices as run_on_simulated_devices
+from ._faults import (
+    RegistrationFault as RegistrationFault,
+    assert_registration_all_or_nothing as assert_registration_all_or_nothing,
+    registry_state as registry_state,
+)
 from ._hlo import (
     HloInstruction as HloInstruction,
     assert_hlo_lacks as assert_hlo_lacks,
