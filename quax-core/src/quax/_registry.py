@@ -16,7 +16,7 @@ import plum
 from . import _journal
 from ._compat import Primitive
 from ._owners import RuleConflictWarning, describe_rule, owner, report_conflict
-from ._values import Value, is_value
+from ._values import Value, describe_types, is_value
 
 
 __all__ = [
@@ -406,7 +406,7 @@ def _resolve(primitive: Primitive, values: Sequence[Any]) -> Resolution:
         except plum.NotFoundLookupError:
             continue
         except plum.AmbiguousLookupError as e:
-            names = ", ".join(_type_name(v) for v in values)
+            names = describe_types(values)
             raise TypeError(
                 f"Ambiguous quax rules for primitive `{primitive.name}` on input types "
                 f"({names}): {e}. Register a more specific rule, or pass "
@@ -444,10 +444,6 @@ def _warn_if_foreign(
     )
 
 
-def _type_name(v: Any) -> str:
-    return (v if isinstance(v, type) else type(v)).__qualname__
-
-
 def _resolve_fallback(primitive: Primitive, values: Sequence[Any]) -> Resolution:
     types = [v if isinstance(v, type) else type(v) for v in values]
     # One type per `default` function: types sharing one (every family following
@@ -466,7 +462,7 @@ def _resolve_fallback(primitive: Primitive, values: Sequence[Any]) -> Resolution
         names = " and ".join(f"`{t.__module__}.{t.__qualname__}`" for t in overriding)
         raise TypeError(
             f"No quax rule for primitive `{primitive.name}` on input types "
-            f"({', '.join(map(_type_name, values))}), and {names} override "
+            f"({describe_types(values)}), and {names} override "
             "`Value.default` differently, so quax cannot choose a fallback. Register a "
             "rule "
             f"for `{primitive.name}` on these types with `quax.register`."

@@ -497,7 +497,7 @@ def _check_rule_output(
             rule = _registry.resolve(primitive, values)
             raise TypeError(
                 f"The quax rule for `{primitive.name}` on input types "
-                f"({', '.join(type(v).__qualname__ for v in values)}) "
+                f"({_values.describe_types(values)}) "
                 f"returned output {i} "
                 f"with aval {g.str_short()}, but `{primitive.name}` gives "
                 f"{e.str_short()} for these inputs. Rule: {rule.reason}."

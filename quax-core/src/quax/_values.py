@@ -31,6 +31,7 @@ __all__ = [
     "Value",
     "ValueLike",
     "describe",
+    "describe_types",
     "is_value",
     "materialise_or_explain",
     "track_materialisation",
@@ -335,12 +336,37 @@ class ArrayValue(Value):
 
 
 def describe(x: Any) -> str:
-    """How errors name `x`: a value's type and aval, or a plain array's aval."""
+    """How errors name `x`: a value's type and aval, or a plain array's aval
+    (`array float32[3]`), whatever JAX's own type for it (a NumPy or JAX array, a
+    tracer, a jaxpr's literal)."""
     if isinstance(x, Value):
         return f"{type(x).__qualname__} {x.aval().str_short()}"
     if isinstance(x, jax.ShapeDtypeStruct):
         return f"array {x.dtype.name}{list(x.shape)}"
     return f"array {typeof(x).str_short()}"
+
+
+def describe_types(values: Sequence[Any]) -> str:
+    """How errors name the input types of a primitive: a value by its type, a plain
+    array as `describe` does (`array float32[3]`), a type (as `quax.resolve` takes
+    them) by its name; comma-separated.
+
+    **Arguments:**
+
+    - `values`: the inputs, or their types.
+
+    **Returns:**
+
+    A string such as `"LoraArray, array float32[3]"`.
+    """
+    return ", ".join(
+        v.__qualname__
+        if isinstance(v, type)
+        else type(v).__qualname__
+        if isinstance(v, Value)
+        else describe(v)
+        for v in values
+    )
 
 
 def materialise_or_explain(

@@ -14,7 +14,7 @@ import jax.tree_util as jtu
 import numpy as np
 
 from .._quaxify import quaxify
-from .._values import Value, is_value, track_materialisation
+from .._values import Value, describe_types, is_value, track_materialisation
 
 
 __all__ = ["ConformanceReport", "assert_matches_dense", "densify", "tolerance"]
@@ -171,7 +171,7 @@ class _Checker:
         try:
             return self.run(lambda o: self.densify(pick(o)), out)
         except Exception as e:
-            types = _names([type(x) for x in jtu.tree_leaves(out, is_leaf=is_value)])
+            types = _names(jtu.tree_leaves(out, is_leaf=is_value))
             raise AssertionError(
                 f"[{check}] the quaxified {what} (types {types}) could not be "
                 f"densified for the comparison: {type(e).__name__}: {e}. Give the "
@@ -188,15 +188,15 @@ class _Checker:
             if len(expected) != len(leaves):
                 raise AssertionError(
                     f"[{check}] out_types names {len(expected)} output leaves, the "
-                    f"quaxified output has {len(leaves)}: {_names(types)}"
+                    f"quaxified output has {len(leaves)}: {_names(leaves)}"
                 )
         else:
             expected = [expected] * len(leaves)
         for i, (leaf, want) in enumerate(zip(leaves, expected, strict=True)):
             if not isinstance(leaf, want):
                 raise AssertionError(
-                    f"[{check}] output leaf {i} is a {type(leaf).__qualname__}, "
-                    f"expected {_type_names(want)}; output types: {_names(types)}"
+                    f"[{check}] output leaf {i} is {describe_types([leaf])}, expected "
+                    f"{_type_names(want)}; output types: {_names(leaves)}"
                 )
         return types
 
@@ -258,8 +258,9 @@ def _type_names(t: type | tuple[type, ...]) -> str:
     return t.__qualname__
 
 
-def _names(types: Sequence[type]) -> str:
-    return "[" + ", ".join(t.__qualname__ for t in types) + "]"
+def _names(leaves: Sequence[Any]) -> str:
+    """`[Pair, array float32[3]]`: each value by its type, each array by its aval."""
+    return f"[{describe_types(leaves)}]"
 
 
 def _is_float(x: Any) -> bool:
