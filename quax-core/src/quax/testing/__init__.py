@@ -10,6 +10,8 @@
     imports, and the core's materialisation policy.
 - [`quax.testing.assert_registration_all_or_nothing`][]: a family whose registration
     raises half-way leaves every rule, setting and value type as it was.
+- [`quax.testing.cache_eager_primitive_programs`][]: a suite under JAX's tracer-leak
+    check keeps each eager primitive's compiled program, as JAX does without it.
 - `quax.testing.strategies`: hypothesis strategies (shapes, dtypes, arrays,
     `dot_general` dimension numbers, small programs). It needs `hypothesis` and is
     imported on first use.
@@ -42,6 +44,7 @@ from ._layout import (
     assert_family_layout as assert_family_layout,
     family_layout_problems as family_layout_problems,
 )
+from ._suite import cache_eager_primitive_programs as cache_eager_primitive_programs
 
 
 def __getattr__(name: str) -> Any:
