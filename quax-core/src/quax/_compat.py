@@ -21,6 +21,7 @@ from jax._src import (
     core as _core,
     debugging as _debugging,
     dispatch as _dispatch,
+    dtypes as _dtypes,
     linear_util as _lu,
     source_info_util as _source_info_util,
 )
@@ -93,6 +94,7 @@ __all__ = [
     "optimization_barrier_p",
     "pure_callback_p",
     "pvary_to_spec",
+    "register_bind_conversion",
     "register_tracer_type",
     "release_traces",
     "remat_p",
@@ -560,6 +562,13 @@ def register_tracer_type(cls: type) -> None:
     """Let `jax.typeof` find the `Tracer` subclass `cls` in one dict lookup, as JAX
     registers its own tracers, rather than by walking its MRO to `Tracer`."""
     _core.pytype_aval_mappings[cls] = _core.pytype_aval_mappings[_core.Tracer]
+
+
+def register_bind_conversion(cls: type, convert: Any) -> None:
+    """How `Primitive.bind` takes an argument of type `cls` (or a subclass), which
+    JAX otherwise refuses as "not a valid JAX type": `convert(x)` gives what it
+    binds instead (an array, or a tracer of the current trace)."""
+    _dtypes.canonicalize_value_handlers[cls] = convert
 
 
 def release_traces(error: BaseException) -> None:

@@ -37,6 +37,7 @@ from ._compat import (
     jit_inlines,
     jit_p,
     manual_axes_active,
+    register_bind_conversion,
     register_tracer_type,
     staged_values_state,
     typeof,
@@ -374,6 +375,21 @@ class QuaxTrace(Trace):
     ) -> Any:
         values = [self.to_value(t) for t in tracers]
         return higher_order_rules[primitive](self, primitive, fun, values, params)
+
+
+def _bound_value(value: Value) -> Any:
+    """A value passed to `Primitive.bind` as it is, not as a quaxified function's
+    argument (`lax.add_p.bind(x, y)` with `y` a value the function closes over),
+    which JAX would refuse as "not a valid JAX type". Where a quax trace is current,
+    the value joins it, so that its rules apply (or its refusal to materialise);
+    elsewhere it is materialised, as a primitive binds arrays, or refuses."""
+    trace = current_trace()
+    if type(trace) is QuaxTrace:
+        return trace.wrap(value)
+    return type(value).materialise(value)
+
+
+register_bind_conversion(Value, _bound_value)
 
 
 def active_trace() -> tuple[QuaxTrace | None, list[Trace]]:
