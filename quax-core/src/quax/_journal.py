@@ -16,7 +16,7 @@ import threading
 from collections.abc import Callable, Iterator
 
 
-__all__ = ["Block", "all_or_nothing", "record"]
+__all__ = ["Block", "all_or_nothing", "record", "temporarily"]
 
 
 @dataclasses.dataclass
@@ -88,3 +88,23 @@ def all_or_nothing() -> Iterator[Block]:
         outer = _open.blocks[-1]
         outer.take_backs.extend(block.take_backs)
         outer.modules |= block.modules
+
+
+@contextlib.contextmanager
+def temporarily() -> Iterator[Block]:
+    """Run a block whose additions to quax's tables are all taken back when it
+    ends, however it ends: for checks that register rules of their own for a while
+    (`quax.testing.assert_thread_safe`).
+
+    **Returns:**
+
+    A context manager yielding the `Block`.
+    """
+    block = Block()
+    _open.blocks.append(block)
+    try:
+        yield block
+    finally:
+        _open.blocks.pop()
+        for take_back in reversed(block.take_backs):
+            take_back()

@@ -8,6 +8,8 @@
 - [`quax.testing.run_on_simulated_devices`][]: a program on 8 simulated CPU devices.
 - [`quax.testing.assert_family_layout`][]: a family's modules in their roles, one-way
     imports, and the core's materialisation policy.
+- [`quax.testing.assert_thread_safe`][]: many threads calling a quaxified function,
+    eagerly and jitted, while rules are registered, get what one thread gets.
 - [`quax.testing.assert_registration_all_or_nothing`][]: a family whose registration
     raises half-way leaves every rule, setting and value type as it was.
 - [`quax.testing.cache_eager_primitive_programs`][]: a suite under JAX's tracer-leak
@@ -45,6 +47,7 @@ from ._layout import (
     family_layout_problems as family_layout_problems,
 )
 from ._suite import cache_eager_primitive_programs as cache_eager_primitive_programs
+from ._threads import assert_thread_safe as assert_thread_safe
 
 
 def __getattr__(name: str) -> Any:
