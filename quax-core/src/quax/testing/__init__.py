@@ -22,11 +22,11 @@
 import importlib
 from typing import Any
 
+from ._compare import tolerance as tolerance
 from ._dense import (
     ConformanceReport as ConformanceReport,
     assert_matches_dense as assert_matches_dense,
     densify as densify,
-    tolerance as tolerance,
 )
 from ._devices import run_on_simulated_devices as run_on_simulated_devices
 from ._faults import (
