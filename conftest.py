@@ -12,23 +12,24 @@ once, so that cycles which died later are still freed.
 
 Under the leak check JAX also stops caching the compiled program of each primitive
 applied outside a trace (one per primitive and parameters), so every `jnp` call in a
-test's references was compiled anew. That cache is put back as JAX keeps it without the
-check (keyed by the trace context too): its programs hold concrete parameters, no
-tracers, so the leak check reports the same tracers."""
+test's references was compiled anew. `quax.testing.cache_eager_primitive_programs` puts
+that cache back as JAX keeps it without the check (keyed by the trace context too): its
+programs hold concrete parameters, no tracers, so the leak check reports the same
+tracers."""
 
 import gc
 
 import jax
 import pytest
 import quax
-from quax._compat import cache_eager_primitive_programs
+import quax.testing
 
 
 jax.config.update("jax_check_tracer_leaks", True)
 quax.set_debug_checks(True)
 
 
-cache_eager_primitive_programs()
+quax.testing.cache_eager_primitive_programs()
 
 _FULL_COLLECTION_EVERY = 100
 _tests_run = 0

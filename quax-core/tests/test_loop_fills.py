@@ -184,3 +184,49 @@ def test_error_if_keeps_the_value_type():
         np.testing.assert_array_equal(out.array, y * 2)
         with pytest.raises(eqx.EquinoxRuntimeError, match="negative total"):
             eqx.filter_jit(quax.quaxify(guarded))(Tagged(-y, "m"))
+
+
+_PARTLY_FILLED = jnp.array([[0.0, 0.0], [7.0, 7.0]])
+
+
+@pytest.mark.parametrize(
+    "start",
+    [
+        pytest.param(lambda: _PARTLY_FILLED, id="constant"),
+        pytest.param(lambda: jnp.zeros((2, 2)).at[1].set(7.0), id="built"),
+        pytest.param(lambda: jnp.zeros((2, 2)).at[1, 1].set(7.0), id="last-entry"),
+    ],
+)
+def test_a_partly_filled_buffer_is_not_lifted(start: Any) -> None:
+    # Row 0 matches the fill (zeros fit any tag) and the body overwrites it; row 1
+    # holds plain 7s. Lifting the start would tag the 7s: it must stay an error.
+    def program(v: Any) -> Any:
+        return lax.fori_loop(0, 1, lambda i, b: b.at[0].set(v), start())
+
+    for run in (quax.quaxify(program), jax.jit(quax.quaxify(program))):
+        with pytest.raises(TagError, match="`scatter` of 'm' and plain"):
+            run(Tagged(y, "m"))
+
+
+class Copying(Tagged):
+    """A `Tagged` whose `lift` stores a copy of the array it is given."""
+
+    @classmethod
+    def lift(cls, array: ArrayLike, like: "Tagged") -> "Tagged | None":
+        return cls(jnp.array(array), like.tag) if _fits_any_tag(array) else None
+
+
+def test_a_buffer_of_signed_zeros_keeps_its_signs() -> None:
+    # Zeros of both signs fit any tag, but they are not one fill: the -0.0 entries
+    # the body leaves alone stay -0.0 (as dense JAX keeps them: `1 / x` is -inf).
+    start = jnp.zeros((2, 2)).at[1].set(-0.0)
+
+    def program(v: Any) -> Any:
+        return lax.fori_loop(0, 1, lambda i, b: b.at[0].set(v), start)
+
+    expected = program(y)
+    for run in (quax.quaxify(program), jax.jit(quax.quaxify(program))):
+        out = run(Copying(y, "m"))
+        assert isinstance(out, Tagged) and out.tag == "m"
+        np.testing.assert_array_equal(out.array, expected)
+        np.testing.assert_array_equal(np.signbit(out.array), np.signbit(expected))

@@ -4,7 +4,11 @@
 `jax.jit(g)(t)` inside `quax.quaxify` traces `g` with `t`'s type erased; a value
 that `g` builds and multiplies with `t` used to dispatch on that erased type and
 come back as a value of values. A tiny user type whose products combine static tags
-shows which types met; symbolic zeros are the core's own type.
+shows which types met; symbolic zeros are the core's own type. A user's dense wrapper
+with quaxified operators, as the published tutorials write it, is closed over at two
+depths, passed through nested `quaxify` levels that a `filter_spec` keeps apart, and
+built inside a `jit`. The same with the families' types (units, LoRA) is in the
+repository's root `tests/test_families_nesting.py`.
 """
 
 import operator
@@ -217,3 +221,64 @@ def test_staged_value_differentiated_raises() -> None:
 
     with pytest.raises(NotImplementedError, match="differentiated"):
         quax.quaxify(f)(T)
+
+
+# A user's wrapper as the published tutorials write it, closed over or built inside.
+
+
+class Boxed(quax.ArrayValue):
+    """A user's dense wrapper with quaxified operators, as the published tutorials
+    write them."""
+
+    array: Array
+
+    def aval(self) -> Any:
+        return jax.typeof(self.array)
+
+    def materialise(self) -> Array:
+        raise RuntimeError("Refusing to materialise `Boxed`")
+
+    @staticmethod
+    def default(primitive: Any, values: Sequence[Any], params: dict[str, Any]) -> Any:
+        arrays = [v.array if isinstance(v, Boxed) else v for v in values]
+        out = primitive.bind(*arrays, **params)
+        if primitive.multiple_results:
+            return [Boxed(o) for o in out]
+        return Boxed(out)
+
+    __mul__ = quax.quaxify(operator.mul)
+    __rmul__ = quax.quaxify(lambda a, b: b * a)
+
+
+def test_user_type_closed_over_at_two_depths() -> None:
+    c = Boxed(jnp.array([2.0, 3.0]))
+    x = Boxed(jnp.array([5.0, 7.0]))
+    r = quax.quaxify(lambda b: c * b)(x)
+    assert type(r) is Boxed and type(r.array) is not Boxed
+    np.testing.assert_allclose(r.array, [10.0, 21.0])
+    r = quax.quaxify(lambda b: quax.quaxify(lambda u: jax.vmap(lambda v: c * v)(u))(b))(
+        Boxed(jnp.ones((4, 2)))
+    )
+    assert type(r) is Boxed and type(r.array) is not Boxed
+    np.testing.assert_allclose(r.array, np.tile([2.0, 3.0], (4, 1)))
+
+
+def test_filter_spec_keeps_levels_apart() -> None:
+    # The published tutorials' nesting: an outer level with a filter_spec leaves the
+    # unselected values to the inner level, which takes the outer tracer for an array.
+    c = Boxed(jnp.array([2.0, 3.0]))
+    inner = quax.quaxify(lambda a, b: a * b)
+    r = quax.quaxify(lambda a, b: inner(a, b), filter_spec=(True, (False, True), True))(
+        c, Boxed(jnp.array([5.0, 7.0]))
+    )
+    assert type(r) is Boxed and type(r.array) is Boxed
+
+
+def test_user_type_built_inside_jit() -> None:
+    def f(b: Any) -> Any:
+        return jax.jit(lambda u: Boxed(jnp.array([2.0, 3.0])) * u)(b)
+
+    for fn in (quax.quaxify(f), jax.jit(quax.quaxify(f))):
+        r = fn(Boxed(jnp.array([5.0, 7.0])))
+        assert type(r) is Boxed and type(r.array) is not Boxed
+        np.testing.assert_allclose(r.array, [10.0, 21.0])

@@ -180,7 +180,7 @@ def test_eval_check_can_be_skipped():
     # The jit check still compares values, types and materialisations.
     with pytest.raises(AssertionError, match=r"\[jit\] output leaf <root> differs"):
         qt.assert_matches_dense(jnp.cos, WrongCos(X), eval=False)
-    with pytest.raises(AssertionError, match=r"\[jit\] output leaf 0 is a Wrapped"):
+    with pytest.raises(AssertionError, match=r"\[jit\] output leaf 0 is Wrapped,"):
         qt.assert_matches_dense(jnp.sin, Wrapped(X), eval=False, out_types=Plain)
     with pytest.raises(AssertionError, match=r"(?s)\[jit\] .*materialised.*sin"):
         qt.assert_matches_dense(jnp.sin, Plain(X), eval=False)
@@ -249,7 +249,7 @@ def test_undensifiable_values_fail_with_the_way_out():
 
 def test_out_types():
     with pytest.raises(
-        AssertionError, match=r"output leaf 0 is a ArrayImpl, expected Pair"
+        AssertionError, match=r"output leaf 0 is array float32\[2,3\], expected Pair"
     ):
         qt.assert_matches_dense(
             jnp.sin, Plain(X), allow_materialise=True, out_types=Pair

@@ -5,6 +5,7 @@ from . import (
     _callbacks as _callbacks,
     _control_flow as _control_flow,
     _custom as _custom,
+    _decompositions as _decompositions,
     _leafwise as _leafwise,
     _plugins as _plugins,
     _shadow as _shadow,

@@ -21,6 +21,7 @@ from jax._src import (
     core as _core,
     debugging as _debugging,
     dispatch as _dispatch,
+    dtypes as _dtypes,
     linear_util as _lu,
     source_info_util as _source_info_util,
 )
@@ -59,7 +60,7 @@ __all__ = [
     "bind_custom_jvp",
     "bind_custom_vjp",
     "bwd_result",
-    "cache_eager_primitive_programs",
+    "eager_primitive_compiler",
     "bwd_split",
     "batching",
     "call_at_trace",
@@ -77,6 +78,7 @@ __all__ = [
     "eager_program",
     "emit_equation",
     "ensure_no_leaks",
+    "set_eager_primitive_compiler",
     "eqx_bound_method",
     "eqx_finish_init",
     "eqx_has_dataclass_init",
@@ -93,6 +95,7 @@ __all__ = [
     "optimization_barrier_p",
     "pure_callback_p",
     "pvary_to_spec",
+    "register_bind_conversion",
     "register_tracer_type",
     "release_traces",
     "remat_p",
@@ -562,6 +565,13 @@ def register_tracer_type(cls: type) -> None:
     _core.pytype_aval_mappings[cls] = _core.pytype_aval_mappings[_core.Tracer]
 
 
+def register_bind_conversion(cls: type, convert: Any) -> None:
+    """How `Primitive.bind` takes an argument of type `cls` (or a subclass), which
+    JAX otherwise refuses as "not a valid JAX type": `convert(x)` gives what it
+    binds instead (an array, or a tracer of the current trace)."""
+    _dtypes.canonicalize_value_handlers[cls] = convert
+
+
 def release_traces(error: BaseException) -> None:
     """Close the JAX traces that `error` abandoned, after quax caught it.
 
@@ -583,22 +593,17 @@ def release_traces(error: BaseException) -> None:
         tb = tb.tb_next
 
 
-def cache_eager_primitive_programs() -> None:
-    """For test suites under `jax_check_tracer_leaks`, which makes JAX compile each
-    eager primitive anew: cache the programs as JAX does without the check (keyed
-    by trace context, primitive and concrete parameters: no tracers are kept)."""
-    uncached = getattr(_dispatch.xla_primitive_callable, "__wrapped__", None)
-    if uncached is None:
-        return
+def eager_primitive_compiler() -> Any:
+    """The function with which JAX compiles a primitive applied outside any trace
+    (`primitive, **params -> program`), without the cache in front of it, or `None`
+    where JAX keeps none (see `quax.testing.cache_eager_primitive_programs`)."""
+    return getattr(_dispatch.xla_primitive_callable, "__wrapped__", None)
 
-    @ft.lru_cache(4096)
-    def cached(context: Any, primitive: Any, **params: Any) -> Any:
-        return uncached(primitive, **params)
 
-    def xla_primitive_callable(primitive: Any, **params: Any) -> Any:
-        return cached(trace_context(), primitive, **params)
-
-    _dispatch.xla_primitive_callable = xla_primitive_callable
+def set_eager_primitive_compiler(compile: Any) -> None:
+    """Make JAX compile a primitive applied outside any trace with `compile`
+    (`primitive, **params -> program`)."""
+    _dispatch.xla_primitive_callable = compile
 
 
 def define_batching_rule(primitive: Any, rule: Any) -> None:

@@ -46,7 +46,7 @@ import jax
 import jax.tree_util as jtu
 import numpy as np
 
-from . import _registry, _values
+from . import _journal, _registry, _values
 from ._compat import Tracer, current_trace, eager_program, typeof
 from ._values import is_value, value_classes
 
@@ -473,6 +473,8 @@ def add_setting(read: Callable[[], Any]) -> None:
     Nothing.
     """
     _settings.append(read)
+    # A family that fails to load takes its settings back (see `quax._journal`).
+    _journal.record(lambda: _settings.remove(read), getattr(read, "__module__", None))
 
 
 def settings_key() -> tuple[Any, ...]:

@@ -7,6 +7,12 @@ Families load lazily, once: on the first quaxified call, the first
 loads a named family. A family that fails is reported once, as a warning naming its
 distribution and the error, and the others keep working.
 
+A family's registration is all or nothing: when it raises half-way, every rule,
+setting and value type it added is taken back (see `quax._journal`), and the modules
+of its package that the load imported are forgotten. A load interrupted by a
+`KeyboardInterrupt` (or another exception that is not an `Exception`) is taken back
+the same way and raised; the family stays available, and the next call loads it.
+
 The families that ship inside quax-core (`BUILTIN_FAMILIES`: the symbolic zeros) go
 through the same hooks, but load at `import quax`, whatever the environment says,
 as pytest's built-in plugins do.
@@ -16,14 +22,16 @@ import dataclasses
 import importlib
 import importlib.metadata
 import os
+import sys
+import threading
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any
 
 import pluggy
 
-from . import hookspecs
+from . import _journal, hookspecs
 
 
 __all__ = [
@@ -38,6 +46,7 @@ __all__ = [
     "family_names",
     "load",
     "load_builtins",
+    "load_in_process",
     "manager",
 ]
 
@@ -104,6 +113,10 @@ _manager.add_hookspecs(hookspecs)
 _families: dict[str, Family] | None = None
 _blocked: set[str] = set()
 _autoloaded = False
+# Held while families load: a thread that asks for them meanwhile waits for them; a
+# family whose import asks again (in the same thread) goes on without waiting.
+_loading = threading.RLock()
+_autoloading = False
 
 
 def manager() -> pluggy.PluginManager:
@@ -183,14 +196,23 @@ def load_builtins() -> None:
 
 def autoload() -> None:
     """Load every installed family, the first time it is called, unless
-    `QUAX_DISABLE_PLUGIN_AUTOLOAD` is set. Cheap afterwards: quaxify calls it."""
-    global _autoloaded
+    `QUAX_DISABLE_PLUGIN_AUTOLOAD` is set. Cheap afterwards: quaxify calls it.
+
+    Loading counts as done once every family has loaded or failed: after a
+    `KeyboardInterrupt` the next call loads the families not loaded yet."""
+    global _autoloaded, _autoloading
     if _autoloaded:
         return
-    _autoloaded = True
-    if os.environ.get(DISABLE_ENV, "") not in ("", "0"):
-        return
-    load()
+    with _loading:
+        if _autoloaded or _autoloading:
+            return
+        _autoloading = True
+        try:
+            if os.environ.get(DISABLE_ENV, "") in ("", "0"):
+                load()
+            _autoloaded = True
+        finally:
+            _autoloading = False
 
 
 def load(name: str | None = None) -> list[Family]:
@@ -217,9 +239,10 @@ def load(name: str | None = None) -> list[Family]:
         chosen = [found[name]]
     else:
         chosen = [f for f in found.values() if f.name not in _blocked]
-    for family in chosen:
-        if family.state in ("available", "blocked"):
-            _load_one(family)
+    with _loading:
+        for family in chosen:
+            if family.state in ("available", "blocked"):
+                _load_one(family)
     return chosen
 
 
@@ -241,29 +264,74 @@ def block(name: str) -> None:
         family.state = "blocked"
 
 
-def _load_one(family: Family) -> None:
+def _load_one(family: Family, load: Callable[[], Any] | None = None) -> None:
+    """Load `family` (its plugin from `load`, by default its entry point's), all or
+    nothing: if it raises, what it added is taken back."""
+    imported = set(sys.modules)
+    block = _journal.Block()
     try:
-        plugin = family.entry_point.load()
-        _manager.register(plugin, name=family.name)
-        try:
-            _manager.subset_hook_caller(
-                "quax_register_rules", remove_plugins=_others(plugin)
-            )()
-        except BaseException:
-            _manager.unregister(plugin)
-            raise
-    except Exception as e:
+        with _journal.all_or_nothing() as block:
+            plugin = (load or family.entry_point.load)()
+            _manager.register(plugin, name=family.name)
+            try:
+                _manager.subset_hook_caller(
+                    "quax_register_rules", remove_plugins=_others(plugin)
+                )()
+            except BaseException:
+                _manager.unregister(plugin)
+                raise
+    except BaseException as e:
+        _forget_new_modules(family, imported, block)
+        if not isinstance(e, Exception):
+            raise  # interrupted: the family stays available, to load next time
         family.state = "failed"
         family.error = f"{type(e).__name__}: {e}"
         warnings.warn(
             f"The quax family {family.name!r} (distribution {family.distribution} "
-            f"{family.version}) failed to load and is disabled: {family.error}",
+            f"{family.version}) failed to load and is disabled: {family.error}. "
+            f"What it added to quax before the error ({len(block.take_backs)} "
+            "rules, settings and value types) was taken back.",
             PluginWarning,
             stacklevel=3,
         )
     else:
         family.state = "loaded"
         family.plugin = plugin
+
+
+def _forget_new_modules(
+    family: Family, imported: set[str], block: _journal.Block
+) -> None:
+    """Forget the modules a failed load imported (those not in `imported`) that
+    belong to the family, or to a package that added to quax's tables in the load
+    (not quax's own), so that importing them again registers again."""
+    core = __name__.partition(".")[0]
+    packages = {m.partition(".")[0] for m in block.modules} - {core}
+    for name in set(sys.modules) - imported:
+        if family.owns(name) or name.partition(".")[0] in packages:
+            sys.modules.pop(name, None)
+
+
+def load_in_process(name: str, plugin: Any) -> Family:
+    """Load `plugin` (an object implementing the hooks of `quax.hookspecs`) as the
+    family `name`, without an entry point, as the loader loads an installed one.
+    For tests of the loader (`quax.testing.assert_registration_all_or_nothing`):
+    the family is not listed among the installed ones.
+
+    **Arguments:**
+
+    - `name`: the family's name.
+    - `plugin`: the object implementing the hooks.
+
+    **Returns:**
+
+    The [`quax.plugins.Family`][], `"loaded"` or `"failed"`.
+    """
+    entry_point = importlib.metadata.EntryPoint(name, "<in process>", ENTRY_POINT_GROUP)
+    family = Family(name, "<in process>", "0", entry_point, package="")
+    with _loading:
+        _load_one(family, lambda: plugin)
+    return family
 
 
 def _others(plugin: Any) -> list[Any]:

@@ -18,7 +18,7 @@ import jax
 
 from ._compat import Primitive
 from ._owners import owner
-from ._values import ArrayValue, Value, ValueLike
+from ._values import ArrayValue, Value, ValueLike, describe_types
 
 
 __all__ = ["GuardedValue", "MaterialisationError"]
@@ -169,10 +169,7 @@ class GuardedValue(ArrayValue):
         if primitive is None:
             where = "with `allow_materialise=False`"
         else:
-            types = ", ".join(
-                type(v).__qualname__ if isinstance(v, Value) else "array"
-                for v in values or ()
-            )
+            types = describe_types(values or ())
             where = (
                 f"for primitive `{primitive.name}` on input types ({types}): "
                 f"{owner(type(self))} has no rule for this case"

@@ -13,9 +13,10 @@ import jax
 import numpy as np
 import plum
 
+from . import _journal
 from ._compat import Primitive
 from ._owners import RuleConflictWarning, describe_rule, owner, report_conflict
-from ._values import Value, is_value
+from ._values import Value, describe_types, is_value
 
 
 __all__ = [
@@ -121,10 +122,10 @@ def register(primitive: Primitive, *, precedence: int = 0) -> Callable[[_F], _F]
     _check_primitive(primitive, "quax.register")
 
     def _register(rule: _F) -> _F:
-        global _generation
         signature = _checked_signature(primitive, rule)
         new = _Registration(rule, signature, precedence, _is_catch_all(rule))
         registrations = _registrations.setdefault(primitive, [])
+        before = list(registrations)
         for i, old in enumerate(registrations):
             if old.signature != new.signature:
                 continue
@@ -143,22 +144,49 @@ def register(primitive: Primitive, *, precedence: int = 0) -> Callable[[_F], _F]
         else:
             registrations.append(new)
         _keywords[rule] = _declared_keywords(rule)
-        for catch_all, functions in ((False, _functions), (True, _catch_alls)):
-            function = plum.Function(_named(primitive), warn_redefinition=False)
-            for registration in registrations:
-                if registration.catch_all is catch_all:
-                    function.register(
-                        registration.function, precedence=registration.precedence
-                    )
-            functions[primitive] = function
-        _faithful[primitive] = all(
-            _decided_by_types(r.signature) for r in registrations
-        )
-        _cache.clear()
-        _generation += 1
+        _rebuild(primitive)
+        if any(r is new for r in registrations):
+            kept = set(map(id, registrations))
+            replaced = next((o for o in before if id(o) not in kept), None)
+            take_back = ft.partial(_withdraw, primitive, new, replaced)
+            _journal.record(take_back, getattr(rule, "__module__", None))
         return rule
 
     return _register
+
+
+def _rebuild(primitive: Primitive) -> None:
+    """Dispatch for `primitive` from its registrations: its plum functions, whether
+    its signatures are faithful; and every resolution made before forgotten."""
+    global _generation
+    registrations = _registrations.get(primitive, [])
+    for catch_all, functions in ((False, _functions), (True, _catch_alls)):
+        function = plum.Function(_named(primitive), warn_redefinition=False)
+        for registration in registrations:
+            if registration.catch_all is catch_all:
+                function.register(
+                    registration.function, precedence=registration.precedence
+                )
+        functions[primitive] = function
+    _faithful[primitive] = all(_decided_by_types(r.signature) for r in registrations)
+    _cache.clear()
+    _generation += 1
+
+
+def _withdraw(
+    primitive: Primitive, new: _Registration, replaced: _Registration | None
+) -> None:
+    """Take back the registration `new` (see `quax._journal`): the rule it replaced
+    comes back, if any."""
+    registrations = _registrations.get(primitive, [])
+    for i, registration in enumerate(registrations):
+        if registration is new:
+            if replaced is None:
+                del registrations[i]
+            else:
+                registrations[i] = replaced
+            _rebuild(primitive)
+            return
 
 
 def rules_generation() -> int:
@@ -170,7 +198,8 @@ def rules_generation() -> int:
 
     **Returns:**
 
-    An `int` that grows by one with each rule registered.
+    An `int` that grows by one with each rule registered, and with each
+    registration taken back (a family that failed half-way, see `quax.plugins`).
     """
     return _generation
 
@@ -377,7 +406,7 @@ def _resolve(primitive: Primitive, values: Sequence[Any]) -> Resolution:
         except plum.NotFoundLookupError:
             continue
         except plum.AmbiguousLookupError as e:
-            names = ", ".join(_type_name(v) for v in values)
+            names = describe_types(values)
             raise TypeError(
                 f"Ambiguous quax rules for primitive `{primitive.name}` on input types "
                 f"({names}): {e}. Register a more specific rule, or pass "
@@ -415,10 +444,6 @@ def _warn_if_foreign(
     )
 
 
-def _type_name(v: Any) -> str:
-    return (v if isinstance(v, type) else type(v)).__qualname__
-
-
 def _resolve_fallback(primitive: Primitive, values: Sequence[Any]) -> Resolution:
     types = [v if isinstance(v, type) else type(v) for v in values]
     # One type per `default` function: types sharing one (every family following
@@ -437,7 +462,7 @@ def _resolve_fallback(primitive: Primitive, values: Sequence[Any]) -> Resolution
         names = " and ".join(f"`{t.__module__}.{t.__qualname__}`" for t in overriding)
         raise TypeError(
             f"No quax rule for primitive `{primitive.name}` on input types "
-            f"({', '.join(map(_type_name, values))}), and {names} override "
+            f"({describe_types(values)}), and {names} override "
             "`Value.default` differently, so quax cannot choose a fallback. Register a "
             "rule "
             f"for `{primitive.name}` on these types with `quax.register`."

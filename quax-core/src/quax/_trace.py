@@ -37,6 +37,7 @@ from ._compat import (
     jit_inlines,
     jit_p,
     manual_axes_active,
+    register_bind_conversion,
     register_tracer_type,
     staged_values_state,
     typeof,
@@ -376,6 +377,21 @@ class QuaxTrace(Trace):
         return higher_order_rules[primitive](self, primitive, fun, values, params)
 
 
+def _bound_value(value: Value) -> Any:
+    """A value passed to `Primitive.bind` as it is, not as a quaxified function's
+    argument (`lax.add_p.bind(x, y)` with `y` a value the function closes over),
+    which JAX would refuse as "not a valid JAX type". Where a quax trace is current,
+    the value joins it, so that its rules apply (or its refusal to materialise);
+    elsewhere it is materialised, as a primitive binds arrays, or refuses."""
+    trace = current_trace()
+    if type(trace) is QuaxTrace:
+        return trace.wrap(value)
+    return type(value).materialise(value)
+
+
+register_bind_conversion(Value, _bound_value)
+
+
 def active_trace() -> tuple[QuaxTrace | None, list[Trace]]:
     """The innermost quax trace that the current trace is, or runs inside (through
     `vmap`, `grad`, `jit`, ... traces, which keep their parent), or `None`; and the
@@ -497,7 +513,7 @@ def _check_rule_output(
             rule = _registry.resolve(primitive, values)
             raise TypeError(
                 f"The quax rule for `{primitive.name}` on input types "
-                f"({', '.join(type(v).__qualname__ for v in values)}) "
+                f"({_values.describe_types(values)}) "
                 f"returned output {i} "
                 f"with aval {g.str_short()}, but `{primitive.name}` gives "
                 f"{e.str_short()} for these inputs. Rule: {rule.reason}."

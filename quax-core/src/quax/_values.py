@@ -14,6 +14,7 @@ import equinox as eqx
 import jax
 from jaxtyping import ArrayLike
 
+from . import _journal
 from ._avals import declared_aval
 from ._compat import (
     Primitive,
@@ -30,6 +31,7 @@ __all__ = [
     "Value",
     "ValueLike",
     "describe",
+    "describe_types",
     "is_value",
     "materialise_or_explain",
     "track_materialisation",
@@ -276,6 +278,8 @@ class Value(eqx.Module, metaclass=ValueMeta):
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         value_classes.add(cls)
+        # A family that fails to load takes its value types back (`quax._journal`).
+        _journal.record(ft.partial(_forget_class, cls), cls.__module__)
         # A base after `Value` with its own `__getattribute__` (other than equinox's,
         # which `Value.__getattribute__` repeats) keeps the lookup through it.
         after = cls.__mro__[cls.__mro__.index(Value) + 1 :]
@@ -290,6 +294,11 @@ class Value(eqx.Module, metaclass=ValueMeta):
         if cls.aval_leaf is not None:
             aval = declared_aval(cls, cls.aval_leaf, value_classes)
             setattr(cls, "aval", aval)  # noqa: B010
+
+
+def _forget_class(cls: type) -> None:
+    value_classes.discard(cls)
+    _inherited_lookup.discard(cls)
 
 
 ValueLike: TypeAlias = Value | ArrayLike
@@ -327,12 +336,37 @@ class ArrayValue(Value):
 
 
 def describe(x: Any) -> str:
-    """How errors name `x`: a value's type and aval, or a plain array's aval."""
+    """How errors name `x`: a value's type and aval, or a plain array's aval
+    (`array float32[3]`), whatever JAX's own type for it (a NumPy or JAX array, a
+    tracer, a jaxpr's literal)."""
     if isinstance(x, Value):
         return f"{type(x).__qualname__} {x.aval().str_short()}"
     if isinstance(x, jax.ShapeDtypeStruct):
         return f"array {x.dtype.name}{list(x.shape)}"
     return f"array {typeof(x).str_short()}"
+
+
+def describe_types(values: Sequence[Any]) -> str:
+    """How errors name the input types of a primitive: a value by its type, a plain
+    array as `describe` does (`array float32[3]`), a type (as `quax.resolve` takes
+    them) by its name; comma-separated.
+
+    **Arguments:**
+
+    - `values`: the inputs, or their types.
+
+    **Returns:**
+
+    A string such as `"LoraArray, array float32[3]"`.
+    """
+    return ", ".join(
+        v.__qualname__
+        if isinstance(v, type)
+        else type(v).__qualname__
+        if isinstance(v, Value)
+        else describe(v)
+        for v in values
+    )
 
 
 def materialise_or_explain(

@@ -14,51 +14,14 @@ import jax.tree_util as jtu
 import numpy as np
 
 from .._quaxify import quaxify
-from .._values import Value, is_value, track_materialisation
+from .._values import Value, describe_types, is_value, track_materialisation
+from ._compare import difference
 
 
-__all__ = ["ConformanceReport", "assert_matches_dense", "densify", "tolerance"]
+__all__ = ["ConformanceReport", "assert_matches_dense", "densify"]
 
-# Per-dtype (rtol, atol), by item size of the floating-point (or complex) type.
-_TOLERANCES = {
-    "bfloat16": (1.6e-2, 1.6e-2),
-    "float16": (1e-2, 1e-2),
-    "float32": (1e-5, 1e-5),
-    "complex64": (1e-5, 1e-5),
-    "float64": (1e-10, 1e-10),
-    "complex128": (1e-10, 1e-10),
-}
 # The batch copies scale every floating-point leaf by these factors.
 _BATCH_FACTORS = (1.0, 0.5, 1.5, 0.75, 1.25, 0.25, 1.75, 0.625)
-
-
-def tolerance(dtype: Any) -> dict[str, float]:
-    """The tolerance `assert_matches_dense` uses for results of `dtype`.
-
-    A result `got` matches `want` where `|got - want| <= atol * max(1, max|want|) +
-    rtol * |want|` elementwise: `atol` is relative to the largest magnitude of the
-    whole result, so that entries which cancel to near zero are judged on the scale
-    of the computation.
-
-    **Arguments:**
-
-    - `dtype`: a NumPy/JAX dtype (or anything `jnp.dtype` accepts).
-
-    **Returns:**
-
-    `dict(rtol=..., atol=...)`: `1e-10` for float64/complex128, `1e-5` for
-    float32/complex64, `1e-2` for float16, `1.6e-2` for bfloat16 (two ulps), and
-    `0.0` (exact) for integer and boolean dtypes.
-    """
-    dtype = jnp.dtype(dtype)
-    if not jnp.issubdtype(dtype, jnp.inexact):
-        return dict(rtol=0.0, atol=0.0)
-    try:
-        rtol, atol = _TOLERANCES[dtype.name]
-    except KeyError:  # float8 and the like: a few of their ulps.
-        eps = float(jnp.finfo(dtype).eps)
-        rtol, atol = 2 * eps, 2 * eps
-    return dict(rtol=rtol, atol=atol)
 
 
 def _densify_value(x: Value) -> Any:
@@ -123,6 +86,8 @@ class _Checker:
         atol: float | None,
         out_types: Any,
         eager: bool,
+        reference: Callable[..., Any],
+        signed_zeros: bool,
     ):
         self.fn = fn
         self.densify = densify
@@ -131,6 +96,8 @@ class _Checker:
         self.atol = atol
         self.out_types = out_types
         self.eager = eager  # else the kit's own array work runs under jit
+        self.reference = reference  # the function run on the densified arguments
+        self.signed_zeros = signed_zeros
 
     def run(self, fn: Callable[..., Any], *args: Any) -> Any:
         """`fn(*args)`: op by op where `self.eager`, else as one compiled program
@@ -171,7 +138,7 @@ class _Checker:
         try:
             return self.run(lambda o: self.densify(pick(o)), out)
         except Exception as e:
-            types = _names([type(x) for x in jtu.tree_leaves(out, is_leaf=is_value)])
+            types = _names(jtu.tree_leaves(out, is_leaf=is_value))
             raise AssertionError(
                 f"[{check}] the quaxified {what} (types {types}) could not be "
                 f"densified for the comparison: {type(e).__name__}: {e}. Give the "
@@ -188,15 +155,15 @@ class _Checker:
             if len(expected) != len(leaves):
                 raise AssertionError(
                     f"[{check}] out_types names {len(expected)} output leaves, the "
-                    f"quaxified output has {len(leaves)}: {_names(types)}"
+                    f"quaxified output has {len(leaves)}: {_names(leaves)}"
                 )
         else:
             expected = [expected] * len(leaves)
         for i, (leaf, want) in enumerate(zip(leaves, expected, strict=True)):
             if not isinstance(leaf, want):
                 raise AssertionError(
-                    f"[{check}] output leaf {i} is a {type(leaf).__qualname__}, "
-                    f"expected {_type_names(want)}; output types: {_names(types)}"
+                    f"[{check}] output leaf {i} is {describe_types([leaf])}, expected "
+                    f"{_type_names(want)}; output types: {_names(leaves)}"
                 )
         return types
 
@@ -214,42 +181,9 @@ class _Checker:
             )
 
     def compare_leaf(self, check: str, where: str, got: Any, want: Any) -> None:
-        g = np.asarray(got)
-        w = np.asarray(want)
-        if g.shape != w.shape or g.dtype != w.dtype:
-            raise AssertionError(
-                f"[{check}] {where}: quaxified gives {g.dtype}{list(g.shape)}, dense "
-                f"reference {w.dtype}{list(w.shape)}"
-            )
-        if g.dtype == jax.dtypes.float0:
-            return
-        tol = tolerance(w.dtype)
-        rtol = tol["rtol"] if self.rtol is None else self.rtol
-        atol = tol["atol"] if self.atol is None else self.atol
-        if np.issubdtype(w.dtype, np.complexfloating):
-            g, w = g.astype(np.complex128), w.astype(np.complex128)
-        else:
-            g, w = g.astype(np.float64), w.astype(np.float64)
-        if g.size == 0:
-            return
-        finite = np.isfinite(w)
-        scale = max(1.0, float(np.max(np.abs(w[finite]), initial=0.0)))
-        err = np.abs(g - w)
-        both_nan = np.isnan(g) & np.isnan(w)
-        same_inf = np.isinf(w) & (g == w)
-        bad = ~(both_nan | same_inf | (err <= atol * scale + rtol * np.abs(w)))
-        if bad.any():
-            with np.errstate(invalid="ignore", divide="ignore"):
-                rel = np.where(w != 0, err / np.abs(w), np.inf)
-            i = np.unravel_index(np.argmax(np.where(bad, err, -1)), bad.shape)
-            raise AssertionError(
-                f"[{check}] {where} differs from the dense reference at "
-                f"{int(bad.sum())} of {bad.size} entries: max abs error "
-                f"{float(np.nanmax(np.where(bad, err, 0)))}, max rel error "
-                f"{float(np.nanmax(np.where(bad, rel, 0)))} (rtol={rtol}, atol={atol} "
-                f"x {scale:.3g}); e.g. at {tuple(map(int, i))}: quaxified "
-                f"{g[i]}, dense {w[i]}"
-            )
+        problem = difference(got, want, self.rtol, self.atol, self.signed_zeros)
+        if problem:
+            raise AssertionError(f"[{check}] {where} {problem}")
 
 
 def _type_names(t: type | tuple[type, ...]) -> str:
@@ -258,8 +192,9 @@ def _type_names(t: type | tuple[type, ...]) -> str:
     return t.__qualname__
 
 
-def _names(types: Sequence[type]) -> str:
-    return "[" + ", ".join(t.__qualname__ for t in types) + "]"
+def _names(leaves: Sequence[Any]) -> str:
+    """`[Pair, array float32[3]]`: each value by its type, each array by its aval."""
+    return f"[{describe_types(leaves)}]"
 
 
 def _is_float(x: Any) -> bool:
@@ -342,6 +277,8 @@ def assert_matches_dense(
     densify: Callable[[Any], Any] = densify,
     batch_size: int = 2,
     seed: int = 0,
+    reference: Callable[..., Any] | None = None,
+    signed_zeros: bool = False,
 ) -> ConformanceReport:
     """Check that `quax.quaxify(fn)` computes what `fn` computes on dense arrays.
 
@@ -353,17 +290,22 @@ def assert_matches_dense(
     The reference is `fn(*densify(args))`, plain JAX. Every output leaf of the
     quaxified call (values densified the same way) must have the reference's
     structure, shape and dtype, and its values within `tolerance(dtype)` (integers
-    and booleans exactly). The checks, each failing with an `AssertionError` that
-    names it (`[eval]`, `[jit]`, ...), the output leaf, and the max abs/rel error:
+    and booleans exactly), NaN exactly where the reference has NaN, the same
+    infinities and, with `signed_zeros=True`, zeros of the same sign. The checks,
+    each failing with an `AssertionError` that names it (`[eval]`, `[jit]`, ...),
+    the output leaf, and the max abs/rel error:
 
     - `eval`: `quax.quaxify(fn)(*args)`, op by op (each primitive compiled on its
         own: the costly check for programs of many small operations).
-    - `jit`: `jax.jit(quax.quaxify(fn))(*args)`.
+    - `jit`: `jax.jit(quax.quaxify(fn))(*args)`, against the reference under
+        `jax.jit` (XLA may compile an operation otherwise than JAX runs it alone,
+        as `exp(inf) - inf`: `-inf` compiled, NaN op by op).
     - `vmap`: a batch of `batch_size` copies of `args` whose floating-point leaves
         are scaled by different positive factors (integer leaves, e.g. sparse
         indices, are kept), stacked leaf-wise. `jax.vmap(quax.quaxify(fn))` over
         it (`"vmap(quaxify)"`) and `quax.quaxify(jax.vmap(fn))` (`"quaxify(vmap)"`)
-        are compared with `fn` on each densified copy. The second needs values whose
+        are compared with `fn` on each densified copy, under `jax.jit` as they
+        run. The second needs values whose
         stacked leaves form a valid batched value (aval `(batch_size, *shape)`); for
         a type whose shape is static metadata it is skipped, with the reason in the
         returned report. Non-array leaves (e.g. a leafless `Zero`) are not batched;
@@ -407,6 +349,15 @@ def assert_matches_dense(
         materialise and has no `enable_materialise`.
     - `batch_size`: the number of copies in the vmap batch.
     - `seed`: seeds the random cotangents and tangents.
+    - `reference`: the dense function, where it is not `fn`: for a `fn` that builds
+        values inside from its plain arguments, the same computation on arrays (see
+        [`quax.testing.strategies.calls`][]).
+    - `signed_zeros`: whether a zero of a floating-point reference must be a zero
+        of the same sign (`1 / x` tells `-0.0` from `0.0`). Turn it on where the
+        operation defines the sign, as elementwise arithmetic on a value that holds
+        every entry does; off by default, as a structure's zeros that no entry
+        holds (symbolic zeros, a sparse matrix's, a product skipping zero terms)
+        are `0.0` where dense arithmetic may give `-0.0`.
 
     **Returns:**
 
@@ -423,14 +374,24 @@ def assert_matches_dense(
             "assert_matches_dense needs `eval=True` or `jit=True` to check the "
             "values; keep `jit=True` where the op-by-op `eval` is too slow."
         )
-    checker = _Checker(fn, densify, allow_materialise, rtol, atol, out_types, eval)
+    checker = _Checker(
+        fn,
+        densify,
+        allow_materialise,
+        rtol,
+        atol,
+        out_types,
+        eval,
+        fn if reference is None else reference,
+        signed_zeros,
+    )
     report = ConformanceReport()
     # The transforms see the array leaves; the rest (functions, Python numbers, as
     # in an equinox model) is closed over, as `eqx.filter_jit` would.
     dynamic, static = eqx.partition(args, eqx.is_array)
     call = lambda *d: fn(*eqx.combine(d, static))
     first, arguments = ("eval" if eval else "jit"), "function's arguments"
-    reference = lambda *d: fn(
+    reference = lambda *d: checker.reference(
         *checker.densify_output(first, eqx.combine(d, static), arguments)
     )
     if eval:
@@ -445,7 +406,10 @@ def assert_matches_dense(
     if jit:
         jitted = checker.run_quax("jit", lambda: jax.jit(quaxify(call))(*dynamic))
         types = checker.check_types("jit", jitted)
-        checker.compare("jit", checker.densify_output("jit", jitted), want)
+        # Against the dense function under `jit` too: XLA compiles some operations
+        # otherwise than JAX runs them one by one (`exp(inf) - inf` is not NaN).
+        want_jit = eqx.filter_jit(reference)(*dynamic) if eval else want
+        checker.compare("jit", checker.densify_output("jit", jitted), want_jit)
         report.checks["jit"] = "passed"
         if out is None:
             out, report.out_types = jitted, types
@@ -478,8 +442,9 @@ def _check_vmap(
 
     copies = checker.run(lambda d: _batch(d, size), dynamic)
     stacked = checker.run(_stack, copies)
-    reference = lambda c: fn(*densify(eqx.combine(c, static)))
-    wants = [checker.run(reference, c) for c in copies]
+    reference = lambda c: checker.reference(*densify(eqx.combine(c, static)))
+    # Under `jit`, as the quaxified batches run.
+    wants = [eqx.filter_jit(reference)(c) for c in copies]
     want = checker.run(lambda ws: jtu.tree_map(lambda *xs: jnp.stack(xs), *ws), wants)
 
     check = "vmap(quaxify)"
@@ -568,7 +533,7 @@ def _check_derivatives(
         return quaxify(fn)(*eqx.combine(d, static))
 
     def dense_call(d: Any) -> Any:
-        return fn(*densify(eqx.combine(d, static)))
+        return checker.reference(*densify(eqx.combine(d, static)))
 
     key_ct, key_t = jr.split(jr.key(seed))
     # Each derivative runs as one jitted program: one compilation, not one per

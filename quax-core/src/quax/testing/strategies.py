@@ -1,5 +1,7 @@
-"""Hypothesis strategies for testing quax families: shapes, dtypes, arrays,
-`lax.dot_general` dimension numbers, and small random programs.
+"""Hypothesis strategies for testing quax families: shapes, dtypes, arrays (with
+non-finite entries where asked), `lax.dot_general` dimension numbers, small random
+programs, and calls that pass values as users do (aliased, sharing arrays, mixed
+with plain arrays, built inside the function).
 
 Needs `hypothesis` (`pip install quax-core[testing]`); `import quax.testing` does not
 import this module until `quax.testing.strategies` is used.
@@ -27,11 +29,17 @@ import numpy as np
 from hypothesis import strategies as st
 from jax import lax
 
+from .._quaxify import quaxify
+
 
 __all__ = [
     "ALL_OPS",
+    "CALL_KINDS",
+    "Call",
+    "NON_FINITE",
     "Program",
     "arrays",
+    "calls",
     "data",
     "dot_general_dimension_numbers",
     "dtypes",
@@ -40,6 +48,9 @@ __all__ = [
 ]
 
 data = st.data
+
+NON_FINITE = (math.nan, math.inf, -math.inf, -0.0)
+"""The special entries `arrays(..., non_finite=True)` draws."""
 
 _DTYPES = {
     "float": ("float32", "float64"),
@@ -102,15 +113,21 @@ def arrays(
     *,
     min_value: float = -4.0,
     max_value: float = 4.0,
+    non_finite: bool = False,
 ) -> jax.Array:
-    """JAX arrays with finite entries in `[min_value, max_value]` (integers: the
-    integers in that range; booleans: either).
+    """JAX arrays with entries in `[min_value, max_value]` (integers: the integers in
+    that range; booleans: either), and with `non_finite`, floating-point entries
+    that are also NaN, `inf`, `-inf` or `-0.0`.
 
     **Arguments:**
 
     - `shape`: a shape or a strategy of shapes.
     - `dtype`: a dtype or a strategy of dtypes.
-    - `min_value`, `max_value`: the range of the entries.
+    - `min_value`, `max_value`: the range of the finite entries.
+    - `non_finite`: draw NaN, `inf`, `-inf` and `-0.0` among the floating-point
+        (and complex: in either part) entries, where a rule must give what dense
+        JAX gives (NaN propagated, never a silent zero; see
+        [`quax.testing.assert_matches_dense`][]).
 
     **Returns:**
 
@@ -126,6 +143,8 @@ def arrays(
         elements = st.integers(math.ceil(min_value), math.floor(max_value))
     else:
         elements = st.floats(min_value, max_value, width=32)
+        if non_finite:
+            elements = st.one_of(elements, st.sampled_from(NON_FINITE))
     values = draw(st.lists(elements, min_size=size, max_size=size))
     out = np.asarray(values, dtype=np.float64 if values else None).reshape(shape)
     if jnp.issubdtype(dtype, jnp.complexfloating):
@@ -387,3 +406,128 @@ def _programs(
         name, step, shape = _draw_step(draw, ops, shape, dtype)
         steps.append((name, step))
     return Program(tuple(steps), tuple(in_shape), tuple(shape), dtype)
+
+
+CALL_KINDS = ("values", "aliased", "shared arrays", "mixed", "built inside")
+"""The ways [`quax.testing.strategies.calls`][] passes values to a function."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Call:
+    """A function and its arguments, drawn by [`quax.testing.strategies.calls`][]:
+    check it with `assert_matches_dense(call.fn, *call.args,
+    reference=call.reference)`. Its `repr` is the readable description hypothesis
+    prints on failure.
+
+    **Fields:**
+
+    - `fn`: the function to quaxify.
+    - `args`: its arguments.
+    - `reference`: the same computation on the densified arguments (`fn` itself,
+        but where `fn` builds the values inside).
+    - `kind`: how the values are passed, one of `CALL_KINDS`.
+    """
+
+    fn: Callable[..., Any]
+    args: tuple[Any, ...]
+    reference: Callable[..., Any]
+    kind: str
+
+    def __repr__(self) -> str:
+        shown = ", ".join(map(_show, self.args))
+        shared = len({id(a) for a in self.args}) < len(self.args)
+        alias = " (one object)" if shared else ""
+        name = getattr(self.fn, "__name__", "fn")
+        return f"Call({self.kind}: {name}({shown}){alias})"
+
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        del cycle
+        printer.text(repr(self))
+
+
+def _show(x: Any) -> str:
+    """An argument with its numbers: `Dense([nan, -0.0])`, `array([1.0, 2.0])`."""
+    if isinstance(x, jax.Array | np.ndarray):
+        return "array(" + np.array2string(np.asarray(x), separator=", ") + ")"
+    leaves = [np.asarray(leaf) for leaf in jax.tree.leaves(x)]
+    inside = ", ".join(np.array2string(leaf, separator=", ") for leaf in leaves)
+    return f"{type(x).__qualname__}({inside})"
+
+
+def calls(
+    fn: Callable[..., Any],
+    make: Callable[[jax.Array], Any],
+    arrays: st.SearchStrategy[jax.Array],
+    n: int = 2,
+    kinds: Sequence[str] = CALL_KINDS,
+) -> st.SearchStrategy[Call]:
+    """Calls of `fn` on values, passed the ways users pass them, which a rule (or a
+    cache) that looks at one argument at a time can get wrong.
+
+    ```python
+    @settings(max_examples=20, deadline=None)
+    @given(qst.calls(
+        lambda a, b: a * b + a, MyValue, qst.arrays((3,), non_finite=True)
+    ))
+    def test_product(call):
+        quax.testing.assert_matches_dense(
+            call.fn, *call.args, reference=call.reference
+        )
+    ```
+
+    The kinds (`kinds` chooses among them):
+
+    - `"values"`: every argument a value of its own, `make(x_i)`;
+    - `"aliased"`: one value passed as every argument, `fn(v, v)`;
+    - `"shared arrays"`: distinct values built from one array, `fn(make(x),
+        make(x))`;
+    - `"mixed"`: the first argument a value, the others plain arrays;
+    - `"built inside"`: plain arrays, each turned into a value inside the
+        function, which runs `fn` on them (`lambda *xs:
+        quax.quaxify(fn)(*map(make, xs))`), as a user builds a constant inside a
+        jitted function; the reference is `fn` on the arrays.
+
+    **Arguments:**
+
+    - `fn`: a function of `n` arrays.
+    - `make`: builds a value from an array (the value type's constructor).
+    - `arrays`: the arrays the values are built from (each argument draws one).
+    - `n`: how many arguments `fn` takes.
+    - `kinds`: the kinds to draw from.
+
+    **Returns:**
+
+    A strategy of [`quax.testing.strategies.Call`][]s.
+    """
+    unknown = set(kinds) - set(CALL_KINDS)
+    if unknown or not kinds:
+        raise ValueError(f"unknown kinds {sorted(unknown)}; choose from {CALL_KINDS}")
+    return _calls(fn, make, arrays, n, tuple(kinds))
+
+
+@st.composite
+def _calls(
+    draw: st.DrawFn,
+    fn: Callable[..., Any],
+    make: Callable[[jax.Array], Any],
+    arrays: st.SearchStrategy[jax.Array],
+    n: int,
+    kinds: tuple[str, ...],
+) -> Call:
+    kind = draw(st.sampled_from(kinds))
+    xs = [draw(arrays) for _ in range(n)]
+    if kind == "aliased":
+        value = make(xs[0])
+        return Call(fn, (value,) * n, fn, kind)
+    if kind == "shared arrays":
+        return Call(fn, tuple(make(xs[0]) for _ in range(n)), fn, kind)
+    if kind == "mixed":
+        return Call(fn, (make(xs[0]), *xs[1:]), fn, kind)
+    if kind == "built inside":
+
+        def built_inside(*arrays: Any) -> Any:
+            return quaxify(fn)(*map(make, arrays))
+
+        built_inside.__name__ = f"built_inside_{getattr(fn, '__name__', 'fn')}"
+        return Call(built_inside, tuple(xs), fn, kind)
+    return Call(fn, tuple(map(make, xs)), fn, kind)

@@ -4,12 +4,12 @@ An operator on a value (`G * t`) runs `quax.quaxify` on the operator. Inside ano
 quaxified function, that used to open a nested quax trace which took the outer
 tracer `t` for a plain array and built a value of values
 (`Quantity(Quantity(...))`). The value now joins the enclosing trace, as JAX lifts
-a constant into the trace of the tracer it meets: tested with units, LoRA, zeros and
-a user type, at several depths (vmap, grad, jit and quaxify inside quaxify).
+a constant into the trace of the tracer it meets: tested with units, LoRA and zeros,
+at several depths (vmap, grad, jit and quaxify inside quaxify). What needs no family
+(a user's own types) is in quax-core's `tests/test_nesting.py`.
 """
 
 import operator
-from collections.abc import Sequence
 from typing import Any
 
 import equinox as eqx
@@ -19,7 +19,6 @@ import jax.random as jr
 import numpy as np
 import pytest
 import quax
-from jaxtyping import Array
 from quax.zero import Zero
 from quax_lora import LoraArray
 from quax_units import Quantity, ustrip
@@ -117,54 +116,6 @@ def test_closed_over_zero_meets_traced_quantity() -> None:
     _assert_metres(r, [1.0, 2.0])
 
 
-class Boxed(quax.ArrayValue):
-    """A user's dense wrapper with quaxified operators, as the published tutorials
-    write them."""
-
-    array: Array
-
-    def aval(self) -> Any:
-        return jax.typeof(self.array)
-
-    def materialise(self) -> Array:
-        raise RuntimeError("Refusing to materialise `Boxed`")
-
-    @staticmethod
-    def default(primitive: Any, values: Sequence[Any], params: dict[str, Any]) -> Any:
-        arrays = [v.array if isinstance(v, Boxed) else v for v in values]
-        out = primitive.bind(*arrays, **params)
-        if primitive.multiple_results:
-            return [Boxed(o) for o in out]
-        return Boxed(out)
-
-    __mul__ = quax.quaxify(operator.mul)
-    __rmul__ = quax.quaxify(lambda a, b: b * a)
-
-
-def test_user_type_closed_over_at_two_depths() -> None:
-    c = Boxed(jnp.array([2.0, 3.0]))
-    x = Boxed(jnp.array([5.0, 7.0]))
-    r = quax.quaxify(lambda b: c * b)(x)
-    assert type(r) is Boxed and type(r.array) is not Boxed
-    np.testing.assert_allclose(r.array, [10.0, 21.0])
-    r = quax.quaxify(lambda b: quax.quaxify(lambda u: jax.vmap(lambda v: c * v)(u))(b))(
-        Boxed(jnp.ones((4, 2)))
-    )
-    assert type(r) is Boxed and type(r.array) is not Boxed
-    np.testing.assert_allclose(r.array, np.tile([2.0, 3.0], (4, 1)))
-
-
-def test_filter_spec_keeps_levels_apart() -> None:
-    # The published tutorials' nesting: an outer level with a filter_spec leaves the
-    # unselected values to the inner level, which takes the outer tracer for an array.
-    c = Boxed(jnp.array([2.0, 3.0]))
-    inner = quax.quaxify(lambda a, b: a * b)
-    r = quax.quaxify(lambda a, b: inner(a, b), filter_spec=(True, (False, True), True))(
-        c, Boxed(jnp.array([5.0, 7.0]))
-    )
-    assert type(r) is Boxed and type(r.array) is Boxed
-
-
 # Values built inside a `jax.jit` (or `vmap`, `cond`) in the quaxified function: JAX
 # traces the jit with the value types erased, so the values are staged and built
 # where quax re-runs what JAX staged (see `quax._staged`).
@@ -222,13 +173,3 @@ def test_lora_and_zero_built_inside_jit() -> None:
         Quantity(jnp.array([1.0, 2.0]), "m")
     )
     _assert_metres(r, [1.0, 2.0])
-
-
-def test_user_type_built_inside_jit() -> None:
-    def f(b: Any) -> Any:
-        return jax.jit(lambda u: Boxed(jnp.array([2.0, 3.0])) * u)(b)
-
-    for fn in (quax.quaxify(f), jax.jit(quax.quaxify(f))):
-        r = fn(Boxed(jnp.array([5.0, 7.0])))
-        assert type(r) is Boxed and type(r.array) is not Boxed
-        np.testing.assert_allclose(r.array, [10.0, 21.0])
