@@ -102,9 +102,9 @@ def test_every_departure_is_named(family):
                 import quax
                 from jax import lax
                 import {name}
-
+                from ._value import Good
                 @quax.register(lax.exp_p)
-                def _(x, **params):
+                def _(x: Good, **params):
                     return x
                 """,
             "_errors.py": """
