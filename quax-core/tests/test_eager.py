@@ -72,6 +72,52 @@ def test_exact_results(fn: Any) -> None:
         np.testing.assert_array_equal(out.array, by_equation)
 
 
+class Fused(quax.ArrayValue):
+    """A value whose rules compute what XLA would fuse: a multiply feeding an add
+    (contracted to one fused multiply-add when compiled whole), and `exp` of a
+    constant (which a compiled program could fold with its own arithmetic)."""
+
+    array: Array
+
+    def aval(self) -> Any:
+        return jax.typeof(self.array)
+
+    def materialise(self) -> Array:
+        return self.array
+
+
+_EXPONENTS = np.linspace(-3.0, 3.0, 257, dtype=np.float32)
+
+
+@quax.register(jax.lax.sub_p)
+def _(x: Fused, y: Fused) -> Fused:
+    return Fused(x.array * jnp.float32(10.0) - y.array)
+
+
+@quax.register(jax.lax.add_p)
+def _(x: Fused, y: Fused) -> Fused:
+    return Fused(x.array * y.array + jnp.exp(_EXPONENTS) * x.array)
+
+
+@pytest.mark.parametrize("fn", [jnp.subtract, jnp.add, operator.sub])
+def test_first_and_later_calls_round_alike(fn: Any) -> None:
+    # The first call runs the rules' equations one by one, each rounding its
+    # outputs; the compiled program of the later calls must not round otherwise
+    # (XLA would contract `x * 10 - y` into a fused multiply-add: 1.5e-8 for
+    # x = 0.1, y = 1 in float32, where the equations give 0).
+    x = jnp.asarray(np.random.default_rng(0).uniform(-2, 2, 257), jnp.float32)
+    x = x.at[:4].set(0.1)
+    y = jnp.ones(257, jnp.float32)
+    q = quax.quaxify(fn)
+    first = q(Fused(x), Fused(y)).array
+    if fn is not jnp.add:
+        np.testing.assert_array_equal(first[:4], 0.0)
+    traced = quax_eager.programs_traced
+    for _ in range(3):  # the second call compiles, the third replays
+        np.testing.assert_array_equal(q(Fused(x), Fused(y)).array, first)
+    assert quax_eager.programs_traced == traced + 1
+
+
 def test_library_code_runs_compiled() -> None:
     q = quax.quaxify(lambda a, b: jnp.sin(a) * b)
     for _ in range(2):  # the second call compiles the programs

@@ -42,6 +42,7 @@ from packaging.version import Version
 __all__ = [
     "EQX_WRAPPER_FIELD_NAMES",
     "JAX_VERSION",
+    "KEEP_BARRIERS",
     "AdZero",
     "ClosedJaxpr",
     "EVAL_TRACE",
@@ -84,6 +85,7 @@ __all__ = [
     "eqx_has_dataclass_init",
     "eqx_warn_transformed_function",
     "eqn_context",
+    "eval_rounding_each_step",
     "eval_context",
     "io_callback_p",
     "is_eval_trace",
@@ -198,6 +200,54 @@ def eqn_context(ctx: Any) -> Any:
     ):
         return _UNCHANGED_CONTEXT
     return ctx.manager
+
+
+# XLA removes optimisation barriers (its `cse_barrier_expander` pass) before it fuses
+# and contracts; compiled without that pass, a barrier stands between the operations
+# on either side of it, so none is fused into another across it.
+KEEP_BARRIERS = {"xla_disable_hlo_passes": "cse_barrier_expander"}
+
+
+def eval_rounding_each_step(jaxpr: Any, consts: Any, *args: Any) -> list[Any]:
+    """Evaluate the top-level equations of `jaxpr` one by one, as
+    `jax.core.eval_jaxpr` does, with an optimisation barrier after each
+    equation's outputs and after each literal and constant.
+
+    Staged in a `jax.jit` compiled with `KEEP_BARRIERS`, the program then rounds
+    each equation's outputs as running the equations one by one does (each a
+    program of its own): XLA fuses no two equations, so it cannot contract a
+    multiply and an add into one fused multiply-add, nor fold an operation on a
+    constant with its own arithmetic. An equation that is itself a program (a
+    nested `jit`) compiles whole inside, as it does when run on its own.
+    """
+    env: dict[Any, Any] = {}
+
+    def read(v: Any) -> Any:
+        if isinstance(v, Literal):
+            return _barrier(v.val)
+        return env[v]
+
+    for var, const in zip(jaxpr.constvars, consts, strict=True):
+        env[var] = _barrier(const)
+    for var, arg in zip(jaxpr.invars, args, strict=True):
+        env[var] = arg
+    for eqn in jaxpr.eqns:
+        params = eqn.primitive.get_bind_params(eqn.params)
+        with eqn_context(eqn.ctx), user_context(eqn.source_info.traceback):
+            outs = eqn.primitive.bind(*map(read, eqn.invars), **params)
+        if not eqn.primitive.multiple_results:
+            outs = [outs]
+        for var, out in zip(eqn.outvars, outs, strict=True):
+            env[var] = _barrier(out)
+    return [read(v) for v in jaxpr.outvars]
+
+
+def _barrier(x: Any) -> Any:
+    """`x` behind an optimisation barrier, where it is an array (a token or other
+    non-array value passes as it is)."""
+    if isinstance(typeof(x), ShapedArray):
+        return jax.lax.optimization_barrier(x)
+    return x
 
 
 # From JAX 0.11 a custom VJP's `bwd` (as `custom_vjp_call` holds it) returns the pair

@@ -16,10 +16,14 @@ first call of each code and structure runs equation by equation only (a one-off
 call, as in a notebook or a test, compiles nothing) and leaves the structure of its
 output. The second call traces the program and keeps it when it gives that output
 structure (types, static fields equal and alike in text, shapes and dtypes); from
-then on calls replay it. The code runs equation by equation from then on when the
-structure differs, or when tracing fails for any reason (a rule needing a concrete
-leaf, a refusal, an error), or when a rule asks [`quax.known_constant`][] for the
-value of a leaf of the program (equation by equation it would be known). A rule
+then on calls replay it. The program rounds as the equations run one by one do,
+bit for bit: optimisation barriers between its top-level equations keep XLA from
+fusing them (and so from contracting a multiply and an add into one fused
+multiply-add), see `_rounding_each_step`. The code runs equation by equation from
+then on when the structure differs, or when tracing fails for any reason (a rule
+needing a concrete leaf, a refusal, an error), or when a rule asks
+[`quax.known_constant`][] for the value of a leaf of the program (equation by
+equation it would be known). A rule
 that reads concrete leaves must do so through `quax.known_constant`: the output
 check only sees the first call. On by default; [`quax.set_eager_compilation`][] (or
 `QUAX_EAGER_COMPILE=0` in the environment) turns it off.
@@ -47,7 +51,14 @@ import jax.tree_util as jtu
 import numpy as np
 
 from . import _journal, _registry, _values
-from ._compat import Tracer, current_trace, eager_program, typeof
+from ._compat import (
+    KEEP_BARRIERS,
+    Tracer,
+    current_trace,
+    eager_program,
+    eval_rounding_each_step,
+    typeof,
+)
 from ._values import is_value, value_classes
 
 
@@ -441,7 +452,55 @@ def _checked_program(
     except (ConcreteNeeded, Exception):
         # A rule needed a concrete leaf or refused: equation by equation, it ran.
         return _BY_EQUATION
-    return program if first.matches(traced.out_info) else _BY_EQUATION
+    if not first.matches(traced.out_info):
+        return _BY_EQUATION
+    return _rounding_each_step(traced)
+
+
+def _rounding_each_step(traced: Any) -> Any:
+    """The program that `traced` (a traced `jax.jit`) stages, compiled so that it
+    rounds as running its equations one by one does.
+
+    Equation by equation (a key's first call), each primitive a rule binds runs as
+    a program of its own, which rounds its outputs; compiled whole, XLA would fuse
+    neighbouring equations and contract a multiply and an add into one fused
+    multiply-add, rounding once (`x * 10 - y` gives 1.5e-8 where the equations give
+    0 for `x = 0.1`, `y = 1` in float32). Barriers between the equations keep each
+    equation's rounding, so a call gives the same bits on its first and later
+    runs; the program is still one dispatch. `_barriers_hold` checks once per
+    process that XLA keeps them."""
+    if not _barriers_hold():
+        return _BY_EQUATION
+    closed, out_tree = traced.jaxpr, traced.out_tree
+
+    def run(*leaves: Any) -> Any:
+        outs = eval_rounding_each_step(closed.jaxpr, closed.consts, *leaves)
+        return jtu.tree_unflatten(out_tree, outs)
+
+    run.__name__ = run.__qualname__ = traced.fun_name
+    return jax.jit(run, compiler_options=KEEP_BARRIERS)
+
+
+_barriers_checked: list[bool] = []
+
+
+def _barriers_hold() -> bool:
+    """Whether this XLA keeps the barriers of `eval_rounding_each_step`: a
+    multiply and a subtract that it would contract into a fused multiply-add
+    round as two programs do (checked once per process)."""
+    if not _barriers_checked:
+        x, y = np.full(8, 0.1, np.float32), np.ones(8, np.float32)
+        ten = np.float32(10.0)
+        closed = jax.make_jaxpr(lambda x, y: x * ten - y)(x, y)
+        program = jax.jit(
+            lambda x, y: eval_rounding_each_step(closed.jaxpr, closed.consts, x, y),
+            compiler_options=KEEP_BARRIERS,
+        )
+        steps = jax.lax.sub(jax.lax.mul(x, ten), y)
+        _barriers_checked.append(
+            bool(np.array_equal(np.asarray(program(x, y)[0]), np.asarray(steps)))
+        )
+    return _barriers_checked[0]
 
 
 def _shape_dtype(x: Any) -> tuple[Any, ...]:
