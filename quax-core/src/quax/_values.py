@@ -242,6 +242,14 @@ class Value(eqx.Module, metaclass=ValueMeta):
         `other`'s leaves may be `jax.ShapeDtypeStruct`s: read only its type and
         static fields.
 
+        **Arguments:**
+
+        - `value`: a value of this class (`cls`), on one side of the join: the
+            loop's carry, a branch's output, a right-hand side.
+        - `other`: the value on the other side, of this class or another; only its
+            type and static fields may be read (its leaves may be
+            `jax.ShapeDtypeStruct`s).
+
         **Returns:**
 
         A value holding `value`'s array in the common structure, or `None`.

@@ -390,9 +390,10 @@ def assert_matches_dense(
     # in an equinox model) is closed over, as `eqx.filter_jit` would.
     dynamic, static = eqx.partition(args, eqx.is_array)
     call = lambda *d: fn(*eqx.combine(d, static))
-    first, arguments = ("eval" if eval else "jit"), "function's arguments"
+    # The arguments are densified under the name of the first check that runs.
+    first = "eval" if eval else "jit"
     reference = lambda *d: checker.reference(
-        *checker.densify_output(first, eqx.combine(d, static), arguments)
+        *checker.densify_output(first, eqx.combine(d, static), "function's arguments")
     )
     if eval:
         out = checker.run_quax("eval", lambda: quaxify(fn)(*args))
@@ -401,7 +402,8 @@ def assert_matches_dense(
         checker.compare("eval", checker.densify_output("eval", out), want)
         report.checks["eval"] = "passed"
     else:
-        out, want = None, checker.run(reference, *dynamic)
+        out = None
+        want = checker.run(reference, *dynamic)
         report.checks["eval"] = "skipped: eval=False"
     if jit:
         jitted = checker.run_quax("jit", lambda: jax.jit(quaxify(call))(*dynamic))
