@@ -79,8 +79,12 @@ EOF
         fi
         echo "== $flavour: $c's own test suite ${paths[*]}"
         local start=$SECONDS rc=0 log="$work/$flavour-$name.log"
-        (cd "$src" && JAX_PLATFORMS=cpu "$venv/bin/python" -m pytest -q "${paths[@]}" \
-            "${PYTEST_ARGS[@]}") >"$log" 2>&1 || rc=$?
+        # The clients are installed (not editable): a doctest module given by its path
+        # in the sdist is imported from site-packages, the same file, which pytest
+        # would refuse as an import mismatch.
+        (cd "$src" && JAX_PLATFORMS=cpu PY_IGNORE_IMPORTMISMATCH=1 \
+            "$venv/bin/python" -m pytest -q "${paths[@]}" "${PYTEST_ARGS[@]}") \
+            >"$log" 2>&1 || rc=$?
         grep -E '^(FAILED|ERROR|XPASS)' "$log" || true
         local summary
         summary=$(tail -n 1 "$log")
