@@ -13,7 +13,7 @@ ustrip("kJ", kinetic(Quantity(2.0, "kg"), Quantity(jnp.array([3.0, 4.0]), "km / 
 ```
 """
 
-from . import _rules as _rules  # registers the rules
+from . import _rules as _rules, constants as constants  # `_rules` registers the rules
 from ._autodiff import (
     grad as grad,
     jacobian as jacobian,
