@@ -38,6 +38,12 @@ from ._interop import (
     to_astropy as to_astropy,
     to_pint as to_pint,
 )
+from ._systems import (
+    UnitSystem as UnitSystem,
+    cgs as cgs,
+    galactic as galactic,
+    si as si,
+)
 from ._units import Unit as Unit, unit as unit
 from ._value import (
     MaterialisationError as MaterialisationError,

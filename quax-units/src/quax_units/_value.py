@@ -1,6 +1,7 @@
 """`Quantity` (also `Unitful`): an array with units, and the functions to make and
 read one."""
 
+import math
 import operator
 import weakref
 from collections.abc import Callable, Iterator
@@ -16,6 +17,7 @@ from jaxtyping import ArrayLike
 
 from ._dimensions import Dimensions, UnitError, dimensionless
 from ._strip import _check_dimensions, strip_p
+from ._systems import UnitSystem, unit_system
 from ._units import (
     Unit,
     UnitLike,
@@ -346,6 +348,30 @@ class Quantity(quax.GuardedValue):
             _remember_given(out, *given)
         return out
 
+    def decompose(self, system: UnitSystem | str = "si") -> "Quantity":
+        """The same quantity, shown in the units of a unit system: the product of
+        its base units (`kpc / Myr` for a velocity in `galactic`, `g cm2 / s2` for
+        an energy in `cgs`, `kg m2 / s2` in SI), as astropy's and unxt's
+        `decompose`.
+
+        ```python
+        Quantity(1.0, "kpc / Myr").decompose("si")  # 977792.2... m / s
+        constants.G.decompose(galactic)  # 4.4985...e-12 kpc3 / (Msun Myr2)
+        ```
+
+        **Arguments:**
+
+        - `system`: a [`quax_units.UnitSystem`][], or the name of one: `"si"`
+            (default), `"cgs"` or `"galactic"`.
+
+        **Returns:**
+
+        A `Quantity` with the same array and pytree structure (the array is held
+        in SI-coherent units whatever the display), shown in the system's unit:
+        `.value` gives its numbers there.
+        """
+        return self.to(unit_system(system).unit_for(self.units))
+
     def to_value(self, u: UnitLike) -> Any:
         """The numbers of this quantity in unit `u`; see [`quax_units.ustrip`][]."""
         return ustrip(u, self)
@@ -416,10 +442,32 @@ def _to_si(value: ArrayLike, u: Unit) -> Any:
         if not jnp.issubdtype(array.dtype, jnp.inexact):
             array = array.astype(jnp.result_type(float))
         if u.scale != 1.0:
-            array = array * u.scale
+            array = scaled(array, u.scale)
         if u.offset:
             array = array + u.offset
     return array
+
+
+def scaled(array: Any, factor: float, *, divide: bool = False) -> Any:
+    """`array * factor` (or `array / factor`), in the array's floating dtype, in
+    several steps where `factor` is out of that dtype's range.
+
+    The factors between units of different systems can be: a joule is 5.3e-43
+    `Msun kpc2 / Myr2`, beyond float32's range (1.2e-38 to 3.4e38), where a single
+    multiplication would give 0 or infinity for numbers that the dtype holds at both
+    ends (1e30 J is 5.3e-13 of the galactic unit). Then it multiplies (or divides) by
+    factors whose product is `factor`, each in range (two roundings instead of one).
+    """
+    dtype = jnp.result_type(array)
+    if jnp.issubdtype(dtype, jnp.inexact):
+        finfo = jnp.finfo(dtype)
+        if not float(finfo.tiny) <= factor <= float(finfo.max):
+            root = math.sqrt(factor)
+            # The barrier keeps XLA from folding the two constants back into one
+            # (`x / a / b` into `x / (a * b)`), which would be out of range again.
+            once = jax.lax.optimization_barrier(scaled(array, root, divide=divide))
+            return scaled(once, factor / root, divide=divide)
+    return array / factor if divide else array * factor
 
 
 def _to_unit(u: UnitLike) -> Unit:
@@ -471,7 +519,7 @@ def ustrip(u: UnitLike, q: Any) -> Any:
         array = jnp.asarray(q)
     if target.offset:
         array = array - target.offset
-    return array if target.scale == 1.0 else array / target.scale
+    return array if target.scale == 1.0 else scaled(array, target.scale, divide=True)
 
 
 def _convert(magnitude: Any, source: Unit, target: Unit) -> Any:
@@ -480,7 +528,7 @@ def _convert(magnitude: Any, source: Unit, target: Unit) -> Any:
     (`20 degC` is `68 degF` exactly in float32)."""
     ratio = source.scale / target.scale
     shift = (source.offset - target.offset) / target.scale
-    out = magnitude if ratio == 1.0 else magnitude * ratio
+    out = magnitude if ratio == 1.0 else scaled(magnitude, ratio)
     return out if shift == 0.0 else out + shift
 
 

@@ -57,7 +57,7 @@ from ._units import Unit, unit
 from ._value import Quantity
 
 
-__all__ = [*CONSTANTS, "Constant", "table"]
+__all__ = [*CONSTANTS, "Constant", "table"]  # pyright: ignore[reportUnsupportedDunderAll]
 
 table: MappingProxyType[str, Constant] = MappingProxyType(CONSTANTS)
 """Every constant of this module, by symbol: its name, value, unit, standard
