@@ -195,3 +195,18 @@ def test_factors_beyond_the_dtypes_range(dtype, x, source, target, factor):
         jnp.asarray(x, dtype)
     )
     np.testing.assert_allclose(d, 1 / x, rtol=rtol)
+
+
+def test_numbers_out_of_range_in_si_are_refused():
+    # 1e12 Msun is 2e42 kg, beyond float32: refused rather than held as infinity.
+    match = r"numbers in Msun out of float32's range .* use float64"
+    with pytest.raises(ValueError, match=match):
+        Quantity(1e12, "Msun")
+    with pytest.raises(ValueError, match="in kpc3 out of float32"):
+        Quantity(jnp.array([1.0, 1e3]), "kpc3")
+    # In range, infinite on input, or in float64: accepted.
+    np.testing.assert_allclose(Quantity(1e8, "Msun").array, 1.988409870698051e38, 1e-6)
+    assert np.isinf(Quantity(jnp.inf, "km").array)
+    with jax.enable_x64(True):
+        big = Quantity(1e12, "Msun")
+        assert big.array == 1.988409870698051e42 and big.value == 1e12

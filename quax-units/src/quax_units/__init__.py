@@ -19,6 +19,7 @@ from ._autodiff import (
     jacobian as jacobian,
     value_and_grad as value_and_grad,
 )
+from ._check import check_units as check_units
 from ._dimensions import (
     Dimension as Dimension,
     Dimensions as Dimensions,

@@ -191,6 +191,8 @@ class Quantity(quax.GuardedValue):
                 f"the dimensions of the value ({u.dimensions})."
             )
         self.array = _to_si(value, u)
+        if u.scale > 1.0 and not isinstance(self.array, jax.core.Tracer):
+            _check_in_range(value, self.array, u)
         self.units = u.dimensions
         self.display = shown
         self.allow_materialise = bool(allow_materialise) or u.is_dimensionless
@@ -468,6 +470,23 @@ def scaled(array: Any, factor: float, *, divide: bool = False) -> Any:
             once = jax.lax.optimization_barrier(scaled(array, root, divide=divide))
             return scaled(once, factor / root, divide=divide)
     return array / factor if divide else array * factor
+
+
+def _check_in_range(value: Any, array: Any, u: Unit) -> None:
+    """Refuse finite numbers in `u` that are out of their dtype's range in
+    SI-coherent units (`1e12 Msun` is 2e42 kg, beyond float32's 3.4e38), where the
+    array would hold infinities."""
+    overflow = jnp.isinf(array) & jnp.isfinite(jnp.asarray(value))
+    if bool(jnp.any(overflow)):
+        dtype = jnp.result_type(array)
+        raise ValueError(
+            f"Quantity: numbers in {u} out of {dtype}'s range once held in "
+            f"SI-coherent units ({si_unit(u.dimensions)}, {u.scale:.6g} per {u}; "
+            f"{dtype} holds at most {float(jnp.finfo(dtype).max):.6g}), which would "
+            "be infinite. A Quantity holds its array in SI-coherent units: use "
+            "float64 (`jax.config.update('jax_enable_x64', True)` and float64 "
+            "numbers) for such values."
+        )
 
 
 def _to_unit(u: UnitLike) -> Unit:
