@@ -46,8 +46,10 @@ def main(steps: int = 2000) -> dict[str, str]:
     """Integrate one sidereal year of the Earth's orbit; returns summary figures."""
     gm = constants.G * constants.M_sun  # m3 / s2
     au = Quantity(1.0, "au")
-    speed = quax.quaxify(lambda gm, r: jnp.sqrt(gm / r))(gm, au)  # circular orbit
-    period = quax.quaxify(lambda gm, a: 2 * jnp.pi * jnp.sqrt(a**3 / gm))(gm, au)
+    # Python operators on quantities, outside quaxify: a circular orbit's speed and
+    # period (Kepler's third law).
+    speed = (gm / au) ** 0.5
+    period = 2 * jnp.pi * (au**3 / gm) ** 0.5
     print(f"circular speed at 1 au: {float(ustrip('km / s', speed)):.3f} km / s")
     in_galactic = float(speed.decompose(galactic).value)
     print(f"  in galactic units: {in_galactic:.6f} kpc / Myr")
