@@ -2,12 +2,14 @@
 and `Quantity.decompose`, against literal values (the astronomical ones as astropy
 gives them), in float64 and float32, under `jit` and `grad`, and every error."""
 
+import hypothesis.strategies as st
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 import quax
 import quax_units
+from hypothesis import given, settings
 from quax_units import (
     Dimension,
     Dimensions,
@@ -210,3 +212,33 @@ def test_numbers_out_of_range_in_si_are_refused():
     with jax.enable_x64(True):
         big = Quantity(1e12, "Msun")
         assert big.array == 1.988409870698051e42 and big.value == 1e12
+
+
+_named = st.sampled_from(
+    ["m", "km", "s", "h", "kg", "g", "N", "J", "eV", "Hz", "Pa", "au", "Msun", "A"]
+)
+_units = st.lists(st.tuples(_named, st.integers(-2, 2)), min_size=1, max_size=3).map(
+    lambda terms: " ".join(f"{name}**({e})" for name, e in terms)
+)
+
+
+@settings(max_examples=20, deadline=None)
+@given(_units, st.sampled_from([si, cgs, galactic]))
+def test_decompose_is_the_base_units_to_the_dimensions_exponents(u, system):
+    # Independent of `unit_for`: the scale is the product of the system's base
+    # units' scales to the dimensions' exponents.
+    base = {"kg": "kg", "m": "m", "s": "s", "A": "A"}
+    if system is cgs:
+        base.update(kg="g", m="cm")
+    elif system is galactic:
+        base.update(kg="Msun", m="kpc", s="Myr")
+    dims = unit(u).dimensions
+    scale = 1.0
+    for d, e in dims.items():
+        scale *= unit(base[d.name]).scale ** float(e)
+    with jax.enable_x64(True):
+        q = Quantity(1.0, u).decompose(system)
+        assert q.unit.dimensions == dims
+        np.testing.assert_allclose(q.value, unit(u).scale / scale, rtol=1e-13)
+        np.testing.assert_allclose(q.to_value(u), 1.0, rtol=1e-13)
+        assert {symbol for symbol, _ in q.unit.terms} <= set(base.values())
