@@ -51,6 +51,11 @@ STOPS = (
     Stop(
         "A damped oscillator with units", "units_oscillator", ("quax_units", "diffrax")
     ),
+    Stop(
+        "A planet's orbit: constants, checked arguments, unit systems",
+        "units_orbit",
+        ("quax_units",),
+    ),
     Stop("Conjugate gradients on a sparse Laplacian", "sparse_cg", ("quax_sparse",)),
     Stop(
         "Tridiagonal solves at O(n), and a Gaussian process",

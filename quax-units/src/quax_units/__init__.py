@@ -13,12 +13,13 @@ ustrip("kJ", kinetic(Quantity(2.0, "kg"), Quantity(jnp.array([3.0, 4.0]), "km / 
 ```
 """
 
-from . import _rules as _rules  # registers the rules
+from . import _rules as _rules, constants as constants  # `_rules` registers the rules
 from ._autodiff import (
     grad as grad,
     jacobian as jacobian,
     value_and_grad as value_and_grad,
 )
+from ._check import check_units as check_units
 from ._dimensions import (
     Dimension as Dimension,
     Dimensions as Dimensions,
@@ -37,6 +38,12 @@ from ._interop import (
     from_pint as from_pint,
     to_astropy as to_astropy,
     to_pint as to_pint,
+)
+from ._systems import (
+    UnitSystem as UnitSystem,
+    cgs as cgs,
+    galactic as galactic,
+    si as si,
 )
 from ._units import Unit as Unit, unit as unit
 from ._value import (

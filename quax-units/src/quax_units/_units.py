@@ -7,6 +7,7 @@ from collections.abc import Callable, Mapping
 from fractions import Fraction
 from typing import Any
 
+from ._codata import CONSTANTS
 from ._dimensions import (
     Dimension,
     Dimensions,
@@ -513,13 +514,51 @@ _define("Gy", unit("J / kg"), names=("gray",))
 _define("Sv", unit("J / kg"), names=("sievert",))
 _define("kat", unit("mol / s"), names=("katal",))
 _define("L", unit("dm3"), names=("l", "liter", "litre", "liters", "litres"))
-_define("eV", unit("J"), 1.602176634e-19, names=("electronvolt", "electron_volt"))
+_define("eV", unit("J"), CONSTANTS["e"].value, names=("electronvolt", "electron_volt"))
 _define("bar", unit("Pa"), 1e5)
 _define("cal", unit("J"), 4.184, names=("calorie",))
 _define("erg", unit("J"), 1e-7)
 _define("dyn", unit("N"), 1e-5, names=("dyne",))
-_define("pc", unit("m"), 3.0856775814913673e16, names=("parsec",))
+# Astronomy: the parsec of IAU 2015 Resolution B2, the Julian year (365.25 days, the
+# IAU's year: `Myr`, `Gyr`), and the nominal solar, Earth and Jupiter values of IAU
+# 2015 Resolution B3 (masses: nominal mass parameter / G), as in astropy.
+_define("pc", unit("m"), CONSTANTS["pc"].value, names=("parsec",))
 _define("yr", unit("s"), 365.25 * 86400.0, names=("year", "years"))
+_define(
+    "Msun",
+    unit("kg"),
+    CONSTANTS["M_sun"].value,
+    names=("solMass", "M_sun"),
+    prefixable=False,
+)
+_define(
+    "Rsun",
+    unit("m"),
+    CONSTANTS["R_sun"].value,
+    names=("solRad", "R_sun"),
+    prefixable=False,
+)
+_define(
+    "Lsun",
+    unit("W"),
+    CONSTANTS["L_sun"].value,
+    names=("solLum", "L_sun"),
+    prefixable=False,
+)
+_define(
+    "Mearth",
+    unit("kg"),
+    CONSTANTS["M_earth"].value,
+    names=("earthMass", "M_earth"),
+    prefixable=False,
+)
+_define(
+    "Mjup",
+    unit("kg"),
+    CONSTANTS["M_jup"].value,
+    names=("jupiterMass", "M_jup"),
+    prefixable=False,
+)
 _define("min", unit("s"), 60.0, names=("minute", "minutes"), prefixable=False)
 _define("h", unit("s"), 3600.0, names=("hr", "hour", "hours"), prefixable=False)
 _define("d", unit("s"), 86400.0, names=("day", "days"), prefixable=False)
@@ -533,7 +572,11 @@ _define(
 _define("arcmin", unit("rad"), math.pi / 10800, names=("arcminute",), prefixable=False)
 _define("arcsec", unit("rad"), math.pi / 648000, names=("arcsecond",), prefixable=False)
 _define(
-    "au", unit("m"), 1.495978707e11, names=("AU", "astronomical_unit"), prefixable=False
+    "au",
+    unit("m"),
+    CONSTANTS["au"].value,
+    names=("AU", "astronomical_unit"),
+    prefixable=False,
 )
 _define(
     "lyr", unit("m"), 9.4607304725808e15, names=("ly", "lightyear"), prefixable=False

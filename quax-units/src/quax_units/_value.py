@@ -1,6 +1,7 @@
 """`Quantity` (also `Unitful`): an array with units, and the functions to make and
 read one."""
 
+import math
 import operator
 import weakref
 from collections.abc import Callable, Iterator
@@ -16,6 +17,7 @@ from jaxtyping import ArrayLike
 
 from ._dimensions import Dimensions, UnitError, dimensionless
 from ._strip import _check_dimensions, strip_p
+from ._systems import UnitSystem, unit_system
 from ._units import (
     Unit,
     UnitLike,
@@ -189,6 +191,8 @@ class Quantity(quax.GuardedValue):
                 f"the dimensions of the value ({u.dimensions})."
             )
         self.array = _to_si(value, u)
+        if u.scale > 1.0 and not isinstance(self.array, jax.core.Tracer):
+            _check_in_range(value, self.array, u)
         self.units = u.dimensions
         self.display = shown
         self.allow_materialise = bool(allow_materialise) or u.is_dimensionless
@@ -346,6 +350,30 @@ class Quantity(quax.GuardedValue):
             _remember_given(out, *given)
         return out
 
+    def decompose(self, system: UnitSystem | str = "si") -> "Quantity":
+        """The same quantity, shown in the units of a unit system: the product of
+        its base units (`kpc / Myr` for a velocity in `galactic`, `g cm2 / s2` for
+        an energy in `cgs`, `kg m2 / s2` in SI), as astropy's and unxt's
+        `decompose`.
+
+        ```python
+        Quantity(1.0, "kpc / Myr").decompose("si")  # 977792.2... m / s
+        constants.G.decompose(galactic)  # 4.4985...e-12 kpc3 / (Msun Myr2)
+        ```
+
+        **Arguments:**
+
+        - `system`: a [`quax_units.UnitSystem`][], or the name of one: `"si"`
+            (default), `"cgs"` or `"galactic"`.
+
+        **Returns:**
+
+        A `Quantity` with the same array and pytree structure (the array is held
+        in SI-coherent units whatever the display), shown in the system's unit:
+        `.value` gives its numbers there.
+        """
+        return self.to(unit_system(system).unit_for(self.units))
+
     def to_value(self, u: UnitLike) -> Any:
         """The numbers of this quantity in unit `u`; see [`quax_units.ustrip`][]."""
         return ustrip(u, self)
@@ -416,10 +444,49 @@ def _to_si(value: ArrayLike, u: Unit) -> Any:
         if not jnp.issubdtype(array.dtype, jnp.inexact):
             array = array.astype(jnp.result_type(float))
         if u.scale != 1.0:
-            array = array * u.scale
+            array = scaled(array, u.scale)
         if u.offset:
             array = array + u.offset
     return array
+
+
+def scaled(array: Any, factor: float, *, divide: bool = False) -> Any:
+    """`array * factor` (or `array / factor`), in the array's floating dtype, in
+    several steps where `factor` is out of that dtype's range.
+
+    The factors between units of different systems can be: a joule is 5.3e-43
+    `Msun kpc2 / Myr2`, beyond float32's range (1.2e-38 to 3.4e38), where a single
+    multiplication would give 0 or infinity for numbers that the dtype holds at both
+    ends (1e30 J is 5.3e-13 of the galactic unit). Then it multiplies (or divides) by
+    factors whose product is `factor`, each in range (two roundings instead of one).
+    """
+    dtype = jnp.result_type(array)
+    if jnp.issubdtype(dtype, jnp.inexact):
+        finfo = jnp.finfo(dtype)
+        if not float(finfo.tiny) <= factor <= float(finfo.max):
+            root = math.sqrt(factor)
+            # The barrier keeps XLA from folding the two constants back into one
+            # (`x / a / b` into `x / (a * b)`), which would be out of range again.
+            once = jax.lax.optimization_barrier(scaled(array, root, divide=divide))
+            return scaled(once, factor / root, divide=divide)
+    return array / factor if divide else array * factor
+
+
+def _check_in_range(value: Any, array: Any, u: Unit) -> None:
+    """Refuse finite numbers in `u` that are out of their dtype's range in
+    SI-coherent units (`1e12 Msun` is 2e42 kg, beyond float32's 3.4e38), where the
+    array would hold infinities."""
+    overflow = jnp.isinf(array) & jnp.isfinite(jnp.asarray(value))
+    if bool(jnp.any(overflow)):
+        dtype = jnp.result_type(array)
+        raise ValueError(
+            f"Quantity: numbers in {u} out of {dtype}'s range once held in "
+            f"SI-coherent units ({si_unit(u.dimensions)}, {u.scale:.6g} per {u}; "
+            f"{dtype} holds at most {float(jnp.finfo(dtype).max):.6g}), which would "
+            "be infinite. A Quantity holds its array in SI-coherent units: use "
+            "float64 (`jax.config.update('jax_enable_x64', True)` and float64 "
+            "numbers) for such values."
+        )
 
 
 def _to_unit(u: UnitLike) -> Unit:
@@ -471,7 +538,7 @@ def ustrip(u: UnitLike, q: Any) -> Any:
         array = jnp.asarray(q)
     if target.offset:
         array = array - target.offset
-    return array if target.scale == 1.0 else array / target.scale
+    return array if target.scale == 1.0 else scaled(array, target.scale, divide=True)
 
 
 def _convert(magnitude: Any, source: Unit, target: Unit) -> Any:
@@ -480,7 +547,7 @@ def _convert(magnitude: Any, source: Unit, target: Unit) -> Any:
     (`20 degC` is `68 degF` exactly in float32)."""
     ratio = source.scale / target.scale
     shift = (source.offset - target.offset) / target.scale
-    out = magnitude if ratio == 1.0 else magnitude * ratio
+    out = magnitude if ratio == 1.0 else scaled(magnitude, ratio)
     return out if shift == 0.0 else out + shift
 
 

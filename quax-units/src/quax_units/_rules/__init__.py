@@ -2,12 +2,14 @@
 package; importing it registers them):
 
 - `_arrays`: `lax`'s array primitives: which keep, combine or require units;
+- `_check`: the primitive behind `check_units`;
 - `_linalg`: linear algebra and Fourier transforms;
 - `_strip`: the primitives behind `ustrip`.
 """
 
 from . import (
     _arrays as _arrays,
+    _check as _check,
     _linalg as _linalg,
     _strip as _strip,
 )
