@@ -146,3 +146,26 @@ def test_a_file_written_by_peft_with_a_name_map(tmp_path):
     # torch: W x + (alpha / r) B (A x) = W x + 2 * [0.5, -1] * (1 - 2 + 6)
     want = lin.weight @ x + lin.bias + 2.0 * np.array([0.5, -1.0]) * 5.0
     np.testing.assert_allclose(quax.quaxify(loaded)(x), want, rtol=1e-6)
+
+
+def test_conv_layout_and_refusals(perturb, tmp_path):
+    conv = eqx.nn.Conv2d(3, 5, 3, key=jr.key(0))
+    model = perturb(
+        quax_lora.loraify(conv, rank=2, alpha=2.0, filter=eqx.nn.Conv, key=jr.key(1)),
+        jr.key(2),
+    )
+    quax_lora.save_adapter(tmp_path / "conv", model, format="peft", name_map={"": "c"})
+    tensors = load_file(str(tmp_path / "conv" / "adapter_model.safetensors"))
+    # peft's conv LoRA: lora_A a kernel (rank, in, kh, kw), lora_B a 1x1 kernel.
+    assert tensors["base_model.model.c.lora_A.weight"].shape == (2, 3, 3, 3)
+    assert tensors["base_model.model.c.lora_B.weight"].shape == (5, 2, 1, 1)
+    fresh = quax_lora.loraify(
+        conv, rank=2, alpha=2.0, filter=eqx.nn.Conv, key=jr.key(5)
+    )
+    loaded = quax_lora.load_adapter(tmp_path / "conv", fresh, name_map={"": "c"})
+    np.testing.assert_array_equal(loaded.weight.a, model.weight.a)
+    np.testing.assert_array_equal(loaded.weight.b, model.weight.b)
+    # A stack of matrices has no peft layer: refused, naming it.
+    stacked = quax_lora.LoraArray(jnp.ones((2, 4, 4)), rank=1, key=jr.key(0))
+    with pytest.raises(ValueError, match="batch_ndim"):
+        quax_lora.save_adapter(tmp_path / "s", {"w": stacked}, format="peft")
