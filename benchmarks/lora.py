@@ -98,22 +98,29 @@ def run_times(fns, model, xs, rounds):
     them warm: that alone made quax 1.3-1.5x slower than the hand-written program at
     batch 1, or 0.8x with the two swapped, for the same compiled program.)
     """
-    compiled = []
+    calls = []
     for fn in fns:
         closed, params = _closed(fn, model)
         c = jax.jit(closed).lower(params, xs).compile()
-        jax.block_until_ready(c(params, xs))
-        compiled.append((c, params))
-    times = [[] for _ in fns]
-    order = list(range(len(fns)))
+        calls.append(lambda c=c, params=params: c(params, xs))
+    return interleaved_times(calls, rounds)
+
+
+def interleaved_times(calls, rounds):
+    """The times of each of `calls` (functions of no argument, compiled) in each of
+    `rounds` rounds: each round in a fresh random order, each timed call right
+    after an untimed call of the same function (see `run_times`)."""
+    for call in calls:
+        jax.block_until_ready(call())
+    times = [[] for _ in calls]
+    order = list(range(len(calls)))
     rng = random.Random(0)
     for _ in range(rounds):
         rng.shuffle(order)
         for i in order:
-            c, params = compiled[i]
-            jax.block_until_ready(c(params, xs))
+            jax.block_until_ready(calls[i]())
             start = time.perf_counter()
-            jax.block_until_ready(c(params, xs))
+            jax.block_until_ready(calls[i]())
             times[i].append(time.perf_counter() - start)
     return times
 

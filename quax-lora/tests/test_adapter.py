@@ -201,3 +201,26 @@ def test_save_and_load_adapter(tmp_path, perturb):
     full = tmp_path / "full.eqx"
     eqx.tree_serialise_leaves(full, wide)
     assert path.stat().st_size < full.stat().st_size / 2
+
+
+def test_the_variant_is_recorded_and_checked(perturb):
+    dora = _tuned(perturb, variant="dora")
+    dora = eqx.tree_at(
+        lambda m: m.layers[0].weight.magnitude,
+        dora,
+        dora.layers[0].weight.magnitude * 1.5,
+    )
+    fresh = quax_lora.loraify(MLP, rank=2, alpha=8.0, variant="dora", key=jr.key(9))
+    loaded = quax_lora.load_adapter(_saved(dora), fresh)
+    np.testing.assert_array_equal(
+        loaded.layers[0].weight.magnitude, dora.layers[0].weight.magnitude
+    )
+    np.testing.assert_allclose(
+        quax.quaxify(loaded)(X), quax.quaxify(dora)(X), rtol=1e-6
+    )
+    plain = quax_lora.loraify(MLP, rank=2, alpha=8.0, key=jr.key(9))
+    with pytest.raises(ValueError, match=r"variant='dora'.*variant='lora'"):
+        quax_lora.load_adapter(_saved(dora), plain)
+    rs = quax_lora.loraify(MLP, rank=2, alpha=8.0, variant="rslora", key=jr.key(9))
+    with pytest.raises(ValueError, match=r"variant='lora'.*variant='rslora'"):
+        quax_lora.load_adapter(_saved(_tuned(perturb)), rs)

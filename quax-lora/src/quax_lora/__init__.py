@@ -19,10 +19,17 @@ from ._model import (
     merge as merge,
     save_adapter as save_adapter,
     trainable_filter as trainable_filter,
+    unmerge as unmerge,
 )
 from ._value import (
     LoraArray as LoraArray,
     LoraWarning as LoraWarning,
     MaterialisationError as MaterialisationError,
     RankWarning as RankWarning,
+)
+from ._variants import (
+    select_adapter as select_adapter,
+    stack_adapters as stack_adapters,
+    unstack_adapters as unstack_adapters,
+    with_dropout_key as with_dropout_key,
 )

@@ -8,7 +8,7 @@ import json
 import math
 import pathlib
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, BinaryIO
 
@@ -19,6 +19,7 @@ import numpy as np
 import quax
 from jaxtyping import PRNGKeyArray, PyTree
 
+from ._peft import CONFIG_NAME, module_name, read_peft, summarise, write_peft
 from ._value import LoraArray, LoraWarning, MaterialisationError
 
 
@@ -33,6 +34,7 @@ __all__ = [
     "merge",
     "save_adapter",
     "trainable_filter",
+    "unmerge",
 ]
 
 _CONV = (eqx.nn.Conv, eqx.nn.ConvTranspose)
@@ -53,6 +55,8 @@ def loraify(
     stop_gradient: bool = True,
     filter: type | tuple[type, ...] | Callable[[Any], bool] = eqx.nn.Linear,
     where: Callable[[PyTree], Any] | None = None,
+    variant: str = "lora",
+    dropout: float = 0.0,
     key: PRNGKeyArray,
 ) -> PyTree:
     """Replace the weights of the layers of `model` with [`quax_lora.LoraArray`][]s.
@@ -70,14 +74,18 @@ def loraify(
     **Arguments:**
 
     - `model`: any PyTree, usually an Equinox module.
-    - `rank`, `scale`, `alpha`, `allow_materialise`, `stop_gradient`: as for
+    - `rank`, `scale`, `alpha`, `allow_materialise`, `stop_gradient`, `variant`
+        (`"lora"`, `"rslora"` or `"dora"`), `dropout`: as for
         [`quax_lora.LoraArray`][]. A layer whose `(n, m)` matrices are smaller than
         `rank` (say a head with one output) is adapted with rank `min(n, m)`, the
-        most it can use, and the same scale `alpha / rank` as the other layers.
+        most it can use, and the same scaling (`alpha / rank`, or
+        `alpha / sqrt(rank)` for rsLoRA) as the other layers.
     - `filter`: which layers to adapt: a layer type, a tuple of them, or a predicate
         on a layer. By default every `eqx.nn.Linear`. A matching layer's `weight` is
         adapted; for `eqx.nn.Conv` and `eqx.nn.ConvTranspose` the kernel is adapted
-        along its output channels (`batch_ndim=0`), as peft does.
+        along its output channels (`batch_ndim=0`), as peft does; pass
+        `eqx.nn.Embedding` to adapt embeddings (`w[i] + s a[i] b`, a gather of
+        `a`'s rows; not with DoRA).
         A `weight` may be a `quax.ArrayValue` (say after
         `quax_quant.quantise_model`, for QLoRA): it becomes the `LoraArray`'s
         `w` as it is, read by its shape, never densified.
@@ -116,6 +124,13 @@ def loraify(
             shape = np.shape(weight)
         if len(shape) < 2:
             return layer
+        if variant == "dora" and isinstance(layer, eqx.nn.Embedding):
+            raise ValueError(
+                "loraify(variant='dora') does not adapt eqx.nn.Embedding (DoRA "
+                "normalises the rows of a weight that is multiplied; an embedding's "
+                "rows are gathered). Leave eqx.nn.Embedding out of filter=, or use "
+                "variant='lora' or 'rslora'."
+            )
         adapted.append(weight)
         batch_ndim = 0 if isinstance(layer, _CONV) else len(shape) - 2
         # A layer whose matrices are smaller than `rank` (a 1-output head) gets
@@ -123,14 +138,24 @@ def loraify(
         layer_rank = max(
             1, min(rank, shape[batch_ndim], math.prod(shape[batch_ndim + 1 :]))
         )
+        # The same scaling for every layer: alpha / rank (alpha / sqrt(rank)).
+        ratio = layer_rank / rank
+        if alpha is None:
+            layer_alpha = None
+        elif variant == "rslora":
+            layer_alpha = alpha * math.sqrt(ratio)
+        else:
+            layer_alpha = alpha * ratio
         lora = LoraArray(
             weight,
             rank=layer_rank,
             scale=scale,
-            alpha=None if alpha is None else alpha * layer_rank / rank,
+            alpha=layer_alpha,
             allow_materialise=allow_materialise,
             stop_gradient=stop_gradient,
             batch_ndim=batch_ndim,
+            variant=variant,
+            dropout=dropout,
             key=jr.fold_in(key, next(counter)),
         )
         return eqx.tree_at(lambda x: x.weight, layer, lora)
@@ -174,8 +199,9 @@ def _no_match_message(model: Any, filter: Any, where: Any, matched: list[Any]) -
 
 def merge(model: PyTree) -> PyTree:
     """Replace every [`quax_lora.LoraArray`][] in `model` by the dense weight
-    `w + s * a @ b`, in the dtype of `w`: a plain model for inference or export,
-    which needs no `quax.quaxify`.
+    `w + s * a @ b` (for DoRA, its rows scaled to `magnitude`; for stacked
+    adapters, of the one selected), in the dtype of `w`: a plain model for
+    inference or export, which needs no `quax.quaxify`.
 
     **Arguments:**
 
@@ -210,16 +236,89 @@ def merge(model: PyTree) -> PyTree:
                     "on it, or allow_materialise=True where it was made), or keep the "
                     "model unmerged and call it inside quax.quaxify."
                 ) from e
-        return (w + x.delta()).astype(x.w.dtype)
+        return x.dense_from(w)
 
     return jtu.tree_map(dense, model, is_leaf=is_lora)
+
+
+def unmerge(merged: PyTree, model: PyTree) -> PyTree:
+    """Undo [`quax_lora.merge`][]: take the base weights back out of a merged model,
+    `w = merged - s * a @ b`, with the adapter of `model`.
+
+    ```python
+    merged = quax_lora.merge(tuned)             # the base weights are not kept
+    base = quax_lora.unmerge(merged, tuned)     # tuned, its w recovered from merged
+    ```
+
+    **Arguments:**
+
+    - `merged`: a model as `merge` returns it (dense weights where `model` has
+        `LoraArray`s).
+    - `model`: the loraified model whose adapters were merged (its `w` is not
+        read).
+
+    **Returns:**
+
+    `model` with the leaves of `merged` (its biases, and so on) and, in each
+    `LoraArray`, `w = merged - s * a @ b` in the dtype of the merged weight.
+
+    **Raises:**
+
+    `ValueError` for a DoRA array (the merged weight keeps the rows' directions
+    and magnitudes, not the norms of `w + s a b` that divided them: `w` cannot be
+    recovered; keep the loraified model instead), for stacked adapters (merge
+    one first), or for a base weight that was a `quax.ArrayValue` (say
+    quantised: the difference is a dense array; quantise it again yourself).
+    """
+
+    def base(lora: Any, dense: Any) -> Any:
+        if not isinstance(lora, LoraArray):
+            return dense
+        problem = None
+        if lora.variant == "dora":
+            problem = (
+                "it is a DoRA array: the merged weight is magnitude times the "
+                "direction of w + s a b, and the norms that divided it are not "
+                "kept, so w cannot be recovered. Keep the loraified model (merge "
+                "returns a new one) to go back"
+            )
+        elif lora.adapters is not None:
+            problem = (
+                f"it stacks {lora.adapters} adapters. Unstack the one that was "
+                "merged with quax_lora.unstack_adapters first"
+            )
+        elif isinstance(lora.w, quax.Value):
+            problem = (
+                f"its base weight is a {type(lora.w).__qualname__}, and the "
+                "difference is a dense array. Replace the LoraArray's w yourself "
+                "(say by quantising merged - lora.delta() again)"
+            )
+        if problem is not None:
+            raise ValueError(
+                f"quax_lora.unmerge cannot take the base weight of shape "
+                f"{lora.shape} out of the merged one: {problem}."
+            )
+        dense = np.asarray(dense) if not hasattr(dense, "dtype") else dense
+        if tuple(dense.shape) != tuple(lora.shape):
+            raise ValueError(
+                f"quax_lora.unmerge: the merged weight has shape {dense.shape} where "
+                f"the LoraArray has {lora.shape}; pass the model merge made from it."
+            )
+        w = (dense - lora.delta()).astype(dense.dtype)
+        return lora.replace(w=w)
+
+    return jtu.tree_map(base, model, merged, is_leaf=is_lora)
 
 
 def _spec(model: PyTree, train_weights: bool) -> PyTree:
     def leaf(x: Any) -> Any:
         if isinstance(x, LoraArray):
             w = train_weights and not x.stop_gradient
-            return eqx.tree_at(lambda y: (y.w, y.a, y.b), x, (w, True, True))
+            spec = jtu.tree_map(lambda _: False, x)
+            # DoRA's magnitude is trained (and saved) with `a` and `b`; the
+            # dropout key and the adapter index are not parameters.
+            magnitude = None if x.magnitude is None else True
+            return spec.replace(w=w, a=True, b=True, magnitude=magnitude)
         return False
 
     return jtu.tree_map(leaf, model, is_leaf=is_lora)
@@ -227,8 +326,8 @@ def _spec(model: PyTree, train_weights: bool) -> PyTree:
 
 def trainable_filter(model: PyTree) -> PyTree:
     """A filter spec marking what fine-tuning trains: the `a` and `b` of every
-    [`quax_lora.LoraArray`][] (and `w` when it was made with `stop_gradient=False`);
-    everything else is frozen.
+    [`quax_lora.LoraArray`][] (with DoRA's `magnitude`, and `w` when it was made
+    with `stop_gradient=False`); everything else is frozen.
 
     ```python
     spec = quax_lora.trainable_filter(model)
@@ -251,7 +350,8 @@ def trainable_filter(model: PyTree) -> PyTree:
 
 def adapter_filter(model: PyTree) -> PyTree:
     """A filter spec marking the adapter only: the `a` and `b` of every
-    [`quax_lora.LoraArray`][]. What [`quax_lora.save_adapter`][] saves.
+    [`quax_lora.LoraArray`][], and DoRA's `magnitude`. What
+    [`quax_lora.save_adapter`][] saves.
 
     **Arguments:**
 
@@ -310,7 +410,10 @@ def count_parameters(model: PyTree) -> ParameterCount:
     """
     # What `trainable_filter` selects: `a`, `b`, and `w` unless it is frozen.
     loras = [x for x in jtu.tree_leaves(model, is_leaf=is_lora) if is_lora(x)]
-    trainable = [(x.a, x.b) if x.stop_gradient else (x.w, x.a, x.b) for x in loras]
+    trainable = [
+        (x.a, x.b, x.magnitude) if x.stop_gradient else (x.w, x.a, x.b, x.magnitude)
+        for x in loras
+    ]
     return ParameterCount(trainable=_size(trainable), total=_size(model))
 
 
@@ -342,13 +445,23 @@ class LegacyAdapterWarning(LoraWarning):
 # `b` as `eqx.tree_serialise_leaves` writes them. Files of earlier versions hold
 # the leaves alone, and start as a NumPy array does (`\x93NUMPY`).
 _MAGIC = b"quax-lora adapter\n"
-_FORMAT_VERSION = 2
+_FORMAT_VERSION = 3
+# Version 2 did not record the variant and the stacked adapters (it had neither).
+_READ_VERSIONS = (2, 3)
 # The settings of a layer that must agree between the file and the model, in the
-# order they are checked and named.
-_SETTINGS = ("shape", "dtype", "batch_ndim", "rank", "scaling", "stop_gradient")
-# How many differences a refusal to load names (a model of many layers loraified
-# with another alpha differs at every layer).
-_PROBLEMS_SHOWN = 4
+# order they are checked and named, and what a file of version 2 had for the
+# ones it did not record.
+_SETTINGS = (
+    "shape",
+    "dtype",
+    "batch_ndim",
+    "variant",
+    "adapters",
+    "rank",
+    "scaling",
+    "stop_gradient",
+)
+_DEFAULTS = {"variant": "lora", "adapters": None}
 
 
 def _layers(model: PyTree) -> Iterator[tuple[str, LoraArray]]:
@@ -361,12 +474,16 @@ def _layers(model: PyTree) -> Iterator[tuple[str, LoraArray]]:
 
 def _settings(lora: LoraArray) -> dict[str, Any]:
     """What reproduces a layer's outputs from its `a` and `b`: the weight's shape
-    and dtype, the layout, the rank, `alpha` and the scaling `alpha / rank`, and
-    whether `w` is frozen (which decides what fine-tuning trains)."""
+    and dtype, the layout, the variant (`"lora"`, `"rslora"`, `"dora"`), how many
+    adapters it stacks, the rank, `alpha` and the scaling (`alpha / rank`, or
+    `alpha / sqrt(rank)`), and whether `w` is frozen (which decides what
+    fine-tuning trains)."""
     return {
         "shape": list(lora.shape),
         "dtype": str(lora.dtype),
         "batch_ndim": lora.batch_ndim,
+        "variant": lora.variant,
+        "adapters": lora.adapters,
         "rank": lora.rank,
         "alpha": lora.alpha,
         "scaling": lora.scaling,
@@ -382,8 +499,9 @@ def _differs(key: str, saved: Any, current: Any) -> bool:
 
 def _describe_setting(key: str, settings: dict[str, Any]) -> str:
     if key == "scaling":
+        rank = "sqrt(rank)" if settings.get("variant") == "rslora" else "rank"
         return (
-            f"alpha={settings['alpha']!r} (scaling alpha / rank = "
+            f"alpha={settings['alpha']!r} (scaling alpha / {rank} = "
             f"{settings['scaling']!r})"
         )
     value = settings[key]
@@ -410,6 +528,7 @@ def _check_settings(saved: dict[str, dict[str, Any]], model: PyTree) -> None:
     for path, settings in saved.items():
         if path not in current:
             continue
+        settings = {**_DEFAULTS, **settings}
         for key in _SETTINGS:
             if _differs(key, settings[key], current[path][key]):
                 problems.append(
@@ -417,14 +536,11 @@ def _check_settings(saved: dict[str, dict[str, Any]], model: PyTree) -> None:
                     f"{_describe_setting(key, settings)}, and the model's has "
                     f"{_describe_setting(key, current[path])}"
                 )
-    if len(problems) > _PROBLEMS_SHOWN:
-        hidden = len(problems) - _PROBLEMS_SHOWN
-        problems = [*problems[:_PROBLEMS_SHOWN], f"and {hidden} more difference(s)"]
     if problems:
         raise ValueError(
             "quax_lora.load_adapter: the adapter was saved from a model loraified "
             "otherwise than this one, so its outputs would differ: "
-            + "; ".join(problems)
+            + summarise(problems)
             + ". Loraify the model as the adapter's was (the same layers, with "
             "loraify's filter= and where=, and the same rank=, alpha= and "
             "stop_gradient=), then load it."
@@ -447,26 +563,92 @@ def _open(path_or_file: str | pathlib.Path | BinaryIO, mode: str) -> Iterator[An
         yield path_or_file
 
 
-def save_adapter(path_or_file: str | pathlib.Path | BinaryIO, model: PyTree) -> None:
-    """Save only the adapter (`a` and `b` of every [`quax_lora.LoraArray`][]) of
-    `model`: a few megabytes, not the base model.
+def _peft_layers(model: PyTree) -> list[tuple[str, LoraArray, bool]]:
+    """(module name, array, whether its layer is an `eqx.nn.Embedding`) of every
+    `LoraArray` of `model`, the name as peft writes it (`layers.0`)."""
+    embeddings = {
+        jtu.keystr(path) + ".weight"
+        for path, x in jtu.tree_flatten_with_path(
+            model, is_leaf=lambda x: isinstance(x, eqx.nn.Embedding)
+        )[0]
+        if isinstance(x, eqx.nn.Embedding)
+    }
+    return [(module_name(path), x, path in embeddings) for path, x in _layers(model)]
 
-    The file also records, for every adapted layer by its path in `model`, the
-    settings that reproduce its outputs from `a` and `b`: the weight's shape and
-    dtype, `batch_ndim`, `rank`, `alpha` and the scaling `alpha / rank`, and
+
+def save_adapter(
+    path_or_file: str | pathlib.Path | BinaryIO,
+    model: PyTree,
+    *,
+    format: str = "quax",
+    name_map: Mapping[str, str] | Callable[[str], str] | None = None,
+    fan_in_fan_out: bool = False,
+) -> None:
+    """Save only the adapter (`a` and `b` of every [`quax_lora.LoraArray`][], and
+    DoRA's `magnitude`) of `model`: a few megabytes, not the base model.
+
+    In quax-lora's own format (`format="quax"`, one file), it also records, for
+    every adapted layer by its path in `model`, the settings that reproduce its
+    outputs from `a` and `b`: the weight's shape and dtype, `batch_ndim`, the
+    variant, how many adapters it stacks, `rank`, `alpha` and the scaling, and
     `stop_gradient`. [`quax_lora.load_adapter`][] checks them. (The initial
     `scale` of `a` is not recorded: the file replaces `a`.)
 
+    In peft's layout (`format="peft"`), `path_or_file` is a directory, which gets
+    `adapter_model.safetensors` and `adapter_config.json`, as peft's
+    `save_pretrained` writes them: the tensors named
+    `base_model.model.<module>.lora_A.weight` (`b`, the input's side, shape
+    `(rank, in)`) and `.lora_B.weight` (`a`, `(out, rank)`), as torch stores a
+    `Linear`'s weight `(out, in)` like `eqx.nn.Linear`;
+    `lora_embedding_A`/`lora_embedding_B` (`a` and `b` transposed) for an
+    `eqx.nn.Embedding`; a convolution's `lora_B.weight` is a 1x1 kernel; and
+    `lora_magnitude_vector` for DoRA. The config holds `r` and `lora_alpha` (the
+    most common rank and its alpha, the others in `rank_pattern` and
+    `alpha_pattern`), `target_modules` (every adapted module), `use_rslora`,
+    `use_dora`, `fan_in_fan_out` and `lora_dropout`. peft's `PeftModel.from_pretrained`
+    loads it into the torch model whose modules carry those names.
+
     **Arguments:**
 
-    - `path_or_file`: a file name (without a suffix, `.eqx` is added, as
-        `eqx.tree_serialise_leaves` does) or a binary file object.
+    - `path_or_file`: for `format="quax"`, a file name (without a suffix, `.eqx`
+        is added, as `eqx.tree_serialise_leaves` does) or a binary file object;
+        for `format="peft"`, a directory (made if missing).
     - `model`: a PyTree containing `LoraArray`s.
+    - `format`: `"quax"` (the default) or `"peft"`.
+    - `name_map`: for `format="peft"`, the peft module name of each adapted
+        layer, from ours (the path of its weight without `.weight`, dotted:
+        `layers.0`): a dict (names not in it are kept) or a function. By
+        default ours.
+    - `fan_in_fan_out`: for `format="peft"`, whether the model's weights are
+        stored `(in, out)` (used as `x @ w`), as peft's flag says of GPT-2's
+        `Conv1D`; `eqx.nn.Linear`'s are `(out, in)`, the default.
 
     **Returns:**
 
     Nothing.
+
+    **Raises:**
+
+    `ValueError` for `format="peft"` when a layer has no peft counterpart (a
+    stack of matrices, stacked adapters), or the layers mix variants.
     """
+    if format == "peft":
+        if not isinstance(path_or_file, str | pathlib.Path):
+            raise ValueError(
+                "quax_lora.save_adapter(format='peft') writes a directory (two "
+                "files, as peft does): pass its path, not a file object."
+            )
+        write_peft(
+            path_or_file,
+            _peft_layers(model),
+            name_map=name_map,
+            fan_in_fan_out=fan_in_fan_out,
+        )
+        return
+    if format != "quax":
+        raise ValueError(
+            f"quax_lora.save_adapter needs format='quax' or 'peft', got {format!r}."
+        )
     header = json.dumps(
         {
             "version": _FORMAT_VERSION,
@@ -492,20 +674,28 @@ def _read_header(f: BinaryIO) -> tuple[dict[str, Any] | None, BinaryIO]:
         return None, f
     length = int.from_bytes(f.read(8), "little")
     header = json.loads(f.read(length).decode())
-    if header.get("version") != _FORMAT_VERSION:
+    if header.get("version") not in _READ_VERSIONS:
         raise ValueError(
             f"quax_lora.load_adapter: the file is an adapter of format version "
-            f"{header.get('version')!r}, and this quax-lora reads version "
-            f"{_FORMAT_VERSION}. Load it with the quax-lora that wrote it."
+            f"{header.get('version')!r}, and this quax-lora reads versions "
+            f"{', '.join(map(str, _READ_VERSIONS))}. Load it with the quax-lora "
+            "that wrote it."
         )
     return header, f
 
 
-def load_adapter(path_or_file: str | pathlib.Path | BinaryIO, model: PyTree) -> PyTree:
-    """Load an adapter saved by [`quax_lora.save_adapter`][] into `model`, which
-    must be loraified the same way: the same layers, and for each the same shape,
-    dtype, rank, `alpha` (so the same scaling `alpha / rank`), layout and
-    `stop_gradient`.
+def load_adapter(
+    path_or_file: str | pathlib.Path | BinaryIO,
+    model: PyTree,
+    *,
+    format: str | None = None,
+    name_map: Mapping[str, str] | Callable[[str], str] | None = None,
+    fan_in_fan_out: bool | None = None,
+) -> PyTree:
+    """Load an adapter saved by [`quax_lora.save_adapter`][] (or by peft) into
+    `model`, which must be loraified the same way: the same layers, and for each
+    the same shape, dtype, variant, rank, `alpha` (so the same scaling), layout
+    and `stop_gradient`.
 
     ```python
     base = quax_lora.loraify(pretrained, rank=8, alpha=16.0, key=key)
@@ -518,15 +708,29 @@ def load_adapter(path_or_file: str | pathlib.Path | BinaryIO, model: PyTree) -> 
     the ranks) are checked. Its `alpha` cannot be: the outputs are right only if
     `model` has the adapter's `alpha`. Save it again to record them.
 
+    An adapter in peft's layout (a directory with `adapter_config.json` and
+    `adapter_model.safetensors`, as peft's `save_pretrained` writes it) is read
+    by its module names: the config's rank (with `rank_pattern`), `lora_alpha`
+    (with `alpha_pattern`), `use_rslora` and `use_dora` are checked against each
+    layer of `model`, and so are the tensors' shapes.
+
     **Arguments:**
 
     - `path_or_file`: a file name (without a suffix, `.eqx` is added) or a binary
-        file object.
+        file object; or a peft adapter's directory.
     - `model`: the loraified model to load into; its `w` and other leaves are kept.
+    - `format`: `"quax"`, `"peft"`, or `None` (the default): `"peft"` for a
+        directory holding `adapter_config.json`, else `"quax"`.
+    - `name_map`: for peft's layout, the peft module name of each of our layers
+        (`layers.0`, the path of its weight dotted, without `.weight`), as for
+        `save_adapter`: for models whose modules are named otherwise (say
+        `model.layers.0.self_attn.q_proj`).
+    - `fan_in_fan_out`: for peft's layout, whether `model`'s weights are stored
+        `(in, out)`; by default the config's `fan_in_fan_out`.
 
     **Returns:**
 
-    A copy of `model` with the loaded `a` and `b`.
+    A copy of `model` with the loaded `a` and `b` (and `magnitude`).
 
     **Raises:**
 
@@ -534,6 +738,36 @@ def load_adapter(path_or_file: str | pathlib.Path | BinaryIO, model: PyTree) -> 
     layer (by its path) and the setting, or when the file and `model` adapt
     different layers.
     """
+    if format is None:
+        is_peft = (
+            isinstance(path_or_file, str | pathlib.Path)
+            and (pathlib.Path(path_or_file) / CONFIG_NAME).is_file()
+        )
+        format = "peft" if is_peft else "quax"
+    if format == "peft":
+        if not isinstance(path_or_file, str | pathlib.Path):
+            raise ValueError(
+                "quax_lora.load_adapter(format='peft') reads a directory: pass its "
+                "path, not a file object."
+            )
+        layers = _peft_layers(model)
+        leaves = read_peft(
+            path_or_file, layers, name_map=name_map, fan_in_fan_out=fan_in_fan_out
+        )
+        new = {
+            id(lora): fields
+            for (_, lora, _), fields in zip(layers, leaves, strict=True)
+        }
+        return jtu.tree_map(
+            lambda x: x.replace(**new[id(x)]) if id(x) in new else x,
+            model,
+            is_leaf=is_lora,
+        )
+    if format != "quax":
+        raise ValueError(
+            f"quax_lora.load_adapter needs format='quax', 'peft' or None, got "
+            f"{format!r}."
+        )
     spec = adapter_filter(model)
     adapter, rest = eqx.partition(model, spec)
     with _open(path_or_file, "rb") as f:

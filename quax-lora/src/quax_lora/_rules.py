@@ -1,6 +1,11 @@
 """The rules for `LoraArray`: products computed as `w @ x + s * a @ (b @ x)`, and the
 cheap structural operations (`transpose`, `neg`, scalar `mul`, dtype conversion)
-that keep the low-rank form.
+that keep the low-rank form, and the gathers of rows (`eqx.nn.Embedding`) as
+`w[i] + s * a[i] @ b`.
+
+Every rule first takes the adapter a stacked `LoraArray` selects (`index`, gathered
+from `a` and `b`); the products apply LoRA dropout to the adapter's input and DoRA's
+factor per row (`LoraArray.row_scale`) to the output.
 
 Operations without a rule fall back to `LoraArray.default`, which refuses (naming the
 primitive) unless the array was created with `allow_materialise=True`.
@@ -16,6 +21,7 @@ from typing import Any
 
 import equinox as eqx
 import jax.numpy as jnp
+import jax.random as jr
 import numpy as np
 import quax
 from jax import lax
@@ -91,31 +97,55 @@ def _contract(
     return out, names
 
 
+def _dropped(x: Any, rate: float, key: Any) -> Any:
+    """LoRA dropout of `x`: each element kept with probability `1 - rate` (drawn
+    by `jax.random.bernoulli(key, 1 - rate, x.shape)`) and divided by it, as
+    peft's `lora_dropout` (a `torch.nn.Dropout`) does in training."""
+    if key is None or rate == 0:
+        return x
+    keep = jr.bernoulli(key, 1 - rate, np.shape(x))
+    return jnp.where(keep, x / jnp.asarray(1 - rate, x.dtype), jnp.zeros((), x.dtype))
+
+
+def _broadcast_to(v: Array, v_sub: str, out_sub: str, shape: tuple[int, ...]) -> Array:
+    """`v`, labelled by `v_sub` (each label in `out_sub`), broadcast to `shape`
+    labelled by `out_sub`."""
+    order = sorted(range(len(v_sub)), key=lambda i: out_sub.index(v_sub[i]))
+    v = lax.transpose(v, tuple(order))
+    dims = tuple(out_sub.index(v_sub[i]) for i in order)
+    return lax.broadcast_in_dim(v, shape, dims)
+
+
 def _lora_dot_general(
     w: Array | quax.ArrayValue,
     a: ArrayLike,
     b: ArrayLike,
     x: Any,
+    row_scale: Array | None,
+    dropout_key: Any,
     *,
     lora_is_lhs: bool,
     scaling: float,
+    dropout: float,
     dimension_numbers: Any,
     params: dict[str, Any],
 ) -> Any:
     """`dot_general` of `w + scaling * a @ b` with `x` (on the side `lora_is_lhs`
     says), as `dot_general(w, x) + a (b x)` or `+ (x a) b`, whichever costs less;
-    `a @ b` is never formed.
+    `a @ b` is never formed. With DoRA's `row_scale` `g` (one per row of `w`),
+    of `g * (w + scaling * a @ b)`: `g` scales `a`, and the output of `w x` when
+    the rows of `w` are axes of the output (else `w` itself). With a
+    `dropout_key`, the adapter's product takes `x` dropped.
 
     Quaxified by the caller, so `x` and `w` may themselves be `quax.Value`s: `w`
-    only meets `dot_general`, so its own rule computes `w @ x`.
+    only meets `dot_general` (and, for DoRA on a contracted row axis, `mul`), so
+    its own rules compute `w @ x`.
     """
-    w_ = w
+    w_: Any = w  # inside `quax.quaxify`: a value's `*` dispatches to its rules
     a_, b_ = (jnp.asarray(t) for t in (a, b))
+    nb = a_.ndim - 2
     (lhs_contract, rhs_contract), (lhs_batch, rhs_batch) = dimension_numbers
     if lora_is_lhs:
-        dense = lax.dot_general_p.bind(
-            w_, x, dimension_numbers=dimension_numbers, **params
-        )
         l_contract, x_contract, l_batch, x_batch = (
             lhs_contract,
             rhs_contract,
@@ -123,16 +153,25 @@ def _lora_dot_general(
             rhs_batch,
         )
     else:
-        dense = lax.dot_general_p.bind(
-            x, w_, dimension_numbers=dimension_numbers, **params
-        )
         l_contract, x_contract, l_batch, x_batch = (
             rhs_contract,
             lhs_contract,
             rhs_batch,
             lhs_batch,
         )
-    nb = a_.ndim - 2
+    # Whether the rows of `w` (its batch axes and `n`) are all axes of the output,
+    # so that DoRA's factor per row can scale the output of `w x`.
+    rows_in_output = all(i not in l_contract for i in range(nb + 1))
+    if row_scale is not None and not rows_in_output:
+        w_ = w_ * row_scale.reshape(row_scale.shape + (1,) * (w_.ndim - nb - 1))
+    if lora_is_lhs:
+        dense = lax.dot_general_p.bind(
+            w_, x, dimension_numbers=dimension_numbers, **params
+        )
+    else:
+        dense = lax.dot_general_p.bind(
+            x, w_, dimension_numbers=dimension_numbers, **params
+        )
     letters = iter(string.ascii_letters)
     lora_sub = [next(letters) for _ in range(w_.ndim)]
     x_sub = [next(letters) for _ in range(np.ndim(x))]
@@ -157,8 +196,18 @@ def _lora_dot_general(
         )
     )
     first = _factored_path(a_sub, b_sub, "".join(x_sub), out_sub, sizes)
+    if row_scale is not None:
+        if rows_in_output:
+            dense = dense * _broadcast_to(
+                row_scale.astype(dense.dtype),
+                "".join(lora_sub[: nb + 1]),
+                out_sub,
+                dense.shape,
+            )
+        a_ = a_ * row_scale[..., None].astype(a_.dtype)
     if scaling != 1.0:
         a_ = a_ * jnp.asarray(scaling, a_.dtype)
+    x = _dropped(x, dropout, dropout_key)
     (f, f_sub), (g, g_sub) = (
         ((b_, b_sub), (a_, a_sub)) if first == "b" else ((a_, a_sub), (b_, b_sub))
     )
@@ -184,13 +233,17 @@ def _dot(
     dimension_numbers: Any,
     params: dict[str, Any],
 ) -> Any:
+    lora = lora.selected()
     return quax.quaxify(_lora_dot_general)(
         lora.weight(),
         lora.a,
         lora.b,
         x,
+        lora.row_scale(),
+        lora.dropout_key,
         lora_is_lhs=lora_is_lhs,
         scaling=lora.scaling,
+        dropout=lora.dropout,
         dimension_numbers=dimension_numbers,
         params=params,
     )
@@ -238,16 +291,28 @@ def _lora_conv(
     a: ArrayLike,
     b: ArrayLike,
     x: Any,
+    row_scale: Array | None,
+    dropout_key: Any,
     *,
     scaling: float,
+    dropout: float,
     params: dict[str, Any],
 ) -> Any:
     """`conv(x, w) + scaling * a @ conv(x, b)`: `b` is a kernel with `rank` output
-    features, `a` mixes them into the output features, like a 1x1 convolution."""
+    features, `a` mixes them into the output features, like a 1x1 convolution.
+    DoRA's `row_scale` (one per output feature) scales both terms; with a
+    `dropout_key`, `conv(x, b)` takes `x` dropped."""
     dense = lax.conv_general_dilated_p.bind(x, w, **params)
-    hidden = lax.conv_general_dilated_p.bind(x, b, **params)
+    hidden = lax.conv_general_dilated_p.bind(
+        _dropped(x, dropout, dropout_key), b, **params
+    )
     feature = params["dimension_numbers"].out_spec[1]
     a_ = jnp.asarray(a)
+    if row_scale is not None:
+        shape = [1] * dense.ndim
+        shape[feature] = -1
+        dense = dense * row_scale.astype(dense.dtype).reshape(shape)
+        a_ = a_ * row_scale[:, None].astype(a_.dtype)
     if scaling != 1.0:
         a_ = a_ * jnp.asarray(scaling, a_.dtype)
     delta = lax.dot_general(
@@ -262,6 +327,7 @@ def _lora_conv(
 
 @quax.register(lax.conv_general_dilated_p)
 def _(lhs: ArrayLike | quax.ArrayValue, rhs: LoraArray, **params: Any) -> Any:
+    rhs = rhs.selected()
     rhs_spec = params["dimension_numbers"].rhs_spec
     if (
         rhs.batch_ndim != 0
@@ -275,7 +341,15 @@ def _(lhs: ArrayLike | quax.ArrayValue, rhs: LoraArray, **params: Any) -> Any:
             (lhs, rhs), params
         )
     return quax.quaxify(_lora_conv)(
-        rhs.weight(), rhs.a, rhs.b, lhs, scaling=rhs.scaling, params=params
+        rhs.weight(),
+        rhs.a,
+        rhs.b,
+        lhs,
+        rhs.row_scale(),
+        rhs.dropout_key,
+        scaling=rhs.scaling,
+        dropout=rhs.dropout,
+        params=params,
     )
 
 
@@ -297,7 +371,14 @@ def _replace(lora: LoraArray, w: Any, a: Any, b: Any) -> LoraArray:
 
 @quax.register(lax.transpose_p)
 def _(operand: LoraArray, *, permutation: Sequence[int], **params: Any) -> Any:
+    operand = operand.selected()
     nb = operand.batch_ndim
+    if operand.magnitude is not None:
+        # DoRA normalises the rows: a transposed weight normalises its columns,
+        # which no `LoraArray` stands for.
+        return quax.fallback_rule(lax.transpose_p, (operand,))(
+            (operand,), {"permutation": permutation, **params}
+        )
     perm = tuple(permutation)
     batch, rest = perm[:nb], perm[nb:]
 
@@ -326,7 +407,9 @@ def _(operand: LoraArray, *, permutation: Sequence[int], **params: Any) -> Any:
 
 @quax.register(lax.neg_p)
 def _(x: LoraArray, **params: Any) -> LoraArray:
-    # -(w + s a b) = -w + s (-a) b
+    # -(w + s a b) = -w + s (-a) b; DoRA's rows keep their norms, so `magnitude`
+    # is unchanged and the direction flips.
+    x = x.selected()
     w = _bind(lax.neg_p, x.weight(), **params)
     a = lax.neg_p.bind(x.a, **params)
     return _replace(x, w, a, x.b)
@@ -337,9 +420,15 @@ def _scale(
 ) -> Any:
     if np.ndim(c) != 0:
         return quax.fallback_rule(lax.mul_p, values)(values, params)
+    lora = lora.selected()
     w = _bind(lax.mul_p, lora.weight(), c, **params)
     a = lax.mul_p.bind(lora.a, c, **params)
-    return _replace(lora, w, a, lora.b)
+    out = _replace(lora, w, a, lora.b)
+    if lora.magnitude is not None:
+        # c (m d) with d the direction of w + s a b: scaling w and a by c turns d
+        # into sign(c) d, so the magnitude becomes |c| m.
+        out = out.replace(magnitude=lora.magnitude * jnp.abs(c))
+    return out
 
 
 @quax.register(lax.mul_p)
@@ -354,6 +443,7 @@ def _(x: ArrayLike, y: LoraArray, **params: Any) -> Any:
 
 @quax.register(lax.convert_element_type_p)
 def _(operand: LoraArray, *, new_dtype: Any, sharding: Any, **params: Any) -> Any:
+    operand = operand.selected()
     if not jnp.issubdtype(new_dtype, jnp.inexact):
         # Rounding does not distribute over the sum: only the dense value converts.
         return quax.fallback_rule(lax.convert_element_type_p, (operand,))(
@@ -371,13 +461,22 @@ def _(operand: LoraArray, *, new_dtype: Any, sharding: Any, **params: Any) -> An
         lax.convert_element_type_p.bind(f, new_dtype=new_dtype, sharding=None, **params)
         for f in (operand.a, operand.b)
     )
-    return _replace(operand, w, a, b)
+    out = _replace(operand, w, a, b)
+    if operand.magnitude is not None:
+        out = out.replace(
+            magnitude=lax.convert_element_type_p.bind(
+                operand.magnitude, new_dtype=new_dtype, sharding=None, **params
+            )
+        )
+    return out
 
 
 @quax.register(lax.rev_p)
 def _(operand: LoraArray, *, dimensions: Sequence[int], **params: Any) -> LoraArray:
     # Batch axes flip in all three arrays, the output axis in `a`, the input axes
-    # (e.g. a transposed convolution's spatial axes) in `b`.
+    # (e.g. a transposed convolution's spatial axes) in `b`; DoRA's magnitude
+    # along the batch and output axes.
+    operand = operand.selected()
     nb = operand.batch_ndim
 
     def rev(x: Any, dims: Sequence[int]) -> Any:
@@ -386,4 +485,95 @@ def _(operand: LoraArray, *, dimensions: Sequence[int], **params: Any) -> LoraAr
     w = rev(operand.weight(), dimensions)
     a = rev(operand.a, [d for d in dimensions if d <= nb])
     b = rev(operand.b, [d for d in dimensions if d != nb])
-    return _replace(operand, w, a, b)
+    out = _replace(operand, w, a, b)
+    if operand.magnitude is not None:
+        out = out.replace(
+            magnitude=rev(operand.magnitude, [d for d in dimensions if d <= nb])
+        )
+    return out
+
+
+# Rows gathered (`eqx.nn.Embedding`, `w[i]`) -------------------------------------------
+
+
+def _gathers_rows(lora: LoraArray, slice_sizes: Sequence[int]) -> bool:
+    """Whether a gather (or dynamic slice) of `lora` with `slice_sizes` takes whole
+    rows of a matrix, so that it factors as `w[i] + s a[i] b`. DoRA's rows are
+    scaled by their norms: refused (it would need them per gathered row)."""
+    return (
+        lora.ndim == 2
+        and lora.batch_ndim == 0
+        and lora.magnitude is None
+        and slice_sizes[1] == lora.shape[1]
+    )
+
+
+def _rows_times_b(
+    rows_a: Array, b: Array, scaling: float, axis: int, dense: Array
+) -> Array:
+    """`dense + s * rows_a @ b`, where `rows_a` has `rank` at `axis` (where `dense`
+    has the row's `m` entries): the update of the gathered rows, `a[i] b`."""
+    if scaling != 1.0:
+        rows_a = rows_a * jnp.asarray(scaling, rows_a.dtype)
+    delta = lax.dot_general(rows_a, b.astype(rows_a.dtype), (((axis,), (0,)), ((), ())))
+    return dense + jnp.moveaxis(delta, -1, axis).astype(dense.dtype)
+
+
+@quax.register(lax.gather_p)
+def _(
+    operand: LoraArray, indices: ArrayLike, *, dimension_numbers: Any, **params: Any
+) -> Any:
+    operand = operand.selected()
+    slice_sizes = tuple(params["slice_sizes"])
+    mode = params["mode"]
+    # The start along the row must be 0 in both gathers: clamped (`CLIP`) or
+    # promised so, for a slice as long as the row; with `FILL_OR_DROP` only when
+    # the row is not indexed at all.
+    starts_row = 1 in dimension_numbers.start_index_map
+    if (
+        not _gathers_rows(operand, slice_sizes)
+        or 1 in dimension_numbers.collapsed_slice_dims
+        or dimension_numbers.operand_batching_dims
+        or (starts_row and mode == lax.GatherScatterMode.FILL_OR_DROP)
+    ):
+        return quax.fallback_rule(lax.gather_p, (operand, indices))(
+            (operand, indices), {"dimension_numbers": dimension_numbers, **params}
+        )
+    dense = _bind(
+        lax.gather_p,
+        operand.weight(),
+        indices,
+        dimension_numbers=dimension_numbers,
+        **params,
+    )
+    rows_a = lax.gather_p.bind(
+        operand.a,
+        indices,
+        dimension_numbers=dimension_numbers,
+        **{**params, "slice_sizes": (slice_sizes[0], operand.rank)},
+    )
+    # The row's axis is the last of the offset axes (axis 1 is never collapsed).
+    return _rows_times_b(
+        rows_a,
+        operand.b,
+        operand.scaling,
+        dimension_numbers.offset_dims[-1],
+        dense,
+    )
+
+
+@quax.register(lax.dynamic_slice_p)
+def _(operand: LoraArray, *starts: ArrayLike, slice_sizes: Sequence[int]) -> Any:
+    operand = operand.selected()
+    if not _gathers_rows(operand, slice_sizes):
+        return quax.fallback_rule(lax.dynamic_slice_p, (operand, *starts))(
+            (operand, *starts), {"slice_sizes": slice_sizes}
+        )
+    # A slice as long as the row starts at 0 along it (dynamic_slice clamps).
+    dense = _bind(
+        lax.dynamic_slice_p, operand.weight(), *starts, slice_sizes=tuple(slice_sizes)
+    )
+    rows_a = lax.dynamic_slice_p.bind(
+        operand.a, starts[0], starts[1], slice_sizes=(slice_sizes[0], operand.rank)
+    )
+    return _rows_times_b(rows_a, operand.b, operand.scaling, 1, dense)

@@ -1,5 +1,6 @@
 """The value type: `LoraArray`, a weight `w` plus a low-rank update `a @ b`."""
 
+import dataclasses
 import math
 import sys
 import warnings
@@ -17,6 +18,11 @@ from jaxtyping import Array, PRNGKeyArray
 
 
 __all__ = ["LoraArray", "LoraWarning", "MaterialisationError", "RankWarning"]
+
+# The variants of the update `loraify` and `LoraArray` make: plain LoRA, rsLoRA
+# (scaled by `alpha / sqrt(rank)`) and DoRA (a learnt magnitude per output times
+# the direction of `w + s a b`).
+VARIANTS = ("lora", "rslora", "dora")
 
 
 class LoraWarning(UserWarning):
@@ -58,7 +64,17 @@ class LoraArray(quax.GuardedValue):
         `quax.ArrayValue` such as a quantised array (QLoRA).
     - `a`: shape `(*batch, n, rank)`.
     - `b`: shape `(*batch, rank, *m)`.
-    - `alpha`, `allow_materialise`, `stop_gradient`: as passed to `__init__` (static).
+    - `magnitude`: DoRA's magnitude, shape `(*batch, n)` (one per row of `w`, that
+        is per output of a layer), or `None` for the other variants.
+    - `dropout_key`: the key of LoRA dropout on the adapter's input, or `None`
+        (no dropout, as at inference); set by [`quax_lora.with_dropout_key`][].
+    - `index`: which of the `adapters` stacked adapters to use (an integer array
+        of shape `()`; under `jax.vmap`, one per row of a batch), or `None`; set by
+        [`quax_lora.select_adapter`][].
+    - `alpha`, `allow_materialise`, `stop_gradient`, `variant`, `dropout`: as
+        passed to `__init__` (static).
+    - `adapters`: how many adapters `a` and `b` stack along a leading axis (made
+        by [`quax_lora.stack_adapters`][]), or `None` for one (static).
 
     It follows the core's materialisation policy ([`quax.GuardedValue`][]): an
     operation without a LoRA rule raises a [`quax_lora.MaterialisationError`][]
@@ -77,8 +93,14 @@ class LoraArray(quax.GuardedValue):
     w: Array | quax.ArrayValue
     a: Array
     b: Array
+    magnitude: Array | None
+    dropout_key: PRNGKeyArray | None
+    index: Array | None
     alpha: float | None = eqx.field(static=True)
     stop_gradient: bool = eqx.field(static=True)
+    variant: str = eqx.field(static=True)
+    dropout: float = eqx.field(static=True)
+    adapters: int | None = eqx.field(static=True)
 
     def __init__(
         self,
@@ -90,6 +112,8 @@ class LoraArray(quax.GuardedValue):
         allow_materialise: bool = False,
         stop_gradient: bool = True,
         batch_ndim: int | None = None,
+        variant: str = "lora",
+        dropout: float = 0.0,
         key: PRNGKeyArray,
     ):
         """**Arguments:**
@@ -106,8 +130,9 @@ class LoraArray(quax.GuardedValue):
             adds parameters and no expressiveness.
         - `scale`: `a` is initialised from `Normal(0, scale^2)`; `b` is zero.
             Finite and positive.
-        - `alpha`: the update is multiplied by `alpha / rank` (peft's `lora_alpha`),
-            finite and positive. `None` (the default) multiplies it by one.
+        - `alpha`: the update is multiplied by `alpha / rank` (peft's `lora_alpha`;
+            `alpha / sqrt(rank)` for `variant="rslora"`), finite and positive.
+            `None` (the default) multiplies it by one.
         - `allow_materialise`: what to do on an operation without a LoRA rule:
             raise a `MaterialisationError` (a `RuntimeError` whose message starts
             "Refusing to materialise") naming it (`False`, the default), or form
@@ -118,6 +143,18 @@ class LoraArray(quax.GuardedValue):
             matrices. `0` adapts a convolution kernel `(out, in, *spatial)` as the
             matrix `out x (in * prod(spatial))`, as peft does for convolutions:
             `a` is `(out, rank)` and `b` is `(rank, in, *spatial)`.
+        - `variant`: `"lora"` (the default); `"rslora"`, whose update is scaled by
+            `alpha / sqrt(rank)` (rank-stabilised LoRA, peft's `use_rslora`); or
+            `"dora"` (weight-decomposed LoRA, peft's `use_dora`): the weight is
+            `magnitude * (w + s a b) / ||w + s a b||`, the norm taken over each row
+            (each output: the axes after `n`), `magnitude` starting at the row
+            norms of `w` (so that a fresh array computes `w`) and trained with `a`
+            and `b`. As in peft (and the DoRA paper, section 4.3), no gradient
+            flows through the norm.
+        - `dropout`: the probability of LoRA dropout, in `[0, 1)`: the adapter's
+            input (not `w`'s) is dropped, as peft's `lora_dropout`, when a key is
+            set with [`quax_lora.with_dropout_key`][]. `0` (the default) never
+            drops.
         - `key`: a `jax.random` key, used to initialise `a`.
 
         Invalid arguments raise a `ValueError` that names the argument and says
@@ -187,6 +224,18 @@ class LoraArray(quax.GuardedValue):
                 f"LoraArray needs alpha=None or a finite alpha > 0 (the update is "
                 f"scaled by alpha / rank), got alpha={alpha!r}."
             )
+        if variant not in VARIANTS:
+            raise ValueError(
+                f"LoraArray needs variant= one of {', '.join(map(repr, VARIANTS))}, "
+                f"got variant={variant!r}."
+            )
+        if not (isinstance(dropout, int | float) and 0 <= dropout < 1) or isinstance(
+            dropout, bool
+        ):
+            raise ValueError(
+                f"LoraArray needs a dropout probability 0 <= dropout < 1, got "
+                f"dropout={dropout!r}."
+            )
         for name, flag in (
             ("allow_materialise", allow_materialise),
             ("stop_gradient", stop_gradient),
@@ -200,9 +249,19 @@ class LoraArray(quax.GuardedValue):
         self.w = weight
         self.a = jr.normal(key, (*batch, n, rank), dtype=weight.dtype) * scale
         self.b = jnp.zeros((*batch, rank, *rest), dtype=weight.dtype)
+        # DoRA's magnitude starts at the row norms of `w`: with `b` zero, the
+        # weight is then `w` itself.
+        self.magnitude = (
+            quax.quaxify(_row_norms)(weight, batch_ndim) if variant == "dora" else None
+        )
+        self.dropout_key = None
+        self.index = None
         self.alpha = alpha
         self.allow_materialise = bool(allow_materialise)
         self.stop_gradient = bool(stop_gradient)
+        self.variant = variant
+        self.dropout = float(dropout)
+        self.adapters = None
 
     @property
     def rank(self) -> int:
@@ -211,13 +270,75 @@ class LoraArray(quax.GuardedValue):
 
     @property
     def batch_ndim(self) -> int:
-        """How many leading axes are batch axes."""
-        return self.a.ndim - 2
+        """How many leading axes of `w` are batch axes."""
+        return self.a.ndim - 2 - (self.adapters is not None)
 
     @property
     def scaling(self) -> float:
-        """The factor `s` of the update: `alpha / rank`, or `1`."""
-        return 1.0 if self.alpha is None else self.alpha / self.rank
+        """The factor `s` of the update: `alpha / rank` (`alpha / sqrt(rank)` for
+        rsLoRA), or `1` without `alpha`."""
+        if self.alpha is None:
+            return 1.0
+        if self.variant == "rslora":
+            return self.alpha / math.sqrt(self.rank)
+        return self.alpha / self.rank
+
+    def replace(self, **fields: Any) -> "LoraArray":
+        """A copy with the given fields replaced, built field by field (as JAX
+        rebuilds a pytree: `__init__` does not run again)."""
+        out = object.__new__(type(self))
+        for field in dataclasses.fields(self):
+            object.__setattr__(
+                out, field.name, fields.pop(field.name, getattr(self, field.name))
+            )
+        if fields:
+            raise TypeError(f"LoraArray has no field(s) {', '.join(fields)}.")
+        return out
+
+    def selected(self) -> "LoraArray":
+        """The array with the one adapter that `index` selects, gathered from the
+        stacked `a` and `b` (and `magnitude`): itself when it holds one adapter.
+
+        **Raises:**
+
+        `ValueError` when it stacks adapters and none is selected.
+        """
+        if self.adapters is None:
+            return self
+        if self.index is None:
+            raise ValueError(
+                f"A LoraArray of shape {self.shape} holds {self.adapters} adapters "
+                "and none is selected: call the model as "
+                "quax.quaxify(quax_lora.select_adapter(model, i))(x), with `i` the "
+                "adapter of each row (inside jax.vmap, one per row), or take one "
+                "out with quax_lora.unstack_adapters."
+            )
+        index = jnp.asarray(self.index)
+        return self.replace(
+            a=self.a[index],
+            b=self.b[index],
+            magnitude=None if self.magnitude is None else self.magnitude[index],
+            index=None,
+            adapters=None,
+        )
+
+    def row_scale(self) -> Array | None:
+        """DoRA's factor per row, `magnitude / ||w + s a b||` (the norm over each
+        row, kept out of the gradient), shape `(*batch, n)`; `None` for the other
+        variants. For an array holding one adapter (see `selected`).
+
+        The squared norm is summed from factors, never from `a @ b`:
+        `||w_i||^2 + 2 s <w_i b^T, a_i> + s^2 a_i (b b^T) a_i^T`, which costs a
+        product of `w` with `b` (`n m rank` multiplications) and `n m` for the
+        norms of `w`, on every call.
+        """
+        if self.magnitude is None:
+            return None
+        norm_sq = quax.quaxify(_factored_row_norms_sq)(
+            self.weight(), self.a, self.b, self.scaling
+        )
+        norm = lax.stop_gradient(jnp.sqrt(norm_sq))
+        return (self.magnitude / norm).astype(self.magnitude.dtype)
 
     def weight(self) -> Array | quax.ArrayValue:
         """`w`, behind `lax.stop_gradient` when `stop_gradient` is set: what every
@@ -226,8 +347,10 @@ class LoraArray(quax.GuardedValue):
         return lax.stop_gradient(self.w) if self.stop_gradient else self.w
 
     def delta(self) -> Array:
-        """The dense update `s * (a @ b)`, shape `w.shape`. Used by `materialise` and
-        `quax_lora.merge`; rules never form it."""
+        """The dense update `s * (a @ b)`, shape `w.shape` (of the selected adapter
+        when it stacks several). Used by `materialise` and `quax_lora.merge`;
+        rules never form it."""
+        self = self.selected()
         nb = self.batch_ndim
         batch = tuple(range(nb))
         out = lax.dot_general(
@@ -242,12 +365,28 @@ class LoraArray(quax.GuardedValue):
         return jax.core.ShapedArray(self.w.shape, self.w.dtype)
 
     def dense(self) -> Array:
-        """The dense weight `w + s * a @ b`, in the dtype of `w`. A `w` that is
-        itself a `quax.Value` is materialised by its own policy (or refuses)."""
+        """The dense weight `w + s * a @ b` (for DoRA, `magnitude` times its
+        rows normalised), in the dtype of `w`. A `w` that is itself a
+        `quax.Value` is materialised by its own policy (or refuses)."""
         w = self.weight()
         if isinstance(w, quax.Value):
             w = w.materialise()  # the weight's own refusal, if it has one
-        return (w + self.delta()).astype(self.w.dtype)
+        return self.dense_from(w)
+
+    def dense_from(self, w: Array) -> Array:
+        """The dense weight of this array with the dense base weight `w`
+        (`self.w` densified): `w + s * a @ b`, for DoRA scaled per row to
+        `magnitude`, in the dtype of `self.w`."""
+        one = self.selected()
+        full = w + one.delta()
+        if one.magnitude is not None:
+            nb = one.batch_ndim
+            norm = jnp.sqrt(
+                jnp.sum(jnp.square(full), axis=tuple(range(nb + 1, full.ndim)))
+            )
+            scale = one.magnitude / lax.stop_gradient(norm)
+            full = full * scale.reshape(scale.shape + (1,) * (full.ndim - nb - 1))
+        return full.astype(self.w.dtype)
 
     def refusal_reason(self) -> str:
         return (
@@ -262,6 +401,39 @@ class LoraArray(quax.GuardedValue):
             ".enable_materialise()) to allow it, or use quax_lora.merge(model) to "
             "get dense weights."
         )
+
+
+def _row_norms(w: Any, batch_ndim: int) -> Array:
+    """The norm of each row of `w` (an array, or a `quax.ArrayValue` inside
+    `quax.quaxify`; over the axes after `batch_ndim`), in the dtype of `w`: DoRA's
+    initial magnitude."""
+    axes = tuple(range(batch_ndim + 1, w.ndim))
+    w32 = w.astype(jnp.promote_types(w.dtype, jnp.float32))
+    return jnp.sqrt(jnp.sum(w32 * w32, axis=axes)).astype(w.dtype)
+
+
+def _factored_row_norms_sq(w: Any, a: Array, b: Array, scaling: float) -> Array:
+    """`||w_i + s a_i b||^2` for every row `i`, from the factors: `a @ b` is never
+    formed. In float32 at least."""
+    nb = a.ndim - 2
+    dtype = jnp.promote_types(a.dtype, jnp.float32)
+    batch = tuple(range(nb))
+    w_rest = tuple(range(nb + 1, w.ndim))
+    b_rest = tuple(range(nb + 1, b.ndim))
+    a32, b32 = a.astype(dtype), b.astype(dtype)
+    ww = jnp.sum(jnp.square(w.astype(dtype)), axis=w_rest)
+    # <w_i, a_i b> = sum_r a_ir <w_i, b_r>: `w b^T` is (*batch, n, rank).
+    wb = lax.dot_general(
+        w,
+        b.astype(w.dtype),
+        ((w_rest, b_rest), (batch, batch)),
+        preferred_element_type=dtype,
+    )
+    cross = jnp.sum(a32 * wb.astype(dtype), axis=-1)
+    # ||a_i b||^2 = a_i (b b^T) a_i^T: `b b^T` is (*batch, rank, rank).
+    gram = lax.dot_general(b32, b32, ((b_rest, b_rest), (batch, batch)))
+    ab = jnp.sum(jnp.einsum("...nr,...rs->...ns", a32, gram) * a32, axis=-1)
+    return ww + 2 * scaling * cross + scaling**2 * ab
 
 
 def _user_stacklevel() -> int:
