@@ -272,6 +272,9 @@ _state = _State()
 # output structures of the keys called once so far (at most `MAX_FIRST_CALLS`, the
 # oldest dropped first).
 _programs: dict[int, tuple[Any, dict[Any, Any], dict[Any, "_FirstOutput"]]] = {}
+# Held while the keys called once are changed: threads calling at once would
+# otherwise see the table change while the oldest key is dropped.
+_lock = threading.Lock()
 _programs_generation = _registry.rules_generation()
 
 
@@ -327,7 +330,7 @@ def call_compiled(
         found = _program_key(inputs, treedef)
     if found is None or found is _PYTREES:
         return False, None
-    program_key, leaves = found
+    program_key, leaves, positions = found
     table = _table_of(code)
     if table is None:
         return False, None
@@ -337,7 +340,8 @@ def call_compiled(
     except TypeError:  # a pytree node of the inputs that cannot be hashed
         return False, None
     if program is None:
-        first = first_calls.pop(program_key, None)
+        with _lock:
+            first = first_calls.pop(program_key, None)
         if first is None:
             # The first call runs equation by equation only (as does code inside
             # it), and leaves the structure of its output to check the program.
@@ -346,15 +350,17 @@ def call_compiled(
                 out = quaxified()(*args, **(kwargs or {}))
             finally:
                 _state.checking = False
-            if len(first_calls) >= MAX_FIRST_CALLS:
-                del first_calls[next(iter(first_calls))]  # the oldest
-            first_calls[program_key] = _FirstOutput(out)
+            first_out = _FirstOutput(out)
+            with _lock:
+                while len(first_calls) >= MAX_FIRST_CALLS:
+                    del first_calls[next(iter(first_calls))]  # the oldest
+                first_calls[program_key] = first_out
             return True, out
         if len(programs) >= MAX_PROGRAMS:
             return False, None
         # The second call traces and checks the program, and runs it if kept.
         program = programs[program_key] = _checked_program(
-            quaxified(), inputs, treedef, leaves, first
+            quaxified(), inputs, treedef, leaves, first, positions
         )
         programs_traced += 1
     if program is _BY_EQUATION:
@@ -368,13 +374,22 @@ _PYTREES: Any = object()
 
 def _program_key(inputs: Sequence[Any], treedef: Any) -> Any:
     """The key of a program on `inputs` (values, small plain arrays and scalars; as
-    the leaves of `treedef`) and the leaves of its inputs; `_PYTREES` when an input
-    is a pytree of them, `None` when there is no program for them."""
+    the leaves of `treedef`), the distinct leaves of its inputs, and where each
+    leaf is among them (`None` when each is there once, in order); `_PYTREES` when
+    an input is a pytree of them, `None` when there is no program for them."""
     leaves: list[Any] = []
+    constants: list[Any] = []
     key: list[Any] = [treedef]
     values = False
-    for x in inputs:
+    seen: dict[int, int] = {}  # the values by `id`, and their input's index
+    for i, x in enumerate(inputs):
         if type(x) in value_classes or is_value(x):
+            if id(x) in seen:
+                # The same value twice (`K + K`): rules may see that, so the key
+                # holds it, and the program rebuilds the value once.
+                key.append(("is", seen[id(x)]))
+                continue
+            seen[id(x)] = i
             structure, value_leaves, avals = value_structure(x)
             if structure is None:
                 return None
@@ -386,6 +401,7 @@ def _program_key(inputs: Sequence[Any], treedef: Any) -> Any:
             if isinstance(x, Tracer) or np.size(x) > MAX_CONSTANT_SIZE:
                 return None
             key.append(ConstKey(x))
+            constants.append(x)
         elif isinstance(treedef, int):
             return _PYTREES
         else:
@@ -394,7 +410,19 @@ def _program_key(inputs: Sequence[Any], treedef: Any) -> Any:
         return None
     for read in _settings:
         key.append(read())
-    return tuple(key), leaves
+    if len(set(map(id, leaves))) != len(leaves):
+        # A leaf twice (`K + K`, or a value built on one array twice): rules may
+        # see that (a closed form for a sum of one matrix with itself), so the key
+        # holds which leaves are one object, and the program gets each once.
+        firsts: dict[int, int] = {}
+        positions = tuple(firsts.setdefault(id(t), len(firsts)) for t in leaves)
+        key.append(positions)
+        leaves = list({id(t): t for t in leaves}.values())
+    else:
+        positions = None
+    if constants and {id(c) for c in constants} & {id(t) for t in leaves}:
+        return None  # a leaf that is also a plain input: one object, two roles
+    return tuple(key), leaves, positions
 
 
 class _FirstOutput:
@@ -431,11 +459,13 @@ def _checked_program(
     treedef: Any,
     leaves: list[Any],
     first: _FirstOutput,
+    positions: tuple[int, ...] | None,
 ) -> Any:
     """The compiled program of `fn` on `inputs` (the values among them are given as
-    their leaves), if tracing it on `leaves` gives the output structure of the
-    first call, `first`; else `_BY_EQUATION`."""
-    program = _compile(fn, inputs, treedef)
+    their distinct leaves, `leaves`, each leaf's place among them in `positions`),
+    if tracing it on `leaves` gives the output structure of the first call,
+    `first`; else `_BY_EQUATION`."""
+    program = _compile(fn, inputs, treedef, positions)
     try:
         traced = program.trace(*leaves)
     except (ConcreteNeeded, Exception):
@@ -482,22 +512,38 @@ def settings_key() -> tuple[Any, ...]:
     return tuple(read() for read in _settings)
 
 
-def _compile(fn: Callable[..., Any], inputs: Sequence[Any], treedef: Any) -> Any:
-    """`fn` on `inputs` as a jitted function of the leaves of the values among them
-    (the other inputs are constants of the program)."""
-    slots: list[tuple[Any, int]] = []  # per input: its treedef and leaf count, or
-    for x in inputs:  # the constant itself
-        if is_value(x):
+def _compile(
+    fn: Callable[..., Any],
+    inputs: Sequence[Any],
+    treedef: Any,
+    positions: tuple[int, ...] | None = None,
+) -> Any:
+    """`fn` on `inputs` as a jitted function of the distinct leaves of the values
+    among them (the other inputs are constants of the program): each leaf is the
+    argument at its place in `positions` (`None`: each leaf is its own argument),
+    so that leaves that were one object are one tracer."""
+    # Per input: its treedef and leaf count, or the constant itself (count -1), or
+    # the index of the earlier input that is the same value (count -2).
+    slots: list[tuple[Any, int]] = []
+    seen: dict[int, int] = {}
+    for i, x in enumerate(inputs):
+        if is_value(x) and id(x) in seen:
+            slots.append((seen[id(x)], -2))
+        elif is_value(x):
+            seen[id(x)] = i
             value_leaves, value_treedef = jtu.tree_flatten(x)
             slots.append((value_treedef, len(value_leaves)))
         else:
             slots.append((x, -1))
 
-    def body(*leaves: Any) -> Any:
+    def body(*distinct: Any) -> Any:
+        leaves = distinct if positions is None else [distinct[p] for p in positions]
         rebuilt = []
         start = 0
         for x, count in slots:
-            if count < 0:
+            if count == -2:
+                rebuilt.append(rebuilt[x])
+            elif count < 0:
                 rebuilt.append(x)
             else:
                 rebuilt.append(jtu.tree_unflatten(x, leaves[start : start + count]))
