@@ -3,6 +3,8 @@ bodies, the dispatch cache) may only return what running the rules would return.
 Each test here plants a case where a cache key once missed something the rules
 see, and checks every call against the answer of the rules run afresh."""
 
+import os
+import subprocess
 import sys
 import threading
 from typing import Any
@@ -13,8 +15,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import quax
+import quax.__main__ as quax_main
+import quax._caches
 import quax._control_flow as _control_flow
 import quax._eager as quax_eager
+import quax._keys
 import quax._registry as _registry
 from jax import lax
 from jaxtyping import Array, ArrayLike
@@ -280,3 +285,164 @@ def test_settings_in_the_compiled_eager_key() -> None:
         for _ in range(2):
             np.testing.assert_array_equal(f(zero, b), [1.0, np.nan, 1.0])
     np.testing.assert_array_equal(f(zero, b), [1.0, 1.0, 1.0])
+
+
+# One switch, bounds and the report ----------------------------------------------------
+
+
+class Counted(Wrapped):
+    """A `sin` rule that counts its runs."""
+
+    array: Array
+
+
+_runs = {"sin": 0}
+
+
+@quax.register(lax.sin_p)
+def _(x: Counted, **params: Any) -> Counted:
+    _runs["sin"] += 1
+    return Counted(lax.sin_p.bind(x.array, **params))
+
+
+def test_caching_off_runs_every_rule() -> None:
+    f = jax.jit(quax.quaxify(lambda a: (jnp.sin(a), jnp.sin(a))))
+    g = quax.quaxify(jnp.sin)
+    expected = np.sin(np.asarray(A))
+    with quax.caching(False):
+        before = _runs["sin"]
+        out = f(Counted(A))
+        assert _runs["sin"] - before == 2  # no replay of the second `sin`
+        traced = quax_eager.programs_traced
+        for _ in range(3):
+            np.testing.assert_allclose(g(Counted(A)).array, expected, rtol=1e-6)
+        assert quax_eager.programs_traced == traced  # no compiled eager program
+        assert all(size == 0 for _, size, _ in quax._caches.report())
+    for o in out:
+        np.testing.assert_allclose(o.array, expected, rtol=1e-6)
+    before = _runs["sin"]
+    jax.jit(quax.quaxify(lambda a: (jnp.sin(a), jnp.sin(a))))(Counted(A))
+    assert _runs["sin"] - before == 1  # on again: the second is replayed
+
+
+def test_caching_follows_the_environment() -> None:
+    code = "import quax, quax._caches as c; print(c.enabled, c.verifying)"
+    env = {**os.environ, "QUAX_CACHING": "0", "QUAX_VERIFY_CACHES": "1"}
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True
+    )
+    assert out.stdout.split() == ["False", "True"], out.stderr
+
+
+def test_report_names_every_cache(capsys: pytest.CaptureFixture[str]) -> None:
+    g = quax.quaxify(jnp.sin)
+    for _ in range(2):
+        g(Counted(A))
+    assert quax_main.main(["caches"]) == 0
+    printed = capsys.readouterr().out
+    for name in [
+        "dispatch cache",
+        "compiled eager programs",
+        "replayed recordings",
+        "nested jit bodies",
+    ]:
+        assert f"  {name}: " in printed
+    sizes = {name: size for name, size, _ in quax._caches.report()}
+    assert sizes["compiled eager programs"] >= 1
+    assert sizes["dispatch cache"] >= 1
+
+
+# Verify mode: a key that leaves out a component ---------------------------------------
+
+
+@pytest.fixture
+def verifying(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """Verify mode on, from empty caches; `plant(name)` leaves a component out of
+    every key."""
+    monkeypatch.setattr(quax._caches, "verifying", True)
+    quax._caches.invalidate()
+
+    def plant(name: str) -> None:
+        monkeypatch.setattr(quax._keys, "omitted", frozenset({name}))
+        quax._caches.invalidate()
+
+    yield plant
+    quax._caches.invalidate()
+
+
+def test_verify_mode_passes_correct_caches(verifying: Any) -> None:
+    del verifying
+    f = quax.quaxify(jax.jit(lambda a, b: jnp.exp(a * b)))
+    h = jax.jit(quax.quaxify(lambda a, b: (a + a, a + b)))
+    t, u = Twin(A), Twin(A + 1)
+    for _ in range(3):
+        np.testing.assert_array_equal(f(Zero((3,), jnp.float32), A), [1.0] * 3)
+        twice, mixed = h(t, u)
+        assert (twice.kind, mixed.kind) == ("same value", "sum")
+
+
+def test_verify_mode_catches_settings_left_out(verifying: Any) -> None:
+    verifying("settings")
+    f = quax.quaxify(jax.jit(lambda a, b: jnp.exp(a * b)))
+    b = jnp.array([1.0, jnp.nan, 2.0])
+    zero = Zero((3,), jnp.float32)
+    for _ in range(2):
+        f(zero, b)
+    with ieee_strict(), pytest.raises(quax.CacheMismatchError, match="settings"):
+        f(zero, b)
+
+
+def test_verify_mode_catches_aliasing_left_out(verifying: Any) -> None:
+    verifying("aliasing")
+    h = jax.jit(quax.quaxify(lambda a, b: (a + a, a + b)))
+    with pytest.raises(
+        quax.CacheMismatchError, match=r"(?s)replayed recordings.*aliasing"
+    ):
+        h(Twin(A), Twin(A + 1))
+
+
+def test_verify_mode_catches_settings_left_out_of_nested_jits(
+    verifying: Any,
+) -> None:
+    verifying("settings")
+    inner = jax.jit(lambda a, b: a * b)  # a `Zero`, or dense under `ieee_strict`
+    f = quax.quaxify(lambda a, b: inner(a, b))
+    b = jnp.array([1.0, jnp.nan, 2.0])
+    zero = Zero((3,), jnp.float32)
+    f(zero, b)
+    with ieee_strict(), pytest.raises(quax.CacheMismatchError, match="settings"):
+        f(zero, b)
+
+
+class Label(str):
+    """A display text equal to every other (as quax-units' display units are)."""
+
+    def __hash__(self) -> int:
+        return hash(Label)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Label)
+
+
+class Shown(Wrapped):
+    """A value with a display label, which `exp` carries through."""
+
+    array: Array
+    label: Label = eqx.field(static=True)
+
+
+@quax.register(lax.exp_p)
+def _(x: Shown, **params: Any) -> Shown:
+    return Shown(lax.exp_p.bind(x.array, **params), Label(f"exp {x.label}"))
+
+
+def test_nested_jit_keys_each_display_text() -> None:
+    """JAX's own cache of a jitted body compares treedefs by `==`: a body traced
+    for one label must not serve another."""
+    inner = jax.jit(jnp.exp)
+    f = quax.quaxify(lambda a: inner(a))
+    for _ in range(2):
+        for text in ("m", "km"):
+            out = f(Shown(A, Label(text)))
+            assert str.__eq__(out.label, f"exp {text}")
+            np.testing.assert_allclose(out.array, np.exp(np.asarray(A)), rtol=1e-6)

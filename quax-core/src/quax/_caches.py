@@ -107,19 +107,19 @@ def tables() -> list[Table]:
     return list(_tables)
 
 
-def report() -> list[tuple[str, int, int]]:
-    """Each cache table's name, size and bound, in the order they were made."""
-    rows = [(t.name, len(t), t.bound) for t in _tables]
-    rows += [(name, *measure()) for name, measure in _measured]
-    return rows
+def report() -> list[tuple[str, int, str]]:
+    """Each cache table's name, size (entries) and bound (as text)."""
+    rows = [(name, *measure()) for name, measure in _measured]
+    return rows + [(t.name, len(t), str(t.bound)) for t in _tables]
 
 
-# Tables that are not a `Table` (the dispatch cache, read on every primitive), by
-# name, with what measures their size and bound.
-_measured: list[tuple[str, Callable[[], tuple[int, int]]]] = []
+# Tables that are not a `Table` (the dispatch cache, read on every primitive; the
+# tables kept per jaxpr or per code), by name, with what measures their size and
+# gives their bound.
+_measured: list[tuple[str, Callable[[], tuple[int, str]]]] = []
 
 
-def measured(name: str, measure: Callable[[], tuple[int, int]]) -> None:
+def measured(name: str, measure: Callable[[], tuple[int, str]]) -> None:
     """List the table `name`, whose size and bound `measure()` gives, in `report`."""
     _measured.append((name, measure))
 

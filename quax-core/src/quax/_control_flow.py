@@ -18,10 +18,11 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import jax.tree_util as jtu
 import numpy as np
 from jax import lax
 
-from . import _loops as _loops, _trace  # `_loops` registers the loops' rules
+from . import _caches, _keys, _loops as _loops, _trace  # `_loops`: the loops' rules
 from ._bodies import decision, quaxified_jaxpr
 from ._caches import Table
 from ._compat import (
@@ -37,7 +38,7 @@ from ._compat import (
     typeof,
     while_p,
 )
-from ._eager import MAX_CONSTANT_SIZE, ConstKey, settings_key
+from ._eager import MAX_CONSTANT_SIZE, ConstKey, value_structure
 from ._jaxpr import ValueAsked, known_constant, stand_in_token, standing_in
 from ._joins import (
     BodyFailed,
@@ -85,7 +86,8 @@ def _jit(
     # identity, past `MAX_CONSTANT_SIZE`), from then on for this jaxpr.
     known = [not is_value(a) and not isinstance(a, Tracer) for a in args]
     large = [
-        k and np.size(a) > MAX_CONSTANT_SIZE for a, k in zip(args, known, strict=True)
+        k and typeof(a).size > MAX_CONSTANT_SIZE
+        for a, k in zip(args, known, strict=True)
     ]
     common = (
         name,
@@ -94,9 +96,8 @@ def _jit(
             None if is_unspecified(s) or is_value(a) or k else s
             for s, a, k in zip(in_shardings, args, known, strict=True)
         ),
-        settings_key(),  # rules read them while the body traces
     )
-    if any(large) and _by_value.get(jaxpr) is None:
+    if any(large) and (not _caches.enabled or _by_value.get(jaxpr) is None):
         token = object()
         slots = tuple(
             typeof(a) if g else ConstKey(a) if k else None
@@ -108,7 +109,8 @@ def _jit(
             if e.token is not token:
                 raise  # an enclosing `jit`'s argument
             release_traces(e)
-        _by_value.put(jaxpr, True)
+        if _caches.enabled:
+            _by_value.put(jaxpr, True)
     slots = tuple(ConstKey(a) if k else None for a, k in zip(args, known, strict=True))
     return _call(jaxpr, common, donated_invars, slots, args, None)
 
@@ -119,6 +121,19 @@ def _jit(
 MAX_NESTED_JITS = 256
 _nested = Table("nested jit bodies", MAX_NESTED_JITS)
 _by_value = Table("nested jits taking plain arguments by value", MAX_NESTED_JITS)
+# What each body was made with, for verify mode: its key's components.
+_made = Table("nested jit bodies: their key components (verify mode)", MAX_NESTED_JITS)
+
+# The components of a body's key (see `quax._keys`).
+_KEY = (
+    "name",
+    "keep_unused",
+    "in_shardings",
+    "donated arguments",
+    "plain arguments",
+    "value structures",
+    *_keys.CONTEXT,
+)
 
 
 def _call(
@@ -137,16 +152,54 @@ def _call(
     donate = tuple(
         j for j, i in enumerate(dynamic) if donated_invars[i] and slots[i] is None
     )
-    jitted = _jitted(jaxpr, (*common, donate, slots))
     tokens = [
         token if slots[i] is not None else stand_in_token(args[i]) for i in dynamic
     ]
+    passed = [args[i] for i in dynamic]
+    # JAX keys the body's trace by the values' treedefs, whose static fields may
+    # compare loosely (quax-units' display units): each text has its own body.
+    structures = tuple(
+        _structure(args[i]) if slots[i] is None and is_value(args[i]) else None
+        for i in dynamic
+    )
+    # The settings rules read while the body traces, and the rest of the context.
+    parts = (*common, donate, slots, structures, *_keys.context())
+    key = (jaxpr, _keys.key(_KEY, parts))
+    jitted = _nested.get(key) if _caches.enabled else None
+    fresh = None
+    if jitted is None:
+        jitted = _jitted(jaxpr, parts)
+        if _caches.enabled:
+            _nested.put(key, jitted)
+            if _caches.verifying:
+                _made.put(key, parts)
+    elif _caches.verifying:
+        fresh = _jitted(jaxpr, parts)  # traced afresh: the rules run
     previous = _pending.tokens
     _pending.tokens = tokens
     try:
-        return jitted(*[args[i] for i in dynamic])
+        out = jitted(*passed)
+        if fresh is not None and _outline(fresh(*passed)) != _outline(out):
+            made = _made.get(key, parts)
+            raise _caches.mismatch(
+                "nested jit bodies", "its outputs' types", _KEY, made, parts
+            )
+        return out
     finally:
         _pending.tokens = previous
+
+
+def _structure(x: Any) -> Any:
+    """The strict structure of the value `x`: its type and static fields, equal
+    only for the same text (see `quax._eager.value_structure`)."""
+    structure = value_structure(x)[0]
+    return repr(jtu.tree_structure(x)) if structure is None else structure
+
+
+def _outline(out: Any) -> str:
+    """The types, static fields (by text) and avals of the outputs `out`."""
+    leaves, treedef = jtu.tree_flatten(out)
+    return repr((treedef, [typeof(x) for x in leaves]))
 
 
 class _Pending(threading.local):
@@ -161,13 +214,11 @@ class _Pending(threading.local):
 _pending = _Pending()
 
 
-def _jitted(jaxpr: Any, key: tuple[Any, ...]) -> Callable[..., Any]:
-    """`jax.jit` of the quaxified `jaxpr`, with the constants in `key` closed over,
-    cached so that JAX's own cache hits when the same nested `jit` comes back."""
-    out = _nested.get((jaxpr, key))
-    if out is not None:
-        return out
-    name, keep_unused, shardings, _, donate, slots = key
+def _jitted(jaxpr: Any, parts: tuple[Any, ...]) -> Callable[..., Any]:
+    """`jax.jit` of the quaxified `jaxpr`, with the constants among the key
+    components `parts` closed over. Cached (see `_call`), so that JAX's own cache
+    hits when the same nested `jit` comes back."""
+    name, keep_unused, shardings, donate, slots = parts[:5]
     fn = quaxified_jaxpr(jaxpr)
 
     def body(*dynamic: Any) -> Any:
@@ -188,9 +239,7 @@ def _jitted(jaxpr: Any, key: tuple[Any, ...]) -> Callable[..., Any]:
         kwargs["in_shardings"] = tuple(
             s for s, c in kept if not isinstance(c, ConstKey)
         )
-    out = jax.jit(body, donate_argnums=donate, keep_unused=keep_unused, **kwargs)
-    _nested.put((jaxpr, key), out)
-    return out
+    return jax.jit(body, donate_argnums=donate, keep_unused=keep_unused, **kwargs)
 
 
 # cond / switch ------------------------------------------------------------------------

@@ -14,7 +14,7 @@ import jax
 import numpy as np
 import plum
 
-from . import _journal
+from . import _caches, _journal
 from ._compat import Primitive
 from ._owners import RuleConflictWarning, describe_rule, owner, report_conflict
 from ._values import Value, describe_types, is_value
@@ -181,8 +181,8 @@ def _rebuild(primitive: Primitive) -> None:
         _faithful[primitive] = all(
             _decided_by_types(r.signature) for r in registrations
         )
-        _cache.clear()
         _generation += 1
+        _caches.invalidate()  # clears `_cache` too
 
 
 def _withdraw(
@@ -587,8 +587,42 @@ def rule_for(primitive: Primitive, values: Sequence[Any]) -> Rule:
     resolution = _resolve(primitive, values)
     _warn_if_foreign(primitive, resolution, values)
     rule = _as_rule(primitive, resolution)
+    if not _caches.enabled or not _faithful.get(primitive, True):
+        return rule
+    if _caches.verifying:
+        # The dispatch cache stays empty (every primitive resolves here), and
+        # each resolution is compared with the first one for its key.
+        _verify(key, resolution, generation)
+        return rule
     with _lock:
         # Not when a rule was registered meanwhile: it may resolve otherwise now.
-        if generation == _generation and _faithful.get(primitive, True):
+        if generation == _generation:
+            if len(_cache) >= MAX_DISPATCH:
+                _cache.clear()
             _cache[key] = rule
     return rule
+
+
+# The dispatch cache's bound: past it, it starts afresh.
+MAX_DISPATCH = 4096
+_caches.on_invalidate(_cache.clear)
+_caches.measured("dispatch cache", lambda: (len(_cache), str(MAX_DISPATCH)))
+# Verify mode: the first resolution of each key, and the generation it was made at.
+_resolved = _caches.Table("dispatch cache: resolutions (verify mode)", MAX_DISPATCH)
+_DISPATCH_KEY = ("primitive and input types", "rules generation")
+
+
+def _verify(key: Any, resolution: Resolution, generation: int) -> None:
+    made = _resolved.get(key)
+    if made is None:
+        _resolved.put(key, (resolution, generation))
+        return
+    first, made_at = made
+    if (first.kind, first.function) != (resolution.kind, resolution.function):
+        raise _caches.mismatch(
+            "rules (the dispatch cache)",
+            f"the rule chosen ({resolution.reason}, where it chose {first.reason})",
+            _DISPATCH_KEY,
+            (key, made_at),
+            (key, generation),
+        )
