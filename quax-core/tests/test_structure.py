@@ -121,10 +121,12 @@ def test_import_walk_finds_a_cycle_and_a_nested_import(tmp_path: Path) -> None:
 # of the layers below it (`docs/architecture.md` draws them). A module holds one
 # concept, however long; this test, not a line count, keeps the core's shape.
 LAYERS: dict[str, set[str]] = {
-    # What every layer may use: JAX's private API, the registration journal, the
-    # rules' owners, tables of primitives, the published-quax shadow check.
+    # What every layer may use: JAX's private API, the cache tables and their switch,
+    # the registration journal, the rules' owners, tables of primitives, the
+    # published-quax shadow check.
     "foundation": {
         "_compat",
+        "_caches",
         "_journal",
         "_version",
         "_owners",
@@ -137,9 +139,10 @@ LAYERS: dict[str, set[str]] = {
     # Rules and how they are found: the registry, values staged inside a program,
     # and the plugin loader (which `quaxify` runs on its first call).
     "dispatch": {"_registry", "_staged", "_plugins"},
-    # What quax keeps between binds and calls: compiled eager programs, the jaxpr
-    # interpreter's steps, the recordings replayed while a program is staged.
-    "caches": {"_eager", "_jaxpr", "_replay"},
+    # What quax keeps between binds and calls: the one key builder, compiled eager
+    # programs, the jaxpr interpreter's steps, the recordings replayed while a
+    # program is staged. (The tables themselves, `_caches`, are a foundation.)
+    "caches": {"_keys", "_eager", "_jaxpr", "_replay"},
     # The transform itself.
     "transform": {"_trace", "_quaxify"},
     # Rules for higher-order primitives, and the built-in symbolic zeros family.

@@ -14,6 +14,10 @@ from . import (
     plugins as plugins,
     zero as zero,
 )
+from ._caches import (
+    CacheMismatchError as CacheMismatchError,
+    caching as caching,
+)
 from ._eager import set_eager_compilation as set_eager_compilation
 from ._jaxpr import known_constant as known_constant
 from ._joins import JoinError as JoinError

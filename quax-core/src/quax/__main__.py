@@ -1,5 +1,5 @@
 """`python -m quax`: list installed families, explain a dispatch, report what a
-program materialises."""
+program materialises, report the caches' sizes."""
 
 import argparse
 import importlib
@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 
 import jax
 
-from . import _plugins
+from . import _caches, _plugins
 from ._introspect import primitive_named, summarise
 from ._policy import GuardedValue
 from ._registry import Resolution, resolve
@@ -124,6 +124,19 @@ def _materialised(args: argparse.Namespace) -> int:
     return 0
 
 
+def _caches_report(args: argparse.Namespace) -> int:
+    if args.target is not None:
+        fn = _target(args.target)
+        _plugins.autoload()
+        fn()
+    state = "on" if _caches.enabled else "off (quax.caching(False) or QUAX_CACHING=0)"
+    verify = "on" if _caches.verifying else "off"
+    print(f"caches: {state}; verify mode (QUAX_VERIFY_CACHES=1): {verify}")
+    for name, size, bound in _caches.report():
+        print(f"  {name}: {size} of at most {bound}")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line. **Returns:** the exit status (2 for a wrong command
     line, reported in one line on stderr)."""
@@ -146,6 +159,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     mat.add_argument("target")
     mat.set_defaults(run=_materialised)
+    caches = sub.add_parser(
+        "caches",
+        help="report each cache's size and bound (after running MODULE:FUNCTION)",
+    )
+    caches.add_argument("target", nargs="?", default=None)
+    caches.set_defaults(run=_caches_report)
     args = parser.parse_args(argv)
     try:
         return args.run(args)

@@ -12,17 +12,19 @@ stable.
 """
 
 import functools as ft
-import weakref
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+import jax.tree_util as jtu
 import numpy as np
 from jax import lax
 
-from . import _loops as _loops, _trace  # `_loops` registers the loops' rules
+from . import _caches, _keys, _loops as _loops, _trace  # `_loops`: the loops' rules
 from ._bodies import decision, quaxified_jaxpr
+from ._caches import Table
 from ._compat import (
     Tracer,
     cond_p,
@@ -36,8 +38,8 @@ from ._compat import (
     typeof,
     while_p,
 )
-from ._eager import ConstKey, settings_key
-from ._jaxpr import known_constant
+from ._eager import MAX_CONSTANT_SIZE, ConstKey, value_structure
+from ._jaxpr import ValueAsked, known_constant, stand_in_token, standing_in
 from ._joins import (
     BodyFailed,
     Join,
@@ -73,53 +75,171 @@ def _jit(
     # An inlined `jit` never reaches this rule (`QuaxTrace` binds its equations), so
     # the call is kept.
     del inline, out_shardings  # outputs' types are only known after tracing the body
-    # Plain arguments known now (Python and NumPy scalars, concrete arrays) stay
-    # constants of the body, as they would be without the `jit`: rules may need
-    # their values (an exponent, a constant of NaNs).
+    # Plain arguments known now (Python and NumPy scalars, concrete arrays) up to
+    # `MAX_CONSTANT_SIZE` elements stay constants of the body, keyed by value, as
+    # they would be without the `jit`: rules may need their values (an exponent, a
+    # constant of NaNs). Larger ones are passed in as arguments, as JAX passes
+    # them, and the body is keyed by their avals: an eager loop calling a jitted
+    # library function on fresh data compiles it once. A rule that asks
+    # `known_constant` for one of those would get its value without the `jit`:
+    # the body then runs again with them as constants too, keyed by value (by
+    # identity, past `MAX_CONSTANT_SIZE`), from then on for this jaxpr.
     known = [not is_value(a) and not isinstance(a, Tracer) for a in args]
-    dynamic = [i for i, k in enumerate(known) if not k]
-    key = (
+    large = [
+        k and typeof(a).size > MAX_CONSTANT_SIZE
+        for a, k in zip(args, known, strict=True)
+    ]
+    common = (
         name,
-        tuple(j for j, i in enumerate(dynamic) if donated_invars[i]),
         keep_unused,
         tuple(
-            None if is_unspecified(s) or is_value(a) else s
+            None if is_unspecified(s) or is_value(a) or k else s
             for s, a, k in zip(in_shardings, args, known, strict=True)
-            if not k
         ),
-        tuple(ConstKey(a) if k else None for a, k in zip(args, known, strict=True)),
-        settings_key(),  # rules read them while the body traces
     )
-    return _jitted(jaxpr, key)(*[args[i] for i in dynamic])
+    if any(large) and (not _caches.enabled or _by_value.get(jaxpr) is None):
+        token = object()
+        slots = tuple(
+            typeof(a) if g else ConstKey(a) if k else None
+            for a, k, g in zip(args, known, large, strict=True)
+        )
+        try:
+            return _call(jaxpr, common, donated_invars, slots, args, token)
+        except ValueAsked as e:
+            if e.token is not token:
+                raise  # an enclosing `jit`'s argument
+            release_traces(e)
+        if _caches.enabled:
+            _by_value.put(jaxpr, True)
+    slots = tuple(ConstKey(a) if k else None for a, k in zip(args, known, strict=True))
+    return _call(jaxpr, common, donated_invars, slots, args, None)
 
 
-_jit_cache: "weakref.WeakKeyDictionary[Any, dict[Any, Callable[..., Any]]]" = (
-    weakref.WeakKeyDictionary()
+# The jitted quaxified bodies, by jaxpr and key; and the jaxprs whose rules asked
+# for the value of a concrete plain argument passed in by its aval (they take
+# every concrete argument by value).
+MAX_NESTED_JITS = 256
+_nested = Table("nested jit bodies", MAX_NESTED_JITS)
+_by_value = Table("nested jits taking plain arguments by value", MAX_NESTED_JITS)
+# What each body was made with, for verify mode: its key's components.
+_made = Table("nested jit bodies: their key components (verify mode)", MAX_NESTED_JITS)
+
+# The components of a body's key (see `quax._keys`).
+_KEY = (
+    "name",
+    "keep_unused",
+    "in_shardings",
+    "donated arguments",
+    "plain arguments",
+    "value structures",
+    *_keys.CONTEXT,
 )
 
 
-def _jitted(jaxpr: Any, key: tuple[Any, ...]) -> Callable[..., Any]:
-    """`jax.jit` of the quaxified `jaxpr`, with the constants in `key` closed over,
-    cached so that JAX's own cache hits when the same nested `jit` comes back."""
-    per_jaxpr = _jit_cache.setdefault(jaxpr, {})
+def _call(
+    jaxpr: Any,
+    common: tuple[Any, ...],
+    donated_invars: tuple[bool, ...],
+    slots: tuple[Any, ...],
+    args: Sequence[Any],
+    token: object,
+) -> Any:
+    """Call the jitted body of `jaxpr` on `args`: each slot is a constant (a
+    `ConstKey`), or the aval of a concrete argument passed in (whose value
+    `token`'s call knows), or `None` for a traced or value argument."""
+    dynamic = [i for i, c in enumerate(slots) if not isinstance(c, ConstKey)]
+    # Concrete arguments are never donated: they stay the caller's.
+    donate = tuple(
+        j for j, i in enumerate(dynamic) if donated_invars[i] and slots[i] is None
+    )
+    tokens = [
+        token if slots[i] is not None else stand_in_token(args[i]) for i in dynamic
+    ]
+    passed = [args[i] for i in dynamic]
+    # JAX keys the body's trace by the values' treedefs, whose static fields may
+    # compare loosely (quax-units' display units): each text has its own body.
+    structures = tuple(
+        _structure(args[i]) if slots[i] is None and is_value(args[i]) else None
+        for i in dynamic
+    )
+    # The settings rules read while the body traces, and the rest of the context.
+    parts = (*common, donate, slots, structures, *_keys.context())
+    key = (jaxpr, _keys.key(_KEY, parts))
+    jitted = _nested.get(key) if _caches.enabled else None
+    fresh = None
+    if jitted is None:
+        jitted = _jitted(jaxpr, parts)
+        if _caches.enabled:
+            _nested.put(key, jitted)
+            if _caches.verifying:
+                _made.put(key, parts)
+    elif _caches.verifying:
+        fresh = _jitted(jaxpr, parts)  # traced afresh: the rules run
+    previous = _pending.tokens
+    _pending.tokens = tokens
     try:
-        return per_jaxpr[key]
-    except KeyError:
-        pass
-    name, donate, keep_unused, shardings, consts, _ = key
+        out = jitted(*passed)
+        if fresh is not None and _outline(fresh(*passed)) != _outline(out):
+            made = _made.get(key, parts)
+            raise _caches.mismatch(
+                "nested jit bodies", "its outputs' types", _KEY, made, parts
+            )
+        return out
+    finally:
+        _pending.tokens = previous
+
+
+def _structure(x: Any) -> Any:
+    """The strict structure of the value `x`: its type and static fields, equal
+    only for the same text (see `quax._eager.value_structure`)."""
+    structure = value_structure(x)[0]
+    return repr(jtu.tree_structure(x)) if structure is None else structure
+
+
+def _outline(out: Any) -> str:
+    """The types, static fields (by text) and avals of the outputs `out`."""
+    leaves, treedef = jtu.tree_flatten(out)
+    return repr((treedef, [typeof(x) for x in leaves]))
+
+
+class _Pending(threading.local):
+    # Per argument of the `jit` call being made: the token of the call that knows
+    # its value, when it stands in for a concrete plain array (see `standing_in`).
+    tokens: list[Any]
+
+    def __init__(self) -> None:
+        self.tokens = []
+
+
+_pending = _Pending()
+
+
+def _jitted(jaxpr: Any, parts: tuple[Any, ...]) -> Callable[..., Any]:
+    """`jax.jit` of the quaxified `jaxpr`, with the constants among the key
+    components `parts` closed over. Cached (see `_call`), so that JAX's own cache
+    hits when the same nested `jit` comes back."""
+    name, keep_unused, shardings, donate, slots = parts[:5]
     fn = quaxified_jaxpr(jaxpr)
 
     def body(*dynamic: Any) -> Any:
-        it = iter(dynamic)
-        return fn(*[next(it) if c is None else c.value for c in consts])
+        # While JAX traces it: `known_constant` asked about an argument standing in
+        # for a concrete one raises for the call that knows its value.
+        tokens = _pending.tokens
+        marked = [i for i, t in enumerate(tokens) if t is not None]
+        with standing_in([dynamic[i] for i in marked], [tokens[i] for i in marked]):
+            it = iter(dynamic)
+            return fn(
+                *[c.value if isinstance(c, ConstKey) else next(it) for c in slots]
+            )
 
     body.__name__ = body.__qualname__ = name
     kwargs: dict[str, Any] = {}
     if not all(s is None for s in shardings):
-        kwargs["in_shardings"] = shardings
-    out = jax.jit(body, donate_argnums=donate, keep_unused=keep_unused, **kwargs)
-    per_jaxpr[key] = out
-    return out
+        kept = zip(shardings, slots, strict=True)
+        kwargs["in_shardings"] = tuple(
+            s for s, c in kept if not isinstance(c, ConstKey)
+        )
+    return jax.jit(body, donate_argnums=donate, keep_unused=keep_unused, **kwargs)
 
 
 # cond / switch ------------------------------------------------------------------------

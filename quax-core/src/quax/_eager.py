@@ -7,8 +7,12 @@ a Python operator on a traced value, `quax.quaxify` of a jitted function or of a
 `operator` function) runs as the compiled program of its quaxified body, cached by
 the code, the values' types and static fields (strictly: each program sees one text
 of them and fields equal by `==`, as a type may make their equality loose, or
-stricter than their text, as an object equal only to itself), the plain inputs, and
-the settings that rules read (`quax.zero.ieee_strict`).
+stricter than their text, as an object equal only to itself), which inputs and
+leaves are one object (a rule may give `K + K` a closed form that `K + K2` has
+not: the program then takes each leaf once, and rebuilds each value once), the
+plain inputs, and the context of every cache's key (see `quax._keys`: the
+settings that rules read, such as `quax.zero.ieee_strict`, JAX's trace context,
+the debug-check flag and the registry's generation).
 
 In a compiled program, rules see the leaves of values as tracers, where equation by
 equation they see concrete arrays. So that no rule answers otherwise there, the
@@ -50,7 +54,7 @@ import jax
 import jax.tree_util as jtu
 import numpy as np
 
-from . import _journal, _registry, _values
+from . import _caches, _keys, _values
 from ._compat import (
     KEEP_BARRIERS,
     Tracer,
@@ -59,10 +63,12 @@ from ._compat import (
     eval_rounding_each_step,
     typeof,
 )
+from ._keys import _settings as _settings, add_setting, settings_key
 from ._values import is_value, value_classes
 
 
 __all__ = [
+    "MAX_CODES",
     "MAX_CONSTANT_SIZE",
     "MAX_FIRST_CALLS",
     "MAX_PROGRAMS",
@@ -82,6 +88,8 @@ __all__ = [
 MAX_CONSTANT_SIZE = 64
 MAX_PROGRAMS = 32
 MAX_FIRST_CALLS = 64
+# Codes with programs kept; past it, they all start afresh.
+MAX_CODES = 1024
 
 _ARRAY_LEAVES = (jax.Array, np.ndarray, np.generic, int, float, complex)
 
@@ -283,7 +291,34 @@ _state = _State()
 # output structures of the keys called once so far (at most `MAX_FIRST_CALLS`, the
 # oldest dropped first).
 _programs: dict[int, tuple[Any, dict[Any, Any], dict[Any, "_FirstOutput"]]] = {}
-_programs_generation = _registry.rules_generation()
+# Held while the keys called once are changed: threads calling at once would
+# otherwise see the table change while the oldest key is dropped.
+_lock = threading.Lock()
+
+
+def _drop_all() -> None:
+    _programs.clear()
+    _structures.clear()
+    _by_fields.clear()
+
+
+_caches.on_invalidate(_drop_all)  # a rule registered, a setting declared
+_caches.measured(
+    "compiled eager programs",
+    lambda: (
+        sum(len(entry[1]) for entry in list(_programs.values())),
+        f"{MAX_PROGRAMS} per code, {MAX_CODES} codes",
+    ),
+)
+_caches.measured(
+    "eager value structures", lambda: (len(_structures), str(MAX_STRUCTURES))
+)
+# What each program was made with, for verify mode: its key's components and what
+# it stages (see `_verify`).
+_made = _caches.Table("compiled eager programs: what each was made with", 4096)
+
+# The components of a program's key (see `quax._keys`).
+_KEY = ("types, static fields, avals and constants", "aliasing", *_keys.CONTEXT)
 
 
 def _table_of(code: Any) -> tuple[dict[Any, Any], dict[Any, "_FirstOutput"]] | None:
@@ -297,6 +332,8 @@ def _table_of(code: Any) -> tuple[dict[Any, Any], dict[Any, "_FirstOutput"]] | N
         return None
     programs: dict[Any, Any] = {}
     first_calls: dict[Any, _FirstOutput] = {}
+    if len(_programs) >= MAX_CODES:
+        _programs.clear()
     _programs[key] = (ref, programs, first_calls)
     return programs, first_calls
 
@@ -323,13 +360,9 @@ def call_compiled(
     (materialisations tracked, no value, a large or traced plain input, too many
     programs for `code` already, or code that runs equation by equation).
     """
-    global _programs_generation, programs_traced
-    if not _enabled or _state.checking or _values._state.reports:
+    global programs_traced
+    if not _enabled or not _caches.enabled or _state.checking or _values._state.reports:
         return False, None
-    if _registry._generation != _programs_generation:
-        # A rule was registered: the programs may dispatch otherwise now.
-        _programs.clear()
-        _programs_generation = _registry._generation
     inputs: Sequence[Any] = args
     treedef: Any = len(args)
     found = None if kwargs else _program_key(args, treedef)
@@ -338,7 +371,7 @@ def call_compiled(
         found = _program_key(inputs, treedef)
     if found is None or found is _PYTREES:
         return False, None
-    program_key, leaves = found
+    program_key, leaves, positions, parts = found
     table = _table_of(code)
     if table is None:
         return False, None
@@ -348,7 +381,8 @@ def call_compiled(
     except TypeError:  # a pytree node of the inputs that cannot be hashed
         return False, None
     if program is None:
-        first = first_calls.pop(program_key, None)
+        with _lock:
+            first = first_calls.pop(program_key, None)
         if first is None:
             # The first call runs equation by equation only (as does code inside
             # it), and leaves the structure of its output to check the program.
@@ -357,20 +391,60 @@ def call_compiled(
                 out = quaxified()(*args, **(kwargs or {}))
             finally:
                 _state.checking = False
-            if len(first_calls) >= MAX_FIRST_CALLS:
-                del first_calls[next(iter(first_calls))]  # the oldest
-            first_calls[program_key] = _FirstOutput(out)
+            first_out = _FirstOutput(out)
+            with _lock:
+                while len(first_calls) >= MAX_FIRST_CALLS:
+                    del first_calls[next(iter(first_calls))]  # the oldest
+                first_calls[program_key] = first_out
             return True, out
         if len(programs) >= MAX_PROGRAMS:
             return False, None
         # The second call traces and checks the program, and runs it if kept.
         program = programs[program_key] = _checked_program(
-            quaxified(), inputs, treedef, leaves, first
+            quaxified(), inputs, treedef, leaves, first, positions
         )
         programs_traced += 1
+        if _caches.verifying and program is not _BY_EQUATION:
+            made = _staged(quaxified(), inputs, treedef, leaves, positions)
+            _made.put((id(code), program_key), (parts, made))
+    elif _caches.verifying and program is not _BY_EQUATION:
+        _verify((id(code), program_key), parts, quaxified, inputs, treedef, found)
     if program is _BY_EQUATION:
         return False, None
     return True, program(*leaves)
+
+
+def _staged(
+    fn: Callable[..., Any],
+    inputs: Sequence[Any],
+    treedef: Any,
+    leaves: list[Any],
+    positions: tuple[int, ...] | None,
+) -> tuple[str, str]:
+    """What the program of `fn` on `inputs` stages (its jaxpr, as text) and gives
+    (its output's treedef and avals, as text), traced afresh."""
+    traced = _compile(fn, inputs, treedef, positions).trace(*leaves)
+    return str(traced.jaxpr), repr(traced.out_info)
+
+
+def _verify(
+    entry: Any,
+    parts: tuple[Any, ...],
+    quaxified: Callable[[], Callable[..., Any]],
+    inputs: Sequence[Any],
+    treedef: Any,
+    found: Any,
+) -> None:
+    """Verify mode: trace the program of a hit afresh, and raise when it stages or
+    gives otherwise than the program kept (see `quax._caches`)."""
+    made = _made.get(entry)
+    if made is None:
+        return  # made before verify mode was on
+    _, leaves, positions, _ = found
+    now = _staged(quaxified(), inputs, treedef, leaves, positions)
+    if now != made[1]:
+        what = "its staged program" if now[0] != made[1][0] else "its outputs"
+        raise _caches.mismatch("compiled eager programs", what, _KEY, made[0], parts)
 
 
 # What `_program_key` answers for inputs that hold pytrees of inputs.
@@ -379,13 +453,23 @@ _PYTREES: Any = object()
 
 def _program_key(inputs: Sequence[Any], treedef: Any) -> Any:
     """The key of a program on `inputs` (values, small plain arrays and scalars; as
-    the leaves of `treedef`) and the leaves of its inputs; `_PYTREES` when an input
-    is a pytree of them, `None` when there is no program for them."""
+    the leaves of `treedef`), the distinct leaves of its inputs, where each leaf
+    is among them (`None` when each is there once, in order) and the key's
+    components; `_PYTREES` when an input is a pytree of them, `None` when there is
+    no program for them."""
     leaves: list[Any] = []
+    constants: list[Any] = []
     key: list[Any] = [treedef]
     values = False
-    for x in inputs:
+    seen: dict[int, int] = {}  # the values by `id`, and their input's index
+    for i, x in enumerate(inputs):
         if type(x) in value_classes or is_value(x):
+            if id(x) in seen:
+                # The same value twice (`K + K`): rules may see that, so the key
+                # holds it, and the program rebuilds the value once.
+                key.append(("is", seen[id(x)]))
+                continue
+            seen[id(x)] = i
             structure, value_leaves, avals = value_structure(x)
             if structure is None:
                 return None
@@ -397,15 +481,26 @@ def _program_key(inputs: Sequence[Any], treedef: Any) -> Any:
             if isinstance(x, Tracer) or np.size(x) > MAX_CONSTANT_SIZE:
                 return None
             key.append(ConstKey(x))
+            constants.append(x)
         elif isinstance(treedef, int):
             return _PYTREES
         else:
             return None
     if not values:
         return None
-    for read in _settings:
-        key.append(read())
-    return tuple(key), leaves
+    if len(set(map(id, leaves))) != len(leaves):
+        # A leaf twice (`K + K`, or a value built on one array twice): rules may
+        # see that (a closed form for a sum of one matrix with itself), so the key
+        # holds which leaves are one object, and the program gets each once.
+        firsts: dict[int, int] = {}
+        positions = tuple(firsts.setdefault(id(t), len(firsts)) for t in leaves)
+        leaves = list({id(t): t for t in leaves}.values())
+    else:
+        positions = None
+    if constants and {id(c) for c in constants} & {id(t) for t in leaves}:
+        return None  # a leaf that is also a plain input: one object, two roles
+    parts = (tuple(key), positions, *_keys.context())
+    return _keys.key(_KEY, parts), leaves, positions, parts
 
 
 class _FirstOutput:
@@ -442,11 +537,13 @@ def _checked_program(
     treedef: Any,
     leaves: list[Any],
     first: _FirstOutput,
+    positions: tuple[int, ...] | None,
 ) -> Any:
     """The compiled program of `fn` on `inputs` (the values among them are given as
-    their leaves), if tracing it on `leaves` gives the output structure of the
-    first call, `first`; else `_BY_EQUATION`."""
-    program = _compile(fn, inputs, treedef)
+    their distinct leaves, `leaves`, each leaf's place among them in `positions`),
+    if tracing it on `leaves` gives the output structure of the first call,
+    `first`; else `_BY_EQUATION`."""
+    program = _compile(fn, inputs, treedef, positions)
     try:
         traced = program.trace(*leaves)
     except (ConcreteNeeded, Exception):
@@ -508,55 +605,38 @@ def _shape_dtype(x: Any) -> tuple[Any, ...]:
     return aval.shape, aval.dtype, aval.weak_type
 
 
-# The settings that rules read while they trace, which a compiled program fixes (the
-# core's symbolic zeros add their `ieee_strict` when they are imported).
-_settings: list[Callable[[], Any]] = []
-
-
-def add_setting(read: Callable[[], Any]) -> None:
-    """Declare a setting that rules read while they trace: a mode that a context
-    manager sets (as `quax.zero.ieee_strict` or `quax_named.axis_mapping` do).
-
-    Quax reuses what rules traced once: compiled eager programs, and while a
-    program is staged, the equations a rule (or a library `jit`'s body) staged for
-    the same key. The setting's current value joins every such key, so that code
-    traced under one value is never reused under another.
-
-    **Arguments:**
-
-    - `read`: returns the setting's current value, hashable. Called for every key,
-        so keep it cheap (a thread-local read).
-
-    **Returns:**
-
-    Nothing.
-    """
-    _settings.append(read)
-    # A family that fails to load takes its settings back (see `quax._journal`).
-    _journal.record(lambda: _settings.remove(read), getattr(read, "__module__", None))
-
-
-def settings_key() -> tuple[Any, ...]:
-    """The current values of the settings given to `add_setting`."""
-    return tuple(read() for read in _settings)
-
-
-def _compile(fn: Callable[..., Any], inputs: Sequence[Any], treedef: Any) -> Any:
-    """`fn` on `inputs` as a jitted function of the leaves of the values among them
-    (the other inputs are constants of the program)."""
-    slots: list[tuple[Any, int]] = []  # per input: its treedef and leaf count, or
-    for x in inputs:  # the constant itself
-        if is_value(x):
+def _compile(
+    fn: Callable[..., Any],
+    inputs: Sequence[Any],
+    treedef: Any,
+    positions: tuple[int, ...] | None = None,
+) -> Any:
+    """`fn` on `inputs` as a jitted function of the distinct leaves of the values
+    among them (the other inputs are constants of the program): each leaf is the
+    argument at its place in `positions` (`None`: each leaf is its own argument),
+    so that leaves that were one object are one tracer."""
+    # Per input: its treedef and leaf count, or the constant itself (count -1), or
+    # the index of the earlier input that is the same value (count -2).
+    slots: list[tuple[Any, int]] = []
+    seen: dict[int, int] = {}
+    for i, x in enumerate(inputs):
+        if is_value(x) and id(x) in seen:
+            slots.append((seen[id(x)], -2))
+        elif is_value(x):
+            seen[id(x)] = i
             value_leaves, value_treedef = jtu.tree_flatten(x)
             slots.append((value_treedef, len(value_leaves)))
         else:
             slots.append((x, -1))
 
-    def body(*leaves: Any) -> Any:
+    def body(*distinct: Any) -> Any:
+        leaves = distinct if positions is None else [distinct[p] for p in positions]
         rebuilt = []
         start = 0
         for x, count in slots:
-            if count < 0:
+            if count == -2:
+                rebuilt.append(rebuilt[x])
+            elif count < 0:
                 rebuilt.append(x)
             else:
                 rebuilt.append(jtu.tree_unflatten(x, leaves[start : start + count]))

@@ -48,9 +48,12 @@ __all__ = [
     "body_arg_names",
     "body_source",
     "eval_quaxified",
+    "ValueAsked",
     "is_varying",
     "known_asks",
     "known_constant",
+    "stand_in_token",
+    "standing_in",
     "track_evaluations",
 ]
 
@@ -265,6 +268,56 @@ def eval_quaxified(
     return [v.val if type(v) is Literal else env[v] for v in jaxpr.outvars]
 
 
+class ValueAsked(BaseException):
+    """A rule asked `known_constant` for the value of a plain argument of a nested
+    `jit` that was concrete when called, but that quax passed in as an argument
+    (keyed by its aval, see `quax._control_flow`): the call with `token` runs
+    again with it as a constant. A `BaseException`, so that a rule's `except
+    Exception` cannot turn it into a more general answer."""
+
+    def __init__(self, token: object) -> None:
+        super().__init__(token)
+        self.token = token
+
+
+class _StandIns(threading.local):
+    tokens: "dict[Any, object]"
+
+    def __init__(self) -> None:
+        # The staged variables that stand in for concrete plain arguments, each
+        # with the token of the nested `jit` call that knows its value.
+        self.tokens = {}
+
+
+_stand_ins = _StandIns()
+
+
+def stand_in_token(x: Any) -> object | None:
+    """The token of the nested `jit` call whose concrete argument the staged
+    tracer `x` stands in for, or `None`."""
+    if not _stand_ins.tokens or type(x) is not DynamicJaxprTracer:
+        return None
+    kind, atom = staged_atom(x._trace, x)
+    return _stand_ins.tokens.get(atom) if kind == "var" else None
+
+
+@contextlib.contextmanager
+def standing_in(tracers: Sequence[Any], tokens: Sequence[object]) -> Iterator[None]:
+    """Within the block, `known_constant` asked about one of the staged `tracers`
+    (inputs of a body being traced) raises `ValueAsked` with its token."""
+    added = []
+    for t, token in zip(tracers, tokens, strict=True):
+        kind, atom = staged_atom(t._trace, t)
+        if kind == "var" and atom not in _stand_ins.tokens:
+            _stand_ins.tokens[atom] = token
+            added.append(atom)
+    try:
+        yield
+    finally:
+        for atom in added:
+            del _stand_ins.tokens[atom]
+
+
 class _Asks(threading.local):
     count: int = 0
 
@@ -326,6 +379,12 @@ def known_constant(x: Any, max_size: int = 1024) -> Any:
             return np.asarray(atom.val)
         eqn = staged_equation(t)
         if eqn is None:
+            if kind == "var" and _stand_ins.tokens:
+                token = _stand_ins.tokens.get(atom)
+                if token is not None:
+                    # Concrete when called: with it as a constant, a rule could
+                    # answer otherwise.
+                    raise ValueAsked(token)
             return None
         primitive = eqn.primitive
         if primitive is jprim.copy_p:

@@ -4,6 +4,7 @@ import abc
 import dataclasses
 import functools as ft
 import inspect
+import threading
 import typing
 import warnings
 from collections.abc import Callable, Iterable, Sequence
@@ -13,7 +14,7 @@ import jax
 import numpy as np
 import plum
 
-from . import _journal
+from . import _caches, _journal
 from ._compat import Primitive
 from ._owners import RuleConflictWarning, describe_rule, owner, report_conflict
 from ._values import Value, describe_types, is_value
@@ -59,6 +60,10 @@ _faithful: dict[Primitive, bool] = {}
 _cache: dict[tuple[Primitive, tuple[type, ...]], Rule] = {}
 # How many rules were registered so far (see `rules_generation`).
 _generation = 0
+# Held while dispatch for a primitive is rebuilt, and while a resolution is stored
+# in the dispatch cache: a resolution started before a `register` is never stored
+# after it (it may name a rule that no longer wins).
+_lock = threading.RLock()
 # The params each rule takes by name, read once at registration; `None` for a rule
 # with `**params`, which receives every param.
 _keywords: dict[Callable[..., Any], frozenset[str] | None] = {}
@@ -124,32 +129,33 @@ def register(primitive: Primitive, *, precedence: int = 0) -> Callable[[_F], _F]
     def _register(rule: _F) -> _F:
         signature = _checked_signature(primitive, rule)
         new = _Registration(rule, signature, precedence, _is_catch_all(rule))
-        registrations = _registrations.setdefault(primitive, [])
-        before = list(registrations)
-        for i, old in enumerate(registrations):
-            if old.signature != new.signature:
-                continue
-            # Equal signatures (precedence aside) never both reach plum. The same
-            # owner registering again redefines the rule; between two owners the
-            # higher precedence wins, and on a tie the later registration.
-            if owner(old.function) == owner(rule):
-                registrations[i] = new
-            else:
-                report_conflict(
-                    primitive, old.function, old.precedence, rule, precedence
-                )
-                if precedence >= old.precedence:
+        with _lock:  # one registration at a time
+            registrations = _registrations.setdefault(primitive, [])
+            before = list(registrations)
+            for i, old in enumerate(registrations):
+                if old.signature != new.signature:
+                    continue
+                # Equal signatures (precedence aside) never both reach plum. The same
+                # owner registering again redefines the rule; between two owners the
+                # higher precedence wins, and on a tie the later registration.
+                if owner(old.function) == owner(rule):
                     registrations[i] = new
-            break
-        else:
-            registrations.append(new)
-        _keywords[rule] = _declared_keywords(rule)
-        _rebuild(primitive)
-        if any(r is new for r in registrations):
-            kept = set(map(id, registrations))
-            replaced = next((o for o in before if id(o) not in kept), None)
-            take_back = ft.partial(_withdraw, primitive, new, replaced)
-            _journal.record(take_back, getattr(rule, "__module__", None))
+                else:
+                    report_conflict(
+                        primitive, old.function, old.precedence, rule, precedence
+                    )
+                    if precedence >= old.precedence:
+                        registrations[i] = new
+                break
+            else:
+                registrations.append(new)
+            _keywords[rule] = _declared_keywords(rule)
+            _rebuild(primitive)
+            if any(r is new for r in registrations):
+                kept = set(map(id, registrations))
+                replaced = next((o for o in before if id(o) not in kept), None)
+                take_back = ft.partial(_withdraw, primitive, new, replaced)
+                _journal.record(take_back, getattr(rule, "__module__", None))
         return rule
 
     return _register
@@ -160,17 +166,23 @@ def _rebuild(primitive: Primitive) -> None:
     its signatures are faithful; and every resolution made before forgotten."""
     global _generation
     registrations = _registrations.get(primitive, [])
-    for catch_all, functions in ((False, _functions), (True, _catch_alls)):
+    built = {}
+    for catch_all in (False, True):
         function = plum.Function(_named(primitive), warn_redefinition=False)
         for registration in registrations:
             if registration.catch_all is catch_all:
                 function.register(
                     registration.function, precedence=registration.precedence
                 )
-        functions[primitive] = function
-    _faithful[primitive] = all(_decided_by_types(r.signature) for r in registrations)
-    _cache.clear()
-    _generation += 1
+        built[catch_all] = function
+    with _lock:
+        _functions[primitive] = built[False]
+        _catch_alls[primitive] = built[True]
+        _faithful[primitive] = all(
+            _decided_by_types(r.signature) for r in registrations
+        )
+        _generation += 1
+        _caches.invalidate()  # clears `_cache` too
 
 
 def _withdraw(
@@ -178,15 +190,16 @@ def _withdraw(
 ) -> None:
     """Take back the registration `new` (see `quax._journal`): the rule it replaced
     comes back, if any."""
-    registrations = _registrations.get(primitive, [])
-    for i, registration in enumerate(registrations):
-        if registration is new:
-            if replaced is None:
-                del registrations[i]
-            else:
-                registrations[i] = replaced
-            _rebuild(primitive)
-            return
+    with _lock:
+        registrations = _registrations.get(primitive, [])
+        for i, registration in enumerate(registrations):
+            if registration is new:
+                if replaced is None:
+                    del registrations[i]
+                else:
+                    registrations[i] = replaced
+                _rebuild(primitive)
+                return
 
 
 def rules_generation() -> int:
@@ -570,9 +583,46 @@ def rule_for(primitive: Primitive, values: Sequence[Any]) -> Rule:
         return _cache[key]
     except KeyError:
         pass
+    generation = _generation
     resolution = _resolve(primitive, values)
     _warn_if_foreign(primitive, resolution, values)
     rule = _as_rule(primitive, resolution)
-    if _faithful.get(primitive, True):
-        _cache[key] = rule
+    if not _caches.enabled or not _faithful.get(primitive, True):
+        return rule
+    if _caches.verifying:
+        # The dispatch cache stays empty (every primitive resolves here), and
+        # each resolution is compared with the first one for its key.
+        _verify(key, resolution, generation)
+        return rule
+    with _lock:
+        # Not when a rule was registered meanwhile: it may resolve otherwise now.
+        if generation == _generation:
+            if len(_cache) >= MAX_DISPATCH:
+                _cache.clear()
+            _cache[key] = rule
     return rule
+
+
+# The dispatch cache's bound: past it, it starts afresh.
+MAX_DISPATCH = 4096
+_caches.on_invalidate(_cache.clear)
+_caches.measured("dispatch cache", lambda: (len(_cache), str(MAX_DISPATCH)))
+# Verify mode: the first resolution of each key, and the generation it was made at.
+_resolved = _caches.Table("dispatch cache: resolutions (verify mode)", MAX_DISPATCH)
+_DISPATCH_KEY = ("primitive and input types", "rules generation")
+
+
+def _verify(key: Any, resolution: Resolution, generation: int) -> None:
+    made = _resolved.get(key)
+    if made is None:
+        _resolved.put(key, (resolution, generation))
+        return
+    first, made_at = made
+    if (first.kind, first.function) != (resolution.kind, resolution.function):
+        raise _caches.mismatch(
+            "rules (the dispatch cache)",
+            f"the rule chosen ({resolution.reason}, where it chose {first.reason})",
+            _DISPATCH_KEY,
+            (key, made_at),
+            (key, generation),
+        )

@@ -15,10 +15,11 @@ dtypes and tuples of ints by value and type, floats by their bits, anything else
 identity) and the avals of its leaves, the avals of the plain inputs, JAX's trace
 context (the settings its own tracing caches key on: the default matmul precision,
 the mesh, `enable_x64`, ...), the settings rules read (`quax.zero.ieee_strict`, and
-any that a family declares with `quax.plugins.add_setting`) and the debug-check
-flag. Rules are functions of these: a rule's Python runs once per key while staging.
-A body is only kept when its first run shows that replaying it gives exactly what
-running it gives:
+any that a family declares with `quax.plugins.add_setting`), the debug-check
+flag and the registry's generation (the context of every cache's key, see
+`quax._keys`). Rules are functions of these: a rule's Python runs once per key
+while staging. A body is only kept when its first run shows that replaying it
+gives exactly what running it gives:
 
 - every input (each plain one, each leaf of each value) is an input or an
   equation's output of the staging trace: never a constant, which rules could
@@ -37,7 +38,12 @@ running it gives:
   the next run must give equal ones (by `==` and by text, as compiled eager
   programs check), else the body runs every time.
 
-Inputs that are the same tracer (`x * x`) are part of the key too.
+Inputs that are the same tracer (`x * x`) are part of the key too: which leaves
+are one tracer, in which places (`T + T` and `T + U` with `U` sharing two of
+`T`'s three diagonals have different keys).
+
+In verify mode (`QUAX_VERIFY_CACHES=1`, see `quax._caches`), a hit runs the rules
+instead of replaying, and raises when what they stage differs from the recording.
 
 The values in a replay's output are rebuilt field by field, as `jax.tree_util`
 rebuilds them, with the first run's static fields. Nothing is replayed (or kept)
@@ -52,7 +58,7 @@ from typing import Any, NamedTuple
 import jax
 import numpy as np
 
-from . import _jaxpr, _registry, _values
+from . import _caches, _jaxpr, _keys, _values
 from ._compat import (
     DynamicJaxprTracer,
     Primitive,
@@ -63,10 +69,10 @@ from ._compat import (
     staged_atom,
     staged_count,
     staged_since,
-    trace_context,
 )
-from ._eager import field_layout, settings_key
+from ._eager import field_layout
 from ._jaxpr import binds_directly, known_asks
+from ._keys import Identity, params_key, static_key
 from ._staged import jaxpr_holds_staged_values
 from ._values import is_value, value_classes
 
@@ -122,62 +128,34 @@ class _Unconfirmed(NamedTuple):
     statics: list[Any]
 
 
-class _Identity:
-    """A static field that keys by identity."""
-
-    __slots__ = ("value",)
-
-    def __init__(self, value: Any) -> None:
-        self.value = value
-
-    def __eq__(self, other: object) -> bool:
-        return type(other) is _Identity and other.value is self.value
-
-    def __hash__(self) -> int:
-        return id(self.value)
-
-
-_BY_VALUE = frozenset({bool, int, str, type(None)})
-
-
-_FLOATS = (float, complex, np.floating, np.complexfloating)
-
-
-def _float_key(x: Any) -> tuple[type, bytes]:
-    """A float (Python's or NumPy's, real or complex) keyed by its bits: `0.0 ==
-    -0.0` (and `float.hex` gives one text for both signs of NaN), but rules and
-    params may tell them apart."""
-    return type(x), np.asarray(x).tobytes()
-
-
-def _params_key(params: dict[str, Any]) -> tuple[Any, ...]:
-    """A primitive's `params` as a key, its floats (`gather`'s `fill_value`) by bits."""
-    return tuple(
-        (name, _float_key(v) if isinstance(v, _FLOATS) else v)
-        for name, v in params.items()
-    )
-
-
-def _static_key(x: Any) -> Any:
-    kind = type(x)
-    if kind in _BY_VALUE:
-        return kind, x
-    if kind is float or kind is complex:
-        return _float_key(x)
-    if isinstance(x, np.dtype):
-        return np.dtype, x
-    if kind is tuple and all(type(e) is int for e in x):
-        return tuple, x
-    return _Identity(x)
-
-
 _recordings: "weakref.WeakKeyDictionary[Any, dict[Any, Any]]" = (
     weakref.WeakKeyDictionary()
 )
 _by_primitive: dict[Primitive, dict[Any, Any]] = {}
 # Primitives never replayed: host callbacks, and those whose params hold a jaxpr.
 _unreplayable: set[Primitive] = set(_jaxpr._CALLBACKS)
-_generation = _registry.rules_generation()
+
+
+def _drop_all() -> None:
+    _recordings.clear()
+    _by_primitive.clear()
+
+
+_caches.on_invalidate(_drop_all)  # a rule registered, a setting declared
+_caches.measured(
+    "replayed recordings",
+    lambda: (
+        sum(map(len, list(_by_primitive.values())))
+        + sum(map(len, list(_recordings.values()))),
+        f"{MAX_PRIMITIVE_RECORDINGS} per primitive, {MAX_RECORDINGS} per jaxpr "
+        "(dropped with it)",
+    ),
+)
+# What the recordings were made with, for verify mode: the key's components.
+_made = _caches.Table("replayed recordings: their key components (verify mode)", 4096)
+
+# The components of a replay key (see `quax._keys`).
+_KEY = ("types, static fields and avals", "aliasing", *_keys.CONTEXT)
 
 
 def _variable(trace: Any, x: Any) -> bool:
@@ -189,11 +167,11 @@ def _variable(trace: Any, x: Any) -> bool:
     )
 
 
-def _key(trace: Any, values: list[Any], checks: bool) -> tuple[Any, list[Any]] | None:
-    """The key of `values` and the tracers they stand on (plain inputs and leaves),
-    or `None` when they cannot be replayed on."""
+def _key(trace: Any, values: list[Any]) -> tuple[Any, list[Any], Any] | None:
+    """The key of `values`, the tracers they stand on (plain inputs and leaves)
+    and the key's components, or `None` when they cannot be replayed on."""
     parent = trace.parent_trace
-    key: list[Any] = [checks, trace_context(), *settings_key()]
+    key: list[Any] = []
     leaves = []
     for x in values:
         if type(x) is DynamicJaxprTracer:
@@ -213,29 +191,31 @@ def _key(trace: Any, values: list[Any], checks: bool) -> tuple[Any, list[Any]] |
                 return None
             leaves.append(leaf)
             part.append(leaf.aval)
-        part += [_static_key(_object_getattribute(x, name)) for name in static]
+        part += [static_key(_object_getattribute(x, name)) for name in static]
         key.append(tuple(part))
+    aliasing = None
     if len(set(map(id, leaves))) != len(leaves):
         # A tracer twice (`x * x`): rules may see that, and so does the key.
         firsts: dict[int, int] = {}
-        key.append(tuple(firsts.setdefault(id(t), i) for i, t in enumerate(leaves)))
-    return tuple(key), leaves
+        aliasing = tuple(firsts.setdefault(id(t), i) for i, t in enumerate(leaves))
+    parts = (tuple(key), aliasing, *_keys.context())
+    return _keys.key(_KEY, parts), leaves, parts
 
 
-def inline(
-    trace: Any, values: list[Any], jaxpr: Any, run: Any, checks: bool
-) -> list[Any]:
+def inline(trace: Any, values: list[Any], jaxpr: Any, run: Any) -> list[Any]:
     """The outputs of the inlined `jit` of `jaxpr` on `values` (the quax `trace`'s
     inputs, as values and plain tracers): a replay of its recording, or `run()`
-    (which evaluates it), recorded when it can be replayed. `checks`: whether debug
-    checks are on (part of the key)."""
-    if _values._state.reports or jaxpr_holds_staged_values(jaxpr):
+    (which evaluates it), recorded when it can be replayed."""
+    if (
+        _values._state.reports
+        or not _caches.enabled
+        or jaxpr_holds_staged_values(jaxpr)
+    ):
         return run()
-    _check_generation()
     table = _recordings.get(jaxpr)
     if table is None:
         table = _recordings[jaxpr] = {}
-    found = _key(trace, values, checks)
+    found = _key(trace, values)
     if found is None:
         return run()
     return _replay_or_run(trace, table, found, (), jaxpr, run, MAX_RECORDINGS)
@@ -247,15 +227,13 @@ def bind(
     values: list[Any],
     params: dict[str, Any],
     run: Any,
-    checks: bool,
 ) -> Any:
     """The output of `primitive` bound on `values` (the quax `trace`'s inputs) with
     `params`, as `run()` (which applies its rule) gives it, or a replay of the
     equations that rule staged for the same key, with the current source info."""
-    if _values._state.reports or primitive in _unreplayable:
+    if _values._state.reports or not _caches.enabled or primitive in _unreplayable:
         return run()
-    _check_generation()
-    found = _key(trace, values, checks)
+    found = _key(trace, values)
     if found is None:
         return run()
     table = _by_primitive.get(primitive)
@@ -266,7 +244,7 @@ def bind(
         trace,
         table,
         found,
-        _params_key(params),
+        params_key(params),
         primitive,
         run if many else lambda: [run()],
         MAX_PRIMITIVE_RECORDINGS,
@@ -274,19 +252,10 @@ def bind(
     return outs if many else outs[0]
 
 
-def _check_generation() -> None:
-    """Drop every recording when a rule was registered since the last check."""
-    global _generation
-    if _registry._generation != _generation:
-        _recordings.clear()
-        _by_primitive.clear()
-        _generation = _registry._generation
-
-
 def _replay_or_run(
     trace: Any,
     table: dict[Any, Any],
-    found: tuple[Any, list[Any]],
+    found: tuple[Any, list[Any], Any],
     params: tuple[Any, ...],
     body: Any,
     run: Any,
@@ -295,13 +264,15 @@ def _replay_or_run(
     """The outputs (a list) of `body` (a jaxpr, or a primitive with `params`) on the
     inputs that `_key` `found`: replayed from `table`, or `run()` and recorded
     there, up to `limit` keys."""
-    key, leaves = found
+    key, leaves, parts = found
     try:
         recording = table.get((key, params))
     except TypeError:  # a static field or a param that cannot be hashed
         return run()
     if recording is _RUN:
         return run()
+    if _caches.verifying and type(recording) is _Recording:
+        return _verified(trace, body, (key, params), recording, leaves, parts, run)
     if type(recording) is _Unconfirmed:
         out = run()
         statics = _statics(trace, out)
@@ -331,6 +302,8 @@ def _replay_or_run(
         if recording is not None and not _kept_statics(key, recording):
             recording = _Unconfirmed(recording, _statics(trace, out))
         table[key, params] = recording or _RUN
+        if _caches.verifying and recording is not None:
+            _made.put((body, key, params), parts)
     return out
 
 
@@ -354,7 +327,7 @@ def _kept_statics(key: Any, recording: _Recording) -> bool:
     _held(key, held)
 
     def kept(x: Any) -> bool:
-        if id(x) in held or type(_static_key(x)) is not _Identity:
+        if id(x) in held or type(static_key(x)) is not Identity:
             return True
         return type(x) is tuple and all(map(kept, x))
 
@@ -369,7 +342,7 @@ def _kept_statics(key: Any, recording: _Recording) -> bool:
 def _held(part: Any, held: set[int], inside: bool = False) -> None:
     """Add to `held` the ids of the objects that a part of a key holds by identity
     (and of those in the tuples it so holds)."""
-    if type(part) is _Identity:
+    if type(part) is Identity:
         part, inside = part.value, True
     if inside:
         held.add(id(part))
@@ -499,3 +472,41 @@ def _record(
         fields += [(name, None, _object_getattribute(value, name)) for name in static]
         outputs.append((type(value), fields))
     return _Recording(equations, outputs, here)
+
+
+def _verified(
+    trace: Any,
+    body: Any,
+    entry: Any,
+    recording: _Recording,
+    leaves: list[Any],
+    parts: tuple[Any, ...],
+    run: Any,
+) -> list[Any]:
+    """Verify mode: run the rules afresh instead of replaying `recording`, and
+    raise when what they stage differs from it (see `quax._caches`)."""
+    start = staged_count(trace.parent_trace)
+    outer = current_source_info().name_stack
+    out = run()
+    fresh = _record(trace, body, leaves, start, outer, out)
+    if fresh is None or _text(fresh) != _text(recording):
+        made = _made.get((body, *entry), parts)
+        name = body.name if isinstance(body, Primitive) else "an inlined `jit`"
+        raise _caches.mismatch(
+            f"replayed recordings (of {name})",
+            "the equations staged or the outputs' types and static fields",
+            _KEY,
+            made,
+            parts,
+        )
+    return out
+
+
+def _text(recording: _Recording) -> str:
+    """What a recording stages and gives, as text: its equations (primitive,
+    params, inputs, output avals) and its outputs (types, static fields)."""
+    equations = [
+        (eqn.primitive, eqn.params, atoms, eqn.out_avals)
+        for eqn, atoms, _ in recording.equations
+    ]
+    return repr((equations, recording.outputs))

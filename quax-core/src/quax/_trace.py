@@ -22,7 +22,7 @@ import jax.tree_util as jtu
 import numpy as np
 from jax import Array
 
-from . import _registry, _replay, _values
+from . import _keys, _registry, _replay, _values
 from ._compat import (
     DynamicJaxprTrace,
     Primitive,
@@ -82,6 +82,7 @@ unchecked_primitives: set[Primitive] = set()
 staging_primitives: set[Primitive] = set()
 
 _debug_checks = os.environ.get("QUAX_DEBUG_CHECKS", "") not in ("", "0")
+_keys.debug_checks = _debug_checks  # every cache's key holds it
 
 # Read on every primitive without a function call: the registry's dispatch cache
 # (`rule_for` fills it; `register` clears it in place) and the materialisation
@@ -107,7 +108,7 @@ def set_debug_checks(enabled: bool) -> None:
     Nothing.
     """
     global _debug_checks
-    _debug_checks = enabled
+    _debug_checks = _keys.debug_checks = enabled
 
 
 class QuaxTracer(Tracer):
@@ -312,11 +313,11 @@ class QuaxTrace(Trace):
             if self.replays:
                 run = ft.partial(call_at_trace, self, _inline_jit, tracers, params)
                 jaxpr = params["jaxpr"]
-                return _replay.inline(self, values, jaxpr, run, _debug_checks)
+                return _replay.inline(self, values, jaxpr, run)
             return call_at_trace(self, _inline_jit, tracers, params)
         if self.replays and primitive not in unchecked_primitives:
             run = ft.partial(self.apply_rule, primitive, values, params)
-            return _replay.bind(self, primitive, values, params, run, _debug_checks)
+            return _replay.bind(self, primitive, values, params, run)
         return self.apply_rule(primitive, values, params)
 
     def apply_rule(

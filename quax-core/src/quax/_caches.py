@@ -1,0 +1,239 @@
+"""The cache layer: its tables, its switch, its one invalidation path, and its
+verify mode.
+
+Quax keeps what rules computed, so as not to compute it again: the dispatch cache
+(`quax._registry`), compiled eager programs (`quax._eager`), the equations rules
+staged while a program is staged (`quax._replay`) and the jitted bodies of nested
+`jit`s (`quax._control_flow`). Each entry is keyed by everything the rules may
+read (see `quax._keys`), and a cache may only return what running the rules would
+return: the same staged equations, the same output types and static fields.
+
+- Every table that grows with the programs it sees is bounded, and safe under
+  threads; `python -m quax caches` reports each one's size and bound (`report`).
+- `invalidate` is the one path by which entries are dropped: registering a rule
+  and declaring a setting call it (a change of JAX's configuration is part of every
+  key instead, through its trace context).
+- `quax.caching(False)`, or `QUAX_CACHING=0` in the environment, turns every cache
+  off: rules then run for every primitive, every time.
+- With `QUAX_VERIFY_CACHES=1` in the environment, every cache hit is also
+  recomputed by the rules and compared with what the cache gave (what it stages,
+  and its outputs' types and static fields); a mismatch raises a
+  `CacheMismatchError` naming the cache and the key components that differ from
+  when the entry was made (a key that leaves out one of them).
+"""
+
+import os
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from typing import Any
+
+
+__all__ = [
+    "CacheMismatchError",
+    "Table",
+    "caching",
+    "enabled",
+    "invalidate",
+    "mismatch",
+    "on_invalidate",
+    "report",
+    "verifying",
+]
+
+_MISSING: Any = object()
+
+
+class Table:
+    """One bounded table of a cache: keys to entries, the least recently used
+    dropped first beyond `bound` entries; every operation holds the table's lock.
+
+    **Arguments:**
+
+    - `name`: what `python -m quax caches` calls it.
+    - `bound`: the most entries it keeps.
+    """
+
+    __slots__ = ("__weakref__", "_data", "_lock", "bound", "name")
+
+    def __init__(self, name: str, bound: int) -> None:
+        self.name = name
+        self.bound = bound
+        self._data: OrderedDict[Any, Any] = OrderedDict()
+        self._lock = threading.RLock()  # a key's `__eq__` may read another table
+        _tables.append(self)
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        """The entry of `key` (now the most recently used), or `default`. Raises
+        `TypeError` for a key that cannot be hashed."""
+        with self._lock:
+            entry = self._data.get(key, _MISSING)
+            if entry is _MISSING:
+                return default
+            self._data.move_to_end(key)
+            return entry
+
+    def put(self, key: Any, entry: Any) -> None:
+        """Keep `entry` under `key`, dropping the least recently used entries
+        beyond the bound."""
+        with self._lock:
+            self._data[key] = entry
+            self._data.move_to_end(key)
+            while len(self._data) > self.bound:
+                self._data.popitem(last=False)
+
+    def pop(self, key: Any, default: Any = None) -> Any:
+        """Drop the entry of `key` and return it (`default` when there is none)."""
+        with self._lock:
+            return self._data.pop(key, default)
+
+    def clear(self) -> None:
+        """Drop every entry."""
+        with self._lock:
+            self._data.clear()
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def __repr__(self) -> str:
+        return f"Table({self.name!r}, {len(self)}/{self.bound})"
+
+
+_tables: list[Table] = []
+
+
+def tables() -> list[Table]:
+    """Every table of quax's caches, in the order they were made."""
+    return list(_tables)
+
+
+def report() -> list[tuple[str, int, str]]:
+    """Each cache table's name, size (entries) and bound (as text)."""
+    rows = [(name, *measure()) for name, measure in _measured]
+    return rows + [(t.name, len(t), str(t.bound)) for t in _tables]
+
+
+# Tables that are not a `Table` (the dispatch cache, read on every primitive; the
+# tables kept per jaxpr or per code), by name, with what measures their size and
+# gives their bound.
+_measured: list[tuple[str, Callable[[], tuple[int, str]]]] = []
+
+
+def measured(name: str, measure: Callable[[], tuple[int, str]]) -> None:
+    """List the table `name`, whose size and bound `measure()` gives, in `report`."""
+    _measured.append((name, measure))
+
+
+# Switching caches off ----------------------------------------------------------------
+
+# Whether the caches keep and return entries (read on every lookup).
+enabled = os.environ.get("QUAX_CACHING", "1") != "0"
+# Whether every hit is also recomputed and compared (see the module's docstring).
+verifying = os.environ.get("QUAX_VERIFY_CACHES", "") not in ("", "0")
+
+_hooks: list[Callable[[], None]] = []
+
+
+def on_invalidate(hook: Callable[[], None]) -> None:
+    """Call `hook` whenever the caches are invalidated (a cache whose tables are
+    not `Table`s drops its entries there)."""
+    _hooks.append(hook)
+
+
+def invalidate() -> None:
+    """Drop every entry of every cache: after a `register`, a new setting, or when
+    the caches are switched."""
+    for table in list(_tables):
+        table.clear()
+    for hook in list(_hooks):
+        hook()
+
+
+class caching:
+    """Turn every quax cache on or off: the dispatch cache, compiled eager
+    programs, replayed recordings and nested `jit` bodies. With caches off, rules
+    run for every primitive, every time: slower, and a way to tell whether a
+    result comes from a cache.
+
+    ```python
+    quax.caching(False)  # off from now on
+    with quax.caching(False):  # off inside the block only
+        ...
+    ```
+
+    On by default; off from the start with `QUAX_CACHING=0` in the environment.
+    Every cache is emptied whenever the setting is set.
+
+    **Arguments:**
+
+    - `enabled`: whether the caches keep and return entries.
+
+    **Returns:**
+
+    An object that restores the previous setting when used as a context manager
+    (`with quax.caching(False): ...`); `previous` holds that setting.
+    """
+
+    def __init__(self, enabled: bool) -> None:
+        self.previous = _set(enabled)
+
+    def __enter__(self) -> "caching":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        _set(self.previous)
+
+
+def _set(on: bool) -> bool:
+    global enabled
+    previous = enabled
+    enabled = bool(on)
+    invalidate()
+    return previous
+
+
+# Verify mode --------------------------------------------------------------------------
+
+
+class CacheMismatchError(AssertionError):
+    """A cache hit differed from what the rules give when run afresh (in verify
+    mode, `QUAX_VERIFY_CACHES=1`): the cache's key leaves out something the rules
+    read. A bug of quax (or of a family's `add_setting`): report it."""
+
+
+def mismatch(
+    cache: str,
+    what: str,
+    names: Sequence[str],
+    made: tuple[Any, ...],
+    now: tuple[Any, ...],
+) -> CacheMismatchError:
+    """The error for a hit of `cache` that differs from a fresh run in `what`: it
+    names the key components (`names`) whose values differ between when the entry
+    was made (`made`) and now (`now`)."""
+    differing = [n for n, a, b in zip(names, made, now, strict=True) if not _same(a, b)]
+    if differing:
+        which = (
+            f"The key components that differ from when the entry was made: "
+            f"{', '.join(differing)}; the key leaves "
+            f"{'it' if len(differing) == 1 else 'them'} out."
+        )
+    else:
+        which = (
+            "No key component differs from when the entry was made: the rules "
+            "read something that no key holds."
+        )
+    return CacheMismatchError(
+        f"Verify mode (QUAX_VERIFY_CACHES=1): a hit of quax's cache of {cache} "
+        f"differs from running the rules afresh, in {what}. {which} This is a bug "
+        "of quax's caches (or of a setting that a family reads without declaring "
+        "it with `quax.plugins.add_setting`): please report it. Meanwhile, "
+        "`quax.caching(False)` (or `QUAX_CACHING=0`) turns the caches off."
+    )
+
+
+def _same(a: Any, b: Any) -> bool:
+    try:
+        return bool(a == b) and repr(a) == repr(b)
+    except Exception:  # components that cannot be compared: by text
+        return repr(a) == repr(b)

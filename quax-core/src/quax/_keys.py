@@ -1,0 +1,158 @@
+"""The one key builder of quax's caches.
+
+Every cache that reuses what rules computed (compiled eager programs, replayed
+recordings, nested `jit` bodies) keys its entries here, so that a key holds
+everything the rules may read, alike in every cache:
+
+- static fields: plain scalars, strings, dtypes and tuples of ints by value and
+  type; Python and NumPy floats (real or complex) by their bits, since `0.0 ==
+  -0.0` and `float.hex` gives one text for both signs of NaN, while rules may
+  tell them apart; anything else by identity (`static_key`); a primitive's params
+  alike (`params_key`);
+- the context every key holds (`context`): the settings rules read (declared
+  with `add_setting`, as `quax.zero.ieee_strict`), JAX's trace context (the
+  settings JAX's own tracing caches key on: `enable_x64`, the default matmul
+  precision, the mesh, ...), the debug-check flag, and the registry's
+  generation (a key made before a `register` never meets one made after).
+
+A key is a tuple of named components (`key`): the caches' verify mode (see
+`quax._caches`) compares the components an entry was made with against the
+current ones, and names those that differ. Tests plant a key that leaves one
+out (`omitted`), and check that verify mode catches it.
+"""
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from . import _caches, _journal, _registry
+from ._compat import trace_context
+
+
+__all__ = [
+    "CONTEXT",
+    "add_setting",
+    "context",
+    "float_key",
+    "key",
+    "params_key",
+    "settings_key",
+    "static_key",
+]
+
+# The components of every key's context, in the order `context` gives them.
+CONTEXT = ("settings", "trace context", "debug checks", "rules generation")
+
+# Components that keys leave out. Always empty, except in the tests of the verify
+# mode, which plant a key missing one.
+omitted: frozenset[str] = frozenset()
+
+# Whether rules' outputs are checked against the primitives' abstract evaluation
+# (set with `quax._trace.set_debug_checks`): rules raise otherwise then.
+debug_checks = False
+
+
+def key(names: Sequence[str], parts: tuple[Any, ...]) -> tuple[Any, ...]:
+    """The key of an entry from its components `parts`, named by `names` (one
+    name each): the parts themselves, less any component in `omitted`."""
+    if not omitted:
+        return parts
+    return tuple(p for n, p in zip(names, parts, strict=True) if n not in omitted)
+
+
+def context() -> tuple[Any, ...]:
+    """The components of `CONTEXT`, as they are now."""
+    return settings_key(), trace_context(), debug_checks, _registry._generation
+
+
+_FLOATS = (float, complex, np.floating, np.complexfloating)
+_BY_VALUE = frozenset({bool, int, str, type(None)})
+
+
+def float_key(x: Any) -> tuple[type, bytes]:
+    """A float (Python's or NumPy's, real or complex) keyed by its type and bits,
+    NaN payloads and signed zeros included."""
+    return type(x), np.asarray(x).tobytes()
+
+
+def params_key(params: dict[str, Any]) -> tuple[Any, ...]:
+    """A primitive's `params` as a key, its floats (`gather`'s `fill_value`) by
+    their bits."""
+    return tuple(
+        (name, float_key(v) if isinstance(v, _FLOATS) else v)
+        for name, v in params.items()
+    )
+
+
+class Identity:
+    """A static field that keys by identity."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is Identity and other.value is self.value
+
+    def __hash__(self) -> int:
+        return id(self.value)
+
+    def __repr__(self) -> str:
+        return f"Identity({self.value!r})"
+
+
+def static_key(x: Any) -> Any:
+    """A static field as a key: plain scalars, strings, dtypes and tuples of ints
+    by value and type, floats by their bits, anything else by identity (an
+    `Identity`: a type may make its equality looser than what rules read)."""
+    kind = type(x)
+    if kind in _BY_VALUE:
+        return kind, x
+    if isinstance(x, _FLOATS):
+        return float_key(x)
+    if isinstance(x, np.dtype):
+        return np.dtype, x
+    if kind is tuple and all(type(e) is int for e in x):
+        return tuple, x
+    return Identity(x)
+
+
+# The settings that rules read while they trace, which a cached entry fixes (the
+# core's symbolic zeros add their `ieee_strict` when they are imported).
+_settings: list[Callable[[], Any]] = []
+
+
+def add_setting(read: Callable[[], Any]) -> None:
+    """Declare a setting that rules read while they trace: a mode that a context
+    manager sets (as `quax.zero.ieee_strict` or `quax_named.axis_mapping` do).
+
+    Quax reuses what rules traced once: compiled eager programs, and while a
+    program is staged, the equations a rule (or a library `jit`'s body) staged for
+    the same key. The setting's current value joins every such key, so that code
+    traced under one value is never reused under another.
+
+    **Arguments:**
+
+    - `read`: returns the setting's current value, hashable. Called for every key,
+        so keep it cheap (a thread-local read).
+
+    **Returns:**
+
+    Nothing.
+    """
+    _settings.append(read)
+    _caches.invalidate()  # entries made before were keyed without it
+
+    def take_back() -> None:
+        _settings.remove(read)
+        _caches.invalidate()
+
+    # A family that fails to load takes its settings back (see `quax._journal`).
+    _journal.record(take_back, getattr(read, "__module__", None))
+
+
+def settings_key() -> tuple[Any, ...]:
+    """The current values of the settings given to `add_setting`."""
+    return tuple([read() for read in _settings])

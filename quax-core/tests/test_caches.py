@@ -1,0 +1,448 @@
+"""Quax's caches (compiled eager programs, replayed recordings, nested `jit`
+bodies, the dispatch cache) may only return what running the rules would return.
+Each test here plants a case where a cache key once missed something the rules
+see, and checks every call against the answer of the rules run afresh."""
+
+import os
+import subprocess
+import sys
+import threading
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import quax
+import quax.__main__ as quax_main
+import quax._caches
+import quax._control_flow as _control_flow
+import quax._eager as quax_eager
+import quax._keys
+import quax._registry as _registry
+from jax import lax
+from jaxtyping import Array, ArrayLike
+from quax.zero import Zero, ieee_strict
+
+
+@pytest.fixture(autouse=True)
+def _compiled() -> Any:
+    """Eager compilation on (the default), whatever the session's setting."""
+    previous = quax.set_eager_compilation(True)
+    yield
+    quax.set_eager_compilation(previous)
+
+
+class Wrapped(quax.ArrayValue):
+    """An array in a wrapper, which materialises to it."""
+
+    array: eqx.AbstractVar[Array]
+
+    def aval(self) -> jax.core.ShapedArray:
+        return jax.core.ShapedArray(self.array.shape, self.array.dtype)
+
+    def materialise(self) -> Array:
+        return self.array
+
+
+# Aliasing between inputs --------------------------------------------------------------
+
+
+class Twin(Wrapped):
+    """An array, and how the last sum made it: its `add` rule gives a closed form
+    (`2 * x`, kind "twice") for one value added to itself, or for two values on
+    one array, as a structured family does for `K + K`."""
+
+    array: Array
+    kind: str = eqx.field(static=True, default="given")
+
+
+@quax.register(lax.add_p)
+def _(x: Twin, y: Twin, **params: Any) -> Twin:
+    if x is y:
+        return Twin(2 * x.array, "same value")
+    if x.array is y.array:
+        return Twin(2 * x.array, "same array")
+    return Twin(lax.add_p.bind(x.array, y.array, **params), "sum")
+
+
+A = jnp.array([1.0, 2.0, 3.0])
+
+
+def test_aliased_inputs_keyed() -> None:
+    add = quax.quaxify(lambda a, b: a + b)
+    t, u, v = Twin(A), Twin(A + 0), Twin(A)  # `v` shares `t`'s array only
+    for _ in range(3):  # by equation, compiled, replayed: all keyed alike
+        assert add(t, u).kind == "sum"
+    for _ in range(3):
+        assert add(t, t).kind == "same value"
+        assert add(t, v).kind == "same array"
+        assert add(t, u).kind == "sum"
+        assert add(v, t).kind == "same array"
+    np.testing.assert_array_equal(add(t, t).array, [2.0, 4.0, 6.0])
+    np.testing.assert_array_equal(add(t, u).array, [2.0, 4.0, 6.0])
+
+
+def test_aliased_inputs_of_a_nested_jit() -> None:
+    """A `jit`'s body sees each argument as its own tracer (as in JAX), however
+    often it is cached: every call answers as the rules do afresh."""
+    add = quax.quaxify(jax.jit(lambda a, b: a + b))
+    t, u, v = Twin(A), Twin(A + 0), Twin(A)
+    pairs = [(t, u), (t, t), (t, v)]
+    with quax.track_materialisation():  # no compiled program, no replay
+        fresh = [add(*pair).kind for pair in pairs]
+    for _ in range(3):
+        assert [add(t, u).kind for _ in range(2)] == [fresh[0]] * 2
+        assert [add(*pair).kind for pair in pairs] == fresh
+
+
+# A nested `jit` called eagerly on fresh plain arrays ----------------------------------
+
+
+class Metres(Wrapped):
+    """An array with a static unit exponent: `pow` by a known exponent raises it,
+    reading the exponent through `quax.known_constant` as a units family does."""
+
+    array: Array
+    power: float = eqx.field(static=True, default=1.0)
+
+
+@quax.register(lax.mul_p)
+def _(x: Metres, y: ArrayLike, **params: Any) -> Metres:
+    return Metres(lax.mul_p.bind(x.array, y, **params), x.power)
+
+
+@quax.register(lax.add_p)
+def _(x: Metres, y: Metres, **params: Any) -> Metres:
+    assert x.power == y.power
+    return Metres(lax.add_p.bind(x.array, y.array, **params), x.power)
+
+
+@quax.register(lax.pow_p)
+def _(x: Metres, y: ArrayLike, **params: Any) -> Metres:
+    known = quax.known_constant(y)
+    if known is None or np.unique(known).size != 1:
+        raise ValueError("the exponent of a `Metres` must be known, and one number")
+    power = x.power * float(known.flat[0])
+    return Metres(lax.pow_p.bind(x.array, y, **params), power)
+
+
+def test_nested_jit_on_fresh_arrays_compiles_once() -> None:
+    inner = jax.jit(lambda a, c: a * c + a)
+    g = quax.quaxify(lambda a, c: inner(a, c))
+    before = len(_control_flow._nested)
+    for i in range(50):
+        c = jnp.full(100, float(i))  # a fresh array each call
+        out = g(Metres(jnp.arange(100.0)), c)
+        np.testing.assert_array_equal(out.array, jnp.arange(100.0) * (i + 1))
+    assert len(_control_flow._nested) - before == 1
+
+
+def test_nested_jit_reading_a_plain_argument_keys_it_by_value() -> None:
+    inner = jax.jit(lambda a, c: a**c)
+    g = quax.quaxify(lambda a, c: inner(a, c))
+    x = jnp.linspace(1.0, 2.0, 100)
+    for c in [2.0, 3.0, 2.0, 3.0]:
+        # Larger than a constant kept by value: passed in, until the rule asks.
+        exponent = jnp.full(100, c)
+        out = g(Metres(x), exponent)
+        assert out.power == c
+        np.testing.assert_allclose(out.array, x**c, rtol=1e-6)
+    for c in [2.0, 3.0]:  # small ones stay constants
+        assert g(Metres(x), c).power == c
+
+
+def test_nested_jit_table_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_control_flow._nested, "bound", 4)
+    inner = jax.jit(lambda a, c: a * c)
+    g = quax.quaxify(lambda a, c: inner(a, c))
+    for n in range(1, 10):  # a shape each: a program each
+        out = g(Metres(jnp.ones(n)), jnp.full(n, 2.0))
+        np.testing.assert_array_equal(out.array, jnp.full(n, 2.0))
+        assert len(_control_flow._nested) <= 4
+
+
+# Registering while another thread dispatches ------------------------------------------
+
+
+def _probe_type() -> type:
+    """A fresh value type with a `sin` rule answering "old" (dispatch never saw it)."""
+
+    class Probe(Wrapped):
+        array: Array
+        tag: str = eqx.field(static=True, default="given")
+
+    @quax.register(lax.sin_p)
+    def _(x: Probe, **params: Any) -> Probe:
+        return Probe(lax.sin_p.bind(x.array, **params), "old")
+
+    return Probe
+
+
+def _register_new(probe: type) -> None:
+    @quax.register(lax.sin_p)  # the same signature and owner: replaces "old"
+    def _(x: probe, **params: Any) -> probe:  # type: ignore[valid-type]
+        return probe(lax.sin_p.bind(x.array, **params), "new")
+
+
+def test_rule_registered_during_a_resolution_is_used(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    probe = _probe_type()
+    original = _registry._warn_if_foreign
+
+    def resolving(*args: Any) -> None:
+        # Between the resolution and its caching: another thread registers.
+        monkeypatch.setattr(_registry, "_warn_if_foreign", original)
+        _register_new(probe)
+        original(*args)
+
+    monkeypatch.setattr(_registry, "_warn_if_foreign", resolving)
+    sin = quax.quaxify(lax.sin)
+    assert sin(probe(A)).tag == "old"  # resolved before the registration
+    for _ in range(2):
+        out = sin(probe(A))
+        assert out.tag == "new"
+        np.testing.assert_allclose(out.array, np.sin(np.asarray(A)), rtol=1e-6)
+
+
+def test_rule_registered_while_threads_dispatch_is_used() -> None:
+    sin = quax.quaxify(lax.sin)
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        for _ in range(10):
+            probe = _probe_type()
+            started = threading.Barrier(5)
+
+            def dispatch(probe: type = probe, started: Any = started) -> None:
+                started.wait()
+                for _ in range(20):
+                    sin(probe(A))
+
+            threads = [threading.Thread(target=dispatch) for _ in range(4)]
+            for t in threads:
+                t.start()
+            started.wait()
+            _register_new(probe)
+            for t in threads:
+                t.join()
+            assert sin(probe(A)).tag == "new"
+    finally:
+        sys.setswitchinterval(interval)
+
+
+# Concurrent eager calls ---------------------------------------------------------------
+
+
+def test_concurrent_eager_calls_share_the_tables(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Two keys remembered: with many shapes, every call drops the oldest.
+    monkeypatch.setattr(quax_eager, "MAX_FIRST_CALLS", 2)
+    monkeypatch.setattr(quax_eager, "MAX_PROGRAMS", 3)
+    mul = quax.quaxify(jnp.multiply)
+    errors: list[BaseException] = []
+    started = threading.Barrier(6)
+
+    def calls(seed: int) -> None:
+        started.wait()
+        try:
+            for i in range(60):
+                n = 1 + (seed + i) % 7
+                x = jnp.arange(n, dtype=jnp.float32) + seed
+                out = mul(Metres(x), 2.0)
+                np.testing.assert_array_equal(out.array, 2 * np.asarray(x))
+        except BaseException as e:  # reported below
+            errors.append(e)
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        threads = [threading.Thread(target=calls, args=(s,)) for s in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert not errors, errors
+
+
+# Settings in the compiled eager key ---------------------------------------------------
+
+
+def test_settings_in_the_compiled_eager_key() -> None:
+    """`Zero * b` is a `Zero`, unless IEEE semantics are asked for (`0 * nan` is
+    `nan`): the output is dense either way, so only the key tells the two apart."""
+    f = quax.quaxify(jax.jit(lambda a, b: jnp.exp(a * b)))
+    b = jnp.array([1.0, jnp.nan, 2.0])
+    zero = Zero((3,), jnp.float32)
+    for _ in range(2):  # by equation, then compiled
+        np.testing.assert_array_equal(f(zero, b), [1.0, 1.0, 1.0])
+    with ieee_strict():
+        for _ in range(2):
+            np.testing.assert_array_equal(f(zero, b), [1.0, np.nan, 1.0])
+    np.testing.assert_array_equal(f(zero, b), [1.0, 1.0, 1.0])
+
+
+# One switch, bounds and the report ----------------------------------------------------
+
+
+class Counted(Wrapped):
+    """A `sin` rule that counts its runs."""
+
+    array: Array
+
+
+_runs = {"sin": 0}
+
+
+@quax.register(lax.sin_p)
+def _(x: Counted, **params: Any) -> Counted:
+    _runs["sin"] += 1
+    return Counted(lax.sin_p.bind(x.array, **params))
+
+
+def test_caching_off_runs_every_rule() -> None:
+    f = jax.jit(quax.quaxify(lambda a: (jnp.sin(a), jnp.sin(a))))
+    g = quax.quaxify(jnp.sin)
+    expected = np.sin(np.asarray(A))
+    with quax.caching(False):
+        before = _runs["sin"]
+        out = f(Counted(A))
+        assert _runs["sin"] - before == 2  # no replay of the second `sin`
+        traced = quax_eager.programs_traced
+        for _ in range(3):
+            np.testing.assert_allclose(g(Counted(A)).array, expected, rtol=1e-6)
+        assert quax_eager.programs_traced == traced  # no compiled eager program
+        assert all(size == 0 for _, size, _ in quax._caches.report())
+    for o in out:
+        np.testing.assert_allclose(o.array, expected, rtol=1e-6)
+    before = _runs["sin"]
+    jax.jit(quax.quaxify(lambda a: (jnp.sin(a), jnp.sin(a))))(Counted(A))
+    assert _runs["sin"] - before == 1  # on again: the second is replayed
+
+
+def test_caching_follows_the_environment() -> None:
+    code = "import quax, quax._caches as c; print(c.enabled, c.verifying)"
+    env = {**os.environ, "QUAX_CACHING": "0", "QUAX_VERIFY_CACHES": "1"}
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True
+    )
+    assert out.stdout.split() == ["False", "True"], out.stderr
+
+
+def test_report_names_every_cache(capsys: pytest.CaptureFixture[str]) -> None:
+    g = quax.quaxify(jnp.sin)
+    for _ in range(2):
+        g(Counted(A))
+    assert quax_main.main(["caches"]) == 0
+    printed = capsys.readouterr().out
+    for name in [
+        "dispatch cache",
+        "compiled eager programs",
+        "replayed recordings",
+        "nested jit bodies",
+    ]:
+        assert f"  {name}: " in printed
+    sizes = {name: size for name, size, _ in quax._caches.report()}
+    assert sizes["compiled eager programs"] >= 1
+    assert sizes["dispatch cache"] >= 1
+
+
+# Verify mode: a key that leaves out a component ---------------------------------------
+
+
+@pytest.fixture
+def verifying(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """Verify mode on, from empty caches; `plant(name)` leaves a component out of
+    every key."""
+    monkeypatch.setattr(quax._caches, "verifying", True)
+    quax._caches.invalidate()
+
+    def plant(name: str) -> None:
+        monkeypatch.setattr(quax._keys, "omitted", frozenset({name}))
+        quax._caches.invalidate()
+
+    yield plant
+    quax._caches.invalidate()
+
+
+def test_verify_mode_passes_correct_caches(verifying: Any) -> None:
+    del verifying
+    f = quax.quaxify(jax.jit(lambda a, b: jnp.exp(a * b)))
+    h = jax.jit(quax.quaxify(lambda a, b: (a + a, a + b)))
+    t, u = Twin(A), Twin(A + 1)
+    for _ in range(3):
+        np.testing.assert_array_equal(f(Zero((3,), jnp.float32), A), [1.0] * 3)
+        twice, mixed = h(t, u)
+        assert (twice.kind, mixed.kind) == ("same value", "sum")
+
+
+def test_verify_mode_catches_settings_left_out(verifying: Any) -> None:
+    verifying("settings")
+    f = quax.quaxify(jax.jit(lambda a, b: jnp.exp(a * b)))
+    b = jnp.array([1.0, jnp.nan, 2.0])
+    zero = Zero((3,), jnp.float32)
+    for _ in range(2):
+        f(zero, b)
+    with ieee_strict(), pytest.raises(quax.CacheMismatchError, match="settings"):
+        f(zero, b)
+
+
+def test_verify_mode_catches_aliasing_left_out(verifying: Any) -> None:
+    verifying("aliasing")
+    h = jax.jit(quax.quaxify(lambda a, b: (a + a, a + b)))
+    with pytest.raises(
+        quax.CacheMismatchError, match=r"(?s)replayed recordings.*aliasing"
+    ):
+        h(Twin(A), Twin(A + 1))
+
+
+def test_verify_mode_catches_settings_left_out_of_nested_jits(
+    verifying: Any,
+) -> None:
+    verifying("settings")
+    inner = jax.jit(lambda a, b: a * b)  # a `Zero`, or dense under `ieee_strict`
+    f = quax.quaxify(lambda a, b: inner(a, b))
+    b = jnp.array([1.0, jnp.nan, 2.0])
+    zero = Zero((3,), jnp.float32)
+    f(zero, b)
+    with ieee_strict(), pytest.raises(quax.CacheMismatchError, match="settings"):
+        f(zero, b)
+
+
+class Label(str):
+    """A display text equal to every other (as quax-units' display units are)."""
+
+    def __hash__(self) -> int:
+        return hash(Label)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Label)
+
+
+class Shown(Wrapped):
+    """A value with a display label, which `exp` carries through."""
+
+    array: Array
+    label: Label = eqx.field(static=True)
+
+
+@quax.register(lax.exp_p)
+def _(x: Shown, **params: Any) -> Shown:
+    return Shown(lax.exp_p.bind(x.array, **params), Label(f"exp {x.label}"))
+
+
+def test_nested_jit_keys_each_display_text() -> None:
+    """JAX's own cache of a jitted body compares treedefs by `==`: a body traced
+    for one label must not serve another."""
+    inner = jax.jit(jnp.exp)
+    f = quax.quaxify(lambda a: inner(a))
+    for _ in range(2):
+        for text in ("m", "km"):
+            out = f(Shown(A, Label(text)))
+            assert str.__eq__(out.label, f"exp {text}")
+            np.testing.assert_allclose(out.array, np.exp(np.asarray(A)), rtol=1e-6)
