@@ -48,6 +48,7 @@ from ._jaxpr import eval_quaxified
 from ._staged import (
     holds_staged_values,
     jaxpr_holds_staged_values,
+    lift,
     staged_value_p,
     staged_values_into,
     unstage,
@@ -392,6 +393,19 @@ def _bound_value(value: Value) -> Any:
 register_bind_conversion(Value, _bound_value)
 
 
+def _jax_array(value: Value) -> Any:
+    """`Value.__jax_array__`: the value lifted into the active quax trace (see
+    `quax._staged.lift`); outside one, or in a trace that dispatches only on the
+    values a `filter_spec` selects, its materialisation under its policy."""
+    trace, between = active_trace()
+    if trace is None or trace.selective:
+        return type(value).materialise(value)
+    return lift(value, trace, between)
+
+
+_values.set_jax_array_conversion(_jax_array)
+
+
 def active_trace() -> tuple[QuaxTrace | None, list[Trace]]:
     """The innermost quax trace that the current trace is, or runs inside (through
     `vmap`, `grad`, `jit`, ... traces, which keep their parent), or `None`; and the
@@ -406,7 +420,11 @@ def active_trace() -> tuple[QuaxTrace | None, list[Trace]]:
     return None, between
 
 
-def run_nested(body: Callable[[QuaxTrace], _T], selective: bool = False) -> _T:
+def run_nested(
+    body: Callable[[QuaxTrace], _T],
+    selective: bool = False,
+    tag: TraceTag | None = None,
+) -> _T:
     """Run `body(trace)` with `trace` a new quax trace, nested in the current one and
     current while `body` runs. `body` makes its inputs tracers of it with
     `trace.wrap`; the tracers of it in `body`'s output come back as their values.
@@ -418,13 +436,17 @@ def run_nested(body: Callable[[QuaxTrace], _T], selective: bool = False) -> _T:
     - `body`: the function to run; it must not keep `trace`.
     - `selective`: whether the trace dispatches only on values that a `filter_spec`
         selected (see `QuaxTrace.selective`).
+    - `tag`: the tag of an enclosing quax trace whose tracers the new trace takes
+        for its own (they stand for the same values), for code that JAX traces
+        apart from it with the enclosing trace's tracers among its constants
+        (`jax.eval_shape`, see `quax._shapes`); by default a new one.
 
     **Returns:**
 
     `body`'s output (any pytree), with this trace's tracers replaced by values.
     """
     staged = staged_values_state.value
-    trace = QuaxTrace(current_trace(), TraceTag(), selective)
+    trace = QuaxTrace(current_trace(), TraceTag() if tag is None else tag, selective)
     staged_values_state.set_local(not selective)
     out: Any
     try:
