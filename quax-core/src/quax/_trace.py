@@ -420,11 +420,7 @@ def active_trace() -> tuple[QuaxTrace | None, list[Trace]]:
     return None, between
 
 
-def run_nested(
-    body: Callable[[QuaxTrace], _T],
-    selective: bool = False,
-    tag: TraceTag | None = None,
-) -> _T:
+def run_nested(body: Callable[[QuaxTrace], _T], selective: bool = False) -> _T:
     """Run `body(trace)` with `trace` a new quax trace, nested in the current one and
     current while `body` runs. `body` makes its inputs tracers of it with
     `trace.wrap`; the tracers of it in `body`'s output come back as their values.
@@ -436,17 +432,13 @@ def run_nested(
     - `body`: the function to run; it must not keep `trace`.
     - `selective`: whether the trace dispatches only on values that a `filter_spec`
         selected (see `QuaxTrace.selective`).
-    - `tag`: the tag of an enclosing quax trace whose tracers the new trace takes
-        for its own (they stand for the same values), for code that JAX traces
-        apart from it with the enclosing trace's tracers among its constants
-        (`jax.eval_shape`, see `quax._shapes`); by default a new one.
 
     **Returns:**
 
     `body`'s output (any pytree), with this trace's tracers replaced by values.
     """
     staged = staged_values_state.value
-    trace = QuaxTrace(current_trace(), TraceTag() if tag is None else tag, selective)
+    trace = QuaxTrace(current_trace(), TraceTag(), selective)
     staged_values_state.set_local(not selective)
     out: Any
     try:
