@@ -7,6 +7,9 @@ of seconds: the vector field multiplies by the `second` it is given, so that
 time). Units are checked once, at trace time, and cost nothing at run time: the
 compiled program is the plain one. Mixing up units is an error before anything runs.
 
+At the end, Newton's law of cooling runs with adaptive step sizes (a
+`PIDController` whose absolute tolerance is a temperature).
+
 Needs `pip install quax-core quax-units diffrax`.
 
     python examples/units_oscillator.py
@@ -36,6 +39,27 @@ def oscillator(x0, v0, mass, stiffness, damping, second, ts):
         term, diffrax.Tsit5(), ts[0], ts[-1], dt0, (x0, v0), saveat=saveat
     )
     return solution.ys
+
+
+def cooling(temperature0, surroundings, rate, atol, ts):
+    """Newton's law of cooling, `T' = -r (T - T_s)`, solved with adaptive steps: the
+    step-size controller scales its error by `atol + rtol |T|`, so `atol` is a
+    temperature too."""
+
+    def field(t, temperature, args):
+        return -rate * (temperature - surroundings)
+
+    solution = diffrax.diffeqsolve(
+        diffrax.ODETerm(field),
+        diffrax.Tsit5(),
+        ts[0],
+        ts[-1],
+        None,
+        temperature0,
+        saveat=diffrax.SaveAt(ts=ts),
+        stepsize_controller=diffrax.PIDController(rtol=1e-6, atol=atol),
+    )
+    return solution.ys, solution.stats["num_steps"]
 
 
 def kinetic_energy(m, v):
@@ -99,6 +123,23 @@ def main(out_dir: str | None = None) -> dict[str, str]:
         wrong_stiffness = type(e).__name__
     print(f"stiffness given in N instead of N/m: {wrong_stiffness} at trace time")
 
+    # 3. Adaptive steps (`PIDController`), on a temperature: the tolerance is a
+    # temperature as well, and the steps are the plain solve's.
+    hours = jnp.linspace(0.0, 5.0, 11)
+    temperatures, steps = jax.jit(quax.quaxify(cooling))(
+        Quantity(jnp.array([90.0, 60.0]), "K"),
+        Quantity(20.0, "K"),
+        0.8,
+        Quantity(1e-6, "K"),
+        hours,
+    )
+    closed = 20.0 + jnp.array([70.0, 40.0]) * jnp.exp(-0.8 * hours[:, None])
+    cooling_error = float(jnp.max(jnp.abs(ustrip("K", temperatures) - closed)))
+    print(
+        f"cooling with adaptive steps ({int(steps)} steps): "
+        f"max |T - closed form| = {cooling_error:.1e} K"
+    )
+
     if out_dir is not None:
         _plot(
             t, x_cm, ustrip("cm / s", v), pathlib.Path(out_dir) / "units_oscillator.png"
@@ -108,6 +149,7 @@ def main(out_dir: str | None = None) -> dict[str, str]:
         "x(10 s)": f"{float(x_cm[-1]):.3f} cm",
         "max |x - closed form|": f"{error_cm:.1e} cm",
         "unit mistakes": f"refused at trace time ({wrong_stiffness})",
+        "adaptive steps": f"{int(steps)} steps, max error {cooling_error:.1e} K",
     }
 
 

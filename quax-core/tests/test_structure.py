@@ -155,6 +155,7 @@ LAYERS: dict[str, set[str]] = {
         "_callbacks",
         "_leafwise",
         "_decompositions",
+        "_shapes",
         "zero",
     },
     # What users and families call on top: the public modules, introspection, the

@@ -9,6 +9,7 @@ from . import (
     _leafwise as _leafwise,
     _plugins as _plugins,
     _shadow as _shadow,
+    _shapes as _shapes,
     examples as examples,
     hookspecs as hookspecs,
     plugins as plugins,

@@ -98,6 +98,7 @@ __all__ = [
     "pure_callback_p",
     "pvary_to_spec",
     "register_bind_conversion",
+    "reflected_operator",
     "register_tracer_type",
     "release_traces",
     "remat_p",
@@ -620,6 +621,41 @@ def register_bind_conversion(cls: type, convert: Any) -> None:
     JAX otherwise refuses as "not a valid JAX type": `convert(x)` gives what it
     binds instead (an array, or a tracer of the current trace)."""
     _dtypes.canonicalize_value_handlers[cls] = convert
+
+
+# The comparisons Python reflects onto the other operand's mirrored comparison; every
+# other binary operator onto its `__r*__` form.
+_MIRRORED = {"eq": "eq", "ne": "ne", "lt": "gt", "le": "ge", "gt": "lt", "ge": "le"}
+_ARITHMETIC = [
+    "add", "sub", "mul", "truediv", "floordiv", "divmod", "mod", "pow", "matmul",
+    "and", "or", "xor", "lshift", "rshift",
+]  # fmt: skip
+
+
+@ft.cache
+def _operator_reflections() -> dict[Any, str]:
+    """The code object of each of JAX's forward binary array operators (the
+    functions that `jax.Array` has as `__add__`, `__lt__`, ... and that a tracer's
+    operators call through its aval's `_add`, `_lt`, ...) mapped to the method
+    Python calls on the other operand when it returns `NotImplemented`."""
+    names = {name: f"__{mirrored}__" for name, mirrored in _MIRRORED.items()}
+    names.update({name: f"__r{name}__" for name in _ARITHMETIC})
+    codes = {}
+    for name, reflected in names.items():
+        code = getattr(getattr(ShapedArray, f"_{name}", None), "__code__", None)
+        if code is not None:
+            codes[code] = reflected
+    return codes
+
+
+def reflected_operator(frame: Any) -> str | None:
+    """Where `frame` runs one of JAX's forward binary array operators
+    (`jax.Array.__add__`, a tracer's `__lt__`, ...), which ask their other operand
+    for `__jax_array__` and return `NotImplemented` unless it gives an array: the
+    method Python then calls on that operand (`__radd__`, `__gt__`, ...). Elsewhere
+    (the reflected operators among them, which Python calls after the operand's
+    own) `None`."""
+    return _operator_reflections().get(frame.f_code)
 
 
 def release_traces(error: BaseException) -> None:

@@ -32,15 +32,18 @@ from ._compat import (
     Jaxpr,
     Primitive,
     ShapedArray,
+    Tracer,
     staged_values_state,
+    stages_or_batches,
 )
-from ._values import Value, describe
+from ._values import Value, describe, materialise_or_explain
 
 
 __all__ = [
     "StagedValueError",
     "holds_staged_values",
     "jaxpr_holds_staged_values",
+    "lift",
     "stage_value",
     "staged_value_p",
     "staged_values_into",
@@ -208,3 +211,51 @@ def staging_joins() -> bool:
     """Whether values built here, in a function that JAX stages inside a quaxified
     function's body, are staged (see the module's docstring)."""
     return bool(staged_values_state.value)
+
+
+# Values that JAX asks for an array -----------------------------------------------
+
+
+def lift(value: Value, trace: Any, between: list[Any]) -> Any:
+    """`value`, which a JAX function running under the quax trace `trace` asks for
+    an array (`Value.__jax_array__`), as an operand of the current trace.
+
+    With `trace` current, the value becomes its tracer. Below a `jit`, `cond`,
+    `vmap`, ... inside the quaxified function's body, the value is staged, as
+    operators stage the values they meet there. Below other traces (`grad`,
+    `jvp`), a value of constants is a constant of theirs: it becomes a tracer of
+    `trace`, which they lift as any outer tracer. A value built there from their
+    tracers cannot join `trace`: it is materialised under its policy, or explained.
+
+    **Arguments:**
+
+    - `value`: the value.
+    - `trace`: the innermost quax trace, which the current trace is or runs inside.
+    - `between`: the traces between `trace` and the current one (innermost first),
+        as `quax._trace.active_trace` gives them.
+
+    **Returns:**
+
+    A tracer of the current trace (or of one it lifts from), or a dense array.
+    """
+    if not between:
+        return trace.wrap(value)
+    if staging_joins() and any(map(stages_or_batches, between)):
+        return stage_value(value)
+    inside = {id(t) for t in between}
+    if not any(
+        isinstance(leaf, Tracer) and id(leaf._trace) in inside
+        for leaf in jtu.tree_leaves(value)
+    ):
+        return trace.wrap(value)
+    return materialise_or_explain(
+        value,
+        lambda described: (
+            f"A {described} built inside a transform (`jax.grad`, `jax.jvp`, ...) "
+            "within a quaxified function, from that transform's tracers, met a JAX "
+            "function that takes arrays there; it cannot join the quax trace "
+            "outside the transform, so quax materialised it"
+        ),
+        " Build the value outside the transform, or apply the transform outside "
+        "`quax.quaxify`.",
+    )

@@ -48,6 +48,7 @@ from ._jaxpr import eval_quaxified
 from ._staged import (
     holds_staged_values,
     jaxpr_holds_staged_values,
+    lift,
     staged_value_p,
     staged_values_into,
     unstage,
@@ -391,6 +392,19 @@ def _bound_value(value: Value) -> Any:
 
 
 register_bind_conversion(Value, _bound_value)
+
+
+def _jax_array(value: Value) -> Any:
+    """`Value.__jax_array__`: the value lifted into the active quax trace (see
+    `quax._staged.lift`); outside one, or in a trace that dispatches only on the
+    values a `filter_spec` selects, its materialisation under its policy."""
+    trace, between = active_trace()
+    if trace is None or trace.selective:
+        return type(value).materialise(value)
+    return lift(value, trace, between)
+
+
+_values.set_jax_array_conversion(_jax_array)
 
 
 def active_trace() -> tuple[QuaxTrace | None, list[Trace]]:

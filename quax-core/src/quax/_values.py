@@ -4,6 +4,7 @@ import abc
 import contextlib
 import dataclasses
 import functools as ft
+import sys
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
@@ -20,6 +21,7 @@ from ._compat import (
     Primitive,
     ShapedArray,
     eqx_bound_method,
+    reflected_operator,
     typeof,
 )
 from ._constructors import ValueMeta
@@ -34,6 +36,7 @@ __all__ = [
     "describe_types",
     "is_value",
     "materialise_or_explain",
+    "set_jax_array_conversion",
     "track_materialisation",
 ]
 
@@ -283,6 +286,33 @@ class Value(eqx.Module, metaclass=ValueMeta):
         """
         return dot
 
+    def __jax_array__(self) -> Any:
+        """What this value is where a JAX function asks for an array: `jnp.where`,
+        `jnp.stack`, `jnp.clip`, ... (every function that checks its arguments), and
+        a JAX array's operators (`M + value` on a tracer `M`).
+
+        Inside a quaxified function it is the value itself, lifted into the active
+        quax trace, as JAX lifts a constant into the trace of the tracer it meets:
+        the function then runs on it by the rules, and a value built inside the
+        function (`jnp.where(x > q, x, Quantity(0.0, "m"))`) keeps its type.
+        Outside any quax trace it is the value's materialisation, under its policy:
+        a [`quax.GuardedValue`][] refuses with its [`quax.MaterialisationError`][]
+        unless allowed.
+
+        A JAX array's binary operator (`jnp.ones(3) * q`) asks first, before
+        Python tries the value's reflected operator. Where the value's type defines
+        that operator (`__rmul__`), the value declines (it gives itself, not an
+        array, so JAX's operator returns `NotImplemented`) and Python calls it.
+
+        **Returns:**
+
+        A tracer of the active quax trace, or a JAX array.
+        """
+        reflected = reflected_operator(sys._getframe(1))
+        if reflected is not None and _defines_operator(type(self), reflected):
+            return self
+        return _jax_array_conversion(self)
+
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         value_classes.add(cls)
@@ -302,6 +332,35 @@ class Value(eqx.Module, metaclass=ValueMeta):
         if cls.aval_leaf is not None:
             aval = declared_aval(cls, cls.aval_leaf, value_classes)
             setattr(cls, "aval", aval)  # noqa: B010
+
+
+def _materialise(value: Value) -> Any:
+    return type(value).materialise(value)
+
+
+# How a value answers `__jax_array__`: set by `quax._trace`, which knows the quax
+# traces (see `set_jax_array_conversion`).
+_jax_array_conversion: Callable[[Value], Any] = _materialise
+
+
+def set_jax_array_conversion(convert: Callable[[Value], Any]) -> None:
+    """Make `convert(value)` what `Value.__jax_array__` gives: `quax._trace` sets
+    the lift into the active quax trace, which materialises outside one."""
+    global _jax_array_conversion
+    _jax_array_conversion = convert
+
+
+@ft.lru_cache(maxsize=1024)
+def _defines_operator(cls: type, name: str) -> bool:
+    """Whether the value type `cls` defines the operator method `name` itself (or a
+    base between it and `Value` does), rather than inheriting `eqx.Module`'s or
+    `object`'s."""
+    for base in cls.__mro__:
+        if base is Value:
+            return False
+        if name in vars(base):
+            return True
+    return False
 
 
 def _forget_class(cls: type) -> None:
