@@ -7,7 +7,14 @@ import jax.numpy as jnp
 from jax import lax
 from jaxtyping import Array
 
-from ._base import StructuredMatrix
+from ._base import (
+    StructuredMatrix,
+    failed_factorisation,
+    is_size,
+    keep_or_scale,
+    nan_where,
+    on_diagonal,
+)
 from ._determinant import DeterminantLU
 
 
@@ -51,7 +58,14 @@ class Banded(StructuredMatrix):
 
     def __check_init__(self):
         p, q = self.lower_bandwidth, self.upper_bandwidth
-        if p < 0 or q < 0 or self.bands.ndim < 2 or self.bands.shape[-2] != p + q + 1:
+        for name, width in (("lower_bandwidth", p), ("upper_bandwidth", q)):
+            if not is_size(width):
+                raise ValueError(
+                    f"`Banded` needs `{name}` as a non-negative integer (the "
+                    f"number of {'sub' if name[0] == 'l' else 'super'}diagonals); got "
+                    f"`{name}={width!r}`."
+                )
+        if self.bands.ndim < 2 or self.bands.shape[-2] != p + q + 1:
             raise ValueError(
                 f"`Banded` needs `bands` of shape (*batch, {p} + {q} + 1, n) for "
                 f"bandwidths ({p}, {q}); got shape {self.bands.shape}."
@@ -75,8 +89,11 @@ class Banded(StructuredMatrix):
         n = self.bands.shape[-1]
         out = jnp.zeros(self.shape, self.dtype)
         for d in self._offsets():
-            band = self._band(d)[..., :, None]
-            out = out + jnp.eye(n, k=d, dtype=self.dtype) * band
+            if abs(d) < n:
+                # Row i holds A[i, i + d]: the rows whose column is inside.
+                band = self.bands[..., d + self.lower_bandwidth, :]
+                inside = band[..., : n - d] if d >= 0 else band[..., -d:]
+                out = out + on_diagonal(inside, d)
         return out
 
     def _with(self, bands: Array, p: int | None = None, q: int | None = None):
@@ -111,13 +128,14 @@ class Banded(StructuredMatrix):
         r = jnp.clip(d + self.lower_bandwidth, 0, self.bands.shape[-2] - 1)
         return jnp.where(inside, self.bands[r, i], jnp.zeros((), self.dtype))
 
-    def masked(self, y: Array) -> "Banded":
+    def masked(self, y: Array, *, select: bool = False) -> "Banded":
         rows = []
         for d in self._offsets():
             diag = jnp.diagonal(y, d, -2, -1)
             pad = [(0, 0)] * (diag.ndim - 1)
             rows.append(jnp.pad(diag, [*pad, (0, d)] if d >= 0 else [*pad, (-d, 0)]))
-        return self._with(self.bands * jnp.stack(rows, axis=-2))
+        scales = jnp.stack(rows, axis=-2)
+        return self._with(keep_or_scale(self.bands, scales, select=select))
 
     def _widened(self, p: int, q: int) -> Array:
         pad = [(0, 0)] * (self.bands.ndim - 2)
@@ -248,7 +266,9 @@ class Banded(StructuredMatrix):
         d = packed.bands[..., p, :]
         ones = jnp.ones_like(d)[..., None, :]
         unit = jnp.concatenate([packed.bands[..., :p, :], ones], axis=-2)
-        return self._with(unit, p, 0).col_scaled(jnp.sqrt(d))
+        root = jnp.sqrt(d)
+        factor = self._with(unit, p, 0).col_scaled(root)
+        return self._with(nan_where(failed_factorisation(root), factor.bands), p, 0)
 
     def triangular_solve(
         self, b: Array, *, lower: bool, transpose_a: bool, unit_diagonal: bool

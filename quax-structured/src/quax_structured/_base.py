@@ -2,6 +2,7 @@
 
 import dataclasses
 import functools as ft
+import operator
 from collections.abc import Callable
 from typing import Any, ClassVar
 
@@ -10,12 +11,22 @@ import jax
 import jax.core
 import jax.numpy as jnp
 import jax.tree_util as jtu
+import numpy as np
 import quax
 from jax import lax
 from jaxtyping import Array
 
 
-__all__ = ["MaterialisationError", "StructuredMatrix", "dense_triangular_solve"]
+__all__ = [
+    "MaterialisationError",
+    "StructuredMatrix",
+    "dense_triangular_solve",
+    "failed_factorisation",
+    "is_size",
+    "keep_or_scale",
+    "nan_where",
+    "on_diagonal",
+]
 
 
 def dense_triangular_solve(
@@ -34,6 +45,52 @@ def dense_triangular_solve(
         # Aᵀ x = b  <=>  (D⁻¹A)ᵀ (D x) = b.
         return lax.linalg.triangular_solve(scaled, b, unit_diagonal=True, **kw) / d
     return lax.linalg.triangular_solve(scaled, b / d, unit_diagonal=True, **kw)
+
+
+def is_size(x: Any) -> bool:
+    """Whether `x` is a non-negative integer (a Python or NumPy int, not a bool): a
+    valid matrix size or bandwidth."""
+    if isinstance(x, bool | np.bool_):
+        return False
+    try:
+        return operator.index(x) >= 0
+    except TypeError:
+        return False
+
+
+def on_diagonal(values: Array, k: int = 0) -> Array:
+    """The `(*batch, m + |k|, m + |k|)` matrix holding `values` (shape `(*batch,
+    m)`) on its `k`-th diagonal and zeros elsewhere. Written as a scatter, not as
+    `values * eye`, so that a NaN or infinite entry stays where it is (a product
+    with the identity's zeros would spread NaN along its row)."""
+    m = values.shape[-1]
+    n = m + abs(k)
+    rows = jnp.arange(m) + max(-k, 0)
+    out = jnp.zeros((*values.shape[:-1], n, n), values.dtype)
+    return out.at[..., rows, rows + k].set(values)
+
+
+def keep_or_scale(leaf: Array, y: Array, *, select: bool) -> Array:
+    """`leaf * y`, or with `select`, `leaf` where `y` is nonzero and zero elsewhere
+    (`jnp.where`'s semantics: a NaN in `leaf` where `y` is zero is dropped, as
+    `jnp.where(mask, x, 0)` drops it)."""
+    if select:
+        return jnp.where(y != 0, leaf, jnp.zeros((), leaf.dtype))
+    return leaf * y
+
+
+def failed_factorisation(pivots: Array) -> Array:
+    """Whether a Cholesky factorisation failed, per matrix of the batch: some pivot
+    (an entry of the factor's diagonal, shape `(*batch, n)`) is not positive (NaN
+    from the square root of a negative number, or zero), as LAPACK's `potrf`
+    reports. Dense JAX then returns NaN for the whole lower triangle."""
+    return jnp.any(~(jnp.real(pivots) > 0), axis=-1)
+
+
+def nan_where(failed: Array, leaf: Array) -> Array:
+    """`leaf` with every entry NaN where `failed` (shape: `leaf`'s leading axes)."""
+    failed = failed.reshape(failed.shape + (1,) * (leaf.ndim - failed.ndim))
+    return jnp.where(failed, jnp.full((), jnp.nan, leaf.dtype), leaf)
 
 
 def _is_float(leaf: Array) -> bool:
@@ -193,9 +250,13 @@ class StructuredMatrix(quax.ArrayValue):
             read = jax.vmap(read)
         return read(self)
 
-    def masked(self, y: Array) -> "StructuredMatrix | None":
+    def masked(self, y: Array, *, select: bool = False) -> "StructuredMatrix | None":
         """`self * y` (elementwise) for a dense `y` of the full shape, keeping the
-        structure's pattern of zeros."""
+        structure's pattern of zeros (as `jax.experimental.sparse` multiplies: an
+        entry of `y` outside the pattern is never read, so an infinite or NaN one
+        there gives zero, not NaN). With `select`, `jnp.where(y != 0, self, 0)`
+        instead: the stored entries where `y` is nonzero are kept as they are (a
+        NaN where `y` is zero is dropped, not multiplied by zero into NaN)."""
         return None
 
     def add(self, other: "StructuredMatrix") -> "StructuredMatrix | None":

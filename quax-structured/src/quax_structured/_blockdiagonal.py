@@ -7,7 +7,14 @@ import jax.numpy as jnp
 from jax import lax
 from jaxtyping import Array
 
-from ._base import StructuredMatrix, dense_triangular_solve
+from ._base import (
+    StructuredMatrix,
+    dense_triangular_solve,
+    failed_factorisation,
+    keep_or_scale,
+    nan_where,
+    on_diagonal,
+)
 from ._determinant import DeterminantLU
 
 
@@ -45,8 +52,10 @@ class BlockDiagonal(StructuredMatrix):
         return self.blocks.shape[-3], self.blocks.shape[-1]
 
     def dense(self) -> Array:
-        eye = jnp.eye(self.blocks.shape[-3], dtype=self.dtype)
-        out = jnp.einsum("...kij,kl->...kilj", self.blocks, eye)
+        # A `where`, not a product with the identity: a NaN in a block stays in it.
+        m = self.blocks.shape[-3]
+        eye = jnp.eye(m, dtype=bool)[:, None, :, None]
+        out = jnp.where(eye, self.blocks[..., :, :, None, :], jnp.zeros((), self.dtype))
         return out.reshape(self.shape)
 
     def _with(self, blocks: Array) -> "BlockDiagonal":
@@ -74,11 +83,11 @@ class BlockDiagonal(StructuredMatrix):
         value = self.blocks[i // b, i % b, j % b]
         return jnp.where(i // b == j // b, value, jnp.zeros((), self.dtype))
 
-    def masked(self, y: Array) -> "BlockDiagonal":
+    def masked(self, y: Array, *, select: bool = False) -> "BlockDiagonal":
         m, b = self._sizes()
         y = y.reshape(*y.shape[:-2], m, b, m, b)
         diag_blocks = jnp.moveaxis(jnp.diagonal(y, 0, -4, -2), -1, -3)
-        return self._with(self.blocks * diag_blocks)
+        return self._with(keep_or_scale(self.blocks, diag_blocks, select=select))
 
     def _same_blocking(self, other: StructuredMatrix) -> bool:
         return isinstance(other, BlockDiagonal) and other._sizes() == self._sizes()
@@ -91,8 +100,8 @@ class BlockDiagonal(StructuredMatrix):
 
     def add_diagonal(self, d: Array) -> "BlockDiagonal":
         m, b = self._sizes()
-        d = d.reshape(*d.shape[:-1], m, b)
-        return self._with(self.blocks + d[..., :, None] * jnp.eye(b, dtype=d.dtype))
+        blocks = d.reshape(*d.shape[:-1], m, b)
+        return self._with(self.blocks + on_diagonal(blocks.astype(self.dtype)))
 
     def row_scaled(self, d: Array) -> "BlockDiagonal":
         m, b = self._sizes()
@@ -125,8 +134,13 @@ class BlockDiagonal(StructuredMatrix):
         return jnp.prod(jnp.linalg.det(self.blocks), axis=-1)
 
     def cholesky(self) -> "BlockDiagonal":
-        """Each block's lower Cholesky factor (read from its lower triangle)."""
-        return self._with(lax.linalg.cholesky(self.blocks, symmetrize_input=False))
+        """Each block's lower Cholesky factor (read from its lower triangle). Where
+        one block is not positive definite, every block's lower triangle is NaN, as
+        dense JAX's factor of the whole matrix is."""
+        factors = lax.linalg.cholesky(self.blocks, symmetrize_input=False)
+        pivots = jnp.diagonal(factors, 0, -2, -1).reshape(*self.shape[:-2], -1)
+        lower = jnp.tril(nan_where(failed_factorisation(pivots), factors))
+        return self._with(lower)
 
     def eigh(self) -> tuple[Array, Array]:
         """Each block's eigendecomposition, O(n b²): the eigenvalues sorted, and the

@@ -151,6 +151,13 @@ class Circulant(StructuredMatrix):
     column: Array
     allow_materialise: bool = eqx.field(default=False, static=True)
 
+    def __check_init__(self):
+        if jnp.ndim(self.column) < 1:
+            raise ValueError(
+                "`Circulant` needs `column` of shape (*batch, n), at least "
+                f"1-dimensional; got a {jnp.ndim(self.column)}-dimensional `column`."
+            )
+
     def aval(self) -> jax.core.ShapedArray:
         *batch, n = self.column.shape
         return jax.core.ShapedArray((*batch, n, n), self.column.dtype)

@@ -60,10 +60,19 @@ class _Lazy(StructuredMatrix):
 
     def way_out(self, primitive: Any) -> str:
         way_out = StructuredMatrix.way_out(self, primitive)
-        if primitive.name not in _FACTORISATIONS:
+        if primitive is None or primitive.name not in _FACTORISATIONS:
             return way_out
+        kinds = ", ".join(f"`{type(p).__name__}`" for p in self.parts)
+        symmetrised = ""
+        if primitive.name in ("cholesky", "eigh") and len(self.parts) == 2:
+            symmetrised = (
+                f" (`jnp.linalg.{primitive.name}` symmetrises its input, `(M + Mᴴ) / "
+                "2`: a matrix `M` not known to be symmetric arrives here as the sum "
+                "of it and its transpose; tag a symmetric positive definite `M` "
+                "`positive_definite=True`, or build it symmetric)"
+            )
         return (
-            f"A `{type(self).__name__}` of structures has no structured "
+            f"This `{type(self).__name__}` of {kinds}{symmetrised} has no structured "
             "factorisation; solve through its products instead, which cost the sum "
             "of its parts' products: e.g. `jax.scipy.sparse.linalg.cg(lambda v: M @ "
             "v, b)` (symmetric positive definite) or `jax.scipy.sparse.linalg.gmres`. "
@@ -132,8 +141,8 @@ class Sum(_Lazy):
     def scaled(self, s: Array) -> "Sum | None":
         return self._with(self._each("scaled", s))
 
-    def masked(self, y: Array) -> "Sum | None":
-        return self._with(self._each("masked", y))
+    def masked(self, y: Array, *, select: bool = False) -> "Sum | None":
+        return self._with(_all([t.masked(y, select=select) for t in self.terms]))
 
     def row_scaled(self, d: Array) -> "Sum | None":
         return self._with(self._each("row_scaled", d))

@@ -99,8 +99,8 @@ class DeterminantLU(StructuredMatrix):
         assert pivots is not None
         return jnp.any(pivots[:-1] == 0) | ~jnp.all(jnp.isfinite(pivots))
 
-    def masked(self, y: Array) -> StructuredMatrix | None:
-        return self.factors.masked(y)
+    def masked(self, y: Array, *, select: bool = False) -> StructuredMatrix | None:
+        return self.factors.masked(y, select=select)
 
     def transpose(self) -> StructuredMatrix | None:
         return self.factors.transpose()

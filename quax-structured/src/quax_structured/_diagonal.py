@@ -6,7 +6,14 @@ import jax.core
 import jax.numpy as jnp
 from jaxtyping import Array
 
-from ._base import StructuredMatrix
+from ._base import (
+    StructuredMatrix,
+    failed_factorisation,
+    is_size,
+    keep_or_scale,
+    nan_where,
+    on_diagonal,
+)
 from ._determinant import DeterminantLU
 
 
@@ -25,12 +32,23 @@ class Diagonal(StructuredMatrix):
     diag: Array
     allow_materialise: bool = eqx.field(default=False, static=True)
 
+    def __check_init__(self):
+        if jnp.ndim(self.diag) < 1:
+            raise ValueError(
+                "`Diagonal` needs `diag` of shape (*batch, n), at least 1-dimensional; "
+                f"got a {jnp.ndim(self.diag)}-dimensional `diag`. For `c * I` write "
+                "`ScaledIdentity(c, n)`, or pass `jnp.full(n, c)`."
+            )
+
     def aval(self) -> jax.core.ShapedArray:
         *batch, n = self.diag.shape
         return jax.core.ShapedArray((*batch, n, n), self.diag.dtype)
 
     def dense(self) -> Array:
-        return self.diag[..., :, None] * jnp.eye(self.diag.shape[-1], dtype=self.dtype)
+        return on_diagonal(self.diag)
+
+    def _with(self, diag: Array) -> "Diagonal":
+        return Diagonal(diag, allow_materialise=self.allow_materialise)
 
     def transpose(self) -> "Diagonal":
         return self
@@ -49,8 +67,9 @@ class Diagonal(StructuredMatrix):
     def diagonal(self) -> Array:
         return self.diag
 
-    def masked(self, y: Array) -> "Diagonal":
-        return Diagonal(self.diag * jnp.diagonal(y, 0, -2, -1), self.allow_materialise)
+    def masked(self, y: Array, *, select: bool = False) -> "Diagonal":
+        scales = jnp.diagonal(y, 0, -2, -1)
+        return self._with(keep_or_scale(self.diag, scales, select=select))
 
     def product(self, other: StructuredMatrix) -> StructuredMatrix | None:
         """`self @ other`: `other`'s rows scaled, keeping its structure."""
@@ -86,7 +105,10 @@ class Diagonal(StructuredMatrix):
         return b if unit_diagonal else b / self.diag[..., :, None]
 
     def cholesky(self) -> "Diagonal":
-        return Diagonal(jnp.sqrt(self.diag), self.allow_materialise)
+        """`sqrt(diag)`; all NaN where some entry is not positive, as dense JAX's
+        factor of a matrix that is not positive definite."""
+        root = jnp.sqrt(self.diag)
+        return self._with(nan_where(failed_factorisation(root), root))
 
     def eigh(self) -> tuple[Array, Array]:
         """The sorted diagonal, and the permutation matrix that sorts it, O(n²)
@@ -111,14 +133,20 @@ class ScaledIdentity(StructuredMatrix):
     n: int = eqx.field(static=True)
     allow_materialise: bool = eqx.field(default=False, static=True)
 
+    def __check_init__(self):
+        if not is_size(self.n):
+            raise ValueError(
+                f"`ScaledIdentity` needs the matrix size `n` as a non-negative "
+                f"integer; got `n={self.n!r}`."
+            )
+
     def aval(self) -> jax.core.ShapedArray:
         return jax.core.ShapedArray(
             (*jnp.shape(self.scale), self.n, self.n), jnp.result_type(self.scale)
         )
 
     def dense(self) -> Array:
-        eye = jnp.eye(self.n, dtype=self.dtype)
-        return jnp.asarray(self.scale)[..., None, None] * eye
+        return self._as_diagonal().dense()
 
     def transpose(self) -> "ScaledIdentity":
         return self
@@ -132,8 +160,8 @@ class ScaledIdentity(StructuredMatrix):
     def entries(self, i: Array, j: Array) -> Array:
         return jnp.where(i == j, self.scale, jnp.zeros((), self.dtype))
 
-    def masked(self, y: Array) -> Diagonal:
-        return self._as_diagonal().masked(y)
+    def masked(self, y: Array, *, select: bool = False) -> Diagonal:
+        return self._as_diagonal().masked(y, select=select)
 
     def _as_diagonal(self) -> Diagonal:
         d = jnp.broadcast_to(
@@ -177,7 +205,11 @@ class ScaledIdentity(StructuredMatrix):
         return b if unit_diagonal else b / jnp.asarray(self.scale)[..., None, None]
 
     def cholesky(self) -> "ScaledIdentity":
-        return ScaledIdentity(jnp.sqrt(self.scale), self.n, self.allow_materialise)
+        root = jnp.sqrt(self.scale)
+        failed = failed_factorisation(root[..., None])
+        return ScaledIdentity(
+            nan_where(failed, root), self.n, allow_materialise=self.allow_materialise
+        )
 
     def eigh(self) -> tuple[Array, Array]:
         return self._as_diagonal().eigh()

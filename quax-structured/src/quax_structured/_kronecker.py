@@ -10,7 +10,12 @@ import jax.numpy as jnp
 from jax import lax
 from jaxtyping import Array
 
-from ._base import StructuredMatrix, dense_triangular_solve
+from ._base import (
+    StructuredMatrix,
+    dense_triangular_solve,
+    failed_factorisation,
+    nan_where,
+)
 
 
 __all__ = ["Kronecker", "KroneckerLU"]
@@ -159,10 +164,15 @@ class Kronecker(StructuredMatrix):
     def cholesky(self) -> "Kronecker | None":
         if not self.symmetric:
             return None
-        left, right = self.factors()
+        left, right = (lax.linalg.cholesky(f) for f in self.factors())
+        # As dense JAX: where the matrix is not positive definite (a factor is
+        # not), the whole lower triangle of its factor is NaN.
+        failed = failed_factorisation(jnp.diagonal(left)) | failed_factorisation(
+            jnp.diagonal(right)
+        )
         return Kronecker(
-            lax.linalg.cholesky(left),
-            lax.linalg.cholesky(right),
+            jnp.tril(nan_where(failed, left)),
+            jnp.tril(nan_where(failed, right)),
             triangle="lower",
             allow_materialise=self.allow_materialise,
         )

@@ -8,7 +8,12 @@ import jax.numpy as jnp
 from jax import lax
 from jaxtyping import Array
 
-from ._base import StructuredMatrix
+from ._base import (
+    StructuredMatrix,
+    failed_factorisation,
+    nan_where,
+    on_diagonal,
+)
 from ._determinant import DeterminantLU
 
 
@@ -45,6 +50,32 @@ def _best(
     return jnp.where(errors[best] <= _TOLERANCE * eps, out, jnp.nan).astype(out.dtype)
 
 
+def _check_factors(name: str, n: int | None, u: Array, v: Array | None) -> None:
+    """Refuse factors `u`, `v` of `name` that are not both `(n, r)` matrices of
+    one shape (`n=None`: any number of rows)."""
+    for field, factor in (("u", u), ("v", v)):
+        if factor is None:
+            continue
+        shape = jnp.shape(factor)
+        if len(shape) != 2:
+            raise ValueError(
+                f"`{name}` needs `{field}` of shape (n, r); got `{field}` of shape "
+                f"{shape}. A batch of matrices is not supported here: `jax.vmap` "
+                "over the batch instead."
+            )
+        if n is not None and shape[0] != n:
+            raise ValueError(
+                f"`{name}` needs `{field}` with as many rows as `diag` has entries "
+                f"({n}); got `{field}` of shape {shape}."
+            )
+    if v is not None and jnp.shape(u) != jnp.shape(v):
+        raise ValueError(
+            f"`{name}` needs `u` and `v` of the same shape (n, r) (the same rank r); "
+            f"got `u` of shape {jnp.shape(u)} and `v` of shape {jnp.shape(v)}. Pad "
+            "the smaller factor with zero columns to the same rank."
+        )
+
+
 class _UVt(StructuredMatrix):
     """The `U Vᵀ` term that `LowRank` and `LowRankPlusDiagonal` share: its symmetry,
     its dense array and its products, O(n r)."""
@@ -67,6 +98,24 @@ class _UVt(StructuredMatrix):
     def _uvt_matmat(self, x: Array) -> Array:
         return self.u @ (self._v().T @ x)
 
+    def add(self, other: StructuredMatrix) -> "LowRank | LowRankPlusDiagonal | None":
+        """`self + other` for another low-rank matrix (with or without a diagonal):
+        the factors stacked, `[U₁ U₂] [V₁ V₂]ᵀ = U₁ V₁ᵀ + U₂ V₂ᵀ`, the diagonals
+        added. The rank is the sum of the ranks (nothing is recompressed); the sum
+        is symmetric (`v=None`) when both terms are."""
+        if not isinstance(other, _UVt):
+            return None
+        u = jnp.concatenate([self.u, other.u], axis=-1)
+        v = None
+        if self.v is not None or other.v is not None:
+            v = jnp.concatenate([self._v(), other._v()], axis=-1)
+        diags = [m.diag for m in (self, other) if isinstance(m, LowRankPlusDiagonal)]
+        allow = self.allow_materialise
+        if not diags:
+            return LowRank(u, v, allow_materialise=allow)
+        diag = diags[0] if len(diags) == 1 else diags[0] + diags[1]
+        return LowRankPlusDiagonal(diag, u, v, allow_materialise=allow)
+
 
 class LowRank(_UVt):
     """`U Vᵀ`, an `(n, n)` matrix of rank at most `r`. Products cost O(n r).
@@ -81,6 +130,9 @@ class LowRank(_UVt):
     u: Array
     v: Array | None = None
     allow_materialise: bool = eqx.field(default=False, static=True)
+
+    def __check_init__(self):
+        _check_factors("LowRank", None, self.u, self.v)
 
     def aval(self) -> jax.core.ShapedArray:
         n = self.u.shape[-2]
@@ -137,13 +189,21 @@ class LowRankPlusDiagonal(_UVt):
     v: Array | None = None
     allow_materialise: bool = eqx.field(default=False, static=True)
 
+    def __check_init__(self):
+        if jnp.ndim(self.diag) != 1:
+            raise ValueError(
+                "`LowRankPlusDiagonal` needs `diag` of shape (n,); got `diag` of "
+                f"shape {jnp.shape(self.diag)}. A batch of matrices is not supported "
+                "here: `jax.vmap` over the batch instead."
+            )
+        _check_factors("LowRankPlusDiagonal", jnp.shape(self.diag)[0], self.u, self.v)
+
     def aval(self) -> jax.core.ShapedArray:
         n = self.diag.shape[-1]
         return jax.core.ShapedArray((n, n), jnp.result_type(self.diag, self.u))
 
     def dense(self) -> Array:
-        n = self.diag.shape[-1]
-        return self.diag[:, None] * jnp.eye(n, dtype=self.dtype) + self._uvt()
+        return on_diagonal(self.diag.astype(self.dtype)) + self._uvt()
 
     def transpose(self) -> "LowRankPlusDiagonal":
         if self.v is None:
@@ -285,15 +345,32 @@ class Semiseparable(StructuredMatrix):
 
     linear_in_leaves = False
 
+    def __check_init__(self):
+        if jnp.ndim(self.main) != 1:
+            raise ValueError(
+                "`Semiseparable` needs `main` of shape (n,); got `main` of shape "
+                f"{jnp.shape(self.main)}."
+            )
+        n = jnp.shape(self.main)[0]
+        for left, right in (
+            ("lower_left", "lower_right"),
+            ("upper_left", "upper_right"),
+        ):
+            a, b = jnp.shape(getattr(self, left)), jnp.shape(getattr(self, right))
+            if len(a) != 2 or a != b or a[0] != n:
+                raise ValueError(
+                    f"`Semiseparable` needs `{left}` and `{right}` of one shape "
+                    f"({n}, r); got {a} and {b}."
+                )
+
     def aval(self) -> jax.core.ShapedArray:
         n = self.main.shape[-1]
         return jax.core.ShapedArray((n, n), self.main.dtype)
 
     def dense(self) -> Array:
-        n = self.main.shape[-1]
         lower = jnp.tril(_outer(self.lower_left, self.lower_right), -1)
         upper = jnp.triu(_outer(self.upper_left, self.upper_right), 1)
-        return lower + upper + self.main[:, None] * jnp.eye(n, dtype=self.dtype)
+        return lower + upper + on_diagonal(self.main)
 
     def transpose(self) -> "Semiseparable":
         return Semiseparable(
@@ -382,11 +459,14 @@ class Semiseparable(StructuredMatrix):
         )
         lu = sym._packed_lu()
         root = jnp.sqrt(lu.main)
+        # As dense JAX: where the matrix is not positive definite, the whole lower
+        # triangle of the factor is NaN.
+        failed = failed_factorisation(root)
         zeros = jnp.zeros_like(self.lower_left[:, :1])
         return Semiseparable(
-            lu.lower_left,
+            nan_where(failed, lu.lower_left),
             lu.lower_right * root[:, None],
-            root,
+            nan_where(failed, root),
             zeros,
             zeros,
             self.allow_materialise,

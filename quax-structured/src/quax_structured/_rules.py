@@ -13,7 +13,7 @@ from jax.extend.core import primitives as prims
 from jaxtyping import ArrayLike
 from quax.zero import Zero, is_ieee_strict
 
-from ._base import StructuredMatrix
+from ._base import StructuredMatrix, keep_or_scale
 from ._composite import add, matmul
 
 
@@ -143,19 +143,23 @@ def _(x: StructuredMatrix) -> Any:
     return _scaled(lax.neg_p, [x], x, jnp.asarray(-1, x.dtype))
 
 
-def _times_dense(x: StructuredMatrix, y: Any) -> Any | None:
+def _times_dense(x: StructuredMatrix, y: Any, *, select: bool = False) -> Any | None:
     """`x * y` for a plain `y` of `x`'s full shape: with a structure when `x.masked`
-    keeps one (a pattern of zeros times anything finite is that pattern), else
-    the dense product read through `x.entries`, which costs what the dense `y`
-    already does (O(n²)): this is the masked branch of `jnp.diagonal`."""
+    keeps one (the structure's zeros stay zero, as `jax.experimental.sparse`
+    multiplies: `y`'s entries outside the pattern are not read), else the dense
+    product read through `x.entries`, which costs what the dense `y` already does
+    (O(n²)): this is the masked branch of `jnp.diagonal`. With `select`,
+    `jnp.where(y != 0, x, 0)` instead (see `StructuredMatrix.masked`)."""
     if np.ndim(y) != x.ndim or np.broadcast_shapes(np.shape(y), x.shape) != x.shape:
         return None
-    out = x.masked(jnp.broadcast_to(y, x.shape))
+    out = x.masked(jnp.broadcast_to(y, x.shape), select=select)
     if out is not None or x.ndim != 2:
         return out
     i, j = jnp.indices(x.shape)
     entries = x.entries(i, j)
-    return None if entries is None else entries * y
+    if entries is None:
+        return None
+    return keep_or_scale(entries, jnp.asarray(y), select=select)
 
 
 def _mul(values: list[Any], x: StructuredMatrix, y: Any) -> Any:
@@ -251,7 +255,7 @@ def _(which: ArrayLike, *cases: StructuredMatrix | ArrayLike) -> Any:
         ((i, x),) = structured
         if _is_zeros(cases[1 - i]):
             keep = jnp.asarray(which) if i == 1 else ~jnp.asarray(which)
-            out = _times_dense(x, keep.astype(x.dtype))
+            out = _times_dense(x, keep.astype(x.dtype), select=True)
     if out is None:
         return _fallback(prims.select_n_p, [which, *cases], {})
     return out

@@ -7,7 +7,12 @@ import jax.core
 import jax.numpy as jnp
 from jaxtyping import Array
 
-from ._base import StructuredMatrix, dense_triangular_solve
+from ._base import (
+    StructuredMatrix,
+    dense_triangular_solve,
+    keep_or_scale,
+    on_diagonal,
+)
 from ._determinant import DeterminantLU
 
 
@@ -18,11 +23,23 @@ class _Triangular(StructuredMatrix):
     array: eqx.AbstractVar[Array]
     lower: eqx.AbstractClassVar[bool]
 
+    def __check_init__(self):
+        shape = jnp.shape(self.array)
+        if len(shape) < 2 or shape[-1] != shape[-2]:
+            raise ValueError(
+                f"`{type(self).__name__}` needs a square `array` of shape "
+                f"(*batch, n, n); got `array` of shape {shape}. Pass the square "
+                "matrix whose triangle you mean (pad a rectangular one with zeros)."
+            )
+
     def aval(self) -> jax.core.ShapedArray:
         return jax.typeof(self.array)  # type: ignore[return-value]
 
     def dense(self) -> Array:
         return jnp.tril(self.array) if self.lower else jnp.triu(self.array)
+
+    def _with(self, array: Array) -> "_Triangular":
+        return type(self)(array, allow_materialise=self.allow_materialise)
 
     def map_leaves(self, fn) -> "_Triangular":
         return type(self)(fn(self.array), self.allow_materialise)
@@ -40,8 +57,8 @@ class _Triangular(StructuredMatrix):
         inside = i >= j if self.lower else i <= j
         return jnp.where(inside, self.array[i, j], jnp.zeros((), self.dtype))
 
-    def masked(self, y: Array) -> "_Triangular":
-        return type(self)(self.array * y, self.allow_materialise)
+    def masked(self, y: Array, *, select: bool = False) -> "_Triangular":
+        return self._with(keep_or_scale(self.array, y, select=select))
 
     def add(self, other: StructuredMatrix) -> "_Triangular | None":
         if type(other) is type(self):
@@ -49,11 +66,7 @@ class _Triangular(StructuredMatrix):
         return None
 
     def add_diagonal(self, d: Array) -> "_Triangular":
-        n = self.shape[-1]
-        return type(self)(
-            self.array + d[..., :, None] * jnp.eye(n, dtype=self.dtype),
-            self.allow_materialise,
-        )
+        return self._with(self.array + on_diagonal(d.astype(self.dtype)))
 
     def determinant(self) -> Array:
         return jnp.prod(jnp.diagonal(self.array, axis1=-2, axis2=-1), axis=-1)

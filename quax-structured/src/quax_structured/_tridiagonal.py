@@ -10,7 +10,14 @@ import jax.scipy.linalg
 from jax import lax
 from jaxtyping import Array
 
-from ._base import MaterialisationError, StructuredMatrix
+from ._base import (
+    MaterialisationError,
+    StructuredMatrix,
+    failed_factorisation,
+    keep_or_scale,
+    nan_where,
+    on_diagonal,
+)
 from ._determinant import DeterminantLU
 
 
@@ -59,15 +66,21 @@ class TridiagonalMatrix(StructuredMatrix):
         ):
             raise ValueError("Got inconsistent dtypes for `TridiagonalMatrix`.")
 
+    def _with(self, lower: Array, main: Array, upper: Array) -> "TridiagonalMatrix":
+        return TridiagonalMatrix(
+            lower, main, upper, allow_materialise=self.allow_materialise
+        )
+
     def aval(self) -> jax.core.ShapedArray:
         *batch, size = self.main_diag.shape
         return jax.core.ShapedArray((*batch, size, size), self.main_diag.dtype)
 
     def dense(self) -> Array:
-        n = self.main_diag.shape[-1]
-        out = self.main_diag[..., :, None] * jnp.eye(n, dtype=self.dtype)
-        out = out + _embed(self.upper_diag, n, 1)
-        return out + _embed(self.lower_diag, n, -1)
+        return (
+            on_diagonal(self.main_diag)
+            + on_diagonal(self.upper_diag, 1)
+            + on_diagonal(self.lower_diag, -1)
+        )
 
     # Structured operations (called by the rules) ------------------------------------
 
@@ -104,13 +117,16 @@ class TridiagonalMatrix(StructuredMatrix):
         off = jnp.where(i == j + 1, self.lower_diag[k], off)
         return jnp.where(i == j, self.main_diag[i], off)
 
-    def masked(self, y: Array) -> "TridiagonalMatrix":
-        return TridiagonalMatrix(
-            self.lower_diag * jnp.diagonal(y, -1, -2, -1),
-            self.main_diag * jnp.diagonal(y, 0, -2, -1),
-            self.upper_diag * jnp.diagonal(y, 1, -2, -1),
-            self.allow_materialise,
+    def masked(self, y: Array, *, select: bool = False) -> "TridiagonalMatrix":
+        lower, main, upper = (
+            keep_or_scale(leaf, jnp.diagonal(y, k, -2, -1), select=select)
+            for leaf, k in (
+                (self.lower_diag, -1),
+                (self.main_diag, 0),
+                (self.upper_diag, 1),
+            )
         )
+        return self._with(lower, main, upper)
 
     def add(self, other: StructuredMatrix) -> "TridiagonalMatrix | None":
         if isinstance(other, TridiagonalMatrix):
@@ -145,7 +161,9 @@ class TridiagonalMatrix(StructuredMatrix):
 
     def cholesky(self) -> "TridiagonalMatrix":
         """The lower bidiagonal Cholesky factor (a tridiagonal matrix with a zero
-        upper diagonal), from the lower triangle, O(n)."""
+        upper diagonal), from the lower triangle, O(n). NaN on its two diagonals
+        where the matrix is not positive definite (dense JAX: the whole lower
+        triangle; the entries outside the band stay the structure's zeros)."""
 
         def step(l_prev, x):
             a, m = x
@@ -156,12 +174,14 @@ class TridiagonalMatrix(StructuredMatrix):
         a, m = (jnp.moveaxis(v, -1, 0) for v in (self.lower_diag, self.main_diag))
         first = jnp.sqrt(m[0])
         _, (off, rest) = lax.scan(step, first, (a, m[1:]))
-        main = jnp.concatenate([first[None], rest])
-        return TridiagonalMatrix(
-            jnp.moveaxis(off, 0, -1),
-            jnp.moveaxis(main, 0, -1),
+        main = jnp.moveaxis(jnp.concatenate([first[None], rest]), 0, -1)
+        # As dense JAX: where the matrix is not positive definite, the whole factor
+        # (its stored lower entries) is NaN.
+        failed = failed_factorisation(main)
+        return self._with(
+            nan_where(failed, jnp.moveaxis(off, 0, -1)),
+            nan_where(failed, main),
             jnp.zeros_like(self.upper_diag),
-            self.allow_materialise,
         )
 
     def lu(self) -> DeterminantLU:
@@ -299,15 +319,6 @@ def _continuant(lower: Array, main: Array, upper: Array) -> tuple[Array, Array]:
     start = (jnp.ones_like(m[0]), m[0], jnp.zeros(m.shape[1:], jnp.int32))
     (_, det, exponent), _ = lax.scan(step, start, (m[1:], couple))
     return det, exponent
-
-
-def _embed(diag: Array, n: int, k: int) -> Array:
-    """The `(*batch, n, n)` matrix with `diag` on its `k`-th diagonal (`k = +-1`)."""
-    padded = jnp.pad(diag, [(0, 0)] * (diag.ndim - 1) + [(0, 1)])
-    # Row i of the first superdiagonal holds diag[i]; column j of the first
-    # subdiagonal holds diag[j].
-    padded = padded[..., :, None] if k > 0 else padded[..., None, :]
-    return jnp.eye(n, k=k, dtype=diag.dtype) * padded
 
 
 def _bidiagonal_solve(diag: Array | None, off: Array, b: Array, forward: bool) -> Array:
