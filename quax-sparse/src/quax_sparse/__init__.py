@@ -13,6 +13,10 @@ from ._values import (
     BCOO as BCOO,
     CSR as CSR,
     MaterialisationError as MaterialisationError,
+    PendingSolve as PendingSolve,
+    SparseLU as SparseLU,
+    cho_factor as cho_factor,
+    lu_factor as lu_factor,
 )
 
 
