@@ -131,6 +131,13 @@ def point(m: int, rounds: int, cg_rounds: int) -> dict[str, Any]:
     }
 
 
+def markdown_table(header: list[str], rows: list[list[str]]) -> str:
+    """A Markdown table."""
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
 def fitted_exponent(points: list[dict[str, Any]], name: str) -> float | None:
     xs = [math.log(p["n"]) for p in points if name in p["times"]]
     ys = [math.log(p["times"][name]["cpu"]) for p in points if name in p["times"]]
@@ -188,14 +195,15 @@ def main(quick: bool = False) -> dict[str, Any]:
         "quax solve, factor reused",
         "SuperLU solve, factor reused",
     ]
-    print("\n| n | nse | " + " | ".join(f"{x} ms" for x in names) + " |")
-    print("|---|---|" + "---|" * len(names))
-    for p in points:
-        cells = [
+    times = [
+        [str(p["n"]), str(p["nse"])]
+        + [
             f"{1e3 * p['times'][x]['wall']:.2f}" if x in p["times"] else "-"
             for x in names
         ]
-        print(f"| {p['n']} | {p['nse']} | " + " | ".join(cells) + " |")
+        for p in points
+    ]
+    print("\n" + markdown_table(["n", "nse"] + [f"{x} ms" for x in names], times))
     columns = [
         "quax / spsolve (wall)",
         "quax / spsolve (CPU)",
@@ -206,27 +214,29 @@ def main(quick: bool = False) -> dict[str, Any]:
         "residual (direct)",
         "residual (CG)",
     ]
-    print("\n| n | " + " | ".join(columns) + " |")
-    print("|---|" + "---|" * len(columns))
-    for p in points:
-        t = p["times"]
 
-        def r(a: str, b: str, clock: str = "wall", t: dict = t) -> str:
-            if a not in t or b not in t:
-                return "-"
-            return f"{t[a][clock] / t[b][clock]:.2f}"
+    def ratio(t: dict, a: str, b: str, clock: str = "wall") -> str:
+        if a not in t or b not in t:
+            return "-"
+        return f"{t[a][clock] / t[b][clock]:.2f}"
 
-        cells = [
-            r("quax solve", "scipy spsolve"),
-            r("quax solve", "scipy spsolve", "cpu"),
-            r("dense jnp.linalg.solve", "quax solve"),
-            r("quax CG (1e-6)", "quax solve"),
-            r("quax grad (values)", "quax solve"),
-            r("quax solve, factor reused", "SuperLU solve, factor reused"),
+    ratios = [
+        [
+            str(p["n"]),
+            ratio(p["times"], "quax solve", "scipy spsolve"),
+            ratio(p["times"], "quax solve", "scipy spsolve", "cpu"),
+            ratio(p["times"], "dense jnp.linalg.solve", "quax solve"),
+            ratio(p["times"], "quax CG (1e-6)", "quax solve"),
+            ratio(p["times"], "quax grad (values)", "quax solve"),
+            ratio(
+                p["times"], "quax solve, factor reused", "SuperLU solve, factor reused"
+            ),
             f"{p['residual']:.1e}",
             f"{p['residual_cg']:.1e}",
         ]
-        print(f"| {p['n']} | " + " | ".join(cells) + " |")
+        for p in points
+    ]
+    print("\n" + markdown_table(["n", *columns], ratios))
     exponents = {
         name: fitted_exponent(points, name)
         for name in ("quax solve", "scipy spsolve", "quax CG (1e-6)")
