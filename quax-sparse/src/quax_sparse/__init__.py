@@ -9,10 +9,20 @@ y = quax.quaxify(lambda a, v: a @ v)(a, jnp.ones(1000))
 """
 
 from . import _rules as _rules  # registers the rules
+from ._jacobian import (
+    colour as colour,
+    hessian as hessian,
+    jacfwd as jacfwd,
+    jacrev as jacrev,
+)
 from ._values import (
     BCOO as BCOO,
     CSR as CSR,
     MaterialisationError as MaterialisationError,
+    PendingSolve as PendingSolve,
+    SparseLU as SparseLU,
+    cho_factor as cho_factor,
+    lu_factor as lu_factor,
 )
 
 

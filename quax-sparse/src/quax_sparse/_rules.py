@@ -6,7 +6,7 @@ unless the array allows materialising.
 """
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax.numpy as jnp
@@ -24,7 +24,15 @@ from ._kernels import (
     scatter_add,
     valid_mask,
 )
-from ._values import BCOO, CSR
+from ._values import (
+    BCOO,
+    CSR,
+    PendingSolve,
+    SparseLU,
+    apply_inverse,
+    factorise,
+    unfactorable,
+)
 
 
 def _fallback(
@@ -655,3 +663,273 @@ for _p in (
     prims.mul_p,
 ):
     _mixed(_p)
+
+
+# Direct solves ------------------------------------------------------------------------
+#
+# `lu` and `cholesky` of a sparse matrix factor it on the host (SuperLU, `_superlu`)
+# and return a `SparseLU`; the pair of triangular solves that `lu_solve` and
+# `cho_solve` bind with it is one solve with the matrix (`apply_inverse`),
+# differentiable with respect to the right-hand side and the stored values.
+
+
+def _refuse_factor(primitive: Primitive, x: BCOO, why: str) -> Any:
+    if x.allow_materialise:
+        return _fallback(primitive, (x,), {})
+    raise x.materialisation_error(
+        f"Refusing to materialise `BCOO` for primitive `{primitive.name}` on input "
+        f"types (BCOO): quax-sparse factors a sparse matrix with SuperLU, but {why}. "
+        + x.way_out(primitive)
+    )
+
+
+def _with_validity(factor: SparseLU, valid: Any, orientation: str) -> SparseLU:
+    return SparseLU(
+        factor.data,
+        factor.indices,
+        factor.handle,
+        factor.pivots,
+        factor.valid & valid,
+        factor.n,
+        factor.spd,
+        orientation,
+    )
+
+
+def _known_equal(x: Any, build: Callable[[Any], Any]) -> Any:
+    """Whether `x` equals the constant `build(np)` when `x` can be read at trace
+    time (a Python `bool`), else a traced check against `build(jnp)` (the
+    comparison fuses with whatever computes `x` and the constant: time, no
+    memory)."""
+    known = quax.known_constant(x, max_size=np.size(x))
+    if known is not None:
+        return bool(np.all(known == build(np)))
+    return jnp.all(jnp.asarray(x) == build(jnp))
+
+
+@quax.register(lax.linalg.lu_p)
+def _(x: BCOO) -> Any:
+    """`jnp.linalg.solve`, `slogdet`, `det`, `jax.scipy.linalg.lu_factor`: a
+    `SparseLU`, with identity pivots and permutation (SuperLU's permutations live
+    inside the factor)."""
+    why = unfactorable(x)
+    if why is not None:
+        return _refuse_factor(lax.linalg.lu_p, x, why)
+    iota = jnp.arange(x.shape[0], dtype=jnp.int32)
+    return [factorise(x, spd=False, orientation="lu"), iota, iota]
+
+
+@quax.register(lax.linalg.cholesky_p)
+def _(x: BCOO, **params: Any) -> Any:
+    """`lax.linalg.cholesky`, `jax.scipy.linalg.cho_factor`: a `SparseLU` factored
+    as symmetric positive definite (the matrix is taken as it is: `cholesky`
+    symmetrises its input first unless told not to)."""
+    why = unfactorable(x)
+    if why is not None:
+        return _refuse_factor(lax.linalg.cholesky_p, x, why)
+    return factorise(x, spd=True, orientation="lower")
+
+
+@quax.register(prims.select_n_p)
+def _(which: ArrayLike, zeros: ArrayLike, factor: SparseLU) -> Any:
+    """The lower triangle of a Cholesky factor (`lax.linalg.cholesky` ends with
+    `jnp.tril` of its output): the factor itself where the mask is the lower
+    triangle and the other operand zeros. Read at trace time where they can be,
+    else checked under `jit` (a fused `O(n²)` comparison, no memory): a failed
+    check makes the factor's solves NaN. A factor that is not a Cholesky factor
+    is refused."""
+    n = factor.n
+    if factor.orientation != "lower" or np.shape(which) != (n, n):
+        raise factor.refusal(prims.select_n_p, (which, zeros, factor))
+    lower = _known_equal(which, lambda xp: xp.tri(n, dtype=bool))
+    zero = _known_equal(zeros, lambda xp: xp.zeros((), bool))
+    if lower is False or zero is False:
+        raise factor.materialisation_error(
+            "Refusing to materialise `SparseLU` for primitive `select_n` on input "
+            f"types ({type(which).__name__}, {type(zeros).__name__}, SparseLU): a "
+            "sparse Cholesky factor keeps only its lower triangle against zeros "
+            "(what `lax.linalg.cholesky` selects), and this selection is another: "
+            "SuperLU's permuted triangles cannot be masked. "
+            + factor.way_out(prims.select_n_p)
+        )
+    return _with_validity(factor, lower & zero, "lower")
+
+
+@quax.register(prims.mul_p)
+def _(mask: ArrayLike, factor: SparseLU) -> Any:
+    """The identity mask times a factor (`jnp.diagonal`'s branch for Pallas
+    kernels, which `cond` traces beside the gather it runs): the diagonal, as a
+    `BCOO`. Checked as `select_n` checks its mask."""
+    n = factor.n
+    if np.shape(mask) != (n, n):
+        raise factor.refusal(prims.mul_p, (mask, factor))
+    ok = _known_equal(mask, lambda xp: xp.eye(n, dtype=bool))
+    if ok is False:
+        raise factor.refusal(prims.mul_p, (mask, factor))
+    diagonal = jnp.where(ok, factor.diagonal(), jnp.nan)
+    indices = jnp.stack([jnp.arange(n), jnp.arange(n)], axis=-1).astype(jnp.int32)
+    return BCOO._from_entries(
+        diagonal, indices, (n, n), indices_sorted=True, unique_indices=True
+    )
+
+
+@quax.register(prims.transpose_p)
+def _(factor: SparseLU, *, permutation: Sequence[int]) -> Any:
+    """The conjugate transpose of a real Cholesky factor (`cho_factor` with
+    `lower=False` returns `conj(L.mT)`): the same factor, upper."""
+    flipped = {"lower": "upper", "upper": "lower"}.get(factor.orientation)
+    if flipped is None or tuple(permutation) != (1, 0):
+        raise factor.refusal(prims.transpose_p, (factor,))
+    if jnp.issubdtype(factor.data.dtype, jnp.complexfloating):
+        # Lᵀ alone (without `conj`) is no Cholesky factor of a complex matrix.
+        raise factor.refusal(prims.transpose_p, (factor,))
+    return _with_validity(factor, True, flipped)
+
+
+_TriangularSolve = tuple[bool, bool, bool, bool]
+
+
+def _lu_pair(first: _TriangularSolve, second: _TriangularSolve) -> int | None:
+    """Which system (0: `A`, 1: `Aᵀ`, 2: `Aᴴ`) two triangular solves with JAX's
+    packed LU factor solve, in the order `lu_solve` binds them, or `None`. Each is
+    `(lower, transpose_a, conjugate_a, unit_diagonal)`."""
+    if first == (True, False, False, True) and second == (False, False, False, False):
+        return 0
+    for conj in (False, True):
+        if first == (False, True, conj, False) and second == (True, True, conj, True):
+            return 2 if conj else 1
+    return None
+
+
+def _cholesky_pair(
+    orientation: str, first: _TriangularSolve, second: _TriangularSolve, real: bool
+) -> bool:
+    """Whether two triangular solves with a Cholesky factor (`L`, or `U = Lᴴ` when
+    `orientation == "upper"`) solve with `A = L Lᴴ`: `L⁻ᴴ L⁻¹` (or `U⁻¹ U⁻ᴴ`)."""
+    lower = orientation == "lower"
+    (l1, t1, c1, u1), (l2, t2, c2, u2) = first, second
+    if u1 or u2 or l1 != lower or l2 != lower:
+        return False
+    # `L y = b` then `Lᴴ x = y`; `Uᴴ y = b` then `U x = y`.
+    if (t1, t2) != ((False, True) if lower else (True, False)):
+        return False
+    return real or (c1, c2) == (t1, t2)
+
+
+def _solve_flags(factor: SparseLU, params: dict[str, Any]) -> _TriangularSolve:
+    """`(lower, transpose_a, conjugate_a, unit_diagonal)` of a `triangular_solve`
+    with a factor, refusing `left_side=False`."""
+    if not params["left_side"]:
+        raise factor.materialisation_error(
+            "Refusing to materialise `SparseLU` for primitive `triangular_solve` "
+            "with `left_side=False`: quax-sparse solves `op(A) x = b` with the "
+            "factor's matrix on the left. Transpose the system (`solve(A.T, b.T).T`)"
+            " or use `factor.solve(b)`."
+        )
+    names = ("lower", "transpose_a", "conjugate_a", "unit_diagonal")
+    lower, transpose_a, conjugate_a, unit_diagonal = (bool(params[k]) for k in names)
+    return lower, transpose_a, conjugate_a, unit_diagonal
+
+
+@quax.register(lax.linalg.triangular_solve_p)
+def _(factor: SparseLU, b: ArrayLike, **params: Any) -> PendingSolve:
+    """The first of the two triangular solves of `lu_solve` / `cho_solve`: held
+    until the second (see `PendingSolve`)."""
+    return PendingSolve(jnp.asarray(b), factor, _solve_flags(factor, params))
+
+
+@quax.register(lax.linalg.triangular_solve_p)
+def _(factor: SparseLU, pending: PendingSolve, **params: Any) -> Array:
+    """The second triangular solve: with the first, one solve with the matrix."""
+    second = _solve_flags(factor, params)
+    same = pending.factor.handle is factor.handle and pending.factor.n == factor.n
+    trans = None
+    if same and factor.orientation == "lu":
+        trans = _lu_pair(pending.first, second)
+    elif same:
+        real = not jnp.issubdtype(factor.data.dtype, jnp.complexfloating)
+        if _cholesky_pair(factor.orientation, pending.first, second, real):
+            trans = 0
+    if trans is None:
+        raise factor.materialisation_error(
+            "Refusing to materialise `SparseLU` for primitive `triangular_solve` on "
+            "input types (SparseLU, PendingSolve): two triangular solves with a "
+            "sparse factor are one solve with its matrix only in the order "
+            "`jax.scipy.linalg.lu_solve` and `cho_solve` bind them, with the same "
+            f"factor; got {pending.first} then {second} (lower, transpose_a, "
+            f"conjugate_a, unit_diagonal) on a `{factor.orientation}` factor. "
+            + factor.way_out(lax.linalg.triangular_solve_p)
+        )
+    return apply_inverse(factor, pending.rhs, trans)
+
+
+@quax.register(prims.gather_p)
+def _(factor: SparseLU, indices: ArrayLike, **params: Any) -> Any:
+    """`jnp.diagonal` of a factor (what `slogdet` and `det` read): the pivots, whose
+    product is the determinant."""
+    dnums = params["dimension_numbers"]
+    n = factor.n
+    if (
+        tuple(dnums.offset_dims) == ()
+        and tuple(dnums.collapsed_slice_dims) == (0, 1)
+        and tuple(dnums.start_index_map) == (0, 1)
+        and tuple(params["slice_sizes"]) == (1, 1)
+        and np.shape(indices) == (n, 2)
+    ):
+        # The positions `(i, i)`: read at trace time where they can be, else
+        # checked at run time (`O(n)`); NaN where they are not the diagonal.
+        ok = _known_equal(
+            indices, lambda xp: xp.stack([xp.arange(n), xp.arange(n)], axis=-1)
+        )
+        if ok is not False:
+            return jnp.where(ok, factor.diagonal(), jnp.nan)
+    raise factor.refusal(prims.gather_p, (factor, indices))
+
+
+# The right-hand side between the two triangular solves (`cho_solve` reshapes it:
+# `b[:, None]`, then squeezes it back). The solve acts on axis 0 alone, so an
+# operation that keeps axis 0 in place and only rearranges the others commutes
+# with it: it applies to the right-hand side held.
+
+
+def _on_pending(
+    primitive: Primitive, pending: PendingSolve, keeps_rows: bool, params: Any
+) -> PendingSolve:
+    if not keeps_rows:
+        raise pending.refusal(primitive, (pending,))
+    rhs = primitive.bind(pending.rhs, **params)
+    return PendingSolve(rhs, pending.factor, pending.first)
+
+
+@quax.register(prims.squeeze_p)
+def _(pending: PendingSolve, *, dimensions: Sequence[int]) -> PendingSolve:
+    dims = tuple(d % pending.rhs.ndim for d in dimensions)
+    return _on_pending(prims.squeeze_p, pending, 0 not in dims, dict(dimensions=dims))
+
+
+@quax.register(prims.broadcast_in_dim_p)
+def _(
+    pending: PendingSolve,
+    *,
+    shape: Sequence[int],
+    broadcast_dimensions: Sequence[int],
+    **params: Any,
+) -> PendingSolve:
+    dims = tuple(broadcast_dimensions)
+    keeps = bool(dims) and dims[0] == 0 and shape[0] == pending.rhs.shape[0]
+    params = dict(params, shape=tuple(shape), broadcast_dimensions=dims)
+    return _on_pending(prims.broadcast_in_dim_p, pending, keeps, params)
+
+
+@quax.register(prims.reshape_p)
+def _(
+    pending: PendingSolve, *, new_sizes: Sequence[int], dimensions: Any, **params: Any
+) -> PendingSolve:
+    new_sizes = tuple(new_sizes)
+    keeps = (
+        dimensions is None
+        and len(new_sizes) >= 1
+        and new_sizes[0] == pending.rhs.shape[0]
+    )
+    params = dict(params, new_sizes=new_sizes, dimensions=dimensions)
+    return _on_pending(prims.reshape_p, pending, keeps, params)

@@ -1,5 +1,16 @@
 """The value types: `BCOO` (batch-coordinate format), `CSR` (compressed sparse rows),
-and their refusal, `MaterialisationError`; one module per type."""
+the factorisation of a sparse direct solve (`SparseLU`, with `PendingSolve` between
+its two triangular solves), and their refusal, `MaterialisationError`; one module per
+type."""
 
 from ._bcoo import BCOO as BCOO, MaterialisationError as MaterialisationError
 from ._csr import CSR as CSR
+from ._factor import (
+    PendingSolve as PendingSolve,
+    SparseLU as SparseLU,
+    apply_inverse as apply_inverse,
+    cho_factor as cho_factor,
+    factorise as factorise,
+    lu_factor as lu_factor,
+    unfactorable as unfactorable,
+)

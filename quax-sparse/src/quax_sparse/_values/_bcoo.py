@@ -1,5 +1,6 @@
 """The value type `BCOO`: a sparse array in batch-coordinate format."""
 
+import functools
 import math
 import operator
 from collections.abc import Sequence
@@ -15,6 +16,7 @@ from jax.extend.core import Primitive
 from jaxtyping import Array, ArrayLike
 
 from .._kernels import flat_entries, gather, scatter_add, sum_duplicates
+from .._superlu import inverse_at
 
 
 __all__ = ["BCOO", "MaterialisationError"]
@@ -144,6 +146,46 @@ def jsparse_indices(indices: Array, sparse_shape: Sequence[int]) -> Array:
     wrapped = jnp.where(indices < 0, indices + bound, indices)
     inside = jnp.all((wrapped >= 0) & (wrapped < bound), axis=-1, keepdims=True)
     return jnp.where(inside, wrapped, bound)
+
+
+def _determinant_jvp(
+    name: str, fun: Any, primals: Sequence[Any], tangents: Sequence[Any]
+) -> tuple[list[Any], list[Any]]:
+    """The JVP of `jnp.linalg.slogdet` (JAX's `_slogdet_lu`) or `det` (`_det`) of a
+    sparse matrix: `d log |det A| = trace(A⁻¹ dA) = Σ_k dA_k (A⁻¹)[col_k, row_k]`
+    over the stored entries, with the entries of `A⁻¹` at the transposed pattern
+    computed on the host (`inverse_at`). Linear in the tangent's stored
+    values, so reverse mode gives one value per stored entry; never a dense
+    `n x n` array. NaN at a singular matrix."""
+    (a,), (dot,) = primals, tangents
+    outs = list(fun(a))
+    at = inverse_at(a.data, a.indices, a.shape[-1])
+    trace = jnp.sum(at * dot.data.astype(at.dtype), axis=-1)
+    if name == "_det":
+        (det,) = outs
+        return outs, [(det * trace).astype(det.dtype)]
+    sign, logdet = outs
+    if jnp.issubdtype(a.dtype, jnp.complexfloating):
+        sign_dot = (trace - jnp.real(trace).astype(trace.dtype)) * sign
+        return outs, [sign_dot.astype(sign.dtype), jnp.real(trace).astype(logdet.dtype)]
+    return outs, [jnp.zeros_like(sign), trace.astype(logdet.dtype)]
+
+
+def determinant_jvp_rule(name: str, fun: Any, values: Sequence[Any]) -> Any:
+    """The JVP rule `BCOO.custom_jvp_rule` (and `CSR`'s) gives for `slogdet` and
+    `det` of one unbatched square sparse matrix (what the `lu` rule factors), else
+    `None`. Decided from types and static fields only; the rule receives `BCOO`s."""
+    if name not in ("_slogdet_lu", "_det") or len(values) != 1:
+        return None
+    # A `BCOO` or a `CSR` (which this module cannot import): read duck-typed.
+    a = values[0]
+    shape = tuple(getattr(a, "shape", ()))
+    if getattr(a, "n_batch", None) != 0 or len(shape) != 2 or shape[0] != shape[1]:
+        return None
+    dtype: Any = getattr(a, "dtype", None)
+    if dtype is None or not jnp.issubdtype(dtype, jnp.inexact):
+        return None
+    return functools.partial(_determinant_jvp, name, fun)
 
 
 class BCOO(quax.GuardedValue):
@@ -356,6 +398,15 @@ class BCOO(quax.GuardedValue):
             indices_sorted=value.indices_sorted and other.indices_sorted,
             unique_indices=value.unique_indices and other.unique_indices,
         )
+
+    @staticmethod
+    def custom_jvp_rule(name: str, fun: Any, values: Sequence[Any]) -> Any:
+        """`jnp.linalg.slogdet` and `det` of a sparse matrix differentiate as
+        `trace(A⁻¹ dA)` over the stored entries (see [`quax.Value.custom_jvp_rule`][]),
+        not by JAX's rule, which solves with the whole `n x n` tangent."""
+        if not all(isinstance(v, BCOO) for v in values):
+            return None
+        return determinant_jvp_rule(name, fun, values)
 
     def todense(self) -> Array:
         """The dense array (an explicit request: allowed whatever

@@ -16,6 +16,7 @@ from ._bcoo import (
     EXPLICIT_WAY_OUT,
     MaterialisationError,
     checked_shape,
+    determinant_jvp_rule,
     refusal_reason,
     wrapped_indices,
 )
@@ -321,6 +322,24 @@ class CSR(quax.GuardedValue):
 
     def way_out(self, primitive: Primitive | None = None) -> str:
         return super().way_out(primitive) + EXPLICIT_WAY_OUT
+
+    @staticmethod
+    def custom_jvp_rule(name: str, fun: Any, values: Any) -> Any:
+        """`slogdet` and `det` of a `CSR` differentiate as those of its `BCOO` form
+        (see `BCOO.custom_jvp_rule`)."""
+        if not all(isinstance(v, CSR) for v in values):
+            return None
+        rule = determinant_jvp_rule(name, fun, values)
+        if rule is None:
+            return None
+
+        def on_bcoo(primals: Any, tangents: Any) -> Any:
+            # The rule reads the tangent's `data` only: a `CSR`'s entries are its
+            # `BCOO` form's, in the same order.
+            convert = lambda v: v.to_bcoo() if isinstance(v, CSR) else v
+            return rule([convert(p) for p in primals], tangents)
+
+        return on_bcoo
 
     @staticmethod
     def default(primitive: Any, values: Any, params: dict[str, Any]) -> Any:
