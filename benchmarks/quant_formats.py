@@ -117,6 +117,13 @@ def float8_behaviour():
         print(f"- {fmt}: {np.asarray(big.astype(fmt).astype(jnp.float32)).tolist()}")
 
 
+def _compiled_model(fn, model, x):
+    """`_compiled` for `fn(model, x)` with a model holding non-array leaves (its
+    activation function): the arrays are the arguments, the rest static."""
+    params, static = eqx.partition(model, eqx.is_array)
+    return _compiled(lambda p, x: fn(eqx.combine(p, static), x), params, x)
+
+
 def calibration_table(rounds, n, batches):
     """An MLP with int8 weights on the int8 x int8 path: per-call absmax of each
     row against the static scales of `calibrate`, in time and in error against the
@@ -138,9 +145,9 @@ def calibration_table(rounds, n, batches):
     for batch in batches:
         x = jr.normal(jr.PRNGKey(1), (batch, n))
         calls = [
-            _compiled(lambda m, x: jax.vmap(m)(x), mlp, x),
-            _compiled(forward, qmodel, x),
-            _compiled(forward, static, x),
+            _compiled_model(lambda m, x: jax.vmap(m)(x), mlp, x),
+            _compiled_model(forward, qmodel, x),
+            _compiled_model(forward, static, x),
         ]
         times = run_times(calls, rounds)
         ref = jax.vmap(mlp)(x)
@@ -162,8 +169,9 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--only", choices=["nf4", "float8", "calibrate"], default=None)
+    parser.add_argument("--rounds", type=int, default=None)
     args = parser.parse_args()
-    rounds = 5 if args.quick else 21
+    rounds = args.rounds or (5 if args.quick else 21)
     n = 512 if args.quick else N
     print(
         f"{datetime.date.today()}, {platform.machine()} {os.cpu_count()} cores, "

@@ -12,7 +12,7 @@ import quax
 from jax import lax
 from jaxtyping import Array
 
-from ._kernels import NF4_CODE, unpack_int4
+from ._kernels import nf4_levels, unpack_int4
 
 
 __all__ = [
@@ -421,8 +421,7 @@ class QuantisedArray(quax.GuardedValue):
         """`level(q)` (see the class docstring) as floats of `dtype`, shape
         `self.shape`: the integers, the NF4 levels, or the float8 numbers."""
         if self.format == "nf4":
-            code = jnp.asarray(NF4_CODE, dtype)
-            return jnp.take(code, self.integers().astype(jnp.int32) + 8, axis=0)
+            return nf4_levels(self.integers(), dtype)
         return self.codes().astype(dtype)
 
     def integers(self) -> Array:
