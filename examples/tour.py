@@ -68,6 +68,11 @@ STOPS = (
         ("quax_quant", "quax_lora", "optax"),
     ),
     Stop(
+        "QLoRA on NF4 with double quantisation; calibrated float8",
+        "quant_nf4",
+        ("quax_quant", "quax_lora", "optax"),
+    ),
+    Stop(
         "Named-axis attention, sharded on 8 simulated devices",
         "named_attention",
         ("quax_named",),

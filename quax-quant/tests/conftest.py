@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import quax
+import quax_quant as qq
 
 
 def np_integers(q) -> np.ndarray:
@@ -29,11 +30,22 @@ def np_blocks(block: np.ndarray, shape) -> np.ndarray:
     return block
 
 
+def np_levels(q) -> np.ndarray:
+    """The levels of a QuantisedArray in float64: the integers, the NF4 levels of
+    the integers plus 8, or the float8 numbers (converted by NumPy / ml_dtypes)."""
+    if q.format.startswith("float8"):
+        return np.asarray(q.values).astype(np.float64)
+    ints = np_integers(q)
+    if q.format == "nf4":
+        return np.asarray(qq.NF4_CODE, np.float64)[ints + 8]
+    return ints.astype(np.float64)
+
+
 def np_dequantise(q) -> np.ndarray:
-    ints = np_integers(q).astype(np.float64)
+    ints = np_levels(q)
     if q.zero_point is not None:
         ints = ints - np_blocks(q.zero_point, q.shape)
-    return ints * np_blocks(q.scale, q.shape)
+    return ints * np_blocks(q.float_scale(), q.shape)
 
 
 def jnp_dequantise(q):

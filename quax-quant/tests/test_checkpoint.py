@@ -59,6 +59,8 @@ def test_header_records_the_layout():
         "packed_axis": -1,
         "matmul": "auto",
         "straight_through": False,
+        "double_quant": None,
+        "calibrated": False,
     }
     per_channel = qq.describe(qq.quantise(jnp.ones((4, 6)), axis=0))
     assert per_channel["axis"] == [0] and per_channel["group_size"] is None

@@ -1,5 +1,6 @@
-"""quax-quant: quantised arrays for quax: int8 and int4 weights in unmodified
-Equinox models, quantisation-aware training, and QLoRA with quax-lora.
+"""quax-quant: quantised arrays for quax: int8, int4, NF4 (with double
+quantisation) and float8 weights in unmodified Equinox models,
+quantisation-aware training, and QLoRA with quax-lora.
 
 ```python
 import quax, quax_quant
@@ -10,11 +11,17 @@ y = quax.quaxify(qmodel)(x)
 
 from . import _rules as _rules  # registers the rules
 from ._checkpoint import (
+    AWQ_ORDER as AWQ_ORDER,
     describe as describe,
+    from_gptq as from_gptq,
     load_quantised as load_quantised,
     save_quantised as save_quantised,
 )
-from ._kernels import pack_int4 as pack_int4, unpack_int4 as unpack_int4
+from ._kernels import (
+    NF4_CODE as NF4_CODE,
+    pack_int4 as pack_int4,
+    unpack_int4 as unpack_int4,
+)
 from ._matmul import (
     BLOCK_ELEMENTS as BLOCK_ELEMENTS,
     WEIGHT_ONLY_MAX_ROWS as WEIGHT_ONLY_MAX_ROWS,
@@ -22,14 +29,17 @@ from ._matmul import (
 )
 from ._model import (
     MemoryReport as MemoryReport,
+    calibrate as calibrate,
     is_quantised as is_quantised,
     memory_report as memory_report,
     quantise_model as quantise_model,
 )
 from ._quantise import quantise as quantise, quantize as quantize
 from ._value import (
+    FORMATS as FORMATS,
     MaterialisationError as MaterialisationError,
     QuantisedArray as QuantisedArray,
+    QuantisedScale as QuantisedScale,
 )
 
 

@@ -10,6 +10,10 @@ silently. So a file written here starts with a header that records, for every
 scheme, dtypes, packing and product path), and the shape and dtype of every other
 array; loading checks the model loaded into against it before reading a byte of
 the leaves.
+
+`from_gptq` reads a layer of a GPTQ or AWQ int4 checkpoint (its `qweight`,
+`qzeros`, `scales`, `g_idx`) into a `QuantisedArray`, repacking the integers
+without dequantising.
 """
 
 import json
@@ -18,14 +22,24 @@ from collections.abc import Sequence
 from typing import Any, BinaryIO
 
 import equinox as eqx
+import jax.numpy as jnp
 import jax.tree_util as jtu
 import numpy as np
-from jaxtyping import PyTree
+from jax import lax
+from jaxtyping import Array, ArrayLike, PyTree
 
+from ._kernels import pack_int4
 from ._value import QuantisedArray, dtype_of
 
 
-__all__ = ["describe", "load_quantised", "save_quantised"]
+__all__ = [
+    "AWQ_ORDER",
+    "GPTQ_FORMATS",
+    "describe",
+    "from_gptq",
+    "load_quantised",
+    "save_quantised",
+]
 
 _MAGIC = b"quax_quant checkpoint\n"
 _VERSION = 1
@@ -58,16 +72,22 @@ def describe(x: QuantisedArray) -> dict[str, Any]:
 
     **Returns:**
 
-    A JSON-serialisable dict: `format` (`"int"`: integers times scales), `bits`,
+    A JSON-serialisable dict: `format` (`"int"`: integers times scales;
+    `"nf4"`: NF4 code indices; `"float8_e4m3fn"` / `"float8_e5m2"`), `bits`,
     `shape`, `group_sizes` (along each axis, how many consecutive indices share a
     scale), `axis`, `group_size` and `group_axis` (the same layout in
     `quantise`'s arguments, where it is one), `scheme` (`"symmetric"`, or
     `"asymmetric"` with zero points), `float_dtype`, `storage_dtype` (of the
     stored integers), `packed_axis` (for `bits=4`), `matmul` (the product path)
-    and `straight_through` (whether it holds a float `master`).
+    `straight_through` (whether it holds a float `master`), `double_quant`
+    (whether the scales are a [`quax_quant.QuantisedScale`][], and its block
+    size) and `calibrated` (whether it holds a static activation scale from
+    [`quax_quant.calibrate`][]).
     """
+    scale = x.scale
+    double = getattr(scale, "block_size", None)
     return {
-        "format": "int",
+        "format": x.format,
         "bits": x.bits,
         "shape": list(x.shape),
         "group_sizes": list(x.group_sizes),
@@ -78,6 +98,8 @@ def describe(x: QuantisedArray) -> dict[str, Any]:
         "packed_axis": x.packed_axis,
         "matmul": x.matmul,
         "straight_through": x.master is not None,
+        "double_quant": double,
+        "calibrated": x.act_scale is not None,
     }
 
 
@@ -216,3 +238,177 @@ def _check(saved: dict[str, Any], have: dict[str, Any]) -> None:
                         "with the arguments that made the saved model (saved: "
                         f"{saved[kind][path]})."
                     )
+
+
+# GPTQ / AWQ int4 checkpoints ----------------------------------------------------------
+
+GPTQ_FORMATS = ("gptq", "gptq_v2", "awq")
+
+# AutoAWQ's GEMM layout stores the eight 4-bit values of output columns
+# `8 j .. 8 j + 7` in the nibbles of `qweight[:, j]` in this order: nibble `k`
+# (bits `4 k` to `4 k + 3`) holds column `8 j + AWQ_ORDER[k]`.
+AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
+
+
+def _nibbles(packed: Array, axis: int, order: Sequence[int]) -> Array:
+    """The eight unsigned 4-bit values of each `int32` of `packed`, unpacked along
+    `axis` (which grows eightfold): value `8 i + order[k]` is nibble `k` of entry
+    `i`. Integer shifts only, as `uint32`; the result is `int8` in `[0, 15]`."""
+    bits = lax.bitcast_convert_type(packed, jnp.uint32)
+    shifts = jnp.arange(0, 32, 4, dtype=jnp.uint32)
+    nibbles = (bits[..., None] >> shifts) & jnp.uint32(0xF)  # (..., 8): nibble k
+    # Put nibble k at position order[k] within each group of eight.
+    nibbles = nibbles[..., np.argsort(np.asarray(order))]
+    nibbles = jnp.moveaxis(nibbles, -1, axis + 1 if axis >= 0 else axis)
+    shape = list(packed.shape)
+    shape[axis] *= 8
+    return nibbles.reshape(shape).astype(jnp.int8)
+
+
+def _check_gptq(
+    qweight: Any, qzeros: Any, scales: Any, g_idx: Any, format: str
+) -> tuple[int, int, int]:
+    """`(in_features, out_features, group_size)` of a GPTQ/AWQ layer, or a
+    `ValueError` naming the field that does not fit the layout."""
+    if format not in GPTQ_FORMATS:
+        raise ValueError(
+            f"from_gptq: format must be one of {GPTQ_FORMATS}, got {format!r}."
+        )
+    for field, leaf in (("qweight", qweight), ("qzeros", qzeros)):
+        if dtype_of(leaf) != np.int32 or np.ndim(leaf) != 2:
+            raise ValueError(
+                f"from_gptq: {field} must be a 2-D int32 array (eight 4-bit values "
+                f"per entry), got {dtype_of(leaf)} of shape {np.shape(leaf)}."
+            )
+    if not jnp.issubdtype(dtype_of(scales), jnp.floating) or np.ndim(scales) != 2:
+        raise ValueError(
+            "from_gptq: scales must be a 2-D float array (groups, out_features), got "
+            f"{dtype_of(scales)} of shape {np.shape(scales)}."
+        )
+    groups, out_features = np.shape(scales)
+    rows, cols = np.shape(qweight)
+    awq = format == "awq"
+    in_features = rows if awq else 8 * rows
+    if (8 * cols if awq else cols) != out_features:
+        layout = "(in_features, out_features / 8)" if awq else "(in / 8, out)"
+        raise ValueError(
+            f"from_gptq: qweight has shape {np.shape(qweight)}, which for format "
+            f"{format!r} is {layout}, but scales have {out_features} output columns."
+        )
+    if np.shape(qzeros) != (groups, out_features // 8):
+        raise ValueError(
+            f"from_gptq: qzeros must have shape ({groups}, {out_features // 8}) "
+            "(groups, out_features / 8: eight zero points per int32), got "
+            f"{np.shape(qzeros)}."
+        )
+    if groups < 1 or in_features % groups:
+        raise ValueError(
+            f"from_gptq: scales have {groups} groups, which does not divide the "
+            f"{in_features} input features."
+        )
+    group_size = in_features // groups
+    if g_idx is not None:
+        if np.shape(g_idx) != (in_features,) or not jnp.issubdtype(
+            dtype_of(g_idx), jnp.integer
+        ):
+            raise ValueError(
+                f"from_gptq: g_idx must be an integer array of shape ({in_features},) "
+                f"(the group of each input feature), got {dtype_of(g_idx)} of shape "
+                f"{np.shape(g_idx)}."
+            )
+        expected = np.arange(in_features) // group_size
+        if not np.array_equal(np.asarray(g_idx), expected):
+            raise ValueError(
+                "from_gptq: g_idx is not `i // group_size` (a checkpoint quantised "
+                "with act-order, `desc_act=True`): its groups are not contiguous "
+                "along the input axis, which a QuantisedArray's block layout needs. "
+                "Only checkpoints without act-order are read; requantise with "
+                "desc_act=False, or dequantise the layer yourself."
+            )
+    return in_features, out_features, group_size
+
+
+def from_gptq(
+    qweight: ArrayLike,
+    qzeros: ArrayLike,
+    scales: ArrayLike,
+    g_idx: ArrayLike | None = None,
+    *,
+    format: str = "gptq",
+    float_dtype: Any = None,
+    allow_materialise: bool = False,
+    matmul: str = "auto",
+) -> QuantisedArray:
+    """A GPTQ- or AWQ-packed int4 linear layer as a [`quax_quant.QuantisedArray`][],
+    without dequantising: the 4-bit integers are repacked (integer shifts only)
+    and the scales and zero points kept per group.
+
+    ```python
+    tensors = safetensors.numpy.load_file("model.safetensors")
+    p = "model.layers.0.self_attn.q_proj"
+    w = quax_quant.from_gptq(
+        tensors[f"{p}.qweight"], tensors[f"{p}.qzeros"], tensors[f"{p}.scales"],
+        tensors[f"{p}.g_idx"],
+    )
+    linear = eqx.tree_at(lambda l: l.weight, linear, w)  # (out, in), as eqx's
+    ```
+
+    The layouts (4 bits, `in_features = I`, `out_features = O`, `G` groups):
+
+    - `"gptq"` (AutoGPTQ): `qweight` int32 `(I / 8, O)`, input features `8 i`
+        to `8 i + 7` in the nibbles of row `i` (lowest bits first); `qzeros`
+        int32 `(G, O / 8)`, packed the same way along the output axis, storing
+        each zero point minus one; `scales` `(G, O)`; `g_idx` int32 `(I,)`, the
+        group of each input feature. `W[i, o] = s[g, o] * (q[i, o] - (z[g, o]
+        + 1))` with `g = g_idx[i]`.
+    - `"gptq_v2"` (GPTQModel's format): as `"gptq"`, zero points stored as they
+        are (no `+ 1`).
+    - `"awq"` (AutoAWQ's GEMM): `qweight` int32 `(I, O / 8)`, packed along the
+        output axis in the order `AWQ_ORDER` (nibble `k` of column `j` is output
+        `8 j + AWQ_ORDER[k]`); `qzeros` likewise; `scales` `(G, O)`; no `g_idx`.
+        `W[i, o] = s[g, o] * (q[i, o] - z[g, o])`.
+
+    **Arguments:**
+
+    - `qweight`, `qzeros`, `scales`, `g_idx`: the layer's tensors.
+    - `format`: `"gptq"`, `"gptq_v2"` or `"awq"`.
+    - `float_dtype`: the dtype of the dequantised array; by default the scales'.
+    - `allow_materialise`, `matmul`: as for [`quax_quant.quantise`][].
+
+    **Returns:**
+
+    An asymmetric int4 `QuantisedArray` of shape `(O, I)` (the transpose of `W`:
+    `eqx.nn.Linear`'s weight layout), one scale and zero point per output feature
+    and group of `I / G` input features.
+
+    **Raises:**
+
+    `ValueError` naming the field for a dtype or shape that does not fit the
+    layout, and for a `g_idx` other than `i // (I / G)` (act-order checkpoints:
+    their groups are not contiguous).
+    """
+    in_features, _, _ = _check_gptq(qweight, qzeros, scales, g_idx, format)
+    qweight, qzeros = jnp.asarray(qweight), jnp.asarray(qzeros)
+    scales = jnp.asarray(scales)
+    dtype = np.dtype(float_dtype or scales.dtype)
+    awq = format == "awq"
+    order = AWQ_ORDER if awq else tuple(range(8))
+    # Unsigned integers (I, O) and zero points (G, O), in [0, 15].
+    q = _nibbles(qweight, 1 if awq else 0, order)
+    z = _nibbles(qzeros, 1, order).astype(jnp.int32)
+    if format == "gptq":
+        z = z + 1
+    # Signed 4-bit integers `q - 8` (the difference `q - z` unchanged), laid out
+    # (O, I) and packed two per byte along I.
+    values = pack_int4(jnp.transpose(q - jnp.int8(8)))
+    return QuantisedArray(
+        values,
+        jnp.transpose(scales).astype(dtype),
+        jnp.transpose(z - 8).astype(dtype),
+        None,
+        bits=4,
+        float_dtype=dtype,
+        odd=in_features % 2 == 1,
+        allow_materialise=allow_materialise,
+        matmul=matmul,
+    )

@@ -19,6 +19,11 @@ from jaxtyping import Array
 
 __all__ = [
     "CALIBRATIONS",
+    "NF4_CODE",
+    "double_quantise",
+    "float8_leaves",
+    "nf4_leaves",
+    "nf4_levels",
     "DimensionNumbers",
     "one_row_dot",
     "pack_int4",
@@ -29,6 +34,37 @@ __all__ = [
     "to_out",
     "unpack_int4",
 ]
+
+
+# bitsandbytes' NF4 ("4-bit NormalFloat", QLoRA, Dettmers et al. 2023) code book:
+# the 16 levels a block of weights divided by its absmax is rounded to. They are
+# quantiles of the standard normal distribution normalised to [-1, 1], with an exact
+# 0: 8 positive levels `ppf(p)` for `p` in `linspace(0.9677083, 0.5, 9)[:-1]`, 7
+# negative ones `-ppf(p)` for `p` in `linspace(0.9677083, 0.5, 8)[:-1]`, and 0, all
+# divided by the largest (`ppf(0.9677083)`). These are the float32 values
+# bitsandbytes ships; the tests recompute them from the definition.
+# A stored 4-bit value `q` in `[-8, 7]` stands for level `NF4_CODE[q + 8]`.
+NF4_CODE = np.array(
+    [
+        -1.0,
+        -0.6961928009986877,
+        -0.5250730514526367,
+        -0.39491748809814453,
+        -0.28444138169288635,
+        -0.18477343022823334,
+        -0.09105003625154495,
+        0.0,
+        0.07958029955625534,
+        0.16093020141124725,
+        0.24611230194568634,
+        0.33791524171829224,
+        0.44070982933044434,
+        0.5626170039176941,
+        0.7229568362236023,
+        1.0,
+    ],
+    np.float32,
+)
 
 
 DimensionNumbers = tuple[
@@ -239,6 +275,93 @@ def quantised_leaves(
     return values, scale, zero
 
 
+def _nonfinite_nan(blocks: Array, scale: Array) -> Array:
+    """`scale` (per block of `blocks`) made NaN where its block holds a NaN or an
+    infinity: no stored value stands for it, so the whole block dequantises to NaN
+    and every product using it is NaN, never a finite number."""
+    return jnp.where(_reduce(~jnp.isfinite(blocks), jnp.any), jnp.nan, scale)
+
+
+def nf4_levels(q: Array, dtype: Any) -> Array:
+    """The NF4 levels `NF4_CODE[q + 8]` of 4-bit values `q` in `[-8, 7]`, as `dtype`:
+    a tree of selects on the four bits of `q + 8` between constants, which XLA on
+    CPU vectorises (and fuses into a one-row product), where a gather from the
+    16-entry table runs about twice as slowly."""
+    index = q.astype(jnp.int32) + 8
+    levels = [jnp.asarray(c, dtype) for c in NF4_CODE]
+    for bit in range(4):
+        set_ = ((index >> bit) & 1) == 1
+        levels = [
+            jnp.where(set_, levels[2 * i + 1], levels[2 * i])
+            for i in range(len(levels) // 2)
+        ]
+    return levels[0]
+
+
+@ft.partial(jax.jit, static_argnums=(1,))
+def nf4_leaves(x: Array, scale_shape: tuple[int, ...]) -> tuple[Array, Array]:
+    """NF4 of `x` (bitsandbytes' format): each block's absmax is its scale, and each
+    entry divided by it is rounded to the nearest level of `NF4_CODE`. Returns the
+    level indices minus 8 (in `[-8, 7]`), packed two per byte along the last axis
+    (`pack_int4`), and the scale (`x`'s dtype, `scale_shape`)."""
+    data = _not_differentiable(x).astype(jnp.promote_types(x.dtype, jnp.float32))
+    blocks = _blocks(data, scale_shape)
+    absmax = _reduce(jnp.abs(blocks), jnp.max)
+    scale = _nonfinite_nan(blocks, jnp.where(absmax > 0, absmax, 1))
+    normed = blocks / _expand(scale)
+    code = jnp.asarray(NF4_CODE, normed.dtype)
+    # The nearest level: how many midpoints between neighbouring levels lie below.
+    index = jnp.searchsorted((code[1:] + code[:-1]) / 2, normed.ravel())
+    q = jnp.where(jnp.isnan(normed.ravel()), 8, index) - 8
+    values = pack_int4(q.astype(jnp.int8).reshape(x.shape))
+    return values, scale.astype(x.dtype).reshape(scale_shape)
+
+
+@ft.partial(jax.jit, static_argnums=(1, 2))
+def float8_leaves(
+    x: Array, fmt: str, scale_shape: tuple[int, ...]
+) -> tuple[Array, Array]:
+    """`x` as float8 numbers of dtype `fmt` times a float scale per block: each
+    block's absmax maps to the dtype's largest finite number (448 for
+    `float8_e4m3fn`, 57344 for `float8_e5m2`). Entries are clipped to it before the
+    cast (the scaled absmax can round just past it, and a float8 cast beyond it
+    gives NaN or an infinity). Returns the values and the scale (`x`'s dtype)."""
+    data = _not_differentiable(x).astype(jnp.promote_types(x.dtype, jnp.float32))
+    blocks = _blocks(data, scale_shape)
+    top = float(jnp.finfo(fmt).max)
+    absmax = _reduce(jnp.abs(blocks), jnp.max)
+    scale = _nonfinite_nan(blocks, jnp.where(absmax > 0, absmax / top, 1))
+    scaled = jnp.clip(blocks / _expand(scale), -top, top)
+    values = jnp.where(jnp.isnan(scaled), 0, scaled).astype(fmt).reshape(x.shape)
+    return values, scale.astype(x.dtype).reshape(scale_shape)
+
+
+@ft.partial(jax.jit, static_argnums=(1,))
+def double_quantise(scale: Array, block_size: int) -> tuple[Array, Array, Array]:
+    """QLoRA's double quantisation of a float `scale` array: minus its mean
+    (`offset`, float32), flattened and cut into blocks of `block_size`, each block
+    symmetric int8 with one float32 scale (its absmax over 127). Returns
+    `(codes, block_scale, offset)`: `codes` int8 of `scale`'s shape.
+
+    A NaN or infinite scale (a block of the weight holding one, under a transform)
+    is left out of the mean and makes its whole block's `block_scale` NaN, so that
+    every scale of that block dequantises to NaN, never a finite number."""
+    flat = jnp.ravel(scale).astype(jnp.float32)
+    n = flat.shape[0]
+    finite = jnp.isfinite(flat)
+    offset = jnp.sum(jnp.where(finite, flat, 0)) / jnp.maximum(jnp.sum(finite), 1)
+    pad = (-n) % block_size
+    centred = jnp.pad(jnp.where(finite, flat - offset, 0), (0, pad))
+    blocks = centred.reshape(-1, block_size)
+    high = jnp.max(jnp.abs(blocks), axis=1)
+    block_scale = jnp.where(high > 0, high / 127, 1)
+    codes = jnp.clip(jnp.round(blocks / block_scale[:, None]), -127, 127)
+    bad = jnp.pad(~finite, (0, pad)).reshape(-1, block_size).any(axis=1)
+    block_scale = jnp.where(bad, jnp.nan, block_scale)
+    codes = codes.astype(jnp.int8).ravel()[:n].reshape(jnp.shape(scale))
+    return codes, block_scale, offset
+
+
 # Products -----------------------------------------------------------------------------
 
 
@@ -292,20 +415,40 @@ def split_groups(
     return arr.reshape(shape), inner, outer
 
 
-def quantise_rows(x: Array, contract: Sequence[int]) -> tuple[Array, Array]:
-    """Symmetric int8 of `x` with one absmax scale per row (constant along the
-    contracted axes), as `(integers, scale)`; the scale keeps `x`'s axes.
+def quantise_rows(
+    x: Array,
+    contract: Sequence[int],
+    fmt: str = "int",
+    static_scale: Array | None = None,
+) -> tuple[Array, Array]:
+    """`x` quantised with one scale per row (constant along the contracted axes), as
+    `(values, scale)`; the scale keeps `x`'s axes. For `fmt="int"` symmetric int8
+    (`x / scale` rounded, in `[-127, 127]`), for a float8 format `x / scale` in
+    that dtype, clipped to its largest finite number first (a float8 cast beyond it
+    gives NaN or an infinity, not the largest number).
 
-    A row holding a NaN or an infinity gets a NaN scale (and integers 0), so that
+    The scale is the row's absmax over the largest level, or `static_scale` (a
+    float32 scalar fixed by `quax_quant.calibrate`) for every row: entries beyond
+    its range are clipped (saturate).
+
+    A row holding a NaN or an infinity gets a NaN scale (and values 0), so that
     its products are NaN, as the float product is NaN (or infinite) there: int8
     has no integer for it, and clipping would give a finite row."""
     x32 = x.astype(jnp.promote_types(x.dtype, jnp.float32))
+    top = 127.0 if fmt == "int" else float(jnp.finfo(fmt).max)
     high = jnp.max(jnp.abs(x32), axis=tuple(contract), keepdims=True)
-    scale = jnp.where(
-        jnp.isfinite(high), jnp.where(high > 0, high / 127, 1), jnp.nan
-    ).astype(high.dtype)
-    q = jnp.clip(jnp.round(x32 / scale), -127, 127)
-    return jnp.where(jnp.isnan(q), 0, q).astype(jnp.int8), scale
+    if static_scale is None:
+        scale = jnp.where(high > 0, high / top, 1)
+    else:
+        scale = jnp.broadcast_to(static_scale.astype(high.dtype), high.shape)
+    scale = jnp.where(jnp.isfinite(high), scale, jnp.nan).astype(high.dtype)
+    scaled = x32 / scale
+    if fmt == "int":
+        scaled = jnp.round(scaled)
+    q = jnp.clip(scaled, -top, top)
+    return jnp.where(jnp.isnan(q), 0, q).astype(jnp.int8 if fmt == "int" else fmt), (
+        scale
+    )
 
 
 def _reduce_dot(lhs: Array, rhs: Array, dn: DimensionNumbers) -> Array:

@@ -13,9 +13,10 @@ The weight is `W = q * s + o` with `q` integer and the scale `s` and offset
   batch axis of the product, summed after scaling.
 """
 
+import contextvars
 import functools as ft
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -42,6 +43,7 @@ __all__ = [
     "expand_axes",
     "matmul_path",
     "quantised_dot",
+    "recording_activations",
     "rows_of",
 ]
 
@@ -53,6 +55,14 @@ WEIGHT_ONLY_MAX_ROWS = 4
 # at most this many elements (1 MiB of float32) along a free axis; see
 # `_blocked_product`.
 BLOCK_ELEMENTS = 2**18
+
+
+# Set by `quax_quant.calibrate` while it runs the model: called (through
+# `jax.debug.callback`, so also under `jit` and `vmap`) with each marked weight's
+# `act_scale` (its marker) and the absmax of the finite activations it meets.
+recording_activations: contextvars.ContextVar[Callable[[Any, Any], None] | None] = (
+    contextvars.ContextVar("recording_activations", default=None)
+)
 
 
 def matmul_path(rows: int, w: QuantisedArray, contract: Sequence[int] = ()) -> str:
@@ -93,6 +103,9 @@ def matmul_path(rows: int, w: QuantisedArray, contract: Sequence[int] = ()) -> s
     """
     if w.matmul != "auto":
         return w.matmul
+    if w.format != "int":
+        # NF4 levels are not integers; float8 x float8 is emulated on CPU.
+        return "weight_only"
     if rows < WEIGHT_ONLY_MAX_ROWS:
         return "weight_only"
     # Groups along the contraction: the int8 product would be a batched product
@@ -141,17 +154,17 @@ def _dequantised(w: QuantisedArray, acc: Any) -> Array:
     two integers is exact, so an entry at its zero point is exactly 0 (an infinite
     activation times it is NaN, as in the dense product); `q * s - z * s` would
     let XLA fuse a multiply-add that leaves a residue of one rounding there."""
-    q = w.integers().astype(acc)
+    q = w.levels(acc)
     if w.zero_point is not None:
         q = q - w.expanded(w.zero_point.astype(acc))
     return q * w.expanded(w.scale.astype(acc))
 
 
 def _take(w: QuantisedArray, axis: int, start: int, stop: int) -> QuantisedArray:
-    """`w[start:stop]` along `axis`, at scale-block boundaries; an int4 array packed
-    along `axis` comes back unpacked (`int8`)."""
+    """`w[start:stop]` along `axis`, at scale-block boundaries; an int4 (or NF4)
+    array packed along `axis` comes back unpacked (one value per `int8`)."""
     packed = w.bits == 4 and w.packed_axis % w.ndim == axis
-    values = w.integers() if packed else w.values
+    values = w.codes() if packed else w.values
     g = w.group_sizes[axis]
 
     def cut(block: Array) -> Array:
@@ -264,13 +277,15 @@ def _product(
     zero = None if w.zero_point is None else jnp.transpose(w.zero_point, perm)
     # Unpacked: an int4 weight is transposed as int8 inside the product.
     w2 = QuantisedArray(
-        jnp.transpose(w.integers(), perm),
+        jnp.transpose(w.codes(), perm),
         jnp.transpose(w.scale, perm),
         zero,
         None,
         bits=8,
         float_dtype=w.float_dtype,
         matmul=w.matmul,
+        format=w.format,
+        act_scale=w.act_scale,
     )
     x2 = jnp.transpose(x, x_perm)
     return _canonical_product(x2, w2, dn=dn2, w_is_lhs=w_is_lhs, **kwargs)
@@ -303,12 +318,13 @@ def _canonical_product(
             x, w, dn=dn, w_is_lhs=w_is_lhs, acc=acc, precision=precision
         )
         return out.astype(out_dtype)
-    # The int8 x int8 path.
-    q = w.integers()
+    # The int8 x int8 path (float8 x float8 for the float8 formats).
+    q = w.codes()
     w_keep = [a for a in range(q.ndim) if a not in w_contract]
     scale = expand_axes(w, w.scale.astype(acc), w_keep)
     scaled = [i for i in w_contract if w.scale.shape[i] > 1]
-    x_op, x_scale = quantise_rows(x, x_contract)
+    x_op, x_scale = quantise_rows(x, x_contract, w.format, w.act_scale)
+    int_format = w.format == "int"
 
     def dot(a: Array, b: Array, dims: DimensionNumbers, integer: bool) -> Array:
         lhs, rhs = (b, a) if w_is_lhs else (a, b)
@@ -316,6 +332,11 @@ def _canonical_product(
             lhs, rhs = lhs.astype(acc), rhs.astype(acc)
             if rows == 1:
                 return one_row_dot(lhs, rhs, dims, w_is_lhs)
+        if integer and not int_format:
+            # float8 x float8, accumulating in float32.
+            return lax.dot_general(
+                lhs, rhs, dims, preferred_element_type=jnp.float32
+            ).astype(acc)
         return lax.dot_general(
             lhs,
             rhs,
@@ -375,17 +396,29 @@ def _canonical_product(
     return main.astype(out_dtype)
 
 
-def _static_fields(w: QuantisedArray) -> tuple[int, Any, bool, int, bool, str]:
-    return (w.bits, w.float_dtype, w.odd, w.packed_axis, w.allow_materialise, w.matmul)
+_Fields = tuple[int, Any, bool, int, bool, str, str]
+
+
+def _static_fields(w: QuantisedArray) -> _Fields:
+    return (
+        w.bits,
+        w.float_dtype,
+        w.odd,
+        w.packed_axis,
+        w.allow_materialise,
+        w.matmul,
+        w.format,
+    )
 
 
 def _rebuild(
-    fields: tuple[int, Any, bool, int, bool, str],
+    fields: _Fields,
     values: Array,
     scale: Array,
     zero: Array | None,
+    act_scale: Array | None = None,
 ) -> QuantisedArray:
-    bits, float_dtype, odd, packed_axis, allow_materialise, matmul = fields
+    bits, float_dtype, odd, packed_axis, allow_materialise, matmul, fmt = fields
     return QuantisedArray(
         values,
         scale,
@@ -397,25 +430,33 @@ def _rebuild(
         packed_axis=packed_axis,
         allow_materialise=allow_materialise,
         matmul=matmul,
+        format=fmt,
+        act_scale=act_scale,
     )
 
 
 @ft.partial(jax.custom_jvp, nondiff_argnums=(0,))
 def _straight_through(
-    static: Any, x: Array, values: Array, scale: Array, zero: Any, master: Any
+    static: Any,
+    x: Array,
+    values: Array,
+    scale: Array,
+    zero: Any,
+    master: Any,
+    act_scale: Any,
 ) -> Array:
     template, kwargs = static
-    w = _rebuild(template, values, scale, zero)
+    w = _rebuild(template, values, scale, zero, act_scale)
     return _product(x, w, **dict(kwargs))
 
 
 @_straight_through.defjvp
 def _(static: Any, primals: Any, tangents: Any) -> Any:
     template, kwargs = static
-    x, values, scale, zero, master = primals
-    dx, _, dscale, dzero, dmaster = tangents
+    x, values, scale, zero, master, act_scale = primals
+    dx, _, dscale, dzero, dmaster, _ = tangents
     kwargs = dict(kwargs)
-    out = _product(x, _rebuild(template, values, scale, zero), **kwargs)
+    out = _product(x, _rebuild(template, values, scale, zero, act_scale), **kwargs)
     exact = {**kwargs, "path": "weight_only"}
 
     def weight_only(x: Array, scale: Array, zero: Any) -> Array:
@@ -449,6 +490,12 @@ def quantised_dot(
     x_contract, x_batch = sides(dn, not w_is_lhs)
     rows = rows_of(x, x_contract, x_batch)
     path = matmul_path(rows, w, sides(dn, w_is_lhs)[0])
+    record = recording_activations.get()
+    if record is not None and w.act_scale is not None:
+        # Calibrating: report the activations' range, compute the exact product.
+        finite = jnp.where(jnp.isfinite(x), jnp.abs(x), 0)
+        jax.debug.callback(record, w.act_scale, jnp.max(finite))
+        path = "weight_only"
     out_dtype = preferred_element_type or jnp.result_type(x.dtype, w.float_dtype)
     # Hashable, for `custom_jvp`'s static arguments.
     (lc, rc), (lb, rb) = dn
@@ -465,5 +512,5 @@ def quantised_dot(
         return _product(jnp.asarray(x), w, **kwargs)
     static = (_static_fields(w), tuple(sorted(kwargs.items())))
     return _straight_through(
-        static, jnp.asarray(x), w.values, w.scale, w.zero_point, w.master
+        static, jnp.asarray(x), w.values, w.scale, w.zero_point, w.master, w.act_scale
     )

@@ -1,21 +1,30 @@
-"""Whole-model helpers: `quantise_model` and `memory_report`."""
+"""Whole-model helpers: `quantise_model`, `memory_report` and `calibrate`."""
 
 import dataclasses
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import equinox as eqx
+import jax
+import jax.numpy as jnp
 import jax.tree_util as jtu
 import numpy as np
 import quax
 from jaxtyping import PyTree
 
+from ._matmul import recording_activations
 from ._quantise import quantise
 from ._value import QuantisedArray
 
 
-__all__ = ["MemoryReport", "is_quantised", "memory_report", "quantise_model"]
+__all__ = [
+    "MemoryReport",
+    "calibrate",
+    "is_quantised",
+    "memory_report",
+    "quantise_model",
+]
 
 _logger = logging.getLogger("quax_quant")
 
@@ -102,9 +111,12 @@ def _path_of(model: PyTree, node: Any) -> str:
 def quantise_model(
     model: PyTree,
     *,
-    bits: int = 8,
+    bits: int | None = None,
+    format: str = "int",
     axis: int | Sequence[int] | None = 0,
     group_size: int | None = None,
+    block_size: int | None = None,
+    double_quant: bool = False,
     symmetric: bool = True,
     filter: type | tuple[type, ...] | Callable[[Any], bool] = (
         eqx.nn.Linear,
@@ -131,16 +143,18 @@ def quantise_model(
     **Arguments:**
 
     - `model`: any PyTree, usually an Equinox module.
-    - `bits`, `symmetric`, `straight_through`, `allow_materialise`, `matmul`: as
-        for [`quax_quant.quantise`][]. With `straight_through=True`, call it inside
-        the differentiated loss for quantisation-aware training.
+    - `bits`, `format`, `double_quant`, `symmetric`, `straight_through`,
+        `allow_materialise`, `matmul`: as for [`quax_quant.quantise`][]
+        (`bits` 8 by default for `format="int"`). With `straight_through=True`,
+        call it inside the differentiated loss for quantisation-aware training.
     - `axis`: the per-channel axis of each weight; by default 0, the output
         channels of `eqx.nn.Linear` `(out, in)` and `eqx.nn.Conv` `(out, in, ...)`.
         `None` for one scale per weight. Ignored when `group_size` is given. An
         axis out of range for a weight raises, as NumPy does.
     - `group_size`: one scale per group of this many inputs (along the last axis)
         and per output channel. Convolution kernels are always quantised per output
-        channel.
+        channel. `block_size` is the same (bitsandbytes' name); for
+        `format="nf4"` without either, blocks of 64.
     - `filter`: which layers: a layer type, a tuple of them, or a predicate on a
         layer. By default every `eqx.nn.Linear` and `eqx.nn.Conv`. A matching
         layer's floating-point `weight` (see `attribute`) is quantised.
@@ -169,13 +183,17 @@ def quantise_model(
             return layer
         # The quantised convolution takes one scale per output channel.
         conv = isinstance(layer, eqx.nn.Conv | eqx.nn.ConvTranspose)
-        groups = None if conv else group_size
+        groups = None if conv else (group_size or block_size)
+        if groups is None and format == "nf4" and not conv:
+            groups = 64
         try:
             q = quantise(
                 weight,
                 bits=bits,
-                axis=0 if conv else (None if group_size is not None else axis),
+                format=format,
+                axis=0 if conv else (None if groups is not None else axis),
                 group_size=groups,
+                double_quant=double_quant,
                 symmetric=symmetric,
                 straight_through=straight_through,
                 allow_materialise=allow_materialise,
@@ -198,3 +216,119 @@ def quantise_model(
     if _logger.isEnabledFor(logging.INFO):
         _logger.info("quantise_model: %s", memory_report(out))
     return out
+
+
+def _calibrated(w: QuantisedArray) -> bool:
+    """Whether `w` has a product that quantises activations: format `"int"` or
+    float8, and a path other than `"weight_only"`."""
+    return w.format != "nf4" and w.matmul != "weight_only"
+
+
+def calibrate(
+    model: PyTree,
+    batches: Iterable[Any],
+    *,
+    apply: Callable[[PyTree, Any], Any] | None = None,
+) -> PyTree:
+    """Fix the activation scale of every quantised weight from sample inputs, so
+    that its int8 x int8 (or float8 x float8) product quantises the activations
+    with that one static scale instead of each row's absmax on every call.
+
+    ```python
+    qmodel = quax_quant.quantise_model(model, bits=8, matmul="int8")
+    qmodel = quax_quant.calibrate(qmodel, batches, apply=lambda m, x: jax.vmap(m)(x))
+    y = quax.quaxify(lambda m, x: jax.vmap(m)(x))(qmodel, x)  # static scales
+    ```
+
+    Runs `apply(model, batch)` for every batch inside [`quax.quaxify`][] (compiled
+    once), with every product exact (weight-only) and recording the largest finite
+    absolute activation each quantised weight meets; then sets each weight's
+    `act_scale` to it over the largest level (127 for int8, the largest finite
+    float8 number). At run time activations beyond the calibrated range saturate
+    (are clipped to it); a row holding a NaN or an infinity still gives a NaN row.
+    The path each product takes is unchanged (`matmul`; `"auto"` still takes the
+    weight-only product below `WEIGHT_ONLY_MAX_ROWS` rows, which ignores the scale).
+
+    **Arguments:**
+
+    - `model`: a model holding [`quax_quant.QuantisedArray`][]s.
+    - `batches`: an iterable of inputs, each passed to `apply`.
+    - `apply`: `apply(model, batch)` runs the model; by default `model(batch)`. For
+        an Equinox model of one example, `lambda m, x: jax.vmap(m)(x)`.
+
+    **Returns:**
+
+    A copy of `model` whose quantised weights of format `"int"` or float8 with a
+    product path other than `"weight_only"` carry a float32 `act_scale`; NF4 and
+    weight-only arrays are unchanged (their products quantise no activations).
+
+    **Raises:**
+
+    `ValueError` when `batches` is empty, when the model holds no array to
+    calibrate, and when one of them met no product with a float operand in any
+    batch (naming its path: an unused weight, or one whose product is not a
+    `dot_general`), since its scale would be a guess.
+    """
+    run = apply if apply is not None else (lambda m, b: m(b))
+    leaves, treedef = jtu.tree_flatten(model, is_leaf=is_quantised)
+    paths = [
+        jtu.keystr(p)
+        for p, _ in jtu.tree_flatten_with_path(model, is_leaf=is_quantised)[0]
+    ]
+    targets = [
+        i
+        for i, leaf in enumerate(leaves)
+        if isinstance(leaf, QuantisedArray) and _calibrated(leaf)
+    ]
+    if not targets:
+        raise ValueError(
+            "calibrate: the model holds no QuantisedArray whose product quantises "
+            "activations (format 'int' or float8 with matmul other than "
+            "'weight_only'); NF4 and weight-only arrays need no activation scale."
+        )
+    marked = list(leaves)
+    for k, i in enumerate(targets):
+        marked[i] = dataclasses.replace(leaves[i], act_scale=jnp.float32(-(k + 1)))
+    seen: dict[int, float] = {}
+
+    def record(marker: Any, absmax: Any) -> None:
+        markers = np.ravel(np.asarray(marker))
+        highs = np.ravel(np.broadcast_to(np.asarray(absmax), np.shape(marker)))
+        for m, h in zip(markers, highs, strict=True):
+            k = int(-m) - 1
+            seen[k] = max(seen.get(k, 0.0), float(h))
+
+    @eqx.filter_jit
+    def forward(model: PyTree, batch: Any) -> Any:
+        # A new function per call, so that no compiled program of an earlier call
+        # (with its `record`) is reused: the callback is traced in.
+        return quax.quaxify(run)(model, batch)
+
+    token = recording_activations.set(record)
+    count = 0
+    try:
+        calibrating = jtu.tree_unflatten(treedef, marked)
+        for batch in batches:
+            jax.block_until_ready(forward(calibrating, batch))
+            count += 1
+        jax.effects_barrier()
+    finally:
+        recording_activations.reset(token)
+    if not count:
+        raise ValueError("calibrate: `batches` is empty; pass at least one input.")
+    missing = [paths[i] for k, i in enumerate(targets) if k not in seen]
+    if missing:
+        raise ValueError(
+            f"calibrate: the QuantisedArray(s) at {', '.join(missing)} met no "
+            "product with a float operand in any batch: check `apply` runs the "
+            "model on the batches, or quantise those weights with "
+            "matmul='weight_only' (no activation scale)."
+        )
+    out = list(leaves)
+    for k, i in enumerate(targets):
+        w = leaves[i]
+        top = 127.0 if w.format == "int" else float(jnp.finfo(w.format).max)
+        high = seen[k]
+        scale = np.float32(high / top if high > 0 else 1.0)
+        out[i] = dataclasses.replace(w, act_scale=jnp.asarray(scale))
+    return jtu.tree_unflatten(treedef, out)

@@ -1,17 +1,25 @@
-"""`quantise`: float arrays to `QuantisedArray`s, with absmax, percentile or MSE
-calibration, and straight-through gradients for quantisation-aware training."""
+"""`quantise`: float arrays to `QuantisedArray`s (integers, NF4 with double
+quantisation, float8), with absmax, percentile or MSE calibration, and
+straight-through gradients for quantisation-aware training."""
 
 import operator
 from collections.abc import Sequence
 from typing import Any
 
 import jax
+import jax.core
 import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, ArrayLike
 
-from ._kernels import CALIBRATIONS, quantised_leaves
-from ._value import MATMUL_PATHS, QuantisedArray
+from ._kernels import (
+    CALIBRATIONS,
+    double_quantise,
+    float8_leaves,
+    nf4_leaves,
+    quantised_leaves,
+)
+from ._value import FORMATS, MATMUL_PATHS, QuantisedArray, QuantisedScale
 
 
 __all__ = ["quantise"]
@@ -96,12 +104,65 @@ def _check_finite(x: Array) -> None:
     )
 
 
+# Bits of the stored values of each format.
+_BITS = {"int": None, "nf4": 4, "float8_e4m3fn": 8, "float8_e5m2": 8}
+
+# Scales per block of QLoRA's double quantisation.
+DOUBLE_QUANT_BLOCK = 256
+
+
+def _format_arguments(
+    format: str,
+    bits: int | None,
+    symmetric: bool,
+    calibration: str,
+    axis: Any,
+    group_size: int | None,
+    block_size: int | None,
+) -> tuple[int, int | None]:
+    """`bits` and `group_size` for `format`, or a `ValueError` naming the argument
+    that does not fit it."""
+    if format not in FORMATS:
+        raise ValueError(f"quantise: format must be one of {FORMATS}, got {format!r}.")
+    if block_size is not None:
+        if group_size is not None:
+            raise ValueError(
+                "quantise takes `block_size` (bitsandbytes' name) or `group_size`, "
+                "not both: they are the same layout."
+            )
+        group_size = block_size
+    needs = _BITS[format]
+    if needs is None:
+        return (8 if bits is None else bits), group_size
+    if bits is not None and bits != needs:
+        raise ValueError(
+            f"quantise: format={format!r} stores {needs}-bit values, got bits={bits}; "
+            "leave bits out."
+        )
+    if not symmetric:
+        raise ValueError(
+            f"quantise: format={format!r} has no zero point (its levels are "
+            "symmetric about 0); pass symmetric=True."
+        )
+    if calibration != "absmax":
+        raise ValueError(
+            f"quantise: format={format!r} scales each block by its absmax; "
+            f"calibration={calibration!r} is for format='int'."
+        )
+    if format == "nf4" and axis is None and group_size is None:
+        group_size = 64
+    return needs, group_size
+
+
 def quantise(
     x: ArrayLike,
     *,
-    bits: int = 8,
+    bits: int | None = None,
+    format: str = "int",
     axis: int | Sequence[int] | None = None,
     group_size: int | None = None,
+    block_size: int | None = None,
+    double_quant: bool = False,
     symmetric: bool = True,
     group_axis: int = -1,
     calibration: str = "absmax",
@@ -115,12 +176,24 @@ def quantise(
     ```python
     q = quax_quant.quantise(w, bits=4, group_size=64)  # int4, groups along axis -1
     y = quax.quaxify(lambda w, x: w @ x)(q, x)  # never forms the float w
+    nf4 = quax_quant.quantise(w, format="nf4", block_size=64, double_quant=True)
+    f8 = quax_quant.quantise(w, format="float8_e4m3fn", axis=0)  # per channel
     ```
 
     **Arguments:**
 
     - `x`: the floating-point array.
-    - `bits`: 8 (`int8`) or 4 (packed two per byte).
+    - `bits`: for `format="int"`, 8 (`int8`, the default) or 4 (packed two per
+        byte). The other formats fix it (4 for `"nf4"`, 8 for float8); passing
+        another value raises.
+    - `format`: what the stored values are. `"int"`: integers. `"nf4"`:
+        bitsandbytes' 4-bit NormalFloat (QLoRA's format): each block scaled by
+        its absmax and rounded to the nearest of 16 levels that are quantiles of
+        a normal distribution (`quax_quant.NF4_CODE`), packed two per byte; by
+        default in blocks of 64 along the last axis. `"float8_e4m3fn"` /
+        `"float8_e5m2"`: float8 numbers (JAX's dtypes) times a scale per block
+        mapping its absmax to the dtype's largest finite number. The formats
+        other than `"int"` are symmetric with absmax calibration.
     - `axis`: `None` for one scale for the whole array (per tensor); an axis (or
         axes) to keep one scale per index along it (per channel), e.g. `axis=0` for
         the output channels of an `eqx.nn.Linear` weight `(out, in)`. Axes are read
@@ -129,6 +202,11 @@ def quantise(
     - `group_size`: one scale per `group_size` consecutive indices along
         `group_axis` and per index of every other axis (the usual int4 layout).
         Excludes `axis`.
+    - `block_size`: the same as `group_size` (bitsandbytes' name); give one.
+    - `double_quant`: store the block scales themselves as int8 (QLoRA's double
+        quantisation, [`quax_quant.QuantisedScale`][]): minus their mean, in
+        blocks of 256 scales with one float32 scale each. For NF4 in blocks of
+        64 this takes the scales from 32 bits per 64 weights to about 8.1.
     - `symmetric`: `q * s` with `q` in `[-(2^(b-1) - 1), 2^(b-1) - 1]`; or `False`
         for `(q - z) * s` with a zero point `z`, using the full range.
     - `group_axis`: the grouped axis; by default the last, which is the contraction
@@ -171,6 +249,9 @@ def quantise(
     x = jnp.asarray(x)
     if not jnp.issubdtype(x.dtype, jnp.floating):
         raise ValueError(f"quantise needs a floating-point array, got {x.dtype}.")
+    bits, group_size = _format_arguments(
+        format, bits, symmetric, calibration, axis, group_size, block_size
+    )
     if bits not in (4, 8):
         raise ValueError(f"quantise supports bits=8 or 4, got {bits}.")
     if calibration not in CALIBRATIONS:
@@ -192,9 +273,26 @@ def quantise(
     scale_shape = _scale_shape(x.shape, axis, group_size, group_axis)
     if not isinstance(x, jax.core.Tracer):
         _check_finite(x)
-    values, scale, zero = quantised_leaves(
-        x, bits, scale_shape, symmetric, calibration, percentile, straight_through
-    )
+    if format == "int":
+        values, scale, zero = quantised_leaves(
+            x, bits, scale_shape, symmetric, calibration, percentile, straight_through
+        )
+    else:
+        data = jax.lax.stop_gradient(x) if straight_through else x
+        if format == "nf4":
+            values, scale = nf4_leaves(data, scale_shape)
+        else:
+            values, scale = float8_leaves(data, format, scale_shape)
+        zero = None
+    if double_quant:
+        codes, block_scale, offset = double_quantise(scale, DOUBLE_QUANT_BLOCK)
+        scale = QuantisedScale(
+            codes,
+            block_scale,
+            offset,
+            block_size=DOUBLE_QUANT_BLOCK,
+            float_dtype=np.dtype(x.dtype),
+        )
     return QuantisedArray(
         values,
         scale,
@@ -205,6 +303,7 @@ def quantise(
         odd=bits == 4 and x.ndim > 0 and x.shape[-1] % 2 == 1,
         allow_materialise=allow_materialise,
         matmul=matmul,
+        format=format,
     )
 
 

@@ -49,14 +49,14 @@ def _refuse(
 def _(
     lhs: QuantisedArray, rhs: ArrayLike, *, dimension_numbers: Any, **params: Any
 ) -> Any:
-    return _float_dot(lhs, rhs, True, dimension_numbers, params)
+    return _float_dot(lhs.plain(), rhs, True, dimension_numbers, params)
 
 
 @quax.register(lax.dot_general_p)
 def _(
     lhs: ArrayLike, rhs: QuantisedArray, *, dimension_numbers: Any, **params: Any
 ) -> Any:
-    return _float_dot(rhs, lhs, False, dimension_numbers, params)
+    return _float_dot(rhs.plain(), lhs, False, dimension_numbers, params)
 
 
 def _float_dot(
@@ -86,10 +86,12 @@ def _(
 ) -> Any:
     """Both quantised: `int8 x int8 -> int32`, then both scales. Needs symmetric
     operands whose scales are constant along the contracted axes (per tensor, or per
-    channel of a free or batch axis)."""
+    channel of a free or batch axis), both of format `"int"`."""
+    lhs, rhs = lhs.plain(), rhs.plain()
     (lc, rc), _ = dimension_numbers
     ok = all(
-        x.zero_point is None
+        x.format == "int"
+        and x.zero_point is None
         and x.master is None
         and all(x.scale.shape[a] == 1 for a in c)
         for x, c in ((lhs, lc), (rhs, rc))
@@ -99,8 +101,9 @@ def _(
             lax.dot_general_p,
             (lhs, rhs),
             {"dimension_numbers": dimension_numbers, **params},
-            "the int8 x int8 product needs symmetric operands (no zero point, no "
-            "straight-through master) with scales constant along the contracted axes",
+            "the int8 x int8 product needs symmetric integer operands (format "
+            "'int', no zero point, no straight-through master) with scales constant "
+            "along the contracted axes",
         )
     out = lax.dot_general(
         lhs.integers(),
@@ -126,7 +129,9 @@ def _(
 @quax.register(lax.conv_general_dilated_p)
 def _(lhs: ArrayLike, rhs: QuantisedArray, **params: Any) -> Any:
     """A quantised kernel with per-output-channel (or per-tensor) scales: the
-    convolution of the integers, then the scale per output feature."""
+    convolution of the levels (integers, NF4 levels or float8 numbers), then the
+    scale per output feature."""
+    rhs = rhs.plain()
     rhs_spec = params["dimension_numbers"].rhs_spec
     out_feature = params["dimension_numbers"].out_spec[1]
     o = rhs_spec[0]
@@ -152,7 +157,7 @@ def _(lhs: ArrayLike, rhs: QuantisedArray, **params: Any) -> Any:
     acc = jnp.promote_types(out_dtype, jnp.float32)
     conv = {**params, "preferred_element_type": acc}
     x = jnp.asarray(lhs).astype(acc)
-    out = lax.conv_general_dilated_p.bind(x, rhs.integers().astype(acc), **conv)
+    out = lax.conv_general_dilated_p.bind(x, rhs.levels(acc), **conv)
 
     def per_feature(block: Array) -> Array:
         block = (
@@ -180,7 +185,7 @@ def _(lhs: ArrayLike, rhs: QuantisedArray, **params: Any) -> Any:
 def _with(
     w: QuantisedArray, q: Array, scale: Array, zero: Any, master: Any
 ) -> QuantisedArray:
-    """`w` with new integers (unpacked) and blocks."""
+    """`w` with new codes (unpacked, see `QuantisedArray.codes`) and blocks."""
     values = pack_int4(q) if w.bits == 4 else q
     odd = w.bits == 4 and q.ndim > 0 and q.shape[-1] % 2 == 1
     return QuantisedArray(
@@ -193,17 +198,20 @@ def _with(
         odd=odd,
         allow_materialise=w.allow_materialise,
         matmul=w.matmul,
+        format=w.format,
+        act_scale=w.act_scale,
     )
 
 
 def _map(w: QuantisedArray, on_values: Any, on_blocks: Any) -> QuantisedArray:
     zero = None if w.zero_point is None else on_blocks(w.zero_point)
     master = None if w.master is None else on_values(w.master)
-    return _with(w, on_values(w.integers()), on_blocks(w.scale), zero, master)
+    return _with(w, on_values(w.codes()), on_blocks(w.scale), zero, master)
 
 
 @quax.register(lax.transpose_p)
 def _(operand: QuantisedArray, *, permutation: Sequence[int]) -> QuantisedArray:
+    operand = operand.plain()
     perm = tuple(permutation)
     if operand.bits == 4:
         # Permute the bytes; the packed axis moves with them.
@@ -287,6 +295,7 @@ def _reshape_blocks(
 def _(
     operand: QuantisedArray, *, new_sizes: Sequence[int], dimensions: Any, **params: Any
 ) -> Any:
+    operand = operand.plain()
     new = tuple(new_sizes)
     blocks = (
         _reshape_blocks(operand.shape, operand.scale.shape, new)
@@ -313,6 +322,7 @@ def _(
     sharding: Any,
 ) -> Any:
     """Only new axes of size 1 (`x[None]`, `expand_dims`): a reshape."""
+    operand = operand.plain()
     dims = tuple(broadcast_dimensions)
     if (
         sharding is not None
@@ -343,6 +353,7 @@ def _(
 
 @quax.register(lax.squeeze_p)
 def _(operand: QuantisedArray, *, dimensions: Sequence[int]) -> QuantisedArray:
+    operand = operand.plain()
     dims = tuple(dimensions)
     return _map(operand, lambda a: lax.squeeze(a, dims), lambda b: lax.squeeze(b, dims))
 
@@ -381,6 +392,7 @@ def _(
     limit_indices: Sequence[int],
     strides: Sequence[int] | None,
 ) -> Any:
+    operand = operand.plain()
     strides_ = tuple(strides) if strides is not None else (1,) * operand.ndim
     blocks = _slice_blocks(operand, start_indices, limit_indices, strides_)
     if blocks is None:
@@ -406,6 +418,7 @@ def _(
 @quax.register(lax.dynamic_slice_p)
 def _(operand: QuantisedArray, *indices: ArrayLike, slice_sizes: Sequence[int]) -> Any:
     """Dynamic slices along unscaled axes (or per-index scaled axes)."""
+    operand = operand.plain()
     sizes = tuple(slice_sizes)
     groups = operand.group_sizes
     blocked = [
@@ -441,6 +454,7 @@ def _(operand: QuantisedArray, *indices: ArrayLike, slice_sizes: Sequence[int]) 
 
 @quax.register(lax.neg_p)
 def _(x: QuantisedArray) -> QuantisedArray:
+    x = x.plain()
     master = None if x.master is None else -x.master
     return dataclasses.replace(x, scale=-x.scale, master=master)
 
@@ -462,18 +476,19 @@ def _scalar_mul(
 
 @quax.register(lax.mul_p)
 def _(x: QuantisedArray, y: ArrayLike, **params: Any) -> Any:
-    return _scalar_mul(x, y, (x, y), params)
+    return _scalar_mul(x.plain(), y, (x, y), params)
 
 
 @quax.register(lax.mul_p)
 def _(x: ArrayLike, y: QuantisedArray, **params: Any) -> Any:
-    return _scalar_mul(y, x, (x, y), params)
+    return _scalar_mul(y.plain(), x, (x, y), params)
 
 
 @quax.register(lax.convert_element_type_p)
 def _(
     operand: QuantisedArray, *, new_dtype: Any, weak_type: bool, sharding: Any
 ) -> Any:
+    operand = operand.plain()
     params = {"new_dtype": new_dtype, "weak_type": weak_type, "sharding": sharding}
     if not jnp.issubdtype(new_dtype, jnp.floating) or weak_type or sharding is not None:
         return _refuse(
@@ -494,6 +509,8 @@ def _(
         packed_axis=operand.packed_axis,
         allow_materialise=operand.allow_materialise,
         matmul=operand.matmul,
+        format=operand.format,
+        act_scale=operand.act_scale,
     )
 
 

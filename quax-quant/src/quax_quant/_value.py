@@ -1,5 +1,6 @@
 """The value type: `QuantisedArray`, integers times float scales."""
 
+import dataclasses
 from typing import Any, ClassVar
 
 import equinox as eqx
@@ -11,18 +12,36 @@ import quax
 from jax import lax
 from jaxtyping import Array
 
-from ._kernels import unpack_int4
+from ._kernels import nf4_levels, unpack_int4
 
 
 __all__ = [
+    "FLOAT8_FORMATS",
+    "FORMATS",
     "MATMUL_PATHS",
     "MaterialisationError",
     "QuantisedArray",
+    "QuantisedScale",
     "dtype_of",
 ]
 
 # How a product with a float operand is computed; see `quax_quant.matmul_path`.
-MATMUL_PATHS = ("auto", "weight_only", "int8")
+# `"int8"` quantises the activations to int8 (format `"int"`), `"float8"` to the
+# weight's float8 format.
+MATMUL_PATHS = ("auto", "weight_only", "int8", "float8")
+
+# What the stored values are: integers (`"int"`), indices into the NF4 code book
+# (`"nf4"`), or float8 numbers (JAX's dtypes of those names).
+FLOAT8_FORMATS = ("float8_e4m3fn", "float8_e5m2")
+FORMATS = ("int", "nf4", *FLOAT8_FORMATS)
+
+# The paths each format's product with a float operand can take.
+_PATHS_OF = {
+    "int": ("auto", "weight_only", "int8"),
+    "nf4": ("auto", "weight_only"),
+    "float8_e4m3fn": ("auto", "weight_only", "float8"),
+    "float8_e5m2": ("auto", "weight_only", "float8"),
+}
 
 
 class MaterialisationError(quax.MaterialisationError):
@@ -38,6 +57,77 @@ def dtype_of(x: Any) -> np.dtype:
     return np.dtype(np.asarray(x).dtype if dtype is None else dtype)
 
 
+class QuantisedScale(eqx.Module):
+    """Double quantisation (QLoRA's): the block scales of a `QuantisedArray`,
+    themselves stored as 8-bit integers. The scales minus their mean `offset` are
+    flattened (row-major) and cut into blocks of `block_size` consecutive scales,
+    each stored as symmetric int8 times one float32 scale per block:
+    `scale = codes * block_scale[block] + offset`.
+
+    bitsandbytes rounds the centred scales with its 8-bit "dynamic" code book; this
+    uses linear int8, with the same memory (8 bits per scale, 32 bits per block of
+    256 and one float32 offset).
+
+    **Fields:**
+
+    - `codes`: `int8`, the shape of the scale it stands for.
+    - `block_scale`: float32, shape `(ceil(codes.size / block_size),)`.
+    - `offset`: float32 scalar, the mean of the scales.
+    - `block_size`: scales per block (static).
+    - `float_dtype`: the dtype of the dequantised scale (static).
+    """
+
+    codes: Array
+    block_scale: Array
+    offset: Array
+    block_size: int = eqx.field(static=True, default=256)
+    float_dtype: Any = eqx.field(static=True, default=np.dtype(np.float32))
+
+    def __check_init__(self) -> None:
+        if dtype_of(self.codes) != np.int8:
+            raise ValueError(
+                f"QuantisedScale's codes must be int8, got {dtype_of(self.codes)}."
+            )
+        if self.block_size < 1:
+            raise ValueError(
+                f"QuantisedScale's block_size must be positive, got {self.block_size}."
+            )
+        blocks = -(-int(np.size(self.codes)) // self.block_size)
+        if np.shape(self.block_scale) != (blocks,):
+            raise ValueError(
+                f"QuantisedScale's block_scale must have shape ({blocks},) (one per "
+                f"block of {self.block_size} codes), got {np.shape(self.block_scale)}."
+            )
+        if np.shape(self.offset) != ():
+            raise ValueError(
+                f"QuantisedScale's offset must be a scalar, got shape "
+                f"{np.shape(self.offset)}."
+            )
+        for field in ("block_scale", "offset"):
+            if dtype_of(getattr(self, field)) != np.float32:
+                raise ValueError(
+                    f"QuantisedScale's {field} must be float32, got "
+                    f"{dtype_of(getattr(self, field))}."
+                )
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(np.shape(self.codes))
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.size(self.codes)) + 4 * int(np.size(self.block_scale)) + 4
+
+    def dequantise(self) -> Array:
+        """The float scale, shape `self.shape`, dtype `self.float_dtype`."""
+        flat = jnp.ravel(self.codes).astype(jnp.float32)
+        n = flat.shape[0]
+        pad = (-n) % self.block_size
+        blocks = jnp.pad(flat, (0, pad)).reshape(-1, self.block_size)
+        out = blocks * self.block_scale[:, None] + self.offset
+        return out.ravel()[:n].reshape(self.shape).astype(self.float_dtype)
+
+
 class QuantisedArray(quax.GuardedValue):
     """A float array stored as integers times float scales: `(q - z) * s`.
 
@@ -49,7 +139,15 @@ class QuantisedArray(quax.GuardedValue):
     between one per group of `g` consecutive indices. So per-tensor, per-channel (any
     axis) and per-group scaling are the same representation.
 
-    Build one with [`quax_quant.quantise`][]. Inside [`quax.quaxify`][] a product with
+    The stored values are, by `format`: integers (`"int"`, the above); `"nf4"`,
+    4-bit indices into bitsandbytes' NF4 code book (`q` stands for
+    `NF4_CODE[q + 8]`, times the block's absmax scale; QLoRA's format); or
+    `"float8_e4m3fn"` / `"float8_e5m2"`, float8 numbers (JAX's dtypes) times the
+    scale. So the array is always `(level(q) - z) * s`, with `level` the identity
+    for `"int"`.
+
+    Build one with [`quax_quant.quantise`][] (or from a GPTQ/AWQ checkpoint with
+    [`quax_quant.from_gptq`][]). Inside [`quax.quaxify`][] a product with
     a float array never forms the float weight: the scale is folded in after the
     contraction (or into the activations), and two quantised operands multiply in
     integers accumulating in `int32`. `transpose`, `reshape`, slicing, squeezing,
@@ -64,9 +162,15 @@ class QuantisedArray(quax.GuardedValue):
 
     **Fields:**
 
-    - `values`: the integers, `int8`; for `bits=4` packed, shape
-        `(*shape[:-1], ceil(shape[-1] / 2))`.
-    - `scale`: the float scales, in `float_dtype`, block layout as above.
+    - `values`: the integers, `int8`; for `bits=4` (`"int"` and `"nf4"`) packed,
+        shape `(*shape[:-1], ceil(shape[-1] / 2))`; for the float8 formats, the
+        float8 numbers (dtype named by the format).
+    - `scale`: the float scales, in `float_dtype`, block layout as above; or a
+        [`quax_quant.QuantisedScale`][] (double quantisation), whose `dequantise()`
+        is that array. Every operation first dequantises such a scale (it has one
+        entry per block, 1/64 of the array's for NF4 blocks of 64): products
+        compute it on the fly, structural operations return an array with the
+        float scale.
     - `zero_point`: `None` (symmetric) or the zero points, like `scale`, in
         `float_dtype` (integer-valued).
     - `master`: `None`, or the float array the integers were computed from, for
@@ -77,8 +181,13 @@ class QuantisedArray(quax.GuardedValue):
     - `packed_axis`: the axis a `bits=4` array is packed along, counted from the end
         (static; `-1` unless a transpose moved it: transposes permute the bytes and
         never repack).
-    - `matmul`: the product path with a float operand: `"auto"`, `"weight_only"` or
-        `"int8"` (static; see [`quax_quant.matmul_path`][]).
+    - `matmul`: the product path with a float operand: `"auto"`, `"weight_only"`,
+        `"int8"` (format `"int"`) or `"float8"` (float8 formats) (static; see
+        [`quax_quant.matmul_path`][]).
+    - `format`: `"int"`, `"nf4"`, `"float8_e4m3fn"` or `"float8_e5m2"` (static).
+    - `act_scale`: `None`, or a float32 scalar: the static scale of the
+        activations that the `"int8"` / `"float8"` product quantises, fixed by
+        [`quax_quant.calibrate`][] (otherwise one absmax scale per row, per call).
     - `allow_materialise`: whether operations without a rule may dequantise
         (static, keyword-only).
     """
@@ -92,6 +201,8 @@ class QuantisedArray(quax.GuardedValue):
     odd: bool = eqx.field(static=True, default=False)
     packed_axis: int = eqx.field(static=True, default=-1)
     matmul: str = eqx.field(static=True, default="auto")
+    format: str = eqx.field(static=True, default="int")
+    act_scale: Array | None = None
 
     linear_in_leaves: ClassVar[bool] = False
     materialisation_error: ClassVar[type[quax.MaterialisationError]] = (
@@ -101,16 +212,24 @@ class QuantisedArray(quax.GuardedValue):
     def __check_init__(self) -> None:
         if self.bits not in (4, 8):
             raise ValueError(f"QuantisedArray supports bits=8 or 4, got {self.bits}.")
-        self._check_values()
+        if self.format not in FORMATS:
+            raise ValueError(
+                f"QuantisedArray's format must be one of {FORMATS}, got "
+                f"{self.format!r}."
+            )
+        if self.format != "int":
+            self._check_format()
+        else:
+            self._check_values()
         if not -max(np.ndim(self.values), 1) <= self.packed_axis < 0:
             raise ValueError(
                 "QuantisedArray's packed_axis counts from the end (-1, -2, ...), got "
                 f"{self.packed_axis} for {np.ndim(self.values)} axes."
             )
-        if self.matmul not in MATMUL_PATHS:
+        if self.matmul not in _PATHS_OF[self.format]:
             raise ValueError(
-                f"QuantisedArray's matmul must be one of {MATMUL_PATHS}, got "
-                f"{self.matmul!r}."
+                f"QuantisedArray's matmul must be one of {_PATHS_OF[self.format]} "
+                f"for format {self.format!r}, got {self.matmul!r}."
             )
         if not jnp.issubdtype(self.float_dtype, jnp.floating):
             raise ValueError(
@@ -118,20 +237,27 @@ class QuantisedArray(quax.GuardedValue):
                 f"{np.dtype(self.float_dtype)}."
             )
         shape = self.shape
-        if np.ndim(self.scale) != len(shape) or any(
-            s == 0 or d % s for d, s in zip(shape, np.shape(self.scale), strict=True)
+        scale_shape = self.scale_shape
+        if len(scale_shape) != len(shape) or any(
+            s == 0 or d % s for d, s in zip(shape, scale_shape, strict=True)
         ):
             raise ValueError(
                 f"QuantisedArray's scale must have one axis per array axis, each of a "
-                f"size dividing the array's; got scale shape {np.shape(self.scale)} "
+                f"size dividing the array's; got scale shape {scale_shape} "
                 f"for array shape {shape}."
             )
-        if self.zero_point is not None and np.shape(self.zero_point) != np.shape(
-            self.scale
-        ):
+        if self.zero_point is not None and np.shape(self.zero_point) != scale_shape:
             raise ValueError(
                 f"QuantisedArray's zero_point must have the scale's shape "
-                f"{np.shape(self.scale)}, got {np.shape(self.zero_point)}."
+                f"{scale_shape}, got {np.shape(self.zero_point)}."
+            )
+        if self.act_scale is not None and (
+            np.shape(self.act_scale) != () or dtype_of(self.act_scale) != np.float32
+        ):
+            raise ValueError(
+                "QuantisedArray's act_scale (the calibrated activation scale) must "
+                f"be a float32 scalar, got shape {np.shape(self.act_scale)} and "
+                f"dtype {dtype_of(self.act_scale)}."
             )
         if self.master is not None and tuple(np.shape(self.master)) != shape:
             raise ValueError(
@@ -139,13 +265,55 @@ class QuantisedArray(quax.GuardedValue):
                 f"gradients) must have the array's shape {shape}, got "
                 f"{tuple(np.shape(self.master))}."
             )
+        if isinstance(self.scale, QuantisedScale) and np.dtype(
+            self.scale.float_dtype
+        ) != np.dtype(self.float_dtype):
+            raise ValueError(
+                "QuantisedArray's scale (a QuantisedScale) must dequantise to "
+                f"float_dtype {np.dtype(self.float_dtype)}, got "
+                f"{np.dtype(self.scale.float_dtype)}."
+            )
         for field in ("scale", "zero_point", "master"):
             leaf = getattr(self, field)
+            if isinstance(leaf, QuantisedScale):
+                continue
             if leaf is not None and not jnp.issubdtype(dtype_of(leaf), jnp.floating):
                 raise ValueError(
                     f"QuantisedArray's {field} must be floating-point, got "
                     f"{dtype_of(leaf)}."
                 )
+
+    def _check_format(self) -> None:
+        """The stored values of the `"nf4"` and float8 formats."""
+        dtype = dtype_of(self.values)
+        if self.zero_point is not None:
+            raise ValueError(
+                f"QuantisedArray's zero_point must be None for format "
+                f"{self.format!r} (its levels are symmetric about 0 already)."
+            )
+        if self.format == "nf4":
+            if dtype != np.int8 or (self.bits == 4 and np.ndim(self.values) == 0):
+                raise ValueError(
+                    "QuantisedArray's values for format 'nf4' must be int8: bytes "
+                    "holding two 4-bit code indices each (bits=4, packed along an "
+                    "axis, see `quax_quant.pack_int4`), or one per byte (bits=8, "
+                    f"as products slice them); got bits={self.bits} and {dtype} "
+                    f"values of shape {np.shape(self.values)}."
+                )
+            if self.bits == 4:
+                return
+        elif self.bits != 8 or dtype != np.dtype(self.format):
+            raise ValueError(
+                f"QuantisedArray's values for format {self.format!r} must be "
+                f"{self.format} numbers with bits=8, got bits={self.bits} and "
+                f"{dtype} values."
+            )
+        if self.odd or self.packed_axis != -1:
+            raise ValueError(
+                "QuantisedArray's odd and packed_axis describe bits=4 packing; with "
+                f"format {self.format!r} and bits=8 they must be False and -1, got "
+                f"odd={self.odd}, packed_axis={self.packed_axis}."
+            )
 
     def _check_values(self) -> None:
         """`values` are integers in the range of `bits`, stored as the layout says:
@@ -205,11 +373,29 @@ class QuantisedArray(quax.GuardedValue):
         return tuple(shape)
 
     @property
+    def scale_shape(self) -> tuple[int, ...]:
+        """The shape of the scale (block layout), double-quantised or not."""
+        if isinstance(self.scale, QuantisedScale):
+            return self.scale.shape
+        return tuple(np.shape(self.scale))
+
+    @property
     def group_sizes(self) -> tuple[int, ...]:
         """Along each axis, how many consecutive indices share a scale."""
-        return tuple(
-            d // s for d, s in zip(self.shape, np.shape(self.scale), strict=True)
-        )
+        return tuple(d // s for d, s in zip(self.shape, self.scale_shape, strict=True))
+
+    def float_scale(self) -> Array:
+        """The scale as a float array (a double-quantised one dequantised)."""
+        if isinstance(self.scale, QuantisedScale):
+            return self.scale.dequantise()
+        return self.scale
+
+    def plain(self) -> "QuantisedArray":
+        """This array with its scale as a float array: what every operation acts
+        on (a double-quantised scale is dequantised, one entry per block)."""
+        if isinstance(self.scale, QuantisedScale):
+            return dataclasses.replace(self, scale=self.scale.dequantise())
+        return self
 
     @property
     def nbytes(self) -> int:
@@ -217,13 +403,35 @@ class QuantisedArray(quax.GuardedValue):
         entry at its dtype's item size for `bits=8`) plus the scales and zero points
         (not the straight-through `master`)."""
         total = 0
-        for leaf in (self.values, self.scale, self.zero_point):
-            if leaf is not None:
+        for leaf in (self.values, self.scale, self.zero_point, self.act_scale):
+            if isinstance(leaf, QuantisedScale):
+                total += leaf.nbytes
+            elif leaf is not None:
                 total += int(np.size(leaf)) * dtype_of(leaf).itemsize
         return total
 
+    def codes(self) -> Array:
+        """The stored values unpacked, shape `self.shape`: `int8` for `"int"` and
+        `"nf4"` (4-bit values in `[-8, 7]`), float8 for the float8 formats."""
+        if self.format in FLOAT8_FORMATS:
+            return self.values
+        return self.integers()
+
+    def levels(self, dtype: Any) -> Array:
+        """`level(q)` (see the class docstring) as floats of `dtype`, shape
+        `self.shape`: the integers, the NF4 levels, or the float8 numbers."""
+        if self.format == "nf4":
+            return nf4_levels(self.integers(), dtype)
+        return self.codes().astype(dtype)
+
     def integers(self) -> Array:
-        """The integers `q` unpacked, as `int8`, shape `self.shape`."""
+        """The integers `q` unpacked, as `int8`, shape `self.shape` (for `"nf4"`
+        the code indices minus 8)."""
+        if self.format in FLOAT8_FORMATS:
+            raise ValueError(
+                f"QuantisedArray.integers: format {self.format!r} stores float8 "
+                "numbers, not integers; use `.codes()` or `.levels(dtype)`."
+            )
         if self.bits == 4:
             n = self.shape[self.packed_axis]
             packed = jnp.moveaxis(self.values, self.packed_axis, -1)
@@ -248,10 +456,10 @@ class QuantisedArray(quax.GuardedValue):
         straight-through `master`, the gradient flows to `master` as if the
         quantisation were the identity.
         """
-        q = self.integers().astype(self.float_dtype)
+        q = self.levels(self.float_dtype)
         if self.zero_point is not None:
             q = q - self.expanded(self.zero_point)
-        out = q * self.expanded(self.scale)
+        out = q * self.expanded(self.float_scale())
         if self.master is not None:
             out = out + (self.master - lax.stop_gradient(self.master))
         return out

@@ -1,0 +1,240 @@
+"""NF4 (bitsandbytes' 4-bit NormalFloat, QLoRA's format) with double quantisation:
+the code book against its definition, the quantisation against a NumPy reference
+and literals, the memory, the products against the dequantised weight, and every
+error path."""
+
+import io
+
+import jax
+import jax.numpy as jnp
+import jax.random as jr
+import numpy as np
+import pytest
+import quax
+import quax_quant as qq
+from jax.scipy.stats import norm
+
+
+def test_code_book_is_the_normal_quantiles():
+    """bitsandbytes' definition (`create_normal_map(offset=0.9677083)`): 8 positive
+    quantiles, 7 negative ones, an exact 0, normalised to [-1, 1]."""
+    offset = 0.9677083
+    positive = norm.ppf(jnp.linspace(offset, 0.5, 9)[:-1])
+    negative = -norm.ppf(jnp.linspace(offset, 0.5, 8)[:-1])
+    levels = jnp.sort(jnp.concatenate([positive, jnp.zeros(1), negative]))
+    np.testing.assert_allclose(qq.NF4_CODE, levels / levels.max(), atol=1e-6)
+    assert qq.NF4_CODE.dtype == np.float32 and qq.NF4_CODE[7] == 0.0
+
+
+def _np_nf4(w, block):
+    """NF4 in NumPy: per block of `block` along the last axis, absmax scale, nearest
+    level by brute force (argmin of the distance)."""
+    w = np.asarray(w, np.float64)
+    blocks = w.reshape(*w.shape[:-1], -1, block)
+    absmax = np.abs(blocks).max(-1, keepdims=True)
+    absmax = np.where(absmax > 0, absmax, 1)
+    code = np.asarray(qq.NF4_CODE, np.float64)
+    index = np.abs(blocks[..., None] / absmax[..., None] - code).argmin(-1)
+    return (code[index] * absmax).reshape(w.shape), absmax[..., 0]
+
+
+def test_literal():
+    w = jnp.array([[1.0, -0.5, 0.3, 0.0, -2.0, 0.1, 1.2, -0.04]])
+    q = qq.quantise(w, format="nf4", block_size=4)
+    assert q.format == "nf4" and q.bits == 4 and q.values.shape == (1, 4)
+    assert q.values.dtype == jnp.int8
+    # Block 1: absmax 1; block 2: absmax 2, so 0.05, 0.6, -0.02 after dividing.
+    expected = [
+        [
+            *(1.0, -0.5250730514526367, 0.33791524171829224, 0.0),
+            *(-2.0, 2 * 0.07958029955625534, 2 * 0.5626170039176941, 0.0),
+        ]
+    ]
+    np.testing.assert_allclose(q.dequantise(), expected, rtol=1e-7)
+    np.testing.assert_array_equal(q.scale, [[1.0, 2.0]])
+
+
+@pytest.mark.parametrize("shape", [(8, 128), (3, 4, 64)])
+def test_matches_numpy_reference(shape):
+    w = jr.normal(jr.PRNGKey(0), shape)
+    q = qq.quantise(w, format="nf4")  # blocks of 64 by default
+    expected, absmax = _np_nf4(w, 64)
+    np.testing.assert_allclose(q.dequantise(), expected, rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(q.scale, absmax, rtol=1e-7)
+    # The stored nibbles are the level indices minus 8, two per byte.
+    assert q.values.shape == (*shape[:-1], shape[-1] // 2)
+
+
+def _np_double(scale):
+    flat = np.asarray(scale, np.float64).ravel()
+    offset = flat.mean()
+    pad = (-flat.size) % 256
+    blocks = np.pad(flat - offset, (0, pad)).reshape(-1, 256)
+    high = np.abs(blocks).max(1, keepdims=True)
+    high = np.where(high > 0, high / 127, 1)
+    codes = np.clip(np.round(blocks / high), -127, 127)
+    return (codes * high + offset).ravel()[: flat.size].reshape(np.shape(scale))
+
+
+def test_double_quantisation_against_numpy():
+    # 64 x 1024: 1024 scales of blocks of 64, four blocks of 256 scales.
+    w = jr.normal(jr.PRNGKey(1), (64, 1024)) * jnp.linspace(0.1, 3.0, 64)[:, None]
+    plain = qq.quantise(w, format="nf4", block_size=64)
+    double = qq.quantise(w, format="nf4", block_size=64, double_quant=True)
+    assert isinstance(double.scale, qq.QuantisedScale)
+    assert double.scale.codes.dtype == jnp.int8
+    assert double.scale.codes.shape == (64, 16)
+    assert double.scale.block_scale.shape == (4,)
+    np.testing.assert_allclose(
+        double.scale.dequantise(), _np_double(plain.scale), rtol=1e-5, atol=1e-6
+    )
+    # The same integers; the scales within half a step of the second quantisation.
+    np.testing.assert_array_equal(double.values, plain.values)
+    step = np.asarray(double.scale.block_scale).max()
+    assert np.abs(double.scale.dequantise() - plain.scale).max() <= step / 2 + 1e-6
+    np.testing.assert_allclose(
+        double.dequantise(),
+        np.asarray(plain.dequantise())
+        * np.repeat(np.asarray(double.scale.dequantise() / plain.scale), 64, axis=1),
+        rtol=1e-5,
+        atol=1e-6,
+    )
+
+
+def test_memory_per_weight():
+    """0.5 bytes per weight, plus 4 bytes per 64 (plain scales: 0.5625 bytes per
+    weight), or 1 byte per 64, 4 per 64 * 256 and a 4-byte offset (double)."""
+    n = 256 * 1024
+    w = jr.normal(jr.PRNGKey(2), (256, 1024))
+    plain = qq.quantise(w, format="nf4", block_size=64)
+    double = qq.quantise(w, format="nf4", block_size=64, double_quant=True)
+    assert plain.nbytes == n // 2 + 4 * n // 64
+    assert double.nbytes == n // 2 + n // 64 + 4 * n // (64 * 256) + 4
+    assert double.nbytes / n == pytest.approx(0.5 + 1 / 64 + 4 / 16384 + 4 / n)
+
+
+@pytest.mark.parametrize("double_quant", [False, True])
+@pytest.mark.parametrize("rows", [1, 8])
+def test_products_match_the_dequantised_weight(double_quant, rows):
+    w = jr.normal(jr.PRNGKey(3), (48, 128))
+    q = qq.quantise(w, format="nf4", double_quant=double_quant)
+    assert qq.matmul_path(rows, q, (1,)) == "weight_only"
+    x = jr.normal(jr.PRNGKey(4), (rows, 128))
+    dense = np.asarray(q.dequantise())
+    for run in (
+        quax.quaxify(lambda w, x: x @ w.T),
+        jax.jit(quax.quaxify(lambda w, x: x @ w.T)),
+    ):
+        with quax.track_materialisation() as report:
+            out = run(q, x)
+        assert not report
+        np.testing.assert_allclose(out, x @ dense.T, rtol=1e-5, atol=1e-5)
+    # Transposed and sliced (the scale then stored as floats), and a gradient.
+    np.testing.assert_allclose(
+        quax.quaxify(lambda w, x: w.T[:64].T @ x.T[:64])(q, x),
+        dense[:, :64] @ np.asarray(x).T[:64],
+        rtol=1e-5,
+        atol=1e-5,
+    )
+    grad = jax.grad(lambda x: jnp.sum(quax.quaxify(lambda w, x: x @ w.T)(q, x) ** 2))(x)
+    np.testing.assert_allclose(grad, 2 * (x @ dense.T) @ dense, rtol=1e-4, atol=1e-4)
+
+
+def test_quantise_model_and_checkpoint():
+    import equinox as eqx
+
+    mlp = eqx.nn.MLP(128, 8, 64, depth=1, key=jr.PRNGKey(5))
+    model = qq.quantise_model(mlp, format="nf4", double_quant=True)
+    w = model.layers[0].weight
+    assert w.format == "nf4" and w.group_sizes == (1, 64)
+    header = qq.describe(w)
+    assert header["format"] == "nf4" and header["double_quant"] == 256
+    buffer = io.BytesIO()
+    qq.save_quantised(buffer, model)
+    buffer.seek(0)
+    like = qq.quantise_model(mlp, format="nf4", double_quant=True)
+    loaded = qq.load_quantised(buffer, like)
+    x = jr.normal(jr.PRNGKey(6), (128,))
+    np.testing.assert_array_equal(quax.quaxify(loaded)(x), quax.quaxify(model)(x))
+    buffer.seek(0)
+    int4 = qq.quantise_model(mlp, bits=4, group_size=64, double_quant=True)
+    with pytest.raises(ValueError, match="format='nf4'"):
+        qq.load_quantised(buffer, int4)
+
+
+def test_nonfinite():
+    w = jnp.ones((2, 128)).at[1, 70].set(jnp.nan)
+    with pytest.raises(ValueError, match="non-finite"):
+        qq.quantise(w, format="nf4")
+    # Traced: the block of 64 holding it is NaN, the rest as without it.
+    q = jax.jit(lambda w: qq.quantise(w, format="nf4"))(w)
+    deq = np.asarray(q.dequantise())
+    assert np.isnan(deq[1, 64:]).all()
+    np.testing.assert_array_equal(deq[0], 1.0)
+    np.testing.assert_array_equal(deq[1, :64], 1.0)
+    out = quax.quaxify(lambda w, x: w @ x)(q, jnp.ones(128))
+    assert np.isnan(out[1]) and out[0] == 128
+    # Double quantised: its NaN scale makes the block of 256 scales holding it NaN
+    # (here all four scales): more NaN than dense JAX, never a finite number.
+    q = jax.jit(lambda w: qq.quantise(w, format="nf4", double_quant=True))(w)
+    assert np.isnan(q.dequantise()).all()
+    assert np.isnan(quax.quaxify(lambda w, x: w @ x)(q, jnp.ones(128))).all()
+
+
+def test_errors():
+    w = jnp.ones((4, 128))
+    with pytest.raises(ValueError, match="format must be one of"):
+        qq.quantise(w, format="nf5")
+    with pytest.raises(ValueError, match="stores 4-bit values, got bits=8"):
+        qq.quantise(w, format="nf4", bits=8)
+    with pytest.raises(ValueError, match="symmetric=True"):
+        qq.quantise(w, format="nf4", symmetric=False)
+    with pytest.raises(ValueError, match="calibration='mse'"):
+        qq.quantise(w, format="nf4", calibration="mse")
+    with pytest.raises(ValueError, match=r"block_size.*group_size"):
+        qq.quantise(w, format="nf4", block_size=64, group_size=64)
+    with pytest.raises(ValueError, match="group_size=48 must divide"):
+        qq.quantise(w, format="nf4", block_size=48)
+    with pytest.raises(ValueError, match="matmul must be one of"):
+        qq.quantise(w, format="nf4", matmul="int8")
+    q = qq.quantise(w, format="nf4")
+    with pytest.raises(ValueError, match="zero_point must be None"):
+        qq.QuantisedArray(
+            q.values,
+            q.scale,
+            jnp.zeros_like(q.scale),
+            None,
+            bits=4,
+            float_dtype=jnp.float32,
+            format="nf4",
+        )
+    with pytest.raises(ValueError, match="for format 'nf4' must be int8"):
+        qq.QuantisedArray(
+            q.values.astype(jnp.int16),
+            q.scale,
+            None,
+            None,
+            bits=4,
+            float_dtype=jnp.float32,
+            format="nf4",
+        )
+    codes = jnp.zeros((4, 2), jnp.int8)
+    with pytest.raises(ValueError, match=r"block_scale must have shape \(1,\)"):
+        qq.QuantisedScale(codes, jnp.ones(2), jnp.zeros(()))
+    with pytest.raises(ValueError, match="codes must be int8"):
+        qq.QuantisedScale(codes.astype(jnp.int32), jnp.ones(1), jnp.zeros(()))
+    with pytest.raises(ValueError, match="offset must be a scalar"):
+        qq.QuantisedScale(codes, jnp.ones(1), jnp.zeros(1))
+    with pytest.raises(ValueError, match="block_scale must be float32"):
+        qq.QuantisedScale(codes, jnp.ones(1, jnp.float16), jnp.zeros(()))
+    scale = qq.QuantisedScale(codes, jnp.ones(1), jnp.zeros(()))
+    with pytest.raises(ValueError, match="dequantise to float_dtype bfloat16"):
+        qq.QuantisedArray(
+            q.values,
+            scale,
+            None,
+            None,
+            bits=4,
+            float_dtype=jnp.bfloat16,
+            format="nf4",
+        )
