@@ -446,3 +446,15 @@ def test_nested_jit_keys_each_display_text() -> None:
             out = f(Shown(A, Label(text)))
             assert str.__eq__(out.label, f"exp {text}")
             np.testing.assert_allclose(out.array, np.exp(np.asarray(A)), rtol=1e-6)
+
+
+def test_verify_mode_catches_a_changed_resolution(
+    verifying: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    del verifying
+    sin = quax.quaxify(lax.sin)
+    sin(Counted(A))  # the first resolution of (sin, Counted)
+    planted = _registry.Resolution("materialise", None, "a planted resolution")
+    monkeypatch.setattr(_registry, "_resolve", lambda primitive, values: planted)
+    with pytest.raises(quax.CacheMismatchError, match="dispatch cache"):
+        sin(Counted(A))

@@ -38,6 +38,7 @@ __all__ = [
     "mismatch",
     "on_invalidate",
     "report",
+    "verify_dispatch",
     "verifying",
 ]
 
@@ -237,3 +238,28 @@ def _same(a: Any, b: Any) -> bool:
         return bool(a == b) and repr(a) == repr(b)
     except Exception:  # components that cannot be compared: by text
         return repr(a) == repr(b)
+
+
+# The first resolution of each key of the dispatch cache, and the registry's
+# generation it was made at (the dispatch cache stays empty in verify mode).
+_resolved = Table("dispatch cache: resolutions (verify mode)", 4096)
+_DISPATCH_KEY = ("primitive and input types", "rules generation")
+
+
+def verify_dispatch(key: Any, resolution: Any, generation: int) -> None:
+    """Verify mode: compare the `resolution` (a `quax.Resolution`) of the dispatch
+    cache's `key`, made at the registry's `generation`, with the first one made
+    for that key, and raise when they chose otherwise."""
+    made = _resolved.get(key)
+    if made is None:
+        _resolved.put(key, (resolution, generation))
+        return
+    first, made_at = made
+    if (first.kind, first.function) != (resolution.kind, resolution.function):
+        raise mismatch(
+            "rules (the dispatch cache)",
+            f"the rule chosen ({resolution.reason}, where it chose {first.reason})",
+            _DISPATCH_KEY,
+            (key, made_at),
+            (key, generation),
+        )

@@ -592,7 +592,7 @@ def rule_for(primitive: Primitive, values: Sequence[Any]) -> Rule:
     if _caches.verifying:
         # The dispatch cache stays empty (every primitive resolves here), and
         # each resolution is compared with the first one for its key.
-        _verify(key, resolution, generation)
+        _caches.verify_dispatch(key, resolution, generation)
         return rule
     with _lock:
         # Not when a rule was registered meanwhile: it may resolve otherwise now.
@@ -607,22 +607,3 @@ def rule_for(primitive: Primitive, values: Sequence[Any]) -> Rule:
 MAX_DISPATCH = 4096
 _caches.on_invalidate(_cache.clear)
 _caches.measured("dispatch cache", lambda: (len(_cache), str(MAX_DISPATCH)))
-# Verify mode: the first resolution of each key, and the generation it was made at.
-_resolved = _caches.Table("dispatch cache: resolutions (verify mode)", MAX_DISPATCH)
-_DISPATCH_KEY = ("primitive and input types", "rules generation")
-
-
-def _verify(key: Any, resolution: Resolution, generation: int) -> None:
-    made = _resolved.get(key)
-    if made is None:
-        _resolved.put(key, (resolution, generation))
-        return
-    first, made_at = made
-    if (first.kind, first.function) != (resolution.kind, resolution.function):
-        raise _caches.mismatch(
-            "rules (the dispatch cache)",
-            f"the rule chosen ({resolution.reason}, where it chose {first.reason})",
-            _DISPATCH_KEY,
-            (key, made_at),
-            (key, generation),
-        )
