@@ -350,22 +350,34 @@ def set_jax_array_conversion(convert: Callable[[Value], Any]) -> None:
     _jax_array_conversion = convert
 
 
-@ft.lru_cache(maxsize=1024)
+# `_defines_operator`'s answers, by value type and method name.
+_operators_defined: dict[tuple[type, str], bool] = {}
+
+
 def _defines_operator(cls: type, name: str) -> bool:
     """Whether the value type `cls` defines the operator method `name` itself (or a
     base between it and `Value` does), rather than inheriting `eqx.Module`'s or
     `object`'s."""
+    try:
+        return _operators_defined[cls, name]
+    except KeyError:
+        pass
+    defined = False
     for base in cls.__mro__:
         if base is Value:
-            return False
+            break
         if name in vars(base):
-            return True
-    return False
+            defined = True
+            break
+    _operators_defined[cls, name] = defined
+    return defined
 
 
 def _forget_class(cls: type) -> None:
     value_classes.discard(cls)
     _inherited_lookup.discard(cls)
+    for key in [k for k in _operators_defined if k[0] is cls]:
+        del _operators_defined[key]
 
 
 ValueLike: TypeAlias = Value | ArrayLike
