@@ -230,3 +230,23 @@ def test_a_buffer_of_signed_zeros_keeps_its_signs() -> None:
         assert isinstance(out, Tagged) and out.tag == "m"
         np.testing.assert_array_equal(out.array, expected)
         np.testing.assert_array_equal(np.signbit(out.array), np.signbit(expected))
+
+
+def test_fills_of_nans_with_other_signs_are_other_fills() -> None:
+    # A select between two fills is one of them only when they are the same array
+    # bit for bit: +NaN and -NaN (and 0.0 and -0.0) are not (their `repr`s once
+    # made +NaN and -NaN one key, and the select gave the first fill's sign).
+    from quax._joins import Fill
+
+    nan = float("nan")
+    plus = Fill(nan, (3,), jnp.dtype(jnp.float32))
+    minus = Fill(-nan, (3,), jnp.dtype(jnp.float32))
+    assert plus.key == Fill(nan, (3,), jnp.dtype(jnp.float32)).key
+    assert plus.key != minus.key
+    assert Fill(0.0, (3,), jnp.dtype(jnp.float32)).key != (
+        Fill(-0.0, (3,), jnp.dtype(jnp.float32)).key
+    )
+    which = jnp.array([0, 1, 1])
+    out = Fill.default(lax.select_n_p, [which, plus, minus], {})
+    got = np.signbit(np.asarray(out.materialise() if isinstance(out, Fill) else out))
+    np.testing.assert_array_equal(got, [False, True, True])

@@ -31,6 +31,7 @@ from ._compat import (
     typeof,
 )
 from ._jaxpr import FOLD_MAX_SIZE, body_arg_names, body_source, known_constant
+from ._keys import static_key
 from ._quaxify import quaxify
 from ._values import Value, materialise_or_explain
 
@@ -391,8 +392,11 @@ class Fill(Value):
     settles_first: ClassVar[bool] = True
 
     @classmethod
-    def of(cls, x: Any) -> "Fill | None":
-        """`x` as a `Fill`, when it is a plain array known to be a constant fill."""
+    def of(cls, x: Any, exact: bool = False) -> "Fill | None":
+        """`x` as a `Fill`, when it is a plain array known to be a constant fill:
+        its elements equal (NaNs of any sign, and zeros of both signs, count as one
+        for a loop's start, whose own array is kept), or with `exact`, the same bit
+        for bit (for a computed array that the `Fill` will stand for)."""
         if isinstance(x, Value):
             return None
         aval = typeof(x)
@@ -404,17 +408,26 @@ class Fill(Value):
         if known is None or known.size == 0:
             return None
         first = known.flat[0]
-        same = known == first
-        if np.issubdtype(known.dtype, np.inexact):
-            same |= np.isnan(known) & np.isnan(first)
+        if exact:
+            # The same element bit for bit: NaNs of one sign and payload, and no
+            # `-0.0` among `0.0`s.
+            flat = np.ascontiguousarray(known).reshape(-1)
+            raw = flat.view(np.uint8).reshape(flat.size, -1)
+            same = raw == raw[0]
+        else:
+            same = known == first
+            if np.issubdtype(known.dtype, np.inexact):
+                same |= np.isnan(known) & np.isnan(first)
         if not np.all(same):
             return None
         return cls(first.item(), aval.shape, aval.dtype)
 
     @property
     def key(self) -> tuple[Any, ...]:
-        """Equal for fills of the same array (NaN included)."""
-        return repr(self.fill), self.shape, self.dtype
+        """Equal for fills of the same array, bit for bit: NaN equals NaN of the
+        same sign and payload, and `0.0` is not `-0.0` (the fill by its bits, as
+        every cache key holds a float)."""
+        return static_key(self.fill), self.shape, self.dtype
 
     def aval(self) -> Any:
         return jax.core.ShapedArray(self.shape, self.dtype)
@@ -439,9 +452,11 @@ class Fill(Value):
         if not any(isinstance(v, Value | Tracer) for v in dense):
             with jax.ensure_compile_time_eval():
                 out = primitive.bind(*dense, **params)
+            # The output stands for the computed array: a fill only where that is
+            # one bit for bit (a select between +NaN and -NaN fills is not).
             if primitive.multiple_results:
-                return [Fill.of(o) or o for o in out]
-            return Fill.of(out) or out
+                return [Fill.of(o, exact=True) or o for o in out]
+            return Fill.of(out, exact=True) or out
         bind = quaxify(lambda *vs: primitive.bind(*vs, **params))
         if primitive in _ANNIHILATED and any(
             isinstance(v, Fill) and v.fill == 0 for v in values
