@@ -73,6 +73,10 @@ def nf4_table(n):
     print("|---|---|---|---|---|")
     for name, b, e1, e2 in rows:
         print(f"| {name} | {b:.4f} | {8 * b:.3f} | {e1:.4f} | {e2:.4f} |")
+    return {
+        name: {"bytes_per_weight": b, "error_normal": e1, "error_t3": e2}
+        for name, b, e1, e2 in rows
+    }
 
 
 def product_table(rounds, n, batches, formats):
@@ -107,6 +111,10 @@ def product_table(rounds, n, batches, formats):
             + " | ".join(f"{results[b][1][name]:.2f}x" for b in batches)
             + " |"
         )
+    return {
+        f"batch_{b}": {"float32_ms": ms, **{f"{k}_vs_float32": v for k, v in r.items()}}
+        for b, (ms, r) in results.items()
+    }
 
 
 def float8_behaviour():
@@ -142,6 +150,7 @@ def calibration_table(rounds, n, batches):
         "per-call | error per-call | error calibrated |"
     )
     print("|---|---|---|---|---|---|---|")
+    figures = {}
     for batch in batches:
         x = jr.normal(jr.PRNGKey(1), (batch, n))
         calls = [
@@ -157,73 +166,78 @@ def calibration_table(rounds, n, batches):
                 jnp.linalg.norm(forward(model, x) - ref) / jnp.linalg.norm(ref)
             )
 
+        row = {
+            "float32_ms": np.median(times[0]) * 1e3,
+            "per_call_vs_float32": ratio(times[1], times[0]),
+            "calibrated_vs_float32": ratio(times[2], times[0]),
+            "calibrated_vs_per_call": ratio(times[2], times[1]),
+            "error_per_call": err(qmodel),
+            "error_calibrated": err(static),
+        }
+        figures[f"batch_{batch}"] = row
         print(
-            f"| {batch} | {np.median(times[0]) * 1e3:.3g} | "
-            f"{ratio(times[1], times[0]):.2f}x | {ratio(times[2], times[0]):.2f}x | "
-            f"{ratio(times[2], times[1]):.2f}x | {err(qmodel):.4f} | "
-            f"{err(static):.4f} |"
+            f"| {batch} | {row['float32_ms']:.3g} | "
+            f"{row['per_call_vs_float32']:.2f}x | "
+            f"{row['calibrated_vs_float32']:.2f}x | "
+            f"{row['calibrated_vs_per_call']:.2f}x | {row['error_per_call']:.4f} | "
+            f"{row['error_calibrated']:.4f} |"
         )
+    return figures
 
 
-def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--only", choices=["nf4", "float8", "calibrate"], default=None)
-    parser.add_argument("--rounds", type=int, default=None)
-    args = parser.parse_args()
-    rounds = args.rounds or (5 if args.quick else 21)
-    n = 512 if args.quick else N
+INT8_AND_FLOAT8 = [
+    ("int8 per channel, weight-only", {"axis": 0, "matmul": "weight_only"}),
+    ("int8 per channel, int8 x int8", {"axis": 0, "matmul": "int8"}),
+    ("e4m3fn per channel, weight-only", {"format": "float8_e4m3fn", "axis": 0}),
+    (
+        "e4m3fn per channel, float8 x float8",
+        {"format": "float8_e4m3fn", "axis": 0, "matmul": "float8"},
+    ),
+    (
+        "e4m3fn per tensor, float8 x float8",
+        {"format": "float8_e4m3fn", "matmul": "float8"},
+    ),
+    ("e5m2 per channel, weight-only", {"format": "float8_e5m2", "axis": 0}),
+    (
+        "e5m2 per channel, float8 x float8",
+        {"format": "float8_e5m2", "axis": 0, "matmul": "float8"},
+    ),
+]
+
+INT4_AND_NF4 = [
+    ("int4 groups of 64 (weight-only)", {"bits": 4, "group_size": 64}),
+    ("NF4 blocks of 64 (weight-only)", {"format": "nf4"}),
+    ("NF4 blocks of 64, double quantisation", {"format": "nf4", "double_quant": True}),
+]
+
+
+def main(quick: bool = False, rounds: int | None = None, only: str | None = None):
+    """Print the tables and return their figures (for `benchmarks/run.py`)."""
+    rounds = rounds or (5 if quick else 21)
+    n = 512 if quick else N
     print(
         f"{datetime.date.today()}, {platform.machine()} {os.cpu_count()} cores, "
         f"{jax.devices()[0].platform}, JAX {jax.__version__}, "
         f"load average {os.getloadavg()[0]:.1f}"
     )
-    if args.only in (None, "nf4"):
-        nf4_table(n)
-        product_table(
-            rounds,
-            n,
-            (1, 16, 256),
-            [
-                ("int4 groups of 64 (weight-only)", {"bits": 4, "group_size": 64}),
-                ("NF4 blocks of 64 (weight-only)", {"format": "nf4"}),
-                (
-                    "NF4 blocks of 64, double quantisation",
-                    {"format": "nf4", "double_quant": True},
-                ),
-            ],
-        )
-    if args.only in (None, "float8"):
+    figures = {}
+    if only in (None, "nf4"):
+        figures["nf4_memory_error"] = nf4_table(n)
+        figures["nf4_matmul"] = product_table(rounds, n, (1, 16, 256), INT4_AND_NF4)
+    if only in (None, "float8"):
         float8_behaviour()
-        product_table(
-            rounds,
-            n,
-            (1, 16, 256),
-            [
-                ("int8 per channel, weight-only", {"axis": 0, "matmul": "weight_only"}),
-                ("int8 per channel, int8 x int8", {"axis": 0, "matmul": "int8"}),
-                (
-                    "e4m3fn per channel, weight-only",
-                    {"format": "float8_e4m3fn", "axis": 0},
-                ),
-                (
-                    "e4m3fn per channel, float8 x float8",
-                    {"format": "float8_e4m3fn", "axis": 0, "matmul": "float8"},
-                ),
-                (
-                    "e4m3fn per tensor, float8 x float8",
-                    {"format": "float8_e4m3fn", "matmul": "float8"},
-                ),
-                ("e5m2 per channel, weight-only", {"format": "float8_e5m2", "axis": 0}),
-                (
-                    "e5m2 per channel, float8 x float8",
-                    {"format": "float8_e5m2", "axis": 0, "matmul": "float8"},
-                ),
-            ],
+        figures["float8_matmul"] = product_table(
+            rounds, n, (1, 16, 256), INT8_AND_FLOAT8
         )
-    if args.only in (None, "calibrate"):
-        calibration_table(rounds, n // 2, (16, 256))
+    if only in (None, "calibrate"):
+        figures["calibrate"] = calibration_table(rounds, n // 2, (16, 256))
+    return figures
 
 
 if __name__ == "__main__":
-    main()
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--only", choices=["nf4", "float8", "calibrate"], default=None)
+    parser.add_argument("--rounds", type=int, default=None)
+    args = parser.parse_args()
+    main(quick=args.quick, rounds=args.rounds, only=args.only)

@@ -66,7 +66,8 @@ def _float_arrays(hlo: str) -> list[tuple[int, ...]]:
 def test_weight_only_batch_dequantises_in_blocks():
     """From 2 rows on the weight-only product dequantises one block of at most
     `BLOCK_ELEMENTS` elements at a time, forward and in the gradient with respect
-    to the activations (the transposed product `g . w`)."""
+    to the activations (the transposed product `g . w`); for integers, NF4 with
+    double quantisation and float8 alike."""
     n, k = 1024, 512  # two blocks of 512 x 512
     assert n * k > qq.BLOCK_ELEMENTS
     dense = jr.normal(jr.PRNGKey(0), (n, k)) / math.sqrt(k)
@@ -74,6 +75,8 @@ def test_weight_only_batch_dequantises_in_blocks():
     for w in (
         qq.quantise(dense, axis=0, matmul="weight_only"),
         qq.quantise(dense, bits=4, group_size=64, symmetric=False),
+        qq.quantise(dense, format="nf4", double_quant=True),
+        qq.quantise(dense, format="float8_e4m3fn", axis=0),
     ):
 
         def grad_x(w, x):

@@ -1,7 +1,8 @@
 """Products with quantised operands, never forming a float copy of the whole weight.
 
-The weight is `W = q * s + o` with `q` integer and the scale `s` and offset
-`o = -z * s` constant on blocks (see `QuantisedArray`). Two paths:
+The weight is `W = q * s + o` with `q` the levels (integers, NF4 levels or float8
+numbers) and the scale `s` and offset `o = -z * s` constant on blocks (see
+`QuantisedArray`). Two paths:
 
 - weight-only: `W` dequantised inside the product. At one row XLA on CPU fuses
   the dequantisation into the product; from two rows on `W` is dequantised one
@@ -10,7 +11,12 @@ The weight is `W = q * s + o` with `q` integer and the scale `s` and offset
 - int8 x int8: `x` quantised per row, the integers multiplied accumulating in
   `int32`, then `x . W = (x . q) * s + (sum of x within blocks) . o` when `s` is
   constant along the contracted axes; groups along a contracted axis become a
-  batch axis of the product, summed after scaling.
+  batch axis of the product, summed after scaling. For float8 weights the same
+  with `x` as float8 of the weight's format, accumulating in float32; with a
+  calibrated `act_scale` (see `quax_quant.calibrate`) `x` takes that one scale
+  instead of each row's absmax. While `calibrate` runs, every product is
+  weight-only and reports the largest activation it meets
+  (`recording_activations`).
 """
 
 import contextvars
