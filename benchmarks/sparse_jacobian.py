@@ -19,19 +19,17 @@ from pathlib import Path
 from typing import Any
 
 import jax
+import jax.numpy as jnp
+import numpy as np
+import quax
+import quax_sparse
 
 
-jax.config.update("jax_enable_x64", True)
-
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-import quax  # noqa: E402
-import quax_sparse  # noqa: E402
-
-
+# Beside this file: `sparse_direct` (the table); in `examples/`: the PDE.
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
-from sparse_direct import markdown_table  # noqa: E402
-from sparse_newton import (  # noqa: E402  # pyright: ignore[reportMissingImports]
+from sparse_direct import in_float64, markdown_table
+from sparse_newton import (  # pyright: ignore[reportMissingImports]
     residual_fn,
     stencil,
 )
@@ -55,6 +53,10 @@ def timed(fn: Callable, x: Any, rounds: int) -> tuple[float, float]:
 
 
 def main(quick: bool = False) -> dict:
+    return in_float64(_main, quick)
+
+
+def _main(quick: bool) -> dict:
     sides = (16, 32, 64, 512) if quick else (16, 32, 64, 128, 256, 512)
     rounds = 3 if quick else 7
     print(

@@ -75,13 +75,18 @@ def test_bool_mask_matmul_as_jax_experimental_sparse():
 
 
 def test_bool_mask_in_where():
-    # `jnp.where(mask, x, 0)` with a sparse mask has no sparse rule yet: refused,
-    # naming `select_n` and the way out; allowed, it is the dense `where`.
+    # `jnp.where(mask, x, 0)` with a sparse mask keeps the mask's pattern (an
+    # entry stored twice counts once); against a nonzero it is refused, naming
+    # `select_n` and the way out, and allowed it is the dense `where`.
     m, want = _bool_masks()["twice"]
     x = np.arange(9.0, dtype=np.float32).reshape(3, 3) + 1
     where = quax.quaxify(lambda m, x: jnp.where(m, x, 0.0))
+    out = where(m, x)
+    assert isinstance(out, BCOO)
+    np.testing.assert_array_equal(out.todense(), np.where(want, x, 0.0))
+    other = quax.quaxify(lambda m, x: jnp.where(m, x, 1.0))
     with pytest.raises(MaterialisationError, match=r"select_n.*allow_materialise"):
-        where(m, x)
+        other(m, x)
     np.testing.assert_array_equal(
-        where(m.enable_materialise(), x), np.where(want, x, 0.0)
+        other(m.enable_materialise(), x), np.where(want, x, 1.0)
     )

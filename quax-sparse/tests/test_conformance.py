@@ -63,14 +63,15 @@ def test_kit_hlo_check_on_the_matvec():
 
 
 # The operations of `quax.testing.strategies.programs` that keep a sparse operand
-# sparse or make it dense by a rule. Not `square` (sparse * sparse is refused), nor
-# `scan` (its carry `carry * 0.5 + row` grows its `nse` every step: a `JoinError`),
+# sparse or make it dense by a rule (`square` is sparse * sparse: the intersection).
+# Not `scan` (its carry `carry * 0.5 + row` grows its `nse` every step: a `JoinError`),
 # nor `cond` (the kit's `quaxify(vmap)` check batches the predicate, and JAX turns
 # the `cond` into a `select_n` of two sparse arrays, which has no sparse rule: the
 # union of two patterns; `cond` itself is tested in test_rules.py and
 # test_joins.py).
 SPARSE_OPS = (
     "neg",
+    "square",
     "scale",
     "sin",
     "tanh",

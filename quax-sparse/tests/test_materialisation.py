@@ -53,7 +53,7 @@ def test_the_core_materialisation_policy(kind):
         (lambda x: x + 1.0, None),
         (lambda x: x**0, "integer_pow"),
         (lambda x: 1.0 / x, "div"),
-        (lambda x: x * x, "mul"),
+        (lambda x: jnp.maximum(x, x), "max"),
         (lambda x: jnp.max(x), "reduce_max"),
         (lambda x: jnp.cumsum(x, 0), "cumsum"),
         (lambda x: jnp.broadcast_to(x[:, :1], (4, 6)), "broadcast_in_dim"),

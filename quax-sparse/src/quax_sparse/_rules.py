@@ -64,6 +64,18 @@ def new_like(
     )
 
 
+def with_data(x: BCOO, data: Array) -> BCOO:
+    """`x` with other stored values at the same positions (flags kept)."""
+    return new_like(
+        x,
+        data,
+        x.indices,
+        x.shape,
+        indices_sorted=x.indices_sorted,
+        unique_indices=x.unique_indices,
+    )
+
+
 def unbatch(x: BCOO) -> BCOO:
     """`x` with every dimension sparse (`n_batch = 0`): `prod(batch) * nse` entries,
     the batch coordinates as leading index columns. Order and uniqueness are kept."""
@@ -183,15 +195,7 @@ def _on_data(
     """`primitive` applied to the stored values of `x`, merged first unless `linear`."""
     if not linear:
         x = unique(x)
-    data = primitive.bind(x.data, **params)
-    return new_like(
-        x,
-        data,
-        x.indices,
-        x.shape,
-        indices_sorted=x.indices_sorted,
-        unique_indices=x.unique_indices,
-    )
+    return with_data(x, primitive.bind(x.data, **params))
 
 
 @quax.register_elementwise(quax.ZERO_PRESERVING)
@@ -282,15 +286,7 @@ def _scale(
     else:
         factor = jnp.broadcast_to(y, x.data.shape)
     args = (factor, x.data) if y_first else (x.data, factor)
-    data = primitive.bind(*args, **params)
-    return new_like(
-        x,
-        data,
-        x.indices,
-        x.shape,
-        indices_sorted=x.indices_sorted,
-        unique_indices=x.unique_indices,
-    )
+    return with_data(x, primitive.bind(*args, **params))
 
 
 @quax.register(prims.mul_p)
@@ -375,6 +371,196 @@ def _register_sum(primitive: Primitive) -> None:
 
 for _p in (prims.add_p, prims.add_jaxvals_p, prims.sub_p):
     _register_sum(_p)
+
+
+# Sparse x sparse elementwise: the intersection ---------------------------------------
+
+
+def _flat_keys(x: BCOO) -> Array:
+    """The row-major position of each entry of an unbatched `x` (int32; the
+    caller checks that the positions fit), `prod(shape)` at padding."""
+    ok = valid_mask(x.indices, x.shape)
+    key = jnp.zeros(x.indices.shape[:-1], jnp.int32)
+    for c, size in enumerate(x.shape):
+        key = key * size + x.indices[:, c].astype(jnp.int32)
+    return jnp.where(ok, key, math.prod(x.shape))
+
+
+def _intersect(primitive: Primitive, x: BCOO, y: BCOO, params: dict[str, Any]) -> Any:
+    """`x * y` (or `x & y`) of two sparse arrays of the same shape: the entries at
+    the positions both store, `primitive` applied to the pair. The result has the
+    `nse` of the operand with fewer entries (`min(nse(x), nse(y))` times the batch
+    size), unique indices; the others are padding. Positions stored by one operand
+    only are zeros of the other, and stay zero (stored entries annihilate, as in
+    `jax.experimental.sparse`)."""
+    if x.shape != y.shape:
+        return _broadcast_fallback(primitive, (x, y), params)
+    if math.prod(x.shape) >= 2**31 - 1:
+        return _fallback(primitive, (x, y), params)
+    a, b = unique(unbatch(x)), unique(unbatch(y))
+    swap = b.nse < a.nse
+    if swap:  # drive by the operand with fewer entries
+        a, b = b, a
+    a_key, b_key = _flat_keys(a), _flat_keys(b)
+    order = jnp.argsort(b_key)
+    b_sorted = b_key[order]
+    position = jnp.clip(jnp.searchsorted(b_sorted, a_key), 0, max(b.nse - 1, 0))
+    if b.nse == 0:
+        match = jnp.zeros(a_key.shape, bool)
+        partner = jnp.zeros(a.data.shape, b.data.dtype)
+    else:
+        match = (b_sorted[position] == a_key) & (a_key < math.prod(x.shape))
+        partner = b.data[order[position]]
+    pair = (partner, a.data) if swap else (a.data, partner)
+    data = primitive.bind(*pair, **params)
+    data = jnp.where(match, data, jnp.zeros((), data.dtype))
+    fill = jnp.asarray(x.shape, a.indices.dtype)
+    indices = jnp.where(match[:, None], a.indices, fill)
+    return BCOO._from_entries(
+        data,
+        indices,
+        x.shape,
+        x.allow_materialise and y.allow_materialise,
+        unique_indices=True,
+    )
+
+
+@quax.register(prims.mul_p)
+def _(x: BCOO, y: BCOO, **params: Any) -> Any:
+    return _intersect(prims.mul_p, x, y, params)
+
+
+@quax.register(prims.and_p)
+def _(x: BCOO, y: BCOO, **params: Any) -> Any:
+    return _intersect(prims.and_p, x, y, params)
+
+
+# Selection: `jnp.where(mask, x, 0)` ---------------------------------------------------
+
+
+def _zeros(x: Any) -> bool:
+    """Whether the dense operand `x` is known now to be all zeros (a literal or a
+    broadcast of one: `jnp.where(mask, x, 0)`'s zero)."""
+    known = quax.known_constant(x, max_size=max(np.size(x), 1))
+    return known is not None and not np.any(known)
+
+
+def _at_entries(x: BCOO, dense: Any) -> Array:
+    """`dense` (broadcastable to `x.shape`) read at the stored entries of `x`, in
+    the shape of `x.data`."""
+    dense = jnp.asarray(dense)
+    if dense.ndim == 0:
+        return jnp.broadcast_to(dense, x.data.shape)
+    dense = jnp.broadcast_to(dense, x.shape)
+    coords, _ = flat_entries(x.data, x.indices)
+    return gather(dense, coords, tuple(range(x.ndim))).reshape(x.data.shape)
+
+
+def _select(which: Any, cases: Sequence[Any]) -> Any:
+    """`select_n` with a sparse operand against zeros: `where(mask, x, 0)` keeps
+    `x`'s entries where the mask holds (a dense mask read at the entries); a sparse
+    boolean mask picks a dense `x` at its own entries. Anything else (no zero case
+    known now, two sparse cases, a mask that keeps the zeros' side) falls back."""
+    if len(cases) != 2:
+        return None
+    if isinstance(which, BCOO):
+        zeros, x = cases
+        if which.dtype != jnp.bool_ or isinstance(x, BCOO) or not _zeros(zeros):
+            return None
+        if _broadcasts(which, x):
+            return None
+        mask = unique(which)
+        data = jnp.where(mask.data, _at_entries(mask, x), 0).astype(jnp.result_type(x))
+        return new_like(
+            mask,
+            data,
+            mask.indices,
+            mask.shape,
+            indices_sorted=mask.indices_sorted,
+            unique_indices=True,
+        )
+    sparse = [i for i, c in enumerate(cases) if isinstance(c, BCOO)]
+    if len(sparse) != 1 or not _zeros(cases[1 - sparse[0]]):
+        return None
+    x = cases[sparse[0]]
+    if _broadcasts(x, which):
+        return None
+    keep = _at_entries(x, jnp.asarray(which, bool))
+    keep = keep if sparse[0] == 1 else ~keep
+    # `where`, not a product: a NaN entry that the mask drops is dropped.
+    return with_data(x, jnp.where(keep, x.data, jnp.zeros((), x.dtype)))
+
+
+def _register_select(types: tuple[type, type, type]) -> None:
+    @quax.register(prims.select_n_p)
+    def _(which: types[0], a: types[1], b: types[2]) -> Any:  # pyright: ignore
+        out = _select(which, (a, b))
+        return (
+            out if out is not None else _fallback(prims.select_n_p, (which, a, b), {})
+        )
+
+
+for _types in [
+    (ArrayLike, ArrayLike, BCOO),
+    (ArrayLike, BCOO, ArrayLike),
+    (BCOO, ArrayLike, ArrayLike),
+]:
+    _register_select(_types)
+
+
+# Gathering rows: `a[idx]` -------------------------------------------------------------
+
+
+def _is_row_gather(x: BCOO, indices: Any, params: dict[str, Any]) -> bool:
+    dnums = params["dimension_numbers"]
+    return (
+        x.ndim == 2
+        and np.ndim(indices) == 2
+        and np.shape(indices)[1] == 1
+        and tuple(dnums.offset_dims) == (1,)
+        and tuple(dnums.collapsed_slice_dims) == (0,)
+        and tuple(dnums.start_index_map) == (0,)
+        and not tuple(getattr(dnums, "operand_batching_dims", ()))
+        and tuple(params["slice_sizes"]) == (1, x.shape[1])
+    )
+
+
+@quax.register(prims.gather_p)
+def _(x: BCOO, indices: ArrayLike, **params: Any) -> Any:
+    """`a[idx]` for an integer array `idx` (rows of a sparse matrix: neighbour
+    sampling): the product `S @ a` with the selection matrix `S` (one entry per
+    requested row), so the result is sparse with one entry per entry of the rows
+    gathered: exactly that many when the indices are known at trace time, else the
+    bound `len(idx) * min(nse, n_cols)` (`len(idx) * nse` unless `a` has unique
+    indices). Out-of-range rows are clamped, or are zero rows with
+    `mode="fill"`. Other gathers fall back."""
+    mode = params.get("mode")
+    fill = params.get("fill_value")
+    if not _is_row_gather(x, indices, params) or fill not in (None, 0):
+        return _fallback(prims.gather_p, (x, indices), params)
+    m, n = x.shape
+    rows = jnp.asarray(indices)[:, 0]
+    k = rows.shape[0]
+    if mode != lax.GatherScatterMode.FILL_OR_DROP:
+        rows = jnp.clip(rows, 0, max(m - 1, 0))
+    index_dtype = jnp.promote_types(rows.dtype, x.indices.dtype)
+    select = jnp.stack(
+        [jnp.arange(k, dtype=index_dtype), rows.astype(index_dtype)], axis=-1
+    )
+    a = unbatch(x)
+    data, out_indices = dot_sparse_sparse(
+        jnp.ones((k,), x.dtype),
+        select,
+        a.data,
+        a.indices,
+        (k, m, n),
+        x.dtype,
+        a_unique=True,
+        b_unique=a.unique_indices,
+    )
+    return BCOO._from_entries(
+        data, out_indices, (k, n), x.allow_materialise, unique_indices=a.unique_indices
+    )
 
 
 # Structure ----------------------------------------------------------------------------
