@@ -33,6 +33,13 @@ uv run --locked --no-sync ruff format --check --quiet .
 echo "== all distributions together"
 uv run --locked --no-sync pytest -n 2 --dist worksteal -q quax-core/tests "${families[@]/%//tests}" tests
 
+# Cache verify mode: every cache hit (dispatch, compiled eager programs, replays, nested
+# jits) is also recomputed and compared, and a mismatch raises naming the cache and the
+# key component; on the root tests (real programs, families together) and one family.
+echo "== cache verify mode (QUAX_VERIFY_CACHES=1): root tests and quax-quant"
+QUAX_VERIFY_CACHES=1 uv run --locked --no-sync pytest -n 2 --dist worksteal -q \
+    -p no:cacheprovider tests quax-quant/tests --ignore tests/test_docs.py
+
 for fam in "${families[@]}"; do
     echo "== $fam alone with quax-core"
     venv=$(mktemp -d)/venv
