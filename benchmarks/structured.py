@@ -514,8 +514,8 @@ def _woodbury_row(n: int, rounds: int) -> dict[str, Any]:
     error = float(jnp.max(jnp.abs(fns["quax"]() - fns["hand"]())))
     return {
         "n": n,
-        "quax solve": statistics.median(times["quax"]) * 1e6,
-        "hand-written Woodbury": statistics.median(times["hand"]) * 1e6,
+        "quax solve": statistics.median(times["quax"]),
+        "hand-written Woodbury": statistics.median(times["hand"]),
         "quax/hand": _ratio(times, "quax", "hand"),
         "max abs difference": error,
     }
@@ -556,9 +556,9 @@ def _grid_gp_row(side: int, rounds: int, dense_max: int) -> dict[str, Any]:
         dense = jax.jit(jax.grad(dense_loss, argnums=(0, 1, 2)))
         fns["dense"] = lambda: dense(kernel, kernel, jnp.array(0.1))
     times = _timed(fns, rounds)
-    row = {"n": n, "quax grad": statistics.median(times["quax"]) * 1e6}
+    row = {"n": n, "quax grad": statistics.median(times["quax"])}
     if "dense" in fns:
-        row["dense grad"] = statistics.median(times["dense"]) * 1e6
+        row["dense grad"] = statistics.median(times["dense"])
         row["dense/quax"] = _ratio(times, "dense", "quax")
         got, want = fns["quax"](), fns["dense"]()
         row["max relative difference (noise)"] = float(
