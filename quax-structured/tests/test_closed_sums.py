@@ -14,7 +14,13 @@ import quax.testing
 import quax_structured as qs
 
 
-jax.config.update("jax_enable_x64", True)
+@pytest.fixture(autouse=True)
+def _float64():
+    """Every test of this module runs in float64 (without changing the setting
+    for the other modules of the session)."""
+    with jax.enable_x64(True):
+        yield
+
 
 N = 6
 
@@ -27,22 +33,26 @@ def _dense(m):
     return m.enable_materialise().dense()
 
 
-L1 = qs.LowRankPlusDiagonal(3 + jnp.abs(_rand(0, N)), _rand(1, N, 2))
-L2 = qs.LowRankPlusDiagonal(2 + jnp.abs(_rand(2, N)), _rand(3, N, 1), _rand(4, N, 1))
-R = qs.LowRank(_rand(5, N, 2), _rand(6, N, 2))
-S = qs.LowRank(_rand(7, N, 1))
-D = qs.Diagonal(2 + jnp.abs(_rand(8, N)))
+# The module's matrices, built in float64.
+with jax.enable_x64(True):
+    L1 = qs.LowRankPlusDiagonal(3 + jnp.abs(_rand(0, N)), _rand(1, N, 2))
+    L2 = qs.LowRankPlusDiagonal(
+        2 + jnp.abs(_rand(2, N)), _rand(3, N, 1), _rand(4, N, 1)
+    )
+    R = qs.LowRank(_rand(5, N, 2), _rand(6, N, 2))
+    S = qs.LowRank(_rand(7, N, 1))
+    D = qs.Diagonal(2 + jnp.abs(_rand(8, N)))
 
-SUMS = {
-    "L1 + L2": (lambda a, b: a + b, L1, L2, qs.LowRankPlusDiagonal),
-    "L - 3 L": (lambda a, b: a - 3 * a, L1, L2, qs.LowRankPlusDiagonal),
-    "2 L1 - 0.5 L2": (lambda a, b: 2 * a - 0.5 * b, L1, L2, qs.LowRankPlusDiagonal),
-    "L + LowRank": (lambda a, b: a + b, L1, R, qs.LowRankPlusDiagonal),
-    "LowRank + L": (lambda a, b: a + b, R, L2, qs.LowRankPlusDiagonal),
-    "LowRank + LowRank": (lambda a, b: a + b, R, S, qs.LowRank),
-    "Diagonal + LowRank": (lambda a, b: a + b, D, R, qs.LowRankPlusDiagonal),
-    "L + Diagonal": (lambda a, b: a + b, L2, D, qs.LowRankPlusDiagonal),
-}
+    SUMS = {
+        "L1 + L2": (lambda a, b: a + b, L1, L2, qs.LowRankPlusDiagonal),
+        "L - 3 L": (lambda a, b: a - 3 * a, L1, L2, qs.LowRankPlusDiagonal),
+        "2 L1 - 0.5 L2": (lambda a, b: 2 * a - 0.5 * b, L1, L2, qs.LowRankPlusDiagonal),
+        "L + LowRank": (lambda a, b: a + b, L1, R, qs.LowRankPlusDiagonal),
+        "LowRank + L": (lambda a, b: a + b, R, L2, qs.LowRankPlusDiagonal),
+        "LowRank + LowRank": (lambda a, b: a + b, R, S, qs.LowRank),
+        "Diagonal + LowRank": (lambda a, b: a + b, D, R, qs.LowRankPlusDiagonal),
+        "L + Diagonal": (lambda a, b: a + b, L2, D, qs.LowRankPlusDiagonal),
+    }
 
 
 @pytest.mark.parametrize("name", sorted(SUMS))
@@ -77,16 +87,17 @@ def test_symmetric_terms_stay_symmetric():
     assert mixed.v is not None and mixed.u.shape == (N, 3)
 
 
-STRUCTURES = {
-    "Diagonal": qs.Diagonal(jnp.arange(1.0, N + 1)),
-    "TridiagonalMatrix": qs.TridiagonalMatrix(
-        _rand(11, N - 1), 4 + _rand(12, N), _rand(13, N - 1)
-    ),
-    "Banded": qs.Banded(_rand(14, 3, N).at[1].add(4.0), 1, 1),
-    "BlockDiagonal": qs.BlockDiagonal(_rand(15, 3, 2, 2) + 3 * jnp.eye(2)),
-    "LowRankPlusDiagonal": L1,
-    "LowerTriangular": qs.LowerTriangular(_rand(16, N, N) + 4 * jnp.eye(N)),
-}
+with jax.enable_x64(True):
+    STRUCTURES = {
+        "Diagonal": qs.Diagonal(jnp.arange(1.0, N + 1)),
+        "TridiagonalMatrix": qs.TridiagonalMatrix(
+            _rand(11, N - 1), 4 + _rand(12, N), _rand(13, N - 1)
+        ),
+        "Banded": qs.Banded(_rand(14, 3, N).at[1].add(4.0), 1, 1),
+        "BlockDiagonal": qs.BlockDiagonal(_rand(15, 3, 2, 2) + 3 * jnp.eye(2)),
+        "LowRankPlusDiagonal": L1,
+        "LowerTriangular": qs.LowerTriangular(_rand(16, N, N) + 4 * jnp.eye(N)),
+    }
 
 
 @pytest.mark.parametrize("name", sorted(STRUCTURES))
