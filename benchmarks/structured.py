@@ -40,6 +40,7 @@ import jax.numpy as jnp
 import jax.random as jr
 import numpy as np
 import quax
+import quax_structured as qs
 from jax import lax
 from quax_structured import (
     Banded,
@@ -49,7 +50,7 @@ from quax_structured import (
     Toeplitz,
     TridiagonalMatrix,
 )
-from quax_structured._toeplitz import levinson as _levinson
+from quax_structured._kernels import levinson as _levinson
 
 
 # JAX's CPU LAPACK calls (the Kronecker factors' LU and triangular solves, dense
@@ -485,6 +486,115 @@ def _plot(tri: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
+def woodbury_solves(sizes: tuple[int, ...], rounds: int) -> list[dict[str, Any]]:
+    """`jnp.linalg.solve` on a rank-8 `LowRankPlusDiagonal` (Woodbury first, the
+    LU only in a `lax.cond` branch where Woodbury's backward error is too large)
+    against a hand-written Woodbury solve, both under `jit` (issue 29, item 7:
+    the goal is at most 1.5x)."""
+    return [_woodbury_row(n, rounds) for n in sizes]
+
+
+def _woodbury_row(n: int, rounds: int) -> dict[str, Any]:
+    key = jax.random.split(jax.random.key(n), 3)
+    diag = 1 + jax.random.uniform(key[0], (n,))
+    u = jax.random.normal(key[1], (n, 8)) / jnp.sqrt(n)
+    b = jax.random.normal(key[2], (n,))
+    m = qs.LowRankPlusDiagonal(diag, u)
+
+    @jax.jit
+    def hand(diag, u, b):
+        scaled = u / diag[:, None]
+        k = jnp.eye(u.shape[1]) + u.T @ scaled
+        w = b / diag
+        return w - scaled @ jnp.linalg.solve(k, u.T @ w)
+
+    quax_solve = jax.jit(quax.quaxify(jnp.linalg.solve))
+    fns = {"quax": lambda: quax_solve(m, b), "hand": lambda: hand(diag, u, b)}
+    times = _timed(fns, rounds)
+    error = float(jnp.max(jnp.abs(fns["quax"]() - fns["hand"]())))
+    return {
+        "n": n,
+        "quax solve": statistics.median(times["quax"]),
+        "hand-written Woodbury": statistics.median(times["hand"]),
+        "quax/hand": _ratio(times, "quax", "hand"),
+        "max abs difference": error,
+    }
+
+
+def grid_gp(sides: tuple[int, ...], rounds: int, dense_max: int = 4096):
+    """The log marginal likelihood of a Gaussian process on a 2-D grid (`side²`
+    points, a product kernel `A ⊗ B` plus noise `σ² I`, written in plain `jnp`)
+    and its gradient with respect to both factors and the noise, under `jit`,
+    through `KroneckerPlusIdentity` (the factors' eigendecompositions), against
+    the same code on the dense matrix where it fits (n <= `dense_max`)."""
+    rows = [_grid_gp_row(side, rounds, dense_max) for side in sides]
+    ns = np.log([r["n"] for r in rows])
+    exponent = float(np.polyfit(ns, np.log([r["quax grad"] for r in rows]), 1)[0])
+    return {"rows": rows, "exponent": exponent}
+
+
+def _grid_gp_row(side: int, rounds: int, dense_max: int) -> dict[str, Any]:
+    x = jnp.linspace(0, 1, side)
+    kernel = jnp.exp(-((x[:, None] - x[None, :]) ** 2) / 0.1)
+    n = side * side
+    y = jnp.cos(jnp.arange(n) * 0.37)
+
+    def loss(k, s):
+        c = k + s
+        return y @ jnp.linalg.solve(c, y) + jnp.linalg.slogdet(c)[1]
+
+    k = qs.Kronecker(kernel, kernel, symmetric=True)
+    noise = qs.ScaledIdentity(jnp.array(0.1), n)
+    grad = jax.jit(jax.grad(quax.quaxify(loss), argnums=(0, 1)))
+    fns = {"quax": lambda: grad(k, noise)}
+    if n <= dense_max:
+
+        def dense_loss(a, b, s):
+            c = jnp.kron(a, b) + s * jnp.eye(n)
+            return y @ jnp.linalg.solve(c, y) + jnp.linalg.slogdet(c)[1]
+
+        dense = jax.jit(jax.grad(dense_loss, argnums=(0, 1, 2)))
+        fns["dense"] = lambda: dense(kernel, kernel, jnp.array(0.1))
+    times = _timed(fns, rounds)
+    row = {"n": n, "quax grad": statistics.median(times["quax"])}
+    if "dense" in fns:
+        row["dense grad"] = statistics.median(times["dense"])
+        row["dense/quax"] = _ratio(times, "dense", "quax")
+        got, want = fns["quax"](), fns["dense"]()
+        row["max relative difference (noise)"] = float(
+            jnp.abs(got[1].scale - want[2]) / jnp.abs(want[2])
+        )
+    return row
+
+
+def print_closed_forms(quick: bool = False) -> dict[str, Any]:
+    """The sections of issue 29's items 4 and 7: the `LowRankPlusDiagonal` solve
+    against hand-written Woodbury, and the grid Gaussian process."""
+    rounds = 5 if quick else 15
+    wood = woodbury_solves((256, 1024, 4096), rounds)
+    print("\n## D + U Uᵀ solve, rank 8 (microseconds per call)\n")
+    print("| n | quax solve | hand-written Woodbury | quax/hand | max abs difference |")
+    print("|---|---|---|---|---|")
+    for r in wood:
+        print(
+            f"| {r['n']:,} | {_us(r['quax solve'])} | "
+            f"{_us(r['hand-written Woodbury'])} | {r['quax/hand']:.2f} | "
+            f"{_e(r['max abs difference'])} |"
+        )
+    gp = grid_gp((16, 32, 64) if quick else (16, 32, 64, 128, 256), rounds)
+    print("\n## Grid GP: grad of the marginal likelihood (microseconds per call)\n")
+    print("| n | quax | dense | dense/quax | max relative difference (noise) |")
+    print("|---|---|---|---|---|")
+    for r in gp["rows"]:
+        print(
+            f"| {r['n']:,} | {_us(r['quax grad'])} | {_us(r.get('dense grad'))} | "
+            f"{_x(r.get('dense/quax'))} | "
+            f"{_e(r.get('max relative difference (noise)'))} |"
+        )
+    print("\nFitted exponent (time ~ n^k):", round(gp["exponent"], 2))
+    return {"woodbury": wood, "grid_gp": gp}
+
+
 def main(quick: bool = False) -> dict[str, Any]:
     rounds = 5 if quick else 15
     sizes = SIZES[:4] if quick else SIZES
@@ -585,4 +695,13 @@ def main(quick: bool = False) -> dict[str, Any]:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true")
-    main(parser.parse_args().quick)
+    parser.add_argument(
+        "--closed-forms",
+        action="store_true",
+        help="only the LowRankPlusDiagonal solve and the grid Gaussian process",
+    )
+    args = parser.parse_args()
+    if args.closed_forms:
+        print_closed_forms(args.quick)
+    else:
+        main(args.quick)

@@ -14,7 +14,13 @@ import quax
 import quax_structured as qs
 
 
-jax.config.update("jax_enable_x64", True)
+@pytest.fixture(autouse=True)
+def _float64():
+    """Every test of this module runs in float64 (without changing the setting
+    for the other modules of the session)."""
+    with jax.enable_x64(True):
+        yield
+
 
 N = 6
 
@@ -48,8 +54,10 @@ def _structures():
     ]
 
 
-STRUCTURES = _structures()
-IDS = [type(m).__name__ for m in STRUCTURES]
+# The module's matrices, built in float64.
+with jax.enable_x64(True):
+    STRUCTURES = _structures()
+    IDS = [type(m).__name__ for m in STRUCTURES]
 
 
 def _dense(m):

@@ -11,31 +11,33 @@ x = quax.quaxify(jnp.linalg.solve)(T, b)  # O(n), no n x n array
 """
 
 from . import _rules as _rules  # registers the rules
-from ._banded import Banded as Banded
-from ._base import (
-    MaterialisationError as MaterialisationError,
-    StructuredMatrix as StructuredMatrix,
-)
-from ._blockdiagonal import BlockDiagonal as BlockDiagonal
-from ._circulant import Circulant as Circulant, CirculantLU as CirculantLU
-from ._composite import Product as Product, Sum as Sum
-from ._determinant import DeterminantLU as DeterminantLU, HalfSolved as HalfSolved
-from ._diagonal import Diagonal as Diagonal, ScaledIdentity as ScaledIdentity
-from ._kronecker import Kronecker as Kronecker, KroneckerLU as KroneckerLU
 from ._lineax import from_lineax as from_lineax, to_lineax as to_lineax
-from ._lowrank import (
+from ._values import (
+    Banded as Banded,
+    BlockDiagonal as BlockDiagonal,
+    Circulant as Circulant,
+    CirculantLU as CirculantLU,
+    DeterminantLU as DeterminantLU,
+    Diagonal as Diagonal,
+    HalfSolved as HalfSolved,
+    Kronecker as Kronecker,
+    KroneckerEigenLU as KroneckerEigenLU,
+    KroneckerLU as KroneckerLU,
+    KroneckerPlusIdentity as KroneckerPlusIdentity,
+    LowerTriangular as LowerTriangular,
     LowRank as LowRank,
     LowRankPlusDiagonal as LowRankPlusDiagonal,
+    MaterialisationError as MaterialisationError,
+    Product as Product,
+    ScaledIdentity as ScaledIdentity,
     Semiseparable as Semiseparable,
-)
-from ._toeplitz import Toeplitz as Toeplitz, ToeplitzLU as ToeplitzLU
-from ._triangular import (
-    LowerTriangular as LowerTriangular,
-    UpperTriangular as UpperTriangular,
-)
-from ._tridiagonal import (
+    StructuredMatrix as StructuredMatrix,
+    Sum as Sum,
+    Toeplitz as Toeplitz,
+    ToeplitzLU as ToeplitzLU,
     TridiagonalEigenvectors as TridiagonalEigenvectors,
     TridiagonalMatrix as TridiagonalMatrix,
+    UpperTriangular as UpperTriangular,
 )
 
 
@@ -51,6 +53,8 @@ VALUE_TYPES = (
     Semiseparable,
     Kronecker,
     KroneckerLU,
+    KroneckerPlusIdentity,
+    KroneckerEigenLU,
     Banded,
     BlockDiagonal,
     Circulant,

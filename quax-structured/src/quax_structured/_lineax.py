@@ -4,10 +4,10 @@ from typing import Any
 
 import jax.numpy as jnp
 
-from ._base import StructuredMatrix
-from ._diagonal import Diagonal, ScaledIdentity
-from ._triangular import LowerTriangular, UpperTriangular
-from ._tridiagonal import TridiagonalMatrix
+from ._values._base import StructuredMatrix
+from ._values._diagonal import Diagonal, ScaledIdentity
+from ._values._triangular import LowerTriangular, UpperTriangular
+from ._values._tridiagonal import TridiagonalMatrix
 
 
 __all__ = ["from_lineax", "to_lineax"]

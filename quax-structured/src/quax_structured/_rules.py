@@ -10,11 +10,14 @@ import numpy as np
 import quax
 from jax import lax
 from jax.extend.core import primitives as prims
-from jaxtyping import ArrayLike
+from jaxtyping import Array, ArrayLike
 from quax.zero import Zero, is_ieee_strict
 
-from ._base import StructuredMatrix, keep_or_scale
-from ._composite import add, matmul
+from ._kernels import keep_or_scale
+from ._values._base import MaterialisationError, StructuredMatrix
+from ._values._composite import add, closed_sum, matmul
+from ._values._determinant import DeterminantLU, HalfSolved
+from ._values._diagonal import Diagonal, ScaledIdentity
 
 
 def _fallback(primitive: Any, values: list[Any], params: dict[str, Any]) -> Any:
@@ -153,10 +156,13 @@ def _times_dense(x: StructuredMatrix, y: Any, *, select: bool = False) -> Any | 
     if np.ndim(y) != x.ndim or np.broadcast_shapes(np.shape(y), x.shape) != x.shape:
         return None
     out = x.masked(jnp.broadcast_to(y, x.shape), select=select)
-    if out is not None or x.ndim != 2:
+    if out is not None:
         return out
-    i, j = jnp.indices(x.shape)
-    entries = x.entries(i, j)
+    i, j = jnp.indices(x.shape[-2:])
+    read = lambda m: m.entries(i, j)
+    for _ in range(x.ndim - 2):  # each matrix of a batch
+        read = jax.vmap(read)
+    entries = read(x)
     if entries is None:
         return None
     return keep_or_scale(entries, jnp.asarray(y), select=select)
@@ -205,6 +211,78 @@ def _(x: StructuredMatrix, y: StructuredMatrix) -> Any:
     if neg is None or not _same_type(x, y):
         return _fallback(lax.sub_p, [x, y], {})
     return add(x, neg)
+
+
+def _constant_diagonal(x: StructuredMatrix, y: Any) -> np.ndarray | None:
+    """The diagonal of the plain `y` (broadcast to `x`'s shape) where the program
+    shows `y` to be a constant whose off-diagonal entries are all zero (`0.1 *
+    jnp.eye(n)` with a literal `0.1`), else `None`."""
+    if np.ndim(y) > x.ndim:
+        return None
+    known = quax.known_constant(y, 2**62)
+    if known is None:
+        return None
+    try:
+        known = np.broadcast_to(known, x.shape)
+    except ValueError:
+        return None
+    off = ~np.eye(x.shape[-1], dtype=bool)
+    if np.any(known[..., off] != 0):  # NaN counts as nonzero: not diagonal
+        return None
+    return np.diagonal(known, axis1=-2, axis2=-1)
+
+
+def _plus_diagonal(x: StructuredMatrix, d: np.ndarray) -> StructuredMatrix:
+    """`x + diag(d)`: `x + c I` (a `ScaledIdentity`) where every entry of `d` is
+    one `c` and the pair has a closed form (e.g. a symmetric `Kronecker`), else
+    `x.add_diagonal(d)` where the structure keeps one, else `x + Diagonal(d)`
+    (a closed form or a lazy `Sum`)."""
+    dtype = jnp.result_type(x.dtype, d.dtype)
+    flat = d.reshape(-1, d.shape[-1]) if d.size else d
+    if d.size and np.all(flat == flat[:, :1]) and np.all(np.isfinite(d)):
+        scale = jnp.asarray(d[..., 0], dtype)
+        out = closed_sum(x, ScaledIdentity(scale, x.shape[-1]))
+        if out is not None:
+            return out
+    diagonal = jnp.asarray(d, dtype)
+    out = x.add_diagonal(diagonal)
+    return add(x, Diagonal(diagonal)) if out is None else out
+
+
+def _add_dense(values: list[Any], x: StructuredMatrix, y: Any, sign: int) -> Any:
+    """`x + y` (`sign=1`) or `x - y` (`sign=-1`) for a plain `y` that is a constant
+    diagonal (`K + 0.1 * jnp.eye(n)`, as Gaussian-process code adds its noise):
+    the structure kept; anything else refuses, naming the primitive."""
+    d = _constant_diagonal(x, y)
+    out = None if d is None else _plus_diagonal(x, sign * d)
+    if out is None or not _same_type(x, out):
+        primitive = lax.add_p if sign == 1 else lax.sub_p
+        return _fallback(primitive, values, {})
+    return out
+
+
+@quax.register(lax.add_p)
+def _(x: StructuredMatrix, y: ArrayLike) -> Any:
+    return _add_dense([x, y], x, y, 1)
+
+
+@quax.register(lax.add_p)
+def _(y: ArrayLike, x: StructuredMatrix) -> Any:
+    return _add_dense([y, x], x, y, 1)
+
+
+@quax.register(lax.sub_p)
+def _(x: StructuredMatrix, y: ArrayLike) -> Any:
+    return _add_dense([x, y], x, y, -1)
+
+
+@quax.register(lax.sub_p)
+def _(y: ArrayLike, x: StructuredMatrix) -> Any:
+    """`y - x` = `-x + y`."""
+    neg = x.scaled(jnp.asarray(-1, x.dtype))
+    d = _constant_diagonal(x, y)
+    out = None if d is None or neg is None else _plus_diagonal(neg, d)
+    return _fallback(lax.sub_p, [y, x], {}) if out is None else out
 
 
 @quax.register(lax.convert_element_type_p)
@@ -531,3 +609,42 @@ def _(x: StructuredMatrix, *, dimensions: Any) -> Any:
     if out is None:
         return _fallback(lax.squeeze_p, [x], dict(dimensions=dimensions))
     return out
+
+
+# The pivoted solve's second half (see `HalfSolved`) ---------------------------------
+
+
+@quax.register(lax.linalg.triangular_solve_p)
+def _(
+    a: DeterminantLU,
+    b: HalfSolved,
+    *,
+    left_side: bool,
+    lower: bool,
+    transpose_a: bool,
+    unit_diagonal: bool,
+    **params: Any,
+) -> Array:
+    """The second of `lu_solve`'s two triangular solves of a pivoted solve (see
+    `HalfSolved`): the solution the first one computed; anything else refuses."""
+    del params
+    return a.second_half(
+        b,
+        left_side=left_side,
+        lower=lower,
+        transpose_a=transpose_a,
+        unit_diagonal=unit_diagonal,
+    )
+
+
+@quax.register(lax.reshape_p)
+def _(x: HalfSolved, *, new_sizes: Any, dimensions: Any, **params: Any) -> HalfSolved:
+    """`lu_solve` reshapes between its two triangular solves: the first's
+    `HalfSolved` stays one."""
+    del params
+    if dimensions is not None:
+        raise MaterialisationError(
+            "Refusing to materialise `HalfSolved` (primitive `reshape` with "
+            f"`dimensions`): {x.way_out()}"
+        )
+    return x.reshaped(tuple(new_sizes))

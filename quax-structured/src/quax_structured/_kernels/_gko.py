@@ -17,7 +17,7 @@ import jax.numpy as jnp
 from jax import lax
 from jaxtyping import Array
 
-from ._base import dense_triangular_solve
+from ._dense import dense_triangular_solve
 
 
 __all__ = ["gko_pivots", "gko_solve"]

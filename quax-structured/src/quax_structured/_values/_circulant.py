@@ -6,33 +6,17 @@ import abc
 import dataclasses
 from typing import Any
 
-import equinox as eqx
 import jax
 import jax.core
 import jax.numpy as jnp
 from jaxtyping import Array
 
+from .._kernels import circular_convolve
 from ._base import MaterialisationError, StructuredMatrix
 from ._determinant import DeterminantLU
 
 
 __all__ = ["Circulant", "CirculantLU", "SolverLU", "circular_convolve"]
-
-
-def circular_convolve(column: Array, x: Array, inverse: bool = False) -> Array:
-    """`C @ x` (or `C⁻¹ x` when `inverse`) for the circulant `C` with first column
-    `column` (shape `(*batch, n)`) and `x` of shape `(*batch, n, k)`, through the
-    FFT."""
-    n = column.shape[-1]
-    dtype = jnp.result_type(column, x)
-    combine = jnp.divide if inverse else jnp.multiply
-    if jnp.issubdtype(dtype, jnp.complexfloating):
-        spectrum = combine(jnp.fft.fft(x, axis=-2), jnp.fft.fft(column)[..., :, None])
-        out = jnp.fft.ifft(spectrum, axis=-2)
-    else:
-        spectrum = combine(jnp.fft.rfft(x, axis=-2), jnp.fft.rfft(column)[..., :, None])
-        out = jnp.fft.irfft(spectrum, n=n, axis=-2)
-    return out.astype(dtype)
 
 
 class SolverLU(StructuredMatrix):
@@ -52,10 +36,6 @@ class SolverLU(StructuredMatrix):
 
     matrix: StructuredMatrix
 
-    @property
-    def allow_materialise(self) -> bool:  # pyright: ignore[reportIncompatibleVariableOverride]
-        return self.matrix.allow_materialise
-
     def aval(self) -> jax.core.ShapedArray:
         return self.matrix.aval()
 
@@ -72,7 +52,8 @@ class SolverLU(StructuredMatrix):
     def enable_materialise(self, allow: bool = True) -> "SolverLU":
         """A copy whose matrix has `allow_materialise=allow` (the factor itself
         never materialises)."""
-        return dataclasses.replace(self, matrix=self.matrix.enable_materialise(allow))
+        matrix = self.matrix.enable_materialise(allow)
+        return dataclasses.replace(self, matrix=matrix, allow_materialise=allow)
 
     def dense(self) -> Array:
         name = type(self).__name__
@@ -149,7 +130,6 @@ class Circulant(StructuredMatrix):
     """
 
     column: Array
-    allow_materialise: bool = eqx.field(default=False, static=True)
 
     def __check_init__(self):
         if jnp.ndim(self.column) < 1:
@@ -168,7 +148,7 @@ class Circulant(StructuredMatrix):
         return self.column[..., index]
 
     def _with(self, column: Array) -> "Circulant":
-        return Circulant(column, self.allow_materialise)
+        return Circulant(column, allow_materialise=self.allow_materialise)
 
     def transpose(self) -> "Circulant":
         # Cᵀ[i, j] = c[(j - i) mod n]: the first column c[(-i) mod n].
@@ -220,7 +200,9 @@ class Circulant(StructuredMatrix):
         return jnp.take_along_axis(values, order, -1), basis[..., order]
 
     def lu(self) -> DeterminantLU:
-        return DeterminantLU(CirculantLU(self), self)
+        return DeterminantLU(
+            CirculantLU(self, allow_materialise=self.allow_materialise), self
+        )
 
     def determinant(self) -> Array:
         """The product of the eigenvalues `fft(column)`, O(n log n)."""

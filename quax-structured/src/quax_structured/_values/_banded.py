@@ -7,29 +7,20 @@ import jax.numpy as jnp
 from jax import lax
 from jaxtyping import Array
 
-from ._base import (
-    StructuredMatrix,
+from .._kernels import (
     failed_factorisation,
-    is_size,
     keep_or_scale,
     nan_where,
     on_diagonal,
+    pivoted_band_pivots,
+    pivoted_band_solve,
+    shift,
 )
+from ._base import StructuredMatrix, is_size
 from ._determinant import DeterminantLU
 
 
 __all__ = ["Banded"]
-
-
-def _shift(x: Array, s: int) -> Array:
-    """`out[..., i] = x[..., i + s]` along the last axis, zero where out of range."""
-    n = x.shape[-1]
-    if s == 0:
-        return x
-    pad = [(0, 0)] * (x.ndim - 1)
-    if s > 0:
-        return jnp.pad(x[..., s:], [*pad, (0, min(s, n))])[..., :n]
-    return jnp.pad(x[..., : max(n + s, 0)], [*pad, (min(-s, n), 0)])[..., -n:]
 
 
 class Banded(StructuredMatrix):
@@ -54,7 +45,6 @@ class Banded(StructuredMatrix):
     bands: Array
     lower_bandwidth: int = eqx.field(static=True)
     upper_bandwidth: int = eqx.field(static=True)
-    allow_materialise: bool = eqx.field(default=False, static=True)
 
     def __check_init__(self):
         p, q = self.lower_bandwidth, self.upper_bandwidth
@@ -99,12 +89,12 @@ class Banded(StructuredMatrix):
     def _with(self, bands: Array, p: int | None = None, q: int | None = None):
         p = self.lower_bandwidth if p is None else p
         q = self.upper_bandwidth if q is None else q
-        return Banded(bands, p, q, self.allow_materialise)
+        return Banded(bands, p, q, allow_materialise=self.allow_materialise)
 
     def transpose(self) -> "Banded":
         # Aᵀ[i, i + d] = A[i + d, i]: the band at offset -d, shifted by d.
-        rows = [_shift(self._band(-d), d) for d in range(-self.upper_bandwidth, 0)]
-        rows += [_shift(self._band(-d), d) for d in range(self.lower_bandwidth + 1)]
+        rows = [shift(self._band(-d), d) for d in range(-self.upper_bandwidth, 0)]
+        rows += [shift(self._band(-d), d) for d in range(self.lower_bandwidth + 1)]
         return self._with(
             jnp.stack(rows, axis=-2), self.upper_bandwidth, self.lower_bandwidth
         )
@@ -117,7 +107,7 @@ class Banded(StructuredMatrix):
         xt = jnp.swapaxes(x, -1, -2)  # (*batch, k, n)
         out = 0
         for d in self._offsets():
-            out = out + self._band(d)[..., None, :] * _shift(xt, d)
+            out = out + self._band(d)[..., None, :] * shift(xt, d)
         return jnp.swapaxes(out, -1, -2)
 
     def entries(self, i: Array, j: Array) -> Array:
@@ -157,7 +147,7 @@ class Banded(StructuredMatrix):
         return self._with(self.bands * d[..., None, :])
 
     def col_scaled(self, d: Array) -> "Banded":
-        scale = jnp.stack([_shift(d, k) for k in self._offsets()], axis=-2)
+        scale = jnp.stack([shift(d, k) for k in self._offsets()], axis=-2)
         return self._with(self.bands * scale)
 
     def lu(self) -> DeterminantLU:
@@ -168,7 +158,7 @@ class Banded(StructuredMatrix):
         first triangular solve does the whole solve with partial pivoting
         (`pivoted_solve`), the second returns it (see `HalfSolved`). Under `jit`
         a program that only solves computes neither the factors nor the pivots
-        (XLA drops them; `test_pivoted_routes.py` checks the HLO)."""
+        (XLA drops them; `tests/test_pivoting.py` checks the HLO)."""
         return DeterminantLU(self._packed_lu(), self, pivots=self.pivots())
 
     def _packed_lu(self) -> "Banded":
@@ -211,7 +201,7 @@ class Banded(StructuredMatrix):
         _, (u_rows, ells) = lax.scan(step, window0, (new_rows, new_cols))
         u_rows = jnp.moveaxis(u_rows, 0, -1)  # (*batch, q + 1, n)
         ells = jnp.moveaxis(ells, 0, -1)  # (*batch, p, n): ells[r, k] = L[k+1+r, k]
-        lower = [_shift(ells[..., r, :], -(r + 1)) for r in reversed(range(p))]
+        lower = [shift(ells[..., r, :], -(r + 1)) for r in reversed(range(p))]
         packed = jnp.concatenate(
             [jnp.stack(lower, axis=-2), u_rows] if p else [u_rows], axis=-2
         )
@@ -236,17 +226,17 @@ class Banded(StructuredMatrix):
         batch = jnp.broadcast_shapes(full.shape[:-2], b.shape[:-2])
         full = jnp.broadcast_to(full, (*batch, *full.shape[-2:])).astype(dtype)
         b = jnp.broadcast_to(b, (*batch, *b.shape[-2:])).astype(dtype)
-        solve = lambda f, y: _pivoted_band_solve(f, y, p, q)
+        solve = lambda f, y: pivoted_band_solve(f, y, p, q)
         for _ in batch:
             solve = jax.vmap(solve)
         return solve(full, b)
 
     def pivots(self) -> Array:
         """Numbers whose product is the determinant (shape `(*batch, n)`), from
-        the elimination with partial pivoting (`_band_eliminate`), O(n p (p +
+        the elimination with partial pivoting (`band_eliminate`), O(n p (p +
         q)): what `det`/`slogdet` read."""
         p, q = self.lower_bandwidth, self.upper_bandwidth
-        pivots = lambda f: _pivoted_band_pivots(f, p, q)
+        pivots = lambda f: pivoted_band_pivots(f, p, q)
         for _ in self.bands.shape[:-2]:
             pivots = jax.vmap(pivots)
         return pivots(self._band_rows())
@@ -305,77 +295,3 @@ class Banded(StructuredMatrix):
         if not forward:
             out = out[::-1]
         return jnp.moveaxis(out, 0, -2)
-
-
-def _band_eliminate(full: Array, b: Array, p: int, q: int):
-    """Gaussian elimination with partial pivoting for one matrix given by its band
-    rows `full[i, c] = A[i, i - p + c]` (shape `(n, p + q + 1)`), applied to `b`
-    of shape `(n, k)`, as LAPACK's `gbtrf`. Step `k` holds the window `W[r, c] =
-    A'[k + r, k + c]` (`r <= p`, `c <= p + q`) of the matrix being eliminated and
-    the matching rows of the right-hand side: it swaps the row of largest
-    magnitude in column `k` to the top, eliminates below it, and emits the top
-    row (a row of `U`) and its right-hand side; row `k + p + 1` enters untouched
-    (no earlier row reaches its columns). A zero pivot (the column is zero: a
-    singular matrix) eliminates nothing.
-
-    **Returns:**
-
-    `(u, y, swaps)`: `U`'s rows (`u[k, c] = U[k, k + c]`, shape `(n, p + q +
-    1)`), the eliminated right-hand side, and the number of row swaps."""
-    n, width = full.shape
-    w = p + q + 1  # the window's width: U's upper bandwidth grows to p + q
-    rows = jnp.pad(full, [(0, p + 1), (0, w - width)])
-    # Row r holds A[r, c] in the window's columns c = 0 ..: its band row shifted
-    # left by p - r, zero past column q + r.
-    c = jnp.arange(w)
-    window0 = jnp.stack(
-        [jnp.where(c <= q + r, jnp.roll(rows[r], r - p), 0) for r in range(p + 1)]
-    )
-    rhs = jnp.pad(b, [(0, p + 1), (0, 0)])
-
-    def eliminate(carry, new):
-        window, top = carry
-        new_row, new_rhs = new
-        i = jnp.argmax(jnp.abs(window[:, 0]))
-        order = jnp.arange(p + 1).at[0].set(i).at[i].set(0)
-        window, top = window[order], top[order]
-        pivot = window[0, 0]
-        ell = window[1:, 0] / jnp.where(pivot == 0, 1, pivot)
-        below = window[1:, 1:] - ell[:, None] * window[0:1, 1:]
-        below_rhs = top[1:] - ell[:, None] * top[0:1]
-        zero = jnp.zeros((p, 1), window.dtype)
-        nxt = jnp.concatenate([jnp.concatenate([below, zero], 1), new_row[None]], 0)
-        out = (window[0], top[0], i != 0)
-        return (nxt, jnp.concatenate([below_rhs, new_rhs[None]])), out
-
-    carry0 = (window0, rhs[: p + 1])
-    _, (u, y, swapped) = lax.scan(
-        eliminate, carry0, (rows[p + 1 : p + 1 + n], rhs[p + 1 : p + 1 + n])
-    )
-    return u, y, jnp.sum(swapped)
-
-
-def _pivoted_band_solve(full: Array, b: Array, p: int, q: int) -> Array:
-    """`A x = b` with partial pivoting for one matrix given by its band rows (see
-    `_band_eliminate`) and `b` of shape `(n, k)`: the elimination, then a back
-    substitution with `U` (upper bandwidth `p + q`)."""
-    u, y, _ = _band_eliminate(full, b, p, q)
-
-    def substitute(after, xs):
-        # after[j - 1] holds the solution j rows below.
-        u_row, y_row = xs
-        x = (y_row - u_row[1:] @ after) / u_row[0]
-        return jnp.concatenate([x[None], after])[: p + q], x
-
-    after0 = jnp.zeros((p + q, b.shape[-1]), b.dtype)
-    _, x = lax.scan(substitute, after0, (u, y), reverse=True)
-    return x
-
-
-def _pivoted_band_pivots(full: Array, p: int, q: int) -> Array:
-    """Numbers whose product is `det A` for one matrix given by its band rows:
-    the pivots of the elimination with partial pivoting, the first one negated
-    for an odd number of row swaps. Exactly 0 at a singular matrix."""
-    u, _, swaps = _band_eliminate(full, jnp.zeros((full.shape[0], 0), full.dtype), p, q)
-    pivots = u[:, 0]
-    return pivots.at[0].multiply(jnp.where(swaps % 2, -1, 1).astype(pivots.dtype))

@@ -1,5 +1,6 @@
 """`Kronecker` products: products through reshapes, LU and Cholesky through the
-factors."""
+factors; `KroneckerPlusIdentity`, `A ⊗ B + σ² I` (a Gaussian process's covariance
+on a grid with its noise), solved through the factors' eigendecompositions."""
 
 from typing import Literal
 
@@ -10,57 +11,22 @@ import jax.numpy as jnp
 from jax import lax
 from jaxtyping import Array
 
-from ._base import (
-    StructuredMatrix,
-    dense_triangular_solve,
+from .._kernels import (
+    factor_solve,
     failed_factorisation,
+    kron_apply,
+    kron_entries,
     nan_where,
+    on_diagonal,
+    pivots_of,
 )
+from ._base import StructuredMatrix
+from ._circulant import SolverLU
+from ._determinant import DeterminantLU
+from ._diagonal import ScaledIdentity
 
 
-__all__ = ["Kronecker", "KroneckerLU"]
-
-
-def _kron_apply(a: Array, b: Array, x: Array) -> Array:
-    """`(a ⊗ b) @ x` for `x` of shape `(na nb, k)`: `a X bᵀ` per column."""
-    xs = x.reshape(a.shape[1], b.shape[1], x.shape[-1])
-    out = jnp.einsum("ij,jlk,ml->imk", a, xs, b)
-    return out.reshape(a.shape[0] * b.shape[0], x.shape[-1])
-
-
-def _kron_entries(a: Array, b: Array, i: Array, j: Array) -> Array:
-    nb = b.shape[0]
-    return a[i // nb, j // nb] * b[i % nb, j % nb]
-
-
-def _factor_solve(
-    a: Array, b: Array, x: Array, *, lower: bool, transpose_a: bool, unit: bool
-) -> Array:
-    """Solve `op(a ⊗ b) y = x` for triangular factors, one factor at a time."""
-    na, nb = a.shape[0], b.shape[0]
-    xs = x.reshape(na, nb * x.shape[-1])
-    kw = dict(lower=lower, transpose_a=transpose_a, unit_diagonal=unit)
-    ys = dense_triangular_solve(a, xs, **kw)
-    ys = ys.reshape(na, nb, x.shape[-1]).transpose(1, 0, 2).reshape(nb, -1)
-    ys = dense_triangular_solve(b, ys, **kw)
-    return ys.reshape(nb, na, x.shape[-1]).transpose(1, 0, 2).reshape(na * nb, -1)
-
-
-def _pivots_of(perm: Array) -> Array:
-    """The row-swap pivots (as `lax.linalg.lu` returns them) of a permutation."""
-    n = perm.shape[0]
-
-    def step(carry, i):
-        cur, pos = carry  # cur[k]: row at position k; pos[r]: position of row r
-        p = pos[perm[i]]
-        row_i = cur[i]
-        cur = cur.at[p].set(row_i).at[i].set(perm[i])
-        pos = pos.at[row_i].set(p).at[perm[i]].set(i)
-        return (cur, pos), p
-
-    iota = jnp.arange(n, dtype=perm.dtype)
-    _, pivots = lax.scan(step, (iota, iota), iota)
-    return pivots
+__all__ = ["Kronecker", "KroneckerEigenLU", "KroneckerLU", "KroneckerPlusIdentity"]
 
 
 class Kronecker(StructuredMatrix):
@@ -83,7 +49,6 @@ class Kronecker(StructuredMatrix):
     right: Array
     symmetric: bool = eqx.field(default=False, static=True)
     triangle: Literal["lower", "upper"] | None = eqx.field(default=None, static=True)
-    allow_materialise: bool = eqx.field(default=False, static=True)
 
     linear_in_leaves = False
 
@@ -127,12 +92,30 @@ class Kronecker(StructuredMatrix):
     def scaled(self, s: Array) -> "Kronecker":
         return self._with(self.left * s, self.right)
 
+    def add(self, other: StructuredMatrix) -> "KroneckerPlusIdentity | None":
+        """`A ⊗ B + c I` for a symmetric `Kronecker` (tagged `symmetric=True` or
+        `positive_definite=True`) and a `ScaledIdentity` `c I` (one matrix, no
+        batch): a `KroneckerPlusIdentity`, solved through the factors'
+        eigendecompositions."""
+        if not (isinstance(other, ScaledIdentity) and self.symmetric):
+            return None
+        if jnp.ndim(other.scale) != 0 or self.triangle is not None:
+            return None
+        left, right = self.factors()
+        return KroneckerPlusIdentity(
+            left,
+            right,
+            other.scale,
+            allow_materialise=self.allow_materialise,
+            positive_definite=self.positive_definite and other.positive_definite,
+        )
+
     def matmat(self, x: Array) -> Array:
-        return _kron_apply(*self.factors(), x)
+        return kron_apply(*self.factors(), x)
 
     def entries(self, i: Array, j: Array) -> Array:
         n = self.shape[-1]
-        return _kron_entries(
+        return kron_entries(
             *self.factors(), jnp.clip(i, 0, n - 1), jnp.clip(j, 0, n - 1)
         )
 
@@ -151,7 +134,11 @@ class Kronecker(StructuredMatrix):
         lb, _, perm_b = lax.linalg.lu(right)
         nb = self.right.shape[0]
         perm = (perm_a[:, None] * nb + perm_b[None, :]).reshape(-1)
-        return KroneckerLU(la, lb, self.allow_materialise), _pivots_of(perm), perm
+        return (
+            KroneckerLU(la, lb, allow_materialise=self.allow_materialise),
+            pivots_of(perm),
+            perm,
+        )
 
     def determinant(self) -> Array:
         """`det(A)^nb det(B)^na` for `A ⊗ B` (`A` of size `na`, `B` of size `nb`),
@@ -195,7 +182,7 @@ class Kronecker(StructuredMatrix):
         if (self.triangle == "lower") == lower:
             if unit_diagonal:
                 return None
-            return _factor_solve(
+            return factor_solve(
                 *self.factors(), b, lower=lower, transpose_a=transpose_a, unit=False
             )
         # The other triangle of a triangular Kronecker product is its diagonal.
@@ -218,7 +205,6 @@ class KroneckerLU(StructuredMatrix):
 
     left: Array
     right: Array
-    allow_materialise: bool = eqx.field(default=False, static=True)
 
     linear_in_leaves = False
 
@@ -245,8 +231,8 @@ class KroneckerLU(StructuredMatrix):
         n = self.shape[-1]
         i, j = jnp.clip(i, 0, n - 1), jnp.clip(j, 0, n - 1)
         la, lb, ua, ub = self._factors()
-        upper = _kron_entries(ua, ub, i, j)
-        return jnp.where(i > j, _kron_entries(la, lb, i, j), upper)
+        upper = kron_entries(ua, ub, i, j)
+        return jnp.where(i > j, kron_entries(la, lb, i, j), upper)
 
     def triangular_solve(
         self, b: Array, *, lower: bool, transpose_a: bool, unit_diagonal: bool
@@ -254,7 +240,7 @@ class KroneckerLU(StructuredMatrix):
         if lower != unit_diagonal:
             # tril with the U diagonal, or triu with a unit one: not a product.
             return None
-        return _factor_solve(
+        return factor_solve(
             self.left,
             self.right,
             b,
@@ -262,3 +248,138 @@ class KroneckerLU(StructuredMatrix):
             transpose_a=transpose_a,
             unit=unit_diagonal,
         )
+
+
+class KroneckerPlusIdentity(StructuredMatrix):
+    """`A ⊗ B + scale · I` for symmetric `A` (size `na`) and `B` (size `nb`): the
+    covariance of a Gaussian process on a grid (a product kernel) plus its noise,
+    as `K + noise * jnp.eye(n)` or `K + ScaledIdentity(noise, n)` builds it from a
+    symmetric `Kronecker` `K`. With `A = Qa Λa Qaᵀ` and `B = Qb Λb Qbᵀ`, it is
+    `(Qa ⊗ Qb)(Λa ⊗ Λb + scale)(Qa ⊗ Qb)ᵀ`: `jnp.linalg.solve`, `slogdet` and
+    `det` cost the factors' eigendecompositions, O(na³ + nb³), and O(n (na + nb))
+    per right-hand side, for `n = na nb`; products cost O(n (na + nb)). No `(n, n)`
+    array is formed.
+
+    **Fields:**
+
+    - `left`, `right`: the factors `A`, `B`, symmetrised (`(a + aᵀ) / 2`) wherever
+        they are read.
+    - `scale`: a scalar.
+    - `allow_materialise`, `positive_definite`: as for every structure (static).
+    """
+
+    left: Array
+    right: Array
+    scale: Array
+
+    linear_in_leaves = False
+
+    def __check_init__(self):
+        for name in ("left", "right"):
+            shape = jnp.shape(getattr(self, name))
+            if len(shape) != 2 or shape[0] != shape[1]:
+                raise ValueError(
+                    f"`KroneckerPlusIdentity` needs square 2-dimensional factors, got "
+                    f"`{name}` of shape {shape}."
+                )
+        if jnp.ndim(self.scale) != 0:
+            raise ValueError(
+                "`KroneckerPlusIdentity` needs a scalar `scale`; got `scale` of shape "
+                f"{jnp.shape(self.scale)}."
+            )
+
+    @property
+    def symmetric(self) -> bool:
+        return True
+
+    def factors(self) -> tuple[Array, Array]:
+        """The two factors, symmetrised."""
+        return (self.left + self.left.T) / 2, (self.right + self.right.T) / 2
+
+    def aval(self) -> jax.core.ShapedArray:
+        n = self.left.shape[0] * self.right.shape[0]
+        dtype = jnp.result_type(self.left, self.right, self.scale)
+        return jax.core.ShapedArray((n, n), dtype)
+
+    def dense(self) -> Array:
+        n = self.shape[-1]
+        identity = on_diagonal(jnp.full((n,), self.scale, self.dtype))
+        return jnp.kron(*self.factors()).astype(self.dtype) + identity
+
+    def _with(self, left: Array, right: Array, scale: Array) -> "KroneckerPlusIdentity":
+        return KroneckerPlusIdentity(
+            left, right, scale, allow_materialise=self.allow_materialise
+        )
+
+    def transpose(self) -> "KroneckerPlusIdentity":
+        return self
+
+    def scaled(self, s: Array) -> "KroneckerPlusIdentity":
+        return self._with(self.left * s, self.right, self.scale * s)
+
+    def matmat(self, x: Array) -> Array:
+        return kron_apply(*self.factors(), x) + self.scale * x
+
+    def entries(self, i: Array, j: Array) -> Array:
+        n = self.shape[-1]
+        i, j = jnp.clip(i, 0, n - 1), jnp.clip(j, 0, n - 1)
+        identity = jnp.where(i == j, self.scale, jnp.zeros((), self.dtype))
+        return kron_entries(*self.factors(), i, j) + identity
+
+    def add(self, other: StructuredMatrix) -> "KroneckerPlusIdentity | None":
+        if isinstance(other, ScaledIdentity) and jnp.ndim(other.scale) == 0:
+            return self._with(self.left, self.right, self.scale + other.scale)
+        return None
+
+    def eigenvalues(self) -> Array:
+        """`λa_i λb_j + scale` (real), in the factors' order."""
+        (wa, _), (wb, _) = (jnp.linalg.eigh(f) for f in self.factors())
+        return (jnp.outer(wa, wb).reshape(-1) + self.scale).astype(self.dtype)
+
+    def lu(self) -> DeterminantLU:
+        """Not LU factors: a `KroneckerEigenLU`, the factors' eigendecompositions,
+        which `jnp.linalg.solve`'s two triangular solves use as one solve, and
+        whose diagonal holds the eigenvalues (`slogdet`, `det`)."""
+        (wa, qa), (wb, qb) = (jnp.linalg.eigh(f) for f in self.factors())
+        solver = KroneckerEigenLU(
+            self, wa, qa, wb, qb, allow_materialise=self.allow_materialise
+        )
+        return DeterminantLU(solver, self)
+
+    def log_determinant(self) -> tuple[Array, Array]:
+        """`Σ log |λa_i λb_j + scale|` and the sign of the product, through the
+        factors' eigenvalues (differentiable: `slogdet`'s derivative is theirs)."""
+        w = self.eigenvalues()
+        return jnp.prod(jnp.sign(w)), jnp.sum(jnp.log(jnp.abs(w)))
+
+    def determinant(self) -> Array:
+        return jnp.prod(self.eigenvalues())
+
+
+class KroneckerEigenLU(SolverLU):
+    """`lax.linalg.lu` of a `KroneckerPlusIdentity` (see `SolverLU`): the factors'
+    eigendecompositions, `A = Qa Λa Qaᵀ`, `B = Qb Λb Qbᵀ`. Its solve is
+    `(Qa ⊗ Qb) (Λa ⊗ Λb + scale)⁻¹ (Qa ⊗ Qb)ᵀ b`, O(n (na + nb)) per column (the
+    matrix is symmetric: the transposed solve is the same); its pivots are the
+    eigenvalues `λa_i λb_j + scale`.
+
+    **Fields:**
+
+    - `matrix`: the `KroneckerPlusIdentity`.
+    - `wa`, `qa`, `wb`, `qb`: the eigenvalues and eigenvectors of the factors.
+    """
+
+    matrix: "KroneckerPlusIdentity"
+    wa: Array
+    qa: Array
+    wb: Array
+    qb: Array
+
+    def pivots(self) -> Array:
+        w = jnp.outer(self.wa, self.wb).reshape(-1) + self.matrix.scale
+        return w.astype(self.dtype)
+
+    def solve(self, b: Array, transpose: bool) -> Array:
+        del transpose  # symmetric
+        rotated = kron_apply(self.qa.T, self.qb.T, b)
+        return kron_apply(self.qa, self.qb, rotated / self.pivots()[:, None])

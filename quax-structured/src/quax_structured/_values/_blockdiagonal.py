@@ -1,20 +1,19 @@
 """`BlockDiagonal`: every operation block by block."""
 
-import equinox as eqx
 import jax
 import jax.core
 import jax.numpy as jnp
 from jax import lax
 from jaxtyping import Array
 
-from ._base import (
-    StructuredMatrix,
+from .._kernels import (
     dense_triangular_solve,
     failed_factorisation,
     keep_or_scale,
     nan_where,
     on_diagonal,
 )
+from ._base import StructuredMatrix
 from ._determinant import DeterminantLU
 
 
@@ -35,7 +34,6 @@ class BlockDiagonal(StructuredMatrix):
     """
 
     blocks: Array
-    allow_materialise: bool = eqx.field(default=False, static=True)
 
     def __check_init__(self):
         if self.blocks.ndim < 3 or self.blocks.shape[-1] != self.blocks.shape[-2]:
@@ -59,7 +57,7 @@ class BlockDiagonal(StructuredMatrix):
         return out.reshape(self.shape)
 
     def _with(self, blocks: Array) -> "BlockDiagonal":
-        return BlockDiagonal(blocks, self.allow_materialise)
+        return BlockDiagonal(blocks, allow_materialise=self.allow_materialise)
 
     def _split(self, x: Array) -> Array:
         """`(*batch, n, ...)` -> `(*batch, m, b, ...)` on the axis `-2`."""

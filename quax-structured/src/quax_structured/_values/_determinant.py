@@ -2,7 +2,6 @@
 `jnp.linalg.solve`, `slogdet` and `det` read; `HalfSolved`: the first half of a
 pivoted solve."""
 
-import dataclasses
 from typing import Any
 
 import equinox as eqx
@@ -10,7 +9,6 @@ import jax
 import jax.core
 import jax.numpy as jnp
 import quax
-from jax import lax
 from jaxtyping import Array
 
 from ._base import MaterialisationError, StructuredMatrix
@@ -50,16 +48,25 @@ class DeterminantLU(StructuredMatrix):
     matrix: StructuredMatrix
     pivots: Array | None = None
 
-    @property
-    def allow_materialise(self) -> bool:  # pyright: ignore[reportIncompatibleVariableOverride]
-        return self.matrix.allow_materialise
+    def __init__(
+        self,
+        factors: StructuredMatrix,
+        matrix: StructuredMatrix,
+        pivots: Array | None = None,
+    ):
+        self.factors = factors
+        self.matrix = matrix
+        self.pivots = pivots
+        # The factors follow the factored matrix's policy.
+        self.allow_materialise = matrix.allow_materialise
+        self.positive_definite = False
 
     def enable_materialise(self, allow: bool = True) -> "DeterminantLU":
         """A copy whose factors and matrix have `allow_materialise=allow`."""
-        return dataclasses.replace(
-            self,
-            factors=self.factors.enable_materialise(allow),
-            matrix=self.matrix.enable_materialise(allow),
+        return DeterminantLU(
+            self.factors.enable_materialise(allow),
+            self.matrix.enable_materialise(allow),
+            self.pivots,
         )
 
     def aval(self) -> jax.core.ShapedArray:
@@ -200,39 +207,3 @@ class HalfSolved(quax.ArrayValue):
         raise MaterialisationError(
             f"Refusing to materialise `HalfSolved`: {self.way_out()}"
         )
-
-
-@quax.register(lax.linalg.triangular_solve_p)
-def _(
-    a: DeterminantLU,
-    b: HalfSolved,
-    *,
-    left_side: bool,
-    lower: bool,
-    transpose_a: bool,
-    unit_diagonal: bool,
-    **params: Any,
-) -> Array:
-    """The second of `lu_solve`'s two triangular solves of a pivoted solve (see
-    `HalfSolved`): the solution the first one computed; anything else refuses."""
-    del params
-    return a.second_half(
-        b,
-        left_side=left_side,
-        lower=lower,
-        transpose_a=transpose_a,
-        unit_diagonal=unit_diagonal,
-    )
-
-
-@quax.register(lax.reshape_p)
-def _(x: HalfSolved, *, new_sizes: Any, dimensions: Any, **params: Any) -> HalfSolved:
-    """`lu_solve` reshapes between its two triangular solves: the first's
-    `HalfSolved` stays one."""
-    del params
-    if dimensions is not None:
-        raise MaterialisationError(
-            "Refusing to materialise `HalfSolved` (primitive `reshape` with "
-            f"`dimensions`): {x.way_out()}"
-        )
-    return x.reshaped(tuple(new_sizes))

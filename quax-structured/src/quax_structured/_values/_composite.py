@@ -4,7 +4,6 @@ that have no closed form (e.g. `TridiagonalMatrix + Circulant`)."""
 import functools as ft
 from typing import Any
 
-import equinox as eqx
 import jax
 import jax.core
 import jax.numpy as jnp
@@ -35,8 +34,6 @@ class _Lazy(StructuredMatrix):
     """What `Sum` and `Product` share: a tuple of parts of one shape, rebuilt
     part by part by the structured operations, and the refusal of factorisations
     that names an iterative solver."""
-
-    allow_materialise: eqx.AbstractVar[bool]
 
     # Linear in the leaves only when every part is (and a sum's): declared for
     # the type.
@@ -82,7 +79,9 @@ class _Lazy(StructuredMatrix):
     def _with(self, parts: list[StructuredMatrix] | None) -> Any:
         """The same kind of matrix over `parts`; `None` for `None`."""
         return (
-            None if parts is None else type(self)(tuple(parts), self.allow_materialise)
+            None
+            if parts is None
+            else type(self)(tuple(parts), allow_materialise=self.allow_materialise)
         )
 
     def _each(self, method: str, *args: Any) -> list[Any] | None:
@@ -122,7 +121,6 @@ class Sum(_Lazy):
     """
 
     terms: tuple[StructuredMatrix, ...]
-    allow_materialise: bool = eqx.field(default=False, static=True)
 
     @property
     def parts(self) -> tuple[StructuredMatrix, ...]:
@@ -178,7 +176,6 @@ class Product(_Lazy):
     """
 
     factors: tuple[StructuredMatrix, ...]
-    allow_materialise: bool = eqx.field(default=False, static=True)
 
     @property
     def parts(self) -> tuple[StructuredMatrix, ...]:
@@ -245,7 +242,9 @@ def add(x: StructuredMatrix, y: StructuredMatrix) -> StructuredMatrix:
             else:
                 terms.append(term)
         allow = x.allow_materialise and y.allow_materialise
-        out = terms[0] if len(terms) == 1 else Sum(tuple(terms), allow)
+        out = (
+            terms[0] if len(terms) == 1 else Sum(tuple(terms), allow_materialise=allow)
+        )
     if x.positive_definite and y.positive_definite and not out.positive_definite:
         out = out.with_tags(positive_definite=True)
     return out
@@ -278,4 +277,4 @@ def matmul(x: StructuredMatrix, y: StructuredMatrix) -> StructuredMatrix:
     if len(factors) == 1:
         return factors[0]
     allow = x.allow_materialise and y.allow_materialise
-    return Product(tuple(factors), allow)
+    return Product(tuple(factors), allow_materialise=allow)

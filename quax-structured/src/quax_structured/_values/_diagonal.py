@@ -6,14 +6,8 @@ import jax.core
 import jax.numpy as jnp
 from jaxtyping import Array
 
-from ._base import (
-    StructuredMatrix,
-    failed_factorisation,
-    is_size,
-    keep_or_scale,
-    nan_where,
-    on_diagonal,
-)
+from .._kernels import failed_factorisation, keep_or_scale, nan_where, on_diagonal
+from ._base import StructuredMatrix, is_size
 from ._determinant import DeterminantLU
 
 
@@ -30,7 +24,6 @@ class Diagonal(StructuredMatrix):
     """
 
     diag: Array
-    allow_materialise: bool = eqx.field(default=False, static=True)
 
     def __check_init__(self):
         if jnp.ndim(self.diag) < 1:
@@ -54,7 +47,7 @@ class Diagonal(StructuredMatrix):
         return self
 
     def map_leaves(self, fn) -> "Diagonal":
-        return Diagonal(fn(self.diag), self.allow_materialise)
+        return Diagonal(fn(self.diag), allow_materialise=self.allow_materialise)
 
     def matmat(self, x: Array) -> Array:
         return self.diag[..., :, None] * x
@@ -76,20 +69,22 @@ class Diagonal(StructuredMatrix):
         return other.row_scaled(self.diag)
 
     def row_scaled(self, d: Array) -> "Diagonal":
-        return Diagonal(d * self.diag, self.allow_materialise)
+        return Diagonal(d * self.diag, allow_materialise=self.allow_materialise)
 
     def col_scaled(self, d: Array) -> "Diagonal":
-        return Diagonal(self.diag * d, self.allow_materialise)
+        return Diagonal(self.diag * d, allow_materialise=self.allow_materialise)
 
     def add(self, other: StructuredMatrix) -> StructuredMatrix | None:
         if isinstance(other, Diagonal):
-            return Diagonal(self.diag + other.diag, self.allow_materialise)
+            return Diagonal(
+                self.diag + other.diag, allow_materialise=self.allow_materialise
+            )
         if hasattr(other, "add_diagonal"):
             return other.add_diagonal(self.diag)
         return None
 
     def add_diagonal(self, d: Array) -> "Diagonal":
-        return Diagonal(self.diag + d, self.allow_materialise)
+        return Diagonal(self.diag + d, allow_materialise=self.allow_materialise)
 
     def lu(self) -> DeterminantLU:
         # L = I and U = D: the packed factors are the matrix itself.
@@ -131,7 +126,6 @@ class ScaledIdentity(StructuredMatrix):
 
     scale: Array
     n: int = eqx.field(static=True)
-    allow_materialise: bool = eqx.field(default=False, static=True)
 
     def __check_init__(self):
         if not is_size(self.n):
@@ -152,7 +146,9 @@ class ScaledIdentity(StructuredMatrix):
         return self
 
     def map_leaves(self, fn) -> "ScaledIdentity":
-        return ScaledIdentity(fn(self.scale), self.n, self.allow_materialise)
+        return ScaledIdentity(
+            fn(self.scale), self.n, allow_materialise=self.allow_materialise
+        )
 
     def matmat(self, x: Array) -> Array:
         return jnp.asarray(self.scale)[..., None, None] * x
@@ -167,7 +163,7 @@ class ScaledIdentity(StructuredMatrix):
         d = jnp.broadcast_to(
             jnp.asarray(self.scale)[..., None], (*jnp.shape(self.scale), self.n)
         )
-        return Diagonal(d, self.allow_materialise)
+        return Diagonal(d, allow_materialise=self.allow_materialise)
 
     def row_scaled(self, d: Array) -> Diagonal:
         return self._as_diagonal().row_scaled(d)
@@ -183,7 +179,9 @@ class ScaledIdentity(StructuredMatrix):
     def add(self, other: StructuredMatrix) -> StructuredMatrix | None:
         if isinstance(other, ScaledIdentity):
             return ScaledIdentity(
-                self.scale + other.scale, self.n, self.allow_materialise
+                self.scale + other.scale,
+                self.n,
+                allow_materialise=self.allow_materialise,
             )
         if hasattr(other, "add_diagonal"):
             return other.add_diagonal(self._as_diagonal().diag)

@@ -2,57 +2,18 @@
 solves and determinants with partial pivoting (GKO, `_gko.py`), O(n²), or through
 the Levinson recursion where the matrix is tagged positive definite."""
 
-import equinox as eqx
 import jax
 import jax.core
 import jax.numpy as jnp
-from jax import lax
 from jaxtyping import Array
 
+from .._kernels import batched, circular_convolve, gko_pivots, gko_solve, levinson
 from ._base import StructuredMatrix
-from ._circulant import SolverLU, circular_convolve
+from ._circulant import SolverLU
 from ._determinant import DeterminantLU
-from ._gko import batched, gko_pivots, gko_solve
 
 
 __all__ = ["Toeplitz", "ToeplitzLU", "levinson"]
-
-
-def levinson(column: Array, row: Array, b: Array) -> tuple[Array, Array]:
-    """Solve `T x = b` for the Toeplitz `T` (first column `column`, first row
-    `row`, both of shape `(n,)`) and `b` of shape `(n, k)`, by the Levinson
-    recursion: O(n² (k + 1)) time, O(n k) memory.
-
-    Like LU without pivoting, it needs every leading principal submatrix of `T`
-    to be nonsingular (true for positive definite or diagonally dominant `T`),
-    and it is not backward stable for indefinite matrices.
-
-    **Returns:**
-
-    `(x, pivots)`: the solution, and the pivots of `T`'s LU factorisation without
-    pivoting (`pivots[m] = det T[:m+1, :m+1] / det T[:m, :m]`).
-    """
-    n = column.shape[-1]
-    index = jnp.arange(n)
-    t0 = column[0]
-    # Forward and backward vectors (T_m f = e_1, T_m g = e_m) and the solution of
-    # the leading m x m system, left-aligned in length-n arrays.
-    f = jnp.zeros(n, column.dtype).at[0].set(1 / t0)
-    x = jnp.zeros(b.shape, jnp.result_type(column, b)).at[0].set(b[0] / t0)
-
-    def step(carry, m):
-        f, g, x = carry
-        lower = column[jnp.clip(m - index, 0, n - 1)]  # T[m, i] for i < m
-        upper = row[jnp.clip(index + 1, 0, n - 1)]  # T[0, i + 1]
-        ef, eg = lower @ f, upper @ g
-        shifted = jnp.roll(g, 1)
-        denominator = 1 - ef * eg
-        f, g = (f - ef * shifted) / denominator, (shifted - eg * f) / denominator
-        x = x + jnp.outer(g, b[m] - lower @ x)
-        return (f, g, x), g[m]
-
-    (_, _, x), last = lax.scan(step, (f, f, x), jnp.arange(1, n))
-    return x, jnp.concatenate([t0[None], 1 / last])
 
 
 class ToeplitzLU(SolverLU):
@@ -114,7 +75,6 @@ class Toeplitz(StructuredMatrix):
 
     column: Array
     row: Array
-    allow_materialise: bool = eqx.field(default=False, static=True)
 
     def __check_init__(self):
         if self.column.shape != self.row.shape or self.column.dtype != self.row.dtype:
@@ -134,7 +94,7 @@ class Toeplitz(StructuredMatrix):
         return jnp.where(i >= j, self.column[..., i - j], self.row[..., j - i])
 
     def _with(self, column: Array, row: Array) -> "Toeplitz":
-        return Toeplitz(column, row, self.allow_materialise)
+        return Toeplitz(column, row, allow_materialise=self.allow_materialise)
 
     def transpose(self) -> "Toeplitz":
         row = self.column
@@ -164,8 +124,10 @@ class Toeplitz(StructuredMatrix):
         """A `ToeplitzLU` (a solver in place of factors) and its pivots: where a
         pivoted factorisation meets a zero pivot, the matrix is singular and
         `det` is 0 (not NaN, as for an LU without pivoting)."""
-        values = ToeplitzLU(self).pivots()
-        return DeterminantLU(ToeplitzLU(self, values=values), self, pivots=values)
+        allow = self.allow_materialise
+        values = ToeplitzLU(self, allow_materialise=allow).pivots()
+        solver = ToeplitzLU(self, values=values, allow_materialise=allow)
+        return DeterminantLU(solver, self, pivots=values)
 
     def add(self, other: StructuredMatrix) -> "Toeplitz | None":
         if isinstance(other, Toeplitz):

@@ -13,38 +13,10 @@ import jax.numpy as jnp
 import jax.tree_util as jtu
 import numpy as np
 import quax
-from jax import lax
 from jaxtyping import Array
 
 
-__all__ = [
-    "MaterialisationError",
-    "StructuredMatrix",
-    "dense_triangular_solve",
-    "failed_factorisation",
-    "is_size",
-    "keep_or_scale",
-    "nan_where",
-    "on_diagonal",
-]
-
-
-def dense_triangular_solve(
-    a: Array, b: Array, *, lower: bool, transpose_a: bool, unit_diagonal: bool
-) -> Array:
-    """`lax.linalg.triangular_solve(a, b, left_side=True, ...)` through a unit
-    diagonal: the rows of `a` (and `b`) are scaled by `1 / diag(a)` first. On JAX
-    0.10's CPU backend a non-unit triangular solve is about 1000x slower than a
-    unit one (15 ms against 20 us for 32 x 32)."""
-    kw = dict(left_side=True, lower=lower, transpose_a=transpose_a)
-    if unit_diagonal:
-        return lax.linalg.triangular_solve(a, b, unit_diagonal=True, **kw)
-    d = jnp.diagonal(a, axis1=-2, axis2=-1)[..., :, None]
-    scaled = a / d  # D⁻¹ A has a unit diagonal
-    if transpose_a:
-        # Aᵀ x = b  <=>  (D⁻¹A)ᵀ (D x) = b.
-        return lax.linalg.triangular_solve(scaled, b, unit_diagonal=True, **kw) / d
-    return lax.linalg.triangular_solve(scaled, b / d, unit_diagonal=True, **kw)
+__all__ = ["MaterialisationError", "StructuredMatrix", "is_size"]
 
 
 def is_size(x: Any) -> bool:
@@ -56,41 +28,6 @@ def is_size(x: Any) -> bool:
         return operator.index(x) >= 0
     except TypeError:
         return False
-
-
-def on_diagonal(values: Array, k: int = 0) -> Array:
-    """The `(*batch, m + |k|, m + |k|)` matrix holding `values` (shape `(*batch,
-    m)`) on its `k`-th diagonal and zeros elsewhere. Written as a scatter, not as
-    `values * eye`, so that a NaN or infinite entry stays where it is (a product
-    with the identity's zeros would spread NaN along its row)."""
-    m = values.shape[-1]
-    n = m + abs(k)
-    rows = jnp.arange(m) + max(-k, 0)
-    out = jnp.zeros((*values.shape[:-1], n, n), values.dtype)
-    return out.at[..., rows, rows + k].set(values)
-
-
-def keep_or_scale(leaf: Array, y: Array, *, select: bool) -> Array:
-    """`leaf * y`, or with `select`, `leaf` where `y` is nonzero and zero elsewhere
-    (`jnp.where`'s semantics: a NaN in `leaf` where `y` is zero is dropped, as
-    `jnp.where(mask, x, 0)` drops it)."""
-    if select:
-        return jnp.where(y != 0, leaf, jnp.zeros((), leaf.dtype))
-    return leaf * y
-
-
-def failed_factorisation(pivots: Array) -> Array:
-    """Whether a Cholesky factorisation failed, per matrix of the batch: some pivot
-    (an entry of the factor's diagonal, shape `(*batch, n)`) is not positive (NaN
-    from the square root of a negative number, or zero), as LAPACK's `potrf`
-    reports. Dense JAX then returns NaN for the whole lower triangle."""
-    return jnp.any(~(jnp.real(pivots) > 0), axis=-1)
-
-
-def nan_where(failed: Array, leaf: Array) -> Array:
-    """`leaf` with every entry NaN where `failed` (shape: `leaf`'s leading axes)."""
-    failed = failed.reshape(failed.shape + (1,) * (leaf.ndim - failed.ndim))
-    return jnp.where(failed, jnp.full((), jnp.nan, leaf.dtype), leaf)
 
 
 def _is_float(leaf: Array) -> bool:
@@ -171,21 +108,23 @@ def _slogdet_rule(fun: Any, primals: list[Any], tangents: list[Any]) -> tuple:
     return [sign, logdet], [sign_dot.astype(sign.dtype), logdet_dot * singular]
 
 
-class MaterialisationError(RuntimeError):
+class MaterialisationError(quax.MaterialisationError):
     """A structured matrix with `allow_materialise=False` met an operation that has
     no structured rule and would need its dense `(n, n)` array."""
 
 
-class StructuredMatrix(quax.ArrayValue):
+class StructuredMatrix(quax.GuardedValue):
     """A square matrix (with leading batch axes) stored by its structure.
 
     Subclasses store their leaves, implement `dense()` (the dense array, used only
     when materialising is allowed), `aval()`, and the structured operations the
-    rules call (`matmat`, `transpose`, ...). Every operation without a rule refuses,
-    naming the primitive, unless `allow_materialise=True`.
+    rules call (`matmat`, `transpose`, ...). The materialisation policy is
+    `quax.GuardedValue`'s: the keyword-only static field `allow_materialise`
+    (default `False`), `enable_materialise()`, and a refusal naming the primitive
+    (a `quax_structured.MaterialisationError`) for every operation without a
+    rule, unless `allow_materialise=True`.
     """
 
-    allow_materialise: eqx.AbstractVar[bool]
     # A property tag: the user's declaration that the matrix (each one of the batch)
     # is symmetric positive definite. Not checked, as lineax's
     # `positive_semidefinite_tag`; the rules keep it where it stays true (transpose,
@@ -193,6 +132,9 @@ class StructuredMatrix(quax.ArrayValue):
     positive_definite: bool = eqx.field(default=False, static=True, kw_only=True)
     # Whether the dense array is a linear function of the float leaves.
     linear_in_leaves: ClassVar[bool] = True
+    materialisation_error: ClassVar[type[quax.MaterialisationError]] = (
+        MaterialisationError
+    )
 
     @property
     def symmetric(self) -> bool:
@@ -203,14 +145,6 @@ class StructuredMatrix(quax.ArrayValue):
     def with_tags(self, *, positive_definite: bool) -> "StructuredMatrix":
         """A copy of this matrix with the `positive_definite` tag set as given."""
         return dataclasses.replace(self, positive_definite=positive_definite)
-
-    def enable_materialise(self, allow: bool = True) -> "StructuredMatrix":
-        """A copy of this matrix with `allow_materialise=allow`."""
-        return dataclasses.replace(self, allow_materialise=allow)
-
-    def dense(self) -> Array:
-        """The dense array, whatever `allow_materialise` says."""
-        raise NotImplementedError
 
     # The structured operations the rules call. Each returns `None` where the
     # structure has no algorithm for it; the rule then refuses (see `default`).
@@ -356,38 +290,9 @@ class StructuredMatrix(quax.ArrayValue):
         `det` never build it (see `custom_jvp_rule`)."""
         return jvp_over_leaves(lambda x: x.dense(), self, dot)[1]
 
-    def way_out(self, primitive: Any) -> str:
-        """What a refusal of `primitive` on this matrix tells the user to do."""
-        del primitive
-        name = type(self).__name__
-        return (
-            f"Pass `allow_materialise=True` to `{name}` or call "
-            "`.enable_materialise()` to allow it."
-        )
-
-    def materialise(self) -> Array:
-        if not self.allow_materialise:
-            name = type(self).__name__
-            raise MaterialisationError(
-                f"Refusing to materialise `{name}` with `allow_materialise=False`. "
-                f"Pass `allow_materialise=True` to `{name}` or call "
-                "`.enable_materialise()` to allow the dense array."
-            )
-        return self.dense()
+    def refusal_reason(self) -> str:
+        """Why the matrix refuses to densify: the cost of its dense array."""
+        return f"the dense array (shape {self.shape}) costs O(n^2) memory"
 
     def aval(self) -> jax.core.ShapedArray:
         raise NotImplementedError
-
-    @staticmethod
-    def default(primitive: Any, values: Any, params: dict[str, Any]) -> Any:
-        for value in values:
-            if isinstance(value, StructuredMatrix) and not value.allow_materialise:
-                name = type(value).__name__
-                types = ", ".join(type(v).__name__ for v in values)
-                raise MaterialisationError(
-                    f"Refusing to materialise `{name}` with `allow_materialise=False`: "
-                    f"quax-structured has no rule for primitive `{primitive.name}` "
-                    f"on input types ({types}), and the dense array (shape "
-                    f"{value.shape}) costs O(n^2) memory. {value.way_out(primitive)}"
-                )
-        return quax.Value.default(primitive, values, params)

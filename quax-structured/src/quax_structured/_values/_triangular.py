@@ -7,12 +7,8 @@ import jax.core
 import jax.numpy as jnp
 from jaxtyping import Array
 
-from ._base import (
-    StructuredMatrix,
-    dense_triangular_solve,
-    keep_or_scale,
-    on_diagonal,
-)
+from .._kernels import dense_triangular_solve, keep_or_scale, on_diagonal
+from ._base import StructuredMatrix
 from ._determinant import DeterminantLU
 
 
@@ -42,11 +38,13 @@ class _Triangular(StructuredMatrix):
         return type(self)(array, allow_materialise=self.allow_materialise)
 
     def map_leaves(self, fn) -> "_Triangular":
-        return type(self)(fn(self.array), self.allow_materialise)
+        return type(self)(fn(self.array), allow_materialise=self.allow_materialise)
 
     def transpose(self) -> "_Triangular":
         other = UpperTriangular if self.lower else LowerTriangular
-        return other(jnp.swapaxes(self.array, -1, -2), self.allow_materialise)
+        return other(
+            jnp.swapaxes(self.array, -1, -2), allow_materialise=self.allow_materialise
+        )
 
     def matmat(self, x: Array) -> Array:
         return self.dense() @ x
@@ -62,7 +60,9 @@ class _Triangular(StructuredMatrix):
 
     def add(self, other: StructuredMatrix) -> "_Triangular | None":
         if type(other) is type(self):
-            return type(self)(self.array + other.array, self.allow_materialise)
+            return type(self)(
+                self.array + other.array, allow_materialise=self.allow_materialise
+            )
         return None
 
     def add_diagonal(self, d: Array) -> "_Triangular":
@@ -100,7 +100,6 @@ class LowerTriangular(_Triangular):
     """
 
     array: Array
-    allow_materialise: bool = eqx.field(default=False, static=True)
     lower = True
 
     def lu(self) -> DeterminantLU:
@@ -111,7 +110,9 @@ class LowerTriangular(_Triangular):
         packed = (
             jnp.tril(self.array / diag[..., None, :], -1) + diag[..., :, None] * eye
         )
-        return DeterminantLU(LowerTriangular(packed, self.allow_materialise), self)
+        return DeterminantLU(
+            LowerTriangular(packed, allow_materialise=self.allow_materialise), self
+        )
 
 
 class UpperTriangular(_Triangular):
@@ -125,7 +126,6 @@ class UpperTriangular(_Triangular):
     """
 
     array: Array
-    allow_materialise: bool = eqx.field(default=False, static=True)
     lower = False
 
     def lu(self) -> DeterminantLU:

@@ -8,12 +8,8 @@ import jax.numpy as jnp
 from jax import lax
 from jaxtyping import Array
 
-from ._base import (
-    StructuredMatrix,
-    failed_factorisation,
-    nan_where,
-    on_diagonal,
-)
+from .._kernels import failed_factorisation, nan_where, on_diagonal
+from ._base import StructuredMatrix
 from ._determinant import DeterminantLU
 
 
@@ -129,7 +125,6 @@ class LowRank(_UVt):
 
     u: Array
     v: Array | None = None
-    allow_materialise: bool = eqx.field(default=False, static=True)
 
     def __check_init__(self):
         _check_factors("LowRank", None, self.u, self.v)
@@ -144,10 +139,10 @@ class LowRank(_UVt):
     def transpose(self) -> "LowRank":
         if self.v is None:
             return self
-        return LowRank(self.v, self.u, self.allow_materialise)
+        return LowRank(self.v, self.u, allow_materialise=self.allow_materialise)
 
     def scaled(self, s: Array) -> "LowRank":
-        return LowRank(self.u * s, self._v(), self.allow_materialise)
+        return LowRank(self.u * s, self._v(), allow_materialise=self.allow_materialise)
 
     def matmat(self, x: Array) -> Array:
         return self._uvt_matmat(x)
@@ -158,13 +153,19 @@ class LowRank(_UVt):
         return jnp.sum(self.u[i] * self._v()[j], axis=-1)
 
     def add_diagonal(self, d: Array) -> "LowRankPlusDiagonal":
-        return LowRankPlusDiagonal(d, self.u, self.v, self.allow_materialise)
+        return LowRankPlusDiagonal(
+            d, self.u, self.v, allow_materialise=self.allow_materialise
+        )
 
     def row_scaled(self, d: Array) -> "LowRank":
-        return LowRank(d[:, None] * self.u, self._v(), self.allow_materialise)
+        return LowRank(
+            d[:, None] * self.u, self._v(), allow_materialise=self.allow_materialise
+        )
 
     def col_scaled(self, d: Array) -> "LowRank":
-        return LowRank(self.u, d[:, None] * self._v(), self.allow_materialise)
+        return LowRank(
+            self.u, d[:, None] * self._v(), allow_materialise=self.allow_materialise
+        )
 
 
 class LowRankPlusDiagonal(_UVt):
@@ -187,7 +188,6 @@ class LowRankPlusDiagonal(_UVt):
     diag: Array
     u: Array
     v: Array | None = None
-    allow_materialise: bool = eqx.field(default=False, static=True)
 
     def __check_init__(self):
         if jnp.ndim(self.diag) != 1:
@@ -208,11 +208,16 @@ class LowRankPlusDiagonal(_UVt):
     def transpose(self) -> "LowRankPlusDiagonal":
         if self.v is None:
             return self
-        return LowRankPlusDiagonal(self.diag, self.v, self.u, self.allow_materialise)
+        return LowRankPlusDiagonal(
+            self.diag, self.v, self.u, allow_materialise=self.allow_materialise
+        )
 
     def scaled(self, s: Array) -> "LowRankPlusDiagonal":
         return LowRankPlusDiagonal(
-            self.diag * s, self.u * s, self._v(), self.allow_materialise
+            self.diag * s,
+            self.u * s,
+            self._v(),
+            allow_materialise=self.allow_materialise,
         )
 
     def matmat(self, x: Array) -> Array:
@@ -223,24 +228,32 @@ class LowRankPlusDiagonal(_UVt):
 
     def add_diagonal(self, d: Array) -> "LowRankPlusDiagonal":
         return LowRankPlusDiagonal(
-            self.diag + d, self.u, self.v, self.allow_materialise
+            self.diag + d, self.u, self.v, allow_materialise=self.allow_materialise
         )
 
     def row_scaled(self, d: Array) -> "LowRankPlusDiagonal":
         return LowRankPlusDiagonal(
-            d * self.diag, d[:, None] * self.u, self._v(), self.allow_materialise
+            d * self.diag,
+            d[:, None] * self.u,
+            self._v(),
+            allow_materialise=self.allow_materialise,
         )
 
     def col_scaled(self, d: Array) -> "LowRankPlusDiagonal":
         return LowRankPlusDiagonal(
-            self.diag * d, self.u, d[:, None] * self._v(), self.allow_materialise
+            self.diag * d,
+            self.u,
+            d[:, None] * self._v(),
+            allow_materialise=self.allow_materialise,
         )
 
     def semiseparable(self) -> "Semiseparable":
         """The same matrix as a `Semiseparable` (generators `U`, `V` both sides)."""
         v = self._v()
         main = self.diag + jnp.sum(self.u * v, axis=-1)
-        return Semiseparable(self.u, v, main, self.u, v, self.allow_materialise)
+        return Semiseparable(
+            self.u, v, main, self.u, v, allow_materialise=self.allow_materialise
+        )
 
     def lu(self) -> DeterminantLU:
         """The semiseparable LU factors without pivoting, whose diagonal reads as
@@ -254,20 +267,30 @@ class LowRankPlusDiagonal(_UVt):
         return self.semiseparable().cholesky()
 
     def pivoted_solve(self, b: Array, *, transpose: bool) -> Array:
-        """Solve `A x = b` (`Aᵀ x = b` if `transpose`) for `b` of shape `(n, k)`,
-        O(n r² k + r³): by the semiseparable LU without pivoting and by Woodbury
-        (`D⁻¹ b - D⁻¹ U K⁻¹ Vᵀ D⁻¹ b`, the `r x r` capacitance `K = I + Vᵀ D⁻¹
-        U` solved with partial pivoting), keeping per system the answer with the
-        smaller backward error `‖b - A x‖ / (‖A‖ ‖x‖ + ‖b‖)`, NaN where neither
-        is below `_TOLERANCE` (never a silently inaccurate answer). The LU fails
-        at a tiny leading minor, Woodbury at a tiny entry of `diag` against `U
-        Vᵀ`: only both at once gives NaN. A matrix tagged `positive_definite`
-        solves by the LU alone (stable there)."""
+        """Solve `A x = b` (`Aᵀ x = b` if `transpose`) for `b` of shape `(n, k)`:
+        by Woodbury first (`D⁻¹ b - D⁻¹ U K⁻¹ Vᵀ D⁻¹ b`, the `r x r` capacitance
+        `K = I + Vᵀ D⁻¹ U` solved with partial pivoting), O(n r k + n r² + r³),
+        checked by its backward error `‖b - A x‖ / (‖A‖ ‖x‖ + ‖b‖)` (O(n r k)).
+        Only where that is above `_TOLERANCE` (a tiny entry of `diag` against
+        `U Vᵀ`), a `lax.cond` branch runs the semiseparable LU without pivoting
+        too (O(n r² k), a sequential scan) and keeps, per system, the answer with
+        the smaller backward error, NaN where neither is below `_TOLERANCE`
+        (never a silently inaccurate answer): the LU fails at a tiny leading
+        minor, so only both at once gives NaN. Under `vmap` the branch becomes a
+        select, and both run. A matrix tagged `positive_definite` solves by the LU
+        alone (stable there)."""
         m = self.transpose() if transpose else self
         if self.positive_definite:
             return m._lu_solve(m.semiseparable()._packed_lu(), b)
-        candidates = [m._lu_solve(m.semiseparable()._packed_lu(), b), m._woodbury(b)]
-        return _best(m, b, candidates, candidates)
+        woodbury = m._woodbury(b)
+        eps = jnp.finfo(woodbury.dtype).eps
+        accurate = m.backward_error(woodbury, b) <= _TOLERANCE * eps
+
+        def fallback(woodbury: Array) -> Array:
+            candidates = [m._lu_solve(m.semiseparable()._packed_lu(), b), woodbury]
+            return _best(m, b, candidates, candidates)
+
+        return lax.cond(accurate, lambda x: x, fallback, woodbury)
 
     def pivots(self, packed: "Semiseparable | None" = None) -> Array:
         """Numbers whose product is the determinant (shape `(n,)`): the pivots of
@@ -341,7 +364,6 @@ class Semiseparable(StructuredMatrix):
     main: Array
     upper_left: Array
     upper_right: Array
-    allow_materialise: bool = eqx.field(default=False, static=True)
 
     linear_in_leaves = False
 
@@ -379,7 +401,7 @@ class Semiseparable(StructuredMatrix):
             self.main,
             self.lower_right,
             self.lower_left,
-            self.allow_materialise,
+            allow_materialise=self.allow_materialise,
         )
 
     def scaled(self, s: Array) -> "Semiseparable":
@@ -389,7 +411,7 @@ class Semiseparable(StructuredMatrix):
             self.main * s,
             self.upper_left * s,
             self.upper_right,
-            self.allow_materialise,
+            allow_materialise=self.allow_materialise,
         )
 
     def add_diagonal(self, d: Array) -> "Semiseparable":
@@ -399,7 +421,7 @@ class Semiseparable(StructuredMatrix):
             self.main + d,
             self.upper_left,
             self.upper_right,
-            self.allow_materialise,
+            allow_materialise=self.allow_materialise,
         )
 
     def entries(self, i: Array, j: Array) -> Array:
@@ -444,7 +466,7 @@ class Semiseparable(StructuredMatrix):
 
         s0 = jnp.zeros((c.shape[-1], a.shape[-1]), self.dtype)
         _, (q, u, p) = lax.scan(step, s0, (c, e, m, a, b))
-        return Semiseparable(c, q, u, p, b, self.allow_materialise)
+        return Semiseparable(c, q, u, p, b, allow_materialise=self.allow_materialise)
 
     def cholesky(self) -> "Semiseparable":
         """The lower Cholesky factor `G` (`M = G Gᵀ`), from the lower triangle only
@@ -455,7 +477,7 @@ class Semiseparable(StructuredMatrix):
             self.main,
             self.lower_right,
             self.lower_left,
-            self.allow_materialise,
+            allow_materialise=self.allow_materialise,
         )
         lu = sym._packed_lu()
         root = jnp.sqrt(lu.main)
@@ -469,7 +491,7 @@ class Semiseparable(StructuredMatrix):
             nan_where(failed, root),
             zeros,
             zeros,
-            self.allow_materialise,
+            allow_materialise=self.allow_materialise,
         )
 
     def triangular_solve(

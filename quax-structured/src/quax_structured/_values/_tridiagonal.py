@@ -2,7 +2,6 @@
 
 from typing import Any
 
-import equinox as eqx
 import jax
 import jax.core
 import jax.numpy as jnp
@@ -10,14 +9,8 @@ import jax.scipy.linalg
 from jax import lax
 from jaxtyping import Array
 
-from ._base import (
-    MaterialisationError,
-    StructuredMatrix,
-    failed_factorisation,
-    keep_or_scale,
-    nan_where,
-    on_diagonal,
-)
+from .._kernels import failed_factorisation, keep_or_scale, nan_where, on_diagonal
+from ._base import MaterialisationError, StructuredMatrix
 from ._determinant import DeterminantLU
 
 
@@ -45,7 +38,22 @@ class TridiagonalMatrix(StructuredMatrix):
     lower_diag: Array
     main_diag: Array
     upper_diag: Array
-    allow_materialise: bool = eqx.field(default=False, static=True)
+
+    def __init__(
+        self,
+        lower_diag: Array,
+        main_diag: Array,
+        upper_diag: Array,
+        allow_materialise: bool = False,
+        *,
+        positive_definite: bool = False,
+    ):
+        # The published quax's signature: `allow_materialise` may be positional.
+        self.lower_diag = lower_diag
+        self.main_diag = main_diag
+        self.upper_diag = upper_diag
+        self.allow_materialise = allow_materialise
+        self.positive_definite = positive_definite
 
     def __check_init__(self):
         *batch1, size1 = self.lower_diag.shape
@@ -86,7 +94,10 @@ class TridiagonalMatrix(StructuredMatrix):
 
     def transpose(self) -> "TridiagonalMatrix":
         return TridiagonalMatrix(
-            self.upper_diag, self.main_diag, self.lower_diag, self.allow_materialise
+            self.upper_diag,
+            self.main_diag,
+            self.lower_diag,
+            allow_materialise=self.allow_materialise,
         )
 
     def map_leaves(self, fn) -> "TridiagonalMatrix":
@@ -94,7 +105,7 @@ class TridiagonalMatrix(StructuredMatrix):
             fn(self.lower_diag),
             fn(self.main_diag),
             fn(self.upper_diag),
-            self.allow_materialise,
+            allow_materialise=self.allow_materialise,
         )
 
     def matmat(self, x: Array) -> Array:
@@ -134,13 +145,16 @@ class TridiagonalMatrix(StructuredMatrix):
                 self.lower_diag + other.lower_diag,
                 self.main_diag + other.main_diag,
                 self.upper_diag + other.upper_diag,
-                self.allow_materialise,
+                allow_materialise=self.allow_materialise,
             )
         return None
 
     def add_diagonal(self, d: Array) -> "TridiagonalMatrix":
         return TridiagonalMatrix(
-            self.lower_diag, self.main_diag + d, self.upper_diag, self.allow_materialise
+            self.lower_diag,
+            self.main_diag + d,
+            self.upper_diag,
+            allow_materialise=self.allow_materialise,
         )
 
     def row_scaled(self, d: Array) -> "TridiagonalMatrix":
@@ -148,7 +162,7 @@ class TridiagonalMatrix(StructuredMatrix):
             self.lower_diag * d[..., 1:],
             self.main_diag * d,
             self.upper_diag * d[..., :-1],
-            self.allow_materialise,
+            allow_materialise=self.allow_materialise,
         )
 
     def col_scaled(self, d: Array) -> "TridiagonalMatrix":
@@ -156,7 +170,7 @@ class TridiagonalMatrix(StructuredMatrix):
             self.lower_diag * d[..., :-1],
             self.main_diag * d,
             self.upper_diag * d[..., 1:],
-            self.allow_materialise,
+            allow_materialise=self.allow_materialise,
         )
 
     def cholesky(self) -> "TridiagonalMatrix":
@@ -206,7 +220,7 @@ class TridiagonalMatrix(StructuredMatrix):
             jnp.moveaxis(m, 0, -1),
             jnp.moveaxis(u, 0, -1),
             self.upper_diag,
-            self.allow_materialise,
+            allow_materialise=self.allow_materialise,
         )
         return DeterminantLU(factors, self, pivots=self._pivots(factors.main_diag))
 
@@ -377,7 +391,6 @@ class TridiagonalEigenvectors(StructuredMatrix):
     """
 
     matrix: TridiagonalMatrix
-    allow_materialise: bool = eqx.field(default=False, static=True)
 
     def aval(self) -> jax.core.ShapedArray:
         return self.matrix.aval()

@@ -1,0 +1,27 @@
+"""The numerical routines the structures and rules call, on plain arrays (no
+value types): dense helpers, the FFT circulant solve, the Levinson recursion,
+GKO (the pivoted Toeplitz solve), banded elimination with partial pivoting and
+Kronecker products through their factors."""
+
+from ._banded import (
+    band_eliminate as band_eliminate,
+    pivoted_band_pivots as pivoted_band_pivots,
+    pivoted_band_solve as pivoted_band_solve,
+    shift as shift,
+)
+from ._dense import (
+    dense_triangular_solve as dense_triangular_solve,
+    failed_factorisation as failed_factorisation,
+    keep_or_scale as keep_or_scale,
+    nan_where as nan_where,
+    on_diagonal as on_diagonal,
+)
+from ._fft import circular_convolve as circular_convolve
+from ._gko import batched as batched, gko_pivots as gko_pivots, gko_solve as gko_solve
+from ._kronecker import (
+    factor_solve as factor_solve,
+    kron_apply as kron_apply,
+    kron_entries as kron_entries,
+    pivots_of as pivots_of,
+)
+from ._levinson import levinson as levinson

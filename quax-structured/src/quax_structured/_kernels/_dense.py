@@ -1,0 +1,69 @@
+"""Dense and elementwise helpers on plain arrays: a triangular solve through a
+unit diagonal, a diagonal placed in a matrix, `where`-style masking, and the
+failure test of a Cholesky factorisation."""
+
+import jax.numpy as jnp
+from jax import lax
+from jaxtyping import Array
+
+
+__all__ = [
+    "dense_triangular_solve",
+    "failed_factorisation",
+    "keep_or_scale",
+    "nan_where",
+    "on_diagonal",
+]
+
+
+def dense_triangular_solve(
+    a: Array, b: Array, *, lower: bool, transpose_a: bool, unit_diagonal: bool
+) -> Array:
+    """`lax.linalg.triangular_solve(a, b, left_side=True, ...)` through a unit
+    diagonal: the rows of `a` (and `b`) are scaled by `1 / diag(a)` first. On JAX
+    0.10's CPU backend a non-unit triangular solve is about 1000x slower than a
+    unit one (15 ms against 20 us for 32 x 32)."""
+    kw = dict(left_side=True, lower=lower, transpose_a=transpose_a)
+    if unit_diagonal:
+        return lax.linalg.triangular_solve(a, b, unit_diagonal=True, **kw)
+    d = jnp.diagonal(a, axis1=-2, axis2=-1)[..., :, None]
+    scaled = a / d  # D⁻¹ A has a unit diagonal
+    if transpose_a:
+        # Aᵀ x = b  <=>  (D⁻¹A)ᵀ (D x) = b.
+        return lax.linalg.triangular_solve(scaled, b, unit_diagonal=True, **kw) / d
+    return lax.linalg.triangular_solve(scaled, b / d, unit_diagonal=True, **kw)
+
+
+def on_diagonal(values: Array, k: int = 0) -> Array:
+    """The `(*batch, m + |k|, m + |k|)` matrix holding `values` (shape `(*batch,
+    m)`) on its `k`-th diagonal and zeros elsewhere. Written as a scatter, not as
+    `values * eye`, so that a NaN or infinite entry stays where it is (a product
+    with the identity's zeros would spread NaN along its row)."""
+    m = values.shape[-1]
+    n = m + abs(k)
+    rows = jnp.arange(m) + max(-k, 0)
+    out = jnp.zeros((*values.shape[:-1], n, n), values.dtype)
+    return out.at[..., rows, rows + k].set(values)
+
+
+def keep_or_scale(leaf: Array, y: Array, *, select: bool) -> Array:
+    """`leaf * y`, or with `select`, `leaf` where `y` is nonzero and zero elsewhere
+    (`jnp.where`'s semantics: a NaN in `leaf` where `y` is zero is dropped, as
+    `jnp.where(mask, x, 0)` drops it)."""
+    if select:
+        return jnp.where(y != 0, leaf, jnp.zeros((), leaf.dtype))
+    return leaf * y
+
+
+def failed_factorisation(pivots: Array) -> Array:
+    """Whether a Cholesky factorisation failed, per matrix of the batch: some pivot
+    (an entry of the factor's diagonal, shape `(*batch, n)`) is not positive (NaN
+    from the square root of a negative number, or zero), as LAPACK's `potrf`
+    reports. Dense JAX then returns NaN for the whole lower triangle."""
+    return jnp.any(~(jnp.real(pivots) > 0), axis=-1)
+
+
+def nan_where(failed: Array, leaf: Array) -> Array:
+    """`leaf` with every entry NaN where `failed` (shape: `leaf`'s leading axes)."""
+    failed = failed.reshape(failed.shape + (1,) * (leaf.ndim - failed.ndim))
+    return jnp.where(failed, jnp.full((), jnp.nan, leaf.dtype), leaf)

@@ -1,0 +1,53 @@
+"""Kronecker products `a ⊗ b` applied through their factors: products, entries,
+triangular solves one factor at a time, and the row swaps of a permutation."""
+
+import jax.numpy as jnp
+from jax import lax
+from jaxtyping import Array
+
+from ._dense import dense_triangular_solve
+
+
+__all__ = ["factor_solve", "kron_apply", "kron_entries", "pivots_of"]
+
+
+def kron_apply(a: Array, b: Array, x: Array) -> Array:
+    """`(a ⊗ b) @ x` for `x` of shape `(na nb, k)`: `a X bᵀ` per column."""
+    xs = x.reshape(a.shape[1], b.shape[1], x.shape[-1])
+    out = jnp.einsum("ij,jlk,ml->imk", a, xs, b)
+    return out.reshape(a.shape[0] * b.shape[0], x.shape[-1])
+
+
+def kron_entries(a: Array, b: Array, i: Array, j: Array) -> Array:
+    nb = b.shape[0]
+    return a[i // nb, j // nb] * b[i % nb, j % nb]
+
+
+def factor_solve(
+    a: Array, b: Array, x: Array, *, lower: bool, transpose_a: bool, unit: bool
+) -> Array:
+    """Solve `op(a ⊗ b) y = x` for triangular factors, one factor at a time."""
+    na, nb = a.shape[0], b.shape[0]
+    xs = x.reshape(na, nb * x.shape[-1])
+    kw = dict(lower=lower, transpose_a=transpose_a, unit_diagonal=unit)
+    ys = dense_triangular_solve(a, xs, **kw)
+    ys = ys.reshape(na, nb, x.shape[-1]).transpose(1, 0, 2).reshape(nb, -1)
+    ys = dense_triangular_solve(b, ys, **kw)
+    return ys.reshape(nb, na, x.shape[-1]).transpose(1, 0, 2).reshape(na * nb, -1)
+
+
+def pivots_of(perm: Array) -> Array:
+    """The row-swap pivots (as `lax.linalg.lu` returns them) of a permutation."""
+    n = perm.shape[0]
+
+    def step(carry, i):
+        cur, pos = carry  # cur[k]: row at position k; pos[r]: position of row r
+        p = pos[perm[i]]
+        row_i = cur[i]
+        cur = cur.at[p].set(row_i).at[i].set(perm[i])
+        pos = pos.at[row_i].set(p).at[perm[i]].set(i)
+        return (cur, pos), p
+
+    iota = jnp.arange(n, dtype=perm.dtype)
+    _, pivots = lax.scan(step, (iota, iota), iota)
+    return pivots
