@@ -35,10 +35,12 @@ uv run --locked --no-sync pytest -n 2 --dist worksteal -q quax-core/tests "${fam
 
 # Cache verify mode: every cache hit (dispatch, compiled eager programs, replays, nested
 # jits) is also recomputed and compared, and a mismatch raises naming the cache and the
-# key component; on the root tests (real programs, families together) and one family.
-echo "== cache verify mode (QUAX_VERIFY_CACHES=1): root tests and quax-quant"
+# key component; on the root tests (real programs, every family together). A family's
+# own suite in this mode (quax-quant's: 130 passed) is left to a manual run, to keep CI
+# under 30 minutes on two cores.
+echo "== cache verify mode (QUAX_VERIFY_CACHES=1): root tests"
 QUAX_VERIFY_CACHES=1 uv run --locked --no-sync pytest -n 2 --dist worksteal -q \
-    -p no:cacheprovider tests quax-quant/tests --ignore tests/test_docs.py
+    -p no:cacheprovider tests --ignore tests/test_docs.py
 
 for fam in "${families[@]}"; do
     echo "== $fam alone with quax-core"

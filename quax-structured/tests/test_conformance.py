@@ -50,6 +50,12 @@ V = jnp.linspace(-1.0, 2.0, N)
 # README's Limits). They draw finite entries.
 FFT = {"Circulant", "Toeplitz"}
 
+# A product of two structures keeps each one's zeros: a NaN or infinite entry of one
+# meets the other's structural zeros as zero, where dense JAX's `0 * nan` makes its
+# whole row or column NaN (as `jax.experimental.sparse` keeps sparse x sparse; see
+# the README's Limits). It draws finite entries.
+STRUCTURAL_PRODUCTS = {"matrix product"}
+
 # Functions of two matrices that every structure keeps or computes exactly, and
 # whether the kit's `quaxify(vmap)` check runs on them: a product of a batch of
 # structured matrices (`dot_general` with batch axes) is refused today (issue 29,
@@ -84,7 +90,9 @@ def test_structures_match_dense_with_non_finite_entries(kind, name, data):
         qst.calls(
             fn,
             make,
-            qst.arrays(shape, non_finite=kind not in FFT),
+            qst.arrays(
+                shape, non_finite=kind not in FFT and name not in STRUCTURAL_PRODUCTS
+            ),
             kinds=("values", "aliased", "shared arrays", "built inside"),
         )
     )
