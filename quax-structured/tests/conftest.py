@@ -39,3 +39,12 @@ def _jit_matches_dense(fn, *args):
 def jit_matches_dense():
     """The function `jit_matches_dense(fn, *args)` (asserts; returns nothing)."""
     return _jit_matches_dense
+
+
+@pytest.fixture
+def x64():
+    """Runs a test in float64, without changing the setting for the other tests
+    of the session (a module opts in with
+    `pytestmark = pytest.mark.usefixtures("x64")`)."""
+    with jax.enable_x64(True):
+        yield

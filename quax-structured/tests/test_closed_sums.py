@@ -14,12 +14,8 @@ import quax.testing
 import quax_structured as qs
 
 
-@pytest.fixture(autouse=True)
-def _float64():
-    """Every test of this module runs in float64 (without changing the setting
-    for the other modules of the session)."""
-    with jax.enable_x64(True):
-        yield
+# Every test of this module runs in float64 (`x64`, in conftest.py).
+pytestmark = pytest.mark.usefixtures("x64")
 
 
 N = 6
