@@ -34,12 +34,13 @@ def test_scan_slices_the_leading_axis_and_keeps_the_other_names():
         assert doubled.names == ("seq", "b")
         assert doubled.sizes == {"seq": 3, "b": 4}
         np.testing.assert_array_equal(doubled.array, XS * 2.0)
-        # A plain output of the body stays plain.
-        assert not isinstance(sums, NamedArray)
-        np.testing.assert_array_equal(sums, [6.0, 28.0, 66.0])
+        # A plain scalar output of the body (a value with no axes left) is
+        # stacked under the scanned axis too.
+        assert sums.names == ("seq",)
+        np.testing.assert_array_equal(sums.array, [6.0, 28.0, 66.0])
     want = jax.lax.scan(running, jnp.zeros(4), jnp.asarray(XS))
     np.testing.assert_array_equal(c.array, want[0])
-    np.testing.assert_array_equal(sums, want[1][1])
+    np.testing.assert_array_equal(sums.array, want[1][1])
 
 
 def test_scan_slices_storage_axis_0_whatever_its_name():
@@ -52,7 +53,10 @@ def test_scan_slices_storage_axis_0_whatever_its_name():
     np.testing.assert_array_equal(c.array, XS.sum(axis=1))
     assert doubled.names == ("b", "seq")
     np.testing.assert_array_equal(doubled.array, XS.T * 2.0)
-    np.testing.assert_array_equal(sums, np.cumsum(XS.sum(axis=0)).astype(np.float32))
+    assert sums.names == ("b",)
+    np.testing.assert_array_equal(
+        sums.array, np.cumsum(XS.sum(axis=0)).astype(np.float32)
+    )
 
 
 def rnn(wx, u, h0, xs):
@@ -118,8 +122,9 @@ def test_scan_reverse_and_lax_map():
     np.testing.assert_array_equal(c.array, want[0])
     assert doubled.names == ("seq", "b")
     np.testing.assert_array_equal(doubled.array, want[1][0])
-    np.testing.assert_array_equal(sums, [66.0, 60.0, 38.0])
-    np.testing.assert_array_equal(sums, want[1][1])
+    assert sums.names == ("seq",)
+    np.testing.assert_array_equal(sums.array, [66.0, 60.0, 38.0])
+    np.testing.assert_array_equal(sums.array, want[1][1])
     mapped = quax.quaxify(lambda xs: jax.lax.map(lambda x: jnp.cumsum(x), xs))(xs)
     assert mapped.names == ("seq", "b")
     np.testing.assert_array_equal(mapped.array, np.cumsum(XS, axis=1))
@@ -148,8 +153,8 @@ def test_scan_nan_in_nan_out():
     )(xs)
     want = jax.lax.scan(running, jnp.zeros(4), jnp.asarray(data))
     np.testing.assert_array_equal(c.array, want[0])
-    assert np.isnan(c.array[2]) and np.isnan(sums[1]) and np.isnan(sums[2])
-    np.testing.assert_array_equal(sums, want[1][1])
+    assert np.isnan(c.array[2]) and np.isnan(sums.array[1]) and np.isnan(sums.array[2])
+    np.testing.assert_array_equal(sums.array, want[1][1])
     np.testing.assert_array_equal(doubled.array, want[1][0])
 
 
@@ -200,11 +205,11 @@ def test_scan_by_name_along_any_axis():
         )
         np.testing.assert_array_equal(c.array, want[0])
         np.testing.assert_array_equal(c.array, [0.0, 0.5, 1.0, 1.5])
-        # Stacked with the scanned axis first, under its name; plain stays plain.
+        # Stacked with the scanned axis first, under its name; so is a scalar.
         assert doubled.names == ("seq", "b")
         np.testing.assert_array_equal(doubled.array, XS * 2.0)
-        assert not isinstance(sums, NamedArray)
-        np.testing.assert_array_equal(sums, [6.0, -16.0, 3.0])
+        assert sums.names == ("seq",)
+        np.testing.assert_array_equal(sums.array, [6.0, -16.0, 3.0])
 
 
 def test_scan_by_name_under_grad_and_with_positional_code():
@@ -285,3 +290,30 @@ def test_fori_loop_and_while_loop_carries_keep_names():
     assert got.names == ("seq", "b")
     np.testing.assert_array_equal(got.array, halve(jnp.asarray(XS)))
     np.testing.assert_array_equal(got.array, XS / 16.0)
+
+
+def test_scan_over_a_1d_named_array_gives_it_back_named():
+    # Each slice of a 1-D NamedArray is a plain scalar (no axes left), and the
+    # stack of the body's scalars is indexed by the scanned axis: it takes its name.
+    # A plain output with axes of its own stays plain, and with no named input the
+    # stack of scalars stays plain (its axis would be anonymous).
+    x = NamedArray(jnp.asarray([0.5, -1.0, 2.0]), ("t",))
+
+    def body(c, row):
+        new = c * 0.5 + jnp.sin(row)
+        return new, (new, jnp.stack([new, 2.0 * new]))
+
+    def prog(x):
+        return jax.lax.scan(body, x[0], x)
+
+    want_c, (want_ys, want_pairs) = prog(x.array)
+    for f in (quax.quaxify(prog), jax.jit(quax.quaxify(prog))):
+        c, (ys, pairs) = f(x)
+        assert not isinstance(c, NamedArray)
+        assert isinstance(ys, NamedArray) and ys.names == ("t",)
+        np.testing.assert_allclose(ys.array, want_ys, rtol=1e-6)
+        np.testing.assert_allclose(c, want_c, rtol=1e-6)
+        assert not isinstance(pairs, NamedArray)
+        np.testing.assert_array_equal(pairs, want_pairs)
+    plain = quax.quaxify(lambda a: jax.lax.scan(body, a[0], a))(x.array)
+    assert not isinstance(plain[1][0], NamedArray)

@@ -166,8 +166,10 @@ def run_scan(
     """`jax.lax.scan` of `body` over `xs` (flat lists of carries and inputs, named or
     not), with names. Each `NamedArray` of `xs` is sliced along its leading storage
     axis, and `body` receives each slice with the other names. A `NamedArray`
-    output of `body` is stacked under the scanned axis (see `scanned_axis`); a
-    plain one stays plain.
+    output of `body` is stacked under the scanned axis (see `scanned_axis`), and so
+    is a plain scalar output when that axis has a name (a scalar is a value with no
+    axes left: the slices of a 1-D NamedArray are plain scalars, and stacking them
+    gives the named array back); a plain output with axes of its own stays plain.
 
     **Arguments:**
 
@@ -184,6 +186,9 @@ def run_scan(
     axes = [_slice_axes(x, fn) if isinstance(x, NamedArray) else None for x in xs]
     allow = [x.allow_materialise if isinstance(x, NamedArray) else False for x in xs]
     plain = [x.array if isinstance(x, NamedArray) else x for x in xs]
+    # The policy of a stack named by the scanned axis alone: densifying is allowed
+    # only where every named input allows it.
+    scan_policy = all(x.allow_materialise for x in xs if isinstance(x, NamedArray))
 
     def sliced(slices: list[Any]) -> list[Any]:
         return [
@@ -225,7 +230,15 @@ def run_scan(
     for i, y in enumerate(ys):
         named = outputs[i]
         if named is None:
-            stacked.append(y)
+            # A scalar output per step is a value with no axes left (`make` gives
+            # those as plain scalars, as a slice of a 1-D NamedArray is), so its
+            # stack is indexed by the scanned axis alone and takes its name. A
+            # plain output with axes of its own stays plain: those axes have no
+            # names to give.
+            if scanned.name is not None and not quax.is_value(y) and np.ndim(y) == 1:
+                stacked.append(make(y, (scanned,), scan_policy))
+            else:
+                stacked.append(y)
         else:
             own, policy = named
             stacked.append(make(y, (scanned, *own), policy))
