@@ -241,19 +241,53 @@ class WithOperators(Dense):
         return quax.quaxify(operator.gt)(self, other)
 
 
-def test_a_jax_arrays_operator_defers_to_the_values_own():
+class _OperatorMixin:
+    """Operators from a mixin that a value type lists after its `quax.ArrayValue`
+    base, so that they come after `quax.Value` in its method resolution order (as
+    unxt's `Quantity` gains its operators from quaxed's mixins)."""
+
+    def __rmul__(self, other: Any) -> Any:
+        return quax.quaxify(operator.mul)(other, self)
+
+    def __gt__(self, other: Any) -> Any:
+        return quax.quaxify(operator.gt)(self, other)
+
+
+class WithMixinOperators(Dense, _OperatorMixin):
+    pass
+
+
+class RefusingWithMixinOperators(Refusing, _OperatorMixin):
+    pass
+
+
+@pytest.mark.parametrize(
+    "cls", [WithOperators, WithMixinOperators, RefusingWithMixinOperators]
+)
+def test_a_jax_arrays_operator_defers_to_the_values_own(cls):
     # `jnp_array * value` asks the value for `__jax_array__` first; a type that
-    # defines `__rmul__` keeps it, outside and inside a quax trace.
-    out = x0 * WithOperators(a)
-    assert isinstance(out, WithOperators)
+    # defines `__rmul__` (itself, or through a mixin after `quax.Value`) keeps it,
+    # outside and inside a quax trace. A mixin's operator was not seen as the
+    # type's own: the value was materialised and the result a plain array.
+    out = x0 * cls(a)
+    assert isinstance(out, cls)
     _check(out, x0 * a)
-    out = quax.quaxify(lambda y: x0 * y)(WithOperators(a))
-    assert isinstance(out, WithOperators)
+    out = quax.quaxify(lambda y: x0 * y)(cls(a))
+    assert isinstance(out, cls)
     _check(out, x0 * a)
     # Mirrored comparisons defer to the mirrored method.
-    out = x0 < WithOperators(a)
+    out = x0 < cls(a)
     assert isinstance(out, jax.Array)
     _check(out, x0 < a)
+
+
+def test_a_jax_arrays_comparison_materialises_beside_inherited_ones():
+    # `object`'s and `eqx.Module`'s comparisons are not the type's own: the value
+    # is materialised, and the comparison is elementwise.
+    out = x0 == WithMixinOperators(a.at[1].set(x0[1]))
+    assert isinstance(out, jax.Array)
+    _check(out, jnp.array([False, True, False]))
+    _check(x0 <= WithMixinOperators(a), x0 <= a)
 
 
 def test_value_joins_through_a_transform_as_a_constant():

@@ -355,20 +355,17 @@ _operators_defined: dict[tuple[type, str], bool] = {}
 
 
 def _defines_operator(cls: type, name: str) -> bool:
-    """Whether the value type `cls` defines the operator method `name` itself (or a
-    base between it and `Value` does), rather than inheriting `eqx.Module`'s or
-    `object`'s."""
+    """Whether the method `name` that Python finds on the value type `cls` is the
+    type's own: defined by `cls` or one of its bases other than `Value`'s own bases
+    (`eqx.Module`, `object`, ...). The base may come after `Value` in `cls`'s method
+    resolution order, as a mixin listed after `quax.ArrayValue` among a type's bases
+    does (unxt's `Quantity` gains `__radd__` so, from quaxed's operator mixins)."""
     try:
         return _operators_defined[cls, name]
     except KeyError:
         pass
-    defined = False
-    for base in cls.__mro__:
-        if base is Value:
-            break
-        if name in vars(base):
-            defined = True
-            break
+    owner = next((base for base in cls.__mro__ if name in vars(base)), None)
+    defined = owner is not None and owner not in Value.__mro__
     _operators_defined[cls, name] = defined
     return defined
 
