@@ -26,8 +26,9 @@ from typing import Any
 
 import numpy as np
 
-from . import _caches, _journal, _registry
-from ._compat import trace_context
+from .._compat import trace_context
+from .._dispatch import _registry
+from .._foundation import _caches, _journal
 
 
 __all__ = [

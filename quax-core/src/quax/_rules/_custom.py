@@ -13,8 +13,7 @@ import jax.numpy as jnp
 import jax.tree_util as jtu
 import numpy as np
 
-from . import _trace
-from ._compat import (
+from .._compat import (
     AdZero,
     FlatTree,
     Primitive,
@@ -33,9 +32,10 @@ from ._compat import (
     typeof,
     wrap_init,
 )
+from .._transform import _trace
+from .._transform._quaxify import quaxify
+from .._values._value import Value, describe, is_value, materialise_or_explain
 from ._joins import Fill, materialise_to_join
-from ._quaxify import quaxify
-from ._values import Value, describe, is_value, materialise_or_explain
 
 
 __all__: list[str] = []

@@ -54,8 +54,7 @@ import jax
 import jax.tree_util as jtu
 import numpy as np
 
-from . import _caches, _keys, _values
-from ._compat import (
+from .._compat import (
     KEEP_BARRIERS,
     Tracer,
     current_trace,
@@ -63,8 +62,11 @@ from ._compat import (
     eval_rounding_each_step,
     typeof,
 )
+from .._foundation import _caches
+from .._values import _value
+from .._values._value import is_value, value_classes
+from . import _keys
 from ._keys import _settings as _settings, add_setting, settings_key
-from ._values import is_value, value_classes
 
 
 __all__ = [
@@ -361,7 +363,7 @@ def call_compiled(
     programs for `code` already, or code that runs equation by equation).
     """
     global programs_traced
-    if not _enabled or not _caches.enabled or _state.checking or _values._state.reports:
+    if not _enabled or not _caches.enabled or _state.checking or _value._state.reports:
         return False, None
     inputs: Sequence[Any] = args
     treedef: Any = len(args)

@@ -22,8 +22,10 @@ import jax.tree_util as jtu
 import numpy as np
 from jax import Array
 
-from . import _keys, _registry, _replay, _values
-from ._compat import (
+from .._caching import _keys, _replay
+from .._caching._eager import call_compiled
+from .._caching._jaxpr import eval_quaxified
+from .._compat import (
     DynamicJaxprTrace,
     Primitive,
     Trace,
@@ -43,9 +45,8 @@ from ._compat import (
     typeof,
     with_leaf_vma,
 )
-from ._eager import call_compiled
-from ._jaxpr import eval_quaxified
-from ._staged import (
+from .._dispatch import _registry
+from .._dispatch._staged import (
     holds_staged_values,
     jaxpr_holds_staged_values,
     lift,
@@ -53,7 +54,8 @@ from ._staged import (
     staged_values_into,
     unstage,
 )
-from ._values import Value, is_value, value_classes
+from .._values import _value
+from .._values._value import Value, is_value, value_classes
 
 
 __all__ = [
@@ -89,7 +91,7 @@ _keys.debug_checks = _debug_checks  # every cache's key holds it
 # (`rule_for` fills it; `register` clears it in place) and the materialisation
 # reports' state (non-empty while `quax.track_materialisation` runs).
 _rule_cache = _registry._cache
-_materialisations = _values._state
+_materialisations = _value._state
 
 
 def set_debug_checks(enabled: bool) -> None:
@@ -329,7 +331,7 @@ class QuaxTrace(Trace):
         rule = _rule_cache.get((primitive, tuple(map(type, values))))
         if rule is None:
             rule = _registry.rule_for(primitive, values)
-        if _debug_checks or _materialisations.reports:  # `_values.tracking()`
+        if _debug_checks or _materialisations.reports:  # `_value.tracking()`
             checked = ft.partial(_apply_checked, primitive, rule)
             out = call_rule_at_trace(self.parent_trace, checked, values, params)
         else:
@@ -404,7 +406,7 @@ def _jax_array(value: Value) -> Any:
     return lift(value, trace, between)
 
 
-_values.set_jax_array_conversion(_jax_array)
+_value.set_jax_array_conversion(_jax_array)
 
 
 def active_trace() -> tuple[QuaxTrace | None, list[Trace]]:
@@ -497,8 +499,8 @@ def _apply_checked(
 ) -> Any:
     """`rule(values, params)`, with materialisations attributed to `primitive` and,
     under debug checks, its output checked."""
-    if _values.tracking():
-        with _values.current_primitive(primitive):
+    if _value.tracking():
+        with _value.current_primitive(primitive):
             out = rule(values, params)
     else:
         out = rule(values, params)
@@ -528,7 +530,7 @@ def _check_rule_output(
             rule = _registry.resolve(primitive, values)
             raise TypeError(
                 f"The quax rule for `{primitive.name}` on input types "
-                f"({_values.describe_types(values)}) "
+                f"({_value.describe_types(values)}) "
                 f"returned output {i} "
                 f"with aval {g.str_short()}, but `{primitive.name}` gives "
                 f"{e.str_short()} for these inputs. Rule: {rule.reason}."

@@ -15,15 +15,15 @@ import equinox as eqx
 import jax
 from jaxtyping import ArrayLike
 
-from . import _journal
-from ._avals import declared_aval
-from ._compat import (
+from .._compat import (
     Primitive,
     ShapedArray,
     eqx_bound_method,
     reflected_operator,
     typeof,
 )
+from .._foundation import _journal
+from ._avals import declared_aval
 from ._constructors import ValueMeta
 
 

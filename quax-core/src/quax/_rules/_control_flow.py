@@ -22,10 +22,10 @@ import jax.tree_util as jtu
 import numpy as np
 from jax import lax
 
-from . import _caches, _keys, _loops as _loops, _trace  # `_loops`: the loops' rules
-from ._bodies import decision, quaxified_jaxpr
-from ._caches import Table
-from ._compat import (
+from .._caching import _keys
+from .._caching._eager import MAX_CONSTANT_SIZE, ConstKey, value_structure
+from .._caching._jaxpr import ValueAsked, known_constant, stand_in_token, standing_in
+from .._compat import (
     Tracer,
     cond_p,
     is_unspecified,
@@ -38,8 +38,13 @@ from ._compat import (
     typeof,
     while_p,
 )
-from ._eager import MAX_CONSTANT_SIZE, ConstKey, value_structure
-from ._jaxpr import ValueAsked, known_constant, stand_in_token, standing_in
+from .._dispatch._registry import register
+from .._foundation import _caches
+from .._foundation._caches import Table
+from .._transform import _trace
+from .._values._value import Value, ValueLike, is_value
+from . import _loops as _loops  # `_loops`: the loops' rules
+from ._bodies import decision, quaxified_jaxpr
 from ._joins import (
     BodyFailed,
     Join,
@@ -50,8 +55,6 @@ from ._joins import (
     skeleton,
     trying,
 )
-from ._registry import register
-from ._values import Value, ValueLike, is_value
 
 
 __all__: list[str] = []

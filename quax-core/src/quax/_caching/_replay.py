@@ -58,8 +58,7 @@ from typing import Any, NamedTuple
 import jax
 import numpy as np
 
-from . import _caches, _jaxpr, _keys, _values
-from ._compat import (
+from .._compat import (
     DynamicJaxprTracer,
     Primitive,
     Tracer,
@@ -70,11 +69,14 @@ from ._compat import (
     staged_count,
     staged_since,
 )
+from .._dispatch._staged import jaxpr_holds_staged_values
+from .._foundation import _caches
+from .._values import _value
+from .._values._value import is_value, value_classes
+from . import _jaxpr, _keys
 from ._eager import field_layout
 from ._jaxpr import binds_directly, known_asks
 from ._keys import Identity, params_key, static_key
-from ._staged import jaxpr_holds_staged_values
-from ._values import is_value, value_classes
 
 
 __all__ = ["MAX_PRIMITIVE_RECORDINGS", "MAX_RECORDINGS", "bind", "inline"]
@@ -206,11 +208,7 @@ def inline(trace: Any, values: list[Any], jaxpr: Any, run: Any) -> list[Any]:
     """The outputs of the inlined `jit` of `jaxpr` on `values` (the quax `trace`'s
     inputs, as values and plain tracers): a replay of its recording, or `run()`
     (which evaluates it), recorded when it can be replayed."""
-    if (
-        _values._state.reports
-        or not _caches.enabled
-        or jaxpr_holds_staged_values(jaxpr)
-    ):
+    if _value._state.reports or not _caches.enabled or jaxpr_holds_staged_values(jaxpr):
         return run()
     table = _recordings.get(jaxpr)
     if table is None:
@@ -231,7 +229,7 @@ def bind(
     """The output of `primitive` bound on `values` (the quax `trace`'s inputs) with
     `params`, as `run()` (which applies its rule) gives it, or a replay of the
     equations that rule staged for the same key, with the current source info."""
-    if _values._state.reports or not _caches.enabled or primitive in _unreplayable:
+    if _value._state.reports or not _caches.enabled or primitive in _unreplayable:
         return run()
     found = _key(trace, values)
     if found is None:
@@ -287,7 +285,7 @@ def _replay_or_run(
         return _replay(trace, recording, leaves)
     if len(table) >= limit:
         return run()
-    state = _values._state
+    state = _value._state
     start = staged_count(trace.parent_trace)
     asked, materialised = known_asks(), state.count
     outer = current_source_info().name_stack

@@ -31,7 +31,8 @@ from typing import Any
 
 import pluggy
 
-from . import _journal, hookspecs
+from .. import hookspecs
+from .._foundation import _journal
 
 
 __all__ = [

@@ -6,7 +6,7 @@ import importlib
 from collections.abc import Callable
 from typing import Any
 
-from ._compat import typeof
+from .._compat import typeof
 
 
 __all__ = ["declared_aval"]
@@ -72,7 +72,7 @@ _trace: Any = None
 
 def _import_trace() -> Any:
     global _trace
-    _trace = importlib.import_module(f"{__package__}._trace")
+    _trace = importlib.import_module(".._transform._trace", __package__)
     return _trace
 
 

@@ -17,7 +17,7 @@ import jax
 import jax.extend.core.primitives as jprim
 import numpy as np
 
-from ._compat import (
+from .._compat import (
     EVAL_TRACE,
     ClosedJaxpr,
     DynamicJaxprTracer,
@@ -38,8 +38,8 @@ from ._compat import (
     staged_equation,
     user_context,
 )
+from .._values._value import Value
 from ._eager import require_concrete
-from ._values import Value
 
 
 __all__ = [

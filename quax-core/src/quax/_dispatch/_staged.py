@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import jax.tree_util as jtu
 from jax.interpreters import ad, batching, mlir
 
-from ._compat import (
+from .._compat import (
     ClosedJaxpr,
     Jaxpr,
     Primitive,
@@ -36,7 +36,7 @@ from ._compat import (
     staged_values_state,
     stages_or_batches,
 )
-from ._values import Value, describe, materialise_or_explain
+from .._values._value import Value, describe, materialise_or_explain
 
 
 __all__ = [

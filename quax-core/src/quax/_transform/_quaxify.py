@@ -10,8 +10,8 @@ import jax
 import jax.tree_util as jtu
 from jaxtyping import PyTree
 
-from . import _plugins
-from ._compat import (
+from .._caching._eager import call_compiled
+from .._compat import (
     EQX_WRAPPER_FIELD_NAMES,
     Tracer,
     batching,
@@ -20,10 +20,10 @@ from ._compat import (
     is_eval_trace,
     stages_or_batches,
 )
-from ._eager import call_compiled
-from ._staged import stage_value, staging_joins
+from .._dispatch import _plugins
+from .._dispatch._staged import stage_value, staging_joins
+from .._values._value import describe, is_value, value_classes
 from ._trace import QuaxTrace, active_trace, run_nested
-from ._values import describe, is_value, value_classes
 
 
 __all__ = ["quaxify"]

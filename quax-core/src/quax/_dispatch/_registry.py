@@ -14,10 +14,15 @@ import jax
 import numpy as np
 import plum
 
-from . import _caches, _journal
-from ._compat import Primitive
-from ._owners import RuleConflictWarning, describe_rule, owner, report_conflict
-from ._values import Value, describe_types, is_value
+from .._compat import Primitive
+from .._foundation import _caches, _journal
+from .._foundation._owners import (
+    RuleConflictWarning,
+    describe_rule,
+    owner,
+    report_conflict,
+)
+from .._values._value import Value, describe_types, is_value
 
 
 __all__ = [

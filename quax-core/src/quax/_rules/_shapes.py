@@ -37,9 +37,9 @@ import equinox as eqx
 import jax
 import jax.tree_util as jtu
 
-from ._jaxpr import eval_quaxified
-from ._staged import jaxpr_holds_staged_values, staged_values_into
-from ._trace import QuaxTrace, QuaxTracer, active_trace, run_nested
+from .._caching._jaxpr import eval_quaxified
+from .._dispatch._staged import jaxpr_holds_staged_values, staged_values_into
+from .._transform._trace import QuaxTrace, QuaxTracer, active_trace, run_nested
 
 
 __all__ = ["eval_shape_with_values"]
