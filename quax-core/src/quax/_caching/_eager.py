@@ -10,7 +10,7 @@ of them and fields equal by `==`, as a type may make their equality loose, or
 stricter than their text, as an object equal only to itself), which inputs and
 leaves are one object (a rule may give `K + K` a closed form that `K + K2` has
 not: the program then takes each leaf once, and rebuilds each value once), the
-plain inputs, and the context of every cache's key (see `quax._keys`: the
+plain inputs, and the context of every cache's key (see `quax._caching._keys`: the
 settings that rules read, such as `quax.zero.ieee_strict`, JAX's trace context,
 the debug-check flag and the registry's generation).
 
@@ -319,7 +319,7 @@ _caches.measured(
 # it stages (see `_verify`).
 _made = _caches.Table("compiled eager programs: what each was made with", 4096)
 
-# The components of a program's key (see `quax._keys`).
+# The components of a program's key (see `quax._caching._keys`).
 _KEY = ("types, static fields, avals and constants", "aliasing", *_keys.CONTEXT)
 
 
@@ -438,7 +438,7 @@ def _verify(
     found: Any,
 ) -> None:
     """Verify mode: trace the program of a hit afresh, and raise when it stages or
-    gives otherwise than the program kept (see `quax._caches`)."""
+    gives otherwise than the program kept (see `quax._foundation._caches`)."""
     made = _made.get(entry)
     if made is None:
         return  # made before verify mode was on

@@ -17,7 +17,7 @@ context (the settings its own tracing caches key on: the default matmul precisio
 the mesh, `enable_x64`, ...), the settings rules read (`quax.zero.ieee_strict`, and
 any that a family declares with `quax.plugins.add_setting`), the debug-check
 flag and the registry's generation (the context of every cache's key, see
-`quax._keys`). Rules are functions of these: a rule's Python runs once per key
+`quax._caching._keys`). Rules are functions of these: a rule's Python runs once per key
 while staging. A body is only kept when its first run shows that replaying it
 gives exactly what running it gives:
 
@@ -42,14 +42,14 @@ Inputs that are the same tracer (`x * x`) are part of the key too: which leaves
 are one tracer, in which places (`T + T` and `T + U` with `U` sharing two of
 `T`'s three diagonals have different keys).
 
-In verify mode (`QUAX_VERIFY_CACHES=1`, see `quax._caches`), a hit runs the rules
-instead of replaying, and raises when what they stage differs from the recording.
+In verify mode (`QUAX_VERIFY_CACHES=1`, see `quax._foundation._caches`), a hit runs the
+rules instead of replaying, and raises when what they stage differs from the recording.
 
 The values in a replay's output are rebuilt field by field, as `jax.tree_util`
 rebuilds them, with the first run's static fields. Nothing is replayed (or kept)
 while materialisations are tracked, inside `shard_map`, for a primitive with a
 sub-jaxpr or a host callback, or when a `jit` body stages values (see
-`quax._staged`); registering a rule drops every recording.
+`quax._dispatch._staged`); registering a rule drops every recording.
 """
 
 import weakref
@@ -156,7 +156,7 @@ _caches.measured(
 # What the recordings were made with, for verify mode: the key's components.
 _made = _caches.Table("replayed recordings: their key components (verify mode)", 4096)
 
-# The components of a replay key (see `quax._keys`).
+# The components of a replay key (see `quax._caching._keys`).
 _KEY = ("types, static fields and avals", "aliasing", *_keys.CONTEXT)
 
 
@@ -482,7 +482,7 @@ def _verified(
     run: Any,
 ) -> list[Any]:
     """Verify mode: run the rules afresh instead of replaying `recording`, and
-    raise when what they stage differs from it (see `quax._caches`)."""
+    raise when what they stage differs from it (see `quax._foundation._caches`)."""
     start = staged_count(trace.parent_trace)
     outer = current_source_info().name_stack
     out = run()

@@ -193,8 +193,8 @@ def _rebuild(primitive: Primitive) -> None:
 def _withdraw(
     primitive: Primitive, new: _Registration, replaced: _Registration | None
 ) -> None:
-    """Take back the registration `new` (see `quax._journal`): the rule it replaced
-    comes back, if any."""
+    """Take back the registration `new` (see `quax._foundation._journal`): the rule it
+    replaced comes back, if any."""
     with _lock:
         registrations = _registrations.get(primitive, [])
         for i, registration in enumerate(registrations):

@@ -232,7 +232,7 @@ def lift(value: Value, trace: Any, between: list[Any]) -> Any:
     - `value`: the value.
     - `trace`: the innermost quax trace, which the current trace is or runs inside.
     - `between`: the traces between `trace` and the current one (innermost first),
-        as `quax._trace.active_trace` gives them.
+        as `quax._transform._trace.active_trace` gives them.
 
     **Returns:**
 

@@ -26,8 +26,8 @@ _eval_cache: "weakref.WeakKeyDictionary[Any, Callable[..., list[Any]]]" = (
 def quaxified_jaxpr(jaxpr: Any) -> Callable[..., list[Any]]:
     """A quaxified function evaluating `jaxpr` (closed or open), cached per jaxpr so
     that JAX's own tracing caches hit when the same jaxpr comes back. A jaxpr that
-    stages values (see `quax._staged`) runs under a quax trace even on plain inputs,
-    as only one gives those values their types."""
+    stages values (see `quax._dispatch._staged`) runs under a quax trace even on plain
+    inputs, as only one gives those values their types."""
     try:
         return _eval_cache[jaxpr]
     except (KeyError, TypeError):

@@ -127,7 +127,7 @@ _by_value = Table("nested jits taking plain arguments by value", MAX_NESTED_JITS
 # What each body was made with, for verify mode: its key's components.
 _made = Table("nested jit bodies: their key components (verify mode)", MAX_NESTED_JITS)
 
-# The components of a body's key (see `quax._keys`).
+# The components of a body's key (see `quax._caching._keys`).
 _KEY = (
     "name",
     "keep_unused",
@@ -194,7 +194,7 @@ def _call(
 
 def _structure(x: Any) -> Any:
     """The strict structure of the value `x`: its type and static fields, equal
-    only for the same text (see `quax._eager.value_structure`)."""
+    only for the same text (see `quax._caching._eager.value_structure`)."""
     structure = value_structure(x)[0]
     return repr(jtu.tree_structure(x)) if structure is None else structure
 
@@ -289,8 +289,8 @@ def _known_index(index: Any) -> int | None:
     literal, or a constant under `jit`), else `None`. In eager mode the index is a
     run-time value: with another one the other branch would run, so the branches
     must still join. That includes library code run eagerly as one compiled
-    program (`quax._eager`), which must answer as it would equation by equation:
-    its index is not read there."""
+    program (`quax._caching._eager`), which must answer as it would equation by
+    equation: its index is not read there."""
     if not staging():
         return None
     known = known_constant(index, 1)

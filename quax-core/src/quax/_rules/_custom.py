@@ -2,7 +2,8 @@
 
 Each re-binds its primitive at the parent of the quax trace, over the leaves of the
 values, with its sub-functions run on the values under a nested quax trace. The
-trace reaches these through its table of higher-order rules (see `_trace.py`).
+trace reaches these through its table of higher-order rules (see
+`_transform/_trace.py`).
 """
 
 from collections.abc import Callable, Sequence

@@ -382,7 +382,7 @@ class Fill(Value):
     dtype: Any = eqx.field(static=True)
 
     # Settle this type's inputs before any other type's `default` (see
-    # `quax._registry`): it only stands in for a plain array.
+    # `quax._dispatch._registry`): it only stands in for a plain array.
     settles_first: ClassVar[bool] = True
 
     @classmethod

@@ -4,7 +4,7 @@ A `QuaxTracer` stands for one [`quax.Value`][] inside a quaxified function. When
 primitive is bound with at least one of them, `QuaxTrace.process_primitive` looks up a
 rule for the input types (through the registry's cache) and runs it under the parent
 trace. Control-flow primitives (`jit`, `cond`, `while`, ...) have registered rules
-like any other (`_control_flow.py`). Custom derivatives and `shard_map` reach the
+like any other (`_rules/_control_flow.py`). Custom derivatives and `shard_map` reach the
 trace through its `process_*` methods instead; their rules are in the table
 `higher_order_rules`, which the modules defining them fill, as JAX's
 `batching.primitive_batchers` is filled: this module imports none of them.
@@ -73,15 +73,17 @@ _T = TypeVar("_T")
 
 # The rules for the primitives that reach the trace through a `process_*` method
 # rather than `process_primitive`: `custom_jvp_call`, `custom_vjp_call` and
-# `shard_map` (filled by `_custom.py`). Each takes the trace, the primitive, its
+# `shard_map` (filled by `_rules/_custom.py`). Each takes the trace, the primitive, its
 # sub-functions, the input values and params, as the method that calls it shows.
 higher_order_rules: dict[Primitive, Callable[..., Any]] = {}
 # Primitives whose rules' outputs the debug checks do not compare with the
-# primitive's abstract evaluation (higher-order ones: filled by `_control_flow.py`).
+# primitive's abstract evaluation (higher-order ones: filled by
+# `_rules/_control_flow.py`).
 unchecked_primitives: set[Primitive] = set()
-# Primitives with sub-jaxprs whose rules re-run them (filled by `_control_flow.py`):
-# one whose jaxprs stage a value (see `quax._staged`) goes to its rule even without
-# a value among its inputs, as only a quax trace can give that value its type.
+# Primitives with sub-jaxprs whose rules re-run them (filled by
+# `_rules/_control_flow.py`): one whose jaxprs stage a value (see
+# `quax._dispatch._staged`) goes to its rule even without a value among its inputs, as
+# only a quax trace can give that value its type.
 staging_primitives: set[Primitive] = set()
 
 _debug_checks = os.environ.get("QUAX_DEBUG_CHECKS", "") not in ("", "0")
@@ -185,8 +187,8 @@ def _call_rewrapped(trace: "QuaxTrace", method: Any, *args: Any, **kwargs: Any) 
 
 
 # Python operators on a tracer of an eager quax trace, with another one of it or a
-# small plain operand, run as one compiled program (see `quax._eager`) rather than
-# through `jax.numpy`'s inlined `jit`, equation by equation; otherwise as on any
+# small plain operand, run as one compiled program (see `quax._caching._eager`) rather
+# than through `jax.numpy`'s inlined `jit`, equation by equation; otherwise as on any
 # tracer.
 _PLAIN = (Array, np.ndarray, np.generic, int, float, complex)
 
@@ -263,7 +265,7 @@ class QuaxTrace(Trace):
         # runs as one compiled program, as JAX runs it on plain arrays.
         self.eager = is_eval_trace(parent_trace)
         # Whether it stages a program, outside `shard_map`: then an inlined `jit`
-        # replays the equations its body staged before (see `quax._replay`).
+        # replays the equations its body staged before (see `quax._caching._replay`).
         self.replays = type(parent_trace) is DynamicJaxprTrace and not self.manual
 
     def to_value(self, x: Any) -> Any:
@@ -398,8 +400,8 @@ register_bind_conversion(Value, _bound_value)
 
 def _jax_array(value: Value) -> Any:
     """`Value.__jax_array__`: the value lifted into the active quax trace (see
-    `quax._staged.lift`); outside one, or in a trace that dispatches only on the
-    values a `filter_spec` selects, its materialisation under its policy."""
+    `quax._dispatch._staged.lift`); outside one, or in a trace that dispatches only on
+    the values a `filter_spec` selects, its materialisation under its policy."""
     trace, between = active_trace()
     if trace is None or trace.selective:
         return type(value).materialise(value)
@@ -478,7 +480,8 @@ def _inline_jit(tracers: Sequence[Any], params: dict[str, Any]) -> list[Any]:
 
 
 def _compiled_inline(values: list[Any], params: dict[str, Any]) -> tuple[bool, Any]:
-    """An inlined `jit` in eager mode, as one compiled program (see `quax._eager`)."""
+    """An inlined `jit` in eager mode, as one compiled program (see
+    `quax._caching._eager`)."""
     jaxpr = params["jaxpr"]
     return call_compiled(jaxpr, lambda: ft.partial(_run_jaxpr, jaxpr), values)
 

@@ -65,8 +65,8 @@ def _check_aval_leaf(cls: type, name: str) -> None:
     )
 
 
-# `quax._trace`, which owns the flag of `quax.set_debug_checks` and imports this
-# module: imported on the first declared aval, then read as a global.
+# `quax._transform._trace`, which owns the flag of `quax.set_debug_checks` and imports
+# this module: imported on the first declared aval, then read as a global.
 _trace: Any = None
 
 
