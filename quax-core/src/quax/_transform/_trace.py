@@ -288,9 +288,13 @@ class QuaxTrace(Trace):
     def process_primitive(
         self, primitive: Primitive, tracers: Sequence[Any], params: dict[str, Any], /
     ) -> Any:
+        """Bind `primitive` on `tracers`, some of them this trace's, as JAX's own
+        traces do (`BatchTrace.process_primitive`): the inputs' values out of this
+        trace's tracers, the primitive to the parent trace when none is this
+        trace's, and otherwise, in turn, a staged value, the caches, the rule."""
         # The hot path of quax: kept to plain loops, one dict lookup (the registry's
-        # dispatch cache, read here rather than through `rule_for`), and JAX's trace
-        # switch without its context manager.
+        # dispatch cache, read in `apply_rule` rather than through `rule_for`), and
+        # JAX's trace switch without its context manager.
         tag = self.tag
         values = []
         found = False
@@ -300,30 +304,42 @@ class QuaxTrace(Trace):
                 found = True
             else:
                 values.append(t)
+        # A staged value: a value built inside a function that JAX staged, which
+        # only this trace can give its type back (see `quax._dispatch._staged`).
         if primitive is staged_value_p:
             return QuaxTracer(self, unstage(values, **params))
         if not found and not (
             primitive in staging_primitives and holds_staged_values(params)
         ):
             return self.parent_trace.process_primitive(primitive, values, params)
+        # The caches: an inlined `jit` (every `jax.numpy` function) as a compiled
+        # eager program or a replayed recording; while a program is staged, a
+        # recording of what the rule staged for the same key.
         if primitive is jit_p and jit_inlines(params):
-            if self.eager:
-                done, out = call_rule_at_trace(
-                    self.parent_trace, _compiled_inline, values, params
-                )
-                if done:
-                    return [
-                        QuaxTracer(self, o, True) if is_value(o) else o for o in out
-                    ]
-            if self.replays:
-                run = ft.partial(call_at_trace, self, _inline_jit, tracers, params)
-                jaxpr = params["jaxpr"]
-                return _replay.inline(self, values, jaxpr, run)
-            return call_at_trace(self, _inline_jit, tracers, params)
+            return self._inline(tracers, values, params)
         if self.replays and primitive not in unchecked_primitives:
             run = ft.partial(self.apply_rule, primitive, values, params)
             return _replay.bind(self, primitive, values, params, run)
+        # The rule.
         return self.apply_rule(primitive, values, params)
+
+    def _inline(
+        self, tracers: Sequence[Any], values: list[Any], params: dict[str, Any]
+    ) -> Any:
+        """An inlined `jit` of `values` (`tracers`' values): eagerly, one compiled
+        program (see `quax._caching._eager`); while a program is staged, a replay of
+        the equations its body staged before (see `quax._caching._replay`); else its
+        equations bound one by one on this trace, each dispatched to its rule."""
+        if self.eager:
+            done, out = call_rule_at_trace(
+                self.parent_trace, _compiled_inline, values, params
+            )
+            if done:
+                return [QuaxTracer(self, o, True) if is_value(o) else o for o in out]
+        if self.replays:
+            run = ft.partial(call_at_trace, self, _inline_jit, tracers, params)
+            return _replay.inline(self, values, params["jaxpr"], run)
+        return call_at_trace(self, _inline_jit, tracers, params)
 
     def apply_rule(
         self, primitive: Primitive, values: list[Any], params: dict[str, Any]
