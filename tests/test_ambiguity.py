@@ -25,7 +25,7 @@ import quax
 from jax import lax
 from jax.extend.core import Primitive
 from jaxtyping import ArrayLike
-from quax import _registry
+from quax._dispatch import _registry
 from quax.zero import Zero
 
 

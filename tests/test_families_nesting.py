@@ -118,7 +118,7 @@ def test_closed_over_zero_meets_traced_quantity() -> None:
 
 # Values built inside a `jax.jit` (or `vmap`, `cond`) in the quaxified function: JAX
 # traces the jit with the value types erased, so the values are staged and built
-# where quax re-runs what JAX staged (see `quax._staged`).
+# where quax re-runs what JAX staged (see `quax._dispatch._staged`).
 
 
 def _speed(s: Any) -> Any:

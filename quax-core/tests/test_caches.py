@@ -16,11 +16,11 @@ import numpy as np
 import pytest
 import quax
 import quax.__main__ as quax_main
-import quax._caches
-import quax._control_flow as _control_flow
-import quax._eager as quax_eager
-import quax._keys
-import quax._registry as _registry
+import quax._caching._eager as quax_eager
+import quax._caching._keys
+import quax._dispatch._registry as _registry
+import quax._foundation._caches
+import quax._rules._control_flow as _control_flow
 from jax import lax
 from jaxtyping import Array, ArrayLike
 from quax.zero import Zero, ieee_strict
@@ -317,7 +317,7 @@ def test_caching_off_runs_every_rule() -> None:
         for _ in range(3):
             np.testing.assert_allclose(g(Counted(A)).array, expected, rtol=1e-6)
         assert quax_eager.programs_traced == traced  # no compiled eager program
-        assert all(size == 0 for _, size, _ in quax._caches.report())
+        assert all(size == 0 for _, size, _ in quax._foundation._caches.report())
     for o in out:
         np.testing.assert_allclose(o.array, expected, rtol=1e-6)
     before = _runs["sin"]
@@ -326,7 +326,7 @@ def test_caching_off_runs_every_rule() -> None:
 
 
 def test_caching_follows_the_environment() -> None:
-    code = "import quax, quax._caches as c; print(c.enabled, c.verifying)"
+    code = "import quax, quax._foundation._caches as c; print(c.enabled, c.verifying)"
     env = {**os.environ, "QUAX_CACHING": "0", "QUAX_VERIFY_CACHES": "1"}
     out = subprocess.run(
         [sys.executable, "-c", code], env=env, capture_output=True, text=True
@@ -347,7 +347,7 @@ def test_report_names_every_cache(capsys: pytest.CaptureFixture[str]) -> None:
         "nested jit bodies",
     ]:
         assert f"  {name}: " in printed
-    sizes = {name: size for name, size, _ in quax._caches.report()}
+    sizes = {name: size for name, size, _ in quax._foundation._caches.report()}
     assert sizes["compiled eager programs"] >= 1
     assert sizes["dispatch cache"] >= 1
 
@@ -359,15 +359,15 @@ def test_report_names_every_cache(capsys: pytest.CaptureFixture[str]) -> None:
 def verifying(monkeypatch: pytest.MonkeyPatch) -> Any:
     """Verify mode on, from empty caches; `plant(name)` leaves a component out of
     every key."""
-    monkeypatch.setattr(quax._caches, "verifying", True)
-    quax._caches.invalidate()
+    monkeypatch.setattr(quax._foundation._caches, "verifying", True)
+    quax._foundation._caches.invalidate()
 
     def plant(name: str) -> None:
-        monkeypatch.setattr(quax._keys, "omitted", frozenset({name}))
-        quax._caches.invalidate()
+        monkeypatch.setattr(quax._caching._keys, "omitted", frozenset({name}))
+        quax._foundation._caches.invalidate()
 
     yield plant
-    quax._caches.invalidate()
+    quax._foundation._caches.invalidate()
 
 
 def test_verify_mode_passes_correct_caches(verifying: Any) -> None:

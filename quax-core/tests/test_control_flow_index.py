@@ -5,8 +5,8 @@ run-time value, and the index is not read (whose branches must join instead)."""
 import jax
 import jax.numpy as jnp
 import numpy as np
-import quax._eager as quax_eager
-from quax._control_flow import _known_index
+import quax._caching._eager as quax_eager
+from quax._rules._control_flow import _known_index
 
 from .helpers import Dense
 

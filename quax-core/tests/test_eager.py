@@ -1,6 +1,6 @@
 """Eager quax runs library code on values as one compiled program per call
-(`quax._eager`): inlined `jit`s (every `jax.numpy` function), Python operators on
-traced values, and `quax.quaxify` of a jitted or `operator` function. What must not
+(`quax._caching._eager`): inlined `jit`s (every `jax.numpy` function), Python operators
+on traced values, and `quax.quaxify` of a jitted or `operator` function. What must not
 change: exact results, the user's Python side effects and `jax.debug` calls, the
 materialisation report, and refusals (same point, same text)."""
 
@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import quax
-import quax._eager as quax_eager
+import quax._caching._eager as quax_eager
 from jaxtyping import Array
 
 from .helpers import Dense

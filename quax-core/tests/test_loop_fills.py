@@ -236,7 +236,7 @@ def test_fills_of_nans_with_other_signs_are_other_fills() -> None:
     # A select between two fills is one of them only when they are the same array
     # bit for bit: +NaN and -NaN (and 0.0 and -0.0) are not (their `repr`s once
     # made +NaN and -NaN one key, and the select gave the first fill's sign).
-    from quax._joins import Fill
+    from quax._rules._joins import Fill
 
     nan = float("nan")
     plus = Fill(nan, (3,), jnp.dtype(jnp.float32))

@@ -1,5 +1,5 @@
 """Values built inside a function that JAX stages (`jit`, `cond`, ...) or batches
-(`vmap`) in a quaxified function join the quax trace (see `quax._staged`).
+(`vmap`) in a quaxified function join the quax trace (see `quax._dispatch._staged`).
 
 `jax.jit(g)(t)` inside `quax.quaxify` traces `g` with `t`'s type erased; a value
 that `g` builds and multiplies with `t` used to dispatch on that erased type and

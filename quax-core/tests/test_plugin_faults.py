@@ -23,7 +23,7 @@ import pytest
 import quax
 import quax.testing
 from jax import lax
-from quax import _plugins
+from quax._dispatch import _plugins
 from quax.plugins import PluginWarning
 from quax.testing import registry_state
 
@@ -77,7 +77,9 @@ def test_a_failed_family_keeps_no_rule() -> None:
 def test_the_fault_check_finds_what_is_kept(monkeypatch: pytest.MonkeyPatch) -> None:
     # With the take-back turned off, the check names the rule that stayed.
     kept: list[Any] = []
-    monkeypatch.setattr(quax._journal, "record", lambda undo, module: kept.append(undo))
+    monkeypatch.setattr(
+        quax._foundation._journal, "record", lambda undo, module: kept.append(undo)
+    )
 
     def register() -> None:
         @quax.register(lax.sinh_p)

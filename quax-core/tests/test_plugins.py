@@ -71,7 +71,7 @@ def first_import(site: Path) -> dict:
         import quax
         modules = [m for m in sys.modules if m.startswith("quax_")]
         import quax.examples.fixture_family as fam
-        from quax import _plugins
+        from quax._dispatch import _plugins
         # A first-party family that is not installed (every real one is, here).
         _plugins.KNOWN_DISTRIBUTIONS["nonesuch"] = "quax-nonesuch"
         try:
@@ -419,6 +419,6 @@ def test_published_quax_beside_quax_core_is_reported(tmp_path: Path) -> None:
 
 
 def test_no_shadow_warning_without_the_published_quax() -> None:
-    from quax._shadow import shadowing_message
+    from quax._foundation._shadow import shadowing_message
 
     assert shadowing_message() is None

@@ -1,11 +1,11 @@
-"""An inlined `jit` (every `jax.numpy` function), or a primitive, traced again on
-values of the same key replays the equations its rules staged the first time
-(`quax._replay`): the program is the one running the rules gives, and the recording
-is not reused for other value types, other static fields, other plain inputs' avals,
-other params, other settings (quax's and JAX's), aliased inputs, a rule that read a
-constant through `quax.known_constant`, or after `quax.register`. Floats in keys
-count by their bits, and static fields that a rule makes afresh are never shared
-between binds."""
+"""An inlined `jit` (every `jax.numpy` function), or a primitive, traced again on values
+of the same key replays the equations its rules staged the first time
+(`quax._caching._replay`): the program is the one running the rules gives, and the
+recording is not reused for other value types, other static fields, other plain inputs'
+avals, other params, other settings (quax's and JAX's), aliased inputs, a rule that read
+a constant through `quax.known_constant`, or after `quax.register`. Floats in keys count
+by their bits, and static fields that a rule makes afresh are never shared between
+binds."""
 
 import contextvars
 from collections.abc import Sequence
@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import quax
-import quax._replay as quax_replay
+import quax._caching._replay as quax_replay
 from jax import lax
 from jaxtyping import ArrayLike
 

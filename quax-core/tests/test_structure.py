@@ -111,53 +111,39 @@ def test_core_imports_run_one_way() -> None:
 
 def test_import_walk_finds_a_cycle_and_a_nested_import(tmp_path: Path) -> None:
     # The walk itself: a nested import and a relative import are seen as such.
-    top, nested = _imports("quax._trace")
-    assert "quax._compat" in top and "quax._registry" in top
+    top, nested = _imports("quax._transform._trace")
+    assert "quax._compat" in top and "quax._dispatch._registry" in top
     assert nested == []
-    assert "quax._quaxify" in _imports("quax.zero._rules")[0]
+    assert "quax._transform._quaxify" in _imports("quax.zero._rules")[0]
 
 
-# The core's layers, lowest first: a module imports only modules of its own layer or
-# of the layers below it (`docs/architecture.md` draws them). A module holds one
+# The core's layers, lowest first. A layer is a subpackage of `quax` (its docstring
+# says what the layer owns); the few modules whose paths are public stay at the top
+# and are named here with their layer. A module imports only modules of its own layer
+# or of the layers below it (`docs/architecture.md` draws them). A module holds one
 # concept, however long; this test, not a line count, keeps the core's shape.
 LAYERS: dict[str, set[str]] = {
-    # What every layer may use: JAX's private API, the cache tables and their switch,
-    # the registration journal, the rules' owners, tables of primitives, the
-    # published-quax shadow check.
-    "foundation": {
-        "_compat",
-        "_caches",
-        "_journal",
-        "_version",
-        "_owners",
-        "_zero_preserving",
-        "_select",
-        "_shadow",
-    },
-    # The values quax dispatches on, their avals and the materialisation policy.
-    "values": {"_values", "_avals", "_constructors", "_policy", "hookspecs"},
+    # What every layer may use: the cache tables and their switch, the registration
+    # journal, the rules' owners, tables of primitives, the published-quax shadow
+    # check, the version; and JAX's private API, at `quax._compat` (the path the
+    # published quax's clients import it from).
+    "foundation": {"_foundation", "_compat"},
+    # The values quax dispatches on, their avals and the materialisation policy; and
+    # the hooks a family implements (`quax.hookspecs`).
+    "values": {"_values", "hookspecs"},
     # Rules and how they are found: the registry, values staged inside a program,
     # and the plugin loader (which `quaxify` runs on its first call).
-    "dispatch": {"_registry", "_staged", "_plugins"},
+    "dispatch": {"_dispatch"},
     # What quax keeps between binds and calls: the one key builder, compiled eager
     # programs, the jaxpr interpreter's steps, the recordings replayed while a
-    # program is staged. (The tables themselves, `_caches`, are a foundation.)
-    "caches": {"_keys", "_eager", "_jaxpr", "_replay"},
+    # program is staged. (The tables themselves, `_foundation/_caches.py`, are a
+    # foundation.)
+    "caches": {"_caching"},
     # The transform itself.
-    "transform": {"_trace", "_quaxify"},
-    # Rules for higher-order primitives, and the built-in symbolic zeros family.
-    "higher-order rules": {
-        "_bodies",
-        "_joins",
-        "_loops",
-        "_control_flow",
-        "_custom",
-        "_callbacks",
-        "_leafwise",
-        "_decompositions",
-        "_shapes",
-        "zero",
-    },
+    "transform": {"_transform"},
+    # Rules for higher-order primitives, and the built-in symbolic zeros family
+    # (`quax.zero`).
+    "higher-order rules": {"_rules", "zero"},
     # What users and families call on top: the public modules, introspection, the
     # conformance kit and the command line.
     "interface": {
@@ -172,15 +158,16 @@ LAYERS: dict[str, set[str]] = {
 
 
 def _layer_of(module: str) -> int:
-    """The index in `LAYERS` of `quax.<module>` (its first component after
-    `quax.`; `quax` itself is `__init__`)."""
+    """The index in `LAYERS` of `quax.<module>`: the layer of its subpackage (or
+    top-level module) below `quax` (`quax` itself is `__init__`)."""
     name = module.split(".")[1] if "." in module else "__init__"
     for index, members in enumerate(LAYERS.values()):
         if name in members:
             return index
     raise AssertionError(
-        f"{module} is in no layer: add it to `LAYERS` in this test, and to "
-        "docs/architecture.md, at the lowest layer whose modules it needs"
+        f"{module} is in no layer: move it into the subpackage of the lowest layer "
+        "whose modules it needs (a new top-level module or subpackage goes into "
+        "`LAYERS` in this test), and name it in docs/architecture.md"
     )
 
 
@@ -201,11 +188,27 @@ def test_layers_import_only_layers_below() -> None:
 def test_layer_walk_names_an_upward_import() -> None:
     # The walk itself: `_trace` (transform) imports `_replay` (caches), which is
     # below it; the reverse would be reported.
-    assert "quax._replay" in _imports("quax._trace")[0]
-    assert _layer_of("quax._replay") < _layer_of("quax._trace")
+    assert "quax._caching._replay" in _imports("quax._transform._trace")[0]
+    assert _layer_of("quax._caching._replay") < _layer_of("quax._transform._trace")
     assert _layer_of("quax.zero._rules") == list(LAYERS).index("higher-order rules")
+    assert _layer_of("quax._compat") == 0
     with pytest.raises(AssertionError, match="is in no layer"):
         _layer_of("quax._nowhere")
+    with pytest.raises(AssertionError, match="is in no layer"):
+        _layer_of("quax._nowhere._module")
+
+
+def test_every_layer_package_says_what_it_owns() -> None:
+    packages = [
+        name
+        for members in LAYERS.values()
+        for name in members
+        if name.startswith("_") and (SOURCE / name / "__init__.py").exists()
+    ]
+    assert len(packages) == 6
+    for name in packages:
+        doc = ast.get_docstring(ast.parse((SOURCE / name / "__init__.py").read_text()))
+        assert doc and "layer" in doc, f"quax.{name} has no docstring naming its layer"
 
 
 def test_architecture_page_names_every_module() -> None:
@@ -318,7 +321,7 @@ def test_unknown_attribute_loads_no_family() -> None:
 
 
 def test_symbolic_zeros_are_a_builtin_family() -> None:
-    from quax import _plugins
+    from quax._dispatch import _plugins
 
     (zero,) = [f for f in quax.plugins.families() if f.name == "zero"]
     assert zero.builtin and zero.state == "loaded"
@@ -336,7 +339,7 @@ def test_loop_bodies_tried_per_thread() -> None:
     # loops report a failing body.
     import threading
 
-    from quax import _joins
+    from quax._rules import _joins
 
     seen = []
     with _joins.catching():
@@ -349,7 +352,7 @@ def test_loop_bodies_tried_per_thread() -> None:
 
 
 def test_run_nested_checks_for_leaks() -> None:
-    from quax import _trace
+    from quax._transform import _trace
 
     kept = []
 

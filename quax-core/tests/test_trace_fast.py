@@ -13,10 +13,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import quax
-import quax._eager as quax_eager
+import quax._caching._eager as quax_eager
 from jax import lax
 from jax.experimental.compute_on import compute_on
-from quax._jaxpr import _steps, binds_directly
+from quax._caching._jaxpr import _steps, binds_directly
 
 from .helpers import Dense
 

@@ -1,33 +1,15 @@
 """Quax: multiple dispatch over custom array-ish objects in JAX."""
 
 from . import (
-    # The modules that register the core's rules for higher-order primitives.
-    _callbacks as _callbacks,
-    _control_flow as _control_flow,
-    _custom as _custom,
-    _decompositions as _decompositions,
-    _leafwise as _leafwise,
-    _plugins as _plugins,
-    _shadow as _shadow,
-    _shapes as _shapes,
     examples as examples,
     hookspecs as hookspecs,
     plugins as plugins,
     zero as zero,
 )
-from ._caches import (
-    CacheMismatchError as CacheMismatchError,
-    caching as caching,
-)
-from ._eager import set_eager_compilation as set_eager_compilation
-from ._jaxpr import known_constant as known_constant
-from ._joins import JoinError as JoinError
-from ._policy import (
-    GuardedValue as GuardedValue,
-    MaterialisationError as MaterialisationError,
-)
-from ._quaxify import quaxify as quaxify
-from ._registry import (
+from ._caching._eager import set_eager_compilation as set_eager_compilation
+from ._caching._jaxpr import known_constant as known_constant
+from ._dispatch import _plugins as _plugins
+from ._dispatch._registry import (
     Resolution as Resolution,
     RuleConflictWarning as RuleConflictWarning,
     fallback_rule as fallback_rule,
@@ -35,18 +17,38 @@ from ._registry import (
     register_elementwise as register_elementwise,
     resolve as resolve,
 )
-from ._select import map_selected as map_selected
-from ._shadow import QuaxShadowWarning as QuaxShadowWarning
-from ._trace import set_debug_checks as set_debug_checks
-from ._values import (
+from ._foundation import _shadow as _shadow
+from ._foundation._caches import (
+    CacheMismatchError as CacheMismatchError,
+    caching as caching,
+)
+from ._foundation._select import map_selected as map_selected
+from ._foundation._shadow import QuaxShadowWarning as QuaxShadowWarning
+from ._foundation._version import __version__ as __version__
+from ._foundation._zero_preserving import ZERO_PRESERVING as ZERO_PRESERVING
+from ._rules import (
+    # The modules that register the core's rules for higher-order primitives.
+    _callbacks as _callbacks,
+    _control_flow as _control_flow,
+    _custom as _custom,
+    _decompositions as _decompositions,
+    _leafwise as _leafwise,
+    _shapes as _shapes,
+)
+from ._rules._joins import JoinError as JoinError
+from ._transform._quaxify import quaxify as quaxify
+from ._transform._trace import set_debug_checks as set_debug_checks
+from ._values._policy import (
+    GuardedValue as GuardedValue,
+    MaterialisationError as MaterialisationError,
+)
+from ._values._value import (
     ArrayValue as ArrayValue,
     MaterialisationReport as MaterialisationReport,
     Value as Value,
     is_value as is_value,
     track_materialisation as track_materialisation,
 )
-from ._version import __version__ as __version__
-from ._zero_preserving import ZERO_PRESERVING as ZERO_PRESERVING
 
 
 _plugins.load_builtins()

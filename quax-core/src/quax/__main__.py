@@ -8,12 +8,13 @@ from collections.abc import Callable, Sequence
 
 import jax
 
-from . import _caches, _plugins
+from ._dispatch import _plugins
+from ._dispatch._registry import Resolution, resolve
+from ._foundation import _caches
+from ._foundation._shadow import shadowing_message
 from ._introspect import primitive_named, summarise
-from ._policy import GuardedValue
-from ._registry import Resolution, resolve
-from ._shadow import shadowing_message
-from ._values import track_materialisation
+from ._values._policy import GuardedValue
+from ._values._value import track_materialisation
 
 
 class _UsageError(Exception):

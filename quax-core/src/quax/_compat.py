@@ -2,7 +2,8 @@
 
 A JAX upgrade should touch this file and no other. The rest of quax imports the names
 below rather than reaching into `jax._src` or `equinox._module` itself. Nothing here
-interprets a program: the interpreters built on these names live in `_jaxpr.py`.
+interprets a program: the interpreters built on these names live in
+`_caching/_jaxpr.py`.
 """
 
 import contextlib
@@ -262,9 +263,9 @@ _trace_strong = _core.trace_state_strong_ref
 _trace_weak = _core.trace_state
 
 # Whether values built inside a function that JAX stages (`jit`, `cond`, ...) in the
-# body of a quaxified function are staged as values (see `quax._staged`). A thread-local
-# setting that is part of JAX's trace context, as the functions JAX traces there give
-# other jaxprs than elsewhere: JAX's tracing caches must not mix the two.
+# body of a quaxified function are staged as values (see `quax._dispatch._staged`). A
+# thread-local setting that is part of JAX's trace context, as the functions JAX traces
+# there give other jaxprs than elsewhere: JAX's tracing caches must not mix the two.
 staged_values_state: Any = _config.config_ext.Config(
     "quax_staged_values", False, include_in_trace_context=True
 )
@@ -276,8 +277,8 @@ EQX_WRAPPER_FIELD_NAMES: tuple[str, ...] = _eqx_flatten.WRAPPER_FIELD_NAMES
 DynamicJaxprTracer = _pe.DynamicJaxprTracer
 DynamicJaxprTrace = _pe.DynamicJaxprTrace
 
-# Replaying staged equations on a `DynamicJaxprTrace` (see `quax._replay`). These
-# primitives' staging rules are JAX's default one, with their params named.
+# Replaying staged equations on a `DynamicJaxprTrace` (see `quax._caching._replay`).
+# These primitives' staging rules are JAX's default one, with their params named.
 _DEFAULT_STAGING = {jprim.broadcast_in_dim_p, jprim.reshape_p, jprim.iota_p}
 _DEFAULT_STAGING.add(jprim.dynamic_slice_p)
 
@@ -532,15 +533,17 @@ class _EagerProgram(threading.local):
     trace: Any = None
 
 
-# The trace of the compiled eager program this thread traces now (`quax._eager`):
-# its tracers stand for arrays that, equation by equation, would be concrete.
+# The trace of the compiled eager program this thread traces now
+# (`quax._caching._eager`): its tracers stand for arrays that, equation by equation,
+# would be concrete.
 eager_program = _EagerProgram()
 
 
 def staging() -> bool:
     """Whether the current trace, or one it runs inside, stages a program (`jit`,
     `make_jaxpr`, ...) rather than computing eagerly. The `jit` of a compiled eager
-    program (`quax._eager`) counts as eager: its code runs eagerly as written."""
+    program (`quax._caching._eager`) counts as eager: its code runs eagerly as
+    written."""
     trace = _core.trace_ctx.trace
     eager = eager_program.trace
     while (

@@ -8,10 +8,10 @@ from typing import Any
 import equinox as eqx
 import jax.extend.core.primitives as jprim
 
-from . import _plugins, _registry
 from ._compat import Primitive
-from ._quaxify import quaxify
-from ._values import MaterialisationReport, track_materialisation
+from ._dispatch import _plugins, _registry
+from ._transform._quaxify import quaxify
+from ._values._value import MaterialisationReport, track_materialisation
 
 
 __all__ = ["FamilySummary", "materialisations", "primitive_named", "summarise"]

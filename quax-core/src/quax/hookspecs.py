@@ -20,7 +20,7 @@ from types import ModuleType
 
 import pluggy
 
-from ._values import Value
+from ._values._value import Value
 
 
 __all__ = ["hookimpl", "hookspec", "PROJECT"]

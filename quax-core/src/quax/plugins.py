@@ -4,18 +4,12 @@ See `quax.hookspecs` for what a family implements, and `python -m quax --help` f
 the same information on the command line.
 """
 
-from ._eager import add_setting as add_setting
-from ._introspect import (
-    FamilySummary as FamilySummary,
-    materialisations as materialisations,
-    primitive_named as primitive_named,
-    summarise as summarise,
-)
-from ._jaxpr import (
+from ._caching._eager import add_setting as add_setting
+from ._caching._jaxpr import (
     EvaluationReport as EvaluationReport,
     track_evaluations as track_evaluations,
 )
-from ._plugins import (
+from ._dispatch._plugins import (
     DISABLE_ENV as DISABLE_ENV,
     ENTRY_POINT_GROUP as ENTRY_POINT_GROUP,
     Family as Family,
@@ -25,4 +19,13 @@ from ._plugins import (
     load as load,
     manager as manager,
 )
-from ._registry import resolve as resolve, rules_generation as rules_generation
+from ._dispatch._registry import (
+    resolve as resolve,
+    rules_generation as rules_generation,
+)
+from ._introspect import (
+    FamilySummary as FamilySummary,
+    materialisations as materialisations,
+    primitive_named as primitive_named,
+    summarise as summarise,
+)

@@ -267,7 +267,7 @@ def as_axes(
 
 
 # Axes tuples by value: equal layouts share one tuple object. Quax keys the static
-# fields of values by identity (its replayed recordings, `quax._replay`), so an
+# fields of values by identity (its replayed recordings, `quax._caching._replay`), so an
 # array's axes are this one tuple, and a rule's result on equal layouts is too.
 _INTERNED: dict[tuple[Axis, ...], tuple[Axis, ...]] = {}
 _INTERNED_MAX = 1 << 14

@@ -11,7 +11,7 @@ import sys
 from types import ModuleType
 from typing import Any
 
-from .. import _plugins
+from .._dispatch import _plugins
 
 
 class _FamilyLoader(importlib.abc.Loader):

@@ -13,8 +13,8 @@ import jax.random as jr
 import jax.tree_util as jtu
 import numpy as np
 
-from .._quaxify import quaxify
-from .._values import Value, describe_types, is_value, track_materialisation
+from .._transform._quaxify import quaxify
+from .._values._value import Value, describe_types, is_value, track_materialisation
 from ._compare import difference
 
 

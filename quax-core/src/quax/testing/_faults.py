@@ -5,9 +5,11 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-from .. import _eager, _registry, _values
-from .._owners import describe_rule
-from .._plugins import PluginWarning, load_in_process
+from .._caching import _eager
+from .._dispatch import _registry
+from .._dispatch._plugins import PluginWarning, load_in_process
+from .._foundation._owners import describe_rule
+from .._values import _value
 from ..hookspecs import hookimpl
 
 
@@ -35,7 +37,7 @@ def registry_state() -> dict[str, Any]:
     return {
         "rules": rules,
         "settings": tuple(_eager._settings),
-        "value types": frozenset(_values.value_classes),
+        "value types": frozenset(_value.value_classes),
     }
 
 

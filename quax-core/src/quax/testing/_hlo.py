@@ -8,7 +8,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from .._quaxify import quaxify
+from .._transform._quaxify import quaxify
 
 
 __all__ = [

@@ -30,8 +30,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
-from .._policy import GuardedValue, MaterialisationError
-from .._values import Value
+from .._values._policy import GuardedValue, MaterialisationError
+from .._values._value import Value
 
 
 __all__ = ["assert_family_layout", "family_layout_problems"]

@@ -17,7 +17,7 @@ from types import ModuleType
 import pytest
 
 from .. import testing
-from .._values import track_materialisation
+from .._values._value import track_materialisation
 
 
 @pytest.fixture

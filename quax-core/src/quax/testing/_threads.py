@@ -12,10 +12,10 @@ import jax.extend.core as jexc
 import jax.tree_util as jtu
 import numpy as np
 
-from .._journal import temporarily
-from .._quaxify import quaxify
-from .._registry import register
-from .._values import ArrayValue, is_value
+from .._dispatch._registry import register
+from .._foundation._journal import temporarily
+from .._transform._quaxify import quaxify
+from .._values._value import ArrayValue, is_value
 from ._dense import densify as _densify
 
 

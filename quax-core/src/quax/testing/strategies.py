@@ -29,7 +29,7 @@ import numpy as np
 from hypothesis import strategies as st
 from jax import lax
 
-from .._quaxify import quaxify
+from .._transform._quaxify import quaxify
 
 
 __all__ = [

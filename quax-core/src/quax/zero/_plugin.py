@@ -6,7 +6,7 @@ import importlib
 from collections.abc import Sequence
 from types import ModuleType
 
-from .._values import Value
+from .._values._value import Value
 from ..hookspecs import hookimpl
 from ._value import Zero
 

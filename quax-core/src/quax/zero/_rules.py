@@ -15,10 +15,10 @@ from jax import lax
 from jax.extend.core import Primitive, primitives as prims
 
 from .._compat import Tracer
-from .._quaxify import quaxify
-from .._registry import fallback_rule, register, register_elementwise
-from .._values import Value, ValueLike
-from .._zero_preserving import ZERO_PRESERVING
+from .._dispatch._registry import fallback_rule, register, register_elementwise
+from .._foundation._zero_preserving import ZERO_PRESERVING
+from .._transform._quaxify import quaxify
+from .._values._value import Value, ValueLike
 from ._value import Zero, is_ieee_strict
 
 

@@ -11,9 +11,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .._caching._eager import add_setting
 from .._compat import ShapedArray
-from .._eager import add_setting
-from .._values import ArrayValue
+from .._values._value import ArrayValue
 
 
 __all__ = ["Zero", "ieee_strict", "is_ieee_strict"]

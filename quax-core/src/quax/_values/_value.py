@@ -15,15 +15,15 @@ import equinox as eqx
 import jax
 from jaxtyping import ArrayLike
 
-from . import _journal
-from ._avals import declared_aval
-from ._compat import (
+from .._compat import (
     Primitive,
     ShapedArray,
     eqx_bound_method,
     reflected_operator,
     typeof,
 )
+from .._foundation import _journal
+from ._avals import declared_aval
 from ._constructors import ValueMeta
 
 
@@ -316,7 +316,8 @@ class Value(eqx.Module, metaclass=ValueMeta):
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         value_classes.add(cls)
-        # A family that fails to load takes its value types back (`quax._journal`).
+        # A family that fails to load takes its value types back
+        # (`quax._foundation._journal`).
         _journal.record(ft.partial(_forget_class, cls), cls.__module__)
         # A base after `Value` with its own `__getattribute__` (other than equinox's,
         # which `Value.__getattribute__` repeats) keeps the lookup through it.
@@ -338,14 +339,14 @@ def _materialise(value: Value) -> Any:
     return type(value).materialise(value)
 
 
-# How a value answers `__jax_array__`: set by `quax._trace`, which knows the quax
-# traces (see `set_jax_array_conversion`).
+# How a value answers `__jax_array__`: set by `quax._transform._trace`, which knows the
+# quax traces (see `set_jax_array_conversion`).
 _jax_array_conversion: Callable[[Value], Any] = _materialise
 
 
 def set_jax_array_conversion(convert: Callable[[Value], Any]) -> None:
-    """Make `convert(value)` what `Value.__jax_array__` gives: `quax._trace` sets
-    the lift into the active quax trace, which materialises outside one."""
+    """Make `convert(value)` what `Value.__jax_array__` gives: `quax._transform._trace`
+    sets the lift into the active quax trace, which materialises outside one."""
     global _jax_array_conversion
     _jax_array_conversion = convert
 

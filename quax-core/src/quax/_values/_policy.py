@@ -16,9 +16,9 @@ from typing import Any, ClassVar
 import equinox as eqx
 import jax
 
-from ._compat import Primitive
-from ._owners import owner
-from ._values import ArrayValue, Value, ValueLike, describe_types
+from .._compat import Primitive
+from .._foundation._owners import owner
+from ._value import ArrayValue, Value, ValueLike, describe_types
 
 
 __all__ = ["GuardedValue", "MaterialisationError"]

@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import jax.tree_util as jtu
 from jax.interpreters import ad, batching, mlir
 
-from ._compat import (
+from .._compat import (
     ClosedJaxpr,
     Jaxpr,
     Primitive,
@@ -36,7 +36,7 @@ from ._compat import (
     staged_values_state,
     stages_or_batches,
 )
-from ._values import Value, describe, materialise_or_explain
+from .._values._value import Value, describe, materialise_or_explain
 
 
 __all__ = [
@@ -232,7 +232,7 @@ def lift(value: Value, trace: Any, between: list[Any]) -> Any:
     - `value`: the value.
     - `trace`: the innermost quax trace, which the current trace is or runs inside.
     - `between`: the traces between `trace` and the current one (innermost first),
-        as `quax._trace.active_trace` gives them.
+        as `quax._transform._trace.active_trace` gives them.
 
     **Returns:**
 

@@ -2,11 +2,12 @@
 verify mode.
 
 Quax keeps what rules computed, so as not to compute it again: the dispatch cache
-(`quax._registry`), compiled eager programs (`quax._eager`), the equations rules
-staged while a program is staged (`quax._replay`) and the jitted bodies of nested
-`jit`s (`quax._control_flow`). Each entry is keyed by everything the rules may
-read (see `quax._keys`), and a cache may only return what running the rules would
-return: the same staged equations, the same output types and static fields.
+(`quax._dispatch._registry`), compiled eager programs (`quax._caching._eager`), the
+equations rules staged while a program is staged (`quax._caching._replay`) and the
+jitted bodies of nested `jit`s (`quax._rules._control_flow`). Each entry is keyed by
+everything the rules may read (see `quax._caching._keys`), and a cache may only return
+what running the rules would return: the same staged equations, the same output types
+and static fields.
 
 - Every table that grows with the programs it sees is bounded, and safe under
   threads; `python -m quax caches` reports each one's size and bound (`report`).

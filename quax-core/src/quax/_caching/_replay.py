@@ -17,7 +17,7 @@ context (the settings its own tracing caches key on: the default matmul precisio
 the mesh, `enable_x64`, ...), the settings rules read (`quax.zero.ieee_strict`, and
 any that a family declares with `quax.plugins.add_setting`), the debug-check
 flag and the registry's generation (the context of every cache's key, see
-`quax._keys`). Rules are functions of these: a rule's Python runs once per key
+`quax._caching._keys`). Rules are functions of these: a rule's Python runs once per key
 while staging. A body is only kept when its first run shows that replaying it
 gives exactly what running it gives:
 
@@ -42,14 +42,14 @@ Inputs that are the same tracer (`x * x`) are part of the key too: which leaves
 are one tracer, in which places (`T + T` and `T + U` with `U` sharing two of
 `T`'s three diagonals have different keys).
 
-In verify mode (`QUAX_VERIFY_CACHES=1`, see `quax._caches`), a hit runs the rules
-instead of replaying, and raises when what they stage differs from the recording.
+In verify mode (`QUAX_VERIFY_CACHES=1`, see `quax._foundation._caches`), a hit runs the
+rules instead of replaying, and raises when what they stage differs from the recording.
 
 The values in a replay's output are rebuilt field by field, as `jax.tree_util`
 rebuilds them, with the first run's static fields. Nothing is replayed (or kept)
 while materialisations are tracked, inside `shard_map`, for a primitive with a
 sub-jaxpr or a host callback, or when a `jit` body stages values (see
-`quax._staged`); registering a rule drops every recording.
+`quax._dispatch._staged`); registering a rule drops every recording.
 """
 
 import weakref
@@ -58,8 +58,7 @@ from typing import Any, NamedTuple
 import jax
 import numpy as np
 
-from . import _caches, _jaxpr, _keys, _values
-from ._compat import (
+from .._compat import (
     DynamicJaxprTracer,
     Primitive,
     Tracer,
@@ -70,11 +69,14 @@ from ._compat import (
     staged_count,
     staged_since,
 )
+from .._dispatch._staged import jaxpr_holds_staged_values
+from .._foundation import _caches
+from .._values import _value
+from .._values._value import is_value, value_classes
+from . import _jaxpr, _keys
 from ._eager import field_layout
 from ._jaxpr import binds_directly, known_asks
 from ._keys import Identity, params_key, static_key
-from ._staged import jaxpr_holds_staged_values
-from ._values import is_value, value_classes
 
 
 __all__ = ["MAX_PRIMITIVE_RECORDINGS", "MAX_RECORDINGS", "bind", "inline"]
@@ -154,7 +156,7 @@ _caches.measured(
 # What the recordings were made with, for verify mode: the key's components.
 _made = _caches.Table("replayed recordings: their key components (verify mode)", 4096)
 
-# The components of a replay key (see `quax._keys`).
+# The components of a replay key (see `quax._caching._keys`).
 _KEY = ("types, static fields and avals", "aliasing", *_keys.CONTEXT)
 
 
@@ -206,11 +208,7 @@ def inline(trace: Any, values: list[Any], jaxpr: Any, run: Any) -> list[Any]:
     """The outputs of the inlined `jit` of `jaxpr` on `values` (the quax `trace`'s
     inputs, as values and plain tracers): a replay of its recording, or `run()`
     (which evaluates it), recorded when it can be replayed."""
-    if (
-        _values._state.reports
-        or not _caches.enabled
-        or jaxpr_holds_staged_values(jaxpr)
-    ):
+    if _value._state.reports or not _caches.enabled or jaxpr_holds_staged_values(jaxpr):
         return run()
     table = _recordings.get(jaxpr)
     if table is None:
@@ -231,7 +229,7 @@ def bind(
     """The output of `primitive` bound on `values` (the quax `trace`'s inputs) with
     `params`, as `run()` (which applies its rule) gives it, or a replay of the
     equations that rule staged for the same key, with the current source info."""
-    if _values._state.reports or not _caches.enabled or primitive in _unreplayable:
+    if _value._state.reports or not _caches.enabled or primitive in _unreplayable:
         return run()
     found = _key(trace, values)
     if found is None:
@@ -287,7 +285,7 @@ def _replay_or_run(
         return _replay(trace, recording, leaves)
     if len(table) >= limit:
         return run()
-    state = _values._state
+    state = _value._state
     start = staged_count(trace.parent_trace)
     asked, materialised = known_asks(), state.count
     outer = current_source_info().name_stack
@@ -484,7 +482,7 @@ def _verified(
     run: Any,
 ) -> list[Any]:
     """Verify mode: run the rules afresh instead of replaying `recording`, and
-    raise when what they stage differs from it (see `quax._caches`)."""
+    raise when what they stage differs from it (see `quax._foundation._caches`)."""
     start = staged_count(trace.parent_trace)
     outer = current_source_info().name_stack
     out = run()

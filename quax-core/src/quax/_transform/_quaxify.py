@@ -10,8 +10,8 @@ import jax
 import jax.tree_util as jtu
 from jaxtyping import PyTree
 
-from . import _plugins
-from ._compat import (
+from .._caching._eager import call_compiled
+from .._compat import (
     EQX_WRAPPER_FIELD_NAMES,
     Tracer,
     batching,
@@ -20,10 +20,10 @@ from ._compat import (
     is_eval_trace,
     stages_or_batches,
 )
-from ._eager import call_compiled
-from ._staged import stage_value, staging_joins
+from .._dispatch import _plugins
+from .._dispatch._staged import stage_value, staging_joins
+from .._values._value import describe, is_value, value_classes
 from ._trace import QuaxTrace, active_trace, run_nested
-from ._values import describe, is_value, value_classes
 
 
 __all__ = ["quaxify"]
@@ -69,10 +69,10 @@ def _trace_to_join(leaves: Sequence[Any]) -> Any:
     the trace rather than opening a nested one, which would take the outer tracer
     for a plain array and build a value of values. A value built from tracers of a
     `jit` or `vmap` (or `cond`, ...) inside the quaxified function cannot become a
-    tracer of the quax trace; there it is staged (see `quax._staged`): the quax
-    trace builds it when it re-runs what JAX staged or batched. A trace opened with
-    a `filter_spec` leaves the values it did not select to nested quaxifies, so
-    nothing joins it.
+    tracer of the quax trace; there it is staged (see `quax._dispatch._staged`): the
+    quax trace builds it when it re-runs what JAX staged or batched. A trace opened with
+    a `filter_spec` leaves the values it did not select to nested quaxifies, so nothing
+    joins it.
     """
     trace, between = active_trace()
     if trace is None or trace.selective:
@@ -140,7 +140,8 @@ class _Quaxify(eqx.Module, Generic[_CT]):
             and is_eval_trace(current_trace())
             and _is_library_function(fn)
         ):
-            # Eagerly, library code runs as one compiled program (`quax._eager`).
+            # Eagerly, library code runs as one compiled program
+            # (`quax._caching._eager`).
             done, out = call_compiled(fn, lambda: self, args, kwargs)
             if done:
                 return out

@@ -23,17 +23,11 @@ import jax.tree_util as jtu
 import numpy as np
 from jax import lax
 
-from ._compat import (
-    Primitive,
-    Tracer,
-    callback_module,
-    release_traces,
-    typeof,
-)
-from ._jaxpr import FOLD_MAX_SIZE, body_arg_names, body_source, known_constant
-from ._keys import static_key
-from ._quaxify import quaxify
-from ._values import Value, materialise_or_explain
+from .._caching._jaxpr import FOLD_MAX_SIZE, body_arg_names, body_source, known_constant
+from .._caching._keys import static_key
+from .._compat import Primitive, Tracer, callback_module, release_traces, typeof
+from .._transform._quaxify import quaxify
+from .._values._value import Value, materialise_or_explain
 
 
 __all__ = [
@@ -388,7 +382,7 @@ class Fill(Value):
     dtype: Any = eqx.field(static=True)
 
     # Settle this type's inputs before any other type's `default` (see
-    # `quax._registry`): it only stands in for a plain array.
+    # `quax._dispatch._registry`): it only stands in for a plain array.
     settles_first: ClassVar[bool] = True
 
     @classmethod

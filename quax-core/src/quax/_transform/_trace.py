@@ -4,7 +4,7 @@ A `QuaxTracer` stands for one [`quax.Value`][] inside a quaxified function. When
 primitive is bound with at least one of them, `QuaxTrace.process_primitive` looks up a
 rule for the input types (through the registry's cache) and runs it under the parent
 trace. Control-flow primitives (`jit`, `cond`, `while`, ...) have registered rules
-like any other (`_control_flow.py`). Custom derivatives and `shard_map` reach the
+like any other (`_rules/_control_flow.py`). Custom derivatives and `shard_map` reach the
 trace through its `process_*` methods instead; their rules are in the table
 `higher_order_rules`, which the modules defining them fill, as JAX's
 `batching.primitive_batchers` is filled: this module imports none of them.
@@ -22,8 +22,10 @@ import jax.tree_util as jtu
 import numpy as np
 from jax import Array
 
-from . import _keys, _registry, _replay, _values
-from ._compat import (
+from .._caching import _keys, _replay
+from .._caching._eager import call_compiled
+from .._caching._jaxpr import eval_quaxified
+from .._compat import (
     DynamicJaxprTrace,
     Primitive,
     Trace,
@@ -43,9 +45,8 @@ from ._compat import (
     typeof,
     with_leaf_vma,
 )
-from ._eager import call_compiled
-from ._jaxpr import eval_quaxified
-from ._staged import (
+from .._dispatch import _registry
+from .._dispatch._staged import (
     holds_staged_values,
     jaxpr_holds_staged_values,
     lift,
@@ -53,7 +54,8 @@ from ._staged import (
     staged_values_into,
     unstage,
 )
-from ._values import Value, is_value, value_classes
+from .._values import _value
+from .._values._value import Value, is_value, value_classes
 
 
 __all__ = [
@@ -71,15 +73,17 @@ _T = TypeVar("_T")
 
 # The rules for the primitives that reach the trace through a `process_*` method
 # rather than `process_primitive`: `custom_jvp_call`, `custom_vjp_call` and
-# `shard_map` (filled by `_custom.py`). Each takes the trace, the primitive, its
+# `shard_map` (filled by `_rules/_custom.py`). Each takes the trace, the primitive, its
 # sub-functions, the input values and params, as the method that calls it shows.
 higher_order_rules: dict[Primitive, Callable[..., Any]] = {}
 # Primitives whose rules' outputs the debug checks do not compare with the
-# primitive's abstract evaluation (higher-order ones: filled by `_control_flow.py`).
+# primitive's abstract evaluation (higher-order ones: filled by
+# `_rules/_control_flow.py`).
 unchecked_primitives: set[Primitive] = set()
-# Primitives with sub-jaxprs whose rules re-run them (filled by `_control_flow.py`):
-# one whose jaxprs stage a value (see `quax._staged`) goes to its rule even without
-# a value among its inputs, as only a quax trace can give that value its type.
+# Primitives with sub-jaxprs whose rules re-run them (filled by
+# `_rules/_control_flow.py`): one whose jaxprs stage a value (see
+# `quax._dispatch._staged`) goes to its rule even without a value among its inputs, as
+# only a quax trace can give that value its type.
 staging_primitives: set[Primitive] = set()
 
 _debug_checks = os.environ.get("QUAX_DEBUG_CHECKS", "") not in ("", "0")
@@ -89,7 +93,7 @@ _keys.debug_checks = _debug_checks  # every cache's key holds it
 # (`rule_for` fills it; `register` clears it in place) and the materialisation
 # reports' state (non-empty while `quax.track_materialisation` runs).
 _rule_cache = _registry._cache
-_materialisations = _values._state
+_materialisations = _value._state
 
 
 def set_debug_checks(enabled: bool) -> None:
@@ -183,8 +187,8 @@ def _call_rewrapped(trace: "QuaxTrace", method: Any, *args: Any, **kwargs: Any) 
 
 
 # Python operators on a tracer of an eager quax trace, with another one of it or a
-# small plain operand, run as one compiled program (see `quax._eager`) rather than
-# through `jax.numpy`'s inlined `jit`, equation by equation; otherwise as on any
+# small plain operand, run as one compiled program (see `quax._caching._eager`) rather
+# than through `jax.numpy`'s inlined `jit`, equation by equation; otherwise as on any
 # tracer.
 _PLAIN = (Array, np.ndarray, np.generic, int, float, complex)
 
@@ -261,7 +265,7 @@ class QuaxTrace(Trace):
         # runs as one compiled program, as JAX runs it on plain arrays.
         self.eager = is_eval_trace(parent_trace)
         # Whether it stages a program, outside `shard_map`: then an inlined `jit`
-        # replays the equations its body staged before (see `quax._replay`).
+        # replays the equations its body staged before (see `quax._caching._replay`).
         self.replays = type(parent_trace) is DynamicJaxprTrace and not self.manual
 
     def to_value(self, x: Any) -> Any:
@@ -284,9 +288,13 @@ class QuaxTrace(Trace):
     def process_primitive(
         self, primitive: Primitive, tracers: Sequence[Any], params: dict[str, Any], /
     ) -> Any:
+        """Bind `primitive` on `tracers`, some of them this trace's, as JAX's own
+        traces do (`BatchTrace.process_primitive`): the inputs' values out of this
+        trace's tracers, the primitive to the parent trace when none is this
+        trace's, and otherwise, in turn, a staged value, the caches, the rule."""
         # The hot path of quax: kept to plain loops, one dict lookup (the registry's
-        # dispatch cache, read here rather than through `rule_for`), and JAX's trace
-        # switch without its context manager.
+        # dispatch cache, read in `apply_rule` rather than through `rule_for`), and
+        # JAX's trace switch without its context manager.
         tag = self.tag
         values = []
         found = False
@@ -296,30 +304,42 @@ class QuaxTrace(Trace):
                 found = True
             else:
                 values.append(t)
+        # A staged value: a value built inside a function that JAX staged, which
+        # only this trace can give its type back (see `quax._dispatch._staged`).
         if primitive is staged_value_p:
             return QuaxTracer(self, unstage(values, **params))
         if not found and not (
             primitive in staging_primitives and holds_staged_values(params)
         ):
             return self.parent_trace.process_primitive(primitive, values, params)
+        # The caches: an inlined `jit` (every `jax.numpy` function) as a compiled
+        # eager program or a replayed recording; while a program is staged, a
+        # recording of what the rule staged for the same key.
         if primitive is jit_p and jit_inlines(params):
-            if self.eager:
-                done, out = call_rule_at_trace(
-                    self.parent_trace, _compiled_inline, values, params
-                )
-                if done:
-                    return [
-                        QuaxTracer(self, o, True) if is_value(o) else o for o in out
-                    ]
-            if self.replays:
-                run = ft.partial(call_at_trace, self, _inline_jit, tracers, params)
-                jaxpr = params["jaxpr"]
-                return _replay.inline(self, values, jaxpr, run)
-            return call_at_trace(self, _inline_jit, tracers, params)
+            return self._inline(tracers, values, params)
         if self.replays and primitive not in unchecked_primitives:
             run = ft.partial(self.apply_rule, primitive, values, params)
             return _replay.bind(self, primitive, values, params, run)
+        # The rule.
         return self.apply_rule(primitive, values, params)
+
+    def _inline(
+        self, tracers: Sequence[Any], values: list[Any], params: dict[str, Any]
+    ) -> Any:
+        """An inlined `jit` of `values` (`tracers`' values): eagerly, one compiled
+        program (see `quax._caching._eager`); while a program is staged, a replay of
+        the equations its body staged before (see `quax._caching._replay`); else its
+        equations bound one by one on this trace, each dispatched to its rule."""
+        if self.eager:
+            done, out = call_rule_at_trace(
+                self.parent_trace, _compiled_inline, values, params
+            )
+            if done:
+                return [QuaxTracer(self, o, True) if is_value(o) else o for o in out]
+        if self.replays:
+            run = ft.partial(call_at_trace, self, _inline_jit, tracers, params)
+            return _replay.inline(self, values, params["jaxpr"], run)
+        return call_at_trace(self, _inline_jit, tracers, params)
 
     def apply_rule(
         self, primitive: Primitive, values: list[Any], params: dict[str, Any]
@@ -329,7 +349,7 @@ class QuaxTrace(Trace):
         rule = _rule_cache.get((primitive, tuple(map(type, values))))
         if rule is None:
             rule = _registry.rule_for(primitive, values)
-        if _debug_checks or _materialisations.reports:  # `_values.tracking()`
+        if _debug_checks or _materialisations.reports:  # `_value.tracking()`
             checked = ft.partial(_apply_checked, primitive, rule)
             out = call_rule_at_trace(self.parent_trace, checked, values, params)
         else:
@@ -396,15 +416,15 @@ register_bind_conversion(Value, _bound_value)
 
 def _jax_array(value: Value) -> Any:
     """`Value.__jax_array__`: the value lifted into the active quax trace (see
-    `quax._staged.lift`); outside one, or in a trace that dispatches only on the
-    values a `filter_spec` selects, its materialisation under its policy."""
+    `quax._dispatch._staged.lift`); outside one, or in a trace that dispatches only on
+    the values a `filter_spec` selects, its materialisation under its policy."""
     trace, between = active_trace()
     if trace is None or trace.selective:
         return type(value).materialise(value)
     return lift(value, trace, between)
 
 
-_values.set_jax_array_conversion(_jax_array)
+_value.set_jax_array_conversion(_jax_array)
 
 
 def active_trace() -> tuple[QuaxTrace | None, list[Trace]]:
@@ -476,7 +496,8 @@ def _inline_jit(tracers: Sequence[Any], params: dict[str, Any]) -> list[Any]:
 
 
 def _compiled_inline(values: list[Any], params: dict[str, Any]) -> tuple[bool, Any]:
-    """An inlined `jit` in eager mode, as one compiled program (see `quax._eager`)."""
+    """An inlined `jit` in eager mode, as one compiled program (see
+    `quax._caching._eager`)."""
     jaxpr = params["jaxpr"]
     return call_compiled(jaxpr, lambda: ft.partial(_run_jaxpr, jaxpr), values)
 
@@ -497,8 +518,8 @@ def _apply_checked(
 ) -> Any:
     """`rule(values, params)`, with materialisations attributed to `primitive` and,
     under debug checks, its output checked."""
-    if _values.tracking():
-        with _values.current_primitive(primitive):
+    if _value.tracking():
+        with _value.current_primitive(primitive):
             out = rule(values, params)
     else:
         out = rule(values, params)
@@ -528,7 +549,7 @@ def _check_rule_output(
             rule = _registry.resolve(primitive, values)
             raise TypeError(
                 f"The quax rule for `{primitive.name}` on input types "
-                f"({_values.describe_types(values)}) "
+                f"({_value.describe_types(values)}) "
                 f"returned output {i} "
                 f"with aval {g.str_short()}, but `{primitive.name}` gives "
                 f"{e.str_short()} for these inputs. Rule: {rule.reason}."

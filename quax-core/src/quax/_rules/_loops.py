@@ -17,9 +17,12 @@ import jax.tree_util as jtu
 import numpy as np
 from jax import lax
 
+from .._caching._jaxpr import body_source
+from .._compat import release_traces, scan_p, typeof, while_p
+from .._dispatch._registry import register
+from .._transform._quaxify import quaxify
+from .._values._value import Value, ValueLike, is_value
 from ._bodies import decision, quaxified_jaxpr
-from ._compat import release_traces, scan_p, typeof, while_p
-from ._jaxpr import body_source
 from ._joins import (
     BodyFailed,
     Join,
@@ -32,9 +35,6 @@ from ._joins import (
     skeleton,
     trying,
 )
-from ._quaxify import quaxify
-from ._registry import register
-from ._values import Value, ValueLike, is_value
 
 
 __all__: list[str] = []

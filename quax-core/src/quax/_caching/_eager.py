@@ -10,7 +10,7 @@ of them and fields equal by `==`, as a type may make their equality loose, or
 stricter than their text, as an object equal only to itself), which inputs and
 leaves are one object (a rule may give `K + K` a closed form that `K + K2` has
 not: the program then takes each leaf once, and rebuilds each value once), the
-plain inputs, and the context of every cache's key (see `quax._keys`: the
+plain inputs, and the context of every cache's key (see `quax._caching._keys`: the
 settings that rules read, such as `quax.zero.ieee_strict`, JAX's trace context,
 the debug-check flag and the registry's generation).
 
@@ -54,8 +54,7 @@ import jax
 import jax.tree_util as jtu
 import numpy as np
 
-from . import _caches, _keys, _values
-from ._compat import (
+from .._compat import (
     KEEP_BARRIERS,
     Tracer,
     current_trace,
@@ -63,8 +62,11 @@ from ._compat import (
     eval_rounding_each_step,
     typeof,
 )
+from .._foundation import _caches
+from .._values import _value
+from .._values._value import is_value, value_classes
+from . import _keys
 from ._keys import _settings as _settings, add_setting, settings_key
-from ._values import is_value, value_classes
 
 
 __all__ = [
@@ -317,7 +319,7 @@ _caches.measured(
 # it stages (see `_verify`).
 _made = _caches.Table("compiled eager programs: what each was made with", 4096)
 
-# The components of a program's key (see `quax._keys`).
+# The components of a program's key (see `quax._caching._keys`).
 _KEY = ("types, static fields, avals and constants", "aliasing", *_keys.CONTEXT)
 
 
@@ -361,7 +363,7 @@ def call_compiled(
     programs for `code` already, or code that runs equation by equation).
     """
     global programs_traced
-    if not _enabled or not _caches.enabled or _state.checking or _values._state.reports:
+    if not _enabled or not _caches.enabled or _state.checking or _value._state.reports:
         return False, None
     inputs: Sequence[Any] = args
     treedef: Any = len(args)
@@ -436,7 +438,7 @@ def _verify(
     found: Any,
 ) -> None:
     """Verify mode: trace the program of a hit afresh, and raise when it stages or
-    gives otherwise than the program kept (see `quax._caches`)."""
+    gives otherwise than the program kept (see `quax._foundation._caches`)."""
     made = _made.get(entry)
     if made is None:
         return  # made before verify mode was on

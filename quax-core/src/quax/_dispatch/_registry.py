@@ -14,10 +14,15 @@ import jax
 import numpy as np
 import plum
 
-from . import _caches, _journal
-from ._compat import Primitive
-from ._owners import RuleConflictWarning, describe_rule, owner, report_conflict
-from ._values import Value, describe_types, is_value
+from .._compat import Primitive
+from .._foundation import _caches, _journal
+from .._foundation._owners import (
+    RuleConflictWarning,
+    describe_rule,
+    owner,
+    report_conflict,
+)
+from .._values._value import Value, describe_types, is_value
 
 
 __all__ = [
@@ -188,8 +193,8 @@ def _rebuild(primitive: Primitive) -> None:
 def _withdraw(
     primitive: Primitive, new: _Registration, replaced: _Registration | None
 ) -> None:
-    """Take back the registration `new` (see `quax._journal`): the rule it replaced
-    comes back, if any."""
+    """Take back the registration `new` (see `quax._foundation._journal`): the rule it
+    replaced comes back, if any."""
     with _lock:
         registrations = _registrations.get(primitive, [])
         for i, registration in enumerate(registrations):

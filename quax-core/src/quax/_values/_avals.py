@@ -6,7 +6,7 @@ import importlib
 from collections.abc import Callable
 from typing import Any
 
-from ._compat import typeof
+from .._compat import typeof
 
 
 __all__ = ["declared_aval"]
@@ -65,14 +65,14 @@ def _check_aval_leaf(cls: type, name: str) -> None:
     )
 
 
-# `quax._trace`, which owns the flag of `quax.set_debug_checks` and imports this
-# module: imported on the first declared aval, then read as a global.
+# `quax._transform._trace`, which owns the flag of `quax.set_debug_checks` and imports
+# this module: imported on the first declared aval, then read as a global.
 _trace: Any = None
 
 
 def _import_trace() -> Any:
     global _trace
-    _trace = importlib.import_module(f"{__package__}._trace")
+    _trace = importlib.import_module(".._transform._trace", __package__)
     return _trace
 
 

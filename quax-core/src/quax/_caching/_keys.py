@@ -16,7 +16,7 @@ everything the rules may read, alike in every cache:
   generation (a key made before a `register` never meets one made after).
 
 A key is a tuple of named components (`key`): the caches' verify mode (see
-`quax._caches`) compares the components an entry was made with against the
+`quax._foundation._caches`) compares the components an entry was made with against the
 current ones, and names those that differ. Tests plant a key that leaves one
 out (`omitted`), and check that verify mode catches it.
 """
@@ -26,8 +26,9 @@ from typing import Any
 
 import numpy as np
 
-from . import _caches, _journal, _registry
-from ._compat import trace_context
+from .._compat import trace_context
+from .._dispatch import _registry
+from .._foundation import _caches, _journal
 
 
 __all__ = [
@@ -49,7 +50,7 @@ CONTEXT = ("settings", "trace context", "debug checks", "rules generation")
 omitted: frozenset[str] = frozenset()
 
 # Whether rules' outputs are checked against the primitives' abstract evaluation
-# (set with `quax._trace.set_debug_checks`): rules raise otherwise then.
+# (set with `quax._transform._trace.set_debug_checks`): rules raise otherwise then.
 debug_checks = False
 
 
@@ -149,7 +150,8 @@ def add_setting(read: Callable[[], Any]) -> None:
         _settings.remove(read)
         _caches.invalidate()
 
-    # A family that fails to load takes its settings back (see `quax._journal`).
+    # A family that fails to load takes its settings back (see
+    # `quax._foundation._journal`).
     _journal.record(take_back, getattr(read, "__module__", None))
 
 

@@ -2,7 +2,8 @@
 
 Each re-binds its primitive at the parent of the quax trace, over the leaves of the
 values, with its sub-functions run on the values under a nested quax trace. The
-trace reaches these through its table of higher-order rules (see `_trace.py`).
+trace reaches these through its table of higher-order rules (see
+`_transform/_trace.py`).
 """
 
 from collections.abc import Callable, Sequence
@@ -13,8 +14,7 @@ import jax.numpy as jnp
 import jax.tree_util as jtu
 import numpy as np
 
-from . import _trace
-from ._compat import (
+from .._compat import (
     AdZero,
     FlatTree,
     Primitive,
@@ -33,9 +33,10 @@ from ._compat import (
     typeof,
     wrap_init,
 )
+from .._transform import _trace
+from .._transform._quaxify import quaxify
+from .._values._value import Value, describe, is_value, materialise_or_explain
 from ._joins import Fill, materialise_to_join
-from ._quaxify import quaxify
-from ._values import Value, describe, is_value, materialise_or_explain
 
 
 __all__: list[str] = []

@@ -9,15 +9,15 @@ import jax
 import jax.tree_util as jtu
 import numpy as np
 
-from ._compat import (
+from .._compat import (
     Primitive,
     debug_callback_p,
     debug_print_p,
     pure_callback_p,
     run_debug_on_host,
 )
-from ._registry import register
-from ._values import Value, ValueLike, materialise_or_explain
+from .._dispatch._registry import register
+from .._values._value import Value, ValueLike, materialise_or_explain
 
 
 __all__: list[str] = []

@@ -9,10 +9,10 @@ import numpy as np
 from jax import lax
 from jax.extend.core import primitives as _prims
 
-from ._compat import Primitive, optimization_barrier_p
+from .._compat import Primitive, optimization_barrier_p
+from .._dispatch._registry import fallback_rule, register
+from .._values._value import Value, ValueLike
 from ._joins import structure
-from ._registry import fallback_rule, register
-from ._values import Value, ValueLike
 
 
 __all__: list[str] = []

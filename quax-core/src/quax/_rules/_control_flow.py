@@ -22,10 +22,10 @@ import jax.tree_util as jtu
 import numpy as np
 from jax import lax
 
-from . import _caches, _keys, _loops as _loops, _trace  # `_loops`: the loops' rules
-from ._bodies import decision, quaxified_jaxpr
-from ._caches import Table
-from ._compat import (
+from .._caching import _keys
+from .._caching._eager import MAX_CONSTANT_SIZE, ConstKey, value_structure
+from .._caching._jaxpr import ValueAsked, known_constant, stand_in_token, standing_in
+from .._compat import (
     Tracer,
     cond_p,
     is_unspecified,
@@ -38,8 +38,13 @@ from ._compat import (
     typeof,
     while_p,
 )
-from ._eager import MAX_CONSTANT_SIZE, ConstKey, value_structure
-from ._jaxpr import ValueAsked, known_constant, stand_in_token, standing_in
+from .._dispatch._registry import register
+from .._foundation import _caches
+from .._foundation._caches import Table
+from .._transform import _trace
+from .._values._value import Value, ValueLike, is_value
+from . import _loops as _loops  # `_loops`: the loops' rules
+from ._bodies import decision, quaxified_jaxpr
 from ._joins import (
     BodyFailed,
     Join,
@@ -50,8 +55,6 @@ from ._joins import (
     skeleton,
     trying,
 )
-from ._registry import register
-from ._values import Value, ValueLike, is_value
 
 
 __all__: list[str] = []
@@ -124,7 +127,7 @@ _by_value = Table("nested jits taking plain arguments by value", MAX_NESTED_JITS
 # What each body was made with, for verify mode: its key's components.
 _made = Table("nested jit bodies: their key components (verify mode)", MAX_NESTED_JITS)
 
-# The components of a body's key (see `quax._keys`).
+# The components of a body's key (see `quax._caching._keys`).
 _KEY = (
     "name",
     "keep_unused",
@@ -191,7 +194,7 @@ def _call(
 
 def _structure(x: Any) -> Any:
     """The strict structure of the value `x`: its type and static fields, equal
-    only for the same text (see `quax._eager.value_structure`)."""
+    only for the same text (see `quax._caching._eager.value_structure`)."""
     structure = value_structure(x)[0]
     return repr(jtu.tree_structure(x)) if structure is None else structure
 
@@ -286,8 +289,8 @@ def _known_index(index: Any) -> int | None:
     literal, or a constant under `jit`), else `None`. In eager mode the index is a
     run-time value: with another one the other branch would run, so the branches
     must still join. That includes library code run eagerly as one compiled
-    program (`quax._eager`), which must answer as it would equation by equation:
-    its index is not read there."""
+    program (`quax._caching._eager`), which must answer as it would equation by
+    equation: its index is not read there."""
     if not staging():
         return None
     known = known_constant(index, 1)

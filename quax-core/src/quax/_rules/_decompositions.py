@@ -13,9 +13,9 @@ from typing import Any
 
 from jax import lax
 
-from ._quaxify import quaxify
-from ._registry import register
-from ._values import ValueLike
+from .._dispatch._registry import register
+from .._transform._quaxify import quaxify
+from .._values._value import ValueLike
 
 
 __all__: list[str] = []

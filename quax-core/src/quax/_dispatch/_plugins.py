@@ -8,10 +8,10 @@ loads a named family. A family that fails is reported once, as a warning naming 
 distribution and the error, and the others keep working.
 
 A family's registration is all or nothing: when it raises half-way, every rule,
-setting and value type it added is taken back (see `quax._journal`), and the modules
-of its package that the load imported are forgotten. A load interrupted by a
-`KeyboardInterrupt` (or another exception that is not an `Exception`) is taken back
-the same way and raised; the family stays available, and the next call loads it.
+setting and value type it added is taken back (see `quax._foundation._journal`), and the
+modules of its package that the load imported are forgotten. A load interrupted by a
+`KeyboardInterrupt` (or another exception that is not an `Exception`) is taken back the
+same way and raised; the family stays available, and the next call loads it.
 
 The families that ship inside quax-core (`BUILTIN_FAMILIES`: the symbolic zeros) go
 through the same hooks, but load at `import quax`, whatever the environment says,
@@ -31,7 +31,8 @@ from typing import Any
 
 import pluggy
 
-from . import _journal, hookspecs
+from .. import hookspecs
+from .._foundation import _journal
 
 
 __all__ = [

@@ -8,12 +8,12 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from . import _trace
-from ._compat import ClosedJaxpr
-from ._jaxpr import eval_quaxified
-from ._quaxify import quaxify
-from ._staged import jaxpr_holds_staged_values, staged_values_into
-from ._values import ValueLike, materialise_or_explain
+from .._caching._jaxpr import eval_quaxified
+from .._compat import ClosedJaxpr
+from .._dispatch._staged import jaxpr_holds_staged_values, staged_values_into
+from .._transform import _trace
+from .._transform._quaxify import quaxify
+from .._values._value import ValueLike, materialise_or_explain
 
 
 __all__ = ["decision", "quaxified_jaxpr"]
@@ -26,8 +26,8 @@ _eval_cache: "weakref.WeakKeyDictionary[Any, Callable[..., list[Any]]]" = (
 def quaxified_jaxpr(jaxpr: Any) -> Callable[..., list[Any]]:
     """A quaxified function evaluating `jaxpr` (closed or open), cached per jaxpr so
     that JAX's own tracing caches hit when the same jaxpr comes back. A jaxpr that
-    stages values (see `quax._staged`) runs under a quax trace even on plain inputs,
-    as only one gives those values their types."""
+    stages values (see `quax._dispatch._staged`) runs under a quax trace even on plain
+    inputs, as only one gives those values their types."""
     try:
         return _eval_cache[jaxpr]
     except (KeyError, TypeError):

@@ -8,7 +8,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-from ._compat import Primitive
+from .._compat import Primitive
 
 
 __all__ = ["RuleConflictWarning", "describe_rule", "owner", "report_conflict"]

@@ -17,7 +17,7 @@ import jax
 import jax.extend.core.primitives as jprim
 import numpy as np
 
-from ._compat import (
+from .._compat import (
     EVAL_TRACE,
     ClosedJaxpr,
     DynamicJaxprTracer,
@@ -38,8 +38,8 @@ from ._compat import (
     staged_equation,
     user_context,
 )
+from .._values._value import Value
 from ._eager import require_concrete
-from ._values import Value
 
 
 __all__ = [
@@ -271,7 +271,7 @@ def eval_quaxified(
 class ValueAsked(BaseException):
     """A rule asked `known_constant` for the value of a plain argument of a nested
     `jit` that was concrete when called, but that quax passed in as an argument
-    (keyed by its aval, see `quax._control_flow`): the call with `token` runs
+    (keyed by its aval, see `quax._rules._control_flow`): the call with `token` runs
     again with it as a constant. A `BaseException`, so that a rule's `except
     Exception` cannot turn it into a more general answer."""
 
@@ -322,7 +322,8 @@ class _Asks(threading.local):
     count: int = 0
 
 
-# How many times `known_constant` was asked in this thread (see `quax._replay`).
+# How many times `known_constant` was asked in this thread (see
+# `quax._caching._replay`).
 _asks = _Asks()
 
 

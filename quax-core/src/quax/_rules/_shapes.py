@@ -20,12 +20,12 @@ Nothing is computed: both steps only trace.
 
 This holds where the quax trace is the current one (the body of a quaxified
 function). Below a transform inside it (`jax.jit`, `vmap`, `grad`, ...), values
-reach the code as that transform's tracers of their avals (see `quax._staged`):
-there shape evaluation stays JAX's, on avals, as the rest of that code sees them,
-so that a probe of an argument and of a closed-over value agree; the quax trace
-gives the types back when it runs what the transform staged. Outside a quax trace
-(or in one that dispatches only on the values a `filter_spec` selects), or with no
-value among the function's arguments and constants, both functions are the
+reach the code as that transform's tracers of their avals (see
+`quax._dispatch._staged`): there shape evaluation stays JAX's, on avals, as the rest of
+that code sees them, so that a probe of an argument and of a closed-over value agree;
+the quax trace gives the types back when it runs what the transform staged. Outside a
+quax trace (or in one that dispatches only on the values a `filter_spec` selects), or
+with no value among the function's arguments and constants, both functions are the
 libraries' own.
 """
 
@@ -37,9 +37,9 @@ import equinox as eqx
 import jax
 import jax.tree_util as jtu
 
-from ._jaxpr import eval_quaxified
-from ._staged import jaxpr_holds_staged_values, staged_values_into
-from ._trace import QuaxTrace, QuaxTracer, active_trace, run_nested
+from .._caching._jaxpr import eval_quaxified
+from .._dispatch._staged import jaxpr_holds_staged_values, staged_values_into
+from .._transform._trace import QuaxTrace, QuaxTracer, active_trace, run_nested
 
 
 __all__ = ["eval_shape_with_values"]

@@ -15,7 +15,7 @@ import equinox as eqx
 import jax
 import numpy as np
 
-from ._compat import (
+from .._compat import (
     eqx_finish_init,
     eqx_has_dataclass_init,
     eqx_warn_transformed_function,
