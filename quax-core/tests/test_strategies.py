@@ -80,7 +80,10 @@ def test_non_finite_entries_are_drawn_at_all() -> None:
 def test_every_call_kind_is_drawn() -> None:
     kinds = set()
 
-    @settings(max_examples=40, deadline=None, database=None)
+    # Hypothesis draws the kinds unevenly (one kind in half the examples of a run,
+    # another in none): with a random seed, 40 examples missed a kind in about one
+    # run in four. A fixed seed draws each kind at least 3 times.
+    @settings(max_examples=40, deadline=None, database=None, derandomize=True)
     @given(qst.calls(_product, Dense, qst.arrays((2,))))
     def collect(call: Call) -> None:
         kinds.add(call.kind)
