@@ -58,6 +58,11 @@ STOPS = (
     ),
     Stop("Conjugate gradients on a sparse Laplacian", "sparse_cg", ("quax_sparse",)),
     Stop(
+        "Newton's method: a Jacobian by colouring, SuperLU solves",
+        "sparse_newton",
+        ("quax_sparse",),
+    ),
+    Stop(
         "Tridiagonal solves at O(n), and a Gaussian process",
         "structured_tridiagonal",
         ("quax_structured",),

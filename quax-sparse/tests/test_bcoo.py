@@ -192,8 +192,10 @@ def test_jax_experimental_sparse_roundtrip():
     back = x.to_jax()
     assert isinstance(back, jsparse.BCOO)
     assert_close(back.todense(), DENSE)
-    with pytest.raises(ValueError, match="n_dense=0"):
-        BCOO.from_jax(jsparse.BCOO.fromdense(DENSE, n_dense=1))
+    blocks = BCOO.from_jax(jsparse.BCOO.fromdense(DENSE, n_dense=1))
+    assert blocks.n_dense == 1 and blocks.dense_shape == (4,)
+    assert_close(blocks.todense(), DENSE)
+    assert blocks.to_jax().n_dense == 1
 
 
 def _jsparse_matrices():

@@ -23,11 +23,16 @@ def _pattern(pattern: Any, owner: str) -> tuple[np.ndarray, tuple[int, int]]:
     """The pattern's positions (unique, row-major, padding dropped), concrete."""
     if isinstance(pattern, CSR):
         pattern = pattern.to_bcoo()
-    if not isinstance(pattern, BCOO) or pattern.ndim != 2 or pattern.n_batch != 0:
+    if (
+        not isinstance(pattern, BCOO)
+        or pattern.ndim != 2
+        or pattern.n_batch != 0
+        or pattern.n_dense != 0
+    ):
         raise ValueError(
             f"`quax_sparse.{owner}` needs the Jacobian's sparsity pattern as a "
             "`BCOO` (or `CSR`) matrix of shape (outputs, inputs) without batch "
-            f"dimensions; got {type(pattern).__name__} of shape "
+            f"or dense dimensions; got {type(pattern).__name__} of shape "
             f"{getattr(pattern, 'shape', None)}."
         )
     if isinstance(pattern.indices, jax.core.Tracer):
@@ -37,10 +42,15 @@ def _pattern(pattern: Any, owner: str) -> tuple[np.ndarray, tuple[int, int]]:
             "close over it)."
         )
     m, n = pattern.shape
-    coords = np.asarray(pattern.indices).reshape(-1, 2)
+    coords = np.asarray(pattern.indices).reshape(-1, 2).astype(np.int64)
     keep = (coords[:, 0] >= 0) & (coords[:, 0] < m)
     keep &= (coords[:, 1] >= 0) & (coords[:, 1] < n)
-    coords = np.unique(coords[keep], axis=0)  # sorted row-major
+    # Unique positions in row-major order, by sorting one integer key per entry
+    # (`np.unique(coords, axis=0)` sorts rows as structured records: 15 times
+    # slower at a million entries).
+    key = np.sort(coords[keep, 0] * n + coords[keep, 1])
+    key = key[np.concatenate([[True], key[1:] != key[:-1]])] if key.size else key
+    coords = np.stack([key // max(n, 1), key % max(n, 1)], axis=-1)
     return coords.astype(np.int32), (m, n)
 
 

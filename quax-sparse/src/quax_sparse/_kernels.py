@@ -30,22 +30,24 @@ __all__ = [
 
 
 def flat_entries(data: Array, indices: Array) -> tuple[Array, Array]:
-    """Every stored entry of a sparse array (`data` of shape `(*batch, nse)`,
-    `indices` of shape `(*batch, nse, n_sparse)`) with its full position (batch
-    coordinates first): `coords` of shape `(N, ndim)` and `values` of shape `(N,)`,
+    """Every stored entry of a sparse array (`data` of shape `(*batch, nse,
+    *dense)`, `indices` of shape `(*batch, nse, n_sparse)`) with its position in
+    the batch and sparse dimensions (batch coordinates first): `coords` of shape
+    `(N, n_batch + n_sparse)` and `values` of shape `(N, *dense)`,
     `N = prod(batch) * nse`."""
-    nb = data.ndim - 1
+    nb = indices.ndim - 2
+    dense = data.shape[nb + 1 :]
     if nb == 0:
         return indices, data
-    batch = data.shape[:-1]
+    entries = indices.shape[:-1]
     grids = jnp.meshgrid(
-        *[jnp.arange(b, dtype=indices.dtype) for b in batch], indexing="ij"
+        *[jnp.arange(b, dtype=indices.dtype) for b in entries[:-1]], indexing="ij"
     )
-    batch_coords = [jnp.broadcast_to(g[..., None], data.shape) for g in grids]
+    batch_coords = [jnp.broadcast_to(g[..., None], entries) for g in grids]
     coords = jnp.concatenate(
         [jnp.stack(batch_coords, axis=-1), indices.astype(indices.dtype)], axis=-1
     )
-    return coords.reshape(-1, nb + indices.shape[-1]), data.reshape(-1)
+    return coords.reshape(-1, nb + indices.shape[-1]), data.reshape(-1, *dense)
 
 
 def gather(operand: Array, coords: Array, dims: tuple[int, ...]) -> Array:
@@ -123,7 +125,7 @@ def _sum_duplicates_one(
     fill = jnp.asarray(np.asarray(sparse_shape, dtype=np.int64), indices.dtype)
     if data.shape[0] == 0:
         return (
-            jnp.zeros((nse,), data.dtype),
+            jnp.zeros((nse, *data.shape[1:]), data.dtype),
             jnp.broadcast_to(fill, (nse, n_sparse)).astype(indices.dtype),
         )
     if not is_sorted and n_sparse > 0:
@@ -158,7 +160,8 @@ def sum_duplicates(
 
     **Arguments:**
 
-    - `data`, `indices`: the entries, as a `BCOO` stores them.
+    - `data`, `indices`: the entries, as a `BCOO` stores them (blocks of dense
+        dimensions included: each position's blocks add up).
     - `sparse_shape`: the sizes of the sparse dimensions.
     - `nse`: the number of entries of the result per batch element.
     - `is_sorted`: whether the positions are known to be in row-major order.
@@ -173,7 +176,7 @@ def sum_duplicates(
         return _sum_duplicates_one(data, indices, sparse_shape, nse, is_sorted)
 
     f = one
-    for _ in range(data.ndim - 1):
+    for _ in range(indices.ndim - 2):
         f = jax.vmap(f)
     return f(data, indices)
 
@@ -197,7 +200,10 @@ def dot_sparse_dense(
     Each stored entry reads the slice of `d` at its contracted and batch coordinates
     (a gather, shape `(N, *d_free)`), scales it by its value, and adds it into the
     output at its free and batch coordinates (a scatter-add). The cost is
-    `O(N * prod(d_free))`; the only dense array is the output.
+    `O(N * prod(d_free))`; the only dense array is the output. A sparse operand with
+    dense dimensions (blocks) contracts and batches only its batch and sparse
+    dimensions: its dense ones are free, each entry's outer product of its block
+    and its slice of `d` (the caller checks).
 
     **Arguments:**
 
@@ -230,25 +236,33 @@ def dot_sparse_dense(
     s_contract, d_contract = tuple(s_contract), tuple(d_contract)
     s_batch, d_batch = tuple(s_batch), tuple(d_batch)
     coords, values = flat_entries(data, indices)
-    s_free = tuple(i for i in range(len(shape)) if i not in s_contract + s_batch)
+    block = values.shape[1:]  # the dense dimensions' sizes: () without blocks
+    n_index = len(shape) - len(block)  # batch and sparse dimensions
+    assert all(i < n_index for i in s_contract + s_batch), "dense dims are free"
+    s_free = tuple(i for i in range(n_index) if i not in s_contract + s_batch)
     d_free = tuple(i for i in range(d.ndim) if i not in d_contract + d_batch)
     d_read = d_batch + d_contract
     if d_read:
         slices = gather(d, coords[:, s_batch + s_contract], d_read)
     else:
         slices = jnp.broadcast_to(d, (values.shape[0], *d.shape))
-    contrib = values.astype(out_dtype).reshape(
-        (-1,) + (1,) * len(d_free)
-    ) * slices.astype(out_dtype)
     batch_shape = tuple(shape[i] for i in s_batch)
     s_free_shape = tuple(shape[i] for i in s_free)
     d_free_shape = tuple(d.shape[i] for i in d_free)
     nb, nsf, ndf = len(s_batch), len(s_free), len(d_free)
-    if sparse_is_lhs:
-        out_shape = batch_shape + s_free_shape + d_free_shape
+    values = values.astype(out_dtype)
+    slices = slices.astype(out_dtype)
+    if sparse_is_lhs:  # the output's free axes: the sparse operand's, then `d`'s
+        contrib = values.reshape((-1, *block) + (1,) * ndf) * slices.reshape(
+            (-1,) + (1,) * len(block) + d_free_shape
+        )
+        out_shape = batch_shape + s_free_shape + block + d_free_shape
         out_dims = tuple(range(nb + nsf))
     else:
-        out_shape = batch_shape + d_free_shape + s_free_shape
+        contrib = slices.reshape(
+            (-1, *d_free_shape) + (1,) * len(block)
+        ) * values.reshape((-1,) + (1,) * ndf + block)
+        out_shape = batch_shape + d_free_shape + s_free_shape + block
         out_dims = tuple(range(nb)) + tuple(range(nb + ndf, nb + ndf + nsf))
     write = s_batch + s_free
     in_order = indices_sorted and write == tuple(range(len(write)))
@@ -299,7 +313,9 @@ def dot_sparse_sparse(
 ) -> tuple[Array, Array]:
     """The matrix product `a @ b` of two sparse matrices (no batch dimensions), as a
     sparse matrix holding one entry per product `a[i, k] * b[k, j]` (duplicates not
-    summed; call `sum_duplicates` to merge them).
+    summed; call `sum_duplicates` to merge them). `b` may store blocks (dense
+    dimensions after its two sparse ones: `b_data` of shape `(nse, *dense)`), each
+    product then the block scaled by `a`'s value.
 
     Its `nse` is the number of such products when the indices are concrete at trace
     time, else the static bound `nse(a) * nse(b)`, lowered to `nse(a) * m` when `b`
@@ -325,8 +341,9 @@ def dot_sparse_sparse(
     )
     index_dtype = jnp.promote_types(a_indices.dtype, b_indices.dtype)
     fill = jnp.asarray([n, m], index_dtype)
+    block = b_data.shape[1:]
     if count == 0 or a_nse == 0 or b_nse == 0:
-        return jnp.zeros((0,), out_dtype), jnp.zeros((0, 2), index_dtype)
+        return jnp.zeros((0, *block), out_dtype), jnp.zeros((0, 2), index_dtype)
     a_ok = valid_mask(a_indices, (n, k))
     b_ok = valid_mask(b_indices, (k, m))
     b_row = jnp.where(b_ok, b_indices[:, 0], k)
@@ -350,7 +367,11 @@ def dot_sparse_sparse(
         ),
         fill,
     )
+    lead = (-1,) + (1,) * len(block)
     out_data = jnp.where(
-        used, a_data[entry].astype(out_dtype) * b_data[partner].astype(out_dtype), 0
+        used.reshape(lead),
+        a_data[entry].astype(out_dtype).reshape(lead)
+        * b_data[partner].astype(out_dtype),
+        0,
     )
     return out_data, out_indices

@@ -5,6 +5,7 @@ the core's refusing default ([`quax.GuardedValue`][]), which names the primitive
 unless the array allows materialising.
 """
 
+import functools
 import math
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -39,6 +40,57 @@ def _fallback(
     primitive: Primitive, values: Sequence[Any], params: dict[str, Any]
 ) -> Any:
     return quax.fallback_rule(primitive, values)(values, params)
+
+
+def _refuse_blocks(
+    primitive: Primitive,
+    values: Sequence[Any],
+    params: dict[str, Any],
+    why: str | None = None,
+) -> Any:
+    """A `BCOO` with dense dimensions (blocks) met a rule that handles only scalar
+    entries, or a case of a block-aware rule that it cannot keep: refused, naming
+    `n_dense` and the way out (`update_layout(n_dense=0)`), unless every such
+    operand allows materialising (then the fallback computes it densely)."""
+    blocked = [v for v in values if isinstance(v, BCOO) and v.n_dense]
+    if all(v.allow_materialise for v in blocked):
+        return _fallback(primitive, values, params)
+    x = next(v for v in blocked if not v.allow_materialise)
+    types = ", ".join(type(v).__qualname__ for v in values)
+    reason = why or (
+        f"quax-sparse's rule for `{primitive.name}` on these types handles scalar "
+        "entries only (n_dense=0)"
+    )
+    raise x.materialisation_error(
+        f"Refusing to materialise `BCOO` for primitive `{primitive.name}` on input "
+        f"types ({types}): the BCOO of shape {x.shape} stores blocks over its "
+        f"n_dense={x.n_dense} trailing dense dimensions (block shape "
+        f"{x.dense_shape}), and {reason}. Turn the dense dimensions into sparse "
+        "ones first: `x.update_layout(n_dense=0)` gives the same array with one "
+        "stored entry per element of each block. " + x.way_out(primitive)
+    )
+
+
+def register(primitive: Primitive, *, blocks: bool = False) -> Callable[[Any], Any]:
+    """`quax.register(primitive)`, for a rule that handles `BCOO`s with dense
+    dimensions (`blocks=True`) or not: then a `BCOO` operand with `n_dense > 0`
+    never reaches the rule, which would read its blocks as scalars, and is refused
+    by `_refuse_blocks` instead."""
+
+    def decorate(rule: Callable[..., Any]) -> Callable[..., Any]:
+        if blocks:
+            return quax.register(primitive)(rule)
+
+        @functools.wraps(rule)
+        def scalar_entries_only(*values: Any, **params: Any) -> Any:
+            if any(isinstance(v, BCOO) and v.n_dense for v in values):
+                return _refuse_blocks(primitive, values, params)
+            return rule(*values, **params)
+
+        quax.register(primitive)(scalar_entries_only)
+        return rule
+
+    return decorate
 
 
 # BCOO helpers ------------------------------------------------------------------------
@@ -77,8 +129,9 @@ def with_data(x: BCOO, data: Array) -> BCOO:
 
 
 def unbatch(x: BCOO) -> BCOO:
-    """`x` with every dimension sparse (`n_batch = 0`): `prod(batch) * nse` entries,
-    the batch coordinates as leading index columns. Order and uniqueness are kept."""
+    """`x` with every batch dimension sparse (`n_batch = 0`): `prod(batch) * nse`
+    entries, the batch coordinates as leading index columns (dense dimensions
+    stay dense). Order and uniqueness are kept."""
     if x.n_batch == 0:
         return x
     coords, values = flat_entries(x.data, x.indices)
@@ -96,6 +149,13 @@ def unique(x: BCOO) -> BCOO:
     """`x` with no position stored twice (what a nonlinear elementwise function
     needs): `x` itself when known, else `sum_duplicates` with the same `nse`."""
     return x if x.unique_indices else x.sum_duplicates()
+
+
+def same_blocks(x: BCOO, y: BCOO) -> tuple[BCOO, BCOO]:
+    """`x` and `y` (of one shape) with the same number of dense dimensions: the
+    one with more splits its blocks (`update_layout`), an exact conversion."""
+    n_dense = min(x.n_dense, y.n_dense)
+    return x.update_layout(n_dense=n_dense), y.update_layout(n_dense=n_dense)
 
 
 def transpose_matrix(x: BCOO) -> BCOO:
@@ -121,8 +181,32 @@ def _read_as(x: BCOO, dtype: Any) -> BCOO:
 # dot_general --------------------------------------------------------------------------
 
 
-@quax.register(lax.dot_general_p)
+def _contracts_blocks(x: BCOO, contract: Sequence[int], batch: Sequence[int]) -> bool:
+    """Whether a product contracts or batches a dense dimension of `x` (which the
+    kernel keeps free)."""
+    n_index = x.n_batch + x.n_sparse
+    return any(i >= n_index for i in (*contract, *batch))
+
+
+def _refuse_block_product(
+    values: Sequence[Any], dimension_numbers: Any, params: dict[str, Any]
+) -> Any:
+    params = dict(params, dimension_numbers=dimension_numbers)
+    return _refuse_blocks(
+        lax.dot_general_p,
+        values,
+        params,
+        "a product with a dense operand contracts (or batches) only its batch and "
+        "sparse dimensions, keeping the dense ones free; this one contracts a "
+        "dense dimension",
+    )
+
+
+@register(lax.dot_general_p, blocks=True)
 def _(lhs: BCOO, rhs: ArrayLike, *, dimension_numbers: Any, **params: Any) -> Array:
+    (l_contract, _), (l_batch, _) = dimension_numbers
+    if _contracts_blocks(lhs, l_contract, l_batch):
+        return _refuse_block_product((lhs, rhs), dimension_numbers, params)
     rhs = jnp.asarray(rhs)
     out_dtype = _out_dtype(lhs, rhs, params.get("preferred_element_type"))
     lhs = _read_as(lhs, out_dtype)
@@ -138,8 +222,11 @@ def _(lhs: BCOO, rhs: ArrayLike, *, dimension_numbers: Any, **params: Any) -> Ar
     )
 
 
-@quax.register(lax.dot_general_p)
+@register(lax.dot_general_p, blocks=True)
 def _(lhs: ArrayLike, rhs: BCOO, *, dimension_numbers: Any, **params: Any) -> Array:
+    (_, r_contract), (_, r_batch) = dimension_numbers
+    if _contracts_blocks(rhs, r_contract, r_batch):
+        return _refuse_block_product((lhs, rhs), dimension_numbers, params)
     lhs = jnp.asarray(lhs)
     out_dtype = _out_dtype(lhs, rhs, params.get("preferred_element_type"))
     rhs = _read_as(rhs, out_dtype)
@@ -155,7 +242,7 @@ def _(lhs: ArrayLike, rhs: BCOO, *, dimension_numbers: Any, **params: Any) -> Ar
     )
 
 
-@quax.register(lax.dot_general_p)
+@register(lax.dot_general_p)
 def _(lhs: BCOO, rhs: BCOO, *, dimension_numbers: Any, **params: Any) -> Any:
     (l_contract, r_contract), (l_batch, r_batch) = dimension_numbers
     if lhs.ndim != 2 or rhs.ndim != 2 or len(l_contract) != 1 or l_batch or r_batch:
@@ -203,14 +290,14 @@ def _(primitive: Primitive, x: BCOO, **params: Any) -> BCOO:
     return _on_data(primitive, x, params, linear=primitive in _LINEAR)
 
 
-@quax.register(prims.integer_pow_p)
+@register(prims.integer_pow_p, blocks=True)
 def _(x: BCOO, *, y: int, **params: Any) -> Any:
     if y <= 0:  # x ** 0 = 1 and 0 ** -1 = inf: not sparse
         return _fallback(prims.integer_pow_p, (x,), dict(params, y=y))
     return _on_data(prims.integer_pow_p, x, dict(params, y=y), linear=y == 1)
 
 
-@quax.register(prims.convert_element_type_p)
+@register(prims.convert_element_type_p, blocks=True)
 def _(x: BCOO, *, new_dtype: Any, **params: Any) -> BCOO:
     # Conversion to a floating type is exact enough to apply to duplicates one by one;
     # to an integer or bool it rounds, so it needs unique entries, and so does a
@@ -222,12 +309,31 @@ def _(x: BCOO, *, new_dtype: Any, **params: Any) -> BCOO:
     return _on_data(prims.convert_element_type_p, x, params, linear=linear)
 
 
-@quax.register(prims.copy_p)
+@register(prims.copy_p, blocks=True)
 def _(x: BCOO, **params: Any) -> BCOO:
     return x
 
 
 # Binary arithmetic ------------------------------------------------------------------
+
+
+def _at_entries(x: BCOO, dense: Any) -> Array:
+    """`dense` (broadcastable to `x.shape`, never stretching `x`) read at the
+    stored entries of `x`, in the shape of `x.data`: each entry reads its element
+    (its block, along the dense dimensions). Axes of size 1 of `dense` where `x`
+    is longer are broadcast, not read along."""
+    dense = jnp.asarray(dense)
+    if dense.ndim == 0:
+        return jnp.broadcast_to(dense, x.data.shape)
+    dense = dense.reshape((1,) * (x.ndim - dense.ndim) + dense.shape)
+    n_index = x.n_batch + x.n_sparse
+    dense = jnp.broadcast_to(dense, dense.shape[:n_index] + x.dense_shape)
+    read = tuple(d for d in range(n_index) if dense.shape[d] == x.shape[d])
+    kept = dense.reshape([dense.shape[d] for d in read] + list(x.dense_shape))
+    if not read:
+        return jnp.broadcast_to(kept, x.data.shape)
+    coords, _ = flat_entries(x.data, x.indices)
+    return gather(kept, coords[:, read], tuple(range(len(read)))).reshape(x.data.shape)
 
 
 def _broadcasts(x: BCOO, other: Any) -> bool:
@@ -275,52 +381,45 @@ def _scale(
     stored entries only."""
     if _broadcasts(x, y):
         return _broadcast_fallback(primitive, (y, x) if y_first else (x, y), params)
-    y = jnp.asarray(y)
-    # Axes of `y` of size 1 where `x` is longer broadcast: not read along.
-    read = tuple(d for d in range(y.ndim) if y.shape[d] == x.shape[d])
-    y = y.reshape([y.shape[d] for d in read])
-    if read:
-        coords, _ = flat_entries(x.data, x.indices)
-        factor = gather(y, coords[:, read], tuple(range(len(read))))
-        factor = factor.reshape(x.data.shape)
-    else:
-        factor = jnp.broadcast_to(y, x.data.shape)
+    factor = _at_entries(x, y)
     args = (factor, x.data) if y_first else (x.data, factor)
     return with_data(x, primitive.bind(*args, **params))
 
 
-@quax.register(prims.mul_p)
+@register(prims.mul_p, blocks=True)
 def _(x: BCOO, y: ArrayLike, **params: Any) -> Any:
     return _scale(prims.mul_p, x, y, False, params)
 
 
-@quax.register(prims.mul_p)
+@register(prims.mul_p, blocks=True)
 def _(x: ArrayLike, y: BCOO, **params: Any) -> Any:
     return _scale(prims.mul_p, y, x, True, params)
 
 
-@quax.register(prims.div_p)
+@register(prims.div_p, blocks=True)
 def _(x: BCOO, y: ArrayLike, **params: Any) -> Any:
     return _scale(prims.div_p, x, y, False, params)
 
 
 # `and` with a dense array keeps zeros (`jnp.multiply` of bools binds it). It is not
 # linear in the stored values (bitwise on integers), so duplicates merge first.
-@quax.register(prims.and_p)
+@register(prims.and_p, blocks=True)
 def _(x: BCOO, y: ArrayLike, **params: Any) -> Any:
     return _scale(prims.and_p, unique(x), y, False, params)
 
 
-@quax.register(prims.and_p)
+@register(prims.and_p, blocks=True)
 def _(x: ArrayLike, y: BCOO, **params: Any) -> Any:
     return _scale(prims.and_p, unique(y), x, True, params)
 
 
 def _concat(x: BCOO, y: BCOO) -> BCOO:
-    """The entries of both (the sparse sum), with the same batching."""
+    """The entries of both (the sparse sum), with the same batching and dense
+    dimensions (blocks split where one has more: `update_layout`)."""
+    x, y = same_blocks(x, y)
     if x.n_batch != y.n_batch:
         x, y = unbatch(x), unbatch(y)
-    data = jnp.concatenate([x.data, y.data.astype(x.data.dtype)], axis=-1)
+    data = jnp.concatenate([x.data, y.data.astype(x.data.dtype)], axis=x.n_batch)
     index_dtype = jnp.promote_types(x.indices.dtype, y.indices.dtype)
     indices = jnp.concatenate(
         [x.indices.astype(index_dtype), y.indices.astype(index_dtype)], axis=-2
@@ -335,7 +434,7 @@ def _add_into_dense(x: BCOO, y: ArrayLike, sign: int) -> Array:
     y = jnp.broadcast_to(jnp.asarray(y), x.shape)
     coords, values = flat_entries(x.data, x.indices)
     values = values if sign > 0 else -values
-    return scatter_add(y, coords, tuple(range(x.ndim)), values)
+    return scatter_add(y, coords, tuple(range(x.n_batch + x.n_sparse)), values)
 
 
 def _sum(primitive: Primitive, x: Any, y: Any, params: dict[str, Any]) -> Any:
@@ -356,15 +455,15 @@ def _sum(primitive: Primitive, x: Any, y: Any, params: dict[str, Any]) -> Any:
 
 
 def _register_sum(primitive: Primitive) -> None:
-    @quax.register(primitive)
+    @register(primitive, blocks=True)
     def _(x: BCOO, y: BCOO, **params: Any) -> Any:
         return _sum(primitive, x, y, params)
 
-    @quax.register(primitive)
+    @register(primitive, blocks=True)
     def _(x: BCOO, y: ArrayLike, **params: Any) -> Any:
         return _sum(primitive, x, y, params)
 
-    @quax.register(primitive)
+    @register(primitive, blocks=True)
     def _(x: ArrayLike, y: BCOO, **params: Any) -> Any:
         return _sum(primitive, x, y, params)
 
@@ -377,13 +476,15 @@ for _p in (prims.add_p, prims.add_jaxvals_p, prims.sub_p):
 
 
 def _flat_keys(x: BCOO) -> Array:
-    """The row-major position of each entry of an unbatched `x` (int32; the
-    caller checks that the positions fit), `prod(shape)` at padding."""
-    ok = valid_mask(x.indices, x.shape)
+    """The row-major position of each entry of an unbatched `x` in its sparse
+    dimensions (int32; the caller checks that the positions fit),
+    `prod(sparse shape)` at padding."""
+    sparse_shape = x.shape[: x.n_sparse]
+    ok = valid_mask(x.indices, sparse_shape)
     key = jnp.zeros(x.indices.shape[:-1], jnp.int32)
-    for c, size in enumerate(x.shape):
+    for c, size in enumerate(sparse_shape):
         key = key * size + x.indices[:, c].astype(jnp.int32)
-    return jnp.where(ok, key, math.prod(x.shape))
+    return jnp.where(ok, key, math.prod(sparse_shape))
 
 
 def _intersect(primitive: Primitive, x: BCOO, y: BCOO, params: dict[str, Any]) -> Any:
@@ -395,7 +496,9 @@ def _intersect(primitive: Primitive, x: BCOO, y: BCOO, params: dict[str, Any]) -
     `jax.experimental.sparse`)."""
     if x.shape != y.shape:
         return _broadcast_fallback(primitive, (x, y), params)
-    if math.prod(x.shape) >= 2**31 - 1:
+    x, y = same_blocks(x, y)
+    positions = math.prod(x.shape[: x.n_batch + x.n_sparse])
+    if positions >= 2**31 - 1:
         return _fallback(primitive, (x, y), params)
     a, b = unique(unbatch(x)), unique(unbatch(y))
     swap = b.nse < a.nse
@@ -409,12 +512,13 @@ def _intersect(primitive: Primitive, x: BCOO, y: BCOO, params: dict[str, Any]) -
         match = jnp.zeros(a_key.shape, bool)
         partner = jnp.zeros(a.data.shape, b.data.dtype)
     else:
-        match = (b_sorted[position] == a_key) & (a_key < math.prod(x.shape))
+        match = (b_sorted[position] == a_key) & (a_key < positions)
         partner = b.data[order[position]]
     pair = (partner, a.data) if swap else (a.data, partner)
     data = primitive.bind(*pair, **params)
-    data = jnp.where(match, data, jnp.zeros((), data.dtype))
-    fill = jnp.asarray(x.shape, a.indices.dtype)
+    lead = match.reshape(match.shape + (1,) * x.n_dense)
+    data = jnp.where(lead, data, jnp.zeros((), data.dtype))
+    fill = jnp.asarray(x.shape[: a.n_sparse], a.indices.dtype)
     indices = jnp.where(match[:, None], a.indices, fill)
     return BCOO._from_entries(
         data,
@@ -425,12 +529,12 @@ def _intersect(primitive: Primitive, x: BCOO, y: BCOO, params: dict[str, Any]) -
     )
 
 
-@quax.register(prims.mul_p)
+@register(prims.mul_p, blocks=True)
 def _(x: BCOO, y: BCOO, **params: Any) -> Any:
     return _intersect(prims.mul_p, x, y, params)
 
 
-@quax.register(prims.and_p)
+@register(prims.and_p, blocks=True)
 def _(x: BCOO, y: BCOO, **params: Any) -> Any:
     return _intersect(prims.and_p, x, y, params)
 
@@ -443,17 +547,6 @@ def _zeros(x: Any) -> bool:
     broadcast of one: `jnp.where(mask, x, 0)`'s zero)."""
     known = quax.known_constant(x, max_size=max(np.size(x), 1))
     return known is not None and not np.any(known)
-
-
-def _at_entries(x: BCOO, dense: Any) -> Array:
-    """`dense` (broadcastable to `x.shape`) read at the stored entries of `x`, in
-    the shape of `x.data`."""
-    dense = jnp.asarray(dense)
-    if dense.ndim == 0:
-        return jnp.broadcast_to(dense, x.data.shape)
-    dense = jnp.broadcast_to(dense, x.shape)
-    coords, _ = flat_entries(x.data, x.indices)
-    return gather(dense, coords, tuple(range(x.ndim))).reshape(x.data.shape)
 
 
 def _select(which: Any, cases: Sequence[Any]) -> Any:
@@ -492,7 +585,7 @@ def _select(which: Any, cases: Sequence[Any]) -> Any:
 
 
 def _register_select(types: tuple[type, type, type]) -> None:
-    @quax.register(prims.select_n_p)
+    @register(prims.select_n_p, blocks=True)
     def _(which: types[0], a: types[1], b: types[2]) -> Any:  # pyright: ignore
         out = _select(which, (a, b))
         return (
@@ -512,20 +605,23 @@ for _types in [
 
 
 def _is_row_gather(x: BCOO, indices: Any, params: dict[str, Any]) -> bool:
+    """`a[idx]` on a sparse matrix (blocks allowed: `a[idx]` on `(m, n, *dense)`
+    takes whole rows)."""
     dnums = params["dimension_numbers"]
     return (
-        x.ndim == 2
+        x.n_batch == 0
+        and x.n_sparse == 2
         and np.ndim(indices) == 2
         and np.shape(indices)[1] == 1
-        and tuple(dnums.offset_dims) == (1,)
+        and tuple(dnums.offset_dims) == tuple(range(1, x.ndim))
         and tuple(dnums.collapsed_slice_dims) == (0,)
         and tuple(dnums.start_index_map) == (0,)
         and not tuple(getattr(dnums, "operand_batching_dims", ()))
-        and tuple(params["slice_sizes"]) == (1, x.shape[1])
+        and tuple(params["slice_sizes"]) == (1, *x.shape[1:])
     )
 
 
-@quax.register(prims.gather_p)
+@register(prims.gather_p, blocks=True)
 def _(x: BCOO, indices: ArrayLike, **params: Any) -> Any:
     """`a[idx]` for an integer array `idx` (rows of a sparse matrix: neighbour
     sampling): the product `S @ a` with the selection matrix `S` (one entry per
@@ -537,8 +633,10 @@ def _(x: BCOO, indices: ArrayLike, **params: Any) -> Any:
     mode = params.get("mode")
     fill = params.get("fill_value")
     if not _is_row_gather(x, indices, params) or fill not in (None, 0):
+        if x.n_dense:
+            return _refuse_blocks(prims.gather_p, (x, indices), params)
         return _fallback(prims.gather_p, (x, indices), params)
-    m, n = x.shape
+    m, n = x.shape[:2]
     rows = jnp.asarray(indices)[:, 0]
     k = rows.shape[0]
     if mode != lax.GatherScatterMode.FILL_OR_DROP:
@@ -559,53 +657,86 @@ def _(x: BCOO, indices: ArrayLike, **params: Any) -> Any:
         b_unique=a.unique_indices,
     )
     return BCOO._from_entries(
-        data, out_indices, (k, n), x.allow_materialise, unique_indices=a.unique_indices
+        data,
+        out_indices,
+        (k, n, *x.dense_shape),
+        x.allow_materialise,
+        unique_indices=a.unique_indices,
     )
 
 
 # Structure ----------------------------------------------------------------------------
 
 
-@quax.register(prims.transpose_p)
+@register(prims.transpose_p, blocks=True)
 def _(x: BCOO, *, permutation: Sequence[int], **params: Any) -> BCOO:
     perm = tuple(permutation)
     nb = x.n_batch
+    n_index = nb + x.n_sparse  # the dense dimensions come after
+    if tuple(sorted(perm[n_index:])) != tuple(range(n_index, x.ndim)):
+        return _refuse_blocks(
+            prims.transpose_p,
+            (x,),
+            dict(params, permutation=perm),
+            f"the permutation {perm} moves a dense dimension among the sparse ones "
+            "(a transpose keeps the dense dimensions last, permuting them among "
+            "themselves)",
+        )
     if tuple(sorted(perm[:nb])) != tuple(range(nb)):
         x, nb = unbatch(x), 0
-    data = lax.transpose(x.data, (*perm[:nb], nb))
+    dense_axes = [nb + 1 + p - n_index for p in perm[n_index:]]
+    data = lax.transpose(x.data, (*perm[:nb], nb, *dense_axes))
     indices = lax.transpose(x.indices, (*perm[:nb], nb, nb + 1))
-    indices = indices[..., [p - nb for p in perm[nb:]]]
+    indices = indices[..., [p - nb for p in perm[nb:n_index]]]
     shape = tuple(x.shape[p] for p in perm)
     return new_like(x, data, indices, shape, unique_indices=x.unique_indices)
 
 
-@quax.register(prims.reduce_sum_p)
+@register(prims.reduce_sum_p, blocks=True)
 def _(x: BCOO, *, axes: Sequence[int], **params: Any) -> Any:
     """Dense when the result holds no more elements than `x` stores (a row sum of a
-    matrix with more nonzeros than rows), else sparse (duplicates not merged)."""
+    matrix with more nonzeros than rows), else sparse (duplicates not merged).
+    Dense dimensions (blocks) are summed within each block first."""
     axes = tuple(axes)
+    n_index = x.n_batch + x.n_sparse
+    in_blocks = tuple(a for a in axes if a >= n_index)
+    if in_blocks:
+        summed = tuple(x.n_batch + 1 + a - n_index for a in in_blocks)
+        x = new_like(
+            x,
+            x.data.sum(axis=summed),
+            x.indices,
+            tuple(s for i, s in enumerate(x.shape) if i not in in_blocks),
+            indices_sorted=x.indices_sorted,
+            unique_indices=x.unique_indices,
+        )
+        axes = tuple(a for a in axes if a < n_index)
+        if not axes:
+            return x
     keep = tuple(i for i in range(x.ndim) if i not in axes)
     out_shape = tuple(x.shape[i] for i in keep)
     coords, values = flat_entries(x.data, x.indices)
-    if math.prod(out_shape) <= values.shape[0]:
+    block_ones = (1,) * x.n_dense
+    if math.prod(out_shape) <= values.size:
         # A summed-out axis holding padding (out of bounds) must stay padding.
         ok = valid_mask(coords[:, axes], [x.shape[a] for a in axes])
-        values = jnp.where(ok, values, 0)
+        values = jnp.where(ok.reshape(ok.shape + block_ones), values, 0)
         out = jnp.zeros(out_shape, x.dtype)
-        return scatter_add(out, coords[:, keep], tuple(range(len(keep))), values)
+        read = tuple(i for i in keep if i < n_index)
+        return scatter_add(out, coords[:, read], tuple(range(len(read))), values)
     nb = x.n_batch
     if any(a < nb for a in axes):
         x, nb = unbatch(x), 0
     data = x.data
-    indices = x.indices[..., [i - nb for i in keep[nb:]]]
+    indices = x.indices[..., [i - nb for i in keep[nb:] if i < n_index]]
     # A summed-out axis holding padding (out of bounds) must stay padding.
     dropped = x.indices[..., [a - nb for a in axes]]
     ok = valid_mask(dropped, [x.shape[a] for a in axes])
-    data = jnp.where(ok, data, 0)
+    data = jnp.where(ok.reshape(ok.shape + block_ones), data, 0)
     return new_like(x, data, indices, out_shape)
 
 
-@quax.register(prims.broadcast_in_dim_p)
+@register(prims.broadcast_in_dim_p, blocks=True)
 def _(
     x: BCOO,
     *,
@@ -629,6 +760,9 @@ def _(
             indices_sorted=x.indices_sorted,
             unique_indices=x.unique_indices,
         )
+    params = dict(params, shape=shape, broadcast_dimensions=dims)
+    if x.n_dense:  # only new leading batch dimensions (above) keep blocks
+        return _refuse_blocks(prims.broadcast_in_dim_p, (x,), params)
     new = [d for d in range(len(shape)) if d not in dims]
     if same_sizes and all(shape[d] == 1 for d in new) and list(dims) == sorted(dims):
         # New axes of size 1 (`x[:, None]`): a zero index column each.
@@ -645,11 +779,10 @@ def _(
             indices_sorted=x.indices_sorted,
             unique_indices=x.unique_indices,
         )
-    params = dict(params, shape=shape, broadcast_dimensions=dims)
     return _fallback(prims.broadcast_in_dim_p, (x,), params)
 
 
-@quax.register(prims.squeeze_p)
+@register(prims.squeeze_p)
 def _(x: BCOO, *, dimensions: Sequence[int], **params: Any) -> BCOO:
     dims = tuple(sorted(d % x.ndim for d in dimensions))
     nb = x.n_batch
@@ -674,7 +807,7 @@ def _(x: BCOO, *, dimensions: Sequence[int], **params: Any) -> BCOO:
     )
 
 
-@quax.register(prims.reshape_p)
+@register(prims.reshape_p)
 def _(x: BCOO, *, new_sizes: Sequence[int], dimensions: Any, **params: Any) -> Any:
     new_sizes = tuple(new_sizes)
     nb = x.n_batch
@@ -713,7 +846,7 @@ def _(x: BCOO, *, new_sizes: Sequence[int], dimensions: Any, **params: Any) -> A
     )
 
 
-@quax.register(prims.rev_p)
+@register(prims.rev_p)
 def _(x: BCOO, *, dimensions: Sequence[int], **params: Any) -> BCOO:
     nb = x.n_batch
     data, indices = x.data, x.indices
@@ -767,7 +900,7 @@ def _window(
     )
 
 
-@quax.register(prims.slice_p)
+@register(prims.slice_p)
 def _(
     x: BCOO,
     *,
@@ -784,7 +917,7 @@ def _(
     return _window(x, tuple(start_indices), sizes, strides)
 
 
-@quax.register(prims.dynamic_slice_p)
+@register(prims.dynamic_slice_p)
 def _(
     x: BCOO, *start_indices: ArrayLike, slice_sizes: Sequence[int], **params: Any
 ) -> BCOO:
@@ -796,7 +929,7 @@ def _(
     return _window(x, starts, tuple(slice_sizes), (1,) * x.ndim)
 
 
-@quax.register(prims.concatenate_p)
+@register(prims.concatenate_p)
 def _(*operands: BCOO, dimension: int, **params: Any) -> BCOO:
     # Entries of every operand, the concatenated axis's index shifted by the sizes
     # of the operands before it (batch axes become sparse ones first).
@@ -832,11 +965,11 @@ def _mixed(primitive: Primitive) -> None:
     def convert(values: Sequence[Any]) -> list[Any]:
         return [v.to_bcoo() if isinstance(v, CSR) else v for v in values]
 
-    @quax.register(primitive)
+    @register(primitive)
     def _(x: CSR, y: BCOO, **params: Any) -> Any:
         return quax.quaxify(primitive.bind)(*convert((x, y)), **params)
 
-    @quax.register(primitive)
+    @register(primitive)
     def _(x: BCOO, y: CSR, **params: Any) -> Any:
         return quax.quaxify(primitive.bind)(*convert((x, y)), **params)
 
@@ -893,7 +1026,7 @@ def _known_equal(x: Any, build: Callable[[Any], Any]) -> Any:
     return jnp.all(jnp.asarray(x) == build(jnp))
 
 
-@quax.register(lax.linalg.lu_p)
+@register(lax.linalg.lu_p)
 def _(x: BCOO) -> Any:
     """`jnp.linalg.solve`, `slogdet`, `det`, `jax.scipy.linalg.lu_factor`: a
     `SparseLU`, with identity pivots and permutation (SuperLU's permutations live
@@ -905,7 +1038,7 @@ def _(x: BCOO) -> Any:
     return [factorise(x, spd=False, orientation="lu"), iota, iota]
 
 
-@quax.register(lax.linalg.cholesky_p)
+@register(lax.linalg.cholesky_p)
 def _(x: BCOO, **params: Any) -> Any:
     """`lax.linalg.cholesky`, `jax.scipy.linalg.cho_factor`: a `SparseLU` factored
     as symmetric positive definite (the matrix is taken as it is: `cholesky`
@@ -916,7 +1049,7 @@ def _(x: BCOO, **params: Any) -> Any:
     return factorise(x, spd=True, orientation="lower")
 
 
-@quax.register(prims.select_n_p)
+@register(prims.select_n_p)
 def _(which: ArrayLike, zeros: ArrayLike, factor: SparseLU) -> Any:
     """The lower triangle of a Cholesky factor (`lax.linalg.cholesky` ends with
     `jnp.tril` of its output): the factor itself where the mask is the lower
@@ -941,7 +1074,7 @@ def _(which: ArrayLike, zeros: ArrayLike, factor: SparseLU) -> Any:
     return _with_validity(factor, lower & zero, "lower")
 
 
-@quax.register(prims.mul_p)
+@register(prims.mul_p)
 def _(mask: ArrayLike, factor: SparseLU) -> Any:
     """The identity mask times a factor (`jnp.diagonal`'s branch for Pallas
     kernels, which `cond` traces beside the gather it runs): the diagonal, as a
@@ -959,7 +1092,7 @@ def _(mask: ArrayLike, factor: SparseLU) -> Any:
     )
 
 
-@quax.register(prims.transpose_p)
+@register(prims.transpose_p)
 def _(factor: SparseLU, *, permutation: Sequence[int]) -> Any:
     """The conjugate transpose of a real Cholesky factor (`cho_factor` with
     `lower=False` returns `conj(L.mT)`): the same factor, upper."""
@@ -1017,14 +1150,14 @@ def _solve_flags(factor: SparseLU, params: dict[str, Any]) -> _TriangularSolve:
     return lower, transpose_a, conjugate_a, unit_diagonal
 
 
-@quax.register(lax.linalg.triangular_solve_p)
+@register(lax.linalg.triangular_solve_p)
 def _(factor: SparseLU, b: ArrayLike, **params: Any) -> PendingSolve:
     """The first of the two triangular solves of `lu_solve` / `cho_solve`: held
     until the second (see `PendingSolve`)."""
     return PendingSolve(jnp.asarray(b), factor, _solve_flags(factor, params))
 
 
-@quax.register(lax.linalg.triangular_solve_p)
+@register(lax.linalg.triangular_solve_p)
 def _(factor: SparseLU, pending: PendingSolve, **params: Any) -> Array:
     """The second triangular solve: with the first, one solve with the matrix."""
     second = _solve_flags(factor, params)
@@ -1049,7 +1182,7 @@ def _(factor: SparseLU, pending: PendingSolve, **params: Any) -> Array:
     return apply_inverse(factor, pending.rhs, trans)
 
 
-@quax.register(prims.gather_p)
+@register(prims.gather_p)
 def _(factor: SparseLU, indices: ArrayLike, **params: Any) -> Any:
     """`jnp.diagonal` of a factor (what `slogdet` and `det` read): the pivots, whose
     product is the determinant."""
@@ -1087,13 +1220,13 @@ def _on_pending(
     return PendingSolve(rhs, pending.factor, pending.first)
 
 
-@quax.register(prims.squeeze_p)
+@register(prims.squeeze_p)
 def _(pending: PendingSolve, *, dimensions: Sequence[int]) -> PendingSolve:
     dims = tuple(d % pending.rhs.ndim for d in dimensions)
     return _on_pending(prims.squeeze_p, pending, 0 not in dims, dict(dimensions=dims))
 
 
-@quax.register(prims.broadcast_in_dim_p)
+@register(prims.broadcast_in_dim_p)
 def _(
     pending: PendingSolve,
     *,
@@ -1107,7 +1240,7 @@ def _(
     return _on_pending(prims.broadcast_in_dim_p, pending, keeps, params)
 
 
-@quax.register(prims.reshape_p)
+@register(prims.reshape_p)
 def _(
     pending: PendingSolve, *, new_sizes: Sequence[int], dimensions: Any, **params: Any
 ) -> PendingSolve:

@@ -191,10 +191,13 @@ def determinant_jvp_rule(name: str, fun: Any, values: Sequence[Any]) -> Any:
 class BCOO(quax.GuardedValue):
     """A sparse array in batch-coordinate format, as in the published quax.
 
-    `shape = (*batch, *sparse)`: `data` has shape `(*batch, nse)` and `indices` has
-    shape `(*batch, nse, n_sparse)`, where `nse` is the number of stored elements and
-    `n_sparse = len(sparse)`. Entry `k` of each batch element stores `data[..., k]`
-    at the sparse position `indices[..., k, :]`. Entries at the same position add up
+    `shape = (*batch, *sparse, *dense)`: `data` has shape `(*batch, nse, *dense)`
+    and `indices` has shape `(*batch, nse, n_sparse)`, where `nse` is the number of
+    stored elements and `n_sparse = len(sparse)`. Entry `k` of each batch element
+    stores the block `data[..., k, ...]` (of shape `dense`; a scalar when there are
+    no dense dimensions, `n_dense = 0`) at the sparse position `indices[..., k, :]`:
+    hybrid dense dimensions, as in `jax.experimental.sparse` (graph node features,
+    one dense feature vector per stored node). Entries at the same position add up
     (duplicates are allowed). Indices are read as NumPy indexing and
     `jax.experimental.sparse` read them: along a dimension of size `n`, `-n <= i < 0`
     counts from the end (the constructor stores it wrapped, `i + n`), and an entry
@@ -210,6 +213,8 @@ class BCOO(quax.GuardedValue):
     **Fields:**
 
     - `data`, `indices`: as above.
+    - `n_dense`: the number of trailing dense dimensions (static; read from the
+        shapes of `data` and `indices` when the array is built).
     - `_shape`: the shape given to `__init__`. The `shape` property takes the batch
         sizes from `data` (so that `jax.vmap` over a `BCOO`'s leaves works) and the
         sparse sizes from `_shape`.
@@ -222,6 +227,7 @@ class BCOO(quax.GuardedValue):
     data: Array
     indices: Array
     _shape: tuple[int, ...] = eqx.field(static=True)
+    n_dense: int = eqx.field(static=True)
     indices_sorted: bool = eqx.field(static=True)
     unique_indices: bool = eqx.field(static=True)
 
@@ -242,7 +248,9 @@ class BCOO(quax.GuardedValue):
     ):
         """**Arguments:**
 
-        - `data`: the stored values, shape `(*batch, nse)`.
+        - `data`: the stored values, shape `(*batch, nse)`, or `(*batch, nse,
+            *dense)` for blocks: the number of dense dimensions is what `data` has
+            beyond `indices`' `(*batch, nse)`, as in `jax.experimental.sparse`.
         - `indices`: their positions, an integer array of shape
             `(*batch, nse, n_sparse)`. Along a sparse dimension of size `n`, an
             index `i` with `0 <= i < n` is that position, one with `-n <= i < 0`
@@ -250,8 +258,8 @@ class BCOO(quax.GuardedValue):
             `jax.experimental.sparse` read it; stored wrapped), and `i = n` marks
             the entry as padding (ignored). Concrete indices outside `[-n, n]` are
             refused; traced ones there are padding.
-        - `shape`: the shape of the array, `(*batch, *sparse)`: non-negative
-            integers.
+        - `shape`: the shape of the array, `(*batch, *sparse, *dense)`:
+            non-negative integers.
         - `allow_materialise`: whether an operation without a sparse rule may form the
             dense array (`False`, the default, raises an error naming it).
         - `indices_sorted`, `unique_indices`: promise that the positions are in
@@ -260,9 +268,13 @@ class BCOO(quax.GuardedValue):
         self.data = jnp.asarray(data)
         indices = jnp.asarray(indices)
         self._shape = checked_shape("BCOO", shape)
+        self.n_dense = max(self.data.ndim - indices.ndim + 1, 0)
         self._check_layout(indices)
+        n_batch = indices.ndim - 2
         self.indices = wrapped_indices(
-            "BCOO", indices, self._shape[self.data.ndim - 1 :]
+            "BCOO",
+            indices,
+            self._shape[n_batch : len(self._shape) - self.n_dense],
         )
         self.allow_materialise = allow_materialise
         self.indices_sorted = indices_sorted
@@ -272,19 +284,30 @@ class BCOO(quax.GuardedValue):
         """The published checks of `data`, `indices` and `shape` against each other."""
         if self.data.ndim < 1 or indices.ndim < 2:
             raise ValueError(
-                "`BCOO` needs `data` of shape (*batch, nse) and `indices` of shape "
-                f"(*batch, nse, n_sparse); got {self.data.shape} and "
+                "`BCOO` needs `data` of shape (*batch, nse, *dense) and `indices` of "
+                f"shape (*batch, nse, n_sparse); got {self.data.shape} and "
                 f"{indices.shape}."
             )
-        *batch1, nse1 = self.data.shape
+        n_batch = indices.ndim - 2
         *batch2, nse2, n_sparse = indices.shape
+        batch1 = self.data.shape[: min(n_batch, self.data.ndim - 1)]
         batch3 = self._shape[: len(batch1)]
         batches = {tuple(batch1), tuple(batch2), tuple(batch3)}
         if len(batches) != 1:
             raise ValueError(f"Inconsistent batch sizes {batches} in `BCOO`.")
-        if nse1 != nse2:
+        if self.data.shape[n_batch] != nse2:
             raise ValueError("Inconsistent number of sparse entries in `BCOO`.")
-        if len(self._shape[len(batch1) :]) != n_sparse:
+        dense = self.data.shape[n_batch + 1 :]
+        if len(self._shape) < n_batch + len(dense) or (
+            dense and tuple(self._shape[len(self._shape) - len(dense) :]) != dense
+        ):
+            raise ValueError(
+                f"`BCOO` got `data` of shape {self.data.shape}, whose trailing "
+                f"{len(dense)} axes beyond (*batch, nse) are dense dimensions "
+                f"(n_dense={len(dense)}), but `shape` {self._shape} does not end "
+                f"with {dense}: give `shape` as (*batch, *sparse, *dense)."
+            )
+        if len(self._shape) - n_batch - len(dense) != n_sparse:
             raise ValueError(
                 "Must specify a sparse index for all non-batch dimensions in `BCOO`."
             )
@@ -315,6 +338,7 @@ class BCOO(quax.GuardedValue):
             "data": data,
             "indices": indices,
             "_shape": tuple(shape),
+            "n_dense": max(data.ndim - indices.ndim + 1, 0),
             "allow_materialise": allow_materialise,
             "indices_sorted": indices_sorted,
             "unique_indices": unique_indices,
@@ -328,12 +352,17 @@ class BCOO(quax.GuardedValue):
     @property
     def nse(self) -> int:
         """The number of stored entries per batch element."""
-        return self.data.shape[-1]
+        return self.data.shape[self.n_batch]
 
     @property
     def n_batch(self) -> int:
         """The number of batch dimensions."""
-        return self.data.ndim - 1
+        return self.data.ndim - 1 - self.n_dense
+
+    @property
+    def dense_shape(self) -> tuple[int, ...]:
+        """The sizes of the dense dimensions (the shape of each stored block)."""
+        return tuple(self.data.shape[self.n_batch + 1 :])
 
     @property
     def n_sparse(self) -> int:
@@ -343,10 +372,13 @@ class BCOO(quax.GuardedValue):
     def aval(self) -> jax.core.ShapedArray:
         # The batch sizes come from `data`, so that `jax.vmap` over the leaves (or
         # stacking them) gives the array with the batch axis removed (or added).
-        n_sparse = self.indices.shape[-1]
-        sparse_shape = self._shape[len(self._shape) - n_sparse :]
+        n_sparse, n_dense = self.indices.shape[-1], self.n_dense
+        end = len(self._shape) - n_dense
+        sparse_shape = self._shape[end - n_sparse : end]
+        nb = self.n_batch
         return jax.core.ShapedArray(
-            self.data.shape[:-1] + sparse_shape, self.data.dtype
+            self.data.shape[:nb] + sparse_shape + self.data.shape[nb + 1 :],
+            self.data.dtype,
         )
 
     # Materialising -----------------------------------------------------------------
@@ -418,7 +450,8 @@ class BCOO(quax.GuardedValue):
         """
         coords, values = flat_entries(self.data, self.indices)
         zeros = jnp.zeros(self.shape, self.data.dtype)
-        return scatter_add(zeros, coords, tuple(range(len(self.shape))), values)
+        dims = tuple(range(self.n_batch + self.n_sparse))
+        return scatter_add(zeros, coords, dims, values)
 
     # Construction and conversion ------------------------------------------------------
 
@@ -429,6 +462,7 @@ class BCOO(quax.GuardedValue):
         *,
         nse: int,
         n_batch: int = 0,
+        n_dense: int = 0,
         index_dtype: Any = jnp.int32,
         allow_materialise: bool = False,
     ) -> "BCOO":
@@ -438,12 +472,17 @@ class BCOO(quax.GuardedValue):
         element are kept, in row-major order, as `jax.experimental.sparse` does:
         **when `x` has more nonzeros than `nse`, the others are dropped**. When it has
         fewer, the remaining entries are padding (value 0, index out of bounds).
+        With `n_dense` trailing dense dimensions, an entry is a block of those
+        dimensions, stored where any of its elements is nonzero.
 
         **Arguments:**
 
         - `x`: the dense array.
         - `nse`: the number of entries to store per batch element.
         - `n_batch`: how many leading axes of `x` are batch axes.
+        - `n_dense`: how many trailing axes of `x` are dense (kept whole in each
+            stored block, as `jax.experimental.sparse.BCOO.fromdense`'s
+            `n_dense`).
         - `index_dtype`: the integer dtype of `indices`.
         - `allow_materialise`: passed to `BCOO`.
 
@@ -454,16 +493,26 @@ class BCOO(quax.GuardedValue):
         x = jnp.asarray(x)
         if not 0 <= n_batch <= x.ndim:
             raise ValueError(f"n_batch={n_batch} must be in [0, {x.ndim}].")
+        if not 0 <= n_dense <= x.ndim - n_batch:
+            raise ValueError(
+                f"n_dense={n_dense} must be in [0, {x.ndim - n_batch}] (the axes of "
+                f"x, shape {x.shape}, after its n_batch={n_batch} batch axes)."
+            )
         if nse < 0:
             raise ValueError(f"nse={nse} must be >= 0.")
-        sparse_shape = x.shape[n_batch:]
+        sparse_shape = x.shape[n_batch : x.ndim - n_dense]
+        n_sparse = len(sparse_shape)
 
         def one(y: Array) -> tuple[Array, Array]:
-            if y.ndim == 0:
-                return jnp.broadcast_to(y, (nse,)), jnp.zeros((nse, 0), index_dtype)
-            idx = jnp.nonzero(y, size=nse, fill_value=sparse_shape)
+            if n_sparse == 0:
+                data = jnp.broadcast_to(y, (nse, *y.shape))
+                return data, jnp.zeros((nse, 0), index_dtype)
+            stored = y != 0
+            if n_dense:
+                stored = jnp.any(stored, axis=tuple(range(n_sparse, y.ndim)))
+            idx = jnp.nonzero(stored, size=nse, fill_value=sparse_shape)
             indices = jnp.stack(idx, axis=-1).astype(index_dtype)
-            return gather(y, indices, tuple(range(y.ndim))), indices
+            return gather(y, indices, tuple(range(n_sparse))), indices
 
         f = one
         for _ in range(n_batch):
@@ -480,7 +529,8 @@ class BCOO(quax.GuardedValue):
 
     @classmethod
     def from_jax(cls, x: Any, *, allow_materialise: bool = False) -> "BCOO":
-        """Convert a `jax.experimental.sparse.BCOO` (without dense dimensions).
+        """Convert a `jax.experimental.sparse.BCOO` (its dense dimensions, if any,
+        stay dense dimensions).
 
         Its indices are read as `jax.experimental.sparse` reads them: negative ones
         (in `[-n, 0)`) count from the end and are stored wrapped, and an entry that
@@ -494,15 +544,11 @@ class BCOO(quax.GuardedValue):
         (checked on concrete indices; under `jit`, where that cannot be checked,
         they are dropped).
         """
-        if x.n_dense != 0:
-            raise ValueError(
-                "quax_sparse.BCOO has no dense dimensions; call "
-                "jax.experimental.sparse.bcoo_update_layout(x, n_dense=0) first."
-            )
         batch = tuple(x.shape[: x.n_batch])
         data = jnp.broadcast_to(x.data, batch + x.data.shape[x.n_batch :])
         given = jnp.broadcast_to(x.indices, batch + x.indices.shape[x.n_batch :])
-        indices = jsparse_indices(given, x.shape[x.n_batch :])
+        sparse_end = len(x.shape) - x.n_dense
+        indices = jsparse_indices(given, x.shape[x.n_batch : sparse_end])
         same = (
             not isinstance(given, jax.core.Tracer)
             and not isinstance(indices, jax.core.Tracer)
@@ -529,7 +575,13 @@ class BCOO(quax.GuardedValue):
         from jax.experimental import sparse
 
         return sparse.BCOO(
-            (self.data, jsparse_indices(self.indices, self.shape[self.n_batch :])),
+            (
+                self.data,
+                jsparse_indices(
+                    self.indices,
+                    self.shape[self.n_batch : self.n_batch + self.n_sparse],
+                ),
+            ),
             shape=self.shape,
             indices_sorted=self.indices_sorted,
             unique_indices=self.unique_indices,
@@ -562,9 +614,11 @@ class BCOO(quax.GuardedValue):
         """
         import scipy.sparse
 
-        if len(self.shape) != 2:
+        if len(self.shape) != 2 or self.n_dense:
             raise ValueError(
-                f"scipy.sparse holds matrices; this BCOO has shape {self.shape}."
+                f"scipy.sparse holds matrices; this BCOO has shape {self.shape} "
+                f"with n_dense={self.n_dense} dense dimensions (convert blocks "
+                "first: `x.update_layout(n_dense=0)`)."
             )
         coords, values = flat_entries(self.data, self.indices)
         coords = np.asarray(coords)
@@ -593,7 +647,7 @@ class BCOO(quax.GuardedValue):
         data, indices = sum_duplicates(
             self.data,
             self.indices,
-            self.shape[self.n_batch :],
+            self.shape[self.n_batch : self.n_batch + self.n_sparse],
             self.nse if nse is None else nse,
             is_sorted=self.indices_sorted,
         )
@@ -604,4 +658,50 @@ class BCOO(quax.GuardedValue):
             self.allow_materialise,
             indices_sorted=True,
             unique_indices=True,
+        )
+
+    def update_layout(self, *, n_dense: int) -> "BCOO":
+        """The same array with fewer dense dimensions: the trailing
+        `self.n_dense - n_dense` dense axes become sparse ones, each stored block
+        split into one entry per element of those axes (as
+        `jax.experimental.sparse.bcoo_update_layout` does; zeros inside a block
+        stay stored). The way out for an operation that has no rule for blocks.
+
+        **Arguments:**
+
+        - `n_dense`: the number of dense dimensions to keep, from 0 to
+            `self.n_dense`.
+
+        **Returns:**
+
+        A `BCOO` with the same dense array and `nse * prod(moved sizes)` entries
+        per batch element; the flags are kept (a block's elements are stored in
+        row-major order, right after one another).
+        """
+        if not 0 <= n_dense <= self.n_dense:
+            raise ValueError(
+                f"`update_layout` can turn dense dimensions into sparse ones: "
+                f"n_dense must be in [0, {self.n_dense}]; got {n_dense}."
+            )
+        if n_dense == self.n_dense:
+            return self
+        nb, nse = self.n_batch, self.nse
+        moved = self.dense_shape[: self.n_dense - n_dense]
+        kept = self.dense_shape[len(moved) :]
+        count = math.prod(moved)
+        batch = self.data.shape[:nb]
+        data = self.data.reshape((*batch, nse * count, *kept))
+        grids = np.indices(moved).reshape(len(moved), -1).T  # row-major
+        grids = jnp.asarray(grids, self.indices.dtype)
+        # Padding entries keep padding indices (their block positions are inside).
+        old = jnp.repeat(self.indices, count, axis=nb)
+        new = jnp.tile(grids, (*([1] * nb), nse, 1))
+        new = jnp.broadcast_to(new, (*batch, nse * count, len(moved)))
+        return BCOO._from_entries(
+            data,
+            jnp.concatenate([old, new], axis=-1),
+            self.shape,
+            self.allow_materialise,
+            indices_sorted=self.indices_sorted,
+            unique_indices=self.unique_indices,
         )

@@ -239,11 +239,13 @@ class CSR(quax.GuardedValue):
 
         A `CSR` with the same entries and `nse`.
         """
-        if x.ndim != 2 or x.n_batch != 0:
+        if x.ndim != 2 or x.n_batch != 0 or x.n_dense != 0:
             raise ValueError(
-                "CSR.from_bcoo needs a BCOO matrix without batch dimensions (for a "
-                "batch, `jax.vmap(CSR.from_bcoo)` over the leaves); got "
-                f"shape {x.shape} with n_batch={x.n_batch}."
+                "CSR.from_bcoo needs a BCOO matrix without batch dimensions and "
+                "without dense dimensions (for a batch, `jax.vmap(CSR.from_bcoo)` "
+                "over the leaves; for blocks, `x.update_layout(n_dense=0)` first); "
+                "got shape "
+                f"{x.shape} with n_batch={x.n_batch}, n_dense={x.n_dense}."
             )
         n_rows, n_cols = x.shape
         rows, cols = x.indices[:, 0], x.indices[:, 1]

@@ -266,6 +266,12 @@ class PendingSolve(quax.GuardedValue):
 def unfactorable(x: BCOO) -> str | None:
     """Why the host cannot factor `x`, or `None`: one square matrix (no batch
     dimensions) of a floating-point or complex dtype."""
+    if x.n_dense:
+        return (
+            f"this BCOO has n_dense={x.n_dense} dense dimensions (blocks of shape "
+            f"{x.dense_shape}): factor a matrix of scalar entries "
+            "(`x.update_layout(n_dense=0)`)"
+        )
     if x.ndim != 2 or x.n_batch != 0:
         return (
             f"quax-sparse factors one matrix at a time, and this BCOO has shape "
