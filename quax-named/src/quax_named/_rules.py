@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import quax
 from jax import lax
-from jax.extend.core import Primitive
+from jax.extend.core import Primitive, primitives as prims
 from jaxtyping import ArrayLike
 
 from ._axes import Axis, Broadcast, Flattened, labels
@@ -53,6 +53,8 @@ _ELEMENTWISE = [
     lax.eq_p, lax.ne_p, lax.lt_p, lax.le_p, lax.gt_p, lax.ge_p, lax.complex_p,
     lax.shift_left_p, lax.shift_right_logical_p, lax.shift_right_arithmetic_p,
     lax.select_n_p, lax.clamp_p, lax.igamma_p, lax.igammac_p, lax.zeta_p,
+    # the sum of two cotangents in reverse mode (`jax.grad` of `x * x`)
+    prims.add_jaxvals_p,
 ]  # fmt: skip
 
 

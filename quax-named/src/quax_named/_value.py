@@ -4,6 +4,7 @@ renaming, transposing, indexing and `.at` updates, and `make`, which builds a
 rule's or an operation's result (sharded by its names under
 `quax_named.axis_mapping`)."""
 
+import functools as ft
 import operator
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
@@ -52,6 +53,24 @@ def _axes_field(axes: Any) -> tuple[Axis, ...]:
     """`NamedArray`'s `axes`, checked, as the one tuple of equal axes (see
     `intern_axes`)."""
     return intern_axes(as_axes(axes))
+
+
+@ft.cache
+def _quaxified(op: Callable[[Any, Any], Any]) -> Any:
+    """`quax.quaxify(op)`, made once per operator."""
+    return quax.quaxify(op)
+
+
+def _operator(op: Callable[[Any, Any], Any], *, reflected: bool = False) -> Any:
+    """A binary operator method of `NamedArray` (the reflected one, `__radd__`, if
+    `reflected`): aligned and broadcast by name (see `binary`)."""
+
+    def method(self: "NamedArray", other: Any) -> Any:
+        return self._binary(op, other, reverse=reflected)
+
+    name = op.__name__.strip("_")
+    method.__name__ = f"__{'r' if reflected else ''}{name}__"
+    return method
 
 
 class NamedArray(quax.GuardedValue):
@@ -264,46 +283,55 @@ class NamedArray(quax.GuardedValue):
         return _AtIndexer(self)
 
     def _binary(self, op: Any, other: Any, reverse: bool = False) -> Any:
+        if isinstance(other, jax.core.Tracer):
+            # A traced operand (inside `quax.quaxify` it may stand for a value: a
+            # `NamedArray` whose names only the rules see) goes to the rules, which
+            # this array joins as a constant of the trace (see `quax.quaxify`).
+            return _quaxified(op)(*((other, self) if reverse else (self, other)))
         return binary(op, other, self) if reverse else binary(op, self, other)
 
-    def __add__(self, other: Any) -> Any:
-        return self._binary(operator.add, other)
+    # NumPy arrays defer to these operators rather than broadcasting over the
+    # object (`np.ones(3) + x` was an object array of `NamedArray`s).
+    __array_ufunc__ = None
 
-    def __radd__(self, other: Any) -> Any:
-        return self._binary(operator.add, other, reverse=True)
+    __add__ = _operator(operator.add)
+    __radd__ = _operator(operator.add, reflected=True)
+    __sub__ = _operator(operator.sub)
+    __rsub__ = _operator(operator.sub, reflected=True)
+    __mul__ = _operator(operator.mul)
+    __rmul__ = _operator(operator.mul, reflected=True)
+    __truediv__ = _operator(operator.truediv)
+    __rtruediv__ = _operator(operator.truediv, reflected=True)
+    __floordiv__ = _operator(operator.floordiv)
+    __rfloordiv__ = _operator(operator.floordiv, reflected=True)
+    __mod__ = _operator(operator.mod)
+    __rmod__ = _operator(operator.mod, reflected=True)
+    __pow__ = _operator(operator.pow)
+    __rpow__ = _operator(operator.pow, reflected=True)
+    __and__ = _operator(operator.and_)
+    __rand__ = _operator(operator.and_, reflected=True)
+    __or__ = _operator(operator.or_)
+    __ror__ = _operator(operator.or_, reflected=True)
+    __xor__ = _operator(operator.xor)
+    __rxor__ = _operator(operator.xor, reflected=True)
+    __lt__ = _operator(operator.lt)
+    __le__ = _operator(operator.le)
+    __gt__ = _operator(operator.gt)
+    __ge__ = _operator(operator.ge)
+    # Elementwise, as a JAX array's: `x == y` is an array of booleans (so, as a
+    # JAX array, a `NamedArray` is not hashable).
+    __eq__ = _operator(operator.eq)  # pyright: ignore[reportAssignmentType]
+    __ne__ = _operator(operator.ne)  # pyright: ignore[reportAssignmentType]
+    __hash__ = None  # pyright: ignore[reportAssignmentType]
 
-    def __sub__(self, other: Any) -> Any:
-        return self._binary(operator.sub, other)
+    def __matmul__(self, other: Any) -> Any:
+        """`x @ y` as in positional code inside `quax.quaxify`: the contracted axes
+        must be the same axis (`TypeError: Cannot contract mismatched
+        dimensions`)."""
+        return _quaxified(operator.matmul)(self, other)
 
-    def __rsub__(self, other: Any) -> Any:
-        return self._binary(operator.sub, other, reverse=True)
-
-    def __mul__(self, other: Any) -> Any:
-        return self._binary(operator.mul, other)
-
-    def __rmul__(self, other: Any) -> Any:
-        return self._binary(operator.mul, other, reverse=True)
-
-    def __truediv__(self, other: Any) -> Any:
-        return self._binary(operator.truediv, other)
-
-    def __rtruediv__(self, other: Any) -> Any:
-        return self._binary(operator.truediv, other, reverse=True)
-
-    def __pow__(self, other: Any) -> Any:
-        return self._binary(operator.pow, other)
-
-    def __lt__(self, other: Any) -> Any:
-        return self._binary(operator.lt, other)
-
-    def __le__(self, other: Any) -> Any:
-        return self._binary(operator.le, other)
-
-    def __gt__(self, other: Any) -> Any:
-        return self._binary(operator.gt, other)
-
-    def __ge__(self, other: Any) -> Any:
-        return self._binary(operator.ge, other)
+    def __rmatmul__(self, other: Any) -> Any:
+        return _quaxified(operator.matmul)(other, self)
 
     def __neg__(self) -> Any:
         return NamedArray(
