@@ -19,6 +19,7 @@ import numpy as np
 import quax
 from jaxtyping import PRNGKeyArray, PyTree
 
+from ._nnx import adapt_layers, nnx_of, peft_layers, via_state
 from ._peft import CONFIG_NAME, module_name, read_peft, summarise, write_peft
 from ._value import LoraArray, LoraWarning, MaterialisationError
 
@@ -53,7 +54,7 @@ def loraify(
     alpha: float | None = None,
     allow_materialise: bool = False,
     stop_gradient: bool = True,
-    filter: type | tuple[type, ...] | Callable[[Any], bool] = eqx.nn.Linear,
+    filter: type | tuple[type, ...] | Callable[[Any], bool] | None = None,
     where: Callable[[PyTree], Any] | None = None,
     variant: str = "lora",
     dropout: float = 0.0,
@@ -73,7 +74,8 @@ def loraify(
 
     **Arguments:**
 
-    - `model`: any PyTree, usually an Equinox module.
+    - `model`: any PyTree, usually an Equinox module; or a Flax NNX module
+        (`nnx.Module`), see below.
     - `rank`, `scale`, `alpha`, `allow_materialise`, `stop_gradient`, `variant`
         (`"lora"`, `"rslora"` or `"dora"`), `dropout`: as for
         [`quax_lora.LoraArray`][]. A layer whose `(n, m)` matrices are smaller than
@@ -81,7 +83,8 @@ def loraify(
         most it can use, and the same scaling (`alpha / rank`, or
         `alpha / sqrt(rank)` for rsLoRA) as the other layers.
     - `filter`: which layers to adapt: a layer type, a tuple of them, or a predicate
-        on a layer. By default every `eqx.nn.Linear`. A matching layer's `weight` is
+        on a layer. By default every `eqx.nn.Linear` (every `nnx.Linear` of a Flax
+        NNX model). A matching layer's `weight` is
         adapted; for `eqx.nn.Conv` and `eqx.nn.ConvTranspose` the kernel is adapted
         along its output channels (`batch_ndim=0`), as peft does; pass
         `eqx.nn.Embedding` to adapt embeddings (`w[i] + s a[i] b`, a gather of
@@ -94,6 +97,19 @@ def loraify(
         `where=lambda m: (m.query_proj, m.value_proj)`. Only layers inside it that
         match `filter` are adapted. By default the whole model.
     - `key`: a `jax.random` key; each layer gets its own.
+
+    **Flax NNX models.** An `nnx.Module` is split (`nnx.split`), the value of
+    each selected layer's `nnx.Param` replaced by a `LoraArray` by its path in
+    the state, and merged back (`nnx.merge`) into a new module; the model passed
+    in is unchanged. By default `filter` selects every `nnx.Linear`; pass
+    `nnx.Embed` for embeddings, and `nnx.LinearGeneral` for the query, key and
+    value of `nnx.MultiHeadAttention` (a kernel `(in, heads, head_dim)`, adapted
+    as the matrix `in x (heads * head_dim)`). An NNX kernel is `(in, out)` (used
+    as `x @ kernel`), so `a` is `(in, rank)` and `b` `(rank, out)`: still
+    `b = 0` at first. Not on NNX: `nnx.Conv` kernels, a `LinearGeneral` with
+    several input axes (the attention's output projection), and DoRA (which
+    normalises the outputs, the columns of an NNX kernel); each raises a
+    `ValueError` naming the layer.
 
     **Returns:**
 
@@ -109,30 +125,32 @@ def loraify(
     matched: list[Any] = []  # layers `filter` selects
     adapted: list[Any] = []  # their weights, adapted now or before
 
-    def adapt(layer: Any) -> Any:
-        matched.append(layer)
-        weight = getattr(layer, "weight", None)
+    def adapt_weight(weight: Any, *, embedding: bool, batch_ndim: int | None) -> Any:
+        """The `LoraArray` of a selected layer's `weight` (`batch_ndim` of its
+        leading axes batch axes, by default all but two), or `weight` itself
+        where there is nothing to adapt."""
         if isinstance(weight, LoraArray):
             adapted.append(weight)
-            return layer
+            return weight
         if weight is None:
-            return layer
+            return weight
         # A `quax.ArrayValue` weight (say a quantised one) is read, never densified.
         if isinstance(weight, quax.ArrayValue):
             shape = weight.shape
         else:
             shape = np.shape(weight)
         if len(shape) < 2:
-            return layer
-        if variant == "dora" and isinstance(layer, eqx.nn.Embedding):
+            return weight
+        if variant == "dora" and embedding:
             raise ValueError(
-                "loraify(variant='dora') does not adapt eqx.nn.Embedding (DoRA "
-                "normalises the rows of a weight that is multiplied; an embedding's "
-                "rows are gathered). Leave eqx.nn.Embedding out of filter=, or use "
-                "variant='lora' or 'rslora'."
+                "loraify(variant='dora') does not adapt embeddings (eqx.nn.Embedding, "
+                "nnx.Embed: DoRA normalises the rows of a weight that is "
+                "multiplied; an embedding's rows are gathered). Leave them out of "
+                "filter=, or use variant='lora' or 'rslora'."
             )
         adapted.append(weight)
-        batch_ndim = 0 if isinstance(layer, _CONV) else len(shape) - 2
+        if batch_ndim is None:
+            batch_ndim = len(shape) - 2
         # A layer whose matrices are smaller than `rank` (a 1-output head) gets
         # the largest rank it can use, with the same scale `alpha / rank`.
         layer_rank = max(
@@ -146,7 +164,7 @@ def loraify(
             layer_alpha = alpha * math.sqrt(ratio)
         else:
             layer_alpha = alpha * ratio
-        lora = LoraArray(
+        return LoraArray(
             weight,
             rank=layer_rank,
             scale=scale,
@@ -158,11 +176,36 @@ def loraify(
             dropout=dropout,
             key=jr.fold_in(key, next(counter)),
         )
-        return eqx.tree_at(lambda x: x.weight, layer, lora)
 
-    out = quax.map_selected(adapt, model, filter=filter, where=where)
+    nnx = nnx_of(model)
+    if nnx is not None:
+        selection = nnx.Linear if filter is None else filter
+        out = adapt_layers(
+            model,
+            adapt=adapt_weight,
+            matched=matched,
+            filter=selection,
+            where=where,
+            variant=variant,
+        )
+        if not adapted:
+            raise ValueError(_no_match_message(model, selection, where, matched))
+        return out
+    selection = eqx.nn.Linear if filter is None else filter
+
+    def adapt(layer: Any) -> Any:
+        matched.append(layer)
+        weight = getattr(layer, "weight", None)
+        new = adapt_weight(
+            weight,
+            embedding=isinstance(layer, eqx.nn.Embedding),
+            batch_ndim=0 if isinstance(layer, _CONV) else None,
+        )
+        return layer if new is weight else eqx.tree_at(lambda x: x.weight, layer, new)
+
+    out = quax.map_selected(adapt, model, filter=selection, where=where)
     if not adapted:
-        raise ValueError(_no_match_message(model, filter, where, matched))
+        raise ValueError(_no_match_message(model, selection, where, matched))
     return out
 
 
@@ -192,8 +235,9 @@ def _no_match_message(model: Any, filter: Any, where: Any, matched: list[Any]) -
         f"loraify adapted nothing in {scope} (a {type(model).__qualname__}) with "
         f"filter={_describe(filter)}: {found}. Pass filter= the layer type(s) "
         "whose `weight` to adapt (eqx.nn.Linear, eqx.nn.Conv, ...; a layer such as "
-        "eqx.nn.GRUCell has no `weight`), and a where= that selects layers (or "
-        "sub-models) rather than their arrays."
+        "eqx.nn.GRUCell has no `weight`; for a Flax NNX model nnx.Linear, nnx.Embed "
+        "or nnx.LinearGeneral, whose `kernel` or `embedding` is adapted), and a "
+        "where= that selects layers (or sub-models) rather than their arrays."
     )
 
 
@@ -205,7 +249,8 @@ def merge(model: PyTree) -> PyTree:
 
     **Arguments:**
 
-    - `model`: a PyTree containing `LoraArray`s.
+    - `model`: a PyTree containing `LoraArray`s, or a Flax NNX module (a new
+        one is returned, with the dense weights in its `nnx.Param`s).
 
     **Returns:**
 
@@ -219,6 +264,10 @@ def merge(model: PyTree) -> PyTree:
     (e.g. `.enable_materialise()`, or `allow_materialise=True` where it was made),
     or keep the model unmerged and call it inside `quax.quaxify`.
     """
+
+    nnx = nnx_of(model)
+    if nnx is not None:
+        return via_state(nnx, merge, model)
 
     def dense(x: Any) -> Any:
         if not isinstance(x, LoraArray):
@@ -255,7 +304,8 @@ def unmerge(merged: PyTree, model: PyTree) -> PyTree:
     - `merged`: a model as `merge` returns it (dense weights where `model` has
         `LoraArray`s).
     - `model`: the loraified model whose adapters were merged (its `w` is not
-        read).
+        read). For Flax NNX modules, both are NNX modules, and a new one is
+        returned.
 
     **Returns:**
 
@@ -270,6 +320,10 @@ def unmerge(merged: PyTree, model: PyTree) -> PyTree:
     one first), or for a base weight that was a `quax.ArrayValue` (say
     quantised: the difference is a dense array; quantise it again yourself).
     """
+
+    nnx = nnx_of(model)
+    if nnx is not None:
+        return via_state(nnx, lambda state: unmerge(nnx.state(merged), state), model)
 
     def base(lora: Any, dense: Any) -> Any:
         if not isinstance(lora, LoraArray):
@@ -408,6 +462,9 @@ def count_parameters(model: PyTree) -> ParameterCount:
 
     A [`quax_lora.ParameterCount`][].
     """
+    nnx = nnx_of(model)
+    if nnx is not None:
+        model = nnx.state(model)
     # What `trainable_filter` selects: `a`, `b`, and `w` unless it is frozen.
     loras = [x for x in jtu.tree_leaves(model, is_leaf=is_lora) if is_lora(x)]
     trainable = [
@@ -582,7 +639,7 @@ def save_adapter(
     *,
     format: str = "quax",
     name_map: Mapping[str, str] | Callable[[str], str] | None = None,
-    fan_in_fan_out: bool = False,
+    fan_in_fan_out: bool | None = None,
 ) -> None:
     """Save only the adapter (`a` and `b` of every [`quax_lora.LoraArray`][], and
     DoRA's `magnitude`) of `model`: a few megabytes, not the base model.
@@ -621,7 +678,12 @@ def save_adapter(
         default ours.
     - `fan_in_fan_out`: for `format="peft"`, whether the model's weights are
         stored `(in, out)` (used as `x @ w`), as peft's flag says of GPT-2's
-        `Conv1D`; `eqx.nn.Linear`'s are `(out, in)`, the default.
+        `Conv1D`. By default `False` (`eqx.nn.Linear`'s are `(out, in)`), and
+        `True` for a Flax NNX model (its kernels are `(in, out)`).
+
+    A Flax NNX model is saved from its state (`nnx.state`): in peft's layout
+    each layer is named by its path (`layers.0` for the kernel of
+    `model.layers[0]`).
 
     **Returns:**
 
@@ -632,15 +694,18 @@ def save_adapter(
     `ValueError` for `format="peft"` when a layer has no peft counterpart (a
     stack of matrices, stacked adapters), or the layers mix variants.
     """
+    nnx = nnx_of(model)
     if format == "peft":
         if not isinstance(path_or_file, str | pathlib.Path):
             raise ValueError(
                 "quax_lora.save_adapter(format='peft') writes a directory (two "
                 "files, as peft does): pass its path, not a file object."
             )
+        if fan_in_fan_out is None:
+            fan_in_fan_out = nnx is not None
         write_peft(
             path_or_file,
-            _peft_layers(model),
+            _peft_layers(model) if nnx is None else peft_layers(nnx.state(model)),
             name_map=name_map,
             fan_in_fan_out=fan_in_fan_out,
         )
@@ -649,6 +714,8 @@ def save_adapter(
         raise ValueError(
             f"quax_lora.save_adapter needs format='quax' or 'peft', got {format!r}."
         )
+    if nnx is not None:
+        model = nnx.state(model)
     header = json.dumps(
         {
             "version": _FORMAT_VERSION,
@@ -726,7 +793,13 @@ def load_adapter(
         `save_adapter`: for models whose modules are named otherwise (say
         `model.layers.0.self_attn.q_proj`).
     - `fan_in_fan_out`: for peft's layout, whether `model`'s weights are stored
-        `(in, out)`; by default the config's `fan_in_fan_out`.
+        `(in, out)`; by default the config's `fan_in_fan_out`, and `True` for a
+        Flax NNX model (its kernels are `(in, out)`, whatever the layout of the
+        torch model the adapter was made for: peft's tensors are the same).
+
+    A Flax NNX model is loaded through its state (`nnx.split`, then
+    `nnx.merge` into a new module), its layers named as `save_adapter` names
+    them.
 
     **Returns:**
 
@@ -738,6 +811,39 @@ def load_adapter(
     layer (by its path) and the setting, or when the file and `model` adapt
     different layers.
     """
+    nnx = nnx_of(model)
+    if nnx is None:
+        return _load_adapter(
+            path_or_file,
+            model,
+            format=format,
+            name_map=name_map,
+            fan_in_fan_out=fan_in_fan_out,
+            names=_peft_layers,
+        )
+    graphdef, state = nnx.split(model)
+    loaded = _load_adapter(
+        path_or_file,
+        state,
+        format=format,
+        name_map=name_map,
+        fan_in_fan_out=True if fan_in_fan_out is None else fan_in_fan_out,
+        names=peft_layers,
+    )
+    return nnx.merge(graphdef, loaded, copy=True)
+
+
+def _load_adapter(
+    path_or_file: str | pathlib.Path | BinaryIO,
+    model: PyTree,
+    *,
+    format: str | None,
+    name_map: Mapping[str, str] | Callable[[str], str] | None,
+    fan_in_fan_out: bool | None,
+    names: Callable[[PyTree], list[tuple[str, LoraArray, bool]]],
+) -> PyTree:
+    """`load_adapter` into `model` (a PyTree; an NNX model's state), whose
+    peft module names `names(model)` gives."""
     if format is None:
         is_peft = (
             isinstance(path_or_file, str | pathlib.Path)
@@ -750,13 +856,12 @@ def load_adapter(
                 "quax_lora.load_adapter(format='peft') reads a directory: pass its "
                 "path, not a file object."
             )
-        layers = _peft_layers(model)
+        named = names(model)
         leaves = read_peft(
-            path_or_file, layers, name_map=name_map, fan_in_fan_out=fan_in_fan_out
+            path_or_file, named, name_map=name_map, fan_in_fan_out=fan_in_fan_out
         )
         new = {
-            id(lora): fields
-            for (_, lora, _), fields in zip(layers, leaves, strict=True)
+            id(lora): fields for (_, lora, _), fields in zip(named, leaves, strict=True)
         }
         return jtu.tree_map(
             lambda x: x.replace(**new[id(x)]) if id(x) in new else x,

@@ -3,7 +3,7 @@
 import dataclasses
 import logging
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import equinox as eqx
 import jax
@@ -14,6 +14,7 @@ import quax
 from jaxtyping import PyTree
 
 from ._matmul import recording_activations
+from ._nnx import nnx_of, quantise_layers
 from ._quantise import quantise
 from ._value import QuantisedArray
 
@@ -113,17 +114,14 @@ def quantise_model(
     *,
     bits: int | None = None,
     format: str = "int",
-    axis: int | Sequence[int] | None = 0,
+    axis: int | Sequence[int] | Literal["output"] | None = "output",
     group_size: int | None = None,
     block_size: int | None = None,
     double_quant: bool = False,
     symmetric: bool = True,
-    filter: type | tuple[type, ...] | Callable[[Any], bool] = (
-        eqx.nn.Linear,
-        eqx.nn.Conv,
-    ),
+    filter: type | tuple[type, ...] | Callable[[Any], bool] | None = None,
     where: Callable[[PyTree], Any] | None = None,
-    attribute: str = "weight",
+    attribute: str | None = None,
     straight_through: bool = False,
     allow_materialise: bool = False,
     matmul: str = "auto",
@@ -142,27 +140,39 @@ def quantise_model(
 
     **Arguments:**
 
-    - `model`: any PyTree, usually an Equinox module.
+    - `model`: any PyTree, usually an Equinox module; or a Flax NNX module
+        (`nnx.Module`), see below.
     - `bits`, `format`, `double_quant`, `symmetric`, `straight_through`,
         `allow_materialise`, `matmul`: as for [`quax_quant.quantise`][]
         (`bits` 8 by default for `format="int"`). With `straight_through=True`,
         call it inside the differentiated loss for quantisation-aware training.
-    - `axis`: the per-channel axis of each weight; by default 0, the output
-        channels of `eqx.nn.Linear` `(out, in)` and `eqx.nn.Conv` `(out, in, ...)`.
-        `None` for one scale per weight. Ignored when `group_size` is given. An
-        axis out of range for a weight raises, as NumPy does.
-    - `group_size`: one scale per group of this many inputs (along the last axis)
-        and per output channel. Convolution kernels are always quantised per output
-        channel. `block_size` is the same (bitsandbytes' name); for
-        `format="nf4"` without either, blocks of 64.
+    - `axis`: the per-channel axis of each weight; by default `"output"`, the
+        output channels: axis 0 of `eqx.nn.Linear` `(out, in)` and `eqx.nn.Conv`
+        `(out, in, ...)`, the last axis of an NNX kernel `(in, out)`. `None` for
+        one scale per weight. Ignored when `group_size` is given. An axis out of
+        range for a weight raises, as NumPy does.
+    - `group_size`: one scale per group of this many inputs (along the last axis
+        of an Equinox weight, the first of an NNX kernel) and per output channel.
+        Convolution kernels are always quantised per output channel.
+        `block_size` is the same (bitsandbytes' name); for `format="nf4"` without
+        either, blocks of 64.
     - `filter`: which layers: a layer type, a tuple of them, or a predicate on a
-        layer. By default every `eqx.nn.Linear` and `eqx.nn.Conv`. A matching
-        layer's floating-point `weight` (see `attribute`) is quantised.
+        layer. By default every `eqx.nn.Linear` and `eqx.nn.Conv` (every
+        `nnx.Linear` and `nnx.Conv` of an NNX model). A matching layer's
+        floating-point `weight` (see `attribute`) is quantised.
     - `where`: choose by path, as for `eqx.tree_at`: only layers inside the
         sub-tree(s) `where(model)` that match `filter`. By default the whole model.
-    - `attribute`: the attribute of a matching object to quantise. With
-        `filter=quax_lora.is_lora, attribute="w"` it quantises the base weights of
-        a LoRA model (QLoRA).
+    - `attribute`: the attribute of a matching object to quantise: by default
+        `"weight"` (`"kernel"` on an NNX model). With `filter=quax_lora.is_lora,
+        attribute="w"` it quantises the base weights of a LoRA model (QLoRA).
+
+    **Flax NNX models.** An `nnx.Module` is split (`nnx.split`), the value of
+    each selected layer's `kernel` (an `nnx.Param`) replaced by a
+    `QuantisedArray` by its path in the state, and merged back (`nnx.merge`)
+    into a new module; the model passed in is unchanged. An NNX kernel is
+    `(in, out)` (`nnx.Conv`'s `(*window, in, out)`): it is quantised per output
+    channel along its last axis, in groups along its first. For QLoRA, quantise
+    first, then `quax_lora.loraify` the quantised model.
 
     **Returns:**
 
@@ -176,23 +186,36 @@ def quantise_model(
     infinity: a diverged model), naming the layer by its path in `model`.
     """
     changed = []
+    nnx = nnx_of(model)
+    name = attribute or ("weight" if nnx is None else "kernel")
 
-    def convert(layer: Any) -> Any:
-        weight = getattr(layer, attribute, None)
+    def convert(path: Callable[[], str], layer: Any, weight: Any) -> Any:
         if weight is None or not eqx.is_inexact_array(weight) or np.ndim(weight) < 1:
-            return layer
+            return weight
         # The quantised convolution takes one scale per output channel.
-        conv = isinstance(layer, eqx.nn.Conv | eqx.nn.ConvTranspose)
+        if nnx is None:
+            conv = isinstance(layer, eqx.nn.Conv | eqx.nn.ConvTranspose)
+            output, inputs = 0, -1  # (out, in, ...)
+        else:
+            conv = isinstance(layer, nnx.Conv | nnx.ConvTranspose)
+            output, inputs = -1, 0  # (in, out), (*window, in, out)
         groups = None if conv else (group_size or block_size)
         if groups is None and format == "nf4" and not conv:
             groups = 64
+        if conv:
+            channels = output
+        elif groups is not None:
+            channels = None
+        else:
+            channels = output if axis == "output" else axis
         try:
             q = quantise(
                 weight,
                 bits=bits,
                 format=format,
-                axis=0 if conv else (None if groups is not None else axis),
+                axis=channels,
                 group_size=groups,
+                group_axis=inputs,
                 double_quant=double_quant,
                 symmetric=symmetric,
                 straight_through=straight_through,
@@ -201,16 +224,38 @@ def quantise_model(
             )
         except ValueError as e:
             raise type(e)(
-                f"quantise_model: the `{attribute}` of the {type(layer).__name__} at "
-                f"{_path_of(model, layer)}: {e}"
+                f"quantise_model: the `{name}` of the {type(layer).__name__} at "
+                f"{path()}: {e}"
             ) from e
         changed.append(q)
-        return eqx.tree_at(lambda x: getattr(x, attribute), layer, q)
+        return q
 
-    out = quax.map_selected(convert, model, filter=filter, where=where)
+    if nnx is not None:
+        out = quantise_layers(
+            model,
+            convert=convert,
+            filter=(nnx.Linear, nnx.Conv) if filter is None else filter,
+            where=where,
+            attribute=name,
+        )
+    else:
+
+        def replace(layer: Any) -> Any:
+            weight = getattr(layer, name, None)
+            q = convert(lambda: _path_of(model, layer), layer, weight)
+            if q is weight:
+                return layer
+            return eqx.tree_at(lambda x: getattr(x, name), layer, q)
+
+        out = quax.map_selected(
+            replace,
+            model,
+            filter=(eqx.nn.Linear, eqx.nn.Conv) if filter is None else filter,
+            where=where,
+        )
     if not changed:
         raise ValueError(
-            f"quantise_model matched no layer with a floating-point `{attribute}` "
+            f"quantise_model matched no layer with a floating-point `{name}` "
             f"(filter={filter!r}, where={where!r}): nothing was quantised."
         )
     if _logger.isEnabledFor(logging.INFO):

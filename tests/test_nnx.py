@@ -1,0 +1,391 @@
+"""Flax NNX models in quax-lora and quax-quant (issue 31 item 8): `loraify`,
+`quantise_model`, `merge`/`unmerge`, `save_adapter`/`load_adapter` on an
+`nnx.Module`, against the plain NNX model and dense JAX references."""
+
+import json
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import jax.random as jr
+import numpy as np
+import optax
+import pytest
+import quax
+import quax_lora
+import quax_quant
+
+
+nnx = pytest.importorskip("flax.nnx")
+safetensors_numpy = pytest.importorskip("safetensors.numpy")
+
+
+class MLP(nnx.Module):
+    def __init__(self, rngs):
+        self.embed = nnx.Embed(12, 8, rngs=rngs)
+        self.layers = nnx.List(
+            [nnx.Linear(8, 16, rngs=rngs), nnx.Linear(16, 4, rngs=rngs)]
+        )
+
+    def __call__(self, tokens):
+        x = self.embed(tokens)
+        x = jax.nn.relu(self.layers[0](x))
+        return self.layers[1](x)
+
+
+class Block(nnx.Module):
+    """A small transformer block: attention and an MLP, each with a residual."""
+
+    def __init__(self, rngs, d=16):
+        self.attn = nnx.MultiHeadAttention(
+            num_heads=2, in_features=d, decode=False, rngs=rngs
+        )
+        self.up = nnx.Linear(d, 32, rngs=rngs)
+        self.down = nnx.Linear(32, d, rngs=rngs)
+
+    def __call__(self, x):
+        x = x + self.attn(x)
+        return x + self.down(jax.nn.gelu(self.up(x)))
+
+
+TOKENS = jnp.array([[1, 5, 7, 11], [0, 2, 3, 9]])
+
+
+def _value(variable):
+    return variable.get_value()
+
+
+def _with_b(model, key):
+    """`model` with every LoraArray's `b` random (a fresh one's is zero), through
+    its NNX state."""
+    graphdef, state = nnx.split(model)
+    flat = []
+    for i, (path, variable) in enumerate(nnx.to_flat_state(state)):
+        value = variable.get_value()
+        if isinstance(value, quax_lora.LoraArray):
+            b = jr.normal(jr.fold_in(key, i), value.b.shape, value.b.dtype)
+            variable = variable.replace(value=eqx.tree_at(lambda x: x.b, value, b))
+        flat.append((path, variable))
+    return nnx.merge(graphdef, nnx.from_flat_state(flat))
+
+
+def _dense_mlp(model, tokens):
+    """The MLP in plain JAX from the LoraArrays' leaves: w + s a @ b, formed here."""
+
+    def weight(variable):
+        x = variable.get_value()
+        if isinstance(x, quax_lora.LoraArray):
+            return x.w + x.scaling * (x.a @ x.b)
+        return x
+
+    x = weight(model.embed.embedding)[tokens]
+    for i, layer in enumerate(model.layers):
+        x = x @ weight(layer.kernel) + layer.bias.get_value()
+        if i == 0:
+            x = jax.nn.relu(x)
+    return x
+
+
+def test_loraify_nnx_forward_equals_plain_at_init():
+    model = MLP(nnx.Rngs(0))
+    lora = quax_lora.loraify(
+        model, rank=2, alpha=4.0, filter=(nnx.Linear, nnx.Embed), key=jr.key(1)
+    )
+    kernel = _value(lora.layers[0].kernel)
+    assert isinstance(kernel, quax_lora.LoraArray)
+    # NNX kernels are (in, out): a is (in, rank), b (rank, out), b = 0.
+    assert kernel.a.shape == (8, 2) and kernel.b.shape == (2, 16)
+    assert isinstance(_value(lora.embed.embedding), quax_lora.LoraArray)
+    # The model passed in is unchanged and shares no variable with the new one.
+    assert not isinstance(_value(model.layers[0].kernel), quax_lora.LoraArray)
+    assert lora.layers[0].bias is not model.layers[0].bias
+    expected = model(TOKENS)
+    np.testing.assert_array_equal(quax.quaxify(lora)(TOKENS), expected)
+    np.testing.assert_array_equal(jax.jit(quax.quaxify(lora))(TOKENS), expected)
+
+    @nnx.jit
+    def forward(m, tokens):
+        return quax.quaxify(m)(tokens)
+
+    np.testing.assert_array_equal(forward(lora, TOKENS), expected)
+
+
+def test_loraify_nnx_forward_against_dense_reference():
+    model = MLP(nnx.Rngs(0))
+    lora = quax_lora.loraify(
+        model, rank=3, alpha=6.0, filter=(nnx.Linear, nnx.Embed), key=jr.key(1)
+    )
+    lora = _with_b(lora, jr.key(2))
+    expected = _dense_mlp(lora, TOKENS)
+    assert not np.allclose(expected, model(TOKENS), atol=1e-3)
+    np.testing.assert_allclose(
+        quax.quaxify(lora)(TOKENS), expected, rtol=1e-5, atol=1e-5
+    )
+    # merge gives a plain NNX model, called without quaxify.
+    merged = quax_lora.merge(lora)
+    assert not isinstance(_value(merged.layers[0].kernel), quax_lora.LoraArray)
+    np.testing.assert_allclose(merged(TOKENS), expected, rtol=1e-5, atol=1e-5)
+    # unmerge takes the base weights back out.
+    base = quax_lora.unmerge(merged, lora)
+    for got, want in zip(
+        (base.layers[0].kernel, base.embed.embedding),
+        (model.layers[0].kernel, model.embed.embedding),
+        strict=True,
+    ):
+        assert isinstance(_value(got), quax_lora.LoraArray)
+        np.testing.assert_allclose(_value(got).w, _value(want), atol=1e-5)
+
+
+def test_loraify_nnx_where_selects_by_module():
+    model = MLP(nnx.Rngs(0))
+    lora = quax_lora.loraify(model, rank=2, where=lambda m: m.layers[1], key=jr.key(1))
+    assert isinstance(_value(lora.layers[1].kernel), quax_lora.LoraArray)
+    assert not isinstance(_value(lora.layers[0].kernel), quax_lora.LoraArray)
+    assert not isinstance(_value(lora.embed.embedding), quax_lora.LoraArray)
+
+
+def _train(model, steps):
+    """Train the adapters of an NNX model with optax on the LoRA factors only
+    (the state partitioned with `trainable_filter`); the losses and the model."""
+    graphdef, state = nnx.split(model)
+    params, frozen = eqx.partition(state, quax_lora.trainable_filter(state))
+    optimiser = optax.adam(1e-2)
+    opt_state = optimiser.init(params)
+    target = jnp.sin(jnp.arange(TOKENS.size * 4.0)).reshape(*TOKENS.shape, 4)
+
+    @jax.jit
+    def step(params, opt_state):
+        def loss(params):
+            m = nnx.merge(graphdef, eqx.combine(params, frozen))
+            return jnp.mean((quax.quaxify(m)(TOKENS) - target) ** 2)
+
+        value, grads = jax.value_and_grad(loss)(params)
+        updates, opt_state = optimiser.update(grads, opt_state)
+        return optax.apply_updates(params, updates), opt_state, value
+
+    losses = []
+    for _ in range(steps):
+        params, opt_state, value = step(params, opt_state)
+        losses.append(float(value))
+    return losses, nnx.merge(graphdef, eqx.combine(params, frozen))
+
+
+def test_nnx_training_step_trains_only_the_factors():
+    model = MLP(nnx.Rngs(0))
+    lora = quax_lora.loraify(model, rank=2, alpha=4.0, key=jr.key(1))
+    counts = quax_lora.count_parameters(lora)
+    assert counts.trainable == (8 + 16) * 2 + (16 + 4) * 2
+    losses, tuned = _train(lora, 30)
+    assert losses[-1] < 0.8 * losses[0]
+    # Only a and b moved: the base kernels, biases and embedding are the model's.
+    for layer, before in zip(tuned.layers, model.layers, strict=True):
+        kernel = _value(layer.kernel)
+        np.testing.assert_array_equal(kernel.w, _value(before.kernel))
+        np.testing.assert_array_equal(_value(layer.bias), _value(before.bias))
+        assert np.any(kernel.b != 0)
+    np.testing.assert_array_equal(
+        _value(tuned.embed.embedding), _value(model.embed.embedding)
+    )
+    # After training, the quaxified model is the merged (plain NNX) one.
+    np.testing.assert_allclose(
+        quax.quaxify(tuned)(TOKENS),
+        quax_lora.merge(tuned)(TOKENS),
+        rtol=1e-5,
+        atol=1e-5,
+    )
+    np.testing.assert_allclose(
+        quax.quaxify(tuned)(TOKENS), _dense_mlp(tuned, TOKENS), rtol=1e-5, atol=1e-5
+    )
+
+
+def test_nnx_save_adapter_peft_layout(tmp_path):
+    model = MLP(nnx.Rngs(0))
+    lora = quax_lora.loraify(
+        model, rank=2, alpha=4.0, filter=(nnx.Linear, nnx.Embed), key=jr.key(1)
+    )
+    lora = _with_b(lora, jr.key(2))
+    quax_lora.save_adapter(tmp_path, lora, format="peft")
+    tensors = safetensors_numpy.load_file(str(tmp_path / "adapter_model.safetensors"))
+    config = json.loads((tmp_path / "adapter_config.json").read_text())
+    assert config["fan_in_fan_out"] is True
+    assert config["target_modules"] == ["embed", "layers.0", "layers.1"]
+    prefix = "base_model.model."
+    assert {k: v.shape for k, v in tensors.items()} == {
+        f"{prefix}embed.lora_embedding_A": (2, 12),
+        f"{prefix}embed.lora_embedding_B": (8, 2),
+        f"{prefix}layers.0.lora_A.weight": (2, 8),
+        f"{prefix}layers.0.lora_B.weight": (16, 2),
+        f"{prefix}layers.1.lora_A.weight": (2, 16),
+        f"{prefix}layers.1.lora_B.weight": (4, 2),
+    }
+    # peft's update B @ A is torch's (out, in): the transpose of our a @ b.
+    kernel = _value(lora.layers[0].kernel)
+    np.testing.assert_allclose(
+        tensors[f"{prefix}layers.0.lora_B.weight"]
+        @ tensors[f"{prefix}layers.0.lora_A.weight"],
+        np.asarray(kernel.a @ kernel.b).T,
+        rtol=1e-6,
+    )
+    # Read back into a freshly loraified model: the same outputs.
+    fresh = quax_lora.loraify(
+        model, rank=2, alpha=4.0, filter=(nnx.Linear, nnx.Embed), key=jr.key(3)
+    )
+    loaded = quax_lora.load_adapter(tmp_path, fresh)
+    np.testing.assert_allclose(
+        quax.quaxify(loaded)(TOKENS), quax.quaxify(lora)(TOKENS), rtol=1e-6
+    )
+
+
+def test_nnx_save_adapter_quax_format(tmp_path):
+    model = MLP(nnx.Rngs(0))
+    lora = _with_b(quax_lora.loraify(model, rank=2, key=jr.key(1)), jr.key(2))
+    quax_lora.save_adapter(tmp_path / "adapter", lora)
+    fresh = quax_lora.loraify(model, rank=2, key=jr.key(3))
+    loaded = quax_lora.load_adapter(tmp_path / "adapter", fresh)
+    np.testing.assert_array_equal(
+        quax.quaxify(loaded)(TOKENS), quax.quaxify(lora)(TOKENS)
+    )
+    wider = quax_lora.loraify(model, rank=3, key=jr.key(3))
+    with pytest.raises(ValueError, match="rank"):
+        quax_lora.load_adapter(tmp_path / "adapter", wider)
+
+
+def test_nnx_attention_query_value():
+    block = Block(nnx.Rngs(0))
+    x = jr.normal(jr.key(5), (2, 5, 16))
+    lora = quax_lora.loraify(
+        block,
+        rank=2,
+        filter=nnx.LinearGeneral,
+        where=lambda m: (m.attn.query, m.attn.value),
+        key=jr.key(1),
+    )
+    np.testing.assert_allclose(quax.quaxify(lora)(x), block(x), rtol=1e-6)
+    lora = _with_b(lora, jr.key(2))
+    # The reference: the plain block with kernel + s a @ b, reshaped by hand.
+    dense = nnx.clone(block)
+    for name in ("query", "value"):
+        value = _value(getattr(lora.attn, name).kernel)
+        kernel = getattr(dense.attn, name).kernel
+        delta = (value.a @ value.b.reshape(value.rank, -1)).reshape(value.shape)
+        kernel.set_value(kernel.get_value() + value.scaling * delta)
+    np.testing.assert_allclose(quax.quaxify(lora)(x), dense(x), rtol=1e-5, atol=1e-5)
+
+
+def test_nnx_loraify_refusals():
+    block = Block(nnx.Rngs(0))
+    with pytest.raises(ValueError, match=r"`attn\.out`.*input axes"):
+        quax_lora.loraify(block, rank=2, filter=nnx.LinearGeneral, key=jr.key(1))
+    conv = nnx.Conv(3, 4, kernel_size=(3, 3), rngs=nnx.Rngs(0))
+    with pytest.raises(ValueError, match=r"Conv.*\(\*window, in, out\)"):
+        quax_lora.loraify(conv, rank=2, filter=nnx.Conv, key=jr.key(1))
+    with pytest.raises(ValueError, match=r"variant='dora'.*NNX kernel"):
+        quax_lora.loraify(MLP(nnx.Rngs(0)), rank=2, variant="dora", key=jr.key(1))
+    with pytest.raises(ValueError, match="not a module of the NNX model"):
+        quax_lora.loraify(
+            block, rank=2, where=lambda m: m.up.kernel.get_value(), key=jr.key(1)
+        )
+    with pytest.raises(ValueError, match="adapted nothing"):
+        quax_lora.loraify(block, rank=2, filter=nnx.Embed, key=jr.key(1))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "tolerance"),
+    [
+        ({"bits": 8}, 0.02),
+        ({"bits": 4, "group_size": 8}, 0.15),
+        ({"format": "nf4", "block_size": 8, "double_quant": True}, 0.15),
+    ],
+)
+def test_nnx_quantise_model(kwargs, tolerance):
+    block = Block(nnx.Rngs(0))
+    x = jr.normal(jr.key(5), (2, 5, 16))
+    quantised = quax_quant.quantise_model(block, matmul="weight_only", **kwargs)
+    for name, shape in (("up", (16, 32)), ("down", (32, 16))):
+        q = _value(getattr(quantised, name).kernel)
+        assert isinstance(q, quax_quant.QuantisedArray)
+        assert q.shape == shape
+    # nnx.LinearGeneral (the attention) is not in the default filter.
+    query = _value(quantised.attn.query.kernel)
+    assert not isinstance(query, quax_quant.QuantisedArray)
+    y = quax.quaxify(quantised)(x)
+    # Exact against the block whose kernels are the dequantised ones.
+    dense = nnx.clone(block)
+    for name in ("up", "down"):
+        getattr(dense, name).kernel.set_value(
+            _value(getattr(quantised, name).kernel).dequantise()
+        )
+    np.testing.assert_allclose(y, dense(x), rtol=1e-5, atol=1e-5)
+    # And close to the float block.
+    error = jnp.max(jnp.abs(y - block(x))) / jnp.max(jnp.abs(block(x)))
+    assert error < tolerance
+
+
+def test_nnx_quantise_model_groups_along_inputs():
+    """An NNX kernel (in, out) is grouped along its inputs (axis 0): each scale
+    covers `group_size` consecutive inputs of one output, by a NumPy reference."""
+    layer = nnx.Linear(16, 3, rngs=nnx.Rngs(0))
+    quantised = quax_quant.quantise_model(layer, bits=4, group_size=8)
+    q = _value(quantised.kernel)
+    kernel = np.asarray(_value(layer.kernel))
+    groups = kernel.reshape(2, 8, 3)
+    scales = np.abs(groups).max(axis=1, keepdims=True) / 7
+    expected = (np.clip(np.round(groups / scales), -7, 7) * scales).reshape(16, 3)
+    np.testing.assert_allclose(q.dequantise(), expected, rtol=1e-6, atol=1e-7)
+
+
+def test_nnx_quantise_model_conv():
+    conv = nnx.Conv(3, 4, kernel_size=(3, 3), rngs=nnx.Rngs(0))
+    x = jr.normal(jr.key(5), (2, 6, 6, 3))
+    quantised = quax_quant.quantise_model(conv, bits=8)
+    q = _value(quantised.kernel)
+    assert isinstance(q, quax_quant.QuantisedArray)
+    dense = nnx.clone(conv)
+    dense.kernel.set_value(q.dequantise())
+    np.testing.assert_allclose(
+        quax.quaxify(quantised)(x), dense(x), rtol=1e-5, atol=1e-5
+    )
+
+
+def test_nnx_quantise_model_refusals():
+    block = Block(nnx.Rngs(0))
+    with pytest.raises(ValueError, match="not a module of the NNX model"):
+        quax_quant.quantise_model(block, where=lambda m: m.up.kernel.get_value())
+    with pytest.raises(ValueError, match="matched no layer"):
+        quax_quant.quantise_model(block, filter=nnx.Embed)
+
+
+@pytest.mark.parametrize("fmt", ["int4", "nf4"])
+def test_nnx_qlora_trains_and_matches_merged(fmt):
+    """QLoRA on an NNX model: a 4-bit base, LoRA on top, trained under jit; the
+    quantised base is never densified, and the tuned model equals the dense
+    reference dequantised(w) + s a @ b."""
+    model = MLP(nnx.Rngs(0))
+    kwargs = (
+        {"bits": 4, "group_size": 8}
+        if fmt == "int4"
+        else {"format": "nf4", "block_size": 8, "double_quant": True}
+    )
+    quantised = quax_quant.quantise_model(model, matmul="weight_only", **kwargs)
+    lora = quax_lora.loraify(quantised, rank=2, alpha=4.0, key=jr.key(1))
+    kernel = _value(lora.layers[0].kernel)
+    assert isinstance(kernel.w, quax_quant.QuantisedArray)
+    # Fresh: the quantised model's outputs.
+    np.testing.assert_array_equal(
+        quax.quaxify(lora)(TOKENS), quax.quaxify(quantised)(TOKENS)
+    )
+    losses, tuned = _train(lora, 30)
+    assert losses[-1] < 0.8 * losses[0]
+    for layer, before in zip(tuned.layers, quantised.layers, strict=True):
+        assert _value(layer.kernel).w is not None
+        np.testing.assert_array_equal(
+            _value(layer.kernel).w.dequantise(), _value(before.kernel).dequantise()
+        )
+
+    x = _value(tuned.embed.embedding)[TOKENS]
+    for i, layer in enumerate(tuned.layers):
+        k = _value(layer.kernel)
+        x = x @ (k.w.dequantise() + k.scaling * (k.a @ k.b)) + _value(layer.bias)
+        if i == 0:
+            x = jax.nn.relu(x)
+    np.testing.assert_allclose(quax.quaxify(tuned)(TOKENS), x, rtol=1e-5, atol=1e-5)
