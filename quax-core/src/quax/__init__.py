@@ -20,7 +20,10 @@ from ._caches import (
     caching as caching,
 )
 from ._eager import set_eager_compilation as set_eager_compilation
-from ._jaxpr import known_constant as known_constant
+from ._jaxpr import (
+    known_constant as known_constant,
+    known_scale_invariant as known_scale_invariant,
+)
 from ._joins import JoinError as JoinError
 from ._policy import (
     GuardedValue as GuardedValue,
