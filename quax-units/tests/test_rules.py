@@ -164,6 +164,34 @@ def test_polyval_of_quantity_coefficients(jit):
         quax.quaxify(jnp.polyval)(coeffs, Quantity(2.0, "s"))
 
 
+@pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
+def test_isclose_and_allclose_compare_in_one_unit(jit):
+    # `jnp.isclose` adds `atol` to `rtol * |b|`: with a tolerance in the operands'
+    # dimensions (or zero), metres and kilometres compare on their SI numbers.
+    x = Quantity(jnp.array([1.0, 2.0, 3.0]), "m")
+    y = Quantity(jnp.array([0.00101, 0.0021, 0.003]), "km")
+    near = [True, False, True]  # within 2 cm + 1e-5 relative
+    tol = lambda f: jax.jit(quax.quaxify(f)) if jit else quax.quaxify(f)
+    close = tol(lambda a, b, t: jnp.isclose(a, b, atol=t))
+    np.testing.assert_array_equal(close(x, y, Quantity(2.0, "cm")), near)
+    np.testing.assert_array_equal(
+        close(x, y, Quantity(2.0, "cm")), jnp.isclose(x.array, y.array, atol=0.02)
+    )
+    relative = tol(lambda a, b: jnp.isclose(a, b, rtol=0.02, atol=0))
+    np.testing.assert_array_equal(relative(x, y), near)
+    every = tol(lambda a, b, t: jnp.allclose(a, b, atol=t))
+    assert not every(x, y, Quantity(2.0, "cm"))
+    assert every(x, y, Quantity(20.0, "cm"))
+    # Other dimensions, in the operands or the tolerance, are unit errors; and so
+    # is JAX's default `atol` (a plain 1e-8, in no unit).
+    with pytest.raises(UnitError, match=r"m \[m\] and s \[s\]"):
+        close(x, Quantity(jnp.ones(3), "s"), Quantity(2.0, "cm"))
+    with pytest.raises(UnitError, match=r"s \[s\] and km \[m\]"):
+        close(x, y, Quantity(2.0, "s"))
+    with pytest.raises(UnitError, match=r"km \[m\] and plain array"):
+        tol(jnp.isclose)(x, y)
+
+
 @pytest.mark.parametrize(
     "f",
     [
