@@ -5,9 +5,11 @@ import diffrax as dfx
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import lineax as lx
 import numpy as np
+import pytest
 import quax
-from quax_units import Quantity, ustrip
+from quax_units import Quantity, UnitError, ustrip
 
 
 def _no_leak_check():
@@ -53,13 +55,16 @@ def _solve(y0, rate, atol, solver, dt0):
     return sol.ys, sol.stats["num_steps"]
 
 
-def test_adaptive_steps_with_a_quantity_state():
+# Dopri5 interpolates the saved points with `jnp.polyval`, whose loop starts from
+# plain zeros and multiplies them by a dimensionless quantity (the rescaled time).
+@pytest.mark.parametrize("solver", [dfx.Tsit5(), dfx.Dopri5()], ids=type)
+def test_adaptive_steps_with_a_quantity_state(solver):
     # `PIDController` scales the error by `atol + rtol * |y|`: with a state in
     # metres, `atol` is a length too. Float64, as adaptive solves are run.
     with jax.enable_x64(True), _no_leak_check():
         y0 = jnp.array([1.0, 2.0])
-        want, want_steps = _solve(y0, 0.5, 1e-8, dfx.Tsit5(), None)
-        solve = lambda y, atol: _solve(y, 0.5, atol, dfx.Tsit5(), None)
+        want, want_steps = _solve(y0, 0.5, 1e-8, solver, None)
+        solve = lambda y, atol: _solve(y, 0.5, atol, solver, None)
         got, steps = jax.jit(quax.quaxify(solve))(
             Quantity(y0 * 100, "cm"), Quantity(1e-6, "cm")
         )
@@ -68,3 +73,34 @@ def test_adaptive_steps_with_a_quantity_state():
         # The same steps: the controller sees the same numbers.
         assert int(steps) == int(want_steps)
         np.testing.assert_allclose(want[-1], y0 * np.exp(-0.5), rtol=1e-6)
+
+
+@pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
+def test_lineax_solve_gives_the_units_of_vector_over_operator(jit):
+    # lineax binds its solve as one primitive of its own (optimistix's root finders
+    # and diffrax's implicit solvers call it): its LU steps run under the rules.
+    # Without the leak checker, as for the solves (lineax's primitive is Equinox's).
+    with jax.enable_x64(True), _no_leak_check():
+        a = jnp.array([[2.0, 0.5], [0.1, 3.0]])
+        b = jnp.array([1.0, 2.0])
+        want = np.linalg.solve(np.asarray(a), np.asarray(b))
+
+        def solve(a, b):
+            return lx.linear_solve(lx.MatrixLinearOperator(a), b, lx.LU()).value
+
+        f = jax.jit(quax.quaxify(solve)) if jit else quax.quaxify(solve)
+        stiffness = f(Quantity(a, "N / m"), Quantity(b * 1000, "mN"))
+        np.testing.assert_allclose(ustrip("m", stiffness), want, rtol=1e-12)
+        # A plain (dimensionless) operator: the solution has the vector's units.
+        plain = f(a, Quantity(b, "N"))
+        np.testing.assert_allclose(ustrip("N", plain), want, rtol=1e-12)
+        # The units follow the solve's steps: a length is not a force.
+        with pytest.raises(UnitError):
+            ustrip("N", f(Quantity(a, "N / m"), Quantity(b, "N")))
+        # Differentiable through the steps.
+        grad = jax.grad(
+            lambda s: ustrip(
+                "m", quax.quaxify(solve)(Quantity(a, "N / m"), s * Quantity(b, "N"))
+            ).sum()
+        )(1.0)
+        np.testing.assert_allclose(grad, want.sum(), rtol=1e-12)

@@ -90,6 +90,18 @@ def test_repr_eager_and_under_jit():
     assert seen == ["QuaxTracer(Quantity(float32[2], unit='km / s'))"]
 
 
+def test_repr_of_a_shape_shows_its_unit():
+    # `jax.eval_shape` gives a quantity of a `ShapeDtypeStruct`: no numbers to
+    # convert into its (non-SI) display unit, which the repr still shows.
+    q = Quantity(jnp.array([1.0, 2.0]), "km")
+    shape = jax.eval_shape(quax.quaxify(lambda x: 2 * x), q)
+    assert repr(shape) == (
+        "Quantity(ShapeDtypeStruct(shape=(2,), dtype=float32), unit='km')"
+    )
+    degrees = eqx.filter_eval_shape(lambda x: x, Quantity(20.0, "degC"))
+    assert str(degrees).endswith("unit='degC')")
+
+
 def test_materialise_refuses_dimensionful_allows_dimensionless():
     with pytest.raises(
         UnitError, match=r"Refusing to materialise `Quantity` .*in m / s \(m / s\)"
@@ -190,9 +202,14 @@ def test_zeros_computed_from_a_quantity_fit_its_unit_with_eager_compilation():
             np.testing.assert_array_equal(out.array, np.array(numbers) * 1000.0)
     finally:
         quax.set_eager_compilation(previous)
-    # Under `jit` the zero is only known at run time: refused, as before.
+    # Under `jit` it is traced, but a product with zero: zero (or NaN) in any unit
+    # (`quax.known_scale_invariant`).
+    out = jax.jit(quax.quaxify(library))(Quantity(jnp.array([1.0, 2.0]), "km"))
+    np.testing.assert_array_equal(out.array, [1000.0, 2000.0])
+    # A zero that only the run time shows is refused, as before.
+    differing = jax.jit(lambda q: q + ((q > 0) * 1.0 - (q > 0) * 1.0), inline=True)
     with pytest.raises(UnitError, match="only known at run time"):
-        jax.jit(quax.quaxify(library))(Quantity(jnp.ones(2), "km"))
+        jax.jit(quax.quaxify(differing))(Quantity(jnp.ones(2), "km"))
 
 
 def test_asarray_says_how_to_strip_units():

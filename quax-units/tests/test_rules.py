@@ -134,6 +134,64 @@ def test_update_covering_a_plain_operand_gives_its_units():
         quax.quaxify(cover)(a, t)
 
 
+def test_a_traced_product_with_zeros_fits_any_unit():
+    # A solver starts from `jnp.zeros_like(y)` and scales it by a traced step:
+    # `dt * zeros` is zero (or NaN) in any unit, so it adds to a quantity.
+    start = lambda q, dt: q + 0.0 * (dt * jnp.zeros(3))
+    out = jax.jit(quax.quaxify(start))(a, 2.0)
+    assert isinstance(out, Unitful) and out.units == a.units
+    np.testing.assert_array_equal(out.array, a.array)
+    # A traced factor times anything else is still a plain, dimensionless array.
+    with pytest.raises(UnitError, match="only known at run time"):
+        jax.jit(quax.quaxify(lambda q, dt: q + dt * jnp.ones(3)))(a, 2.0)
+    with pytest.raises(UnitError, match="only known at run time"):
+        jax.jit(quax.quaxify(lambda q, dt: q + (dt * jnp.zeros(3) + dt)))(a, 2.0)
+
+
+@pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
+def test_polyval_of_quantity_coefficients(jit):
+    # `jnp.polyval` scans `y * x + p` from a plain zero `y`: the zero takes the
+    # coefficients' units, also where `x` is a dimensionless quantity.
+    coeffs = Quantity(jnp.array([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]]), "km")
+    want = jnp.polyval(coeffs.array, 0.5)
+    for x in [0.5, Quantity(50.0, "%")]:
+        f = quax.quaxify(jnp.polyval)
+        out = (jax.jit(f) if jit else f)(coeffs, x)
+        assert isinstance(out, Unitful) and out.units == coeffs.units
+        np.testing.assert_allclose(ustrip("m", out), want, rtol=1e-6)
+    # With `x` in seconds, the terms of the sum have different units.
+    with pytest.raises(UnitError, match=r"km s \[m s\] and km \[m\]"):
+        quax.quaxify(jnp.polyval)(coeffs, Quantity(2.0, "s"))
+
+
+@pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
+def test_isclose_and_allclose_compare_in_one_unit(jit):
+    # `jnp.isclose` adds `atol` to `rtol * |b|`: with a tolerance in the operands'
+    # dimensions (or zero), metres and kilometres compare on their SI numbers.
+    x = Quantity(jnp.array([1.0, 2.0, 3.0]), "m")
+    y = Quantity(jnp.array([0.00101, 0.0021, 0.003]), "km")
+    near = [True, False, True]  # within 2 cm + 1e-5 relative
+    tol = lambda f: jax.jit(quax.quaxify(f)) if jit else quax.quaxify(f)
+    close = tol(lambda a, b, t: jnp.isclose(a, b, atol=t))
+    np.testing.assert_array_equal(close(x, y, Quantity(2.0, "cm")), near)
+    np.testing.assert_array_equal(
+        close(x, y, Quantity(2.0, "cm")), jnp.isclose(x.array, y.array, atol=0.02)
+    )
+    relative = tol(lambda a, b: jnp.isclose(a, b, rtol=0.02, atol=0))
+    np.testing.assert_array_equal(relative(x, y), near)
+    every = tol(lambda a, b, t: jnp.allclose(a, b, atol=t))
+    assert not every(x, y, Quantity(2.0, "cm"))
+    assert every(x, y, Quantity(20.0, "cm"))
+    # Other dimensions, in the operands or the tolerance, are unit errors; and so
+    # is JAX's default `atol` (a plain 1e-8, in no unit).
+    with pytest.raises(UnitError, match=r"m \[m\] and s \[s\]"):
+        close(x, Quantity(jnp.ones(3), "s"), Quantity(2.0, "cm"))
+    with pytest.raises(UnitError, match=r"s \[s\] and km \[m\]"):
+        close(x, y, Quantity(2.0, "s"))
+    with pytest.raises(UnitError, match=r"km \[m\] and plain array"):
+        tol(jnp.isclose)(x, y)
+
+
 @pytest.mark.parametrize(
     "f",
     [

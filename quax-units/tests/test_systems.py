@@ -214,6 +214,40 @@ def test_numbers_out_of_range_in_si_are_refused():
         assert big.array == 1.988409870698051e42 and big.value == 1e12
 
 
+def test_the_range_check_waits_for_the_device_only_for_device_numbers(monkeypatch):
+    # Reading the check's answer from the device waits for it (a sync per
+    # construction): integers cannot overflow (in most units), and NumPy or
+    # Python numbers are checked on the host. Only numbers already on the device,
+    # in the array's dtype, are checked there.
+    asked = []
+    device_check = quax_units._value._overflows
+    monkeypatch.setattr(
+        quax_units._value,
+        "_overflows",
+        lambda *a: asked.append(1) or device_check(*a),
+    )
+    for number in [
+        jnp.array([1, 2**31 - 1], jnp.int32),  # at most 2.1e9 kpc: 6.6e28 m
+        7,
+        np.array([1.0, 2.0], np.float32),
+        3.0,
+    ]:
+        q = Quantity(number, "kpc")
+        np.testing.assert_allclose(
+            q.array, np.asarray(number, np.float32) * np.float32(3.0856775814913673e19)
+        )
+    assert not asked
+    with pytest.raises(ValueError, match="in Msun out of float32"):
+        Quantity(np.array([1.0, 1e12], np.float32), "Msun")  # on the host
+    assert not asked
+    with pytest.raises(ValueError, match="in Msun out of float32"):
+        Quantity(jnp.array([1.0, 1e12]), "Msun")  # on the device
+    assert asked
+    # Infinite numbers given are not refused, on the host or the device.
+    assert np.isinf(Quantity(np.array([np.inf], np.float32), "Msun").array).all()
+    assert np.isinf(Quantity(jnp.array([-jnp.inf]), "Msun").array).all()
+
+
 _named = st.sampled_from(
     ["m", "km", "s", "h", "kg", "g", "N", "J", "eV", "Hz", "Pa", "au", "Msun", "A"]
 )

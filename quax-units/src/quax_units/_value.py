@@ -178,6 +178,7 @@ class Quantity(quax.GuardedValue):
     ) -> None:
         u = _checked(_to_unit, unit, "unit")
         shown = _checked(_as_display, u if display is None else display, "display")
+        given = value
         try:
             value = jnp.asarray(value)
         except (TypeError, ValueError) as e:
@@ -192,7 +193,7 @@ class Quantity(quax.GuardedValue):
             )
         self.array = _to_si(value, u)
         if u.scale > 1.0 and not isinstance(self.array, jax.core.Tracer):
-            _check_in_range(value, self.array, u)
+            _check_in_range(given, value, self.array, u)
         self.units = u.dimensions
         self.display = shown
         self.allow_materialise = bool(allow_materialise) or u.is_dimensionless
@@ -381,6 +382,9 @@ class Quantity(quax.GuardedValue):
     def __repr__(self) -> str:
         if isinstance(self.array, jax.core.Tracer):
             numbers = self.aval().str_short()
+        elif isinstance(self.array, jax.ShapeDtypeStruct):
+            # A shape (`jax.eval_shape`'s output): no numbers to convert.
+            numbers = repr(self.array)
         else:
             numbers = repr(self.value)
         return f"Quantity({numbers}, unit={str(self.unit)!r})"
@@ -423,11 +427,12 @@ def fits_any_unit(x: Any) -> bool:
     all zeros, infinities or NaNs (as in `jnp.where(x > 0, x, 0)` inside `jnp`)."""
     if isinstance(x, Quantity):
         return False
-    # Through `quax.known_constant`: where quax compiles eager code, a plain operand
-    # computed from a quantity's numbers is traced, and the code runs equation by
-    # equation instead, where it is known.
-    values = quax.known_constant(x, np.size(x))
-    return values is not None and bool(np.all((values == 0) | ~np.isfinite(values)))
+    # Through `quax.known_scale_invariant`, which also sees a traced product with
+    # zeros (`dt * jnp.zeros_like(y)`, where a solver starts from zeros) as one.
+    # Where quax compiles eager code, a plain operand computed from a quantity's
+    # numbers is traced, and the code runs equation by equation instead, where it
+    # is known.
+    return quax.known_scale_invariant(x, np.size(x))
 
 
 def describe(x: Any) -> str:
@@ -472,13 +477,50 @@ def scaled(array: Any, factor: float, *, divide: bool = False) -> Any:
     return array / factor if divide else array * factor
 
 
-def _check_in_range(value: Any, array: Any, u: Unit) -> None:
+@jax.jit
+def _overflows(value: Any, array: Any) -> Any:
+    """Whether a finite number of `value` is infinite in `array` (one dispatch)."""
+    return jnp.any(jnp.isinf(array) & jnp.isfinite(value))
+
+
+def _cannot_overflow(value_dtype: Any, dtype: Any, factor: float) -> bool:
+    """Whether every number of `value_dtype`, times `factor`, is finite in `dtype`:
+    integers (`int32` up to 2.1e9) converted to a float array, for the factors of
+    most units. (Floats keep their dtype, where the largest ones overflow.)"""
+    if jnp.issubdtype(value_dtype, jnp.bool_):
+        return True
+    if not jnp.issubdtype(value_dtype, jnp.integer):
+        return False
+    info = jnp.iinfo(value_dtype)
+    largest = max(abs(int(info.min)), int(info.max))
+    # With a margin for the rounding of the product and of `factor` in `dtype`.
+    return largest * factor * (1 + 1e-6) < float(jnp.finfo(dtype).max)
+
+
+def _check_in_range(given: Any, value: Any, array: Any, u: Unit) -> None:
     """Refuse finite numbers in `u` that are out of their dtype's range in
     SI-coherent units (`1e12 Msun` is 2e42 kg, beyond float32's 3.4e38), where the
-    array would hold infinities."""
-    overflow = jnp.isinf(array) & jnp.isfinite(jnp.asarray(value))
-    if bool(jnp.any(overflow)):
-        dtype = jnp.result_type(array)
+    array would hold infinities.
+
+    Reading whether any number overflowed waits for the device: it is skipped
+    where no number of the given dtype can overflow (integers), and done on the
+    host where the numbers were given there (NumPy arrays, Python numbers) and one
+    multiplication converts them, as `scaled` does for a factor in the dtype's
+    range. Otherwise the device computes it in one dispatch.
+    """
+    dtype = jnp.result_type(array)
+    if _cannot_overflow(jnp.result_type(value), dtype, u.scale):
+        return
+    finfo = jnp.finfo(dtype)
+    if isinstance(given, np.ndarray | np.generic | int | float) and (
+        float(finfo.tiny) <= u.scale <= float(finfo.max)
+    ):
+        numbers = np.asarray(given).astype(dtype)
+        with np.errstate(over="ignore", invalid="ignore"):
+            overflow = np.isinf(numbers * dtype.type(u.scale)) & np.isfinite(numbers)
+    else:
+        overflow = _overflows(value, array)
+    if bool(np.any(overflow)):
         raise ValueError(
             f"Quantity: numbers in {u} out of {dtype}'s range once held in "
             f"SI-coherent units ({si_unit(u.dimensions)}, {u.scale:.6g} per {u}; "

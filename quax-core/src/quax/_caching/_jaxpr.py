@@ -10,7 +10,7 @@ import dataclasses
 import functools as ft
 import threading
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NamedTuple
 
 import jax
@@ -52,6 +52,7 @@ __all__ = [
     "is_varying",
     "known_asks",
     "known_constant",
+    "known_scale_invariant",
     "stand_in_token",
     "standing_in",
     "track_evaluations",
@@ -362,6 +363,19 @@ def known_constant(x: Any, max_size: int = 1024) -> Any:
     _asks.count += 1
     if not isinstance(x, Tracer):
         return np.asarray(x) if np.size(x) <= max_size else None
+    out = _staged_values(max_size)(x)
+    if out is None and np.size(x) <= max_size:
+        # Computed from the leaves of an eager compiled program's values, which
+        # equation by equation are known: that code runs equation by equation.
+        require_concrete(x)
+    return out
+
+
+def _staged_values(max_size: int) -> Callable[[Any], Any]:
+    """The reader behind `known_constant`: the value of a staged tracer when the
+    program shows it to be a constant, else `None` (without asking an eager
+    compiled program for concrete values). One reader remembers each tracer it
+    looked at."""
     known: dict[int, Any] = {}  # by tracer id: each shared input is looked at once
 
     def value(t: Any) -> Any:
@@ -420,12 +434,126 @@ def known_constant(x: Any, max_size: int = 1024) -> Any:
         with eval_context():
             return np.asarray(primitive.bind(*operands, **eqn.params))
 
-    out = value(x)
-    if out is None and np.size(x) <= max_size:
-        # Computed from the leaves of an eager compiled program's values, which
-        # equation by equation are known: that code runs equation by equation.
+    return value
+
+
+def _scale_invariant_values(values: Any) -> bool:
+    """Whether every element is zero, infinite or NaN."""
+    return bool(np.all((values == 0) | ~np.isfinite(values)))
+
+
+# How `known_scale_invariant` sees through an equation: its output is all zeros,
+# infinities and NaNs when `"any"` (or `"all"`) of the operands at `positions`
+# (`None`: every operand) are. A product or quotient with such an operand is one
+# (`0 * x` is 0 or NaN, `inf / x` is infinite or NaN, `x / 0` is infinite or NaN);
+# a sum, selection or rearrangement of only such operands is one too (`0 + inf` is
+# infinite, `inf - inf` is NaN).
+_INVARIANCE: dict[Primitive, tuple[str, tuple[int, int | None] | None]] = {
+    jprim.mul_p: ("any", None),
+    jprim.dot_general_p: ("any", None),
+    jprim.div_p: ("any", None),  # for inexact dtypes only, see below
+    **dict.fromkeys(
+        [
+            jprim.add_p,
+            jprim.sub_p,
+            jprim.max_p,
+            jprim.min_p,
+            jprim.neg_p,
+            jprim.abs_p,
+            jprim.copy_p,
+            jprim.stop_gradient_p,
+            jprim.convert_element_type_p,  # to an inexact dtype, see below
+            jprim.broadcast_in_dim_p,
+            jprim.reshape_p,
+            jprim.squeeze_p,
+            jprim.transpose_p,
+            jprim.slice_p,
+            jprim.rev_p,
+            jprim.reduce_sum_p,
+            jprim.reduce_max_p,
+            jprim.reduce_min_p,
+            jprim.concatenate_p,
+        ],
+        ("all", None),
+    ),
+    jprim.select_n_p: ("all", (1, None)),  # the cases, whatever the predicate
+    jprim.pad_p: ("all", (0, 2)),
+    jprim.dynamic_slice_p: ("all", (0, 1)),
+    jprim.gather_p: ("all", (0, 1)),
+}
+
+# Equations `known_scale_invariant` looks through in one chain, at most: deeper
+# it answers `False`, as for an unknown array.
+_INVARIANCE_MAX_DEPTH = 32
+
+
+def known_scale_invariant(x: Any, max_size: int = 1024) -> bool:
+    """Whether every element of `x` is known at trace time to be zero, infinite or
+    NaN: an array that multiplying by any positive number leaves unchanged.
+
+    Such an array fits any scale: a units family adds it to a quantity in any unit
+    (`x + dt * zeros`, where a solver starts from `jnp.zeros_like(x)`), as it
+    does the constants of `known_constant`. This sees further than
+    `known_constant`: the program need not show `x`'s value, only that each
+    element is one of these. A product or quotient of such an array with any other
+    array is one (`0 * dt` is zero, or NaN for an infinite or NaN `dt`); so is a
+    sum, selection, reduction, conversion to an inexact dtype, broadcast or
+    rearrangement of such arrays alone. Anything else is asked of
+    `known_constant`.
+
+    **Arguments:**
+
+    - `x`: a plain array or a tracer.
+    - `max_size`: the constants (and concrete arrays) of more elements are not
+        looked at.
+
+    **Returns:**
+
+    `True` when every element is shown to be zero, infinite or NaN; `False` when
+    the program does not show it (or some element is not).
+    """
+    _asks.count += 1
+    if not isinstance(x, Tracer):
+        return np.size(x) <= max_size and _scale_invariant_values(np.asarray(x))
+    value = _staged_values(max_size)
+    proven: dict[int, bool] = {}  # by tracer id: each shared input is looked at once
+
+    def invariant(t: Any, depth: int) -> bool:
+        if not isinstance(t, DynamicJaxprTracer):
+            return False
+        if id(t) not in proven:
+            proven[id(t)] = prove(t, depth)
+        return proven[id(t)]
+
+    def prove(t: Any, depth: int) -> bool:
+        eqn = staged_equation(t)
+        rule = None if eqn is None else _INVARIANCE.get(eqn.primitive)
+        dtype = t.aval.dtype
+        if (
+            eqn is not None
+            and rule is not None
+            and depth < _INVARIANCE_MAX_DEPTH
+            and not np.issubdtype(dtype, np.complexfloating)
+            and (
+                np.issubdtype(dtype, np.inexact)
+                or eqn.primitive not in (jprim.div_p, jprim.convert_element_type_p)
+            )
+        ):
+            mode, positions = rule
+            operands = eqn.in_tracers[slice(*positions) if positions else slice(None)]
+            proofs = (invariant(o, depth + 1) for o in operands)
+            if any(proofs) if mode == "any" else all(proofs):
+                return True
+        known = value(t)
+        return known is not None and _scale_invariant_values(known)
+
+    if invariant(x, 0):
+        return True
+    if np.size(x) <= max_size:
+        # As `known_constant`: an eager compiled program's code runs equation by
+        # equation, where `x` is concrete.
         require_concrete(x)
-    return out
+    return False
 
 
 # Counting evaluations ----------------------------------------------------------------

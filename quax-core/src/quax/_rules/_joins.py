@@ -459,9 +459,10 @@ class Fill(Value):
             # (`dt * f0` with `f0` zeros is added to a quantity). Only types are
             # taken from this trace, so the zero need not hold for a NaN factor.
             out = bind(*dense)
-            if not isinstance(out, Value):
-                return Fill(0, out.shape, out.dtype)
-            return out
+            if isinstance(out, Value) and not _fills.zero_products:
+                return out
+            aval = out.aval() if isinstance(out, Value) else out
+            return Fill(0, aval.shape, aval.dtype)
         try:
             return bind(*dense)
         except Exception as e:
@@ -482,6 +483,16 @@ class Fill(Value):
 
 # Primitives whose output is zero when an input is.
 _ANNIHILATED = frozenset({lax.mul_p, lax.dot_general_p})
+
+
+class _Fills(threading.local):
+    """Whether a product with a zero `Fill` is a zero `Fill` whatever the other
+    factor (see `join_fills`)."""
+
+    zero_products = False
+
+
+_fills = _Fills()
 
 # Largest carry recognised as a constant fill (the known value is a broadcast view).
 _FILL_MAX_SIZE = 2**26
@@ -527,6 +538,19 @@ def join_fills(
             return None
 
     found = jax.eval_shape(first, trial, list(xs))
+    if found is None:
+        # A product with a zero fill took the other factor's type (a zero times a
+        # dimensionless quantity, `polyval`'s `0 * t + p` with `p` in metres),
+        # where the type of the carry's start, which the product has, is what is
+        # being found. Trace again with such products as zero fills, which take
+        # the type of whatever value they meet next. (The lifted carries are then
+        # traced, and checked, by the rules as usual.) A new function, so that
+        # JAX's tracing cache cannot answer with the trace above.
+        before, _fills.zero_products = _fills.zero_products, True
+        try:
+            found = jax.eval_shape(lambda c, x: first(c, x), trial, list(xs))
+        finally:
+            _fills.zero_products = before
     if found is None:
         return False
     changed = False

@@ -4,6 +4,7 @@ package; importing it registers them):
 - `_arrays`: `lax`'s array primitives: which keep, combine or require units;
 - `_check`: the primitive behind `check_units`;
 - `_linalg`: linear algebra and Fourier transforms;
+- `_lineax`: lineax's `linear_solve` primitive (when lineax is installed);
 - `_strip`: the primitives behind `ustrip`.
 """
 
@@ -11,5 +12,6 @@ from . import (
     _arrays as _arrays,
     _check as _check,
     _linalg as _linalg,
+    _lineax as _lineax,
     _strip as _strip,
 )
