@@ -99,6 +99,9 @@ class _Lazy(StructuredMatrix):
                 return self._with(parts)
         return None
 
+    def batches(self) -> bool:
+        return all(p.batches() for p in self.parts)
+
     def map_leaves(self, fn) -> Any:
         # For a product, only dtype conversions reach this (`scaled` is its own).
         return self._with(self._each("map_leaves", fn))
