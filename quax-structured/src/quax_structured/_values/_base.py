@@ -342,6 +342,22 @@ class StructuredMatrix(quax.GuardedValue):
         `det` never build it (see `custom_jvp_rule`)."""
         return jvp_over_leaves(lambda x: x.dense(), self, dot)[1]
 
+    def way_out(self, primitive: Any = None) -> str:
+        """The base's way out; for `add`/`sub` (the only way a structure meets a
+        dense operand there) also how to add a diagonal that stays structured."""
+        way_out = super().way_out(primitive)
+        if primitive is None or primitive.name not in ("add", "sub"):
+            return way_out
+        return (
+            "A dense operand stays structured only where it is a constant of the "
+            "program with no entry off the diagonal (`0.1 * jnp.eye(n)` with a "
+            "literal `0.1`); a traced scalar times `jnp.eye(n)` under `jax.jit` is "
+            "not known to be diagonal: write it `quax_structured.ScaledIdentity("
+            "noise, n)` (or `Diagonal(d)`), which any traced `noise` keeps "
+            "structured (a symmetric `Kronecker` plus it is a "
+            "`KroneckerPlusIdentity`). Or: " + way_out
+        )
+
     def refusal_reason(self) -> str:
         """Why the matrix refuses to densify: the cost of its dense array."""
         return f"the dense array (shape {self.shape}) costs O(n^2) memory"
