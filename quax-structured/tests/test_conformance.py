@@ -57,9 +57,10 @@ FFT = {"Circulant", "Toeplitz"}
 STRUCTURAL_PRODUCTS = {"matrix product"}
 
 # Functions of two matrices that every structure keeps or computes exactly, and
-# whether the kit's `quaxify(vmap)` check runs on them: a product of a batch of
-# structured matrices (`dot_general` with batch axes) is refused today (issue 29,
-# item 5), so the products run every check but that one (`vmap=False` also drops
+# whether the kit's `quaxify(vmap)` check runs on them: `LowRank`,
+# `LowRankPlusDiagonal` and `Kronecker` have no batch axes (a stack of them
+# refuses; `tests/test_batched_conj.py` covers the batched products of the
+# others), so the products run every check but that one (`vmap=False` also drops
 # `vmap(quaxify)`, which the sums keep).
 FUNCTIONS = {
     "product with a vector": (lambda a, b: a @ V + b.T @ V, False),

@@ -31,28 +31,42 @@ def _structured_product(
     s: StructuredMatrix, x: Any, s_is_lhs: bool, dimension_numbers: Any
 ) -> Any | None:
     """`dot_general` of a structured matrix `s` and a plain `x`, through `s.matmat`,
-    or `None` when the dimension numbers are not a (batched) matrix product with
-    the structured matrix's batch axes as the product's batch axes."""
+    or `None` when the dimension numbers are not a (batched) matrix product: one
+    matrix axis of `s` contracted, and each batch axis of `s` either a batch axis
+    of the product (paired with one of `x`'s) or a free axis (`x` is then the same
+    for every matrix of the batch, as `jax.vmap(lambda A, v: A @ v, in_axes=(0,
+    None))` binds it: `x` is broadcast along it, no dense matrix is formed)."""
     (lc, rc), (lb, rb) = dimension_numbers
     s_con, x_con, s_bat, x_bat = (lc, rc, lb, rb) if s_is_lhs else (rc, lc, rb, lb)
     nb = s.ndim - 2
-    if tuple(s_bat) != tuple(range(nb)) or len(s_con) != 1 or s_con[0] < nb:
+    if len(s_con) != 1 or s_con[0] < nb or any(b >= nb for b in s_bat):
         return None
     op = s if s_con[0] == nb + 1 else s.transpose()
     if op is None:
         return None
     x = jnp.asarray(x)
     free = [i for i in range(x.ndim) if i not in (*x_bat, x_con[0])]
-    xt = jnp.transpose(x, (*x_bat, x_con[0], *free))
     free_shape = tuple(x.shape[i] for i in free)
-    xt = xt.reshape(*xt.shape[: nb + 1], int(np.prod(free_shape, dtype=int)))
+    # `x` as `(*paired batch, n, k)`, the paired axes in `s`'s order, then with a
+    # broadcast axis for each of `s`'s unpaired batch axes: `(*batch, n, k)`.
+    order = np.argsort(np.asarray(s_bat, dtype=int))
+    paired = [x_bat[i] for i in order]
+    xt = jnp.transpose(x, (*paired, x_con[0], *free))
+    k = int(np.prod(free_shape, dtype=int))
+    xt = xt.reshape(*xt.shape[: len(paired) + 1], k)
+    unpaired = [b for b in range(nb) if b not in s_bat]
+    xt = jnp.expand_dims(xt, unpaired)
+    xt = jnp.broadcast_to(xt, (*s.shape[:nb], s.shape[-1], k))
     out = op.matmat(xt)
     if out is None:
         return None
-    out = out.reshape(*xt.shape[: nb + 1], *free_shape)
-    if not s_is_lhs:
-        out = jnp.moveaxis(out, nb, -1)
-    return out
+    out = out.reshape(*s.shape[:nb], s.shape[-1], *free_shape)
+    # `dot_general`'s output order: the batch axes (in `s_bat`'s order), then the
+    # lhs's free axes, then the rhs's.
+    s_free = [*unpaired, nb]
+    x_free = list(range(nb + 1, nb + 1 + len(free)))
+    rest = s_free + x_free if s_is_lhs else x_free + s_free
+    return jnp.transpose(out, (*s_bat, *rest))
 
 
 def _product_with_dense(
@@ -78,22 +92,33 @@ def _(lhs: ArrayLike, rhs: StructuredMatrix, **params: Any) -> Any:
     return _product_with_dense(rhs, jnp.asarray(lhs), False, [lhs, rhs], params)
 
 
-def _is_matrix_product(x: StructuredMatrix, y: StructuredMatrix, dn: Any) -> bool:
+def _as_matrix_product(
+    x: StructuredMatrix, y: StructuredMatrix, dn: Any
+) -> tuple[StructuredMatrix, StructuredMatrix] | None:
+    """`x` and `y` with one batch shape, where `dot_general` is their (batched)
+    matrix product `x @ y`: the batch axes paired, or (what `jax.vmap(lambda A,
+    B: A @ B, in_axes=(0, None))` binds) `x` batched and `y` a single matrix,
+    which is broadcast over `x`'s batch. Else `None` (e.g. a batched `y` and a
+    single `x`, whose product JAX lays out with the batch axis in the middle)."""
     nb = x.ndim - 2
     batch = tuple(range(nb))
-    return y.ndim == x.ndim and tuple(map(tuple, dn)) == (
-        ((nb + 1,), (nb,)),
-        (batch, batch),
-    )
+    dn = tuple(map(tuple, dn))
+    if y.ndim == x.ndim and dn == (((nb + 1,), (nb,)), (batch, batch)):
+        return x, y
+    if nb and y.ndim == 2 and dn == (((nb + 1,), (0,)), ((), ())):
+        broadcast = y.broadcast_batch(x.shape[:nb])
+        return None if broadcast is None else (x, broadcast)
+    return None
 
 
 @quax.register(lax.dot_general_p)
 def _(lhs: StructuredMatrix, rhs: StructuredMatrix, **params: Any) -> Any:
     """`A @ B`: a closed form where the pair has one (`D @ T`, `K @ K`, ...), else a
     lazy `Product`."""
-    if not _is_matrix_product(lhs, rhs, params["dimension_numbers"]):
+    pair = _as_matrix_product(lhs, rhs, params["dimension_numbers"])
+    if pair is None:
         return _fallback(lax.dot_general_p, [lhs, rhs], params)
-    return matmul(lhs, rhs)
+    return matmul(*pair)
 
 
 # Structure-keeping algebra ------------------------------------------------------------
@@ -139,6 +164,16 @@ def _scaled(primitive: Any, values: list[Any], x: StructuredMatrix, s: Any) -> A
     if out is None:
         return _fallback(primitive, values, {})
     return _keep_tag(x, out, x.positive_definite and _is_positive(s))
+
+
+@quax.register(lax.conj_p)
+def _(x: StructuredMatrix, *, input_dtype: Any) -> Any:
+    """`jnp.conj(M)`, `M.conj()`: every complex leaf conjugated, the structure kept
+    (`lax.conj` of a real matrix: the leaves made complex)."""
+    out = x.conjugate(jnp.result_type(x.dtype, jnp.complex64))
+    if out is None:
+        return _fallback(lax.conj_p, [x], dict(input_dtype=input_dtype))
+    return _keep_tag(x, out)
 
 
 @quax.register(lax.neg_p)

@@ -42,6 +42,8 @@ class Banded(StructuredMatrix):
     - `allow_materialise`: as for [`quax_structured.TridiagonalMatrix`][] (static).
     """
 
+    batch_leading = True
+
     bands: Array
     lower_bandwidth: int = eqx.field(static=True)
     upper_bandwidth: int = eqx.field(static=True)

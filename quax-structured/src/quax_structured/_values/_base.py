@@ -16,7 +16,7 @@ import quax
 from jaxtyping import Array
 
 
-__all__ = ["MaterialisationError", "StructuredMatrix", "is_size"]
+__all__ = ["MaterialisationError", "StructuredMatrix", "is_size", "unbatched"]
 
 
 def is_size(x: Any) -> bool:
@@ -28,6 +28,21 @@ def is_size(x: Any) -> bool:
         return operator.index(x) >= 0
     except TypeError:
         return False
+
+
+def unbatched(value: Any, field: str, ndim: int) -> None:
+    """Refuse a structure without batch axes (`LowRank`, `LowRankPlusDiagonal`,
+    `Kronecker`, ...) whose leaf `field` has more than `ndim` axes: a stack built
+    by `jax.vmap` or `jax.tree.map` past the constructor's checks, which its
+    `aval` would misread as one matrix."""
+    shape = jnp.shape(getattr(value, field))
+    if len(shape) != ndim:
+        raise ValueError(
+            f"`{type(value).__name__}` has no batch axes: `{field}` must have "
+            f"{ndim} axes, got shape {shape} (a stack of matrices, e.g. built by "
+            "`jax.vmap` or `jax.tree.map`). Map over the stack outside the "
+            "quaxified function instead: `jax.vmap(quax.quaxify(fn))`."
+        )
 
 
 def _is_float(leaf: Array) -> bool:
@@ -135,6 +150,14 @@ class StructuredMatrix(quax.GuardedValue):
     materialisation_error: ClassVar[type[quax.MaterialisationError]] = (
         MaterialisationError
     )
+    # Whether the dense array is a polynomial in the leaves with real coefficients
+    # (entries placed, summed, multiplied), so that conjugating every leaf
+    # conjugates the matrix. False for the factor types the rules return (solvers
+    # whose leaves are not the matrix's entries).
+    conjugates_leafwise: ClassVar[bool] = True
+    # Whether every leaf carries the matrix's batch axes first (the types with
+    # batch axes), so that broadcasting each leaf broadcasts the batch.
+    batch_leading: ClassVar[bool] = False
 
     @property
     def symmetric(self) -> bool:
@@ -156,6 +179,35 @@ class StructuredMatrix(quax.GuardedValue):
     def map_leaves(self, fn: Callable[[Array], Array]) -> "StructuredMatrix | None":
         """The matrix with `fn` applied to every leaf (types linear in their leaves)."""
         return None
+
+    def conjugate(self, dtype: Any) -> "StructuredMatrix | None":
+        """The complex conjugate (`jnp.conj`) in the complex `dtype`: every
+        floating-point leaf converted to `dtype` and conjugated. The structure and
+        the `positive_definite` tag are kept (the conjugate of a Hermitian positive
+        definite matrix is one). `None` for the factor types (see
+        `conjugates_leafwise`)."""
+        if not type(self).conjugates_leafwise:
+            return None
+
+        def conj(leaf: Any) -> Any:
+            if not _is_float(leaf):
+                return leaf
+            return jnp.conj(jnp.asarray(leaf).astype(dtype))
+
+        return jtu.tree_map(conj, self)
+
+    def broadcast_batch(self, batch: tuple[int, ...]) -> "StructuredMatrix | None":
+        """This matrix (without batch axes) repeated over the batch axes `batch`:
+        each leaf broadcast, no copy under `jit`; `None` where the structure has
+        no batch axes (see `batch_leading`)."""
+        if self.ndim != 2 or not self.batches():
+            return None
+        grow = lambda leaf: jnp.broadcast_to(leaf, (*batch, *jnp.shape(leaf)))
+        return jtu.tree_map(grow, self)
+
+    def batches(self) -> bool:
+        """Whether this matrix can carry batch axes (see `batch_leading`)."""
+        return type(self).batch_leading
 
     def scaled(self, s: Array) -> "StructuredMatrix | None":
         """`s * self` for a scalar `s`."""
@@ -289,6 +341,22 @@ class StructuredMatrix(quax.GuardedValue):
         itself, which stays structured. It costs O(n²) memory; `slogdet` and
         `det` never build it (see `custom_jvp_rule`)."""
         return jvp_over_leaves(lambda x: x.dense(), self, dot)[1]
+
+    def way_out(self, primitive: Any = None) -> str:
+        """The base's way out; for `add`/`sub` (the only way a structure meets a
+        dense operand there) also how to add a diagonal that stays structured."""
+        way_out = super().way_out(primitive)
+        if primitive is None or primitive.name not in ("add", "sub"):
+            return way_out
+        return (
+            "A dense operand stays structured only where it is a constant of the "
+            "program with no entry off the diagonal (`0.1 * jnp.eye(n)` with a "
+            "literal `0.1`); a traced scalar times `jnp.eye(n)` under `jax.jit` is "
+            "not known to be diagonal: write it `quax_structured.ScaledIdentity("
+            "noise, n)` (or `Diagonal(d)`), which any traced `noise` keeps "
+            "structured (a symmetric `Kronecker` plus it is a "
+            "`KroneckerPlusIdentity`). Or: " + way_out
+        )
 
     def refusal_reason(self) -> str:
         """Why the matrix refuses to densify: the cost of its dense array."""

@@ -33,6 +33,8 @@ class BlockDiagonal(StructuredMatrix):
     - `allow_materialise`: as for [`quax_structured.TridiagonalMatrix`][] (static).
     """
 
+    batch_leading = True
+
     blocks: Array
 
     def __check_init__(self):

@@ -34,6 +34,8 @@ class SolverLU(StructuredMatrix):
     - `matrix`: the factored matrix (a `Circulant` or a `Toeplitz`).
     """
 
+    conjugates_leafwise = False
+
     matrix: StructuredMatrix
 
     def aval(self) -> jax.core.ShapedArray:
@@ -128,6 +130,8 @@ class Circulant(StructuredMatrix):
     - `column`: shape `(*batch, n)`.
     - `allow_materialise`: as for [`quax_structured.TridiagonalMatrix`][] (static).
     """
+
+    batch_leading = True
 
     column: Array
 

@@ -12,6 +12,7 @@ from jaxtyping import Array
 
 from ._base import StructuredMatrix
 from ._diagonal import Diagonal, ScaledIdentity
+from ._kronecker import Kronecker
 
 
 __all__ = ["Product", "Sum", "add", "matmul"]
@@ -68,8 +69,22 @@ class _Lazy(StructuredMatrix):
                 "of it and its transpose; tag a symmetric positive definite `M` "
                 "`positive_definite=True`, or build it symmetric)"
             )
+        kronecker = ""
+        if any(isinstance(p, Kronecker) for p in self.parts) and any(
+            isinstance(p, Diagonal | ScaledIdentity) for p in self.parts
+        ):
+            kronecker = (
+                " (`Kronecker + Diagonal` has no closed form here, not even for a "
+                "diagonal that is a Kronecker product of diagonals; a symmetric "
+                "`Kronecker` plus a scalar multiple of the identity, "
+                "`ScaledIdentity(noise, n)` or `noise * jnp.eye(n)` with a constant "
+                "`noise`, is a `KroneckerPlusIdentity`, solved exactly through the "
+                "factors' eigendecompositions: build the `Kronecker` with "
+                "`symmetric=True` or `positive_definite=True`)"
+            )
         return (
-            f"This `{type(self).__name__}` of {kinds}{symmetrised} has no structured "
+            f"This `{type(self).__name__}` of {kinds}{symmetrised}{kronecker} has no "
+            "structured "
             "factorisation; solve through its products instead, which cost the sum "
             "of its parts' products: e.g. `jax.scipy.sparse.linalg.cg(lambda v: M @ "
             "v, b)` (symmetric positive definite) or `jax.scipy.sparse.linalg.gmres`. "
@@ -98,6 +113,9 @@ class _Lazy(StructuredMatrix):
                 parts[k] = out
                 return self._with(parts)
         return None
+
+    def batches(self) -> bool:
+        return all(p.batches() for p in self.parts)
 
     def map_leaves(self, fn) -> Any:
         # For a product, only dtype conversions reach this (`scaled` is its own).

@@ -44,6 +44,8 @@ class DeterminantLU(StructuredMatrix):
         `TridiagonalMatrix`), else `None`.
     """
 
+    conjugates_leafwise = False
+
     factors: StructuredMatrix
     matrix: StructuredMatrix
     pivots: Array | None = None

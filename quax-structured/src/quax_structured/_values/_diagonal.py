@@ -23,6 +23,8 @@ class Diagonal(StructuredMatrix):
     - `allow_materialise`: as for [`quax_structured.TridiagonalMatrix`][] (static).
     """
 
+    batch_leading = True
+
     diag: Array
 
     def __check_init__(self):
@@ -123,6 +125,8 @@ class ScaledIdentity(StructuredMatrix):
     - `n`: the matrix size (static).
     - `allow_materialise`: as for [`quax_structured.TridiagonalMatrix`][] (static).
     """
+
+    batch_leading = True
 
     scale: Array
     n: int = eqx.field(static=True)

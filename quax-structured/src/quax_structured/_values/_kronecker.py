@@ -20,7 +20,7 @@ from .._kernels import (
     on_diagonal,
     pivots_of,
 )
-from ._base import StructuredMatrix
+from ._base import StructuredMatrix, unbatched
 from ._circulant import SolverLU
 from ._determinant import DeterminantLU
 from ._diagonal import ScaledIdentity
@@ -62,6 +62,7 @@ class Kronecker(StructuredMatrix):
                 )
 
     def aval(self) -> jax.core.ShapedArray:
+        unbatched(self, "left", 2)
         n = self.left.shape[0] * self.right.shape[0]
         return jax.core.ShapedArray((n, n), jnp.result_type(self.left, self.right))
 
@@ -100,6 +101,12 @@ class Kronecker(StructuredMatrix):
         if not (isinstance(other, ScaledIdentity) and self.symmetric):
             return None
         if jnp.ndim(other.scale) != 0 or self.triangle is not None:
+            return None
+        if jnp.iscomplexobj(self.left) or jnp.iscomplexobj(self.right):
+            # `KroneckerPlusIdentity` is real: a complex symmetric factor has no
+            # orthogonal eigendecomposition (the sum stays a lazy `Sum`).
+            return None
+        if jnp.iscomplexobj(other.scale):
             return None
         left, right = self.factors()
         return KroneckerPlusIdentity(
@@ -203,12 +210,15 @@ class KroneckerLU(StructuredMatrix):
     - `allow_materialise`: as for [`quax_structured.TridiagonalMatrix`][] (static).
     """
 
+    conjugates_leafwise = False
+
     left: Array
     right: Array
 
     linear_in_leaves = False
 
     def aval(self) -> jax.core.ShapedArray:
+        unbatched(self, "left", 2)
         n = self.left.shape[0] * self.right.shape[0]
         return jax.core.ShapedArray((n, n), jnp.result_type(self.left, self.right))
 
@@ -287,6 +297,16 @@ class KroneckerPlusIdentity(StructuredMatrix):
                 "`KroneckerPlusIdentity` needs a scalar `scale`; got `scale` of shape "
                 f"{jnp.shape(self.scale)}."
             )
+        for name in ("left", "right", "scale"):
+            if jnp.iscomplexobj(getattr(self, name)):
+                raise ValueError(
+                    f"`KroneckerPlusIdentity` needs real `left`, `right` and `scale`; "
+                    f"got a complex `{name}`. Its solve diagonalises the factors "
+                    "with orthogonal eigenvectors, which a complex symmetric factor "
+                    "does not have: write `Kronecker(left, right) + ScaledIdentity("
+                    "scale, n)` instead (a lazy `Sum`, solved with "
+                    "`jax.scipy.sparse.linalg.gmres`)."
+                )
 
     @property
     def symmetric(self) -> bool:
@@ -297,6 +317,7 @@ class KroneckerPlusIdentity(StructuredMatrix):
         return (self.left + self.left.T) / 2, (self.right + self.right.T) / 2
 
     def aval(self) -> jax.core.ShapedArray:
+        unbatched(self, "left", 2)
         n = self.left.shape[0] * self.right.shape[0]
         dtype = jnp.result_type(self.left, self.right, self.scale)
         return jax.core.ShapedArray((n, n), dtype)

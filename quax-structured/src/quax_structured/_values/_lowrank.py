@@ -9,7 +9,7 @@ from jax import lax
 from jaxtyping import Array
 
 from .._kernels import failed_factorisation, nan_where, on_diagonal
-from ._base import StructuredMatrix
+from ._base import StructuredMatrix, unbatched
 from ._determinant import DeterminantLU
 
 
@@ -130,6 +130,7 @@ class LowRank(_UVt):
         _check_factors("LowRank", None, self.u, self.v)
 
     def aval(self) -> jax.core.ShapedArray:
+        unbatched(self, "u", 2)
         n = self.u.shape[-2]
         return jax.core.ShapedArray((n, n), self.u.dtype)
 
@@ -199,6 +200,7 @@ class LowRankPlusDiagonal(_UVt):
         _check_factors("LowRankPlusDiagonal", jnp.shape(self.diag)[0], self.u, self.v)
 
     def aval(self) -> jax.core.ShapedArray:
+        unbatched(self, "diag", 1)
         n = self.diag.shape[-1]
         return jax.core.ShapedArray((n, n), jnp.result_type(self.diag, self.u))
 
@@ -358,6 +360,8 @@ class Semiseparable(StructuredMatrix):
     - `upper_left`, `upper_right`: `A` and `B`, shape `(n, s)`.
     - `allow_materialise`: as for [`quax_structured.TridiagonalMatrix`][] (static).
     """
+
+    conjugates_leafwise = False
 
     lower_left: Array
     lower_right: Array

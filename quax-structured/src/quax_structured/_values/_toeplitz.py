@@ -73,6 +73,8 @@ class Toeplitz(StructuredMatrix):
     - `allow_materialise`: as for [`quax_structured.TridiagonalMatrix`][] (static).
     """
 
+    batch_leading = True
+
     column: Array
     row: Array
 

@@ -16,6 +16,8 @@ __all__ = ["LowerTriangular", "UpperTriangular"]
 
 
 class _Triangular(StructuredMatrix):
+    batch_leading = True
+
     array: eqx.AbstractVar[Array]
     lower: eqx.AbstractClassVar[bool]
 

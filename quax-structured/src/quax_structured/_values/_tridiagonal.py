@@ -35,6 +35,8 @@ class TridiagonalMatrix(StructuredMatrix):
         `(*batch, n, n)` array (static, default `False`: it raises instead).
     """
 
+    batch_leading = True
+
     lower_diag: Array
     main_diag: Array
     upper_diag: Array
@@ -389,6 +391,8 @@ class TridiagonalEigenvectors(StructuredMatrix):
 
     - `matrix`: the `TridiagonalMatrix`.
     """
+
+    conjugates_leafwise = False
 
     matrix: TridiagonalMatrix
 
