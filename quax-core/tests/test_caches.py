@@ -550,3 +550,30 @@ def test_verify_mode_checks_each_per_jaxpr_table(verifying: Any, table: str) -> 
     with pytest.raises(quax.CacheMismatchError, match=rf"(?s){name}.*: jaxpr;"):
         then()
 
+
+def test_verify_mode_compares_a_nested_jits_program(verifying: Any) -> None:
+    # With the plain arguments left out of a nested jit's key, the body traced for
+    # `c = 2` serves `c = 3`: the outputs' types agree (a plain array), only the
+    # program staged (its constant) tells them apart.
+    verifying("plain arguments")
+    quax.set_eager_compilation(False)
+    inner = jax.jit(lambda a, c: a * c)
+    f = quax.quaxify(lambda a, c: inner(a, c))
+    np.testing.assert_allclose(f(Counted(A), 2.0), 2 * A)
+    with pytest.raises(
+        quax.CacheMismatchError,
+        match=r"(?s)nested jit bodies.*the program it stages.*plain arguments",
+    ):
+        f(Counted(A), 3.0)
+
+
+def test_verify_mode_passes_a_nested_jit_traced_again(verifying: Any) -> None:
+    # A correct key: each call's body stages what a fresh one does, also for a
+    # second structure of the arguments (JAX traces the kept body again).
+    del verifying
+    quax.set_eager_compilation(False)
+    inner = jax.jit(lambda a, c: jnp.sin(a * c))
+    f = quax.quaxify(lambda a, c: inner(a, c))
+    for c in (2.0, 3.0, 2.0):
+        for x in (A, jnp.arange(5.0)):
+            np.testing.assert_allclose(f(Counted(x), c), np.sin(x * c), rtol=1e-6)
