@@ -3,6 +3,7 @@ bodies, the dispatch cache) may only return what running the rules would return.
 Each test here plants a case where a cache key once missed something the rules
 see, and checks every call against the answer of the rules run afresh."""
 
+import gc
 import os
 import subprocess
 import sys
@@ -17,9 +18,12 @@ import pytest
 import quax
 import quax.__main__ as quax_main
 import quax._caching._eager as quax_eager
+import quax._caching._jaxpr as _jaxpr
 import quax._caching._keys
 import quax._dispatch._registry as _registry
+import quax._dispatch._staged as _staged
 import quax._foundation._caches
+import quax._rules._bodies as _bodies
 import quax._rules._control_flow as _control_flow
 from jax import lax
 from jaxtyping import Array, ArrayLike
@@ -345,6 +349,9 @@ def test_report_names_every_cache(capsys: pytest.CaptureFixture[str]) -> None:
         "compiled eager programs",
         "replayed recordings",
         "nested jit bodies",
+        "jaxpr interpreter: the steps of each jaxpr",
+        "jaxprs: whether each stages a value",
+        "quaxified bodies of higher-order primitives",
     ]:
         assert f"  {name}: " in printed
     sizes = {name: size for name, size, _ in quax._foundation._caches.report()}
@@ -458,3 +465,115 @@ def test_verify_mode_catches_a_changed_resolution(
     monkeypatch.setattr(_registry, "_resolve", lambda primitive, values: planted)
     with pytest.raises(quax.CacheMismatchError, match="dispatch cache"):
         sin(Counted(A))
+
+
+# What is worked out once per jaxpr ----------------------------------------------------
+
+
+def _jaxprs() -> tuple[Any, Any, Any]:
+    """Two plain jaxprs (`sin`, `cos`) and one that stages a value."""
+    sin = jax.make_jaxpr(jnp.sin)(A)
+    cos = jax.make_jaxpr(jnp.cos)(A)
+    staging = jax.make_jaxpr(lambda a: _staged.stage_value(Counted(a)))(A)
+    return sin, cos, staging
+
+
+def test_per_jaxpr_tables_give_what_a_fresh_walk_gives() -> None:
+    sin, cos, staging = _jaxprs()
+    for _ in range(2):  # computed, then kept
+        assert not _jaxpr.jaxpr_holds_staged_values(sin)
+        assert _jaxpr.jaxpr_holds_staged_values(staging)
+        assert [s.primitive for s in _jaxpr._steps_of(cos.jaxpr)] == [lax.cos_p]
+        assert _bodies.quaxified_jaxpr(sin) is _bodies.quaxified_jaxpr(sin)
+    assert _bodies.quaxified_jaxpr(sin) is not _bodies.quaxified_jaxpr(cos)
+    with quax.caching(False):  # nothing kept: a fresh function each time
+        assert _bodies.quaxified_jaxpr(sin) is not _bodies.quaxified_jaxpr(sin)
+        assert _jaxpr.jaxpr_holds_staged_values(staging)
+        assert len(_jaxpr._steps) == len(_jaxpr._holds) == 0
+
+
+def test_per_jaxpr_entries_go_with_their_jaxpr() -> None:
+    table = quax._foundation._caches.JaxprTable("a test's jaxprs", 2)
+    try:
+        kept = [jax.make_jaxpr(lambda a, k=k: a * k)(A) for k in range(3)]
+        for j in kept:
+            key, parts = quax._caching._keys.jaxpr_key(j)
+            table.put(key, (str(j), parts), j)
+        assert len(table) == 2  # the bound: the least recently used went
+        assert table.get(quax._caching._keys.jaxpr_key(kept[0])[0]) is None
+        last = quax._caching._keys.jaxpr_key(kept[2])[0]
+        assert table.get(last)[0] == str(kept[2])
+        del kept[1:], last, j
+        gc.collect()
+        assert table.get(("no such key",)) is None  # drops the dead jaxprs' entries
+        assert len(table) == 0
+    finally:
+        quax._foundation._caches._tables.remove(table)
+
+
+def test_verify_mode_catches_the_jaxpr_left_out(verifying: Any) -> None:
+    # With the jaxpr left out of the key, every jaxpr shares one entry: the second
+    # library function evaluated quaxified gets the first one's steps.
+    verifying("jaxpr")
+    quax.set_eager_compilation(False)
+    quax.quaxify(jnp.sin)(Counted(A))
+    with pytest.raises(
+        quax.CacheMismatchError, match=r"(?s)of each jaxpr.*differ.*: jaxpr; the key"
+    ):
+        quax.quaxify(jnp.cos)(Counted(A))
+
+
+@pytest.mark.parametrize("table", ["steps", "holds", "functions"])
+def test_verify_mode_checks_each_per_jaxpr_table(verifying: Any, table: str) -> None:
+    verifying("jaxpr")
+    sin, cos, staging = _jaxprs()
+    first, then = {
+        "steps": (
+            lambda: _jaxpr._steps_of(sin.jaxpr),
+            lambda: _jaxpr._steps_of(cos.jaxpr),
+        ),
+        "holds": (
+            lambda: _jaxpr.jaxpr_holds_staged_values(sin),
+            lambda: _jaxpr.jaxpr_holds_staged_values(staging),
+        ),
+        "functions": (
+            lambda: _bodies.quaxified_jaxpr(sin),
+            lambda: _bodies.quaxified_jaxpr(cos),
+        ),
+    }[table]
+    name = {
+        "steps": "the steps of each jaxpr",
+        "holds": "whether each stages a value",
+        "functions": "quaxified bodies",
+    }[table]
+    first()
+    with pytest.raises(quax.CacheMismatchError, match=rf"(?s){name}.*: jaxpr;"):
+        then()
+
+
+def test_verify_mode_compares_a_nested_jits_program(verifying: Any) -> None:
+    # With the plain arguments left out of a nested jit's key, the body traced for
+    # `c = 2` serves `c = 3`: the outputs' types agree (a plain array), only the
+    # program staged (its constant) tells them apart.
+    verifying("plain arguments")
+    quax.set_eager_compilation(False)
+    inner = jax.jit(lambda a, c: a * c)
+    f = quax.quaxify(lambda a, c: inner(a, c))
+    np.testing.assert_allclose(f(Counted(A), 2.0), 2 * A)
+    with pytest.raises(
+        quax.CacheMismatchError,
+        match=r"(?s)nested jit bodies.*the program it stages.*plain arguments",
+    ):
+        f(Counted(A), 3.0)
+
+
+def test_verify_mode_passes_a_nested_jit_traced_again(verifying: Any) -> None:
+    # A correct key: each call's body stages what a fresh one does, also for a
+    # second structure of the arguments (JAX traces the kept body again).
+    del verifying
+    quax.set_eager_compilation(False)
+    inner = jax.jit(lambda a, c: jnp.sin(a * c))
+    f = quax.quaxify(lambda a, c: inner(a, c))
+    for c in (2.0, 3.0, 2.0):
+        for x in (A, jnp.arange(5.0)):
+            np.testing.assert_allclose(f(Counted(x), c), np.sin(x * c), rtol=1e-6)

@@ -8,10 +8,10 @@ an inlined `jit` on the quax trace.
 import contextlib
 import dataclasses
 import functools as ft
+import operator
 import threading
-import weakref
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 import jax
 import jax.extend.core.primitives as jprim
@@ -38,8 +38,12 @@ from .._compat import (
     staged_equation,
     user_context,
 )
+from .._dispatch._staged import staged_value_p
+from .._foundation import _caches
+from .._foundation._caches import JaxprTable
 from .._values._value import Value
 from ._eager import require_concrete
+from ._keys import JAXPR, jaxpr_key
 
 
 __all__ = [
@@ -48,11 +52,14 @@ __all__ = [
     "body_arg_names",
     "body_source",
     "eval_quaxified",
+    "holds_staged_values",
+    "jaxpr_holds_staged_values",
     "ValueAsked",
     "is_varying",
     "known_asks",
     "known_constant",
     "known_scale_invariant",
+    "per_jaxpr",
     "stand_in_token",
     "standing_in",
     "track_evaluations",
@@ -60,6 +67,12 @@ __all__ = [
 
 # Equations on constants only, with outputs this small, are computed at trace time.
 FOLD_MAX_SIZE = 1024
+
+# How many jaxprs each table of what is worked out once per jaxpr keeps (beyond it,
+# the least recently used is worked out again when it comes back).
+MAX_JAXPRS = 4096
+
+_T = TypeVar("_T")
 
 # Largest output that `known_constant` computes (rather than views, as it does a
 # broadcast), so that the trace-time work stays small.
@@ -111,6 +124,91 @@ def binds_directly(primitive: Primitive) -> bool:
     )
 
 
+# What is worked out once per jaxpr ----------------------------------------------------
+
+
+def per_jaxpr(
+    table: JaxprTable,
+    jaxpr: Any,
+    compute: Callable[[Any], _T],
+    same: Callable[[_T, _T], bool],
+    what: str,
+) -> _T:
+    """`compute(jaxpr)`, kept in `table` while the caches are on (`quax.caching`),
+    under the key of `jaxpr` (see `quax._caching._keys.jaxpr_key`). In verify mode
+    a hit is computed afresh, and raises a `quax.CacheMismatchError` when `same`
+    tells the two apart (`what` says what was compared).
+
+    **Arguments:**
+
+    - `table`: where the entries are kept.
+    - `jaxpr`: the jaxpr (closed or open) `compute` reads.
+    - `compute`: a function of the jaxpr alone.
+    - `same`: whether a kept and a fresh result agree.
+    - `what`: what `same` compares, for the error.
+
+    **Returns:**
+
+    `compute(jaxpr)`, or the result it gave before for this jaxpr.
+    """
+    if not _caches.enabled:
+        return compute(jaxpr)
+    try:
+        key, parts = jaxpr_key(jaxpr)
+        entry = table.get(key)
+    except TypeError:  # a jaxpr that is not weakly referable: not kept
+        return compute(jaxpr)
+    if entry is None:
+        out = compute(jaxpr)
+        table.put(key, (out, parts), jaxpr)
+        return out
+    out, made = entry
+    if _caches.verifying and not same(out, compute(jaxpr)):
+        raise _caches.mismatch(table.name, what, JAXPR, made, parts)
+    return out
+
+
+# Jaxprs that hold staged values -------------------------------------------------------
+
+_holds = JaxprTable("jaxprs: whether each stages a value", MAX_JAXPRS)
+
+
+def holds_staged_values(params: dict[str, Any]) -> bool:
+    """Whether the sub-jaxprs among a primitive's `params` stage a value (see
+    `quax._dispatch._staged`)."""
+    return any(_param_holds(p) for p in params.values())
+
+
+def jaxpr_holds_staged_values(jaxpr: Any) -> bool:
+    """Whether a closed or open jaxpr (or its sub-jaxprs) stages a value; kept per
+    jaxpr. For a primitive whose only sub-jaxpr is known (an inlined `jit`'s
+    `jaxpr`), this is `holds_staged_values` without a walk over every param."""
+    return _jaxpr_holds(jaxpr.jaxpr if type(jaxpr) is ClosedJaxpr else jaxpr)
+
+
+def _param_holds(p: Any) -> bool:
+    if isinstance(p, ClosedJaxpr):
+        return _jaxpr_holds(p.jaxpr)
+    if isinstance(p, Jaxpr):
+        return _jaxpr_holds(p)
+    if isinstance(p, tuple):
+        return any(_param_holds(x) for x in p)
+    return False
+
+
+def _jaxpr_holds(jaxpr: Any) -> bool:
+    return per_jaxpr(
+        _holds, jaxpr, _walk_holds, operator.eq, "whether it stages a value"
+    )
+
+
+def _walk_holds(jaxpr: Any) -> bool:
+    return any(
+        eqn.primitive is staged_value_p or holds_staged_values(eqn.params)
+        for eqn in jaxpr.eqns
+    )
+
+
 class _Step(NamedTuple):
     """How `eval_quaxified` binds one equation, worked out once per jaxpr."""
 
@@ -142,14 +240,16 @@ def _own_bind_params(primitive: Primitive) -> bool:
     )
 
 
-_steps: "weakref.WeakKeyDictionary[Any, list[_Step]]" = weakref.WeakKeyDictionary()
+# Each jaxpr's steps, worked out once (the interpreter's hot path reads them).
+_steps = JaxprTable("jaxpr interpreter: the steps of each jaxpr", MAX_JAXPRS)
 
 
 def _steps_of(jaxpr: Any) -> list[_Step]:
-    try:
-        return _steps[jaxpr]
-    except KeyError:
-        pass
+    return per_jaxpr(_steps, jaxpr, _read_steps, _same_steps, "its equations' steps")
+
+
+def _read_steps(jaxpr: Any) -> list[_Step]:
+    """How `eval_quaxified` binds each equation of the open `jaxpr`."""
     steps = []
     for eqn in jaxpr.eqns:
         primitive = eqn.primitive
@@ -185,8 +285,20 @@ def _steps_of(jaxpr: Any) -> list[_Step]:
                 primitive.multiple_results,
             )
         )
-    _steps[jaxpr] = steps
     return steps
+
+
+def _same_steps(kept: list[_Step], fresh: list[_Step]) -> bool:
+    """Whether two readings of a jaxpr's steps are of the same equations: every
+    field the same object (the equation's own), or equal."""
+    try:
+        return len(kept) == len(fresh) and all(
+            a is b or a == b
+            for k, f in zip(kept, fresh, strict=True)
+            for a, b in zip(k, f, strict=True)
+        )
+    except Exception:  # fields that cannot be compared: other equations
+        return False
 
 
 def _is_constant(x: Any) -> bool:

@@ -14,6 +14,10 @@ everything the rules may read, alike in every cache:
   settings JAX's own tracing caches key on: `enable_x64`, the default matmul
   precision, the mesh, ...), the debug-check flag, and the registry's
   generation (a key made before a `register` never meets one made after).
+- what quax works out once per jaxpr (the interpreter's steps, whether it stages a
+  value, the quaxified function of a higher-order primitive's body) is a function of
+  the jaxpr's equations alone, and is keyed by the jaxpr alone, held weakly
+  (`jaxpr_key`).
 
 A key is a tuple of named components (`key`): the caches' verify mode (see
 `quax._foundation._caches`) compares the components an entry was made with against the
@@ -21,6 +25,7 @@ current ones, and names those that differ. Tests plant a key that leaves one
 out (`omitted`), and check that verify mode catches it.
 """
 
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -33,9 +38,11 @@ from .._foundation import _caches, _journal
 
 __all__ = [
     "CONTEXT",
+    "JAXPR",
     "add_setting",
     "context",
     "float_key",
+    "jaxpr_key",
     "key",
     "params_key",
     "settings_key",
@@ -60,6 +67,19 @@ def key(names: Sequence[str], parts: tuple[Any, ...]) -> tuple[Any, ...]:
     if not omitted:
         return parts
     return tuple(p for n, p in zip(names, parts, strict=True) if n not in omitted)
+
+
+# The components of the key of what is worked out once per jaxpr.
+JAXPR = ("jaxpr",)
+
+
+def jaxpr_key(jaxpr: Any) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    """The key of what is worked out once per `jaxpr` (closed or open), and its
+    components (`JAXPR`): the jaxpr, held by a `weakref.ref`, which is equal to
+    another for the same living jaxpr and does not keep it alive. Raises `TypeError`
+    for an object that cannot be weakly referenced."""
+    parts = (weakref.ref(jaxpr),)
+    return key(JAXPR, parts), parts
 
 
 def context() -> tuple[Any, ...]:

@@ -69,13 +69,12 @@ from .._compat import (
     staged_count,
     staged_since,
 )
-from .._dispatch._staged import jaxpr_holds_staged_values
 from .._foundation import _caches
 from .._values import _value
 from .._values._value import is_value, value_classes
 from . import _jaxpr, _keys
 from ._eager import field_layout
-from ._jaxpr import binds_directly, known_asks
+from ._jaxpr import binds_directly, jaxpr_holds_staged_values, known_asks
 from ._keys import Identity, params_key, static_key
 
 

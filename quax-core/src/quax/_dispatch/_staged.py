@@ -14,12 +14,13 @@ joins a `vmap`.
 This holds in the body of a quaxified function (and below it), never in a rule's
 own code, whose stagings are the programs quax compiles: a thread-local setting in
 JAX's trace context (`staged_values_state`) says which, so that JAX's tracing caches
-keep the two kinds of jaxprs apart.
+keep the two kinds of jaxprs apart. Whether a jaxpr stages a value is worked out once
+per jaxpr, with the interpreter's other per-jaxpr tables
+(`quax._caching._jaxpr.jaxpr_holds_staged_values`).
 """
 
 import contextlib
 import threading
-import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -28,8 +29,6 @@ import jax.tree_util as jtu
 from jax.interpreters import ad, batching, mlir
 
 from .._compat import (
-    ClosedJaxpr,
-    Jaxpr,
     Primitive,
     ShapedArray,
     Tracer,
@@ -41,8 +40,6 @@ from .._values._value import Value, describe, materialise_or_explain
 
 __all__ = [
     "StagedValueError",
-    "holds_staged_values",
-    "jaxpr_holds_staged_values",
     "lift",
     "stage_value",
     "staged_value_p",
@@ -165,46 +162,6 @@ staged_value_p.def_abstract_eval(_abstract_eval)
 mlir.register_lowering(staged_value_p, _lowering)
 batching.primitive_batchers[staged_value_p] = _batch
 ad.primitive_jvps[staged_value_p] = _jvp
-
-
-# Jaxprs that hold staged values -----------------------------------------------------
-
-_holds: "weakref.WeakKeyDictionary[Any, bool]" = weakref.WeakKeyDictionary()
-
-
-def holds_staged_values(params: dict[str, Any]) -> bool:
-    """Whether the sub-jaxprs among a primitive's `params` stage a value."""
-    return any(_param_holds(p) for p in params.values())
-
-
-def jaxpr_holds_staged_values(jaxpr: Any) -> bool:
-    """Whether a closed or open jaxpr (or its sub-jaxprs) stages a value; cached per
-    jaxpr. For a primitive whose only sub-jaxpr is known (an inlined `jit`'s
-    `jaxpr`), this is `holds_staged_values` without a walk over every param."""
-    return _jaxpr_holds(jaxpr.jaxpr if type(jaxpr) is ClosedJaxpr else jaxpr)
-
-
-def _param_holds(p: Any) -> bool:
-    if isinstance(p, ClosedJaxpr):
-        return _jaxpr_holds(p.jaxpr)
-    if isinstance(p, Jaxpr):
-        return _jaxpr_holds(p)
-    if isinstance(p, tuple):
-        return any(_param_holds(x) for x in p)
-    return False
-
-
-def _jaxpr_holds(jaxpr: Any) -> bool:
-    try:
-        return _holds[jaxpr]
-    except KeyError:
-        pass
-    out = any(
-        eqn.primitive is staged_value_p or holds_staged_values(eqn.params)
-        for eqn in jaxpr.eqns
-    )
-    _holds[jaxpr] = out
-    return out
 
 
 def staging_joins() -> bool:

@@ -4,10 +4,13 @@ verify mode.
 Quax keeps what rules computed, so as not to compute it again: the dispatch cache
 (`quax._dispatch._registry`), compiled eager programs (`quax._caching._eager`), the
 equations rules staged while a program is staged (`quax._caching._replay`) and the
-jitted bodies of nested `jit`s (`quax._rules._control_flow`). Each entry is keyed by
-everything the rules may read (see `quax._caching._keys`), and a cache may only return
-what running the rules would return: the same staged equations, the same output types
-and static fields.
+jitted bodies of nested `jit`s (`quax._rules._control_flow`); and what it works out
+once per jaxpr (`JaxprTable`): the interpreter's steps and whether a jaxpr stages a
+value (`quax._caching._jaxpr`), and the quaxified functions of higher-order
+primitives' bodies (`quax._rules._bodies`). Each entry is keyed by everything the rules
+may read (see `quax._caching._keys`), and a cache may only return what running the
+rules would return: the same staged equations, the same output types and static
+fields.
 
 - Every table that grows with the programs it sees is bounded, and safe under
   threads; `python -m quax caches` reports each one's size and bound (`report`).
@@ -25,6 +28,7 @@ and static fields.
 
 import os
 import threading
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -32,6 +36,7 @@ from typing import Any
 
 __all__ = [
     "CacheMismatchError",
+    "JaxprTable",
     "Table",
     "caching",
     "enabled",
@@ -101,6 +106,67 @@ class Table:
         return f"Table({self.name!r}, {len(self)}/{self.bound})"
 
 
+class JaxprTable(Table):
+    """A `Table` of what quax works out once per jaxpr: each key holds its jaxpr
+    through a `weakref.ref` (equal to another for the same living jaxpr), so that
+    the table keeps no jaxpr alive, and an entry is dropped when its jaxpr is, as
+    well as beyond the bound.
+
+    **Arguments:**
+
+    - `name`: what `python -m quax caches` calls it.
+    - `bound`: the most entries it keeps.
+    """
+
+    __slots__ = ("_dead", "_finalizers")
+
+    def __init__(self, name: str, bound: int) -> None:
+        super().__init__(name, bound)
+        self._finalizers: dict[Any, weakref.finalize] = {}
+        # Keys whose jaxpr died, dropped at the next `get` or `put`: a finalizer
+        # runs wherever the garbage collector does, perhaps inside this table's
+        # own operations, so it only appends here.
+        self._dead: list[Any] = []
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        if self._dead:
+            self._drop_dead()
+        return super().get(key, default)
+
+    def put(self, key: Any, entry: Any, jaxpr: Any = None) -> None:
+        """Keep `entry` under `key`, until `jaxpr` (the object the key holds weakly)
+        dies or the entry is the least recently used beyond the bound."""
+        with self._lock:
+            if self._dead:
+                self._drop_dead()
+            if jaxpr is not None and key not in self._finalizers:
+                self._finalizers[key] = weakref.finalize(jaxpr, self._dead.append, key)
+            self._data[key] = entry
+            self._data.move_to_end(key)
+            while len(self._data) > self.bound:
+                self.pop(next(iter(self._data)))
+
+    def pop(self, key: Any, default: Any = None) -> Any:
+        with self._lock:
+            finalizer = self._finalizers.pop(key, None)
+            if finalizer is not None:
+                finalizer.detach()
+            return self._data.pop(key, default)
+
+    def clear(self) -> None:
+        with self._lock:
+            for finalizer in self._finalizers.values():
+                finalizer.detach()
+            self._finalizers.clear()
+            self._dead.clear()
+            self._data.clear()
+
+    def _drop_dead(self) -> None:
+        with self._lock:
+            while self._dead:
+                self.pop(self._dead.pop())
+
+
 _tables: list[Table] = []
 
 
@@ -116,8 +182,8 @@ def report() -> list[tuple[str, int, str]]:
 
 
 # Tables that are not a `Table` (the dispatch cache, read on every primitive; the
-# tables kept per jaxpr or per code), by name, with what measures their size and
-# gives their bound.
+# recordings kept per jaxpr, the programs kept per code), by name, with what measures
+# their size and gives their bound.
 _measured: list[tuple[str, Callable[[], tuple[int, str]]]] = []
 
 

@@ -2,15 +2,19 @@
 branch indices and loop predicates they decide on, for the rules of
 `_control_flow.py` and `_loops.py`."""
 
-import contextlib
 import functools as ft
-import weakref
 from collections.abc import Callable
 from typing import Any
 
-from .._caching._jaxpr import eval_quaxified
+from .._caching._jaxpr import (
+    MAX_JAXPRS,
+    eval_quaxified,
+    jaxpr_holds_staged_values,
+    per_jaxpr,
+)
 from .._compat import ClosedJaxpr
-from .._dispatch._staged import jaxpr_holds_staged_values, staged_values_into
+from .._dispatch._staged import staged_values_into
+from .._foundation._caches import JaxprTable
 from .._transform import _trace
 from .._transform._quaxify import quaxify
 from .._values._value import ValueLike, materialise_or_explain
@@ -18,31 +22,46 @@ from .._values._value import ValueLike, materialise_or_explain
 
 __all__ = ["decision", "quaxified_jaxpr"]
 
-_eval_cache: "weakref.WeakKeyDictionary[Any, Callable[..., list[Any]]]" = (
-    weakref.WeakKeyDictionary()
-)
+# The quaxified function of each jaxpr: the same function for the same jaxpr, so that
+# JAX's own tracing caches hit when a body comes back.
+_functions = JaxprTable("quaxified bodies of higher-order primitives", MAX_JAXPRS)
 
 
 def quaxified_jaxpr(jaxpr: Any) -> Callable[..., list[Any]]:
-    """A quaxified function evaluating `jaxpr` (closed or open), cached per jaxpr so
+    """A quaxified function evaluating `jaxpr` (closed or open), kept per jaxpr so
     that JAX's own tracing caches hit when the same jaxpr comes back. A jaxpr that
     stages values (see `quax._dispatch._staged`) runs under a quax trace even on plain
     inputs, as only one gives those values their types."""
-    try:
-        return _eval_cache[jaxpr]
-    except (KeyError, TypeError):
-        pass
+    return per_jaxpr(
+        _functions, jaxpr, _quaxified, _same_evaluation, "the jaxpr it evaluates"
+    )
+
+
+def _quaxified(jaxpr: Any) -> Callable[..., list[Any]]:
     if isinstance(jaxpr, ClosedJaxpr):
         fn = ft.partial(eval_quaxified, jaxpr.jaxpr, jaxpr.consts)
     else:
         fn = ft.partial(eval_quaxified, jaxpr, ())
     if jaxpr_holds_staged_values(jaxpr):
-        out = ft.partial(_run_staging, fn)
-    else:
-        out = quaxify(fn)
-    with contextlib.suppress(TypeError):  # unhashable jaxprs are not cached
-        _eval_cache[jaxpr] = out
-    return out
+        return ft.partial(_run_staging, fn)
+    return quaxify(fn)
+
+
+def _evaluates(fn: Any) -> tuple[Any, ...]:
+    """The open jaxpr and constants that a function of `_quaxified` evaluates."""
+    inner = fn.args[0] if isinstance(fn, ft.partial) else fn.fn
+    return inner.args
+
+
+def _same_evaluation(kept: Any, fresh: Any) -> bool:
+    """Whether two functions of `_quaxified` run alike: the same way (staging or
+    not), on the same jaxpr and constants (the same objects)."""
+    a, b = _evaluates(kept), _evaluates(fresh)
+    return (
+        type(kept) is type(fresh)
+        and len(a) == len(b)
+        and all(x is y for x, y in zip(a, b, strict=True))
+    )
 
 
 def _run_staging(fn: Callable[..., list[Any]], *args: Any) -> list[Any]:

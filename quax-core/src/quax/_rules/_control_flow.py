@@ -12,8 +12,9 @@ stable.
 """
 
 import functools as ft
+import re
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import jax
@@ -26,14 +27,21 @@ from .._caching import _keys
 from .._caching._eager import MAX_CONSTANT_SIZE, ConstKey, value_structure
 from .._caching._jaxpr import ValueAsked, known_constant, stand_in_token, standing_in
 from .._compat import (
+    ClosedJaxpr,
+    DynamicJaxprTracer,
+    Jaxpr,
+    Literal,
     Tracer,
     cond_p,
+    current_trace,
     is_unspecified,
     jit_p,
     linear_solve_p,
     release_traces,
     remat_p,
     scan_p,
+    staged_atom,
+    staged_since,
     staging,
     typeof,
     while_p,
@@ -124,8 +132,13 @@ def _jit(
 MAX_NESTED_JITS = 256
 _nested = Table("nested jit bodies", MAX_NESTED_JITS)
 _by_value = Table("nested jits taking plain arguments by value", MAX_NESTED_JITS)
-# What each body was made with, for verify mode: its key's components.
+# What each body was made with, for verify mode: its key's components, and the
+# program it staged for each structure of its arguments (JAX traces a body once per
+# structure).
 _made = Table("nested jit bodies: their key components (verify mode)", MAX_NESTED_JITS)
+_programs = Table(
+    "nested jit bodies: their programs (verify mode)", 4 * MAX_NESTED_JITS
+)
 
 # The components of a body's key (see `quax._caching._keys`).
 _KEY = (
@@ -170,26 +183,142 @@ def _call(
     key = (jaxpr, _keys.key(_KEY, parts))
     jitted = _nested.get(key) if _caches.enabled else None
     fresh = None
+    staged: dict[str, str] = {}  # what the fresh body staged, in verify mode
     if jitted is None:
-        jitted = _jitted(jaxpr, parts)
+        verifying = _caches.enabled and _caches.verifying
+        record = ft.partial(_keep_program, key) if verifying else None
+        jitted = _jitted(jaxpr, parts, record)
         if _caches.enabled:
             _nested.put(key, jitted)
-            if _caches.verifying:
+            if verifying:
                 _made.put(key, parts)
     elif _caches.verifying:
-        fresh = _jitted(jaxpr, parts)  # traced afresh: the rules run
+        # Traced afresh: the rules run, and what the body stages is recorded.
+        fresh = _jitted(jaxpr, parts, staged.__setitem__)
     previous = _pending.tokens
     _pending.tokens = tokens
     try:
         out = jitted(*passed)
-        if fresh is not None and _outline(fresh(*passed)) != _outline(out):
-            made = _made.get(key, parts)
-            raise _caches.mismatch(
-                "nested jit bodies", "its outputs' types", _KEY, made, parts
-            )
+        if fresh is not None:
+            _verify(key, parts, out, fresh(*passed), staged)
         return out
     finally:
         _pending.tokens = previous
+
+
+def _keep_program(key: Any, structure: str, program: str) -> None:
+    _programs.put((key, structure), program)
+
+
+def _verify(
+    key: Any, parts: tuple[Any, ...], out: Any, fresh: Any, staged: dict[str, str]
+) -> None:
+    """Verify mode: raise when the body kept under `key` gave outputs `out` of other
+    types than the fresh body's outputs `fresh`, or staged another program than
+    the fresh body did (`staged`: by the structure of its arguments)."""
+    what = None
+    if _outline(fresh) != _outline(out):
+        what = "its outputs' types"
+    elif any(
+        _programs.get((key, structure), program) != program
+        for structure, program in staged.items()
+    ):
+        what = "the program it stages"
+    if what is not None:
+        made = _made.get(key, parts)
+        raise _caches.mismatch("nested jit bodies", what, _KEY, made, parts)
+
+
+# An object's address in its text (`<function f at 0x7f...>`): another trace of the
+# same body makes other objects.
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+
+
+def _staged_program(trace: Any, inputs: Any, out: Any) -> str:
+    """What the staging `trace` (a `jit` body's, on the tracers `inputs`) staged for
+    its outputs `out`, as text (see `_program`). A program with an equation of its
+    own staging rule (which JAX stages otherwise) gives no text."""
+    eqns = staged_since(trace, 0)
+    if eqns is None:
+        return ""
+
+    def atom(t: Any) -> Any:
+        if type(t) is not DynamicJaxprTracer or t._trace is not trace:
+            return "value", t
+        kind, a = staged_atom(trace, t)
+        return a if kind == "var" else (kind, a)
+
+    steps = [
+        (e.primitive, e.params, [atom(t) for t in e.in_tracers], e.outvars, e.effects)
+        for e in eqns
+    ]
+    leaves = [atom(t) for t in jtu.tree_leaves(inputs)]
+    return _ADDRESS.sub(
+        "", repr(_program(steps, leaves, map(atom, jtu.tree_leaves(out))))
+    )
+
+
+def _program(
+    eqns: Sequence[tuple[Any, dict[str, Any], list[Any], list[Any], Any]],
+    inputs: Iterable[Any],
+    outputs: Iterable[Any],
+) -> list[Any]:
+    """A program comparable across traces: its equations (primitive, params,
+    inputs, outputs), each given as `(primitive, params, inputs, outvars, effects)`
+    with inputs a variable or a `(kind, value)` pair (a literal, a constant), and
+    variables by number (`inputs` first, then in order of appearance), inner jaxprs
+    among the params alike. Equations whose outputs nothing reads and that have no
+    effect are left out: whether a trace still holds them depends on when the
+    garbage collector ran, and verify mode itself runs rules whose equations it
+    drops."""
+    outputs = list(outputs)
+    producers = {id(v): i for i, e in enumerate(eqns) for v in e[3]}
+    live: set[int] = set()
+    pending = list(outputs)
+    while pending:
+        i = producers.get(id(pending.pop()))
+        if i is not None and i not in live:
+            live.add(i)
+            pending += eqns[i][2]
+    numbers: dict[int, int] = {}
+
+    def name(a: Any) -> Any:
+        return a if type(a) is tuple else numbers.setdefault(id(a), len(numbers))
+
+    for a in inputs:
+        name(a)
+    program: list[Any] = [
+        (
+            primitive,
+            {k: _param(v) for k, v in params.items()},
+            [name(a) for a in ins],
+            [(name(v), v.aval) for v in outs],
+        )
+        for i, (primitive, params, ins, outs, effects) in enumerate(eqns)
+        if i in live or effects
+    ]
+    program.append([name(a) for a in outputs])
+    return program
+
+
+def _param(p: Any) -> Any:
+    """A primitive's param as `_program` compares it: inner jaxprs as programs."""
+    if isinstance(p, ClosedJaxpr):
+        return _param(p.jaxpr), p.consts
+    if isinstance(p, Jaxpr):
+
+        def atom(a: Any) -> Any:
+            return ("literal", a.val) if type(a) is Literal else a
+
+        steps = [
+            (e.primitive, e.params, [atom(a) for a in e.invars], e.outvars, e.effects)
+            for e in p.eqns
+        ]
+        inputs = [*p.constvars, *p.invars]
+        return "jaxpr", _program(steps, inputs, map(atom, p.outvars))
+    if type(p) is tuple:
+        return tuple(map(_param, p))
+    return p
 
 
 def _structure(x: Any) -> Any:
@@ -217,10 +346,16 @@ class _Pending(threading.local):
 _pending = _Pending()
 
 
-def _jitted(jaxpr: Any, parts: tuple[Any, ...]) -> Callable[..., Any]:
+def _jitted(
+    jaxpr: Any,
+    parts: tuple[Any, ...],
+    record: Callable[[str, str], None] | None = None,
+) -> Callable[..., Any]:
     """`jax.jit` of the quaxified `jaxpr`, with the constants among the key
     components `parts` closed over. Cached (see `_call`), so that JAX's own cache
-    hits when the same nested `jit` comes back."""
+    hits when the same nested `jit` comes back. Each time JAX traces it, `record`
+    (if given) gets the structure of its arguments and the program it staged, as
+    text (see `_staged_program`), for verify mode."""
     name, keep_unused, shardings, donate, slots = parts[:5]
     fn = quaxified_jaxpr(jaxpr)
 
@@ -231,9 +366,10 @@ def _jitted(jaxpr: Any, parts: tuple[Any, ...]) -> Callable[..., Any]:
         marked = [i for i, t in enumerate(tokens) if t is not None]
         with standing_in([dynamic[i] for i in marked], [tokens[i] for i in marked]):
             it = iter(dynamic)
-            return fn(
-                *[c.value if isinstance(c, ConstKey) else next(it) for c in slots]
-            )
+            out = fn(*[c.value if isinstance(c, ConstKey) else next(it) for c in slots])
+        if record is not None:
+            record(_outline(dynamic), _staged_program(current_trace(), dynamic, out))
+        return out
 
     body.__name__ = body.__qualname__ = name
     kwargs: dict[str, Any] = {}

@@ -24,7 +24,11 @@ from jax import Array
 
 from .._caching import _keys, _replay
 from .._caching._eager import call_compiled
-from .._caching._jaxpr import eval_quaxified
+from .._caching._jaxpr import (
+    eval_quaxified,
+    holds_staged_values,
+    jaxpr_holds_staged_values,
+)
 from .._compat import (
     DynamicJaxprTrace,
     Primitive,
@@ -47,8 +51,6 @@ from .._compat import (
 )
 from .._dispatch import _registry
 from .._dispatch._staged import (
-    holds_staged_values,
-    jaxpr_holds_staged_values,
     lift,
     staged_value_p,
     staged_values_into,
