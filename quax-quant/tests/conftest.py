@@ -45,7 +45,10 @@ def np_dequantise(q) -> np.ndarray:
     ints = np_levels(q)
     if q.zero_point is not None:
         ints = ints - np_blocks(q.zero_point, q.shape)
-    return ints * np_blocks(q.float_scale(), q.shape)
+    out = ints * np_blocks(np.asarray(jnp_scale(q.scale)), q.shape)
+    if q.input_order is not None:  # stored column j is column input_order[j]
+        out[..., np.asarray(q.input_order)] = out.copy()
+    return out
 
 
 def jnp_dequantise(q):
@@ -65,10 +68,34 @@ def jnp_dequantise(q):
             block = jnp.repeat(block, d // block.shape[a], axis=a)
         return block
 
-    ints = v.astype(q.float_dtype)
+    if q.format.startswith("float8"):
+        levels = jnp.asarray(q.values).astype(q.float_dtype)
+    elif q.format == "nf4":
+        code = jnp.asarray(qq.NF4_CODE, q.float_dtype)
+        levels = code[v + 8]
+    else:
+        levels = v.astype(q.float_dtype)
     if q.zero_point is not None:
-        ints = ints - blocks(q.zero_point)
-    return ints * blocks(q.scale)
+        levels = levels - blocks(q.zero_point)
+    out = levels * blocks(jnp_scale(q.scale))
+    if q.input_order is not None:  # stored column j is column input_order[j]
+        out = out.at[..., q.input_order].set(out)
+    return out
+
+
+def jnp_scale(scale):
+    """A scale as floats: a double-quantised one (`QuantisedScale`) from its int8
+    codes, one float32 scale per block of `block_size` consecutive (row-major)
+    codes, plus the offset, then transposed by its `permutation`; written here,
+    not the family's."""
+    if not hasattr(scale, "codes"):
+        return scale
+    flat = jnp.ravel(scale.codes).astype(jnp.float32)
+    block = jnp.arange(flat.shape[0]) // scale.block_size
+    out = flat * scale.block_scale[block] + scale.offset
+    out = out.reshape(scale.codes.shape).astype(scale.float_dtype)
+    # A transposed one keeps its codes in place: transpose them here.
+    return out if scale.permutation is None else jnp.transpose(out, scale.permutation)
 
 
 def densify(tree):

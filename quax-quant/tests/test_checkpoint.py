@@ -61,6 +61,7 @@ def test_header_records_the_layout():
         "straight_through": False,
         "double_quant": None,
         "calibrated": False,
+        "act_order": False,
     }
     per_channel = qq.describe(qq.quantise(jnp.ones((4, 6)), axis=0))
     assert per_channel["axis"] == [0] and per_channel["group_size"] is None

@@ -1,7 +1,8 @@
 """`quax.testing`'s conformance check on `QuantisedArray`: `quax.quaxify(fn)` against
 `fn` on the dequantised arrays (a plain-JAX dequantisation written in the tests),
 under eval, `jit`, both `vmap`s, `grad` and `jvp`, with hypothesis drawing the shapes,
-the bit widths, the block layouts and the functions. The products here take the
+the formats (int8, int4, NF4, both float8s; double-quantised scales), the bit widths,
+the block layouts and the functions. The products here take the
 weight-only path, which is exact with respect to the dequantised weight; the int8 x
 int8 path adds the activations' rounding by design and is checked against its own
 NumPy reference in `test_matmul.py`."""
@@ -39,17 +40,34 @@ def layouts(draw, shape):
     return {"group_size": size, "group_axis": axis}
 
 
+FORMATS = ("int", "nf4", "float8_e4m3fn", "float8_e5m2")
+
+
 @st.composite
-def quantised(draw, shape):
-    """A `QuantisedArray` of `shape` (weight-only products): int8 or int4,
-    symmetric or not, in any layout, quantised from drawn float entries."""
-    bits = draw(st.sampled_from([8, 4] if shape else [8]))
-    symmetric = draw(st.booleans())
+def quantised(draw, shape, formats=FORMATS):
+    """A `QuantisedArray` of `shape` (weight-only products), quantised from drawn
+    float entries in any layout: int8 or int4, symmetric or not; NF4 (4-bit code
+    indices, packed); or float8 (either dtype); NF4 and int with the scales
+    double-quantised or not."""
+    fmt = draw(st.sampled_from([f for f in formats if shape or f != "nf4"]))
     x = draw(qst.arrays(shape, jnp.float32))
     layout = draw(layouts(shape))
-    return qq.quantise(
-        x, bits=bits, symmetric=symmetric, matmul="weight_only", **layout
-    )
+    if fmt == "nf4" and not layout:
+        # NF4 has no per-tensor default (blocks of 64): one block per row.
+        layout = {"group_size": shape[-1]}
+    kwargs = {"format": fmt, "matmul": "weight_only", **layout}
+    if fmt == "int":
+        kwargs["bits"] = draw(st.sampled_from([8, 4] if shape else [8]))
+        kwargs["symmetric"] = draw(st.booleans())
+    if fmt in ("int", "nf4"):
+        kwargs["double_quant"] = draw(st.booleans())
+    return qq.quantise(x, **kwargs)
+
+
+def _double_quantised(*args):
+    """Whether an argument holds double-quantised scales, whose stacked batch the
+    vmap checks cannot run yet (see `test_double_quantised_under_vmap`)."""
+    return any(isinstance(getattr(a, "scale", None), qq.QuantisedScale) for a in args)
 
 
 @settings(max_examples=EXAMPLES, deadline=None)
@@ -66,7 +84,11 @@ def test_dot_general_matches_dense(problem, data, ref):
         lhs = data.draw(qst.arrays(lhs_shape, jnp.float32))
         rhs = data.draw(quantised(rhs_shape))
     quax.testing.assert_matches_dense(
-        lambda a, b: lax.dot_general(a, b, dims), lhs, rhs, densify=ref.densify
+        lambda a, b: lax.dot_general(a, b, dims),
+        lhs,
+        rhs,
+        densify=ref.densify,
+        vmap=not _double_quantised(lhs, rhs),
     )
 
 
@@ -88,19 +110,24 @@ STRUCTURAL = {
 @settings(max_examples=EXAMPLES, deadline=None)
 @given(
     case=st.sampled_from(sorted(STRUCTURAL)),
+    fmt=st.sampled_from(FORMATS),
     bits=st.sampled_from([8, 4]),
     symmetric=st.booleans(),
     data=st.data(),
 )
-def test_structural_operations_match_dense(case, bits, symmetric, data, ref):
+def test_structural_operations_match_dense(case, fmt, bits, symmetric, data, ref):
     """The structural operations keep the quantisation (the output is a
-    `QuantisedArray`) and its values, and a product after them matches too."""
+    `QuantisedArray`) and its values, and a product after them matches too, for
+    every format (`bits` and `symmetric` are the int format's)."""
     op, layout = STRUCTURAL[case]
+    kwargs = {"bits": bits, "symmetric": symmetric} if fmt == "int" else {}
+    if fmt == "nf4" and not layout:
+        kwargs["group_size"] = 8  # one block per row (the default is 64)
     w = qq.quantise(
         data.draw(qst.arrays((4, 8), jnp.float32)),
-        bits=bits,
-        symmetric=symmetric,
+        format=fmt,
         matmul="weight_only",
+        **kwargs,
         **layout,
     )
     quax.testing.assert_matches_dense(
@@ -141,6 +168,7 @@ def test_nonfinite_activations_match_dense(w, rows, bad, data, ref):
             densify=ref.densify,
             grad=False,
             jvp=False,
+            vmap=not _double_quantised(w),
         )
 
 
@@ -161,3 +189,24 @@ def test_conformance_kit_weight_only(kwargs):
     w = qq.quantise(jr.normal(jr.PRNGKey(0), (8, 12)), matmul="weight_only", **kwargs)
     x = jr.normal(jr.PRNGKey(1), (12,))
     quax.testing.assert_matches_dense(lambda w, x: w @ x, w, x, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=AssertionError,
+    reason="quax.testing's vmap checks stack a double-quantised array with its int8 "
+    "codes shared and its float32 block scales and offset batched; "
+    "QuantisedScale.dequantise then broadcasts (batch, blocks, 256) against the "
+    "batched offset (batch,) and raises (found by the NF4 conformance draw; not "
+    "fixed yet, so the draws above skip the vmap checks for double-quantised arrays)",
+)
+def test_double_quantised_under_vmap(ref):
+    w = qq.quantise(
+        jr.normal(jr.PRNGKey(0), (4, 6)),
+        format="nf4",
+        group_size=2,
+        double_quant=True,
+        matmul="weight_only",
+    )
+    x = jr.normal(jr.PRNGKey(1), (6, 3))
+    quax.testing.assert_matches_dense(lambda a, b: a @ b, w, x, densify=ref.densify)

@@ -117,6 +117,74 @@ def test_errors():
         qq.from_gptq(qweight, _pack(np.zeros((3, OUT), int), 1), s[:3], None)
     with pytest.raises(ValueError, match=r"g_idx must be an integer array of shape"):
         qq.from_gptq(qweight, qzeros, s, g[:10])
-    # Act-order: the groups are not contiguous.
-    with pytest.raises(ValueError, match="act-order"):
-        qq.from_gptq(qweight, qzeros, s, np.random.default_rng(0).permutation(g))
+    # A g_idx whose groups do not each hold IN / G features is no GPTQ layout.
+    with pytest.raises(ValueError, match="each group holding 16 features"):
+        qq.from_gptq(qweight, qzeros, s, np.minimum(g, 2))
+    with pytest.raises(ValueError, match=r"groups in \[0, 4\]"):
+        qq.from_gptq(qweight, qzeros, s, np.where(g == 3, 4, g))
+
+
+def _act_order_layer(seed=3):
+    """A layer quantised with act-order (`desc_act=True`): GPTQ visits the input
+    features in a permuted order `perm` and cuts groups along it, so
+    `g_idx[perm[j]] = j // GROUP`; the NumPy dequantised `W` (IN, OUT)."""
+    q, z, s, _, _ = _layer(seed)
+    perm = np.random.default_rng(seed).permutation(IN)
+    g = np.empty(IN, np.int64)
+    g[perm] = np.arange(IN) // GROUP
+    w = s[g].astype(np.float64) * (q - z[g])
+    return q, z, s, g, w
+
+
+@pytest.mark.parametrize("fmt", ["gptq", "gptq_v2"])
+def test_act_order(fmt, tmp_path):
+    q, z, s, g, w = _act_order_layer()
+    if fmt == "gptq":
+        z = np.maximum(z, 1)
+        w = s[g].astype(np.float64) * (q - z[g])
+    assert not np.all(np.diff(g) >= 0)  # the groups are not sorted
+    _write(tmp_path / "layer.npz", fmt, q, z, s, g)
+    tensors = np.load(tmp_path / "layer.npz")
+    p = "layers.0.proj"
+    arr = qq.from_gptq(
+        *(tensors[f"{p}.{k}"] for k in ("qweight", "qzeros", "scales", "g_idx")),
+        format=fmt,
+        float_dtype=jnp.float32,
+    )
+    assert arr.shape == (OUT, IN) and arr.values.dtype == jnp.int8
+    assert arr.input_order is not None and arr.group_sizes == (1, GROUP)
+    assert qq.describe(arr)["act_order"] is True
+    np.testing.assert_allclose(arr.dequantise(), w.T, rtol=1e-6, atol=1e-6)
+    x = jr.normal(jr.key(0), (5, IN))
+    expected = np.asarray(x, np.float64) @ w  # (5, OUT)
+    # As an eqx.nn.Linear computes it (weight @ x), and with the weight on the
+    # right; under jit, both contracting the permuted inputs.
+    matvec = jax.jit(jax.vmap(quax.quaxify(lambda w, x: w @ x), in_axes=(None, 0)))
+    np.testing.assert_allclose(matvec(arr, x), expected, rtol=1e-5, atol=1e-5)
+    rmat = quax.quaxify(lambda w, x: jnp.einsum("bi,oi->bo", x, w))
+    np.testing.assert_allclose(rmat(arr, x), expected, rtol=1e-5, atol=1e-5)
+    # The gradient with respect to the activations: w itself, by NumPy.
+    grad = jax.grad(quax.quaxify(lambda x, w: jnp.sum(w @ x)))(x[0], arr)
+    np.testing.assert_allclose(grad, w.sum(axis=1), rtol=1e-5, atol=1e-5)
+
+
+def test_act_order_refuses_moving_the_inputs():
+    q, z, s, g, w = _act_order_layer()
+    arr = qq.from_gptq(
+        _pack(q, 0), _pack(z, 1), s, g.astype(np.int32), format="gptq_v2"
+    )
+    with pytest.raises(qq.MaterialisationError, match=r"`transpose`.*input_order"):
+        quax.quaxify(lambda w: w.T)(arr)
+    with pytest.raises(qq.MaterialisationError, match=r"`slice`.*input_order"):
+        quax.quaxify(lambda w: w[:, :16])(arr)
+    x = jnp.ones((3, OUT))
+    with pytest.raises(qq.MaterialisationError, match="does not contract that axis"):
+        quax.quaxify(lambda w, x: x @ w)(arr, x)
+    # Where dequantising is allowed, the columns come back in place.
+    allowed = arr.enable_materialise()
+    np.testing.assert_allclose(
+        quax.quaxify(lambda w: w.T)(allowed), w, rtol=1e-3, atol=1e-3
+    )  # float16, the scales' dtype
+    np.testing.assert_allclose(
+        quax.quaxify(lambda w, x: x @ w)(allowed, x), x @ w.T, rtol=1e-2, atol=1e-2
+    )

@@ -101,6 +101,52 @@ def test_double_quantisation_against_numpy():
     )
 
 
+def test_double_quantised_transpose_and_slices_keep_int8_scales(ref):
+    """A transpose, and a slice of whole blocks of 256 scales, keep the scales
+    int8 (the bytes of the result are those of int8 codes); a slice cutting a
+    block of scales dequantises them (float32). The values are the NumPy
+    dequantisation's, moved as the operation moves them."""
+    # 64 x 1024 in blocks of 64: scales (64, 16), 1,024 codes, 4 blocks of 256.
+    w = jr.normal(jr.PRNGKey(1), (64, 1024))
+    double = qq.quantise(w, format="nf4", block_size=64, double_quant=True)
+    dense = ref.dequantise(double)
+    codes, blocks = 64 * 16, 4  # int8 codes, float32 block scales
+    transposed = quax.quaxify(lambda w: w.T)(double)
+    assert isinstance(transposed.scale, qq.QuantisedScale)
+    assert transposed.scale.codes.dtype == jnp.int8
+    assert transposed.nbytes == double.nbytes == 64 * 1024 // 2 + codes + 4 * blocks + 4
+    np.testing.assert_allclose(ref.dequantise(transposed), dense.T, rtol=1e-6)
+    # Back again, and a product with the transposed array.
+    again = quax.quaxify(lambda w: w.T.T)(double)
+    assert again.scale.permutation is None
+    x = jr.normal(jr.PRNGKey(2), (3, 1024))
+    np.testing.assert_allclose(
+        quax.quaxify(lambda w, x: x @ w.T)(double, x),
+        np.asarray(x, np.float64) @ dense.T,
+        rtol=1e-4,
+        atol=1e-3,
+    )
+    # Rows 16:48 hold scales 256:768, blocks 1 and 2: whole blocks, int8.
+    rows = quax.quaxify(lambda w: w[16:48])(double)
+    assert isinstance(rows.scale, qq.QuantisedScale)
+    assert rows.nbytes == 32 * 1024 // 2 + 32 * 16 + 4 * 2 + 4
+    np.testing.assert_allclose(ref.dequantise(rows), dense[16:48], rtol=1e-6)
+    # The same rows of the transposed array: columns 16:48, whole blocks too.
+    cols = quax.quaxify(lambda w: w.T[:, 16:48])(double)
+    assert isinstance(cols.scale, qq.QuantisedScale)
+    assert cols.nbytes == rows.nbytes
+    np.testing.assert_allclose(ref.dequantise(cols), dense[16:48].T, rtol=1e-6)
+    # Rows 8:40 start inside a block of scales (scale 128): float32 scales.
+    cut = quax.quaxify(lambda w: w[8:40])(double)
+    assert not isinstance(cut.scale, qq.QuantisedScale)
+    assert cut.nbytes == 32 * 1024 // 2 + 4 * 32 * 16
+    np.testing.assert_allclose(ref.dequantise(cut), dense[8:40], rtol=1e-6)
+    # Groups of columns cut every row's scales: float32 too, values right.
+    half = quax.quaxify(lambda w: w[:, :512])(double)
+    assert not isinstance(half.scale, qq.QuantisedScale)
+    np.testing.assert_allclose(ref.dequantise(half), dense[:, :512], rtol=1e-6)
+
+
 def test_memory_per_weight():
     """0.5 bytes per weight, plus 4 bytes per 64 (plain scales: 0.5625 bytes per
     weight), or 1 byte per 64, 4 per 64 * 256 and a 4-byte offset (double)."""

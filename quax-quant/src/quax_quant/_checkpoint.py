@@ -81,8 +81,9 @@ def describe(x: QuantisedArray) -> dict[str, Any]:
     stored integers), `packed_axis` (for `bits=4`), `matmul` (the product path)
     `straight_through` (whether it holds a float `master`), `double_quant`
     (whether the scales are a [`quax_quant.QuantisedScale`][], and its block
-    size) and `calibrated` (whether it holds a static activation scale from
-    [`quax_quant.calibrate`][]).
+    size), `calibrated` (whether it holds a static activation scale from
+    [`quax_quant.calibrate`][]) and `act_order` (whether it holds its last axis
+    permuted, an `input_order`, as an act-order GPTQ layer does).
     """
     scale = x.scale
     double = getattr(scale, "block_size", None)
@@ -100,6 +101,7 @@ def describe(x: QuantisedArray) -> dict[str, Any]:
         "straight_through": x.master is not None,
         "double_quant": double,
         "calibrated": x.act_scale is not None,
+        "act_order": x.input_order is not None,
     }
 
 
@@ -267,9 +269,12 @@ def _nibbles(packed: Array, axis: int, order: Sequence[int]) -> Array:
 
 def _check_gptq(
     qweight: Any, qzeros: Any, scales: Any, g_idx: Any, format: str
-) -> tuple[int, int, int]:
-    """`(in_features, out_features, group_size)` of a GPTQ/AWQ layer, or a
-    `ValueError` naming the field that does not fit the layout."""
+) -> tuple[int, int, int, np.ndarray | None]:
+    """`(in_features, out_features, group_size, order)` of a GPTQ/AWQ layer, or a
+    `ValueError` naming the field that does not fit the layout. `order` is `None`
+    when the groups are contiguous (`g_idx[i] = i // group_size`); for an
+    act-order layer, the input features sorted by group (stably), in which
+    order they are."""
     if format not in GPTQ_FORMATS:
         raise ValueError(
             f"from_gptq: format must be one of {GPTQ_FORMATS}, got {format!r}."
@@ -316,16 +321,27 @@ def _check_gptq(
                 f"(the group of each input feature), got {dtype_of(g_idx)} of shape "
                 f"{np.shape(g_idx)}."
             )
-        expected = np.arange(in_features) // group_size
-        if not np.array_equal(np.asarray(g_idx), expected):
-            raise ValueError(
-                "from_gptq: g_idx is not `i // group_size` (a checkpoint quantised "
-                "with act-order, `desc_act=True`): its groups are not contiguous "
-                "along the input axis, which a QuantisedArray's block layout needs. "
-                "Only checkpoints without act-order are read; requantise with "
-                "desc_act=False, or dequantise the layer yourself."
+        g_idx = np.asarray(g_idx)
+        if not np.array_equal(g_idx, np.arange(in_features) // group_size):
+            # Act-order (`desc_act=True`): each group must still hold group_size
+            # features, contiguous once the features are sorted by group.
+            counts = np.bincount(np.clip(g_idx, 0, groups - 1), minlength=groups)
+            if g_idx.min() < 0 or g_idx.max() >= groups or np.any(counts != group_size):
+                raise ValueError(
+                    f"from_gptq: g_idx must give each input feature one of the "
+                    f"{groups} groups of scales, each group holding {group_size} "
+                    f"features (as GPTQ writes it, with or without act-order); got "
+                    f"groups in [{g_idx.min()}, {g_idx.max()}] with "
+                    f"{sorted(set(counts.tolist()))} features each. The layer is "
+                    "not in GPTQ's layout: dequantise it yourself."
+                )
+            return (
+                in_features,
+                out_features,
+                group_size,
+                np.argsort(g_idx, kind="stable").astype(np.int32),
             )
-    return in_features, out_features, group_size
+    return in_features, out_features, group_size, None
 
 
 def from_gptq(
@@ -381,13 +397,21 @@ def from_gptq(
     `eqx.nn.Linear`'s weight layout), one scale and zero point per output feature
     and group of `I / G` input features.
 
+    An act-order checkpoint (`desc_act=True`: `g_idx` is not `i // (I / G)`,
+    its groups are not contiguous along the inputs) is read too: the input
+    features are stored sorted by group (stably), which makes each group's
+    contiguous, and the permutation is kept as the array's `input_order`. A
+    product contracting the inputs (`weight @ x`, `eqx.nn.Linear`) gathers `x`'s
+    features in that order (`I` indices, a gather of the activations, never of
+    the weight); operations that would move that axis (`weight.T`, reshapes,
+    slices) refuse, naming it.
+
     **Raises:**
 
     `ValueError` naming the field for a dtype or shape that does not fit the
-    layout, and for a `g_idx` other than `i // (I / G)` (act-order checkpoints:
-    their groups are not contiguous).
+    layout, and for a `g_idx` whose groups do not each hold `I / G` features.
     """
-    in_features, _, _ = _check_gptq(qweight, qzeros, scales, g_idx, format)
+    in_features, _, _, features = _check_gptq(qweight, qzeros, scales, g_idx, format)
     qweight, qzeros = jnp.asarray(qweight), jnp.asarray(qzeros)
     scales = jnp.asarray(scales)
     dtype = np.dtype(float_dtype or scales.dtype)
@@ -398,6 +422,10 @@ def from_gptq(
     z = _nibbles(qzeros, 1, order).astype(jnp.int32)
     if format == "gptq":
         z = z + 1
+    if features is not None:
+        # Act-order: the features sorted by group, so that each group's are
+        # contiguous; the array keeps the order and gathers activations by it.
+        q = q[features]
     # Signed 4-bit integers `q - 8` (the difference `q - z` unchanged), laid out
     # (O, I) and packed two per byte along I.
     values = pack_int4(jnp.transpose(q - jnp.int8(8)))
@@ -411,4 +439,5 @@ def from_gptq(
         odd=in_features % 2 == 1,
         allow_materialise=allow_materialise,
         matmul=matmul,
+        input_order=None if features is None else jnp.asarray(features),
     )

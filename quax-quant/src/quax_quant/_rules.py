@@ -6,6 +6,7 @@ Primitives without a rule fall back to `QuantisedArray.default`, which refuses
 """
 
 import dataclasses
+import functools
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -18,7 +19,7 @@ from jaxtyping import Array, ArrayLike
 
 from ._kernels import pack_int4, to_out
 from ._matmul import expand_axes, quantised_dot
-from ._value import QuantisedArray
+from ._value import QuantisedArray, QuantisedScale
 
 
 def _refuse(
@@ -40,6 +41,33 @@ def _refuse(
                 f"{value.refusal_reason()}. {value.way_out(primitive)}"
             )
     return quax.GuardedValue.default(primitive, values, params)
+
+
+def _not_act_order(primitive: Any) -> Any:
+    """Decorate the rule for `primitive`: an input with an `input_order` (an
+    act-order GPTQ array) is refused (dequantised where allowed, with its columns
+    in place) instead, since the rule would move or cut the permuted last axis."""
+
+    def wrap(rule: Any) -> Any:
+        @functools.wraps(rule)
+        def checked(*args: Any, **params: Any) -> Any:
+            if any(
+                isinstance(a, QuantisedArray) and a.input_order is not None
+                for a in args
+            ):
+                return _refuse(
+                    primitive,
+                    args,
+                    params,
+                    "the array holds its last axis permuted (an act-order GPTQ "
+                    "layer, `input_order`), which only a product contracting that "
+                    "axis with a float operand keeps",
+                )
+            return rule(*args, **params)
+
+        return checked
+
+    return wrap
 
 
 # dot_general --------------------------------------------------------------------------
@@ -70,6 +98,26 @@ def _float_dot(
             {"dimension_numbers": dn, **params},
             "the other operand is not floating-point",
         )
+    if w.input_order is not None:
+        # An act-order array: its stored column j is column input_order[j].
+        # Contracting the last axis, gather x's features in that order and
+        # multiply the stored blocks: sum_i x_i w_i = sum_j x_{order[j]} stored_j.
+        (lc, rc), _ = dn
+        w_contract, x_contract = (lc, rc) if w_is_lhs else (rc, lc)
+        last = w.ndim - 1
+        if last not in w_contract:
+            return _refuse(
+                lax.dot_general_p,
+                values,
+                {"dimension_numbers": dn, **params},
+                "the array holds its last axis permuted (an act-order GPTQ layer, "
+                "`input_order`), and this product does not contract that axis",
+            )
+        x_axis = x_contract[list(w_contract).index(last)]
+        order = w.input_order
+        x = jnp.take(jnp.asarray(x), order, axis=x_axis)
+        master = None if w.master is None else jnp.take(w.master, order, axis=-1)
+        w = dataclasses.replace(w, input_order=None, master=master)
     return quantised_dot(
         x,
         w,
@@ -81,6 +129,7 @@ def _float_dot(
 
 
 @quax.register(lax.dot_general_p)
+@_not_act_order(lax.dot_general_p)
 def _(
     lhs: QuantisedArray, rhs: QuantisedArray, *, dimension_numbers: Any, **params: Any
 ) -> Any:
@@ -127,6 +176,7 @@ def _(
 
 
 @quax.register(lax.conv_general_dilated_p)
+@_not_act_order(lax.conv_general_dilated_p)
 def _(lhs: ArrayLike, rhs: QuantisedArray, **params: Any) -> Any:
     """A quantised kernel with per-output-channel (or per-tensor) scales: the
     convolution of the levels (integers, NF4 levels or float8 numbers), then the
@@ -200,6 +250,7 @@ def _with(
         matmul=w.matmul,
         format=w.format,
         act_scale=w.act_scale,
+        input_order=w.input_order,
     )
 
 
@@ -210,9 +261,16 @@ def _map(w: QuantisedArray, on_values: Any, on_blocks: Any) -> QuantisedArray:
 
 
 @quax.register(lax.transpose_p)
+@_not_act_order(lax.transpose_p)
 def _(operand: QuantisedArray, *, permutation: Sequence[int]) -> QuantisedArray:
-    operand = operand.plain()
     perm = tuple(permutation)
+
+    def blocks(b: Any) -> Any:
+        # A double-quantised scale keeps its int8 codes, transposed in name only.
+        if isinstance(b, QuantisedScale):
+            return b.transpose(perm)
+        return lax.transpose(b, perm)
+
     if operand.bits == 4:
         # Permute the bytes; the packed axis moves with them.
         ndim = operand.ndim
@@ -222,14 +280,12 @@ def _(operand: QuantisedArray, *, permutation: Sequence[int]) -> QuantisedArray:
         return dataclasses.replace(
             operand,
             values=lax.transpose(operand.values, perm),
-            scale=lax.transpose(operand.scale, perm),
+            scale=blocks(operand.scale),
             zero_point=None if zero is None else lax.transpose(zero, perm),
             master=None if master is None else lax.transpose(master, perm),
             packed_axis=packed,
         )
-    return _map(
-        operand, lambda a: lax.transpose(a, perm), lambda b: lax.transpose(b, perm)
-    )
+    return _map(operand, lambda a: lax.transpose(a, perm), blocks)
 
 
 def _flat_blocks(sizes: Sequence[int], counts: Sequence[int]) -> int | None:
@@ -292,6 +348,7 @@ def _reshape_blocks(
 
 
 @quax.register(lax.reshape_p)
+@_not_act_order(lax.reshape_p)
 def _(
     operand: QuantisedArray, *, new_sizes: Sequence[int], dimensions: Any, **params: Any
 ) -> Any:
@@ -314,6 +371,7 @@ def _(
 
 
 @quax.register(lax.broadcast_in_dim_p)
+@_not_act_order(lax.broadcast_in_dim_p)
 def _(
     operand: QuantisedArray,
     *,
@@ -352,6 +410,7 @@ def _(
 
 
 @quax.register(lax.squeeze_p)
+@_not_act_order(lax.squeeze_p)
 def _(operand: QuantisedArray, *, dimensions: Sequence[int]) -> QuantisedArray:
     operand = operand.plain()
     dims = tuple(dimensions)
@@ -385,6 +444,7 @@ def _slice_blocks(
 
 
 @quax.register(lax.slice_p)
+@_not_act_order(lax.slice_p)
 def _(
     operand: QuantisedArray,
     *,
@@ -392,7 +452,6 @@ def _(
     limit_indices: Sequence[int],
     strides: Sequence[int] | None,
 ) -> Any:
-    operand = operand.plain()
     strides_ = tuple(strides) if strides is not None else (1,) * operand.ndim
     blocks = _slice_blocks(operand, start_indices, limit_indices, strides_)
     if blocks is None:
@@ -408,14 +467,26 @@ def _(
             "scaled axis)",
         )
     b_start, b_limit = blocks
+
+    def sliced_blocks(b: Any) -> Any:
+        # A double-quantised scale stays int8 where the slice keeps whole blocks
+        # of it; otherwise its float scale is sliced.
+        if isinstance(b, QuantisedScale):
+            kept = b.slice(b_start, b_limit)
+            if kept is not None:
+                return kept
+            b = b.dequantise()
+        return lax.slice(b, tuple(b_start), tuple(b_limit))
+
     return _map(
         operand,
         lambda a: lax.slice(a, tuple(start_indices), tuple(limit_indices), strides),
-        lambda b: lax.slice(b, tuple(b_start), tuple(b_limit)),
+        sliced_blocks,
     )
 
 
 @quax.register(lax.dynamic_slice_p)
+@_not_act_order(lax.dynamic_slice_p)
 def _(operand: QuantisedArray, *indices: ArrayLike, slice_sizes: Sequence[int]) -> Any:
     """Dynamic slices along unscaled axes (or per-index scaled axes)."""
     operand = operand.plain()
@@ -511,6 +582,7 @@ def _(
         matmul=operand.matmul,
         format=operand.format,
         act_scale=operand.act_scale,
+        input_order=operand.input_order,
     )
 
 

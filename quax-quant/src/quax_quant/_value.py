@@ -1,6 +1,8 @@
 """The value type: `QuantisedArray`, integers times float scales."""
 
 import dataclasses
+import math
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import equinox as eqx
@@ -70,11 +72,18 @@ class QuantisedScale(eqx.Module):
 
     **Fields:**
 
-    - `codes`: `int8`, the shape of the scale it stands for.
+    - `codes`: `int8`, in the layout the scales were quantised in (their
+        row-major order gives the blocks).
     - `block_scale`: float32, shape `(ceil(codes.size / block_size),)`.
     - `offset`: float32 scalar, the mean of the scales.
     - `block_size`: scales per block (static).
     - `float_dtype`: the dtype of the dequantised scale (static).
+    - `permutation`: `None`, or the axes of `codes` in the order of the scale it
+        stands for (`jnp.transpose(codes, permutation)`; static): a transposed
+        array keeps its int8 codes in place, its blocks unchanged.
+
+    Transposes ([`QuantisedScale.transpose`][]) and slices that keep whole blocks
+    ([`QuantisedScale.slice`][]) stay int8.
     """
 
     codes: Array
@@ -82,6 +91,7 @@ class QuantisedScale(eqx.Module):
     offset: Array
     block_size: int = eqx.field(static=True, default=256)
     float_dtype: Any = eqx.field(static=True, default=np.dtype(np.float32))
+    permutation: tuple[int, ...] | None = eqx.field(static=True, default=None)
 
     def __check_init__(self) -> None:
         if dtype_of(self.codes) != np.int8:
@@ -112,7 +122,10 @@ class QuantisedScale(eqx.Module):
 
     @property
     def shape(self) -> tuple[int, ...]:
-        return tuple(np.shape(self.codes))
+        stored = tuple(np.shape(self.codes))
+        if self.permutation is None:
+            return stored
+        return tuple(stored[a] for a in self.permutation)
 
     @property
     def nbytes(self) -> int:
@@ -125,7 +138,46 @@ class QuantisedScale(eqx.Module):
         pad = (-n) % self.block_size
         blocks = jnp.pad(flat, (0, pad)).reshape(-1, self.block_size)
         out = blocks * self.block_scale[:, None] + self.offset
-        return out.ravel()[:n].reshape(self.shape).astype(self.float_dtype)
+        out = out.ravel()[:n].reshape(np.shape(self.codes)).astype(self.float_dtype)
+        return out if self.permutation is None else jnp.transpose(out, self.permutation)
+
+    def transpose(self, axes: Sequence[int]) -> "QuantisedScale":
+        """This scale transposed (`jnp.transpose(scale, axes)`), its int8 codes and
+        blocks as they are: only the `permutation` changes."""
+        current = self.permutation or tuple(range(len(self.shape)))
+        new = tuple(current[a] for a in axes)
+        identity = new == tuple(range(len(new)))
+        return dataclasses.replace(self, permutation=None if identity else new)
+
+    def slice(
+        self, starts: Sequence[int], limits: Sequence[int]
+    ) -> "QuantisedScale | None":
+        """This scale sliced (`scale[starts:limits]` per axis, unit strides) with
+        its codes int8, where the slice keeps whole blocks: in the codes' layout,
+        the entries kept are consecutive in row-major order (one axis cut, the
+        axes before it of size 1, the ones after it whole) and start at a block
+        boundary. `None` otherwise (dequantise it instead)."""
+        stored = tuple(np.shape(self.codes))
+        order = self.permutation or tuple(range(len(stored)))
+        lo, hi = [0] * len(stored), list(stored)
+        for a, (start, limit) in enumerate(zip(starts, limits, strict=True)):
+            lo[order[a]], hi[order[a]] = int(start), int(limit)
+        cut = [a for a, n in enumerate(stored) if (lo[a], hi[a]) != (0, n)]
+        if not cut:
+            return self
+        k = cut[0]
+        if cut != [k] or any(stored[a] != 1 for a in range(k)):
+            return None
+        inner = math.prod(stored[k + 1 :])
+        first, end = lo[k] * inner, hi[k] * inner
+        if first % self.block_size:
+            return None
+        blocks = slice(first // self.block_size, -(-end // self.block_size))
+        return dataclasses.replace(
+            self,
+            codes=lax.slice(self.codes, tuple(lo), tuple(hi)),
+            block_scale=self.block_scale[blocks],
+        )
 
 
 class QuantisedArray(quax.GuardedValue):
@@ -188,6 +240,16 @@ class QuantisedArray(quax.GuardedValue):
     - `act_scale`: `None`, or a float32 scalar: the static scale of the
         activations that the `"int8"` / `"float8"` product quantises, fixed by
         [`quax_quant.calibrate`][] (otherwise one absmax scale per row, per call).
+    - `input_order`: `None`, or an integer permutation of the last axis (the
+        input features of an `eqx.nn.Linear` weight `(out, in)`): the stored
+        integers and blocks hold that axis in this order, column `j` of them
+        being column `input_order[j]` of the array (GPTQ's act-order checkpoints,
+        read by [`quax_quant.from_gptq`][], whose groups are contiguous only in
+        that order). A product contracting the last axis gathers the other
+        operand's features in this order (`x[..., input_order]`) and multiplies
+        the stored blocks; operations that would move the last axis (transposes,
+        reshapes, slices, broadcasts, convolutions, quantised x quantised
+        products) refuse, and `dequantise` puts the columns back.
     - `allow_materialise`: whether operations without a rule may dequantise
         (static, keyword-only).
     """
@@ -203,6 +265,7 @@ class QuantisedArray(quax.GuardedValue):
     matmul: str = eqx.field(static=True, default="auto")
     format: str = eqx.field(static=True, default="int")
     act_scale: Array | None = None
+    input_order: Array | None = None
 
     linear_in_leaves: ClassVar[bool] = False
     materialisation_error: ClassVar[type[quax.MaterialisationError]] = (
@@ -259,6 +322,8 @@ class QuantisedArray(quax.GuardedValue):
                 f"be a float32 scalar, got shape {np.shape(self.act_scale)} and "
                 f"dtype {dtype_of(self.act_scale)}."
             )
+        if self.input_order is not None:
+            self._check_order(shape)
         if self.master is not None and tuple(np.shape(self.master)) != shape:
             raise ValueError(
                 f"QuantisedArray's master (the float array for straight-through "
@@ -282,6 +347,32 @@ class QuantisedArray(quax.GuardedValue):
                     f"QuantisedArray's {field} must be floating-point, got "
                     f"{dtype_of(leaf)}."
                 )
+
+    def _check_order(self, shape: tuple[int, ...]) -> None:
+        """`input_order` permutes the last axis: integers, one per column, each
+        column once (where concrete)."""
+        order = self.input_order
+        assert order is not None
+        if (
+            not shape
+            or np.shape(order) != (shape[-1],)
+            or not jnp.issubdtype(dtype_of(order), jnp.integer)
+        ):
+            columns = shape[-1] if shape else 0
+            raise ValueError(
+                "QuantisedArray's input_order must be an integer array with one "
+                f"entry per column of the last axis, shape ({columns},); got "
+                f"{dtype_of(order)} of shape {np.shape(order)} for an array of "
+                f"shape {shape}."
+            )
+        if not isinstance(order, jax.core.Tracer) and not np.array_equal(
+            np.sort(np.asarray(order)), np.arange(shape[-1])
+        ):
+            raise ValueError(
+                f"QuantisedArray's input_order must be a permutation of "
+                f"0..{shape[-1] - 1} (each column of the last axis once); it repeats "
+                "or leaves out a column."
+            )
 
     def _check_format(self) -> None:
         """The stored values of the `"nf4"` and float8 formats."""
@@ -401,9 +492,10 @@ class QuantisedArray(quax.GuardedValue):
     def nbytes(self) -> int:
         """Bytes of storage: the integers as stored (packed bytes for `bits=4`, each
         entry at its dtype's item size for `bits=8`) plus the scales and zero points
-        (not the straight-through `master`)."""
+        and the act-order permutation (not the straight-through `master`)."""
         total = 0
-        for leaf in (self.values, self.scale, self.zero_point, self.act_scale):
+        leaves = (self.values, self.scale, self.zero_point, self.act_scale)
+        for leaf in (*leaves, self.input_order):
             if isinstance(leaf, QuantisedScale):
                 total += leaf.nbytes
             elif leaf is not None:
@@ -460,6 +552,9 @@ class QuantisedArray(quax.GuardedValue):
         if self.zero_point is not None:
             q = q - self.expanded(self.zero_point)
         out = q * self.expanded(self.float_scale())
+        if self.input_order is not None:
+            # Stored column j is column input_order[j]: put each one back.
+            out = jnp.take(out, jnp.argsort(self.input_order), axis=-1)
         if self.master is not None:
             out = out + (self.master - lax.stop_gradient(self.master))
         return out
