@@ -14,10 +14,8 @@ import pytest
 import quax
 import quax_lora
 import quax_quant
-
-
-nnx = pytest.importorskip("flax.nnx")
-safetensors_numpy = pytest.importorskip("safetensors.numpy")
+import safetensors.numpy as safetensors_numpy
+from flax import nnx
 
 
 class MLP(nnx.Module):
