@@ -34,7 +34,8 @@ def array_shape(x: Any) -> tuple[int, ...]:
     from its aval (what `jax.typeof` and `np.shape` give, without their lookups:
     rules ask for it on every operand while they trace)."""
     if isinstance(x, Tracer):
-        return x.aval.shape
+        aval: Any = x.aval
+        return aval.shape
     return tuple(x.aval().shape) if quax.is_value(x) else tuple(np.shape(x))
 
 

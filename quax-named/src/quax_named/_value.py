@@ -182,6 +182,7 @@ class NamedArray(quax.GuardedValue):
 
     def aval(self) -> jax.core.ShapedArray:
         array = self.array
+        aval: Any
         if isinstance(array, jax.core.Tracer):
             # `jax.typeof(array)` without its lookup: quax reads the aval of every
             # value a rule returns.
