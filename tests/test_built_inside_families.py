@@ -92,14 +92,15 @@ def _named(array):
     return NamedArray(array, ("feature",) if jnp.ndim(array) else ())
 
 
-# The comparisons as functions: quax-named's own operators (`NamedArray.__lt__`,
-# which Python calls for `x > V(a)`) align by name outside the quax trace.
+# The operators (`x > V(a)`, where Python calls `NamedArray.__lt__` with the traced
+# `x`) and the same comparisons as functions.
+_SHARED = ("where", "select", "clip", "stack", "concatenate", "full_like", "maximum")
 NAMED_CASES = {
-    "where": lambda x, V: jnp.where(jnp.greater(x, V(a)), x, V(b)),
-    "select": lambda x, V: jnp.select(
+    **{k: CASES[k] for k in _SHARED},
+    "where_greater": lambda x, V: jnp.where(jnp.greater(x, V(a)), x, V(b)),
+    "select_less": lambda x, V: jnp.select(
         [jnp.greater(x, V(a)), jnp.less(x, V(b))], [x, V(a)], V(b)
     ),
-    **{k: CASES[k] for k in ["clip", "stack", "concatenate", "full_like", "maximum"]},
 }
 
 

@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 import quax
 from jax import lax
+from jax.core import Tracer
 from jax.extend.core import Primitive
 
 from ._axes import Axis, Broadcast
@@ -29,7 +30,12 @@ def bind(primitive: Primitive, *args: Any, **params: Any) -> Any:
 
 
 def array_shape(x: Any) -> tuple[int, ...]:
-    """The shape of `x`, a quax value (its aval's) or an array."""
+    """The shape of `x`, a quax value (its aval's) or an array. A tracer's is read
+    from its aval (what `jax.typeof` and `np.shape` give, without their lookups:
+    rules ask for it on every operand while they trace)."""
+    if isinstance(x, Tracer):
+        aval: Any = x.aval
+        return aval.shape
     return tuple(x.aval().shape) if quax.is_value(x) else tuple(np.shape(x))
 
 

@@ -160,7 +160,7 @@ def _same_layout(inputs: Sequence[Any]) -> Sequence[Axis] | None:
     for x in inputs:
         if isinstance(x, NamedArray):
             named.append(x)
-        elif np.ndim(x) != 0:
+        elif array_shape(x):
             return None
     if not named:
         return None

@@ -63,7 +63,8 @@ def _quaxified(op: Callable[[Any, Any], Any]) -> Any:
 
 def _operator(op: Callable[[Any, Any], Any], *, reflected: bool = False) -> Any:
     """A binary operator method of `NamedArray` (the reflected one, `__radd__`, if
-    `reflected`): aligned and broadcast by name (see `binary`)."""
+    `reflected`): aligned and broadcast by name (see `binary`), or, with a traced
+    operand, run by the rules (see `NamedArray._binary`)."""
 
     def method(self: "NamedArray", other: Any) -> Any:
         return self._binary(op, other, reverse=reflected)
@@ -180,9 +181,16 @@ class NamedArray(quax.GuardedValue):
         )
 
     def aval(self) -> jax.core.ShapedArray:
-        aval = (
-            self.array.aval() if quax.is_value(self.array) else jax.typeof(self.array)
-        )
+        array = self.array
+        aval: Any
+        if isinstance(array, jax.core.Tracer):
+            # `jax.typeof(array)` without its lookup: quax reads the aval of every
+            # value a rule returns.
+            aval = array.aval
+        elif quax.is_value(array):
+            aval = array.aval()
+        else:
+            aval = jax.typeof(array)
         if len(aval.shape) != len(self.axes):
             raise ValueError(
                 f"This NamedArray names {len(self.axes)} axes {labels(self.axes)} but "
