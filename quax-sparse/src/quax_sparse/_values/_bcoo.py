@@ -505,7 +505,11 @@ class BCOO(quax.GuardedValue):
 
         def one(y: Array) -> tuple[Array, Array]:
             if n_sparse == 0:
-                data = jnp.broadcast_to(y, (nse, *y.shape))
+                # One position (no sparse dimensions): `y` in the first entry, the
+                # others zeros (entries at one position add up).
+                data = jnp.zeros((nse, *y.shape), y.dtype)
+                if nse:
+                    data = data.at[0].set(y)
                 return data, jnp.zeros((nse, 0), index_dtype)
             stored = y != 0
             if n_dense:
