@@ -182,6 +182,8 @@ def determinant_jvp_rule(name: str, fun: Any, values: Sequence[Any]) -> Any:
     shape = tuple(getattr(a, "shape", ()))
     if getattr(a, "n_batch", None) != 0 or len(shape) != 2 or shape[0] != shape[1]:
         return None
+    if getattr(a, "n_dense", 0) != 0:  # blocks: the `lu` rule refuses them
+        return None
     dtype: Any = getattr(a, "dtype", None)
     if dtype is None or not jnp.issubdtype(dtype, jnp.inexact):
         return None
