@@ -64,6 +64,18 @@ def test_fromdense_matches_jax_experimental_sparse(shape, n_batch, n_dense):
     assert_close(jitted.todense(), dense)
 
 
+@pytest.mark.parametrize(("n_batch", "n_dense"), [(1, 1), (2, 0), (0, 2)])
+def test_fromdense_without_sparse_dimensions(n_batch, n_dense):
+    # One position per batch element: stored once, whatever `nse`.
+    x = np.arange(1.0, 7.0, dtype=np.float32).reshape(2, 3)
+    for nse in (1, 3):
+        y = BCOO.fromdense(x, nse=nse, n_batch=n_batch, n_dense=n_dense)
+        assert y.n_sparse == 0 and y.nse == nse
+        assert_close(y.todense(), x)
+        want = jsparse.BCOO.fromdense(x, nse=nse, n_batch=n_batch, n_dense=n_dense)
+        assert_close(want.todense(), x)
+
+
 def test_from_data_and_indices():
     # Two feature vectors (blocks of 3) on a 4 x 4 graph, one entry stored twice
     # (they add up) and one padding entry.

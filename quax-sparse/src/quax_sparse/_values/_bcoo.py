@@ -182,6 +182,8 @@ def determinant_jvp_rule(name: str, fun: Any, values: Sequence[Any]) -> Any:
     shape = tuple(getattr(a, "shape", ()))
     if getattr(a, "n_batch", None) != 0 or len(shape) != 2 or shape[0] != shape[1]:
         return None
+    if getattr(a, "n_dense", 0) != 0:  # blocks: the `lu` rule refuses them
+        return None
     dtype: Any = getattr(a, "dtype", None)
     if dtype is None or not jnp.issubdtype(dtype, jnp.inexact):
         return None
@@ -505,7 +507,11 @@ class BCOO(quax.GuardedValue):
 
         def one(y: Array) -> tuple[Array, Array]:
             if n_sparse == 0:
-                data = jnp.broadcast_to(y, (nse, *y.shape))
+                # One position (no sparse dimensions): `y` in the first entry, the
+                # others zeros (entries at one position add up).
+                data = jnp.zeros((nse, *y.shape), y.dtype)
+                if nse:
+                    data = data.at[0].set(y)
                 return data, jnp.zeros((nse, 0), index_dtype)
             stored = y != 0
             if n_dense:
