@@ -499,7 +499,7 @@ def test_per_jaxpr_entries_go_with_their_jaxpr() -> None:
         for j in kept:
             key, parts = quax._caching._keys.jaxpr_key(j)
             table.put(key, (str(j), parts), j)
-        assert len(table) == 2  # the bound: the least recently used went
+        assert len(table) == 2  # the bound: the oldest went
         assert table.get(quax._caching._keys.jaxpr_key(kept[0])[0]) is None
         last = quax._caching._keys.jaxpr_key(kept[2])[0]
         assert table.get(last)[0] == str(kept[2])

@@ -79,7 +79,7 @@ def jaxpr_key(jaxpr: Any) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
     another for the same living jaxpr and does not keep it alive. Raises `TypeError`
     for an object that cannot be weakly referenced."""
     parts = (weakref.ref(jaxpr),)
-    return key(JAXPR, parts), parts
+    return (key(JAXPR, parts) if omitted else parts), parts
 
 
 def context() -> tuple[Any, ...]:
