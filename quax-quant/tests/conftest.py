@@ -87,12 +87,15 @@ def jnp_scale(scale):
     """A scale as floats: a double-quantised one (`QuantisedScale`) from its int8
     codes, one float32 scale per block of `block_size` consecutive (row-major)
     codes, plus the offset, then transposed by its `permutation`; written here,
-    not the family's."""
+    not the family's. A stack of them (leading batch axes, the offset's shape)
+    takes each stacked scale's own block scales and offset."""
     if not hasattr(scale, "codes"):
         return scale
-    flat = jnp.ravel(scale.codes).astype(jnp.float32)
-    block = jnp.arange(flat.shape[0]) // scale.block_size
-    out = flat * scale.block_scale[block] + scale.offset
+    batch = jnp.shape(scale.offset)
+    flat = jnp.reshape(scale.codes, (*batch, -1)).astype(jnp.float32)
+    block = jnp.arange(flat.shape[-1]) // scale.block_size
+    offset = jnp.reshape(scale.offset, (*batch, 1))
+    out = flat * scale.block_scale[..., block] + offset
     out = out.reshape(scale.codes.shape).astype(scale.float_dtype)
     # A transposed one keeps its codes in place: transpose them here.
     return out if scale.permutation is None else jnp.transpose(out, scale.permutation)

@@ -7,6 +7,7 @@ weight-only path, which is exact with respect to the dequantised weight; the int
 int8 path adds the activations' rounding by design and is checked against its own
 NumPy reference in `test_matmul.py`."""
 
+import jax
 import jax.numpy as jnp
 import jax.random as jr
 import numpy as np
@@ -64,12 +65,6 @@ def quantised(draw, shape, formats=FORMATS):
     return qq.quantise(x, **kwargs)
 
 
-def _double_quantised(*args):
-    """Whether an argument holds double-quantised scales, whose stacked batch the
-    vmap checks cannot run yet (see `test_double_quantised_under_vmap`)."""
-    return any(isinstance(getattr(a, "scale", None), qq.QuantisedScale) for a in args)
-
-
 @settings(max_examples=EXAMPLES, deadline=None)
 @given(problem=qst.dot_general_dimension_numbers(max_side=5), data=st.data())
 def test_dot_general_matches_dense(problem, data, ref):
@@ -88,7 +83,6 @@ def test_dot_general_matches_dense(problem, data, ref):
         lhs,
         rhs,
         densify=ref.densify,
-        vmap=not _double_quantised(lhs, rhs),
     )
 
 
@@ -168,7 +162,6 @@ def test_nonfinite_activations_match_dense(w, rows, bad, data, ref):
             densify=ref.densify,
             grad=False,
             jvp=False,
-            vmap=not _double_quantised(w),
         )
 
 
@@ -191,16 +184,11 @@ def test_conformance_kit_weight_only(kwargs):
     quax.testing.assert_matches_dense(lambda w, x: w @ x, w, x, rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="quax.testing's vmap checks stack a double-quantised array with its int8 "
-    "codes shared and its float32 block scales and offset batched; "
-    "QuantisedScale.dequantise then broadcasts (batch, blocks, 256) against the "
-    "batched offset (batch,) and raises (found by the NF4 conformance draw; not "
-    "fixed yet, so the draws above skip the vmap checks for double-quantised arrays)",
-)
 def test_double_quantised_under_vmap(ref):
+    """quax.testing's vmap checks on a double-quantised NF4 array: its stacked
+    batch (codes, block scales and offset stacked leaf by leaf) is a
+    `QuantisedScale` with a leading batch axis, each copy dequantised from its own
+    block scales and offset."""
     w = qq.quantise(
         jr.normal(jr.PRNGKey(0), (4, 6)),
         format="nf4",
@@ -210,3 +198,57 @@ def test_double_quantised_under_vmap(ref):
     )
     x = jr.normal(jr.PRNGKey(1), (6, 3))
     quax.testing.assert_matches_dense(lambda a, b: a @ b, w, x, densify=ref.densify)
+
+
+def test_vmap_over_stacked_double_quantised_weights(ref):
+    """Two different double-quantised NF4 weights stacked leaf by leaf (each with
+    its own codes, block scales and offset): `jax.vmap` over the stack, outside
+    and inside `quaxify`, and structural operations on the stack, against plain
+    JAX on the NumPy dequantisation of each weight. 32 x 32 in groups of 2
+    along rows: scales (32, 16), two blocks of 256 per weight."""
+    ws = [
+        qq.quantise(
+            jr.normal(jr.PRNGKey(k), (32, 32)) * (1 + 3 * k) + k,
+            format="nf4",
+            group_size=2,
+            double_quant=True,
+            matmul="weight_only",
+        )
+        for k in range(2)
+    ]
+    assert not np.array_equal(ws[0].scale.offset, ws[1].scale.offset)
+    stacked = jax.tree.map(lambda *xs: jnp.stack(xs), *ws)
+    assert stacked.scale.block_scale.shape == (2, 2)
+    dense = np.stack([ref.dequantise(w) for w in ws]).astype(np.float32)
+    np.testing.assert_allclose(stacked.dequantise(), dense, rtol=1e-6, atol=1e-6)
+    x = jr.normal(jr.PRNGKey(2), (2, 32, 3))
+    want = jax.vmap(jnp.matmul)(jnp.asarray(dense), x)
+    matmul = lambda w, x: w @ x
+    for got in (
+        jax.vmap(quax.quaxify(matmul))(stacked, x),
+        jax.jit(quax.quaxify(jax.vmap(matmul)))(stacked, x),
+    ):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    # A transpose inside the batch keeps the codes int8; so does a slice of the
+    # batch axis (each element's block scales and offset go with it).
+    transposed = quax.quaxify(jax.vmap(lambda w: w.T))(stacked)
+    assert isinstance(transposed.scale, qq.QuantisedScale)
+    np.testing.assert_allclose(
+        ref.dequantise(transposed), dense.transpose(0, 2, 1), rtol=1e-6, atol=1e-6
+    )
+    second = quax.quaxify(lambda w: w[1:])(stacked)
+    assert isinstance(second.scale, qq.QuantisedScale)
+    assert second.scale.offset.shape == (1,)
+    np.testing.assert_allclose(ref.dequantise(second), dense[1:], rtol=1e-6, atol=1e-6)
+    # Rows 16:32 of each weight hold its second block of scales: int8 too.
+    block = quax.quaxify(lambda w: w[:, 16:])(stacked)
+    assert isinstance(block.scale, qq.QuantisedScale)
+    assert block.scale.block_scale.shape == (2, 1)
+    np.testing.assert_allclose(
+        ref.dequantise(block), dense[:, 16:], rtol=1e-6, atol=1e-6
+    )
+    # Rows 1:3 start inside a block of scales: the float scales are sliced.
+    rows = quax.quaxify(lambda w: w[:, 1:3])(stacked)
+    np.testing.assert_allclose(
+        ref.dequantise(rows), dense[:, 1:3], rtol=1e-6, atol=1e-6
+    )

@@ -74,8 +74,9 @@ class QuantisedScale(eqx.Module):
 
     - `codes`: `int8`, in the layout the scales were quantised in (their
         row-major order gives the blocks).
-    - `block_scale`: float32, shape `(ceil(codes.size / block_size),)`.
-    - `offset`: float32 scalar, the mean of the scales.
+    - `block_scale`: float32, shape `(ceil(codes.size / block_size),)` (for a
+        stack, see below).
+    - `offset`: float32 scalar, the mean of the scales (for a stack, see below).
     - `block_size`: scales per block (static).
     - `float_dtype`: the dtype of the dequantised scale (static).
     - `permutation`: `None`, or the axes of `codes` in the order of the scale it
@@ -84,6 +85,14 @@ class QuantisedScale(eqx.Module):
 
     Transposes ([`QuantisedScale.transpose`][]) and slices that keep whole blocks
     ([`QuantisedScale.slice`][]) stay int8.
+
+    A stack of them, leaf by leaf (as `jnp.stack` over a batch of copies gives,
+    e.g. `quax.testing`'s vmap checks or a stack of layers), is one
+    `QuantisedScale` with leading batch axes: `offset` then has the batch shape
+    `B`, `codes` shape `(*B, *S)` and `block_scale` shape `(*B, ceil(prod(S) /
+    block_size))`, each batch element quantised on its own (its own blocks of its
+    own codes, its own offset). The batch axes are the first `offset.ndim` axes of
+    `codes`; with a scalar `offset` there are none.
     """
 
     codes: Array
@@ -102,16 +111,21 @@ class QuantisedScale(eqx.Module):
             raise ValueError(
                 f"QuantisedScale's block_size must be positive, got {self.block_size}."
             )
-        blocks = -(-int(np.size(self.codes)) // self.block_size)
-        if np.shape(self.block_scale) != (blocks,):
+        stored = tuple(np.shape(self.codes))
+        batch = tuple(np.shape(self.offset))
+        if stored[: len(batch)] != batch:
             raise ValueError(
-                f"QuantisedScale's block_scale must have shape ({blocks},) (one per "
-                f"block of {self.block_size} codes), got {np.shape(self.block_scale)}."
+                f"QuantisedScale's offset must be a scalar, or, for a stack of "
+                f"double-quantised scales, have the shape of the leading (batch) axes "
+                f"of codes; got offset shape {batch} for codes of shape {stored}."
             )
-        if np.shape(self.offset) != ():
+        blocks = -(-math.prod(stored[len(batch) :]) // self.block_size)
+        if np.shape(self.block_scale) != (*batch, blocks):
             raise ValueError(
-                f"QuantisedScale's offset must be a scalar, got shape "
-                f"{np.shape(self.offset)}."
+                f"QuantisedScale's block_scale must have shape {(*batch, blocks)} (one "
+                f"per block of {self.block_size} codes"
+                + (f", for each of the {batch} stacked scales" if batch else "")
+                + f"), got {np.shape(self.block_scale)}."
             )
         for field in ("block_scale", "offset"):
             if dtype_of(getattr(self, field)) != np.float32:
@@ -129,16 +143,22 @@ class QuantisedScale(eqx.Module):
 
     @property
     def nbytes(self) -> int:
-        return int(np.size(self.codes)) + 4 * int(np.size(self.block_scale)) + 4
+        floats = int(np.size(self.block_scale)) + int(np.size(self.offset))
+        return int(np.size(self.codes)) + 4 * floats
 
     def dequantise(self) -> Array:
-        """The float scale, shape `self.shape`, dtype `self.float_dtype`."""
-        flat = jnp.ravel(self.codes).astype(jnp.float32)
-        n = flat.shape[0]
+        """The float scale, shape `self.shape`, dtype `self.float_dtype` (each
+        stacked scale from its own blocks and offset, where there are batch axes)."""
+        stored = tuple(np.shape(self.codes))
+        batch = tuple(np.shape(self.offset))
+        flat = jnp.reshape(self.codes, (*batch, -1)).astype(jnp.float32)
+        n = flat.shape[-1]
         pad = (-n) % self.block_size
-        blocks = jnp.pad(flat, (0, pad)).reshape(-1, self.block_size)
-        out = blocks * self.block_scale[:, None] + self.offset
-        out = out.ravel()[:n].reshape(np.shape(self.codes)).astype(self.float_dtype)
+        widths = [(0, 0)] * len(batch) + [(0, pad)]
+        blocks = jnp.pad(flat, widths).reshape(*batch, -1, self.block_size)
+        offset = jnp.reshape(self.offset, (*batch, 1, 1))
+        out = blocks * self.block_scale[..., None] + offset
+        out = out.reshape(*batch, -1)[..., :n].reshape(stored).astype(self.float_dtype)
         return out if self.permutation is None else jnp.transpose(out, self.permutation)
 
     def transpose(self, axes: Sequence[int]) -> "QuantisedScale":
@@ -154,29 +174,38 @@ class QuantisedScale(eqx.Module):
     ) -> "QuantisedScale | None":
         """This scale sliced (`scale[starts:limits]` per axis, unit strides) with
         its codes int8, where the slice keeps whole blocks: in the codes' layout,
-        the entries kept are consecutive in row-major order (one axis cut, the
-        axes before it of size 1, the ones after it whole) and start at a block
-        boundary. `None` otherwise (dequantise it instead)."""
+        the entries kept of each stacked scale are consecutive in row-major order
+        (one axis after the batch axes cut, the ones between the batch axes and it
+        of size 1, the ones after it whole) and start at a block boundary; the
+        batch axes (see the class docstring) may be sliced anyhow, their block
+        scales and offsets with them. `None` otherwise (dequantise it instead)."""
         stored = tuple(np.shape(self.codes))
+        nb = np.ndim(self.offset)
         order = self.permutation or tuple(range(len(stored)))
         lo, hi = [0] * len(stored), list(stored)
         for a, (start, limit) in enumerate(zip(starts, limits, strict=True)):
             lo[order[a]], hi[order[a]] = int(start), int(limit)
-        cut = [a for a, n in enumerate(stored) if (lo[a], hi[a]) != (0, n)]
-        if not cut:
+        if (lo, hi) == ([0] * len(stored), list(stored)):
             return self
-        k = cut[0]
-        if cut != [k] or any(stored[a] != 1 for a in range(k)):
-            return None
-        inner = math.prod(stored[k + 1 :])
-        first, end = lo[k] * inner, hi[k] * inner
-        if first % self.block_size:
-            return None
-        blocks = slice(first // self.block_size, -(-end // self.block_size))
+        cut = [a for a in range(nb, len(stored)) if (lo[a], hi[a]) != (0, stored[a])]
+        first_block, end_block = 0, np.shape(self.block_scale)[-1]
+        if cut:
+            k = cut[0]
+            if cut != [k] or any(stored[a] != 1 for a in range(nb, k)):
+                return None
+            inner = math.prod(stored[k + 1 :])
+            first, end = lo[k] * inner, hi[k] * inner
+            if first % self.block_size:
+                return None
+            first_block = first // self.block_size
+            end_block = -(-end // self.block_size)
         return dataclasses.replace(
             self,
             codes=lax.slice(self.codes, tuple(lo), tuple(hi)),
-            block_scale=self.block_scale[blocks],
+            block_scale=lax.slice(
+                self.block_scale, (*lo[:nb], first_block), (*hi[:nb], end_block)
+            ),
+            offset=lax.slice(self.offset, tuple(lo[:nb]), tuple(hi[:nb])),
         )
 
 
