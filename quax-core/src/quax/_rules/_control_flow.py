@@ -316,8 +316,8 @@ def _param(p: Any) -> Any:
         ]
         inputs = [*p.constvars, *p.invars]
         return "jaxpr", _program(steps, inputs, map(atom, p.outvars))
-    if type(p) is tuple:
-        return tuple(map(_param, p))
+    if isinstance(p, tuple):  # also a named tuple of jaxprs (`linear_solve`'s)
+        return type(p).__name__, tuple(map(_param, p))
     return p
 
 
