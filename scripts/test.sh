@@ -45,13 +45,13 @@ echo "== quax-core and the root tests, every distribution installed"
 uv run --locked --no-sync pytest -n 2 --dist worksteal -q "${seed[@]}" quax-core/tests tests
 
 # Cache verify mode: every cache hit (dispatch, compiled eager programs, replays, nested
-# jits) is also recomputed and compared, and a mismatch raises naming the cache and the
-# key component; on the root tests (real programs, every family together). A family's
-# own suite in this mode (quax-quant's: 130 passed) is left to a manual run, to keep CI
-# under 30 minutes on two cores.
-echo "== cache verify mode (QUAX_VERIFY_CACHES=1): root tests"
+# jits, the per-jaxpr tables) is also recomputed and compared, and a mismatch raises
+# naming the cache and the key component; on the root tests (real programs, every family
+# together) and on one family's own suite, quax-units' (its rules read static fields,
+# settings and constants, what cache keys most often got wrong).
+echo "== cache verify mode (QUAX_VERIFY_CACHES=1): root tests and quax-units' suite"
 QUAX_VERIFY_CACHES=1 uv run --locked --no-sync pytest -n 2 --dist worksteal -q \
-    -p no:cacheprovider "${seed[@]}" tests --ignore tests/test_docs.py
+    -p no:cacheprovider "${seed[@]}" tests quax-units/tests --ignore tests/test_docs.py
 
 for fam in "${families[@]}"; do
     echo "== $fam alone with quax-core"

@@ -190,9 +190,15 @@ def _register_new(probe: type) -> None:
         return probe(lax.sin_p.bind(x.array, **params), "new")
 
 
+@pytest.mark.parametrize("verify", [False, True])
 def test_rule_registered_during_a_resolution_is_used(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, verify: bool
 ) -> None:
+    # In verify mode too: a resolution started before the registration is neither
+    # compared nor kept (verify mode kept it as the first resolution of its key, and
+    # then called the new rule a mismatch).
+    monkeypatch.setattr(quax._foundation._caches, "verifying", verify)
+    quax._foundation._caches.invalidate()
     probe = _probe_type()
     original = _registry._warn_if_foreign
 

@@ -596,8 +596,12 @@ def rule_for(primitive: Primitive, values: Sequence[Any]) -> Rule:
         return rule
     if _caches.verifying:
         # The dispatch cache stays empty (every primitive resolves here), and
-        # each resolution is compared with the first one for its key.
-        _caches.verify_dispatch(key, resolution, generation)
+        # each resolution is compared with the first one for its key. A resolution
+        # started before a registration is neither compared nor kept, as the cache
+        # below keeps none: it may resolve otherwise now.
+        with _lock:
+            if generation == _generation:
+                _caches.verify_dispatch(key, resolution, generation)
         return rule
     with _lock:
         # Not when a rule was registered meanwhile: it may resolve otherwise now.
