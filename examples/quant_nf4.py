@@ -43,7 +43,8 @@ def main() -> dict[str, str]:
     # 1. NF4 base weights with double quantisation, then LoRA adapters.
     base = quax_quant.quantise_model(pretrained, format="nf4", double_quant=True)
     memory = quax_quant.memory_report(base)
-    bits = 8 * memory.quantised_bytes / (memory.float_bytes / 4)
+    weights = sum(layer.weight.size for layer in pretrained.layers)
+    bits = 8 * memory.quantised_bytes / weights
     print(f"NF4 base weights: {memory} ({bits:.3f} bits per weight)")
     model = quax_lora.loraify(base, rank=8, alpha=16.0, key=jr.PRNGKey(1))
     params, frozen = eqx.partition(model, quax_lora.trainable_filter(model))

@@ -17,6 +17,7 @@ import pathlib
 import time
 from collections.abc import Callable
 
+import jax
 import jax.numpy as jnp
 import quax
 import quax.testing
@@ -124,9 +125,19 @@ def run_stop(stop: Stop, out_dir: pathlib.Path) -> dict[str, str]:
     if stop.devices > 1:
         return _run_on_devices(stop)
     main = _load_main(stop.example)
+    # The stops share this process: one that leaves float64 on would silently change
+    # the dtypes, and so the figures, of every stop after it.
+    x64 = jax.config.read("jax_enable_x64")
     if "out_dir" in inspect.signature(main).parameters:
-        return main(out_dir=str(out_dir))
-    return main()
+        figures = main(out_dir=str(out_dir))
+    else:
+        figures = main()
+    if jax.config.read("jax_enable_x64") != x64:
+        raise RuntimeError(
+            f"The tour stop {stop.example!r} changed jax_enable_x64 and left it so: "
+            "restore it before main() returns, as examples/sparse_newton.py does."
+        )
+    return figures
 
 
 def core_stop() -> dict[str, str]:
