@@ -46,12 +46,15 @@ uv run --locked --no-sync pytest -n 2 --dist worksteal -q "${seed[@]}" quax-core
 
 # Cache verify mode: every cache hit (dispatch, compiled eager programs, replays, nested
 # jits, the per-jaxpr tables) is also recomputed and compared, and a mismatch raises
-# naming the cache and the key component; on the root tests (real programs, every family
-# together) and on one family's own suite, quax-units' (its rules read static fields,
-# settings and constants, what cache keys most often got wrong).
-echo "== cache verify mode (QUAX_VERIFY_CACHES=1): root tests and quax-units' suite"
+# naming the cache and the key component; on quax-core's suite (its tests marked
+# `caching_behaviour`, which observe the caches themselves, run with verify mode off),
+# the root tests (real programs, every family together) and one family's own suite,
+# quax-units' (its rules read static fields, settings and constants, what cache keys
+# most often got wrong).
+echo "== cache verify mode (QUAX_VERIFY_CACHES=1): quax-core's suite, root tests, quax-units' suite"
 QUAX_VERIFY_CACHES=1 uv run --locked --no-sync pytest -n 2 --dist worksteal -q \
-    -p no:cacheprovider "${seed[@]}" tests quax-units/tests --ignore tests/test_docs.py
+    -p no:cacheprovider "${seed[@]}" quax-core/tests tests quax-units/tests \
+    --ignore tests/test_docs.py
 
 for fam in "${families[@]}"; do
     echo "== $fam alone with quax-core"

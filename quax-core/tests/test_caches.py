@@ -315,6 +315,7 @@ def _(x: Counted, **params: Any) -> Counted:
     return Counted(lax.sin_p.bind(x.array, **params))
 
 
+@pytest.mark.caching_behaviour
 def test_caching_off_runs_every_rule() -> None:
     f = jax.jit(quax.quaxify(lambda a: (jnp.sin(a), jnp.sin(a))))
     g = quax.quaxify(jnp.sin)
@@ -344,6 +345,7 @@ def test_caching_follows_the_environment() -> None:
     assert out.stdout.split() == ["False", "True"], out.stderr
 
 
+@pytest.mark.caching_behaviour
 def test_report_names_every_cache(capsys: pytest.CaptureFixture[str]) -> None:
     g = quax.quaxify(jnp.sin)
     for _ in range(2):

@@ -118,6 +118,7 @@ def test_first_and_later_calls_round_alike(fn: Any) -> None:
     assert quax_eager.programs_traced == traced + 1
 
 
+@pytest.mark.caching_behaviour
 def test_library_code_runs_compiled() -> None:
     q = quax.quaxify(lambda a, b: jnp.sin(a) * b)
     for _ in range(2):  # the second call compiles the programs
@@ -132,6 +133,7 @@ def test_library_code_runs_compiled() -> None:
     assert report.total == 2  # `sin` and `multiply`, equation by equation
 
 
+@pytest.mark.caching_behaviour
 def test_side_effects_and_debug_calls(capfd: pytest.CaptureFixture[str]) -> None:
     calls = []
 
@@ -315,6 +317,7 @@ def test_known_constant_on_a_leaf_runs_by_equation() -> None:
     assert q(Signed(-jnp.abs(X))).positive
 
 
+@pytest.mark.caching_behaviour
 def test_known_constant_of_a_large_leaf_keeps_the_program() -> None:
     # Over `max_size`, equation by equation does not look either: compiled.
     q = quax.quaxify(jnp.negative)
@@ -465,6 +468,7 @@ def _(x: Counting, **params: Any) -> Counting:
     return Counting(jax.lax.sin(x.array, **params))
 
 
+@pytest.mark.caching_behaviour
 def test_one_off_calls_compile_nothing() -> None:
     # The first call runs equation by equation only; the second traces (its rules
     # run once, on tracers) and compiles; later calls replay.

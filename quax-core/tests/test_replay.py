@@ -80,6 +80,7 @@ def _summary(jaxpr: Any) -> list[Any]:
     ]
 
 
+@pytest.mark.caching_behaviour
 def test_replay_stages_what_the_rules_stage(monkeypatch: pytest.MonkeyPatch) -> None:
     first = traced(program, Counted(x), Counted(y))
     assert calls == ["mul", "sin", "cos", "add"]
@@ -101,6 +102,7 @@ def test_replay_stages_what_the_rules_stage(monkeypatch: pytest.MonkeyPatch) -> 
     assert str(ran.eqns[0].source_info.name_stack) == "outer"
 
 
+@pytest.mark.caching_behaviour
 def test_replay_gives_the_values() -> None:
     for _ in range(2):
         out = jax.jit(lambda a, b: quax.quaxify(program)(a, b))(Counted(x), Counted(y))
@@ -110,6 +112,7 @@ def test_replay_gives_the_values() -> None:
     assert len(calls) == 4
 
 
+@pytest.mark.caching_behaviour
 def test_replay_extends_the_callers_name_stack() -> None:
     def scoped(name: str) -> Any:
         def fn(a: Any) -> Any:
@@ -124,6 +127,7 @@ def test_replay_extends_the_callers_name_stack() -> None:
     assert str(eqn.source_info.name_stack) == "second"
 
 
+@pytest.mark.caching_behaviour
 def test_other_types_and_static_fields_run_their_rules() -> None:
     fn = lambda a: jnp.sin(a)
     for value in [Counted(x), Counted(x, "b"), Other(x), Other(x, "b"), Counted(x)]:
@@ -226,6 +230,7 @@ def lax_program(a: Any) -> Any:
     return lax.sin(lax.mul(a, a))
 
 
+@pytest.mark.caching_behaviour
 def test_a_primitive_replays_what_its_rule_stages(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -241,6 +246,7 @@ def test_a_primitive_replays_what_its_rule_stages(
     assert [e.ctx for e in again.eqns] == [e.ctx for e in ran.eqns]
 
 
+@pytest.mark.caching_behaviour
 def test_a_replayed_primitive_carries_its_own_source_info() -> None:
     def first(a: Any) -> Any:
         return lax.sin(a)
@@ -258,6 +264,7 @@ def test_a_replayed_primitive_carries_its_own_source_info() -> None:
     assert not any(n.endswith("first") for n in names)
 
 
+@pytest.mark.caching_behaviour
 def test_a_replayed_primitive_gives_the_values() -> None:
     fn = jax.jit(lambda a: quax.quaxify(lax_program)(a))
     for _ in range(2):
@@ -268,6 +275,7 @@ def test_a_replayed_primitive_gives_the_values() -> None:
     assert calls == ["mul", "sin"]
 
 
+@pytest.mark.caching_behaviour
 def test_plain_inputs_avals_and_params_are_part_of_the_key() -> None:
     m = Counted(jnp.ones((3, 4)))
     for k in [2, 5, 2]:
@@ -295,6 +303,7 @@ def _(a: Squared, **params: Any) -> Squared:
     return Squared(jnp.dot(a.array, a.array))
 
 
+@pytest.mark.caching_behaviour
 def test_jax_settings_are_part_of_the_key() -> None:
     def precision() -> Any:
         jaxpr = traced(lax.neg, Squared(jnp.ones((3, 3))))
@@ -347,6 +356,7 @@ def _(a: Moded, **params: Any) -> Moded:
     return Moded(op(a.array))
 
 
+@pytest.mark.caching_behaviour
 def test_a_declared_setting_is_part_of_the_key() -> None:
     def primitive() -> Any:
         return traced(lax.sin, Moded(x)).eqns[0].primitive

@@ -156,6 +156,7 @@ class _CountedAval(Dense):
         return super().aval()
 
 
+@pytest.mark.caching_behaviour
 def test_compiled_eager_output_reads_its_aval_when_asked():
     # A compiled eager program's output is wrapped without its aval, which is
     # computed (once) when JAX or the user first reads it.
