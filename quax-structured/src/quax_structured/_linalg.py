@@ -14,7 +14,7 @@ import numpy as np
 import quax
 from jaxtyping import Array
 
-from ._kernels._decompositions import (
+from ._kernels import (
     circulant_expm,
     circulant_svd,
     diagonal_svd,
@@ -76,6 +76,15 @@ def svd(x: StructuredMatrix, compute_uv: bool) -> list[Array] | None:
             s.reshape(*s.shape[:-2], -1), left, right, descending=True
         )
         return [s, left, jnp.conj(jnp.swapaxes(right, -1, -2))]
+    if isinstance(x, KroneckerPlusIdentity):
+        # Symmetric: `|λ|` with the eigenvectors, the left ones times `sign(λ)`.
+        values, vectors = eigh(x)
+        if not compute_uv:
+            return [jnp.sort(jnp.abs(values), descending=True)]
+        s, left, right = sorted_columns(
+            jnp.abs(values), vectors * jnp.sign(values), vectors, descending=True
+        )
+        return [s, left, right.T]
     return None
 
 

@@ -10,7 +10,6 @@ from jaxtyping import Array
 
 
 __all__ = [
-    "circulant_basis",
     "circulant_eigh",
     "circulant_expm",
     "circulant_svd",
@@ -55,7 +54,7 @@ def diagonal_svd(d: Array, compute_uv: bool) -> list[Array]:
     return _svd_outputs(s, v * phase[..., None, :], v, True)
 
 
-def circulant_basis(n: int, dtype) -> Array:
+def _circulant_basis(n: int, dtype) -> Array:
     """A real orthonormal eigenbasis shared by every real circulant matrix of size
     `n`: column `m` is `cos(2π j m / n)` for `2m <= n` and `sin(2π j (n - m) /
     n)` for `2m > n` (normalised). Columns `m` and `n - m` span the invariant
@@ -87,7 +86,7 @@ def circulant_eigh(column: Array) -> tuple[Array, Array]:
     if jnp.issubdtype(column.dtype, jnp.complexfloating):
         basis = _fourier_vectors(n, column.dtype)
     else:
-        basis = circulant_basis(n, column.dtype)
+        basis = _circulant_basis(n, column.dtype)
     basis = jnp.broadcast_to(basis, (*column.shape[:-1], n, n))
     return sorted_columns(values, basis, descending=False)
 
@@ -97,7 +96,7 @@ def circulant_svd(column: Array, compute_uv: bool) -> list[Array]:
     the singular values are the moduli of its eigenvalues `λ = fft(column)`,
     O(n log n). A complex matrix has the DFT vectors `v_k` as right singular
     vectors and `v_k λ_k / |λ_k|` as left ones. A real one has real vectors: on
-    the plane of the cosine and sine of frequency `k` (see `circulant_basis`) it
+    the plane of the cosine and sine of frequency `k` (see `_circulant_basis`) it
     acts as `|λ_k|` times a rotation by `arg λ_k`, so the left vectors are the
     right ones rotated. O(n²) for the vectors (the output)."""
     n = column.shape[-1]
@@ -117,7 +116,7 @@ def circulant_svd(column: Array, compute_uv: bool) -> list[Array]:
     alpha = jnp.where(s > 0, lam_k.real / safe, 1)
     side = jnp.where(2 * m < n, -1, jnp.where(2 * m > n, 1, 0))
     beta = jnp.where(s > 0, lam_k.imag / safe, 0) * side
-    v = jnp.broadcast_to(circulant_basis(n, column.dtype), (*lam.shape, n))
+    v = jnp.broadcast_to(_circulant_basis(n, column.dtype), (*lam.shape, n))
     u = v * alpha[..., None, :].astype(v.dtype) + v[..., partner] * beta[
         ..., None, :
     ].astype(v.dtype)
