@@ -193,7 +193,8 @@ def test_cell_matches_dense(operation, structure, dtype):
     with jax.enable_x64(dtype is np.float64):
         out = _run(operation, _matrix(structure, x))
         outs = out if isinstance(out, tuple) else (out,)
-        kinds = [f"`{type(o).__name__}`" for o in outs if isinstance(o, StructuredMatrix)]
+        structured = [o for o in outs if isinstance(o, StructuredMatrix)]
+        kinds = [f"`{type(o).__name__}`" for o in structured]
         assert (", ".join(kinds) or "yes") == expected
         dense_out = [_dense(o, 6) for o in outs]
     a = DENSE[structure]({k: np.asarray(v, np.complex128) for k, v in x.items()})
