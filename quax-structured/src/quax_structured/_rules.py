@@ -787,7 +787,11 @@ def _(x: StructuredMatrix, *, jaxpr: Any, name: str, **params: Any) -> Any:
         out = _linalg.expm(x)
         if out is not None:
             return [out]
-        if not x.allow_materialise:
+        if x.allow_materialise:
+            # JAX's own dense path, on the dense matrix (its intermediate
+            # products would otherwise be structures that may not densify).
+            x = x.materialise()
+        else:
             raise MaterialisationError(
                 f"Refusing to materialise `{type(x).__name__}` for "
                 "`jax.scipy.linalg.expm` (a nested `jit` named `expm`): "
@@ -795,7 +799,7 @@ def _(x: StructuredMatrix, *, jaxpr: Any, name: str, **params: Any) -> Any:
                 f"{', '.join(_linalg.EXPM_TYPES)} (a `Kronecker` when it is "
                 "symmetric or one factor is a constant multiple of the identity), "
                 f"not of a `{type(x).__name__}`, and {x.refusal_reason()}. "
-                + x.way_out()
+                + x.way_out(None)
             )
     core_jit = quax.resolve(prims.jit_p, [quax.Value]).function
     assert core_jit is not None
