@@ -145,8 +145,9 @@ def _kronecker_sum_sides(x: StructuredMatrix) -> tuple[Array, Array] | None:
     `Sum` of `Kronecker`s, each with a factor that the program shows to be a
     constant multiple of the identity (`Kronecker(a, c * jnp.eye(nb))`). Else
     `None`."""
-    terms = x.terms if isinstance(x, Sum) else (x,)
-    if not all(isinstance(t, Kronecker) for t in terms):
+    parts = x.terms if isinstance(x, Sum) else (x,)
+    terms = [t for t in parts if isinstance(t, Kronecker)]
+    if len(terms) != len(parts):
         return None
     shapes = {(t.left.shape, t.right.shape) for t in terms}
     if len(shapes) != 1:

@@ -790,17 +790,17 @@ def _(x: StructuredMatrix, *, jaxpr: Any, name: str, **params: Any) -> Any:
         if x.allow_materialise:
             # JAX's own dense path, on the dense matrix (its intermediate
             # products would otherwise be structures that may not densify).
-            x = x.materialise()
-        else:
-            raise MaterialisationError(
-                f"Refusing to materialise `{type(x).__name__}` for "
-                "`jax.scipy.linalg.expm` (a nested `jit` named `expm`): "
-                "quax-structured computes the matrix exponential of "
-                f"{', '.join(_linalg.EXPM_TYPES)} (a `Kronecker` when it is "
-                "symmetric or one factor is a constant multiple of the identity), "
-                f"not of a `{type(x).__name__}`, and {x.refusal_reason()}. "
-                + x.way_out(None)
-            )
+            dense = x.materialise()
+            return prims.jit_p.bind(dense, jaxpr=jaxpr, name=name, **params)
+        raise MaterialisationError(
+            f"Refusing to materialise `{type(x).__name__}` for "
+            "`jax.scipy.linalg.expm` (a nested `jit` named `expm`): "
+            "quax-structured computes the matrix exponential of "
+            f"{', '.join(_linalg.EXPM_TYPES)} (a `Kronecker` when it is "
+            "symmetric or one factor is a constant multiple of the identity), "
+            f"not of a `{type(x).__name__}`, and {x.refusal_reason()}. "
+            + x.way_out(None)
+        )
     core_jit = quax.resolve(prims.jit_p, [quax.Value]).function
     assert core_jit is not None
     return core_jit(x, jaxpr=jaxpr, name=name, **params)
