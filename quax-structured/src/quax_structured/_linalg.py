@@ -77,12 +77,13 @@ def svd(x: StructuredMatrix, compute_uv: bool) -> list[Array] | None:
         )
         return [s, left, jnp.conj(jnp.swapaxes(right, -1, -2))]
     if isinstance(x, KroneckerPlusIdentity):
-        # Symmetric: `|λ|` with the eigenvectors, the left ones times `sign(λ)`.
+        # Symmetric: `|λ|` with the eigenvectors, the left ones negated where `λ < 0`.
         values, vectors = eigh(x)
         if not compute_uv:
             return [jnp.sort(jnp.abs(values), descending=True)]
+        signs = jnp.where(values < 0, -1, 1).astype(vectors.dtype)
         s, left, right = sorted_columns(
-            jnp.abs(values), vectors * jnp.sign(values), vectors, descending=True
+            jnp.abs(values), vectors * signs, vectors, descending=True
         )
         return [s, left, right.T]
     return None

@@ -751,12 +751,12 @@ def _(
 
 
 def _expm_source() -> str | None:
-    """Where `jax.scipy.linalg.expm` is defined, as JAX records a traced
-    function's source (`"expm at <file>:<line>"`, without the line)."""
-    try:
-        return inspect.getsourcefile(inspect.unwrap(jsl.expm))
-    except (TypeError, OSError):
+    """`jax.scipy.linalg.expm`'s function as JAX records a traced function's
+    source (`"expm at <file>:<first line>"`, from its code object)."""
+    code = getattr(inspect.unwrap(jsl.expm), "__code__", None)
+    if code is None:
         return None
+    return f"expm at {code.co_filename}:{code.co_firstlineno}"
 
 
 _EXPM_SOURCE = _expm_source()
@@ -769,10 +769,7 @@ def _is_expm(jaxpr: Any, name: str) -> bool:
     if name != "expm" or _EXPM_SOURCE is None:
         return False
     info = getattr(getattr(jaxpr, "jaxpr", None), "debug_info", None)
-    source = getattr(info, "func_src_info", None)
-    if not isinstance(source, str) or not source.startswith("expm at "):
-        return False
-    return source[len("expm at ") :].rsplit(":", 1)[0] == _EXPM_SOURCE
+    return getattr(info, "func_src_info", None) == _EXPM_SOURCE
 
 
 @quax.register(prims.jit_p)
