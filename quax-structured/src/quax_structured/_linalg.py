@@ -34,7 +34,7 @@ from ._values._kronecker import Kronecker, KroneckerPlusIdentity
 from ._values._lowrank import LowRank, LowRankPlusDiagonal
 
 
-__all__ = ["EXPM_TYPES", "eigh", "expm", "qr", "svd"]
+__all__ = ["EXPM_TYPES", "eigh_of", "expm_of", "qr_of", "svd_of"]
 
 
 # The structures `expm` has an algorithm for (`Kronecker`: see `expm`), as the
@@ -51,7 +51,7 @@ EXPM_TYPES = (
 )
 
 
-def svd(x: StructuredMatrix, compute_uv: bool) -> list[Array] | None:
+def svd_of(x: StructuredMatrix, compute_uv: bool) -> list[Array] | None:
     """`svd_p`'s outputs for `x` (`[s]`, or `[s, U, Vᴴ]`): square matrices, so
     `full_matrices` does not change them."""
     if isinstance(x, ScaledIdentity):
@@ -78,7 +78,7 @@ def svd(x: StructuredMatrix, compute_uv: bool) -> list[Array] | None:
         return [s, left, jnp.conj(jnp.swapaxes(right, -1, -2))]
     if isinstance(x, KroneckerPlusIdentity):
         # Symmetric: `|λ|` with the eigenvectors, the left ones negated where `λ < 0`.
-        values, vectors = eigh(x)
+        values, vectors = eigh_of(x)
         if not compute_uv:
             return [jnp.sort(jnp.abs(values), descending=True)]
         signs = jnp.where(values < 0, -1, 1).astype(vectors.dtype)
@@ -89,7 +89,7 @@ def svd(x: StructuredMatrix, compute_uv: bool) -> list[Array] | None:
     return None
 
 
-def qr(x: StructuredMatrix) -> tuple[Any, Any] | None:
+def qr_of(x: StructuredMatrix) -> tuple[Any, Any] | None:
     """`Q`, `R` (`Q` unitary, `R` upper triangular, `Q R = x`), structured where
     the factors have the structure: `I` and the matrix itself for a diagonal
     matrix, the factors' QR factorisations for a Kronecker product (`(Qa ⊗ Qb)
@@ -112,7 +112,7 @@ def qr(x: StructuredMatrix) -> tuple[Any, Any] | None:
     return None
 
 
-def eigh(x: LowRank | KroneckerPlusIdentity) -> tuple[Array, Array]:
+def eigh_of(x: LowRank | KroneckerPlusIdentity) -> tuple[Array, Array]:
     """The eigenvalues (ascending) and orthonormal eigenvectors of the
     (symmetrised) `x`: the low-rank one through a thin QR factorisation (see
     `lowrank_eigh`), `A ⊗ B + c I` through the factors' eigendecompositions,
@@ -167,7 +167,7 @@ def _kronecker_sum_sides(x: StructuredMatrix) -> tuple[Array, Array] | None:
     return left, right
 
 
-def expm(x: StructuredMatrix) -> Any | None:
+def expm_of(x: StructuredMatrix) -> Any | None:
     """`jax.scipy.linalg.expm(x)`, exactly (no Padé approximant), where the
     structure gives it: `exp` of the diagonal; the circulant with eigenvalues
     `exp(fft(column))`; each block's `expm`; `I + U φ(Vᵀ U) Vᵀ` for a low-rank
