@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import quax
+import quax.testing
 import scipy.linalg
 from quax_structured import (
     BlockDiagonal,
@@ -280,3 +281,20 @@ def test_scaled_identity_qr_keeps_structure():
     assert isinstance(q, ScaledIdentity) and isinstance(r, ScaledIdentity)
     np.testing.assert_allclose(q.scale, 1.0)
     np.testing.assert_allclose(r.scale, -2.0)
+
+
+def test_singular_values_and_structured_qr_hold_no_dense_matrix():
+    """`svdvals` and `eigvalsh` (the vectors dropped under `jit`) and `qr` of a
+    `Kronecker` (structured factors) compile with no `(n, n)` array, n = 300."""
+    n, k = 300, jnp.arange(300.0)
+    cases = [
+        (jnp.linalg.svdvals, Diagonal(jnp.cos(k))),
+        (jnp.linalg.svdvals, Circulant(jnp.cos(k))),
+        (jnp.linalg.svdvals, Kronecker(_normal(15, 15), _normal(20, 20))),
+        (jnp.linalg.svdvals, LowRank(_normal(n, 4), _normal(n, 4))),
+        (jnp.linalg.eigvalsh, Circulant(jnp.cos(k))),
+        (jnp.linalg.eigvalsh, Kronecker(_normal(15, 15), _normal(20, 20), True)),
+        (jnp.linalg.qr, Kronecker(_normal(15, 15), _normal(20, 20))),
+    ]
+    for fn, m in cases:
+        quax.testing.assert_hlo_lacks(fn, m, shapes=[(n, n)])

@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import quax
+import quax.testing
 import scipy.linalg
 from jax.scipy.linalg import expm
 from quax_structured import (
@@ -189,3 +190,16 @@ def test_matrix_power_negative_is_dense():
     d = _normal(4) + 2.0
     out = quax.quaxify(lambda m: jnp.linalg.matrix_power(m, -2))(Diagonal(d))
     np.testing.assert_allclose(out, np.diag(1 / np.asarray(d) ** 2), atol=1e-12)
+
+
+def test_expm_holds_no_dense_matrix():
+    """The structured exponentials compile with no `(n, n)` array, n = 300."""
+    n = 300
+    cases = [
+        Diagonal(_normal(n)),
+        Circulant(_normal(n, scale=0.01)),
+        BlockDiagonal(_normal(100, 3, 3)),
+        LowRank(_normal(n, 4), _normal(n, 4)),
+    ]
+    for m in cases:
+        quax.testing.assert_hlo_lacks(expm, m, shapes=[(n, n)])
