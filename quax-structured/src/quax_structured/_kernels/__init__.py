@@ -1,13 +1,27 @@
 """The numerical routines the structures and rules call, on plain arrays (no
 value types): dense helpers, the FFT circulant solve, the Levinson recursion,
-GKO (the pivoted Toeplitz solve), banded elimination with partial pivoting and
-Kronecker products through their factors."""
+GKO (the pivoted Toeplitz solve), banded elimination with partial pivoting,
+Kronecker products through their factors, and the singular value, QR and
+eigendecompositions and matrix exponentials of diagonal, circulant, Kronecker
+and low-rank matrices."""
 
 from ._banded import (
     band_eliminate as band_eliminate,
     pivoted_band_pivots as pivoted_band_pivots,
     pivoted_band_solve as pivoted_band_solve,
     shift as shift,
+)
+from ._decompositions import (
+    circulant_eigh as circulant_eigh,
+    circulant_expm as circulant_expm,
+    circulant_svd as circulant_svd,
+    diagonal_svd as diagonal_svd,
+    kron_expm_symmetric as kron_expm_symmetric,
+    kron_svd as kron_svd,
+    lowrank_eigh as lowrank_eigh,
+    lowrank_qr as lowrank_qr,
+    lowrank_svd as lowrank_svd,
+    sorted_columns as sorted_columns,
 )
 from ._dense import (
     dense_triangular_solve as dense_triangular_solve,

@@ -11,7 +11,7 @@ import jax.core
 import jax.numpy as jnp
 from jaxtyping import Array
 
-from .._kernels import circular_convolve
+from .._kernels import circulant_eigh, circular_convolve
 from ._base import MaterialisationError, StructuredMatrix
 from ._determinant import DeterminantLU
 
@@ -182,26 +182,14 @@ class Circulant(StructuredMatrix):
             )
         return None
 
-    def eigh(self) -> tuple[Array, Array] | None:
-        """For a real matrix, which `jnp.linalg.eigh` has made symmetric: the
-        eigenvalues `Re fft(column)` (of the symmetric part), sorted, O(n log n),
-        and a real orthonormal eigenbasis of cosines and sines (the eigenvalues of
-        frequencies `k` and `n - k` are equal), O(n²) (the output's size)."""
-        if jnp.issubdtype(self.dtype, jnp.complexfloating):
-            return None
-        symmetric = (self.column + self.transpose().column) / 2
-        values = jnp.fft.fft(symmetric).real.astype(self.dtype)
-        n = self.column.shape[-1]
-        j, m = jnp.arange(n)[:, None], jnp.arange(n)[None, :]
-        angle = 2 * jnp.pi * j * jnp.minimum(m, n - m) / n
-        real = (m == 0) | (2 * m == n)
-        basis = jnp.where(
-            real,
-            jnp.cos(angle) / jnp.sqrt(n),
-            jnp.where(2 * m < n, jnp.cos(angle), jnp.sin(angle)) * jnp.sqrt(2 / n),
-        ).astype(self.dtype)
-        order = jnp.argsort(values, axis=-1)
-        return jnp.take_along_axis(values, order, -1), basis[..., order]
+    def eigh(self) -> tuple[Array, Array]:
+        """The eigendecomposition of the Hermitian part (what `jnp.linalg.eigh`
+        passes: it symmetrises its input): the eigenvalues `Re fft(column)`,
+        sorted, O(n log n), and a real eigenbasis of cosines and sines (the
+        eigenvalues of frequencies `k` and `n - k` are equal) for a real matrix,
+        the DFT vectors for a complex one, O(n²) (the output's size)."""
+        hermitian = (self.column + jnp.conj(self.transpose().column)) / 2
+        return circulant_eigh(hermitian)
 
     def lu(self) -> DeterminantLU:
         return DeterminantLU(

@@ -108,12 +108,15 @@ class Diagonal(StructuredMatrix):
         return self._with(nan_where(failed_factorisation(root), root))
 
     def eigh(self) -> tuple[Array, Array]:
-        """The sorted diagonal, and the permutation matrix that sorts it, O(n²)
-        (the eigenvector matrix's size; O(n log n) for `jnp.linalg.eigvalsh`)."""
-        order = jnp.argsort(self.diag, axis=-1)
+        """The sorted diagonal (its real part: `jnp.linalg.eigh` passes the
+        Hermitian part, whose eigenvalues are real), and the permutation matrix
+        that sorts it, O(n²) (the eigenvector matrix's size; O(n log n) for
+        `jnp.linalg.eigvalsh`)."""
+        values = jnp.real(self.diag)
+        order = jnp.argsort(values, axis=-1)
         n = self.diag.shape[-1]
         vectors = jnp.arange(n)[:, None] == order[..., None, :]
-        return jnp.take_along_axis(self.diag, order, -1), vectors.astype(self.dtype)
+        return jnp.take_along_axis(values, order, -1), vectors.astype(self.dtype)
 
 
 class ScaledIdentity(StructuredMatrix):
