@@ -272,11 +272,11 @@ def test_nnx_attention_query_value():
 
 def test_nnx_loraify_refusals():
     block = Block(nnx.Rngs(0))
-    with pytest.raises(ValueError, match=r"`attn\.out`.*input axes"):
-        quax_lora.loraify(block, rank=2, filter=nnx.LinearGeneral, key=jr.key(1))
-    conv = nnx.Conv(3, 4, kernel_size=(3, 3), rngs=nnx.Rngs(0))
-    with pytest.raises(ValueError, match=r"Conv.*\(\*window, in, out\)"):
-        quax_lora.loraify(conv, rank=2, filter=nnx.Conv, key=jr.key(1))
+    grouped = nnx.Conv(
+        4, 6, kernel_size=(3, 3), feature_group_count=2, rngs=nnx.Rngs(0)
+    )
+    with pytest.raises(ValueError, match=r"Conv.*grouped \(feature_group_count=2\)"):
+        quax_lora.loraify(grouped, rank=2, filter=nnx.Conv, key=jr.key(1))
     with pytest.raises(ValueError, match=r"variant='dora'.*NNX kernel"):
         quax_lora.loraify(MLP(nnx.Rngs(0)), rank=2, variant="dora", key=jr.key(1))
     with pytest.raises(ValueError, match="not a module of the NNX model"):
@@ -285,6 +285,152 @@ def test_nnx_loraify_refusals():
         )
     with pytest.raises(ValueError, match="adapted nothing"):
         quax_lora.loraify(block, rank=2, filter=nnx.Embed, key=jr.key(1))
+
+
+def _hwio_delta(lora):
+    """`s a b` of an NNX convolution's LoraArray, by hand: `a` (*window, in,
+    rank), `b` (rank, out)."""
+    return lora.scaling * jnp.einsum("hwir,ro->hwio", lora.a, lora.b)
+
+
+@pytest.mark.parametrize(
+    ("cls", "kwargs"),
+    [
+        (nnx.Conv, {}),
+        (nnx.Conv, {"strides": 2, "padding": "VALID", "kernel_dilation": 2}),
+        (nnx.ConvTranspose, {"strides": 2}),
+    ],
+)
+def test_nnx_conv_lora_against_plain_nnx(cls, kwargs):
+    """LoRA on `nnx.Conv`'s kernel (*window, in, out) as peft factors a
+    convolution, (window * in) x out, as quax-lora does `eqx.nn.Conv`'s (out, in,
+    *window) as out x (in * window): `a` a kernel with `rank` outputs, `b` 1x1."""
+    conv = cls(3, 5, kernel_size=(3, 3), rngs=nnx.Rngs(0), **kwargs)
+    x = jr.normal(jr.key(5), (2, 9, 9, 3))
+    lora = quax_lora.loraify(conv, rank=2, alpha=4.0, filter=cls, key=jr.key(1))
+    kernel = _value(lora.kernel)
+    assert (kernel.a.shape, kernel.b.shape, kernel.row_ndim) == (
+        (3, 3, 3, 2),
+        (2, 5),
+        3,
+    )
+    np.testing.assert_allclose(quax.quaxify(lora)(x), conv(x), rtol=1e-6)
+    lora = _with_b(lora, jr.key(2))
+    kernel = _value(lora.kernel)
+    dense = nnx.clone(conv)
+    dense.kernel.set_value(_value(conv.kernel) + _hwio_delta(kernel))
+    expected = dense(x)
+    assert not np.allclose(expected, conv(x), atol=1e-3)
+    np.testing.assert_allclose(
+        jax.jit(quax.quaxify(lora))(x), expected, rtol=1e-5, atol=1e-5
+    )
+    np.testing.assert_allclose(quax_lora.merge(lora)(x), expected, rtol=1e-5, atol=1e-5)
+    # The dense kernel is never formed: no product or sum of its shape.
+    jaxpr = jax.make_jaxpr(quax.quaxify(lora))(x)
+    shapes = [
+        tuple(v.aval.shape)
+        for eqn in jaxpr.jaxpr.eqns
+        if eqn.primitive.name in ("dot_general", "add")
+        for v in eqn.outvars
+    ]
+    assert (3, 3, 3, 5) not in shapes, shapes
+
+
+def test_nnx_embed_is_a_gather():
+    """LoRA on `nnx.Embed`: `w[i] + s a[i] b`, the rows of `a` gathered; the
+    (vocab, d) update is never formed."""
+    embed = nnx.Embed(1000, 8, rngs=nnx.Rngs(0))
+    lora = _with_b(
+        quax_lora.loraify(embed, rank=2, alpha=4.0, filter=nnx.Embed, key=jr.key(1)),
+        jr.key(2),
+    )
+    table = _value(lora.embedding)
+    expected = table.w[TOKENS] + table.scaling * (table.a[TOKENS] @ table.b)
+    np.testing.assert_allclose(
+        jax.jit(quax.quaxify(lora))(TOKENS), expected, rtol=1e-6, atol=1e-6
+    )
+    jaxpr = jax.make_jaxpr(quax.quaxify(lora))(TOKENS)
+    shapes = [tuple(v.aval.shape) for eqn in jaxpr.jaxpr.eqns for v in eqn.outvars]
+    assert (1000, 8) not in shapes, shapes
+
+
+def test_nnx_attention_every_projection():
+    """LoRA on the four `nnx.LinearGeneral`s of `nnx.MultiHeadAttention`: the
+    query, key and value (in, heads, head_dim) and the output projection
+    (heads, head_dim, out), whose rows are two axes."""
+    block = Block(nnx.Rngs(0))
+    x = jr.normal(jr.key(5), (2, 5, 16))
+    lora = quax_lora.loraify(
+        block, rank=2, alpha=4.0, filter=nnx.LinearGeneral, key=jr.key(1)
+    )
+    out = _value(lora.attn.out.kernel)
+    assert (out.a.shape, out.b.shape, out.row_ndim) == ((2, 8, 2), (2, 16), 2)
+    np.testing.assert_allclose(quax.quaxify(lora)(x), block(x), rtol=1e-6)
+    lora = _with_b(lora, jr.key(2))
+    dense = nnx.clone(block)
+    for name in ("query", "key", "value", "out"):
+        value = _value(getattr(lora.attn, name).kernel)
+        kernel = getattr(dense.attn, name).kernel
+        delta = jnp.tensordot(value.a, value.b, axes=1)
+        kernel.set_value(kernel.get_value() + value.scaling * delta)
+    np.testing.assert_allclose(
+        jax.jit(quax.quaxify(lora))(x), dense(x), rtol=1e-5, atol=1e-5
+    )
+
+
+def test_nnx_conv_and_attention_peft_layout(tmp_path):
+    """peft's tensors of an NNX convolution (torch's Conv2d: lora_A (rank, in,
+    kh, kw), lora_B (out, rank, 1, 1)) and of attention projections (torch's
+    Linear, heads and head_dim flattened), whose products are the update by
+    hand; read back, the same outputs."""
+
+    class Net(nnx.Module):
+        def __init__(self, rngs):
+            self.conv = nnx.Conv(3, 16, kernel_size=(3, 3), rngs=rngs)
+            self.attn = nnx.MultiHeadAttention(
+                num_heads=2, in_features=16, decode=False, rngs=rngs
+            )
+
+        def __call__(self, x):
+            y = self.conv(x).reshape(x.shape[0], -1, 16)
+            return self.attn(y)
+
+    net = Net(nnx.Rngs(0))
+    x = jr.normal(jr.key(5), (2, 4, 4, 3))
+    select = (nnx.Conv, nnx.LinearGeneral)
+    lora = _with_b(
+        quax_lora.loraify(net, rank=2, alpha=4.0, filter=select, key=jr.key(1)),
+        jr.key(2),
+    )
+    quax_lora.save_adapter(tmp_path, lora, format="peft")
+    tensors = safetensors_numpy.load_file(str(tmp_path / "adapter_model.safetensors"))
+    prefix = "base_model.model."
+    conv_a = tensors[f"{prefix}conv.lora_A.weight"]
+    conv_b = tensors[f"{prefix}conv.lora_B.weight"]
+    assert conv_a.shape == (2, 3, 3, 3) and conv_b.shape == (16, 2, 1, 1)
+    kernel = _value(lora.conv.kernel)
+    # torch's (out, in, kh, kw) update B @ A, against ours (kh, kw, in, out).
+    torch_delta = np.einsum("or,rihw->oihw", conv_b[:, :, 0, 0], conv_a)
+    np.testing.assert_allclose(
+        torch_delta,
+        np.transpose(
+            np.asarray(jnp.einsum("hwir,ro->hwio", kernel.a, kernel.b)), (3, 2, 0, 1)
+        ),
+        rtol=1e-5,
+        atol=1e-6,
+    )
+    for name, n, m in (("query", 16, 16), ("out", 16, 16)):
+        a = tensors[f"{prefix}attn.{name}.lora_A.weight"]
+        b = tensors[f"{prefix}attn.{name}.lora_B.weight"]
+        assert a.shape == (2, n) and b.shape == (m, 2)
+        value = _value(getattr(lora.attn, name).kernel)
+        ours = np.asarray(jnp.tensordot(value.a, value.b, axes=1)).reshape(n, m)
+        np.testing.assert_allclose((b @ a).T, ours, rtol=1e-5, atol=1e-6)
+    fresh = quax_lora.loraify(net, rank=2, alpha=4.0, filter=select, key=jr.key(3))
+    loaded = quax_lora.load_adapter(tmp_path, fresh)
+    np.testing.assert_allclose(
+        quax.quaxify(loaded)(x), quax.quaxify(lora)(x), rtol=1e-6, atol=1e-6
+    )
 
 
 @pytest.mark.parametrize(

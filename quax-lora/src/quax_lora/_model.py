@@ -20,7 +20,16 @@ import quax
 from jaxtyping import PRNGKeyArray, PyTree
 
 from ._nnx import adapt_layers, nnx_of, peft_layers, via_state
-from ._peft import CONFIG_NAME, module_name, read_peft, summarise, write_peft
+from ._peft import (
+    CONFIG_NAME,
+    CONV,
+    EMBEDDING,
+    LINEAR,
+    module_name,
+    read_peft,
+    summarise,
+    write_peft,
+)
 from ._value import LoraArray, LoraWarning, MaterialisationError
 
 
@@ -102,13 +111,18 @@ def loraify(
     each selected layer's `nnx.Param` replaced by a `LoraArray` by its path in
     the state, and merged back (`nnx.merge`) into a new module; the model passed
     in is unchanged. By default `filter` selects every `nnx.Linear`; pass
-    `nnx.Embed` for embeddings, and `nnx.LinearGeneral` for the query, key and
-    value of `nnx.MultiHeadAttention` (a kernel `(in, heads, head_dim)`, adapted
-    as the matrix `in x (heads * head_dim)`). An NNX kernel is `(in, out)` (used
-    as `x @ kernel`), so `a` is `(in, rank)` and `b` `(rank, out)`: still
-    `b = 0` at first. Not on NNX: `nnx.Conv` kernels, a `LinearGeneral` with
-    several input axes (the attention's output projection), and DoRA (which
-    normalises the outputs, the columns of an NNX kernel); each raises a
+    `nnx.Embed` for embeddings (`w[i] + s a[i] b`, a gather), `nnx.Conv` (or
+    `nnx.ConvTranspose`) for convolutions and `nnx.LinearGeneral` for the
+    projections of `nnx.MultiHeadAttention`. An NNX kernel is used as
+    `x @ kernel`, its input axes first, so its rows are its input axes
+    (`LoraArray`'s `row_ndim`): a `Linear` kernel `(in, out)` has `a` of shape
+    `(in, rank)` and `b` `(rank, out)`; the query, key and value `(in, heads,
+    head_dim)` are adapted as `in x (heads * head_dim)`, the output projection
+    `(heads, head_dim, out)` as `(heads * head_dim) x out`; a convolution kernel
+    `(*window, in, out)` as `(window * in) x out`, as peft factors a
+    convolution (`a` a kernel with `rank` outputs, `b` a 1x1 one). `b = 0` at
+    first. Not on NNX: grouped convolutions (`feature_group_count > 1`) and DoRA
+    (which normalises the outputs, the columns of an NNX kernel); each raises a
     `ValueError` naming the layer.
 
     **Returns:**
@@ -125,10 +139,12 @@ def loraify(
     matched: list[Any] = []  # layers `filter` selects
     adapted: list[Any] = []  # their weights, adapted now or before
 
-    def adapt_weight(weight: Any, *, embedding: bool, batch_ndim: int | None) -> Any:
+    def adapt_weight(
+        weight: Any, *, embedding: bool, batch_ndim: int | None, row_ndim: int = 1
+    ) -> Any:
         """The `LoraArray` of a selected layer's `weight` (`batch_ndim` of its
-        leading axes batch axes, by default all but two), or `weight` itself
-        where there is nothing to adapt."""
+        leading axes batch axes, by default all but two; its rows the `row_ndim`
+        axes after them), or `weight` itself where there is nothing to adapt."""
         if isinstance(weight, LoraArray):
             adapted.append(weight)
             return weight
@@ -153,8 +169,10 @@ def loraify(
             batch_ndim = len(shape) - 2
         # A layer whose matrices are smaller than `rank` (a 1-output head) gets
         # the largest rank it can use, with the same scale `alpha / rank`.
+        split = batch_ndim + row_ndim
         layer_rank = max(
-            1, min(rank, shape[batch_ndim], math.prod(shape[batch_ndim + 1 :]))
+            1,
+            min(rank, math.prod(shape[batch_ndim:split]), math.prod(shape[split:])),
         )
         # The same scaling for every layer: alpha / rank (alpha / sqrt(rank)).
         ratio = layer_rank / rank
@@ -172,6 +190,7 @@ def loraify(
             allow_materialise=allow_materialise,
             stop_gradient=stop_gradient,
             batch_ndim=batch_ndim,
+            row_ndim=row_ndim,
             variant=variant,
             dropout=dropout,
             key=jr.fold_in(key, next(counter)),
@@ -235,8 +254,9 @@ def _no_match_message(model: Any, filter: Any, where: Any, matched: list[Any]) -
         f"loraify adapted nothing in {scope} (a {type(model).__qualname__}) with "
         f"filter={_describe(filter)}: {found}. Pass filter= the layer type(s) "
         "whose `weight` to adapt (eqx.nn.Linear, eqx.nn.Conv, ...; a layer such as "
-        "eqx.nn.GRUCell has no `weight`; for a Flax NNX model nnx.Linear, nnx.Embed "
-        "or nnx.LinearGeneral, whose `kernel` or `embedding` is adapted), and a "
+        "eqx.nn.GRUCell has no `weight`; for a Flax NNX model nnx.Linear, nnx.Embed, "
+        "nnx.Conv or nnx.LinearGeneral, whose `kernel` or `embedding` is adapted), "
+        "and a "
         "where= that selects layers (or sub-models) rather than their arrays."
     )
 
@@ -503,22 +523,25 @@ class LegacyAdapterWarning(LoraWarning):
 # the leaves alone, and start as a NumPy array does (`\x93NUMPY`).
 _MAGIC = b"quax-lora adapter\n"
 _FORMAT_VERSION = 3
-# Version 2 did not record the variant and the stacked adapters (it had neither).
+# Version 2 did not record the variant and the stacked adapters (it had neither);
+# files of versions 2 and 3 written before `row_ndim` existed do not record it
+# (every array then had rows of one axis).
 _READ_VERSIONS = (2, 3)
 # The settings of a layer that must agree between the file and the model, in the
-# order they are checked and named, and what a file of version 2 had for the
-# ones it did not record.
+# order they are checked and named, and what an earlier file had for the ones it
+# did not record.
 _SETTINGS = (
     "shape",
     "dtype",
     "batch_ndim",
+    "row_ndim",
     "variant",
     "adapters",
     "rank",
     "scaling",
     "stop_gradient",
 )
-_DEFAULTS = {"variant": "lora", "adapters": None}
+_DEFAULTS = {"variant": "lora", "adapters": None, "row_ndim": 1}
 
 
 def _layers(model: PyTree) -> Iterator[tuple[str, LoraArray]]:
@@ -539,6 +562,7 @@ def _settings(lora: LoraArray) -> dict[str, Any]:
         "shape": list(lora.shape),
         "dtype": str(lora.dtype),
         "batch_ndim": lora.batch_ndim,
+        "row_ndim": lora.row_ndim,
         "variant": lora.variant,
         "adapters": lora.adapters,
         "rank": lora.rank,
@@ -620,8 +644,9 @@ def _open(path_or_file: str | pathlib.Path | BinaryIO, mode: str) -> Iterator[An
         yield path_or_file
 
 
-def _peft_layers(model: PyTree) -> list[tuple[str, LoraArray, bool]]:
-    """(module name, array, whether its layer is an `eqx.nn.Embedding`) of every
+def _peft_layers(model: PyTree) -> list[tuple[str, LoraArray, str]]:
+    """(module name, array, what its layer is to peft: an `eqx.nn.Embedding`, a
+    kernel of more than two axes (a convolution) or a `Linear`) of every
     `LoraArray` of `model`, the name as peft writes it (`layers.0`)."""
     embeddings = {
         jtu.keystr(path) + ".weight"
@@ -630,7 +655,14 @@ def _peft_layers(model: PyTree) -> list[tuple[str, LoraArray, bool]]:
         )[0]
         if isinstance(x, eqx.nn.Embedding)
     }
-    return [(module_name(path), x, path in embeddings) for path, x in _layers(model)]
+    return [
+        (
+            module_name(path),
+            x,
+            EMBEDDING if path in embeddings else CONV if x.ndim > 2 else LINEAR,
+        )
+        for path, x in _layers(model)
+    ]
 
 
 def save_adapter(
@@ -705,7 +737,9 @@ def save_adapter(
             fan_in_fan_out = nnx is not None
         write_peft(
             path_or_file,
-            _peft_layers(model) if nnx is None else peft_layers(nnx.state(model)),
+            _peft_layers(model)
+            if nnx is None
+            else peft_layers(model, nnx.state(model)),
             name_map=name_map,
             fan_in_fan_out=fan_in_fan_out,
         )
@@ -828,7 +862,7 @@ def load_adapter(
         format=format,
         name_map=name_map,
         fan_in_fan_out=True if fan_in_fan_out is None else fan_in_fan_out,
-        names=peft_layers,
+        names=lambda state: peft_layers(model, state),
     )
     return nnx.merge(graphdef, loaded, copy=True)
 
@@ -840,7 +874,7 @@ def _load_adapter(
     format: str | None,
     name_map: Mapping[str, str] | Callable[[str], str] | None,
     fan_in_fan_out: bool | None,
-    names: Callable[[PyTree], list[tuple[str, LoraArray, bool]]],
+    names: Callable[[PyTree], list[tuple[str, LoraArray, str]]],
 ) -> PyTree:
     """`load_adapter` into `model` (a PyTree; an NNX model's state), whose
     peft module names `names(model)` gives."""

@@ -12,6 +12,7 @@ from typing import Any
 
 import jax.tree_util as jtu
 
+from ._peft import CONV, EMBEDDING, LINEAR
 from ._value import LoraArray
 
 
@@ -97,30 +98,37 @@ def _name(path: tuple[Any, ...]) -> str:
 
 def _attribute(nnx: ModuleType, path: tuple[Any, ...], layer: Any) -> str | None:
     """The attribute of `layer` loraify adapts (`kernel`, `embedding`), or `None`
-    for a layer without one; a `ValueError` for a layer whose kernel is no
-    `(in, out)` matrix."""
+    for a layer without one; a `ValueError` for a grouped convolution, whose
+    kernel a low-rank update does not fit."""
     if isinstance(layer, nnx.Embed):
         return _EMBEDDING
-    if isinstance(layer, nnx.Conv | nnx.ConvTranspose):
+    if _is_conv(nnx, layer) and getattr(layer, "feature_group_count", 1) != 1:
         raise ValueError(
             f"loraify: the {type(layer).__name__} at `{_name(path)}` of the NNX "
-            "model has a kernel (*window, in, out), which quax-lora does not adapt "
-            "yet (its LoRA is (window * in) x out, and LoraArray factors a kernel "
-            "after its first axis). Leave it out of filter=/where=, or adapt the "
-            "Equinox model's eqx.nn.Conv."
-        )
-    if isinstance(layer, nnx.LinearGeneral) and (
-        len(layer.in_features) != 1 or layer.batch_axis
-    ):
-        raise ValueError(
-            f"loraify: the nnx.LinearGeneral at `{_name(path)}` contracts "
-            f"{len(layer.in_features)} input axes (in_features={layer.in_features}, "
-            f"batch_axis={dict(layer.batch_axis)}); quax-lora adapts a kernel "
-            "(in, *out) with one input axis, such as the query, key and value of "
-            "nnx.MultiHeadAttention. Select those with where= (e.g. where=lambda "
-            "m: (m.attn.query, m.attn.value)), leaving the output projection out."
+            f"model is grouped (feature_group_count={layer.feature_group_count}): "
+            "each group's outputs see only its inputs, which a low-rank update "
+            "of the whole kernel would mix. Leave it out of filter=/where=."
         )
     return _KERNEL if hasattr(layer, _KERNEL) else None
+
+
+def _is_conv(nnx: ModuleType, layer: Any) -> bool:
+    return isinstance(layer, nnx.Conv | nnx.ConvTranspose)
+
+
+def _layout(nnx: ModuleType, layer: Any, ndim: int) -> tuple[int, int]:
+    """(batch_ndim, row_ndim) of `layer`'s kernel of `ndim` axes, as the layer
+    uses it (`x @ kernel`, its input axes first): a convolution kernel
+    `(*window, in, out)` has rows `(*window, in)`, as peft factors a
+    convolution; an `nnx.LinearGeneral` kernel `(*batch, *in, *out)` has its
+    batch axes and its input axes as rows (the output projection of
+    `nnx.MultiHeadAttention`, `(heads, head_dim, out)`, has two); any other
+    kernel or an embedding `(n, *m)` one."""
+    if _is_conv(nnx, layer):
+        return 0, ndim - 1
+    if isinstance(layer, nnx.LinearGeneral):
+        return len(layer.batch_axis), len(layer.in_features)
+    return 0, 1
 
 
 def adapt_layers(
@@ -132,10 +140,11 @@ def adapt_layers(
     where: Callable[[Any], Any] | None,
     variant: str,
 ) -> Any:
-    """`loraify` on an NNX module: `adapt(weight, embedding=..., batch_ndim=0)`
-    (the Equinox path's per-weight step) on the kernel `(in, *out)` or embedding
-    `(vocab, features)` of every layer `filter` selects, by its path in
-    `nnx.split`'s state. Each selected layer is appended to `matched`."""
+    """`loraify` on an NNX module: `adapt(weight, embedding=..., batch_ndim=...,
+    row_ndim=...)` (the Equinox path's per-weight step, with the layout
+    `_layout` gives) on the kernel or embedding of every layer `filter`
+    selects, by its path in `nnx.split`'s state. Each selected layer is appended
+    to `matched`."""
     nnx = nnx_of(model)
     assert nnx is not None
     layers = _selected(nnx, model, filter, where)
@@ -157,23 +166,37 @@ def adapt_layers(
                 "variant='lora' or 'rslora' on NNX models."
             )
         weight = variable.get_value()
-        new = adapt(weight, embedding=embedding, batch_ndim=0)
+        batch_ndim, row_ndim = _layout(nnx, layer, len(weight.shape))
+        new = adapt(
+            weight, embedding=embedding, batch_ndim=batch_ndim, row_ndim=row_ndim
+        )
         if new is not weight:
             flat[(*path, attribute)] = variable.replace(value=new)
     return nnx.merge(graphdef, nnx.from_flat_state(list(flat.items())), copy=True)
 
 
-def peft_layers(state: Any) -> list[tuple[str, LoraArray, bool]]:
-    """(peft module name, array, whether it is an embedding) of every `LoraArray`
-    of an NNX model's `state` (as `nnx.split` gives it), the arrays as
-    `jax.tree_util` maps over `state` meets them: the name is the layer's path,
-    dotted (`layers.0`)."""
+def peft_layers(model: Any, state: Any) -> list[tuple[str, LoraArray, str]]:
+    """(peft module name, array, what its layer is to peft: `EMBEDDING`, `CONV`
+    or `LINEAR`) of every `LoraArray` of an NNX model's `state` (as `nnx.split`
+    gives it for `model`), the arrays as `jax.tree_util` maps over `state` meets
+    them: the name is the layer's path, dotted (`layers.0`)."""
+    nnx = nnx_of(model)
+    assert nnx is not None
+    convs = {path for path, node in _node_paths(nnx, model) if _is_conv(nnx, node)}
     out = []
     leaves, _ = jtu.tree_flatten_with_path(
         state, is_leaf=lambda x: isinstance(x, LoraArray)
     )
     for path, x in leaves:
         if isinstance(x, LoraArray):
-            keys = [k.key for k in path if isinstance(k, jtu.DictKey)]
-            out.append((_name(tuple(keys[:-1])), x, keys[-1] == _EMBEDDING))
+            keys = tuple(k.key for k in path if isinstance(k, jtu.DictKey))
+            layer = keys[:-1]
+            kind = (
+                EMBEDDING
+                if keys[-1] == _EMBEDDING
+                else CONV
+                if layer in convs
+                else LINEAR
+            )
+            out.append((_name(layer), x, kind))
     return out
