@@ -4,7 +4,6 @@
 
 import json
 
-import equinox as eqx
 import jax
 import jax.numpy as jnp
 import jax.random as jr
@@ -54,17 +53,16 @@ def _value(variable):
 
 
 def _with_b(model, key):
-    """`model` with every LoraArray's `b` random (a fresh one's is zero), through
-    its NNX state."""
-    graphdef, state = nnx.split(model)
-    flat = []
+    """A copy of `model` with every LoRA factor `b` random (a fresh one's is
+    zero), through NNX's state of its `nnx.LoRAParam`s."""
+    model = nnx.clone(model)
+    state = nnx.state(model, nnx.LoRAParam)
     for i, (path, variable) in enumerate(nnx.to_flat_state(state)):
-        value = variable.get_value()
-        if isinstance(value, quax_lora.LoraArray):
-            b = jr.normal(jr.fold_in(key, i), value.b.shape, value.b.dtype)
-            variable = variable.replace(value=eqx.tree_at(lambda x: x.b, value, b))
-        flat.append((path, variable))
-    return nnx.merge(graphdef, nnx.from_flat_state(flat))
+        if path[-1] == "b":
+            value = variable.get_value()
+            variable.set_value(jr.normal(jr.fold_in(key, i), value.shape, value.dtype))
+    nnx.update(model, state)
+    return model
 
 
 def _dense_mlp(model, tokens):
@@ -143,29 +141,26 @@ def test_loraify_nnx_where_selects_by_module():
 
 
 def _train(model, steps):
-    """Train the adapters of an NNX model with optax on the LoRA factors only
-    (the state partitioned with `trainable_filter`); the losses and the model."""
-    graphdef, state = nnx.split(model)
-    params, frozen = eqx.partition(state, quax_lora.trainable_filter(state))
-    optimiser = optax.adam(1e-2)
-    opt_state = optimiser.init(params)
+    """Train the adapters of an NNX model with NNX's own idioms: an
+    `nnx.Optimizer` over the `nnx.LoRAParam`s (the factors `a` and `b`), their
+    gradients by `nnx.value_and_grad`, the step under `nnx.jit`. The losses and
+    the trained model (a copy)."""
+    model = nnx.clone(model)
+    optimiser = nnx.Optimizer(model, optax.adam(1e-2), wrt=nnx.LoRAParam)
     target = jnp.sin(jnp.arange(TOKENS.size * 4.0)).reshape(*TOKENS.shape, 4)
 
-    @jax.jit
-    def step(params, opt_state):
-        def loss(params):
-            m = nnx.merge(graphdef, eqx.combine(params, frozen))
-            return jnp.mean((quax.quaxify(m)(TOKENS) - target) ** 2)
+    @nnx.jit
+    def step(model, optimiser):
+        def loss(model):
+            return jnp.mean((quax.quaxify(model)(TOKENS) - target) ** 2)
 
-        value, grads = jax.value_and_grad(loss)(params)
-        updates, opt_state = optimiser.update(grads, opt_state)
-        return optax.apply_updates(params, updates), opt_state, value
+        diff = nnx.DiffState(0, nnx.LoRAParam)
+        value, grads = nnx.value_and_grad(loss, argnums=diff)(model)
+        optimiser.update(model, grads)
+        return value
 
-    losses = []
-    for _ in range(steps):
-        params, opt_state, value = step(params, opt_state)
-        losses.append(float(value))
-    return losses, nnx.merge(graphdef, eqx.combine(params, frozen))
+    losses = [float(step(model, optimiser)) for _ in range(steps)]
+    return losses, model
 
 
 def test_nnx_training_step_trains_only_the_factors():
@@ -194,6 +189,98 @@ def test_nnx_training_step_trains_only_the_factors():
     np.testing.assert_allclose(
         quax.quaxify(tuned)(TOKENS), _dense_mlp(tuned, TOKENS), rtol=1e-5, atol=1e-5
     )
+
+
+def test_nnx_lora_factors_are_lora_params():
+    """The factors are `nnx.LoRAParam`s and the base weight an `nnx.Param`, so
+    NNX's filters tell them apart; `nnx.split`/`nnx.merge` keep the model."""
+    model = MLP(nnx.Rngs(0))
+    lora = _with_b(
+        quax_lora.loraify(
+            model, rank=2, alpha=4.0, filter=(nnx.Linear, nnx.Embed), key=jr.key(1)
+        ),
+        jr.key(2),
+    )
+    factors = nnx.to_flat_state(nnx.state(lora, nnx.LoRAParam))
+    assert sorted(path for path, _ in factors) == sorted(
+        (*layer, name)
+        for layer in (
+            ("embed", "embedding"),
+            ("layers", 0, "kernel"),
+            ("layers", 1, "kernel"),
+        )
+        for name in ("a", "b")
+    )
+    base = nnx.to_flat_state(
+        nnx.state(lora, nnx.All(nnx.Param, nnx.Not(nnx.LoRAParam)))
+    )
+    assert ("layers", 0, "kernel", "w") in dict(base)
+    graphdef, params, rest = nnx.split(lora, nnx.LoRAParam, ...)
+    again = nnx.merge(graphdef, params, rest)
+    np.testing.assert_array_equal(
+        quax.quaxify(again)(TOKENS), quax.quaxify(lora)(TOKENS)
+    )
+
+
+def test_nnx_grad_wrt_lora_params_against_plain_jax():
+    """`nnx.grad` with a `DiffState` selecting `nnx.LoRAParam` gives the
+    gradient of the factors alone, equal to plain JAX's on `w + s a b` formed
+    by hand."""
+    model = MLP(nnx.Rngs(0))
+    lora = _with_b(
+        quax_lora.loraify(
+            model, rank=2, alpha=4.0, filter=(nnx.Linear, nnx.Embed), key=jr.key(1)
+        ),
+        jr.key(2),
+    )
+
+    def loss(m):
+        return jnp.sum(jnp.sin(quax.quaxify(m)(TOKENS)))
+
+    grads = nnx.jit(nnx.grad(loss, argnums=nnx.DiffState(0, nnx.LoRAParam)))(lora)
+    flat = dict(nnx.to_flat_state(grads))
+    assert {path[-1] for path in flat} == {"a", "b"}
+
+    # The reference: the MLP in plain JAX, differentiated w.r.t. the factors.
+    names = ("embed", "layers.0", "layers.1")
+    loras = [_value(lora.embed.embedding), *(_value(x.kernel) for x in lora.layers)]
+
+    def reference(factors):
+        weights = [
+            x.w + x.scaling * (a @ b) for x, (a, b) in zip(loras, factors, strict=True)
+        ]
+        h = weights[0][TOKENS]
+        h = jax.nn.relu(h @ weights[1] + _value(lora.layers[0].bias))
+        return jnp.sum(jnp.sin(h @ weights[2] + _value(lora.layers[1].bias)))
+
+    want = jax.grad(reference)([(x.a, x.b) for x in loras])
+    for name, path, (da, db) in zip(
+        names,
+        (("embed", "embedding"), ("layers", 0, "kernel"), ("layers", 1, "kernel")),
+        want,
+        strict=True,
+    ):
+        np.testing.assert_allclose(
+            flat[(*path, "a")].get_value(), da, rtol=1e-4, atol=1e-5, err_msg=name
+        )
+        np.testing.assert_allclose(
+            flat[(*path, "b")].get_value(), db, rtol=1e-4, atol=1e-5, err_msg=name
+        )
+
+
+def test_nnx_optimizer_holds_state_for_the_factors_only():
+    """`nnx.Optimizer(model, optax.adam(...), wrt=nnx.LoRAParam)` keeps Adam's
+    moments for `a` and `b` alone: none the size of a base weight."""
+    model = MLP(nnx.Rngs(0))
+    lora = quax_lora.loraify(model, rank=2, alpha=4.0, key=jr.key(1))
+    optimiser = nnx.Optimizer(lora, optax.adam(1e-2), wrt=nnx.LoRAParam)
+    sizes = [
+        np.size(x)
+        for x in jax.tree_util.tree_leaves(nnx.state(optimiser.opt_state))
+        if np.ndim(x) > 0
+    ]
+    trainable = quax_lora.count_parameters(lora).trainable
+    assert sum(sizes) == 2 * trainable, sizes
 
 
 def test_nnx_save_adapter_peft_layout(tmp_path):

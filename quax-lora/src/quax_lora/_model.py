@@ -19,7 +19,16 @@ import numpy as np
 import quax
 from jaxtyping import PRNGKeyArray, PyTree
 
-from ._nnx import adapt_layers, nnx_of, peft_layers, via_state
+from ._nnx import (
+    adapt_layers,
+    adapters_of,
+    layer_name,
+    nnx_of,
+    peft_kinds,
+    replace_kernels,
+    update_kernels,
+    weights_of,
+)
 from ._peft import (
     CONFIG_NAME,
     CONV,
@@ -107,10 +116,14 @@ def loraify(
         match `filter` are adapted. By default the whole model.
     - `key`: a `jax.random` key; each layer gets its own.
 
-    **Flax NNX models.** An `nnx.Module` is split (`nnx.split`), the value of
-    each selected layer's `nnx.Param` replaced by a `LoraArray` by its path in
-    the state, and merged back (`nnx.merge`) into a new module; the model passed
-    in is unchanged. By default `filter` selects every `nnx.Linear`; pass
+    **Flax NNX models.** An `nnx.Module` is copied (`nnx.clone`; the model passed
+    in is unchanged), and each selected layer's `kernel` (or `embedding`)
+    replaced by a LoRA kernel: an `nnx.Module` holding `w` as an `nnx.Param` and
+    `a` and `b` as `nnx.LoRAParam`s, which the layer reads (`kernel[...]`) as the
+    `LoraArray`, and which JAX sees as that `LoraArray`. NNX's filters then pick
+    the adapter: `nnx.Optimizer(model, tx, wrt=nnx.LoRAParam)`,
+    `nnx.grad(loss, argnums=nnx.DiffState(0, nnx.LoRAParam))`. By default
+    `filter` selects every `nnx.Linear`; pass
     `nnx.Embed` for embeddings (`w[i] + s a[i] b`, a gather), `nnx.Conv` (or
     `nnx.ConvTranspose`) for convolutions and `nnx.LinearGeneral` for the
     projections of `nnx.MultiHeadAttention`. An NNX kernel is used as
@@ -285,10 +298,6 @@ def merge(model: PyTree) -> PyTree:
     or keep the model unmerged and call it inside `quax.quaxify`.
     """
 
-    nnx = nnx_of(model)
-    if nnx is not None:
-        return via_state(nnx, merge, model)
-
     def dense(x: Any) -> Any:
         if not isinstance(x, LoraArray):
             return x
@@ -307,6 +316,8 @@ def merge(model: PyTree) -> PyTree:
                 ) from e
         return x.dense_from(w)
 
+    if nnx_of(model) is not None:
+        return replace_kernels(model, lambda _, lora: dense(lora))
     return jtu.tree_map(dense, model, is_leaf=is_lora)
 
 
@@ -340,10 +351,6 @@ def unmerge(merged: PyTree, model: PyTree) -> PyTree:
     one first), or for a base weight that was a `quax.ArrayValue` (say
     quantised: the difference is a dense array; quantise it again yourself).
     """
-
-    nnx = nnx_of(model)
-    if nnx is not None:
-        return via_state(nnx, lambda state: unmerge(nnx.state(merged), state), model)
 
     def base(lora: Any, dense: Any) -> Any:
         if not isinstance(lora, LoraArray):
@@ -381,6 +388,19 @@ def unmerge(merged: PyTree, model: PyTree) -> PyTree:
         w = (dense - lora.delta()).astype(dense.dtype)
         return lora.replace(w=w)
 
+    if nnx_of(model) is not None:
+        weights = weights_of(merged)
+
+        def nnx_base(path: tuple[Any, ...], lora: LoraArray) -> LoraArray:
+            if path not in weights:
+                raise ValueError(
+                    f"quax_lora.unmerge: the merged NNX model has no weight at "
+                    f"`{'.'.join(map(str, path))}`, where the model has a LoRA "
+                    "kernel; pass the model merge made from it."
+                )
+            return base(lora, weights[path])
+
+        return update_kernels(model, nnx_base)
     return jtu.tree_map(base, model, merged, is_leaf=is_lora)
 
 
@@ -482,9 +502,7 @@ def count_parameters(model: PyTree) -> ParameterCount:
 
     A [`quax_lora.ParameterCount`][].
     """
-    nnx = nnx_of(model)
-    if nnx is not None:
-        model = nnx.state(model)
+    # (An NNX model is a PyTree too, its LoRA kernels `LoraArray`s.)
     # What `trainable_filter` selects: `a`, `b`, and `w` unless it is frozen.
     loras = [x for x in jtu.tree_leaves(model, is_leaf=is_lora) if is_lora(x)]
     trainable = [
@@ -665,6 +683,13 @@ def _peft_layers(model: PyTree) -> list[tuple[str, LoraArray, str]]:
     ]
 
 
+def _nnx_peft_layers(model: Any) -> list[tuple[str, LoraArray, str]]:
+    """(module name, array, what its layer is to peft) of every adapted layer of
+    the NNX `model`, the name its path, dotted (`layers.0`)."""
+    kinds = peft_kinds(model)
+    return [(name, x, kinds[name]) for name, x in adapters_of(model).items()]
+
+
 def save_adapter(
     path_or_file: str | pathlib.Path | BinaryIO,
     model: PyTree,
@@ -713,9 +738,8 @@ def save_adapter(
         `Conv1D`. By default `False` (`eqx.nn.Linear`'s are `(out, in)`), and
         `True` for a Flax NNX model (its kernels are `(in, out)`).
 
-    A Flax NNX model is saved from its state (`nnx.state`): in peft's layout
-    each layer is named by its path (`layers.0` for the kernel of
-    `model.layers[0]`).
+    A Flax NNX model is saved from its LoRA kernels: each layer is named by its
+    path (`layers.0` for the kernel of `model.layers[0]`), in both formats.
 
     **Returns:**
 
@@ -737,9 +761,7 @@ def save_adapter(
             fan_in_fan_out = nnx is not None
         write_peft(
             path_or_file,
-            _peft_layers(model)
-            if nnx is None
-            else peft_layers(model, nnx.state(model)),
+            _peft_layers(model) if nnx is None else _nnx_peft_layers(model),
             name_map=name_map,
             fan_in_fan_out=fan_in_fan_out,
         )
@@ -749,7 +771,7 @@ def save_adapter(
             f"quax_lora.save_adapter needs format='quax' or 'peft', got {format!r}."
         )
     if nnx is not None:
-        model = nnx.state(model)
+        model = adapters_of(model)
     header = json.dumps(
         {
             "version": _FORMAT_VERSION,
@@ -831,9 +853,8 @@ def load_adapter(
         Flax NNX model (its kernels are `(in, out)`, whatever the layout of the
         torch model the adapter was made for: peft's tensors are the same).
 
-    A Flax NNX model is loaded through its state (`nnx.split`, then
-    `nnx.merge` into a new module), its layers named as `save_adapter` names
-    them.
+    A Flax NNX model is loaded into a copy (`nnx.clone`), its layers named as
+    `save_adapter` names them.
 
     **Returns:**
 
@@ -855,16 +876,16 @@ def load_adapter(
             fan_in_fan_out=fan_in_fan_out,
             names=_peft_layers,
         )
-    graphdef, state = nnx.split(model)
+    kinds = peft_kinds(model)
     loaded = _load_adapter(
         path_or_file,
-        state,
+        adapters_of(model),
         format=format,
         name_map=name_map,
         fan_in_fan_out=True if fan_in_fan_out is None else fan_in_fan_out,
-        names=lambda state: peft_layers(model, state),
+        names=lambda adapters: [(k, v, kinds[k]) for k, v in adapters.items()],
     )
-    return nnx.merge(graphdef, loaded, copy=True)
+    return update_kernels(model, lambda path, _: loaded[layer_name(path)])
 
 
 def _load_adapter(
