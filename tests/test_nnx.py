@@ -4,7 +4,6 @@
 
 import json
 
-import equinox as eqx
 import jax
 import jax.numpy as jnp
 import jax.random as jr
@@ -54,17 +53,16 @@ def _value(variable):
 
 
 def _with_b(model, key):
-    """`model` with every LoraArray's `b` random (a fresh one's is zero), through
-    its NNX state."""
-    graphdef, state = nnx.split(model)
-    flat = []
+    """A copy of `model` with every LoRA factor `b` random (a fresh one's is
+    zero), through NNX's state of its `nnx.LoRAParam`s."""
+    model = nnx.clone(model)
+    state = nnx.state(model, nnx.LoRAParam)
     for i, (path, variable) in enumerate(nnx.to_flat_state(state)):
-        value = variable.get_value()
-        if isinstance(value, quax_lora.LoraArray):
-            b = jr.normal(jr.fold_in(key, i), value.b.shape, value.b.dtype)
-            variable = variable.replace(value=eqx.tree_at(lambda x: x.b, value, b))
-        flat.append((path, variable))
-    return nnx.merge(graphdef, nnx.from_flat_state(flat))
+        if path[-1] == "b":
+            value = variable.get_value()
+            variable.set_value(jr.normal(jr.fold_in(key, i), value.shape, value.dtype))
+    nnx.update(model, state)
+    return model
 
 
 def _dense_mlp(model, tokens):
@@ -143,29 +141,26 @@ def test_loraify_nnx_where_selects_by_module():
 
 
 def _train(model, steps):
-    """Train the adapters of an NNX model with optax on the LoRA factors only
-    (the state partitioned with `trainable_filter`); the losses and the model."""
-    graphdef, state = nnx.split(model)
-    params, frozen = eqx.partition(state, quax_lora.trainable_filter(state))
-    optimiser = optax.adam(1e-2)
-    opt_state = optimiser.init(params)
+    """Train the adapters of an NNX model with NNX's own idioms: an
+    `nnx.Optimizer` over the `nnx.LoRAParam`s (the factors `a` and `b`), their
+    gradients by `nnx.value_and_grad`, the step under `nnx.jit`. The losses and
+    the trained model (a copy)."""
+    model = nnx.clone(model)
+    optimiser = nnx.Optimizer(model, optax.adam(1e-2), wrt=nnx.LoRAParam)
     target = jnp.sin(jnp.arange(TOKENS.size * 4.0)).reshape(*TOKENS.shape, 4)
 
-    @jax.jit
-    def step(params, opt_state):
-        def loss(params):
-            m = nnx.merge(graphdef, eqx.combine(params, frozen))
-            return jnp.mean((quax.quaxify(m)(TOKENS) - target) ** 2)
+    @nnx.jit
+    def step(model, optimiser):
+        def loss(model):
+            return jnp.mean((quax.quaxify(model)(TOKENS) - target) ** 2)
 
-        value, grads = jax.value_and_grad(loss)(params)
-        updates, opt_state = optimiser.update(grads, opt_state)
-        return optax.apply_updates(params, updates), opt_state, value
+        diff = nnx.DiffState(0, nnx.LoRAParam)
+        value, grads = nnx.value_and_grad(loss, argnums=diff)(model)
+        optimiser.update(model, grads)
+        return value
 
-    losses = []
-    for _ in range(steps):
-        params, opt_state, value = step(params, opt_state)
-        losses.append(float(value))
-    return losses, nnx.merge(graphdef, eqx.combine(params, frozen))
+    losses = [float(step(model, optimiser)) for _ in range(steps)]
+    return losses, model
 
 
 def test_nnx_training_step_trains_only_the_factors():
@@ -194,6 +189,98 @@ def test_nnx_training_step_trains_only_the_factors():
     np.testing.assert_allclose(
         quax.quaxify(tuned)(TOKENS), _dense_mlp(tuned, TOKENS), rtol=1e-5, atol=1e-5
     )
+
+
+def test_nnx_lora_factors_are_lora_params():
+    """The factors are `nnx.LoRAParam`s and the base weight an `nnx.Param`, so
+    NNX's filters tell them apart; `nnx.split`/`nnx.merge` keep the model."""
+    model = MLP(nnx.Rngs(0))
+    lora = _with_b(
+        quax_lora.loraify(
+            model, rank=2, alpha=4.0, filter=(nnx.Linear, nnx.Embed), key=jr.key(1)
+        ),
+        jr.key(2),
+    )
+    factors = nnx.to_flat_state(nnx.state(lora, nnx.LoRAParam))
+    assert sorted(path for path, _ in factors) == sorted(
+        (*layer, name)
+        for layer in (
+            ("embed", "embedding"),
+            ("layers", 0, "kernel"),
+            ("layers", 1, "kernel"),
+        )
+        for name in ("a", "b")
+    )
+    base = nnx.to_flat_state(
+        nnx.state(lora, nnx.All(nnx.Param, nnx.Not(nnx.LoRAParam)))
+    )
+    assert ("layers", 0, "kernel", "w") in dict(base)
+    graphdef, params, rest = nnx.split(lora, nnx.LoRAParam, ...)
+    again = nnx.merge(graphdef, params, rest)
+    np.testing.assert_array_equal(
+        quax.quaxify(again)(TOKENS), quax.quaxify(lora)(TOKENS)
+    )
+
+
+def test_nnx_grad_wrt_lora_params_against_plain_jax():
+    """`nnx.grad` with a `DiffState` selecting `nnx.LoRAParam` gives the
+    gradient of the factors alone, equal to plain JAX's on `w + s a b` formed
+    by hand."""
+    model = MLP(nnx.Rngs(0))
+    lora = _with_b(
+        quax_lora.loraify(
+            model, rank=2, alpha=4.0, filter=(nnx.Linear, nnx.Embed), key=jr.key(1)
+        ),
+        jr.key(2),
+    )
+
+    def loss(m):
+        return jnp.sum(jnp.sin(quax.quaxify(m)(TOKENS)))
+
+    grads = nnx.jit(nnx.grad(loss, argnums=nnx.DiffState(0, nnx.LoRAParam)))(lora)
+    flat = dict(nnx.to_flat_state(grads))
+    assert {path[-1] for path in flat} == {"a", "b"}
+
+    # The reference: the MLP in plain JAX, differentiated w.r.t. the factors.
+    names = ("embed", "layers.0", "layers.1")
+    loras = [_value(lora.embed.embedding), *(_value(x.kernel) for x in lora.layers)]
+
+    def reference(factors):
+        weights = [
+            x.w + x.scaling * (a @ b) for x, (a, b) in zip(loras, factors, strict=True)
+        ]
+        h = weights[0][TOKENS]
+        h = jax.nn.relu(h @ weights[1] + _value(lora.layers[0].bias))
+        return jnp.sum(jnp.sin(h @ weights[2] + _value(lora.layers[1].bias)))
+
+    want = jax.grad(reference)([(x.a, x.b) for x in loras])
+    for name, path, (da, db) in zip(
+        names,
+        (("embed", "embedding"), ("layers", 0, "kernel"), ("layers", 1, "kernel")),
+        want,
+        strict=True,
+    ):
+        np.testing.assert_allclose(
+            flat[(*path, "a")].get_value(), da, rtol=1e-4, atol=1e-5, err_msg=name
+        )
+        np.testing.assert_allclose(
+            flat[(*path, "b")].get_value(), db, rtol=1e-4, atol=1e-5, err_msg=name
+        )
+
+
+def test_nnx_optimizer_holds_state_for_the_factors_only():
+    """`nnx.Optimizer(model, optax.adam(...), wrt=nnx.LoRAParam)` keeps Adam's
+    moments for `a` and `b` alone: none the size of a base weight."""
+    model = MLP(nnx.Rngs(0))
+    lora = quax_lora.loraify(model, rank=2, alpha=4.0, key=jr.key(1))
+    optimiser = nnx.Optimizer(lora, optax.adam(1e-2), wrt=nnx.LoRAParam)
+    sizes = [
+        np.size(x)
+        for x in jax.tree_util.tree_leaves(nnx.state(optimiser.opt_state))
+        if np.ndim(x) > 0
+    ]
+    trainable = quax_lora.count_parameters(lora).trainable
+    assert sum(sizes) == 2 * trainable, sizes
 
 
 def test_nnx_save_adapter_peft_layout(tmp_path):
@@ -272,11 +359,11 @@ def test_nnx_attention_query_value():
 
 def test_nnx_loraify_refusals():
     block = Block(nnx.Rngs(0))
-    with pytest.raises(ValueError, match=r"`attn\.out`.*input axes"):
-        quax_lora.loraify(block, rank=2, filter=nnx.LinearGeneral, key=jr.key(1))
-    conv = nnx.Conv(3, 4, kernel_size=(3, 3), rngs=nnx.Rngs(0))
-    with pytest.raises(ValueError, match=r"Conv.*\(\*window, in, out\)"):
-        quax_lora.loraify(conv, rank=2, filter=nnx.Conv, key=jr.key(1))
+    grouped = nnx.Conv(
+        4, 6, kernel_size=(3, 3), feature_group_count=2, rngs=nnx.Rngs(0)
+    )
+    with pytest.raises(ValueError, match=r"Conv.*grouped \(feature_group_count=2\)"):
+        quax_lora.loraify(grouped, rank=2, filter=nnx.Conv, key=jr.key(1))
     with pytest.raises(ValueError, match=r"variant='dora'.*NNX kernel"):
         quax_lora.loraify(MLP(nnx.Rngs(0)), rank=2, variant="dora", key=jr.key(1))
     with pytest.raises(ValueError, match="not a module of the NNX model"):
@@ -285,6 +372,152 @@ def test_nnx_loraify_refusals():
         )
     with pytest.raises(ValueError, match="adapted nothing"):
         quax_lora.loraify(block, rank=2, filter=nnx.Embed, key=jr.key(1))
+
+
+def _hwio_delta(lora):
+    """`s a b` of an NNX convolution's LoraArray, by hand: `a` (*window, in,
+    rank), `b` (rank, out)."""
+    return lora.scaling * jnp.einsum("hwir,ro->hwio", lora.a, lora.b)
+
+
+@pytest.mark.parametrize(
+    ("cls", "kwargs"),
+    [
+        (nnx.Conv, {}),
+        (nnx.Conv, {"strides": 2, "padding": "VALID", "kernel_dilation": 2}),
+        (nnx.ConvTranspose, {"strides": 2}),
+    ],
+)
+def test_nnx_conv_lora_against_plain_nnx(cls, kwargs):
+    """LoRA on `nnx.Conv`'s kernel (*window, in, out) as peft factors a
+    convolution, (window * in) x out, as quax-lora does `eqx.nn.Conv`'s (out, in,
+    *window) as out x (in * window): `a` a kernel with `rank` outputs, `b` 1x1."""
+    conv = cls(3, 5, kernel_size=(3, 3), rngs=nnx.Rngs(0), **kwargs)
+    x = jr.normal(jr.key(5), (2, 9, 9, 3))
+    lora = quax_lora.loraify(conv, rank=2, alpha=4.0, filter=cls, key=jr.key(1))
+    kernel = _value(lora.kernel)
+    assert (kernel.a.shape, kernel.b.shape, kernel.row_ndim) == (
+        (3, 3, 3, 2),
+        (2, 5),
+        3,
+    )
+    np.testing.assert_allclose(quax.quaxify(lora)(x), conv(x), rtol=1e-6)
+    lora = _with_b(lora, jr.key(2))
+    kernel = _value(lora.kernel)
+    dense = nnx.clone(conv)
+    dense.kernel.set_value(_value(conv.kernel) + _hwio_delta(kernel))
+    expected = dense(x)
+    assert not np.allclose(expected, conv(x), atol=1e-3)
+    np.testing.assert_allclose(
+        jax.jit(quax.quaxify(lora))(x), expected, rtol=1e-5, atol=1e-5
+    )
+    np.testing.assert_allclose(quax_lora.merge(lora)(x), expected, rtol=1e-5, atol=1e-5)
+    # The dense kernel is never formed: no product or sum of its shape.
+    jaxpr = jax.make_jaxpr(quax.quaxify(lora))(x)
+    shapes = [
+        tuple(v.aval.shape)
+        for eqn in jaxpr.jaxpr.eqns
+        if eqn.primitive.name in ("dot_general", "add")
+        for v in eqn.outvars
+    ]
+    assert (3, 3, 3, 5) not in shapes, shapes
+
+
+def test_nnx_embed_is_a_gather():
+    """LoRA on `nnx.Embed`: `w[i] + s a[i] b`, the rows of `a` gathered; the
+    (vocab, d) update is never formed."""
+    embed = nnx.Embed(1000, 8, rngs=nnx.Rngs(0))
+    lora = _with_b(
+        quax_lora.loraify(embed, rank=2, alpha=4.0, filter=nnx.Embed, key=jr.key(1)),
+        jr.key(2),
+    )
+    table = _value(lora.embedding)
+    expected = table.w[TOKENS] + table.scaling * (table.a[TOKENS] @ table.b)
+    np.testing.assert_allclose(
+        jax.jit(quax.quaxify(lora))(TOKENS), expected, rtol=1e-6, atol=1e-6
+    )
+    jaxpr = jax.make_jaxpr(quax.quaxify(lora))(TOKENS)
+    shapes = [tuple(v.aval.shape) for eqn in jaxpr.jaxpr.eqns for v in eqn.outvars]
+    assert (1000, 8) not in shapes, shapes
+
+
+def test_nnx_attention_every_projection():
+    """LoRA on the four `nnx.LinearGeneral`s of `nnx.MultiHeadAttention`: the
+    query, key and value (in, heads, head_dim) and the output projection
+    (heads, head_dim, out), whose rows are two axes."""
+    block = Block(nnx.Rngs(0))
+    x = jr.normal(jr.key(5), (2, 5, 16))
+    lora = quax_lora.loraify(
+        block, rank=2, alpha=4.0, filter=nnx.LinearGeneral, key=jr.key(1)
+    )
+    out = _value(lora.attn.out.kernel)
+    assert (out.a.shape, out.b.shape, out.row_ndim) == ((2, 8, 2), (2, 16), 2)
+    np.testing.assert_allclose(quax.quaxify(lora)(x), block(x), rtol=1e-6)
+    lora = _with_b(lora, jr.key(2))
+    dense = nnx.clone(block)
+    for name in ("query", "key", "value", "out"):
+        value = _value(getattr(lora.attn, name).kernel)
+        kernel = getattr(dense.attn, name).kernel
+        delta = jnp.tensordot(value.a, value.b, axes=1)
+        kernel.set_value(kernel.get_value() + value.scaling * delta)
+    np.testing.assert_allclose(
+        jax.jit(quax.quaxify(lora))(x), dense(x), rtol=1e-5, atol=1e-5
+    )
+
+
+def test_nnx_conv_and_attention_peft_layout(tmp_path):
+    """peft's tensors of an NNX convolution (torch's Conv2d: lora_A (rank, in,
+    kh, kw), lora_B (out, rank, 1, 1)) and of attention projections (torch's
+    Linear, heads and head_dim flattened), whose products are the update by
+    hand; read back, the same outputs."""
+
+    class Net(nnx.Module):
+        def __init__(self, rngs):
+            self.conv = nnx.Conv(3, 16, kernel_size=(3, 3), rngs=rngs)
+            self.attn = nnx.MultiHeadAttention(
+                num_heads=2, in_features=16, decode=False, rngs=rngs
+            )
+
+        def __call__(self, x):
+            y = self.conv(x).reshape(x.shape[0], -1, 16)
+            return self.attn(y)
+
+    net = Net(nnx.Rngs(0))
+    x = jr.normal(jr.key(5), (2, 4, 4, 3))
+    select = (nnx.Conv, nnx.LinearGeneral)
+    lora = _with_b(
+        quax_lora.loraify(net, rank=2, alpha=4.0, filter=select, key=jr.key(1)),
+        jr.key(2),
+    )
+    quax_lora.save_adapter(tmp_path, lora, format="peft")
+    tensors = safetensors_numpy.load_file(str(tmp_path / "adapter_model.safetensors"))
+    prefix = "base_model.model."
+    conv_a = tensors[f"{prefix}conv.lora_A.weight"]
+    conv_b = tensors[f"{prefix}conv.lora_B.weight"]
+    assert conv_a.shape == (2, 3, 3, 3) and conv_b.shape == (16, 2, 1, 1)
+    kernel = _value(lora.conv.kernel)
+    # torch's (out, in, kh, kw) update B @ A, against ours (kh, kw, in, out).
+    torch_delta = np.einsum("or,rihw->oihw", conv_b[:, :, 0, 0], conv_a)
+    np.testing.assert_allclose(
+        torch_delta,
+        np.transpose(
+            np.asarray(jnp.einsum("hwir,ro->hwio", kernel.a, kernel.b)), (3, 2, 0, 1)
+        ),
+        rtol=1e-5,
+        atol=1e-6,
+    )
+    for name, n, m in (("query", 16, 16), ("out", 16, 16)):
+        a = tensors[f"{prefix}attn.{name}.lora_A.weight"]
+        b = tensors[f"{prefix}attn.{name}.lora_B.weight"]
+        assert a.shape == (2, n) and b.shape == (m, 2)
+        value = _value(getattr(lora.attn, name).kernel)
+        ours = np.asarray(jnp.tensordot(value.a, value.b, axes=1)).reshape(n, m)
+        np.testing.assert_allclose((b @ a).T, ours, rtol=1e-5, atol=1e-6)
+    fresh = quax_lora.loraify(net, rank=2, alpha=4.0, filter=select, key=jr.key(3))
+    loaded = quax_lora.load_adapter(tmp_path, fresh)
+    np.testing.assert_allclose(
+        quax.quaxify(loaded)(x), quax.quaxify(lora)(x), rtol=1e-6, atol=1e-6
+    )
 
 
 @pytest.mark.parametrize(
