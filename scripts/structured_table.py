@@ -21,7 +21,9 @@ README = Path(__file__).parents[1] / "quax-structured" / "README.md"
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        description="Write quax-structured's generated support table into its README."
+    )
     parser.add_argument(
         "--check", action="store_true", help="only check, exit 1 if it differs"
     )

@@ -154,6 +154,14 @@ def test_kronecker_plus_identity_eigh_svd_lstsq():
     np.testing.assert_allclose(x, np.linalg.lstsq(dense, rhs, rcond=None)[0], atol=1e-9)
 
 
+def test_kronecker_plus_identity_svd_zero_eigenvalue():
+    """A zero eigenvalue (`sign 0 = 0` would zero its left vector)."""
+    a, b = jnp.diag(jnp.asarray([1.0, 2.0])), jnp.ones((2, 2))
+    m = KroneckerPlusIdentity(a, b, jnp.asarray(0.0))
+    u, s, vh = quax.quaxify(jnp.linalg.svd)(m)
+    _svd_matches(np.asarray(u), np.asarray(s), np.asarray(vh), np.kron(a, b))
+
+
 def test_lstsq_pinv_rank_deficient_diagonal():
     """The minimum-norm solution and the pseudo-inverse (unique) of a singular
     diagonal matrix: zeros where `d` is zero."""

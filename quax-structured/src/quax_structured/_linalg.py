@@ -34,7 +34,7 @@ from ._values._kronecker import Kronecker, KroneckerPlusIdentity
 from ._values._lowrank import LowRank, LowRankPlusDiagonal
 
 
-__all__ = ["EXPM_TYPES", "eigh", "expm", "qr", "svd"]
+__all__ = ["EXPM_TYPES", "eigh_of", "expm_of", "qr_of", "svd_of"]
 
 
 # The structures `expm` has an algorithm for (`Kronecker`: see `expm`), as the
@@ -51,7 +51,7 @@ EXPM_TYPES = (
 )
 
 
-def svd(x: StructuredMatrix, compute_uv: bool) -> list[Array] | None:
+def svd_of(x: StructuredMatrix, compute_uv: bool) -> list[Array] | None:
     """`svd_p`'s outputs for `x` (`[s]`, or `[s, U, Vᴴ]`): square matrices, so
     `full_matrices` does not change them."""
     if isinstance(x, ScaledIdentity):
@@ -77,18 +77,19 @@ def svd(x: StructuredMatrix, compute_uv: bool) -> list[Array] | None:
         )
         return [s, left, jnp.conj(jnp.swapaxes(right, -1, -2))]
     if isinstance(x, KroneckerPlusIdentity):
-        # Symmetric: `|λ|` with the eigenvectors, the left ones times `sign(λ)`.
-        values, vectors = eigh(x)
+        # Symmetric: `|λ|` with the eigenvectors, the left ones negated where `λ < 0`.
+        values, vectors = eigh_of(x)
         if not compute_uv:
             return [jnp.sort(jnp.abs(values), descending=True)]
+        signs = jnp.where(values < 0, -1, 1).astype(vectors.dtype)
         s, left, right = sorted_columns(
-            jnp.abs(values), vectors * jnp.sign(values), vectors, descending=True
+            jnp.abs(values), vectors * signs, vectors, descending=True
         )
         return [s, left, right.T]
     return None
 
 
-def qr(x: StructuredMatrix) -> tuple[Any, Any] | None:
+def qr_of(x: StructuredMatrix) -> tuple[Any, Any] | None:
     """`Q`, `R` (`Q` unitary, `R` upper triangular, `Q R = x`), structured where
     the factors have the structure: `I` and the matrix itself for a diagonal
     matrix, the factors' QR factorisations for a Kronecker product (`(Qa ⊗ Qb)
@@ -111,7 +112,7 @@ def qr(x: StructuredMatrix) -> tuple[Any, Any] | None:
     return None
 
 
-def eigh(x: LowRank | KroneckerPlusIdentity) -> tuple[Array, Array]:
+def eigh_of(x: LowRank | KroneckerPlusIdentity) -> tuple[Array, Array]:
     """The eigenvalues (ascending) and orthonormal eigenvectors of the
     (symmetrised) `x`: the low-rank one through a thin QR factorisation (see
     `lowrank_eigh`), `A ⊗ B + c I` through the factors' eigendecompositions,
@@ -145,8 +146,9 @@ def _kronecker_sum_sides(x: StructuredMatrix) -> tuple[Array, Array] | None:
     `Sum` of `Kronecker`s, each with a factor that the program shows to be a
     constant multiple of the identity (`Kronecker(a, c * jnp.eye(nb))`). Else
     `None`."""
-    terms = x.terms if isinstance(x, Sum) else (x,)
-    if not all(isinstance(t, Kronecker) for t in terms):
+    parts = x.terms if isinstance(x, Sum) else (x,)
+    terms = [t for t in parts if isinstance(t, Kronecker)]
+    if len(terms) != len(parts):
         return None
     shapes = {(t.left.shape, t.right.shape) for t in terms}
     if len(shapes) != 1:
@@ -165,7 +167,7 @@ def _kronecker_sum_sides(x: StructuredMatrix) -> tuple[Array, Array] | None:
     return left, right
 
 
-def expm(x: StructuredMatrix) -> Any | None:
+def expm_of(x: StructuredMatrix) -> Any | None:
     """`jax.scipy.linalg.expm(x)`, exactly (no Padé approximant), where the
     structure gives it: `exp` of the diagonal; the circulant with eigenvalues
     `exp(fft(column))`; each block's `expm`; `I + U φ(Vᵀ U) Vᵀ` for a low-rank

@@ -15,8 +15,8 @@ from jax.extend.core import primitives as prims
 from jaxtyping import Array, ArrayLike
 from quax.zero import Zero, is_ieee_strict
 
-from . import _linalg
 from ._kernels import keep_or_scale
+from ._linalg import EXPM_TYPES, eigh_of, expm_of, qr_of, svd_of
 from ._values._base import MaterialisationError, StructuredMatrix
 from ._values._composite import add, closed_sum, matmul
 from ._values._determinant import DeterminantLU, HalfSolved
@@ -708,11 +708,11 @@ def _(
     **params: Any,
 ) -> Any:
     """`jnp.linalg.svd`, `svdvals` (`compute_uv=False`), and the `svd` inside
-    `jnp.linalg.lstsq` and `pinv`: through the structure (see `_linalg.svd`)."""
+    `jnp.linalg.lstsq` and `pinv`: through the structure (see `_linalg.svd_of`)."""
     out = None
     whole = (0, min(x.shape[-2:]))
     if subset_by_index is None or tuple(subset_by_index) == whole:
-        out = _linalg.svd(x, compute_uv)
+        out = svd_of(x, compute_uv)
     if out is None:
         params = dict(
             full_matrices=full_matrices,
@@ -729,8 +729,8 @@ def _(
     x: StructuredMatrix, *, pivoting: bool, full_matrices: bool, **params: Any
 ) -> Any:
     """`jnp.linalg.qr` (any mode: the matrices are square): structured factors
-    where the structure has them (see `_linalg.qr`); column pivoting refuses."""
-    out = None if pivoting else _linalg.qr(x)
+    where the structure has them (see `_linalg.qr_of`); column pivoting refuses."""
+    out = None if pivoting else qr_of(x)
     if out is None:
         params = dict(pivoting=pivoting, full_matrices=full_matrices, **params)
         return _fallback(lax.linalg.qr_p, [x], params)
@@ -742,21 +742,21 @@ def _(
     x: LowRank | KroneckerPlusIdentity, *, subset_by_index: Any = None, **params: Any
 ) -> Any:
     """`jnp.linalg.eigh`/`eigvalsh` of a low-rank matrix (thin QR) or of `A ⊗ B +
-    c I` (the factors' eigendecompositions): see `_linalg.eigh`."""
+    c I` (the factors' eigendecompositions): see `_linalg.eigh_of`."""
     if subset_by_index is not None and tuple(subset_by_index) != (0, x.shape[-1]):
         params = dict(subset_by_index=subset_by_index, **params)
         return _fallback(lax.linalg.eigh_p, [x], params)
-    values, vectors = _linalg.eigh(x)
+    values, vectors = eigh_of(x)
     return [vectors, values]
 
 
 def _expm_source() -> str | None:
-    """Where `jax.scipy.linalg.expm` is defined, as JAX records a traced
-    function's source (`"expm at <file>:<line>"`, without the line)."""
-    try:
-        return inspect.getsourcefile(inspect.unwrap(jsl.expm))
-    except (TypeError, OSError):
+    """`jax.scipy.linalg.expm`'s function as JAX records a traced function's
+    source (`"expm at <file>:<first line>"`, from its code object)."""
+    code = getattr(inspect.unwrap(jsl.expm), "__code__", None)
+    if code is None:
         return None
+    return f"expm at {code.co_filename}:{code.co_firstlineno}"
 
 
 _EXPM_SOURCE = _expm_source()
@@ -769,10 +769,7 @@ def _is_expm(jaxpr: Any, name: str) -> bool:
     if name != "expm" or _EXPM_SOURCE is None:
         return False
     info = getattr(getattr(jaxpr, "jaxpr", None), "debug_info", None)
-    source = getattr(info, "func_src_info", None)
-    if not isinstance(source, str) or not source.startswith("expm at "):
-        return False
-    return source[len("expm at ") :].rsplit(":", 1)[0] == _EXPM_SOURCE
+    return getattr(info, "func_src_info", None) == _EXPM_SOURCE
 
 
 @quax.register(prims.jit_p)
@@ -780,27 +777,27 @@ def _(x: StructuredMatrix, *, jaxpr: Any, name: str, **params: Any) -> Any:
     """`jax.scipy.linalg.expm(M)`, a nested `jit` named `expm` whose body (a Padé
     approximant with scaling and squaring, `lax.cond`, `abs` for the 1-norm)
     would refuse at its first non-structured step: the exact matrix exponential
-    through the structure (see `_linalg.expm`), or a refusal naming `expm` and the
+    through the structure (see `_linalg.expm_of`), or a refusal naming `expm` and the
     way out. Every other nested `jit` of one structured matrix goes to quax's own
     rule for `jit`, which traces its body with the matrix kept structured."""
     if _is_expm(jaxpr, name):
-        out = _linalg.expm(x)
+        out = expm_of(x)
         if out is not None:
             return [out]
         if x.allow_materialise:
             # JAX's own dense path, on the dense matrix (its intermediate
             # products would otherwise be structures that may not densify).
-            x = x.materialise()
-        else:
-            raise MaterialisationError(
-                f"Refusing to materialise `{type(x).__name__}` for "
-                "`jax.scipy.linalg.expm` (a nested `jit` named `expm`): "
-                "quax-structured computes the matrix exponential of "
-                f"{', '.join(_linalg.EXPM_TYPES)} (a `Kronecker` when it is "
-                "symmetric or one factor is a constant multiple of the identity), "
-                f"not of a `{type(x).__name__}`, and {x.refusal_reason()}. "
-                + x.way_out(None)
-            )
+            dense = x.materialise()
+            return prims.jit_p.bind(dense, jaxpr=jaxpr, name=name, **params)
+        raise MaterialisationError(
+            f"Refusing to materialise `{type(x).__name__}` for "
+            "`jax.scipy.linalg.expm` (a nested `jit` named `expm`): "
+            "quax-structured computes the matrix exponential of "
+            f"{', '.join(EXPM_TYPES)} (a `Kronecker` when it is "
+            "symmetric or one factor is a constant multiple of the identity), "
+            f"not of a `{type(x).__name__}`, and {x.refusal_reason()}. "
+            + x.way_out(None)
+        )
     core_jit = quax.resolve(prims.jit_p, [quax.Value]).function
     assert core_jit is not None
     return core_jit(x, jaxpr=jaxpr, name=name, **params)

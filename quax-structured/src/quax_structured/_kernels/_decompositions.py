@@ -32,11 +32,14 @@ def sorted_columns(values: Array, *matrices: Array, descending: bool) -> tuple:
     return tuple(out)
 
 
-def _svd_outputs(s: Array, u: Array, v: Array, compute_uv: bool) -> list[Array]:
+def _descending(s: Array) -> list[Array]:
+    """`svd_p`'s output without vectors: the singular values `s`, descending."""
+    return [jnp.sort(s, axis=-1, descending=True)]
+
+
+def _svd_outputs(s: Array, u: Array, v: Array) -> list[Array]:
     """`svd_p`'s outputs from unsorted singular values `s` and the matching
     columns of `U` and `V`: sorted descending, `Vᴴ` returned."""
-    if not compute_uv:
-        return [jnp.sort(s, axis=-1, descending=True)]
     s, u, v = sorted_columns(s, u, v, descending=True)
     return [s, u, jnp.conj(jnp.swapaxes(v, -1, -2))]
 
@@ -47,11 +50,11 @@ def diagonal_svd(d: Array, compute_uv: bool) -> list[Array]:
     phases of `d` (1 at a zero) as left ones; O(n log n), O(n²) for the vectors."""
     s = jnp.abs(d)
     if not compute_uv:
-        return _svd_outputs(s, s, s, False)
+        return _descending(s)
     n = d.shape[-1]
     phase = jnp.where(s > 0, d / jnp.where(s > 0, s, 1).astype(d.dtype), 1)
     v = jnp.broadcast_to(jnp.eye(n, dtype=d.dtype), (*d.shape[:-1], n, n))
-    return _svd_outputs(s, v * phase[..., None, :], v, True)
+    return _svd_outputs(s, v * phase[..., None, :], v)
 
 
 def _circulant_basis(n: int, dtype) -> Array:
@@ -103,12 +106,12 @@ def circulant_svd(column: Array, compute_uv: bool) -> list[Array]:
     lam = jnp.fft.fft(column)
     s = jnp.abs(lam).astype(jnp.finfo(column.dtype).dtype)
     if not compute_uv:
-        return _svd_outputs(s, s, s, False)
+        return _descending(s)
     safe = jnp.where(s > 0, s, 1)
     if jnp.issubdtype(column.dtype, jnp.complexfloating):
         v = jnp.broadcast_to(_fourier_vectors(n, column.dtype), (*lam.shape, n))
         phase = jnp.where(s > 0, lam / safe, 1).astype(column.dtype)
-        return _svd_outputs(s, v * phase[..., None, :], v, True)
+        return _svd_outputs(s, v * phase[..., None, :], v)
     m = jnp.arange(n)
     partner = (n - m) % n
     # Column m's frequency is k = min(m, n - m); λ_{n-k} = conj(λ_k).
@@ -120,7 +123,7 @@ def circulant_svd(column: Array, compute_uv: bool) -> list[Array]:
     u = v * alpha[..., None, :].astype(v.dtype) + v[..., partner] * beta[
         ..., None, :
     ].astype(v.dtype)
-    return _svd_outputs(s, u, v, True)
+    return _svd_outputs(s, u, v)
 
 
 def circulant_expm(column: Array) -> Array:
@@ -138,12 +141,12 @@ def kron_svd(a: Array, b: Array, compute_uv: bool) -> list[Array]:
     for the vectors (the output)."""
     if not compute_uv:
         sa, sb = jnp.linalg.svdvals(a), jnp.linalg.svdvals(b)
-        return _svd_outputs(jnp.outer(sa, sb).reshape(-1), sa, sa, False)
+        return _descending(jnp.outer(sa, sb).reshape(-1))
     ua, sa, vha = jnp.linalg.svd(a)
     ub, sb, vhb = jnp.linalg.svd(b)
     u = jnp.kron(ua, ub)
     v = jnp.conj(jnp.kron(vha, vhb)).T
-    return _svd_outputs(jnp.outer(sa, sb).reshape(-1), u, v, True)
+    return _svd_outputs(jnp.outer(sa, sb).reshape(-1), u, v)
 
 
 def kron_expm_symmetric(a: Array, b: Array) -> Array:
