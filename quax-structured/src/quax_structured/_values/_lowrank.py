@@ -263,7 +263,7 @@ class LowRankPlusDiagonal(_UVt):
         factors: its first triangular solve does the whole solve
         (`pivoted_solve`), the second returns it (see `HalfSolved`)."""
         packed = self.semiseparable()._packed_lu()
-        return DeterminantLU(packed, self, pivots=self.pivots(packed))
+        return DeterminantLU(packed, self, pivots=self.pivots())
 
     def cholesky(self) -> "Semiseparable":
         return self.semiseparable().cholesky()
@@ -305,25 +305,37 @@ class LowRankPlusDiagonal(_UVt):
 
         return lax.cond(accurate, lambda x: x, fallback, woodbury)
 
-    def pivots(self, packed: "Semiseparable | None" = None) -> Array:
-        """Numbers whose product is the determinant (shape `(n,)`): the pivots of
-        the semiseparable LU (`packed`, if given), or `diag` with the last one
-        times `det K` (the matrix determinant lemma, `K` factored with partial
-        pivoting), whichever solve has the smaller backward error on a probe
-        system `A x = A x₀` (`x₀ = cos(1.618 k)`); NaN where neither is below
-        `_TOLERANCE`. A candidate whose pivots are finite with a zero product
-        is exact (the matrix is singular: `det` 0)."""
-        if packed is None:
-            packed = self.semiseparable()._packed_lu()
+    def pivots(self) -> Array:
+        """Numbers whose product is the determinant (shape `(n,)`): `diag` with
+        the last one times `det K` (the matrix determinant lemma, `K` factored
+        with partial pivoting), where Woodbury solves a probe system `A x = A x₀`
+        (`x₀ = cos(1.618 k)`) with a backward error below `_TOLERANCE`, or where
+        those numbers are finite with a zero product (the matrix is singular:
+        `det` 0). Only otherwise, in a `lax.cond` branch (a select under `vmap`
+        over the matrix), the pivots of the semiseparable LU too, keeping the
+        candidate whose solve has the smaller backward error, NaN where neither
+        is below `_TOLERANCE`. Tagged
+        `positive_definite`: the LU's pivots alone."""
         if self.positive_definite:
-            return packed.main
-        scaled, capacitance, _ = self._woodbury_parts()
+            return self.semiseparable()._packed_lu().main
+        scaled, capacitance, norm = self._woodbury_parts()
         lemma = self.diag.at[-1].multiply(jnp.linalg.det(capacitance))
         index = jnp.arange(self.shape[-1], dtype=self.dtype)
-        probe = self.matmat(jnp.cos(1.618 * index)[:, None])
+        probe = self.diag * jnp.cos(1.618 * index) + self.u @ (
+            self._v().T @ jnp.cos(1.618 * index)
+        )
         woodbury = self._woodbury(probe, (scaled, capacitance))
-        solves = [self._lu_solve(packed, probe), woodbury]
-        return _best(self, probe, solves, [packed.main, lemma])
+        error = self.backward_error(woodbury, probe, norm)
+        singular = jnp.all(jnp.isfinite(lemma)) & (jnp.prod(lemma) == 0)
+        eps = jnp.finfo(woodbury.dtype).eps
+        accurate = (error <= _TOLERANCE * eps) | singular
+
+        def fallback(lemma: Array) -> Array:
+            lu = self.semiseparable()._packed_lu()
+            solves = [self._lu_solve(lu, probe[:, None]), woodbury[:, None]]
+            return _best(self, probe[:, None], solves, [lu.main, lemma])
+
+        return lax.cond(accurate, lambda x: x, fallback, lemma)
 
     def _woodbury_parts(self) -> tuple[Array, Array, Array]:
         """`D⁻¹ U`, the capacitance `K = I + Vᵀ D⁻¹ U` (`r x r`) and `‖A‖₂`'s
