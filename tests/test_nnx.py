@@ -13,6 +13,7 @@ import optax
 import pytest
 import quax
 import quax_lora
+import quax_named
 import quax_quant
 import safetensors.numpy as safetensors_numpy
 from flax import nnx
@@ -828,3 +829,90 @@ def test_nnx_qlora_transformer_matches_equinox():
             jax.tree_util.tree_leaves(_value(layer.kernel).w), leaves, strict=True
         ):
             np.testing.assert_array_equal(got, want)
+
+
+# quax_named.nmap on NNX modules.
+
+
+def _named(shape, names, key=5):
+    return quax_named.NamedArray(jr.normal(jr.key(key), shape), names)
+
+
+def test_nmap_nnx_module_and_method_match_plain_nnx():
+    layer = nnx.Linear(4, 3, rngs=nnx.Rngs(0))
+    x = _named((2, 5, 4), ("batch", "seq", "feature"))
+    y = quax_named.nmap(layer, "feature", out_axes=("out",))(x)
+    assert [a.key for a in y.axes] == ["batch", "seq", "out"]
+    np.testing.assert_allclose(y.array, layer(x.array), rtol=1e-6, atol=1e-6)
+    # The axes in another order: matched by name, the output's follow `x`'s.
+    z = quax_named.NamedArray(
+        jnp.transpose(x.array, (2, 1, 0)), ("feature", "seq", "batch")
+    )
+    w = quax_named.nmap(layer, "feature", out_axes=("out",))(z)
+    assert [a.key for a in w.axes] == ["seq", "batch", "out"]
+    np.testing.assert_allclose(
+        w.array, jnp.transpose(layer(x.array), (1, 0, 2)), rtol=1e-6, atol=1e-6
+    )
+
+    class Encoder(nnx.Module):
+        def __init__(self, rngs):
+            self.layer = nnx.Linear(4, 3, rngs=rngs)
+
+        def encode(self, x, scale):
+            return scale * self.layer(x)
+
+    encoder = Encoder(nnx.Rngs(1))
+    got = quax_named.nmap(encoder.encode, "feature", out_axes=("out",))(x, 2.0)
+    np.testing.assert_allclose(
+        got.array, 2.0 * encoder.layer(x.array), rtol=1e-6, atol=1e-6
+    )
+
+
+def test_nmap_nnx_dropout_draws_per_element():
+    """The module's random streams are split per element, as `nnx.Dropout`
+    over the whole batch draws a mask per element, and advance once per call."""
+
+    class Net(nnx.Module):
+        def __init__(self, rngs):
+            self.layer = nnx.Linear(4, 8, rngs=rngs)
+            self.drop = nnx.Dropout(0.5, rngs=rngs)
+
+        def __call__(self, x):
+            return self.drop(self.layer(x))
+
+    net = Net(nnx.Rngs(0, dropout=1))
+    x = _named((6, 4), ("batch", "feature"))
+    dense = net.layer(x.array)
+    y = quax_named.nmap(net, "feature", out_axes=("hidden",))(x).array
+    kept = y != 0
+    # Each kept entry is the layer's output over 1 - rate; the masks differ by row.
+    np.testing.assert_allclose(y[kept], (dense / 0.5)[kept], rtol=1e-6)
+    assert len({tuple(row) for row in np.asarray(kept)}) > 1
+    count = net.drop.rngs.count.get_value()
+    again = quax_named.nmap(net, "feature", out_axes=("hidden",))(x).array
+    assert net.drop.rngs.count.get_value() == count + 1
+    assert np.any((again != 0) != kept)
+    # Deterministic: the plain layer.
+    net.drop.deterministic = True
+    np.testing.assert_allclose(
+        quax_named.nmap(net, "feature", out_axes=("hidden",))(x).array,
+        dense,
+        rtol=1e-6,
+        atol=1e-6,
+    )
+
+
+def test_nmap_nnx_refuses_state_updated_per_element():
+    """`nnx.BatchNorm` collecting statistics updates shared state per element:
+    `nnx.vmap` refuses it."""
+
+    class Norm(nnx.Module):
+        def __init__(self, rngs):
+            self.norm = nnx.BatchNorm(4, rngs=rngs)
+
+        def __call__(self, x):
+            return self.norm(x[None])[0]
+
+    x = _named((3, 2, 4), ("batch", "seq", "feature"))
+    with pytest.raises(ValueError, match="out_axes"):
+        quax_named.nmap(Norm(nnx.Rngs(0)), "feature")(x)
