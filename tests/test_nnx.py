@@ -916,3 +916,37 @@ def test_nmap_nnx_refuses_state_updated_per_element():
     x = _named((3, 2, 4), ("batch", "seq", "feature"))
     with pytest.raises(ValueError, match="out_axes"):
         quax_named.nmap(Norm(nnx.Rngs(0)), "feature")(x)
+
+
+def test_core_nnx_selected():
+    """`quax.nnx_selected`, the selection both families' NNX paths use: by type
+    or predicate, inside `where`, never below a selected module, a shared module
+    once."""
+    block = Block(nnx.Rngs(0))
+    names = lambda picked: sorted(".".join(map(str, p)) for p, _ in picked)
+    assert names(quax.nnx_selected(block, filter=nnx.Linear)) == ["down", "up"]
+    assert names(quax.nnx_selected(block, filter=nnx.LinearGeneral)) == [
+        "attn.key",
+        "attn.out",
+        "attn.query",
+        "attn.value",
+    ]
+    picked = quax.nnx_selected(
+        block, filter=nnx.LinearGeneral, where=lambda m: (m.attn.value, m.up)
+    )
+    assert names(picked) == ["attn.value"] and picked[0][1] is block.attn.value
+    # The attention is selected: nothing below it.
+    assert names(
+        quax.nnx_selected(
+            block, filter=lambda m: hasattr(m, "num_heads") or hasattr(m, "kernel")
+        )
+    ) == ["attn", "down", "up"]
+    shared = nnx.Linear(2, 2, rngs=nnx.Rngs(0))
+    pair = nnx.List([shared, shared])
+    assert names(quax.nnx_selected(pair, filter=nnx.Linear)) == ["0"]
+    with pytest.raises(ValueError, match=r"^mine: where= returned Param"):
+        quax.nnx_selected(
+            block, filter=nnx.Linear, where=lambda m: m.up.kernel, caller="mine"
+        )
+    with pytest.raises(ValueError, match="map_selected"):
+        quax.nnx_selected({"a": 1}, filter=nnx.Linear)
