@@ -26,7 +26,10 @@ from ._foundation._caches import (
     caching as caching,
 )
 from ._foundation._debug import set_debug_checks as set_debug_checks
-from ._foundation._select import map_selected as map_selected
+from ._foundation._select import (
+    map_selected as map_selected,
+    nnx_selected as nnx_selected,
+)
 from ._foundation._shadow import QuaxShadowWarning as QuaxShadowWarning
 from ._foundation._version import __version__ as __version__
 from ._foundation._zero_preserving import ZERO_PRESERVING as ZERO_PRESERVING

@@ -20,6 +20,7 @@ from types import ModuleType
 from typing import Any
 
 import jax.tree_util as jtu
+import quax
 
 from ._peft import CONV, EMBEDDING, LINEAR
 from ._value import LoraArray
@@ -140,49 +141,6 @@ def _node_paths(nnx: ModuleType, model: Any) -> list[tuple[tuple[Any, ...], Any]
     ]
 
 
-def _selected(
-    nnx: ModuleType,
-    model: Any,
-    filter: type | tuple[type, ...] | Callable[[Any], bool],
-    where: Callable[[Any], Any] | None,
-) -> list[tuple[tuple[Any, ...], Any]]:
-    """(path, layer) of the modules `filter` selects inside `where(model)` (every
-    one by default), skipping those below a selected one, as `quax.map_selected`
-    does."""
-    nodes = _node_paths(nnx, model)
-    if where is None:
-        roots = [()]
-    else:
-        chosen = where(model)
-        chosen = chosen if isinstance(chosen, tuple | list) else (chosen,)
-        roots = []
-        for node in chosen:
-            found = [path for path, x in nodes if x is node]
-            if not found:
-                raise ValueError(
-                    f"loraify: where= returned a {type(node).__qualname__}, which "
-                    "is not a module of the NNX model: return its layers or "
-                    "sub-modules (e.g. where=lambda m: (m.attn.query, m.attn.value))."
-                )
-            roots.append(found[0])
-
-    def select(x: Any) -> bool:
-        if isinstance(filter, type | tuple):
-            return isinstance(x, filter)
-        return bool(filter(x))
-
-    def under(path: tuple[Any, ...], prefixes: list[tuple[Any, ...]]) -> bool:
-        return any(path[: len(p)] == p for p in prefixes)
-
-    picked = [(p, x) for p, x in nodes if under(p, roots) and select(x)]
-    tops = [p for p, _ in picked]
-    return [
-        (p, x)
-        for p, x in picked
-        if not any(len(q) < len(p) and p[: len(q)] == q for q in tops)
-    ]
-
-
 def _name(path: tuple[Any, ...]) -> str:
     return ".".join(map(str, path))
 
@@ -239,15 +197,14 @@ def adapt_layers(
     nnx = nnx_of(model)
     assert nnx is not None
     kernel = kernel_type(nnx)
-    layers = _selected(nnx, model, filter, where)
     out = nnx.clone(model)
-    nodes = dict(_node_paths(nnx, out))
+    layers = quax.nnx_selected(out, filter=filter, where=where, caller="loraify")
     for path, layer in layers:
         matched.append(layer)
         attribute = _attribute(nnx, path, layer)
         if attribute is None:
             continue
-        variable = getattr(nodes[path], attribute)
+        variable = getattr(layer, attribute)
         embedding = attribute == _EMBEDDING
         if variant == "dora" and not embedding:
             # An embedding is refused by `adapt`, with the Equinox path's message.
@@ -263,7 +220,7 @@ def adapt_layers(
             weight, embedding=embedding, batch_ndim=batch_ndim, row_ndim=row_ndim
         )
         if new is not weight:
-            setattr(nodes[path], attribute, kernel(new))
+            setattr(layer, attribute, kernel(new))
     return out
 
 
