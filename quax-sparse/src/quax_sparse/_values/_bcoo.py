@@ -248,14 +248,16 @@ def _determinant_jvp(
 
 def determinant_jvp_rule(name: str, fun: Any, values: Sequence[Any]) -> Any:
     """The JVP rule `BCOO.custom_jvp_rule` (and `CSR`'s) gives for `slogdet` and
-    `det` of one unbatched square sparse matrix (what the `lu` rule factors), else
+    `det` of a square sparse matrix or a batch of them (what the `lu` rule
+    factors), else
     `None`. Decided from types and static fields only; the rule receives `BCOO`s."""
     if name not in ("_slogdet_lu", "_det") or len(values) != 1:
         return None
     # A `BCOO` or a `CSR` (which this module cannot import): read duck-typed.
     a = values[0]
-    shape = tuple(getattr(a, "shape", ()))
-    if getattr(a, "n_batch", None) != 0 or len(shape) != 2 or shape[0] != shape[1]:
+    shape: list[int] = list(getattr(a, "shape", ()))
+    n_batch = getattr(a, "n_batch", None)
+    if n_batch is None or len(shape) != n_batch + 2 or shape[-2] != shape[-1]:
         return None
     if getattr(a, "n_dense", 0) != 0:  # blocks: the `lu` rule refuses them
         return None
