@@ -69,15 +69,22 @@ DENSE_LOOP_MAX = 4096
 LOOP = 20
 
 
-def _timed(fns: dict[str, Callable[[], Any]], rounds: int) -> dict[str, list[float]]:
+def _timed(
+    fns: dict[str, Callable[[], Any]], rounds: int, budget: float = 2e-3
+) -> dict[str, list[float]]:
     """Each function compiled (a first call), then timed once per round, rounds
-    interleaved; each timing is the mean of enough calls to last about 2 ms."""
+    interleaved; each timing is the mean of enough calls to last about `budget`
+    seconds (at most 200; with a `budget` above 2 ms, at least 20: a timing of
+    a few calls of a fast function on a loaded machine is mostly scheduling)."""
     reps = {}
     for name, fn in fns.items():
         jax.block_until_ready(fn())
         t0 = time.perf_counter()
         jax.block_until_ready(fn())
-        reps[name] = max(1, min(200, int(2e-3 / max(time.perf_counter() - t0, 1e-7))))
+        least = 20 if budget > 2e-3 else 1
+        reps[name] = max(
+            least, min(200, int(budget / max(time.perf_counter() - t0, 1e-7)))
+        )
     times: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(rounds):
         for name, fn in fns.items():
@@ -501,12 +508,7 @@ def _woodbury_row(n: int, rounds: int) -> dict[str, Any]:
     b = jax.random.normal(key[2], (n,))
     m = qs.LowRankPlusDiagonal(diag, u)
 
-    @jax.jit
-    def hand(diag, u, b):
-        scaled = u / diag[:, None]
-        k = jnp.eye(u.shape[1]) + u.T @ scaled
-        w = b / diag
-        return w - scaled @ jnp.linalg.solve(k, u.T @ w)
+    hand = jax.jit(_woodbury_by_hand)
 
     # Where the time goes: the same matrix's Woodbury alone, then with its
     # backward-error check, then the whole `pivoted_solve` (check and
@@ -520,7 +522,7 @@ def _woodbury_row(n: int, rounds: int) -> dict[str, Any]:
     quax_solve = jax.jit(quax.quaxify(jnp.linalg.solve))
     fns = {"quax": lambda: quax_solve(m, b), "hand": lambda: hand(diag, u, b)}
     fns.update({k: ft.partial(f, m, column) for k, f in parts.items()})
-    times = _timed(fns, rounds)
+    times = _timed(fns, rounds, budget=5e-3)
     error = float(jnp.max(jnp.abs(fns["quax"]() - fns["hand"]())))
     return {
         "n": n,
@@ -532,6 +534,233 @@ def _woodbury_row(n: int, rounds: int) -> dict[str, Any]:
         "pivoted_solve/hand": _ratio(times, "pivoted", "hand"),
         "max abs difference": error,
     }
+
+
+def woodbury_under_vmap(n: int, rounds: int, batch: int = 8) -> dict[str, Any]:
+    """The `LowRankPlusDiagonal` solve under `jax.vmap`, against the hand-written
+    Woodbury solve vmapped the same way: over `batch` right-hand sides (one
+    matrix: the backward-error check covers every column at once and the
+    `lax.cond` stays a branch) and over `batch` matrices (the predicate is
+    batched, so the `lax.cond` becomes a select and the semiseparable LU runs
+    beside Woodbury on every call)."""
+    key = jax.random.split(jax.random.key(n), 3)
+    diag = 1 + jax.random.uniform(key[0], (batch, n))
+    u = jax.random.normal(key[1], (batch, n, 8)) / jnp.sqrt(n)
+    b = jax.random.normal(key[2], (batch, n))
+    solve = quax.quaxify(jnp.linalg.solve)
+
+    def ours(diag, u, b):
+        return solve(qs.LowRankPlusDiagonal(diag, u), b)
+
+    over_b = (None, None, 0)
+    fns = {
+        "quax, vmap over b": jax.jit(jax.vmap(ours, over_b)),
+        "hand, vmap over b": jax.jit(jax.vmap(_woodbury_by_hand, over_b)),
+        "quax, vmap over matrices": jax.jit(jax.vmap(ours)),
+        "hand, vmap over matrices": jax.jit(jax.vmap(_woodbury_by_hand)),
+    }
+    calls = {
+        name: ft.partial(f, diag[0], u[0], b)
+        if "over b" in name
+        else ft.partial(f, diag, u, b)
+        for name, f in fns.items()
+    }
+    times = _timed(calls, rounds, budget=5e-3)
+    return {
+        "n": n,
+        "batch": batch,
+        "vmap over b: quax/hand": _ratio(
+            times, "quax, vmap over b", "hand, vmap over b"
+        ),
+        "vmap over matrices: quax/hand": _ratio(
+            times, "quax, vmap over matrices", "hand, vmap over matrices"
+        ),
+    }
+
+
+def _woodbury_by_hand(diag, u, b):
+    """A hand-written Woodbury solve of `(diag(d) + U Uᵀ) x = b`."""
+    scaled = u / diag[:, None]
+    k = jnp.eye(u.shape[1], dtype=u.dtype) + u.T @ scaled
+    w = b / diag
+    return w - scaled @ jnp.linalg.solve(k, u.T @ w)
+
+
+def _thomas_slogdet(lower, main, upper):
+    """`slogdet` of a tridiagonal matrix by hand: the Thomas pivots (no pivoting)."""
+
+    def step(d, x):
+        a, m, c = x
+        d = m - a * c / d
+        return d, d
+
+    _, rest = lax.scan(step, main[0], (lower, main[1:], upper))
+    pivots = jnp.concatenate([main[:1], rest])
+    return jnp.prod(jnp.sign(pivots)), jnp.sum(jnp.log(jnp.abs(pivots)))
+
+
+def _blocks_slogdet(blocks):
+    """`slogdet` of a block-diagonal matrix: its blocks' (batched)."""
+    sign, logdet = jnp.linalg.slogdet(blocks)
+    return jnp.prod(sign), jnp.sum(logdet)
+
+
+def _from_pivots(pivots):
+    """`(sign, log |det|)` from numbers whose product is the determinant."""
+    size = jnp.abs(pivots)
+    return jnp.real(jnp.prod(pivots / size)), jnp.sum(jnp.log(size))
+
+
+def _audit_cases(n: int) -> list[tuple[str, Any, tuple, Callable, tuple, Callable]]:
+    """For each structure: its name, the structured matrix, the leaves the
+    hand-written functions take, the hand-written solve `(*leaves, b)` and the
+    hand-written slogdet `(*leaves)`: the best plain JAX for it."""
+    k = jr.split(jr.key(n), 8)
+    side, block = round(n**0.5), 8
+    tri, _ = _tridiagonal(n)
+    d = 1 + jr.uniform(k[0], (n,))
+    lower = jnp.tril(jr.normal(k[1], (n, n)) / n) + jnp.diag(d)
+    u = jr.normal(k[2], (n, 8)) / jnp.sqrt(n)
+    fa, fb = _spd(k[3], side), _spd(k[4], side)
+    blocks = jr.normal(k[5], (n // block, block, block)) + 4 * jnp.eye(block)
+    column = jr.normal(k[6], (n,)) / n
+    circulant = column.at[0].set(2.0)
+    toeplitz = (0.5 ** jnp.arange(n)).at[0].set(2.0)
+
+    def kron_solve(a, c, b):
+        x = b.reshape(a.shape[0], c.shape[0])
+        return jnp.linalg.solve(a, jnp.linalg.solve(c, x.T).T).reshape(-1)
+
+    def kron_slogdet(a, c):
+        (sa, la), (sc, lc) = jnp.linalg.slogdet(a), jnp.linalg.slogdet(c)
+        return sa ** c.shape[0] * sc ** a.shape[0], c.shape[0] * la + a.shape[0] * lc
+
+    def eig_parts(a, c, s):
+        (wa, qa), (wc, qc) = jnp.linalg.eigh(a), jnp.linalg.eigh(c)
+        return qa, qc, jnp.outer(wa, wc) + s
+
+    def kpi_solve(a, c, s, b):
+        qa, qc, w = eig_parts(a, c, s)
+        x = b.reshape(a.shape[0], c.shape[0])
+        return (qa @ ((qa.T @ x @ qc) / w) @ qc.T).reshape(-1)
+
+    def lemma_slogdet(d, u):
+        k = jnp.eye(u.shape[1]) + u.T @ (u / d[:, None])
+        sk, lk = jnp.linalg.slogdet(k)
+        sd, ld = _from_pivots(d)
+        return sd * sk, ld + lk
+
+    def circulant_solve(c, b):
+        return jnp.fft.ifft(jnp.fft.fft(b) / jnp.fft.fft(c)).real
+
+    noise = 0.1
+    return [
+        (
+            "TridiagonalMatrix",
+            tri,
+            (tri.lower_diag, tri.main_diag, tri.upper_diag),
+            _handwritten_solve,
+            _thomas_slogdet,
+        ),
+        ("Diagonal", qs.Diagonal(d), (d,), lambda d, b: b / d, _from_pivots),
+        (
+            "LowerTriangular",
+            qs.LowerTriangular(lower),
+            (lower,),
+            lambda a, b: jax.scipy.linalg.solve_triangular(a, b, lower=True),
+            lambda a: _from_pivots(jnp.diagonal(a)),
+        ),
+        (
+            "LowRankPlusDiagonal (rank 8)",
+            LowRankPlusDiagonal(d, u),
+            (d, u),
+            _woodbury_by_hand,
+            lemma_slogdet,
+        ),
+        (
+            f"Kronecker ({side} x {side} factors)",
+            Kronecker(fa, fb, symmetric=True),
+            (fa, fb),
+            kron_solve,
+            kron_slogdet,
+        ),
+        (
+            "KroneckerPlusIdentity",
+            qs.KroneckerPlusIdentity(fa, fb, jnp.asarray(noise)),
+            (fa, fb, jnp.asarray(noise)),
+            kpi_solve,
+            lambda a, c, s: _from_pivots(eig_parts(a, c, s)[2]),
+        ),
+        (
+            f"BlockDiagonal (blocks of {block})",
+            qs.BlockDiagonal(blocks),
+            (blocks,),
+            lambda x, b: jnp.linalg.solve(x, b.reshape(-1, block, 1)).reshape(-1),
+            _blocks_slogdet,
+        ),
+        (
+            "Circulant",
+            Circulant(circulant),
+            (circulant,),
+            circulant_solve,
+            lambda c: _from_pivots(jnp.fft.fft(c)),
+        ),
+        (
+            "Toeplitz, positive_definite (Levinson)",
+            Toeplitz(toeplitz, toeplitz, positive_definite=True),
+            (toeplitz,),
+            lambda t, b: _levinson(t, t, b[:, None])[0][:, 0],
+            lambda t: _from_pivots(_levinson(t, t, t[:, None])[1]),
+        ),
+        (
+            "Toeplitz (GKO, pivoted)",
+            Toeplitz(toeplitz, toeplitz),
+            (toeplitz,),
+            lambda t, b: _levinson(t, t, b[:, None])[0][:, 0],
+            lambda t: _from_pivots(_levinson(t, t, t[:, None])[1]),
+        ),
+    ]
+
+
+def solve_audit(n: int, rounds: int) -> list[dict[str, Any]]:
+    """Every structure's `jnp.linalg.solve` and `slogdet` through `jit(quaxify)`
+    against the best hand-written JAX for it (issue 29, item 7), at size `n`:
+    ratios are medians of per-round ratios, every structure's four functions
+    interleaved in one run."""
+    solve = jax.jit(quax.quaxify(jnp.linalg.solve))
+    slogdet = jax.jit(quax.quaxify(jnp.linalg.slogdet))
+    b = jr.normal(jr.key(0), (n,))
+    rows = []
+    for name, matrix, leaves, hand_solve, hand_slogdet in _audit_cases(n):
+        hs, hl = jax.jit(hand_solve), jax.jit(hand_slogdet)
+        fns = {
+            "solve": ft.partial(solve, matrix, b),
+            "hand solve": ft.partial(hs, *leaves, b),
+            "slogdet": ft.partial(slogdet, matrix),
+            "hand slogdet": ft.partial(hl, *leaves),
+        }
+        times = _timed(fns, rounds, budget=5e-3)
+        x, want = fns["solve"](), fns["hand solve"]()
+        (s1, l1), (s2, l2) = fns["slogdet"](), fns["hand slogdet"]()
+        rows.append(
+            {
+                "structure": name,
+                "solve": statistics.median(times["solve"]),
+                "hand solve": statistics.median(times["hand solve"]),
+                "solve ours/hand": _ratio(times, "solve", "hand solve"),
+                "slogdet": statistics.median(times["slogdet"]),
+                "hand slogdet": statistics.median(times["hand slogdet"]),
+                "slogdet ours/hand": _ratio(times, "slogdet", "hand slogdet"),
+                "solve max relative difference": float(
+                    jnp.max(jnp.abs(x - want)) / jnp.max(jnp.abs(want))
+                ),
+                # The signs agree to rounding (the hand-written ones of the
+                # FFT and the eigenvalues are products of unit numbers).
+                "slogdet sign difference": float(jnp.abs(s1 - s2)),
+                "slogdet difference": float(jnp.abs(l1 - l2) / jnp.abs(l2)),
+            }
+        )
+    return rows
 
 
 def grid_gp(sides: tuple[int, ...], rounds: int, dense_max: int = 4096):
@@ -611,6 +840,50 @@ def print_closed_forms(quick: bool = False) -> dict[str, Any]:
         )
     print("\nFitted exponent (time ~ n^k):", round(gp["exponent"], 2))
     return {"woodbury": wood, "grid_gp": gp}
+
+
+def print_solve_audit(quick: bool = False) -> dict[str, Any]:
+    """Issue 29, item 7: the `LowRankPlusDiagonal` solve against hand-written
+    Woodbury at n = 256, 1,024, 4,096 (and under `vmap`), then every structure's
+    `solve`/`slogdet` against the best hand-written JAX for it, at n = 1,024."""
+    rounds = 7 if quick else 25
+    print(
+        f"\nJAX {jax.__version__}, {jax.devices()[0].device_kind}, "
+        f"load average {os.getloadavg()[0]:.1f}, OPENBLAS_NUM_THREADS="
+        f"{os.environ['OPENBLAS_NUM_THREADS']}"
+    )
+    wood = woodbury_solves((256, 1024, 4096), rounds)
+    print("\n## D + U Uᵀ solve, rank 8: quax / hand-written Woodbury\n")
+    print("| n | quax solve (µs) | hand-written (µs) | quax/hand |")
+    print("|---|---|---|---|")
+    for r in wood:
+        print(
+            f"| {r['n']:,} | {_us(r['quax solve'])} | "
+            f"{_us(r['hand-written Woodbury'])} | {r['quax/hand']:.2f} |"
+        )
+    vmapped = woodbury_under_vmap(1024, rounds)
+    print(
+        f"\nUnder vmap (batch {vmapped['batch']}, n = {vmapped['n']:,}): over b "
+        f"{vmapped['vmap over b: quax/hand']:.2f}x, over matrices "
+        f"{vmapped['vmap over matrices: quax/hand']:.2f}x the vmapped hand-written"
+    )
+    audit = solve_audit(1024, rounds)
+    print("\n## solve and slogdet against hand-written JAX, n = 1,024\n")
+    print(
+        "| structure | solve (µs) | hand (µs) | ours/hand | slogdet (µs) | hand (µs) "
+        "| ours/hand | max rel. difference (solve, logdet) |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
+    for r in audit:
+        print(
+            f"| {r['structure']} | {_us(r['solve'])} | {_us(r['hand solve'])} | "
+            f"{r['solve ours/hand']:.2f} | {_us(r['slogdet'])} | "
+            f"{_us(r['hand slogdet'])} | {r['slogdet ours/hand']:.2f} | "
+            f"{_e(r['solve max relative difference'])}, "
+            f"{_e(r['slogdet difference'])} |"
+        )
+    print(f"\nload average at the end: {os.getloadavg()[0]:.1f}")
+    return {"woodbury": wood, "vmap": vmapped, "audit": audit}
 
 
 def main(quick: bool = False) -> dict[str, Any]:
@@ -718,8 +991,16 @@ if __name__ == "__main__":
         action="store_true",
         help="only the LowRankPlusDiagonal solve and the grid Gaussian process",
     )
+    parser.add_argument(
+        "--solve-audit",
+        action="store_true",
+        help="only issue 29 item 7: the Woodbury solve and every structure's "
+        "solve/slogdet against hand-written JAX",
+    )
     args = parser.parse_args()
-    if args.closed_forms:
+    if args.solve_audit:
+        print_solve_audit(args.quick)
+    elif args.closed_forms:
         print_closed_forms(args.quick)
     else:
         main(args.quick)

@@ -45,6 +45,7 @@ DISTRIBUTIONS = {
     "quax_named": "quax-named",
     "diffrax": "diffrax",
     "optax": "optax",
+    "flax": "flax",
 }
 
 STOPS = (
@@ -77,6 +78,11 @@ STOPS = (
         "QLoRA on NF4 with double quantisation; calibrated float8",
         "quant_nf4",
         ("quax_quant", "quax_lora", "optax"),
+    ),
+    Stop(
+        "QLoRA on a Flax NNX transformer, with nnx.LoRAParam",
+        "nnx_qlora",
+        ("quax_quant", "quax_lora", "optax", "flax"),
     ),
     Stop(
         "Named-axis attention, sharded on 8 simulated devices",

@@ -62,7 +62,7 @@ class Padded(quax.ArrayValue):
 
 @pytest.fixture
 def debug_checks(monkeypatch):
-    monkeypatch.setattr(quax._transform._trace, "_debug_checks", True)  # pyright: ignore[reportAttributeAccessIssue]
+    monkeypatch.setattr(quax._foundation._debug, "enabled", True)  # pyright: ignore[reportAttributeAccessIssue]
 
 
 LEAVES = [
@@ -105,7 +105,7 @@ def test_quaxify_reads_the_declared_aval_without_the_method(monkeypatch) -> None
     """Tracing asks every value for its aval; with a declaration (debug checks
     off), the class's own method is never called, and the results are plain
     JAX's."""
-    monkeypatch.setattr(quax._transform._trace, "_debug_checks", False)  # pyright: ignore[reportAttributeAccessIssue]
+    monkeypatch.setattr(quax._foundation._debug, "enabled", False)  # pyright: ignore[reportAttributeAccessIssue]
     x = jnp.linspace(-1.0, 1.0, 5)
 
     def f(a, b):
@@ -155,7 +155,7 @@ def test_debug_checks_name_a_weak_type_difference(debug_checks) -> None:
 
 def test_a_wrong_declaration_passes_without_debug_checks(monkeypatch) -> None:
     # The declaration is what quax trusts: without checks the leaf's aval is used.
-    monkeypatch.setattr(quax._transform._trace, "_debug_checks", False)  # pyright: ignore[reportAttributeAccessIssue]
+    monkeypatch.setattr(quax._foundation._debug, "enabled", False)  # pyright: ignore[reportAttributeAccessIssue]
     assert Padded(jnp.ones(3)).aval().shape == (3,)
 
 

@@ -13,6 +13,7 @@ from typing import Any, ClassVar
 
 import equinox as eqx
 import jax
+import jax.extend as jex
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -165,6 +166,7 @@ class Reads(Counted):
 @quax.register(lax.mul_p)
 def _(a: Reads, b: ArrayLike, **params: Any) -> Reads:
     del params
+    calls.append("mul")
     known = quax.known_constant(b)
     zeros = known is not None and not known.any()
     return Reads(lax.mul(a.array, b), "zeros" if zeros else "product")
@@ -330,13 +332,72 @@ def test_a_primitive_with_a_jaxpr_is_never_recorded() -> None:
     assert lax.reduce_p not in quax_replay._by_primitive
 
 
-def test_constants_and_python_scalars_run_the_rule() -> None:
+def test_a_values_constant_leaf_runs_the_rule() -> None:
     const = Counted(x)  # given to `quaxify` only: its leaf is a constant
     times = lambda a, b: lax.mul(a, b)
     for _ in range(2):
         jax.make_jaxpr(lambda a: quax.quaxify(times)(a, const))(Counted(y))
-        traced(lambda a: lax.mul(a, 2.0), Counted(y))
-    assert calls == ["mul"] * 4
+    assert calls == ["mul"] * 2
+
+
+def _constants(jaxpr: Any) -> list[tuple[Any, bytes]]:
+    """The literals and constants of a program: dtypes and bits."""
+    literals = [
+        v.val for e in jaxpr.eqns for v in e.invars if isinstance(v, jex.core.Literal)
+    ]
+    return [(np.asarray(c).dtype, np.asarray(c).tobytes()) for c in literals] + [
+        (np.asarray(c).dtype, np.asarray(c).tobytes()) for c in jaxpr.consts
+    ]
+
+
+@pytest.mark.caching_behaviour
+def test_plain_constants_are_keyed_by_their_value() -> None:
+    # A constant among a primitive's inputs (`x * 0.5`) is keyed by its type, aval and
+    # bits: an equal one replays, any other (`-0.0`, a NaN of the other sign, a NumPy
+    # scalar, an int, another array) runs the rules, and each program stages the
+    # constant it was given, as running the rules does.
+    nan = float("nan")
+    four, five = (
+        np.array([1.0, 2, 3, 4], np.float32),
+        np.array([1.0, 2, 3, 5], np.float32),
+    )
+    given = [2.0, 2.0, 0.0, -0.0, -0.0, nan, -nan, -nan, np.float32(2.0), 2, five, four]
+    given.append(four.copy())
+    fns = [lambda a, c=c: a * c for c in given]
+    got, ran = [], []
+    for fn in fns:
+        before = len(calls)
+        got.append(traced(fn, Counted(y)))
+        ran.append(len(calls) > before)
+    # The int 2 reaches `jnp.multiply`'s body as another constant, which converts it
+    # to the float32 2.0 that the body's `mul` had with 2.0: that `mul` replays.
+    assert ran[:10] == [True, False, True, True, False, True, True, False, True, False]
+    assert ran[10:] == [True, True, False]
+    with quax.caching(False):
+        for fn, jaxpr in zip(fns, got, strict=True):
+            expected = traced(fn, Counted(y))
+            assert str(jaxpr) == str(expected)
+            assert _constants(jaxpr) == _constants(expected)
+    for c, jaxpr in zip(given[2:8], got[2:8], strict=True):
+        ((dtype, bits),) = _constants(jaxpr)
+        assert np.signbit(np.frombuffer(bits, dtype)[0]) == np.signbit(c)
+
+
+@pytest.mark.caching_behaviour
+def test_a_rule_reading_a_constant_input_replays_for_that_value() -> None:
+    # `Reads` asks `quax.known_constant` about a plain constant: a function of its key.
+    def tag(c: Any) -> str:
+        fn = lambda a: a * c
+        return jax.eval_shape(lambda a: quax.quaxify(fn)(a), Reads(x)).tag
+
+    assert [tag(c) for c in [0.0, 1.0, 0.0, -0.0, 1.0]] == [
+        "zeros",
+        "product",
+        "zeros",
+        "zeros",
+        "product",
+    ]
+    assert calls == ["mul"] * 3
 
 
 # A mode that the rule below reads, declared as a setting of quax's keys.

@@ -71,6 +71,35 @@ def _imports(module: str) -> tuple[set[str], list[tuple[int, str]]]:
     return top, nested
 
 
+def _run_time_imports(module: str, source: str | None = None) -> list[tuple[int, str]]:
+    """The modules `module` (or `source`, as if it were that module's) imports at run
+    time by name, with `importlib.import_module("name"[, __package__])` or
+    `__import__("name")`, where the name is a literal: (line, absolute name)."""
+    tree = ast.parse(MODULES[module].read_text() if source is None else source)
+    is_package = module in MODULES and MODULES[module].name == "__init__.py"
+    package = module if is_package else module.rpartition(".")[0]
+    found = []
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Call) and node.args):
+            continue
+        func, first = node.func, node.args[0]
+        named = (isinstance(func, ast.Attribute) and func.attr == "import_module") or (
+            isinstance(func, ast.Name) and func.id in ("import_module", "__import__")
+        )
+        if not (named and isinstance(first, ast.Constant)):
+            continue
+        name = first.value
+        if not isinstance(name, str):
+            continue
+        if name.startswith("."):
+            rest = name.lstrip(".")
+            level = len(name) - len(rest)
+            base = package.rsplit(".", level - 1)[0] if level > 1 else package
+            name = f"{base}.{rest}" if rest else base
+        found.append((node.lineno, name))
+    return found
+
+
 def test_core_imports_run_one_way() -> None:
     graph = {}
     for module in MODULES:
@@ -177,6 +206,8 @@ def test_layers_import_only_layers_below() -> None:
     for module in MODULES:
         own = _layer_of(module)
         top, _ = _imports(module)
+        # A module imported by name at run time is an import as well.
+        top |= {name for _, name in _run_time_imports(module)}
         for dep in sorted(top):
             if dep in MODULES and dep != "quax" and _layer_of(dep) > own:
                 upward.append(
@@ -196,6 +227,24 @@ def test_layer_walk_names_an_upward_import() -> None:
         _layer_of("quax._nowhere")
     with pytest.raises(AssertionError, match="is in no layer"):
         _layer_of("quax._nowhere._module")
+    # A run-time import by name (relative to `__package__`, or absolute) is seen too:
+    # a lower layer reaching up that way would be reported.
+    reach_up = textwrap.dedent(
+        """
+        import importlib
+
+        def flag():
+            trace = importlib.import_module(".._transform._trace", __package__)
+            return trace, __import__("quax._rules._joins")
+        """
+    )
+    found = _run_time_imports("quax._values._avals", reach_up)
+    assert found == [(5, "quax._transform._trace"), (6, "quax._rules._joins")]
+    assert all(_layer_of(name) > _layer_of("quax._values._avals") for _, name in found)
+    assert _run_time_imports("quax.zero._plugin") == [
+        (16, "quax.zero._rules"),
+        (26, "quax.zero"),
+    ]
 
 
 def test_every_layer_package_says_what_it_owns() -> None:

@@ -75,6 +75,49 @@ def test_the_int8_path_uses_the_static_scale(scale_by):
     assert np.isnan(nan_row[2]).all() and np.isfinite(np.delete(nan_row, 2, 0)).all()
 
 
+# A library `jit` inside the model: quax keeps its quaxified body for the next call
+# on the same types and shapes, and `calibrate` traces it with a callback in.
+_jitted_product = jax.jit(lambda w, x: x @ w.T)
+
+
+def _with_library_jit(m, x):
+    return _jitted_product(m.weight, x)
+
+
+def test_a_run_after_calibrate_saturates_through_a_library_jit():
+    """The body `calibrate` traced for a nested `jit` (weight-only, recording) is
+    not the body of a later run: that run quantises the activations at the static
+    scale, saturating, against NumPy. Before, the run reused calibrate's body and
+    gave the exact unsaturated product."""
+    w = qq.quantise(jr.normal(jr.PRNGKey(1), (12, 16)), axis=0, matmul="int8")
+    model = eqx.nn.Linear(16, 12, use_bias=False, key=jr.PRNGKey(2))
+    model = eqx.tree_at(lambda m: m.weight, model, w)
+    x = 3.0 * jr.normal(jr.PRNGKey(3), (8, 16))
+    calibrated = qq.calibrate(model, [x / 3], apply=_with_library_jit)
+    act_scale = calibrated.weight.act_scale
+    np.testing.assert_allclose(act_scale, float(jnp.max(jnp.abs(x / 3))) / 127)
+    out = jax.jit(quax.quaxify(_with_library_jit))(calibrated, x)
+    expected = _np_static_int8(x, w, act_scale)
+    np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_calibrating_again_records_every_batch_through_a_library_jit():
+    """A second `calibrate` records through its own bodies, not the first one's
+    (whose callback fed the first call's table): the scale is the absmax over all
+    its batches, against plain JAX. Before, the batch of the shape calibrated
+    before went unrecorded (a scale of 2 / 127 instead of 10 / 127)."""
+    w = qq.quantise(jr.normal(jr.PRNGKey(1), (12, 16)), axis=0, matmul="int8")
+    model = eqx.nn.Linear(16, 12, use_bias=False, key=jr.PRNGKey(2))
+    model = eqx.tree_at(lambda m: m.weight, model, w)
+    ones = jnp.ones((2, 16))
+    first = qq.calibrate(model, [ones], apply=_with_library_jit)
+    np.testing.assert_allclose(first.weight.act_scale, 1 / 127)
+    batches = [ones * 10, ones[:1] * 2]
+    again = qq.calibrate(first, batches, apply=_with_library_jit)
+    high = max(float(jnp.max(jnp.abs(b))) for b in batches)
+    np.testing.assert_allclose(again.weight.act_scale, high / 127)
+
+
 def test_float8_calibration():
     w = qq.quantise(
         jr.normal(jr.PRNGKey(1), (12, 16)), format="float8_e4m3fn", matmul="float8"

@@ -3,6 +3,8 @@ layouts' definitions) writes a layer's `qweight`, `qzeros`, `scales` and `g_idx`
 file; `from_gptq` reads them into a `QuantisedArray` whose products match the
 dequantised reference computed in NumPy from the unpacked integers."""
 
+import functools as ft
+
 import jax
 import jax.numpy as jnp
 import jax.random as jr
@@ -10,6 +12,7 @@ import numpy as np
 import pytest
 import quax
 import quax_quant as qq
+from jax import lax
 
 
 IN, OUT, GROUP = 64, 48, 16
@@ -177,14 +180,48 @@ def test_act_order_refuses_moving_the_inputs():
         quax.quaxify(lambda w: w.T)(arr)
     with pytest.raises(qq.MaterialisationError, match=r"`slice`.*input_order"):
         quax.quaxify(lambda w: w[:, :16])(arr)
-    x = jnp.ones((3, OUT))
-    with pytest.raises(qq.MaterialisationError, match="does not contract that axis"):
-        quax.quaxify(lambda w, x: x @ w)(arr, x)
+    # A product batching over the inputs: out[i] = sum_o weight[o, i] x[i, o].
+    x = jr.normal(jr.key(3), (IN, OUT))
+    batched = ft.partial(
+        lax.dot_general, dimension_numbers=(((0,), (1,)), ((1,), (0,)))
+    )
+    with pytest.raises(qq.MaterialisationError, match="batches over that axis"):
+        quax.quaxify(batched)(arr, x)
     # Where dequantising is allowed, the columns come back in place.
     allowed = arr.enable_materialise()
     np.testing.assert_allclose(
         quax.quaxify(lambda w: w.T)(allowed), w, rtol=1e-3, atol=1e-3
     )  # float16, the scales' dtype
     np.testing.assert_allclose(
-        quax.quaxify(lambda w, x: x @ w)(allowed, x), x @ w.T, rtol=1e-2, atol=1e-2
+        quax.quaxify(batched)(allowed, x),
+        np.einsum("io,io->i", w, x),
+        rtol=1e-2,
+        atol=1e-2,
     )
+
+
+def test_act_order_product_keeping_the_inputs_free():
+    """`g @ weight` (the inputs a free axis: the gradient of `weight @ x` with
+    respect to `x`) puts the output columns back in place, against NumPy on the
+    dequantised weight; and the gradient of a batch through `eqx.nn.Linear`'s
+    product. Before, both refused (the product does not contract that axis)."""
+    q, z, s, g, w = _act_order_layer()
+    arr = qq.from_gptq(
+        _pack(q, 0), _pack(z, 1), s, g.astype(np.int32), format="gptq_v2"
+    )
+    g_out = jr.normal(jr.key(1), (3, OUT))
+    np.testing.assert_allclose(
+        jax.jit(quax.quaxify(lambda w, g: g @ w))(arr, g_out),
+        np.asarray(g_out, np.float64) @ w.T,
+        rtol=1e-5,
+        atol=1e-5,
+    )
+    x = jr.normal(jr.key(2), (4, IN))
+
+    def loss(x, w):
+        return jnp.sum(jnp.sin(jax.vmap(lambda x: w @ x)(x)))
+
+    grad = jax.jit(jax.grad(quax.quaxify(loss)))(x, arr)
+    # d/dx sum(sin(x W)) = cos(x W) W^T, in NumPy.
+    x64 = np.asarray(x, np.float64)
+    np.testing.assert_allclose(grad, np.cos(x64 @ w) @ w.T, rtol=1e-4, atol=1e-4)

@@ -3,6 +3,7 @@ never a float weight; the weight-only product at one row keeps the float weight
 inside a fusion (XLA on CPU fuses the conversion into the product), and from two
 rows on it is dequantised in blocks, forward and backward."""
 
+import dataclasses
 import math
 
 import jax
@@ -111,3 +112,50 @@ def test_blocks_along_a_packed_axis_with_a_remainder():
     assert max(math.prod(s) for s in _float_arrays(hlo)) <= qq.BLOCK_ELEMENTS
     out = jax.jit(quax.quaxify(lambda x, w: x @ w))(x, w)
     np.testing.assert_allclose(out, x @ w.dequantise(), rtol=1e-4, atol=1e-4)
+
+
+def test_act_order_product_never_forms_the_float_weight():
+    """A GPTQ act-order (`desc_act`) int4 weight: the product gathers the
+    activations' features by `input_order` (a gather of `x`, never of the weight)
+    and multiplies the stored integers, so no float copy of the `(out, in)` weight
+    (nor of its transpose) is ever formed: at one row it stays inside the product's
+    fusion, from two rows on it is dequantised in blocks, forward and in the
+    gradient with respect to the activations. Values against plain JAX on the
+    dequantised weight, whose columns `dequantise` puts back in place."""
+    n, k = 512, 1024  # (out, in): two blocks of 512 x 512
+    assert n * k > qq.BLOCK_ELEMENTS
+    dense = jr.normal(jr.PRNGKey(0), (n, k)) / math.sqrt(k)
+    stored = qq.quantise(dense, bits=4, group_size=128, symmetric=False)
+    # Stored column j is input feature order[j], as `from_gptq` lays act-order out.
+    order = jr.permutation(jr.PRNGKey(2), k)
+    w = dataclasses.replace(stored, input_order=order)
+    assert qq.describe(w)["act_order"] is True
+    reference = jnp.zeros((n, k)).at[:, order].set(stored.dequantise())
+    np.testing.assert_allclose(w.dequantise(), reference, rtol=1e-6, atol=1e-6)
+    forbidden = {"shapes": [(n, k), (k, n)], "dtypes": ["f32"]}
+
+    row = jr.normal(jr.PRNGKey(1), (k,))
+    hlo = quax.testing.compiled_hlo(lambda w, x: w @ x, w, row)
+    assert ("f32", (n, k)) not in _entry_arrays(hlo)
+    assert ("f32", (k, n)) not in _entry_arrays(hlo)
+    np.testing.assert_allclose(
+        jax.jit(quax.quaxify(lambda w, x: w @ x))(w, row),
+        reference @ row,
+        rtol=1e-4,
+        atol=1e-4,
+    )
+
+    def batch(w, x):
+        return jnp.einsum("bi,oi->bo", x, w)
+
+    def grad_x(w, x):
+        return jax.grad(lambda x: jnp.sum(jnp.sin(batch(w, x))))(x)
+
+    x = jr.normal(jr.PRNGKey(3), (16, k))
+    for fn in (batch, jax.vmap(lambda w, x: w @ x, in_axes=(None, 0)), grad_x):
+        hlo = quax.testing.assert_hlo_lacks(fn, w, x, **forbidden)
+        biggest = max(math.prod(s) for s in _float_arrays(hlo))
+        assert biggest <= qq.BLOCK_ELEMENTS, biggest
+        np.testing.assert_allclose(
+            jax.jit(quax.quaxify(fn))(w, x), fn(reference, x), rtol=1e-4, atol=1e-4
+        )

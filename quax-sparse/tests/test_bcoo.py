@@ -108,6 +108,107 @@ def test_index_equal_to_the_size_is_padding():
     np.testing.assert_array_equal(x.to_scipy().toarray(), [[0, 1.0], [0, 0]])
 
 
+_UNSORTED = [[2, 0], [0, 1], [1, 1], [0, 1], [2, 2]]  # (0, 1) twice, apart
+
+
+@pytest.mark.parametrize(
+    "data, indices, shape, flags, match",
+    [
+        (
+            jnp.arange(5.0),
+            _UNSORTED,
+            (3, 3),
+            {"indices_sorted": True},
+            r"`indices_sorted=True`, but `indices\[1\]` = \(0, 1\) comes after "
+            r"`indices\[0\]` = \(2, 0\)",
+        ),
+        (
+            jnp.arange(5.0),
+            _UNSORTED,
+            (3, 3),
+            {"unique_indices": True},
+            r"`unique_indices=True`, but `indices\[1\]` and `indices\[3\]` are "
+            r"both \(0, 1\)",
+        ),
+        (  # sorted, with a duplicate: only the sorted promise holds
+            jnp.arange(3.0),
+            [[0, 1], [0, 1], [1, 1]],
+            (3, 3),
+            {"indices_sorted": True, "unique_indices": True},
+            r"`unique_indices=True`, but `indices\[0\]` and `indices\[1\]`",
+        ),
+        (  # a negative index is read (wrapped) before the check
+            jnp.arange(2.0),
+            [[2, 1], [-1, 1]],
+            (3, 3),
+            {"unique_indices": True},
+            r"`indices\[0\]` and `indices\[1\]` are both \(2, 1\)",
+        ),
+        (  # per batch element: the second one is out of order
+            jnp.ones((2, 2)),
+            [[[0, 1], [1, 0]], [[1, 0], [0, 1]]],
+            (2, 2, 2),
+            {"indices_sorted": True},
+            r"`indices\[1, 1\]` = \(0, 1\) comes after `indices\[1, 0\]`",
+        ),
+        (  # blocks: one sparse position stored twice
+            jnp.ones((2, 4)),
+            [[1], [1]],
+            (3, 4),
+            {"unique_indices": True},
+            r"are both \(1,\)",
+        ),
+        (  # no sparse dimension: every entry at the one position
+            jnp.ones((2, 2)),
+            np.zeros((2, 2, 0), np.int32),
+            (2,),
+            {"unique_indices": True},
+            "no sparse dimension, so its 2 entries",
+        ),
+    ],
+)
+def test_false_promises_refused(data, indices, shape, flags, match):
+    """A flag promising what the concrete indices break is refused at construction:
+    the rules trust it (a false `unique_indices` made `x ** 2` of entries 1 and 3
+    at one position 1 + 9 = 10 instead of 16)."""
+    with pytest.raises(ValueError, match=match):
+        BCOO(data, jnp.asarray(indices), shape, **flags)
+
+
+def test_true_promises_accepted_and_kept():
+    """Promises that hold are kept: padding stored twice is no duplicate, a
+    duplicate may be sorted; the rules that trust them agree with NumPy."""
+    flags = {"indices_sorted": True, "unique_indices": True}
+    padded = BCOO(
+        jnp.array([1.0, 2.0, 3.0, 9.0, 9.0]),
+        jnp.array([[0, 1], [1, -1], [2, 0], [3, 3], [3, 3]]),
+        (3, 3),
+        **flags,
+    )
+    assert padded.indices_sorted and padded.unique_indices
+    expected = np.zeros((3, 3))
+    expected[0, 1], expected[1, 2], expected[2, 0] = 1.0, 2.0, 3.0
+    squared = quax.quaxify(lambda x: x**2)(padded)
+    np.testing.assert_array_equal(squared.todense(), expected**2)
+    twice = BCOO(
+        jnp.array([1.0, 3.0, 2.0]),
+        jnp.array([[0, 1], [0, 1], [1, 1]]),
+        (3, 3),
+        indices_sorted=True,
+    )
+    expected = np.zeros((3, 3))
+    expected[0, 1], expected[1, 1] = 4.0, 2.0
+    np.testing.assert_array_equal(
+        quax.quaxify(lambda x: x**2)(twice).todense(), expected**2
+    )
+    # Traced indices cannot be checked: the flags are kept as given.
+    traced = jax.jit(lambda d, i: BCOO(d, i, (3, 3), **flags).data)
+    np.testing.assert_array_equal(traced(jnp.ones(5), jnp.array(_UNSORTED)), 1.0)
+    rebuilt = fromdense(jnp.array([[0.0, 1.0], [2.0, 0.0]]), nse=4)
+    again = BCOO(rebuilt.data, rebuilt.indices, rebuilt.shape, **flags)
+    np.testing.assert_array_equal(again.todense(), [[0, 1.0], [2.0, 0]])
+
+
 # fromdense, todense, sum_duplicates -----------------------------------------------
 
 

@@ -1,9 +1,10 @@
 """Hybrid dense dimensions (`n_dense`: each stored entry is a dense block, as in
 `jax.experimental.sparse`): construction, `todense`, the elementwise rules,
-`transpose`, products with a dense operand, sums and row gathers, against
-`jax.experimental.sparse` and plain JAX on the dense array, under `jit`, `vmap` and
-`grad`; the rules that cannot keep blocks refuse, naming `n_dense` and the way
-out."""
+`transpose`, the structural operations (reshape, slices, `rev`, `squeeze`,
+concatenation, new axes of size 1), products with a dense operand, sums and row
+gathers, against `jax.experimental.sparse` and plain JAX on the dense array, under
+`jit`, `vmap` and `grad`; the rules that cannot keep blocks refuse, naming `n_dense`
+and the way out."""
 
 import jax
 import jax.numpy as jnp
@@ -307,16 +308,95 @@ def test_grad_with_respect_to_the_blocks():
 # Refusals -----------------------------------------------------------------------------
 
 
+# Structural operations on the batch and sparse dimensions keep the blocks; on the
+# dense dimensions they act on every block alike. With the `n_dense` of the result.
+_STRUCTURAL = {
+    "reshape": (lambda a: a.reshape(30, 3), 1),
+    "reshape_split": (lambda a: a.reshape(2, 3, 5, 3), 1),
+    "slice": (lambda a: a[1:5:2], 1),
+    "slice_block": (lambda a: a[1:, ::2, 1:], 1),
+    "index_block": (lambda a: a[:, :, 1], 0),
+    "dynamic_slice": (lambda a: jax.lax.dynamic_slice(a, (2, 1, 1), (3, 2, 2)), 1),
+    "concatenate": (lambda a: jnp.concatenate([a, 2 * a]), 1),
+    "concatenate_1": (lambda a: jnp.concatenate([a, a[:, :2]], axis=1), 1),
+    "rev": (lambda a: jnp.flip(a, 0), 1),
+    "rev_block": (lambda a: jnp.flip(a, (1, 2)), 1),
+    "new_axis": (lambda a: a[:, None], 1),
+    "new_block_axis": (lambda a: a[:, :, None, :, None], 2),
+    "squeeze": (lambda a: a[:, :1].squeeze(1), 1),
+    "squeeze_block": (lambda a: a[:, :, :1].squeeze(2), 0),
+}
+
+
+@pytest.mark.parametrize("name", list(_STRUCTURAL))
+def test_structure_keeps_the_blocks(name):
+    fn, n_dense = _STRUCTURAL[name]
+    dense, x = _blocks(24)
+    out = check(fn, x, dense_args=(dense,), eager=True)
+    assert isinstance(out, BCOO) and out.n_dense == n_dense
+
+
 @pytest.mark.parametrize(
     "fn",
     [
-        lambda a: a.reshape(30, 3),
-        lambda a: a[1:3],
-        lambda a: jnp.concatenate([a, a]),
-        lambda a: jnp.flip(a, 0),
-        lambda a: a[:, None],
+        lambda a: a[1:, 3:0:-2],
+        lambda a: jnp.flip(a, (0, 2, 3)),
+        lambda a: a.reshape(12, 5, 3),
+        lambda a: a[:1].squeeze(0),
+        lambda a: jnp.concatenate([a, a], axis=0),
     ],
-    ids=["reshape", "slice", "concatenate", "rev", "new_axis"],
+    ids=["slice", "rev", "reshape", "squeeze", "concatenate"],
+)
+def test_structure_of_batched_blocks(fn):
+    dense, x = _blocks(25, (2, 6, 5, 3), n_batch=1)
+    out = check(fn, x, dense_args=(dense,), eager=True)
+    assert isinstance(out, BCOO) and out.n_dense == 1
+
+
+def test_structure_matches_jax_experimental_sparse():
+    _, x = _blocks(26)
+    j = x.to_jax()
+    cases = [
+        (
+            lambda a: a[1:5, :, 1:3],
+            jsparse.bcoo_slice(j, start_indices=(1, 0, 1), limit_indices=(5, 5, 3)),
+        ),
+        (lambda a: a.reshape(30, 3), jsparse.bcoo_reshape(j, new_sizes=(30, 3))),
+        (
+            lambda a: jnp.concatenate([a, a], axis=1),
+            jsparse.bcoo_concatenate([j, j], dimension=1),
+        ),
+    ]
+    for fn, want in cases:
+        got = quax.quaxify(fn)(x)
+        assert got.n_dense == want.n_dense == 1
+        assert_close(got.todense(), want.todense())
+
+
+def test_concatenate_with_fewer_blocks_splits_them():
+    d1, x = _blocks(27, (6, 5, 2, 3), n_dense=2)
+    d2, y = _blocks(28, (6, 5, 2, 3), n_dense=1)
+    fn = lambda a, b: jnp.concatenate([a, b])
+    out = check(fn, x, y, dense_args=(d1, d2), eager=True)
+    assert out.n_dense == 1
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda a: a.reshape(6, 15),
+        lambda a: a.reshape(6, 5, 3, 1),
+        lambda a: jnp.concatenate([a, a], axis=2),
+        lambda a: jnp.broadcast_to(a[:, :, :1], (6, 5, 3)),
+        lambda a: jnp.einsum("ijk,jlk->ilk", a, a.transpose(1, 0, 2)),
+    ],
+    ids=[
+        "reshape_blocks",
+        "new_block_axis_by_reshape",
+        "concatenate_blocks",
+        "stretch",
+        "sparse_product",
+    ],
 )
 def test_rules_without_blocks_refuse_naming_n_dense(fn):
     dense, x = _blocks(24)

@@ -1,7 +1,8 @@
 """Direct solves (SuperLU on the host): `jnp.linalg.solve`, `slogdet`, `det`,
 `lu_factor`/`lu_solve`, `cho_factor`/`cho_solve` and `jax.scipy.linalg.solve` on
 sparse matrices, under `jit` and `vmap`, with gradients with respect to the
-right-hand side and the stored values, against NumPy and dense JAX in float64."""
+right-hand side and the stored values, against NumPy and dense JAX in float64. The
+solves run on both routes (the `route` fixture: SuperLU, and `spsolve` forced)."""
 
 import re
 
@@ -65,8 +66,18 @@ def _with_data(a: BCOO, data: jax.Array) -> BCOO:
     return BCOO(data, a.indices, a.shape)
 
 
+@pytest.fixture(params=["superlu", "cusolver"])
+def route(request):
+    """The test on both solver routes (`quax_sparse.solver_route`): SuperLU on the
+    host, and `jax.experimental.sparse.linalg.spsolve`, forced (on CPU, JAX runs
+    it through `scipy.sparse.linalg.spsolve`)."""
+    with quax_sparse.solver_route(request.param):
+        yield request.param
+
+
 @pytest.mark.parametrize("jit", [False, True])
 @pytest.mark.parametrize("rhs", [(), (3,)])
+@pytest.mark.usefixtures("route")
 def test_solve_matches_numpy(jit, rhs):
     dense, a = _general()
     b = np.random.default_rng(2).normal(size=(12, *rhs))
@@ -87,6 +98,7 @@ def test_solve_csr_and_float32():
     np.testing.assert_allclose(got, np.linalg.solve(dense, b), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.usefixtures("route")
 def test_solve_complex():
     rng = np.random.default_rng(4)
     dense, _ = _general()
@@ -101,6 +113,7 @@ def test_solve_complex():
         np.testing.assert_allclose(got, np.linalg.solve(op, b), rtol=1e-12)
 
 
+@pytest.mark.usefixtures("route")
 def test_vmap_over_right_hand_sides():
     dense, a = _general()
     bs = np.random.default_rng(5).normal(size=(4, 12))
@@ -108,6 +121,7 @@ def test_vmap_over_right_hand_sides():
     np.testing.assert_allclose(f(a, bs), np.linalg.solve(dense, bs.T).T, rtol=1e-12)
 
 
+@pytest.mark.usefixtures("route")
 def test_vmap_over_matrices():
     dense, a = _general()
     data = jnp.stack([a.data, 2 * a.data])
@@ -121,6 +135,7 @@ def test_vmap_over_matrices():
     np.testing.assert_allclose(got, want, rtol=1e-12)
 
 
+@pytest.mark.usefixtures("route")
 def test_gradients_of_solve():
     dense, a = _general()
     b = np.random.default_rng(7).normal(size=12)
@@ -178,6 +193,7 @@ def test_singular_matrix_gives_nan_and_zero_determinant():
     assert sign == 0 and logdet == -np.inf
 
 
+@pytest.mark.usefixtures("route")
 @pytest.mark.parametrize("lower", [True, False])
 def test_cho_factor_and_cho_solve(lower):
     dense, a = _spd()
@@ -194,6 +210,7 @@ def test_cho_factor_and_cho_solve(lower):
     )
 
 
+@pytest.mark.usefixtures("route")
 def test_positive_definite_solve_with_gradients():
     dense, a = _spd()
     b = np.random.default_rng(12).normal(size=16)
@@ -286,11 +303,16 @@ def test_gradient_program_holds_no_dense_matrix():
 # Refusals ---------------------------------------------------------------------------
 
 
-def test_batched_and_integer_matrices_refuse_to_factor():
+def test_stacked_sparse_and_integer_matrices_refuse_to_factor():
+    # Three sparse dimensions (no batch ones): not a matrix, nor a batch of them.
     dense, a = _general()
-    batched = BCOO(jnp.stack([a.data, a.data]), jnp.stack([a.indices] * 2), (2, 12, 12))
-    with pytest.raises(MaterialisationError, match=r"`lu`.*jax\.vmap.*leaves"):
-        quax.quaxify(jnp.linalg.solve)(batched, jnp.ones((2, 12, 1)))
+    data = jnp.concatenate([a.data, a.data])
+    indices = jnp.concatenate(
+        [jnp.pad(a.indices, ((0, 0), (1, 0))), jnp.pad(a.indices, ((0, 0), (1, 0)))]
+    )
+    stacked = BCOO(data, indices.at[a.nse :, 0].set(1), (2, 12, 12))
+    with pytest.raises(MaterialisationError, match=r"`lu`.*3 sparse dimensions.*0"):
+        quax.quaxify(jnp.linalg.solve)(stacked, jnp.ones((2, 12, 1)))
     integer = BCOO(a.data.astype(jnp.int32), a.indices, a.shape)
     with pytest.raises(MaterialisationError, match=r"`lu`.*int32.*astype"):
         quax.quaxify(jax.lax.linalg.lu)(integer)

@@ -197,8 +197,7 @@ def test_kronecker_plus_identity_conformance():
 
 def test_kronecker_plus_identity_holds_no_dense_matrix():
     """The optimised program of the GP loss (solve and slogdet) holds no
-    floating-point `(n, n)` array. (Its gradient still forms some, as the
-    gradient of a `Kronecker` solve does: see the README's table.)"""
+    floating-point `(n, n)` array (its gradient: the next test)."""
     a, b = _rand(28, 8, 8), _rand(29, 16, 16)
     k = qs.Kronecker(a @ a.T + jnp.eye(8), b @ b.T + jnp.eye(16), symmetric=True)
     n = k.shape[-1]
@@ -206,6 +205,28 @@ def test_kronecker_plus_identity_holds_no_dense_matrix():
     v = _rand(25, n)
     loss = lambda k, s: _gp_loss(k + s, v)
     quax.testing.assert_hlo_lacks(loss, k, noise, shapes=[(n, n)], dtypes=["f64"])
+
+
+def test_gp_gradient_with_traced_noise_holds_no_dense_matrix():
+    """`jax.grad` of the GP loss with respect to both factors and a traced noise
+    (`K + ScaledIdentity(noise, n)`, the noise a `jit` argument and a `grad`
+    variable): the optimised program holds no `(n, n)` array of any dtype (the
+    solve's gradient goes through `custom_linear_solve`'s transposed solve and
+    the factors' products, `slogdet`'s through the eigenvalues)."""
+    a, b = _rand(30, 8, 8), _rand(31, 16, 16)
+    k = qs.Kronecker(a @ a.T + jnp.eye(8), b @ b.T + jnp.eye(16), symmetric=True)
+    n = k.shape[-1]
+    noise = qs.ScaledIdentity(jnp.array(0.3), n)
+    v = _rand(32, n)
+    grad = jax.grad(quax.quaxify(lambda k, s: _gp_loss(k + s, v)), argnums=(0, 1))
+    text = jax.jit(grad).lower(k, noise).compile().as_text()
+    assert f"[{n},{n}]" not in text
+    got_k, got_s = jax.jit(grad)(k, noise)
+    dense = jnp.kron(k.left, k.right) + 0.3 * jnp.eye(n)
+    # d/ds (vᵀ C⁻¹ v + log det C) = -‖C⁻¹ v‖² + tr C⁻¹, by NumPy.
+    x = np.linalg.solve(np.asarray(dense), np.asarray(v))
+    want = -x @ x + np.trace(np.linalg.inv(np.asarray(dense)))
+    np.testing.assert_allclose(got_s.scale, want, rtol=1e-9)
 
 
 def test_non_symmetric_kronecker_plus_identity_stays_lazy():

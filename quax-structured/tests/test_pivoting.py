@@ -453,3 +453,29 @@ def test_non_dominant_matches_numpy(system):
     matrices, b = system
     assume(max(np.linalg.cond(_dense(m)) for m in matrices) < 1e4)
     _check(_float32_cases(*matrices), b)
+
+
+@pytest.mark.parametrize("kind", ["symmetric", "general", "complex"])
+def test_low_rank_plus_diagonal_norm_bound(kind):
+    """The bound of `‖A‖₂` in the Woodbury route's backward-error check is
+    `max |dᵢ| + ‖U Vᵀ‖_F` (against NumPy's), and bounds NumPy's `‖A‖₂`: a bound
+    below it would let an inaccurate answer pass the check (its one-product form
+    for a real symmetric matrix and the two Gram matrices otherwise)."""
+    rng = np.random.default_rng(5)
+    n, r = 7, 3
+    d, u, v = rng.normal(size=n), rng.normal(size=(n, r)), rng.normal(size=(n, r))
+    if kind == "complex":
+        d = d + 1j * rng.normal(size=n)
+        u = u + 1j * rng.normal(size=(n, r))
+        v = v + 1j * rng.normal(size=(n, r))
+    with jax.enable_x64(True):
+        m = qs.LowRankPlusDiagonal(
+            jnp.asarray(d),
+            jnp.asarray(u),
+            None if kind == "symmetric" else jnp.asarray(v),
+        )
+        got = float(m._norm_bound())
+    v = u if kind == "symmetric" else v
+    want = np.max(np.abs(d)) + np.linalg.norm(u @ v.T, "fro")
+    np.testing.assert_allclose(got, want, rtol=1e-12)
+    assert got >= np.linalg.norm(np.diag(d) + u @ v.T, 2)

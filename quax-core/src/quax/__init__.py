@@ -25,7 +25,11 @@ from ._foundation._caches import (
     CacheMismatchError as CacheMismatchError,
     caching as caching,
 )
-from ._foundation._select import map_selected as map_selected
+from ._foundation._debug import set_debug_checks as set_debug_checks
+from ._foundation._select import (
+    map_selected as map_selected,
+    nnx_selected as nnx_selected,
+)
 from ._foundation._shadow import QuaxShadowWarning as QuaxShadowWarning
 from ._foundation._version import __version__ as __version__
 from ._foundation._zero_preserving import ZERO_PRESERVING as ZERO_PRESERVING
@@ -40,7 +44,6 @@ from ._rules import (
 )
 from ._rules._joins import JoinError as JoinError
 from ._transform._quaxify import quaxify as quaxify
-from ._transform._trace import set_debug_checks as set_debug_checks
 from ._values._policy import (
     GuardedValue as GuardedValue,
     MaterialisationError as MaterialisationError,

@@ -19,8 +19,26 @@ import numpy as np
 import quax
 from jaxtyping import PRNGKeyArray, PyTree
 
-from ._nnx import adapt_layers, nnx_of, peft_layers, via_state
-from ._peft import CONFIG_NAME, module_name, read_peft, summarise, write_peft
+from ._nnx import (
+    adapt_layers,
+    adapters_of,
+    layer_name,
+    nnx_of,
+    peft_kinds,
+    replace_kernels,
+    update_kernels,
+    weights_of,
+)
+from ._peft import (
+    CONFIG_NAME,
+    CONV,
+    EMBEDDING,
+    LINEAR,
+    module_name,
+    read_peft,
+    summarise,
+    write_peft,
+)
 from ._value import LoraArray, LoraWarning, MaterialisationError
 
 
@@ -98,17 +116,26 @@ def loraify(
         match `filter` are adapted. By default the whole model.
     - `key`: a `jax.random` key; each layer gets its own.
 
-    **Flax NNX models.** An `nnx.Module` is split (`nnx.split`), the value of
-    each selected layer's `nnx.Param` replaced by a `LoraArray` by its path in
-    the state, and merged back (`nnx.merge`) into a new module; the model passed
-    in is unchanged. By default `filter` selects every `nnx.Linear`; pass
-    `nnx.Embed` for embeddings, and `nnx.LinearGeneral` for the query, key and
-    value of `nnx.MultiHeadAttention` (a kernel `(in, heads, head_dim)`, adapted
-    as the matrix `in x (heads * head_dim)`). An NNX kernel is `(in, out)` (used
-    as `x @ kernel`), so `a` is `(in, rank)` and `b` `(rank, out)`: still
-    `b = 0` at first. Not on NNX: `nnx.Conv` kernels, a `LinearGeneral` with
-    several input axes (the attention's output projection), and DoRA (which
-    normalises the outputs, the columns of an NNX kernel); each raises a
+    **Flax NNX models.** An `nnx.Module` is copied (`nnx.clone`; the model passed
+    in is unchanged), and each selected layer's `kernel` (or `embedding`)
+    replaced by a LoRA kernel: an `nnx.Module` holding `w` as an `nnx.Param` and
+    `a` and `b` as `nnx.LoRAParam`s, which the layer reads (`kernel[...]`) as the
+    `LoraArray`, and which JAX sees as that `LoraArray`. NNX's filters then pick
+    the adapter: `nnx.Optimizer(model, tx, wrt=nnx.LoRAParam)`,
+    `nnx.grad(loss, argnums=nnx.DiffState(0, nnx.LoRAParam))`. By default
+    `filter` selects every `nnx.Linear`; pass
+    `nnx.Embed` for embeddings (`w[i] + s a[i] b`, a gather), `nnx.Conv` (or
+    `nnx.ConvTranspose`) for convolutions and `nnx.LinearGeneral` for the
+    projections of `nnx.MultiHeadAttention`. An NNX kernel is used as
+    `x @ kernel`, its input axes first, so its rows are its input axes
+    (`LoraArray`'s `row_ndim`): a `Linear` kernel `(in, out)` has `a` of shape
+    `(in, rank)` and `b` `(rank, out)`; the query, key and value `(in, heads,
+    head_dim)` are adapted as `in x (heads * head_dim)`, the output projection
+    `(heads, head_dim, out)` as `(heads * head_dim) x out`; a convolution kernel
+    `(*window, in, out)` as `(window * in) x out`, as peft factors a
+    convolution (`a` a kernel with `rank` outputs, `b` a 1x1 one). `b = 0` at
+    first. Not on NNX: grouped convolutions (`feature_group_count > 1`) and DoRA
+    (which normalises the outputs, the columns of an NNX kernel); each raises a
     `ValueError` naming the layer.
 
     **Returns:**
@@ -125,10 +152,12 @@ def loraify(
     matched: list[Any] = []  # layers `filter` selects
     adapted: list[Any] = []  # their weights, adapted now or before
 
-    def adapt_weight(weight: Any, *, embedding: bool, batch_ndim: int | None) -> Any:
+    def adapt_weight(
+        weight: Any, *, embedding: bool, batch_ndim: int | None, row_ndim: int = 1
+    ) -> Any:
         """The `LoraArray` of a selected layer's `weight` (`batch_ndim` of its
-        leading axes batch axes, by default all but two), or `weight` itself
-        where there is nothing to adapt."""
+        leading axes batch axes, by default all but two; its rows the `row_ndim`
+        axes after them), or `weight` itself where there is nothing to adapt."""
         if isinstance(weight, LoraArray):
             adapted.append(weight)
             return weight
@@ -153,8 +182,10 @@ def loraify(
             batch_ndim = len(shape) - 2
         # A layer whose matrices are smaller than `rank` (a 1-output head) gets
         # the largest rank it can use, with the same scale `alpha / rank`.
+        split = batch_ndim + row_ndim
         layer_rank = max(
-            1, min(rank, shape[batch_ndim], math.prod(shape[batch_ndim + 1 :]))
+            1,
+            min(rank, math.prod(shape[batch_ndim:split]), math.prod(shape[split:])),
         )
         # The same scaling for every layer: alpha / rank (alpha / sqrt(rank)).
         ratio = layer_rank / rank
@@ -172,6 +203,7 @@ def loraify(
             allow_materialise=allow_materialise,
             stop_gradient=stop_gradient,
             batch_ndim=batch_ndim,
+            row_ndim=row_ndim,
             variant=variant,
             dropout=dropout,
             key=jr.fold_in(key, next(counter)),
@@ -235,8 +267,9 @@ def _no_match_message(model: Any, filter: Any, where: Any, matched: list[Any]) -
         f"loraify adapted nothing in {scope} (a {type(model).__qualname__}) with "
         f"filter={_describe(filter)}: {found}. Pass filter= the layer type(s) "
         "whose `weight` to adapt (eqx.nn.Linear, eqx.nn.Conv, ...; a layer such as "
-        "eqx.nn.GRUCell has no `weight`; for a Flax NNX model nnx.Linear, nnx.Embed "
-        "or nnx.LinearGeneral, whose `kernel` or `embedding` is adapted), and a "
+        "eqx.nn.GRUCell has no `weight`; for a Flax NNX model nnx.Linear, nnx.Embed, "
+        "nnx.Conv or nnx.LinearGeneral, whose `kernel` or `embedding` is adapted), "
+        "and a "
         "where= that selects layers (or sub-models) rather than their arrays."
     )
 
@@ -265,10 +298,6 @@ def merge(model: PyTree) -> PyTree:
     or keep the model unmerged and call it inside `quax.quaxify`.
     """
 
-    nnx = nnx_of(model)
-    if nnx is not None:
-        return via_state(nnx, merge, model)
-
     def dense(x: Any) -> Any:
         if not isinstance(x, LoraArray):
             return x
@@ -287,6 +316,8 @@ def merge(model: PyTree) -> PyTree:
                 ) from e
         return x.dense_from(w)
 
+    if nnx_of(model) is not None:
+        return replace_kernels(model, lambda _, lora: dense(lora))
     return jtu.tree_map(dense, model, is_leaf=is_lora)
 
 
@@ -320,10 +351,6 @@ def unmerge(merged: PyTree, model: PyTree) -> PyTree:
     one first), or for a base weight that was a `quax.ArrayValue` (say
     quantised: the difference is a dense array; quantise it again yourself).
     """
-
-    nnx = nnx_of(model)
-    if nnx is not None:
-        return via_state(nnx, lambda state: unmerge(nnx.state(merged), state), model)
 
     def base(lora: Any, dense: Any) -> Any:
         if not isinstance(lora, LoraArray):
@@ -361,6 +388,19 @@ def unmerge(merged: PyTree, model: PyTree) -> PyTree:
         w = (dense - lora.delta()).astype(dense.dtype)
         return lora.replace(w=w)
 
+    if nnx_of(model) is not None:
+        weights = weights_of(merged)
+
+        def nnx_base(path: tuple[Any, ...], lora: LoraArray) -> LoraArray:
+            if path not in weights:
+                raise ValueError(
+                    f"quax_lora.unmerge: the merged NNX model has no weight at "
+                    f"`{'.'.join(map(str, path))}`, where the model has a LoRA "
+                    "kernel; pass the model merge made from it."
+                )
+            return base(lora, weights[path])
+
+        return update_kernels(model, nnx_base)
     return jtu.tree_map(base, model, merged, is_leaf=is_lora)
 
 
@@ -462,9 +502,7 @@ def count_parameters(model: PyTree) -> ParameterCount:
 
     A [`quax_lora.ParameterCount`][].
     """
-    nnx = nnx_of(model)
-    if nnx is not None:
-        model = nnx.state(model)
+    # (An NNX model is a PyTree too, its LoRA kernels `LoraArray`s.)
     # What `trainable_filter` selects: `a`, `b`, and `w` unless it is frozen.
     loras = [x for x in jtu.tree_leaves(model, is_leaf=is_lora) if is_lora(x)]
     trainable = [
@@ -503,22 +541,25 @@ class LegacyAdapterWarning(LoraWarning):
 # the leaves alone, and start as a NumPy array does (`\x93NUMPY`).
 _MAGIC = b"quax-lora adapter\n"
 _FORMAT_VERSION = 3
-# Version 2 did not record the variant and the stacked adapters (it had neither).
+# Version 2 did not record the variant and the stacked adapters (it had neither);
+# files of versions 2 and 3 written before `row_ndim` existed do not record it
+# (every array then had rows of one axis).
 _READ_VERSIONS = (2, 3)
 # The settings of a layer that must agree between the file and the model, in the
-# order they are checked and named, and what a file of version 2 had for the
-# ones it did not record.
+# order they are checked and named, and what an earlier file had for the ones it
+# did not record.
 _SETTINGS = (
     "shape",
     "dtype",
     "batch_ndim",
+    "row_ndim",
     "variant",
     "adapters",
     "rank",
     "scaling",
     "stop_gradient",
 )
-_DEFAULTS = {"variant": "lora", "adapters": None}
+_DEFAULTS = {"variant": "lora", "adapters": None, "row_ndim": 1}
 
 
 def _layers(model: PyTree) -> Iterator[tuple[str, LoraArray]]:
@@ -539,6 +580,7 @@ def _settings(lora: LoraArray) -> dict[str, Any]:
         "shape": list(lora.shape),
         "dtype": str(lora.dtype),
         "batch_ndim": lora.batch_ndim,
+        "row_ndim": lora.row_ndim,
         "variant": lora.variant,
         "adapters": lora.adapters,
         "rank": lora.rank,
@@ -620,8 +662,9 @@ def _open(path_or_file: str | pathlib.Path | BinaryIO, mode: str) -> Iterator[An
         yield path_or_file
 
 
-def _peft_layers(model: PyTree) -> list[tuple[str, LoraArray, bool]]:
-    """(module name, array, whether its layer is an `eqx.nn.Embedding`) of every
+def _peft_layers(model: PyTree) -> list[tuple[str, LoraArray, str]]:
+    """(module name, array, what its layer is to peft: an `eqx.nn.Embedding`, a
+    kernel of more than two axes (a convolution) or a `Linear`) of every
     `LoraArray` of `model`, the name as peft writes it (`layers.0`)."""
     embeddings = {
         jtu.keystr(path) + ".weight"
@@ -630,7 +673,21 @@ def _peft_layers(model: PyTree) -> list[tuple[str, LoraArray, bool]]:
         )[0]
         if isinstance(x, eqx.nn.Embedding)
     }
-    return [(module_name(path), x, path in embeddings) for path, x in _layers(model)]
+    return [
+        (
+            module_name(path),
+            x,
+            EMBEDDING if path in embeddings else CONV if x.ndim > 2 else LINEAR,
+        )
+        for path, x in _layers(model)
+    ]
+
+
+def _nnx_peft_layers(model: Any) -> list[tuple[str, LoraArray, str]]:
+    """(module name, array, what its layer is to peft) of every adapted layer of
+    the NNX `model`, the name its path, dotted (`layers.0`)."""
+    kinds = peft_kinds(model)
+    return [(name, x, kinds[name]) for name, x in adapters_of(model).items()]
 
 
 def save_adapter(
@@ -681,9 +738,8 @@ def save_adapter(
         `Conv1D`. By default `False` (`eqx.nn.Linear`'s are `(out, in)`), and
         `True` for a Flax NNX model (its kernels are `(in, out)`).
 
-    A Flax NNX model is saved from its state (`nnx.state`): in peft's layout
-    each layer is named by its path (`layers.0` for the kernel of
-    `model.layers[0]`).
+    A Flax NNX model is saved from its LoRA kernels: each layer is named by its
+    path (`layers.0` for the kernel of `model.layers[0]`), in both formats.
 
     **Returns:**
 
@@ -705,7 +761,7 @@ def save_adapter(
             fan_in_fan_out = nnx is not None
         write_peft(
             path_or_file,
-            _peft_layers(model) if nnx is None else peft_layers(nnx.state(model)),
+            _peft_layers(model) if nnx is None else _nnx_peft_layers(model),
             name_map=name_map,
             fan_in_fan_out=fan_in_fan_out,
         )
@@ -715,7 +771,7 @@ def save_adapter(
             f"quax_lora.save_adapter needs format='quax' or 'peft', got {format!r}."
         )
     if nnx is not None:
-        model = nnx.state(model)
+        model = adapters_of(model)
     header = json.dumps(
         {
             "version": _FORMAT_VERSION,
@@ -797,9 +853,8 @@ def load_adapter(
         Flax NNX model (its kernels are `(in, out)`, whatever the layout of the
         torch model the adapter was made for: peft's tensors are the same).
 
-    A Flax NNX model is loaded through its state (`nnx.split`, then
-    `nnx.merge` into a new module), its layers named as `save_adapter` names
-    them.
+    A Flax NNX model is loaded into a copy (`nnx.clone`), its layers named as
+    `save_adapter` names them.
 
     **Returns:**
 
@@ -821,16 +876,16 @@ def load_adapter(
             fan_in_fan_out=fan_in_fan_out,
             names=_peft_layers,
         )
-    graphdef, state = nnx.split(model)
+    kinds = peft_kinds(model)
     loaded = _load_adapter(
         path_or_file,
-        state,
+        adapters_of(model),
         format=format,
         name_map=name_map,
         fan_in_fan_out=True if fan_in_fan_out is None else fan_in_fan_out,
-        names=peft_layers,
+        names=lambda adapters: [(k, v, kinds[k]) for k, v in adapters.items()],
     )
-    return nnx.merge(graphdef, loaded, copy=True)
+    return update_kernels(model, lambda path, _: loaded[layer_name(path)])
 
 
 def _load_adapter(
@@ -840,7 +895,7 @@ def _load_adapter(
     format: str | None,
     name_map: Mapping[str, str] | Callable[[str], str] | None,
     fan_in_fan_out: bool | None,
-    names: Callable[[PyTree], list[tuple[str, LoraArray, bool]]],
+    names: Callable[[PyTree], list[tuple[str, LoraArray, str]]],
 ) -> PyTree:
     """`load_adapter` into `model` (a PyTree; an NNX model's state), whose
     peft module names `names(model)` gives."""

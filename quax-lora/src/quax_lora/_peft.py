@@ -21,6 +21,9 @@ from ._value import LoraArray
 
 __all__ = [
     "CONFIG_NAME",
+    "CONV",
+    "EMBEDDING",
+    "LINEAR",
     "WEIGHTS_NAME",
     "module_name",
     "read_peft",
@@ -69,7 +72,13 @@ def _alpha_for(lora: LoraArray) -> float:
     return lora.scaling * root
 
 
-def _refuse_layout(lora: LoraArray, fan_in_fan_out: bool) -> str | None:
+# What a layer is to peft, which decides how its tensors are laid out: a
+# `Linear` (or GPT-2's `Conv1D`, with `fan_in_fan_out`), an `Embedding`, or a
+# convolution.
+LINEAR, EMBEDDING, CONV = "linear", "embedding", "conv"
+
+
+def _refuse_layout(lora: LoraArray, kind: str, fan_in_fan_out: bool) -> str | None:
     if lora.adapters is not None:
         return (
             f"it stacks {lora.adapters} adapters (take one out with "
@@ -80,31 +89,41 @@ def _refuse_layout(lora: LoraArray, fan_in_fan_out: bool) -> str | None:
             f"it adapts a stack of {lora.shape[: lora.batch_ndim]} matrices "
             "(batch_ndim > 0), which peft has no layer for"
         )
-    if lora.ndim > 2 and fan_in_fan_out:
-        return "a convolution kernel has no fan_in_fan_out layout"
+    if kind == CONV and lora.row_ndim == 1 and fan_in_fan_out:
+        return "a convolution kernel (out, in, *k) has no fan_in_fan_out layout"
     if lora.variant == "dora" and fan_in_fan_out:
         return "DoRA normalises the outputs, the columns of a fan_in_fan_out weight"
     return None
 
 
-def _tensors(
-    lora: LoraArray, embedding: bool, fan_in_fan_out: bool
-) -> dict[str, np.ndarray]:
+def _tensors(lora: LoraArray, kind: str, fan_in_fan_out: bool) -> dict[str, np.ndarray]:
     """The tensors of one layer under peft's names (after the module's name):
     `lora_A` maps the input to the rank, `lora_B` the rank to the output, as
     torch weights `(out, in)`."""
     a, b = np.asarray(lora.a), np.asarray(lora.b)
-    if embedding:  # (vocab, d) = (n, m): a[i] b
+    if kind == EMBEDDING:  # (vocab, d) = (n, m): a[i] b
         out = {"lora_embedding_A": a.T, "lora_embedding_B": b.T}
-    elif lora.ndim > 2:  # a kernel (out, in, *k): b is a kernel, a a 1x1 one
+    elif kind == CONV and lora.row_ndim > 1:
+        # An NNX kernel (*k, in, out): a is a kernel (*k, in, rank), torch's
+        # (rank, in, *k); b (rank, out) a 1x1 one, torch's (out, rank, 1, ...).
+        k = lora.ndim - 2
+        out = {
+            "lora_A.weight": np.transpose(a, (k + 1, k, *range(k))),
+            "lora_B.weight": b.T.reshape(b.T.shape + (1,) * k),
+        }
+    elif kind == CONV:  # a kernel (out, in, *k): b is a kernel, a a 1x1 one
         out = {
             "lora_A.weight": b,
             "lora_B.weight": a.reshape(a.shape + (1,) * (lora.ndim - 2)),
         }
-    elif fan_in_fan_out:  # w is (in, out): the input meets a first
-        out = {"lora_A.weight": a.T, "lora_B.weight": b.T}
-    else:  # w is (out, in), as torch's Linear
-        out = {"lora_A.weight": b, "lora_B.weight": a}
+    else:
+        # A matrix, its rows and columns flattened (an `nnx.LinearGeneral`
+        # kernel (in, heads, head_dim) is torch's Linear of in x heads * head_dim).
+        a, b = a.reshape(-1, lora.rank), b.reshape(lora.rank, -1)
+        if fan_in_fan_out:  # w is (in, out): the input meets a first
+            out = {"lora_A.weight": a.T, "lora_B.weight": b.T}
+        else:  # w is (out, in), as torch's Linear
+            out = {"lora_A.weight": b, "lora_B.weight": a}
     if lora.magnitude is not None:
         out["lora_magnitude_vector"] = np.asarray(lora.magnitude)
     return {k: np.ascontiguousarray(v) for k, v in out.items()}
@@ -117,19 +136,19 @@ def write_peft(
     name_map: NameMap,
     fan_in_fan_out: bool,
 ) -> None:
-    """Write `layers` (our module name, the array, whether it is an embedding) to
-    `directory` in peft's layout."""
+    """Write `layers` (our module name, the array, what it is to peft: `LINEAR`,
+    `EMBEDDING` or `CONV`) to `directory` in peft's layout."""
     if not layers:
         raise ValueError("quax_lora.save_adapter: the model has no LoraArray.")
     problems, tensors = [], {}
     entries = []
-    for name, lora, embedding in layers:
+    for name, lora, kind in layers:
         peft = _peft_name(name, name_map)
-        problem = _refuse_layout(lora, fan_in_fan_out)
+        problem = _refuse_layout(lora, kind, fan_in_fan_out)
         if problem is not None:
             problems.append(f"layer `{name}`: {problem}")
             continue
-        for key, value in _tensors(lora, embedding, fan_in_fan_out).items():
+        for key, value in _tensors(lora, kind, fan_in_fan_out).items():
             tensors[f"{_PREFIX}{peft}.{key}"] = value
         entries.append((peft, lora))
     if problems:
@@ -235,7 +254,7 @@ def read_peft(
     problems: list[str] = []
     out = []
     seen = set()
-    for name, lora, embedding in layers:
+    for name, lora, kind in layers:
         peft = _peft_name(name, name_map)
         seen.add(peft)
         if peft not in modules:
@@ -261,11 +280,11 @@ def read_peft(
                 f"and the adapter's module `{peft}` rank {rank} and scaling "
                 f"{scaling!r} (lora_alpha={alpha!r})"
             )
-        problem = _refuse_layout(lora, fan_in_fan_out)
+        problem = _refuse_layout(lora, kind, fan_in_fan_out)
         if problem is not None:
             problems.append(f"layer `{name}`: {problem}")
             continue
-        want = _tensors(lora, embedding, fan_in_fan_out)
+        want = _tensors(lora, kind, fan_in_fan_out)
         got = {}
         for key, like in want.items():
             stored = tensors.get(f"{_PREFIX}{peft}.{key}")
@@ -283,7 +302,7 @@ def read_peft(
             got[key] = stored
         if len(got) != len(want):
             continue
-        out.append(_leaves(lora, embedding, fan_in_fan_out, got))
+        out.append(_leaves(lora, kind, fan_in_fan_out, got))
     extra = sorted(modules - seen)
     if extra:
         problems.append(
@@ -302,16 +321,19 @@ def read_peft(
 
 
 def _leaves(
-    lora: LoraArray, embedding: bool, fan_in_fan_out: bool, got: dict[str, Any]
+    lora: LoraArray, kind: str, fan_in_fan_out: bool, got: dict[str, Any]
 ) -> dict[str, Any]:
     def like(x: Any, ref: Any) -> Any:
-        return jnp.asarray(x, dtype=ref.dtype)
+        return jnp.asarray(x, dtype=ref.dtype).reshape(ref.shape)
 
-    if embedding:
+    if kind == EMBEDDING:
         a, b = got["lora_embedding_A"].T, got["lora_embedding_B"].T
-    elif lora.ndim > 2:
-        a = got["lora_B.weight"].reshape(lora.a.shape)
-        b = got["lora_A.weight"]
+    elif kind == CONV and lora.row_ndim > 1:
+        k = lora.ndim - 2
+        a = np.transpose(got["lora_A.weight"], (*range(2, k + 2), 1, 0))
+        b = got["lora_B.weight"].reshape(lora.b.shape[::-1]).T
+    elif kind == CONV:
+        a, b = got["lora_B.weight"], got["lora_A.weight"]
     elif fan_in_fan_out:
         a, b = got["lora_A.weight"].T, got["lora_B.weight"].T
     else:

@@ -127,6 +127,7 @@ def _lora_dot_general(
     lora_is_lhs: bool,
     scaling: float,
     dropout: float,
+    row_ndim: int,
     dimension_numbers: Any,
     params: dict[str, Any],
 ) -> Any:
@@ -135,7 +136,8 @@ def _lora_dot_general(
     `a @ b` is never formed. With DoRA's `row_scale` `g` (one per row of `w`),
     of `g * (w + scaling * a @ b)`: `g` scales `a`, and the output of `w x` when
     the rows of `w` are axes of the output (else `w` itself). With a
-    `dropout_key`, the adapter's product takes `x` dropped.
+    `dropout_key`, the adapter's product takes `x` dropped. The rows of `w`
+    span `row_ndim` axes after its batch axes (`a` is `(*batch, *rows, rank)`).
 
     Quaxified by the caller, so `x` and `w` may themselves be `quax.Value`s: `w`
     only meets `dot_general` (and, for DoRA on a contracted row axis, `mul`), so
@@ -143,7 +145,8 @@ def _lora_dot_general(
     """
     w_: Any = w  # inside `quax.quaxify`: a value's `*` dispatches to its rules
     a_, b_ = (jnp.asarray(t) for t in (a, b))
-    nb = a_.ndim - 2
+    nb = a_.ndim - 1 - row_ndim
+    split = nb + row_ndim  # the first column axis of `w`
     (lhs_contract, rhs_contract), (lhs_batch, rhs_batch) = dimension_numbers
     if lora_is_lhs:
         l_contract, x_contract, l_batch, x_batch = (
@@ -161,9 +164,9 @@ def _lora_dot_general(
         )
     # Whether the rows of `w` (its batch axes and `n`) are all axes of the output,
     # so that DoRA's factor per row can scale the output of `w x`.
-    rows_in_output = all(i not in l_contract for i in range(nb + 1))
+    rows_in_output = all(i not in l_contract for i in range(split))
     if row_scale is not None and not rows_in_output:
-        w_ = w_ * row_scale.reshape(row_scale.shape + (1,) * (w_.ndim - nb - 1))
+        w_ = w_ * row_scale.reshape(row_scale.shape + (1,) * (w_.ndim - split))
     if lora_is_lhs:
         dense = lax.dot_general_p.bind(
             w_, x, dimension_numbers=dimension_numbers, **params
@@ -180,8 +183,8 @@ def _lora_dot_general(
     for i, j in zip(l_batch, x_batch, strict=True):
         x_sub[j] = lora_sub[i]
     r = next(letters)
-    a_sub = "".join(lora_sub[: nb + 1]) + r
-    b_sub = "".join(lora_sub[:nb]) + r + "".join(lora_sub[nb + 1 :])
+    a_sub = "".join(lora_sub[:split]) + r
+    b_sub = "".join(lora_sub[:nb]) + r + "".join(lora_sub[split:])
     l_free = [
         c for i, c in enumerate(lora_sub) if i not in l_contract and i not in l_batch
     ]
@@ -200,7 +203,7 @@ def _lora_dot_general(
         if rows_in_output:
             dense = dense * _broadcast_to(
                 row_scale.astype(dense.dtype),
-                "".join(lora_sub[: nb + 1]),
+                "".join(lora_sub[:split]),
                 out_sub,
                 dense.shape,
             )
@@ -244,6 +247,7 @@ def _dot(
         lora_is_lhs=lora_is_lhs,
         scaling=lora.scaling,
         dropout=lora.dropout,
+        row_ndim=lora.row_ndim,
         dimension_numbers=dimension_numbers,
         params=params,
     )
@@ -288,8 +292,8 @@ def _(lhs: LoraArray, rhs: LoraArray, *, dimension_numbers: Any, **params: Any) 
 
 def _lora_conv(
     w: Array | quax.ArrayValue,
-    a: ArrayLike,
-    b: ArrayLike,
+    kernel: ArrayLike,
+    mix: ArrayLike,
     x: Any,
     row_scale: Array | None,
     dropout_key: Any,
@@ -298,26 +302,27 @@ def _lora_conv(
     dropout: float,
     params: dict[str, Any],
 ) -> Any:
-    """`conv(x, w) + scaling * a @ conv(x, b)`: `b` is a kernel with `rank` output
-    features, `a` mixes them into the output features, like a 1x1 convolution.
-    DoRA's `row_scale` (one per output feature) scales both terms; with a
-    `dropout_key`, `conv(x, b)` takes `x` dropped."""
+    """`conv(x, w) + scaling * mix @ conv(x, kernel)`: `kernel` is the factor laid
+    out as a kernel with `rank` output features, `mix` (`(out, rank)`) mixes them
+    into the output features, like a 1x1 convolution. DoRA's `row_scale` (one
+    per output feature) scales both terms; with a `dropout_key`,
+    `conv(x, kernel)` takes `x` dropped."""
     dense = lax.conv_general_dilated_p.bind(x, w, **params)
     hidden = lax.conv_general_dilated_p.bind(
-        _dropped(x, dropout, dropout_key), b, **params
+        _dropped(x, dropout, dropout_key), kernel, **params
     )
     feature = params["dimension_numbers"].out_spec[1]
-    a_ = jnp.asarray(a)
+    mix_ = jnp.asarray(mix)
     if row_scale is not None:
         shape = [1] * dense.ndim
         shape[feature] = -1
         dense = dense * row_scale.astype(dense.dtype).reshape(shape)
-        a_ = a_ * row_scale[:, None].astype(a_.dtype)
+        mix_ = mix_ * row_scale[:, None].astype(mix_.dtype)
     if scaling != 1.0:
-        a_ = a_ * jnp.asarray(scaling, a_.dtype)
+        mix_ = mix_ * jnp.asarray(scaling, mix_.dtype)
     delta = lax.dot_general(
         hidden,
-        a_.astype(hidden.dtype),
+        mix_.astype(hidden.dtype),
         (((feature,), (1,)), ((), ())),
         precision=params["precision"],
         preferred_element_type=params["preferred_element_type"],
@@ -328,22 +333,27 @@ def _lora_conv(
 @quax.register(lax.conv_general_dilated_p)
 def _(lhs: ArrayLike | quax.ArrayValue, rhs: LoraArray, **params: Any) -> Any:
     rhs = rhs.selected()
-    rhs_spec = params["dimension_numbers"].rhs_spec
-    if (
-        rhs.batch_ndim != 0
-        or rhs_spec[0] != 0
-        or params["feature_group_count"] != 1
-        or params["batch_group_count"] != 1
-    ):
-        # Only a kernel adapted along its output features (`batch_ndim=0`, as
-        # `loraify` makes for convolutions) factors; the rest falls back.
+    out_axis = params["dimension_numbers"].rhs_spec[0]
+    ungrouped = params["feature_group_count"] == 1 and params["batch_group_count"] == 1
+    if ungrouped and rhs.batch_ndim == 0 and rhs.row_ndim == 1 and out_axis == 0:
+        # A kernel (out, in, *spatial) adapted along its output features (as
+        # `loraify` makes for `eqx.nn.Conv`): `b` is a kernel, `a` mixes.
+        kernel, mix = rhs.b, rhs.a
+    elif ungrouped and rhs.batch_ndim == 0 and out_axis == rhs.ndim - 1 == rhs.row_ndim:
+        # A kernel (*spatial, in, out) whose rows are all but the output features
+        # (as `loraify` makes for Flax NNX's `nnx.Conv`): `a` is a kernel with
+        # `rank` outputs, `b` (rank, out) mixes.
+        kernel, mix = rhs.a, jnp.transpose(rhs.b)
+    else:
+        # Only a kernel whose output features are the rows or the columns of its
+        # matrices factors; the rest (grouped convolutions too) falls back.
         return quax.fallback_rule(lax.conv_general_dilated_p, (lhs, rhs))(
             (lhs, rhs), params
         )
     return quax.quaxify(_lora_conv)(
         rhs.weight(),
-        rhs.a,
-        rhs.b,
+        kernel,
+        mix,
         lhs,
         rhs.row_scale(),
         rhs.dropout_key,
@@ -373,9 +383,10 @@ def _replace(lora: LoraArray, w: Any, a: Any, b: Any) -> LoraArray:
 def _(operand: LoraArray, *, permutation: Sequence[int], **params: Any) -> Any:
     operand = operand.selected()
     nb = operand.batch_ndim
-    if operand.magnitude is not None:
+    if operand.magnitude is not None or operand.row_ndim != 1:
         # DoRA normalises the rows: a transposed weight normalises its columns,
-        # which no `LoraArray` stands for.
+        # which no `LoraArray` stands for. Rows of several axes (an NNX kernel)
+        # are not permuted here either.
         return quax.fallback_rule(lax.transpose_p, (operand,))(
             (operand,), {"permutation": permutation, **params}
         )
@@ -473,22 +484,29 @@ def _(operand: LoraArray, *, new_dtype: Any, sharding: Any, **params: Any) -> An
 
 @quax.register(lax.rev_p)
 def _(operand: LoraArray, *, dimensions: Sequence[int], **params: Any) -> LoraArray:
-    # Batch axes flip in all three arrays, the output axis in `a`, the input axes
-    # (e.g. a transposed convolution's spatial axes) in `b`; DoRA's magnitude
-    # along the batch and output axes.
+    # Batch axes flip in all three arrays, the row axes (an output axis; an NNX
+    # kernel's spatial and input axes) in `a`, the column axes (e.g. a transposed
+    # convolution's spatial axes) in `b`; DoRA's magnitude along the batch and
+    # row axes.
     operand = operand.selected()
     nb = operand.batch_ndim
+    split = nb + operand.row_ndim  # the first column axis
 
     def rev(x: Any, dims: Sequence[int]) -> Any:
         return _bind(lax.rev_p, x, dimensions=tuple(dims), **params)
 
     w = rev(operand.weight(), dimensions)
-    a = rev(operand.a, [d for d in dimensions if d <= nb])
-    b = rev(operand.b, [d for d in dimensions if d != nb])
+    a = rev(operand.a, [d for d in dimensions if d < split])
+    # `b` is (*batch, rank, *columns): a column axis d of `w` is b's d - rows + 1.
+    b = rev(
+        operand.b,
+        [d for d in dimensions if d < nb]
+        + [d - operand.row_ndim + 1 for d in dimensions if d >= split],
+    )
     out = _replace(operand, w, a, b)
     if operand.magnitude is not None:
         out = out.replace(
-            magnitude=rev(operand.magnitude, [d for d in dimensions if d <= nb])
+            magnitude=rev(operand.magnitude, [d for d in dimensions if d < split])
         )
     return out
 

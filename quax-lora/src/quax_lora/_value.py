@@ -49,9 +49,11 @@ class LoraArray(quax.GuardedValue):
     stored as the three arrays, never summed.
 
     For a weight of shape `(*batch, n, m)`, `a` has shape `(*batch, n, rank)` and `b`
-    shape `(*batch, rank, m)`; `s` is `alpha / rank` (as in peft), or `1` when `alpha`
-    is not given (as in the published quax). Inside [`quax.quaxify`][], a product with
-    it costs `w @ x + s * (a @ (b @ x))`: the `(n, m)` update `a @ b` is never formed.
+    shape `(*batch, rank, m)` (the rows `n` and the columns `m` may each span
+    several axes, see `batch_ndim` and `row_ndim`); `s` is `alpha / rank` (as in
+    peft), or `1` when `alpha` is not given (as in the published quax). Inside
+    [`quax.quaxify`][], a product with it costs `w @ x + s * (a @ (b @ x))`: the
+    `(n, m)` update `a @ b` is never formed.
 
     `b` starts at zero, so a fresh `LoraArray` computes exactly what `w` did; `a`
     starts at `Normal(0, scale^2)`. Fine-tuning trains `a` and `b` only: with
@@ -60,9 +62,10 @@ class LoraArray(quax.GuardedValue):
 
     **Fields:**
 
-    - `w`: the original weight, shape `(*batch, n, *m)`: an array, or a
-        `quax.ArrayValue` such as a quantised array (QLoRA).
-    - `a`: shape `(*batch, n, rank)`.
+    - `w`: the original weight, shape `(*batch, *n, *m)` (`n` one axis unless
+        `row_ndim` says more): an array, or a `quax.ArrayValue` such as a
+        quantised array (QLoRA).
+    - `a`: shape `(*batch, *n, rank)`.
     - `b`: shape `(*batch, rank, *m)`.
     - `magnitude`: DoRA's magnitude, shape `(*batch, n)` (one per row of `w`, that
         is per output of a layer), or `None` for the other variants.
@@ -71,8 +74,8 @@ class LoraArray(quax.GuardedValue):
     - `index`: which of the `adapters` stacked adapters to use (an integer array
         of shape `()`; under `jax.vmap`, one per row of a batch), or `None`; set by
         [`quax_lora.select_adapter`][].
-    - `alpha`, `allow_materialise`, `stop_gradient`, `variant`, `dropout`: as
-        passed to `__init__` (static).
+    - `alpha`, `allow_materialise`, `stop_gradient`, `variant`, `dropout`,
+        `row_ndim`: as passed to `__init__` (static).
     - `adapters`: how many adapters `a` and `b` stack along a leading axis (made
         by [`quax_lora.stack_adapters`][]), or `None` for one (static).
 
@@ -100,6 +103,7 @@ class LoraArray(quax.GuardedValue):
     stop_gradient: bool = eqx.field(static=True)
     variant: str = eqx.field(static=True)
     dropout: float = eqx.field(static=True)
+    row_ndim: int = eqx.field(static=True)
     adapters: int | None = eqx.field(static=True)
 
     def __init__(
@@ -112,6 +116,7 @@ class LoraArray(quax.GuardedValue):
         allow_materialise: bool = False,
         stop_gradient: bool = True,
         batch_ndim: int | None = None,
+        row_ndim: int = 1,
         variant: str = "lora",
         dropout: float = 0.0,
         key: PRNGKeyArray,
@@ -143,6 +148,16 @@ class LoraArray(quax.GuardedValue):
             matrices. `0` adapts a convolution kernel `(out, in, *spatial)` as the
             matrix `out x (in * prod(spatial))`, as peft does for convolutions:
             `a` is `(out, rank)` and `b` is `(rank, in, *spatial)`.
+        - `row_ndim`: how many axes (after the batch axes) the rows `n` span,
+            `1` by default; the columns `m` are the axes after them. A Flax NNX
+            convolution kernel `(*spatial, in, out)` is adapted with
+            `batch_ndim=0` and `row_ndim=weight.ndim - 1`, as the matrix
+            `(prod(spatial) * in) x out`, peft's factoring of a convolution:
+            `a` is `(*spatial, in, rank)` (a kernel with `rank` outputs) and `b`
+            is `(rank, out)`. With more than one row axis, DoRA (which
+            normalises the rows) is refused, and so are the rules that need
+            one row axis (a transpose moving them, a gather of rows): they fall
+            back to the dense weight or refuse.
         - `variant`: `"lora"` (the default); `"rslora"`, whose update is scaled by
             `alpha / sqrt(rank)` (rank-stabilised LoRA, peft's `use_rslora`); or
             `"dora"` (weight-decomposed LoRA, peft's `use_dora`): the weight is
@@ -191,8 +206,20 @@ class LoraArray(quax.GuardedValue):
             raise ValueError(
                 f"LoraArray needs a floating-point weight, got dtype {weight.dtype}."
             )
-        n = weight.shape[batch_ndim]
-        m = math.prod(weight.shape[batch_ndim + 1 :])
+        if (
+            isinstance(row_ndim, bool)
+            or not isinstance(row_ndim, int)
+            or not 1 <= row_ndim <= weight.ndim - batch_ndim - 1
+        ):
+            raise ValueError(
+                f"LoraArray needs an integer 1 <= row_ndim <= weight.ndim - "
+                f"batch_ndim - 1 (the rows and the columns each at least one "
+                f"axis); got shape {weight.shape}, batch_ndim={batch_ndim} and "
+                f"row_ndim={row_ndim!r}."
+            )
+        split = batch_ndim + row_ndim
+        n = math.prod(weight.shape[batch_ndim:split])
+        m = math.prod(weight.shape[split:])
         if isinstance(rank, bool) or not isinstance(rank, int | np.integer) or rank < 1:
             raise ValueError(f"LoraArray needs an integer rank >= 1, got {rank!r}.")
         rank = int(rank)
@@ -236,6 +263,14 @@ class LoraArray(quax.GuardedValue):
                 f"LoraArray needs a dropout probability 0 <= dropout < 1, got "
                 f"dropout={dropout!r}."
             )
+        if variant == "dora" and row_ndim != 1:
+            raise ValueError(
+                f"LoraArray(variant='dora') needs row_ndim=1, got row_ndim="
+                f"{row_ndim}: DoRA keeps one magnitude per row, and rows spanning "
+                "several axes (an NNX convolution kernel's window and inputs) "
+                "would normalise its outputs, the columns. Use variant='lora' or "
+                "'rslora'."
+            )
         for name, flag in (
             ("allow_materialise", allow_materialise),
             ("stop_gradient", stop_gradient),
@@ -245,9 +280,10 @@ class LoraArray(quax.GuardedValue):
                     f"LoraArray needs {name}=True or False, got {name}={flag!r}."
                 )
         batch = weight.shape[:batch_ndim]
-        rest = weight.shape[batch_ndim + 1 :]
+        rows = weight.shape[batch_ndim:split]
+        rest = weight.shape[split:]
         self.w = weight
-        self.a = jr.normal(key, (*batch, n, rank), dtype=weight.dtype) * scale
+        self.a = jr.normal(key, (*batch, *rows, rank), dtype=weight.dtype) * scale
         self.b = jnp.zeros((*batch, rank, *rest), dtype=weight.dtype)
         # DoRA's magnitude starts at the row norms of `w`: with `b` zero, the
         # weight is then `w` itself.
@@ -261,6 +297,7 @@ class LoraArray(quax.GuardedValue):
         self.stop_gradient = bool(stop_gradient)
         self.variant = variant
         self.dropout = float(dropout)
+        self.row_ndim = row_ndim
         self.adapters = None
 
     @property
@@ -271,7 +308,7 @@ class LoraArray(quax.GuardedValue):
     @property
     def batch_ndim(self) -> int:
         """How many leading axes of `w` are batch axes."""
-        return self.a.ndim - 2 - (self.adapters is not None)
+        return self.a.ndim - 1 - self.row_ndim - (self.adapters is not None)
 
     @property
     def scaling(self) -> float:
@@ -356,7 +393,7 @@ class LoraArray(quax.GuardedValue):
         out = lax.dot_general(
             self.a,
             self.b,
-            (((nb + 1,), (nb,)), (batch, batch)),
+            (((nb + self.row_ndim,), (nb,)), (batch, batch)),
             preferred_element_type=jnp.promote_types(self.w.dtype, jnp.float32),
         )
         return out * self.scaling

@@ -33,6 +33,7 @@ def _stack(loras: Sequence[LoraArray], path: str) -> LoraArray:
                 ("scaling", x.scaling == first.scaling),
                 ("variant", x.variant == first.variant),
                 ("batch_ndim", x.batch_ndim == first.batch_ndim),
+                ("row_ndim", x.row_ndim == first.row_ndim),
                 ("stacked already", x.adapters is None and first.adapters is None),
             )
             if not same

@@ -1,7 +1,9 @@
 """`nmap`: positional code over chosen named axes, vectorised over the others."""
 
 import functools as ft
+import sys
 from collections.abc import Callable, Sequence
+from types import ModuleType
 from typing import Any
 
 import jax
@@ -11,6 +13,19 @@ from ._value import NamedArray
 
 
 __all__ = ["nmap"]
+
+
+def _nnx_module(fn: Any) -> tuple[ModuleType, Any] | None:
+    """(`flax.nnx`, the module) when `fn` is a Flax NNX module or a method bound
+    to one, else `None`. Flax is never imported here: an NNX module exists only
+    if the program imported it."""
+    nnx = sys.modules.get("flax.nnx")
+    if nnx is None:
+        return None
+    for module in (fn, getattr(fn, "__self__", None)):
+        if isinstance(module, nnx.Module):
+            return nnx, module
+    return None
 
 
 def _keys(axes: Any) -> list[Any]:
@@ -39,9 +54,18 @@ def nmap(
     are passed unchanged. Axes outside `axes` are matched by name across the
     arguments (an argument without one is broadcast over it) and vectorised.
 
+    A Flax NNX module (or a method bound to one) is vectorised as NNX does it
+    (`nnx.vmap`, the module passed in rather than closed over): its variables
+    are shared by every element, except its random streams (`nnx.Rngs`), which
+    are split per element (`nnx.split_rngs`), so that `nnx.Dropout` draws a
+    mask per element as it does over a batch, and advance once per call.
+    Updating other state per element (`nnx.BatchNorm` collecting statistics)
+    is refused by `nnx.vmap`: call the module on the whole batch for that.
+
     **Arguments:**
 
-    - `fn`: the positional function.
+    - `fn`: the positional function: a function, an Equinox module, or a Flax NNX
+        module or method.
     - `axes`: the axis or axes `fn` works on.
     - `out_axes`: the names of each output's own axes (every output leaf gets the
         vectorised axes first, then these). By default an output whose shape is that
@@ -90,18 +114,22 @@ def nmap(
                 array = jax.numpy.transpose(array, perm)
             arrays.append(array)
 
-        def positional(*arrays: Any) -> Any:
+        def positional(call: Callable[..., Any], *arrays: Any) -> Any:
             filled = list(leaves)
             for i, array in zip(slots, arrays, strict=True):
                 filled[i] = array
             inner_args, inner_kwargs = jax.tree.unflatten(treedef, filled)
-            return fn(*inner_args, **inner_kwargs)
+            return call(*inner_args, **inner_kwargs)
 
-        mapped = positional
-        for axis in reversed(batch):
-            in_axes = [0 if axis.key in x.sizes else None for x in named]
-            mapped = jax.vmap(mapped, in_axes=in_axes, out_axes=0)
-        out = mapped(*arrays)
+        nnx = _nnx_module(fn)
+        if nnx is None:
+            mapped = ft.partial(positional, fn)
+            for axis in reversed(batch):
+                in_axes = [0 if axis.key in x.sizes else None for x in named]
+                mapped = jax.vmap(mapped, in_axes=in_axes, out_axes=0)
+            out = mapped(*arrays)
+        else:
+            out = _nnx_vmapped(fn, *nnx, positional, batch, named, sizes)(*arrays)
         core_shape = tuple(sizes[k] for k in core)
 
         def name(y: Any) -> Any:
@@ -129,3 +157,33 @@ def nmap(
         return jax.tree.map(name, out)
 
     return wrapper
+
+
+def _nnx_vmapped(
+    fn: Any,
+    nnx: ModuleType,
+    module: Any,
+    positional: Callable[..., Any],
+    batch: list[Axis],
+    named: list[NamedArray],
+    sizes: dict[Any, int],
+) -> Callable[..., Any]:
+    """`positional` vectorised over the `batch` axes with `nnx.vmap`, the NNX
+    `module` (whose method, or itself, `fn` is) passed in: its random streams
+    split per element of each axis, its other state shared."""
+
+    method = None if fn is module else fn.__func__
+
+    def call(module: Any, *arrays: Any) -> Any:
+        # The module as it is inside `nnx.vmap`, or the same method bound to it.
+        bound = module if method is None else method.__get__(module)
+        return positional(bound, *arrays)
+
+    state_axes = nnx.StateAxes({nnx.RngState: 0, ...: None})
+    mapped = call
+    for axis in reversed(batch):
+        in_axes = (state_axes, *(0 if axis.key in x.sizes else None for x in named))
+        mapped = nnx.split_rngs(splits=sizes[axis.key])(
+            nnx.vmap(mapped, in_axes=in_axes, out_axes=0)
+        )
+    return ft.partial(mapped, module)

@@ -29,6 +29,7 @@ import jax
 import jax.core
 import jax.numpy as jnp
 import numpy as np
+import quax
 from jax import lax
 from jaxtyping import Array
 
@@ -69,6 +70,12 @@ BLOCK_ELEMENTS = 2**18
 recording_activations: contextvars.ContextVar[Callable[[Any, Any], None] | None] = (
     contextvars.ContextVar("recording_activations", default=None)
 )
+# Rules read it while they trace (the products stage a callback to it, on the
+# weight-only path), so it joins the key of everything quax reuses: a nested `jit`'s
+# body traced for one `calibrate` (recording into that call's table) is never reused
+# by another, nor by a run outside `calibrate` (which takes the product's own path
+# and saturates at `act_scale`), nor the other way round.
+quax.plugins.add_setting(recording_activations.get)
 
 
 def matmul_path(rows: int, w: QuantisedArray, contract: Sequence[int] = ()) -> str:

@@ -1,5 +1,5 @@
-"""Flax NNX models in `quantise_model`: the selected layers' `nnx.Param` values
-replaced by their paths in `nnx.split`'s state, then `nnx.merge`.
+"""Flax NNX models in `quantise_model`: the selected layers (`quax.nnx_selected`)
+of a copy of the model get their `nnx.Param` values replaced.
 
 Flax is optional: nothing here imports it. A model can only be an NNX module if
 `flax.nnx` has been imported already, so that is where it is looked up.
@@ -9,6 +9,8 @@ import sys
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any
+
+import quax
 
 
 __all__ = ["nnx_of", "quantise_layers"]
@@ -22,23 +24,6 @@ def nnx_of(model: Any) -> ModuleType | None:
     return None
 
 
-def _roots(model: Any, modules: dict[int, tuple[Any, ...]], where: Any) -> list[Any]:
-    """The paths of the modules `where(model)` returns (the whole model without
-    `where`)."""
-    if where is None:
-        return [()]
-    chosen = where(model)
-    chosen = chosen if isinstance(chosen, tuple | list) else (chosen,)
-    missing = [type(x).__qualname__ for x in chosen if id(x) not in modules]
-    if missing:
-        raise ValueError(
-            f"quantise_model: where= returned {', '.join(missing)}, not a module of "
-            "the NNX model: return its layers or sub-modules (e.g. where=lambda m: "
-            "(m.mlp, m.head))."
-        )
-    return [modules[id(x)] for x in chosen]
-
-
 def quantise_layers(
     model: Any,
     *,
@@ -47,45 +32,22 @@ def quantise_layers(
     where: Callable[[Any], Any] | None,
     attribute: str,
 ) -> Any:
-    """A new NNX module: `model` with the value of the `attribute` variable of
-    every layer `filter` selects (inside `where(model)`; not below another
-    selected layer) replaced by `convert(path, layer, value)`, where `path()`
-    is the layer's path, dotted (`layers.0`)."""
+    """A new NNX module (a copy, `nnx.clone`): `model` with the value of the
+    `attribute` variable of every layer `filter` selects (inside `where(model)`;
+    not below another selected layer) replaced by `convert(path, layer, value)`,
+    where `path()` is the layer's path, dotted (`layers.0`)."""
     nnx = nnx_of(model)
     assert nnx is not None
-    modules: dict[int, tuple[Any, ...]] = {}
-    for path, node in nnx.iter_graph(model):
-        if isinstance(node, nnx.Module):
-            modules.setdefault(id(node), tuple(path))
-    nodes = {path: node for path, node in nnx.iter_graph(model)}
-    roots = _roots(model, modules, where)
-
-    def selected(node: Any) -> bool:
-        if isinstance(filter, type | tuple):
-            return isinstance(node, filter)
-        return bool(filter(node))
-
-    picked = sorted(
-        (
-            path
-            for path in modules.values()
-            if any(path[: len(r)] == r for r in roots) and selected(nodes[path])
-        ),
-        key=len,
-    )
-    graphdef, state = nnx.split(model)
-    flat = dict(nnx.to_flat_state(state))
-    done: list[tuple[Any, ...]] = []
-    for path in picked:
-        if any(path[: len(p)] == p for p in done):
-            continue  # below a selected layer
-        done.append(path)
-        variable = flat.get((*path, attribute))
-        if variable is None:
+    out = nnx.clone(model)
+    for path, layer in quax.nnx_selected(
+        out, filter=filter, where=where, caller="quantise_model"
+    ):
+        variable = getattr(layer, attribute, None)
+        if not isinstance(variable, nnx.Variable):
             continue
         value = variable.get_value()
         name = ".".join(map(str, path)) or "<model>"
-        new = convert(lambda name=name: name, nodes[path], value)
+        new = convert(lambda name=name: name, layer, value)
         if new is not value:
-            flat[(*path, attribute)] = variable.replace(value=new)
-    return nnx.merge(graphdef, nnx.from_flat_state(list(flat.items())), copy=True)
+            variable.set_value(new)
+    return out

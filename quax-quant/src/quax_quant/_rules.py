@@ -100,24 +100,41 @@ def _float_dot(
         )
     if w.input_order is not None:
         # An act-order array: its stored column j is column input_order[j].
-        # Contracting the last axis, gather x's features in that order and
-        # multiply the stored blocks: sum_i x_i w_i = sum_j x_{order[j]} stored_j.
-        (lc, rc), _ = dn
+        (lc, rc), (lb, rb) = dn
         w_contract, x_contract = (lc, rc) if w_is_lhs else (rc, lc)
+        w_batch, x_batch = (lb, rb) if w_is_lhs else (rb, lb)
         last = w.ndim - 1
-        if last not in w_contract:
+        if last in w_batch:
             return _refuse(
                 lax.dot_general_p,
                 values,
                 {"dimension_numbers": dn, **params},
                 "the array holds its last axis permuted (an act-order GPTQ layer, "
-                "`input_order`), and this product does not contract that axis",
+                "`input_order`), and this product batches over that axis",
             )
-        x_axis = x_contract[list(w_contract).index(last)]
         order = w.input_order
-        x = jnp.take(jnp.asarray(x), order, axis=x_axis)
         master = None if w.master is None else jnp.take(w.master, order, axis=-1)
-        w = dataclasses.replace(w, input_order=None, master=master)
+        stored = dataclasses.replace(w, input_order=None, master=master)
+        if last in w_contract:
+            # Contracting it, gather x's features in that order and multiply the
+            # stored blocks: sum_i x_i w_i = sum_j x_{order[j]} stored_j.
+            x_axis = x_contract[list(w_contract).index(last)]
+            x = jnp.take(jnp.asarray(x), order, axis=x_axis)
+            return _stored_dot(x, stored, w_is_lhs, dn, params)
+        # A free axis (the transposed product `g . w` of a gradient with respect
+        # to the activations): the stored blocks give it in stored order, and
+        # each output column goes back in place, out[..., order[j]] = stored[..., j].
+        out = _stored_dot(x, stored, w_is_lhs, dn, params)
+        free = [a for a in range(w.ndim) if a not in w_contract and a not in w_batch]
+        x_free = jnp.ndim(x) - len(x_contract) - len(x_batch)
+        axis = len(w_batch) + free.index(last) + (0 if w_is_lhs else x_free)
+        return jnp.take(out, jnp.argsort(order), axis=axis)
+    return _stored_dot(x, w, w_is_lhs, dn, params)
+
+
+def _stored_dot(
+    x: Any, w: QuantisedArray, w_is_lhs: bool, dn: Any, params: dict[str, Any]
+) -> Any:
     return quantised_dot(
         x,
         w,

@@ -9,6 +9,7 @@ y = quax.quaxify(lambda a, v: a @ v)(a, jnp.ones(1000))
 """
 
 from . import _rules as _rules  # registers the rules
+from ._cusolver import solver_route as solver_route
 from ._jacobian import (
     colour as colour,
     hessian as hessian,

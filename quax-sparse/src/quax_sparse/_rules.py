@@ -761,39 +761,59 @@ def _(
             unique_indices=x.unique_indices,
         )
     params = dict(params, shape=shape, broadcast_dimensions=dims)
-    if x.n_dense:  # only new leading batch dimensions (above) keep blocks
-        return _refuse_blocks(prims.broadcast_in_dim_p, (x,), params)
     new = [d for d in range(len(shape)) if d not in dims]
     if same_sizes and all(shape[d] == 1 for d in new) and list(dims) == sorted(dims):
-        # New axes of size 1 (`x[:, None]`): a zero index column each.
+        # New axes of size 1 (`x[:, None]`): a zero index column each, or, after
+        # the first dense dimension, an axis of size 1 in every block.
         y = unbatch(x)
-        indices = y.indices
-        for d in new:  # increasing: columns before `d` are already in place
-            zeros = jnp.zeros((*indices.shape[:-1], 1), indices.dtype)
-            indices = jnp.concatenate([indices[:, :d], zeros, indices[:, d:]], axis=-1)
+        n_index = x.n_batch + x.n_sparse
+        first_dense = dims[n_index] if x.n_dense else len(shape)
+        data, indices = y.data, y.indices
+        for d in new:  # increasing: the axes before `d` are already in place
+            if d < first_dense:
+                zeros = jnp.zeros((*indices.shape[:-1], 1), indices.dtype)
+                indices = jnp.concatenate(
+                    [indices[:, :d], zeros, indices[:, d:]], axis=-1
+                )
+            else:
+                data = jnp.expand_dims(data, 1 + d - first_dense)
         return new_like(
             x,
-            y.data,
+            data,
             indices,
             shape,
             indices_sorted=x.indices_sorted,
             unique_indices=x.unique_indices,
         )
+    if x.n_dense:  # stretching an axis: refused as for scalar entries, or dense
+        return _refuse_blocks(prims.broadcast_in_dim_p, (x,), params)
     return _fallback(prims.broadcast_in_dim_p, (x,), params)
 
 
-@register(prims.squeeze_p)
+def _block_axes(x: BCOO, dims: Sequence[int]) -> tuple[int, ...]:
+    """The axes of `x.data` of the dense dimensions among `dims`."""
+    n_index = x.n_batch + x.n_sparse
+    return tuple(x.n_batch + 1 + d - n_index for d in dims if d >= n_index)
+
+
+def _per_entry(mask: Array, data: Array) -> Array:
+    """A mask of one boolean per stored entry (shape `(*batch, nse)`), broadcast
+    over the blocks of `data`."""
+    return mask.reshape(mask.shape + (1,) * (data.ndim - mask.ndim))
+
+
+@register(prims.squeeze_p, blocks=True)
 def _(x: BCOO, *, dimensions: Sequence[int], **params: Any) -> BCOO:
     dims = tuple(sorted(d % x.ndim for d in dimensions))
-    nb = x.n_batch
+    nb, n_index = x.n_batch, x.n_batch + x.n_sparse
     batch_dims = tuple(d for d in dims if d < nb)
-    sparse_cols = [d - nb for d in dims if d >= nb]
-    data = lax.squeeze(x.data, batch_dims)
+    sparse_cols = [d - nb for d in dims if nb <= d < n_index]
+    data = lax.squeeze(x.data, batch_dims + _block_axes(x, dims))
     indices = lax.squeeze(x.indices, batch_dims)
     if sparse_cols:
         # An entry whose dropped index is out of bounds is padding: zero its value.
         ok = valid_mask(indices[..., sparse_cols], [1] * len(sparse_cols))
-        data = jnp.where(ok, data, 0)
+        data = jnp.where(_per_entry(ok, data), data, 0)
         keep = [c for c in range(x.n_sparse) if c not in sparse_cols]
         indices = indices[..., keep]
     shape = tuple(s for i, s in enumerate(x.shape) if i not in dims)
@@ -807,22 +827,38 @@ def _(x: BCOO, *, dimensions: Sequence[int], **params: Any) -> BCOO:
     )
 
 
-@register(prims.reshape_p)
+@register(prims.reshape_p, blocks=True)
 def _(x: BCOO, *, new_sizes: Sequence[int], dimensions: Any, **params: Any) -> Any:
+    """Reshapes the batch and sparse dimensions (each entry's row-major position
+    split anew); the dense dimensions (blocks) must stay as they are, last."""
     new_sizes = tuple(new_sizes)
-    nb = x.n_batch
+    nb, n_index, n_dense = x.n_batch, x.n_batch + x.n_sparse, x.n_dense
+    params = dict(params, new_sizes=new_sizes, dimensions=dimensions)
+    lead = new_sizes[: len(new_sizes) - n_dense]
+    if n_dense and (
+        new_sizes[len(lead) :] != x.dense_shape
+        or math.prod(lead) != math.prod(x.shape[:n_index])
+    ):
+        return _refuse_blocks(
+            prims.reshape_p,
+            (x,),
+            params,
+            f"the reshape to {new_sizes} changes the dense dimensions (a reshape "
+            f"keeps the blocks when it ends with their shape {x.dense_shape} and "
+            "reshapes only the dimensions before them)",
+        )
     batch = x.shape[:nb]
-    if dimensions is not None or math.prod(x.shape[nb:]) >= 2**31:
-        params = dict(params, new_sizes=new_sizes, dimensions=dimensions)
+    if dimensions is not None or math.prod(x.shape[nb:n_index]) >= 2**31:
         return _fallback(prims.reshape_p, (x,), params)
-    if new_sizes[:nb] != batch:
+    if lead[:nb] != batch:
         x, nb, batch = unbatch(x), 0, ()
-    old, new = x.shape[nb:], new_sizes[nb:]
+    old, new = x.shape[nb:n_index], lead[nb:]
+    data = x.data
     # Row-major position of each entry (int32 suffices: checked above), split anew.
     if math.prod(new) == 0:
         return new_like(
             x,
-            x.data,
+            data,
             jnp.zeros((*x.indices.shape[:-1], len(new)), x.indices.dtype),
             new_sizes,
         )
@@ -834,11 +870,15 @@ def _(x: BCOO, *, new_sizes: Sequence[int], dimensions: Any, **params: Any) -> A
     for size in reversed(new):
         columns.append(flat % size)
         flat = flat // size
-    indices = jnp.stack(columns[::-1], axis=-1).astype(x.indices.dtype)
-    indices = jnp.where(ok[..., None], indices, jnp.asarray(new, x.indices.dtype))
+    if columns:
+        indices = jnp.stack(columns[::-1], axis=-1).astype(x.indices.dtype)
+        indices = jnp.where(ok[..., None], indices, jnp.asarray(new, x.indices.dtype))
+    else:  # no sparse dimensions left: padding can only be a zero value
+        indices = jnp.zeros((*x.indices.shape[:-1], 0), x.indices.dtype)
+        data = jnp.where(_per_entry(ok, data), data, 0)
     return new_like(
         x,
-        x.data,
+        data,
         indices,
         new_sizes,
         indices_sorted=x.indices_sorted,
@@ -846,15 +886,17 @@ def _(x: BCOO, *, new_sizes: Sequence[int], dimensions: Any, **params: Any) -> A
     )
 
 
-@register(prims.rev_p)
+@register(prims.rev_p, blocks=True)
 def _(x: BCOO, *, dimensions: Sequence[int], **params: Any) -> BCOO:
-    nb = x.n_batch
+    nb, n_index = x.n_batch, x.n_batch + x.n_sparse
     data, indices = x.data, x.indices
     batch_dims = tuple(d for d in dimensions if d < nb)
     if batch_dims:
-        data, indices = lax.rev(data, batch_dims), lax.rev(indices, batch_dims)
+        indices = lax.rev(indices, batch_dims)
+    if batch_dims or _block_axes(x, dimensions):
+        data = lax.rev(data, batch_dims + _block_axes(x, dimensions))
     for d in dimensions:
-        if d >= nb:
+        if nb <= d < n_index:
             # Padding (an index outside [0, n)) stays where it is.
             c, n = d - nb, x.shape[d]
             column = indices[..., c]
@@ -868,28 +910,39 @@ def _window(
 ) -> BCOO:
     """The window of `x` starting at `starts` (static or traced), `sizes` long, every
     `strides`-th element: entries outside it become padding."""
-    nb = x.n_batch
+    nb, n_index = x.n_batch, x.n_batch + x.n_sparse
     data, indices = x.data, x.indices
     if nb:
         batch_starts = [jnp.asarray(s) for s in starts[:nb]]
         if any(st != 1 for st in strides[:nb]):
             x = unbatch(x)
             return _window(x, starts, sizes, strides)
-        data = lax.dynamic_slice(data, [*batch_starts, 0], (*tuple(sizes[:nb]), x.nse))
+        data = lax.dynamic_slice(
+            data,
+            [*batch_starts, *(0,) * (data.ndim - nb)],
+            (*tuple(sizes[:nb]), *data.shape[nb:]),
+        )
         indices = lax.dynamic_slice(
             indices, [*batch_starts, 0, 0], (*tuple(sizes[:nb]), x.nse, x.n_sparse)
         )
+    # The dense dimensions: every block sliced alike.
+    for d in range(n_index, x.ndim):
+        axis, size, stride = nb + 1 + d - n_index, sizes[d], strides[d]
+        extent = (size - 1) * stride + 1 if size else 0
+        data = lax.dynamic_slice_in_dim(data, starts[d], extent, axis=axis)
+        if stride != 1:
+            data = lax.slice_in_dim(data, 0, extent, stride, axis=axis)
     if x.n_sparse == 0:
         return new_like(x, data, indices, tuple(sizes))
-    start = jnp.stack([jnp.asarray(s, indices.dtype) for s in starts[nb:]])
-    stride = jnp.asarray(np.asarray(strides[nb:]), indices.dtype)
-    size = jnp.asarray(np.asarray(sizes[nb:]), indices.dtype)
+    start = jnp.stack([jnp.asarray(s, indices.dtype) for s in starts[nb:n_index]])
+    stride = jnp.asarray(np.asarray(strides[nb:n_index]), indices.dtype)
+    size = jnp.asarray(np.asarray(sizes[nb:n_index]), indices.dtype)
     shifted = indices - start
     inside = jnp.all(
         (shifted >= 0) & (shifted % stride == 0) & (shifted // stride < size), axis=-1
     )
     indices = jnp.where(inside[..., None], shifted // stride, size)
-    data = jnp.where(inside, data, 0)
+    data = jnp.where(_per_entry(inside, data), data, 0)
     return new_like(
         x,
         data,
@@ -900,7 +953,7 @@ def _window(
     )
 
 
-@register(prims.slice_p)
+@register(prims.slice_p, blocks=True)
 def _(
     x: BCOO,
     *,
@@ -917,7 +970,7 @@ def _(
     return _window(x, tuple(start_indices), sizes, strides)
 
 
-@register(prims.dynamic_slice_p)
+@register(prims.dynamic_slice_p, blocks=True)
 def _(
     x: BCOO, *start_indices: ArrayLike, slice_sizes: Sequence[int], **params: Any
 ) -> BCOO:
@@ -929,21 +982,34 @@ def _(
     return _window(x, starts, tuple(slice_sizes), (1,) * x.ndim)
 
 
-@register(prims.concatenate_p)
-def _(*operands: BCOO, dimension: int, **params: Any) -> BCOO:
+@register(prims.concatenate_p, blocks=True)
+def _(*operands: BCOO, dimension: int, **params: Any) -> Any:
     # Entries of every operand, the concatenated axis's index shifted by the sizes
-    # of the operands before it (batch axes become sparse ones first).
+    # of the operands before it (batch axes become sparse ones first; operands
+    # with more dense dimensions than another split their blocks, exactly).
     # Padding goes to the concatenated axis's size (the padding index of the result).
-    parts = [unbatch(x) for x in operands]
+    n_dense = min(x.n_dense for x in operands)
+    if dimension >= operands[0].ndim - n_dense:
+        params = dict(params, dimension=dimension)
+        return _refuse_blocks(
+            prims.concatenate_p,
+            operands,
+            params,
+            f"the concatenation is along dimension {dimension}, a dense dimension "
+            "of the blocks (the operands' patterns differ, so their blocks cannot "
+            "be joined entry by entry; concatenation keeps the blocks along batch "
+            "and sparse dimensions)",
+        )
+    parts = [unbatch(x.update_layout(n_dense=n_dense)) for x in operands]
     total = sum(x.shape[dimension] for x in parts)
     offset = 0
     data, indices = [], []
     index_dtype = jnp.result_type(*(x.indices.dtype for x in parts))
     for x in parts:
         shifted = x.indices.astype(index_dtype)
-        ok = valid_mask(shifted, x.shape)
+        ok = valid_mask(shifted, x.shape[: x.n_sparse])
         column = jnp.where(ok, shifted[:, dimension] + offset, total)
-        data.append(jnp.where(ok, x.data, 0))
+        data.append(jnp.where(_per_entry(ok, x.data), x.data, 0))
         indices.append(shifted.at[:, dimension].set(column))
         offset += x.shape[dimension]
     shape = list(parts[0].shape)
@@ -1012,6 +1078,7 @@ def _with_validity(factor: SparseLU, valid: Any, orientation: str) -> SparseLU:
         factor.n,
         factor.spd,
         orientation,
+        factor.route,
     )
 
 
@@ -1034,7 +1101,7 @@ def _(x: BCOO) -> Any:
     why = unfactorable(x)
     if why is not None:
         return _refuse_factor(lax.linalg.lu_p, x, why)
-    iota = jnp.arange(x.shape[0], dtype=jnp.int32)
+    iota = jnp.broadcast_to(jnp.arange(x.shape[-1], dtype=jnp.int32), x.shape[:-1])
     return [factorise(x, spd=False, orientation="lu"), iota, iota]
 
 
@@ -1057,10 +1124,12 @@ def _(which: ArrayLike, zeros: ArrayLike, factor: SparseLU) -> Any:
     else checked under `jit` (a fused `O(n²)` comparison, no memory): a failed
     check makes the factor's solves NaN. A factor that is not a Cholesky factor
     is refused."""
-    n = factor.n
-    if factor.orientation != "lower" or np.shape(which) != (n, n):
+    n, shape = factor.n, factor.aval().shape
+    if factor.orientation != "lower" or np.shape(which) != shape:
         raise factor.refusal(prims.select_n_p, (which, zeros, factor))
-    lower = _known_equal(which, lambda xp: xp.tri(n, dtype=bool))
+    lower = _known_equal(
+        which, lambda xp: xp.broadcast_to(xp.tri(n, dtype=bool), shape)
+    )
     zero = _known_equal(zeros, lambda xp: xp.zeros((), bool))
     if lower is False or zero is False:
         raise factor.materialisation_error(
@@ -1079,16 +1148,17 @@ def _(mask: ArrayLike, factor: SparseLU) -> Any:
     """The identity mask times a factor (`jnp.diagonal`'s branch for Pallas
     kernels, which `cond` traces beside the gather it runs): the diagonal, as a
     `BCOO`. Checked as `select_n` checks its mask."""
-    n = factor.n
-    if np.shape(mask) != (n, n):
+    n, shape = factor.n, factor.aval().shape
+    if np.shape(mask) != shape:
         raise factor.refusal(prims.mul_p, (mask, factor))
-    ok = _known_equal(mask, lambda xp: xp.eye(n, dtype=bool))
+    ok = _known_equal(mask, lambda xp: xp.broadcast_to(xp.eye(n, dtype=bool), shape))
     if ok is False:
         raise factor.refusal(prims.mul_p, (mask, factor))
     diagonal = jnp.where(ok, factor.diagonal(), jnp.nan)
     indices = jnp.stack([jnp.arange(n), jnp.arange(n)], axis=-1).astype(jnp.int32)
+    indices = jnp.broadcast_to(indices, (*factor.batch_shape, n, 2))
     return BCOO._from_entries(
-        diagonal, indices, (n, n), indices_sorted=True, unique_indices=True
+        diagonal, indices, shape, indices_sorted=True, unique_indices=True
     )
 
 
@@ -1097,7 +1167,8 @@ def _(factor: SparseLU, *, permutation: Sequence[int]) -> Any:
     """The conjugate transpose of a real Cholesky factor (`cho_factor` with
     `lower=False` returns `conj(L.mT)`): the same factor, upper."""
     flipped = {"lower": "upper", "upper": "lower"}.get(factor.orientation)
-    if flipped is None or tuple(permutation) != (1, 0):
+    nb = len(factor.batch_shape)
+    if flipped is None or tuple(permutation) != (*range(nb), nb + 1, nb):
         raise factor.refusal(prims.transpose_p, (factor,))
     if jnp.issubdtype(factor.data.dtype, jnp.complexfloating):
         # Lᵀ alone (without `conj`) is no Cholesky factor of a complex matrix.
@@ -1187,12 +1258,14 @@ def _(factor: SparseLU, indices: ArrayLike, **params: Any) -> Any:
     """`jnp.diagonal` of a factor (what `slogdet` and `det` read): the pivots, whose
     product is the determinant."""
     dnums = params["dimension_numbers"]
-    n = factor.n
+    n, batch = factor.n, factor.batch_shape
+    nb = len(batch)
     if (
-        tuple(dnums.offset_dims) == ()
-        and tuple(dnums.collapsed_slice_dims) == (0, 1)
-        and tuple(dnums.start_index_map) == (0, 1)
-        and tuple(params["slice_sizes"]) == (1, 1)
+        tuple(dnums.offset_dims) == tuple(range(nb))
+        and tuple(dnums.collapsed_slice_dims) == (nb, nb + 1)
+        and tuple(dnums.start_index_map) == (nb, nb + 1)
+        and not tuple(getattr(dnums, "operand_batching_dims", ()))
+        and tuple(params["slice_sizes"]) == (*batch, 1, 1)
         and np.shape(indices) == (n, 2)
     ):
         # The positions `(i, i)`: read at trace time where they can be, else
@@ -1206,8 +1279,9 @@ def _(factor: SparseLU, indices: ArrayLike, **params: Any) -> Any:
 
 
 # The right-hand side between the two triangular solves (`cho_solve` reshapes it:
-# `b[:, None]`, then squeezes it back). The solve acts on axis 0 alone, so an
-# operation that keeps axis 0 in place and only rearranges the others commutes
+# `b[:, None]`, then squeezes it back). The solve acts on the rows' axis alone (axis
+# 0; after the batch axes for a batch of matrices), so an operation that keeps the
+# batch axes and the rows' axis in place and only rearranges the others commutes
 # with it: it applies to the right-hand side held.
 
 
@@ -1220,10 +1294,17 @@ def _on_pending(
     return PendingSolve(rhs, pending.factor, pending.first)
 
 
+def _kept(pending: PendingSolve) -> int:
+    """How many leading axes of the right-hand side must stay: the batch axes and
+    the rows' axis."""
+    return len(pending.factor.batch_shape) + 1
+
+
 @register(prims.squeeze_p)
 def _(pending: PendingSolve, *, dimensions: Sequence[int]) -> PendingSolve:
     dims = tuple(d % pending.rhs.ndim for d in dimensions)
-    return _on_pending(prims.squeeze_p, pending, 0 not in dims, dict(dimensions=dims))
+    keeps = all(d >= _kept(pending) for d in dims)
+    return _on_pending(prims.squeeze_p, pending, keeps, dict(dimensions=dims))
 
 
 @register(prims.broadcast_in_dim_p)
@@ -1234,8 +1315,8 @@ def _(
     broadcast_dimensions: Sequence[int],
     **params: Any,
 ) -> PendingSolve:
-    dims = tuple(broadcast_dimensions)
-    keeps = bool(dims) and dims[0] == 0 and shape[0] == pending.rhs.shape[0]
+    dims, k = tuple(broadcast_dimensions), _kept(pending)
+    keeps = dims[:k] == tuple(range(k)) and tuple(shape[:k]) == pending.rhs.shape[:k]
     params = dict(params, shape=tuple(shape), broadcast_dimensions=dims)
     return _on_pending(prims.broadcast_in_dim_p, pending, keeps, params)
 
@@ -1244,11 +1325,8 @@ def _(
 def _(
     pending: PendingSolve, *, new_sizes: Sequence[int], dimensions: Any, **params: Any
 ) -> PendingSolve:
-    new_sizes = tuple(new_sizes)
-    keeps = (
-        dimensions is None
-        and len(new_sizes) >= 1
-        and new_sizes[0] == pending.rhs.shape[0]
-    )
+    # Row-major: equal leading sizes keep those axes.
+    new_sizes, k = tuple(new_sizes), _kept(pending)
+    keeps = dimensions is None and new_sizes[:k] == pending.rhs.shape[:k]
     params = dict(params, new_sizes=new_sizes, dimensions=dimensions)
     return _on_pending(prims.reshape_p, pending, keeps, params)

@@ -435,13 +435,16 @@ class _Asks(threading.local):
     count: int = 0
 
 
-# How many times `known_constant` was asked in this thread (see
-# `quax._caching._replay`).
+# How many times `known_constant` (or `known_scale_invariant`) was asked about a
+# tracer in this thread (see `quax._caching._replay`, which keys the constants
+# among a primitive's inputs by value: an answer about a constant is a function of
+# its key).
 _asks = _Asks()
 
 
 def known_asks() -> int:
-    """How many times this thread asked `known_constant` so far."""
+    """How many times this thread asked `known_constant` (or
+    `known_scale_invariant`) about a tracer so far."""
     return _asks.count
 
 
@@ -472,9 +475,9 @@ def known_constant(x: Any, max_size: int = 1024) -> Any:
     concrete: a rule that reads the numbers of a leaf asks here, so that it answers
     alike either way.
     """
-    _asks.count += 1
     if not isinstance(x, Tracer):
         return np.asarray(x) if np.size(x) <= max_size else None
+    _asks.count += 1
     out = _staged_values(max_size)(x)
     if out is None and np.size(x) <= max_size:
         # Computed from the leaves of an eager compiled program's values, which
@@ -624,9 +627,9 @@ def known_scale_invariant(x: Any, max_size: int = 1024) -> bool:
     `True` when every element is shown to be zero, infinite or NaN; `False` when
     the program does not show it (or some element is not).
     """
-    _asks.count += 1
     if not isinstance(x, Tracer):
         return np.size(x) <= max_size and _scale_invariant_values(np.asarray(x))
+    _asks.count += 1
     value = _staged_values(max_size)
     proven: dict[int, bool] = {}  # by tracer id: each shared input is looked at once
 

@@ -9,6 +9,9 @@ everything the rules may read, alike in every cache:
   -0.0` and `float.hex` gives one text for both signs of NaN, while rules may
   tell them apart; anything else by identity (`static_key`); a primitive's params
   alike (`params_key`);
+- constants among a primitive's inputs (Python and NumPy scalars, small arrays, as
+  `x * 0.5` or `jnp.where(m, x, 0.0)` pass them): by their type, aval and bits
+  (`constant_key`), as rules may read their values;
 - the context every key holds (`context`): the settings rules read (declared
   with `add_setting`, as `quax.zero.ieee_strict`), JAX's trace context (the
   settings JAX's own tracing caches key on: `enable_x64`, the default matmul
@@ -30,16 +33,19 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
+from jax import Array
 
-from .._compat import trace_context
+from .._compat import trace_context, typeof
 from .._dispatch import _registry
-from .._foundation import _caches, _journal
+from .._foundation import _caches, _debug, _journal
 
 
 __all__ = [
     "CONTEXT",
     "JAXPR",
+    "CONSTANT_MAX_SIZE",
     "add_setting",
+    "constant_key",
     "context",
     "float_key",
     "jaxpr_key",
@@ -55,10 +61,6 @@ CONTEXT = ("settings", "trace context", "debug checks", "rules generation")
 # Components that keys leave out. Always empty, except in the tests of the verify
 # mode, which plant a key missing one.
 omitted: frozenset[str] = frozenset()
-
-# Whether rules' outputs are checked against the primitives' abstract evaluation
-# (set with `quax._transform._trace.set_debug_checks`): rules raise otherwise then.
-debug_checks = False
 
 
 def key(names: Sequence[str], parts: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -84,10 +86,12 @@ def jaxpr_key(jaxpr: Any) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
 
 def context() -> tuple[Any, ...]:
     """The components of `CONTEXT`, as they are now."""
-    return settings_key(), trace_context(), debug_checks, _registry._generation
+    # The debug-check flag (`quax.set_debug_checks`): rules raise otherwise with it.
+    return settings_key(), trace_context(), _debug.enabled, _registry._generation
 
 
 _FLOATS = (float, complex, np.floating, np.complexfloating)
+_CONSTANTS = (bool, int, float, complex, np.generic, np.ndarray)
 _BY_VALUE = frozenset({bool, int, str, type(None)})
 
 
@@ -104,6 +108,29 @@ def params_key(params: dict[str, Any]) -> tuple[Any, ...]:
         (name, float_key(v) if isinstance(v, _FLOATS) else v)
         for name, v in params.items()
     )
+
+
+# Largest constant (a plain input that is no tracer) that `constant_key` keys by value.
+CONSTANT_MAX_SIZE = 1024
+
+
+def constant_key(x: Any) -> tuple[Any, ...] | None:
+    """A constant input of a primitive (a Python or NumPy scalar, a NumPy or JAX array:
+    anything but a tracer) as a key: its type, its aval (shape, dtype, weak type),
+    a JAX array's sharding, and its bits (NaN payloads and signed zeros included).
+    `None` for one that is not keyed: an array of more than `CONSTANT_MAX_SIZE`
+    elements, one not wholly on this process's devices, or an object of another
+    kind."""
+    try:
+        if isinstance(x, Array):
+            if x.size > CONSTANT_MAX_SIZE or not x.is_fully_addressable:
+                return None
+            return type(x), typeof(x), x.sharding, np.asarray(x).tobytes()
+        if isinstance(x, _CONSTANTS) and np.size(x) <= CONSTANT_MAX_SIZE:
+            return type(x), typeof(x), np.asarray(x).tobytes()
+    except (TypeError, ValueError, OverflowError):  # no JAX type (an object array)
+        pass
+    return None
 
 
 class Identity:

@@ -22,10 +22,12 @@ while staging. A body is only kept when its first run shows that replaying it
 gives exactly what running it gives:
 
 - every input (each plain one, each leaf of each value) is an input or an
-  equation's output of the staging trace: never a constant, which rules could
-  fold or read;
-- the rules asked [`quax.known_constant`][] nothing and materialised nothing (so
-  the materialisation reports are unchanged);
+  equation's output of the staging trace, or a plain constant input keyed by its
+  value (a Python or NumPy scalar, a small array: `x * 0.5`); never a value's leaf
+  that is a constant, which rules could fold or read;
+- the rules asked [`quax.known_constant`][] about no tracer (an answer the key
+  does not hold; about a constant, the answer is a function of the key) and
+  materialised nothing (so the materialisation reports are unchanged);
 - every equation staged is first-order (no sub-jaxpr, no effect, no host
   callback, no own staging rule) and extends the caller's name stack (the replay
   extends the new caller's); a `jit` body's carry the tracebacks of its
@@ -75,7 +77,7 @@ from .._values._value import is_value, value_classes
 from . import _jaxpr, _keys
 from ._eager import field_layout
 from ._jaxpr import binds_directly, jaxpr_holds_staged_values, known_asks
-from ._keys import Identity, params_key, static_key
+from ._keys import Identity, constant_key, params_key, static_key
 
 
 __all__ = ["MAX_PRIMITIVE_RECORDINGS", "MAX_RECORDINGS", "bind", "inline"]
@@ -156,7 +158,7 @@ _caches.measured(
 _made = _caches.Table("replayed recordings: their key components (verify mode)", 4096)
 
 # The components of a replay key (see `quax._caching._keys`).
-_KEY = ("types, static fields and avals", "aliasing", *_keys.CONTEXT)
+_KEY = ("types, static fields, avals and constants", "aliasing", *_keys.CONTEXT)
 
 
 def _variable(trace: Any, x: Any) -> bool:
@@ -183,7 +185,14 @@ def _key(trace: Any, values: list[Any]) -> tuple[Any, list[Any], Any] | None:
             continue
         cls = type(x)
         if cls not in value_classes and not is_value(x):
-            return None
+            if isinstance(x, Tracer):
+                return None
+            # A constant (`x * 0.5`): by its value, which the rules may read.
+            constant = constant_key(x)
+            if constant is None:
+                return None
+            key.append(("constant", *constant))
+            continue
         dynamic, static, _ = field_layout(cls)
         part: list[Any] = [cls]
         for name in dynamic:
@@ -207,11 +216,17 @@ def inline(trace: Any, values: list[Any], jaxpr: Any, run: Any) -> list[Any]:
     """The outputs of the inlined `jit` of `jaxpr` on `values` (the quax `trace`'s
     inputs, as values and plain tracers): a replay of its recording, or `run()`
     (which evaluates it), recorded when it can be replayed."""
-    if _value._state.reports or not _caches.enabled or jaxpr_holds_staged_values(jaxpr):
+    if _value._state.reports or not _caches.enabled:
         return run()
     table = _recordings.get(jaxpr)
-    if table is None:
-        table = _recordings[jaxpr] = {}
+    # A jaxpr has a table of recordings only once it was found to stage no value,
+    # which is a function of its equations alone: a hit asks no more (but verify
+    # mode, which checks that finding too, asks every time).
+    if table is None or _caches.verifying:
+        if jaxpr_holds_staged_values(jaxpr):
+            return run()
+        if table is None:
+            table = _recordings[jaxpr] = {}
     found = _key(trace, values)
     if found is None:
         return run()

@@ -14,7 +14,6 @@ trace through its `process_*` methods instead; their rules are in the table
 
 import functools as ft
 import operator
-import os
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
@@ -22,7 +21,7 @@ import jax.tree_util as jtu
 import numpy as np
 from jax import Array
 
-from .._caching import _keys, _replay
+from .._caching import _replay
 from .._caching._eager import call_compiled
 from .._caching._jaxpr import (
     eval_quaxified,
@@ -56,6 +55,7 @@ from .._dispatch._staged import (
     staged_values_into,
     unstage,
 )
+from .._foundation import _debug
 from .._values import _value
 from .._values._value import Value, is_value, value_classes
 
@@ -66,7 +66,6 @@ __all__ = [
     "active_trace",
     "higher_order_rules",
     "run_nested",
-    "set_debug_checks",
     "staging_primitives",
     "unchecked_primitives",
 ]
@@ -88,34 +87,11 @@ unchecked_primitives: set[Primitive] = set()
 # only a quax trace can give that value its type.
 staging_primitives: set[Primitive] = set()
 
-_debug_checks = os.environ.get("QUAX_DEBUG_CHECKS", "") not in ("", "0")
-_keys.debug_checks = _debug_checks  # every cache's key holds it
-
 # Read on every primitive without a function call: the registry's dispatch cache
 # (`rule_for` fills it; `register` clears it in place) and the materialisation
 # reports' state (non-empty while `quax.track_materialisation` runs).
 _rule_cache = _registry._cache
 _materialisations = _value._state
-
-
-def set_debug_checks(enabled: bool) -> None:
-    """Check every rule's output against the primitive's abstract evaluation.
-
-    When enabled, a rule whose output shape or dtype disagrees with what JAX expects
-    from the primitive raises an error naming the rule. It costs one abstract
-    evaluation per primitive at trace time, so it is off unless turned on here or with
-    the environment variable `QUAX_DEBUG_CHECKS=1`.
-
-    **Arguments:**
-
-    - `enabled`: whether to check.
-
-    **Returns:**
-
-    Nothing.
-    """
-    global _debug_checks
-    _debug_checks = _keys.debug_checks = enabled
 
 
 class QuaxTracer(Tracer):
@@ -351,7 +327,7 @@ class QuaxTrace(Trace):
         rule = _rule_cache.get((primitive, tuple(map(type, values))))
         if rule is None:
             rule = _registry.rule_for(primitive, values)
-        if _debug_checks or _materialisations.reports:  # `_value.tracking()`
+        if _debug.enabled or _materialisations.reports:  # `_value.tracking()`
             checked = ft.partial(_apply_checked, primitive, rule)
             out = call_rule_at_trace(self.parent_trace, checked, values, params)
         else:
@@ -525,7 +501,7 @@ def _apply_checked(
             out = rule(values, params)
     else:
         out = rule(values, params)
-    if _debug_checks:
+    if _debug.enabled:
         _check_rule_output(primitive, values, params, out)
     return out
 

@@ -2,11 +2,11 @@
 `quax.Value.aval`)."""
 
 import dataclasses
-import importlib
 from collections.abc import Callable
 from typing import Any
 
 from .._compat import typeof
+from .._foundation import _debug
 
 
 __all__ = ["declared_aval"]
@@ -31,7 +31,7 @@ def declared_aval(
     def aval(self: Any) -> Any:
         leaf = _object_getattribute(self, name)
         out = type(leaf).aval(leaf) if type(leaf) in value_classes else typeof(leaf)
-        if reference is not None and (_trace or _import_trace())._debug_checks:
+        if reference is not None and _debug.enabled:
             _check_declared(self, name, out, reference(self))
         return out
 
@@ -63,17 +63,6 @@ def _check_aval_leaf(cls: type, name: str) -> None:
         f"`{name}`. Name the leaf whose `jax.typeof` is the value's aval, or remove "
         "`aval_leaf` and implement `aval`."
     )
-
-
-# `quax._transform._trace`, which owns the flag of `quax.set_debug_checks` and imports
-# this module: imported on the first declared aval, then read as a global.
-_trace: Any = None
-
-
-def _import_trace() -> Any:
-    global _trace
-    _trace = importlib.import_module(".._transform._trace", __package__)
-    return _trace
 
 
 def _described(aval: Any) -> str:

@@ -137,6 +137,81 @@ def wrapped_indices(owner: str, indices: Array, sizes: Sequence[int] | int) -> A
     return jnp.asarray(np.where(negative, value + full, value).astype(value.dtype))
 
 
+def checked_promises(
+    indices: Array,
+    sizes: Sequence[int],
+    *,
+    indices_sorted: bool,
+    unique_indices: bool,
+) -> None:
+    """Check the promises a user makes about concrete `indices` (rules trust them:
+    a sort or a merge of duplicates is skipped, so a false one gives wrong numbers,
+    `(x ** 2)` summing the squares of two entries at one position instead of
+    squaring their sum). Traced indices (under `jit`) cannot be checked.
+
+    **Arguments:**
+
+    - `indices`: the wrapped indices, shape `(*batch, nse, n_sparse)`.
+    - `sizes`: the sizes of the sparse dimensions (an index equal to one marks
+        padding).
+    - `indices_sorted`: the promise that each batch element's indices are in
+        row-major (lexicographic) order, padding included as stored.
+    - `unique_indices`: the promise that no position (padding aside) is stored
+        twice in one batch element.
+
+    **Returns:**
+
+    Nothing; a `ValueError` naming the flag and the first entry breaking it.
+    """
+    if not (indices_sorted or unique_indices) or isinstance(indices, jax.core.Tracer):
+        return
+    value = np.asarray(indices)
+    *batch, nse, n_sparse = value.shape
+    if nse < 2:
+        return
+    if n_sparse == 0:
+        # Every entry of a batch element is at its one position, `()`.
+        if unique_indices:
+            raise ValueError(
+                f"`BCOO` got `unique_indices=True`, but its indices have no sparse "
+                f"dimension, so its {nse} entries per batch element are all at one "
+                "position: merge them (`.sum_duplicates()`) or leave "
+                "`unique_indices` False."
+            )
+        return
+    flat = value.reshape(-1, nse, n_sparse)
+    # Per batch element, adjacent entries compared lexicographically: the sign of
+    # their first differing coordinate (0 where equal).
+    step = np.diff(flat, axis=1)
+    first = np.argmax(step != 0, axis=-1)[..., None]
+    sign = np.sign(np.take_along_axis(step, first, axis=-1))[..., 0]
+    where = lambda b, k: ", ".join(map(str, (*np.unravel_index(b, batch), k)))
+    if indices_sorted and np.any(sign < 0):
+        b, k = np.argwhere(sign < 0)[0]
+        raise ValueError(
+            f"`BCOO` got `indices_sorted=True`, but `indices[{where(b, k + 1)}]` = "
+            f"{tuple(flat[b, k + 1].tolist())} comes after `indices[{where(b, k)}]` "
+            f"= {tuple(flat[b, k].tolist())} in row-major order: sort the entries "
+            "(`.sum_duplicates()` sorts and merges them) or leave `indices_sorted` "
+            "False."
+        )
+    if not unique_indices:
+        return
+    order = np.lexsort(flat.transpose(2, 0, 1)[::-1], axis=-1)
+    ordered = np.take_along_axis(flat, order[..., None], axis=1)
+    valid = np.all(ordered < np.asarray(sizes, np.int64), axis=-1)
+    twice = np.all(ordered[:, 1:] == ordered[:, :-1], axis=-1) & valid[:, 1:]
+    if np.any(twice):
+        b, k = np.argwhere(twice)[0]
+        first, second = sorted((order[b, k], order[b, k + 1]))
+        raise ValueError(
+            f"`BCOO` got `unique_indices=True`, but `indices[{where(b, first)}]` "
+            f"and `indices[{where(b, second)}]` are both "
+            f"{tuple(ordered[b, k].tolist())}: merge them "
+            "(`.sum_duplicates()`) or leave `unique_indices` False."
+        )
+
+
 def jsparse_indices(indices: Array, sparse_shape: Sequence[int]) -> Array:
     """`indices` as `jax.experimental.sparse` reads them, in the family's form:
     negative indices in `[-n, 0)` wrapped to `i + n`, and every entry that
@@ -173,14 +248,16 @@ def _determinant_jvp(
 
 def determinant_jvp_rule(name: str, fun: Any, values: Sequence[Any]) -> Any:
     """The JVP rule `BCOO.custom_jvp_rule` (and `CSR`'s) gives for `slogdet` and
-    `det` of one unbatched square sparse matrix (what the `lu` rule factors), else
+    `det` of a square sparse matrix or a batch of them (what the `lu` rule
+    factors), else
     `None`. Decided from types and static fields only; the rule receives `BCOO`s."""
     if name not in ("_slogdet_lu", "_det") or len(values) != 1:
         return None
     # A `BCOO` or a `CSR` (which this module cannot import): read duck-typed.
     a = values[0]
-    shape = tuple(getattr(a, "shape", ()))
-    if getattr(a, "n_batch", None) != 0 or len(shape) != 2 or shape[0] != shape[1]:
+    shape: list[int] = list(getattr(a, "shape", ()))
+    n_batch = getattr(a, "n_batch", None)
+    if n_batch is None or len(shape) != n_batch + 2 or shape[-2] != shape[-1]:
         return None
     if getattr(a, "n_dense", 0) != 0:  # blocks: the `lu` rule refuses them
         return None
@@ -281,6 +358,12 @@ class BCOO(quax.GuardedValue):
         self.allow_materialise = allow_materialise
         self.indices_sorted = indices_sorted
         self.unique_indices = unique_indices
+        checked_promises(
+            self.indices,
+            self._shape[n_batch : len(self._shape) - self.n_dense],
+            indices_sorted=indices_sorted,
+            unique_indices=unique_indices,
+        )
 
     def _check_layout(self, indices: Array) -> None:
         """The published checks of `data`, `indices` and `shape` against each other."""

@@ -13,6 +13,7 @@ from jax import lax
 from jax.extend.core import Primitive
 from jaxtyping import Array, ArrayLike
 
+from .._cusolver import resolve_route, solve as device_solve
 from .._kernels import dot_sparse_dense
 from .._superlu import factor as host_factor, solve as host_solve
 from ._bcoo import BCOO, MaterialisationError
@@ -66,14 +67,34 @@ def _product(data: Array, indices: Array, n: int, x: Array, trans: int) -> Array
     ).astype(x.dtype)
 
 
+def _backward_error_ok(
+    data: Array, indices: Array, n: int, x: Array, b: Array, trans: int
+) -> Array:
+    """Per column of `x`, whether `op(A) x = b` holds to a backward error of
+    `sqrt(eps)`: `|op(A) x - b| <= sqrt(eps) (|op(A)| |x| + |b|)` in the max norm
+    (`|op(A)|` its largest row sum). A backward-stable solve (QR) is far inside
+    it; the numbers a solver returns for a singular matrix are not. No gradient
+    flows through the check."""
+    data, x, b = (lax.stop_gradient(v) for v in (data, x, b))
+    residual = _product(data, indices, n, x, trans) - b
+    ones = jnp.ones((n, 1), jnp.abs(data).dtype)
+    norm_a = jnp.max(_product(jnp.abs(data), indices, n, ones, min(trans, 1)))
+    eps = jnp.finfo(x.dtype).eps
+    scale = norm_a * jnp.max(jnp.abs(x), axis=0) + jnp.max(jnp.abs(b), axis=0)
+    return jnp.max(jnp.abs(residual), axis=0) <= jnp.sqrt(eps) * scale
+
+
 def apply_inverse(factor: "SparseLU", b: Array, trans: int) -> Array:
     """`A⁻¹ b` (`trans=0`), `A⁻ᵀ b` (1) or `A⁻ᴴ b` (2) by `factor`, differentiable
     with respect to `b` and to the matrix's stored values (`factor.data`).
 
     A `lax.custom_linear_solve` whose `matvec` is the sparse product with the
-    stored values and whose solves are SuperLU's on the host: the derivative with
-    respect to the values is the adjoint solve and the sparse product (one value
-    per stored entry), never a dense matrix.
+    stored values and whose solves are the factor's route's (SuperLU's on the host,
+    or `spsolve`'s on the device): the derivative with respect to the values is the
+    adjoint solve and the sparse product (one value per stored entry), never a
+    dense matrix. On the `"cusolver"` route, whose solver reports no singularity, a
+    column whose backward error is above `sqrt(eps)` is NaN
+    (`_backward_error_ok`), as SuperLU's singular solves are.
 
     **Arguments:**
 
@@ -85,6 +106,8 @@ def apply_inverse(factor: "SparseLU", b: Array, trans: int) -> Array:
 
     An array of `b`'s shape, of the dtype of `b` and the matrix together.
     """
+    if factor.batch_shape:
+        return factor.each(lambda f, b: apply_inverse(f, b, trans), b)
     vector = b.ndim == 1
     dtype = jnp.result_type(factor.data.dtype, b.dtype)
     rhs = (b[:, None] if vector else b).astype(dtype)
@@ -95,6 +118,8 @@ def apply_inverse(factor: "SparseLU", b: Array, trans: int) -> Array:
 
     def inverse(which: int) -> Any:
         def run(_: Any, x: Array) -> Array:
+            if factor.route == "cusolver":
+                return device_solve(data, indices, x, trans=which)
             return host_solve(handle, data, indices, x, spd=spd, trans=which)
 
         return run
@@ -110,7 +135,10 @@ def apply_inverse(factor: "SparseLU", b: Array, trans: int) -> Array:
         solve=inverse(trans),
         transpose_solve=transpose,
     )
-    x = jnp.where(factor.valid, x, jnp.nan)
+    valid = factor.valid
+    if factor.route == "cusolver":
+        valid = valid & _backward_error_ok(data, indices, n, x, rhs, trans)
+    x = jnp.where(valid, x, jnp.nan)
     return x[:, 0] if vector else x
 
 
@@ -133,20 +161,28 @@ class SparseLU(quax.GuardedValue):
 
     **Fields:**
 
-    - `data`, `indices`: the stored entries of `A` (shapes `(nse,)`, `(nse, 2)`;
-        padding at index `n`): the solves differentiate through them.
-    - `handle`: the host's factorisation (an `int32`; a solve factors `A` again if
-        the host no longer holds it).
-    - `pivots`: `U`'s diagonal, signed as above.
+    - `data`, `indices`: the stored entries of `A` (shapes `(*batch, nse)`,
+        `(*batch, nse, 2)`; padding at index `n`): the solves differentiate through
+        them. A batch of matrices (from a `BCOO` with batch dimensions) is factored
+        and solved one member at a time.
+    - `handle`: the host's factorisation (`int32`, shape `batch`; a solve factors
+        `A` again if the host no longer holds it).
+    - `pivots`: `U`'s diagonal, signed as above (shape `(*batch, n)`).
     - `n`: the size of `A`.
     - `spd`: whether `A` was factored as symmetric positive definite
         (`cholesky`: SuperLU's symmetric mode).
-    - `valid`: a boolean scalar, false where a check made under `jit` failed (a
-        mask that `cholesky`'s `jnp.tril` applied was not the lower triangle):
-        then every solve and pivot is NaN rather than a wrong number.
+    - `valid`: a boolean (a scalar, or of shape `batch`), false where a check
+        made under `jit` failed (a mask that `cholesky`'s `jnp.tril` applied was
+        not the lower triangle): then every solve and pivot is NaN rather than a
+        wrong number.
     - `orientation`: `"lu"` (JAX's packed `L` and `U`), `"lower"` (a Cholesky
         factor `L`) or `"upper"` (its conjugate transpose, as `cho_factor` with
         `lower=False` returns).
+    - `route`: `"superlu"` (the solves reuse the host's factorisation `handle`)
+        or `"cusolver"` (each solve is `jax.experimental.sparse.linalg.spsolve`,
+        which factors `A` again; nothing is factored until `diagonal` is read,
+        which factors `A` on the host: `handle` and `pivots` are unused
+        placeholders). See [`quax_sparse.solver_route`][].
     """
 
     data: Array
@@ -157,6 +193,7 @@ class SparseLU(quax.GuardedValue):
     n: int = eqx.field(static=True)
     spd: bool = eqx.field(static=True)
     orientation: str = eqx.field(static=True)
+    route: str = eqx.field(static=True, default="superlu")
 
     linear_in_leaves: ClassVar[bool] = False
     materialisation_error: ClassVar[type[quax.MaterialisationError]] = (
@@ -167,6 +204,32 @@ class SparseLU(quax.GuardedValue):
         return jax.core.ShapedArray(
             (*self.data.shape[:-1], self.n, self.n), self.data.dtype
         )
+
+    @property
+    def batch_shape(self) -> tuple[int, ...]:
+        """The batch dimensions: `()` for one matrix."""
+        return tuple(self.data.shape[:-1])
+
+    def each(self, fn: Any, *args: Any) -> Any:
+        """`fn(member, *member_args)` over the batch members (nested `jax.vmap`
+        over the batch dimensions of the factor and of `args`): the host's
+        callbacks receive the batch at once and loop over it."""
+        batch = self.batch_shape
+        valid = jnp.broadcast_to(self.valid, batch)
+        factor = SparseLU(
+            self.data,
+            jnp.broadcast_to(self.indices, (*batch, *self.indices.shape[-2:])),
+            jnp.broadcast_to(self.handle, batch),
+            self.pivots,
+            valid,
+            self.n,
+            self.spd,
+            self.orientation,
+            self.route,
+        )
+        for _ in batch:
+            fn = jax.vmap(fn)
+        return fn(factor, *args)
 
     def dense(self) -> Array:
         # Never formed, whatever `allow_materialise` says (see the class docstring).
@@ -189,7 +252,13 @@ class SparseLU(quax.GuardedValue):
     def diagonal(self) -> Array:
         """The pivots (`U`'s diagonal, the permutations' sign folded into the first):
         their product is `det A`. Not differentiable (see the class docstring)."""
-        pivots = _read_pivots(self.data, self.pivots)
+        if self.batch_shape:
+            return self.each(lambda member: member.diagonal())
+        pivots = self.pivots
+        if self.route == "cusolver":
+            # cuSolver's QR solve keeps no factor to read: SuperLU's, on the host.
+            _, pivots = host_factor(self.data, self.indices, self.n, spd=self.spd)
+        pivots = _read_pivots(self.data, pivots)
         return jnp.where(self.valid, pivots, jnp.nan)
 
     def solve(self, b: ArrayLike, trans: int = 0) -> Array:
@@ -199,7 +268,8 @@ class SparseLU(quax.GuardedValue):
 
         **Arguments:**
 
-        - `b`: shape `(n,)` or `(n, k)`.
+        - `b`: shape `(*batch, n)` or `(*batch, n, k)` (`batch` the factor's batch
+            dimensions: `(n,)` or `(n, k)` for one matrix).
         - `trans`: 0, 1 or 2, as in `jax.scipy.linalg.lu_solve`.
 
         **Returns:**
@@ -207,10 +277,13 @@ class SparseLU(quax.GuardedValue):
         An array of `b`'s shape.
         """
         b = jnp.asarray(b)
-        if b.ndim not in (1, 2) or b.shape[0] != self.n:
+        batch = self.batch_shape
+        nb = len(batch)
+        if b.ndim not in (nb + 1, nb + 2) or b.shape[: nb + 1] != (*batch, self.n):
             raise ValueError(
-                f"`SparseLU.solve` needs `b` of shape ({self.n},) or ({self.n}, k); "
-                f"got {b.shape}."
+                f"`SparseLU.solve` needs `b` of shape {(*batch, self.n)} or "
+                f"{(*batch, self.n, 'k')} (the factor's batch dimensions, then "
+                f"{self.n} rows); got {b.shape}."
             )
         if trans not in (0, 1, 2):
             raise ValueError(f"`trans` must be 0, 1 or 2; got {trans!r}.")
@@ -264,22 +337,24 @@ class PendingSolve(quax.GuardedValue):
 
 
 def unfactorable(x: BCOO) -> str | None:
-    """Why the host cannot factor `x`, or `None`: one square matrix (no batch
-    dimensions) of a floating-point or complex dtype."""
+    """Why `x` cannot be factored, or `None`: a square matrix, or a batch of them
+    (batch dimensions, then two sparse ones), of a floating-point or complex
+    dtype."""
     if x.n_dense:
         return (
             f"this BCOO has n_dense={x.n_dense} dense dimensions (blocks of shape "
             f"{x.dense_shape}): factor a matrix of scalar entries "
             "(`x.update_layout(n_dense=0)`)"
         )
-    if x.ndim != 2 or x.n_batch != 0:
+    if x.ndim != x.n_batch + 2:
         return (
-            f"quax-sparse factors one matrix at a time, and this BCOO has shape "
-            f"{x.shape} with {x.n_batch} batch dimensions: map over the matrices "
-            "with `jax.vmap` over the BCOO's leaves (`data`, `indices`) instead"
+            "quax-sparse factors a matrix, or a batch of matrices (a BCOO whose "
+            f"batch dimensions are followed by two sparse ones), and this BCOO of "
+            f"shape {x.shape} has {x.ndim - x.n_batch} sparse dimensions after its "
+            f"{x.n_batch} batch dimensions: reshape it to a matrix first"
         )
-    if x.shape[0] != x.shape[1]:
-        return f"the matrix of shape {x.shape} is not square"
+    if x.shape[-2] != x.shape[-1]:
+        return f"the matrix of shape {x.shape[-2:]} is not square"
     if not jnp.issubdtype(x.dtype, jnp.inexact):
         return (
             f"its dtype is {x.dtype}: convert it to a floating-point or complex "
@@ -288,16 +363,34 @@ def unfactorable(x: BCOO) -> str | None:
     return None
 
 
-def factorise(x: BCOO, *, spd: bool, orientation: str) -> SparseLU:
-    """SuperLU's factorisation of `x` (checked by `unfactorable` first) as a
-    `SparseLU` with the given `orientation`."""
-    n = x.shape[0]
-    handle, pivots = host_factor(x.data, x.indices, n, spd=spd)
+def factorise(
+    x: BCOO, *, spd: bool, orientation: str, route: str | None = None
+) -> SparseLU:
+    """The factorisation of `x` (checked by `unfactorable` first) as a `SparseLU`
+    with the given `orientation`, on `route` (`None`: the current
+    [`quax_sparse.solver_route`][]): SuperLU's on the host, or, on the `"cusolver"`
+    route, none yet (each solve factors `x`)."""
+    n = x.shape[-1]
+    batch = x.shape[: x.n_batch]
+    route = resolve_route(route)
+    indices = jnp.broadcast_to(x.indices, (*batch, *x.indices.shape[-2:]))
+    data = jnp.broadcast_to(x.data, (*batch, x.data.shape[-1]))
+    if route == "cusolver":
+        handle = jnp.zeros(batch, jnp.int32)
+        pivots = jnp.full((*batch, n), jnp.nan, x.dtype)
+    else:
+
+        def member(data: Array, indices: Array) -> tuple[Array, Array]:
+            return host_factor(data, indices, n, spd=spd)
+
+        for _ in batch:  # the callback receives the batch, and loops over it
+            member = jax.vmap(member)
+        handle, pivots = member(data, indices)
     valid = jnp.asarray(True)
-    return SparseLU(x.data, x.indices, handle, pivots, valid, n, spd, orientation)
+    return SparseLU(data, indices, handle, pivots, valid, n, spd, orientation, route)
 
 
-def _factor_of(name: str, a: Any, spd: bool) -> SparseLU:
+def _factor_of(name: str, a: Any, spd: bool, route: str | None) -> SparseLU:
     if isinstance(a, CSR):
         a = a.to_bcoo()
     if not isinstance(a, BCOO):
@@ -308,10 +401,11 @@ def _factor_of(name: str, a: Any, spd: bool) -> SparseLU:
     why = unfactorable(a)
     if why is not None:
         raise ValueError(f"`quax_sparse.{name}` cannot factor this matrix: {why}.")
-    return factorise(a, spd=spd, orientation="lu" if not spd else "lower")
+    orientation = "lu" if not spd else "lower"
+    return factorise(a, spd=spd, orientation=orientation, route=route)
 
 
-def lu_factor(a: Any) -> SparseLU:
+def lu_factor(a: Any, *, route: str | None = None) -> SparseLU:
     """Factor a sparse matrix once (SuperLU on the host), to solve with it many times.
 
     ```python
@@ -326,15 +420,19 @@ def lu_factor(a: Any) -> SparseLU:
 
     - `a`: a square [`quax_sparse.BCOO`][] (no batch dimensions) or
         [`quax_sparse.CSR`][] matrix of a floating-point or complex dtype.
+    - `route`: `"auto"`, `"superlu"` or `"cusolver"` (see
+        [`quax_sparse.solver_route`][]); `None`, the current `solver_route`. On the
+        `"cusolver"` route nothing is factored here: each `solve` factors `a` again
+        (`jax.experimental.sparse.linalg.spsolve` keeps no factor).
 
     **Returns:**
 
     A [`quax_sparse.SparseLU`][]. Works under `jit` and `vmap` (over `a`'s leaves).
     """
-    return _factor_of("lu_factor", a, spd=False)
+    return _factor_of("lu_factor", a, spd=False, route=route)
 
 
-def cho_factor(a: Any) -> SparseLU:
+def cho_factor(a: Any, *, route: str | None = None) -> SparseLU:
     """Factor a symmetric (Hermitian) positive definite sparse matrix once
     (SuperLU's symmetric mode on the host: CHOLMOD has no wheels on PyPI), to solve
     with it many times (`factor.solve(b)`).
@@ -345,10 +443,11 @@ def cho_factor(a: Any) -> SparseLU:
 
     **Arguments:**
 
-    - `a`: as for [`quax_sparse.lu_factor`][].
+    - `a`, `route`: as for [`quax_sparse.lu_factor`][] (the `"cusolver"` route
+        solves by QR, symmetric or not).
 
     **Returns:**
 
     A [`quax_sparse.SparseLU`][] (`spd=True`, `orientation="lower"`).
     """
-    return _factor_of("cho_factor", a, spd=True)
+    return _factor_of("cho_factor", a, spd=True, route=route)

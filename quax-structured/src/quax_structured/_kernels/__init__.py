@@ -36,6 +36,5 @@ from ._kronecker import (
     factor_solve as factor_solve,
     kron_apply as kron_apply,
     kron_entries as kron_entries,
-    pivots_of as pivots_of,
 )
 from ._levinson import levinson as levinson

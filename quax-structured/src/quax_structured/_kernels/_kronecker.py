@@ -1,14 +1,13 @@
 """Kronecker products `a ⊗ b` applied through their factors: products, entries,
-triangular solves one factor at a time, and the row swaps of a permutation."""
+triangular solves one factor at a time."""
 
 import jax.numpy as jnp
-from jax import lax
 from jaxtyping import Array
 
 from ._dense import dense_triangular_solve
 
 
-__all__ = ["factor_solve", "kron_apply", "kron_entries", "pivots_of"]
+__all__ = ["factor_solve", "kron_apply", "kron_entries"]
 
 
 def kron_apply(a: Array, b: Array, x: Array) -> Array:
@@ -34,20 +33,3 @@ def factor_solve(
     ys = ys.reshape(na, nb, x.shape[-1]).transpose(1, 0, 2).reshape(nb, -1)
     ys = dense_triangular_solve(b, ys, **kw)
     return ys.reshape(nb, na, x.shape[-1]).transpose(1, 0, 2).reshape(na * nb, -1)
-
-
-def pivots_of(perm: Array) -> Array:
-    """The row-swap pivots (as `lax.linalg.lu` returns them) of a permutation."""
-    n = perm.shape[0]
-
-    def step(carry, i):
-        cur, pos = carry  # cur[k]: row at position k; pos[r]: position of row r
-        p = pos[perm[i]]
-        row_i = cur[i]
-        cur = cur.at[p].set(row_i).at[i].set(perm[i])
-        pos = pos.at[row_i].set(p).at[perm[i]].set(i)
-        return (cur, pos), p
-
-    iota = jnp.arange(n, dtype=perm.dtype)
-    _, pivots = lax.scan(step, (iota, iota), iota)
-    return pivots

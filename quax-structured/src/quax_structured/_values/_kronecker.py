@@ -18,9 +18,8 @@ from .._kernels import (
     kron_entries,
     nan_where,
     on_diagonal,
-    pivots_of,
 )
-from ._base import StructuredMatrix, unbatched
+from ._base import MaterialisationError, StructuredMatrix, unbatched
 from ._circulant import SolverLU
 from ._determinant import DeterminantLU
 from ._diagonal import ScaledIdentity
@@ -135,17 +134,30 @@ class Kronecker(StructuredMatrix):
         (a, b), (c, d) = self.factors(), other.factors()
         return Kronecker(a @ c, b @ d, allow_materialise=self.allow_materialise)
 
-    def lu(self) -> tuple["KroneckerLU", Array, Array]:
+    def lu(self) -> DeterminantLU:
+        """The factors' LUs with partial pivoting (LAPACK), `Pa A = La Ua` and
+        `Pb B = Lb Ub`, as one `KroneckerLU` that applies the row permutation
+        `Pa ⊗ Pb` itself (in its unit lower solve), so that `lu` returns the
+        identity pivots: LAPACK's row swaps of the n-permutation `Pa ⊗ Pb` (what
+        `slogdet` would read its sign from) take a sequential scan over n, which
+        made `slogdet` about 27x a hand-written one through the factors at
+        n = 1,024. The diagonal (what `slogdet`/`det` read) is `Ua ⊗ Ub`'s, its
+        first entry signed by the permutation's parity, `sign(Pa)^nb
+        sign(Pb)^na`."""
         left, right = self.factors()
-        la, _, perm_a = lax.linalg.lu(left)
-        lb, _, perm_b = lax.linalg.lu(right)
-        nb = self.right.shape[0]
+        la, swaps_a, perm_a = lax.linalg.lu(left)
+        lb, swaps_b, perm_b = lax.linalg.lu(right)
+        na, nb = left.shape[0], right.shape[0]
         perm = (perm_a[:, None] * nb + perm_b[None, :]).reshape(-1)
-        return (
-            KroneckerLU(la, lb, allow_materialise=self.allow_materialise),
-            pivots_of(perm),
-            perm,
-        )
+
+        def odd(swaps: Array) -> Array:
+            return jnp.sum(swaps != jnp.arange(swaps.shape[0], dtype=swaps.dtype)) % 2
+
+        sign = jnp.where((odd(swaps_a) * nb + odd(swaps_b) * na) % 2 == 1, -1, 1)
+        pivots = jnp.kron(jnp.diagonal(la), jnp.diagonal(lb))
+        pivots = pivots.at[0].multiply(sign.astype(pivots.dtype))
+        factors = KroneckerLU(la, lb, perm, allow_materialise=self.allow_materialise)
+        return DeterminantLU(factors, self, pivots=pivots)
 
     def determinant(self) -> Array:
         """`det(A)^nb det(B)^na` for `A ⊗ B` (`A` of size `na`, `B` of size `nb`),
@@ -201,12 +213,20 @@ class Kronecker(StructuredMatrix):
 
 
 class KroneckerLU(StructuredMatrix):
-    """The packed LU factors of a `Kronecker` product: `L = L_left ⊗ L_right` below
-    the diagonal (unit diagonal), `U = U_left ⊗ U_right` on and above it.
+    """The packed LU factors of a `Kronecker` product's factors, `Pa A = La Ua`
+    and `Pb B = Lb Ub`: `L = La ⊗ Lb` (unit diagonal) and `U = Ua ⊗ Ub`, with
+    the row permutation `P = Pa ⊗ Pb` applied by the unit lower solve (`L y =
+    P b`; transposed, `x = Pᵀ L⁻ᵀ c`), so that `lu` returns the identity pivots
+    and `jnp.linalg.solve`'s two triangular solves (and `lu_solve(trans=1)`'s)
+    solve with the matrix. Its diagonal is `U`'s; its other entries read as NaN
+    (as a packed LU matrix with the identity pivots they would be wrong: `L`
+    without `P`), and it never materialises.
 
     **Fields:**
 
     - `left`, `right`: the packed LU factors of the two factors.
+    - `perm`: the row permutation `P` of the product, as `lax.linalg.lu`'s
+        permutation output (`A[perm] = L U`).
     - `allow_materialise`: as for [`quax_structured.TridiagonalMatrix`][] (static).
     """
 
@@ -214,6 +234,7 @@ class KroneckerLU(StructuredMatrix):
 
     left: Array
     right: Array
+    perm: Array
 
     linear_in_leaves = False
 
@@ -222,27 +243,21 @@ class KroneckerLU(StructuredMatrix):
         n = self.left.shape[0] * self.right.shape[0]
         return jax.core.ShapedArray((n, n), jnp.result_type(self.left, self.right))
 
-    def _factors(self) -> tuple[Array, Array, Array, Array]:
-        def unit_lower(x: Array) -> Array:
-            return jnp.tril(x, -1) + jnp.eye(x.shape[0], dtype=x.dtype)
-
-        return (
-            unit_lower(self.left),
-            unit_lower(self.right),
-            jnp.triu(self.left),
-            jnp.triu(self.right),
-        )
-
-    def dense(self) -> Array:
-        la, lb, ua, ub = self._factors()
-        return jnp.tril(jnp.kron(la, lb), -1) + jnp.triu(jnp.kron(ua, ub))
-
     def entries(self, i: Array, j: Array) -> Array:
         n = self.shape[-1]
         i, j = jnp.clip(i, 0, n - 1), jnp.clip(j, 0, n - 1)
-        la, lb, ua, ub = self._factors()
-        upper = kron_entries(ua, ub, i, j)
-        return jnp.where(i > j, kron_entries(la, lb, i, j), upper)
+        upper = kron_entries(jnp.triu(self.left), jnp.triu(self.right), i, j)
+        return jnp.where(i == j, upper, jnp.nan)
+
+    def dense(self) -> Array:
+        raise MaterialisationError(
+            "Refusing to materialise `KroneckerLU`: it solves with the row "
+            "permutation of a `Kronecker` product's LU folded in (`lu` returns the "
+            "identity pivots), so as a packed LU matrix its lower triangle would "
+            "be wrong. Use `jnp.linalg.solve` / `jax.scipy.linalg.lu_solve`, or "
+            "factor the dense matrix (`allow_materialise=True` on the `Kronecker`) "
+            "for its triangular factors."
+        )
 
     def triangular_solve(
         self, b: Array, *, lower: bool, transpose_a: bool, unit_diagonal: bool
@@ -250,7 +265,9 @@ class KroneckerLU(StructuredMatrix):
         if lower != unit_diagonal:
             # tril with the U diagonal, or triu with a unit one: not a product.
             return None
-        return factor_solve(
+        if lower and not transpose_a:
+            b = b[self.perm]
+        x = factor_solve(
             self.left,
             self.right,
             b,
@@ -258,6 +275,9 @@ class KroneckerLU(StructuredMatrix):
             transpose_a=transpose_a,
             unit=unit_diagonal,
         )
+        if lower and transpose_a:
+            x = jnp.zeros_like(x).at[self.perm].set(x)
+        return x
 
 
 class KroneckerPlusIdentity(StructuredMatrix):

@@ -263,7 +263,7 @@ class LowRankPlusDiagonal(_UVt):
         factors: its first triangular solve does the whole solve
         (`pivoted_solve`), the second returns it (see `HalfSolved`)."""
         packed = self.semiseparable()._packed_lu()
-        return DeterminantLU(packed, self, pivots=self.pivots(packed))
+        return DeterminantLU(packed, self, pivots=self.pivots())
 
     def cholesky(self) -> "Semiseparable":
         return self.semiseparable().cholesky()
@@ -272,28 +272,30 @@ class LowRankPlusDiagonal(_UVt):
         """Solve `A x = b` (`Aᵀ x = b` if `transpose`) for `b` of shape `(n, k)`:
         by Woodbury first (`D⁻¹ b - D⁻¹ U K⁻¹ Vᵀ D⁻¹ b`, the `r x r` capacitance
         `K = I + Vᵀ D⁻¹ U` solved with partial pivoting), O(n r k + n r² + r³),
-        checked by its backward error `‖b - A x‖ / (‖A‖ ‖x‖ + ‖b‖)` (O(n r k)).
-        Only where that is above `_TOLERANCE` (a tiny entry of `diag` against
-        `U Vᵀ`), a `lax.cond` branch runs the semiseparable LU without pivoting
-        too (O(n r² k), a sequential scan) and keeps, per system, the answer with
-        the smaller backward error, NaN where neither is below `_TOLERANCE`
-        (never a silently inaccurate answer): the LU fails at a tiny leading
-        minor, so only both at once gives NaN. Under `vmap` the branch becomes a
-        select, and both run. A matrix tagged `positive_definite` solves by the LU
+        checked by its backward error `‖b - A x‖₂ / (‖A‖₂ ‖x‖₂ + ‖b‖₂)` (O(n r k),
+        see `backward_error`). Only where that is above `_TOLERANCE` (a tiny entry
+        of `diag` against `U Vᵀ`), a `lax.cond` branch runs the semiseparable LU
+        without pivoting too (O(n r² k), a sequential scan) and keeps, per system,
+        the answer with the smaller backward error, NaN where neither is below
+        `_TOLERANCE` (never a silently inaccurate answer): the LU fails at a tiny
+        leading minor, so only both at once gives NaN. Under `vmap` over the
+        matrix the branch becomes a select, and both run (a `vmap` over `b` alone
+        keeps the `lax.cond`). A matrix tagged `positive_definite` solves by the LU
         alone (stable there)."""
         m = self.transpose() if transpose else self
         if self.positive_definite:
             return m._lu_solve(m.semiseparable()._packed_lu(), b)
+        scaled, capacitance, norm = m._woodbury_parts()
         if b.shape[-1] == 1:
             # One right-hand side: Woodbury and its check on vectors, which XLA's
             # CPU backend runs as matrix-vector products (on `(n, 1)` matrices
             # it took up to 2x as long at n = 4,096).
-            woodbury = m._woodbury(b[:, 0])
-            error = m.backward_error(woodbury[:, None], b)
+            woodbury = m._woodbury(b[:, 0], (scaled, capacitance))
+            error = m.backward_error(woodbury, b[:, 0], norm)
             woodbury = woodbury[:, None]
         else:
-            woodbury = m._woodbury(b)
-            error = m.backward_error(woodbury, b)
+            woodbury = m._woodbury(b, (scaled, capacitance))
+            error = m.backward_error(woodbury, b, norm)
         eps = jnp.finfo(woodbury.dtype).eps
         accurate = error <= _TOLERANCE * eps
 
@@ -303,38 +305,71 @@ class LowRankPlusDiagonal(_UVt):
 
         return lax.cond(accurate, lambda x: x, fallback, woodbury)
 
-    def pivots(self, packed: "Semiseparable | None" = None) -> Array:
-        """Numbers whose product is the determinant (shape `(n,)`): the pivots of
-        the semiseparable LU (`packed`, if given), or `diag` with the last one
-        times `det K` (the matrix determinant lemma, `K` factored with partial
-        pivoting), whichever solve has the smaller backward error on a probe
-        system `A x = A x₀` (`x₀ = cos(1.618 k)`); NaN where neither is below
-        `_TOLERANCE`. A candidate whose pivots are finite with a zero product
-        is exact (the matrix is singular: `det` 0)."""
-        if packed is None:
-            packed = self.semiseparable()._packed_lu()
+    def pivots(self) -> Array:
+        """Numbers whose product is the determinant (shape `(n,)`): `diag` with
+        the last one times `det K` (the matrix determinant lemma, `K` factored
+        with partial pivoting), where Woodbury solves a probe system `A x = A x₀`
+        (`x₀ = cos(1.618 k)`) with a backward error below `_TOLERANCE`, or where
+        those numbers are finite with a zero product (the matrix is singular:
+        `det` 0). Only otherwise, in a `lax.cond` branch (a select under `vmap`
+        over the matrix), the pivots of the semiseparable LU too, keeping the
+        candidate whose solve has the smaller backward error, NaN where neither
+        is below `_TOLERANCE`. Tagged
+        `positive_definite`: the LU's pivots alone."""
         if self.positive_definite:
-            return packed.main
-        capacitance = self._capacitance()
+            return self.semiseparable()._packed_lu().main
+        scaled, capacitance, norm = self._woodbury_parts()
         lemma = self.diag.at[-1].multiply(jnp.linalg.det(capacitance))
         index = jnp.arange(self.shape[-1], dtype=self.dtype)
-        probe = self.matmat(jnp.cos(1.618 * index)[:, None])
-        solves = [self._lu_solve(packed, probe), self._woodbury(probe, capacitance)]
-        return _best(self, probe, solves, [packed.main, lemma])
+        probe = self.diag * jnp.cos(1.618 * index) + self.u @ (
+            self._v().T @ jnp.cos(1.618 * index)
+        )
+        woodbury = self._woodbury(probe, (scaled, capacitance))
+        error = self.backward_error(woodbury, probe, norm)
+        singular = jnp.all(jnp.isfinite(lemma)) & (jnp.prod(lemma) == 0)
+        eps = jnp.finfo(woodbury.dtype).eps
+        accurate = (error <= _TOLERANCE * eps) | singular
 
-    def _capacitance(self) -> Array:
-        """`K = I + Vᵀ D⁻¹ U` (`r x r`)."""
+        def fallback(lemma: Array) -> Array:
+            lu = self.semiseparable()._packed_lu()
+            solves = [self._lu_solve(lu, probe[:, None]), woodbury[:, None]]
+            return _best(self, probe[:, None], solves, [lu.main, lemma])
+
+        return lax.cond(accurate, lambda x: x, fallback, lemma)
+
+    def _woodbury_parts(self) -> tuple[Array, Array, Array]:
+        """`D⁻¹ U`, the capacitance `K = I + Vᵀ D⁻¹ U` (`r x r`) and `‖A‖₂`'s
+        bound `max |dᵢ| + ‖U Vᵀ‖_F` (see `backward_error`). For a real symmetric
+        matrix one product `Uᵀ [D⁻¹ U, U]` gives both `K` and the Gram matrix
+        `Uᵀ U` (`‖U Uᵀ‖_F = ‖Uᵀ U‖_F`): one pass over `U` (a separate `Uᵀ U`
+        took about 0.15x of a hand-written Woodbury solve more); otherwise
+        `‖U Vᵀ‖_F² = Σ (Uᴴ U) ∘ (Vᴴ V)` from the two Gram matrices."""
         r = self.u.shape[-1]
-        scaled = self.u / self.diag[:, None]
-        return jnp.eye(r, dtype=self.dtype) + self._v().T @ scaled
+        v = self._v()
+        eye = jnp.eye(r, dtype=self.dtype)
+        if self.v is None and not jnp.iscomplexobj(self.u):
+            # `D⁻¹ U` read back as a slice of the concatenation (one array).
+            both = jnp.concatenate([self.u / self.diag[:, None], self.u], axis=-1)
+            scaled = both[:, :r]
+            product = v.T @ both
+            capacitance, gram = eye + product[:, :r], product[:, r:]
+            frobenius = jnp.sqrt(jnp.sum(gram * gram))
+        else:
+            scaled = self.u / self.diag[:, None]
+            capacitance = eye + v.T @ scaled
+            gram_u = self.u.conj().T @ self.u
+            gram_v = v.conj().T @ v
+            frobenius = jnp.sqrt(jnp.abs(jnp.sum(gram_u * gram_v)))
+        norm = jnp.max(jnp.abs(self.diag)) + frobenius
+        return scaled, capacitance, norm
 
-    def _woodbury(self, b: Array, capacitance: Array | None = None) -> Array:
+    def _woodbury(self, b: Array, parts: tuple[Array, Array] | None = None) -> Array:
         """`A⁻¹ b` by the Woodbury identity, O(n r k + n r² + r³), for `b` of shape
-        `(n, k)` or `(n,)`: NaN/inf at a zero entry of `diag`."""
-        k = self._capacitance() if capacitance is None else capacitance
+        `(n, k)` or `(n,)`: NaN/inf at a zero entry of `diag`. `parts`: `D⁻¹ U`
+        and the capacitance `K`, where the caller has them."""
+        scaled, k = self._woodbury_parts()[:2] if parts is None else parts
         diag = self.diag if b.ndim == 1 else self.diag[:, None]
         w = b / diag
-        scaled = self.u / self.diag[:, None]
         return w - scaled @ jnp.linalg.solve(k, self._v().T @ w)
 
     def _lu_solve(self, packed: "Semiseparable", b: Array) -> Array:
@@ -344,16 +379,29 @@ class LowRankPlusDiagonal(_UVt):
         return packed.triangular_solve(y, lower=False, unit_diagonal=False, **kw)
 
     def _norm_bound(self) -> Array:
-        """An upper bound of `‖A‖_∞`: `max_i |dᵢ| + Σ_k |uᵢₖ| ‖v_k‖₁`."""
-        col_sums = jnp.sum(jnp.abs(self._v()), axis=0)
-        return jnp.max(jnp.abs(self.diag) + jnp.abs(self.u) @ col_sums)
+        """An upper bound of `‖A‖₂`: `max_i |dᵢ| + ‖U Vᵀ‖_F`."""
+        return self._woodbury_parts()[2]
 
-    def backward_error(self, x: Array, b: Array) -> Array:
-        """`max_k ‖b_k - A x_k‖_∞ / (‖A‖_∞ ‖x_k‖_∞ + ‖b_k‖_∞)` over the columns of
-        `b` (with `‖A‖_∞` bounded above), `inf` where it is NaN."""
-        residual = jnp.max(jnp.abs(b - self.matmat(x)), axis=0)
-        scale = self._norm_bound() * jnp.max(jnp.abs(x), axis=0)
-        error = jnp.max(residual / (scale + jnp.max(jnp.abs(b), axis=0)))
+    def backward_error(self, x: Array, b: Array, norm: Array | None = None) -> Array:
+        """`max_k ‖b_k - A x_k‖₂ / (‖A‖₂ ‖x_k‖₂ + ‖b_k‖₂)` over the columns of `b`
+        (`b` of shape `(n, k)`, or `(n,)`: one system), with `‖A‖₂` bounded above
+        by `norm` (default `_norm_bound()`, `max |dᵢ| + ‖U Vᵀ‖_F`); `inf` where it
+        is NaN. O(n r k): two passes over the factors for `A x`."""
+        norm = self._norm_bound() if norm is None else norm
+        if x.ndim == 1:
+            ax = self.diag * x + self.u @ (self._v().T @ x)
+        else:
+            ax = self.matmat(x)
+        # Every vector scaled by `max |b|` (per column), so that the sums of
+        # squares neither overflow nor underflow where `b` and `x` are of one
+        # magnitude (where `x` is beyond `b`'s by more than the dtype's range,
+        # the denominator is infinite and the error 0: the residual is indeed
+        # tiny against `‖A‖ ‖x‖`).
+        big = jnp.max(jnp.abs(b), axis=0)
+        scale = jnp.where(big > 0, big, 1)
+        norm2 = lambda y: jnp.sqrt(jnp.sum(jnp.abs(y / scale) ** 2, axis=0))
+        residual = norm2(b - ax)
+        error = jnp.max(residual / (norm * norm2(x) + norm2(b)))
         return jnp.where(jnp.isnan(error), jnp.inf, error)
 
 
