@@ -38,6 +38,7 @@ from ._rules import (
     _leafwise as _leafwise,
     _shapes as _shapes,
 )
+from ._rules._control_flow import register_function as register_function
 from ._rules._joins import JoinError as JoinError
 from ._transform._quaxify import quaxify as quaxify
 from ._transform._trace import set_debug_checks as set_debug_checks
