@@ -42,6 +42,10 @@ from ._rules._control_flow import register_function as register_function
 from ._rules._joins import JoinError as JoinError
 from ._transform._quaxify import quaxify as quaxify
 from ._transform._trace import set_debug_checks as set_debug_checks
+from ._values._operators import (
+    BitwiseOperatorMethods as BitwiseOperatorMethods,
+    OperatorMethods as OperatorMethods,
+)
 from ._values._policy import (
     GuardedValue as GuardedValue,
     MaterialisationError as MaterialisationError,
