@@ -57,7 +57,14 @@ def _solve(y0, rate, atol, solver, dt0):
 
 # Dopri5 interpolates the saved points with `jnp.polyval`, whose loop starts from
 # plain zeros and multiplies them by a dimensionless quantity (the rescaled time).
-@pytest.mark.parametrize("solver", [dfx.Tsit5(), dfx.Dopri5()], ids=type)
+# Kvaerno5 (implicit) solves each stage with a root finder (diffrax's `VeryChord`,
+# with the controller's `atol`, in the state's units) whose state starts as plain
+# infinities and zeros in the stage loop and passes through a `cond` that
+# recomputes the Jacobian on the second stage: quax finds the state's units from
+# the root finder's own loop, which gives them.
+@pytest.mark.parametrize(
+    "solver", [dfx.Tsit5(), dfx.Dopri5(), dfx.Kvaerno5()], ids=type
+)
 def test_adaptive_steps_with_a_quantity_state(solver):
     # `PIDController` scales the error by `atol + rtol * |y|`: with a state in
     # metres, `atol` is a length too. Float64, as adaptive solves are run.

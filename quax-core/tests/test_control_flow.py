@@ -5,6 +5,7 @@ proves the body ran on the structured value; results and gradients are compared 
 the same program on plain arrays, under `vmap` in both orders too.
 """
 
+import equinox.internal as eqxi
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -55,11 +56,13 @@ PROGRAMS = {
         lambda g, y: y / (2 * jnp.sqrt(a)),
     ),
     "stop_gradient": lambda a: lax.stop_gradient(a) * a,
+    # An identity that refuses reverse mode (diffrax's implicit solvers bind it).
+    "nondifferentiable_backward": lambda a: eqxi.nondifferentiable_backward(a) * 2,
     "debug_print": lambda a: (jax.debug.print("{}", a), a * 2)[1],
     "debug_callback": lambda a: (jax.debug.callback(lambda v: None, a), a * 2)[1],
 }
-# Reverse mode is undefined for these in JAX itself.
-NO_REVERSE = {"while"}
+# Reverse mode is undefined for these in JAX itself (or refused by equinox).
+NO_REVERSE = {"while", "nondifferentiable_backward"}
 # The forward pass of `grad(switch)` returns residuals that are plain in one branch
 # and a value in another: joining them needs materialising (see `test_join_*`).
 JOINS_UNDER_GRAD = {"switch", "cond_data"}

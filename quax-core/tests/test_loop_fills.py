@@ -250,3 +250,57 @@ def test_fills_of_nans_with_other_signs_are_other_fills() -> None:
     out = Fill.default(lax.select_n_p, [which, plus, minus], {})
     got = np.signbit(np.asarray(out.materialise() if isinstance(out, Fill) else out))
     np.testing.assert_array_equal(got, [False, True, True])
+
+
+def _state_through_a_nested_loop(start: Any) -> Any:
+    """A solver's step loop whose carry `state` (a root finder's state) starts as
+    `start` and is only passed through: each step reinitialises it on the first
+    step (a `cond` that computes the same constant, as a solver recomputes its
+    Jacobian) and hands it to an inner loop (the root finder), whose body selects
+    between a new tagged value and the old state."""
+
+    def program(v: Any) -> Any:
+        def step(i: Any, carry: Any) -> Any:
+            total, state = carry
+            state = lax.cond(i == 0, lambda: jnp.full((2,), jnp.inf), lambda: state)
+
+            def iterate(c: Any) -> Any:
+                k, d = c
+                return k + 1, jnp.where(k < 1, v * (k + 1.0), d)
+
+            _, found = lax.while_loop(lambda c: c[0] < 2, iterate, (0, state))
+            return total + found, state
+
+        return lax.fori_loop(0, 3, step, (jnp.zeros(2), start))
+
+    return program
+
+
+def test_a_carry_passed_to_a_nested_loop_takes_the_type_it_gets_there() -> None:
+    # The step loop's `state` starts as infinities and the step returns it
+    # unchanged, so its own outputs say nothing of its type; the inner loop, where
+    # it meets `v`, lifts it into `v`'s type, which is then the carry's. (Without
+    # this, the inner loop's body meets a plain carry that is only known at run
+    # time: a `select_n` of 'm' and plain.)
+    program = _state_through_a_nested_loop(jnp.full((2,), jnp.inf))
+    want_total, want_state = program(y)
+    for run in (quax.quaxify(program), jax.jit(quax.quaxify(program))):
+        total, state = run(Tagged(y, "m"))
+        assert isinstance(total, Tagged) and total.tag == "m"
+        np.testing.assert_array_equal(total.array, want_total)
+        np.testing.assert_array_equal(total.array, 3 * y)
+        # The infinities, now tagged: a fill of infinities fits any tag.
+        assert isinstance(state, Tagged) and state.tag == "m"
+        np.testing.assert_array_equal(state.array, want_state)
+
+
+def test_a_carry_of_other_values_passed_to_a_nested_loop_is_not_lifted() -> None:
+    # The same program with a state of 5s (a fill, but of numbers that fit no tag)
+    # and with a plain argument as the state: both stay errors, never tagged.
+    def program(v: Any, start: Any) -> Any:
+        return _state_through_a_nested_loop(start)(v)
+
+    for start in (jnp.full((2,), 5.0), jnp.array([5.0, 6.0])):
+        for run in (quax.quaxify(program), jax.jit(quax.quaxify(program))):
+            with pytest.raises(TagError, match="of 'm' and plain"):
+                run(Tagged(y, "m"), start)

@@ -1,5 +1,7 @@
 """Python operators on `Unitful` outside `quax.quaxify`, offset units, `lift`."""
 
+import operator
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -41,6 +43,51 @@ def test_plain_and_numpy_operands():
         a + Quantity(1.0, "s")
     with pytest.raises(TypeError):
         a + "1 m"
+
+
+_RATIO = Quantity(jnp.array([0.5, 2.0]), "")
+
+
+@pytest.mark.parametrize(
+    ("name", "left", "right"),
+    [
+        ("add", a, b),
+        ("sub", 2.0 * _RATIO, 1.0),  # a plain left operand: `__rsub__`
+        ("mul", 3.0, a),
+        ("truediv", 1.0, a),
+        ("floordiv", b, a),
+        ("mod", b, Quantity(1.5, "km")),
+        ("pow", a, 2),
+        ("pow", 2.0, _RATIO),
+        ("matmul", jnp.ones((2, 2)), a),
+        ("lt", a, b),
+        ("ge", b, a),
+        ("eq", a, a),
+        ("ne", a, b),
+    ],
+)
+def test_each_operator_is_its_function_under_the_rules(name, left, right):
+    # The operators come from `quax.OperatorMethods`: each is the function of
+    # `operator` run by `quax.quaxify`, reflected too (`1.0 / a` is
+    # `a.__rtruediv__(1.0)`).
+    op = getattr(operator, name)
+    want = quax.quaxify(op)(left, right)
+    got = op(left, right)
+    assert type(got) is type(want)
+    if isinstance(want, Quantity):
+        assert got.units == want.units
+        np.testing.assert_array_equal(got.array, want.array)
+    else:
+        np.testing.assert_array_equal(got, want)
+
+
+def test_bitwise_operators_and_other_operands_are_declined():
+    # A quantity has no `&`, `|`, `^`: Python's own `TypeError`, as before.
+    for op in (operator.and_, operator.or_, operator.xor):
+        with pytest.raises(TypeError, match="unsupported operand"):
+            op(a, a)
+    with pytest.raises(TypeError, match="can't multiply sequence"):
+        "2" * a
 
 
 def test_comparisons():

@@ -149,6 +149,32 @@ def test_a_traced_product_with_zeros_fits_any_unit():
 
 
 @pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
+def test_a_dimensionless_quantity_of_zeros_fits_any_unit(jit):
+    # With an adaptive controller the step size is a dimensionless quantity (the
+    # ratio of an error to a tolerance of the state's units): `0 * (dt * zeros)`
+    # is a dimensionless quantity of zeros, which adds to a length as a plain
+    # product with zeros does; the result keeps the length's unit.
+    start = lambda q, dt: q + 0.0 * (dt * jnp.zeros(3))
+    f = jax.jit(quax.quaxify(start)) if jit else quax.quaxify(start)
+    for dt in [Quantity(2.0, ""), Quantity(50.0, "%")]:
+        out = f(a, dt)
+        assert isinstance(out, Unitful) and out.unit == a.unit
+        np.testing.assert_array_equal(out.array, a.array)
+        flipped = (jax.jit if jit else lambda g: g)(
+            quax.quaxify(lambda q, dt: 0.0 * (dt * jnp.zeros(3)) + q)
+        )(a, dt)
+        assert isinstance(flipped, Unitful) and flipped.unit == a.unit
+    # A dimensionless quantity of other numbers is no length.
+    with pytest.raises(UnitError, match=r"m \[m\] and dimensionless"):
+        f2 = quax.quaxify(lambda q, dt: q + dt * jnp.ones(3))
+        (jax.jit(f2) if jit else f2)(a, Quantity(2.0, ""))
+    # Nor is a quantity of zeros of other dimensions: a time.
+    with pytest.raises(UnitError, match=r"\[m\] and s \[s\]"):
+        f3 = quax.quaxify(lambda q, dt: q + 0.0 * (dt * jnp.zeros(3)))
+        (jax.jit(f3) if jit else f3)(a, Quantity(2.0, "s"))
+
+
+@pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
 def test_polyval_of_quantity_coefficients(jit):
     # `jnp.polyval` scans `y * x + p` from a plain zero `y`: the zero takes the
     # coefficients' units, also where `x` is a dimensionless quantity.
@@ -190,6 +216,41 @@ def test_isclose_and_allclose_compare_in_one_unit(jit):
         close(x, y, Quantity(2.0, "s"))
     with pytest.raises(UnitError, match=r"km \[m\] and plain array"):
         tol(jnp.isclose)(x, y)
+    # The error names the way out, for `allclose` (which calls `isclose`) too.
+    for f in (jnp.isclose, jnp.allclose):
+        with pytest.raises(UnitError, match=r"atol=Quantity\(1e-8, unit\)"):
+            tol(f)(x, y)
+
+
+@pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
+def test_hypot_of_lengths_in_any_units(jit):
+    # JAX's `hypot` divides by `where(x == 0, 1, x)` (a plain 1 among lengths):
+    # quax-units computes it whole, on the SI numbers, in the first unit.
+    f = jax.jit(quax.quaxify(jnp.hypot)) if jit else quax.quaxify(jnp.hypot)
+    x = Quantity(jnp.array([3.0, 0.0, 1.0, -5.0, jnp.inf, jnp.nan]), "m")
+    y = Quantity(jnp.array([0.004, 0.0, 0.001, 0.012, 1.0, 1.0]), "km")
+    want = np.hypot(
+        np.array([3.0, 0.0, 1.0, -5.0, np.inf, np.nan], np.float32),
+        np.array([4.0, 0.0, 1.0, 12.0, 1000.0, 1000.0], np.float32),
+    )
+    out = f(x, y)
+    assert isinstance(out, Unitful) and out.unit == x.unit
+    np.testing.assert_allclose(ustrip("m", out), want, rtol=1e-6)
+    np.testing.assert_allclose(ustrip("cm", f(y, x)), want * 100, rtol=1e-6)
+    # A plain constant of zeros fits any unit; a plain length does not exist, nor a
+    # time.
+    g = quax.quaxify(lambda q: jnp.hypot(q, jnp.zeros(6)))
+    np.testing.assert_allclose(ustrip("m", (jax.jit(g) if jit else g)(x)), abs(x.array))
+    with pytest.raises(UnitError, match=r"`jnp.hypot` needs operands"):
+        f(x, Quantity(jnp.ones(6), "s"))
+    with pytest.raises(UnitError, match=r"`jnp.hypot` needs operands"):
+        f(x, jnp.ones(6))
+    # Dimensionless quantities and plain arrays keep JAX's own `hypot`.
+    ratio = f(Quantity(jnp.array([3.0]), ""), jnp.array([4.0]))
+    np.testing.assert_allclose(ustrip("", ratio), [5.0])
+    # Differentiable: d hypot / dx = x / hypot.
+    grad = jax.grad(lambda s: ustrip("m", f(s * x[:1], y[:1])).sum())(1.0)
+    np.testing.assert_allclose(grad, 3.0 * 3.0 / 5.0, rtol=1e-6)
 
 
 @pytest.mark.parametrize(

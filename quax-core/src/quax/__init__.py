@@ -42,8 +42,13 @@ from ._rules import (
     _leafwise as _leafwise,
     _shapes as _shapes,
 )
+from ._rules._control_flow import register_function as register_function
 from ._rules._joins import JoinError as JoinError
 from ._transform._quaxify import quaxify as quaxify
+from ._values._operators import (
+    BitwiseOperatorMethods as BitwiseOperatorMethods,
+    OperatorMethods as OperatorMethods,
+)
 from ._values._policy import (
     GuardedValue as GuardedValue,
     MaterialisationError as MaterialisationError,

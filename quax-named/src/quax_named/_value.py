@@ -61,20 +61,7 @@ def _quaxified(op: Callable[[Any, Any], Any]) -> Any:
     return quax.quaxify(op)
 
 
-def _operator(op: Callable[[Any, Any], Any], *, reflected: bool = False) -> Any:
-    """A binary operator method of `NamedArray` (the reflected one, `__radd__`, if
-    `reflected`): aligned and broadcast by name (see `binary`), or, with a traced
-    operand, run by the rules (see `NamedArray._binary`)."""
-
-    def method(self: "NamedArray", other: Any) -> Any:
-        return self._binary(op, other, reverse=reflected)
-
-    name = op.__name__.strip("_")
-    method.__name__ = f"__{'r' if reflected else ''}{name}__"
-    return method
-
-
-class NamedArray(quax.GuardedValue):
+class NamedArray(quax.OperatorMethods, quax.BitwiseOperatorMethods, quax.GuardedValue):
     """An array with each axis bound to an [`quax_named.Axis`][].
 
     Inside [`quax.quaxify`][], unmodified positional code runs on it with the names
@@ -302,34 +289,16 @@ class NamedArray(quax.GuardedValue):
     # object (`np.ones(3) + x` was an object array of `NamedArray`s).
     __array_ufunc__ = None
 
-    __add__ = _operator(operator.add)
-    __radd__ = _operator(operator.add, reflected=True)
-    __sub__ = _operator(operator.sub)
-    __rsub__ = _operator(operator.sub, reflected=True)
-    __mul__ = _operator(operator.mul)
-    __rmul__ = _operator(operator.mul, reflected=True)
-    __truediv__ = _operator(operator.truediv)
-    __rtruediv__ = _operator(operator.truediv, reflected=True)
-    __floordiv__ = _operator(operator.floordiv)
-    __rfloordiv__ = _operator(operator.floordiv, reflected=True)
-    __mod__ = _operator(operator.mod)
-    __rmod__ = _operator(operator.mod, reflected=True)
-    __pow__ = _operator(operator.pow)
-    __rpow__ = _operator(operator.pow, reflected=True)
-    __and__ = _operator(operator.and_)
-    __rand__ = _operator(operator.and_, reflected=True)
-    __or__ = _operator(operator.or_)
-    __ror__ = _operator(operator.or_, reflected=True)
-    __xor__ = _operator(operator.xor)
-    __rxor__ = _operator(operator.xor, reflected=True)
-    __lt__ = _operator(operator.lt)
-    __le__ = _operator(operator.le)
-    __gt__ = _operator(operator.gt)
-    __ge__ = _operator(operator.ge)
-    # Elementwise, as a JAX array's: `x == y` is an array of booleans (so, as a
-    # JAX array, a `NamedArray` is not hashable).
-    __eq__ = _operator(operator.eq)  # pyright: ignore[reportAssignmentType]
-    __ne__ = _operator(operator.ne)  # pyright: ignore[reportAssignmentType]
+    def _binary_operator(
+        self, op: Callable[[Any, Any], Any], other: Any, reflected: bool
+    ) -> Any:
+        """Python's binary operators (from `quax.OperatorMethods` and
+        `quax.BitwiseOperatorMethods`): aligned and broadcast by name (see
+        `binary`), or, with a traced operand, run by the rules (see `_binary`).
+        `==` and `!=` are elementwise, as a JAX array's: `x == y` is an array of
+        booleans (so, as a JAX array, a `NamedArray` is not hashable)."""
+        return self._binary(op, other, reverse=reflected)
+
     __hash__ = None  # pyright: ignore[reportAssignmentType]
 
     def __matmul__(self, other: Any) -> Any:

@@ -1,6 +1,7 @@
 """`Quantity` (also `Unitful`): an array with units, and the functions to make and
 read one."""
 
+import functools as ft
 import math
 import operator
 import weakref
@@ -89,18 +90,10 @@ def _as_display(u: "DisplayUnit | UnitLike | None") -> DisplayUnit:
 _OPERAND = (jax.Array, np.ndarray, np.generic, int, float, complex)
 
 
-def _operator(op: Callable[..., Any], *, reflected: bool = False) -> Any:
-    """A Python operator method of `Quantity`, run through `quax.quaxify` so that the
-    rules decide its units (and raise its unit errors)."""
-    quaxified = quax.quaxify(op)
-
-    def method(self: "Quantity", other: Any) -> Any:
-        if not isinstance(other, (Quantity, *_OPERAND)):
-            return NotImplemented
-        return quaxified(other, self) if reflected else quaxified(self, other)
-
-    method.__name__ = f"__{'r' if reflected else ''}{op.__name__.strip('_')}__"
-    return method
+@ft.cache
+def _quaxified(op: Callable[..., Any]) -> Any:
+    """`quax.quaxify(op)`, made once per operator."""
+    return quax.quaxify(op)
 
 
 def _unary(op: Callable[[Any], Any]) -> Any:
@@ -113,7 +106,7 @@ def _unary(op: Callable[[Any], Any]) -> Any:
     return method
 
 
-class Quantity(quax.GuardedValue):
+class Quantity(quax.OperatorMethods, quax.GuardedValue):
     """An array with physical units, for `quax.quaxify`.
 
     ```python
@@ -212,28 +205,18 @@ class Quantity(quax.GuardedValue):
     # NumPy arrays defer to these operators instead of broadcasting over the object.
     __array_ufunc__ = None
 
-    __add__ = _operator(operator.add)
-    __radd__ = _operator(operator.add, reflected=True)
-    __sub__ = _operator(operator.sub)
-    __rsub__ = _operator(operator.sub, reflected=True)
-    __mul__ = _operator(operator.mul)
-    __rmul__ = _operator(operator.mul, reflected=True)
-    __truediv__ = _operator(operator.truediv)
-    __rtruediv__ = _operator(operator.truediv, reflected=True)
-    __floordiv__ = _operator(operator.floordiv)
-    __rfloordiv__ = _operator(operator.floordiv, reflected=True)
-    __mod__ = _operator(operator.mod)
-    __rmod__ = _operator(operator.mod, reflected=True)
-    __matmul__ = _operator(operator.matmul)
-    __rmatmul__ = _operator(operator.matmul, reflected=True)
-    __pow__ = _operator(operator.pow)
-    __rpow__ = _operator(operator.pow, reflected=True)
-    __lt__ = _operator(operator.lt)
-    __le__ = _operator(operator.le)
-    __gt__ = _operator(operator.gt)
-    __ge__ = _operator(operator.ge)
-    __eq__ = _operator(operator.eq)  # type: ignore[assignment]
-    __ne__ = _operator(operator.ne)  # type: ignore[assignment]
+    def _binary_operator(
+        self, op: Callable[[Any, Any], Any], other: Any, reflected: bool
+    ) -> Any:
+        """Python's operators (`+`, `-`, `@`, comparisons, ... from
+        `quax.OperatorMethods`), run through `quax.quaxify` so that the rules decide
+        their units (and raise their unit errors); operands other than quantities,
+        arrays and numbers are declined."""
+        if not isinstance(other, (Quantity, *_OPERAND)):
+            return NotImplemented
+        run = _quaxified(op)
+        return run(other, self) if reflected else run(self, other)
+
     __neg__ = _unary(operator.neg)
     __pos__ = _unary(operator.pos)
     __abs__ = _unary(operator.abs)

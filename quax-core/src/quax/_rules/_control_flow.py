@@ -12,10 +12,11 @@ stable.
 """
 
 import functools as ft
+import inspect
 import re
 import threading
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import jax
 import jax.numpy as jnp
@@ -25,7 +26,13 @@ from jax import lax
 
 from .._caching import _keys
 from .._caching._eager import MAX_CONSTANT_SIZE, ConstKey, value_structure
-from .._caching._jaxpr import ValueAsked, known_constant, stand_in_token, standing_in
+from .._caching._jaxpr import (
+    ValueAsked,
+    body_source,
+    known_constant,
+    stand_in_token,
+    standing_in,
+)
 from .._compat import (
     ClosedJaxpr,
     DynamicJaxprTracer,
@@ -65,14 +72,97 @@ from ._joins import (
 )
 
 
-__all__: list[str] = []
+__all__ = ["register_function"]
+
+_F = TypeVar("_F", bound=Callable[..., Any])
 
 
 # jit ----------------------------------------------------------------------------------
 
+# The rules registered for jitted library functions, by the source of the function
+# as JAX records it in the `jit`'s jaxpr ("hypot at .../ufuncs.py:3713").
+_function_rules: dict[str, Callable[..., Any]] = {}
+
+
+def register_function(function: Callable[..., Any]) -> Callable[[_F], _F]:
+    """Register a rule for a jitted library function (`jnp.hypot`), used in place
+    of the function's body where quax meets its `jit` with a value among the
+    arguments.
+
+    ```python
+    @quax.register_function(jnp.hypot)
+    def _(call, x, y):
+        if not (isinstance(x, MyArray) and isinstance(y, MyArray)):
+            return call(x, y)  # the function's body, under the rules as usual
+        return MyArray(jnp.hypot(x.array, y.array))
+    ```
+
+    A primitive rule sees the function's body one primitive at a time. Some
+    bodies are written for plain arrays in a way no primitive rule can follow:
+    `jnp.hypot` divides by `where(x == 0, 1, x)`, a plain 1 that a quantity's
+    units cannot take; `jnp.isclose` adds a plain default `atol`. A family
+    computes such a function whole on its values instead, or explains its error.
+    The function is recognised by the source file and line JAX records for the
+    `jit` (not by its name, which any function may share): the rule applies to
+    that function of the installed JAX only.
+
+    **Arguments:**
+
+    - `function`: the jitted function, as the user calls it (`jnp.hypot`).
+
+    **Returns:**
+
+    A decorator that registers the rule and returns it unchanged. The rule takes
+    `call` (which runs the function's body on its arguments under the rules, as
+    quax does without the rule) and the `jit`'s arguments (the function's array
+    arguments; keyword arguments it declares static are in the body), and returns
+    the function's output.
+    """
+    source = _source_of(function)
+
+    def _register(rule: _F) -> _F:
+        _function_rules[source] = rule
+        return rule
+
+    return _register
+
+
+def _source_of(function: Callable[..., Any]) -> str:
+    """How JAX records `function`'s source in the debug info of its `jit`."""
+    wrapped = inspect.unwrap(function)
+    code = getattr(wrapped, "__code__", None)
+    if code is None:
+        raise TypeError(
+            f"quax.register_function expects a Python function decorated with "
+            f"`jax.jit` (such as `jnp.hypot`), got {function!r}."
+        )
+    return f"{wrapped.__name__} at {code.co_filename}:{code.co_firstlineno}"
+
 
 @register(jit_p)
-def _jit(
+def _jit(*args: ValueLike, jaxpr: Any, **params: Any) -> list[Any]:
+    rule = _function_rules.get(body_source(jaxpr) or "") if _function_rules else None
+    if rule is None or not any(is_value(a) for a in args):
+        return _jit_body(*args, jaxpr=jaxpr, **params)
+    out = rule(
+        lambda *a: _as_output(jaxpr, _jit_body(*a, jaxpr=jaxpr, **params)), *args
+    )
+    leaves = jtu.tree_leaves(out, is_leaf=is_value)
+    if len(leaves) != len(jaxpr.out_avals):
+        raise TypeError(
+            f"the rule registered for `{params['name']}` returned {len(leaves)} "
+            f"arrays; the function returns {len(jaxpr.out_avals)}."
+        )
+    return leaves
+
+
+def _as_output(jaxpr: Any, outs: list[Any]) -> Any:
+    """The outputs of a `jit` as its function returns them, where that is one array
+    (the usual case of the functions rules are registered for), else the list."""
+    return outs[0] if len(jaxpr.out_avals) == 1 else outs
+
+
+def _jit_body(
     *args: ValueLike,
     jaxpr: Any,
     inline: Any,

@@ -10,12 +10,15 @@ retries a higher-order primitive until its types join.
 """
 
 import contextlib
+import dataclasses
 import functools as ft
+import itertools
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, ClassVar, TypeVar
 
 import equinox as eqx
+import equinox.internal as eqxi
 import jax
 import jax.core
 import jax.numpy as jnp
@@ -143,8 +146,9 @@ def lift(x: Any, like: Any) -> Any:
     The lifted value, or `None` when the type's `lift` declines or returns a
     value of another structure than `like`.
     """
-    if isinstance(x, Fill):
-        x = x.materialise()
+    fill = x if isinstance(x, Fill) else None
+    if fill is not None:
+        x = fill.materialise()
     if isinstance(x, Value):
         return None
     lift = type(like).lift
@@ -158,6 +162,8 @@ def lift(x: Any, like: Any) -> Any:
         out = lift_fill(x, Fill(np.nan, *_shape_dtype(x)), like, keep=True)
     if out is None or structure(out) != structure(like):
         return None
+    if fill is not None:
+        fill.lifted_to(out)
     return out
 
 
@@ -375,11 +381,17 @@ def trying() -> bool:
 class Fill(Value):
     """A plain array whose every element is `fill`, standing for a loop carry's
     constant start while quax finds the carry's type. It holds no array, so it stays
-    static (known) through tracing."""
+    static (known) through tracing.
+
+    A carry's stand-in has an `origin` (a number, unique to the trace that finds
+    the carry's type), kept while the fill passes unchanged through the body (a
+    `cond` whose every branch gives this array keeps it too): where a nested loop
+    lifts it into a value type, that type is the carry's (see `join_fills`)."""
 
     fill: Any = eqx.field(static=True)
     shape: tuple[int, ...] = eqx.field(static=True)
     dtype: Any = eqx.field(static=True)
+    origin: int | None = eqx.field(static=True, default=None)
 
     # Settle this type's inputs before any other type's `default` (see
     # `quax._dispatch._registry`): it only stands in for a plain array.
@@ -423,6 +435,35 @@ class Fill(Value):
         every cache key holds a float)."""
         return static_key(self.fill), self.shape, self.dtype
 
+    @classmethod
+    def lift(cls, array: Any, like: Value) -> "Fill | None":
+        """`like` (a `Fill`) itself where `array` is known to be its array, bit for
+        bit: where one branch of a `cond` passes a fill through and another
+        computes the same constant, the `cond` gives that fill."""
+        known = cls.of(array, exact=True)
+        if isinstance(like, Fill) and known is not None and known.key == like.key:
+            return like
+        return None
+
+    @classmethod
+    def join(cls, value: Value, other: Value) -> "Fill | None":
+        """Fills of the same array join whatever their origins, to the first
+        origin: a `cond` that passes a carry's fill through in one branch and
+        computes the same fill in another gives the carry's."""
+        if not (isinstance(value, Fill) and isinstance(other, Fill)):
+            return None
+        if value.key != other.key:
+            return None
+        origins = [o for o in (value.origin, other.origin) if o is not None]
+        return dataclasses.replace(value, origin=min(origins, default=None))
+
+    def lifted_to(self, value: Value) -> None:
+        """Record that this fill was lifted into `value` (a join in a nested loop
+        or `cond`), as the type of the carry it stands for, if it stands for one."""
+        needed = _fills.needed
+        if self.origin in needed and needed[self.origin] is None:
+            needed[self.origin] = skeleton(value)
+
     def aval(self) -> Any:
         return jax.core.ShapedArray(self.shape, self.dtype)
 
@@ -438,7 +479,7 @@ class Fill(Value):
         plain arrays (a family may accept a known constant of zeros or NaNs, as
         quax-units does); where that fails, lift fills to the other inputs' types."""
         cases = values[1:]
-        if primitive is lax.select_n_p and all(
+        if primitive in _SELECTS and all(
             isinstance(c, Fill) and c.key == cases[0].key for c in cases
         ):
             return cases[0]  # the same fill whichever case is selected
@@ -449,8 +490,8 @@ class Fill(Value):
             # The output stands for the computed array: a fill only where that is
             # one bit for bit (a select between +NaN and -NaN fills is not).
             if primitive.multiple_results:
-                return [Fill.of(o, exact=True) or o for o in out]
-            return Fill.of(out, exact=True) or out
+                return [_computed_fill(o, values) for o in out]
+            return _computed_fill(out, values)
         bind = quaxify(lambda *vs: primitive.bind(*vs, **params))
         if primitive in _ANNIHILATED and any(
             isinstance(v, Fill) and v.fill == 0 for v in values
@@ -481,15 +522,41 @@ class Fill(Value):
         raise error
 
 
+def _computed_fill(out: Any, values: Sequence[Any]) -> Any:
+    """The known array `out`, computed from `values`, as a `Fill` where it is one
+    bit for bit: an input fill of a carry's start where `out` is that same array (a
+    copy, or a select between it and itself, is still the carry's start), else a
+    new fill; or `out` itself."""
+    fill = Fill.of(out, exact=True)
+    if fill is None:
+        return out
+    for v in values:
+        if isinstance(v, Fill) and v.origin is not None and v.key == fill.key:
+            return v
+    return fill
+
+
+# Primitives that select between their operands after the first (a predicate):
+# equinox's loops select the new carry or the old with `select_if_vmap`.
+_SELECTS = frozenset({lax.select_n_p, eqxi.select_if_vmap_p})
+
 # Primitives whose output is zero when an input is.
 _ANNIHILATED = frozenset({lax.mul_p, lax.dot_general_p})
 
 
 class _Fills(threading.local):
     """Whether a product with a zero `Fill` is a zero `Fill` whatever the other
-    factor (see `join_fills`)."""
+    factor; and, by the `origin` of each carry's stand-in in the traces that find
+    carries' types, the value type a nested join lifted it into, if any (see
+    `join_fills`)."""
 
     zero_products = False
+
+    def __init__(self) -> None:
+        self.needed: dict[int, Any] = {}
+
+
+_origins = itertools.count()
 
 
 _fills = _Fills()
@@ -523,11 +590,53 @@ def join_fills(
 ) -> bool:
     """After the body failed on `carry`: trace its first iteration abstractly with
     the plain constant-fill carries as `Fill`s, and lift those carries (updated in
-    place) to the value types the body gives them. Whether anything changed."""
-    fills = {i: f for i, x in enumerate(carry) if (f := Fill.of(x)) is not None}
-    if not fills:
+    place) to the value types the body gives them. Whether anything changed.
+
+    A carry whose fill the body returns unchanged, but which a nested loop (or a
+    `cond`) inside the body lifts into a value type, takes that type: a root
+    finder's state started at infinity in a solver's stage loop, which the root
+    finder's own loop gives the units of the state. Lifting a fill into another
+    type is exact (zeros, infinities and NaNs fit any unit), and the lifted carries
+    are then traced, and checked, by the rules as usual."""
+    known = {i: f for i, x in enumerate(carry) if (f := Fill.of(x)) is not None}
+    if not known:
         return False
+    origins = {i: next(_origins) for i in known}
+    fills = {i: dataclasses.replace(f, origin=origins[i]) for i, f in known.items()}
     trial = [fills.get(i, x) for i, x in enumerate(carry)]
+    for origin in origins.values():
+        _fills.needed[origin] = None
+    try:
+        found = _first_iteration(trial, body, n, xs)
+        needed = {i: _fills.needed[origin] for i, origin in origins.items()}
+    finally:
+        for origin in origins.values():
+            del _fills.needed[origin]
+    if found is None:
+        return False
+    changed = False
+    for i, fill in fills.items():
+        like = found[i]
+        if isinstance(like, Fill) and like.origin == origins[i]:
+            like = needed[i]  # returned unchanged: the type a nested join found
+        if not isinstance(like, Value) or isinstance(like, Fill):
+            continue
+        lifted = lift_fill(carry[i], fill, like)
+        if lifted is not None and structure(lifted) == structure(like):
+            carry[i] = lifted
+            changed = True
+    return changed
+
+
+def _first_iteration(
+    trial: list[Any],
+    body: Callable[[list[Any]], list[Any]],
+    n: int,
+    xs: Sequence[Any],
+) -> list[Any] | None:
+    """The skeletons of the carries that the body gives in its first iteration,
+    traced abstractly from the carries `trial` (constant fills as `Fill`s), or
+    `None` where the body fails there."""
 
     def first(c: list[Any], xs: Sequence[Any]) -> list[Any] | None:
         try:
@@ -551,15 +660,4 @@ def join_fills(
             found = jax.eval_shape(lambda c, x: first(c, x), trial, list(xs))
         finally:
             _fills.zero_products = before
-    if found is None:
-        return False
-    changed = False
-    for i, fill in fills.items():
-        like = found[i]
-        if not isinstance(like, Value) or isinstance(like, Fill):
-            continue
-        lifted = lift_fill(carry[i], fill, like)
-        if lifted is not None and structure(lifted) == structure(like):
-            carry[i] = lifted
-            changed = True
-    return changed
+    return found

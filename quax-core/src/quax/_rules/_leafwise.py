@@ -1,9 +1,12 @@
 """Rules for primitives that act on every leaf of any value alike:
-`stop_gradient`, `copy`, `optimization_barrier`, and `select_n` with a scalar
+`stop_gradient`, `copy`, equinox's `nondifferentiable_backward` (an identity that
+refuses reverse-mode differentiation, which diffrax's implicit solvers put around
+their root finder's state), `optimization_barrier`, and `select_n` with a scalar
 predicate between values of one structure."""
 
 from typing import Any
 
+import equinox.internal as eqxi
 import jax.tree_util as jtu
 import numpy as np
 from jax import lax
@@ -24,7 +27,7 @@ def _leafwise(primitive: Primitive) -> None:
         return jtu.tree_map(lambda leaf: primitive.bind(leaf, **params), x)
 
 
-for _p in (_prims.stop_gradient_p, _prims.copy_p):
+for _p in (_prims.stop_gradient_p, _prims.copy_p, eqxi.nondifferentiable_backward_p):
     _leafwise(_p)
 
 

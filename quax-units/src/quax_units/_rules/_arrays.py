@@ -59,17 +59,36 @@ _TRACED_CONSTANT_HINT = (
 )
 
 
+def _fits_any_unit(x: Any) -> bool:
+    """Whether an operand fits any unit: a plain constant of zeros, infinities or
+    NaNs (`fits_any_unit`), or a dimensionless quantity whose numbers are known to
+    be all such (`0 * dt` with a dimensionless `dt`, where a solver's step size is
+    a quantity): a dimensionless quantity is a plain array with units, and fits
+    where that plain array would."""
+    if isinstance(x, Quantity):
+        return x.units.is_dimensionless and quax.known_scale_invariant(
+            x.array, np.size(x.array)
+        )
+    return fits_any_unit(x)
+
+
 def _same_units(primitive: Any, operands: Sequence[Any]) -> tuple[Dimensions, Unit]:
     """The common dimensions of `operands` (all must agree), and the display unit of
     the first quantity among them, which a result that selects among the operands
-    takes (arithmetic results use its `.linear` unit)."""
-    first = next(x for x in operands if isinstance(x, Quantity))
+    takes (arithmetic results use its `.linear` unit). `primitive` (or a
+    function's name) names the operation in the error."""
+    quantities = [x for x in operands if isinstance(x, Quantity)]
+    first = quantities[0]
+    if any(q.units != first.units for q in quantities):
+        # The dimensions are those of a quantity that does not fit any unit.
+        first = next((q for q in quantities if not _fits_any_unit(q)), first)
     for x in operands:
-        if x is first or _dims(x) == first.units or fits_any_unit(x):
+        if x is first or _dims(x) == first.units or _fits_any_unit(x):
             continue
         hint = _TRACED_CONSTANT_HINT if isinstance(x, jax.core.Tracer) else ""
         raise UnitError(
-            f"`{primitive.name}` needs operands of the same dimensions, but got "
+            f"`{getattr(primitive, 'name', primitive)}` needs operands of the same "
+            "dimensions, but got "
             f"{describe(first)} and {describe(x)}. Quantities with the same dimensions "
             f"in different units (m, km) combine; these cannot.{hint}"
         )
