@@ -16,7 +16,7 @@ Measures, in one run (interleaved rounds, medians):
   trace and run times taken against the positional block timed there.
 
 `python benchmarks/named.py [--quick] [--haliax-python PYTHON]`; writes
-docs/images/named_block.png.
+docs/images/named_block.png. `--trace-only` measures the trace times alone.
 """
 
 import argparse
@@ -175,18 +175,11 @@ def _measure(seq: int, rounds: int, quaxified: Any) -> dict[str, Any]:
     }
 
 
-def main(quick: bool = False, haliax_python: str | None = None) -> dict[str, Any]:
-    seqs = [32, 64, 128] if quick else [32, 64, 128, 256, 512]
-    rounds = 7 if quick else 31
-    quaxified: Any = quax.quaxify(block)
-    rows = [_measure(seq, rounds, quaxified) for seq in seqs]
-    lengths = np.log([r["seq"] for r in rows])
-    slope_named = float(np.polyfit(lengths, np.log([r["named_s"] for r in rows]), 1)[0])
-    slope_plain = float(np.polyfit(lengths, np.log([r["plain_s"] for r in rows]), 1)[0])
-
-    # Trace time: make_jaxpr of the named program, of the same program on `Bound`
-    # values (quax's floor) and of the positional one, each through a fresh
-    # function (no cached trace of its own), after one warm-up, interleaved.
+def tracing(rounds: int, quaxified: Any) -> dict[str, float]:
+    """Trace time (seq 64): `make_jaxpr` of the named program, of the same program on
+    `Bound` values (quax's floor) and of the positional one, each through a fresh
+    function (no cached trace of its own), after one warm-up, interleaved (medians
+    over `rounds`, ratios medians of the per-round ratios)."""
     plain, x, named, nx, nk = make(64)
     _register_bound(jax.make_jaxpr(block)(plain, x, x))
     bound = {n: Bound(a) for n, a in plain.items()}
@@ -198,7 +191,7 @@ def main(quick: bool = False, haliax_python: str | None = None) -> dict[str, Any
     }
     for trace in traces.values():
         trace()
-    trace_times: dict[str, list[float]] = {k: [] for k in traces}
+    times: dict[str, list[float]] = {k: [] for k in traces}
     for i in range(rounds):
         order = list(traces)[i % 3 :] + list(traces)[: i % 3]
         for k in order:
@@ -207,15 +200,48 @@ def main(quick: bool = False, haliax_python: str | None = None) -> dict[str, Any
             start = time.process_time()
             for _ in range(3):
                 traces[k]()
-            trace_times[k].append((time.process_time() - start) / 3)
+            times[k].append((time.process_time() - start) / 3)
 
-    def trace_ratio(k: str) -> float:
-        pairs = zip(trace_times[k], trace_times["positional"], strict=True)
+    def ratio(k: str) -> float:
+        pairs = zip(times[k], times["positional"], strict=True)
         return statistics.median(a / b for a, b in pairs)
 
-    tn_ = statistics.median(trace_times["named"])
-    tf_ = statistics.median(trace_times["floor"])
-    tp_ = statistics.median(trace_times["positional"])
+    return {
+        "trace_named_s": statistics.median(times["named"]),
+        "trace_floor_s": statistics.median(times["floor"]),
+        "trace_positional_s": statistics.median(times["positional"]),
+        "trace_ratio": ratio("named"),
+        "trace_floor_ratio": ratio("floor"),
+    }
+
+
+def _trace_row(traced: dict[str, float]) -> str:
+    return (
+        f"{traced['trace_named_s'] * 1e3:.1f} ms | "
+        f"{traced['trace_floor_s'] * 1e3:.1f} ms | "
+        f"{traced['trace_positional_s'] * 1e3:.1f} ms | "
+        f"{traced['trace_ratio']:.2f}x | {traced['trace_floor_ratio']:.2f}x"
+    )
+
+
+_TRACE_HEADER = (
+    "| trace (make_jaxpr, seq 64) | named | quax's floor (`Bound`) | "
+    "positional | named / positional | floor / positional |\n"
+    "|---|---:|---:|---:|---:|---:|"
+)
+
+
+def main(quick: bool = False, haliax_python: str | None = None) -> dict[str, Any]:
+    seqs = [32, 64, 128] if quick else [32, 64, 128, 256, 512]
+    rounds = 7 if quick else 31
+    quaxified: Any = quax.quaxify(block)
+    rows = [_measure(seq, rounds, quaxified) for seq in seqs]
+    lengths = np.log([r["seq"] for r in rows])
+    slope_named = float(np.polyfit(lengths, np.log([r["named_s"] for r in rows]), 1)[0])
+    slope_plain = float(np.polyfit(lengths, np.log([r["plain_s"] for r in rows]), 1)[0])
+
+    traced = tracing(rounds, quaxified)
+    trace_ratio = traced["trace_ratio"]
 
     print(
         "| seq | positional (ms) | named (ms) | named / positional | named, arrays "
@@ -232,16 +258,8 @@ def main(quick: bool = False, haliax_python: str | None = None) -> dict[str, Any
         f"\nfitted exponent (time ~ seq^k): named {slope_named:.2f}, "
         f"positional {slope_plain:.2f}"
     )
-    print(
-        "\n| trace (make_jaxpr, seq 64) | named | quax's floor (`Bound`) | "
-        "positional | named / positional | floor / positional |"
-    )
-    print("|---|---:|---:|---:|---:|---:|")
-    print(
-        f"| attention + MLP block | {tn_ * 1e3:.1f} ms | {tf_ * 1e3:.1f} ms | "
-        f"{tp_ * 1e3:.1f} ms | {trace_ratio('named'):.2f}x | "
-        f"{trace_ratio('floor'):.2f}x |"
-    )
+    print("\n" + _TRACE_HEADER)
+    print(f"| attention + MLP block | {_trace_row(traced)} |")
     haliax = None
     haliax_python = haliax_python or os.environ.get("QUAX_HALIAX_PYTHON")
     if haliax_python:
@@ -253,10 +271,7 @@ def main(quick: bool = False, haliax_python: str | None = None) -> dict[str, Any
             "haliax / positional |"
         )
         print("|---|---:|---:|")
-        print(
-            f"| trace (seq 64) | {trace_ratio('named'):.2f}x | "
-            f"{haliax['trace_ratio']:.2f}x |"
-        )
+        print(f"| trace (seq 64) | {trace_ratio:.2f}x | {haliax['trace_ratio']:.2f}x |")
         for r in haliax["rows"]:
             print(
                 f"| compiled run, seq {r['seq']} | {by_seq[r['seq']]['ratio']:.3f}x | "
@@ -296,11 +311,7 @@ def main(quick: bool = False, haliax_python: str | None = None) -> dict[str, Any
         "rows": rows,
         "exponent_named": slope_named,
         "exponent_positional": slope_plain,
-        "trace_named_s": tn_,
-        "trace_floor_s": tf_,
-        "trace_positional_s": tp_,
-        "trace_ratio": trace_ratio("named"),
-        "trace_floor_ratio": trace_ratio("floor"),
+        **traced,
         "haliax": haliax,
     }
 
@@ -330,8 +341,19 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true")
     parser.add_argument(
+        "--trace-only",
+        action="store_true",
+        help="only the trace times (31 rounds, or 7 with --quick)",
+    )
+    parser.add_argument(
         "--haliax-python",
         help="the Python of an environment with haliax (see _named_haliax.py)",
     )
     args = parser.parse_args()
-    print(json.dumps(main(args.quick, args.haliax_python), indent=1))
+    if args.trace_only:
+        traced = tracing(7 if args.quick else 31, quax.quaxify(block))
+        print(_TRACE_HEADER)
+        print(f"| attention + MLP block | {_trace_row(traced)} |")
+        print(json.dumps(traced, indent=1))
+    else:
+        print(json.dumps(main(args.quick, args.haliax_python), indent=1))

@@ -108,6 +108,7 @@ __all__ = [
     "set_current_trace",
     "shard_map_p",
     "staged_atom",
+    "staged_var",
     "staged_count",
     "staged_since",
     "staged_values_state",
@@ -306,6 +307,13 @@ def staged_atom(trace: Any, t: Any) -> tuple[str, Any]:
         return "literal", t.val
     consts = trace.frame.constvar_to_val
     return ("const", consts[t.val]) if t.val in consts else ("var", t.val)
+
+
+def staged_var(trace: Any, t: Any) -> bool:
+    """Whether the tracer `t` of `trace` is an input or an equation's output of it
+    (`staged_atom` gives `"var"`), without building that pair: on every replay key."""
+    val = t.val
+    return type(val) is not Literal and val not in trace.frame.constvar_to_val
 
 
 def atom_tracer(trace: Any, kind: str, atom: Any, source_info: Any) -> Any:

@@ -86,8 +86,10 @@ def jaxpr_key(jaxpr: Any) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
 
 def context() -> tuple[Any, ...]:
     """The components of `CONTEXT`, as they are now."""
+    # `settings_key()`, inlined: this runs on every replay key.
+    settings = tuple([read() for read in _settings])
     # The debug-check flag (`quax.set_debug_checks`): rules raise otherwise with it.
-    return settings_key(), trace_context(), _debug.enabled, _registry._generation
+    return settings, trace_context(), _debug.enabled, _registry._generation
 
 
 _FLOATS = (float, complex, np.floating, np.complexfloating)
@@ -162,7 +164,13 @@ def static_key(x: Any) -> Any:
         return float_key(x)
     if isinstance(x, np.dtype):
         return np.dtype, x
-    if kind is tuple and all(type(e) is int for e in x):
+    # The first element first: a tuple of objects (quax-named's axes) is keyed by
+    # identity without a walk.
+    if (
+        kind is tuple
+        and (not x or type(x[0]) is int)
+        and all(type(e) is int for e in x)
+    ):
         return tuple, x
     return Identity(x)
 

@@ -70,6 +70,7 @@ from .._compat import (
     staged_atom,
     staged_count,
     staged_since,
+    staged_var,
 )
 from .._foundation import _caches
 from .._values import _value
@@ -163,11 +164,7 @@ _KEY = ("types, static fields, avals and constants", "aliasing", *_keys.CONTEXT)
 
 def _variable(trace: Any, x: Any) -> bool:
     """Whether `x` is an input or an equation's output of the staging `trace`."""
-    return (
-        type(x) is DynamicJaxprTracer
-        and x._trace is trace
-        and staged_atom(trace, x)[0] == "var"
-    )
+    return type(x) is DynamicJaxprTracer and x._trace is trace and staged_var(trace, x)
 
 
 def _key(trace: Any, values: list[Any]) -> tuple[Any, list[Any], Any] | None:
