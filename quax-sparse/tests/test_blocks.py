@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import quax
+from hypothesis import given, settings, strategies as st
 from jax.experimental import sparse as jsparse
 from quax_sparse import BCOO, MaterialisationError
 from sparse_helpers import assert_close, check as check_jit
@@ -371,6 +372,27 @@ def test_structure_matches_jax_experimental_sparse():
         got = quax.quaxify(fn)(x)
         assert got.n_dense == want.n_dense == 1
         assert_close(got.todense(), want.todense())
+
+
+@settings(max_examples=10, deadline=None)
+@given(data=st.data())
+def test_random_windows_flips_and_reshapes_keep_the_blocks(data):
+    sizes = st.integers(1, 5)
+    shape = data.draw(st.tuples(sizes, sizes, st.integers(1, 4)), label="shape")
+    dense, x = _blocks(data.draw(st.integers(0, 2**16), label="seed"), shape)
+    window = []
+    for size in shape:
+        lo = data.draw(st.integers(0, size - 1))
+        hi = data.draw(st.integers(lo + 1, size))
+        window.append(slice(lo, hi, data.draw(st.integers(1, 2))))
+    flips = data.draw(st.lists(st.integers(0, 2), unique=True), label="flips")
+
+    def fn(a):
+        a = jnp.flip(a[tuple(window)], flips)
+        return a.reshape(-1, a.shape[-1])  # the two sparse dimensions merged
+
+    out = check(fn, x, dense_args=(dense,), eager=True)
+    assert isinstance(out, BCOO) and out.n_dense == 1
 
 
 def test_concatenate_with_fewer_blocks_splits_them():
