@@ -98,12 +98,17 @@ _ARRAY_LEAVES = (jax.Array, np.ndarray, np.generic, int, float, complex)
 
 class ConstKey:
     """A constant (plain) input of compiled code as part of a cache key: equal to
-    another for the same object, or for an equal small array of the same type."""
+    another for the same object, or for an equal small array of the same type.
 
-    __slots__ = ("aval", "data", "value")
+    The type counts, not only the aval and the bits: JAX stages a NumPy constant
+    (`np.float32(2)`) as a literal and a `jax.Array` (`jnp.float32(2)`) as a
+    constant of the program, so the two stage different equations."""
+
+    __slots__ = ("aval", "data", "kind", "value")
 
     def __init__(self, value: Any) -> None:
         self.value = value  # kept alive, so that its `id` is not reused
+        self.kind = type(value)
         self.aval = typeof(value)
         array = np.asarray(value)
         self.data = array.tobytes() if array.size <= MAX_CONSTANT_SIZE else id(value)
@@ -111,12 +116,13 @@ class ConstKey:
     def __eq__(self, other: object) -> bool:
         return (
             isinstance(other, ConstKey)
+            and self.kind is other.kind
             and self.aval == other.aval
             and self.data == other.data
         )
 
     def __hash__(self) -> int:
-        return hash((self.aval, self.data))
+        return hash((self.kind, self.aval, self.data))
 
 
 class _Structure:
