@@ -538,11 +538,10 @@ def _woodbury_row(n: int, rounds: int) -> dict[str, Any]:
 
 def woodbury_under_vmap(n: int, rounds: int, batch: int = 8) -> dict[str, Any]:
     """The `LowRankPlusDiagonal` solve under `jax.vmap`, against the hand-written
-    Woodbury solve vmapped the same way: over `batch` right-hand sides (one
-    matrix: the backward-error check covers every column at once and the
-    `lax.cond` stays a branch) and over `batch` matrices (the predicate is
-    batched, so the `lax.cond` becomes a select and the semiseparable LU runs
-    beside Woodbury on every call)."""
+    Woodbury solve vmapped the same way: over `batch` right-hand sides and over
+    `batch` matrices. Either way the backward-error check is per system, so the
+    predicate is batched, the `lax.cond` becomes a select and the semiseparable
+    LU (a sequential scan) runs beside Woodbury on every call."""
     key = jax.random.split(jax.random.key(n), 3)
     diag = 1 + jax.random.uniform(key[0], (batch, n))
     u = jax.random.normal(key[1], (batch, n, 8)) / jnp.sqrt(n)

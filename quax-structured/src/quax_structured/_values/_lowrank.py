@@ -262,8 +262,14 @@ class LowRankPlusDiagonal(_UVt):
         `pivots()`: what `slogdet`/`det` read. `lu_solve` does not solve with the
         factors: its first triangular solve does the whole solve
         (`pivoted_solve`), the second returns it (see `HalfSolved`)."""
-        packed = self.semiseparable()._packed_lu()
-        return DeterminantLU(packed, self, pivots=self.pivots())
+        return DeterminantLU(self.packed_factors(), self, pivots=self.pivots())
+
+    def packed_factors(self) -> "Semiseparable":
+        """The packed LU factors without pivoting, O(n r²) (a sequential scan):
+        `DeterminantLU` computes them again where it reads entries off the
+        diagonal, so that reading the diagonal alone (`slogdet`, `det`) skips
+        them."""
+        return self.semiseparable()._packed_lu()
 
     def cholesky(self) -> "Semiseparable":
         return self.semiseparable().cholesky()
@@ -278,10 +284,11 @@ class LowRankPlusDiagonal(_UVt):
         without pivoting too (O(n r² k), a sequential scan) and keeps, per system,
         the answer with the smaller backward error, NaN where neither is below
         `_TOLERANCE` (never a silently inaccurate answer): the LU fails at a tiny
-        leading minor, so only both at once gives NaN. Under `vmap` over the
-        matrix the branch becomes a select, and both run (a `vmap` over `b` alone
-        keeps the `lax.cond`). A matrix tagged `positive_definite` solves by the LU
-        alone (stable there)."""
+        leading minor, so only both at once gives NaN. Under `vmap` the predicate
+        is batched (over the matrices, and over `b` too: each system has its own
+        check), the branch becomes a select, and both run; `jnp.linalg.solve`
+        with a matrix `b` vmaps over its columns, so it pays the LU as well. A
+        matrix tagged `positive_definite` solves by the LU alone (stable there)."""
         m = self.transpose() if transpose else self
         if self.positive_definite:
             return m._lu_solve(m.semiseparable()._packed_lu(), b)
