@@ -376,7 +376,7 @@ def test_nnx_loraify_refusals():
         quax_lora.loraify(block, rank=2, filter=nnx.Embed, key=jr.key(1))
     # A dropout key has no NNX variable to live in: refused, not dropped silently.
     lora = quax_lora.loraify(MLP(nnx.Rngs(0)), rank=2, dropout=0.1, key=jr.key(1))
-    with pytest.raises(ValueError, match="dropout_key.*Equinox"):
+    with pytest.raises(ValueError, match=r"dropout_key.*Equinox"):
         quax_lora.with_dropout_key(lora, jr.key(2))
 
 
