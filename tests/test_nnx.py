@@ -374,6 +374,10 @@ def test_nnx_loraify_refusals():
         )
     with pytest.raises(ValueError, match="adapted nothing"):
         quax_lora.loraify(block, rank=2, filter=nnx.Embed, key=jr.key(1))
+    # A dropout key has no NNX variable to live in: refused, not dropped silently.
+    lora = quax_lora.loraify(MLP(nnx.Rngs(0)), rank=2, dropout=0.1, key=jr.key(1))
+    with pytest.raises(ValueError, match=r"dropout_key.*Equinox"):
+        quax_lora.with_dropout_key(lora, jr.key(2))
 
 
 def _hwio_delta(lora):

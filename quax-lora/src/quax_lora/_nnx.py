@@ -111,6 +111,18 @@ def kernel_type(nnx: ModuleType) -> type:
         static. `kernel[...]` and `kernel.get_value()` give the `LoraArray`."""
 
         def __init__(self, lora: LoraArray):
+            extra = [
+                name
+                for name in ("magnitude", "dropout_key", "index")
+                if getattr(lora, name) is not None
+            ]
+            if extra or lora.adapters is not None:
+                raise ValueError(
+                    "An NNX layer's LoRA kernel holds w, a and b as NNX variables, "
+                    f"and not a LoraArray's {', '.join(extra) or 'stacked adapters'}"
+                    ": DoRA, dropout keys and stacked adapters are for Equinox "
+                    "models. Use them on an Equinox model, or leave them out."
+                )
             self.w = nnx.Param(lora.w)
             self.a = nnx.LoRAParam(lora.a)
             self.b = nnx.LoRAParam(lora.b)

@@ -131,7 +131,7 @@ def _tensors(lora: LoraArray, kind: str, fan_in_fan_out: bool) -> dict[str, np.n
 
 def write_peft(
     directory: str | pathlib.Path,
-    layers: list[tuple[str, LoraArray, bool]],
+    layers: list[tuple[str, LoraArray, str]],
     *,
     name_map: NameMap,
     fan_in_fan_out: bool,
@@ -219,7 +219,7 @@ def _pattern(patterns: Mapping[str, Any], name: str, default: Any) -> Any:
 
 def read_peft(
     directory: str | pathlib.Path,
-    layers: list[tuple[str, LoraArray, bool]],
+    layers: list[tuple[str, LoraArray, str]],
     *,
     name_map: NameMap,
     fan_in_fan_out: bool | None,

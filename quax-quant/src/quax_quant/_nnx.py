@@ -43,7 +43,7 @@ def quantise_layers(
         out, filter=filter, where=where, caller="quantise_model"
     ):
         variable = getattr(layer, attribute, None)
-        if not isinstance(variable, nnx.Variable):
+        if variable is None or not isinstance(variable, nnx.Variable):
             continue
         value = variable.get_value()
         name = ".".join(map(str, path)) or "<model>"
