@@ -114,9 +114,11 @@ def register_function(function: Callable[..., Any]) -> Callable[[_F], _F]:
 
     A decorator that registers the rule and returns it unchanged. The rule takes
     `call` (which runs the function's body on its arguments under the rules, as
-    quax does without the rule) and the `jit`'s arguments (the function's array
-    arguments; keyword arguments it declares static are in the body), and returns
-    the function's output.
+    quax does without the rule) and the `jit`'s arguments, and returns the
+    function's output. The `jit`'s arguments are the function's array arguments
+    that JAX passes in: those it declares static, Python numbers left at their
+    defaults and values without leaves (a symbolic zero) are constants of the
+    body instead, so a rule checks what it got and hands anything else to `call`.
     """
     source = _source_of(function)
 

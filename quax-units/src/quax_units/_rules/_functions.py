@@ -23,9 +23,13 @@ from ._arrays import _array, _same_units, _wrap
 
 
 @quax.register_function(jnp.hypot)
-def _hypot(call: Any, x: Any, y: Any) -> Any:
-    if not (isinstance(x, Quantity) or isinstance(y, Quantity)):
-        return call(x, y)
+def _hypot(call: Any, *args: Any) -> Any:
+    # Both operands as arguments of the `jit`, one of them a quantity; otherwise
+    # (an operand JAX made a constant of the body, as a value without leaves is)
+    # the body, under the rules.
+    if len(args) != 2 or not any(isinstance(a, Quantity) for a in args):
+        return call(*args)
+    x, y = args
     dims, shown = _same_units("jnp.hypot", [x, y])
     # `hypot(x, y)` is `|x|` times a function of `y / x`: in any unit of the common
     # dimensions it is the same length, so it is computed on the SI numbers.
