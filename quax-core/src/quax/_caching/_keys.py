@@ -9,9 +9,9 @@ everything the rules may read, alike in every cache:
   -0.0` and `float.hex` gives one text for both signs of NaN, while rules may
   tell them apart; anything else by identity (`static_key`); a primitive's params
   alike (`params_key`);
-- constants among a primitive's inputs (Python and NumPy scalars, small arrays, as
-  `x * 0.5` or `jnp.where(m, x, 0.0)` pass them): by their type, aval and bits
-  (`constant_key`), as rules may read their values;
+- constants among a primitive's inputs (Python and NumPy scalars, small JAX
+  arrays, as `x * 0.5` or `jnp.where(m, x, 0.0)` pass them): by their type, aval
+  and bits (`constant_key`), as rules may read their values;
 - the context every key holds (`context`): the settings rules read (declared
   with `add_setting`, as `quax.zero.ieee_strict`), JAX's trace context (the
   settings JAX's own tracing caches key on: `enable_x64`, the default matmul
@@ -93,7 +93,8 @@ def context() -> tuple[Any, ...]:
 
 
 _FLOATS = (float, complex, np.floating, np.complexfloating)
-_CONSTANTS = (bool, int, float, complex, np.generic, np.ndarray)
+# Immutable scalars (JAX's typed literals subclass the first four).
+_CONSTANTS = (bool, int, float, complex, np.generic)
 _BY_VALUE = frozenset({bool, int, str, type(None)})
 
 
@@ -112,25 +113,27 @@ def params_key(params: dict[str, Any]) -> tuple[Any, ...]:
     )
 
 
-# Largest constant (a plain input that is no tracer) that `constant_key` keys by value.
+# Largest JAX array among a primitive's constant inputs that `constant_key` keys by
+# value.
 CONSTANT_MAX_SIZE = 1024
 
 
 def constant_key(x: Any) -> tuple[Any, ...] | None:
-    """A constant input of a primitive (a Python or NumPy scalar, a NumPy or JAX array:
-    anything but a tracer) as a key: its type, its aval (shape, dtype, weak type),
-    a JAX array's sharding, and its bits (NaN payloads and signed zeros included).
-    `None` for one that is not keyed: an array of more than `CONSTANT_MAX_SIZE`
-    elements, one not wholly on this process's devices, or an object of another
-    kind."""
+    """A constant input of a primitive (a Python or NumPy scalar, a JAX array: an
+    immutable one, not a tracer) as a key: its type, its aval (shape, dtype, weak
+    type), a JAX array's sharding, and its bits (NaN payloads and signed zeros
+    included). `None` for one that is not keyed: a NumPy array (a recording would
+    stage the array itself, which its owner may change afterwards: JAX stages a view
+    of it), a JAX array of more than `CONSTANT_MAX_SIZE` elements or not wholly on
+    this process's devices, or an object of another kind."""
     try:
         if isinstance(x, Array):
             if x.size > CONSTANT_MAX_SIZE or not x.is_fully_addressable:
                 return None
             return type(x), typeof(x), x.sharding, np.asarray(x).tobytes()
-        if isinstance(x, _CONSTANTS) and np.size(x) <= CONSTANT_MAX_SIZE:
+        if isinstance(x, _CONSTANTS):
             return type(x), typeof(x), np.asarray(x).tobytes()
-    except (TypeError, ValueError, OverflowError):  # no JAX type (an object array)
+    except Exception:  # no JAX type or no bits (an object array, a deleted array)
         pass
     return None
 

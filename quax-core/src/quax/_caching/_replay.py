@@ -23,7 +23,8 @@ gives exactly what running it gives:
 
 - every input (each plain one, each leaf of each value) is an input or an
   equation's output of the staging trace, or a plain constant input keyed by its
-  value (a Python or NumPy scalar, a small array: `x * 0.5`); never a value's leaf
+  value (a Python or NumPy scalar, a small JAX array: `x * 0.5`; not a NumPy array,
+  which its owner may change after the recording staged it); never a value's leaf
   that is a constant, which rules could fold or read;
 - the rules asked [`quax.known_constant`][] about no tracer (an answer the key
   does not hold; about a constant, the answer is a function of the key) and
