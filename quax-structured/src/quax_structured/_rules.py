@@ -2,7 +2,6 @@
 structured method, or falls back to `StructuredMatrix.default` (which refuses)
 when the case has no structured algorithm."""
 
-import inspect
 from typing import Any
 
 import jax
@@ -750,54 +749,26 @@ def _(
     return [vectors, values]
 
 
-def _expm_source() -> str | None:
-    """`jax.scipy.linalg.expm`'s function as JAX records a traced function's
-    source (`"expm at <file>:<first line>"`, from its code object)."""
-    code = getattr(inspect.unwrap(jsl.expm), "__code__", None)
-    if code is None:
-        return None
-    return f"expm at {code.co_filename}:{code.co_firstlineno}"
-
-
-_EXPM_SOURCE = _expm_source()
-
-
-def _is_expm(jaxpr: Any, name: str) -> bool:
-    """Whether a nested `jit` is `jax.scipy.linalg.expm`'s: its name, and the
-    source JAX records for the traced function (a user's own function named
-    `expm` is not intercepted)."""
-    if name != "expm" or _EXPM_SOURCE is None:
-        return False
-    info = getattr(getattr(jaxpr, "jaxpr", None), "debug_info", None)
-    return getattr(info, "func_src_info", None) == _EXPM_SOURCE
-
-
-@quax.register(prims.jit_p)
-def _(x: StructuredMatrix, *, jaxpr: Any, name: str, **params: Any) -> Any:
-    """`jax.scipy.linalg.expm(M)`, a nested `jit` named `expm` whose body (a Padé
-    approximant with scaling and squaring, `lax.cond`, `abs` for the 1-norm)
-    would refuse at its first non-structured step: the exact matrix exponential
-    through the structure (see `_linalg.expm_of`), or a refusal naming `expm` and the
-    way out. Every other nested `jit` of one structured matrix goes to quax's own
-    rule for `jit`, which traces its body with the matrix kept structured."""
-    if _is_expm(jaxpr, name):
-        out = expm_of(x)
-        if out is not None:
-            return [out]
-        if x.allow_materialise:
-            # JAX's own dense path, on the dense matrix (its intermediate
-            # products would otherwise be structures that may not densify).
-            dense = x.materialise()
-            return prims.jit_p.bind(dense, jaxpr=jaxpr, name=name, **params)
-        raise MaterialisationError(
-            f"Refusing to materialise `{type(x).__name__}` for "
-            "`jax.scipy.linalg.expm` (a nested `jit` named `expm`): "
-            "quax-structured computes the matrix exponential of "
-            f"{', '.join(EXPM_TYPES)} (a `Kronecker` when it is "
-            "symmetric or one factor is a constant multiple of the identity), "
-            f"not of a `{type(x).__name__}`, and {x.refusal_reason()}. "
-            + x.way_out(None)
-        )
-    core_jit = quax.resolve(prims.jit_p, [quax.Value]).function
-    assert core_jit is not None
-    return core_jit(x, jaxpr=jaxpr, name=name, **params)
+@quax.register_function(jsl.expm)
+def _(x: StructuredMatrix, *, call: Any) -> Any:
+    """`jax.scipy.linalg.expm(M)`, whose body (a Padé approximant with scaling and
+    squaring, `lax.cond`, `abs` for the 1-norm) would refuse at its first
+    non-structured step: the exact matrix exponential through the structure (see
+    `_linalg.expm_of`), or a refusal naming `expm` and the way out. Other
+    functions' nested `jit`s of structured matrices go to quax's own rule for
+    `jit`, which traces their bodies with the matrices kept structured."""
+    out = expm_of(x)
+    if out is not None:
+        return out
+    if x.allow_materialise:
+        # JAX's own dense path, on the dense matrix (its intermediate products
+        # would otherwise be structures that may not densify).
+        return call(x.materialise())
+    raise MaterialisationError(
+        f"Refusing to materialise `{type(x).__name__}` for "
+        "`jax.scipy.linalg.expm` (a nested `jit` named `expm`): "
+        "quax-structured computes the matrix exponential of "
+        f"{', '.join(EXPM_TYPES)} (a `Kronecker` when it is "
+        "symmetric or one factor is a constant multiple of the identity), "
+        f"not of a `{type(x).__name__}`, and {x.refusal_reason()}. " + x.way_out(None)
+    )

@@ -31,6 +31,7 @@ __all__ = [
     "register",
     "fallback_rule",
     "register_elementwise",
+    "registered_rule",
     "resolve",
     "rule_for",
     "rules_generation",
@@ -610,6 +611,18 @@ def rule_for(primitive: Primitive, values: Sequence[Any]) -> Rule:
                 _cache.clear()
             _cache[key] = rule
     return rule
+
+
+def registered_rule(primitive: Primitive, values: Sequence[Any]) -> Rule | None:
+    """The registered rule for `primitive` on `values`, or `None` where none
+    matches (no type's `default`, no materialising): for keys whose caller has its
+    own way when no rule applies (a jitted function's body, see
+    `quax.register_function`). Not cached: it is asked once per trace."""
+    resolution = _resolve(primitive, values)
+    if resolution.kind != "rule":
+        return None
+    _warn_if_foreign(primitive, resolution, values)
+    return _as_rule(primitive, resolution)
 
 
 # The dispatch cache's bound: past it, it starts afresh.

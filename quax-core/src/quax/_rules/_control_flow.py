@@ -38,6 +38,7 @@ from .._compat import (
     DynamicJaxprTracer,
     Jaxpr,
     Literal,
+    Primitive,
     Tracer,
     cond_p,
     current_trace,
@@ -53,7 +54,7 @@ from .._compat import (
     typeof,
     while_p,
 )
-from .._dispatch._registry import register
+from .._dispatch._registry import register, registered_rule
 from .._foundation import _caches
 from .._foundation._caches import Table
 from .._transform import _trace
@@ -79,22 +80,23 @@ _F = TypeVar("_F", bound=Callable[..., Any])
 
 # jit ----------------------------------------------------------------------------------
 
-# The rules registered for jitted library functions, by the source of the function
-# as JAX records it in the `jit`'s jaxpr ("hypot at .../ufuncs.py:3713").
-_function_rules: dict[str, Callable[..., Any]] = {}
+# The keys of the rules registered for jitted library functions (one synthetic
+# primitive per function, see `register_function`), by the source of the function as
+# JAX records it in the `jit`'s jaxpr ("hypot at .../ufuncs.py:3713").
+_function_primitives: dict[str, Primitive] = {}
 
 
-def register_function(function: Callable[..., Any]) -> Callable[[_F], _F]:
+def register_function(
+    function: Callable[..., Any], *, precedence: int = 0
+) -> Callable[[_F], _F]:
     """Register a rule for a jitted library function (`jnp.hypot`), used in place
-    of the function's body where quax meets its `jit` with a value among the
-    arguments.
+    of the function's body where quax meets its `jit` with arguments whose types
+    the rule's annotations match.
 
     ```python
     @quax.register_function(jnp.hypot)
-    def _(call, x, y):
-        if not (isinstance(x, MyArray) and isinstance(y, MyArray)):
-            return call(x, y)  # the function's body, under the rules as usual
-        return MyArray(jnp.hypot(x.array, y.array))
+    def _(x: MyArray, y: MyArray | ArrayLike, *, call):
+        return MyArray(jnp.hypot(x.array, dense(y)))
     ```
 
     A primitive rule sees the function's body one primitive at a time. Some
@@ -106,31 +108,43 @@ def register_function(function: Callable[..., Any]) -> Callable[[_F], _F]:
     `jit` (not by its name, which any function may share): the rule applies to
     that function of the installed JAX only.
 
+    Rules are dispatched on their positional parameters' annotations as
+    [`quax.register`][]'s are (each registered function has its own key in the
+    registry, a primitive named after it): several families may register rules for
+    one function, the most specific wins, and two distributions registering the
+    same signature are reported with a [`quax.RuleConflictWarning`][]. Where no
+    rule matches the arguments' types (or none of them is a value), the function's
+    body runs under the rules, as without a rule. Registering a rule forgets
+    whatever quax kept from earlier calls of the function (compiled programs,
+    recordings), as registering a primitive rule does.
+
     **Arguments:**
 
     - `function`: the jitted function, as the user calls it (`jnp.hypot`).
+    - `precedence`: breaks ties between otherwise ambiguous rules; the higher wins.
 
     **Returns:**
 
     A decorator that registers the rule and returns it unchanged. The rule takes
-    `call` (which runs the function's body on its arguments under the rules, as
-    quax does without the rule) and the `jit`'s arguments, and returns the
-    function's output. The `jit`'s arguments are the function's array arguments
-    that JAX passes in: those it declares static, Python numbers left at their
-    defaults and values without leaves (a symbolic zero) are constants of the
-    body instead, so a rule checks what it got and hands anything else to `call`.
+    the `jit`'s arguments and a keyword argument `call`, which runs the
+    function's body on arguments under the rules, as quax does without the rule;
+    it returns the function's output. The `jit`'s arguments are the function's
+    array arguments that JAX passes in: those it declares static, Python numbers
+    left at their defaults and values without leaves (a symbolic zero) are
+    constants of the body instead, so a rule's signature matches only the calls
+    that pass it what it needs, and any other call runs the body.
     """
-    source = _source_of(function)
+    source, name = _source_of(function)
+    primitive = _function_primitives.get(source)
+    if primitive is None:
+        primitive = Primitive(f"{name} (jitted function)")
+        _function_primitives[source] = primitive
+    return register(primitive, precedence=precedence)
 
-    def _register(rule: _F) -> _F:
-        _function_rules[source] = rule
-        return rule
 
-    return _register
-
-
-def _source_of(function: Callable[..., Any]) -> str:
-    """How JAX records `function`'s source in the debug info of its `jit`."""
+def _source_of(function: Callable[..., Any]) -> tuple[str, str]:
+    """How JAX records `function`'s source in the debug info of its `jit`, and its
+    name."""
     wrapped = inspect.unwrap(function)
     code = getattr(wrapped, "__code__", None)
     if code is None:
@@ -138,17 +152,27 @@ def _source_of(function: Callable[..., Any]) -> str:
             f"quax.register_function expects a Python function decorated with "
             f"`jax.jit` (such as `jnp.hypot`), got {function!r}."
         )
-    return f"{wrapped.__name__} at {code.co_filename}:{code.co_firstlineno}"
+    name = wrapped.__name__
+    return f"{name} at {code.co_filename}:{code.co_firstlineno}", name
 
 
 @register(jit_p)
 def _jit(*args: ValueLike, jaxpr: Any, **params: Any) -> list[Any]:
-    rule = _function_rules.get(body_source(jaxpr) or "") if _function_rules else None
-    if rule is None or not any(is_value(a) for a in args):
-        return _jit_body(*args, jaxpr=jaxpr, **params)
-    out = rule(
-        lambda *a: _as_output(jaxpr, _jit_body(*a, jaxpr=jaxpr, **params)), *args
+    primitive = (
+        _function_primitives.get(body_source(jaxpr) or "")
+        if _function_primitives
+        else None
     )
+    rule = None
+    if primitive is not None and any(is_value(a) for a in args):
+        rule = registered_rule(primitive, args)
+    if rule is None:
+        return _jit_body(*args, jaxpr=jaxpr, **params)
+
+    def call(*a: Any) -> Any:
+        return _as_output(jaxpr, _jit_body(*a, jaxpr=jaxpr, **params))
+
+    out = rule(args, {"call": call})
     leaves = jtu.tree_leaves(out, is_leaf=is_value)
     if len(leaves) != len(jaxpr.out_avals):
         raise TypeError(

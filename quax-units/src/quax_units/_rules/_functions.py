@@ -1,6 +1,7 @@
 """The quax rules of quax-units for jitted `jax.numpy` functions whose bodies are
 written for plain arrays in a way no primitive rule can follow (registered with
-`quax.register_function`):
+`quax.register_function`, for operands that are quantities or plain arrays; with
+another family's value among them the body runs under the rules as usual):
 
 - `jnp.hypot` divides by `where(x == 0, 1, x)`: a plain 1 among lengths. It is
   computed whole on the SI-coherent numbers of operands of one dimension, in the
@@ -19,17 +20,11 @@ from quax._compat import release_traces
 
 from .._dimensions import UnitError
 from .._value import Quantity, describe
-from ._arrays import _array, _same_units, _wrap
+from ._arrays import _array, _Operand, _same_units, _wrap
 
 
 @quax.register_function(jnp.hypot)
-def _hypot(call: Any, *args: Any) -> Any:
-    # Both operands as arguments of the `jit`, one of them a quantity; otherwise
-    # (an operand JAX made a constant of the body, as a value without leaves is)
-    # the body, under the rules.
-    if len(args) != 2 or not any(isinstance(a, Quantity) for a in args):
-        return call(*args)
-    x, y = args
+def _hypot(x: _Operand, y: _Operand, *, call: Any) -> Quantity:
     dims, shown = _same_units("jnp.hypot", [x, y])
     # `hypot(x, y)` is `|x|` times a function of `y / x`: in any unit of the common
     # dimensions it is the same length, so it is computed on the SI numbers.
@@ -37,7 +32,7 @@ def _hypot(call: Any, *args: Any) -> Any:
 
 
 @quax.register_function(jnp.isclose)
-def _isclose(call: Any, *args: Any) -> Any:
+def _isclose(*args: _Operand, call: Any) -> Any:
     try:
         return call(*args)
     except UnitError as e:
