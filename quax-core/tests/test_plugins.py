@@ -197,6 +197,45 @@ def test_block_a_family(site: Path) -> None:
     assert out == {"tag": "negated by quax-fixture-family", "n_warnings": 0}
 
 
+def test_families_loading_inside_a_jit_change_no_key(site: Path) -> None:
+    """The first quaxified call is inside a `jax.jit`, so every installed family
+    (those of this environment, and the fixture family, which makes a
+    `quax.plugins.jit_context` as it loads) loads while that `jit` traces: its next
+    calls hit the entry its first call made, and are not traced again. Its
+    setting still keys the `jit`: set, it is traced again, and its rule reads it."""
+    out = run(
+        site,
+        """
+        import jax, jax.numpy as jnp, quax
+        quax.plugins.block("fixture_rival")  # its rule would win over the family's
+        from quax_fixture_family import Tagged
+        traces = []
+
+        @jax.jit
+        def f(a):
+            traces.append(None)
+            return quax.quaxify(jnp.negative)(Tagged(a))
+
+        loaded = [f.name for f in quax.plugins.families() if f.state == "loaded"]
+        with warnings.catch_warnings(record=True):  # the broken fixture family
+            tags = [f(jnp.arange(3.0)).tag for _ in range(3)]
+        counts = [len(traces)]
+        from quax_fixture_family._rules import mark
+        with mark("marked"):
+            tags += [f(jnp.arange(3.0)).tag for _ in range(2)]
+        counts.append(len(traces))
+        tags.append(f(jnp.arange(3.0)).tag)
+        counts.append(len(traces))
+        print(json.dumps({"loaded": loaded, "tags": tags, "counts": counts}))
+    """,
+    )
+    assert out["loaded"] == ["zero"]  # nothing but the built-in family, before
+    default = "negated by quax-fixture-family"
+    assert out["tags"] == [default] * 3 + ["marked"] * 2 + [default]
+    # Traced once; once more under the new value; not again back at the default.
+    assert out["counts"] == [1, 2, 2]
+
+
 def test_examples_namespace(first_import: dict) -> None:
     assert first_import["module"] == "quax_fixture_family"
     assert first_import["has_tagged"]

@@ -13,9 +13,11 @@ from ._dispatch._plugins import (
     DISABLE_ENV as DISABLE_ENV,
     ENTRY_POINT_GROUP as ENTRY_POINT_GROUP,
     Family as Family,
+    JitContext as JitContext,
     PluginWarning as PluginWarning,
     block as block,
     families as families,
+    jit_context as jit_context,
     load as load,
     manager as manager,
 )

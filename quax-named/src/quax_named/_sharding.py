@@ -43,8 +43,9 @@ def _setting() -> Any:
 quax.plugins.add_setting(_setting)
 # ...and JAX's own caches (a `jax.jit`'s traces, lowerings and compiled programs)
 # key on this context: a jitted function traced under one mapping is traced again
-# under another, rather than keeping the first one's sharding constraints.
-_jit_context = jax.make_user_context(default_value=None)
+# under another, rather than keeping the first one's sharding constraints (made with
+# quax's `jit_context`, which changes no `jit`'s key when this family loads inside one).
+_jit_context = quax.plugins.jit_context(None)
 
 
 def _check_mapping(mapping: Any) -> dict[str, MeshAxes]:

@@ -20,6 +20,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import quax
 from jax import lax
 from jax.experimental.sparse.linalg import spsolve
 from jaxtyping import Array
@@ -33,8 +34,10 @@ ROUTES = ("auto", "superlu", "cusolver")
 
 # A `jax.jit`-cache-sensitive context (part of JAX's trace context, which quax's
 # caches key on too): a function traced under one route is traced again under
-# another rather than keeping the first one's solver.
-_route = jax.make_user_context(default_value="auto")
+# another rather than keeping the first one's solver. Made with quax's
+# `jit_context`, which, unlike `jax.make_user_context`, changes no `jit`'s key when
+# this family loads inside one.
+_route = quax.plugins.jit_context("auto")
 
 
 def _checked(route: Any) -> str:
