@@ -141,3 +141,34 @@ def test_numpy_and_jax_constants_of_one_value_keyed_apart(
         for c in (first, first, then, then, first):
             out = f(Dense(x), c)
             assert _bits(out.array) == _bits(x * c), c
+
+
+@pytest.mark.parametrize("verify", [False, True], ids=["normal", "verify mode"])
+@pytest.mark.parametrize("dtype", [jnp.float16, jnp.int8])
+def test_numpy_scalars_and_0d_arrays_replay_apart_under_jit(
+    request: pytest.FixtureRequest, verify: bool, dtype: Any
+) -> None:
+    """Inside `jax.jit`, where a rule's staged equations replay: `x * c` for `c` a
+    NumPy scalar, a 0-d NumPy array, a 0-d JAX array and a Python float, all 2 (and
+    0-d NumPy arrays of other dtypes and of both signed zeros), each gives plain
+    JAX's dtype and bits, however they interleave. In verify mode every replay is
+    also checked against running the rules."""
+    if verify:
+        request.getfixturevalue("verifying")
+    x = jnp.arange(1, 4).astype(dtype)
+    constants = [
+        np.float32(2),
+        np.array(2.0, np.float32),
+        jnp.float32(2),
+        2.0,
+        np.array(2, np.int32),
+        np.array(2.0, np.float16),
+        np.array(-0.0, np.float32),
+        np.array(0.0, np.float32),
+    ]
+    for _ in range(2):
+        for c in constants:
+            # A fresh function each time: JAX traces it, and quax replays.
+            out = jax.jit(quax.quaxify(lambda a, c=c: a * c))(Dense(x))
+            got = _bits(out.array if isinstance(out, Dense) else out)
+            assert got == _bits(x * c), c

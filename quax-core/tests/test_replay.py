@@ -359,8 +359,8 @@ def test_plain_constants_are_keyed_by_their_value() -> None:
     nan = float("nan")
     four, five = jnp.array([1.0, 2, 3, 4]), jnp.array([1.0, 2, 3, 5])
     given = [2.0, 2.0, 0.0, -0.0, -0.0, nan, -nan, -nan, 2, four, five, four + 0]
-    # A NumPy scalar reaches the rules as a NumPy array, which is not keyed (see
-    # below): its rules run every time.
+    # A NumPy scalar reaches the rules as a 0-d NumPy array, keyed by its bits too
+    # (the recording keeps a copy of it, see below): the second replays.
     given += [np.float32(2.0), np.float32(2.0)]
     fns = [lambda a, c=c: a * c for c in given]
     got, ran = [], []
@@ -371,7 +371,7 @@ def test_plain_constants_are_keyed_by_their_value() -> None:
     # The int 2 reaches `jnp.multiply`'s body as another constant, which converts it
     # to the float32 2.0 that the body's `mul` had with 2.0: that `mul` replays.
     assert ran[:9] == [True, False, True, True, False, True, True, False, False]
-    assert ran[9:] == [True, True, False, True, True]
+    assert ran[9:] == [True, True, False, True, False]
     with quax.caching(False):
         for fn, jaxpr in zip(fns, got, strict=True):
             expected = traced(fn, Counted(y))
@@ -392,6 +392,26 @@ def test_a_numpy_array_is_never_replayed() -> None:
     ((_, bits),) = _constants(again)
     np.testing.assert_array_equal(np.frombuffer(bits, np.float32), [1.0, 2, 3, 4])
     assert calls == ["mul", "mul"]
+
+
+@pytest.mark.caching_behaviour
+def test_a_0d_numpy_array_replays_the_values_of_its_key() -> None:
+    # A 0-d NumPy array is keyed by its bits, copied when the key is made, and the
+    # recording keeps a read-only copy of what the rules staged: a change its owner
+    # makes afterwards reaches neither (JAX stages the array itself).
+    owned = np.array(2.0, np.float32)
+    traced(lambda a: a * owned, Counted(y))
+    owned[()] = -1.0
+    again = traced(lambda a: a * np.array(2.0, np.float32), Counted(y))  # replayed
+    changed = traced(lambda a: a * owned, Counted(y))  # another key: the rules run
+    assert calls == ["mul", "mul"]
+    with quax.caching(False):
+        for c, jaxpr in [(2.0, again), (-1.0, changed)]:
+            expected = traced(lambda a, c=c: a * np.array(c, np.float32), Counted(y))
+            assert str(jaxpr) == str(expected)
+            assert _constants(jaxpr) == _constants(expected)
+            ((dtype, bits),) = _constants(jaxpr)
+            assert np.frombuffer(bits, dtype).tolist() == [c]
 
 
 @pytest.mark.caching_behaviour

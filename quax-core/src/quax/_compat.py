@@ -16,6 +16,7 @@ from typing import Any
 import jax
 import jax.extend.core as jexc
 import jax.extend.core.primitives as jprim
+import numpy as np
 from equinox._module import _flatten as _eqx_flatten, _module as _eqx_module
 from jax._src import (
     config as _config,
@@ -52,6 +53,7 @@ __all__ = [
     "FlatTree",
     "Jaxpr",
     "Literal",
+    "NUMPY_ARRAYS",
     "Primitive",
     "ShapedArray",
     "SymbolicZero",
@@ -59,6 +61,7 @@ __all__ = [
     "TraceTag",
     "Tracer",
     "atom_tracer",
+    "frozen_atom",
     "bind_custom_jvp",
     "bind_custom_vjp",
     "bwd_result",
@@ -321,6 +324,27 @@ def atom_tracer(trace: Any, kind: str, atom: Any, source_info: Any) -> Any:
     if kind == "literal":
         return DynamicJaxprTracer(trace, atom.aval, atom, source_info)
     return trace.new_const(atom, source_info)
+
+
+def frozen_atom(kind: str, atom: Any) -> Any:
+    """A literal or constant that `staged_atom` gave, as a recording keeps it: one
+    holding a NumPy array (which JAX stages as it is, perhaps a view of an array its
+    owner changes later) holds a read-only copy of it instead."""
+    value = atom.val if kind == "literal" else atom
+    if not isinstance(value, np.ndarray):
+        return atom
+    copy = value.copy()  # of its own class (JAX's typed array keeps its weak type)
+    copy.flags.writeable = False
+    return Literal(copy, atom.aval) if kind == "literal" else copy
+
+
+# The NumPy array types that reach a primitive as a constant input: NumPy's, and
+# JAX's typed host array (a view of a NumPy array carrying a weak type, which
+# `jax.numpy` makes of a NumPy scalar it converts), where this JAX has it.
+_literals = importlib.import_module("jax._src.literals")
+NUMPY_ARRAYS = frozenset(
+    t for t in (np.ndarray, getattr(_literals, "TypedNdArray", None)) if t is not None
+)
 
 
 def emit_equation(

@@ -9,9 +9,10 @@ everything the rules may read, alike in every cache:
   -0.0` and `float.hex` gives one text for both signs of NaN, while rules may
   tell them apart; anything else by identity (`static_key`); a primitive's params
   alike (`params_key`);
-- constants among a primitive's inputs (Python and NumPy scalars, small JAX
-  arrays, as `x * 0.5` or `jnp.where(m, x, 0.0)` pass them): by their type, aval
-  and bits (`constant_key`), as rules may read their values;
+- constants among a primitive's inputs (Python and NumPy scalars, 0-d NumPy
+  arrays, small JAX arrays, as `x * 0.5`, `x / np.sqrt(d)` or `jnp.where(m, x,
+  0.0)` pass them): by their type, aval and bits (`constant_key`), as rules may
+  read their values;
 - the context every key holds (`context`): the settings rules read (declared
   with `add_setting`, as `quax.zero.ieee_strict`), JAX's trace context (the
   settings JAX's own tracing caches key on: `enable_x64`, the default matmul
@@ -35,7 +36,7 @@ from typing import Any
 import numpy as np
 from jax import Array
 
-from .._compat import trace_context, typeof
+from .._compat import NUMPY_ARRAYS, trace_context, typeof
 from .._dispatch import _registry
 from .._foundation import _caches, _debug, _journal
 
@@ -119,13 +120,19 @@ CONSTANT_MAX_SIZE = 1024
 
 
 def constant_key(x: Any) -> tuple[Any, ...] | None:
-    """A constant input of a primitive (a Python or NumPy scalar, a JAX array: an
-    immutable one, not a tracer) as a key: its type, its aval (shape, dtype, weak
+    """A constant input of a primitive (a Python or NumPy scalar, a 0-d NumPy array,
+    a JAX array: not a tracer) as a key: its type, its aval (shape, dtype, weak
     type), a JAX array's sharding, and its bits (NaN payloads and signed zeros
-    included). `None` for one that is not keyed: a NumPy array (a recording would
-    stage the array itself, which its owner may change afterwards: JAX stages a view
-    of it), a JAX array of more than `CONSTANT_MAX_SIZE` elements or not wholly on
-    this process's devices, or an object of another kind."""
+    included). `None` for one that is not keyed: a NumPy array of one or more
+    dimensions, a JAX array of more than `CONSTANT_MAX_SIZE` elements or not wholly
+    on this process's devices, or an object of another kind.
+
+    A 0-d NumPy array (as `jax.numpy` converts a NumPy scalar: `x / np.sqrt(d)`) may
+    be a view of an array that its owner changes afterwards; its bits are copied
+    into the key here, and a recording keeps a read-only copy of each NumPy array
+    it stages (`quax._compat.frozen_atom`), so that a replay stages the values of
+    its key. Larger NumPy arrays are not keyed: copying their bits on every bind
+    would cost what the replay saves."""
     try:
         if isinstance(x, Array):
             if x.size > CONSTANT_MAX_SIZE or not x.is_fully_addressable:
@@ -133,6 +140,8 @@ def constant_key(x: Any) -> tuple[Any, ...] | None:
             return type(x), typeof(x), x.sharding, np.asarray(x).tobytes()
         if isinstance(x, _CONSTANTS):
             return type(x), typeof(x), np.asarray(x).tobytes()
+        if type(x) in NUMPY_ARRAYS and x.ndim == 0:
+            return type(x), typeof(x), x.tobytes()
     except Exception:  # no JAX type or no bits (an object array, a deleted array)
         pass
     return None

@@ -23,9 +23,11 @@ gives exactly what running it gives:
 
 - every input (each plain one, each leaf of each value) is an input or an
   equation's output of the staging trace, or a plain constant input keyed by its
-  value (a Python or NumPy scalar, a small JAX array: `x * 0.5`; not a NumPy array,
-  which its owner may change after the recording staged it); never a value's leaf
-  that is a constant, which rules could fold or read;
+  value (a Python or NumPy scalar, a 0-d NumPy array, a small JAX array: `x * 0.5`,
+  `x / np.sqrt(d)`; not a NumPy array of one or more dimensions); never a value's
+  leaf that is a constant, which rules could fold or read. A recording keeps a
+  read-only copy of each NumPy array it stages, as JAX stages the array itself,
+  which its owner may change afterwards;
 - the rules asked [`quax.known_constant`][] about no tracer (an answer the key
   does not hold; about a constant, the answer is a function of the key) and
   materialised nothing (so the materialisation reports are unchanged);
@@ -68,6 +70,7 @@ from .._compat import (
     atom_tracer,
     current_source_info,
     emit_equation,
+    frozen_atom,
     staged_atom,
     staged_count,
     staged_since,
@@ -431,7 +434,7 @@ def _record(
         if kind == "const" and isinstance(x, Tracer):
             return None  # an enclosing trace's tracer, closed over
         if kind != "var":
-            return (kind, x), None
+            return (kind, frozen_atom(kind, x)), None
         number = numbers.get(x)
         return None if number is None else (number, None)
 
