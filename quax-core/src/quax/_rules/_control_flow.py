@@ -114,7 +114,11 @@ def register_function(
     one function, the most specific wins, and two distributions registering the
     same signature are reported with a [`quax.RuleConflictWarning`][]. Where no
     rule matches the arguments' types (or none of them is a value), the function's
-    body runs under the rules, as without a rule. Registering a rule forgets
+    body runs under the rules, as without a rule. So it does where `vmap`, `grad`,
+    `jvp` or `linearize` runs inside `quaxify`: quax then meets a transformation of
+    the body (batched along axes the rule cannot know, or its derivative), not
+    the function; apply those outside `quaxify` (`jax.vmap(quax.quaxify(f))`) for
+    the rule to see the function's own arguments. Registering a rule forgets
     whatever quax kept from earlier calls of the function (compiled programs,
     recordings), as registering a primitive rule does.
 
@@ -165,6 +169,8 @@ def _jit(*args: ValueLike, jaxpr: Any, **params: Any) -> list[Any]:
     )
     rule = None
     if primitive is not None and any(is_value(a) for a in args):
+        if not _as_traced(jaxpr):
+            return _transformed_body(*args, jaxpr=jaxpr, **params)
         rule = registered_rule(primitive, args)
     if rule is None:
         return _jit_body(*args, jaxpr=jaxpr, **params)
@@ -180,6 +186,41 @@ def _jit(*args: ValueLike, jaxpr: Any, **params: Any) -> list[Any]:
             f"arrays; the function returns {len(jaxpr.out_avals)}."
         )
     return leaves
+
+
+def _as_traced(jaxpr: Any) -> bool:
+    """Whether `jaxpr` is a function's body as JAX traced it from the function, not
+    a transformation of it that keeps its source: `vmap` inside `quaxify` binds the
+    batched body (its arguments batched along any axes, which the rule cannot
+    know: `jnp.hypot` under `vmap(in_axes=(1, None))` would broadcast a batched
+    `(3, B)` against an unbatched `(3,)` along the wrong axis), and `grad`/`jvp`/
+    `linearize` bind the body's derivative, its transpose or its parts (other
+    functions, of as many arguments where the function is linear). JAX keeps the
+    names of the outputs (the result paths) only on a body traced from the
+    function; each of those transformations drops them. Such a body runs under the
+    rules, primitive by primitive."""
+    info = getattr(getattr(jaxpr, "jaxpr", jaxpr), "debug_info", None)
+    return info is not None and info.result_paths is not None
+
+
+def _transformed_body(*args: ValueLike, jaxpr: Any, **params: Any) -> list[Any]:
+    """Run a transformation of a registered function's body (see `_as_traced`)
+    under the rules; an error says why the function's rule did not run."""
+    try:
+        return _jit_body(*args, jaxpr=jaxpr, **params)
+    except ValueAsked:
+        raise  # an enclosing `jit`'s question, not an error
+    except Exception as e:
+        e.add_note(
+            f"(quax: the rules registered with `quax.register_function` for "
+            f"`{params['name']}` did not run: `vmap`, `grad`, `jvp` or "
+            f"`linearize` inside `quaxify` transformed its body, whose arguments "
+            f"a rule cannot read, so the body ran under the rules instead. Apply "
+            f"the transformation outside `quaxify`, as in "
+            f"`jax.vmap(quax.quaxify(f))`, for the rule to see the function's own "
+            f"arguments.)"
+        )
+        raise
 
 
 def _as_output(jaxpr: Any, outs: list[Any]) -> Any:
