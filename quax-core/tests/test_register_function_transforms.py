@@ -3,6 +3,7 @@
 but is another function (the batched body, its derivative, its transpose), whose
 arguments a rule cannot read; the body runs under the rules instead."""
 
+import functools as ft
 from typing import Any
 
 import jax
@@ -138,3 +139,63 @@ def test_a_transformed_body_that_fails_says_why_the_rule_did_not_run() -> None:
     out = jax.vmap(quax.quaxify(halved))(Opaque(a))
     assert isinstance(out, Opaque)
     np.testing.assert_array_equal(out.array, a / 2)
+
+
+@jax.jit
+def blend(a: Any, b: Any, w: Any = 0.5, shift: Any = 0.0) -> Any:
+    return a * w + b * (1 - w) + shift
+
+
+@jax.jit
+def total(first: Any, *rest: Any) -> Any:
+    return first + sum(rest)
+
+
+@quax.register_function(blend)
+def _(a: Dense, b: Dense, w: Any = 0.5, shift: Any = 0.0, *, call: Any) -> Any:
+    calls.append("blend")
+    return Dense(a.array * w + b.array * (1 - w) + shift)
+
+
+@quax.register_function(total)
+def _(first: Dense, *rest: Any, call: Any) -> Any:
+    calls.append("total")
+    return Dense(first.array + sum(dense(r) for r in rest))
+
+
+u = jnp.array([1.0, 2.0])
+v = jnp.array([10.0, 30.0])
+
+
+@pytest.mark.parametrize(
+    "f",
+    [
+        lambda a, b: blend(a, b, shift=1.0),
+        lambda a, b: blend(shift=1.0, b=b, a=a),
+        lambda a, b: jax.jit(blend, static_argnums=2)(a, b, 0.25, 1.0),
+        lambda a, b: jax.jit(ft.partial(blend, a))(b, 0.25),
+    ],
+    ids=["keyword", "keywords", "static", "partial"],
+)
+def test_arguments_out_of_order_run_the_body(f: Any) -> None:
+    out = quax.quaxify(f)(Dense(u), Dense(v))
+    # Before, `shift=1.0` reached the rule as its third argument, `w`. (Where the
+    # outer `jit`'s body runs, it calls `blend` with every argument in order: the
+    # rule may run there.)
+    np.testing.assert_array_equal(dense(out), f(u, v))
+
+
+@pytest.mark.parametrize(
+    "f",
+    [
+        lambda a, b: blend(a, b, 0.25, 1.0),
+        lambda a, b: blend(a, b=b, w=0.25),
+        lambda a, b: total(a, b, b),
+    ],
+    ids=["positional", "keywords-in-order", "varargs"],
+)
+def test_arguments_in_order_reach_the_rule(f: Any) -> None:
+    calls.clear()
+    out = quax.quaxify(f)(Dense(u), Dense(v))
+    np.testing.assert_array_equal(dense(out), f(u, v))
+    assert calls in (["blend"], ["total"])

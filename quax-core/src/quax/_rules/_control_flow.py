@@ -84,6 +84,9 @@ _F = TypeVar("_F", bound=Callable[..., Any])
 # primitive per function, see `register_function`), by the source of the function as
 # JAX records it in the `jit`'s jaxpr ("hypot at .../ufuncs.py:3713").
 _function_primitives: dict[str, Primitive] = {}
+# And the names of their parameters that take positional arguments: those before
+# any `*args`, and the name of `*args` (or `None`).
+_function_parameters: dict[str, tuple[tuple[str, ...], str | None]] = {}
 
 
 def register_function(
@@ -136,14 +139,54 @@ def register_function(
     array arguments that JAX passes in: those it declares static, Python numbers
     left at their defaults and values without leaves (a symbolic zero) are
     constants of the body instead, so a rule's signature matches only the calls
-    that pass it what it needs, and any other call runs the body.
+    that pass it what it needs, and any other call runs the body. The rule gets
+    them positionally only where they are the function's leading parameters in
+    order (then `*args`): where an argument passed by keyword skips a parameter
+    (`jnp.isclose(a, b, atol=t)` passes `(a, b, t)`, which a rule would read as
+    `(a, b, rtol)`), where a parameter before it is static or a constant of the
+    body, or where an argument is a pytree of several arrays, the body runs.
     """
     source, name = _source_of(function)
     primitive = _function_primitives.get(source)
     if primitive is None:
         primitive = Primitive(f"{name} (jitted function)")
         _function_primitives[source] = primitive
+        _function_parameters[source] = _positional_parameters(function)
     return register(primitive, precedence=precedence)
+
+
+def _positional_parameters(
+    function: Callable[..., Any],
+) -> tuple[tuple[str, ...], str | None]:
+    """The names of `function`'s parameters that take positional arguments before
+    any `*args`, and the name of its `*args` (or `None`)."""
+    parameters = inspect.signature(inspect.unwrap(function)).parameters.values()
+    positional = (
+        inspect.Parameter.POSITIONAL_ONLY,
+        inspect.Parameter.POSITIONAL_OR_KEYWORD,
+    )
+    names = tuple(p.name for p in parameters if p.kind in positional)
+    rest = next(
+        (p.name for p in parameters if p.kind is inspect.Parameter.VAR_POSITIONAL),
+        None,
+    )
+    return names, rest
+
+
+def _in_order(jaxpr: Any, source: str) -> bool:
+    """Whether the arguments of `jaxpr` (the body of the registered function of
+    `source`) are its leading positional parameters in order, as JAX names them."""
+    info = getattr(getattr(jaxpr, "jaxpr", jaxpr), "debug_info", None)
+    names = None if info is None else info.arg_names
+    if names is None:
+        return False
+    positional, rest = _function_parameters[source]
+    return all(
+        name == positional[i]
+        if i < len(positional)
+        else rest is not None and name == f"{rest}[{i - len(positional)}]"
+        for i, name in enumerate(names)
+    )
 
 
 def _source_of(function: Callable[..., Any]) -> tuple[str, str]:
@@ -162,16 +205,14 @@ def _source_of(function: Callable[..., Any]) -> tuple[str, str]:
 
 @register(jit_p)
 def _jit(*args: ValueLike, jaxpr: Any, **params: Any) -> list[Any]:
-    primitive = (
-        _function_primitives.get(body_source(jaxpr) or "")
-        if _function_primitives
-        else None
-    )
+    source = (body_source(jaxpr) or "") if _function_primitives else ""
+    primitive = _function_primitives.get(source)
     rule = None
     if primitive is not None and any(is_value(a) for a in args):
         if not _as_traced(jaxpr):
             return _transformed_body(*args, jaxpr=jaxpr, **params)
-        rule = registered_rule(primitive, args)
+        if _in_order(jaxpr, source):
+            rule = registered_rule(primitive, args)
     if rule is None:
         return _jit_body(*args, jaxpr=jaxpr, **params)
 
