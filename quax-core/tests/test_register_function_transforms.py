@@ -199,3 +199,20 @@ def test_arguments_in_order_reach_the_rule(f: Any) -> None:
     out = quax.quaxify(f)(Dense(u), Dense(v))
     np.testing.assert_array_equal(dense(out), f(u, v))
     assert calls in (["blend"], ["total"])
+
+
+def _scaled_by(k: float) -> Any:
+    @jax.jit
+    def scaled(x: Any) -> Any:
+        return x * k
+
+    return scaled
+
+
+def test_a_closure_is_refused() -> None:
+    double, triple = _scaled_by(2.0), _scaled_by(3.0)
+    # Both have one source: a rule for `double` would run in place of `triple`
+    # (2 x where plain JAX gives 3 x).
+    with pytest.raises(TypeError, match=r"`scaled`: it is a closure \(over k\)"):
+        quax.register_function(double)
+    np.testing.assert_array_equal(dense(quax.quaxify(triple)(Dense(u))), 3.0 * u)

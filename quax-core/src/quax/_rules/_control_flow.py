@@ -109,7 +109,8 @@ def register_function(
     computes such a function whole on its values instead, or explains its error.
     The function is recognised by the source file and line JAX records for the
     `jit` (not by its name, which any function may share): the rule applies to
-    that function of the installed JAX only.
+    that function of the installed JAX only. A closure is refused (a `TypeError`):
+    every function its enclosing function makes has its source.
 
     Rules are dispatched on their positional parameters' annotations as
     [`quax.register`][]'s are (each registered function has its own key in the
@@ -200,6 +201,16 @@ def _source_of(function: Callable[..., Any]) -> tuple[str, str]:
             f"`jax.jit` (such as `jnp.hypot`), got {function!r}."
         )
     name = wrapped.__name__
+    if code.co_freevars:
+        # Every function its enclosing function makes has this source: the rule
+        # would run in place of each of them, whatever values they close over.
+        raise TypeError(
+            f"quax.register_function cannot recognise `{name}`: it is a closure "
+            f"(over {', '.join(code.co_freevars)}), and every function its "
+            f"enclosing function makes has its source, by which quax recognises "
+            f"it, whatever values they close over. Register a function defined "
+            f"at the top level of a module, taking those values as arguments."
+        )
     return f"{name} at {code.co_filename}:{code.co_firstlineno}", name
 
 
