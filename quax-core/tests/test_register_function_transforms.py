@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import quax
+from jax.core import ShapedArray
 
 from .helpers import Dense, RefusedMaterialisation, dense
 
@@ -109,8 +110,8 @@ class Opaque(quax.ArrayValue):
 
     array: jax.Array
 
-    def aval(self) -> jax.core.ShapedArray:
-        return jax.core.ShapedArray(self.array.shape, self.array.dtype)
+    def aval(self) -> ShapedArray:
+        return ShapedArray(self.array.shape, self.array.dtype)
 
     def materialise(self) -> jax.Array:
         raise RefusedMaterialisation("Opaque values never materialise")

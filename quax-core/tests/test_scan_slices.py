@@ -5,12 +5,12 @@ refusal names the scanned-over input), instead of the slice's own error."""
 
 from typing import Any
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 import quax
 from jax import lax
+from jax.core import ShapedArray
 from jaxtyping import Array
 
 
@@ -19,9 +19,9 @@ class Diag(quax.ArrayValue):
 
     d: Array
 
-    def aval(self) -> jax.core.ShapedArray:
+    def aval(self) -> ShapedArray:
         *batch, n = self.d.shape  # a 0-d `d` is no `Diag`
-        return jax.core.ShapedArray((*batch, n, n), self.d.dtype)
+        return ShapedArray((*batch, n, n), self.d.dtype)
 
     def materialise(self) -> Array:
         return self.d[..., None] * jnp.eye(self.d.shape[-1], dtype=self.d.dtype)

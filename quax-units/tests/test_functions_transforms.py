@@ -18,6 +18,7 @@ other = jnp.array([10.0, 20.0, 30.0])
 def test_vmap_outside_quaxify_uses_each_examples_operands() -> None:
     f = jax.vmap(quax.quaxify(jnp.hypot), in_axes=(1, None))
     out = f(Quantity(legs, "m"), Quantity(other / 1000, "km"))
+    assert isinstance(out, Quantity)
     assert out.unit == "m"
     expected = jax.vmap(jnp.hypot, in_axes=(1, None))(legs, other)
     np.testing.assert_allclose(ustrip("m", out), expected, rtol=1e-6)
