@@ -84,6 +84,9 @@ _F = TypeVar("_F", bound=Callable[..., Any])
 # primitive per function, see `register_function`), by the source of the function as
 # JAX records it in the `jit`'s jaxpr ("hypot at .../ufuncs.py:3713").
 _function_primitives: dict[str, Primitive] = {}
+# And the names of their parameters that take positional arguments: those before
+# any `*args`, and the name of `*args` (or `None`).
+_function_parameters: dict[str, tuple[tuple[str, ...], str | None]] = {}
 
 
 def register_function(
@@ -106,7 +109,8 @@ def register_function(
     computes such a function whole on its values instead, or explains its error.
     The function is recognised by the source file and line JAX records for the
     `jit` (not by its name, which any function may share): the rule applies to
-    that function of the installed JAX only.
+    that function of the installed JAX only. A closure is refused (a `TypeError`):
+    every function its enclosing function makes has its source.
 
     Rules are dispatched on their positional parameters' annotations as
     [`quax.register`][]'s are (each registered function has its own key in the
@@ -114,7 +118,11 @@ def register_function(
     one function, the most specific wins, and two distributions registering the
     same signature are reported with a [`quax.RuleConflictWarning`][]. Where no
     rule matches the arguments' types (or none of them is a value), the function's
-    body runs under the rules, as without a rule. Registering a rule forgets
+    body runs under the rules, as without a rule. So it does where `vmap`, `grad`,
+    `jvp` or `linearize` runs inside `quaxify`: quax then meets a transformation of
+    the body (batched along axes the rule cannot know, or its derivative), not
+    the function; apply those outside `quaxify` (`jax.vmap(quax.quaxify(f))`) for
+    the rule to see the function's own arguments. Registering a rule forgets
     whatever quax kept from earlier calls of the function (compiled programs,
     recordings), as registering a primitive rule does.
 
@@ -132,14 +140,54 @@ def register_function(
     array arguments that JAX passes in: those it declares static, Python numbers
     left at their defaults and values without leaves (a symbolic zero) are
     constants of the body instead, so a rule's signature matches only the calls
-    that pass it what it needs, and any other call runs the body.
+    that pass it what it needs, and any other call runs the body. The rule gets
+    them positionally only where they are the function's leading parameters in
+    order (then `*args`): where an argument passed by keyword skips a parameter
+    (`jnp.isclose(a, b, atol=t)` passes `(a, b, t)`, which a rule would read as
+    `(a, b, rtol)`), where a parameter before it is static or a constant of the
+    body, or where an argument is a pytree of several arrays, the body runs.
     """
     source, name = _source_of(function)
     primitive = _function_primitives.get(source)
     if primitive is None:
         primitive = Primitive(f"{name} (jitted function)")
         _function_primitives[source] = primitive
+        _function_parameters[source] = _positional_parameters(function)
     return register(primitive, precedence=precedence)
+
+
+def _positional_parameters(
+    function: Callable[..., Any],
+) -> tuple[tuple[str, ...], str | None]:
+    """The names of `function`'s parameters that take positional arguments before
+    any `*args`, and the name of its `*args` (or `None`)."""
+    parameters = inspect.signature(inspect.unwrap(function)).parameters.values()
+    positional = (
+        inspect.Parameter.POSITIONAL_ONLY,
+        inspect.Parameter.POSITIONAL_OR_KEYWORD,
+    )
+    names = tuple(p.name for p in parameters if p.kind in positional)
+    rest = next(
+        (p.name for p in parameters if p.kind is inspect.Parameter.VAR_POSITIONAL),
+        None,
+    )
+    return names, rest
+
+
+def _in_order(jaxpr: Any, source: str) -> bool:
+    """Whether the arguments of `jaxpr` (the body of the registered function of
+    `source`) are its leading positional parameters in order, as JAX names them."""
+    info = getattr(getattr(jaxpr, "jaxpr", jaxpr), "debug_info", None)
+    names = None if info is None else info.arg_names
+    if names is None:
+        return False
+    positional, rest = _function_parameters[source]
+    return all(
+        name == positional[i]
+        if i < len(positional)
+        else rest is not None and name == f"{rest}[{i - len(positional)}]"
+        for i, name in enumerate(names)
+    )
 
 
 def _source_of(function: Callable[..., Any]) -> tuple[str, str]:
@@ -153,19 +201,29 @@ def _source_of(function: Callable[..., Any]) -> tuple[str, str]:
             f"`jax.jit` (such as `jnp.hypot`), got {function!r}."
         )
     name = wrapped.__name__
+    if code.co_freevars:
+        # Every function its enclosing function makes has this source: the rule
+        # would run in place of each of them, whatever values they close over.
+        raise TypeError(
+            f"quax.register_function cannot recognise `{name}`: it is a closure "
+            f"(over {', '.join(code.co_freevars)}), and every function its "
+            f"enclosing function makes has its source, by which quax recognises "
+            f"it, whatever values they close over. Register a function defined "
+            f"at the top level of a module, taking those values as arguments."
+        )
     return f"{name} at {code.co_filename}:{code.co_firstlineno}", name
 
 
 @register(jit_p)
 def _jit(*args: ValueLike, jaxpr: Any, **params: Any) -> list[Any]:
-    primitive = (
-        _function_primitives.get(body_source(jaxpr) or "")
-        if _function_primitives
-        else None
-    )
+    source = (body_source(jaxpr) or "") if _function_primitives else ""
+    primitive = _function_primitives.get(source)
     rule = None
     if primitive is not None and any(is_value(a) for a in args):
-        rule = registered_rule(primitive, args)
+        if not _as_traced(jaxpr):
+            return _transformed_body(*args, jaxpr=jaxpr, **params)
+        if _in_order(jaxpr, source):
+            rule = registered_rule(primitive, args)
     if rule is None:
         return _jit_body(*args, jaxpr=jaxpr, **params)
 
@@ -180,6 +238,41 @@ def _jit(*args: ValueLike, jaxpr: Any, **params: Any) -> list[Any]:
             f"arrays; the function returns {len(jaxpr.out_avals)}."
         )
     return leaves
+
+
+def _as_traced(jaxpr: Any) -> bool:
+    """Whether `jaxpr` is a function's body as JAX traced it from the function, not
+    a transformation of it that keeps its source: `vmap` inside `quaxify` binds the
+    batched body (its arguments batched along any axes, which the rule cannot
+    know: `jnp.hypot` under `vmap(in_axes=(1, None))` would broadcast a batched
+    `(3, B)` against an unbatched `(3,)` along the wrong axis), and `grad`/`jvp`/
+    `linearize` bind the body's derivative, its transpose or its parts (other
+    functions, of as many arguments where the function is linear). JAX keeps the
+    names of the outputs (the result paths) only on a body traced from the
+    function; each of those transformations drops them. Such a body runs under the
+    rules, primitive by primitive."""
+    info = getattr(getattr(jaxpr, "jaxpr", jaxpr), "debug_info", None)
+    return info is not None and info.result_paths is not None
+
+
+def _transformed_body(*args: ValueLike, jaxpr: Any, **params: Any) -> list[Any]:
+    """Run a transformation of a registered function's body (see `_as_traced`)
+    under the rules; an error says why the function's rule did not run."""
+    try:
+        return _jit_body(*args, jaxpr=jaxpr, **params)
+    except ValueAsked:
+        raise  # an enclosing `jit`'s question, not an error
+    except Exception as e:
+        e.add_note(
+            f"(quax: the rules registered with `quax.register_function` for "
+            f"`{params['name']}` did not run: `vmap`, `grad`, `jvp` or "
+            f"`linearize` inside `quaxify` transformed its body, whose arguments "
+            f"a rule cannot read, so the body ran under the rules instead. Apply "
+            f"the transformation outside `quaxify`, as in "
+            f"`jax.vmap(quax.quaxify(f))`, for the rule to see the function's own "
+            f"arguments.)"
+        )
+        raise
 
 
 def _as_output(jaxpr: Any, outs: list[Any]) -> Any:
