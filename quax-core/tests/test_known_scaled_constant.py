@@ -183,3 +183,23 @@ def test_a_rule_reading_a_scaled_constant_is_never_replayed(
                 np.testing.assert_allclose(g, w)
             one = jax.jit(quax.quaxify(lambda a, s: (a + s * ones).array))
             np.testing.assert_allclose(one(a, -3.0), a.array - 6 * ones)
+
+
+def test_known_constant_reads_held_arrays_and_larger_computations():
+    """`known_constant` (which `known_scaled_constant` reads constants with) reads
+    an array the program holds (`jnp.asarray` of a NumPy array under `jit`, a
+    tangent program's array of its primal program) and computes constants of up
+    to 2**20 elements (`jnp.eye(200)`: an `iota`, an `eq` and a conversion)."""
+    held = np.arange(2000.0, dtype=np.float32)
+    seen = {}
+
+    def f(s):
+        seen["held"] = quax.known_constant(jnp.asarray(held), 4096)
+        seen["eye"] = quax.known_constant(jnp.eye(200), 2**62)
+        seen["scaled eye"] = quax.known_scaled_constant(s * jnp.eye(200), 2**62)[1]
+        return s
+
+    jax.jit(f)(np.float32(2.0))
+    np.testing.assert_array_equal(seen["held"], held)
+    np.testing.assert_array_equal(seen["eye"], np.eye(200))
+    np.testing.assert_array_equal(seen["scaled eye"], np.eye(200))
