@@ -125,10 +125,10 @@ def _gp_loss(c, v):
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.float64])
 def test_gp_gradient_with_respect_to_a_traced_noise(dtype):
     """`jax.grad` of the GP loss `K + noise * jnp.eye(n)` with respect to the
-    factors and the noise (inside `jit`; in float64 also eager and outside `jit`),
-    against `jax.grad` through the dense matrix. Each way the sum is a
-    `KroneckerPlusIdentity` (a `Kronecker` plus a dense array would refuse, and a
-    lazy `Sum`'s `solve` too)."""
+    factors and the noise (inside `jit`; in float64 also eager, outside `jit` and
+    inside `quaxify`), against `jax.grad` through the dense matrix. Each way the
+    sum is a `KroneckerPlusIdentity` (a `Kronecker` plus a dense array would
+    refuse, and a lazy `Sum`'s `solve` too)."""
     with jax.enable_x64(dtype == jnp.float64):
         k = _kronecker(dtype, 3, 4, seed=20)
         n = k.shape[-1]
@@ -154,6 +154,9 @@ def test_gp_gradient_with_respect_to_a_traced_noise(dtype):
             np.testing.assert_allclose(got_s, want[2], rtol=rtol)
             np.testing.assert_allclose(got_k.left, want[0], rtol=rtol, atol=rtol)
             np.testing.assert_allclose(got_k.right, want[1], rtol=rtol, atol=rtol)
+        if dtype == jnp.float64:  # `jax.grad` inside `quaxify`, for the noise
+            got_s = quax.quaxify(jax.grad(loss, argnums=1))(k, s)
+            np.testing.assert_allclose(got_s, want[2], rtol=rtol)
 
 
 def test_low_rank_gradient_with_respect_to_a_traced_noise():
