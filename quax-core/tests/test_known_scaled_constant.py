@@ -203,3 +203,31 @@ def test_known_constant_reads_held_arrays_and_larger_computations():
     np.testing.assert_array_equal(seen["held"], held)
     np.testing.assert_array_equal(seen["eye"], np.eye(200))
     np.testing.assert_array_equal(seen["scaled eye"], np.eye(200))
+
+
+class Tagged(Dense):
+    """A value whose `neg` rule negates only where `known_scaled_constant` reads
+    a product of its leaf's sum and a constant with a concrete scale (else it
+    keeps the leaf: an answer that changes the values, not only a static field,
+    which a compiled eager program would check)."""
+
+
+@quax.register(lax.neg_p)
+def _(x: Tagged) -> Tagged:
+    out = quax.known_scaled_constant(jnp.sum(x.array) * EYE)
+    concrete = out is not None and isinstance(out[0], np.ndarray)
+    return Tagged(-x.array if concrete else x.array)
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+def test_eager_programs_answer_as_equation_by_equation(compiled: bool) -> None:
+    """In library code that quax runs eagerly as one compiled program, a scale
+    computed from a leaf makes that code run equation by equation, where it is
+    concrete: the answer (a NumPy scale) is the one without compilation."""
+    previous = quax.set_eager_compilation(compiled)
+    try:
+        for _ in range(3):  # the first call, the compiled program, then by equation
+            out = quax.quaxify(jnp.negative)(Tagged(jnp.arange(3.0)))
+            np.testing.assert_array_equal(out.array, -np.arange(3.0))
+    finally:
+        quax.set_eager_compilation(previous)
