@@ -52,6 +52,9 @@ def test_traced_scales_times_constants_under_jit():
         "-(s * eye)": lambda s, t: -(s * EYE),
         "to float64": lambda s, t: (s * EYE).astype(jnp.float64),
         "reshaped": lambda s, t: (s * jnp.arange(6.0)).reshape(2, 3),
+        "transposing reshape": lambda s, t: lax.reshape(
+            s * np.arange(6.0).reshape(2, 3), (3, 2), dimensions=(1, 0)
+        ),
         "a traced number": lambda s, t: s,
         "a constant": lambda s, t: 3 * EYE,
     }

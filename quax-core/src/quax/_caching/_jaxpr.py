@@ -686,7 +686,7 @@ def known_scale_invariant(x: Any, max_size: int = 1024) -> bool:
 _SCALED_UNARY: dict[Primitive, Callable[[np.ndarray, Any, dict[str, Any]], Any]] = {
     jprim.neg_p: lambda c, aval, params: np.negative(c),
     jprim.copy_p: lambda c, aval, params: c,
-    jprim.reshape_p: lambda c, aval, params: c.reshape(aval.shape),
+    jprim.reshape_p: lambda c, aval, params: _reshaped(c, aval, params),
     jprim.broadcast_in_dim_p: lambda c, aval, params: np.broadcast_to(
         c.reshape(
             [
@@ -699,6 +699,15 @@ _SCALED_UNARY: dict[Primitive, Callable[[np.ndarray, Any, dict[str, Any]], Any]]
         aval.shape,
     ),
 }
+
+
+def _reshaped(c: np.ndarray, aval: Any, params: dict[str, Any]) -> np.ndarray:
+    """`lax.reshape` of the constant `c`: transposed first by `dimensions`, when
+    given."""
+    dimensions = params.get("dimensions")
+    if dimensions is not None:
+        c = np.transpose(c, dimensions)
+    return c.reshape(aval.shape)
 
 
 def _scales_exactly(old: Any, new: Any) -> bool:
@@ -807,7 +816,10 @@ class _ScaledReader:
         if eqn is None:
             return None
         primitive, operands = eqn.primitive, eqn.in_tracers
-        if primitive in (jprim.mul_p, jprim.div_p) and len(operands) == 2:
+        if primitive in (jprim.mul_p, jprim.div_p):
+            # Of the operands' dtype (not a product computed in another).
+            if any(o.aval.dtype != aval.dtype for o in operands):
+                return None
             left, right = (self.parts(o, depth + 1) for o in operands)
             if left is None or right is None:
                 return None
