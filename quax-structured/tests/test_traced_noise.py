@@ -198,6 +198,28 @@ def test_gp_gradient_with_traced_eye_noise_holds_no_dense_matrix():
         np.testing.assert_allclose(jax.jit(grad)(k, 0.3)[1], want, rtol=1e-9)
 
 
+def test_a_non_finite_traced_noise_gives_nan_as_dense():
+    """An infinite or NaN traced noise: the solve and `slogdet` of `K + noise *
+    jnp.eye(n)` are NaN, as dense JAX's are (the dense product puts NaN off the
+    diagonal), never the zero that `K + inf I` would solve to."""
+    with jax.enable_x64(True):
+        k = _kronecker(jnp.float64)
+        v = _rand(50, 6)
+
+        def fn(k, s):
+            c = k + s * jnp.eye(6)
+            return jnp.linalg.solve(c, v), jnp.linalg.slogdet(c)[1], c @ v
+
+        run = jax.jit(quax.quaxify(fn))
+        for s in (jnp.inf, -jnp.inf, jnp.nan):
+            for got, want in zip(run(k, s), fn(_dense(k), s), strict=True):
+                assert np.all(np.isnan(want))
+                assert np.all(np.isnan(got)), (s, got)
+        # A finite noise is unchanged.
+        for got, want in zip(run(k, 0.5), fn(_dense(k), 0.5), strict=True):
+            np.testing.assert_allclose(got, want, rtol=1e-9)
+
+
 def test_ieee_strict_refuses_a_traced_noise():
     """Inside `quax.zero.ieee_strict` a traced noise is not read: `noise *
     jnp.eye(n)` puts NaN off the diagonal for an infinite noise, which the

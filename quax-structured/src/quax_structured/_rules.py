@@ -260,17 +260,22 @@ def _constant_diagonal(x: StructuredMatrix, y: Any) -> tuple[Any, np.ndarray] | 
     traced `noise`, see `quax.known_scaled_constant`), else `None`.
 
     With a traced scale, the constant's zeros stay exact zeros, as symbolic zeros
-    do (`quax.zero`): an infinite or NaN noise puts NaN on the diagonal only,
-    whereas the dense product puts NaN off it too. Inside `quax.zero.ieee_strict`
-    a traced scale is therefore not read (`None`)."""
+    do (`quax.zero`), whereas the dense product of an infinite or NaN scale puts
+    NaN off the diagonal: such a scale is made NaN, so that solves, determinants
+    and products are NaN as dense JAX's are (never the silent zero that `K + inf
+    I` would solve to), though the structure's off-diagonal entries stay `x`'s.
+    Inside `quax.zero.ieee_strict` a traced scale is not read (`None`)."""
     if np.ndim(y) > x.ndim:
         return None
     known = quax.known_scaled_constant(y, 2**62)
     if known is None:
         return None
     scale, constant = known
-    if not isinstance(scale, np.ndarray) and is_ieee_strict():
-        return None
+    if not isinstance(scale, np.ndarray):
+        if is_ieee_strict():
+            return None
+        if jnp.issubdtype(scale.dtype, jnp.inexact):
+            scale = jnp.where(jnp.isfinite(scale), scale, jnp.nan)
     try:
         constant = np.broadcast_to(constant, x.shape)
     except ValueError:
