@@ -10,6 +10,7 @@ from ._caching._eager import set_eager_compilation as set_eager_compilation
 from ._caching._jaxpr import (
     known_constant as known_constant,
     known_scale_invariant as known_scale_invariant,
+    known_scaled_constant as known_scaled_constant,
 )
 from ._dispatch import _plugins as _plugins
 from ._dispatch._registry import (

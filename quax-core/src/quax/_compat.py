@@ -118,6 +118,8 @@ __all__ = [
     "stages_or_batches",
     "trace_context",
     "staged_equation",
+    "tangent_pair",
+    "with_tangent",
     "staging",
     "typeof",
     "user_context",
@@ -538,6 +540,22 @@ def staged_equation(t: Any) -> Any:
     ...), with `primitive`, `params`, `in_tracers` and `effects`, or `None` for an
     input of the staged program or another tracer."""
     return t.parent if isinstance(t, DynamicJaxprTracer) else None
+
+
+def tangent_pair(t: Any) -> tuple[Any, Any] | None:
+    """The primal and tangent of a tracer of `jax.jvp` or of `jax.linearize` (as
+    `jax.grad` traces), or `None` for any other value. The tangent may be a
+    symbolic zero (an `AdZero`)."""
+    if isinstance(t, _ad.JVPTracer | _ad.LinearizeTracer):
+        return t.primal, t.tangent
+    return None
+
+
+def with_tangent(t: Any, primal: Any, tangent: Any) -> Any:
+    """A tracer of the trace of `t` (one `tangent_pair` reads) with this `primal`
+    and `tangent` (a tracer of the trace that holds `t`'s tangent, or a concrete
+    array under `jax.jvp`)."""
+    return type(t)(t._trace, primal, tangent)
 
 
 def current_trace() -> Any:

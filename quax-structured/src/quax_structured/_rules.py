@@ -252,48 +252,69 @@ def _(x: StructuredMatrix, y: StructuredMatrix) -> Any:
     return add(x, neg)
 
 
-def _constant_diagonal(x: StructuredMatrix, y: Any) -> np.ndarray | None:
-    """The diagonal of the plain `y` (broadcast to `x`'s shape) where the program
-    shows `y` to be a constant whose off-diagonal entries are all zero (`0.1 *
-    jnp.eye(n)` with a literal `0.1`), else `None`."""
+def _constant_diagonal(x: StructuredMatrix, y: Any) -> tuple[Any, np.ndarray] | None:
+    """The plain `y` (broadcast to `x`'s shape) as `scale * diag(d)`, where the
+    program shows `y` to be a scalar times a constant whose off-diagonal entries are
+    all zero: `(scale, d)`, the `scale` a number of `y`'s dtype (NumPy's one for a
+    constant such as `0.1 * jnp.eye(n)`, a tracer for `noise * jnp.eye(n)` with a
+    traced `noise`, see `quax.known_scaled_constant`), else `None`.
+
+    With a traced scale, the constant's zeros stay exact zeros, as symbolic zeros
+    do (`quax.zero`), whereas the dense product of an infinite or NaN scale puts
+    NaN off the diagonal: such a scale is made NaN, so that solves, determinants
+    and products are NaN as dense JAX's are (never the silent zero that `K + inf
+    I` would solve to), though the structure's off-diagonal entries stay `x`'s.
+    Inside `quax.zero.ieee_strict` a traced scale is not read (`None`)."""
     if np.ndim(y) > x.ndim:
         return None
-    known = quax.known_constant(y, 2**62)
+    known = quax.known_scaled_constant(y, 2**62)
     if known is None:
         return None
+    scale, constant = known
+    if not isinstance(scale, np.ndarray):
+        if is_ieee_strict():
+            return None
+        if jnp.issubdtype(scale.dtype, jnp.inexact):
+            scale = jnp.where(jnp.isfinite(scale), scale, jnp.nan)
     try:
-        known = np.broadcast_to(known, x.shape)
+        constant = np.broadcast_to(constant, x.shape)
     except ValueError:
         return None
     off = ~np.eye(x.shape[-1], dtype=bool)
-    if np.any(known[..., off] != 0):  # NaN counts as nonzero: not diagonal
+    if np.any(constant[..., off] != 0):  # NaN counts as nonzero: not diagonal
         return None
-    return np.diagonal(known, axis1=-2, axis2=-1)
+    return scale, np.diagonal(constant, axis1=-2, axis2=-1)
 
 
-def _plus_diagonal(x: StructuredMatrix, d: np.ndarray) -> StructuredMatrix:
-    """`x + diag(d)`: `x + c I` (a `ScaledIdentity`) where every entry of `d` is
-    one `c` and the pair has a closed form (e.g. a symmetric `Kronecker`), else
-    `x.add_diagonal(d)` where the structure keeps one, else `x + Diagonal(d)`
-    (a closed form or a lazy `Sum`)."""
+def _plus_diagonal(x: StructuredMatrix, scale: Any, d: np.ndarray) -> StructuredMatrix:
+    """`x + scale * diag(d)`: `x + c I` (a `ScaledIdentity` of `scale * c`) where
+    every entry of `d` is one finite `c` and the pair has a closed form (e.g. a
+    symmetric `Kronecker`), else `x.add_diagonal(scale * d)` where the structure
+    keeps one, else `x + Diagonal(scale * d)` (a closed form or a lazy `Sum`)."""
     dtype = jnp.result_type(x.dtype, d.dtype)
+    scale = jnp.asarray(scale).astype(dtype)
     flat = d.reshape(-1, d.shape[-1]) if d.size else d
     if d.size and np.all(flat == flat[:, :1]) and np.all(np.isfinite(d)):
-        scale = jnp.asarray(d[..., 0], dtype)
-        out = closed_sum(x, ScaledIdentity(scale, x.shape[-1]))
+        out = closed_sum(
+            x, ScaledIdentity(scale * d[..., 0].astype(dtype), x.shape[-1])
+        )
         if out is not None:
             return out
-    diagonal = jnp.asarray(d, dtype)
+    diagonal = scale * jnp.asarray(d, dtype)
     out = x.add_diagonal(diagonal)
     return add(x, Diagonal(diagonal)) if out is None else out
 
 
 def _add_dense(values: list[Any], x: StructuredMatrix, y: Any, sign: int) -> Any:
-    """`x + y` (`sign=1`) or `x - y` (`sign=-1`) for a plain `y` that is a constant
-    diagonal (`K + 0.1 * jnp.eye(n)`, as Gaussian-process code adds its noise):
-    the structure kept; anything else refuses, naming the primitive."""
-    d = _constant_diagonal(x, y)
-    out = None if d is None else _plus_diagonal(x, sign * d)
+    """`x + y` (`sign=1`) or `x - y` (`sign=-1`) for a plain `y` that is a scalar
+    times a constant diagonal (`K + 0.1 * jnp.eye(n)`, or `K + noise * jnp.eye(n)`
+    with a traced noise, as Gaussian-process code adds its noise): the structure
+    kept; anything else refuses, naming the primitive."""
+    known = _constant_diagonal(x, y)
+    out = None
+    if known is not None:
+        scale, d = known
+        out = _plus_diagonal(x, scale, sign * d)
     if out is None or not _same_type(x, out):
         primitive = lax.add_p if sign == 1 else lax.sub_p
         return _fallback(primitive, values, {})
@@ -319,8 +340,11 @@ def _(x: StructuredMatrix, y: ArrayLike) -> Any:
 def _(y: ArrayLike, x: StructuredMatrix) -> Any:
     """`y - x` = `-x + y`."""
     neg = x.scaled(jnp.asarray(-1, x.dtype))
-    d = _constant_diagonal(x, y)
-    out = None if d is None or neg is None else _plus_diagonal(neg, d)
+    known = _constant_diagonal(x, y)
+    out = None
+    if known is not None and neg is not None:
+        scale, d = known
+        out = _plus_diagonal(neg, scale, d)
     return _fallback(lax.sub_p, [y, x], {}) if out is None else out
 
 

@@ -19,6 +19,7 @@ import numpy as np
 
 from .._compat import (
     EVAL_TRACE,
+    AdZero,
     ClosedJaxpr,
     DynamicJaxprTracer,
     Jaxpr,
@@ -36,7 +37,9 @@ from .._compat import (
     pure_callback_p,
     staged_atom,
     staged_equation,
+    tangent_pair,
     user_context,
+    with_tangent,
 )
 from .._dispatch._staged import staged_value_p
 from .._foundation import _caches
@@ -59,6 +62,7 @@ __all__ = [
     "known_asks",
     "known_constant",
     "known_scale_invariant",
+    "known_scaled_constant",
     "per_jaxpr",
     "stand_in_token",
     "standing_in",
@@ -75,8 +79,10 @@ MAX_JAXPRS = 4096
 _T = TypeVar("_T")
 
 # Largest output that `known_constant` computes (rather than views, as it does a
-# broadcast), so that the trace-time work stays small.
-_KNOWN_COMPUTE_MAX_SIZE = 1024
+# broadcast), so that the trace-time work stays small: a million elements (a few
+# milliseconds of NumPy), so that `jnp.eye(n)` (an `iota`, an `eq` and a conversion
+# under `jit`) is known up to `n = 1024`.
+_KNOWN_COMPUTE_MAX_SIZE = 2**20
 
 # Host code runs when the program does, never at trace time (`eqx.error_if`'s error
 # branch raises from a `pure_callback` on constant inputs).
@@ -435,16 +441,16 @@ class _Asks(threading.local):
     count: int = 0
 
 
-# How many times `known_constant` (or `known_scale_invariant`) was asked about a
-# tracer in this thread (see `quax._caching._replay`, which keys the constants
-# among a primitive's inputs by value: an answer about a constant is a function of
-# its key).
+# How many times `known_constant` (or `known_scale_invariant`,
+# `known_scaled_constant`) was asked about a tracer in this thread (see
+# `quax._caching._replay`, which keys the constants among a primitive's inputs by
+# value: an answer about a constant is a function of its key).
 _asks = _Asks()
 
 
 def known_asks() -> int:
     """How many times this thread asked `known_constant` (or
-    `known_scale_invariant`) about a tracer so far."""
+    `known_scale_invariant`, `known_scaled_constant`) about a tracer so far."""
     return _asks.count
 
 
@@ -507,6 +513,10 @@ def _staged_values(max_size: int) -> Callable[[Any], Any]:
         kind, atom = staged_atom(t._trace, t)
         if kind == "literal":
             return np.asarray(atom.val)
+        if kind == "const":
+            # A concrete constant, or a tracer of the program that holds this one's
+            # inputs (a tangent program holds its primal program's arrays so).
+            return value(atom) if isinstance(atom, Tracer) else np.asarray(atom)
         eqn = staged_equation(t)
         if eqn is None:
             if kind == "var" and _stand_ins.tokens:
@@ -669,6 +679,225 @@ def known_scale_invariant(x: Any, max_size: int = 1024) -> bool:
         # equation, where `x` is concrete.
         require_concrete(x)
     return False
+
+
+# How `known_scaled_constant` sees through an equation of one operand: the
+# constant's part of it, as a function of the operand's (the scale passes through).
+_SCALED_UNARY: dict[Primitive, Callable[[np.ndarray, Any, dict[str, Any]], Any]] = {
+    jprim.neg_p: lambda c, aval, params: np.negative(c),
+    jprim.copy_p: lambda c, aval, params: c,
+    jprim.reshape_p: lambda c, aval, params: _reshaped(c, aval, params),
+    jprim.broadcast_in_dim_p: lambda c, aval, params: np.broadcast_to(
+        c.reshape(
+            [
+                c.shape[params["broadcast_dimensions"].index(d)]
+                if d in params["broadcast_dimensions"]
+                else 1
+                for d in range(aval.ndim)
+            ]
+        ),
+        aval.shape,
+    ),
+}
+
+
+def _reshaped(c: np.ndarray, aval: Any, params: dict[str, Any]) -> np.ndarray:
+    """`lax.reshape` of the constant `c`: transposed first by `dimensions`, when
+    given."""
+    dimensions = params.get("dimensions")
+    if dimensions is not None:
+        c = np.transpose(c, dimensions)
+    return c.reshape(aval.shape)
+
+
+def _scales_exactly(old: Any, new: Any) -> bool:
+    """Whether converting `s * c` from dtype `old` to `new` is converting `s` and
+    `c` (up to rounding): from a real floating dtype to a floating or complex one
+    (not to an integer, which truncates, nor from a complex, whose imaginary part
+    a real dtype drops)."""
+    return np.issubdtype(old, np.floating) and np.issubdtype(new, np.inexact)
+
+
+def known_scaled_constant(x: Any, max_size: int = 1024) -> tuple[Any, Any] | None:
+    """`x` as a scalar times a known constant, when the program being traced shows
+    it to be one: `noise * jnp.eye(n)` with a traced `noise`, where
+    [`quax.known_constant`][] (which needs every number) sees nothing.
+
+    A rule that keeps a structure against a constant (a diagonal added as a dense
+    array, as Gaussian-process code adds `noise * jnp.eye(n)` with a noise it
+    learns) asks here for the constant's pattern and the traced factor apart. The
+    constant is read as `known_constant` reads one; the equations seen through are
+    products of such parts (`s * C`, `C * s`, `(s * C) * t`, through the broadcast
+    that `jnp` gives a scalar), quotients by one whose constant has no zero (`s *
+    C / t`), negation, copies, reshapes, broadcasts and conversions from a real
+    floating dtype to an inexact one. Under `jax.grad`, `jax.jvp` and
+    `jax.linearize` (outside or inside `jit`) both the primal and the tangent must
+    show it, with proportional constants: the scale then carries the derivative.
+
+    **Arguments:**
+
+    - `x`: a plain array or a tracer.
+    - `max_size`: arrays of more elements are not looked at (`None` is returned).
+
+    **Returns:**
+
+    A pair `(scale, constant)` with `x == scale * constant` (up to rounding): the
+    `scale` a 0-dimensional array of `x`'s dtype (NumPy's one when all of `x` is
+    known, else a tracer that the caller's program may use, as it does `x`) and
+    the `constant` a NumPy array of `x`'s shape and dtype. `x` itself (with a scale
+    of one) when it is not a tracer. Otherwise `None`.
+
+    Asked (as `known_constant` is) inside library code that quax runs eagerly as
+    one compiled program (see [`quax.set_eager_compilation`][]) about an array
+    whose scale comes from the leaves of values, it makes that code run equation
+    by equation instead, where `x` is concrete and all known.
+
+    !!! note
+
+        A rule that asked here is never recorded for replay (the scale is a tracer
+        of this program, and the next call's may differ): it runs at each bind,
+        as one that asked `known_constant` does.
+    """
+    if not isinstance(x, Tracer):
+        if np.size(x) > max_size:
+            return None
+        known = np.asarray(x)
+        return np.ones((), known.dtype), known
+    _asks.count += 1
+    if np.size(x) > max_size:
+        return None
+    out = _ScaledReader(max_size).parts(x, 0)
+    if out is None or out[0] is not None:
+        # As `known_constant`: an eager compiled program's code runs equation by
+        # equation, where `x` is concrete.
+        require_concrete(x)
+    if out is None:
+        return None
+    scale, constant = out
+    dtype = x.dtype
+    scale = np.ones((), dtype) if scale is None else scale
+    return scale, np.broadcast_to(constant, np.shape(x)).astype(dtype, copy=False)
+
+
+# A scale, as `_ScaledReader` passes it: `None` (one), a 0-dimensional NumPy array,
+# or a 0-dimensional tracer.
+_Parts = tuple[Any, np.ndarray]
+
+
+class _ScaledReader:
+    """The reader behind `known_scaled_constant`: a value as `(scale, constant)`,
+    the arithmetic on traced scales bound at their own trace (a staged program's,
+    a tangent's), never at the current one. Each tracer is looked at once."""
+
+    def __init__(self, max_size: int) -> None:
+        self.value = _staged_values(max_size)
+        self.split: dict[int, _Parts | None] = {}  # by tracer id
+
+    def parts(self, t: Any, depth: int) -> _Parts | None:
+        if not isinstance(t, Tracer):
+            return None, np.asarray(t)
+        if id(t) not in self.split:
+            self.split[id(t)] = self.read(t, depth)
+        return self.split[id(t)]
+
+    def read(self, t: Any, depth: int) -> _Parts | None:
+        aval: Any = t.aval
+        if depth >= _INVARIANCE_MAX_DEPTH:
+            return None
+        pair = tangent_pair(t)
+        if pair is not None:
+            return self.pair(t, *pair, depth)
+        known = self.value(t)
+        if known is not None:
+            return None, known
+        if aval.size == 1:  # a traced number: itself times one
+            return _scale_op(_number, t), np.ones(aval.shape, aval.dtype)
+        eqn = staged_equation(t)
+        if eqn is None:
+            return None
+        primitive, operands = eqn.primitive, eqn.in_tracers
+        if primitive in (jprim.mul_p, jprim.div_p):
+            # Of the operands' dtype (not a product computed in another).
+            if any(o.aval.dtype != aval.dtype for o in operands):
+                return None
+            left, right = (self.parts(o, depth + 1) for o in operands)
+            if left is None or right is None:
+                return None
+            if primitive is jprim.mul_p:
+                scale = _scale_op(operator.mul, left[0], right[0])
+                return scale, np.multiply(left[1], right[1])
+            # `c / 0` is not `(1 / 0) * c`, nor an integer quotient a product.
+            if np.any(right[1] == 0) or not np.issubdtype(aval.dtype, np.inexact):
+                return None
+            scale = _scale_op(operator.truediv, left[0], right[0])
+            return scale, np.divide(left[1], right[1])
+        if primitive is jprim.convert_element_type_p:
+            inner = self.parts(operands[0], depth + 1)
+            if inner is None or not _scales_exactly(operands[0].aval.dtype, aval.dtype):
+                return None
+            scale = _scale_op(lambda s: s.astype(aval.dtype), inner[0])
+            return scale, inner[1].astype(aval.dtype)
+        rule = _SCALED_UNARY.get(primitive)
+        if rule is None or len(operands) != 1:
+            return None
+        inner = self.parts(operands[0], depth + 1)
+        if inner is None:
+            return None
+        return inner[0], rule(inner[1], aval, eqn.params)
+
+    def pair(self, t: Any, primal: Any, tangent: Any, depth: int) -> _Parts | None:
+        """A tracer of differentiation, with this `primal` and `tangent`: both a
+        scale times a constant, the constants proportional (`Ct = k Cp`), so that
+        `t` is `(sp, k st) * Cp`, or `(0, st) * Ct` where `Cp` is all zeros."""
+        p = self.parts(primal, depth + 1)
+        if p is None:
+            return None
+        if isinstance(tangent, AdZero):
+            return p  # constant for this derivative: the primal's scale has none
+        q = self.parts(tangent, depth + 1)
+        if q is None:
+            return None
+        (sp, cp), (st, ct) = p, q
+        if not np.any(ct):
+            return p  # an instantiated zero tangent: as a symbolic one
+        if not np.any(cp):
+            zero = np.zeros((), t.aval.dtype)
+            st = np.ones((), t.aval.dtype) if st is None else st  # a concrete tangent
+            return with_tangent(t, zero, st), ct
+        flat = np.abs(cp).reshape(-1)
+        at = int(np.argmax(flat))
+        k = ct.reshape(-1)[at] / cp.reshape(-1)[at]
+        eps = np.finfo(np.result_type(ct.dtype, np.float16)).eps
+        if not (
+            np.isfinite(flat[at])
+            and np.isfinite(k)
+            and np.allclose(ct, k * cp, rtol=16 * eps, atol=0)
+        ):
+            return None
+        sp = np.ones((), t.aval.dtype) if sp is None else sp
+        st = np.ones((), t.aval.dtype) if st is None else st  # a concrete tangent
+        tangent_scale = _scale_op(lambda s: s * k.astype(s.dtype), st)
+        return with_tangent(t, sp, tangent_scale), cp
+
+
+def _scale_op(fn: Callable[..., Any], *scales: Any) -> Any:
+    """`fn` of the `scales` (`None` is one: a product or quotient with it is the
+    other scale), bound at the trace of the traced ones (all of one trace)."""
+    if fn in (operator.mul, operator.truediv) and scales[1] is None:
+        return scales[0]
+    if fn is operator.mul and scales[0] is None:
+        return scales[1]
+    if scales[0] is None:
+        scales = (np.ones((), scales[1].dtype), *scales[1:])
+    traced = [s for s in scales if isinstance(s, Tracer)]
+    if not traced:
+        return np.asarray(fn(*scales))
+    return call_at_trace(traced[0]._trace, lambda v, _: fn(*v), scales, None)
+
+
+def _number(t: Any) -> Any:
+    """The array `t` of one element, 0-dimensional."""
+    return t if np.ndim(t) == 0 else t.reshape(())
 
 
 # Counting evaluations ----------------------------------------------------------------

@@ -349,13 +349,15 @@ class StructuredMatrix(quax.GuardedValue):
         if primitive is None or primitive.name not in ("add", "sub"):
             return way_out
         return (
-            "A dense operand stays structured only where it is a constant of the "
-            "program with no entry off the diagonal (`0.1 * jnp.eye(n)` with a "
-            "literal `0.1`); a traced scalar times `jnp.eye(n)` under `jax.jit` is "
-            "not known to be diagonal: write it `quax_structured.ScaledIdentity("
-            "noise, n)` (or `Diagonal(d)`), which any traced `noise` keeps "
-            "structured (a symmetric `Kronecker` plus it is a "
-            "`KroneckerPlusIdentity`). Or: " + way_out
+            "A dense operand stays structured only where the program shows it to "
+            "be a scalar (a literal or traced) times a constant with no entry off "
+            "the diagonal (`0.1 * jnp.eye(n)`, `noise * jnp.eye(n)`; not an array "
+            "that is an argument of `jax.jit`, nor one computed from one, nor a "
+            "noise batched by `jax.vmap`, nor a traced noise inside "
+            "`quax.zero.ieee_strict`): write it "
+            "`quax_structured.ScaledIdentity(noise, n)` (or `Diagonal(d)`), which "
+            "any traced `noise` keeps structured (a symmetric `Kronecker` plus it is "
+            "a `KroneckerPlusIdentity`). Or: " + way_out
         )
 
     def refusal_reason(self) -> str:

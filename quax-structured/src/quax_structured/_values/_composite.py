@@ -77,9 +77,9 @@ class _Lazy(StructuredMatrix):
                 " (`Kronecker + Diagonal` has no closed form here, not even for a "
                 "diagonal that is a Kronecker product of diagonals; a symmetric "
                 "`Kronecker` plus a scalar multiple of the identity, "
-                "`ScaledIdentity(noise, n)` or `noise * jnp.eye(n)` with a constant "
-                "`noise`, is a `KroneckerPlusIdentity`, solved exactly through the "
-                "factors' eigendecompositions: build the `Kronecker` with "
+                "`ScaledIdentity(noise, n)` or `noise * jnp.eye(n)` (a constant or "
+                "traced `noise`), is a `KroneckerPlusIdentity`, solved exactly "
+                "through the factors' eigendecompositions: build the `Kronecker` with "
                 "`symmetric=True` or `positive_definite=True`)"
             )
         return (
