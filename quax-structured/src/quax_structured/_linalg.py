@@ -61,7 +61,7 @@ def svd_of(x: StructuredMatrix, compute_uv: bool) -> list[Array] | None:
     if isinstance(x, Circulant):
         return circulant_svd(x.column, compute_uv)
     if isinstance(x, Kronecker):
-        return kron_svd(*x.factors(), compute_uv)
+        return kron_svd(x.factors(), compute_uv)
     if isinstance(x, LowRank):
         return lowrank_svd(x.u, x._v(), compute_uv)
     if isinstance(x, BlockDiagonal):
@@ -101,9 +101,9 @@ def qr_of(x: StructuredMatrix) -> tuple[Any, Any] | None:
         kw = dict(allow_materialise=x.allow_materialise)
         return ScaledIdentity(one, x.shape[-1], **kw), x
     if isinstance(x, Kronecker):
-        (qa, ra), (qb, rb) = (jnp.linalg.qr(f) for f in x.factors())
+        qs, rs = zip(*(jnp.linalg.qr(f) for f in x.factors()), strict=True)
         kw = dict(allow_materialise=x.allow_materialise)
-        return Kronecker(qa, qb, **kw), Kronecker(ra, rb, triangle="upper", **kw)
+        return Kronecker(*qs, **kw), Kronecker(*rs, triangle="upper", **kw)
     if isinstance(x, BlockDiagonal):
         q, r = jnp.linalg.qr(x.blocks)
         return x._with(q), x._with(r)
@@ -115,14 +115,12 @@ def qr_of(x: StructuredMatrix) -> tuple[Any, Any] | None:
 def eigh_of(x: LowRank | KroneckerPlusIdentity) -> tuple[Array, Array]:
     """The eigenvalues (ascending) and orthonormal eigenvectors of the
     (symmetrised) `x`: the low-rank one through a thin QR factorisation (see
-    `lowrank_eigh`), `A ⊗ B + c I` through the factors' eigendecompositions,
-    `(Qa ⊗ Qb)(Λa ⊗ Λb + c)(Qa ⊗ Qb)ᵀ` (O(na³ + nb³), plus O(n²) for the
+    `lowrank_eigh`), `A₁ ⊗ ... ⊗ A_N + c I` through the factors'
+    eigendecompositions, `(⊗ Qᵢ)(⊗ Λᵢ + c)(⊗ Qᵢ)ᵀ` (O(Σ nᵢ³), plus O(n²) for the
     vectors, the output)."""
     if isinstance(x, LowRank):
         return lowrank_eigh(x.u, x._v())
-    (wa, qa), (wb, qb) = (jnp.linalg.eigh(f) for f in x.factors())
-    values = (jnp.outer(wa, wb).reshape(-1) + x.scale).astype(x.dtype)
-    return sorted_columns(values, jnp.kron(qa, qb).astype(x.dtype), descending=False)
+    return x.eigh()
 
 
 def _identity_scale(factor: Array) -> Array | None:
@@ -148,7 +146,7 @@ def _kronecker_sum_sides(x: StructuredMatrix) -> tuple[Array, Array] | None:
     `None`."""
     parts = x.terms if isinstance(x, Sum) else (x,)
     terms = [t for t in parts if isinstance(t, Kronecker)]
-    if len(terms) != len(parts):
+    if len(terms) != len(parts) or any(len(t.matrices) != 2 for t in terms):
         return None
     shapes = {(t.left.shape, t.right.shape) for t in terms}
     if len(shapes) != 1:
@@ -197,7 +195,7 @@ def expm_of(x: StructuredMatrix) -> Any | None:
     if sides is not None:
         return Kronecker(*(jsl.expm(s) for s in sides), **kw)
     if isinstance(x, Kronecker) and x.symmetric:
-        return kron_expm_symmetric(*x.factors())
+        return kron_expm_symmetric(x.factors())
     if isinstance(x, KroneckerPlusIdentity):
-        return kron_expm_symmetric(*x.factors()) * jnp.exp(x.scale)
+        return kron_expm_symmetric(x.factors()) * jnp.exp(x.scale)
     return None
