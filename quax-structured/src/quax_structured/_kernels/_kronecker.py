@@ -4,6 +4,7 @@ through their factors: products, entries, triangular solves one factor at a time
 A factor is a square `(nᵢ, nᵢ)` array, or a vector of shape `(nᵢ,)` standing for
 the diagonal matrix `diag(dᵢ)` (applied without forming it)."""
 
+import functools as ft
 from collections.abc import Sequence
 
 import jax.numpy as jnp
@@ -47,17 +48,16 @@ def kron_diagonal(vectors: Sequence[Array]) -> Array:
 def kron_entries(factors: Sequence[Array], i: Array, j: Array) -> Array:
     """The entries `(A₁ ⊗ ... ⊗ A_N)[i, j]`: the product of the factors' entries
     at the digits of `i` and `j` in the grid's mixed radix."""
-    out = None
+    entries = []
     for factor in reversed(factors):
         size = factor.shape[-1]
         ik, jk = i % size, j % size
         i, j = i // size, j // size
         if factor.ndim == 1:
-            entry = jnp.where(ik == jk, factor[ik], jnp.zeros((), factor.dtype))
+            entries.append(jnp.where(ik == jk, factor[ik], jnp.zeros((), factor.dtype)))
         else:
-            entry = factor[ik, jk]
-        out = entry if out is None else entry * out
-    return out
+            entries.append(factor[ik, jk])
+    return ft.reduce(jnp.multiply, entries)
 
 
 def factor_solve(

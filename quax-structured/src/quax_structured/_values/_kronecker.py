@@ -404,11 +404,8 @@ class Kronecker(StructuredMatrix):
         """`Πᵢ det(Aᵢ)^(n / nᵢ)`, through `jnp.linalg.det` of the factors (whose
         derivative is exact at a factor of rank nᵢ - 1)."""
         n = self.shape[-1]
-        out = None
-        for factor in self.factors():
-            term = jnp.linalg.det(factor) ** (n // factor.shape[0])
-            out = term if out is None else out * term
-        return out
+        terms = [jnp.linalg.det(f) ** (n // f.shape[0]) for f in self.factors()]
+        return ft.reduce(jnp.multiply, terms)
 
     def cholesky(self) -> "Kronecker | None":
         if not self.symmetric:
@@ -490,13 +487,11 @@ class KroneckerLU(StructuredMatrix):
         allow_materialise: bool = False,
         positive_definite: bool = False,
     ):
-        args = list(args)
-        if perm is None:
-            if not args:
-                raise TypeError("`KroneckerLU` needs `perm`.")
-            perm = args.pop()
-        self.matrices = tuple(_gather("KroneckerLU", args, left, right, matrices))
-        self.perm = perm
+        rest = list(args)
+        if perm is None and not rest:
+            raise TypeError("`KroneckerLU` needs `perm`.")
+        self.perm = rest.pop() if perm is None else perm
+        self.matrices = tuple(_gather("KroneckerLU", rest, left, right, matrices))
         self.allow_materialise = allow_materialise
         self.positive_definite = positive_definite
 
@@ -672,9 +667,8 @@ class _KroneckerPencil(StructuredMatrix):
         if diagonals is None:
             return jnp.zeros((), self.dtype)
         n = self.shape[-1]
-        return sum((n // d.shape[0]) * jnp.sum(jnp.log(d)) for d in diagonals).astype(
-            self.dtype
-        )
+        terms = [(n // d.shape[0]) * jnp.sum(jnp.log(d)) for d in diagonals]
+        return ft.reduce(jnp.add, terms).astype(self.dtype)
 
     def lu(self) -> DeterminantLU:
         """Not LU factors: a `KroneckerEigenLU`, the factors' (generalised)
@@ -744,14 +738,12 @@ class KroneckerPlusIdentity(_KroneckerPencil):
         allow_materialise: bool = False,
         positive_definite: bool = False,
     ):
-        args = list(args)
-        if scale is None:
-            if not args:
-                raise TypeError("`KroneckerPlusIdentity` needs `scale`.")
-            scale = args.pop()
-        factors = _gather("KroneckerPlusIdentity", args, left, right, matrices)
+        rest = list(args)
+        if scale is None and not rest:
+            raise TypeError("`KroneckerPlusIdentity` needs `scale`.")
+        self.scale = rest.pop() if scale is None else scale
+        factors = _gather("KroneckerPlusIdentity", rest, left, right, matrices)
         self.matrices = tuple(factors)
-        self.scale = scale
         self.allow_materialise = allow_materialise
         self.positive_definite = positive_definite
 
