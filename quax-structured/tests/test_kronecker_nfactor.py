@@ -15,6 +15,7 @@ import pytest
 import quax
 import quax.testing
 import quax_structured as qs
+import scipy.linalg
 
 
 # Every test of this module runs with `x64` on (in conftest.py); float32 cases
@@ -280,3 +281,29 @@ def test_kronecker_of_diagonals():
     out = quax.quaxify(lambda k: k + k)(k)
     assert isinstance(out, qs.Kronecker | qs.Diagonal)
     _check(out.enable_materialise().dense(), 2 * dense)
+
+
+def test_expm_of_three_term_kronecker_sum():
+    """`A ⊗ I ⊗ I + I ⊗ B ⊗ I + I ⊗ I ⊗ C` (the 3-D Laplacian's form), the
+    identities built inside the jitted function: `expm(A) ⊗ expm(B) ⊗ expm(C)`, a
+    three-factor `Kronecker`, against SciPy's `expm` of the dense sum."""
+    a, b, c = (_rand(110 + i, s, s) for i, s in enumerate(SIZES))
+    na, nb, nc = SIZES
+
+    def fn(a, b, c):
+        eye = jnp.eye
+        terms = (
+            qs.Kronecker(a, eye(nb), eye(nc)),
+            qs.Kronecker(eye(na), 2.0 * b, eye(nc)),
+            qs.Kronecker(eye(na), eye(nb), c),
+        )
+        return quax.quaxify(lambda p, q, r: jsl.expm(p + q + r))(*terms)
+
+    out = jax.jit(fn)(a, b, c)
+    assert isinstance(out, qs.Kronecker) and len(out.matrices) == 3
+    dense = (
+        _kron(a, np.eye(nb), np.eye(nc))
+        + _kron(np.eye(na), 2.0 * b, np.eye(nc))
+        + _kron(np.eye(na), np.eye(nb), c)
+    )
+    _check(out.enable_materialise().dense(), scipy.linalg.expm(dense), scale=100.0)
