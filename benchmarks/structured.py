@@ -808,6 +808,82 @@ def _grid_gp_row(side: int, rounds: int, dense_max: int) -> dict[str, Any]:
     return row
 
 
+def grid_gp_3d(
+    sides: tuple[int, ...], rounds: int, dense_max: int = 4096, big_side: int = 100
+) -> dict[str, Any]:
+    """The grid Gaussian process of `grid_gp` on a 3-D grid (`side³` points, `K =
+    A ⊗ A ⊗ A` plus `σ² I`, a three-factor `KroneckerPlusIdentity`): the loss and
+    its gradient with respect to the three factors and the noise, under `jit`,
+    against the same code on the dense matrix where it fits (n <= `dense_max`);
+    then the `big_side³` grid (10⁶ points for the issue's 100 x 100 x 100): its
+    first call (tracing, compiling, running) and the median of three more."""
+    rows = [_grid_gp_3d_row(side, rounds, dense_max) for side in sides]
+    ns = np.log([r["n"] for r in rows])
+    exponent = float(np.polyfit(ns, np.log([r["quax grad"] for r in rows]), 1)[0])
+    fn, args = _grid_gp_3d_case(big_side)
+    t0 = time.perf_counter()
+    jax.block_until_ready(fn(*args))
+    first = time.perf_counter() - t0
+    runs = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        runs.append(time.perf_counter() - t0)
+    big = {
+        "n": big_side**3,
+        "first call": first,
+        "median call": statistics.median(runs),
+    }
+    return {"rows": rows, "exponent": exponent, "big": big}
+
+
+def _grid_gp_3d_case(side: int) -> tuple[Callable[..., Any], tuple]:
+    """The jitted value and gradient of the 3-D grid GP's loss, and its inputs."""
+    x = jnp.linspace(0, 1, side)
+    kernel = jnp.exp(-((x[:, None] - x[None, :]) ** 2) / 0.1)
+    n = side**3
+    y = jnp.cos(jnp.arange(n) * 0.37)
+
+    def loss(k, s):
+        c = k + s
+        return y @ jnp.linalg.solve(c, y) + jnp.linalg.slogdet(c)[1]
+
+    k = qs.Kronecker(kernel, kernel, kernel, symmetric=True)
+    noise = qs.ScaledIdentity(jnp.array(0.1), n)
+    fn = jax.jit(jax.value_and_grad(quax.quaxify(loss), argnums=(0, 1)))
+    return fn, (k, noise)
+
+
+def _grid_gp_3d_row(side: int, rounds: int, dense_max: int) -> dict[str, Any]:
+    fn, args = _grid_gp_3d_case(side)
+    kernel = args[0].matrices[0]
+    n = side**3
+    y = jnp.cos(jnp.arange(n) * 0.37)
+    fns = {"quax": lambda: fn(*args)}
+    if n <= dense_max:
+
+        def dense_loss(a, b, c, s):
+            m = jnp.kron(jnp.kron(a, b), c) + s * jnp.eye(n)
+            return y @ jnp.linalg.solve(m, y) + jnp.linalg.slogdet(m)[1]
+
+        dense = jax.jit(jax.value_and_grad(dense_loss, argnums=(0, 1, 2, 3)))
+        fns["dense"] = lambda: dense(kernel, kernel, kernel, jnp.array(0.1))
+    times = _timed(fns, rounds)
+    row = {"n": n, "quax grad": statistics.median(times["quax"])}
+    if "dense" in fns:
+        row["dense grad"] = statistics.median(times["dense"])
+        row["dense/quax"] = _ratio(times, "dense", "quax")
+        (_, got), (_, want) = fns["quax"](), fns["dense"]()
+        row["max relative difference (noise)"] = float(
+            jnp.abs(got[1].scale - want[3]) / jnp.abs(want[3])
+        )
+        row["max relative difference (factors)"] = max(
+            float(jnp.max(jnp.abs(g - w)) / jnp.max(jnp.abs(w)))
+            for g, w in zip(got[0].matrices, want[:3], strict=True)
+        )
+    return row
+
+
 def print_closed_forms(quick: bool = False) -> dict[str, Any]:
     """The sections of issue 29's items 4 and 7: the `LowRankPlusDiagonal` solve
     against hand-written Woodbury, and the grid Gaussian process."""
@@ -838,7 +914,28 @@ def print_closed_forms(quick: bool = False) -> dict[str, Any]:
             f"{_e(r.get('max relative difference (noise)'))} |"
         )
     print("\nFitted exponent (time ~ n^k):", round(gp["exponent"], 2))
-    return {"woodbury": wood, "grid_gp": gp}
+    gp3 = grid_gp_3d((4, 8, 12, 16) if quick else (4, 8, 12, 16, 24, 32), rounds)
+    print("\n## 3-D grid GP: value and grad of the marginal likelihood (µs per call)\n")
+    print(
+        "| n | quax | dense | dense/quax | max relative difference (noise) "
+        "| max relative difference (factors) |"
+    )
+    print("|---|---|---|---|---|---|")
+    for r in gp3["rows"]:
+        print(
+            f"| {r['n']:,} | {_us(r['quax grad'])} | {_us(r.get('dense grad'))} | "
+            f"{_x(r.get('dense/quax'))} | "
+            f"{_e(r.get('max relative difference (noise)'))} | "
+            f"{_e(r.get('max relative difference (factors)'))} |"
+        )
+    print("\nFitted exponent (time ~ n^k):", round(gp3["exponent"], 2))
+    big = gp3["big"]
+    print(
+        f"n = {big['n']:,}: first call (trace, compile, run) "
+        f"{big['first call']:.2f} s, then {big['median call']:.2f} s per call "
+        "(median of 3)"
+    )
+    return {"woodbury": wood, "grid_gp": gp, "grid_gp_3d": gp3}
 
 
 def print_solve_audit(quick: bool = False) -> dict[str, Any]:

@@ -61,7 +61,7 @@ def svd_of(x: StructuredMatrix, compute_uv: bool) -> list[Array] | None:
     if isinstance(x, Circulant):
         return circulant_svd(x.column, compute_uv)
     if isinstance(x, Kronecker):
-        return kron_svd(*x.factors(), compute_uv)
+        return kron_svd(x.factors(), compute_uv)
     if isinstance(x, LowRank):
         return lowrank_svd(x.u, x._v(), compute_uv)
     if isinstance(x, BlockDiagonal):
@@ -101,9 +101,9 @@ def qr_of(x: StructuredMatrix) -> tuple[Any, Any] | None:
         kw = dict(allow_materialise=x.allow_materialise)
         return ScaledIdentity(one, x.shape[-1], **kw), x
     if isinstance(x, Kronecker):
-        (qa, ra), (qb, rb) = (jnp.linalg.qr(f) for f in x.factors())
+        qs, rs = zip(*(jnp.linalg.qr(f) for f in x.factors()), strict=True)
         kw = dict(allow_materialise=x.allow_materialise)
-        return Kronecker(qa, qb, **kw), Kronecker(ra, rb, triangle="upper", **kw)
+        return Kronecker(*qs, **kw), Kronecker(*rs, triangle="upper", **kw)
     if isinstance(x, BlockDiagonal):
         q, r = jnp.linalg.qr(x.blocks)
         return x._with(q), x._with(r)
@@ -115,14 +115,12 @@ def qr_of(x: StructuredMatrix) -> tuple[Any, Any] | None:
 def eigh_of(x: LowRank | KroneckerPlusIdentity) -> tuple[Array, Array]:
     """The eigenvalues (ascending) and orthonormal eigenvectors of the
     (symmetrised) `x`: the low-rank one through a thin QR factorisation (see
-    `lowrank_eigh`), `A ⊗ B + c I` through the factors' eigendecompositions,
-    `(Qa ⊗ Qb)(Λa ⊗ Λb + c)(Qa ⊗ Qb)ᵀ` (O(na³ + nb³), plus O(n²) for the
+    `lowrank_eigh`), `A₁ ⊗ ... ⊗ A_N + c I` through the factors'
+    eigendecompositions, `(⊗ Qᵢ)(⊗ Λᵢ + c)(⊗ Qᵢ)ᵀ` (O(Σ nᵢ³), plus O(n²) for the
     vectors, the output)."""
     if isinstance(x, LowRank):
         return lowrank_eigh(x.u, x._v())
-    (wa, qa), (wb, qb) = (jnp.linalg.eigh(f) for f in x.factors())
-    values = (jnp.outer(wa, wb).reshape(-1) + x.scale).astype(x.dtype)
-    return sorted_columns(values, jnp.kron(qa, qb).astype(x.dtype), descending=False)
+    return x.eigh()
 
 
 def _identity_scale(factor: Array) -> Array | None:
@@ -141,30 +139,34 @@ def _identity_scale(factor: Array) -> Array | None:
     return diagonal[0]
 
 
-def _kronecker_sum_sides(x: StructuredMatrix) -> tuple[Array, Array] | None:
-    """`(A, B)` where `x` is the Kronecker sum `A ⊗ I + I ⊗ B`: a `Kronecker` or a
-    `Sum` of `Kronecker`s, each with a factor that the program shows to be a
-    constant multiple of the identity (`Kronecker(a, c * jnp.eye(nb))`). Else
-    `None`."""
+def _kronecker_sum_sides(x: StructuredMatrix) -> list[Array] | None:
+    """`[A₁, ..., A_N]` where `x` is the Kronecker sum `A₁ ⊗ I ⊗ ... ⊗ I + ... +
+    I ⊗ ... ⊗ I ⊗ A_N` (for two factors, `A ⊗ I + I ⊗ B`): a `Kronecker` or a
+    `Sum` of `Kronecker`s with factors of the same sizes, each with all factors
+    but at most one shown by the program to be constant multiples of the
+    identity (`Kronecker(a, c * jnp.eye(nb))`). Else `None`."""
     parts = x.terms if isinstance(x, Sum) else (x,)
     terms = [t for t in parts if isinstance(t, Kronecker)]
     if len(terms) != len(parts):
         return None
-    shapes = {(t.left.shape, t.right.shape) for t in terms}
+    shapes = {t.sizes for t in terms}
     if len(shapes) != 1:
         return None
-    ((left_shape, right_shape),) = shapes
+    ((*sizes,),) = shapes
     dtype = x.dtype
-    left, right = jnp.zeros(left_shape, dtype), jnp.zeros(right_shape, dtype)
+    sides = [jnp.zeros((size, size), dtype) for size in sizes]
     for term in terms:
-        a, b = term.factors()
-        if (c := _identity_scale(b)) is not None:
-            left = left + (a * c).astype(dtype)
-        elif (c := _identity_scale(a)) is not None:
-            right = right + (b * c).astype(dtype)
-        else:
+        factors = term.factors()
+        scales = [_identity_scale(f) for f in factors]
+        others = [k for k, c in enumerate(scales) if c is None]
+        if len(others) > 1:
             return None
-    return left, right
+        k = others[0] if others else 0
+        c = np.prod(
+            [np.asarray(c) for c in scales[:k] + scales[k + 1 :] if c is not None]
+        )
+        sides[k] = sides[k] + (factors[k] * c).astype(dtype)
+    return sides
 
 
 def expm_of(x: StructuredMatrix) -> Any | None:
@@ -172,9 +174,10 @@ def expm_of(x: StructuredMatrix) -> Any | None:
     structure gives it: `exp` of the diagonal; the circulant with eigenvalues
     `exp(fft(column))`; each block's `expm`; `I + U φ(Vᵀ U) Vᵀ` for a low-rank
     `U Vᵀ` (`φ(z) = (eᶻ - 1) / z`, a `LowRankPlusDiagonal`); `expm(A) ⊗ expm(B)`
-    for a Kronecker sum `A ⊗ I + I ⊗ B` (also a single `Kronecker` with an
-    identity factor); for a symmetric `Kronecker` product, or one plus `c I`, the
-    factors' eigendecompositions (a dense result, O(n (na² + nb²)))."""
+    for a Kronecker sum `A ⊗ I + I ⊗ B` (`⊗ expm(Aᵢ)` for N factors; also a
+    single `Kronecker` with identity factors); for a symmetric `Kronecker`
+    product, or one plus `c I`, the factors' eigendecompositions (a dense result,
+    contracted one factor at a time, see `kron_expm_symmetric`)."""
     kw = dict(allow_materialise=x.allow_materialise)
     if isinstance(x, ScaledIdentity):
         return ScaledIdentity(jnp.exp(x.scale), x.n, **kw)
@@ -197,7 +200,7 @@ def expm_of(x: StructuredMatrix) -> Any | None:
     if sides is not None:
         return Kronecker(*(jsl.expm(s) for s in sides), **kw)
     if isinstance(x, Kronecker) and x.symmetric:
-        return kron_expm_symmetric(*x.factors())
+        return kron_expm_symmetric(x.factors())
     if isinstance(x, KroneckerPlusIdentity):
-        return kron_expm_symmetric(*x.factors()) * jnp.exp(x.scale)
+        return kron_expm_symmetric(x.factors()) * jnp.exp(x.scale)
     return None

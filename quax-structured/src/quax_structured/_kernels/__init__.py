@@ -35,6 +35,7 @@ from ._gko import batched as batched, gko_pivots as gko_pivots, gko_solve as gko
 from ._kronecker import (
     factor_solve as factor_solve,
     kron_apply as kron_apply,
+    kron_diagonal as kron_diagonal,
     kron_entries as kron_entries,
 )
 from ._levinson import levinson as levinson

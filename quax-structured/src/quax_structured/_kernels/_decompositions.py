@@ -5,8 +5,14 @@ structured matrices given by their leaves (plain arrays): diagonal, circulant
 descending order and eigenvalues in ascending order, as `jnp.linalg.svd` and
 `jnp.linalg.eigh` return them."""
 
+import functools as ft
+from collections.abc import Sequence
+
 import jax.numpy as jnp
+import numpy as np
 from jaxtyping import Array
+
+from ._kronecker import kron_diagonal
 
 
 __all__ = [
@@ -135,31 +141,38 @@ def circulant_expm(column: Array) -> Array:
     return out.real.astype(column.dtype)
 
 
-def kron_svd(a: Array, b: Array, compute_uv: bool) -> list[Array]:
-    """`svd_p` of `a ⊗ b`: `(Ua ⊗ Ub)(Σa ⊗ Σb)(Va ⊗ Vb)ᴴ`, the factors' SVDs,
-    O(na³ + nb³), the singular values sorted, O(n log n) (`n = na nb`), plus O(n²)
-    for the vectors (the output)."""
+def kron_svd(factors: Sequence[Array], compute_uv: bool) -> list[Array]:
+    """`svd_p` of `A₁ ⊗ ... ⊗ A_N`: `(⊗ Uᵢ)(⊗ Σᵢ)(⊗ Vᵢ)ᴴ`, the factors' SVDs,
+    O(Σ nᵢ³), the singular values sorted, O(n log n) (`n = Π nᵢ`), plus O(n²) for
+    the vectors (the output)."""
     if not compute_uv:
-        sa, sb = jnp.linalg.svdvals(a), jnp.linalg.svdvals(b)
-        return _descending(jnp.outer(sa, sb).reshape(-1))
-    ua, sa, vha = jnp.linalg.svd(a)
-    ub, sb, vhb = jnp.linalg.svd(b)
-    u = jnp.kron(ua, ub)
-    v = jnp.conj(jnp.kron(vha, vhb)).T
-    return _svd_outputs(jnp.outer(sa, sb).reshape(-1), u, v)
+        return _descending(kron_diagonal([jnp.linalg.svdvals(f) for f in factors]))
+    svds = [jnp.linalg.svd(f) for f in factors]
+    u = ft.reduce(jnp.kron, [u for u, _, _ in svds])
+    v = jnp.conj(ft.reduce(jnp.kron, [vh for _, _, vh in svds])).T
+    return _svd_outputs(kron_diagonal([s for _, s, _ in svds]), u, v)
 
 
-def kron_expm_symmetric(a: Array, b: Array) -> Array:
-    """`expm(a ⊗ b)` for symmetric `a`, `b`: `(Qa ⊗ Qb) exp(Λa ⊗ Λb) (Qa ⊗ Qb)ᵀ`
-    through the factors' eigendecompositions, contracted one factor at a time:
-    O(n (na² + nb²)) for `n = na nb` (dense: O(n³)); the result is the dense
-    `(n, n)` output."""
-    (wa, qa), (wb, qb) = jnp.linalg.eigh(a), jnp.linalg.eigh(b)
-    e = jnp.exp(jnp.outer(wa, wb)).astype(qa.dtype)
-    half = jnp.einsum("ik,mk,kl->iml", qa, qa, e)
-    out = jnp.einsum("iml,jl,nl->ijmn", half, qb, qb)
-    n = a.shape[0] * b.shape[0]
-    return out.reshape(n, n)
+def kron_expm_symmetric(factors: Sequence[Array]) -> Array:
+    """`expm(A₁ ⊗ ... ⊗ A_N)` for symmetric factors: `Q exp(Λ) Qᵀ` (`Q = ⊗ Qᵢ`,
+    `Λ = ⊗ Λᵢ`) through the factors' eigendecompositions, contracted one factor
+    at a time: the `k`-th step replaces the grid axis of `exp(Λ)` by the pair
+    `(iₖ, jₖ)`, at most O(n² max nᵢ) in all for `n = Π nᵢ` (dense: O(n³)); the
+    result is the dense `(n, n)` output."""
+    pairs = [jnp.linalg.eigh(f) for f in factors]
+    sizes = [f.shape[0] for f in factors]
+    count = len(factors)
+    out = jnp.exp(kron_diagonal([w for w, _ in pairs])).astype(pairs[0][1].dtype)
+    out = out.reshape(sizes)
+    for k, (_, q) in enumerate(pairs):
+        # Axes so far: (i₀, j₀, ..., i₍ₖ₋₁₎, j₍ₖ₋₁₎, kₖ, ..., k₍N₋₁₎); contract kₖ.
+        axis = 2 * k
+        moved = jnp.moveaxis(out, axis, -1)
+        moved = jnp.einsum("...l,il,jl->...ij", moved, q, q)
+        out = jnp.moveaxis(moved, (-2, -1), (axis, axis + 1))
+    order = [2 * k for k in range(count)] + [2 * k + 1 for k in range(count)]
+    n = int(np.prod(sizes))
+    return out.transpose(order).reshape(n, n)
 
 
 def _complete_qr(x: Array) -> tuple[Array, Array, int]:

@@ -18,6 +18,7 @@ from ._kronecker import (
     Kronecker as Kronecker,
     KroneckerEigenLU as KroneckerEigenLU,
     KroneckerLU as KroneckerLU,
+    KroneckerPlusDiagonal as KroneckerPlusDiagonal,
     KroneckerPlusIdentity as KroneckerPlusIdentity,
 )
 from ._lowrank import (

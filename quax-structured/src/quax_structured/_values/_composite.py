@@ -71,15 +71,19 @@ class _Lazy(StructuredMatrix):
             )
         kronecker = ""
         if any(isinstance(p, Kronecker) for p in self.parts) and any(
-            isinstance(p, Diagonal | ScaledIdentity) for p in self.parts
+            isinstance(p, Diagonal | ScaledIdentity)
+            or (isinstance(p, Kronecker) and all(p.diagonal))
+            for p in self.parts
         ):
             kronecker = (
-                " (`Kronecker + Diagonal` has no closed form here, not even for a "
-                "diagonal that is a Kronecker product of diagonals; a symmetric "
-                "`Kronecker` plus a scalar multiple of the identity, "
-                "`ScaledIdentity(noise, n)` or `noise * jnp.eye(n)` (a constant or "
-                "traced `noise`), is a `KroneckerPlusIdentity`, solved exactly "
-                "through the factors' eigendecompositions: build the `Kronecker` with "
+                " (`Kronecker + Diagonal` has a closed form here only where the "
+                "`Kronecker` is symmetric and the diagonal is a scalar multiple of "
+                "the identity, `ScaledIdentity(noise, n)` or `noise * jnp.eye(n)` "
+                "with a constant or traced `noise` (a `KroneckerPlusIdentity`), or a "
+                "Kronecker product of positive diagonals of the factors' sizes, "
+                "`Kronecker(Diagonal(d1), Diagonal(d2))` (a "
+                "`KroneckerPlusDiagonal`); both are solved exactly through the "
+                "factors' eigendecompositions: build the `Kronecker` with "
                 "`symmetric=True` or `positive_definite=True`)"
             )
         return (

@@ -1,8 +1,13 @@
-"""`Kronecker` products: products through reshapes, LU and Cholesky through the
-factors; `KroneckerPlusIdentity`, `A ⊗ B + σ² I` (a Gaussian process's covariance
-on a grid with its noise), solved through the factors' eigendecompositions."""
+"""`Kronecker` products of any number of factors, `A₁ ⊗ A₂ ⊗ ... ⊗ A_N`: products
+through reshapes, LU and Cholesky through the factors; `KroneckerPlusIdentity`,
+`A₁ ⊗ ... ⊗ A_N + σ² I` (a Gaussian process's covariance on a grid with its
+noise), and `KroneckerPlusDiagonal`, `A₁ ⊗ ... ⊗ A_N + c D₁ ⊗ ... ⊗ D_N` (a
+heteroscedastic noise on the grid), solved through the factors' (generalised)
+eigendecompositions."""
 
-from typing import Literal
+import functools as ft
+from collections.abc import Sequence
+from typing import Any, Literal
 
 import equinox as eqx
 import jax
@@ -15,183 +20,418 @@ from .._kernels import (
     factor_solve,
     failed_factorisation,
     kron_apply,
+    kron_diagonal,
     kron_entries,
     nan_where,
     on_diagonal,
 )
-from ._base import MaterialisationError, StructuredMatrix, unbatched
+from ._base import MaterialisationError, StructuredMatrix
 from ._circulant import SolverLU
 from ._determinant import DeterminantLU
-from ._diagonal import ScaledIdentity
+from ._diagonal import Diagonal, ScaledIdentity
 
 
-__all__ = ["Kronecker", "KroneckerEigenLU", "KroneckerLU", "KroneckerPlusIdentity"]
+__all__ = [
+    "Kronecker",
+    "KroneckerEigenLU",
+    "KroneckerLU",
+    "KroneckerPlusDiagonal",
+    "KroneckerPlusIdentity",
+]
+
+
+def _symmetrised(a: Array) -> Array:
+    return (a + a.T) / 2
+
+
+def _gather(
+    name: str, positional: Sequence[Any], left: Any, right: Any, matrices: Any
+) -> list[Any]:
+    """The factors of a constructor call: positional, then `left`/`right` (the
+    two-factor keywords of the published signature) around them, or `matrices`
+    (the field, as `dataclasses.replace` passes it)."""
+    factors = list(positional)
+    if left is not None:
+        factors.insert(0, left)
+    if right is not None:
+        factors.append(right)
+    if matrices is not None:
+        if factors:
+            raise TypeError(
+                f"`{name}` takes its factors either positionally (or as `left`, "
+                "`right`) or as `matrices=`, not both."
+            )
+        factors = list(matrices)
+    return factors
+
+
+def _unbatched_factors(value: Any, field: str, ndims: Sequence[int]) -> None:
+    """Refuse a structure without batch axes whose factor `field[k]` has more
+    axes than `ndims[k]`: a stack built by `jax.vmap` or `jax.tree.map` past the
+    constructor's checks, which its `aval` would misread as one matrix."""
+    for k, (leaf, ndim) in enumerate(zip(getattr(value, field), ndims, strict=True)):
+        shape = jnp.shape(leaf)
+        if len(shape) != ndim:
+            raise ValueError(
+                f"`{type(value).__name__}` has no batch axes: `{field}[{k}]` must "
+                f"have {ndim} axes, got shape {shape} (a stack of matrices, e.g. "
+                "built by `jax.vmap` or `jax.tree.map`). Map over the stack outside "
+                "the quaxified function instead: `jax.vmap(quax.quaxify(fn))`."
+            )
+
+
+def _factor_name(factors: Sequence[Any], k: int) -> str:
+    """How an error names factor `k`: `left`/`right` for two factors (the
+    published fields), else `matrices[k]`."""
+    return ("left", "right")[k] if len(factors) == 2 else f"matrices[{k}]"
+
+
+def _check_square(name: str, factors: Sequence[Any]) -> None:
+    for k, factor in enumerate(factors):
+        shape = jnp.shape(factor)
+        if len(shape) != 2 or shape[0] != shape[1]:
+            raise ValueError(
+                f"`{name}` needs square 2-dimensional factors, got "
+                f"`{_factor_name(factors, k)}` of shape {shape}."
+            )
+
+
+def _two_factor_field(value: Any, field: str, k: int) -> Array:
+    """`left` (`k = 0`) or `right` (`k = 1`), the published two-factor fields, read
+    from the factors `field`: `right` only where there are exactly two."""
+    factors = getattr(value, field)
+    if k == 1 and len(factors) != 2:
+        raise AttributeError(
+            f"`{type(value).__name__}.right` is the second of exactly two factors; "
+            f"this one has {len(factors)}: read `.{field}` (all of them, in order)."
+        )
+    return factors[k]
 
 
 class Kronecker(StructuredMatrix):
-    """`left ⊗ right`, the Kronecker product of two square matrices (row-major, as
-    `jnp.kron`). Products cost O(n (na + nb)) through reshapes; `jnp.linalg.solve`,
-    `det`, `slogdet` and `cholesky` go through the factors.
+    """`A₁ ⊗ A₂ ⊗ ... ⊗ A_N`, the Kronecker product of two or more square matrices
+    (row-major, as `jnp.kron`; `Kronecker(A, B)` is `jnp.kron(A, B)`). Products
+    cost O(n Σ nᵢ) through reshapes (`n = Π nᵢ`); `jnp.linalg.solve`, `det`,
+    `slogdet`, `cholesky`, `eigh`, `svd`, `qr` go through the factors.
+
+    `Kronecker(A, B, C)`, `Kronecker(Kronecker(A, B), C)` and `Kronecker(A,
+    Kronecker(B, C))` are the same matrix with the same three factors (a
+    `Kronecker` factor is spliced in). A `Diagonal` (or `ScaledIdentity`) factor is
+    kept as its diagonal: `Kronecker(Diagonal(d1), Diagonal(d2))` is a diagonal
+    matrix stored in `n₁ + n₂` numbers, and a symmetric `Kronecker` plus it is a
+    `KroneckerPlusDiagonal`.
+
+    **Arguments:**
+
+    - `*factors`: the square factors (arrays, `Kronecker`s, or `Diagonal`s /
+        `ScaledIdentity`s without batch axes), in order. The published two-factor
+        call `Kronecker(left, right, symmetric, triangle)` works as it did,
+        positionally or with the keywords `left=` and `right=`.
+    - `symmetric`, `triangle`, `allow_materialise`, `positive_definite`: the fields
+        below (keyword or, for the first two, after the factors).
 
     **Fields:**
 
-    - `left`: shape `(na, na)`.
-    - `right`: shape `(nb, nb)`.
-    - `symmetric`: whether both factors are symmetric (static; a property tag that
+    - `matrices`: the factors in order: `(nᵢ, nᵢ)` arrays, or `(nᵢ,)` diagonals
+        where `diagonal[i]`. `left` is `matrices[0]` and `right` `matrices[1]`
+        (for two factors), as the published fields.
+    - `diagonal`: which factors are stored as their diagonal (static).
+    - `symmetric`: whether every factor is symmetric (static; a property tag that
         `jnp.linalg.cholesky` needs, as it symmetrises its input first).
-    - `triangle`: `"lower"` or `"upper"` when both factors are triangular (static;
+    - `triangle`: `"lower"` or `"upper"` when every factor is triangular (static;
         set on Cholesky factors), else `None`.
     - `allow_materialise`: as for [`quax_structured.TridiagonalMatrix`][] (static).
     """
 
-    left: Array
-    right: Array
+    matrices: tuple[Array, ...]
+    diagonal: tuple[bool, ...] = eqx.field(static=True)
     symmetric: bool = eqx.field(default=False, static=True)
     triangle: Literal["lower", "upper"] | None = eqx.field(default=None, static=True)
 
     linear_in_leaves = False
 
-    def __check_init__(self):
-        for name in ("left", "right"):
-            shape = getattr(self, name).shape
-            if len(shape) != 2 or shape[0] != shape[1]:
+    def __init__(
+        self,
+        *factors: Any,
+        left: Any = None,
+        right: Any = None,
+        matrices: Sequence[Array] | None = None,
+        diagonal: Sequence[bool] | None = None,
+        symmetric: bool = False,
+        triangle: Literal["lower", "upper"] | None = None,
+        allow_materialise: bool = False,
+        positive_definite: bool = False,
+    ):
+        args = list(factors)
+        options = []
+        while args and (isinstance(args[-1], bool | str) or args[-1] is None):
+            options.insert(0, args.pop())
+        if options:
+            # The published positional form `Kronecker(left, right, symmetric,
+            # triangle)`.
+            if len(options) > 2 or not isinstance(options[0], bool):
+                raise TypeError(
+                    "`Kronecker` takes its factors positionally, then optionally "
+                    "`symmetric` (a bool) and `triangle` (`'lower'`, `'upper'` or "
+                    f"`None`); got the trailing arguments {options!r}."
+                )
+            symmetric = options[0]
+            if len(options) == 2:
+                triangle = options[1]
+        flags = None if diagonal is None else list(diagonal)
+        stored, is_diagonal = [], []
+        for k, factor in enumerate(_gather("Kronecker", args, left, right, matrices)):
+            if isinstance(factor, Kronecker):
+                stored.extend(factor._operands())
+                is_diagonal.extend(factor.diagonal)
+            elif isinstance(factor, ScaledIdentity | Diagonal):
+                vector = (
+                    factor.diag
+                    if isinstance(factor, Diagonal)
+                    else jnp.broadcast_to(
+                        factor.scale, (*jnp.shape(factor.scale), factor.n)
+                    )
+                )
+                if jnp.ndim(vector) != 1:
+                    raise ValueError(
+                        f"`Kronecker` needs square factors without batch axes; factor "
+                        f"{k} is a `{type(factor).__name__}` with batch axes (shape "
+                        f"{factor.shape}). Map over the batch outside the quaxified "
+                        "function: `jax.vmap(quax.quaxify(fn))`."
+                    )
+                stored.append(vector)
+                is_diagonal.append(True)
+            elif isinstance(factor, StructuredMatrix):
                 raise ValueError(
-                    f"`Kronecker` needs square 2-dimensional factors, got `{name}` "
-                    f"of shape {shape}."
+                    f"`Kronecker` factors are arrays, `Kronecker`s, `Diagonal`s or "
+                    f"`ScaledIdentity`s; factor {k} is a `{type(factor).__name__}`. "
+                    "Pass its dense array (`.enable_materialise().dense()`, O(nᵢ²) "
+                    "for a factor of size nᵢ)."
+                )
+            else:
+                stored.append(factor)
+                is_diagonal.append(False if flags is None else flags[k])
+        self.matrices = tuple(stored)
+        self.diagonal = tuple(is_diagonal)
+        self.symmetric = symmetric
+        self.triangle = triangle
+        self.allow_materialise = allow_materialise
+        self.positive_definite = positive_definite
+
+    def __check_init__(self):
+        if len(self.matrices) < 2:
+            raise ValueError(
+                "`Kronecker` needs two or more factors (one factor is the matrix "
+                f"itself); got {len(self.matrices)}."
+            )
+        for k, (factor, diagonal) in enumerate(
+            zip(self.matrices, self.diagonal, strict=True)
+        ):
+            shape = jnp.shape(factor)
+            if diagonal and len(shape) != 1:
+                raise ValueError(
+                    f"`Kronecker` stores a diagonal factor as its diagonal (1 axis); "
+                    f"`matrices[{k}]` has shape {shape}."
+                )
+            if not diagonal and (len(shape) != 2 or shape[0] != shape[1]):
+                raise ValueError(
+                    "`Kronecker` needs square 2-dimensional factors, got "
+                    f"`{_factor_name(self.matrices, k)}` of shape {shape}."
                 )
 
-    def aval(self) -> jax.core.ShapedArray:
-        unbatched(self, "left", 2)
-        n = self.left.shape[0] * self.right.shape[0]
-        return jax.core.ShapedArray((n, n), jnp.result_type(self.left, self.right))
+    @property
+    def left(self) -> Array:
+        """The first factor (the published field's name)."""
+        return _two_factor_field(self, "matrices", 0)
 
-    def factors(self) -> tuple[Array, Array]:
-        """The two factors; symmetrised, `(a + aᵀ) / 2`, when `symmetric`, so that
-        the matrix is symmetric whatever its leaves hold (and under `grad`)."""
-        if self.symmetric:
-            return (self.left + self.left.T) / 2, (self.right + self.right.T) / 2
-        return self.left, self.right
+    @property
+    def right(self) -> Array:
+        """The second of exactly two factors (the published field's name)."""
+        return _two_factor_field(self, "matrices", 1)
+
+    @property
+    def sizes(self) -> tuple[int, ...]:
+        """The factors' sizes `(n₁, ..., n_N)`."""
+        return tuple(jnp.shape(m)[-1] for m in self.matrices)
+
+    def aval(self) -> jax.core.ShapedArray:
+        _unbatched_factors(self, "matrices", [1 if d else 2 for d in self.diagonal])
+        n = 1
+        for size in self.sizes:
+            n *= size
+        return jax.core.ShapedArray((n, n), jnp.result_type(*self.matrices))
+
+    def _operands(self) -> tuple[Array, ...]:
+        """The factors as the kernels read them: diagonal ones as their diagonal,
+        the others symmetrised, `(a + aᵀ) / 2`, when `symmetric`."""
+        return tuple(
+            m if d or not self.symmetric else _symmetrised(m)
+            for m, d in zip(self.matrices, self.diagonal, strict=True)
+        )
+
+    def factors(self) -> tuple[Array, ...]:
+        """The factors as square arrays; symmetrised, `(a + aᵀ) / 2`, when
+        `symmetric`, so that the matrix is symmetric whatever its leaves hold (and
+        under `grad`); a diagonal factor as its `(nᵢ, nᵢ)` diagonal matrix."""
+        return tuple(jnp.diag(m) if m.ndim == 1 else m for m in self._operands())
 
     def dense(self) -> Array:
-        return jnp.kron(*self.factors())
+        return ft.reduce(jnp.kron, self.factors())
 
-    def _with(self, left: Array, right: Array, **kw) -> "Kronecker":
+    def _with(self, matrices: Sequence[Array], **kw: Any) -> "Kronecker":
         fields = dict(
+            diagonal=tuple(jnp.ndim(m) == 1 for m in matrices),
             symmetric=self.symmetric,
             triangle=self.triangle,
             allow_materialise=self.allow_materialise,
         )
-        return Kronecker(left, right, **{**fields, **kw})
+        return Kronecker(matrices=tuple(matrices), **{**fields, **kw})
 
     def transpose(self) -> "Kronecker":
         if self.symmetric:
             return self
         flipped = {"lower": "upper", "upper": "lower", None: None}[self.triangle]
-        return self._with(self.left.T, self.right.T, triangle=flipped)
+        return self._with(
+            [m if m.ndim == 1 else m.T for m in self.matrices], triangle=flipped
+        )
 
     def scaled(self, s: Array) -> "Kronecker":
-        return self._with(self.left * s, self.right)
+        return self._with((self.matrices[0] * s, *self.matrices[1:]))
 
-    def add(self, other: StructuredMatrix) -> "KroneckerPlusIdentity | None":
-        """`A ⊗ B + c I` for a symmetric `Kronecker` (tagged `symmetric=True` or
-        `positive_definite=True`) and a `ScaledIdentity` `c I` (one matrix, no
-        batch): a `KroneckerPlusIdentity`, solved through the factors'
-        eigendecompositions."""
-        if not (isinstance(other, ScaledIdentity) and self.symmetric):
+    def add(self, other: StructuredMatrix) -> StructuredMatrix | None:
+        """`A₁ ⊗ ... ⊗ A_N + c I` for a symmetric `Kronecker` (tagged
+        `symmetric=True` or `positive_definite=True`) and a `ScaledIdentity` `c I`
+        (one matrix, no batch): a `KroneckerPlusIdentity`; plus a `Kronecker` of
+        diagonals of the same sizes, `D₁ ⊗ ... ⊗ D_N`: a `KroneckerPlusDiagonal`;
+        both solved through the factors' (generalised) eigendecompositions. A
+        `Kronecker` of diagonals plus `c I` or plus another: a `Diagonal`."""
+        if all(self.diagonal):
+            diagonal = kron_diagonal(self.matrices)
+            if isinstance(other, ScaledIdentity) and jnp.ndim(other.scale) == 0:
+                diagonal = diagonal + other.scale
+            elif isinstance(other, Kronecker) and all(other.diagonal):
+                if other.shape != self.shape:
+                    return None
+                diagonal = diagonal + kron_diagonal(other.matrices)
+            else:
+                return None
+            return Diagonal(diagonal, allow_materialise=self.allow_materialise)
+        if not self.symmetric or self.triangle is not None:
             return None
-        if jnp.ndim(other.scale) != 0 or self.triangle is not None:
+        if any(jnp.iscomplexobj(m) for m in self.matrices):
+            # The eigendecomposition routes are real: a complex symmetric factor
+            # has no orthogonal eigendecomposition (the sum stays a lazy `Sum`).
             return None
-        if jnp.iscomplexobj(self.left) or jnp.iscomplexobj(self.right):
-            # `KroneckerPlusIdentity` is real: a complex symmetric factor has no
-            # orthogonal eigendecomposition (the sum stays a lazy `Sum`).
-            return None
-        if jnp.iscomplexobj(other.scale):
-            return None
-        left, right = self.factors()
-        return KroneckerPlusIdentity(
-            left,
-            right,
-            other.scale,
+        tags = dict(
             allow_materialise=self.allow_materialise,
             positive_definite=self.positive_definite and other.positive_definite,
         )
+        if isinstance(other, ScaledIdentity):
+            if jnp.ndim(other.scale) != 0 or jnp.iscomplexobj(other.scale):
+                return None
+            return KroneckerPlusIdentity(
+                matrices=self.factors(), scale=other.scale, **tags
+            )
+        if isinstance(other, Kronecker) and all(other.diagonal):
+            if other.sizes != self.sizes:
+                return None
+            if any(jnp.iscomplexobj(d) for d in other.matrices):
+                return None
+            return KroneckerPlusDiagonal(self.factors(), other.matrices, **tags)
+        return None
 
     def matmat(self, x: Array) -> Array:
-        return kron_apply(*self.factors(), x)
+        return kron_apply(self._operands(), x)
 
     def entries(self, i: Array, j: Array) -> Array:
         n = self.shape[-1]
         return kron_entries(
-            *self.factors(), jnp.clip(i, 0, n - 1), jnp.clip(j, 0, n - 1)
+            self._operands(), jnp.clip(i, 0, n - 1), jnp.clip(j, 0, n - 1)
         )
 
     def product(self, other: StructuredMatrix) -> "Kronecker | None":
-        """`self @ other` for a Kronecker `other` with factors of matching sizes."""
-        if not isinstance(other, Kronecker):
+        """`self @ other` for a Kronecker `other` with factors of the same sizes:
+        the factors' products (two diagonals: their product, still a diagonal)."""
+        if not isinstance(other, Kronecker) or other.sizes != self.sizes:
             return None
-        if self.left.shape != other.left.shape:
-            return None
-        (a, b), (c, d) = self.factors(), other.factors()
-        return Kronecker(a @ c, b @ d, allow_materialise=self.allow_materialise)
+        out = []
+        for a, b in zip(self._operands(), other._operands(), strict=True):
+            if a.ndim == 1 and b.ndim == 1:
+                out.append(a * b)
+            elif a.ndim == 1:
+                out.append(a[:, None] * b)
+            elif b.ndim == 1:
+                out.append(a * b[None, :])
+            else:
+                out.append(a @ b)
+        return Kronecker(
+            matrices=out,
+            diagonal=tuple(m.ndim == 1 for m in out),
+            allow_materialise=self.allow_materialise,
+        )
 
     def lu(self) -> DeterminantLU:
-        """The factors' LUs with partial pivoting (LAPACK), `Pa A = La Ua` and
-        `Pb B = Lb Ub`, as one `KroneckerLU` that applies the row permutation
-        `Pa ⊗ Pb` itself (in its unit lower solve), so that `lu` returns the
-        identity pivots: LAPACK's row swaps of the n-permutation `Pa ⊗ Pb` (what
-        `slogdet` would read its sign from) take a sequential scan over n, which
-        made `slogdet` about 27x a hand-written one through the factors at
-        n = 1,024. The diagonal (what `slogdet`/`det` read) is `Ua ⊗ Ub`'s, its
-        first entry signed by the permutation's parity, `sign(Pa)^nb
-        sign(Pb)^na`."""
-        left, right = self.factors()
-        la, swaps_a, perm_a = lax.linalg.lu(left)
-        lb, swaps_b, perm_b = lax.linalg.lu(right)
-        na, nb = left.shape[0], right.shape[0]
-        perm = (perm_a[:, None] * nb + perm_b[None, :]).reshape(-1)
+        """The factors' LUs with partial pivoting (LAPACK), `Pᵢ Aᵢ = Lᵢ Uᵢ`, as one
+        `KroneckerLU` that applies the row permutation `P₁ ⊗ ... ⊗ P_N` itself (in
+        its unit lower solve), so that `lu` returns the identity pivots: LAPACK's
+        row swaps of the n-permutation (what `slogdet` would read its sign from)
+        take a sequential scan over n, which made `slogdet` about 27x a
+        hand-written one through the factors at n = 1,024. The diagonal (what
+        `slogdet`/`det` read) is `U₁ ⊗ ... ⊗ U_N`'s, its first entry signed by
+        the permutation's parity, `Πᵢ sign(Pᵢ)^(n / nᵢ)`."""
+        factors = self.factors()
+        n = self.shape[-1]
+        lus, perm, odd = [], None, 0
 
-        def odd(swaps: Array) -> Array:
+        def parity(swaps: Array) -> Array:
             return jnp.sum(swaps != jnp.arange(swaps.shape[0], dtype=swaps.dtype)) % 2
 
-        sign = jnp.where((odd(swaps_a) * nb + odd(swaps_b) * na) % 2 == 1, -1, 1)
-        pivots = jnp.kron(jnp.diagonal(la), jnp.diagonal(lb))
+        for factor in factors:
+            packed, swaps, rows = lax.linalg.lu(factor)
+            size = factor.shape[0]
+            lus.append(packed)
+            perm = rows if perm is None else (perm[:, None] * size + rows).reshape(-1)
+            odd = odd + parity(swaps) * ((n // size) % 2)
+        sign = jnp.where(odd % 2 == 1, -1, 1)
+        pivots = kron_diagonal([jnp.diagonal(m) for m in lus])
         pivots = pivots.at[0].multiply(sign.astype(pivots.dtype))
-        factors = KroneckerLU(la, lb, perm, allow_materialise=self.allow_materialise)
-        return DeterminantLU(factors, self, pivots=pivots)
+        lu = KroneckerLU(
+            matrices=lus, perm=perm, allow_materialise=self.allow_materialise
+        )
+        return DeterminantLU(lu, self, pivots=pivots)
 
     def determinant(self) -> Array:
-        """`det(A)^nb det(B)^na` for `A ⊗ B` (`A` of size `na`, `B` of size `nb`),
-        through `jnp.linalg.det` of the factors (whose derivative is exact at a
-        factor of rank n - 1)."""
-        left, right = self.factors()
-        na, nb = left.shape[0], right.shape[0]
-        return jnp.linalg.det(left) ** nb * jnp.linalg.det(right) ** na
+        """`Πᵢ det(Aᵢ)^(n / nᵢ)`, through `jnp.linalg.det` of the factors (whose
+        derivative is exact at a factor of rank nᵢ - 1)."""
+        n = self.shape[-1]
+        terms = [jnp.linalg.det(f) ** (n // f.shape[0]) for f in self.factors()]
+        return ft.reduce(jnp.multiply, terms)
 
     def cholesky(self) -> "Kronecker | None":
         if not self.symmetric:
             return None
-        left, right = (lax.linalg.cholesky(f) for f in self.factors())
+        factors = [lax.linalg.cholesky(f) for f in self.factors()]
         # As dense JAX: where the matrix is not positive definite (a factor is
         # not), the whole lower triangle of its factor is NaN.
-        failed = failed_factorisation(jnp.diagonal(left)) | failed_factorisation(
-            jnp.diagonal(right)
+        failed = ft.reduce(
+            jnp.logical_or, [failed_factorisation(jnp.diagonal(f)) for f in factors]
         )
         return Kronecker(
-            jnp.tril(nan_where(failed, left)),
-            jnp.tril(nan_where(failed, right)),
+            *(jnp.tril(nan_where(failed, f)) for f in factors),
             triangle="lower",
             allow_materialise=self.allow_materialise,
         )
 
     def eigh(self) -> tuple[Array, Array] | None:
         """With the `symmetric` tag: through the factors' eigendecompositions,
-        `O(na³ + nb³)`, plus O(n²) for the eigenvector matrix (the output)."""
+        `O(Σ nᵢ³)`, plus O(n²) for the eigenvector matrix (the output)."""
         if not self.symmetric:
             return None
-        (wa, qa), (wb, qb) = (jnp.linalg.eigh(f) for f in self.factors())
-        values = jnp.outer(wa, wb).reshape(-1)
+        decompositions = [jnp.linalg.eigh(f) for f in self.factors()]
+        values = kron_diagonal([w for w, _ in decompositions])
         order = jnp.argsort(values)
-        return values[order], jnp.kron(qa, qb)[:, order]
+        vectors = ft.reduce(jnp.kron, [q for _, q in decompositions])
+        return values[order], vectors[:, order]
 
     def triangular_solve(
         self, b: Array, *, lower: bool, transpose_a: bool, unit_diagonal: bool
@@ -202,29 +442,29 @@ class Kronecker(StructuredMatrix):
             if unit_diagonal:
                 return None
             return factor_solve(
-                *self.factors(), b, lower=lower, transpose_a=transpose_a, unit=False
+                self.factors(), b, lower=lower, transpose_a=transpose_a, unit=False
             )
         # The other triangle of a triangular Kronecker product is its diagonal.
         if unit_diagonal:
             return b
-        left, right = self.factors()
-        diag = jnp.kron(jnp.diagonal(left), jnp.diagonal(right))
+        diag = kron_diagonal([jnp.diagonal(f) for f in self.factors()])
         return b / diag[:, None]
 
 
 class KroneckerLU(StructuredMatrix):
-    """The packed LU factors of a `Kronecker` product's factors, `Pa A = La Ua`
-    and `Pb B = Lb Ub`: `L = La ⊗ Lb` (unit diagonal) and `U = Ua ⊗ Ub`, with
-    the row permutation `P = Pa ⊗ Pb` applied by the unit lower solve (`L y =
-    P b`; transposed, `x = Pᵀ L⁻ᵀ c`), so that `lu` returns the identity pivots
-    and `jnp.linalg.solve`'s two triangular solves (and `lu_solve(trans=1)`'s)
-    solve with the matrix. Its diagonal is `U`'s; its other entries read as NaN
-    (as a packed LU matrix with the identity pivots they would be wrong: `L`
-    without `P`), and it never materialises.
+    """The packed LU factors of a `Kronecker` product's factors, `Pᵢ Aᵢ = Lᵢ Uᵢ`:
+    `L = L₁ ⊗ ... ⊗ L_N` (unit diagonal) and `U = U₁ ⊗ ... ⊗ U_N`, with the row
+    permutation `P = P₁ ⊗ ... ⊗ P_N` applied by the unit lower solve (`L y = P
+    b`; transposed, `x = Pᵀ L⁻ᵀ c`), so that `lu` returns the identity pivots and
+    `jnp.linalg.solve`'s two triangular solves (and `lu_solve(trans=1)`'s) solve
+    with the matrix. Its diagonal is `U`'s; its other entries read as NaN (as a
+    packed LU matrix with the identity pivots they would be wrong: `L` without
+    `P`), and it never materialises.
 
     **Fields:**
 
-    - `left`, `right`: the packed LU factors of the two factors.
+    - `matrices`: the packed LU factors of the factors (`left`, `right`: the first
+        two, as the published fields; `KroneckerLU(left, right, perm)` works).
     - `perm`: the row permutation `P` of the product, as `lax.linalg.lu`'s
         permutation output (`A[perm] = L U`).
     - `allow_materialise`: as for [`quax_structured.TridiagonalMatrix`][] (static).
@@ -232,21 +472,51 @@ class KroneckerLU(StructuredMatrix):
 
     conjugates_leafwise = False
 
-    left: Array
-    right: Array
+    matrices: tuple[Array, ...]
     perm: Array
 
     linear_in_leaves = False
 
+    def __init__(
+        self,
+        *args: Any,
+        perm: Array | None = None,
+        left: Any = None,
+        right: Any = None,
+        matrices: Sequence[Array] | None = None,
+        allow_materialise: bool = False,
+        positive_definite: bool = False,
+    ):
+        rest = list(args)
+        if perm is None and not rest:
+            raise TypeError("`KroneckerLU` needs `perm`.")
+        self.perm = rest.pop() if perm is None else perm
+        self.matrices = tuple(_gather("KroneckerLU", rest, left, right, matrices))
+        self.allow_materialise = allow_materialise
+        self.positive_definite = positive_definite
+
+    def __check_init__(self):
+        _check_square("KroneckerLU", self.matrices)
+
+    @property
+    def left(self) -> Array:
+        return _two_factor_field(self, "matrices", 0)
+
+    @property
+    def right(self) -> Array:
+        return _two_factor_field(self, "matrices", 1)
+
     def aval(self) -> jax.core.ShapedArray:
-        unbatched(self, "left", 2)
-        n = self.left.shape[0] * self.right.shape[0]
-        return jax.core.ShapedArray((n, n), jnp.result_type(self.left, self.right))
+        _unbatched_factors(self, "matrices", [2] * len(self.matrices))
+        n = 1
+        for m in self.matrices:
+            n *= m.shape[0]
+        return jax.core.ShapedArray((n, n), jnp.result_type(*self.matrices))
 
     def entries(self, i: Array, j: Array) -> Array:
         n = self.shape[-1]
         i, j = jnp.clip(i, 0, n - 1), jnp.clip(j, 0, n - 1)
-        upper = kron_entries(jnp.triu(self.left), jnp.triu(self.right), i, j)
+        upper = kron_entries([jnp.triu(m) for m in self.matrices], i, j)
         return jnp.where(i == j, upper, jnp.nan)
 
     def dense(self) -> Array:
@@ -268,8 +538,7 @@ class KroneckerLU(StructuredMatrix):
         if lower and not transpose_a:
             b = b[self.perm]
         x = factor_solve(
-            self.left,
-            self.right,
+            self.matrices,
             b,
             lower=lower,
             transpose_a=transpose_a,
@@ -280,147 +549,338 @@ class KroneckerLU(StructuredMatrix):
         return x
 
 
-class KroneckerPlusIdentity(StructuredMatrix):
-    """`A ⊗ B + scale · I` for symmetric `A` (size `na`) and `B` (size `nb`): the
-    covariance of a Gaussian process on a grid (a product kernel) plus its noise,
-    as `K + noise * jnp.eye(n)` or `K + ScaledIdentity(noise, n)` builds it from a
-    symmetric `Kronecker` `K`. With `A = Qa Λa Qaᵀ` and `B = Qb Λb Qbᵀ`, it is
-    `(Qa ⊗ Qb)(Λa ⊗ Λb + scale)(Qa ⊗ Qb)ᵀ`: `jnp.linalg.solve`, `slogdet` and
-    `det` cost the factors' eigendecompositions, O(na³ + nb³), and O(n (na + nb))
-    per right-hand side, for `n = na nb`; products cost O(n (na + nb)). No `(n, n)`
-    array is formed.
+class _KroneckerPencil(StructuredMatrix):
+    """What `KroneckerPlusIdentity` and `KroneckerPlusDiagonal` share: `M = A₁ ⊗
+    ... ⊗ A_N + c D₁ ⊗ ... ⊗ D_N` for symmetric `Aᵢ` (symmetrised wherever read),
+    positive diagonal `Dᵢ` (the identity for `KroneckerPlusIdentity`) and a scalar
+    `c`. With `W = D^(-1/2)` (a Kronecker product of diagonals, `Wᵢ = Dᵢ^(-1/2)`)
+    and the eigendecompositions `Wᵢ Aᵢ Wᵢ = Qᵢ Λᵢ Qᵢᵀ`, `M = W⁻¹ (Q (Λ + c) Qᵀ)
+    W⁻¹` with `Q = ⊗ Qᵢ`, `Λ = ⊗ Λᵢ`, so that `M⁻¹ = V (Λ + c)⁻¹ Vᵀ` for `V = ⊗
+    (Wᵢ Qᵢ)` and `det M = Π (λ + c) Π D`. `jnp.linalg.solve`, `slogdet` and `det`
+    cost the factors' eigendecompositions, O(Σ nᵢ³), and O(n Σ nᵢ) per right-hand
+    side, for `n = Π nᵢ`; products cost O(n Σ nᵢ). No `(n, n)` array is formed.
+    A diagonal that is not positive gives NaN (never a wrong number)."""
 
-    **Fields:**
-
-    - `left`, `right`: the factors `A`, `B`, symmetrised (`(a + aᵀ) / 2`) wherever
-        they are read.
-    - `scale`: a scalar.
-    - `allow_materialise`, `positive_definite`: as for every structure (static).
-    """
-
-    left: Array
-    right: Array
-    scale: Array
+    matrices: eqx.AbstractVar[tuple[Array, ...]]
+    scale: eqx.AbstractVar[Array]
 
     linear_in_leaves = False
 
-    def __check_init__(self):
-        for name in ("left", "right"):
-            shape = jnp.shape(getattr(self, name))
-            if len(shape) != 2 or shape[0] != shape[1]:
-                raise ValueError(
-                    f"`KroneckerPlusIdentity` needs square 2-dimensional factors, got "
-                    f"`{name}` of shape {shape}."
-                )
-        if jnp.ndim(self.scale) != 0:
-            raise ValueError(
-                "`KroneckerPlusIdentity` needs a scalar `scale`; got `scale` of shape "
-                f"{jnp.shape(self.scale)}."
-            )
-        for name in ("left", "right", "scale"):
-            if jnp.iscomplexobj(getattr(self, name)):
-                raise ValueError(
-                    f"`KroneckerPlusIdentity` needs real `left`, `right` and `scale`; "
-                    f"got a complex `{name}`. Its solve diagonalises the factors "
-                    "with orthogonal eigenvectors, which a complex symmetric factor "
-                    "does not have: write `Kronecker(left, right) + ScaledIdentity("
-                    "scale, n)` instead (a lazy `Sum`, solved with "
-                    "`jax.scipy.sparse.linalg.gmres`)."
-                )
+    def _diagonals(self) -> tuple[Array, ...] | None:
+        """`(D₁, ..., D_N)` as vectors; `None` for the identity."""
+        raise NotImplementedError
 
     @property
     def symmetric(self) -> bool:
         return True
 
-    def factors(self) -> tuple[Array, Array]:
-        """The two factors, symmetrised."""
-        return (self.left + self.left.T) / 2, (self.right + self.right.T) / 2
+    @property
+    def sizes(self) -> tuple[int, ...]:
+        return tuple(jnp.shape(m)[-1] for m in self.matrices)
+
+    def factors(self) -> tuple[Array, ...]:
+        """The factors `Aᵢ`, symmetrised."""
+        return tuple(_symmetrised(m) for m in self.matrices)
+
+    def _check_fields(self) -> None:
+        name = type(self).__name__
+        if len(self.matrices) < 2:
+            raise ValueError(
+                f"`{name}` needs two or more factors; got {len(self.matrices)}."
+            )
+        _check_square(name, self.matrices)
+        if jnp.ndim(self.scale) != 0:
+            raise ValueError(
+                f"`{name}` needs a scalar `scale`; got `scale` of shape "
+                f"{jnp.shape(self.scale)}."
+            )
+        named = [
+            (_factor_name(self.matrices, k), m) for k, m in enumerate(self.matrices)
+        ]
+        named += [(f"diagonals[{k}]", d) for k, d in enumerate(self._diagonals() or ())]
+        for field, leaf in [*named, ("scale", self.scale)]:
+            if jnp.iscomplexobj(leaf):
+                raise ValueError(
+                    f"`{name}` needs real factors, diagonals and `scale`; got a "
+                    f"complex `{field}`. Its solve diagonalises the factors with "
+                    "orthogonal eigenvectors, which a complex symmetric factor does "
+                    "not have: write the sum of a `Kronecker` and the other term "
+                    "without the `symmetric` tag instead (a lazy `Sum`, solved with "
+                    "`jax.scipy.sparse.linalg.gmres`)."
+                )
 
     def aval(self) -> jax.core.ShapedArray:
-        unbatched(self, "left", 2)
-        n = self.left.shape[0] * self.right.shape[0]
-        dtype = jnp.result_type(self.left, self.right, self.scale)
+        diagonals = self._diagonals() or ()
+        _unbatched_factors(self, "matrices", [2] * len(self.matrices))
+        n = 1
+        for size in self.sizes:
+            n *= size
+        dtype = jnp.result_type(*self.matrices, *diagonals, self.scale)
         return jax.core.ShapedArray((n, n), dtype)
 
-    def dense(self) -> Array:
+    def _noise(self) -> Array:
+        """The diagonal `c D₁ ⊗ ... ⊗ D_N`, shape `(n,)`."""
+        diagonals = self._diagonals()
         n = self.shape[-1]
-        identity = on_diagonal(jnp.full((n,), self.scale, self.dtype))
-        return jnp.kron(*self.factors()).astype(self.dtype) + identity
+        if diagonals is None:
+            return jnp.full((n,), self.scale, self.dtype)
+        return (self.scale * kron_diagonal(diagonals)).astype(self.dtype)
 
-    def _with(self, left: Array, right: Array, scale: Array) -> "KroneckerPlusIdentity":
-        return KroneckerPlusIdentity(
-            left, right, scale, allow_materialise=self.allow_materialise
-        )
+    def dense(self) -> Array:
+        product = ft.reduce(jnp.kron, self.factors()).astype(self.dtype)
+        return product + on_diagonal(self._noise())
 
-    def transpose(self) -> "KroneckerPlusIdentity":
+    def transpose(self) -> "_KroneckerPencil":
         return self
 
-    def scaled(self, s: Array) -> "KroneckerPlusIdentity":
-        return self._with(self.left * s, self.right, self.scale * s)
-
     def matmat(self, x: Array) -> Array:
-        return kron_apply(*self.factors(), x) + self.scale * x
+        return kron_apply(self.factors(), x) + self._noise()[:, None] * x
 
     def entries(self, i: Array, j: Array) -> Array:
         n = self.shape[-1]
         i, j = jnp.clip(i, 0, n - 1), jnp.clip(j, 0, n - 1)
-        identity = jnp.where(i == j, self.scale, jnp.zeros((), self.dtype))
-        return kron_entries(*self.factors(), i, j) + identity
+        noise = jnp.where(i == j, self._noise()[i], jnp.zeros((), self.dtype))
+        return kron_entries(self.factors(), i, j) + noise
 
-    def add(self, other: StructuredMatrix) -> "KroneckerPlusIdentity | None":
-        if isinstance(other, ScaledIdentity) and jnp.ndim(other.scale) == 0:
-            return self._with(self.left, self.right, self.scale + other.scale)
-        return None
+    def _eigendecompositions(self) -> tuple[list[Array], list[Array]]:
+        """The eigenvalues `Λᵢ` of `Wᵢ Aᵢ Wᵢ` and the matrices `Wᵢ Qᵢ`."""
+        factors = self.factors()
+        diagonals = self._diagonals()
+        if diagonals is None:
+            pairs = [jnp.linalg.eigh(f) for f in factors]
+            return [w for w, _ in pairs], [q for _, q in pairs]
+        values, vectors = [], []
+        for factor, d in zip(factors, diagonals, strict=True):
+            weight = 1 / jnp.sqrt(d)
+            w, q = jnp.linalg.eigh(weight[:, None] * factor * weight[None, :])
+            values.append(w)
+            vectors.append(weight[:, None] * q)
+        return values, vectors
 
-    def eigenvalues(self) -> Array:
-        """`λa_i λb_j + scale` (real), in the factors' order."""
-        (wa, _), (wb, _) = (jnp.linalg.eigh(f) for f in self.factors())
-        return (jnp.outer(wa, wb).reshape(-1) + self.scale).astype(self.dtype)
+    def _pencil_values(self, values: Sequence[Array]) -> Array:
+        """`λ + c` for the products `λ` of the factors' eigenvalues."""
+        return (kron_diagonal(values) + self.scale).astype(self.dtype)
+
+    def _diagonal_log_determinant(self) -> Array:
+        """`log det D = Σᵢ (n / nᵢ) Σ log Dᵢ` (zero for the identity)."""
+        diagonals = self._diagonals()
+        if diagonals is None:
+            return jnp.zeros((), self.dtype)
+        n = self.shape[-1]
+        terms = [(n // d.shape[0]) * jnp.sum(jnp.log(d)) for d in diagonals]
+        return ft.reduce(jnp.add, terms).astype(self.dtype)
 
     def lu(self) -> DeterminantLU:
-        """Not LU factors: a `KroneckerEigenLU`, the factors' eigendecompositions,
-        which `jnp.linalg.solve`'s two triangular solves use as one solve, and
-        whose diagonal holds the eigenvalues (`slogdet`, `det`)."""
-        (wa, qa), (wb, qb) = (jnp.linalg.eigh(f) for f in self.factors())
+        """Not LU factors: a `KroneckerEigenLU`, the factors' (generalised)
+        eigendecompositions, which `jnp.linalg.solve`'s two triangular solves use
+        as one solve, and whose diagonal holds numbers whose product is the
+        determinant (`slogdet`, `det`)."""
+        values, vectors = self._eigendecompositions()
         solver = KroneckerEigenLU(
-            self, wa, qa, wb, qb, allow_materialise=self.allow_materialise
+            self,
+            tuple(values),
+            tuple(vectors),
+            allow_materialise=self.allow_materialise,
         )
         return DeterminantLU(solver, self)
 
     def log_determinant(self) -> tuple[Array, Array]:
-        """`Σ log |λa_i λb_j + scale|` and the sign of the product, through the
-        factors' eigenvalues (differentiable: `slogdet`'s derivative is theirs)."""
-        w = self.eigenvalues()
-        return jnp.prod(jnp.sign(w)), jnp.sum(jnp.log(jnp.abs(w)))
+        """`Σ log |λ + c| + log det D` and the sign of the product, through the
+        factors' eigenvalues (differentiable: `slogdet`'s derivative is theirs;
+        eigenvalues only, never the eigenvectors' derivative)."""
+        values, _ = self._eigendecompositions()
+        w = self._pencil_values(values)
+        logdet = jnp.sum(jnp.log(jnp.abs(w))) + self._diagonal_log_determinant()
+        return jnp.prod(jnp.sign(w)), logdet
 
     def determinant(self) -> Array:
-        return jnp.prod(self.eigenvalues())
+        values, _ = self._eigendecompositions()
+        det = jnp.prod(self._pencil_values(values))
+        diagonals = self._diagonals()
+        if diagonals is not None:
+            n = self.shape[-1]
+            for d in diagonals:
+                det = det * jnp.prod(d) ** (n // d.shape[0])
+        return det
 
 
-class KroneckerEigenLU(SolverLU):
-    """`lax.linalg.lu` of a `KroneckerPlusIdentity` (see `SolverLU`): the factors'
-    eigendecompositions, `A = Qa Λa Qaᵀ`, `B = Qb Λb Qbᵀ`. Its solve is
-    `(Qa ⊗ Qb) (Λa ⊗ Λb + scale)⁻¹ (Qa ⊗ Qb)ᵀ b`, O(n (na + nb)) per column (the
-    matrix is symmetric: the transposed solve is the same); its pivots are the
-    eigenvalues `λa_i λb_j + scale`.
+class KroneckerPlusIdentity(_KroneckerPencil):
+    """`A₁ ⊗ ... ⊗ A_N + scale · I` for symmetric factors `Aᵢ` (size `nᵢ`): the
+    covariance of a Gaussian process on a grid (a product kernel) plus its noise,
+    as `K + noise * jnp.eye(n)` or `K + ScaledIdentity(noise, n)` builds it from a
+    symmetric `Kronecker` `K`. With `Aᵢ = Qᵢ Λᵢ Qᵢᵀ`, it is `Q (Λ + scale) Qᵀ`
+    (`Q = ⊗ Qᵢ`, `Λ = ⊗ Λᵢ`): `jnp.linalg.solve`, `slogdet` and `det` cost the
+    factors' eigendecompositions, O(Σ nᵢ³), and O(n Σ nᵢ) per right-hand side, for
+    `n = Π nᵢ`; products cost O(n Σ nᵢ). No `(n, n)` array is formed.
+
+    **Arguments:** `KroneckerPlusIdentity(A₁, ..., A_N, scale)` (the published
+    `KroneckerPlusIdentity(left, right, scale)` works as it did), or the factors
+    positionally and `scale=` as a keyword.
 
     **Fields:**
 
-    - `matrix`: the `KroneckerPlusIdentity`.
-    - `wa`, `qa`, `wb`, `qb`: the eigenvalues and eigenvectors of the factors.
+    - `matrices`: the factors `Aᵢ`, symmetrised (`(a + aᵀ) / 2`) wherever they
+        are read (`left`, `right`: the first two, as the published fields).
+    - `scale`: a scalar.
+    - `allow_materialise`, `positive_definite`: as for every structure (static).
     """
 
-    matrix: "KroneckerPlusIdentity"
-    wa: Array
-    qa: Array
-    wb: Array
-    qb: Array
+    matrices: tuple[Array, ...]
+    scale: Array
+
+    def __init__(
+        self,
+        *args: Any,
+        scale: Array | None = None,
+        left: Any = None,
+        right: Any = None,
+        matrices: Sequence[Array] | None = None,
+        allow_materialise: bool = False,
+        positive_definite: bool = False,
+    ):
+        rest = list(args)
+        if scale is None and not rest:
+            raise TypeError("`KroneckerPlusIdentity` needs `scale`.")
+        self.scale = rest.pop() if scale is None else scale
+        factors = _gather("KroneckerPlusIdentity", rest, left, right, matrices)
+        self.matrices = tuple(factors)
+        self.allow_materialise = allow_materialise
+        self.positive_definite = positive_definite
+
+    def __check_init__(self):
+        self._check_fields()
+
+    @property
+    def left(self) -> Array:
+        return _two_factor_field(self, "matrices", 0)
+
+    @property
+    def right(self) -> Array:
+        return _two_factor_field(self, "matrices", 1)
+
+    def _diagonals(self) -> None:
+        return None
+
+    def _with(self, matrices: Sequence[Array], scale: Array) -> "KroneckerPlusIdentity":
+        return KroneckerPlusIdentity(
+            matrices=matrices, scale=scale, allow_materialise=self.allow_materialise
+        )
+
+    def scaled(self, s: Array) -> "KroneckerPlusIdentity":
+        return self._with((self.matrices[0] * s, *self.matrices[1:]), self.scale * s)
+
+    def add(self, other: StructuredMatrix) -> "KroneckerPlusIdentity | None":
+        if isinstance(other, ScaledIdentity) and jnp.ndim(other.scale) == 0:
+            return self._with(self.matrices, self.scale + other.scale)
+        return None
+
+    def eigenvalues(self) -> Array:
+        """`Π λᵢ + scale` (real), in the factors' order."""
+        values, _ = self._eigendecompositions()
+        return self._pencil_values(values)
+
+    def eigh(self) -> tuple[Array, Array]:
+        """The eigenvalues (ascending) and the eigenvectors `⊗ Qᵢ` (the dense
+        `(n, n)` output), through the factors' eigendecompositions."""
+        values, vectors = self._eigendecompositions()
+        order = jnp.argsort(self._pencil_values(values))
+        dense = ft.reduce(jnp.kron, vectors).astype(self.dtype)
+        return self._pencil_values(values)[order], dense[:, order]
+
+
+class KroneckerPlusDiagonal(_KroneckerPencil):
+    """`A₁ ⊗ ... ⊗ A_N + scale · D₁ ⊗ ... ⊗ D_N` for symmetric factors `Aᵢ` and
+    positive diagonals `Dᵢ` (of the same sizes `nᵢ`): a Gaussian process on a grid
+    with a heteroscedastic noise whose variance is a product over the grid's axes,
+    as `Kronecker(A, B, symmetric=True) + Kronecker(Diagonal(d1), Diagonal(d2))`
+    builds it. Through the generalised eigendecompositions `Dᵢ^(-1/2) Aᵢ
+    Dᵢ^(-1/2) = Qᵢ Λᵢ Qᵢᵀ`: `jnp.linalg.solve`, `slogdet` and `det` cost O(Σ nᵢ³)
+    and O(n Σ nᵢ) per right-hand side; products cost O(n Σ nᵢ). No `(n, n)` array
+    is formed. A diagonal entry that is not positive gives NaN.
+
+    **Fields:**
+
+    - `matrices`: the factors `Aᵢ` (symmetrised, `(a + aᵀ) / 2`, wherever read).
+    - `diagonals`: the diagonals `Dᵢ`, vectors of shape `(nᵢ,)`.
+    - `scale`: a scalar (1 by default).
+    - `allow_materialise`, `positive_definite`: as for every structure (static).
+    """
+
+    matrices: tuple[Array, ...] = eqx.field(converter=tuple)
+    diagonals: tuple[Array, ...] = eqx.field(converter=tuple)
+    scale: Array | float = 1.0
+
+    def __check_init__(self):
+        self._check_fields()
+        if len(self.diagonals) != len(self.matrices) or any(
+            jnp.shape(d) != (size,)
+            for d, size in zip(self.diagonals, self.sizes, strict=False)
+        ):
+            raise ValueError(
+                "`KroneckerPlusDiagonal` needs one diagonal (a vector) per factor, "
+                f"of the factor's size {self.sizes}; got shapes "
+                f"{[jnp.shape(d) for d in self.diagonals]}."
+            )
+
+    def _diagonals(self) -> tuple[Array, ...]:
+        return self.diagonals
+
+    def scaled(self, s: Array) -> "KroneckerPlusDiagonal":
+        return KroneckerPlusDiagonal(
+            (self.matrices[0] * s, *self.matrices[1:]),
+            self.diagonals,
+            self.scale * s,
+            allow_materialise=self.allow_materialise,
+        )
+
+
+class KroneckerEigenLU(SolverLU):
+    """`lax.linalg.lu` of a `KroneckerPlusIdentity` or `KroneckerPlusDiagonal`
+    (see `SolverLU`): the factors' (generalised) eigendecompositions. Its solve is
+    `V (Λ + c)⁻¹ Vᵀ b` with `V = ⊗ Vᵢ`, O(n Σ nᵢ) per column (the matrix is
+    symmetric: the transposed solve is the same); its pivots are `(λ + c) D`,
+    whose product is the determinant.
+
+    **Fields:**
+
+    - `matrix`: the factored matrix.
+    - `values`: the eigenvalues `Λᵢ` of each factor (`wa`, `wb` for two factors,
+        as the published fields).
+    - `vectors`: `Vᵢ = Dᵢ^(-1/2) Qᵢ` (for `KroneckerPlusIdentity`, the
+        eigenvectors `Qᵢ`; `qa`, `qb` for two factors).
+    """
+
+    matrix: "_KroneckerPencil"
+    values: tuple[Array, ...]
+    vectors: tuple[Array, ...]
+
+    @property
+    def wa(self) -> Array:
+        return _two_factor_field(self, "values", 0)
+
+    @property
+    def wb(self) -> Array:
+        return _two_factor_field(self, "values", 1)
+
+    @property
+    def qa(self) -> Array:
+        return _two_factor_field(self, "vectors", 0)
+
+    @property
+    def qb(self) -> Array:
+        return _two_factor_field(self, "vectors", 1)
+
+    def _eigenvalues(self) -> Array:
+        return self.matrix._pencil_values(self.values)
 
     def pivots(self) -> Array:
-        w = jnp.outer(self.wa, self.wb).reshape(-1) + self.matrix.scale
-        return w.astype(self.dtype)
+        diagonals = self.matrix._diagonals()
+        pivots = self._eigenvalues()
+        if diagonals is not None:
+            pivots = pivots * kron_diagonal(diagonals).astype(self.dtype)
+        return pivots
 
     def solve(self, b: Array, transpose: bool) -> Array:
         del transpose  # symmetric
-        rotated = kron_apply(self.qa.T, self.qb.T, b)
-        return kron_apply(self.qa, self.qb, rotated / self.pivots()[:, None])
+        rotated = kron_apply([v.T for v in self.vectors], b)
+        return kron_apply(self.vectors, rotated / self._eigenvalues()[:, None])
