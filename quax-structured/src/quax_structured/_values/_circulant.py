@@ -6,13 +6,14 @@ import abc
 import dataclasses
 from typing import Any
 
+import equinox as eqx
 import jax
 import jax.core
 import jax.numpy as jnp
 from jaxtyping import Array
 
 from .._kernels import circulant_eigh, circular_convolve
-from ._base import MaterialisationError, StructuredMatrix
+from ._base import MaterialisationError, StructuredMatrix, sequence_as_array
 from ._determinant import DeterminantLU
 
 
@@ -133,7 +134,7 @@ class Circulant(StructuredMatrix):
 
     batch_leading = True
 
-    column: Array
+    column: Array = eqx.field(converter=sequence_as_array)
 
     def __check_init__(self):
         if jnp.ndim(self.column) < 1:
