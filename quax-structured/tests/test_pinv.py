@@ -319,3 +319,17 @@ def test_circulant_and_kronecker_pinv_hold_no_dense_matrix():
     kron = Kronecker(jr.normal(k[1], (15, 15)), jr.normal(k[2], (20, 20)))
     for m in (c, kron):
         quax.testing.assert_hlo_lacks(jnp.linalg.pinv, m, shapes=[(N, N)])
+
+
+def test_circulant_qr_refusal_gives_the_ways_out():
+    """A circulant's `qr` stays refused (its `R` has no structure); the message
+    says why and what runs through the FFT instead, and the way to the dense
+    factors, which then match JAX's."""
+    c = Circulant(jnp.asarray([4.0, 1.0, 0.5, 2.0]))
+    with pytest.raises(quax.MaterialisationError) as info:
+        quax.quaxify(jnp.linalg.qr)(c)
+    message = str(info.value)
+    for part in ("no structure", "jnp.linalg.pinv(C) @ b", "allow_materialise=True"):
+        assert part in message
+    q, r = quax.quaxify(jnp.linalg.qr)(c.enable_materialise())
+    np.testing.assert_allclose(q @ r, _dense(c), rtol=1e-5, atol=1e-5)

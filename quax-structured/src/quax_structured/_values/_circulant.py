@@ -204,6 +204,21 @@ class Circulant(StructuredMatrix):
             return det.astype(self.dtype)
         return det.real.astype(self.dtype)
 
+    def way_out(self, primitive: Any = None) -> str:
+        """For `qr`, why it is refused and what runs instead; else the base's."""
+        if primitive is None or primitive.name != "qr":
+            return super().way_out(primitive)
+        return (
+            "A circulant's QR factors have no structure: `R` is a dense upper "
+            "triangle (and the fast Toeplitz QR algorithms, O(n²) and unstable, "
+            "still return two dense (n, n) factors). What a QR is used for runs "
+            "through the FFT in O(n log n) instead: `jnp.linalg.solve(C, b)`, and "
+            "for a least-squares solution `jnp.linalg.pinv(C) @ b` (the "
+            "pseudo-inverse is a `Circulant`); its unitary eigenbasis, the DFT, is "
+            "what `jnp.linalg.svd` and `eigh` return. For the QR factors "
+            "themselves: " + super().way_out(primitive)
+        )
+
     def eigenvalues(self) -> Array:
         """The eigenvalues, `fft(column)`, in the DFT's order (`C v_k = λ_k v_k` for
         `v_k[j] = exp(2πi jk / n)`)."""
