@@ -18,8 +18,8 @@
   which is how lineax reaches these structures).
 - The pivoted routes (Toeplitz and low-rank-plus-diagonal solves, banded
   `slogdet`) against the unpivoted ones they replaced and dense `jnp`.
-- `jnp.linalg.pinv` as a structure (`--pinv`): diagonal, circulant, block-diagonal
-  and Kronecker, against dense `pinv`.
+- `jnp.linalg.pinv` as a structure (`--pinv`): diagonal, circulant, block-diagonal,
+  low-rank and Kronecker, against dense `pinv`.
 
 Times are medians over interleaved rounds (each round runs every method once);
 ratios are medians of the per-round ratios. Prints Markdown tables, writes
@@ -900,6 +900,7 @@ def pinv_speedups(n: int, rounds: int) -> list[dict[str, Any]]:
         "Diagonal": qs.Diagonal(jr.normal(k[0], (n,))),
         "Circulant": Circulant(jr.normal(k[1], (n,))),
         "BlockDiagonal (b = 16)": qs.BlockDiagonal(jr.normal(k[2], (n // 16, 16, 16))),
+        "LowRank (r = 8)": qs.LowRank(jr.normal(k[0], (n, 8)), jr.normal(k[1], (n, 8))),
         # Well-conditioned factors (singular values about 2 to 4): where the
         # product of the factors' condition numbers passes `1 / rtol` (JAX's
         # default `rtol`, 10 n eps, is about 1 / 8,000 at n = 1,024) the

@@ -21,6 +21,7 @@ from quax_structured import (
     Circulant,
     Diagonal,
     Kronecker,
+    LowRank,
     ScaledIdentity,
     TridiagonalMatrix,
 )
@@ -237,6 +238,50 @@ def test_pinv_kronecker_with_a_cutoff_that_does_not_factor_is_nan():
     )
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(("n", "r"), [(6, 2), (5, 3), (4, 6)])
+def test_pinv_low_rank(dtype, n, r):
+    """`U Vᵀ` to a `LowRank` of the same rank, also with a dependent column of
+    `U` (rank below `r`), a symmetric one (`v=None`), `r > n`, and `rtol`
+    passed explicitly."""
+    rng = np.random.default_rng(n + r)
+    with jax.enable_x64(dtype == np.float64):
+
+        def draw():
+            x = rng.standard_normal((n, r))
+            if np.issubdtype(dtype, np.complexfloating):
+                x = x + 1j * rng.standard_normal((n, r))
+            return jnp.asarray(x.astype(dtype))
+
+        u, v = draw(), draw()
+        dependent = u.at[:, -1].set(u[:, 0])
+        for m in (LowRank(u, v), LowRank(dependent, v), LowRank(u)):
+            for rtol in (None, 0.05):
+                _check(m, rtol)
+
+
+@pytest.mark.usefixtures("x64")
+def test_pinv_low_rank_gradient_matches_dense():
+    """Through JAX's formula on the factors (not the QR factorisations'
+    derivative, NaN at dependent columns): at full rank, with a zero column of
+    `U`, and symmetric."""
+    rng = np.random.default_rng(5)
+    u = jnp.asarray(rng.standard_normal((6, 3)))
+    v = jnp.asarray(rng.standard_normal((6, 3)))
+    w = jnp.linspace(-1.0, 1.0, 6)
+    loss = quax.quaxify(lambda m: _loss(jnp.linalg.pinv(m), w))
+    for left in (u, u.at[:, 2].set(0.0)):
+        got = jax.grad(lambda a, b: loss(LowRank(a, b)), (0, 1))(left, v)
+        want = jax.grad(lambda a, b: _loss(jnp.linalg.pinv(a @ b.T), w), (0, 1))(
+            left, v
+        )
+        for g, x in zip(got, want, strict=True):
+            np.testing.assert_allclose(g, x, rtol=1e-8, atol=1e-10)
+    got = jax.grad(lambda a: loss(LowRank(a)))(u)
+    want = jax.grad(lambda a: _loss(jnp.linalg.pinv(a @ a.T), w))(u)
+    np.testing.assert_allclose(got, want, rtol=1e-8, atol=1e-10)
+
+
 def _loss(p, w):
     return jnp.sum(jnp.sin(jnp.real(p @ w)))
 
@@ -313,11 +358,12 @@ def test_pinv_of_other_structures_runs_the_body():
 N = 300
 
 
-def test_circulant_and_kronecker_pinv_hold_no_dense_matrix():
+def test_circulant_kronecker_and_low_rank_pinv_hold_no_dense_matrix():
     k = jr.split(jr.key(4), 3)
     c = Circulant(jr.normal(k[0], (N,)))
     kron = Kronecker(jr.normal(k[1], (15, 15)), jr.normal(k[2], (20, 20)))
-    for m in (c, kron):
+    low = LowRank(jr.normal(k[1], (N, 4)), jr.normal(k[2], (N, 4)))
+    for m in (c, kron, low):
         quax.testing.assert_hlo_lacks(jnp.linalg.pinv, m, shapes=[(N, N)])
 
 

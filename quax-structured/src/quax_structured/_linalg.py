@@ -218,7 +218,7 @@ def expm_of(x: StructuredMatrix) -> Any | None:
 
 
 # The structures `pinv_of` pseudo-inverts (`Kronecker`: see `_kronecker_pinv`).
-PINV_TYPES = (Diagonal, ScaledIdentity, Circulant, BlockDiagonal, Kronecker)
+PINV_TYPES = (Diagonal, ScaledIdentity, Circulant, BlockDiagonal, Kronecker, LowRank)
 
 
 def _inverted(values: Array, keep: Array) -> Array:
@@ -246,8 +246,9 @@ def pinv_of(
     a `Circulant` to the circulant with eigenvalues `1 / λ` where kept (`λ =
     fft(column)`, whose moduli are the singular values), O(n log n); a
     `BlockDiagonal` to each block's pseudo-inverse, with the cutoff of the whole
-    matrix; a `Kronecker` to the factors' (see `_kronecker_pinv`). `None` for
-    other structures and types that are not floating point."""
+    matrix; a `Kronecker` to the factors' (see `_kronecker_pinv`); a `LowRank`
+    to a `LowRank` of the same rank (see `_lowrank_pinv`). `None` for other
+    structures and types that are not floating point."""
     if not jnp.issubdtype(x.dtype, jnp.inexact):
         return None
     if rtol is None:
@@ -277,6 +278,9 @@ def pinv_of(
         return Circulant(column.astype(x.dtype), **kw)
     if isinstance(x, BlockDiagonal):
         return x._with(_block_pinv(x.blocks, rtol, hermitian))
+    if isinstance(x, LowRank) and not hermitian:
+        # (With `hermitian`, JAX's body: through `eigh` of the low-rank matrix.)
+        return LowRank(*_lowrank_pinv(x.u, x._v(), rtol), **kw)
     if isinstance(x, Kronecker):
         real = not jnp.issubdtype(x.dtype, jnp.complexfloating)
         if hermitian and not (x.symmetric and real):
@@ -327,6 +331,19 @@ def _block_pinv(blocks: Array, rtol: Array, hermitian: bool) -> Array:
     return _dense_pinv(blocks, cutoff)
 
 
+def _lowrank_pinv(u: Array, v: Array, rtol: Array) -> tuple[Array, Array]:
+    """The factors `(U', V')` of `pinv(U Vᵀ) = U' V'ᵀ`: with the thin QR
+    factorisations `U = Qu Ru` and `conj(V) = Qv Rv`, `U Vᵀ = Qu K Qvᴴ` for the
+    small `K = Ru Rvᴴ`, whose singular values are the matrix's nonzero ones, so
+    `pinv(U Vᵀ) = Qv pinv(K) Quᴴ` with the cutoff `rtol` times `K`'s largest:
+    `U' = Qv pinv(K)`, `V' = conj(Qu)`. Any rank; O(n r² + r³)."""
+    qu, ru = jnp.linalg.qr(u)
+    qv, rv = jnp.linalg.qr(jnp.conj(v))
+    k = ru @ jnp.conj(rv).T
+    top = jnp.max(lax.stop_gradient(jnp.linalg.svdvals(k)))
+    return qv @ _dense_pinv(k, rtol * top), jnp.conj(qu)
+
+
 def _kronecker_pinv(x: Kronecker, rtol: Array) -> Kronecker:
     """`pinv(A ⊗ B) = pinv(A) ⊗ pinv(B)`, each factor's with the same `rtol`.
 
@@ -371,6 +388,36 @@ def pinv_jvp_rule(
 
     def rule(primals: list[Any], tangents: list[Any]) -> tuple:
         (m,), (dot,) = primals, tangents
+        if isinstance(m, LowRank):
+            (p,) = fun(m)
+            if isinstance(p, LowRank):
+                return [p], [_lowrank_pinv_tangent(m, dot, p)]
         return jvp_over_leaves(fun, m, dot)
 
     return rule
+
+
+def _lowrank_pinv_tangent(m: LowRank, dot: LowRank, p: LowRank) -> LowRank:
+    """The tangent of `P = pinv(M)` for `M = U Vᵀ` in the direction `dM = dU Vᵀ +
+    U dVᵀ`, by JAX's formula (see `_dense_pinv_jvp`) on the factors, as the
+    leaves' tangents of `P = U' V'ᵀ`: every term of `-P dM P + P Pᴴ dMᴴ (I - M
+    P) + (I - P M) dMᴴ Pᴴ P` is `U' Xᵀ` or `Y V'ᵀ`, so `dU' = Y` and `dV' = X`,
+    O(n r²). Not the derivative of `_lowrank_pinv`'s QR factorisations, which is
+    NaN where `U` or `V` has dependent columns (where dense JAX's is finite)."""
+    u, v, du, dv = m.u, m._v(), dot.u, dot._v()
+    up, vp = p.u, p._v()
+    h = lambda x: jnp.conj(x).T
+    mm = ft.partial(jnp.matmul, precision=lax.Precision.HIGHEST)
+    w = mm(v.T, up)  # M P = U W V'ᵀ
+    c = mm(mm(vp.T, du), w) + mm(mm(vp.T, u), mm(dv.T, up))  # P dM P = U' C V'ᵀ
+    # P Pᴴ dMᴴ = U' G Uᴴ' dMᴴ, times (I - M P), as U' Xᵀ.
+    g = mm(vp.T, jnp.conj(vp))
+    y = mm(g, mm(mm(h(up), jnp.conj(v)), h(du)) + mm(mm(h(up), jnp.conj(dv)), h(u)))
+    x_t = -mm(c, vp.T) + y - mm(mm(mm(y, u), w), vp.T)
+    # (I - P M) dMᴴ Pᴴ P = (I - U' V'ᵀ U Vᵀ) dMᴴ conj(V') (Uᴴ' U') V'ᵀ.
+    z = mm(jnp.conj(v), mm(h(du), jnp.conj(vp))) + mm(
+        jnp.conj(dv), mm(h(u), jnp.conj(vp))
+    )
+    z = z - mm(up, mm(mm(vp.T, u), mm(v.T, z)))
+    dup = mm(z, mm(h(up), up))
+    return LowRank(dup, x_t.T, allow_materialise=p.allow_materialise)
