@@ -30,7 +30,7 @@ from ._kernels import (
     lowrank_svd,
     sorted_columns,
 )
-from ._values._base import StructuredMatrix, jvp_over_leaves
+from ._values._base import FUNCTION_JVP_RULES, StructuredMatrix, jvp_over_leaves
 from ._values._blockdiagonal import BlockDiagonal
 from ._values._circulant import Circulant
 from ._values._composite import Sum
@@ -421,3 +421,6 @@ def _lowrank_pinv_tangent(m: LowRank, dot: LowRank, p: LowRank) -> LowRank:
     z = z - mm(up, mm(mm(vp.T, u), mm(v.T, z)))
     dup = mm(z, mm(h(up), up))
     return LowRank(dup, x_t.T, allow_materialise=p.allow_materialise)
+
+
+FUNCTION_JVP_RULES["_pinv"] = pinv_jvp_rule

@@ -17,6 +17,7 @@ from jaxtyping import Array
 
 
 __all__ = [
+    "FUNCTION_JVP_RULES",
     "MaterialisationError",
     "StructuredMatrix",
     "is_size",
@@ -34,6 +35,13 @@ def is_size(x: Any) -> bool:
         return operator.index(x) >= 0
     except TypeError:
         return False
+
+
+# JVP rules for custom-JVP functions by name, which modules that the structures do
+# not import add (`_linalg` adds `jnp.linalg.pinv`'s, `"_pinv"`): each takes the
+# function (on values) and the structured input, and returns a rule or `None`
+# (see `StructuredMatrix.custom_jvp_rule`).
+FUNCTION_JVP_RULES: dict[str, Callable[[Any, Any], Any]] = {}
 
 
 def sequence_as_array(x: Any) -> Any:
@@ -342,12 +350,8 @@ class StructuredMatrix(quax.GuardedValue):
         tangent."""
         if len(values) != 1 or not isinstance(values[0], StructuredMatrix):
             return None
-        if name == "_pinv":
-            # `jnp.linalg.pinv`'s body (a nested `jit`) by the structure; imported
-            # here, as `_linalg` imports the structures.
-            from .._linalg import pinv_jvp_rule
-
-            return pinv_jvp_rule(fun, values[0])
+        if name in FUNCTION_JVP_RULES:
+            return FUNCTION_JVP_RULES[name](fun, values[0])
         if type(values[0]).lu is StructuredMatrix.lu:
             return None
         if name == "_slogdet_lu":
