@@ -142,3 +142,49 @@ def test_own_rule_never_forms_the_dense_tangent():
 def test_malformed_rule_says_what_is_wrong(fn, match):
     with pytest.raises(TypeError, match=match):
         jax.grad(lambda d: quax.quaxify(fn)(WrongRule(d)))(d0)
+
+
+class Squared(quax.ArrayValue):
+    """`diag(s)²`: not linear in its leaf `s`; its own rule covers `square`."""
+
+    s: Array
+    linear_in_leaves: ClassVar[bool] = False
+
+    def aval(self) -> jax.core.ShapedArray:
+        n = self.s.shape[-1]
+        return jax.core.ShapedArray((n, n), self.s.dtype)
+
+    def materialise(self) -> Array:
+        return jnp.diag(self.s**2)
+
+    @staticmethod
+    def custom_jvp_rule(name: str, fun: Any, values: Any) -> Any:
+        return _through(fun) if name == "square" else None
+
+
+@quax.register(lax.mul_p)
+def _(x: Squared, y: Squared) -> Squared:
+    return Squared(x.s * y.s)
+
+
+@jax.custom_jvp
+def square(a):
+    return lax.mul(a, a)
+
+
+square.defjvp(lambda p, t: (square(p[0]), 2 * p[0] * t[0]))
+
+
+def test_own_rule_keeps_an_output_that_is_not_linear():
+    """With a type's own rule, an output of a type that is not linear in its
+    leaves leaves the call as it is (the rule gives its leaves' tangents), also
+    under `jax.jvp`; without one it would be materialised."""
+    s = jnp.asarray([1.0, 2.0, 3.0])
+    out = quax.quaxify(square)(Squared(s))
+    assert isinstance(out, Squared)
+    np.testing.assert_allclose(out.materialise(), np.diag(s**4))
+    primal, tangent = jax.jvp(
+        lambda s: quax.quaxify(square)(Squared(s)).s, (s,), (jnp.ones(3),)
+    )
+    np.testing.assert_allclose(primal, s**2)
+    np.testing.assert_allclose(tangent, 2 * s)

@@ -99,6 +99,7 @@ __all__ = [
     "linear_solve_p",
     "manual_axes_active",
     "optimization_barrier_p",
+    "pinv_function",
     "pure_callback_p",
     "pvary_to_spec",
     "register_bind_conversion",
@@ -173,6 +174,11 @@ _tree_util = importlib.import_module("jax._src.tree_util")
 FlatTree: Any = getattr(_tree_util, "FlatTree", None) or importlib.import_module(
     "jax._src.flattree"
 )
+
+# The jitted body of `jnp.linalg.pinv` (inside its `custom_jvp`), which a family
+# catches with `quax.register_function`: the public `pinv` is a plain function that
+# calls it (with `hermitian` static, `rtol` an array or `None`).
+pinv_function: Any = importlib.import_module("jax._src.numpy.linalg")._pinv
 
 # JAX 0.10 keeps the abstract mesh in `config` (`None` outside a mesh); 0.11 moved it
 # to `mesh` (an empty mesh outside one). `manual_axes_active` reads either.

@@ -1,18 +1,23 @@
 """The rest of `jnp.linalg` where a structure makes it cheap (issue 29, item 6):
-the singular value decomposition (`jnp.linalg.svd`, `svdvals`, and through them
-`lstsq` and `pinv`), the QR factorisation, the eigendecomposition of low-rank
+the singular value decomposition (`jnp.linalg.svd`, `svdvals`, and through it
+`lstsq`), the pseudo-inverse (`jnp.linalg.pinv`) as a structure, the QR
+factorisation, the eigendecomposition of low-rank
 matrices and Kronecker products plus a multiple of the identity, and the matrix
 exponential (`jax.scipy.linalg.expm`), each by structure. Every function returns
 `None` where the structure has no such algorithm; the rules (`_rules.py`) then
 refuse, naming the way out."""
 
+import functools as ft
+from collections.abc import Callable
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 import jax.scipy.linalg as jsl
 import numpy as np
 import quax
-from jaxtyping import Array
+from jax import lax
+from jaxtyping import Array, ArrayLike
 
 from ._kernels import (
     circulant_expm,
@@ -25,7 +30,7 @@ from ._kernels import (
     lowrank_svd,
     sorted_columns,
 )
-from ._values._base import StructuredMatrix
+from ._values._base import FUNCTION_JVP_RULES, StructuredMatrix, jvp_over_leaves
 from ._values._blockdiagonal import BlockDiagonal
 from ._values._circulant import Circulant
 from ._values._composite import Sum
@@ -34,7 +39,16 @@ from ._values._kronecker import Kronecker, KroneckerPlusIdentity
 from ._values._lowrank import LowRank, LowRankPlusDiagonal
 
 
-__all__ = ["EXPM_TYPES", "eigh_of", "expm_of", "qr_of", "svd_of"]
+__all__ = [
+    "EXPM_TYPES",
+    "PINV_TYPES",
+    "eigh_of",
+    "expm_of",
+    "pinv_jvp_rule",
+    "pinv_of",
+    "qr_of",
+    "svd_of",
+]
 
 
 # The structures `expm` has an algorithm for (`Kronecker`: see `expm`), as the
@@ -204,3 +218,212 @@ def expm_of(x: StructuredMatrix) -> Any | None:
     if isinstance(x, KroneckerPlusIdentity):
         return kron_expm_symmetric(x.factors()) * jnp.exp(x.scale)
     return None
+
+
+# The structures `pinv_of` pseudo-inverts (`Kronecker`: see `_kronecker_pinv`).
+PINV_TYPES = (Diagonal, ScaledIdentity, Circulant, BlockDiagonal, Kronecker, LowRank)
+
+
+def _inverted(values: Array, keep: Array) -> Array:
+    """`1 / values` where `keep`, else 0; with no division by the others (whose
+    derivative, `0 * inf`, would be NaN in reverse mode)."""
+    safe = jnp.where(keep, values, jnp.ones((), values.dtype))
+    return jnp.where(keep, 1 / safe, jnp.zeros((), values.dtype))
+
+
+def _kept(s: Array, rtol: Array) -> Array:
+    """Which of the singular values `s` (last axis) `jnp.linalg.pinv` keeps: those
+    above `rtol` times the largest (`rtol` one per matrix of the batch)."""
+    top = jnp.max(s, axis=-1, keepdims=True)
+    return s > rtol[..., None] * top
+
+
+def pinv_of(
+    x: StructuredMatrix, rtol: ArrayLike | None, hermitian: bool
+) -> StructuredMatrix | None:
+    """`jnp.linalg.pinv(x, rtol, hermitian)` as a structure, by JAX's semantics:
+    the singular values at most `rtol` times the largest are dropped (by default
+    `rtol = 10 n eps`, `eps` of `x`'s dtype), and with `hermitian` the Hermitian
+    part `(x + xᴴ) / 2` is pseudo-inverted (its singular values are its
+    eigenvalues' moduli). A `Diagonal` (`ScaledIdentity`) to `1 / d` where kept;
+    a `Circulant` to the circulant with eigenvalues `1 / λ` where kept (`λ =
+    fft(column)`, whose moduli are the singular values), O(n log n); a
+    `BlockDiagonal` to each block's pseudo-inverse, with the cutoff of the whole
+    matrix; a `Kronecker` to the factors' (see `_kronecker_pinv`); a `LowRank`
+    to a `LowRank` of the same rank (see `_lowrank_pinv`). `None` for other
+    structures and types that are not floating point."""
+    if not jnp.issubdtype(x.dtype, jnp.inexact):
+        return None
+    if rtol is None:
+        rtol = 10.0 * x.shape[-1] * jnp.array(jnp.finfo(x.dtype).eps)
+    rtol = jnp.asarray(rtol)
+    kw = dict(allow_materialise=x.allow_materialise)
+    if isinstance(x, ScaledIdentity):
+        scale = jnp.asarray(x.scale)
+        if hermitian:
+            scale = scale.real.astype(x.dtype)
+        keep = jnp.abs(scale) > rtol * jnp.abs(scale)
+        return ScaledIdentity(_inverted(scale, keep), x.n, **kw)
+    if isinstance(x, Diagonal):
+        d = x.diag.real.astype(x.dtype) if hermitian else x.diag
+        return Diagonal(_inverted(d, _kept(jnp.abs(d), rtol)), **kw)
+    if isinstance(x, Circulant):
+        column = x.column
+        if hermitian:
+            column = (column + jnp.conj(x.transpose().column)) / 2
+        eigenvalues = jnp.fft.fft(column)
+        if hermitian:
+            eigenvalues = eigenvalues.real
+        inverse = _inverted(eigenvalues, _kept(jnp.abs(eigenvalues), rtol))
+        column = jnp.fft.ifft(inverse)
+        if not jnp.issubdtype(x.dtype, jnp.complexfloating):
+            column = column.real
+        return Circulant(column.astype(x.dtype), **kw)
+    if isinstance(x, BlockDiagonal):
+        return x._with(_block_pinv(x.blocks, rtol, hermitian))
+    if isinstance(x, LowRank) and not hermitian:
+        # (With `hermitian`, JAX's body: through `eigh` of the low-rank matrix.)
+        return LowRank(*_lowrank_pinv(x.u, x._v(), rtol), **kw)
+    if isinstance(x, Kronecker):
+        real = not jnp.issubdtype(x.dtype, jnp.complexfloating)
+        if hermitian and not (x.symmetric and real):
+            # `(A ⊗ B + Aᴴ ⊗ Bᴴ) / 2` is no Kronecker product.
+            return None
+        return _kronecker_pinv(x, rtol)
+    return None
+
+
+@jax.custom_jvp
+def _dense_pinv(a: Array, cutoff: Array) -> Array:
+    """The pseudo-inverse of the square matrices `a` (`(*batch, k, k)`) without
+    the singular values at most `cutoff` (one per matrix, an absolute value), by
+    JAX's algorithm. JAX's own `pinv` takes `rtol` (relative) as a static
+    argument of its custom derivative, which must not be traced: inside a
+    traced `pinv` it is."""
+    u, s, vh = jnp.linalg.svd(a, full_matrices=False)
+    inverse = _inverted(s, s > cutoff[..., None]).astype(u.dtype)
+    right = jnp.conj(jnp.swapaxes(vh, -1, -2)) * inverse[..., None, :]
+    left = jnp.conj(jnp.swapaxes(u, -1, -2))
+    return jnp.matmul(right, left, precision=lax.Precision.HIGHEST)
+
+
+@_dense_pinv.defjvp
+def _dense_pinv_jvp(primals: tuple, tangents: tuple) -> tuple[Array, Array]:
+    """The derivative of a pseudo-inverse `P` of `A` (Golub and Pereyra, 1973),
+    as JAX's `pinv` differentiates: `-P dA P + P Pᴴ dAᴴ (I - A P) + (I - P A)
+    dAᴴ Pᴴ P` (the cutoff is held fixed)."""
+    (a, cutoff), (da, _) = primals, tangents
+    p = _dense_pinv(a, cutoff)
+    h = lambda x: jnp.conj(jnp.swapaxes(x, -1, -2))
+    mm = ft.partial(jnp.matmul, precision=lax.Precision.HIGHEST)
+    pp = mm(p, h(p))
+    out = -mm(mm(p, da), p) + mm(pp, h(da)) - mm(mm(pp, h(da)), mm(a, p))
+    pp = mm(h(p), p)
+    out = out + mm(h(da), pp) - mm(mm(p, a), mm(h(da), pp))
+    return p, out
+
+
+def _block_pinv(blocks: Array, rtol: Array, hermitian: bool) -> Array:
+    """Each block's pseudo-inverse, with the cutoff of the whole block-diagonal
+    matrix: `rtol` times the largest singular value of any block."""
+    if hermitian:
+        blocks = (blocks + jnp.conj(jnp.swapaxes(blocks, -1, -2))) / 2
+    s = lax.stop_gradient(jnp.linalg.svdvals(blocks))
+    top = jnp.max(s, axis=(-2, -1))
+    cutoff = jnp.broadcast_to((rtol * top)[..., None], blocks.shape[:-2])
+    return _dense_pinv(blocks, cutoff)
+
+
+def _lowrank_pinv(u: Array, v: Array, rtol: Array) -> tuple[Array, Array]:
+    """The factors `(U', V')` of `pinv(U Vᵀ) = U' V'ᵀ`: with the thin QR
+    factorisations `U = Qu Ru` and `conj(V) = Qv Rv`, `U Vᵀ = Qu K Qvᴴ` for the
+    small `K = Ru Rvᴴ`, whose singular values are the matrix's nonzero ones, so
+    `pinv(U Vᵀ) = Qv pinv(K) Quᴴ` with the cutoff `rtol` times `K`'s largest:
+    `U' = Qv pinv(K)`, `V' = conj(Qu)`. Any rank; O(n r² + r³)."""
+    qu, ru = jnp.linalg.qr(u)
+    qv, rv = jnp.linalg.qr(jnp.conj(v))
+    k = ru @ jnp.conj(rv).T
+    top = jnp.max(lax.stop_gradient(jnp.linalg.svdvals(k)))
+    return qv @ _dense_pinv(k, rtol * top), jnp.conj(qu)
+
+
+def _kronecker_pinv(x: Kronecker, rtol: Array) -> Kronecker:
+    """`pinv(A ⊗ B) = pinv(A) ⊗ pinv(B)`, each factor's with the same `rtol`.
+
+    The singular values of `A ⊗ B` are the products `a_i b_j`, and the cutoff is
+    `rtol a_max b_max`. A factor's own cutoff, `rtol a_max`, keeps the `a_i` of
+    every kept product (`a_i b_max` is the largest with `a_i`); the products of
+    kept factor values are all kept exactly when the smallest of them, `a_min
+    b_min` over the kept values, is above the cutoff. Then the Kronecker product
+    of the factors' pseudo-inverses is the pseudo-inverse; otherwise (some
+    product of kept values falls under the cutoff: the kept set is no product of
+    sets, and the pseudo-inverse no Kronecker product) both factors are NaN,
+    never a different matrix. Any number of factors; O(Σ nₖ³)."""
+    factors = x.factors()
+    values = [lax.stop_gradient(jnp.linalg.svdvals(f)) for f in factors]
+    tops = [jnp.max(s) for s in values]
+    cutoffs = [rtol * top for top in tops]
+    kept = [jnp.where(s > c, s, jnp.inf) for s, c in zip(values, cutoffs, strict=True)]
+    smallest = ft.reduce(jnp.multiply, [jnp.min(k) for k in kept])
+    exact = smallest > rtol * ft.reduce(jnp.multiply, tops)
+    pinvs = [_dense_pinv(f, c) for f, c in zip(factors, cutoffs, strict=True)]
+    nan = jnp.asarray(jnp.nan, x.dtype)
+    pinvs = [jnp.where(exact, p, nan) for p in pinvs]
+    kw = dict(allow_materialise=x.allow_materialise)
+    return Kronecker(*pinvs, symmetric=x.symmetric, **kw)
+
+
+def pinv_jvp_rule(
+    fun: Callable[..., list[Any]], x: StructuredMatrix
+) -> Callable[[list[Any], list[Any]], tuple] | None:
+    """The JVP of `jnp.linalg.pinv` (its `custom_jvp` function `_pinv`) for a
+    structure that `pinv_of` pseudo-inverts: the derivative of `pinv_of` over the
+    leaves (see `quax.Value.custom_jvp_rule`), a tangent of the output's structure
+    (JAX's rule would work on the dense `(n, n)` tangent). Where the set of kept
+    singular values does not change it is the derivative JAX's rule gives: for
+    the kept values of a diagonal (or, in the Fourier basis, a circulant) `-dλ /
+    λ²` and 0 for the dropped ones; the blocks' and the factors' through JAX's
+    own rule for each (`d pinv(A ⊗ B) = d pinv(A) ⊗ pinv(B) + pinv(A) ⊗ d
+    pinv(B)`, which JAX's rule for the whole matrix also gives). `None` for other
+    structures."""
+    if not isinstance(x, PINV_TYPES):
+        return None
+
+    def rule(primals: list[Any], tangents: list[Any]) -> tuple:
+        (m,), (dot,) = primals, tangents
+        if isinstance(m, LowRank):
+            (p,) = fun(m)
+            if isinstance(p, LowRank):
+                return [p], [_lowrank_pinv_tangent(m, dot, p)]
+        return jvp_over_leaves(fun, m, dot)
+
+    return rule
+
+
+def _lowrank_pinv_tangent(m: LowRank, dot: LowRank, p: LowRank) -> LowRank:
+    """The tangent of `P = pinv(M)` for `M = U Vᵀ` in the direction `dM = dU Vᵀ +
+    U dVᵀ`, by JAX's formula (see `_dense_pinv_jvp`) on the factors, as the
+    leaves' tangents of `P = U' V'ᵀ`: every term of `-P dM P + P Pᴴ dMᴴ (I - M
+    P) + (I - P M) dMᴴ Pᴴ P` is `U' Xᵀ` or `Y V'ᵀ`, so `dU' = Y` and `dV' = X`,
+    O(n r²). Not the derivative of `_lowrank_pinv`'s QR factorisations, which is
+    NaN where `U` or `V` has dependent columns (where dense JAX's is finite)."""
+    u, v, du, dv = m.u, m._v(), dot.u, dot._v()
+    up, vp = p.u, p._v()
+    h = lambda x: jnp.conj(x).T
+    mm = ft.partial(jnp.matmul, precision=lax.Precision.HIGHEST)
+    w = mm(v.T, up)  # M P = U W V'ᵀ
+    c = mm(mm(vp.T, du), w) + mm(mm(vp.T, u), mm(dv.T, up))  # P dM P = U' C V'ᵀ
+    # P Pᴴ dMᴴ = U' G Uᴴ' dMᴴ, times (I - M P), as U' Xᵀ.
+    g = mm(vp.T, jnp.conj(vp))
+    y = mm(g, mm(mm(h(up), jnp.conj(v)), h(du)) + mm(mm(h(up), jnp.conj(dv)), h(u)))
+    x_t = -mm(c, vp.T) + y - mm(mm(mm(y, u), w), vp.T)
+    # (I - P M) dMᴴ Pᴴ P = (I - U' V'ᵀ U Vᵀ) dMᴴ conj(V') (Uᴴ' U') V'ᵀ.
+    z = mm(jnp.conj(v), mm(h(du), jnp.conj(vp))) + mm(
+        jnp.conj(dv), mm(h(u), jnp.conj(vp))
+    )
+    z = z - mm(up, mm(mm(vp.T, u), mm(v.T, z)))
+    dup = mm(z, mm(h(up), up))
+    return LowRank(dup, x_t.T, allow_materialise=p.allow_materialise)
+
+
+FUNCTION_JVP_RULES["_pinv"] = pinv_jvp_rule

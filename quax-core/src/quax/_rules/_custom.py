@@ -241,13 +241,19 @@ def _on_leaves(
     primitive: Primitive,
     out_tree: list[Any],
     known: Sequence[Any],
+    keep: bool = False,
 ) -> Callable[..., list[Any]]:
     """`fun` as a function of the inputs' leaves, returning its outputs' leaves and
-    recording their tree in `out_tree`. The leaves `known` now stay constants of it."""
+    recording their tree in `out_tree`. The leaves `known` now stay constants of it.
+    Outputs of types that are not linear in their leaves are materialised, unless
+    `keep` (a type's own JVP rule differentiates the call: it gives their leaves'
+    tangents itself)."""
 
     def fun_leaves(*leaves: Any) -> list[Any]:
         inputs = flat.unflatten(_with_known(leaves, known))
-        outs = [_densify_nonlinear(o, primitive) for o in _run(fun, *inputs)]
+        outs = _run(fun, *inputs)
+        if not keep:
+            outs = [_densify_nonlinear(o, primitive) for o in outs]
         out_leaves, tree = jtu.tree_flatten(outs)
         out_tree[:] = [tree]
         return out_leaves
@@ -324,7 +330,12 @@ def custom_jvp_call(
     n = len(leaves)
     out_tree: list[Any] = []
 
-    fun_leaves = _on_leaves(fun, flat, primitive, out_tree, _known(_leaves(values)))
+    # With a type's own rule, outputs of any type stay as they are: the rule gives
+    # each output's tangent as a value of its type holding its leaves' tangents
+    # (see `Value.custom_jvp_rule`), exact whether or not the type is linear.
+    fun_leaves = _on_leaves(
+        fun, flat, primitive, out_tree, _known(_leaves(values)), keep=rule is not None
+    )
 
     def run_jvp(primals: list[Any], leaf_tangents: list[list[Any]]) -> tuple:
         if rule is not None:
@@ -351,7 +362,8 @@ def custom_jvp_call(
         outs, out_tangents = run_jvp(primals, flat.split(args[n:]))
         primal_out, tangent_out = [], []
         for p, t in zip(outs, out_tangents, strict=True):
-            p = _densify_nonlinear(p, primitive)
+            if rule is None:
+                p = _densify_nonlinear(p, primitive)
             leaf_ts = (
                 _leaf_tangents(p, t, symbolic_zeros) if isinstance(p, Value) else None
             )

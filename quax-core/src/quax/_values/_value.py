@@ -206,7 +206,10 @@ class Value(eqx.Module, metaclass=ValueMeta):
         structure), for an array an array. It returns the outputs (values or
         arrays, as `fun` gives them) and their tangents (arrays, or values of the
         output's type holding the leaves' tangents), linear in `tangents`:
-        reverse mode transposes them.
+        reverse mode transposes them. An output whose tangent is such a value
+        leaves the call as it is, even of a type that is not linear in its leaves
+        (with the function's own rule it would be materialised); one whose
+        tangent is an array is materialised.
         """
         del name, fun, values
         return None

@@ -16,7 +16,14 @@ import quax
 from jaxtyping import Array
 
 
-__all__ = ["MaterialisationError", "StructuredMatrix", "is_size", "unbatched"]
+__all__ = [
+    "FUNCTION_JVP_RULES",
+    "MaterialisationError",
+    "StructuredMatrix",
+    "is_size",
+    "sequence_as_array",
+    "unbatched",
+]
 
 
 def is_size(x: Any) -> bool:
@@ -28,6 +35,20 @@ def is_size(x: Any) -> bool:
         return operator.index(x) >= 0
     except TypeError:
         return False
+
+
+# JVP rules for custom-JVP functions by name, which modules that the structures do
+# not import add (`_linalg` adds `jnp.linalg.pinv`'s, `"_pinv"`): each takes the
+# function (on values) and the structured input, and returns a rule or `None`
+# (see `StructuredMatrix.custom_jvp_rule`).
+FUNCTION_JVP_RULES: dict[str, Callable[[Any, Any], Any]] = {}
+
+
+def sequence_as_array(x: Any) -> Any:
+    """A list or tuple of numbers or arrays (what `jnp.asarray` stacks) as an
+    array, as the constructors of NumPy and lineax accept one; anything else as
+    it is (an array, a tracer, or what the constructor's checks reject)."""
+    return jnp.asarray(x) if isinstance(x, list | tuple) else x
 
 
 def unbatched(value: Any, field: str, ndim: int) -> None:
@@ -322,11 +343,15 @@ class StructuredMatrix(quax.GuardedValue):
     @staticmethod
     def custom_jvp_rule(name: str, fun: Any, values: Any) -> Any:
         """`jnp.linalg.slogdet` and `det` (JAX's `_slogdet_lu` and `_det`) of a
-        structure that factors (`lu`) take their derivative from the structure's
-        own algorithm (see `quax.Value.custom_jvp_rule`), in its cost, rather than
-        from JAX's rules, which solve with the whole `(n, n)` tangent."""
+        structure that factors (`lu`), and `jnp.linalg.pinv` (`_pinv`) of one
+        that `_linalg.pinv_of` pseudo-inverts, take their derivative from the
+        structure's own algorithm (see `quax.Value.custom_jvp_rule`), in its
+        cost, rather than from JAX's rules, which work on the whole `(n, n)`
+        tangent."""
         if len(values) != 1 or not isinstance(values[0], StructuredMatrix):
             return None
+        if name in FUNCTION_JVP_RULES:
+            return FUNCTION_JVP_RULES[name](fun, values[0])
         if type(values[0]).lu is StructuredMatrix.lu:
             return None
         if name == "_slogdet_lu":

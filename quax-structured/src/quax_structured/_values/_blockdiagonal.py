@@ -1,5 +1,8 @@
 """`BlockDiagonal`: every operation block by block."""
 
+from typing import Any
+
+import equinox as eqx
 import jax
 import jax.core
 import jax.numpy as jnp
@@ -20,6 +23,23 @@ from ._determinant import DeterminantLU
 __all__ = ["BlockDiagonal"]
 
 
+def _stacked(blocks: Any) -> Any:
+    """A list or tuple of equal square blocks, stacked into `(m, b, b)`; anything
+    else as it is (the constructor's checks see it)."""
+    if not isinstance(blocks, list | tuple):
+        return blocks
+    shapes = [jnp.shape(b) for b in blocks]
+    if not shapes or len(set(shapes)) != 1:
+        raise ValueError(
+            "`BlockDiagonal` needs `blocks` of shape (*batch, m, b, b), or a list "
+            f"of at least one block of one shape (b, b); got a list of shapes "
+            f"{shapes}. Blocks of different sizes have no `BlockDiagonal`: pad "
+            "them to one size (with an identity block in the padding), or build "
+            "the dense matrix with `jax.scipy.linalg.block_diag(*blocks)`."
+        )
+    return jnp.stack(blocks)
+
+
 class BlockDiagonal(StructuredMatrix):
     """A block-diagonal matrix of `m` equal square blocks of size `b` (`n = m b`).
 
@@ -29,19 +49,22 @@ class BlockDiagonal(StructuredMatrix):
     **Fields:**
 
     - `blocks`: shape `(*batch, m, b, b)`; `blocks[..., k, :, :]` is the `k`-th
-        diagonal block.
+        diagonal block. A list (or tuple) of `m` blocks of shape `(b, b)` is
+        stacked.
     - `allow_materialise`: as for [`quax_structured.TridiagonalMatrix`][] (static).
     """
 
     batch_leading = True
 
-    blocks: Array
+    blocks: Array = eqx.field(converter=_stacked)
 
     def __check_init__(self):
-        if self.blocks.ndim < 3 or self.blocks.shape[-1] != self.blocks.shape[-2]:
+        shape = jnp.shape(self.blocks)
+        if len(shape) < 3 or shape[-1] != shape[-2]:
             raise ValueError(
-                "`BlockDiagonal` needs `blocks` of shape (*batch, m, b, b); got "
-                f"shape {self.blocks.shape}."
+                "`BlockDiagonal` needs `blocks` of shape (*batch, m, b, b) (m "
+                f"square blocks of size b); got shape {shape}. For one block of "
+                "shape (b, b) pass `blocks[None]`."
             )
 
     def aval(self) -> jax.core.ShapedArray:

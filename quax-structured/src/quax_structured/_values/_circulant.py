@@ -6,13 +6,14 @@ import abc
 import dataclasses
 from typing import Any
 
+import equinox as eqx
 import jax
 import jax.core
 import jax.numpy as jnp
 from jaxtyping import Array
 
 from .._kernels import circulant_eigh, circular_convolve
-from ._base import MaterialisationError, StructuredMatrix
+from ._base import MaterialisationError, StructuredMatrix, sequence_as_array
 from ._determinant import DeterminantLU
 
 
@@ -133,7 +134,7 @@ class Circulant(StructuredMatrix):
 
     batch_leading = True
 
-    column: Array
+    column: Array = eqx.field(converter=sequence_as_array)
 
     def __check_init__(self):
         if jnp.ndim(self.column) < 1:
@@ -202,6 +203,21 @@ class Circulant(StructuredMatrix):
         if jnp.issubdtype(self.dtype, jnp.complexfloating):
             return det.astype(self.dtype)
         return det.real.astype(self.dtype)
+
+    def way_out(self, primitive: Any = None) -> str:
+        """For `qr`, why it is refused and what runs instead; else the base's."""
+        if primitive is None or primitive.name != "qr":
+            return super().way_out(primitive)
+        return (
+            "A circulant's QR factors have no structure: `R` is a dense upper "
+            "triangle (and the fast Toeplitz QR algorithms, O(n²) and unstable, "
+            "still return two dense (n, n) factors). What a QR is used for runs "
+            "through the FFT in O(n log n) instead: `jnp.linalg.solve(C, b)`, and "
+            "for a least-squares solution `jnp.linalg.pinv(C) @ b` (the "
+            "pseudo-inverse is a `Circulant`); its unitary eigenbasis, the DFT, is "
+            "what `jnp.linalg.svd` and `eigh` return. For the QR factors "
+            "themselves: " + super().way_out(primitive)
+        )
 
     def eigenvalues(self) -> Array:
         """The eigenvalues, `fft(column)`, in the DFT's order (`C v_k = λ_k v_k` for

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 from jaxtyping import Array
 
 from .._kernels import failed_factorisation, keep_or_scale, nan_where, on_diagonal
-from ._base import StructuredMatrix, is_size
+from ._base import StructuredMatrix, is_size, sequence_as_array
 from ._determinant import DeterminantLU
 
 
@@ -25,7 +25,7 @@ class Diagonal(StructuredMatrix):
 
     batch_leading = True
 
-    diag: Array
+    diag: Array = eqx.field(converter=sequence_as_array)
 
     def __check_init__(self):
         if jnp.ndim(self.diag) < 1:
@@ -131,7 +131,7 @@ class ScaledIdentity(StructuredMatrix):
 
     batch_leading = True
 
-    scale: Array
+    scale: Array = eqx.field(converter=sequence_as_array)
     n: int = eqx.field(static=True)
 
     def __check_init__(self):

@@ -10,7 +10,7 @@ from jax import lax
 from jaxtyping import Array
 
 from .._kernels import failed_factorisation, keep_or_scale, nan_where, on_diagonal
-from ._base import MaterialisationError, StructuredMatrix
+from ._base import MaterialisationError, StructuredMatrix, sequence_as_array
 from ._determinant import DeterminantLU
 
 
@@ -51,30 +51,53 @@ class TridiagonalMatrix(StructuredMatrix):
         positive_definite: bool = False,
     ):
         # The published quax's signature: `allow_materialise` may be positional.
-        self.lower_diag = lower_diag
-        self.main_diag = main_diag
-        self.upper_diag = upper_diag
+        self.lower_diag = sequence_as_array(lower_diag)
+        self.main_diag = sequence_as_array(main_diag)
+        self.upper_diag = sequence_as_array(upper_diag)
         self.allow_materialise = allow_materialise
         self.positive_definite = positive_definite
 
     def __check_init__(self):
-        *batch1, size1 = self.lower_diag.shape
-        *batch2, size2 = self.main_diag.shape
-        *batch3, size3 = self.upper_diag.shape
-        batches = {tuple(batch1), tuple(batch2), tuple(batch3)}
-        if len(batches) != 1:
+        expected = dict(
+            lower_diag="(*batch, n - 1)",
+            main_diag="(*batch, n)",
+            upper_diag="(*batch, n - 1)",
+        )
+        shapes = {name: jnp.shape(getattr(self, name)) for name in expected}
+        for name, shape in shapes.items():
+            if len(shape) == 0:
+                raise ValueError(
+                    f"`TridiagonalMatrix` needs `{name}` of shape {expected[name]}, "
+                    "an array of at least 1 dimension; got a scalar. The diagonals "
+                    "do not broadcast (as in lineax's `TridiagonalLinearOperator`): "
+                    "for a constant diagonal pass `jnp.full(length, value)`."
+                )
+        batches = {name: shape[:-1] for name, shape in shapes.items()}
+        if len(set(batches.values())) != 1:
             raise ValueError(
-                f"Got inconsistent batch dimensions {batches} for `TridiagonalMatrix`."
+                "Got inconsistent batch dimensions for `TridiagonalMatrix`: it "
+                "needs the same batch axes on `lower_diag`, "
+                "`main_diag` and `upper_diag` (shapes (*batch, n - 1), (*batch, n), "
+                f"(*batch, n - 1)); got the shapes {tuple(shapes.values())}. "
+                "Broadcast them to a common batch first."
             )
-        if size1 != size2 - 1 or size3 != size2 - 1:
+        n = shapes["main_diag"][-1]
+        if shapes["lower_diag"][-1] != n - 1 or shapes["upper_diag"][-1] != n - 1:
             raise ValueError(
-                "Got inconsistent diagonal lengths for `TridiagonalMatrix`."
+                "Got inconsistent diagonal lengths for `TridiagonalMatrix`: it "
+                "needs `lower_diag` and `upper_diag` one entry "
+                f"shorter than `main_diag` (n - 1 = {n - 1} for `main_diag` of "
+                f"length n = {n}); got the shapes {tuple(shapes.values())} for "
+                "`lower_diag`, `main_diag` and `upper_diag`."
             )
-        if (
-            self.lower_diag.dtype != self.main_diag.dtype
-            or self.upper_diag.dtype != self.main_diag.dtype
-        ):
-            raise ValueError("Got inconsistent dtypes for `TridiagonalMatrix`.")
+        dtypes = [jnp.result_type(getattr(self, name)) for name in expected]
+        if len(set(dtypes)) != 1:
+            raise ValueError(
+                "Got inconsistent dtypes for `TridiagonalMatrix`: it needs "
+                "`lower_diag`, `main_diag` and `upper_diag` of one dtype; got "
+                f"{', '.join(map(str, dtypes))}. "
+                "Convert them with `.astype(dtype)`."
+            )
 
     def _with(self, lower: Array, main: Array, upper: Array) -> "TridiagonalMatrix":
         return TridiagonalMatrix(
