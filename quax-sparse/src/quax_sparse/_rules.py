@@ -18,6 +18,7 @@ from jax.extend.core import Primitive, primitives as prims
 from jaxtyping import Array, ArrayLike
 
 from ._kernels import (
+    dot_blocks_dense,
     dot_sparse_dense,
     dot_sparse_sparse,
     flat_entries,
@@ -47,11 +48,13 @@ def _refuse_blocks(
     values: Sequence[Any],
     params: dict[str, Any],
     why: str | None = None,
+    remedy: str | None = None,
 ) -> Any:
     """A `BCOO` with dense dimensions (blocks) met a rule that handles only scalar
     entries, or a case of a block-aware rule that it cannot keep: refused, naming
-    `n_dense` and the way out (`update_layout(n_dense=0)`), unless every such
-    operand allows materialising (then the fallback computes it densely)."""
+    `n_dense` and the way out (`update_layout(n_dense=0)`, or `remedy` where that
+    would not help), unless every such operand allows materialising (then the
+    fallback computes it densely)."""
     blocked = [v for v in values if isinstance(v, BCOO) and v.n_dense]
     if all(v.allow_materialise for v in blocked):
         return _fallback(primitive, values, params)
@@ -65,9 +68,15 @@ def _refuse_blocks(
         f"Refusing to materialise `BCOO` for primitive `{primitive.name}` on input "
         f"types ({types}): the BCOO of shape {x.shape} stores blocks over its "
         f"n_dense={x.n_dense} trailing dense dimensions (block shape "
-        f"{x.dense_shape}), and {reason}. Turn the dense dimensions into sparse "
-        "ones first: `x.update_layout(n_dense=0)` gives the same array with one "
-        "stored entry per element of each block. " + x.way_out(primitive)
+        f"{x.dense_shape}), and {reason}. "
+        + (
+            remedy
+            or "Turn the dense dimensions into sparse ones first: "
+            "`x.update_layout(n_dense=0)` gives the same array with one stored "
+            "entry per element of each block."
+        )
+        + " "
+        + x.way_out(primitive)
     )
 
 
@@ -159,9 +168,11 @@ def same_blocks(x: BCOO, y: BCOO) -> tuple[BCOO, BCOO]:
 
 
 def transpose_matrix(x: BCOO) -> BCOO:
-    """The transpose of an unbatched sparse matrix (index columns swapped)."""
+    """The transpose of an unbatched sparse matrix (index columns swapped; dense
+    dimensions, if any, stay last)."""
+    shape = (x.shape[1], x.shape[0], *x.dense_shape)
     return new_like(
-        x, x.data, x.indices[:, ::-1], x.shape[::-1], unique_indices=x.unique_indices
+        x, x.data, x.indices[:, ::-1], shape, unique_indices=x.unique_indices
     )
 
 
@@ -181,71 +192,86 @@ def _read_as(x: BCOO, dtype: Any) -> BCOO:
 # dot_general --------------------------------------------------------------------------
 
 
-def _contracts_blocks(x: BCOO, contract: Sequence[int], batch: Sequence[int]) -> bool:
-    """Whether a product contracts or batches a dense dimension of `x` (which the
-    kernel keeps free)."""
-    n_index = x.n_batch + x.n_sparse
-    return any(i >= n_index for i in (*contract, *batch))
-
-
-def _refuse_block_product(
-    values: Sequence[Any], dimension_numbers: Any, params: dict[str, Any]
+def _dot_dense(
+    x: BCOO, d: ArrayLike, dimension_numbers: Any, sparse_is_lhs: bool, params: Any
 ) -> Any:
-    params = dict(params, dimension_numbers=dimension_numbers)
-    return _refuse_blocks(
-        lax.dot_general_p,
-        values,
-        params,
-        "a product with a dense operand contracts (or batches) only its batch and "
-        "sparse dimensions, keeping the dense ones free; this one contracts a "
-        "dense dimension",
-    )
-
-
-@register(lax.dot_general_p, blocks=True)
-def _(lhs: BCOO, rhs: ArrayLike, *, dimension_numbers: Any, **params: Any) -> Array:
-    (l_contract, _), (l_batch, _) = dimension_numbers
-    if _contracts_blocks(lhs, l_contract, l_batch):
-        return _refuse_block_product((lhs, rhs), dimension_numbers, params)
-    rhs = jnp.asarray(rhs)
-    out_dtype = _out_dtype(lhs, rhs, params.get("preferred_element_type"))
-    lhs = _read_as(lhs, out_dtype)
-    return dot_sparse_dense(
-        lhs.data,
-        lhs.indices,
-        lhs.shape,
-        rhs,
-        dimension_numbers,
-        sparse_is_lhs=True,
-        out_dtype=out_dtype,
-        indices_sorted=lhs.indices_sorted,
-    )
-
-
-@register(lax.dot_general_p, blocks=True)
-def _(lhs: ArrayLike, rhs: BCOO, *, dimension_numbers: Any, **params: Any) -> Array:
-    (_, r_contract), (_, r_batch) = dimension_numbers
-    if _contracts_blocks(rhs, r_contract, r_batch):
-        return _refuse_block_product((lhs, rhs), dimension_numbers, params)
-    lhs = jnp.asarray(lhs)
-    out_dtype = _out_dtype(lhs, rhs, params.get("preferred_element_type"))
-    rhs = _read_as(rhs, out_dtype)
-    return dot_sparse_dense(
-        rhs.data,
-        rhs.indices,
-        rhs.shape,
-        lhs,
-        dimension_numbers,
-        sparse_is_lhs=False,
-        out_dtype=out_dtype,
-        indices_sorted=rhs.indices_sorted,
-    )
-
-
-@register(lax.dot_general_p)
-def _(lhs: BCOO, rhs: BCOO, *, dimension_numbers: Any, **params: Any) -> Any:
+    """`dot_general` of a sparse `x` and a dense `d` (`sparse_is_lhs` says which is
+    the left operand). Dense, unless `x` has dense dimensions and the product pairs
+    (contracts or batches) none of its batch or sparse ones (`a @ w` contracting
+    the blocks of `a` with `w`): then it is sparse, on `x`'s pattern, each block
+    multiplied with `d`; dimensions that `dot_general` puts before `x`'s (batched
+    dense ones, and `d`'s free ones when `d` is the left operand) become batch
+    dimensions of the result."""
     (l_contract, r_contract), (l_batch, r_batch) = dimension_numbers
-    if lhs.ndim != 2 or rhs.ndim != 2 or len(l_contract) != 1 or l_batch or r_batch:
+    paired = (*l_contract, *l_batch) if sparse_is_lhs else (*r_contract, *r_batch)
+    d = jnp.asarray(d)
+    out_dtype = _out_dtype(x, d, params.get("preferred_element_type"))
+    x = _read_as(x, out_dtype)
+    n_index = x.n_batch + x.n_sparse
+    if x.n_dense and all(i >= n_index for i in paired):
+        data = dot_blocks_dense(
+            x.data,
+            x.n_batch,
+            n_index,
+            d,
+            dimension_numbers,
+            sparse_is_lhs=sparse_is_lhs,
+            out_dtype=out_dtype,
+        )
+        n_batched = len(l_batch)
+        n_lead = n_batched if sparse_is_lhs else n_batched + d.ndim - len(paired)
+        lead = data.shape[:n_lead]
+        block = data.shape[n_lead + x.n_batch + 1 :]
+        return new_like(
+            x,
+            data,
+            jnp.broadcast_to(x.indices, lead + x.indices.shape),
+            lead + x.shape[:n_index] + block,
+            indices_sorted=x.indices_sorted,
+            unique_indices=x.unique_indices,
+        )
+    return dot_sparse_dense(
+        x.data,
+        x.indices,
+        x.shape,
+        d,
+        dimension_numbers,
+        sparse_is_lhs=sparse_is_lhs,
+        out_dtype=out_dtype,
+        indices_sorted=x.indices_sorted,
+    )
+
+
+@register(lax.dot_general_p, blocks=True)
+def _(lhs: BCOO, rhs: ArrayLike, *, dimension_numbers: Any, **params: Any) -> Any:
+    return _dot_dense(lhs, rhs, dimension_numbers, True, params)
+
+
+@register(lax.dot_general_p, blocks=True)
+def _(lhs: ArrayLike, rhs: BCOO, *, dimension_numbers: Any, **params: Any) -> Any:
+    return _dot_dense(rhs, lhs, dimension_numbers, False, params)
+
+
+@register(lax.dot_general_p, blocks=True)
+def _(lhs: BCOO, rhs: BCOO, *, dimension_numbers: Any, **params: Any) -> Any:
+    """The product of two sparse matrices, sparse. The right one may have dense
+    dimensions (blocks, kept free: `a @ b` with `b` of shape `(k, m, *block)`
+    gives `(n, m, *block)`)."""
+    (l_contract, r_contract), (l_batch, r_batch) = dimension_numbers
+    r_matrix = rhs.ndim - rhs.n_dense
+    if lhs.n_dense or (rhs.n_dense and (r_matrix != 2 or r_contract[0] >= 2)):
+        return _refuse_blocks(
+            lax.dot_general_p,
+            (lhs, rhs),
+            dict(params, dimension_numbers=dimension_numbers),
+            "a product of two sparse operands keeps blocks only as the right "
+            "operand's free dense dimensions, `(n, k) @ (k, m, *block)`, where the "
+            "dense dimensions stay last",
+            "Densify the other operand first (`y.todense()`: the product of a "
+            "sparse array with blocks and a dense one keeps the blocks), or bind "
+            "the product as `(n, k) @ (k, m, *block)`.",
+        )
+    if lhs.ndim != 2 or r_matrix != 2 or len(l_contract) != 1 or l_batch or r_batch:
         params = dict(params, dimension_numbers=dimension_numbers)
         return _fallback(lax.dot_general_p, (lhs, rhs), params)
     out_dtype = _out_dtype(lhs, rhs, params.get("preferred_element_type"))
@@ -266,7 +292,7 @@ def _(lhs: BCOO, rhs: BCOO, *, dimension_numbers: Any, **params: Any) -> Any:
         b_unique=b.unique_indices,
     )
     allow = a.allow_materialise and b.allow_materialise
-    return BCOO._from_entries(data, indices, (n, m), allow)
+    return BCOO._from_entries(data, indices, (n, m, *b.dense_shape), allow)
 
 
 # Elementwise with f(0) = 0 ------------------------------------------------------------
@@ -734,6 +760,83 @@ def _(x: BCOO, *, axes: Sequence[int], **params: Any) -> Any:
     ok = valid_mask(dropped, [x.shape[a] for a in axes])
     data = jnp.where(ok.reshape(ok.shape + block_ones), data, 0)
     return new_like(x, data, indices, out_shape)
+
+
+def _reduce_blocks(
+    primitive: Primitive, x: BCOO, axes: Sequence[int], params: dict[str, Any]
+) -> Any:
+    """`reduce_max`, `reduce_min` or `reduce_prod` over dense dimensions only (each
+    stored block reduced on its own, duplicates merged first): sparse, on `x`'s
+    pattern. A position that is not stored holds a zero block, which reduces to
+    zero, so the pattern is exact. Over a batch or sparse dimension these read the
+    zeros that are not stored: refused (naming `n_dense` when `x` has blocks), or
+    dense with `allow_materialise`."""
+    axes = tuple(axes)
+    params = dict(params, axes=axes)
+    n_index = x.n_batch + x.n_sparse
+    on_blocks = all(a >= n_index for a in axes)
+    # A block of size 0 reduces to the identity (`-inf`, `1`), not to zero.
+    if not (x.n_dense and on_blocks and all(x.shape[a] for a in axes)):
+        if x.n_dense:
+            return _refuse_blocks(
+                primitive,
+                (x,),
+                params,
+                f"`{primitive.name}` keeps blocks only over dense dimensions of a "
+                "nonzero size (each stored block reduced on its own); over a batch "
+                "or sparse dimension it would read the zeros that are not stored",
+            )
+        return _fallback(primitive, (x,), params)
+    x = unique(x)
+    data = primitive.bind(x.data, **dict(params, axes=_block_axes(x, axes)))
+    shape = tuple(s for i, s in enumerate(x.shape) if i not in axes)
+    return new_like(
+        x,
+        data,
+        x.indices,
+        shape,
+        indices_sorted=x.indices_sorted,
+        unique_indices=True,
+    )
+
+
+def _register_reduce_blocks(primitive: Primitive) -> None:
+    @register(primitive, blocks=True)
+    def _(x: BCOO, *, axes: Sequence[int], **params: Any) -> Any:
+        return _reduce_blocks(primitive, x, axes, params)
+
+
+for _p in (prims.reduce_max_p, prims.reduce_min_p, prims.reduce_prod_p):
+    _register_reduce_blocks(_p)
+
+
+def _against_zero(
+    primitive: Primitive, x: BCOO, zero: ArrayLike, params: dict[str, Any]
+) -> Any:
+    """`max(x, 0)` or `min(x, 0)` (`jax.nn.relu`, `jnp.maximum(x, 0)`) with the zero
+    a constant of the program: on the stored values (duplicates merged first), on
+    `x`'s pattern. Against anything else it falls back (refused unless `x` allows
+    materialising)."""
+    if _broadcasts(x, zero) or not _zeros(zero):
+        if x.n_dense:
+            return _refuse_blocks(primitive, (x, zero), params)
+        return _fallback(primitive, (x, zero), params)
+    x = unique(x)
+    return with_data(x, primitive.bind(x.data, jnp.zeros((), x.dtype), **params))
+
+
+def _register_against_zero(primitive: Primitive) -> None:
+    @register(primitive, blocks=True)
+    def _(x: BCOO, y: ArrayLike, **params: Any) -> Any:
+        return _against_zero(primitive, x, y, params)
+
+    @register(primitive, blocks=True)
+    def _(x: ArrayLike, y: BCOO, **params: Any) -> Any:
+        return _against_zero(primitive, y, x, params)
+
+
+for _p in (prims.max_p, prims.min_p):
+    _register_against_zero(_p)
 
 
 @register(prims.broadcast_in_dim_p, blocks=True)
