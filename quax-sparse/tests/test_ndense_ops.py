@@ -239,3 +239,37 @@ def test_max_against_a_nonzero_refuses():
     with pytest.raises(MaterialisationError, match=r"`ge`.*n_dense=1"):
         leaky(x)
     assert_close(leaky(x.enable_materialise()), jax.nn.leaky_relu(dense))
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda a: a > 0,
+        lambda a: jnp.greater(0.0, a),
+        lambda a: a != 0,
+        lambda a: jnp.where(a > 0, a, 0),
+        lambda a: jnp.where(a < 0, jnp.sin(a), 0.0) * 2,
+    ],
+    ids=["gt", "zero_gt", "ne", "where_positive", "where_negative"],
+)
+@pytest.mark.parametrize("n_batch", [0, 1])
+def test_comparisons_with_zero_are_sparse_masks(fn, n_batch):
+    shape = (2, 6, 5, 3) if n_batch else (6, 5, 3)
+    dense, x = _blocks(15, shape, n_batch=n_batch, duplicates=not n_batch)
+    out = check(fn, x, dense_args=(dense,), eager=True)
+    assert isinstance(out, BCOO) and out.n_dense == 1
+
+
+@pytest.mark.parametrize("n_batch", [0, 1])
+def test_where_with_a_sparse_mask_of_another_pattern(n_batch):
+    # The entries both store where the mask holds; a NaN that it drops is dropped.
+    shape = (2, 6, 5, 3) if n_batch else (6, 5, 3)
+    d1, x = _blocks(16, shape, n_batch=n_batch)
+    x = BCOO(x.data.at[..., :2, :].set(np.nan), x.indices, x.shape)
+    d1 = np.asarray(x.todense())
+    d2, y = _blocks(17, shape, n_batch=n_batch)
+    mask = quax.quaxify(lambda a: a > 0)(y)
+    assert isinstance(mask, BCOO) and mask.dtype == jnp.bool_
+    fn = lambda m, a: jnp.where(m, a, 0)
+    out = check(fn, mask, x, dense_args=(d2 > 0, d1), eager=True)
+    assert isinstance(out, BCOO) and out.n_dense == 1 and out.n_batch == n_batch

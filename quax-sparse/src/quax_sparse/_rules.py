@@ -10,6 +10,7 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import quax
@@ -125,6 +126,19 @@ def new_like(
     )
 
 
+def in_order(x: BCOO, data: Array, indices: Array, shape: Sequence[int]) -> BCOO:
+    """A `BCOO` with `x`'s options and the given entries, which keep the order and
+    uniqueness of `x`'s (`x`'s flags)."""
+    return new_like(
+        x,
+        data,
+        indices,
+        shape,
+        indices_sorted=x.indices_sorted,
+        unique_indices=x.unique_indices,
+    )
+
+
 def with_data(x: BCOO, data: Array) -> BCOO:
     """`x` with other stored values at the same positions (flags kept)."""
     return new_like(
@@ -222,14 +236,8 @@ def _dot_dense(
         n_lead = n_batched if sparse_is_lhs else n_batched + d.ndim - len(paired)
         lead = data.shape[:n_lead]
         block = data.shape[n_lead + x.n_batch + 1 :]
-        return new_like(
-            x,
-            data,
-            jnp.broadcast_to(x.indices, lead + x.indices.shape),
-            lead + x.shape[:n_index] + block,
-            indices_sorted=x.indices_sorted,
-            unique_indices=x.unique_indices,
-        )
+        indices = jnp.broadcast_to(x.indices, lead + x.indices.shape)
+        return in_order(x, data, indices, lead + x.shape[:n_index] + block)
     return dot_sparse_dense(
         x.data,
         x.indices,
@@ -522,10 +530,25 @@ def _intersect(primitive: Primitive, x: BCOO, y: BCOO, params: dict[str, Any]) -
     `jax.experimental.sparse`)."""
     if x.shape != y.shape:
         return _broadcast_fallback(primitive, (x, y), params)
+    if not _keys_fit(x):
+        return _fallback(primitive, (x, y), params)
+    return _intersect_entries(x, y, lambda a, b: primitive.bind(a, b, **params))
+
+
+def _keys_fit(x: BCOO) -> bool:
+    """Whether the row-major positions of `x`'s batch and sparse dimensions fit in
+    int32 (`_flat_keys`)."""
+    return math.prod(x.shape[: x.n_batch + x.n_sparse]) < 2**31 - 1
+
+
+def _intersect_entries(
+    x: BCOO, y: BCOO, combine: Callable[[Array, Array], Array]
+) -> BCOO:
+    """The entries at the positions both `x` and `y` (of one shape, positions that
+    fit `_keys_fit`) store, `combine` applied to each pair of stored values
+    (blocks), as `_intersect` describes."""
     x, y = same_blocks(x, y)
     positions = math.prod(x.shape[: x.n_batch + x.n_sparse])
-    if positions >= 2**31 - 1:
-        return _fallback(primitive, (x, y), params)
     a, b = unique(unbatch(x)), unique(unbatch(y))
     swap = b.nse < a.nse
     if swap:  # drive by the operand with fewer entries
@@ -541,7 +564,7 @@ def _intersect(primitive: Primitive, x: BCOO, y: BCOO, params: dict[str, Any]) -
         match = (b_sorted[position] == a_key) & (a_key < positions)
         partner = b.data[order[position]]
     pair = (partner, a.data) if swap else (a.data, partner)
-    data = primitive.bind(*pair, **params)
+    data = combine(*pair)
     lead = match.reshape(match.shape + (1,) * x.n_dense)
     data = jnp.where(lead, data, jnp.zeros((), data.dtype))
     fill = jnp.asarray(x.shape[: a.n_sparse], a.indices.dtype)
@@ -551,6 +574,7 @@ def _intersect(primitive: Primitive, x: BCOO, y: BCOO, params: dict[str, Any]) -
         indices,
         x.shape,
         x.allow_materialise and y.allow_materialise,
+        indices_sorted=a.indices_sorted,  # in `a`'s order, padding aside
         unique_indices=True,
     )
 
@@ -575,19 +599,79 @@ def _zeros(x: Any) -> bool:
     return known is not None and not np.any(known)
 
 
+def _where_sparse(mask: BCOO, x: BCOO) -> BCOO | None:
+    """`where(mask, x, 0)` of a sparse bool `mask` and a sparse `x` of the same
+    shape: the entries both store where the mask holds (the intersection), in the
+    mask's order and layout: with batch dimensions in both, each member is
+    intersected alone. `relu`'s derivative binds it, `where(x > 0, g, 0)` with `g`
+    the tangent of `x`, and a tangent's indices are its primal's: the result
+    must hold the entries of `x > 0` (those of `relu(x)`) in their order, which
+    the intersection driven by the mask (not the smaller operand: both have the
+    same `nse` here) gives. `None` where positions overflow int32."""
+    if x.shape != mask.shape or not _keys_fit(x):
+        return None
+    zero = jnp.zeros((), x.dtype)
+    if mask.indices is x.indices and mask.unique_indices:
+        # One pattern without duplicates: entry by entry, in `x`'s layout.
+        return with_data(x, jnp.where(mask.data, x.data, zero))
+
+    def combine(m: Array, v: Array) -> Array:
+        return jnp.where(m, v, zero)
+
+    nb = mask.n_batch
+    if not nb or x.n_batch != nb:
+        return _intersect_entries(mask, x, combine)
+    flags: list[bool] = []
+
+    def member(m_data: Array, m_indices: Array, data: Array, indices: Array) -> Any:
+        m = new_like(
+            mask,
+            m_data,
+            m_indices,
+            mask.shape[nb:],
+            indices_sorted=mask.indices_sorted,
+            unique_indices=mask.unique_indices,
+        )
+        v = new_like(
+            x,
+            data,
+            indices,
+            x.shape[nb:],
+            indices_sorted=x.indices_sorted,
+            unique_indices=x.unique_indices,
+        )
+        out = _intersect_entries(m, v, combine)
+        flags[:] = [out.indices_sorted]
+        return out.data, out.indices
+
+    for _ in range(nb):
+        member = jax.vmap(member)
+    data, indices = member(mask.data, mask.indices, x.data, x.indices)
+    return BCOO._from_entries(
+        data,
+        indices,
+        x.shape,
+        mask.allow_materialise and x.allow_materialise,
+        indices_sorted=flags[0],
+        unique_indices=True,
+    )
+
+
 def _select(which: Any, cases: Sequence[Any]) -> Any:
     """`select_n` with a sparse operand against zeros: `where(mask, x, 0)` keeps
     `x`'s entries where the mask holds (a dense mask read at the entries); a sparse
-    boolean mask picks a dense `x` at its own entries. Anything else (no zero case
-    known now, two sparse cases, a mask that keeps the zeros' side) falls back."""
+    boolean mask picks a dense `x` at its own entries, and a sparse `x` at the
+    entries both store (what `jax.nn.relu`'s derivative binds: `where(x > 0, g,
+    0)`). Anything else (no zero case known now, two sparse cases, a mask that
+    keeps the zeros' side) falls back."""
     if len(cases) != 2:
         return None
     if isinstance(which, BCOO):
         zeros, x = cases
-        if which.dtype != jnp.bool_ or isinstance(x, BCOO) or not _zeros(zeros):
+        if which.dtype != jnp.bool_ or not _zeros(zeros) or _broadcasts(which, x):
             return None
-        if _broadcasts(which, x):
-            return None
+        if isinstance(x, BCOO):  # both sparse: where both store, the mask holds
+            return _where_sparse(which, x)
         mask = unique(which)
         data = jnp.where(mask.data, _at_entries(mask, x), 0).astype(jnp.result_type(x))
         return new_like(
@@ -623,6 +707,7 @@ for _types in [
     (ArrayLike, ArrayLike, BCOO),
     (ArrayLike, BCOO, ArrayLike),
     (BCOO, ArrayLike, ArrayLike),
+    (BCOO, ArrayLike, BCOO),
 ]:
     _register_select(_types)
 
@@ -694,11 +779,39 @@ def _(x: BCOO, indices: ArrayLike, **params: Any) -> Any:
 # Structure ----------------------------------------------------------------------------
 
 
+def _blocks_to_batch(x: BCOO, lead: Sequence[int]) -> BCOO:
+    """`x` with its dense dimensions `lead` moved to the front as new batch
+    dimensions (the others keep their order): the same pattern for each element
+    of the new batch, so `indices` is broadcast along them (`prod` of their sizes
+    times as many index entries); the dimensions of `x` follow in order."""
+    n_index = x.n_batch + x.n_sparse
+    axes = [x.n_batch + 1 + d - n_index for d in lead]
+    data = jnp.moveaxis(x.data, axes, list(range(len(lead))))
+    lead_shape = tuple(x.shape[d] for d in lead)
+    indices = jnp.broadcast_to(x.indices, lead_shape + x.indices.shape)
+    shape = lead_shape + tuple(s for i, s in enumerate(x.shape) if i not in lead)
+    return in_order(x, data, indices, shape)
+
+
 @register(prims.transpose_p, blocks=True)
-def _(x: BCOO, *, permutation: Sequence[int], **params: Any) -> BCOO:
+def _transpose(x: BCOO, *, permutation: Sequence[int], **params: Any) -> BCOO:
+    """A permutation of the batch and sparse dimensions among themselves and of
+    the dense ones among themselves, or one that also brings dense dimensions to
+    the front (`vmap` moving its batch axis there: they become batch dimensions,
+    `_blocks_to_batch`)."""
     perm = tuple(permutation)
     nb = x.n_batch
     n_index = nb + x.n_sparse  # the dense dimensions come after
+    n_lead = next((k for k, p in enumerate(perm) if p < n_index), len(perm))
+    rest = perm[n_lead:]
+    index_next = tuple(sorted(rest[:n_index])) == tuple(range(n_index))
+    if n_lead and index_next and all(p >= n_index for p in rest[n_index:]):
+        kept = [d for d in range(n_index, x.ndim) if d not in perm[:n_lead]]
+        y = _blocks_to_batch(x, perm[:n_lead])
+        place = {d: n_lead + d for d in range(n_index)}
+        place.update({d: n_lead + n_index + k for k, d in enumerate(kept)})
+        permutation = (*range(n_lead), *(place[p] for p in rest))
+        return _transpose(y, permutation=permutation, **params)
     if tuple(sorted(perm[n_index:])) != tuple(range(n_index, x.ndim)):
         return _refuse_blocks(
             prims.transpose_p,
@@ -706,7 +819,7 @@ def _(x: BCOO, *, permutation: Sequence[int], **params: Any) -> BCOO:
             dict(params, permutation=perm),
             f"the permutation {perm} moves a dense dimension among the sparse ones "
             "(a transpose keeps the dense dimensions last, permuting them among "
-            "themselves)",
+            "themselves, or brings some to the front as batch dimensions)",
         )
     if tuple(sorted(perm[:nb])) != tuple(range(nb)):
         x, nb = unbatch(x), 0
@@ -765,10 +878,11 @@ def _(x: BCOO, *, axes: Sequence[int], **params: Any) -> Any:
 def _reduce_blocks(
     primitive: Primitive, x: BCOO, axes: Sequence[int], params: dict[str, Any]
 ) -> Any:
-    """`reduce_max`, `reduce_min` or `reduce_prod` over dense dimensions only (each
-    stored block reduced on its own, duplicates merged first): sparse, on `x`'s
-    pattern. A position that is not stored holds a zero block, which reduces to
-    zero, so the pattern is exact. Over a batch or sparse dimension these read the
+    """`reduce_max`, `reduce_min`, `reduce_prod`, `reduce_or` or `reduce_and` (what
+    `jnp.any`/`jnp.all` bind) over dense dimensions only (each stored block reduced
+    on its own, duplicates merged first): sparse, on `x`'s pattern. A position that
+    is not stored holds a zero block, which reduces to zero (or `False`), so the
+    pattern is exact. Over a batch or sparse dimension these read the
     zeros that are not stored: refused (naming `n_dense` when `x` has blocks), or
     dense with `allow_materialise`."""
     axes = tuple(axes)
@@ -806,17 +920,35 @@ def _register_reduce_blocks(primitive: Primitive) -> None:
         return _reduce_blocks(primitive, x, axes, params)
 
 
-for _p in (prims.reduce_max_p, prims.reduce_min_p, prims.reduce_prod_p):
+for _p in (
+    prims.reduce_max_p,
+    prims.reduce_min_p,
+    prims.reduce_prod_p,
+    prims.reduce_or_p,
+    prims.reduce_and_p,
+):
     _register_reduce_blocks(_p)
+
+
+# Against a zero: `max(x, 0)`, `min(x, 0)` (`jax.nn.relu`), and `x > 0`, `x < 0`,
+# `x != 0` (`False` where `x` is zero: a bool mask), each the primitive it is with
+# the zero first (`0 > x` is `x < 0`).
+_AGAINST_ZERO = {
+    prims.max_p: prims.max_p,
+    prims.min_p: prims.min_p,
+    prims.gt_p: prims.lt_p,
+    prims.lt_p: prims.gt_p,
+    prims.ne_p: prims.ne_p,
+}
 
 
 def _against_zero(
     primitive: Primitive, x: BCOO, zero: ArrayLike, params: dict[str, Any]
 ) -> Any:
-    """`max(x, 0)` or `min(x, 0)` (`jax.nn.relu`, `jnp.maximum(x, 0)`) with the zero
-    a constant of the program: on the stored values (duplicates merged first), on
-    `x`'s pattern. Against anything else it falls back (refused unless `x` allows
-    materialising)."""
+    """`primitive` (of `_AGAINST_ZERO`) of `x` and a zero that is a constant of the
+    program, on the stored values (duplicates merged first): sparse, on `x`'s
+    pattern (a bool mask for a comparison). Against anything else it falls back
+    (refused unless `x` allows materialising)."""
     if _broadcasts(x, zero) or not _zeros(zero):
         if x.n_dense:
             return _refuse_blocks(primitive, (x, zero), params)
@@ -832,10 +964,10 @@ def _register_against_zero(primitive: Primitive) -> None:
 
     @register(primitive, blocks=True)
     def _(x: ArrayLike, y: BCOO, **params: Any) -> Any:
-        return _against_zero(primitive, y, x, params)
+        return _against_zero(_AGAINST_ZERO[primitive], y, x, params)
 
 
-for _p in (prims.max_p, prims.min_p):
+for _p in _AGAINST_ZERO:
     _register_against_zero(_p)
 
 
@@ -855,14 +987,7 @@ def _(
         lead = shape[:n_new]
         data = jnp.broadcast_to(x.data, lead + x.data.shape)
         indices = jnp.broadcast_to(x.indices, lead + x.indices.shape)
-        return new_like(
-            x,
-            data,
-            indices,
-            shape,
-            indices_sorted=x.indices_sorted,
-            unique_indices=x.unique_indices,
-        )
+        return in_order(x, data, indices, shape)
     params = dict(params, shape=shape, broadcast_dimensions=dims)
     new = [d for d in range(len(shape)) if d not in dims]
     if same_sizes and all(shape[d] == 1 for d in new) and list(dims) == sorted(dims):
@@ -880,14 +1005,7 @@ def _(
                 )
             else:
                 data = jnp.expand_dims(data, 1 + d - first_dense)
-        return new_like(
-            x,
-            data,
-            indices,
-            shape,
-            indices_sorted=x.indices_sorted,
-            unique_indices=x.unique_indices,
-        )
+        return in_order(x, data, indices, shape)
     if x.n_dense:  # stretching an axis: refused as for scalar entries, or dense
         return _refuse_blocks(prims.broadcast_in_dim_p, (x,), params)
     return _fallback(prims.broadcast_in_dim_p, (x,), params)
@@ -920,14 +1038,7 @@ def _(x: BCOO, *, dimensions: Sequence[int], **params: Any) -> BCOO:
         keep = [c for c in range(x.n_sparse) if c not in sparse_cols]
         indices = indices[..., keep]
     shape = tuple(s for i, s in enumerate(x.shape) if i not in dims)
-    return new_like(
-        x,
-        data,
-        indices,
-        shape,
-        indices_sorted=x.indices_sorted,
-        unique_indices=x.unique_indices,
-    )
+    return in_order(x, data, indices, shape)
 
 
 @register(prims.reshape_p, blocks=True)
