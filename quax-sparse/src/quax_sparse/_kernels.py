@@ -19,6 +19,7 @@ from jaxtyping import Array
 
 
 __all__ = [
+    "dot_blocks_dense",
     "dot_sparse_dense",
     "dot_sparse_sparse",
     "flat_entries",
@@ -184,6 +185,20 @@ def sum_duplicates(
 # dot_general --------------------------------------------------------------------------
 
 
+def _split_dimension_numbers(
+    dimension_numbers: Any, sparse_is_lhs: bool
+) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+    """`(s_contract, d_contract, s_batch, d_batch)`: the dimension numbers of the
+    sparse operand and of the dense one."""
+    (l_contract, r_contract), (l_batch, r_batch) = dimension_numbers
+    if sparse_is_lhs:
+        parts = (l_contract, r_contract, l_batch, r_batch)
+    else:
+        parts = (r_contract, l_contract, r_batch, l_batch)
+    s_contract, d_contract, s_batch, d_batch = (tuple(p) for p in parts)
+    return s_contract, d_contract, s_batch, d_batch
+
+
 def dot_sparse_dense(
     data: Array,
     indices: Array,
@@ -195,15 +210,17 @@ def dot_sparse_dense(
     out_dtype: Any,
     indices_sorted: bool,
 ) -> Array:
-    """`dot_general` of a sparse and a dense operand, for any dimension numbers.
+    """`dot_general` of a sparse and a dense operand, for any dimension numbers,
+    as a dense array (see `dot_blocks_dense` for a product that pairs only dense
+    dimensions of the sparse operand: that one is sparse).
 
     Each stored entry reads the slice of `d` at its contracted and batch coordinates
-    (a gather, shape `(N, *d_free)`), scales it by its value, and adds it into the
-    output at its free and batch coordinates (a scatter-add). The cost is
-    `O(N * prod(d_free))`; the only dense array is the output. A sparse operand with
-    dense dimensions (blocks) contracts and batches only its batch and sparse
-    dimensions: its dense ones are free, each entry's outer product of its block
-    and its slice of `d` (the caller checks).
+    (a gather, shape `(N, *d_rest)`), multiplies it with its value, and adds the
+    product into the output at its free and batch coordinates (a scatter-add). The
+    cost is `O(N * prod(d_rest))`; the only dense array is the output. A sparse
+    operand with dense dimensions (blocks) may contract or batch those too: each
+    entry's product is then a `dot_general` of its block and its slice of `d` (an
+    outer product where the dense dimensions are all free).
 
     **Arguments:**
 
@@ -218,56 +235,124 @@ def dot_sparse_dense(
 
     The dense product.
     """
-    (l_contract, r_contract), (l_batch, r_batch) = dimension_numbers
-    if sparse_is_lhs:
-        s_contract, d_contract, s_batch, d_batch = (
-            l_contract,
-            r_contract,
-            l_batch,
-            r_batch,
-        )
-    else:
-        s_contract, d_contract, s_batch, d_batch = (
-            r_contract,
-            l_contract,
-            r_batch,
-            l_batch,
-        )
-    s_contract, d_contract = tuple(s_contract), tuple(d_contract)
-    s_batch, d_batch = tuple(s_batch), tuple(d_batch)
+    s_contract, d_contract, s_batch, d_batch = _split_dimension_numbers(
+        dimension_numbers, sparse_is_lhs
+    )
     coords, values = flat_entries(data, indices)
     block = values.shape[1:]  # the dense dimensions' sizes: () without blocks
     n_index = len(shape) - len(block)  # batch and sparse dimensions
-    assert all(i < n_index for i in s_contract + s_batch), "dense dims are free"
-    s_free = tuple(i for i in range(n_index) if i not in s_contract + s_batch)
-    d_free = tuple(i for i in range(d.ndim) if i not in d_contract + d_batch)
-    d_read = d_batch + d_contract
+    s_paired, d_paired = s_batch + s_contract, d_batch + d_contract
+    s_read = tuple(s for s in s_paired if s < n_index)
+    d_read = tuple(j for s, j in zip(s_paired, d_paired, strict=True) if s < n_index)
     if d_read:
-        slices = gather(d, coords[:, s_batch + s_contract], d_read)
+        slices = gather(d, coords[:, s_read], d_read)  # (N, *d_rest)
     else:
         slices = jnp.broadcast_to(d, (values.shape[0], *d.shape))
+    d_rest = tuple(j for j in range(d.ndim) if j not in d_read)
+    s_free = tuple(i for i in range(n_index) if i not in s_paired)
+    block_free = tuple(i for i in range(n_index, len(shape)) if i not in s_paired)
+    d_free = tuple(j for j in range(d.ndim) if j not in d_paired)
+    s_batch_index = tuple(i for i in s_batch if i < n_index)
     batch_shape = tuple(shape[i] for i in s_batch)
     s_free_shape = tuple(shape[i] for i in s_free)
-    d_free_shape = tuple(d.shape[i] for i in d_free)
+    block_free_shape = tuple(shape[i] for i in block_free)
+    d_free_shape = tuple(d.shape[j] for j in d_free)
     nb, nsf, ndf = len(s_batch), len(s_free), len(d_free)
     values = values.astype(out_dtype)
     slices = slices.astype(out_dtype)
+    # Each entry's product, its axes those of the output other than the batch and
+    # sparse ones it is written at: the batched dense dimensions (in the order of
+    # the batch dimension numbers), then the free ones of each operand in turn.
+    if len(s_read) == len(s_paired):  # blocks all free: an outer product
+        if sparse_is_lhs:
+            contrib = values.reshape((-1, *block) + (1,) * ndf) * slices.reshape(
+                (-1,) + (1,) * len(block) + d_free_shape
+            )
+        else:
+            contrib = slices.reshape(
+                (-1, *d_free_shape) + (1,) * len(block)
+            ) * values.reshape((-1,) + (1,) * ndf + block)
+    else:  # a `dot_general` of each block with its slice of `d`
+        v_axis = {i: 1 + i - n_index for i in range(n_index, len(shape))}
+        s_axis = {j: 1 + d_rest.index(j) for j in d_rest}
+
+        def axes(s_dims: tuple[int, ...], d_dims: tuple[int, ...]) -> Any:
+            pairs = zip(s_dims, d_dims, strict=True)
+            kept = [(v_axis[i], s_axis[j]) for i, j in pairs if i >= n_index]
+            return tuple(v for v, _ in kept), tuple(t for _, t in kept)
+
+        v_c, s_c = axes(s_contract, d_contract)
+        v_b, s_b = axes(s_batch, d_batch)
+        v_b, s_b = (0, *v_b), (0, *s_b)  # the entries
+        if sparse_is_lhs:
+            numbers = ((v_c, s_c), (v_b, s_b))
+            contrib = lax.dot_general(values, slices, numbers)
+        else:
+            numbers = ((s_c, v_c), (s_b, v_b))
+            contrib = lax.dot_general(slices, values, numbers)
     if sparse_is_lhs:  # the output's free axes: the sparse operand's, then `d`'s
-        contrib = values.reshape((-1, *block) + (1,) * ndf) * slices.reshape(
-            (-1,) + (1,) * len(block) + d_free_shape
-        )
-        out_shape = batch_shape + s_free_shape + block + d_free_shape
-        out_dims = tuple(range(nb + nsf))
+        out_shape = batch_shape + s_free_shape + block_free_shape + d_free_shape
+        free_dims = tuple(range(nb, nb + nsf))
     else:
-        contrib = slices.reshape(
-            (-1, *d_free_shape) + (1,) * len(block)
-        ) * values.reshape((-1,) + (1,) * ndf + block)
-        out_shape = batch_shape + d_free_shape + s_free_shape + block
-        out_dims = tuple(range(nb)) + tuple(range(nb + ndf, nb + ndf + nsf))
-    write = s_batch + s_free
+        out_shape = batch_shape + d_free_shape + s_free_shape + block_free_shape
+        free_dims = tuple(range(nb + ndf, nb + ndf + nsf))
+    out_dims = tuple(s_batch.index(i) for i in s_batch_index) + free_dims
+    write = s_batch_index + s_free
     in_order = indices_sorted and write == tuple(range(len(write)))
     out = jnp.zeros(out_shape, out_dtype)
     return scatter_add(out, coords[:, write], out_dims, contrib, sorted_=in_order)
+
+
+def dot_blocks_dense(
+    data: Array,
+    n_batch: int,
+    n_index: int,
+    d: Array,
+    dimension_numbers: Any,
+    *,
+    sparse_is_lhs: bool,
+    out_dtype: Any,
+) -> Array:
+    """The blocks of `dot_general` of a sparse operand with dense dimensions and a
+    dense operand that contracts or batches only dense dimensions of the sparse
+    one (`a @ w` with `a` of shape `(n, m, f)` and `w` of shape `(f, g)`): the
+    product is sparse, on the sparse operand's pattern, each stored block
+    multiplied with `d`. Positions not stored hold zero blocks, whose product is
+    zero. The cost is one `dot_general` of `data` with `d`: `O(nse * f * g)`.
+
+    **Arguments:**
+
+    - `data`: the sparse operand's stored blocks, shape `(*batch, nse, *block)`.
+    - `n_batch`: its number of batch dimensions.
+    - `n_index`: its number of batch and sparse dimensions.
+    - `d`: the dense operand.
+    - `dimension_numbers`: as for `lax.dot_general` on the sparse operand's shape
+        (`(*batch, *sparse, *block)`); every contracted or batched dimension of the
+        sparse operand is a dense one.
+    - `sparse_is_lhs`: whether the sparse operand is the left one.
+    - `out_dtype`: the dtype of the product.
+
+    **Returns:**
+
+    The product's stored blocks, shape `(*lead, *batch, nse, *out_block)`: the
+    output of `dot_general` is `(*lead, *batch, *sparse, *out_block)`, where `lead`
+    holds the batched dense dimensions and, if the sparse operand is the right
+    one, the free dimensions of `d` (new batch dimensions of the result: the
+    pattern is the same for each), and `out_block` the free dense dimensions, then
+    those of `d` if the sparse operand is the left one.
+    """
+    s_contract, d_contract, s_batch, d_batch = _split_dimension_numbers(
+        dimension_numbers, sparse_is_lhs
+    )
+    axis = {i: n_batch + 1 + i - n_index for i in s_contract + s_batch}
+    assert all(i >= n_index for i in axis), "only dense dimensions are paired"
+    blocks = (tuple(axis[i] for i in s_contract), tuple(axis[i] for i in s_batch))
+    data, d = data.astype(out_dtype), d.astype(out_dtype)
+    if sparse_is_lhs:
+        numbers = ((blocks[0], d_contract), (blocks[1], d_batch))
+        return lax.dot_general(data, d, numbers)
+    numbers = ((d_contract, blocks[0]), (d_batch, blocks[1]))
+    return lax.dot_general(d, data, numbers)
 
 
 def _pair_count(

@@ -10,6 +10,7 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import quax
@@ -18,6 +19,7 @@ from jax.extend.core import Primitive, primitives as prims
 from jaxtyping import Array, ArrayLike
 
 from ._kernels import (
+    dot_blocks_dense,
     dot_sparse_dense,
     dot_sparse_sparse,
     flat_entries,
@@ -47,11 +49,13 @@ def _refuse_blocks(
     values: Sequence[Any],
     params: dict[str, Any],
     why: str | None = None,
+    remedy: str | None = None,
 ) -> Any:
     """A `BCOO` with dense dimensions (blocks) met a rule that handles only scalar
     entries, or a case of a block-aware rule that it cannot keep: refused, naming
-    `n_dense` and the way out (`update_layout(n_dense=0)`), unless every such
-    operand allows materialising (then the fallback computes it densely)."""
+    `n_dense` and the way out (`update_layout(n_dense=0)`, or `remedy` where that
+    would not help), unless every such operand allows materialising (then the
+    fallback computes it densely)."""
     blocked = [v for v in values if isinstance(v, BCOO) and v.n_dense]
     if all(v.allow_materialise for v in blocked):
         return _fallback(primitive, values, params)
@@ -65,9 +69,15 @@ def _refuse_blocks(
         f"Refusing to materialise `BCOO` for primitive `{primitive.name}` on input "
         f"types ({types}): the BCOO of shape {x.shape} stores blocks over its "
         f"n_dense={x.n_dense} trailing dense dimensions (block shape "
-        f"{x.dense_shape}), and {reason}. Turn the dense dimensions into sparse "
-        "ones first: `x.update_layout(n_dense=0)` gives the same array with one "
-        "stored entry per element of each block. " + x.way_out(primitive)
+        f"{x.dense_shape}), and {reason}. "
+        + (
+            remedy
+            or "Turn the dense dimensions into sparse ones first: "
+            "`x.update_layout(n_dense=0)` gives the same array with one stored "
+            "entry per element of each block."
+        )
+        + " "
+        + x.way_out(primitive)
     )
 
 
@@ -116,6 +126,19 @@ def new_like(
     )
 
 
+def in_order(x: BCOO, data: Array, indices: Array, shape: Sequence[int]) -> BCOO:
+    """A `BCOO` with `x`'s options and the given entries, which keep the order and
+    uniqueness of `x`'s (`x`'s flags)."""
+    return new_like(
+        x,
+        data,
+        indices,
+        shape,
+        indices_sorted=x.indices_sorted,
+        unique_indices=x.unique_indices,
+    )
+
+
 def with_data(x: BCOO, data: Array) -> BCOO:
     """`x` with other stored values at the same positions (flags kept)."""
     return new_like(
@@ -159,9 +182,11 @@ def same_blocks(x: BCOO, y: BCOO) -> tuple[BCOO, BCOO]:
 
 
 def transpose_matrix(x: BCOO) -> BCOO:
-    """The transpose of an unbatched sparse matrix (index columns swapped)."""
+    """The transpose of an unbatched sparse matrix (index columns swapped; dense
+    dimensions, if any, stay last)."""
+    shape = (x.shape[1], x.shape[0], *x.dense_shape)
     return new_like(
-        x, x.data, x.indices[:, ::-1], x.shape[::-1], unique_indices=x.unique_indices
+        x, x.data, x.indices[:, ::-1], shape, unique_indices=x.unique_indices
     )
 
 
@@ -181,71 +206,80 @@ def _read_as(x: BCOO, dtype: Any) -> BCOO:
 # dot_general --------------------------------------------------------------------------
 
 
-def _contracts_blocks(x: BCOO, contract: Sequence[int], batch: Sequence[int]) -> bool:
-    """Whether a product contracts or batches a dense dimension of `x` (which the
-    kernel keeps free)."""
-    n_index = x.n_batch + x.n_sparse
-    return any(i >= n_index for i in (*contract, *batch))
-
-
-def _refuse_block_product(
-    values: Sequence[Any], dimension_numbers: Any, params: dict[str, Any]
+def _dot_dense(
+    x: BCOO, d: ArrayLike, dimension_numbers: Any, sparse_is_lhs: bool, params: Any
 ) -> Any:
-    params = dict(params, dimension_numbers=dimension_numbers)
-    return _refuse_blocks(
-        lax.dot_general_p,
-        values,
-        params,
-        "a product with a dense operand contracts (or batches) only its batch and "
-        "sparse dimensions, keeping the dense ones free; this one contracts a "
-        "dense dimension",
-    )
-
-
-@register(lax.dot_general_p, blocks=True)
-def _(lhs: BCOO, rhs: ArrayLike, *, dimension_numbers: Any, **params: Any) -> Array:
-    (l_contract, _), (l_batch, _) = dimension_numbers
-    if _contracts_blocks(lhs, l_contract, l_batch):
-        return _refuse_block_product((lhs, rhs), dimension_numbers, params)
-    rhs = jnp.asarray(rhs)
-    out_dtype = _out_dtype(lhs, rhs, params.get("preferred_element_type"))
-    lhs = _read_as(lhs, out_dtype)
-    return dot_sparse_dense(
-        lhs.data,
-        lhs.indices,
-        lhs.shape,
-        rhs,
-        dimension_numbers,
-        sparse_is_lhs=True,
-        out_dtype=out_dtype,
-        indices_sorted=lhs.indices_sorted,
-    )
-
-
-@register(lax.dot_general_p, blocks=True)
-def _(lhs: ArrayLike, rhs: BCOO, *, dimension_numbers: Any, **params: Any) -> Array:
-    (_, r_contract), (_, r_batch) = dimension_numbers
-    if _contracts_blocks(rhs, r_contract, r_batch):
-        return _refuse_block_product((lhs, rhs), dimension_numbers, params)
-    lhs = jnp.asarray(lhs)
-    out_dtype = _out_dtype(lhs, rhs, params.get("preferred_element_type"))
-    rhs = _read_as(rhs, out_dtype)
-    return dot_sparse_dense(
-        rhs.data,
-        rhs.indices,
-        rhs.shape,
-        lhs,
-        dimension_numbers,
-        sparse_is_lhs=False,
-        out_dtype=out_dtype,
-        indices_sorted=rhs.indices_sorted,
-    )
-
-
-@register(lax.dot_general_p)
-def _(lhs: BCOO, rhs: BCOO, *, dimension_numbers: Any, **params: Any) -> Any:
+    """`dot_general` of a sparse `x` and a dense `d` (`sparse_is_lhs` says which is
+    the left operand). Dense, unless `x` has dense dimensions and the product pairs
+    (contracts or batches) none of its batch or sparse ones (`a @ w` contracting
+    the blocks of `a` with `w`): then it is sparse, on `x`'s pattern, each block
+    multiplied with `d`; dimensions that `dot_general` puts before `x`'s (batched
+    dense ones, and `d`'s free ones when `d` is the left operand) become batch
+    dimensions of the result."""
     (l_contract, r_contract), (l_batch, r_batch) = dimension_numbers
-    if lhs.ndim != 2 or rhs.ndim != 2 or len(l_contract) != 1 or l_batch or r_batch:
+    paired = (*l_contract, *l_batch) if sparse_is_lhs else (*r_contract, *r_batch)
+    d = jnp.asarray(d)
+    out_dtype = _out_dtype(x, d, params.get("preferred_element_type"))
+    x = _read_as(x, out_dtype)
+    n_index = x.n_batch + x.n_sparse
+    if x.n_dense and all(i >= n_index for i in paired):
+        data = dot_blocks_dense(
+            x.data,
+            x.n_batch,
+            n_index,
+            d,
+            dimension_numbers,
+            sparse_is_lhs=sparse_is_lhs,
+            out_dtype=out_dtype,
+        )
+        n_batched = len(l_batch)
+        n_lead = n_batched if sparse_is_lhs else n_batched + d.ndim - len(paired)
+        lead = data.shape[:n_lead]
+        block = data.shape[n_lead + x.n_batch + 1 :]
+        indices = jnp.broadcast_to(x.indices, lead + x.indices.shape)
+        return in_order(x, data, indices, lead + x.shape[:n_index] + block)
+    return dot_sparse_dense(
+        x.data,
+        x.indices,
+        x.shape,
+        d,
+        dimension_numbers,
+        sparse_is_lhs=sparse_is_lhs,
+        out_dtype=out_dtype,
+        indices_sorted=x.indices_sorted,
+    )
+
+
+@register(lax.dot_general_p, blocks=True)
+def _(lhs: BCOO, rhs: ArrayLike, *, dimension_numbers: Any, **params: Any) -> Any:
+    return _dot_dense(lhs, rhs, dimension_numbers, True, params)
+
+
+@register(lax.dot_general_p, blocks=True)
+def _(lhs: ArrayLike, rhs: BCOO, *, dimension_numbers: Any, **params: Any) -> Any:
+    return _dot_dense(rhs, lhs, dimension_numbers, False, params)
+
+
+@register(lax.dot_general_p, blocks=True)
+def _(lhs: BCOO, rhs: BCOO, *, dimension_numbers: Any, **params: Any) -> Any:
+    """The product of two sparse matrices, sparse. The right one may have dense
+    dimensions (blocks, kept free: `a @ b` with `b` of shape `(k, m, *block)`
+    gives `(n, m, *block)`)."""
+    (l_contract, r_contract), (l_batch, r_batch) = dimension_numbers
+    r_matrix = rhs.ndim - rhs.n_dense
+    if lhs.n_dense or (rhs.n_dense and (r_matrix != 2 or r_contract[0] >= 2)):
+        return _refuse_blocks(
+            lax.dot_general_p,
+            (lhs, rhs),
+            dict(params, dimension_numbers=dimension_numbers),
+            "a product of two sparse operands keeps blocks only as the right "
+            "operand's free dense dimensions, `(n, k) @ (k, m, *block)`, where the "
+            "dense dimensions stay last",
+            "Densify the other operand first (`y.todense()`: the product of a "
+            "sparse array with blocks and a dense one keeps the blocks), or bind "
+            "the product as `(n, k) @ (k, m, *block)`.",
+        )
+    if lhs.ndim != 2 or r_matrix != 2 or len(l_contract) != 1 or l_batch or r_batch:
         params = dict(params, dimension_numbers=dimension_numbers)
         return _fallback(lax.dot_general_p, (lhs, rhs), params)
     out_dtype = _out_dtype(lhs, rhs, params.get("preferred_element_type"))
@@ -266,7 +300,7 @@ def _(lhs: BCOO, rhs: BCOO, *, dimension_numbers: Any, **params: Any) -> Any:
         b_unique=b.unique_indices,
     )
     allow = a.allow_materialise and b.allow_materialise
-    return BCOO._from_entries(data, indices, (n, m), allow)
+    return BCOO._from_entries(data, indices, (n, m, *b.dense_shape), allow)
 
 
 # Elementwise with f(0) = 0 ------------------------------------------------------------
@@ -496,10 +530,25 @@ def _intersect(primitive: Primitive, x: BCOO, y: BCOO, params: dict[str, Any]) -
     `jax.experimental.sparse`)."""
     if x.shape != y.shape:
         return _broadcast_fallback(primitive, (x, y), params)
+    if not _keys_fit(x):
+        return _fallback(primitive, (x, y), params)
+    return _intersect_entries(x, y, lambda a, b: primitive.bind(a, b, **params))
+
+
+def _keys_fit(x: BCOO) -> bool:
+    """Whether the row-major positions of `x`'s batch and sparse dimensions fit in
+    int32 (`_flat_keys`)."""
+    return math.prod(x.shape[: x.n_batch + x.n_sparse]) < 2**31 - 1
+
+
+def _intersect_entries(
+    x: BCOO, y: BCOO, combine: Callable[[Array, Array], Array]
+) -> BCOO:
+    """The entries at the positions both `x` and `y` (of one shape, positions that
+    fit `_keys_fit`) store, `combine` applied to each pair of stored values
+    (blocks), as `_intersect` describes."""
     x, y = same_blocks(x, y)
     positions = math.prod(x.shape[: x.n_batch + x.n_sparse])
-    if positions >= 2**31 - 1:
-        return _fallback(primitive, (x, y), params)
     a, b = unique(unbatch(x)), unique(unbatch(y))
     swap = b.nse < a.nse
     if swap:  # drive by the operand with fewer entries
@@ -515,7 +564,7 @@ def _intersect(primitive: Primitive, x: BCOO, y: BCOO, params: dict[str, Any]) -
         match = (b_sorted[position] == a_key) & (a_key < positions)
         partner = b.data[order[position]]
     pair = (partner, a.data) if swap else (a.data, partner)
-    data = primitive.bind(*pair, **params)
+    data = combine(*pair)
     lead = match.reshape(match.shape + (1,) * x.n_dense)
     data = jnp.where(lead, data, jnp.zeros((), data.dtype))
     fill = jnp.asarray(x.shape[: a.n_sparse], a.indices.dtype)
@@ -525,6 +574,7 @@ def _intersect(primitive: Primitive, x: BCOO, y: BCOO, params: dict[str, Any]) -
         indices,
         x.shape,
         x.allow_materialise and y.allow_materialise,
+        indices_sorted=a.indices_sorted,  # in `a`'s order, padding aside
         unique_indices=True,
     )
 
@@ -549,19 +599,79 @@ def _zeros(x: Any) -> bool:
     return known is not None and not np.any(known)
 
 
+def _where_sparse(mask: BCOO, x: BCOO) -> BCOO | None:
+    """`where(mask, x, 0)` of a sparse bool `mask` and a sparse `x` of the same
+    shape: the entries both store where the mask holds (the intersection), in the
+    mask's order and layout: with batch dimensions in both, each member is
+    intersected alone. `relu`'s derivative binds it, `where(x > 0, g, 0)` with `g`
+    the tangent of `x`, and a tangent's indices are its primal's: the result
+    must hold the entries of `x > 0` (those of `relu(x)`) in their order, which
+    the intersection driven by the mask (not the smaller operand: both have the
+    same `nse` here) gives. `None` where positions overflow int32."""
+    if x.shape != mask.shape or not _keys_fit(x):
+        return None
+    zero = jnp.zeros((), x.dtype)
+    if mask.indices is x.indices and mask.unique_indices:
+        # One pattern without duplicates: entry by entry, in `x`'s layout.
+        return with_data(x, jnp.where(mask.data, x.data, zero))
+
+    def combine(m: Array, v: Array) -> Array:
+        return jnp.where(m, v, zero)
+
+    nb = mask.n_batch
+    if not nb or x.n_batch != nb:
+        return _intersect_entries(mask, x, combine)
+    flags: list[bool] = []
+
+    def member(m_data: Array, m_indices: Array, data: Array, indices: Array) -> Any:
+        m = new_like(
+            mask,
+            m_data,
+            m_indices,
+            mask.shape[nb:],
+            indices_sorted=mask.indices_sorted,
+            unique_indices=mask.unique_indices,
+        )
+        v = new_like(
+            x,
+            data,
+            indices,
+            x.shape[nb:],
+            indices_sorted=x.indices_sorted,
+            unique_indices=x.unique_indices,
+        )
+        out = _intersect_entries(m, v, combine)
+        flags[:] = [out.indices_sorted]
+        return out.data, out.indices
+
+    for _ in range(nb):
+        member = jax.vmap(member)
+    data, indices = member(mask.data, mask.indices, x.data, x.indices)
+    return BCOO._from_entries(
+        data,
+        indices,
+        x.shape,
+        mask.allow_materialise and x.allow_materialise,
+        indices_sorted=flags[0],
+        unique_indices=True,
+    )
+
+
 def _select(which: Any, cases: Sequence[Any]) -> Any:
     """`select_n` with a sparse operand against zeros: `where(mask, x, 0)` keeps
     `x`'s entries where the mask holds (a dense mask read at the entries); a sparse
-    boolean mask picks a dense `x` at its own entries. Anything else (no zero case
-    known now, two sparse cases, a mask that keeps the zeros' side) falls back."""
+    boolean mask picks a dense `x` at its own entries, and a sparse `x` at the
+    entries both store (what `jax.nn.relu`'s derivative binds: `where(x > 0, g,
+    0)`). Anything else (no zero case known now, two sparse cases, a mask that
+    keeps the zeros' side) falls back."""
     if len(cases) != 2:
         return None
     if isinstance(which, BCOO):
         zeros, x = cases
-        if which.dtype != jnp.bool_ or isinstance(x, BCOO) or not _zeros(zeros):
+        if which.dtype != jnp.bool_ or not _zeros(zeros) or _broadcasts(which, x):
             return None
-        if _broadcasts(which, x):
-            return None
+        if isinstance(x, BCOO):  # both sparse: where both store, the mask holds
+            return _where_sparse(which, x)
         mask = unique(which)
         data = jnp.where(mask.data, _at_entries(mask, x), 0).astype(jnp.result_type(x))
         return new_like(
@@ -597,6 +707,7 @@ for _types in [
     (ArrayLike, ArrayLike, BCOO),
     (ArrayLike, BCOO, ArrayLike),
     (BCOO, ArrayLike, ArrayLike),
+    (BCOO, ArrayLike, BCOO),
 ]:
     _register_select(_types)
 
@@ -668,11 +779,39 @@ def _(x: BCOO, indices: ArrayLike, **params: Any) -> Any:
 # Structure ----------------------------------------------------------------------------
 
 
+def _blocks_to_batch(x: BCOO, lead: Sequence[int]) -> BCOO:
+    """`x` with its dense dimensions `lead` moved to the front as new batch
+    dimensions (the others keep their order): the same pattern for each element
+    of the new batch, so `indices` is broadcast along them (`prod` of their sizes
+    times as many index entries); the dimensions of `x` follow in order."""
+    n_index = x.n_batch + x.n_sparse
+    axes = [x.n_batch + 1 + d - n_index for d in lead]
+    data = jnp.moveaxis(x.data, axes, list(range(len(lead))))
+    lead_shape = tuple(x.shape[d] for d in lead)
+    indices = jnp.broadcast_to(x.indices, lead_shape + x.indices.shape)
+    shape = lead_shape + tuple(s for i, s in enumerate(x.shape) if i not in lead)
+    return in_order(x, data, indices, shape)
+
+
 @register(prims.transpose_p, blocks=True)
-def _(x: BCOO, *, permutation: Sequence[int], **params: Any) -> BCOO:
+def _transpose(x: BCOO, *, permutation: Sequence[int], **params: Any) -> BCOO:
+    """A permutation of the batch and sparse dimensions among themselves and of
+    the dense ones among themselves, or one that also brings dense dimensions to
+    the front (`vmap` moving its batch axis there: they become batch dimensions,
+    `_blocks_to_batch`)."""
     perm = tuple(permutation)
     nb = x.n_batch
     n_index = nb + x.n_sparse  # the dense dimensions come after
+    n_lead = next((k for k, p in enumerate(perm) if p < n_index), len(perm))
+    rest = perm[n_lead:]
+    index_next = tuple(sorted(rest[:n_index])) == tuple(range(n_index))
+    if n_lead and index_next and all(p >= n_index for p in rest[n_index:]):
+        kept = [d for d in range(n_index, x.ndim) if d not in perm[:n_lead]]
+        y = _blocks_to_batch(x, perm[:n_lead])
+        place = {d: n_lead + d for d in range(n_index)}
+        place.update({d: n_lead + n_index + k for k, d in enumerate(kept)})
+        permutation = (*range(n_lead), *(place[p] for p in rest))
+        return _transpose(y, permutation=permutation, **params)
     if tuple(sorted(perm[n_index:])) != tuple(range(n_index, x.ndim)):
         return _refuse_blocks(
             prims.transpose_p,
@@ -680,7 +819,7 @@ def _(x: BCOO, *, permutation: Sequence[int], **params: Any) -> BCOO:
             dict(params, permutation=perm),
             f"the permutation {perm} moves a dense dimension among the sparse ones "
             "(a transpose keeps the dense dimensions last, permuting them among "
-            "themselves)",
+            "themselves, or brings some to the front as batch dimensions)",
         )
     if tuple(sorted(perm[:nb])) != tuple(range(nb)):
         x, nb = unbatch(x), 0
@@ -736,6 +875,102 @@ def _(x: BCOO, *, axes: Sequence[int], **params: Any) -> Any:
     return new_like(x, data, indices, out_shape)
 
 
+def _reduce_blocks(
+    primitive: Primitive, x: BCOO, axes: Sequence[int], params: dict[str, Any]
+) -> Any:
+    """`reduce_max`, `reduce_min`, `reduce_prod`, `reduce_or` or `reduce_and` (what
+    `jnp.any`/`jnp.all` bind) over dense dimensions only (each stored block reduced
+    on its own, duplicates merged first): sparse, on `x`'s pattern. A position that
+    is not stored holds a zero block, which reduces to zero (or `False`), so the
+    pattern is exact. Over a batch or sparse dimension these read the
+    zeros that are not stored: refused (naming `n_dense` when `x` has blocks), or
+    dense with `allow_materialise`."""
+    axes = tuple(axes)
+    params = dict(params, axes=axes)
+    n_index = x.n_batch + x.n_sparse
+    on_blocks = all(a >= n_index for a in axes)
+    # A block of size 0 reduces to the identity (`-inf`, `1`), not to zero.
+    if not (x.n_dense and on_blocks and all(x.shape[a] for a in axes)):
+        if x.n_dense:
+            return _refuse_blocks(
+                primitive,
+                (x,),
+                params,
+                f"`{primitive.name}` keeps blocks only over dense dimensions of a "
+                "nonzero size (each stored block reduced on its own); over a batch "
+                "or sparse dimension it would read the zeros that are not stored",
+            )
+        return _fallback(primitive, (x,), params)
+    x = unique(x)
+    data = primitive.bind(x.data, **dict(params, axes=_block_axes(x, axes)))
+    shape = tuple(s for i, s in enumerate(x.shape) if i not in axes)
+    return new_like(
+        x,
+        data,
+        x.indices,
+        shape,
+        indices_sorted=x.indices_sorted,
+        unique_indices=True,
+    )
+
+
+def _register_reduce_blocks(primitive: Primitive) -> None:
+    @register(primitive, blocks=True)
+    def _(x: BCOO, *, axes: Sequence[int], **params: Any) -> Any:
+        return _reduce_blocks(primitive, x, axes, params)
+
+
+for _p in (
+    prims.reduce_max_p,
+    prims.reduce_min_p,
+    prims.reduce_prod_p,
+    prims.reduce_or_p,
+    prims.reduce_and_p,
+):
+    _register_reduce_blocks(_p)
+
+
+# Against a zero: `max(x, 0)`, `min(x, 0)` (`jax.nn.relu`), and `x > 0`, `x < 0`,
+# `x != 0` (`False` where `x` is zero: a bool mask), each the primitive it is with
+# the zero first (`0 > x` is `x < 0`).
+_AGAINST_ZERO = {
+    prims.max_p: prims.max_p,
+    prims.min_p: prims.min_p,
+    prims.gt_p: prims.lt_p,
+    prims.lt_p: prims.gt_p,
+    prims.ne_p: prims.ne_p,
+}
+
+
+def _against_zero(
+    primitive: Primitive, x: BCOO, zero: ArrayLike, params: dict[str, Any]
+) -> Any:
+    """`primitive` (of `_AGAINST_ZERO`) of `x` and a zero that is a constant of the
+    program, on the stored values (duplicates merged first): sparse, on `x`'s
+    pattern (a bool mask for a comparison). Against anything else it falls back
+    (refused unless `x` allows materialising)."""
+    if _broadcasts(x, zero) or not _zeros(zero):
+        if x.n_dense:
+            return _refuse_blocks(primitive, (x, zero), params)
+        return _fallback(primitive, (x, zero), params)
+    x = unique(x)
+    return with_data(x, primitive.bind(x.data, jnp.zeros((), x.dtype), **params))
+
+
+def _register_against_zero(primitive: Primitive) -> None:
+    @register(primitive, blocks=True)
+    def _(x: BCOO, y: ArrayLike, **params: Any) -> Any:
+        return _against_zero(primitive, x, y, params)
+
+    @register(primitive, blocks=True)
+    def _(x: ArrayLike, y: BCOO, **params: Any) -> Any:
+        return _against_zero(_AGAINST_ZERO[primitive], y, x, params)
+
+
+for _p in _AGAINST_ZERO:
+    _register_against_zero(_p)
+
+
 @register(prims.broadcast_in_dim_p, blocks=True)
 def _(
     x: BCOO,
@@ -752,14 +987,7 @@ def _(
         lead = shape[:n_new]
         data = jnp.broadcast_to(x.data, lead + x.data.shape)
         indices = jnp.broadcast_to(x.indices, lead + x.indices.shape)
-        return new_like(
-            x,
-            data,
-            indices,
-            shape,
-            indices_sorted=x.indices_sorted,
-            unique_indices=x.unique_indices,
-        )
+        return in_order(x, data, indices, shape)
     params = dict(params, shape=shape, broadcast_dimensions=dims)
     new = [d for d in range(len(shape)) if d not in dims]
     if same_sizes and all(shape[d] == 1 for d in new) and list(dims) == sorted(dims):
@@ -777,14 +1005,7 @@ def _(
                 )
             else:
                 data = jnp.expand_dims(data, 1 + d - first_dense)
-        return new_like(
-            x,
-            data,
-            indices,
-            shape,
-            indices_sorted=x.indices_sorted,
-            unique_indices=x.unique_indices,
-        )
+        return in_order(x, data, indices, shape)
     if x.n_dense:  # stretching an axis: refused as for scalar entries, or dense
         return _refuse_blocks(prims.broadcast_in_dim_p, (x,), params)
     return _fallback(prims.broadcast_in_dim_p, (x,), params)
@@ -817,14 +1038,7 @@ def _(x: BCOO, *, dimensions: Sequence[int], **params: Any) -> BCOO:
         keep = [c for c in range(x.n_sparse) if c not in sparse_cols]
         indices = indices[..., keep]
     shape = tuple(s for i, s in enumerate(x.shape) if i not in dims)
-    return new_like(
-        x,
-        data,
-        indices,
-        shape,
-        indices_sorted=x.indices_sorted,
-        unique_indices=x.unique_indices,
-    )
+    return in_order(x, data, indices, shape)
 
 
 @register(prims.reshape_p, blocks=True)

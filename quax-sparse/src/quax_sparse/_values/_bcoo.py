@@ -472,7 +472,14 @@ class BCOO(quax.GuardedValue):
         return self.todense()
 
     def refusal_reason(self) -> str:
-        return refusal_reason(self.aval(), self.data.size)
+        reason = refusal_reason(self.aval(), self.data.size)
+        if self.n_dense:
+            reason += (
+                f" ({math.prod(self.data.shape[: self.n_batch + 1])} blocks of shape "
+                f"{self.dense_shape} over its n_dense={self.n_dense} trailing dense "
+                "dimensions)"
+            )
+        return reason
 
     def way_out(self, primitive: Primitive | None = None) -> str:
         return super().way_out(primitive) + EXPLICIT_WAY_OUT
