@@ -243,6 +243,23 @@ def test_rule_registered_while_threads_dispatch_is_used() -> None:
         sys.setswitchinterval(interval)
 
 
+@pytest.mark.parametrize("outer", ["jit", "filter_jit"])
+def test_rule_registered_after_a_jit_trace_is_used(outer: str) -> None:
+    # JAX's own cache of a `jax.jit` around a quaxified function held the program
+    # the old rule gave: after the new rule, the jitted call still answered "old"
+    # (its values too: -1 where the new rule gives 10), while the same call without
+    # `jit` answered "new".
+    probe = _probe_type()
+    wrap = jax.jit if outer == "jit" else eqx.filter_jit
+    sin = wrap(quax.quaxify(lax.sin))
+    assert sin(probe(A)).tag == "old"
+    _register_new(probe)
+    out = sin(probe(A))
+    assert out.tag == "new"
+    np.testing.assert_allclose(out.array, np.sin(np.asarray(A)), rtol=1e-6)
+    assert quax.quaxify(lax.sin)(probe(A)).tag == "new"
+
+
 # Concurrent eager calls ---------------------------------------------------------------
 
 

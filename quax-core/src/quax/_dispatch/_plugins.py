@@ -44,6 +44,7 @@ import pluggy
 
 from .. import hookspecs
 from .._foundation import _journal
+from . import _registry
 
 
 __all__ = [
@@ -223,7 +224,10 @@ def autoload() -> None:
         _autoloading = True
         try:
             if os.environ.get(DISABLE_ENV, "") in ("", "0"):
-                load()
+                # Before any rule is dispatched: no `jax.jit` needs tracing again
+                # for the rules the families add.
+                with _registry.jit_generation_kept():
+                    load()
             _autoloaded = True
         finally:
             _autoloading = False

@@ -1,13 +1,14 @@
 """The rule registry: `quax.register`, the dispatch cache, and rule resolution."""
 
 import abc
+import contextlib
 import dataclasses
 import functools as ft
 import inspect
 import threading
 import typing
 import warnings
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, TypeVar
 
 import jax
@@ -66,6 +67,16 @@ _faithful: dict[Primitive, bool] = {}
 _cache: dict[tuple[Primitive, tuple[type, ...]], Rule] = {}
 # How many rules were registered so far (see `rules_generation`).
 _generation = 0
+# The same count, in a setting JAX's caches key on (its trace context): a `jax.jit`
+# traced before a rule was registered (or taken back) is traced again after it,
+# rather than running the program the old rules gave. Left unchanged while the
+# installed families load automatically (see `quax._dispatch._plugins.autoload`):
+# that runs on the process's first quaxified call, before any rule was dispatched,
+# so no program can depend on the rules it adds; and when that first call is inside
+# a `jax.jit`, a changed key would trace and compile that `jit` again on its next
+# call.
+_jit_generation = jax.make_user_context(default_value=0)
+_jit_generation_kept = False
 # Held while dispatch for a primitive is rebuilt, and while a resolution is stored
 # in the dispatch cache: a resolution started before a `register` is never stored
 # after it (it may name a rule that no longer wins).
@@ -188,6 +199,8 @@ def _rebuild(primitive: Primitive) -> None:
             _decided_by_types(r.signature) for r in registrations
         )
         _generation += 1
+        if not _jit_generation_kept:
+            _jit_generation.set_global(_generation)
         _caches.invalidate()  # clears `_cache` too
 
 
@@ -206,6 +219,21 @@ def _withdraw(
                     registrations[i] = replaced
                 _rebuild(primitive)
                 return
+
+
+@contextlib.contextmanager
+def jit_generation_kept() -> Iterator[None]:
+    """Inside the block, registering a rule leaves JAX's cache keys as they are (see
+    `_jit_generation`): for the automatic loading of the installed families only,
+    which happens before any rule is dispatched."""
+    global _jit_generation_kept
+    with _lock:
+        kept, _jit_generation_kept = _jit_generation_kept, True
+    try:
+        yield
+    finally:
+        with _lock:
+            _jit_generation_kept = kept
 
 
 def rules_generation() -> int:
