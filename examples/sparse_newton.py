@@ -11,10 +11,12 @@ formed.
     python examples/sparse_newton.py [--m 512]
 
 The tour (`examples/tour.py`) calls `main()`, on a 128 x 128 grid (16,384 unknowns),
-which runs in seconds.
+which runs in seconds, and plots the solution and the Newton residuals to
+`build/tour/sparse_newton.png`.
 """
 
 import argparse
+import pathlib
 import time
 
 import jax
@@ -47,18 +49,18 @@ def stencil(m: int) -> quax_sparse.BCOO:
     return quax_sparse.BCOO.from_scipy(grid)
 
 
-def main(m: int = 128) -> dict[str, str]:
+def main(m: int = 128, out_dir: str | None = None) -> dict[str, str]:
     # float64 (the global flag, which JAX's host-callback thread also reads),
     # restored afterwards for the tour's next stops.
     x64 = jax.config.read("jax_enable_x64")
     jax.config.update("jax_enable_x64", True)
     try:
-        return _solve(m)
+        return _solve(m, out_dir)
     finally:
         jax.config.update("jax_enable_x64", x64)
 
 
-def _solve(m: int) -> dict[str, str]:
+def _solve(m: int, out_dir: str | None) -> dict[str, str]:
     residual = residual_fn(m)
     n = m * m
     start = time.perf_counter()
@@ -76,9 +78,11 @@ def _solve(m: int) -> dict[str, str]:
         return u + du, jnp.linalg.norm(r)
 
     u = jnp.zeros(n)
+    norms = []
     start = time.perf_counter()
     for k in range(8):
         u, norm = step(u)
+        norms.append(float(norm))
         print(f"step {k}: |F(u)| = {float(norm):.3e}")
         if float(norm) < 1e-8:
             break
@@ -87,11 +91,34 @@ def _solve(m: int) -> dict[str, str]:
     print(
         f"|F(u)| = {final:.2e} after {k + 1} steps, {elapsed:.1f} s (with compilation)"
     )
+    if out_dir is not None:
+        path = pathlib.Path(out_dir) / "sparse_newton.png"
+        _plot(u.reshape(m, m), [*norms, final], path)
     return {
         "unknowns": f"{n:,}",
         "residual": f"{final:.1e}",
         "seconds": f"{elapsed:.1f}",
     }
+
+
+def _plot(u, norms, path: pathlib.Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig, (left, right) = plt.subplots(1, 2, figsize=(8, 3.2))
+    image = left.imshow(u, origin="lower", extent=(0, 1, 0, 1))
+    fig.colorbar(image, ax=left)
+    left.set_title("u, solving -Δu + u³ = 1")
+    right.semilogy(norms, marker="o")
+    right.set_xlabel("Newton step")
+    right.set_ylabel("|F(u)|")
+    right.set_title("residual (SuperLU solves)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 if __name__ == "__main__":

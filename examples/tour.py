@@ -70,6 +70,11 @@ STOPS = (
         ("quax_structured",),
     ),
     Stop(
+        "A Gaussian process on a 3-D grid: Kronecker + noise, fitted by gradient",
+        "structured_grid_gp",
+        ("quax_structured", "optax"),
+    ),
+    Stop(
         "QLoRA: int4 base weights, LoRA adapters",
         "quant_qlora",
         ("quax_quant", "quax_lora", "optax"),
