@@ -30,9 +30,7 @@ def _loss_and_gradient_match_dense():
     loss = example["make_loss"](x, y)
     params = jnp.log(jnp.array([0.4, 0.2]))
     value, grad = jax.jit(jax.value_and_grad(loss))(params)
-    dense_value, dense_grad = jax.value_and_grad(lambda p: _dense_loss(x, y, p))(
-        params
-    )
+    dense_value, dense_grad = jax.value_and_grad(lambda p: _dense_loss(x, y, p))(params)
     np.testing.assert_allclose(value, dense_value, rtol=1e-10)
     np.testing.assert_allclose(grad, dense_grad, rtol=1e-8, atol=1e-12)
 
