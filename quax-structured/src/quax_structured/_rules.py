@@ -10,7 +10,7 @@ import jax.scipy.linalg as jsl
 import numpy as np
 import quax
 from jax import lax
-from jax.extend.core import Jaxpr, primitives as prims
+from jax.extend.core import primitives as prims
 from jaxtyping import Array, ArrayLike
 from quax._compat import pinv_function
 from quax.zero import Zero, is_ieee_strict
@@ -802,30 +802,14 @@ def _(x: StructuredMatrix, *, call: Any) -> Any:
 # `jnp.linalg.pinv` as a structure (issue 29, item 6; see `_linalg.pinv_of`) ----------
 
 
-def _binds(jaxpr: Jaxpr, primitive: Any) -> bool:
-    """Whether `jaxpr` or a jaxpr nested in its equations binds `primitive`."""
-    for eqn in jaxpr.eqns:
-        if eqn.primitive is primitive:
-            return True
-        for param in eqn.params.values():
-            for sub in param if isinstance(param, tuple | list) else (param,):
-                inner = getattr(sub, "jaxpr", sub)
-                if isinstance(inner, Jaxpr) and _binds(inner, primitive):
-                    return True
-    return False
-
-
-@quax.register_function(pinv_function)
-def _(x: StructuredMatrix, *rtol: Any, call: Any) -> Any:
+@quax.register_function(pinv_function, static={"hermitian": (True,)})
+def _(x: StructuredMatrix, *rtol: Any, call: Any, hermitian: bool = False) -> Any:
     """`jnp.linalg.pinv(M)` (the `jit` inside its `custom_jvp`), whose body
     multiplies the dense singular vectors: the pseudo-inverse as a structure (see
     `_linalg.pinv_of`), with the derivative of the structure's algorithm (see
     `_linalg.pinv_jvp_rule`). Its arguments are the matrix and `rtol` where one is
-    given; `hermitian` is static, a constant of the body, which the body shows (it
-    then pseudo-inverts through `eigh`, not `svd`). Other structures run the body
+    given; `hermitian` is static, received where it is `True` (the body then
+    pseudo-inverts through `eigh`, not `svd`). Other structures run the body
     under the rules (through their `svd`, a dense result)."""
-    abstract = [jax.ShapeDtypeStruct(x.shape, x.dtype)]
-    abstract += [jax.ShapeDtypeStruct(jnp.shape(r), jnp.result_type(r)) for r in rtol]
-    hermitian = _binds(jax.make_jaxpr(call)(*abstract).jaxpr, lax.linalg.eigh_p)
     out = pinv_of(x, rtol[0] if rtol else None, hermitian)
     return call(x, *rtol) if out is None else out
