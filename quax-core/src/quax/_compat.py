@@ -118,6 +118,7 @@ __all__ = [
     "staged_values_state",
     "stages_or_batches",
     "trace_context",
+    "trace_context_size",
     "staged_equation",
     "tangent_pair",
     "with_tangent",
@@ -153,6 +154,13 @@ Literal = _core.Literal
 user_context = _source_info_util.user_context
 current_source_info = _source_info_util.current  # its `name_stack` too
 trace_context = _config.trace_context  # what JAX's tracing caches key on (hashable)
+
+
+def trace_context_size() -> int:
+    """How many values JAX's trace context holds: one more for each
+    `jax.make_user_context` made (and each JAX option included in it defined)."""
+    return len(_config.trace_context())
+
 
 # Higher-order primitives that quax-core gives rules for.
 jit_p = jprim.jit_p
