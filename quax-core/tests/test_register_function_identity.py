@@ -6,6 +6,9 @@ where a static argument changes what the function computes, unless the rule take
 that argument (`static=`)."""
 
 import functools as ft
+import os
+import textwrap
+from pathlib import Path
 from typing import Any
 
 import jax
@@ -172,3 +175,49 @@ def test_a_function_wrapping_no_jit_is_refused() -> None:
 
     with pytest.raises(TypeError, match=r"wraps no `jax.jit`"):
         quax.register_function(plain)
+
+
+SHARDED = textwrap.dedent(
+    """
+    import jax, jax.numpy as jnp
+    from jax.sharding import AxisType, PartitionSpec as P
+    import quax
+    from tests.helpers import Refusing
+
+    @jax.jit
+    def doubled(a):
+        return a * 2
+
+    @quax.register_function(doubled)
+    def _(a: Refusing, *, call):
+        return Refusing(a.array * 2 + 100)  # + 100: the rule ran
+
+    x = jnp.arange(4.0)
+    want = x * 2 + 100
+    # Inside `shard_map` the body's arguments vary along the manual axis.
+    mesh = jax.make_mesh((2,), ("x",), axis_types=(AxisType.Auto,))
+    f = lambda a: jax.shard_map(
+        doubled, mesh=mesh, in_specs=P("x"), out_specs=P("x")
+    )(a)
+    assert jnp.array_equal(quax.quaxify(f)(Refusing(x)).array, want)
+    assert jnp.array_equal(jax.jit(quax.quaxify(f))(Refusing(x)).array, want)
+    # Under a mesh of explicit axes they carry their sharding.
+    mesh = jax.make_mesh((2,), ("x",), axis_types=(AxisType.Explicit,))
+    with jax.set_mesh(mesh):
+        xs = jax.device_put(x, P("x"))
+        assert jnp.array_equal(quax.quaxify(doubled)(Refusing(xs)).array, want)
+        out = jax.jit(quax.quaxify(doubled))(Refusing(xs))
+        assert jnp.array_equal(out.array, want)
+    print("ok")
+    """
+)
+
+
+def test_the_rule_runs_on_sharded_arguments() -> None:
+    # The body is traced again on JAX's own argument types: with their sharding
+    # and the manual axes they vary along, else it differs and the rule is lost.
+    path = os.pathsep.join(
+        [str(Path(__file__).parents[1]), os.environ.get("PYTHONPATH", "")]
+    )
+    out = quax.testing.run_on_simulated_devices(SHARDED, n=2, env={"PYTHONPATH": path})
+    assert out.strip().endswith("ok")

@@ -52,6 +52,7 @@ from .._compat import (
     staged_atom,
     staged_since,
     staging,
+    traced_jit,
     typeof,
     while_p,
 )
@@ -316,12 +317,8 @@ def _traces_to(registered: _Registered, statics: dict[str, Any], jaxpr: Any) -> 
     """Whether the registered function's `jit`, traced on the argument types of
     `jaxpr` (passed positionally, see `_in_order`) with the keyword arguments
     `statics`, gives the body `jaxpr`."""
-    avals = [
-        jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type)
-        for a in jaxpr.in_avals
-    ]
     try:
-        traced = registered.jitted.trace(*avals, **statics).jaxpr
+        traced = traced_jit(registered.jitted, jaxpr.in_avals, statics)
     except Exception:  # not a call this function takes: not its body
         return False
     return _same_body(traced, jaxpr)
