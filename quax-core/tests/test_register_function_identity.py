@@ -6,7 +6,9 @@ where a static argument changes what the function computes, unless the rule take
 that argument (`static=`)."""
 
 import functools as ft
+import importlib
 import os
+import sys
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -72,6 +74,34 @@ def test_a_rule_for_each_of_two_functions_at_one_source() -> None:
 
     np.testing.assert_array_equal(quax.quaxify(first)(Refusing(x)).array, x * 2 + 100)
     np.testing.assert_array_equal(quax.quaxify(second)(Refusing(x)).array, x * 5 + 200)
+
+
+def test_a_module_edited_and_reloaded_runs_its_new_body(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The rule is registered for the module's function; the module is edited (the
+    # function keeps its name and line) and reloaded: the new function is not the
+    # one the rule was written for.
+    module = tmp_path / "quax_test_reloaded.py"
+    text = "import jax\n\n@jax.jit\ndef scale(a):\n    return a * {}\n"
+    module.write_text(text.format(2))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(sys, "dont_write_bytecode", True)  # no stale `.pyc`
+    try:
+        reloaded = importlib.import_module("quax_test_reloaded")
+
+        @quax.register_function(reloaded.scale)
+        def _(a: Refusing, *, call: Any) -> Any:
+            return Refusing(a.array * 2 + 100)
+
+        out = quax.quaxify(reloaded.scale)(Refusing(x))
+        np.testing.assert_array_equal(out.array, x * 2 + 100)
+        module.write_text(text.format(7))
+        reloaded = importlib.reload(reloaded)
+        out = quax.quaxify(reloaded.scale)(Refusing(x))
+        np.testing.assert_array_equal(out.array, x * 7)
+    finally:
+        sys.modules.pop("quax_test_reloaded", None)
 
 
 @ft.partial(jax.jit, static_argnames=("scale",))
