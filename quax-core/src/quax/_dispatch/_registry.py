@@ -653,6 +653,7 @@ def registered_rule(
     resolution = _resolve(primitive, values)
     if resolution.kind != "rule":
         return None
+    assert resolution.function is not None
     keywords = _keywords.get(resolution.function)
     if keywords is not None and not keywords.issuperset(takes):
         return None
