@@ -238,6 +238,13 @@ def _kept(s: Array, rtol: Array) -> Array:
     return s > rtol[..., None] * top
 
 
+def _finite_or_nan(inverse: Array, values: Array) -> Array:
+    """`inverse`, or NaN throughout (one matrix of the batch, the last axis of
+    `values`) where any of `values` is NaN or infinite."""
+    finite = jnp.all(jnp.isfinite(values), axis=-1, keepdims=True)
+    return jnp.where(finite, inverse, jnp.asarray(jnp.nan, inverse.dtype))
+
+
 def pinv_of(
     x: StructuredMatrix, rtol: ArrayLike | None, hermitian: bool
 ) -> StructuredMatrix | None:
@@ -250,8 +257,12 @@ def pinv_of(
     fft(column)`, whose moduli are the singular values), O(n log n); a
     `BlockDiagonal` to each block's pseudo-inverse, with the cutoff of the whole
     matrix; a `Kronecker` to the factors' (see `_kronecker_pinv`); a `LowRank`
-    to a `LowRank` of the same rank (see `_lowrank_pinv`). `None` for other
-    structures and types that are not floating point."""
+    to a `LowRank` of the same rank (see `_lowrank_pinv`). A NaN or infinite
+    entry of a `Diagonal`, `ScaledIdentity` or `Circulant` makes every stored
+    value NaN, as dense JAX's `pinv` is NaN everywhere (its largest singular value,
+    the cutoff's scale, is not finite: compared with it, every value would be
+    dropped, giving a zero matrix). `None` for other structures and types that are
+    not floating point."""
     if not jnp.issubdtype(x.dtype, jnp.inexact):
         return None
     if rtol is None:
@@ -263,10 +274,13 @@ def pinv_of(
         if hermitian:
             scale = scale.real.astype(x.dtype)
         keep = jnp.abs(scale) > rtol * jnp.abs(scale)
-        return ScaledIdentity(_inverted(scale, keep), x.n, **kw)
+        inverse = _inverted(scale, keep)
+        inverse = jnp.where(jnp.isfinite(scale), inverse, jnp.nan).astype(scale.dtype)
+        return ScaledIdentity(inverse, x.n, **kw)
     if isinstance(x, Diagonal):
         d = x.diag.real.astype(x.dtype) if hermitian else x.diag
-        return Diagonal(_inverted(d, _kept(jnp.abs(d), rtol)), **kw)
+        inverse = _finite_or_nan(_inverted(d, _kept(jnp.abs(d), rtol)), d)
+        return Diagonal(inverse, **kw)
     if isinstance(x, Circulant):
         column = x.column
         if hermitian:
@@ -275,7 +289,7 @@ def pinv_of(
         if hermitian:
             eigenvalues = eigenvalues.real
         inverse = _inverted(eigenvalues, _kept(jnp.abs(eigenvalues), rtol))
-        column = jnp.fft.ifft(inverse)
+        column = jnp.fft.ifft(_finite_or_nan(inverse, eigenvalues))
         if not jnp.issubdtype(x.dtype, jnp.complexfloating):
             column = column.real
         return Circulant(column.astype(x.dtype), **kw)
