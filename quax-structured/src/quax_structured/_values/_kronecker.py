@@ -96,19 +96,87 @@ def _check_square(name: str, factors: Sequence[Any]) -> None:
             )
 
 
-def _two_factor_field(value: Any, field: str, k: int) -> Array:
-    """`left` (`k = 0`) or `right` (`k = 1`), the published two-factor fields, read
-    from the factors `field`: `right` only where there are exactly two."""
-    factors = getattr(value, field)
-    if k == 1 and len(factors) != 2:
-        raise AttributeError(
-            f"`{type(value).__name__}.right` is the second of exactly two factors; "
-            f"this one has {len(factors)}: read `.{field}` (all of them, in order)."
-        )
-    return factors[k]
+def _factor_property(field: str, k: int, name: str, doc: str) -> property:
+    """A published two-factor field, `name`, read from the factors `field`: the
+    first (`k = 0`), or the second (`k = 1`) only where there are exactly two."""
+
+    def read(value: Any) -> Array:
+        factors = getattr(value, field)
+        if k == 1 and len(factors) != 2:
+            raise AttributeError(
+                f"`{type(value).__name__}.{name}` is the second of exactly two "
+                f"factors; this one has {len(factors)}: read `.{field}` (all of them, "
+                "in order)."
+            )
+        return factors[k]
+
+    return property(read, doc=doc)
 
 
-class Kronecker(StructuredMatrix):
+def _init_factors(
+    value: Any,
+    field: str,
+    args: Sequence[Any],
+    last: Any,
+    *,
+    left: Any = None,
+    right: Any = None,
+    matrices: Sequence[Array] | None = None,
+    allow_materialise: bool = False,
+    positive_definite: bool = False,
+) -> None:
+    """The constructor of a structure of factors and one more field, `field`
+    (`scale`, `perm`): the factors positionally (or the published two-factor
+    keywords `left=`, `right=`, or the field `matrices=`), `field` after them or
+    as a keyword (`last`), and the tags."""
+    name = type(value).__name__
+    rest = list(args)
+    if last is None:
+        if not rest:
+            raise TypeError(f"`{name}` needs `{field}`.")
+        last = rest.pop()
+    setattr(value, field, last)
+    value.matrices = tuple(_gather(name, rest, left, right, matrices))
+    value.allow_materialise = allow_materialise
+    value.positive_definite = positive_definite
+
+
+class _Factors(StructuredMatrix):
+    """What the Kronecker structures share: an `(n, n)` matrix, `n = Π nᵢ`, built
+    from square factors `matrices` (of sizes `nᵢ`) without batch axes, whose
+    first two are readable as `left` and `right`, the published two-factor
+    fields."""
+
+    matrices: eqx.AbstractVar[tuple[Array, ...]]
+
+    linear_in_leaves = False
+
+    left = _factor_property(
+        "matrices", 0, "left", "The first factor (the published field's name)."
+    )
+    right = _factor_property(
+        "matrices",
+        1,
+        "right",
+        "The second of exactly two factors (the published field's name).",
+    )
+
+    @property
+    def sizes(self) -> tuple[int, ...]:
+        """The factors' sizes `(n₁, ..., n_N)`."""
+        return tuple(jnp.shape(m)[-1] for m in self.matrices)
+
+    def _grid_aval(self, ndims: Sequence[int], *others: Any) -> jax.core.ShapedArray:
+        """The `(n, n)` abstract value, of the factors' dtype promoted with
+        `others`', after checking that factor `k` has `ndims[k]` axes (no batch)."""
+        _unbatched_factors(self, "matrices", ndims)
+        n = 1
+        for size in self.sizes:
+            n *= size
+        return jax.core.ShapedArray((n, n), jnp.result_type(*self.matrices, *others))
+
+
+class Kronecker(_Factors):
     """`A₁ ⊗ A₂ ⊗ ... ⊗ A_N`, the Kronecker product of two or more square matrices
     (row-major, as `jnp.kron`; `Kronecker(A, B)` is `jnp.kron(A, B)`). Products
     cost O(n Σ nᵢ) through reshapes (`n = Π nᵢ`); `jnp.linalg.solve`, `det`,
@@ -147,8 +215,6 @@ class Kronecker(StructuredMatrix):
     diagonal: tuple[bool, ...] = eqx.field(static=True)
     symmetric: bool = eqx.field(default=False, static=True)
     triangle: Literal["lower", "upper"] | None = eqx.field(default=None, static=True)
-
-    linear_in_leaves = False
 
     def __init__(
         self,
@@ -239,27 +305,8 @@ class Kronecker(StructuredMatrix):
                     f"`{_factor_name(self.matrices, k)}` of shape {shape}."
                 )
 
-    @property
-    def left(self) -> Array:
-        """The first factor (the published field's name)."""
-        return _two_factor_field(self, "matrices", 0)
-
-    @property
-    def right(self) -> Array:
-        """The second of exactly two factors (the published field's name)."""
-        return _two_factor_field(self, "matrices", 1)
-
-    @property
-    def sizes(self) -> tuple[int, ...]:
-        """The factors' sizes `(n₁, ..., n_N)`."""
-        return tuple(jnp.shape(m)[-1] for m in self.matrices)
-
     def aval(self) -> jax.core.ShapedArray:
-        _unbatched_factors(self, "matrices", [1 if d else 2 for d in self.diagonal])
-        n = 1
-        for size in self.sizes:
-            n *= size
-        return jax.core.ShapedArray((n, n), jnp.result_type(*self.matrices))
+        return self._grid_aval([1 if d else 2 for d in self.diagonal])
 
     def _operands(self) -> tuple[Array, ...]:
         """The factors as the kernels read them: diagonal ones as their diagonal,
@@ -451,7 +498,7 @@ class Kronecker(StructuredMatrix):
         return b / diag[:, None]
 
 
-class KroneckerLU(StructuredMatrix):
+class KroneckerLU(_Factors):
     """The packed LU factors of a `Kronecker` product's factors, `Pᵢ Aᵢ = Lᵢ Uᵢ`:
     `L = L₁ ⊗ ... ⊗ L_N` (unit diagonal) and `U = U₁ ⊗ ... ⊗ U_N`, with the row
     permutation `P = P₁ ⊗ ... ⊗ P_N` applied by the unit lower solve (`L y = P
@@ -475,43 +522,14 @@ class KroneckerLU(StructuredMatrix):
     matrices: tuple[Array, ...]
     perm: Array
 
-    linear_in_leaves = False
-
-    def __init__(
-        self,
-        *args: Any,
-        perm: Array | None = None,
-        left: Any = None,
-        right: Any = None,
-        matrices: Sequence[Array] | None = None,
-        allow_materialise: bool = False,
-        positive_definite: bool = False,
-    ):
-        rest = list(args)
-        if perm is None and not rest:
-            raise TypeError("`KroneckerLU` needs `perm`.")
-        self.perm = rest.pop() if perm is None else perm
-        self.matrices = tuple(_gather("KroneckerLU", rest, left, right, matrices))
-        self.allow_materialise = allow_materialise
-        self.positive_definite = positive_definite
+    def __init__(self, *args: Any, perm: Array | None = None, **kw: Any):
+        _init_factors(self, "perm", args, perm, **kw)
 
     def __check_init__(self):
         _check_square("KroneckerLU", self.matrices)
 
-    @property
-    def left(self) -> Array:
-        return _two_factor_field(self, "matrices", 0)
-
-    @property
-    def right(self) -> Array:
-        return _two_factor_field(self, "matrices", 1)
-
     def aval(self) -> jax.core.ShapedArray:
-        _unbatched_factors(self, "matrices", [2] * len(self.matrices))
-        n = 1
-        for m in self.matrices:
-            n *= m.shape[0]
-        return jax.core.ShapedArray((n, n), jnp.result_type(*self.matrices))
+        return self._grid_aval([2] * len(self.matrices))
 
     def entries(self, i: Array, j: Array) -> Array:
         n = self.shape[-1]
@@ -549,7 +567,7 @@ class KroneckerLU(StructuredMatrix):
         return x
 
 
-class _KroneckerPencil(StructuredMatrix):
+class _KroneckerPencil(_Factors):
     """What `KroneckerPlusIdentity` and `KroneckerPlusDiagonal` share: `M = A₁ ⊗
     ... ⊗ A_N + c D₁ ⊗ ... ⊗ D_N` for symmetric `Aᵢ` (symmetrised wherever read),
     positive diagonal `Dᵢ` (the identity for `KroneckerPlusIdentity`) and a scalar
@@ -564,8 +582,6 @@ class _KroneckerPencil(StructuredMatrix):
     matrices: eqx.AbstractVar[tuple[Array, ...]]
     scale: eqx.AbstractVar[Array]
 
-    linear_in_leaves = False
-
     def _diagonals(self) -> tuple[Array, ...] | None:
         """`(D₁, ..., D_N)` as vectors; `None` for the identity."""
         raise NotImplementedError
@@ -573,10 +589,6 @@ class _KroneckerPencil(StructuredMatrix):
     @property
     def symmetric(self) -> bool:
         return True
-
-    @property
-    def sizes(self) -> tuple[int, ...]:
-        return tuple(jnp.shape(m)[-1] for m in self.matrices)
 
     def factors(self) -> tuple[Array, ...]:
         """The factors `Aᵢ`, symmetrised."""
@@ -611,12 +623,7 @@ class _KroneckerPencil(StructuredMatrix):
 
     def aval(self) -> jax.core.ShapedArray:
         diagonals = self._diagonals() or ()
-        _unbatched_factors(self, "matrices", [2] * len(self.matrices))
-        n = 1
-        for size in self.sizes:
-            n *= size
-        dtype = jnp.result_type(*self.matrices, *diagonals, self.scale)
-        return jax.core.ShapedArray((n, n), dtype)
+        return self._grid_aval([2] * len(self.matrices), *diagonals, self.scale)
 
     def _noise(self) -> Array:
         """The diagonal `c D₁ ⊗ ... ⊗ D_N`, shape `(n,)`."""
@@ -728,35 +735,11 @@ class KroneckerPlusIdentity(_KroneckerPencil):
     matrices: tuple[Array, ...]
     scale: Array
 
-    def __init__(
-        self,
-        *args: Any,
-        scale: Array | None = None,
-        left: Any = None,
-        right: Any = None,
-        matrices: Sequence[Array] | None = None,
-        allow_materialise: bool = False,
-        positive_definite: bool = False,
-    ):
-        rest = list(args)
-        if scale is None and not rest:
-            raise TypeError("`KroneckerPlusIdentity` needs `scale`.")
-        self.scale = rest.pop() if scale is None else scale
-        factors = _gather("KroneckerPlusIdentity", rest, left, right, matrices)
-        self.matrices = tuple(factors)
-        self.allow_materialise = allow_materialise
-        self.positive_definite = positive_definite
+    def __init__(self, *args: Any, scale: Array | None = None, **kw: Any):
+        _init_factors(self, "scale", args, scale, **kw)
 
     def __check_init__(self):
         self._check_fields()
-
-    @property
-    def left(self) -> Array:
-        return _two_factor_field(self, "matrices", 0)
-
-    @property
-    def right(self) -> Array:
-        return _two_factor_field(self, "matrices", 1)
 
     def _diagonals(self) -> None:
         return None
@@ -854,21 +837,10 @@ class KroneckerEigenLU(SolverLU):
     values: tuple[Array, ...]
     vectors: tuple[Array, ...]
 
-    @property
-    def wa(self) -> Array:
-        return _two_factor_field(self, "values", 0)
-
-    @property
-    def wb(self) -> Array:
-        return _two_factor_field(self, "values", 1)
-
-    @property
-    def qa(self) -> Array:
-        return _two_factor_field(self, "vectors", 0)
-
-    @property
-    def qb(self) -> Array:
-        return _two_factor_field(self, "vectors", 1)
+    wa = _factor_property("values", 0, "wa", "The first factor's eigenvalues.")
+    wb = _factor_property("values", 1, "wb", "The second of two factors' eigenvalues.")
+    qa = _factor_property("vectors", 0, "qa", "The first factor's `V₁`.")
+    qb = _factor_property("vectors", 1, "qb", "The second of two factors' `V₂`.")
 
     def _eigenvalues(self) -> Array:
         return self.matrix._pencil_values(self.values)
