@@ -65,12 +65,14 @@ def _gather(
     return factors
 
 
-def _unbatched_factors(value: Any, field: str, ndims: Sequence[int]) -> None:
-    """Refuse a structure without batch axes whose factor `field[k]` has more
-    axes than `ndims[k]`: a stack built by `jax.vmap` or `jax.tree.map` past the
-    constructor's checks, which its `aval` would misread as one matrix."""
-    for k, (leaf, ndim) in enumerate(zip(getattr(value, field), ndims, strict=True)):
-        shape = jnp.shape(leaf)
+def _unbatched_factors(
+    value: Any, field: str, shapes: Sequence[tuple[int, ...]], ndims: Sequence[int]
+) -> None:
+    """Refuse a structure without batch axes whose factor `field[k]` (of shape
+    `shapes[k]`) has more axes than `ndims[k]`: a stack built by `jax.vmap` or
+    `jax.tree.map` past the constructor's checks, which its `aval` would misread
+    as one matrix."""
+    for k, (shape, ndim) in enumerate(zip(shapes, ndims, strict=True)):
         if len(shape) != ndim:
             raise ValueError(
                 f"`{type(value).__name__}` has no batch axes: `{field}[{k}]` must "
@@ -78,6 +80,22 @@ def _unbatched_factors(value: Any, field: str, ndims: Sequence[int]) -> None:
                 "built by `jax.vmap` or `jax.tree.map`). Map over the stack outside "
                 "the quaxified function instead: `jax.vmap(quax.quaxify(fn))`."
             )
+
+
+def _stored(factor: Any) -> Array:
+    """A stored factor as the kernels read it: an identity factor `c I` (a
+    `ScaledIdentity`) as its diagonal, the others as they are."""
+    if isinstance(factor, ScaledIdentity):
+        scale = jnp.asarray(factor.scale)
+        return jnp.broadcast_to(scale[..., None], _stored_shape(factor))
+    return factor
+
+
+def _stored_shape(factor: Any) -> tuple[int, ...]:
+    """The shape of `_stored(factor)`, without computing it (as an `aval` must)."""
+    if isinstance(factor, ScaledIdentity):
+        return (*jnp.shape(factor.scale), factor.n)
+    return jnp.shape(factor)
 
 
 def _factor_name(factors: Sequence[Any], k: int) -> str:
@@ -164,16 +182,20 @@ class _Factors(StructuredMatrix):
     @property
     def sizes(self) -> tuple[int, ...]:
         """The factors' sizes `(n₁, ..., n_N)`."""
-        return tuple(jnp.shape(m)[-1] for m in self.matrices)
+        return tuple(_stored_shape(m)[-1] for m in self.matrices)
 
     def _grid_aval(self, ndims: Sequence[int], *others: Any) -> jax.core.ShapedArray:
         """The `(n, n)` abstract value, of the factors' dtype promoted with
         `others`', after checking that factor `k` has `ndims[k]` axes (no batch)."""
-        _unbatched_factors(self, "matrices", ndims)
+        shapes = [_stored_shape(m) for m in self.matrices]
+        _unbatched_factors(self, "matrices", shapes, ndims)
         n = 1
         for size in self.sizes:
             n *= size
-        return jax.core.ShapedArray((n, n), jnp.result_type(*self.matrices, *others))
+        leaves = [
+            m.scale if isinstance(m, ScaledIdentity) else m for m in self.matrices
+        ]
+        return jax.core.ShapedArray((n, n), jnp.result_type(*leaves, *others))
 
 
 class Kronecker(_Factors):
@@ -184,10 +206,16 @@ class Kronecker(_Factors):
 
     `Kronecker(A, B, C)`, `Kronecker(Kronecker(A, B), C)` and `Kronecker(A,
     Kronecker(B, C))` are the same matrix with the same three factors (a
-    `Kronecker` factor is spliced in). A `Diagonal` (or `ScaledIdentity`) factor is
-    kept as its diagonal: `Kronecker(Diagonal(d1), Diagonal(d2))` is a diagonal
-    matrix stored in `n₁ + n₂` numbers, and a symmetric `Kronecker` plus it is a
-    `KroneckerPlusDiagonal`.
+    `Kronecker` factor is spliced in). A `Diagonal` factor is kept as its diagonal:
+    `Kronecker(Diagonal(d1), Diagonal(d2))` is a diagonal matrix stored in `n₁ +
+    n₂` numbers, and a symmetric `Kronecker` plus it is a `KroneckerPlusDiagonal`.
+    A `ScaledIdentity` factor `c I` is kept as it is, its scale and size: the
+    structure itself knows that factor to be a multiple of the identity, also
+    where its scale is traced (a `jit` argument), so that a sum of such products,
+    the Kronecker sum `A ⊗ I + I ⊗ B`, has `jnp.linalg.eigh`, `svd` and
+    `jax.scipy.linalg.expm` through its factors (write `Kronecker(a,
+    ScaledIdentity(1.0, n))` rather than `Kronecker(a, jnp.eye(n))`, whose
+    identity only a program that builds it shows).
 
     **Arguments:**
 
@@ -200,9 +228,10 @@ class Kronecker(_Factors):
 
     **Fields:**
 
-    - `matrices`: the factors in order: `(nᵢ, nᵢ)` arrays, or `(nᵢ,)` diagonals
-        where `diagonal[i]`. `left` is `matrices[0]` and `right` `matrices[1]`
-        (for two factors), as the published fields.
+    - `matrices`: the factors in order: `(nᵢ, nᵢ)` arrays, or, where
+        `diagonal[i]`, `(nᵢ,)` diagonals or `ScaledIdentity`s (one matrix each).
+        `left` is `matrices[0]` and `right` `matrices[1]` (for two factors), as
+        the published fields.
     - `diagonal`: which factors are stored as their diagonal (static).
     - `symmetric`: whether every factor is symmetric (static; a property tag that
         `jnp.linalg.cholesky` needs, as it symmetrises its input first).
@@ -248,24 +277,24 @@ class Kronecker(_Factors):
         stored, is_diagonal = [], []
         for k, factor in enumerate(_gather("Kronecker", args, left, right, matrices)):
             if isinstance(factor, Kronecker):
-                stored.extend(factor._operands())
-                is_diagonal.extend(factor.diagonal)
-            elif isinstance(factor, ScaledIdentity | Diagonal):
-                vector = (
-                    factor.diag
-                    if isinstance(factor, Diagonal)
-                    else jnp.broadcast_to(
-                        factor.scale, (*jnp.shape(factor.scale), factor.n)
+                stored.extend(
+                    m if isinstance(m, ScaledIdentity) else operand
+                    for m, operand in zip(
+                        factor.matrices, factor._operands(), strict=True
                     )
                 )
-                if jnp.ndim(vector) != 1:
+                is_diagonal.extend(factor.diagonal)
+            elif isinstance(factor, ScaledIdentity | Diagonal):
+                # A diagonal is stored as its vector, `c I` as it is.
+                kept = factor.diag if isinstance(factor, Diagonal) else factor
+                if len(_stored_shape(kept)) != 1:
                     raise ValueError(
                         f"`Kronecker` needs square factors without batch axes; factor "
                         f"{k} is a `{type(factor).__name__}` with batch axes (shape "
                         f"{factor.shape}). Map over the batch outside the quaxified "
                         "function: `jax.vmap(quax.quaxify(fn))`."
                     )
-                stored.append(vector)
+                stored.append(kept)
                 is_diagonal.append(True)
             elif isinstance(factor, StructuredMatrix):
                 raise ValueError(
@@ -293,7 +322,7 @@ class Kronecker(_Factors):
         for k, (factor, diagonal) in enumerate(
             zip(self.matrices, self.diagonal, strict=True)
         ):
-            shape = jnp.shape(factor)
+            shape = _stored_shape(factor)
             if diagonal and len(shape) != 1:
                 raise ValueError(
                     f"`Kronecker` stores a diagonal factor as its diagonal (1 axis); "
@@ -313,7 +342,18 @@ class Kronecker(_Factors):
         the others symmetrised, `(a + aᵀ) / 2`, when `symmetric`."""
         return tuple(
             m if d or not self.symmetric else _symmetrised(m)
-            for m, d in zip(self.matrices, self.diagonal, strict=True)
+            for m, d in zip(self._arrays(), self.diagonal, strict=True)
+        )
+
+    def _arrays(self) -> tuple[Array, ...]:
+        """The stored factors, an identity factor as its diagonal."""
+        return tuple(_stored(m) for m in self.matrices)
+
+    def identity_scales(self) -> tuple[Array | None, ...]:
+        """For each factor, its scale `c` where it is stored as `c I` (a
+        `ScaledIdentity` factor), else `None`."""
+        return tuple(
+            m.scale if isinstance(m, ScaledIdentity) else None for m in self.matrices
         )
 
     def factors(self) -> tuple[Array, ...]:
@@ -327,7 +367,9 @@ class Kronecker(_Factors):
 
     def _with(self, matrices: Sequence[Array], **kw: Any) -> "Kronecker":
         fields = dict(
-            diagonal=tuple(jnp.ndim(m) == 1 for m in matrices),
+            diagonal=tuple(
+                isinstance(m, ScaledIdentity) or jnp.ndim(m) == 1 for m in matrices
+            ),
             symmetric=self.symmetric,
             triangle=self.triangle,
             allow_materialise=self.allow_materialise,
@@ -339,11 +381,20 @@ class Kronecker(_Factors):
             return self
         flipped = {"lower": "upper", "upper": "lower", None: None}[self.triangle]
         return self._with(
-            [m if m.ndim == 1 else m.T for m in self.matrices], triangle=flipped
+            [
+                m if d else m.T
+                for m, d in zip(self.matrices, self.diagonal, strict=True)
+            ],
+            triangle=flipped,
         )
 
     def scaled(self, s: Array) -> "Kronecker":
-        return self._with((self.matrices[0] * s, *self.matrices[1:]))
+        first = self.matrices[0]
+        if isinstance(first, ScaledIdentity):
+            first = ScaledIdentity(first.scale * s, first.n)
+        else:
+            first = first * s
+        return self._with((first, *self.matrices[1:]))
 
     def add(self, other: StructuredMatrix) -> StructuredMatrix | None:
         """`A₁ ⊗ ... ⊗ A_N + c I` for a symmetric `Kronecker` (tagged
@@ -353,19 +404,19 @@ class Kronecker(_Factors):
         both solved through the factors' (generalised) eigendecompositions. A
         `Kronecker` of diagonals plus `c I` or plus another: a `Diagonal`."""
         if all(self.diagonal):
-            diagonal = kron_diagonal(self.matrices)
+            diagonal = kron_diagonal(self._arrays())
             if isinstance(other, ScaledIdentity) and jnp.ndim(other.scale) == 0:
                 diagonal = diagonal + other.scale
             elif isinstance(other, Kronecker) and all(other.diagonal):
                 if other.shape != self.shape:
                     return None
-                diagonal = diagonal + kron_diagonal(other.matrices)
+                diagonal = diagonal + kron_diagonal(other._arrays())
             else:
                 return None
             return Diagonal(diagonal, allow_materialise=self.allow_materialise)
         if not self.symmetric or self.triangle is not None:
             return None
-        if any(jnp.iscomplexobj(m) for m in self.matrices):
+        if any(jnp.iscomplexobj(m) for m in self._arrays()):
             # The eigendecomposition routes are real: a complex symmetric factor
             # has no orthogonal eigendecomposition (the sum stays a lazy `Sum`).
             return None
@@ -382,9 +433,9 @@ class Kronecker(_Factors):
         if isinstance(other, Kronecker) and all(other.diagonal):
             if other.sizes != self.sizes:
                 return None
-            if any(jnp.iscomplexobj(d) for d in other.matrices):
+            if any(jnp.iscomplexobj(d) for d in other._arrays()):
                 return None
-            return KroneckerPlusDiagonal(self.factors(), other.matrices, **tags)
+            return KroneckerPlusDiagonal(self.factors(), other._arrays(), **tags)
         return None
 
     def matmat(self, x: Array) -> Array:
