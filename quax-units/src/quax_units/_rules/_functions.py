@@ -54,14 +54,20 @@ def _isclose(*args: _Operand, call: Any) -> Any:
         ) from None
 
 
-@quax.register_function(jnp.round)
-def _round(a: Quantity, *, call: Any) -> Any:
+# The numbers of decimals the rounding rules take (`decimals` is a static argument
+# of `jnp.round`: a rule runs only for the values it declares; any other runs the
+# body, which rounds the SI numbers).
+_DECIMALS = tuple(range(-8, 9))
+
+
+@quax.register_function(jnp.round, static={"decimals": _DECIMALS})
+def _round(a: Quantity, *, decimals: int = 0, call: Any) -> Any:
     _refuse_rounding_in_si("`jnp.round` of", a)
     return call(a)
 
 
-@quax.register_function(jnp.around)
-def _around(a: Quantity, *, call: Any) -> Any:
+@quax.register_function(jnp.around, static={"decimals": _DECIMALS})
+def _around(a: Quantity, *, decimals: int = 0, call: Any) -> Any:
     _refuse_rounding_in_si("`jnp.around` of", a)
     return call(a)
 
