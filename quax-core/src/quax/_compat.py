@@ -96,6 +96,7 @@ __all__ = [
     "is_eval_trace",
     "is_unspecified",
     "jit_inlines",
+    "jit_may_inline",
     "jit_p",
     "linear_solve_p",
     "manual_axes_active",
@@ -419,6 +420,17 @@ def jit_inlines(params: dict[str, Any]) -> bool:
         and not any(params.get("in_layouts", ()))
         and not any(params.get("out_layouts", ()))
     )
+
+
+def jit_may_inline(jitted: Any) -> bool:
+    """Whether the `jax.jit`-decorated `jitted` may be inlined into its callers
+    (`jax.jit(inline=True)`, as `jnp.rad2deg` is): what JAX records of the
+    decoration says so; where it records nothing quax can read, it may."""
+    info = getattr(jitted, "_jit_info", None)
+    inline = getattr(info, "inline", True)
+    if not isinstance(inline, bool):
+        inline = getattr(inline, "value", None) == "jax_early"
+    return inline
 
 
 def _all_unspecified(shardings: tuple[Any, ...]) -> bool:

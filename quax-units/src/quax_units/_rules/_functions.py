@@ -16,7 +16,16 @@ another family's value among them the body runs under the rules as usual):
   293.8 K, 20.65 °C): the operand's unit is checked as that rule checks it;
 - `jnp.sinc` divides by its operand, so an angle in `deg` came out shown in
   `1 / deg`: it is computed on the numbers of a dimensionless operand (angles in
-  radians, as `jnp.sin` reads them) and shown dimensionless.
+  radians, as `jnp.sin` reads them) and shown dimensionless;
+- `jnp.rad2deg` and `jnp.deg2rad` (and `jnp.degrees`/`jnp.radians`, which call
+  them) multiply the numbers by `180 / pi` or `pi / 180`, which on a quantity
+  would change the angle (`rad2deg` of pi rad gave 180 rad): they show the same
+  angle in `deg` or `rad`, as pint's do, and refuse an operand with dimensions.
+  They are `jax.jit(inline=True)`, whose calls quax brings to these rules all the
+  same (see `quax.register_function`);
+- `jnp.angle(z, deg=True)` multiplies the angle in radians by `180 / pi` (an
+  inlined `rad2deg` in its body): it is computed on the numbers and shown in `deg`
+  (in `rad` without `deg`), of a complex quantity of any dimensions.
 """
 
 from typing import Any
@@ -26,6 +35,7 @@ import quax
 from quax._compat import release_traces
 
 from .._dimensions import UnitError, dimensionless
+from .._units import Unit, unit
 from .._value import Quantity, describe
 from ._arrays import _array, _Operand, _refuse_rounding_in_si, _same_units, _wrap
 
@@ -81,3 +91,41 @@ def _sinc(x: Quantity, *, call: Any) -> Quantity:
             "units with `quax_units.ustrip`."
         )
     return _wrap(jnp.sinc(x.array), dimensionless, None)
+
+
+_DEGREE = unit("deg")
+_RADIAN = unit("rad")
+
+
+def _angle_shown_in(function: str, x: Quantity, shown: Unit) -> Quantity:
+    """The angle `x` (a dimensionless quantity, in radians whatever its display unit,
+    as pint reads a dimensionless operand), shown in `shown`: its numbers unchanged,
+    in the inexact dtype `function` gives."""
+    if not x.units.is_dimensionless:
+        raise UnitError(
+            f"`{function}` converts an angle (a dimensionless quantity, such as one "
+            f"in rad or deg), but got {describe(x)}. To scale plain numbers by "
+            "180 / pi, strip the units first (`quax_units.ustrip(unit, q)`); to "
+            "show an angle in another unit, use `q.to(unit)`."
+        )
+    array = jnp.asarray(x.array)
+    dtype = jnp.result_type(array, float)  # JAX's inexact promotion of the operand
+    return _wrap(
+        array if array.dtype == dtype else array.astype(dtype), dimensionless, shown
+    )
+
+
+@quax.register_function(jnp.rad2deg)
+def _rad2deg(x: Quantity, *, call: Any) -> Quantity:
+    return _angle_shown_in("jnp.rad2deg", x, _DEGREE)
+
+
+@quax.register_function(jnp.deg2rad)
+def _deg2rad(x: Quantity, *, call: Any) -> Quantity:
+    return _angle_shown_in("jnp.deg2rad", x, _RADIAN)
+
+
+@quax.register_function(jnp.angle, static={"deg": (True,)})
+def _angle(z: Quantity, *, deg: bool = False, call: Any) -> Quantity:
+    # The phase of `z` does not depend on its (positive) unit: that of its numbers.
+    return _wrap(jnp.angle(z.array), dimensionless, _DEGREE if deg else _RADIAN)
