@@ -39,12 +39,15 @@ def _transformed(how: str, f):
         return jax.jit(g)
     if how == "vmap":
         return lambda q: jax.vmap(g)(Quantity(jnp.stack([q.value] * 3), q.unit))[1]
+    if how == "vmap inside":
+        batched = quax.quaxify(jax.vmap(f))
+        return lambda q: batched(Quantity(jnp.stack([q.value] * 3), q.unit))[1]
     return g
 
 
 @pytest.mark.parametrize("name", list(_CONVERSIONS))
 @pytest.mark.parametrize(("given", "radians"), _ANGLES)
-@pytest.mark.parametrize("how", ["eager", "jit", "vmap"])
+@pytest.mark.parametrize("how", ["eager", "jit", "vmap", "vmap inside"])
 def test_an_angle_is_shown_in_the_unit_the_function_names(name, given, radians, how):
     f, shown = _CONVERSIONS[name]
     out = _transformed(how, f)(Quantity(jnp.float32(given[0]), given[1]))

@@ -159,8 +159,10 @@ def register_function(
     body runs under the rules, as without a rule. So it does where `vmap`, `grad`,
     `jvp` or `linearize` runs inside `quaxify`: quax then meets a transformation of
     the body (batched along axes the rule cannot know, or its derivative), not
-    the function; apply those outside `quaxify` (`jax.vmap(quax.quaxify(f))`) for
-    the rule to see the function's own arguments. A function that JAX inlines
+    the function, unless that transformation is the function's own program on its
+    arguments' types (`vmap` of an elementwise function: the rule then runs);
+    apply those outside `quaxify` (`jax.vmap(quax.quaxify(f))`) for the rule to
+    see the function's own arguments. A function that JAX inlines
     into its callers (`jax.jit(inline=True)`, as `jnp.rad2deg` is) gets its rules
     where quax meets its call: in the quaxified function and in the functions it
     calls (quax keeps the call to look its rules up), but not inside a function
@@ -389,12 +391,16 @@ def _jit(*args: ValueLike, jaxpr: Any, **params: Any) -> list[Any]:
     rule = None
     statics: dict[str, Any] = {}
     if source in _registered and any(is_value(a) for a in args):
-        if not _as_traced(jaxpr):
-            return _noted_body(_TRANSFORMED, *args, jaxpr=jaxpr, **params)
         # Where the arguments are not the leading parameters in order, the body runs
-        # (see `register_function`).
+        # (see `register_function`). A body that `vmap`, `grad`, ... transformed
+        # inside `quaxify` is the function's only where the function, traced on its
+        # arguments' types, gives that very program (`vmap` of an elementwise
+        # function along one axis of each argument): the rule computes the function
+        # on those arguments, which is what the program computes.
         candidates = [r for r in _registered[source] if _in_order(jaxpr, r)]
         found = _identify(jaxpr, candidates) if candidates else None
+        if found is None and not _as_traced(jaxpr):
+            return _noted_body(_TRANSFORMED, *args, jaxpr=jaxpr, **params)
         if candidates and found is None:
             return _noted_body(_OTHER_BODY, *args, jaxpr=jaxpr, **params)
         if found is not None:
