@@ -48,8 +48,9 @@ def _hypot(x: _Operand, y: _Operand, *, call: Any) -> Quantity:
     return _wrap(jnp.hypot(_array(x), _array(y)), dims, shown.linear)
 
 
-@quax.register_function(jnp.isclose)
-def _isclose(*args: _Operand, call: Any) -> Any:
+@quax.register_function(jnp.isclose, static={"equal_nan": (True,)})
+def _isclose(*args: _Operand, equal_nan: bool = False, call: Any) -> Any:
+    # `equal_nan` (static) changes the body `call` runs, not the units it needs.
     try:
         return call(*args)
     except UnitError as e:
@@ -66,8 +67,9 @@ def _isclose(*args: _Operand, call: Any) -> Any:
 
 # The numbers of decimals the rounding rules take (`decimals` is a static argument
 # of `jnp.round`: a rule runs only for the values it declares; any other runs the
-# body, which rounds the SI numbers).
-_DECIMALS = tuple(range(-8, 9))
+# body, which rounds the SI numbers: `round(20.65 degC, -9)` gave 0 K, not 0 degC).
+# Ordered by magnitude, as quax tries them in turn to find the one a call passes.
+_DECIMALS = tuple(sorted(range(-20, 21), key=abs))
 
 
 @quax.register_function(jnp.round, static={"decimals": _DECIMALS})
