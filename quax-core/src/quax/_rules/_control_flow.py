@@ -217,9 +217,10 @@ def register_function(
     if registered is None:
         registered = _Registered(function, name)
         candidates.append(registered)
-        if jit_may_inline(registered.jitted):
+        inline, jit_name = jit_may_inline(registered.jitted)
+        if inline:
             # Its inlined `jit` comes to the `jit` rule (see `_jit`), not inlined.
-            _trace.inlined_function_sources.add(source)
+            _trace.inlined_functions.setdefault(jit_name, set()).add(source)
     registering = register(registered.primitive, precedence=precedence)
 
     def _register(rule: _F) -> _F:
