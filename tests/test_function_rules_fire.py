@@ -115,6 +115,28 @@ def _units_cases() -> list[_Case]:
             (km, km),
             isclose_refused,
         ),
+        ("floor_divide", "", jnp.floor_divide, (km, a), _in_unit("", [333.0, 400.0])),
+        (
+            "floor_divide",
+            "//",
+            lambda x, y: x // y,
+            (km, a),
+            _in_unit("", [333.0, 400.0]),
+        ),
+        (
+            "divmod",
+            "quotient",
+            lambda x, y: jnp.divmod(x, y)[0],
+            (km, a),
+            _in_unit("", [333.0, 400.0]),
+        ),
+        (
+            "divmod",
+            "remainder",
+            lambda x, y: jnp.divmod(x, y)[1],
+            (km, a),
+            _in_unit("km", [1.0, 0.0], "m"),
+        ),
         ("round", "", jnp.round, (kelvin,), _in_unit("K", [294.0, 1.0])),
         (
             "round",

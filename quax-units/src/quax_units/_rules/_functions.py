@@ -23,6 +23,10 @@ another family's value among them the body runs under the rules as usual):
   angle in `deg` or `rad`, as pint's do, and refuse an operand with dimensions.
   They are `jax.jit(inline=True)`, whose calls quax brings to these rules all the
   same (see `quax.register_function`);
+- `jnp.floor_divide` (`//`) and `jnp.divmod` of two quantities of one dimension:
+  the quotient is a number (`5 km // 2 m` is 2500), where their bodies floor the
+  quotient shown in `km / m`, a scaled unit that rounding refuses; they are
+  computed on the SI-coherent numbers;
 - `jnp.angle(z, deg=True)` multiplies the angle in radians by `180 / pi` (an
   inlined `rad2deg` in its body): it is computed on the numbers and shown in `deg`
   (in `rad` without `deg`), of a complex quantity of any dimensions.
@@ -131,3 +135,34 @@ def _deg2rad(x: Quantity, *, call: Any) -> Quantity:
 def _angle(z: Quantity, *, deg: bool = False, call: Any) -> Quantity:
     # The phase of `z` does not depend on its (positive) unit: that of its numbers.
     return _wrap(jnp.angle(z.array), dimensionless, _DEGREE if deg else _RADIAN)
+
+
+def _of_one_dimension(x1: Any, x2: Any) -> bool:
+    """Whether `x1` and `x2` are quantities of one dimension, in units without an
+    offset: their quotient is a number, whatever units they are shown in."""
+    return (
+        isinstance(x1, Quantity)
+        and isinstance(x2, Quantity)
+        and x1.units == x2.units
+        and not x1.unit.offset
+        and not x2.unit.offset
+    )
+
+
+@quax.register_function(jnp.floor_divide)
+def _floor_divide(x1: _Operand, x2: _Operand, *, call: Any) -> Any:
+    if not _of_one_dimension(x1, x2):
+        return call(x1, x2)  # its `floor` rounds by the rules of `floor`
+    # `5 km // 2 m` is 2500, as pint's: computed on the SI-coherent numbers, where
+    # the body would round the quotient shown in `km / m`, which rounding refuses.
+    return _wrap(jnp.floor_divide(x1.array, x2.array), dimensionless, None)
+
+
+@quax.register_function(jnp.divmod)
+def _divmod(x1: _Operand, x2: _Operand, *, call: Any) -> Any:
+    if not _of_one_dimension(x1, x2):
+        return call(x1, x2)
+    # The quotient as `floor_divide`'s; the remainder a quantity of their
+    # dimension (the same in any unit), shown in the first operand's unit.
+    quotient, remainder = jnp.divmod(x1.array, x2.array)
+    return _wrap(quotient, dimensionless, None), _wrap(remainder, x1.units, x1.unit)
