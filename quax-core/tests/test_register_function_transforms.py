@@ -127,9 +127,21 @@ def _(a: Opaque, *, call: Any) -> Any:
     return Opaque(a.array / 2)
 
 
+@jax.jit
+def column_sums(a: Any) -> Any:
+    return jnp.sum(a, axis=0)
+
+
+@quax.register_function(column_sums)
+def _(a: Opaque, *, call: Any) -> Any:
+    return Opaque(jnp.sum(a.array, axis=0))
+
+
 def test_a_transformed_body_that_fails_says_why_the_rule_did_not_run() -> None:
+    # Batched along axis 0, the body sums along axis 1 of the batched array: not
+    # the function's program on a (3, 3) array, which sums along axis 0.
     def f(a: Any) -> Any:
-        return jax.vmap(halved)(a)
+        return jax.vmap(column_sums)(a)
 
     with pytest.raises(RefusedMaterialisation) as info:
         quax.quaxify(f)(Opaque(a))
@@ -137,9 +149,27 @@ def test_a_transformed_body_that_fails_says_why_the_rule_did_not_run() -> None:
         info.value.__notes__
     )
     # Outside `quaxify`, the rule sees the function's own arguments.
-    out = jax.vmap(quax.quaxify(halved))(Opaque(a))
+    out = jax.vmap(quax.quaxify(column_sums))(Opaque(a))
     assert isinstance(out, Opaque)
-    np.testing.assert_array_equal(out.array, a / 2)
+    np.testing.assert_array_equal(out.array, jnp.sum(a, axis=1))
+
+
+@pytest.mark.parametrize(
+    "f, expected",
+    [
+        (jax.vmap(halved), a / 2),
+        (jax.vmap(halved, in_axes=1, out_axes=1), a / 2),
+    ],
+    ids=["halved", "halved-axis-1"],
+)
+def test_a_batched_body_that_is_the_functions_own_program_runs_the_rule(
+    f: Any, expected: Any
+) -> None:
+    # Before, every body `vmap` batched inside `quaxify` ran under the rules, which
+    # refused here (and on quantities, `vmap(jnp.rad2deg)` multiplied the angle).
+    out = quax.quaxify(f)(Opaque(a))
+    assert isinstance(out, Opaque)
+    np.testing.assert_array_equal(out.array, expected)
 
 
 @jax.jit

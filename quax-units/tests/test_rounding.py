@@ -45,16 +45,54 @@ def test_rounding_in_si_coherent_units_matches_numpy(f):
         np.testing.assert_array_equal(ustrip(u, got), f(jnp.asarray(values)))
 
 
-def test_a_dimensionless_quantity_rounds_as_its_number():
-    # A dimensionless quantity is a number (`np.asarray` gives it), whatever unit it
-    # is shown in: `5 km // 2 m` is 2500 (shown as 2.5 `km / m`), as in pint.
-    q = quax.quaxify(jnp.floor_divide)(
+@pytest.mark.parametrize("jit", [False, True])
+def test_the_quotient_of_two_quantities_of_one_dimension_floors_as_a_number(jit):
+    # `5 km // 2 m` is 2500, as in pint: a number, whatever units the operands are
+    # shown in (their quotient is shown in `km / m`, which rounding refuses).
+    f = quax.quaxify(jnp.floor_divide)
+    q = (jax.jit(f) if jit else f)(
         Quantity(jnp.array([5.0, 7.0]), "km"), Quantity(jnp.array([2.0, 3.0]), "m")
     )
+    assert str(q.unit) == ""
     np.testing.assert_array_equal(ustrip("", q), [2500.0, 2333.0])
     np.testing.assert_array_equal(
-        ustrip("", quax.quaxify(jnp.floor)(Quantity(jnp.array([50.4]), "%"))), [0.0]
+        ustrip(
+            "",
+            quax.quaxify(lambda a, b: jnp.divmod(a, b)[0])(
+                Quantity(jnp.array([370.0]), "deg"), Quantity(jnp.array([1.0]), "rad")
+            ),
+        ),
+        [6.0],
     )
+    # The remainder: 370 deg less 6 rad, shown in deg.
+    r = quax.quaxify(lambda a, b: jnp.divmod(a, b)[1])(
+        Quantity(jnp.array([370.0]), "deg"), Quantity(jnp.array([1.0]), "rad")
+    )
+    assert str(r.unit) == "deg"
+    np.testing.assert_allclose(ustrip("rad", r), [np.deg2rad(370.0) - 6.0], rtol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "f", [jnp.floor, jnp.ceil, jnp.round, jnp.trunc, lambda x: x.astype(jnp.int32)]
+)
+@pytest.mark.parametrize("u", ["deg", "%", "km / m"])
+@pytest.mark.parametrize("jit", [False, True])
+def test_rounding_a_dimensionless_quantity_in_a_scaled_unit_is_refused(f, u, jit):
+    # Its numbers are held as plain numbers (an angle in radians): `floor` of 90.5
+    # deg rounded there was 1 (57.3 deg), of 50.4 % 0 %; pint gives 90 deg, 50 %.
+    g = quax.quaxify(f)
+    with pytest.raises(UnitError, match="rounding depends on the unit") as info:
+        (jax.jit(g) if jit else g)(Quantity(jnp.array([90.5, 50.4]), u))
+    assert "ustrip" in str(info.value) and "q.to('')" in str(info.value)
+
+
+def test_a_dimensionless_quantity_in_an_unscaled_unit_rounds_as_its_number():
+    for u in ["", "rad", "m / m"]:
+        got = quax.quaxify(jnp.floor)(Quantity(jnp.array([1.5, -0.5]), u))
+        np.testing.assert_array_equal(ustrip("", got), [1.0, -1.0])
+    # The way out the refusal names: the number, `q.to("")`.
+    got = quax.quaxify(jnp.floor)(Quantity(jnp.array([50.4]), "%").to(""))
+    np.testing.assert_array_equal(ustrip("", got), [0.0])
 
 
 @pytest.mark.parametrize("jit", [False, True])

@@ -27,6 +27,7 @@ from jax._src import (
     dtypes as _dtypes,
     linear_util as _lu,
     source_info_util as _source_info_util,
+    util as _util,
 )
 from jax._src.callback import io_callback_p, pure_callback_p
 from jax._src.core import ShapedArray
@@ -96,6 +97,7 @@ __all__ = [
     "is_eval_trace",
     "is_unspecified",
     "jit_inlines",
+    "jit_may_inline",
     "jit_p",
     "linear_solve_p",
     "manual_axes_active",
@@ -419,6 +421,18 @@ def jit_inlines(params: dict[str, Any]) -> bool:
         and not any(params.get("in_layouts", ()))
         and not any(params.get("out_layouts", ()))
     )
+
+
+def jit_may_inline(jitted: Any) -> tuple[bool, str]:
+    """Whether the `jax.jit`-decorated `jitted` may be inlined into its callers
+    (`jax.jit(inline=True)`, as `jnp.rad2deg` is): what JAX records of the
+    decoration says so; where it records nothing quax can read, it may. And the
+    name JAX gives its `jit` equations (their `name` param)."""
+    info = getattr(jitted, "_jit_info", None)
+    inline = getattr(info, "inline", True)
+    if not isinstance(inline, bool):
+        inline = getattr(inline, "value", None) == "jax_early"
+    return inline, _util.fun_name(getattr(jitted, "__wrapped__", jitted))
 
 
 def _all_unspecified(shardings: tuple[Any, ...]) -> bool:

@@ -812,14 +812,31 @@ def _(
     return [vectors, values]
 
 
-@quax.register_function(jsl.expm)
-def _(x: StructuredMatrix, *, call: Any) -> Any:
+# The static arguments of `jax.scipy.linalg.expm` its rule takes: both only steer
+# JAX's Padé algorithm, which the structure's exponential does not use.
+_EXPM_STATIC = {"upper_triangular": (True,), "max_squarings": tuple(range(65))}
+
+
+@quax.register_function(jsl.expm, static=_EXPM_STATIC)
+def _(
+    x: StructuredMatrix,
+    *,
+    call: Any,
+    upper_triangular: bool = False,
+    max_squarings: int = 16,
+) -> Any:
     """`jax.scipy.linalg.expm(M)`, whose body (a Padé approximant with scaling and
     squaring, `lax.cond`, `abs` for the 1-norm) would refuse at its first
     non-structured step: the exact matrix exponential through the structure (see
     `_linalg.expm_of`), or a refusal naming `expm` and the way out. Other
     functions' nested `jit`s of structured matrices go to quax's own rule for
-    `jit`, which traces their bodies with the matrices kept structured."""
+    `jit`, which traces their bodies with the matrices kept structured.
+
+    `upper_triangular` and `max_squarings` (static) steer JAX's algorithm: the
+    structure's exponential is exact whatever they are, where JAX's gives NaN for a
+    matrix needing more than `max_squarings` squarings, and reads only the upper
+    triangle with `upper_triangular=True`. The dense path (`call`) runs the body
+    JAX traced with them."""
     out = expm_of(x)
     if out is not None:
         return out

@@ -44,6 +44,7 @@ from .._compat import (
     cond_p,
     current_trace,
     is_unspecified,
+    jit_may_inline,
     jit_p,
     linear_solve_p,
     release_traces,
@@ -158,8 +159,17 @@ def register_function(
     body runs under the rules, as without a rule. So it does where `vmap`, `grad`,
     `jvp` or `linearize` runs inside `quaxify`: quax then meets a transformation of
     the body (batched along axes the rule cannot know, or its derivative), not
-    the function; apply those outside `quaxify` (`jax.vmap(quax.quaxify(f))`) for
-    the rule to see the function's own arguments. Registering a rule forgets
+    the function, unless that transformation is the function's own program on its
+    arguments' types (`vmap` of an elementwise function: the rule then runs);
+    apply those outside `quaxify` (`jax.vmap(quax.quaxify(f))`) for the rule to
+    see the function's own arguments. A function that JAX inlines
+    into its callers (`jax.jit(inline=True)`, as `jnp.rad2deg` is) gets its rules
+    where quax meets its call: in the quaxified function and in the functions it
+    calls (quax keeps the call to look its rules up), but not inside a function
+    that JAX traced before quax met it, which holds the function's equations
+    instead of its call: the body of a `jax.jit` (`jax.jit` of the function itself
+    is still met), of `lax.scan`, `lax.cond` or `lax.while_loop`, or a `vmap` or
+    `jvp` inside `quaxify` that inlined it. Registering a rule forgets
     whatever quax kept from earlier calls of the function (compiled programs,
     recordings), as registering a primitive rule does.
 
@@ -207,6 +217,10 @@ def register_function(
     if registered is None:
         registered = _Registered(function, name)
         candidates.append(registered)
+        inline, jit_name = jit_may_inline(registered.jitted)
+        if inline:
+            # Its inlined `jit` comes to the `jit` rule (see `_jit`), not inlined.
+            _trace.inlined_functions.setdefault(jit_name, set()).add(source)
     registering = register(registered.primitive, precedence=precedence)
 
     def _register(rule: _F) -> _F:
@@ -378,12 +392,16 @@ def _jit(*args: ValueLike, jaxpr: Any, **params: Any) -> list[Any]:
     rule = None
     statics: dict[str, Any] = {}
     if source in _registered and any(is_value(a) for a in args):
-        if not _as_traced(jaxpr):
-            return _noted_body(_TRANSFORMED, *args, jaxpr=jaxpr, **params)
         # Where the arguments are not the leading parameters in order, the body runs
-        # (see `register_function`).
+        # (see `register_function`). A body that `vmap`, `grad`, ... transformed
+        # inside `quaxify` is the function's only where the function, traced on its
+        # arguments' types, gives that very program (`vmap` of an elementwise
+        # function along one axis of each argument): the rule computes the function
+        # on those arguments, which is what the program computes.
         candidates = [r for r in _registered[source] if _in_order(jaxpr, r)]
         found = _identify(jaxpr, candidates) if candidates else None
+        if found is None and not _as_traced(jaxpr):
+            return _noted_body(_TRANSFORMED, *args, jaxpr=jaxpr, **params)
         if candidates and found is None:
             return _noted_body(_OTHER_BODY, *args, jaxpr=jaxpr, **params)
         if found is not None:
@@ -472,8 +490,9 @@ def _jit_body(
     keep_unused: bool,
     **params: Any,
 ) -> list[Any]:
-    # An inlined `jit` never reaches this rule (`QuaxTrace` binds its equations), so
-    # the call is kept.
+    # An inlined `jit` reaches this rule only where `quax.register_function` has
+    # rules for its function (`QuaxTrace` binds any other's equations) and none of
+    # them ran: the call is then kept, its body quaxified as any other's.
     del inline, out_shardings  # outputs' types are only known after tracing the body
     # Plain arguments known now (Python and NumPy scalars, concrete arrays) up to
     # `MAX_CONSTANT_SIZE` elements stay constants of the body, keyed by value, as

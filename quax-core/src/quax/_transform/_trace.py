@@ -24,6 +24,7 @@ from jax import Array
 from .._caching import _replay
 from .._caching._eager import call_compiled
 from .._caching._jaxpr import (
+    body_source,
     eval_quaxified,
     holds_staged_values,
     jaxpr_holds_staged_values,
@@ -65,6 +66,7 @@ __all__ = [
     "QuaxTracer",
     "active_trace",
     "higher_order_rules",
+    "inlined_functions",
     "run_nested",
     "staging_primitives",
     "unchecked_primitives",
@@ -81,6 +83,14 @@ higher_order_rules: dict[Primitive, Callable[..., Any]] = {}
 # primitive's abstract evaluation (higher-order ones: filled by
 # `_rules/_control_flow.py`).
 unchecked_primitives: set[Primitive] = set()
+# The functions `quax.register_function` has rules for whose `jit` JAX inlines
+# (`jnp.rad2deg` is `jax.jit(inline=True)`), filled by `_rules/_control_flow.py`:
+# their sources (`body_source`: "rad2deg at .../ufuncs.py:3278") by the name their
+# `jit` equations carry. An inlined `jit` of such a source reaches the `jit` rule,
+# which looks its rules up, instead of its equations being bound one by one, where
+# no rule for the function can run. Every other inlined `jit` costs one lookup of
+# its name (the source is read only where the name is one of these).
+inlined_functions: dict[str, set[str]] = {}
 # Primitives with sub-jaxprs whose rules re-run them (filled by
 # `_rules/_control_flow.py`): one whose jaxprs stage a value (see
 # `quax._dispatch._staged`) goes to its rule even without a value among its inputs, as
@@ -290,11 +300,14 @@ class QuaxTrace(Trace):
             primitive in staging_primitives and holds_staged_values(params)
         ):
             return self.parent_trace.process_primitive(primitive, values, params)
-        # The caches: an inlined `jit` (every `jax.numpy` function) as a compiled
-        # eager program or a replayed recording; while a program is staged, a
-        # recording of what the rule staged for the same key.
+        # The caches: an inlined `jit` (every `jax.numpy` function, but those with
+        # `register_function` rules: see `inlined_functions`) as a compiled eager
+        # program or a replayed recording; while a program is staged, a recording
+        # of what the rule staged for the same key.
         if primitive is jit_p and jit_inlines(params):
-            return self._inline(tracers, values, params)
+            sources = inlined_functions.get(params["name"])
+            if sources is None or body_source(params["jaxpr"]) not in sources:
+                return self._inline(tracers, values, params)
         if self.replays and primitive not in unchecked_primitives:
             run = ft.partial(self.apply_rule, primitive, values, params)
             return _replay.bind(self, primitive, values, params, run)

@@ -337,16 +337,19 @@ def _refuse_rounding_in_si(what: str, x: Quantity) -> None:
     1600 m (1.6 km). Where the display unit is not SI-coherent (a scale other than
     1, or an offset: `km`, `degC`), the numbers cannot be rounded in it exactly
     either (1.6 ft read back from metres may be 1.5999999 ft), so rounding is
-    refused there. A dimensionless quantity is a number (`np.asarray` gives it), and
-    is rounded as that number whatever it is shown in (`5 km // 2 m` is 2500, shown
-    as 2.5 `km / m`)."""
+    refused there. So it is for a dimensionless quantity shown in a scaled unit
+    (`deg`, `%`, `km / m`): its numbers are held as plain numbers (an angle in
+    radians), where `floor` of 90.5 deg would be 1 (57.3 deg) and of 50.4 % 0 %;
+    pint gives 90 deg and 50 %. (`5 km // 2 m`, the quotient of two quantities of
+    one dimension, is a number, 2500: see `jnp.floor_divide`'s rule.)"""
     shown = x.unit
-    if not x.units.is_dimensionless and (shown.scale != 1.0 or shown.offset):
+    if shown.scale != 1.0 or shown.offset:
         si = str(si_unit(x.units))
+        held = si or "plain numbers (an angle in radians)"
         raise UnitError(
             f"{what} a quantity in {describe(x)}: rounding depends on the unit, and "
-            f"its numbers are held in {si}, not {shown} (`floor` of 1.6 km is 1 km, "
-            "of 1600 m it is 1600 m). Round the numbers in the unit you mean: "
+            f"its numbers are held in {held}, not {shown} (`floor` of 1.6 km is 1 "
+            "km, of 1600 m it is 1600 m). Round the numbers in the unit you mean: "
             "`Quantity(jnp.floor(quax_units.ustrip(unit, q)), unit)`, or show the "
             f"quantity in SI-coherent units first (`q.to({si!r})`) to round those."
         )

@@ -16,7 +16,20 @@ another family's value among them the body runs under the rules as usual):
   293.8 K, 20.65 °C): the operand's unit is checked as that rule checks it;
 - `jnp.sinc` divides by its operand, so an angle in `deg` came out shown in
   `1 / deg`: it is computed on the numbers of a dimensionless operand (angles in
-  radians, as `jnp.sin` reads them) and shown dimensionless.
+  radians, as `jnp.sin` reads them) and shown dimensionless;
+- `jnp.rad2deg` and `jnp.deg2rad` (and `jnp.degrees`/`jnp.radians`, which call
+  them) multiply the numbers by `180 / pi` or `pi / 180`, which on a quantity
+  would change the angle (`rad2deg` of pi rad gave 180 rad): they show the same
+  angle in `deg` or `rad`, as pint's do, and refuse an operand with dimensions.
+  They are `jax.jit(inline=True)`, whose calls quax brings to these rules all the
+  same (see `quax.register_function`);
+- `jnp.floor_divide` (`//`) and `jnp.divmod` of two quantities of one dimension:
+  the quotient is a number (`5 km // 2 m` is 2500), where their bodies floor the
+  quotient shown in `km / m`, a scaled unit that rounding refuses; they are
+  computed on the SI-coherent numbers;
+- `jnp.angle(z, deg=True)` multiplies the angle in radians by `180 / pi` (an
+  inlined `rad2deg` in its body): it is computed on the numbers and shown in `deg`
+  (in `rad` without `deg`), of a complex quantity of any dimensions.
 """
 
 from typing import Any
@@ -26,6 +39,7 @@ import quax
 from quax._compat import release_traces
 
 from .._dimensions import UnitError, dimensionless
+from .._units import Unit, unit
 from .._value import Quantity, describe
 from ._arrays import _array, _Operand, _refuse_rounding_in_si, _same_units, _wrap
 
@@ -38,8 +52,9 @@ def _hypot(x: _Operand, y: _Operand, *, call: Any) -> Quantity:
     return _wrap(jnp.hypot(_array(x), _array(y)), dims, shown.linear)
 
 
-@quax.register_function(jnp.isclose)
-def _isclose(*args: _Operand, call: Any) -> Any:
+@quax.register_function(jnp.isclose, static={"equal_nan": (True,)})
+def _isclose(*args: _Operand, equal_nan: bool = False, call: Any) -> Any:
+    # `equal_nan` (static) changes the body `call` runs, not the units it needs.
     try:
         return call(*args)
     except UnitError as e:
@@ -56,8 +71,9 @@ def _isclose(*args: _Operand, call: Any) -> Any:
 
 # The numbers of decimals the rounding rules take (`decimals` is a static argument
 # of `jnp.round`: a rule runs only for the values it declares; any other runs the
-# body, which rounds the SI numbers).
-_DECIMALS = tuple(range(-8, 9))
+# body, which rounds the SI numbers: `round(20.65 degC, -9)` gave 0 K, not 0 degC).
+# Ordered by magnitude, as quax tries them in turn to find the one a call passes.
+_DECIMALS = tuple(sorted(range(-20, 21), key=abs))
 
 
 @quax.register_function(jnp.round, static={"decimals": _DECIMALS})
@@ -81,3 +97,72 @@ def _sinc(x: Quantity, *, call: Any) -> Quantity:
             "units with `quax_units.ustrip`."
         )
     return _wrap(jnp.sinc(x.array), dimensionless, None)
+
+
+_DEGREE = unit("deg")
+_RADIAN = unit("rad")
+
+
+def _angle_shown_in(function: str, x: Quantity, shown: Unit) -> Quantity:
+    """The angle `x` (a dimensionless quantity, in radians whatever its display unit,
+    as pint reads a dimensionless operand), shown in `shown`: its numbers unchanged,
+    in the inexact dtype `function` gives."""
+    if not x.units.is_dimensionless:
+        raise UnitError(
+            f"`{function}` converts an angle (a dimensionless quantity, such as one "
+            f"in rad or deg), but got {describe(x)}. To scale plain numbers by "
+            "180 / pi, strip the units first (`quax_units.ustrip(unit, q)`); to "
+            "show an angle in another unit, use `q.to(unit)`."
+        )
+    array = jnp.asarray(x.array)
+    dtype = jnp.result_type(array, float)  # JAX's inexact promotion of the operand
+    return _wrap(
+        array if array.dtype == dtype else array.astype(dtype), dimensionless, shown
+    )
+
+
+@quax.register_function(jnp.rad2deg)
+def _rad2deg(x: Quantity, *, call: Any) -> Quantity:
+    return _angle_shown_in("jnp.rad2deg", x, _DEGREE)
+
+
+@quax.register_function(jnp.deg2rad)
+def _deg2rad(x: Quantity, *, call: Any) -> Quantity:
+    return _angle_shown_in("jnp.deg2rad", x, _RADIAN)
+
+
+@quax.register_function(jnp.angle, static={"deg": (True,)})
+def _angle(z: Quantity, *, deg: bool = False, call: Any) -> Quantity:
+    # The phase of `z` does not depend on its (positive) unit: that of its numbers.
+    return _wrap(jnp.angle(z.array), dimensionless, _DEGREE if deg else _RADIAN)
+
+
+def _of_one_dimension(x1: Any, x2: Any) -> bool:
+    """Whether `x1` and `x2` are quantities of one dimension, in units without an
+    offset: their quotient is a number, whatever units they are shown in."""
+    return (
+        isinstance(x1, Quantity)
+        and isinstance(x2, Quantity)
+        and x1.units == x2.units
+        and not x1.unit.offset
+        and not x2.unit.offset
+    )
+
+
+@quax.register_function(jnp.floor_divide)
+def _floor_divide(x1: _Operand, x2: _Operand, *, call: Any) -> Any:
+    if not _of_one_dimension(x1, x2):
+        return call(x1, x2)  # its `floor` rounds by the rules of `floor`
+    # `5 km // 2 m` is 2500, as pint's: computed on the SI-coherent numbers, where
+    # the body would round the quotient shown in `km / m`, which rounding refuses.
+    return _wrap(jnp.floor_divide(x1.array, x2.array), dimensionless, None)
+
+
+@quax.register_function(jnp.divmod)
+def _divmod(x1: _Operand, x2: _Operand, *, call: Any) -> Any:
+    if not _of_one_dimension(x1, x2):
+        return call(x1, x2)
+    # The quotient as `floor_divide`'s; the remainder a quantity of their
+    # dimension (the same in any unit), shown in the first operand's unit.
+    quotient, remainder = jnp.divmod(x1.array, x2.array)
+    return _wrap(quotient, dimensionless, None), _wrap(remainder, x1.units, x1.unit)

@@ -1,0 +1,263 @@
+"""Every rule the families register with `quax.register_function` runs where a user
+calls its function the usual way: eagerly and under `jax.jit`, with the function's
+common keyword arguments. A rule that never runs is a silent bug (the body then
+runs under the primitive rules, which may read it wrongly: `jnp.rad2deg` of an
+angle multiplied the number, `jnp.round` of a temperature in `degC` rounded the
+kelvins). Each case counts the rules that ran, with the caches off (a cached
+program would skip them), and checks the result against literals or plain JAX on
+the dense numbers."""
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import jax.scipy.linalg as jsl
+import numpy as np
+import pytest
+import quax
+import quax._rules._control_flow as control_flow
+from quax_structured import Diagonal, StructuredMatrix
+from quax_units import Quantity, UnitError, ustrip
+
+
+def _registered_functions() -> set[str]:
+    """The names of the functions some installed family registered a rule for."""
+    quax.plugins.load()
+    return {
+        r.primitive.name.removesuffix(" (jitted function)")
+        for candidates in control_flow._registered.values()
+        for r in candidates
+        if not r.code.co_filename.endswith(".py") or "/tests/" not in r.code.co_filename
+    }
+
+
+@pytest.fixture
+def fired(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The functions whose registered rules run (by name), with the caches off."""
+    names: list[str] = []
+    original = control_flow.registered_rule
+
+    def recording(primitive: Any, args: Any, **kwargs: Any) -> Any:
+        rule = original(primitive, args, **kwargs)
+        if rule is not None:
+            names.append(primitive.name.removesuffix(" (jitted function)"))
+        return rule
+
+    monkeypatch.setattr(control_flow, "registered_rule", recording)
+    with quax.caching(False):
+        yield names
+
+
+def _close(got: Any, expected: Any) -> None:
+    got = np.asarray(got)
+    rtol = 1e-5 if got.dtype in (np.float32, np.complex64) else 1e-12
+    np.testing.assert_allclose(got, expected, rtol=rtol, atol=rtol)
+
+
+_Z = jnp.array([1 + 1j, -1.0 + 0j, 0 - 2j], dtype=jnp.complex64)
+_PHASES = np.array([math.pi / 4, math.pi, -math.pi / 2])
+_D = jnp.array([0.5, -1.0, 2.0])
+
+
+_Case = tuple[str, str, Callable[..., Any], tuple[Any, ...], Callable[[Any], None]]
+
+
+def _refuses(error: type[Exception], match: str) -> Callable[[Any], None]:
+    # Where the rule's answer is a refusal with the way out, `out` is the error.
+    def check(out: Any) -> None:
+        assert isinstance(out, error), out
+        assert match in str(out)
+
+    return check
+
+
+def _in_unit(
+    unit: str, expected: Any, read_in: str | None = None
+) -> Callable[[Any], None]:
+    def check(out: Any) -> None:
+        assert isinstance(out, Quantity) and str(out.unit) == unit
+        _close(ustrip(read_in or unit, out), expected)
+
+    return check
+
+
+def _units_cases() -> list[_Case]:
+    a, b = Quantity(jnp.array([3.0, 5.0]), "m"), Quantity(jnp.array([4.0, 12.0]), "m")
+    km = Quantity(jnp.array([1.0, 2.0]), "km")
+    kelvin = Quantity(jnp.array([293.65, 1.26]), "K")
+    celsius = Quantity(jnp.array([20.65, 1.26]), "degC")
+    turn = Quantity(jnp.array([math.pi, math.pi / 2]), "rad")
+    quarter = Quantity(jnp.array([90.0, 45.0]), "deg")
+    z = Quantity(_Z, "m")
+    # The rule of `isclose` adds the way out (an `atol` in the operands' units) to
+    # the body's error; that of `round` refuses a unit that is not SI-coherent.
+    isclose_refused = _refuses(UnitError, "atol=Quantity")
+    rounding_refused = _refuses(UnitError, "rounding depends on the unit")
+    half_turn = [math.pi, math.pi / 2]
+    quarter_turn = [math.pi / 2, math.pi / 4]
+    return [
+        ("hypot", "", jnp.hypot, (a, b), _in_unit("m", [5.0, 13.0])),
+        ("hypot", "km", jnp.hypot, (km, a), _in_unit("km", [1.0000045, 2.0000062])),
+        ("isclose", "", jnp.isclose, (km, km), isclose_refused),
+        (
+            "isclose",
+            "equal_nan=True",
+            lambda x, y: jnp.isclose(x, y, equal_nan=True),
+            (km, km),
+            isclose_refused,
+        ),
+        (
+            "isclose",
+            "allclose",
+            lambda x, y: jnp.allclose(x, y),
+            (km, km),
+            isclose_refused,
+        ),
+        ("floor_divide", "", jnp.floor_divide, (km, a), _in_unit("", [333.0, 400.0])),
+        (
+            "floor_divide",
+            "//",
+            lambda x, y: x // y,
+            (km, a),
+            _in_unit("", [333.0, 400.0]),
+        ),
+        (
+            "divmod",
+            "quotient",
+            lambda x, y: jnp.divmod(x, y)[0],
+            (km, a),
+            _in_unit("", [333.0, 400.0]),
+        ),
+        (
+            "divmod",
+            "remainder",
+            lambda x, y: jnp.divmod(x, y)[1],
+            (km, a),
+            _in_unit("km", [1.0, 0.0], "m"),
+        ),
+        ("round", "", jnp.round, (kelvin,), _in_unit("K", [294.0, 1.0])),
+        (
+            "round",
+            "decimals=12",
+            lambda x: jnp.round(x, 12),
+            (kelvin,),
+            _in_unit("K", [293.65, 1.26]),
+        ),
+        (
+            "round",
+            "degC decimals=-9",
+            # The body gave 0 K, where pint gives 0 degC (273.15 K).
+            lambda x: jnp.round(x, -9),
+            (celsius,),
+            rounding_refused,
+        ),
+        (
+            "round",
+            "decimals=1",
+            lambda x: jnp.round(x, 1),
+            (kelvin,),
+            _in_unit("K", [293.6, 1.3]),
+        ),
+        (
+            "round",
+            "degC",
+            lambda x: jnp.round(x, decimals=1),
+            (celsius,),
+            rounding_refused,
+        ),
+        (
+            "around",
+            "decimals=1",
+            lambda x: jnp.around(x, decimals=1),
+            (kelvin,),
+            _in_unit("K", [293.6, 1.3]),
+        ),
+        ("around", "degC", jnp.around, (celsius,), rounding_refused),
+        (
+            "sinc",
+            "",
+            jnp.sinc,
+            (Quantity(jnp.array([0.5, 0.25]), "%"),),
+            _in_unit("", np.sinc([0.005, 0.0025])),
+        ),
+        ("rad2deg", "", jnp.rad2deg, (turn,), _in_unit("deg", half_turn, "rad")),
+        ("rad2deg", "degrees", jnp.degrees, (turn,), _in_unit("deg", half_turn, "rad")),
+        ("deg2rad", "", jnp.deg2rad, (quarter,), _in_unit("rad", quarter_turn)),
+        ("deg2rad", "radians", jnp.radians, (quarter,), _in_unit("rad", quarter_turn)),
+        ("angle", "", jnp.angle, (z,), _in_unit("rad", _PHASES)),
+        (
+            "angle",
+            "deg=True",
+            lambda x: jnp.angle(x, deg=True),
+            (z,),
+            _in_unit("deg", _PHASES, "rad"),
+        ),
+    ]
+
+
+def _structured_cases() -> list[_Case]:
+    def diagonal(expected: Any) -> Callable[[Any], None]:
+        def check(out: Any) -> None:
+            # The structure is kept (the body would refuse, or give a dense array).
+            assert isinstance(out, StructuredMatrix), out
+            _close(out.dense(), np.diag(expected))
+
+        return check
+
+    d = Diagonal(_D)
+    exp = diagonal(np.exp(np.asarray(_D)))
+    inverse = diagonal(1 / np.asarray(_D))
+    return [
+        ("expm", "", jsl.expm, (d,), exp),
+        (
+            "expm",
+            "max_squarings=20",
+            lambda m: jsl.expm(m, max_squarings=20),
+            (d,),
+            exp,
+        ),
+        (
+            "expm",
+            "upper_triangular=True",
+            lambda m: jsl.expm(m, upper_triangular=True),
+            (d,),
+            exp,
+        ),
+        ("_pinv", "", jnp.linalg.pinv, (d,), inverse),
+        (
+            "_pinv",
+            "hermitian=True",
+            lambda m: jnp.linalg.pinv(m, hermitian=True),
+            (d,),
+            inverse,
+        ),
+        ("_pinv", "rtol", lambda m: jnp.linalg.pinv(m, rtol=1e-3), (d,), inverse),
+    ]
+
+
+_CASES = _units_cases() + _structured_cases()
+
+
+def test_every_registered_function_has_a_case() -> None:
+    # A family that registers a rule for another function adds its cases here.
+    assert _registered_functions() <= {name for name, *_ in _CASES}
+
+
+@pytest.mark.parametrize(
+    "name, f, args, check",
+    [(name, f, args, check) for name, _, f, args, check in _CASES],
+    ids=[f"{name}-{how}" if how else name for name, how, *_ in _CASES],
+)
+@pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
+def test_the_rule_runs(
+    name: str, f: Any, args: Any, check: Any, jit: bool, fired: list[str]
+) -> None:
+    g = quax.quaxify(f)
+    try:
+        out = (jax.jit(g) if jit else g)(*args)
+    except Exception as e:  # a refusal the rule gives: `check` reads it
+        out = e
+    check(out)
+    assert name in fired
