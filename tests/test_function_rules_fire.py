@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import quax
 import quax._rules._control_flow as control_flow
-from quax_structured import Diagonal, StructuredMatrix
+from quax_structured import Circulant, Diagonal, StructuredMatrix
 from quax_units import Quantity, UnitError, ustrip
 
 
@@ -261,3 +261,14 @@ def test_the_rule_runs(
         out = e
     check(out)
     assert name in fired
+
+
+def test_expm_upper_triangular_of_a_structure_that_is_not_upper_triangular() -> None:
+    # JAX's `expm(M, upper_triangular=True)` reads only the upper triangle of a
+    # circulant: its answer is not the exponential the structure gives, so the
+    # structure's rule refuses instead of answering differently from dense.
+    c = Circulant(jnp.array([0.5, 0.2, -0.1]))
+    dense = jsl.expm(c.dense(), upper_triangular=True)
+    assert not np.allclose(dense, jsl.expm(c.dense()))
+    with pytest.raises(ValueError, match="upper_triangular=True"):
+        quax.quaxify(lambda m: jsl.expm(m, upper_triangular=True))(c)

@@ -835,8 +835,21 @@ def _(
     `upper_triangular` and `max_squarings` (static) steer JAX's algorithm: the
     structure's exponential is exact whatever they are, where JAX's gives NaN for a
     matrix needing more than `max_squarings` squarings, and reads only the upper
-    triangle with `upper_triangular=True`. The dense path (`call`) runs the body
-    JAX traced with them."""
+    triangle with `upper_triangular=True`. So `upper_triangular=True` is taken only
+    for a `Diagonal` or `ScaledIdentity`, which are upper triangular; on another
+    structure JAX's answer (from the upper triangle alone) is not the exponential
+    the structure gives, and the call is refused rather than answered differently.
+    The dense path (`call`) runs the body JAX traced with them."""
+    if upper_triangular and not isinstance(x, Diagonal | ScaledIdentity):
+        if x.allow_materialise:
+            return call(x.materialise())
+        raise ValueError(
+            "`jax.scipy.linalg.expm(M, upper_triangular=True)` declares `M` upper "
+            f"triangular, and a `{type(x).__name__}` is not one: JAX's expm would "
+            "then read only the upper triangle, which is not the exponential of "
+            f"the `{type(x).__name__}`. Drop `upper_triangular=True` for the "
+            "exact exponential through the structure."
+        )
     out = expm_of(x)
     if out is not None:
         return out
