@@ -333,8 +333,10 @@ class LowRankPlusDiagonal(_UVt):
         def fallback(woodbury: Array) -> Array:
             if parts[2] is not None:
                 # Woodbury again, with `K` partially pivoted (the Cholesky factor
-                # may have failed: `K` need not be positive definite).
-                woodbury = m._woodbury(rhs, parts, pivoted=True)
+                # may have failed: `K` need not be positive definite), its parts
+                # formed again here: `K` passed in would be copied on every call
+                # (`potrf` overwrites its operand).
+                woodbury = m._woodbury(rhs, pivoted=True)
             candidates = [m._lu_solve(m.semiseparable()._packed_lu(), b)]
             candidates.append(woodbury.reshape(b.shape))
             return _best(m, b, candidates, candidates, norm).reshape(rhs.shape)
@@ -376,8 +378,10 @@ class LowRankPlusDiagonal(_UVt):
             solves = [self._lu_solve(lu, probe[:, None]), woodbury[:, None]]
             answers = [lu.main, lemma]
             if cholesky is not None:
-                pivoted = self._woodbury(probe, parts, pivoted=True)
-                det = jnp.linalg.det(capacitance)
+                # `K` partially pivoted, formed again here (as in `pivoted_solve`).
+                scaled, k, _ = self._woodbury_parts()
+                pivoted = self._woodbury(probe, (scaled, k, None))
+                det = jnp.linalg.det(k)
                 solves[1], answers[1] = pivoted[:, None], self.diag.at[-1].multiply(det)
             return _best(self, probe[:, None], solves, answers, norm)
 
