@@ -309,3 +309,27 @@ def test_solve_compiles_to_cholesky_without_the_lu_plumbing():
     assert "potrf" in entry
     assert "getrf" not in entry and "getrf" in hlo
     assert "gather" not in entry
+
+
+def test_vmap_decides_the_branch_once_for_the_batch():
+    """Under `vmap` (over right-hand sides or over matrices) the compiled solve
+    keeps its `lax.cond` (one decision for the batch: Woodbury alone where
+    every system passes its check), not a select running the LU every call;
+    a batch where one system needs the fallback is accurate in every system."""
+    bs = jnp.stack([_B, 2 * _B[::-1], jnp.ones(4)])
+    solve = quax.quaxify(jnp.linalg.solve)
+    pair = jax.tree.map(lambda x: jnp.stack([x, x]), _benign())
+    for fn, args in (
+        (jax.vmap(solve, (None, 0)), (_benign(), bs)),
+        (jax.vmap(solve), (pair, bs[:2])),
+    ):
+        hlo = jax.jit(fn).lower(*args).compile().as_text()
+        entry = hlo[hlo.index("\nENTRY") :]
+        assert "conditional(" in entry[: entry.index("\n}")]
+    stacked = jax.tree.map(lambda *x: jnp.stack(x), _benign(), _cancelling())
+    xs = jax.jit(jax.vmap(_solve))(stacked, bs[:2])
+    for matrix, b, x in zip((_benign(), _cancelling()), bs[:2], xs, strict=True):
+        _assert_accurate(matrix, b, x)
+    xs = jax.jit(jax.vmap(_solve, (None, 0)))(_cancelling(), bs)
+    for b, x in zip(bs, xs, strict=True):
+        _assert_accurate(_cancelling(), b, x)

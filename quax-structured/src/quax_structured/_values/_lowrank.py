@@ -58,6 +58,23 @@ def _best(
     return jnp.where(least <= _TOLERANCE * eps, out, jnp.nan).astype(out.dtype)
 
 
+@jax.custom_batching.custom_vmap
+def _for_the_batch(accurate: Array) -> Array:
+    """`accurate` (a boolean scalar) as it is; under `vmap`, whether it holds for
+    every system of the batch, unbatched: the `lax.cond` it decides stays a
+    branch (taken by every system or by none) rather than a select that runs
+    both routes. The fallback keeps, per system, the better answer, so a system
+    that was accurate stays so. It passes no derivative (a boolean), so
+    `jax.grad` of `vmap` and `vmap` of `grad` see the plain branch."""
+    return accurate
+
+
+@_for_the_batch.def_vmap
+def _(axis_size: int, in_batched: list[bool], accurate: Array) -> tuple[Array, bool]:
+    del axis_size
+    return (jnp.all(accurate) if in_batched[0] else accurate), False
+
+
 def _check_factors(name: str, n: int | None, u: Array, v: Array | None) -> None:
     """Refuse factors `u`, `v` of `name` that are not both `(n, r)` matrices of
     one shape (`n=None`: any number of rows)."""
@@ -314,9 +331,10 @@ class LowRankPlusDiagonal(_UVt):
         pivoted, and keeps, per system, the answer with the smaller backward
         error, NaN where neither is below `_TOLERANCE` (never a silently
         inaccurate answer): the LU fails at a tiny leading minor, so only both
-        at once gives NaN. Under `vmap` the predicate is batched (over the
-        matrices, and over `b` too: each system has its own check), the branch
-        becomes a select, and both run. A matrix tagged `positive_definite`
+        at once gives NaN. Under `vmap` (over the matrices or over `b`) the
+        branch is decided once for the batch (`_for_the_batch`): Woodbury alone
+        where every system passes its check, else the fallback for all of them
+        (each keeping its better answer). A matrix tagged `positive_definite`
         solves by the LU alone (stable there)."""
         m = self.transpose() if transpose else self
         if self.positive_definite:
@@ -328,7 +346,7 @@ class LowRankPlusDiagonal(_UVt):
         rhs = b[:, 0] if b.shape[-1] == 1 else b
         woodbury = m._woodbury(rhs, parts)
         norm = m._norm_bound()
-        accurate = m._accurate(woodbury, rhs, norm)
+        accurate = _for_the_batch(m._accurate(woodbury, rhs, norm))
 
         def fallback(woodbury: Array) -> Array:
             if parts[2] is not None:
@@ -350,7 +368,8 @@ class LowRankPlusDiagonal(_UVt):
         solves a probe system `A x = A x₀` (`x₀ = cos(1.618 k)`) with a backward
         error below `_TOLERANCE`, or where those numbers are finite with a zero
         product (the matrix is singular: `det` 0). Only otherwise, in a
-        `lax.cond` branch (a select under `vmap` over the matrix), the pivots of
+        `lax.cond` branch (decided once for a batch under `vmap`, as in
+        `pivoted_solve`), the pivots of
         the semiseparable LU and the lemma with `K` partially pivoted too,
         keeping the candidate whose solve has the smaller backward error, NaN
         where neither is below `_TOLERANCE`. Tagged `positive_definite`: the
@@ -371,7 +390,7 @@ class LowRankPlusDiagonal(_UVt):
         woodbury = self._woodbury(probe, parts)
         singular = jnp.prod(lemma) == 0  # so every factor is finite (see `_best`)
         norm = self._norm_bound()
-        accurate = self._accurate(woodbury, probe, norm) | singular
+        accurate = _for_the_batch(self._accurate(woodbury, probe, norm) | singular)
 
         def fallback(lemma: Array) -> Array:
             lu = self.semiseparable()._packed_lu()
