@@ -1,6 +1,7 @@
 """Low-rank structures: `LowRank` (`U Vᵀ`), `LowRankPlusDiagonal` (`D + U Vᵀ`), and
 `Semiseparable`, the form their LU and Cholesky factors take."""
 
+import abc
 import functools as ft
 
 import equinox as eqx
@@ -137,6 +138,65 @@ class _UVt(StructuredMatrix):
     def _uvt_matmat(self, x: Array) -> Array:
         return self.u @ (self._v().T @ x)
 
+    @abc.abstractmethod
+    def _product(self, x: Array) -> Array:
+        """`A x` for `x` of shape `(n, k)`, O(n r k), with `U (Vᵀ x)`: what
+        `matmat` returns where it is finite."""
+
+    def _diagonal_part(self) -> Array | None:
+        """The diagonal added to `U Vᵀ`, `None` for none."""
+        return None
+
+    def matmat(self, x: Array) -> Array:
+        """`A x` for `x` of shape `(n, k)`: `U (Vᵀ x)`, O(n r k), where every entry
+        of the factors (and the diagonal) is finite. Where one is not, the dense
+        product's rows, one at a time in a `lax.cond` branch
+        (`_dense_rows_product`, O(n² r k), no `(n, n)` array): the factored
+        product meets an infinity times a zero or two opposite infinities other
+        than where the dense sum does (`U Uᵀ x` with `U = [[0, 0], [0, inf]]` and
+        `x = [1, 2]`: `[nan, inf]`, where the dense matrix holds `0 * inf = nan`
+        off the diagonal and dense JAX gives `[nan, nan]`).
+
+        The branch is decided by the matrix alone, not by `x` or the product:
+        `matmat` stays linear in `x`, so that `jax.linear_transpose` and
+        `lax.custom_linear_solve` (which transposes its `matvec`) see a
+        conditional whose predicate is a constant. Under `vmap` it is decided
+        once for the batch (`_for_the_batch`). With finite factors and an
+        infinite or NaN entry of `x`, `U (Vᵀ x)` is NaN wherever the dense
+        product is, and equal to it elsewhere but where it is NaN and the dense
+        product `±inf` (every `cᵣ = (Vᵀ x)ᵣ` is then infinite or NaN, so an
+        entry `Σᵣ uᵢᵣ cᵣ` that is not NaN has every `uᵢᵣ cᵣ` infinite of one
+        sign, and so has every dense term `(Σᵣ uᵢᵣ vⱼᵣ) xⱼ` with `xⱼ` infinite).
+        A rank of zero (`U (Vᵀ x)` is zero whatever `x`): the dense rows."""
+        if self.u.shape[-1] == 0:
+            return self._dense_rows_product(x)
+        leaves = [self.u, self.v, self._diagonal_part()]
+        checks = [jnp.all(jnp.isfinite(y)) for y in leaves if y is not None]
+        finite = _for_the_batch(ft.reduce(jnp.logical_and, checks))
+        return lax.cond(
+            finite,
+            lambda x: self._product(x),
+            lambda x: self._dense_rows_product(x),
+            x,
+        )
+
+    def _dense_rows_product(self, x: Array) -> Array:
+        """`A x` for `x` of shape `(n, k)` as dense JAX computes it, one row of `A`
+        at a time (`Σⱼ Aᵢⱼ xⱼ`, each `Aᵢⱼ = dᵢ δᵢⱼ + Σᵣ uᵢᵣ vⱼᵣ` formed first),
+        O(n² r k) time and O(n (r + k)) memory: the infinite and NaN entries
+        where dense JAX puts them."""
+        v, diag = self._v(), self._diagonal_part()
+
+        def row(args: tuple[Array, Array]) -> Array:
+            i, u_i = args
+            a_i = v @ u_i
+            if diag is not None:
+                a_i = a_i.at[i].add(diag[i])
+            return a_i @ x
+
+        rows = jnp.arange(self.u.shape[-2])
+        return lax.map(row, (rows, self.u)).astype(jnp.result_type(self.dtype, x))
+
     def add(self, other: StructuredMatrix) -> "LowRank | LowRankPlusDiagonal | None":
         """`self + other` for another low-rank matrix (with or without a diagonal):
         the factors stacked, `[U₁ U₂] [V₁ V₂]ᵀ = U₁ V₁ᵀ + U₂ V₂ᵀ`, the diagonals
@@ -188,7 +248,7 @@ class LowRank(_UVt):
     def scaled(self, s: Array) -> "LowRank":
         return LowRank(self.u * s, self._v(), allow_materialise=self.allow_materialise)
 
-    def matmat(self, x: Array) -> Array:
+    def _product(self, x: Array) -> Array:
         return self._uvt_matmat(x)
 
     def entries(self, i: Array, j: Array) -> Array:
@@ -265,8 +325,11 @@ class LowRankPlusDiagonal(_UVt):
             allow_materialise=self.allow_materialise,
         )
 
-    def matmat(self, x: Array) -> Array:
+    def _product(self, x: Array) -> Array:
         return self.diag[:, None] * x + self._uvt_matmat(x)
+
+    def _diagonal_part(self) -> Array:
+        return self.diag
 
     def entries(self, i: Array, j: Array) -> Array:
         return self.semiseparable().entries(i, j)
@@ -486,7 +549,7 @@ class LowRankPlusDiagonal(_UVt):
             ax = self.diag * x + self.u @ (self._v().T @ x)
             x, b, ax = x[:, None], b[:, None], ax[:, None]
         else:
-            ax = self.matmat(x)
+            ax = self._product(x)
         residual, size_x, size_b = _column_squares([b - ax, x, b])
         norm = self._norm_bound() if norm is None else norm
         denominator = norm * jnp.sqrt(size_x) + jnp.sqrt(size_b)
@@ -506,7 +569,7 @@ class LowRankPlusDiagonal(_UVt):
             ax = self.diag * x + self.u @ (self._v().T @ x)
             x, b, ax = x[:, None], b[:, None], ax[:, None]
         else:
-            ax = self.matmat(x)
+            ax = self._product(x)
         # Every vector scaled by `max |b|` (per column), so that the sums of
         # squares neither overflow nor underflow where `b` and `x` are of one
         # magnitude (where `x` is beyond `b`'s by more than the dtype's range,
