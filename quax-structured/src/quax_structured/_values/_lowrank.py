@@ -8,6 +8,7 @@ import equinox as eqx
 import jax
 import jax.core
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 from jaxtyping import Array
 
@@ -425,49 +426,95 @@ class LowRankPlusDiagonal(_UVt):
         return lax.cond(accurate, lambda x: x, fallback, woodbury).reshape(b.shape)
 
     def pivots(self) -> Array:
-        """Numbers whose product is the determinant (shape `(n,)`): `diag` with
-        the last one times `det K` (the matrix determinant lemma, `K` factored
-        as `_woodbury_parts` does), where Woodbury with that factorisation
-        solves a probe system `A x = A x₀` (`x₀ = cos(1.618 k)`) with a backward
-        error below `_TOLERANCE`, or where those numbers are finite with a zero
-        product (the matrix is singular: `det` 0). Only otherwise, in a
-        `lax.cond` branch (decided once for a batch under `vmap`, as in
-        `pivoted_solve`), the pivots of
-        the semiseparable LU and the lemma with `K` partially pivoted too,
-        keeping the candidate whose solve has the smaller backward error, NaN
-        where neither is below `_TOLERANCE`. Tagged `positive_definite`: the
-        LU's pivots alone."""
+        """Numbers whose product is the determinant (shape `(n,)`): the `n + r`
+        numbers of `_determinant_factors`, the last `r + 1` multiplied into the
+        last one. Tagged `positive_definite`: the LU's pivots alone."""
         if self.positive_definite:
             return self.semiseparable()._packed_lu().main
+        n = self.shape[-1]
+        factors = self._determinant_factors()
+        return factors[:n].at[-1].multiply(jnp.prod(factors[n:]))
+
+    def _determinant_factors(self) -> Array:
+        """`n + r` numbers whose product is the determinant: `diag` and the
+        squares of the diagonal of `K`'s Cholesky factor (the matrix
+        determinant lemma, `K` factored as `_woodbury_parts` does; where `K` is
+        not real symmetric, `r - 1` ones and `det K`; of rank 0, `diag` alone),
+        where Woodbury with that factorisation solves a probe system `A x = x₀`
+        (`x₀ = cos(1.618 k)`, a constant of the compiled program) with a
+        backward error below `_TOLERANCE`. Only otherwise, in a `lax.cond`
+        branch (decided once for a batch under `vmap`, as in `pivoted_solve`),
+        the pivots of the semiseparable LU (and `r` ones) or the lemma with `K`
+        partially pivoted, whichever candidate's solve has the smaller backward
+        error (finite numbers with a zero product, a singular matrix, count as
+        exact), NaN where neither is below `_TOLERANCE`. `r` numbers rather
+        than `det K` folded into the last entry of `diag`: `slogdet` takes the
+        logarithms of all of them in one reduction, where a product of the
+        Cholesky diagonal would be another."""
+        r = self.u.shape[-1]
+        if r == 0:
+            return self.diag
         parts = self._woodbury_parts()
         _, capacitance, cholesky = parts
+        ones = jnp.ones((r - 1,), self.dtype)
         if cholesky is None:
-            det = jnp.linalg.det(capacitance)
+            lemma = jnp.concatenate(
+                [self.diag, ones, jnp.linalg.det(capacitance)[None]]
+            )
         else:
-            det = jnp.prod(jnp.diagonal(cholesky)) ** 2
-        lemma = self.diag.at[-1].multiply(det)
-        index = jnp.arange(self.shape[-1], dtype=self.dtype)
-        probe = self.diag * jnp.cos(1.618 * index) + self.u @ (
-            self._v().T @ jnp.cos(1.618 * index)
-        )
+            # The diagonal as a strided slice: `jnp.diagonal` is a gather (and
+            # a `lax.cond` on the offset).
+            diagonal = cholesky.reshape(-1)[:: r + 1]
+            lemma = jnp.concatenate([self.diag, diagonal**2])
+        probe = jnp.cos(1.618 * np.arange(self.shape[-1])).astype(self.dtype)
         woodbury = self._woodbury(probe, parts)
-        singular = jnp.prod(lemma) == 0  # so every factor is finite (see `_best`)
         norm = self._norm_bound()
-        accurate = _for_the_batch(self._accurate(woodbury, probe, norm) | singular)
+        accurate = _for_the_batch(self._accurate(woodbury, probe, norm))
 
         def fallback(lemma: Array) -> Array:
             lu = self.semiseparable()._packed_lu()
             solves = [self._lu_solve(lu, probe[:, None]), woodbury[:, None]]
-            answers = [lu.main, lemma]
+            answers = [
+                jnp.concatenate([lu.main, ones, jnp.ones((1,), self.dtype)]),
+                lemma,
+            ]
             if cholesky is not None:
                 # `K` partially pivoted, formed again here (as in `pivoted_solve`).
                 scaled, k, _ = self._woodbury_parts()
                 pivoted = self._woodbury(probe, (scaled, k, None))
                 det = jnp.linalg.det(k)
-                solves[1], answers[1] = pivoted[:, None], self.diag.at[-1].multiply(det)
+                solves[1] = pivoted[:, None]
+                answers[1] = jnp.concatenate([self.diag, ones, det[None]])
             return _best(self, probe[:, None], solves, answers, norm)
 
         return lax.cond(accurate, lambda x: x, fallback, lemma)
+
+    def slogdet(self) -> tuple[Array, Array]:
+        """`jnp.linalg.slogdet`'s `(sign, logabsdet)`, read off
+        `_determinant_factors()` in one reduction (for a real dtype: `Σ log|pᵢ|`
+        and the number of negative factors, stacked), what `jnp.linalg.slogdet`
+        calls directly (a registered rule). Its body reads `pivots()` through
+        `lax.linalg.lu` (`DeterminantLU`): the diagonal's own `lax.cond`, a
+        gather of the pivots by the identity permutation, and four reductions
+        (whether a pivot is zero, the permutation's parity, the signs' product,
+        the sum of the logarithms); XLA's CPU runtime sets up each reduction's
+        scalar buffers on every call. A zero factor gives sign 0 and `-inf`, a
+        NaN one NaN for both, as the body does. Tagged `positive_definite`:
+        the LU's pivots."""
+        if self.positive_definite:
+            p = self.semiseparable()._packed_lu().main
+        else:
+            p = self._determinant_factors()
+        if jnp.issubdtype(p.dtype, jnp.complexfloating):
+            magnitude = jnp.abs(p)
+            logabsdet = jnp.sum(jnp.log(magnitude))
+            sign = jnp.prod(p / magnitude)
+        else:
+            parts = jnp.stack([jnp.log(jnp.abs(p)), (p < 0).astype(p.dtype)])
+            logabsdet, negative = jnp.sum(parts, axis=1)
+            sign = jnp.where(negative % 2 == 1, -1, 1).astype(p.dtype)
+            sign = jnp.where(jnp.isnan(logabsdet), jnp.nan, sign)
+        return jnp.where(logabsdet == -jnp.inf, 0, sign).astype(p.dtype), logabsdet
 
     def _woodbury_parts(self) -> tuple[Array, Array, Array | None]:
         """`D⁻¹ U`, the capacitance `K = I + Vᵀ D⁻¹ U` (`r x r`), and, where `K` is
