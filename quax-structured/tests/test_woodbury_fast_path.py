@@ -4,6 +4,7 @@ The check must never accept an inaccurate answer: not where Woodbury cancels (a
 tiny entry of `diag`), not under `vmap` (over right-hand sides or matrices),
 and not where its unscaled sums of squares would underflow or overflow."""
 
+import functools as ft
 import re
 
 import jax
@@ -148,3 +149,277 @@ def test_triangular_slogdet_reads_the_diagonal(kind):
     diagonal = np.diag(array).astype(np.float64)
     assert sign == np.prod(np.sign(diagonal))
     np.testing.assert_allclose(logdet, np.sum(np.log(np.abs(diagonal))), atol=1e-4)
+
+
+# The capacitance solve (Cholesky where `K` is real symmetric) and the
+# `jnp.linalg.solve` rule (issue 29, item 7) ------------------------------------
+
+
+def _dense_solve(d, u, v, b):
+    v = u if v is None else v
+    return jnp.linalg.solve(jnp.diag(d) + u @ v.T, b)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.float64])
+def test_indefinite_capacitance_falls_back(dtype):
+    """A symmetric matrix with negative `diag` entries: `K = I + Uᵀ D⁻¹ U` is
+    not positive definite, its Cholesky factor is NaN and so is Woodbury with
+    it; the check says no and the fallback (Woodbury with `K` pivoted, the
+    semiseparable LU) gives the accurate answer."""
+    with jax.enable_x64(dtype == jnp.float64):
+        d = jnp.array([-0.1, 2.0, -3.0, 1.5, 2.5], dtype)
+        u = jnp.array(
+            [[1.0, 0.2], [0.5, -0.5], [0.3, 1.0], [-0.4, 0.6], [0.7, 0.1]], dtype
+        )
+        m = qs.LowRankPlusDiagonal(d, u)
+        b = jnp.arange(1.0, 6.0, dtype=dtype)
+        assert not np.all(np.linalg.eigvalsh(np.asarray(m._woodbury_parts()[1])) > 0)
+        assert np.all(np.isnan(np.asarray(m._woodbury(b))))
+        assert not m._accurate(m._woodbury(b), b)
+        _assert_accurate(m, b, _solve(m, b))
+        _assert_accurate(m, b, _solve(m, jnp.stack([b, -b], axis=1))[:, 0])
+        # The determinant lemma falls back the same way.
+        sign, logdet = jax.jit(quax.quaxify(jnp.linalg.slogdet))(m)
+        want_sign, want_logdet = np.linalg.slogdet(_dense(m))
+        assert sign == want_sign
+        eps = float(jnp.finfo(dtype).eps)
+        np.testing.assert_allclose(logdet, want_logdet, rtol=100 * eps)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.float64, jnp.complex64])
+@pytest.mark.parametrize("symmetric", [True, False])
+def test_capacitance_solve_on_ill_conditioned_k(dtype, symmetric):
+    """Woodbury's `r x r` solve (Cholesky for a real symmetric `K`, else
+    `jnp.linalg.solve`) against `jnp.linalg.solve` on the same `K`, float64
+    reference, where `K` is ill-conditioned (two nearly equal columns of `U`
+    against tiny `diag` entries): both within `cond(K) · eps` of the truth."""
+    rng = np.random.default_rng(3)
+    with jax.enable_x64(dtype == jnp.float64):
+        n, r = 40, 4
+        u = rng.normal(size=(n, r))
+        u[:, 1] = u[:, 0] + 1e-3 * rng.normal(size=n)
+        d = rng.uniform(1e-3, 1e-2, n)
+        v = None if symmetric else u + 0.1 * rng.normal(size=(n, r))
+        if dtype == jnp.complex64:
+            u = u + 0.1j * rng.normal(size=(n, r))
+        cast = lambda x: None if x is None else jnp.asarray(x, dtype)
+        m = qs.LowRankPlusDiagonal(cast(d), cast(u), cast(v))  # pyright: ignore[reportArgumentType]
+        scaled, k, cholesky = m._woodbury_parts()
+        assert (cholesky is not None) == (symmetric and dtype != jnp.complex64)
+        c = jnp.asarray(rng.normal(size=r), dtype)
+        exact = np.linalg.solve(np.asarray(k, np.complex128), np.asarray(c))
+        cond = np.linalg.cond(np.asarray(k, np.complex128))
+        assert cond > (1e4 if dtype == jnp.float64 else 1e2)
+        eps = float(jnp.finfo(dtype).eps)
+        # The capacitance solve is Woodbury's: `w - D⁻¹ U z` with `Vᵀ w = c`
+        # for `w` = the first `r` unit vectors combination below.
+        w = jnp.linalg.lstsq(m._v().T, c)[0]
+        b = m.diag * w
+        got = np.asarray((w - m._woodbury(b)), np.complex128)
+        z = np.linalg.lstsq(np.asarray(scaled, np.complex128), got, rcond=None)[0]
+        reference = np.asarray(jnp.linalg.solve(k, c), np.complex128)
+        for answer in (z, reference):
+            error = np.linalg.norm(answer - exact) / np.linalg.norm(exact)
+            assert error <= 50 * cond * eps, error
+
+
+@pytest.mark.parametrize("symmetric", [True, False])
+def test_solve_rule_gradients_and_vmap(symmetric):
+    """`jnp.linalg.solve` of a `LowRankPlusDiagonal` runs `pivoted_solve` (the
+    registered rule): the value, `jax.grad` with respect to every leaf and `b`,
+    `vmap` outside and inside `quaxify`, `grad` of `vmap` and `vmap` of `grad`,
+    a matrix `b`: all against `jnp.linalg.solve` on the dense matrix."""
+    rng = np.random.default_rng(4)
+    with jax.enable_x64(True):
+        n, r = 7, 2
+        d = jnp.asarray(rng.uniform(0.5, 2, n))
+        u = jnp.asarray(rng.normal(size=(n, r)))
+        v = None if symmetric else jnp.asarray(rng.normal(size=(n, r)))
+        b = jnp.asarray(rng.normal(size=n))
+        bs = jnp.asarray(rng.normal(size=(3, n)))
+        solve = quax.quaxify(jnp.linalg.solve)
+
+        def ours(d, u, b):
+            return solve(qs.LowRankPlusDiagonal(d, u, v), b)
+
+        def dense(d, u, b):
+            return _dense_solve(d, u, v, b)
+
+        close = ft.partial(np.testing.assert_allclose, rtol=1e-10, atol=1e-12)
+        close(jax.jit(ours)(d, u, b), dense(d, u, b))
+        close(jax.jit(ours)(d, u, bs.T), dense(d, u, bs.T))
+        loss = lambda f: lambda d, u, b: jnp.sum(jnp.sin(f(d, u, b)))
+        for argnum in range(3):
+            close(
+                jax.jit(jax.grad(loss(ours), argnum))(d, u, b),
+                jax.grad(loss(dense), argnum)(d, u, b),
+            )
+        over_b = (None, None, 0)
+        close(jax.vmap(ours, over_b)(d, u, bs), jax.vmap(dense, over_b)(d, u, bs))
+        inner = quax.quaxify(jax.vmap(jnp.linalg.solve, (None, 0)))
+        close(
+            inner(qs.LowRankPlusDiagonal(d, u, v), bs),
+            jax.vmap(dense, over_b)(d, u, bs),
+        )
+        ds, us = jnp.stack([d, 2 * d]), jnp.stack([u, -u])
+        close(jax.vmap(ours)(ds, us, bs[:2]), jax.vmap(dense)(ds, us, bs[:2]))
+        total = lambda f: lambda d, u, bs: jnp.sum(jax.vmap(f, over_b)(d, u, bs) ** 2)
+        close(jax.grad(total(ours), 1)(d, u, bs), jax.grad(total(dense), 1)(d, u, bs))
+        per_b = jax.vmap(jax.grad(loss(ours), 0), over_b)(d, u, bs)
+        close(per_b, jax.vmap(jax.grad(loss(dense), 0), over_b)(d, u, bs))
+
+
+def test_solve_rule_tridiagonal_and_banded():
+    """The rule covers every matrix with `pivoted_solve`: a tridiagonal and a
+    banded matrix with a zero leading pivot (an LU without pivoting fails),
+    value and gradient against dense."""
+    rng = np.random.default_rng(5)
+    with jax.enable_x64(True):
+        n = 6
+        lower, upper = (jnp.asarray(rng.normal(size=n - 1)) for _ in range(2))
+        main = jnp.asarray(rng.normal(size=n)).at[0].set(0.0)
+        b = jnp.asarray(rng.normal(size=n))
+        solve = quax.quaxify(jnp.linalg.solve)
+        tri = lambda main, b: solve(qs.TridiagonalMatrix(lower, main, upper), b)
+        dense = lambda main, b: jnp.linalg.solve(
+            jnp.diag(lower, -1) + jnp.diag(main) + jnp.diag(upper, 1), b
+        )
+        close = ft.partial(np.testing.assert_allclose, rtol=1e-10, atol=1e-12)
+        close(jax.jit(tri)(main, b), dense(main, b))
+        loss = lambda f: lambda m, b: jnp.sum(jnp.sin(f(m, b)))
+        for argnum in range(2):
+            close(
+                jax.grad(loss(tri), argnum)(main, b),
+                jax.grad(loss(dense), argnum)(main, b),
+            )
+        bands = jnp.asarray(rng.normal(size=(4, n))).at[1, 0].set(0.0)
+        banded = qs.Banded(bands, 1, 2)
+        close(jax.jit(solve)(banded, b), jnp.linalg.solve(banded.dense(), b))
+
+
+def test_solve_compiles_to_cholesky_without_the_lu_plumbing():
+    """The compiled `jnp.linalg.solve` of a symmetric `LowRankPlusDiagonal`:
+    `potrf` for the capacitance outside the fallback branch, `getrf` only
+    inside it, and no gather (the identity permutation of `lu`)."""
+    d = jnp.linspace(1.0, 2.0, 64)
+    u = jnp.sin(jnp.arange(64.0 * 3).reshape(64, 3))
+    hlo = quax.testing.compiled_hlo(jnp.linalg.solve, qs.LowRankPlusDiagonal(d, u), d)
+    entry = hlo[hlo.index("\nENTRY") :]
+    entry = entry[: entry.index("\n}")]
+    assert "potrf" in entry
+    assert "getrf" not in entry and "getrf" in hlo
+    assert "gather" not in entry
+
+
+def test_vmap_decides_the_branch_once_for_the_batch():
+    """Under `vmap` (over right-hand sides or over matrices) the compiled solve
+    keeps its `lax.cond` (one decision for the batch: Woodbury alone where
+    every system passes its check), not a select running the LU every call;
+    a batch where one system needs the fallback is accurate in every system."""
+    bs = jnp.stack([_B, 2 * _B[::-1], jnp.ones(4)])
+    solve = quax.quaxify(jnp.linalg.solve)
+    pair = jax.tree.map(lambda x: jnp.stack([x, x]), _benign())
+    for fn, args in (
+        (jax.vmap(solve, (None, 0)), (_benign(), bs)),
+        (jax.vmap(solve), (pair, bs[:2])),
+    ):
+        hlo = jax.jit(fn).lower(*args).compile().as_text()
+        entry = hlo[hlo.index("\nENTRY") :]
+        assert "conditional(" in entry[: entry.index("\n}")]
+    stacked = jax.tree.map(lambda *x: jnp.stack(x), _benign(), _cancelling())
+    xs = jax.jit(jax.vmap(_solve))(stacked, bs[:2])
+    for matrix, b, x in zip((_benign(), _cancelling()), bs[:2], xs, strict=True):
+        _assert_accurate(matrix, b, x)
+    xs = jax.jit(jax.vmap(_solve, (None, 0)))(_cancelling(), bs)
+    for b, x in zip(bs, xs, strict=True):
+        _assert_accurate(_cancelling(), b, x)
+
+
+_slogdet = jax.jit(quax.quaxify(jnp.linalg.slogdet))
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.float64, jnp.complex64])
+@pytest.mark.parametrize("symmetric", [True, False])
+def test_slogdet_rule_against_dense(dtype, symmetric):
+    """`jnp.linalg.slogdet` of a `LowRankPlusDiagonal` (a registered rule, the
+    lemma's `n + r` numbers read in one reduction): sign and log-determinant
+    against NumPy's on the dense matrix, a negative determinant, the fallback
+    (`_cancelling`), the positive definite tag, and `det` (the body, through
+    `pivots`)."""
+    with jax.enable_x64(dtype == jnp.float64):
+        eps = float(jnp.finfo(dtype).eps)
+        d = jnp.array([2.0, -1.0, 3.0, 1.5], dtype)
+        u = jnp.array([[0.5, 0.2], [1.0, -0.5], [0.3, 1.0], [-0.4, 0.6]], dtype)
+        v = None if symmetric else u[::-1] * 0.7
+        cases = [qs.LowRankPlusDiagonal(d, u, v), _benign(dtype), _cancelling(dtype)]
+        if dtype == jnp.complex64:
+            cases.append(qs.LowRankPlusDiagonal(d * 1j, u * (1 + 0.5j), v))
+        for m in cases:
+            sign, logdet = _slogdet(m)
+            want_sign, want_logdet = np.linalg.slogdet(
+                np.asarray(m.enable_materialise().dense(), np.complex128)
+            )
+            np.testing.assert_allclose(sign, want_sign, rtol=100 * eps, atol=100 * eps)
+            np.testing.assert_allclose(
+                logdet, want_logdet, rtol=100 * eps, atol=100 * eps
+            )
+            det = jax.jit(quax.quaxify(jnp.linalg.det))(m)
+            np.testing.assert_allclose(
+                det, want_sign * np.exp(want_logdet), rtol=1e3 * eps
+            )
+        tagged = qs.LowRankPlusDiagonal(jnp.abs(d), u, positive_definite=True)
+        sign, logdet = _slogdet(tagged)
+        want_sign, want_logdet = np.linalg.slogdet(
+            np.asarray(tagged.enable_materialise().dense())
+        )
+        np.testing.assert_allclose(sign, want_sign, rtol=100 * eps)
+        np.testing.assert_allclose(logdet, want_logdet, rtol=100 * eps, atol=100 * eps)
+
+
+def test_slogdet_rule_zero_and_gradients():
+    """A singular matrix (`V` picks the first row of `D⁻¹ U`, which is `-e₀`, so
+    that `K = I + Vᵀ D⁻¹ U` has a zero row): sign 0 and `-inf`, as dense JAX
+    (Woodbury fails, the fallback's pivoted lemma gives finite numbers with a
+    zero product); `jax.grad` of the log-determinant with respect to `diag` and
+    `U` against dense JAX's."""
+    with jax.enable_x64(True):
+        d = jnp.array([2.0, 1.0, 3.0, 1.5])
+        u = jnp.array([[0.5, 0.2], [1.0, -0.5], [0.3, 1.0], [-0.4, 0.6]])
+        v = jnp.array([[1.0, 0.0], [0.0, 1.0], [0.0, 0.0], [0.0, 0.0]])
+        u0 = u.at[0].set(jnp.array([-2.0, 0.0]))
+        m = qs.LowRankPlusDiagonal(d, u0, v)
+        want_sign, want_logdet = np.linalg.slogdet(
+            np.asarray(m.enable_materialise().dense())
+        )
+        assert want_sign == 0 and want_logdet == -np.inf
+        sign, logdet = _slogdet(m)
+        assert sign == 0 and logdet == -np.inf
+
+        def ours(d, u):
+            return quax.quaxify(lambda m: jnp.linalg.slogdet(m)[1])(
+                qs.LowRankPlusDiagonal(d, u)
+            )
+
+        def dense(d, u):
+            return jnp.linalg.slogdet(jnp.diag(d) + u @ u.T)[1]
+
+        for got, want in zip(
+            jax.jit(jax.grad(ours, (0, 1)))(d, u),
+            jax.grad(dense, (0, 1))(d, u),
+            strict=True,
+        ):
+            np.testing.assert_allclose(got, want, rtol=1e-10)
+
+
+def test_slogdet_compiles_without_the_lu_plumbing():
+    """The compiled `slogdet` of a symmetric `LowRankPlusDiagonal`: one
+    conditional (the fallback) and no gather outside it; the body's `lu` read
+    the pivots through a second conditional and a gather, and `jnp.diagonal` of
+    the Cholesky factor is a gather too."""
+    d = jnp.linspace(1.0, 2.0, 64)
+    u = jnp.sin(jnp.arange(64.0 * 3).reshape(64, 3))
+    hlo = quax.testing.compiled_hlo(jnp.linalg.slogdet, qs.LowRankPlusDiagonal(d, u))
+    entry = hlo[hlo.index("\nENTRY") :]
+    entry = entry[: entry.index("\n}")]
+    assert entry.count("conditional(") == 1
+    assert "gather" not in entry

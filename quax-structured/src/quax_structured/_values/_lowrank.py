@@ -1,10 +1,14 @@
 """Low-rank structures: `LowRank` (`U Vᵀ`), `LowRankPlusDiagonal` (`D + U Vᵀ`), and
 `Semiseparable`, the form their LU and Cholesky factors take."""
 
+import abc
+import functools as ft
+
 import equinox as eqx
 import jax
 import jax.core
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 from jaxtyping import Array
 
@@ -27,23 +31,50 @@ _TOLERANCE = 1024
 
 
 def _best(
-    matrix: "LowRankPlusDiagonal", b: Array, solves: list[Array], answers: list[Array]
+    matrix: "LowRankPlusDiagonal",
+    b: Array,
+    solves: list[Array],
+    answers: list[Array],
+    norm: Array,
 ) -> Array:
-    """The answer whose solve of `A x = b` has the smallest backward error, NaN
-    where none is below `_TOLERANCE · eps`. An answer of finite pivots with a
-    zero product (a singular matrix, from `pivots`) counts as exact."""
-    errors = []
+    """The answer whose solve of `A x = b` has the smallest backward error (the
+    first of equal ones), NaN where none is below `_TOLERANCE · eps`. An
+    answer of finite pivots with a zero product (a singular matrix, from
+    `pivots`) counts as exact. The candidates are compared pairwise with
+    `jnp.where`, not stacked for an `argmin` (a reduction, see
+    `_column_squares`). `norm`: `matrix._norm_bound()`."""
+    out, least = None, None
     for x, answer in zip(solves, answers, strict=True):
-        error = matrix.backward_error(x, b)
+        error = matrix.backward_error(x, b, norm)
         if answer is not x:
-            singular = jnp.all(jnp.isfinite(answer)) & (jnp.prod(answer) == 0)
-            error = jnp.where(singular, 0, error)
-        errors.append(error)
-    errors = jnp.stack(errors)
-    best = jnp.argmin(errors)
-    out = jnp.stack(answers)[best]
+            # A product of zero has no infinite or NaN factor (that would
+            # make it infinite or NaN in any order).
+            error = jnp.where(jnp.prod(answer) == 0, 0, error)
+        if out is None or least is None:
+            out, least = answer, error
+        else:
+            better = error < least
+            out, least = jnp.where(better, answer, out), jnp.minimum(error, least)
+    assert out is not None
     eps = jnp.finfo(out.dtype).eps
-    return jnp.where(errors[best] <= _TOLERANCE * eps, out, jnp.nan).astype(out.dtype)
+    return jnp.where(least <= _TOLERANCE * eps, out, jnp.nan).astype(out.dtype)
+
+
+@jax.custom_batching.custom_vmap
+def _for_the_batch(accurate: Array) -> Array:
+    """`accurate` (a boolean scalar) as it is; under `vmap`, whether it holds for
+    every system of the batch, unbatched: the `lax.cond` it decides stays a
+    branch (taken by every system or by none) rather than a select that runs
+    both routes. The fallback keeps, per system, the better answer, so a system
+    that was accurate stays so. It passes no derivative (a boolean), so
+    `jax.grad` of `vmap` and `vmap` of `grad` see the plain branch."""
+    return accurate
+
+
+@_for_the_batch.def_vmap
+def _(axis_size: int, in_batched: list[bool], accurate: Array) -> tuple[Array, bool]:
+    del axis_size
+    return (jnp.all(accurate) if in_batched[0] else accurate), False
 
 
 def _check_factors(name: str, n: int | None, u: Array, v: Array | None) -> None:
@@ -72,11 +103,18 @@ def _check_factors(name: str, n: int | None, u: Array, v: Array | None) -> None:
         )
 
 
-def _squares(y: Array) -> Array:
-    """`Σᵢ |yᵢ|²` down the first axis, as a dot product: XLA's CPU backend runs
-    it as one call, where a reduction (two passes, the squares written out
-    between them) took about 0.05x of a hand-written Woodbury solve more."""
-    return jnp.einsum("i...,i...->...", y.conj(), y).real
+def _column_squares(columns: list[Array]) -> Array:
+    """`Σᵢ |yᵢ|²` down the first axis of each of `columns` (all of one shape,
+    `(n,)` or `(n, k)`), stacked (shape `(len(columns),)` or `(len(columns), k)`):
+    one reduction of the stacked arrays. XLA's CPU runtime sets up every
+    reduction's small scalar buffers (its combining function's) on every call
+    of the compiled program, also in a branch of a `lax.cond` that is not
+    taken: a reduction each took about 0.1x of a hand-written Woodbury solve
+    at n = 256 more (a dot product of vectors too: XLA rewrites it as a
+    reduction), and a Gram matrix of the columns (no reduction) took as long
+    as the whole hand-written solve at n = 4,096."""
+    stacked = jnp.stack(columns)
+    return jnp.sum(jnp.real(stacked * stacked.conj()), axis=1)
 
 
 class _UVt(StructuredMatrix):
@@ -100,6 +138,65 @@ class _UVt(StructuredMatrix):
 
     def _uvt_matmat(self, x: Array) -> Array:
         return self.u @ (self._v().T @ x)
+
+    @abc.abstractmethod
+    def _product(self, x: Array) -> Array:
+        """`A x` for `x` of shape `(n, k)`, O(n r k), with `U (Vᵀ x)`: what
+        `matmat` returns where it is finite."""
+
+    def _diagonal_part(self) -> Array | None:
+        """The diagonal added to `U Vᵀ`, `None` for none."""
+        return None
+
+    def matmat(self, x: Array) -> Array:
+        """`A x` for `x` of shape `(n, k)`: `U (Vᵀ x)`, O(n r k), where every entry
+        of the factors (and the diagonal) is finite. Where one is not, the dense
+        product's rows, one at a time in a `lax.cond` branch
+        (`_dense_rows_product`, O(n² r k), no `(n, n)` array): the factored
+        product meets an infinity times a zero or two opposite infinities other
+        than where the dense sum does (`U Uᵀ x` with `U = [[0, 0], [0, inf]]` and
+        `x = [1, 2]`: `[nan, inf]`, where the dense matrix holds `0 * inf = nan`
+        off the diagonal and dense JAX gives `[nan, nan]`).
+
+        The branch is decided by the matrix alone, not by `x` or the product:
+        `matmat` stays linear in `x`, so that `jax.linear_transpose` and
+        `lax.custom_linear_solve` (which transposes its `matvec`) see a
+        conditional whose predicate is a constant. Under `vmap` it is decided
+        once for the batch (`_for_the_batch`). With finite factors and an
+        infinite or NaN entry of `x`, `U (Vᵀ x)` is NaN wherever the dense
+        product is, and equal to it elsewhere but where it is NaN and the dense
+        product `±inf` (every `cᵣ = (Vᵀ x)ᵣ` is then infinite or NaN, so an
+        entry `Σᵣ uᵢᵣ cᵣ` that is not NaN has every `uᵢᵣ cᵣ` infinite of one
+        sign, and so has every dense term `(Σᵣ uᵢᵣ vⱼᵣ) xⱼ` with `xⱼ` infinite).
+        A rank of zero (`U (Vᵀ x)` is zero whatever `x`): the dense rows."""
+        if self.u.shape[-1] == 0:
+            return self._dense_rows_product(x)
+        leaves = [self.u, self.v, self._diagonal_part()]
+        checks = [jnp.all(jnp.isfinite(y)) for y in leaves if y is not None]
+        finite = _for_the_batch(ft.reduce(jnp.logical_and, checks))
+        return lax.cond(
+            finite,
+            lambda x: self._product(x),
+            lambda x: self._dense_rows_product(x),
+            x,
+        )
+
+    def _dense_rows_product(self, x: Array) -> Array:
+        """`A x` for `x` of shape `(n, k)` as dense JAX computes it, one row of `A`
+        at a time (`Σⱼ Aᵢⱼ xⱼ`, each `Aᵢⱼ = dᵢ δᵢⱼ + Σᵣ uᵢᵣ vⱼᵣ` formed first),
+        O(n² r k) time and O(n (r + k)) memory: the infinite and NaN entries
+        where dense JAX puts them."""
+        v, diag = self._v(), self._diagonal_part()
+
+        def row(args: tuple[Array, Array]) -> Array:
+            i, u_i = args
+            a_i = v @ u_i
+            if diag is not None:
+                a_i = a_i.at[i].add(diag[i])
+            return a_i @ x
+
+        rows = jnp.arange(self.u.shape[-2])
+        return lax.map(row, (rows, self.u)).astype(jnp.result_type(self.dtype, x))
 
     def add(self, other: StructuredMatrix) -> "LowRank | LowRankPlusDiagonal | None":
         """`self + other` for another low-rank matrix (with or without a diagonal):
@@ -152,7 +249,7 @@ class LowRank(_UVt):
     def scaled(self, s: Array) -> "LowRank":
         return LowRank(self.u * s, self._v(), allow_materialise=self.allow_materialise)
 
-    def matmat(self, x: Array) -> Array:
+    def _product(self, x: Array) -> Array:
         return self._uvt_matmat(x)
 
     def entries(self, i: Array, j: Array) -> Array:
@@ -229,8 +326,11 @@ class LowRankPlusDiagonal(_UVt):
             allow_materialise=self.allow_materialise,
         )
 
-    def matmat(self, x: Array) -> Array:
+    def _product(self, x: Array) -> Array:
         return self.diag[:, None] * x + self._uvt_matmat(x)
+
+    def _diagonal_part(self) -> Array:
+        return self.diag
 
     def entries(self, i: Array, j: Array) -> Array:
         return self.semiseparable().entries(i, j)
@@ -284,85 +384,179 @@ class LowRankPlusDiagonal(_UVt):
     def pivoted_solve(self, b: Array, *, transpose: bool) -> Array:
         """Solve `A x = b` (`Aᵀ x = b` if `transpose`) for `b` of shape `(n, k)`:
         by Woodbury first (`D⁻¹ b - D⁻¹ U K⁻¹ Vᵀ D⁻¹ b`, the `r x r` capacitance
-        `K = I + Vᵀ D⁻¹ U` solved with partial pivoting), O(n r k + n r² + r³),
+        `K = I + Vᵀ D⁻¹ U` solved by Cholesky where it is real symmetric, see
+        `_woodbury_parts`, else with partial pivoting), O(n r k + n r² + r³),
         checked by its backward error `‖b - A x‖₂ / (‖A‖₂ ‖x‖₂ + ‖b‖₂)` (O(n r k),
         see `backward_error` and `_accurate`, which takes the sums of squares
         unscaled and says no where they could mislead). Only where that is above
-        `_TOLERANCE` (a tiny entry
-        of `diag` against `U Vᵀ`), a `lax.cond` branch runs the semiseparable LU
-        without pivoting too (O(n r² k), a sequential scan) and keeps, per system,
-        the answer with the smaller backward error, NaN where neither is below
-        `_TOLERANCE` (never a silently inaccurate answer): the LU fails at a tiny
-        leading minor, so only both at once gives NaN. Under `vmap` the predicate
-        is batched (over the matrices, and over `b` too: each system has its own
-        check), the branch becomes a select, and both run; `jnp.linalg.solve`
-        with a matrix `b` vmaps over its columns, so it pays the LU as well. A
-        matrix tagged `positive_definite` solves by the LU alone (stable there)."""
+        `_TOLERANCE` (a tiny entry of `diag` against `U Vᵀ`, or a capacitance
+        that is not positive definite), a `lax.cond` branch runs the
+        semiseparable LU without pivoting and Woodbury with `K` partially
+        pivoted, and keeps, per system, the answer with the smaller backward
+        error, NaN where neither is below `_TOLERANCE` (never a silently
+        inaccurate answer): the LU fails at a tiny leading minor, so only both
+        at once gives NaN. Under `vmap` (over the matrices or over `b`) the
+        branch is decided once for the batch (`_for_the_batch`): Woodbury alone
+        where every system passes its check, else the fallback for all of them
+        (each keeping its better answer). A matrix tagged `positive_definite`
+        solves by the LU alone (stable there)."""
         m = self.transpose() if transpose else self
         if self.positive_definite:
             return m._lu_solve(m.semiseparable()._packed_lu(), b)
-        scaled, capacitance = m._woodbury_parts()
-        if b.shape[-1] == 1:
-            # One right-hand side: Woodbury and its check on vectors, which XLA's
-            # CPU backend runs as matrix-vector products (on `(n, 1)` matrices
-            # it took up to 2x as long at n = 4,096).
-            woodbury = m._woodbury(b[:, 0], (scaled, capacitance))
-            accurate = m._accurate(woodbury, b[:, 0])
-            woodbury = woodbury[:, None]
-        else:
-            woodbury = m._woodbury(b, (scaled, capacitance))
-            accurate = m._accurate(woodbury, b)
+        parts = m._woodbury_parts()
+        # One right-hand side: Woodbury and its check on vectors, which XLA's CPU
+        # backend runs as matrix-vector products (on `(n, 1)` matrices it took up
+        # to 2x as long at n = 4,096).
+        rhs = b[:, 0] if b.shape[-1] == 1 else b
+        woodbury = m._woodbury(rhs, parts)
+        norm = m._norm_bound()
+        accurate = _for_the_batch(m._accurate(woodbury, rhs, norm))
 
         def fallback(woodbury: Array) -> Array:
-            candidates = [m._lu_solve(m.semiseparable()._packed_lu(), b), woodbury]
-            return _best(m, b, candidates, candidates)
+            if parts[2] is not None:
+                # Woodbury again, with `K` partially pivoted (the Cholesky factor
+                # may have failed: `K` need not be positive definite), its parts
+                # formed again here: `K` passed in would be copied on every call
+                # (`potrf` overwrites its operand).
+                woodbury = m._woodbury(rhs, pivoted=True)
+            candidates = [m._lu_solve(m.semiseparable()._packed_lu(), b)]
+            candidates.append(woodbury.reshape(b.shape))
+            return _best(m, b, candidates, candidates, norm).reshape(rhs.shape)
 
-        return lax.cond(accurate, lambda x: x, fallback, woodbury)
+        return lax.cond(accurate, lambda x: x, fallback, woodbury).reshape(b.shape)
 
     def pivots(self) -> Array:
-        """Numbers whose product is the determinant (shape `(n,)`): `diag` with
-        the last one times `det K` (the matrix determinant lemma, `K` factored
-        with partial pivoting), where Woodbury solves a probe system `A x = A x₀`
-        (`x₀ = cos(1.618 k)`) with a backward error below `_TOLERANCE`, or where
-        those numbers are finite with a zero product (the matrix is singular:
-        `det` 0). Only otherwise, in a `lax.cond` branch (a select under `vmap`
-        over the matrix), the pivots of the semiseparable LU too, keeping the
-        candidate whose solve has the smaller backward error, NaN where neither
-        is below `_TOLERANCE`. Tagged
-        `positive_definite`: the LU's pivots alone."""
+        """Numbers whose product is the determinant (shape `(n,)`): the `n + r`
+        numbers of `_determinant_factors`, the last `r + 1` multiplied into the
+        last one. Tagged `positive_definite`: the LU's pivots alone."""
         if self.positive_definite:
             return self.semiseparable()._packed_lu().main
-        scaled, capacitance = self._woodbury_parts()
-        lemma = self.diag.at[-1].multiply(jnp.linalg.det(capacitance))
-        index = jnp.arange(self.shape[-1], dtype=self.dtype)
-        probe = self.diag * jnp.cos(1.618 * index) + self.u @ (
-            self._v().T @ jnp.cos(1.618 * index)
-        )
-        woodbury = self._woodbury(probe, (scaled, capacitance))
-        singular = jnp.all(jnp.isfinite(lemma)) & (jnp.prod(lemma) == 0)
-        accurate = self._accurate(woodbury, probe) | singular
+        n = self.shape[-1]
+        factors = self._determinant_factors()
+        return factors[:n].at[-1].multiply(jnp.prod(factors[n:]))
+
+    def _determinant_factors(self) -> Array:
+        """`n + r` numbers whose product is the determinant: `diag` and the
+        squares of the diagonal of `K`'s Cholesky factor (the matrix
+        determinant lemma, `K` factored as `_woodbury_parts` does; where `K` is
+        not real symmetric, `r - 1` ones and `det K`; of rank 0, `diag` alone),
+        where Woodbury with that factorisation solves a probe system `A x = x₀`
+        (`x₀ = cos(1.618 k)`, a constant of the compiled program) with a
+        backward error below `_TOLERANCE`. Only otherwise, in a `lax.cond`
+        branch (decided once for a batch under `vmap`, as in `pivoted_solve`),
+        the pivots of the semiseparable LU (and `r` ones) or the lemma with `K`
+        partially pivoted, whichever candidate's solve has the smaller backward
+        error (finite numbers with a zero product, a singular matrix, count as
+        exact), NaN where neither is below `_TOLERANCE`. `r` numbers rather
+        than `det K` folded into the last entry of `diag`: `slogdet` takes the
+        logarithms of all of them in one reduction, where a product of the
+        Cholesky diagonal would be another."""
+        r = self.u.shape[-1]
+        if r == 0:
+            return self.diag
+        parts = self._woodbury_parts()
+        _, capacitance, cholesky = parts
+        ones = jnp.ones((r - 1,), self.dtype)
+        if cholesky is None:
+            lemma = jnp.concatenate(
+                [self.diag, ones, jnp.linalg.det(capacitance)[None]]
+            )
+        else:
+            # The diagonal as a strided slice: `jnp.diagonal` is a gather (and
+            # a `lax.cond` on the offset).
+            diagonal = cholesky.reshape(-1)[:: r + 1]
+            lemma = jnp.concatenate([self.diag, diagonal**2])
+        probe = jnp.cos(1.618 * np.arange(self.shape[-1])).astype(self.dtype)
+        woodbury = self._woodbury(probe, parts)
+        norm = self._norm_bound()
+        accurate = _for_the_batch(self._accurate(woodbury, probe, norm))
 
         def fallback(lemma: Array) -> Array:
             lu = self.semiseparable()._packed_lu()
             solves = [self._lu_solve(lu, probe[:, None]), woodbury[:, None]]
-            return _best(self, probe[:, None], solves, [lu.main, lemma])
+            answers = [
+                jnp.concatenate([lu.main, ones, jnp.ones((1,), self.dtype)]),
+                lemma,
+            ]
+            if cholesky is not None:
+                # `K` partially pivoted, formed again here (as in `pivoted_solve`).
+                scaled, k, _ = self._woodbury_parts()
+                pivoted = self._woodbury(probe, (scaled, k, None))
+                det = jnp.linalg.det(k)
+                solves[1] = pivoted[:, None]
+                answers[1] = jnp.concatenate([self.diag, ones, det[None]])
+            return _best(self, probe[:, None], solves, answers, norm)
 
         return lax.cond(accurate, lambda x: x, fallback, lemma)
 
-    def _woodbury_parts(self) -> tuple[Array, Array]:
-        """`D⁻¹ U` and the capacitance `K = I + Vᵀ D⁻¹ U` (`r x r`)."""
+    def slogdet(self) -> tuple[Array, Array]:
+        """`jnp.linalg.slogdet`'s `(sign, logabsdet)`, read off
+        `_determinant_factors()` in one reduction (for a real dtype: `Σ log|pᵢ|`
+        and the number of negative factors, stacked), what `jnp.linalg.slogdet`
+        calls directly (a registered rule). Its body reads `pivots()` through
+        `lax.linalg.lu` (`DeterminantLU`): the diagonal's own `lax.cond`, a
+        gather of the pivots by the identity permutation, and four reductions
+        (whether a pivot is zero, the permutation's parity, the signs' product,
+        the sum of the logarithms); XLA's CPU runtime sets up each reduction's
+        scalar buffers on every call. A zero factor gives sign 0 and `-inf`, a
+        NaN one NaN for both, as the body does. Tagged `positive_definite`:
+        the LU's pivots."""
+        if self.positive_definite:
+            p = self.semiseparable()._packed_lu().main
+        else:
+            p = self._determinant_factors()
+        if jnp.issubdtype(p.dtype, jnp.complexfloating):
+            magnitude = jnp.abs(p)
+            logabsdet = jnp.sum(jnp.log(magnitude))
+            sign = jnp.prod(p / magnitude)
+        else:
+            parts = jnp.stack([jnp.log(jnp.abs(p)), (p < 0).astype(p.dtype)])
+            logabsdet, negative = jnp.sum(parts, axis=1)
+            sign = jnp.where(negative % 2 == 1, -1, 1).astype(p.dtype)
+            sign = jnp.where(jnp.isnan(logabsdet), jnp.nan, sign)
+        return jnp.where(logabsdet == -jnp.inf, 0, sign).astype(p.dtype), logabsdet
+
+    def _woodbury_parts(self) -> tuple[Array, Array, Array | None]:
+        """`D⁻¹ U`, the capacitance `K = I + Vᵀ D⁻¹ U` (`r x r`), and, where `K` is
+        real symmetric (`v is None`, a real dtype), its lower Cholesky factor
+        (`None` otherwise; NaN where `K` is not positive definite, which it is
+        where every `dᵢ > 0`). `potrf` and two triangular solves are four XLA
+        calls on the CPU backend where `jnp.linalg.solve`'s `getrf`, its
+        permutation loop and gather and two triangular solves are eight: a
+        rank-8 Woodbury solve took about 0.85x of the hand-written one at
+        n = 256 (which solves `K` as `jnp.linalg.solve`). A complex symmetric
+        `K` (`U Uᵀ`, not conjugated) is not Hermitian: solved pivoted."""
         scaled = self.u / self.diag[:, None]
         eye = jnp.eye(self.u.shape[-1], dtype=self.dtype)
-        return scaled, eye + self._v().T @ scaled
+        capacitance = eye + self._v().T @ scaled
+        cholesky = None
+        if self.v is None and not jnp.issubdtype(self.dtype, jnp.complexfloating):
+            cholesky = lax.linalg.cholesky(capacitance, symmetrize_input=False)
+        return scaled, capacitance, cholesky
 
-    def _woodbury(self, b: Array, parts: tuple[Array, Array] | None = None) -> Array:
+    def _woodbury(
+        self,
+        b: Array,
+        parts: tuple[Array, Array, Array | None] | None = None,
+        *,
+        pivoted: bool = False,
+    ) -> Array:
         """`A⁻¹ b` by the Woodbury identity, O(n r k + n r² + r³), for `b` of shape
-        `(n, k)` or `(n,)`: NaN/inf at a zero entry of `diag`. `parts`: `D⁻¹ U`
-        and the capacitance `K`, where the caller has them."""
-        scaled, k = self._woodbury_parts() if parts is None else parts
+        `(n, k)` or `(n,)`: NaN/inf at a zero entry of `diag`, NaN where `K` has
+        a Cholesky factor that failed. `parts`: `_woodbury_parts()`, where the
+        caller has them; `pivoted`: solve `K` with partial pivoting even where
+        it has a Cholesky factor."""
+        scaled, k, cholesky = self._woodbury_parts() if parts is None else parts
         diag = self.diag if b.ndim == 1 else self.diag[:, None]
         w = b / diag
-        return w - scaled @ jnp.linalg.solve(k, self._v().T @ w)
+        c = self._v().T @ w
+        if cholesky is None or pivoted:
+            return w - scaled @ jnp.linalg.solve(k, c)
+        column = c if c.ndim == 2 else c[:, None]
+        solve = ft.partial(lax.linalg.triangular_solve, cholesky, left_side=True)
+        y = solve(column, lower=True)
+        z = solve(y, lower=True, transpose_a=True)
+        return w - scaled @ (z if c.ndim == 2 else z[:, 0])
 
     def _lu_solve(self, packed: "Semiseparable", b: Array) -> Array:
         """`A⁻¹ b` with the semiseparable LU without pivoting, O(n r k)."""
@@ -372,58 +566,45 @@ class LowRankPlusDiagonal(_UVt):
 
     def _norm_bound(self) -> Array:
         """An upper bound of `‖A‖₂`: `max_i |dᵢ| + ‖U‖_F ‖V‖_F`, the size of the
-        factors (sums of squares over `U` and `V`, rather than the tighter
-        `‖U Vᵀ‖_F` from two `r x r` Gram matrices, which took 0.2x to 0.45x of
-        a hand-written Woodbury solve more). `_accurate` computes the same
-        bound."""
-        frobenius = jnp.sqrt(jnp.sum(jnp.abs(self.u) ** 2))
-        frobenius = frobenius * jnp.sqrt(jnp.sum(jnp.abs(self._v()) ** 2))
+        factors (a sum of squares over each of `U` and `V`, rather than the
+        tighter `‖U Vᵀ‖_F` from two `r x r` Gram matrices, which took 0.2x to
+        0.45x of a hand-written Woodbury solve more). `pivoted_solve` and
+        `pivots` compute it once, for `_accurate` and for `backward_error` in
+        their fallback."""
+        factors = [self.u] if self.v is None else [self.u, self.v]
+        squares = [jnp.sum(jnp.real(y * y.conj())) for y in factors]
+        frobenius = squares[0] if self.v is None else jnp.sqrt(squares[0] * squares[1])
         return jnp.max(jnp.abs(self.diag)) + frobenius
 
-    def _accurate(self, x: Array, b: Array) -> Array:
+    def _accurate(self, x: Array, b: Array, norm: Array | None = None) -> Array:
         """Whether every system's backward error (as `backward_error`, with
-        `_norm_bound`) is at most `_TOLERANCE · eps`: for `x`, `b` of shape
+        `norm`, default `_norm_bound()`) is at most `_TOLERANCE · eps`: for `x`,
+        `b` of shape
         `(n, k)` or `(n,)`, O(n r k), two passes over the factors for `A x`.
 
-        Unlike `backward_error`, the sums over the rows (`max |dᵢ|` and the
-        sums of squares of the residual, `x` and `b`) come out of one
-        reduction (XLA's CPU backend runs each reduction as two or three calls;
-        seven of them took about 0.5x of a hand-written Woodbury solve at
-        n = 256), the factors' sums of squares out of one more each (inside
-        that reduction, an inner sum over the `r` columns, they took 0.3x more
-        at n = 4,096), and the sums of squares are taken as they are, without
-        `backward_error`'s rescaling by `max |b|` (one more reduction before the
-        others). So it says yes only where that cannot mislead: where no sum
-        overflowed (an infinite denominator would give an error of 0) and `‖b‖²`
-        is at least `n · tiny / eps²`, so that the squares underflowing to zero
-        (each by at most `tiny`) change the error by at most `eps`. Otherwise
-        no, and the caller's fallback decides
+        Unlike `backward_error`, the sums of squares of the residual, `x` and
+        `b` come out of one reduction (`_column_squares`), and they are
+        taken as they are, without `backward_error`'s rescaling by `max |b|`
+        (one more reduction). So it says yes only where that
+        cannot mislead: where no sum overflowed (an infinite denominator would
+        give an error of 0) and `‖b‖²` is at least `n · tiny / eps²`, so that
+        the squares underflowing to zero (each by at most `tiny`) change the
+        error by at most `eps`. Otherwise no, and the caller's fallback decides
         with `backward_error`: never a wrong yes."""
-        if x.ndim == 1:
+        vector = x.ndim == 1
+        if vector:
             ax = self.diag * x + self.u @ (self._v().T @ x)
+            x, b, ax = x[:, None], b[:, None], ax[:, None]
         else:
-            ax = self.matmat(x)
-        square = lambda y: jnp.real(y * jnp.conj(y))
-        rows = (-1,) + (1,) * (b.ndim - 1)
-        by_row = lambda y: jnp.broadcast_to(y.reshape(rows), b.shape)
-        operands = [by_row(jnp.abs(self.diag)), square(b - ax), square(x), square(b)]
-        zero = jnp.zeros((), operands[0].dtype)
-
-        def combine(a: tuple, c: tuple) -> tuple:
-            sums = (p + q for p, q in zip(a[1:], c[1:], strict=True))
-            return (lax.max(a[0], c[0]), *sums)
-
-        size_d, residual, size_x, size_b = lax.reduce(
-            operands, [zero] * len(operands), combine, (0,)
-        )
-        frobenius = jnp.sum(square(self.u))
-        if self.v is not None:
-            frobenius = jnp.sqrt(frobenius * jnp.sum(square(self.v)))
-        denominator = (size_d + frobenius) * jnp.sqrt(size_x) + jnp.sqrt(size_b)
+            ax = self._product(x)
+        residual, size_x, size_b = _column_squares([b - ax, x, b])
+        norm = self._norm_bound() if norm is None else norm
+        denominator = norm * jnp.sqrt(size_x) + jnp.sqrt(size_b)
         info = jnp.finfo(x.dtype)
         floor = b.shape[0] * float(info.tiny) / float(info.eps) ** 2
         accurate = jnp.sqrt(residual) <= _TOLERANCE * info.eps * denominator
-        return jnp.all(accurate & jnp.isfinite(denominator) & (size_b >= floor))
+        accurate = accurate & jnp.isfinite(denominator) & (size_b >= floor)
+        return accurate[0] if vector else jnp.all(accurate)
 
     def backward_error(self, x: Array, b: Array, norm: Array | None = None) -> Array:
         """`max_k ‖b_k - A x_k‖₂ / (‖A‖₂ ‖x_k‖₂ + ‖b_k‖₂)` over the columns of `b`
@@ -433,8 +614,9 @@ class LowRankPlusDiagonal(_UVt):
         norm = self._norm_bound() if norm is None else norm
         if x.ndim == 1:
             ax = self.diag * x + self.u @ (self._v().T @ x)
+            x, b, ax = x[:, None], b[:, None], ax[:, None]
         else:
-            ax = self.matmat(x)
+            ax = self._product(x)
         # Every vector scaled by `max |b|` (per column), so that the sums of
         # squares neither overflow nor underflow where `b` and `x` are of one
         # magnitude (where `x` is beyond `b`'s by more than the dtype's range,
@@ -442,9 +624,10 @@ class LowRankPlusDiagonal(_UVt):
         # tiny against `‖A‖ ‖x‖`).
         big = jnp.max(jnp.abs(b), axis=0)
         scale = jnp.where(big > 0, big, 1)
-        norm2 = lambda y: jnp.sqrt(jnp.sum(jnp.abs(y / scale) ** 2, axis=0))
-        residual = norm2(b - ax)
-        error = jnp.max(residual / (norm * norm2(x) + norm2(b)))
+        sums = _column_squares([(b - ax) / scale, x / scale, b / scale])
+        residual, size_x, size_b = jnp.sqrt(sums)
+        errors = residual / (norm * size_x + size_b)
+        error = errors[0] if errors.shape[0] == 1 else jnp.max(errors)
         return jnp.where(jnp.isnan(error), jnp.inf, error)
 
 
