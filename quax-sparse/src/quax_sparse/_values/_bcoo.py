@@ -116,7 +116,7 @@ def signed_indices(indices: Array) -> Array:
     dtype = np.dtype(indices.dtype)
     if np.issubdtype(dtype, np.signedinteger) and dtype.itemsize >= 4:
         return indices
-    wide = jnp.int64 if dtype.itemsize == 8 and jax.config.jax_enable_x64 else jnp.int32
+    wide = jax.dtypes.canonicalize_dtype(np.int64 if dtype.itemsize == 8 else np.int32)
     return indices.astype(wide)
 
 
