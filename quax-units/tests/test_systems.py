@@ -220,10 +220,10 @@ def test_the_range_check_waits_for_the_device_only_for_device_numbers(monkeypatc
     # Python numbers are checked on the host. Only numbers already on the device,
     # in the array's dtype, are checked there.
     asked = []
-    device_check = quax_units._value._overflows
+    device_check = quax_units._value._leaves_range
     monkeypatch.setattr(
         quax_units._value,
-        "_overflows",
+        "_leaves_range",
         lambda *a: asked.append(1) or device_check(*a),
     )
     for number in [

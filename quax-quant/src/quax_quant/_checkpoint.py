@@ -28,7 +28,7 @@ import numpy as np
 from jax import lax
 from jaxtyping import Array, ArrayLike, PyTree
 
-from ._kernels import pack_int4
+from ._kernels import pack_nibbles
 from ._value import QuantisedArray, dtype_of
 
 
@@ -428,7 +428,7 @@ def from_gptq(
         q = q[features]
     # Signed 4-bit integers `q - 8` (the difference `q - z` unchanged), laid out
     # (O, I) and packed two per byte along I.
-    values = pack_int4(jnp.transpose(q - jnp.int8(8)))
+    values = pack_nibbles(jnp.transpose(q - jnp.int8(8)))
     return QuantisedArray(
         values,
         jnp.transpose(scales).astype(dtype),

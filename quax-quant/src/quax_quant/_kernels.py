@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import jax
+import jax.core
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
@@ -27,6 +28,7 @@ __all__ = [
     "DimensionNumbers",
     "one_row_dot",
     "pack_int4",
+    "pack_nibbles",
     "quantise_rows",
     "quantised_leaves",
     "sides",
@@ -83,14 +85,41 @@ def pack_int4(values: Array) -> Array:
 
     **Arguments:**
 
-    - `values`: an integer array, shape `(*shape, n)`.
+    - `values`: an integer array, shape `(*shape, n)`. A float array is refused
+        (its fractions would be truncated), and so are concrete entries outside
+        `[-8, 7]` (their high bits would be dropped: 9 would unpack as -7);
+        traced ones (under `jit`) cannot be checked and keep their low four bits.
 
     **Returns:**
 
     An `int8` array of shape `(*shape, ceil(n / 2))`: byte `i` holds element `i`
     (low bits) and element `i + ceil(n / 2)` (high bits).
     """
-    values = jnp.asarray(values).astype(jnp.int8)
+    values = jnp.asarray(values)
+    if not jnp.issubdtype(values.dtype, jnp.integer):
+        raise ValueError(
+            f"pack_int4 packs integers; got {values.dtype} values, whose fractions "
+            "would be truncated. Round and convert them first "
+            "(`jnp.round(x).astype(jnp.int8)`), or quantise a float array with "
+            "`quax_quant.quantise(x, bits=4)`."
+        )
+    if not isinstance(values, jax.core.Tracer) and values.size:
+        with jax.ensure_compile_time_eval():
+            low, high = int(jnp.min(values)), int(jnp.max(values))
+        if low < -8 or high > 7:
+            raise ValueError(
+                f"pack_int4 packs signed 4-bit integers, in [-8, 7]; got values in "
+                f"[{low}, {high}], whose bits beyond the low four would be dropped "
+                "(9 would unpack as -7). Clip them (`jnp.clip(values, -8, 7)`) or "
+                "keep them as int8 (`quax_quant.quantise(x, bits=8)`)."
+            )
+    return pack_nibbles(values)
+
+
+def pack_nibbles(values: Array) -> Array:
+    """`pack_int4` without its checks: for the family's own integers, in range by
+    construction (rounded and clipped to the 4-bit levels)."""
+    values = values.astype(jnp.int8)
     n = values.shape[-1]
     if n % 2:
         values = jnp.pad(values, [(0, 0)] * (values.ndim - 1) + [(0, 1)])
@@ -107,12 +136,30 @@ def unpack_int4(packed: Array, n: int) -> Array:
     **Arguments:**
 
     - `packed`: an `int8` array, shape `(*shape, ceil(n / 2))`.
-    - `n`: the length of the unpacked last axis.
+    - `n`: the length of the unpacked last axis. It must be the length that was
+        packed: byte `i` holds element `i + ceil(n / 2)` in its high bits, so
+        another `n` (with another `ceil(n / 2)`) would read other elements.
 
     **Returns:**
 
     An `int8` array of shape `(*shape, n)`.
     """
+    packed = jnp.asarray(packed)
+    if packed.dtype != jnp.int8 or packed.ndim == 0:
+        raise ValueError(
+            "unpack_int4 needs the int8 bytes `pack_int4` returns (an array with a "
+            f"last axis); got {packed.dtype} of shape {packed.shape}."
+        )
+    if isinstance(n, bool) or not isinstance(n, int | np.integer) or n < 0:
+        raise ValueError(f"unpack_int4 needs a length n >= 0, got n={n!r}.")
+    if (n + 1) // 2 != packed.shape[-1]:
+        raise ValueError(
+            f"unpack_int4 got n={n} for {packed.shape[-1]} bytes along the last "
+            f"axis; {n} values pack into ceil(n / 2) = {(n + 1) // 2} bytes, and "
+            "byte i holds element i + ceil(n / 2) in its high bits, so another n "
+            "would read other elements. Pass the length that was packed "
+            f"({2 * packed.shape[-1] - 1} or {2 * packed.shape[-1]})."
+        )
     four = jnp.int8(4)
     low = lax.shift_right_arithmetic(lax.shift_left(packed, four), four)
     high = lax.shift_right_arithmetic(packed, four)
@@ -268,7 +315,7 @@ def quantised_leaves(
     z = None if zero is None else _expand(zero)
     q = _round_trip(blocks, _expand(scale), z, lo, hi)
     q = jnp.where(jnp.isnan(q), 0, q).astype(jnp.int8).reshape(x.shape)
-    values = pack_int4(q) if bits == 4 else q
+    values = pack_nibbles(q) if bits == 4 else q
     scale = scale.astype(x.dtype).reshape(scale_shape)
     if zero is not None:
         zero = zero.astype(x.dtype).reshape(scale_shape)
@@ -313,7 +360,7 @@ def nf4_leaves(x: Array, scale_shape: tuple[int, ...]) -> tuple[Array, Array]:
     # The nearest level: how many midpoints between neighbouring levels lie below.
     index = jnp.searchsorted((code[1:] + code[:-1]) / 2, normed.ravel())
     q = jnp.where(jnp.isnan(normed.ravel()), 8, index) - 8
-    values = pack_int4(q.astype(jnp.int8).reshape(x.shape))
+    values = pack_nibbles(q.astype(jnp.int8).reshape(x.shape))
     return values, scale.astype(x.dtype).reshape(scale_shape)
 
 

@@ -17,7 +17,7 @@ import quax
 from jax import lax
 from jaxtyping import Array, ArrayLike
 
-from ._kernels import pack_int4, to_out
+from ._kernels import pack_nibbles, to_out
 from ._matmul import expand_axes, quantised_dot
 from ._value import QuantisedArray, QuantisedScale
 
@@ -253,7 +253,7 @@ def _with(
     w: QuantisedArray, q: Array, scale: Array, zero: Any, master: Any
 ) -> QuantisedArray:
     """`w` with new codes (unpacked, see `QuantisedArray.codes`) and blocks."""
-    values = pack_int4(q) if w.bits == 4 else q
+    values = pack_nibbles(q) if w.bits == 4 else q
     odd = w.bits == 4 and q.ndim > 0 and q.shape[-1] % 2 == 1
     return QuantisedArray(
         values,

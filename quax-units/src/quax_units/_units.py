@@ -269,7 +269,21 @@ def _define(
 _LONG_PREFIXES = {long: short for short, (long, _) in _PREFIXES.items()}
 
 
+# Names that a prefix rule would read as one unit where common usage means another:
+# `hbar` is the reduced Planck constant in pint and in physics texts, and the
+# hectobar by SI prefixes (which astropy does not accept either).
+_AMBIGUOUS = {
+    "hbar": (
+        "the reduced Planck constant (pint's reading) or the hectobar (SI prefix h "
+        "on bar)? Write 'J s' and multiply by `quax_units.constants.hbar`, or write "
+        "'100 bar' for hectobars"
+    ),
+}
+
+
 def _lookup(name: str) -> Unit:
+    if name in _AMBIGUOUS:
+        raise ValueError(f"Ambiguous unit {name!r}: {_AMBIGUOUS[name]}.")
     symbol = _ALIASES.get(name, name)
     if symbol in _UNITS:
         return _UNITS[symbol]
@@ -371,7 +385,28 @@ class _Parser:
         token = self.peek()
         if token is not None and token[1] in ("**", "^"):
             self.take()
-            return base ** self.exponent()
+            parenthesised = self.peek() is not None and self.peek()[1] == "("  # type: ignore[index]
+            exponent = self.exponent()
+            following = self.tokens[self.i : self.i + 2]
+            if (
+                not parenthesised
+                and len(following) == 2
+                and following[0][1] == "/"
+                and following[1][0] == "num"
+            ):
+                # `Hz^1/2` is `Hz^(1/2)` to a reader of `nV/Hz^1/2`, and
+                # `(Hz^1) / 2` by the precedence of `**` in Python; the inline
+                # exponent `Hz1/2` is the power 1/2. Neither reading is safe.
+                name = str(base) if len(base.terms) == 1 else f"({base})"
+                divisor = following[1][1]
+                raise ValueError(
+                    f"Cannot parse unit {self.text!r}: the exponent {exponent} "
+                    f"followed by '/ {divisor}' reads both as the power "
+                    f"{exponent}/{divisor} and as the power {exponent} divided by "
+                    f"{divisor}. Write '{name}^({exponent}/{divisor})' for the "
+                    f"power, or '({name}^{exponent}) / {divisor}' for the division."
+                )
+            return base**exponent
         return base
 
     def exponent(self) -> Fraction:

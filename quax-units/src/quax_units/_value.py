@@ -185,7 +185,7 @@ class Quantity(quax.OperatorMethods, quax.GuardedValue):
                 f"the dimensions of the value ({u.dimensions})."
             )
         self.array = _to_si(value, u)
-        if u.scale > 1.0 and not isinstance(self.array, jax.core.Tracer):
+        if u.scale != 1.0 and not isinstance(self.array, jax.core.Tracer):
             _check_in_range(given, value, self.array, u)
         self.units = u.dimensions
         self.display = shown
@@ -461,57 +461,85 @@ def scaled(array: Any, factor: float, *, divide: bool = False) -> Any:
 
 
 @jax.jit
-def _overflows(value: Any, array: Any) -> Any:
-    """Whether a finite number of `value` is infinite in `array` (one dispatch)."""
-    return jnp.any(jnp.isinf(array) & jnp.isfinite(value))
+def _leaves_range(value: Any, array: Any) -> Any:
+    """Whether a finite number of `value` is out of `array`'s normal range there:
+    infinite, or (a nonzero one) below the smallest normal number, where it keeps
+    fewer digits or is 0 (one dispatch)."""
+    finite = jnp.isfinite(value)
+    tiny = jnp.finfo(array.dtype).tiny
+    overflow = jnp.isinf(array) & finite
+    underflow = (jnp.abs(array) < tiny) & (value != 0) & finite
+    return jnp.any(overflow | underflow)
 
 
-def _cannot_overflow(value_dtype: Any, dtype: Any, factor: float) -> bool:
-    """Whether every number of `value_dtype`, times `factor`, is finite in `dtype`:
-    integers (`int32` up to 2.1e9) converted to a float array, for the factors of
-    most units. (Floats keep their dtype, where the largest ones overflow.)"""
-    if jnp.issubdtype(value_dtype, jnp.bool_):
-        return True
-    if not jnp.issubdtype(value_dtype, jnp.integer):
+def _cannot_leave_range(value_dtype: Any, dtype: Any, factor: float) -> bool:
+    """Whether every number of `value_dtype`, times `factor`, is finite and (if
+    nonzero) normal in `dtype`: booleans and integers (`int32` up to 2.1e9, or as
+    small as 1) converted to a float array, for the factors of most units. (Floats
+    keep their dtype, where the largest ones overflow and the smallest underflow.)"""
+    if not (
+        jnp.issubdtype(value_dtype, jnp.bool_)
+        or jnp.issubdtype(value_dtype, jnp.integer)
+    ):
         return False
+    finfo = jnp.finfo(dtype)
+    # With a margin for the rounding of the product and of `factor` in `dtype`.
+    if factor * (1 - 1e-6) < float(finfo.tiny):
+        return False
+    if jnp.issubdtype(value_dtype, jnp.bool_):
+        return factor * (1 + 1e-6) < float(finfo.max)
     info = jnp.iinfo(value_dtype)
     largest = max(abs(int(info.min)), int(info.max))
-    # With a margin for the rounding of the product and of `factor` in `dtype`.
-    return largest * factor * (1 + 1e-6) < float(jnp.finfo(dtype).max)
+    return largest * factor * (1 + 1e-6) < float(finfo.max)
 
 
 def _check_in_range(given: Any, value: Any, array: Any, u: Unit) -> None:
-    """Refuse finite numbers in `u` that are out of their dtype's range in
-    SI-coherent units (`1e12 Msun` is 2e42 kg, beyond float32's 3.4e38), where the
-    array would hold infinities.
+    """Refuse finite numbers in `u` that are out of their dtype's normal range in
+    SI-coherent units: `1e12 Msun` is 2e42 kg, beyond float32's 3.4e38, where the
+    array would hold infinities; `3 ns` is 3e-9 s, below float16's smallest normal
+    number 6.1e-5, where the array would hold 0 (and `100 ns` a subnormal 1.19e-7
+    s, read back as 119 ns).
 
-    Reading whether any number overflowed waits for the device: it is skipped
-    where no number of the given dtype can overflow (integers), and done on the
-    host where the numbers were given there (NumPy arrays, Python numbers) and one
-    multiplication converts them, as `scaled` does for a factor in the dtype's
-    range. Otherwise the device computes it in one dispatch.
+    Reading whether any number left the range waits for the device: it is skipped
+    where no number of the given dtype can (integers, for most factors), and done
+    on the host where the numbers were given there (NumPy arrays, Python numbers)
+    and one multiplication converts them, as `scaled` does for a factor in the
+    dtype's range. Otherwise the device computes it in one dispatch.
     """
     dtype = jnp.result_type(array)
-    if _cannot_overflow(jnp.result_type(value), dtype, u.scale):
+    if _cannot_leave_range(jnp.result_type(value), dtype, u.scale):
         return
     finfo = jnp.finfo(dtype)
     if isinstance(given, np.ndarray | np.generic | int | float) and (
         float(finfo.tiny) <= u.scale <= float(finfo.max)
     ):
         numbers = np.asarray(given).astype(dtype)
-        with np.errstate(over="ignore", invalid="ignore"):
-            overflow = np.isinf(numbers * dtype.type(u.scale)) & np.isfinite(numbers)
+        with np.errstate(over="ignore", under="ignore", invalid="ignore"):
+            product = numbers * dtype.type(u.scale)
+            finite = np.isfinite(numbers)
+            out = np.isinf(product) & finite
+            out |= (np.abs(product) < finfo.tiny) & (numbers != 0) & finite
     else:
-        overflow = _overflows(value, array)
-    if bool(np.any(overflow)):
+        out = _leaves_range(value, array)
+    if not bool(np.any(out)):
+        return
+    if u.scale > 1.0:
         raise ValueError(
             f"Quantity: numbers in {u} out of {dtype}'s range once held in "
             f"SI-coherent units ({si_unit(u.dimensions)}, {u.scale:.6g} per {u}; "
-            f"{dtype} holds at most {float(jnp.finfo(dtype).max):.6g}), which would "
+            f"{dtype} holds at most {float(finfo.max):.6g}), which would "
             "be infinite. A Quantity holds its array in SI-coherent units: use "
             "float64 (`jax.config.update('jax_enable_x64', True)` and float64 "
             "numbers) for such values."
         )
+    raise ValueError(
+        f"Quantity: nonzero numbers in {u} below {dtype}'s normal range once held "
+        f"in SI-coherent units ({si_unit(u.dimensions)}, {u.scale:.6g} per {u}; "
+        f"{dtype}'s smallest normal number is {float(finfo.tiny):.6g}), where they "
+        "would keep fewer digits or be 0. A Quantity holds its array in SI-coherent "
+        "units: use a wider dtype (float32, or float64 with "
+        "`jax.config.update('jax_enable_x64', True)`) for such values."
+    )
 
 
 def _to_unit(u: UnitLike) -> Unit:

@@ -97,6 +97,53 @@ def checked_shape(owner: str, shape: Any) -> tuple[int, ...]:
     return tuple(out)
 
 
+def signed_indices(indices: Array) -> Array:
+    """`indices` in the dtype the family computes indices in: a signed integer of at
+    least 32 bits. Narrower or unsigned indices (`int8`, `uint16`, ...) are read as
+    `int32` (`int64` for 64-bit ones when JAX's 64-bit mode is on): in their own
+    dtype, a negative index wrapped to `i + n`, the padding index `n`, or a position
+    a rule computes (a `reshape` flattening a `200 x 200` array) would overflow and
+    name another position.
+
+    **Arguments:**
+
+    - `indices`: an integer array.
+
+    **Returns:**
+
+    `indices`, converted where its dtype is narrower than 32 bits or unsigned.
+    """
+    dtype = np.dtype(indices.dtype)
+    if np.issubdtype(dtype, np.signedinteger) and dtype.itemsize >= 4:
+        return indices
+    wide = jax.dtypes.canonicalize_dtype(np.int64 if dtype.itemsize == 8 else np.int32)
+    return indices.astype(wide)
+
+
+def checked_index_dtype(owner: str, index_dtype: Any) -> Any:
+    """`index_dtype` if it is a signed integer dtype of at least 32 bits, else a
+    `ValueError` naming the argument and the way out.
+
+    **Arguments:**
+
+    - `owner`: the constructor, for the message (`"BCOO.fromdense"`).
+    - `index_dtype`: the dtype the user asked the indices to be stored in.
+
+    **Returns:**
+
+    `index_dtype` as a NumPy dtype.
+    """
+    dtype = np.dtype(index_dtype)
+    if not (np.issubdtype(dtype, np.signedinteger) and dtype.itemsize >= 4):
+        raise ValueError(
+            f"`{owner}` got `index_dtype={dtype}`; quax-sparse stores indices as "
+            "`int32` or `int64`, since in a narrower or unsigned dtype the padding "
+            "index `n` and the positions rules compute overflow and name other "
+            "positions. Pass `index_dtype=jnp.int32` (the default)."
+        )
+    return dtype
+
+
 def wrapped_indices(owner: str, indices: Array, sizes: Sequence[int] | int) -> Array:
     """`indices` read as NumPy indexing (and `jax.experimental.sparse`) reads them,
     with the family's padding convention: along a dimension of size `n`, `-n <= i <
@@ -112,12 +159,14 @@ def wrapped_indices(owner: str, indices: Array, sizes: Sequence[int] | int) -> A
 
     **Returns:**
 
-    `indices` with negative entries wrapped. Concrete indices outside `[-n, n]`
-    raise a `ValueError` naming the field `indices` and the position; traced ones
-    cannot be checked, and there wrapping leaves them out of bounds: padding.
+    `indices` with negative entries wrapped, in a signed dtype of at least 32 bits
+    (`signed_indices`). Concrete indices outside `[-n, n]` raise a `ValueError`
+    naming the field `indices` and the position; traced ones cannot be checked,
+    and there wrapping leaves them out of bounds: padding.
     """
     bound = np.asarray(sizes, dtype=np.int64)
     if isinstance(indices, jax.core.Tracer):
+        indices = signed_indices(indices)
         return jnp.where(indices < 0, indices + bound.astype(indices.dtype), indices)
     value = np.asarray(indices)
     full = np.broadcast_to(bound, value.shape)
@@ -131,10 +180,11 @@ def wrapped_indices(owner: str, indices: Array, sizes: Sequence[int] | int) -> A
             f"in [-{n}, {n}] (`-{n} <= i < 0` counts from the end, as in NumPy and "
             f"jax.experimental.sparse; `i = {n}` marks padding)."
         )
+    indices = signed_indices(indices)
     negative = value < 0
     if not negative.any():
         return indices
-    return jnp.asarray(np.where(negative, value + full, value).astype(value.dtype))
+    return jnp.asarray(np.where(negative, value + full, value).astype(indices.dtype))
 
 
 def checked_promises(
@@ -216,7 +266,9 @@ def jsparse_indices(indices: Array, sparse_shape: Sequence[int]) -> Array:
     """`indices` as `jax.experimental.sparse` reads them, in the family's form:
     negative indices in `[-n, 0)` wrapped to `i + n`, and every entry that
     `jax.experimental.sparse` ignores (an index outside `[-n, n)` in any dimension)
-    moved to the padding position, `n` in every dimension."""
+    moved to the padding position, `n` in every dimension (in a signed dtype of at
+    least 32 bits, `signed_indices`)."""
+    indices = signed_indices(indices)
     bound = jnp.asarray(np.asarray(sparse_shape, dtype=np.int64), indices.dtype)
     wrapped = jnp.where(indices < 0, indices + bound, indices)
     inside = jnp.all((wrapped >= 0) & (wrapped < bound), axis=-1, keepdims=True)
@@ -336,7 +388,9 @@ class BCOO(quax.GuardedValue):
             is position `i + n` (counted from the end, as NumPy indexing and
             `jax.experimental.sparse` read it; stored wrapped), and `i = n` marks
             the entry as padding (ignored). Concrete indices outside `[-n, n]` are
-            refused; traced ones there are padding.
+            refused; traced ones there are padding. Indices narrower than 32 bits
+            or unsigned are read as `int32` (in `int8`, the wrapped `-1` of a
+            dimension of size 200 would overflow).
         - `shape`: the shape of the array, `(*batch, *sparse, *dense)`:
             non-negative integers.
         - `allow_materialise`: whether an operation without a sparse rule may form the
@@ -575,7 +629,8 @@ class BCOO(quax.GuardedValue):
         - `n_dense`: how many trailing axes of `x` are dense (kept whole in each
             stored block, as `jax.experimental.sparse.BCOO.fromdense`'s
             `n_dense`).
-        - `index_dtype`: the integer dtype of `indices`.
+        - `index_dtype`: the integer dtype of `indices`: `int32` or `int64` (a
+            narrower or unsigned dtype is refused, see `BCOO`).
         - `allow_materialise`: passed to `BCOO`.
 
         **Returns:**
@@ -592,6 +647,7 @@ class BCOO(quax.GuardedValue):
             )
         if nse < 0:
             raise ValueError(f"nse={nse} must be >= 0.")
+        index_dtype = checked_index_dtype("BCOO.fromdense", index_dtype)
         sparse_shape = x.shape[n_batch : x.ndim - n_dense]
         n_sparse = len(sparse_shape)
 
@@ -695,6 +751,7 @@ class BCOO(quax.GuardedValue):
 
         A `BCOO` with the entries scipy stores (explicit zeros included).
         """
+        index_dtype = checked_index_dtype("BCOO.from_scipy", index_dtype)
         coo = x.tocoo()
         indices = np.stack([coo.row, coo.col], axis=-1).astype(index_dtype)
         return cls(coo.data, indices, coo.shape, allow_materialise)

@@ -15,9 +15,11 @@ from ._bcoo import (
     BCOO,
     EXPLICIT_WAY_OUT,
     MaterialisationError,
+    checked_index_dtype,
     checked_shape,
     determinant_jvp_rule,
     refusal_reason,
+    signed_indices,
     wrapped_indices,
 )
 
@@ -77,7 +79,9 @@ class CSR(quax.GuardedValue):
         - `data`, `indices`, `indptr`: as above. A column index `i` in `[-n_cols,
             0)` counts from the end (stored wrapped, `i + n_cols`), and
             `i = n_cols` marks padding, as for [`quax_sparse.BCOO`][]; concrete
-            column indices outside `[-n_cols, n_cols]` are refused.
+            column indices outside `[-n_cols, n_cols]` are refused. `indices`
+            and `indptr` narrower than 32 bits or unsigned are read as `int32`,
+            as for `BCOO`.
         - `shape`: `(*batch, n_rows, n_cols)`, non-negative integers.
         - `allow_materialise`: whether an operation without a sparse rule may form the
             dense matrix.
@@ -88,6 +92,7 @@ class CSR(quax.GuardedValue):
         self._shape = checked_shape("CSR", shape)
         self._check_layout(indices)
         self._check_indptr()
+        self.indptr = signed_indices(self.indptr)
         self.indices = wrapped_indices("CSR", indices, self._shape[-1])
         self.allow_materialise = allow_materialise
 
@@ -283,6 +288,7 @@ class CSR(quax.GuardedValue):
         cls, x: Any, *, index_dtype: Any = jnp.int32, allow_materialise: bool = False
     ) -> "CSR":
         """Convert a `scipy.sparse` matrix or array (needs scipy)."""
+        index_dtype = checked_index_dtype("CSR.from_scipy", index_dtype)
         csr = x.tocsr()
         return cls(
             csr.data,

@@ -121,9 +121,15 @@ class Banded(StructuredMatrix):
         return jnp.where(inside, self.bands[r, i], jnp.zeros((), self.dtype))
 
     def masked(self, y: Array, *, select: bool = False) -> "Banded":
+        n = self.bands.shape[-1]
         rows = []
         for d in self._offsets():
             diag = jnp.diagonal(y, d, -2, -1)
+            if abs(d) >= n:
+                # A band wider than the matrix (bandwidths may exceed n - 1): no
+                # entry of it is inside, and `diag` is empty.
+                rows.append(jnp.zeros((*diag.shape[:-1], n), diag.dtype))
+                continue
             pad = [(0, 0)] * (diag.ndim - 1)
             rows.append(jnp.pad(diag, [*pad, (0, d)] if d >= 0 else [*pad, (-d, 0)]))
         scales = jnp.stack(rows, axis=-2)

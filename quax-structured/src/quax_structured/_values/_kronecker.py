@@ -13,6 +13,7 @@ import equinox as eqx
 import jax
 import jax.core
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 from jaxtyping import Array
 
@@ -42,6 +43,64 @@ __all__ = [
 
 def _symmetrised(a: Array) -> Array:
     return (a + a.T) / 2
+
+
+def _outside_triangle(factor: Any, triangle: str) -> tuple[int, int] | None:
+    """Where the concrete `factor` has an entry outside its promised `triangle`
+    (`"lower"` or `"upper"`): the first position whose entry is more than
+    `sqrt(eps)` of the factor's largest finite entry (rounding passes), or
+    `None`. Non-finite entries are left to the computation (a NaN stays a NaN
+    there)."""
+    value = np.asarray(factor)
+    outside = np.triu(value, 1) if triangle == "lower" else np.tril(value, -1)
+    dtype = value.dtype if np.issubdtype(value.dtype, np.inexact) else np.float64
+    finite = np.isfinite(value)
+    size = np.max(np.abs(value), where=finite, initial=0.0)
+    tolerance = float(np.sqrt(np.finfo(dtype).eps)) * size
+    bad = np.isfinite(outside) & (np.abs(outside) > tolerance)
+    if not bad.any():
+        return None
+    i, j = np.argwhere(bad)[0]
+    return int(i), int(j)
+
+
+def _check_triangle(
+    factors: Sequence[Any], diagonal: Sequence[bool], triangle: str | None
+) -> None:
+    """Refuse a concrete factor with an entry outside the `triangle` it is
+    promised to lie in. Triangular solves read each factor's triangle alone, and
+    products the whole factor, so a false promise would make `solve_triangular`
+    solve another matrix than the one `@` multiplies by. Traced factors (under
+    `jit`, `grad`) cannot be checked; there the promise stands.
+
+    **Arguments:**
+
+    - `factors`: the stored factors of a `Kronecker`.
+    - `diagonal`: which are stored as their diagonal (triangular already).
+    - `triangle`: `"lower"`, `"upper"`, or `None` (no promise).
+
+    **Returns:**
+
+    Nothing; a `ValueError` naming the factor, the entry and the way out.
+    """
+    if triangle is None:
+        return
+    for k, (factor, stored_diagonal) in enumerate(zip(factors, diagonal, strict=True)):
+        if stored_diagonal or isinstance(factor, jax.core.Tracer | ScaledIdentity):
+            continue
+        if jnp.ndim(factor) != 2:
+            continue
+        at = _outside_triangle(factor, triangle)
+        if at is not None:
+            i, j = at
+            raise ValueError(
+                f"`Kronecker` was promised {triangle}-triangular factors "
+                f"(`triangle={triangle!r}`), but `{_factor_name(factors, k)}[{i}, "
+                f"{j}]` = {np.asarray(factor)[i, j].item():.6g} is outside that "
+                "triangle: triangular solves would read the factor as its triangle "
+                "alone, another matrix than the one given. Pass triangular factors "
+                "(`jnp.tril` / `jnp.triu`), or leave `triangle` None."
+            )
 
 
 def _gather(
@@ -333,6 +392,7 @@ class Kronecker(_Factors):
                     "`Kronecker` needs square 2-dimensional factors, got "
                     f"`{_factor_name(self.matrices, k)}` of shape {shape}."
                 )
+        _check_triangle(self.matrices, self.diagonal, self.triangle)
 
     def aval(self) -> jax.core.ShapedArray:
         return self._grid_aval([1 if d else 2 for d in self.diagonal])
