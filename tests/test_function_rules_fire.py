@@ -18,7 +18,13 @@ import numpy as np
 import pytest
 import quax
 import quax._rules._control_flow as control_flow
-from quax_structured import Circulant, Diagonal, StructuredMatrix
+from quax_structured import (
+    Circulant,
+    Diagonal,
+    LowRankPlusDiagonal,
+    StructuredMatrix,
+    TridiagonalMatrix,
+)
 from quax_units import Quantity, UnitError, ustrip
 
 
@@ -59,6 +65,7 @@ def _close(got: Any, expected: Any) -> None:
 _Z = jnp.array([1 + 1j, -1.0 + 0j, 0 - 2j], dtype=jnp.complex64)
 _PHASES = np.array([math.pi / 4, math.pi, -math.pi / 2])
 _D = jnp.array([0.5, -1.0, 2.0])
+_B = jnp.array([1.0, -2.0, 0.5])
 
 
 _Case = tuple[str, str, Callable[..., Any], tuple[Any, ...], Callable[[Any], None]]
@@ -206,7 +213,27 @@ def _structured_cases() -> list[_Case]:
 
         return check
 
+    def solved(m: StructuredMatrix) -> Callable[[Any], None]:
+        def check(out: Any) -> None:
+            _close(out, np.linalg.solve(np.asarray(m.dense()), np.asarray(_B)))
+
+        return check
+
+    def slogdet_of(m: StructuredMatrix) -> Callable[[Any], None]:
+        def check(out: Any) -> None:
+            sign, logabsdet = np.linalg.slogdet(np.asarray(m.dense()))
+            _close(out[0], sign)
+            _close(out[1], logabsdet)
+
+        return check
+
     d = Diagonal(_D)
+    lrpd = LowRankPlusDiagonal(
+        jnp.array([2.0, 3.0, 4.0]), jnp.array([[1.0, 0.5], [0.0, -1.0], [2.0, 1.0]])
+    )
+    tri = TridiagonalMatrix(
+        jnp.array([1.0, -0.5]), jnp.array([3.0, 4.0, 5.0]), jnp.array([0.5, 2.0])
+    )
     exp = diagonal(np.exp(np.asarray(_D)))
     inverse = diagonal(1 / np.asarray(_D))
     return [
@@ -234,6 +261,9 @@ def _structured_cases() -> list[_Case]:
             inverse,
         ),
         ("_pinv", "rtol", lambda m: jnp.linalg.pinv(m, rtol=1e-3), (d,), inverse),
+        ("solve", "LowRankPlusDiagonal", jnp.linalg.solve, (lrpd, _B), solved(lrpd)),
+        ("solve", "Tridiagonal", jnp.linalg.solve, (tri, _B), solved(tri)),
+        ("slogdet", "", jnp.linalg.slogdet, (lrpd,), slogdet_of(lrpd)),
     ]
 
 
