@@ -48,3 +48,20 @@ def x64():
     `pytestmark = pytest.mark.usefixtures("x64")`)."""
     with jax.enable_x64(True):
         yield
+
+
+def _close(got, want, dtype, scale=10.0):
+    tol = quax.testing.tolerance(np.dtype(dtype))
+    np.testing.assert_allclose(
+        np.asarray(got),
+        np.asarray(want),
+        rtol=tol["rtol"] * scale,
+        atol=tol["atol"] * scale,
+    )
+
+
+@pytest.fixture(scope="session")
+def close():
+    """The function `close(got, want, dtype, scale=10.0)`: asserts that `got`
+    matches `want` within `quax.testing.tolerance(dtype)` times `scale`."""
+    return _close

@@ -48,18 +48,8 @@ def _gp_loss(c, y):
     return y @ jnp.linalg.solve(c, y) + jnp.linalg.slogdet(c)[1]
 
 
-def _check(got, want, dtype, scale):
-    tol = quax.testing.tolerance(jnp.dtype(dtype))
-    np.testing.assert_allclose(
-        np.asarray(got),
-        np.asarray(want),
-        rtol=tol["rtol"] * scale,
-        atol=tol["atol"] * scale,
-    )
-
-
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.float64])
-def test_grid_gp_loss_and_gradient(dtype):
+def test_grid_gp_loss_and_gradient(dtype, close):
     """Three factors (a 3 x 4 x 5 grid), the noise a traced `ScaledIdentity`:
     the loss and its gradient with respect to the three factors and the noise."""
     sizes = (3, 4, 5)
@@ -80,13 +70,13 @@ def test_grid_gp_loss_and_gradient(dtype):
     # float32: the dense reference's own error in the solve's gradient grows with
     # the condition number (about 1e3 here).
     scale = 100.0 if dtype == jnp.float32 else 10.0
-    _check(value, want_value, dtype, scale)
+    close(value, want_value, dtype, scale)
     for g, w in zip(got_k.matrices, want_fs, strict=True):
-        _check(g, w, dtype, scale)
-    _check(got_s.scale, want_s, dtype, scale)
+        close(g, w, dtype, scale)
+    close(got_s.scale, want_s, dtype, scale)
 
 
-def test_grid_gp_literal_noise():
+def test_grid_gp_literal_noise(close):
     """`K + 0.1 * jnp.eye(n)` (a literal noise, as GP code writes it) with three
     factors: the loss and the factors' gradient."""
     sizes = (2, 3, 4)
@@ -101,7 +91,7 @@ def test_grid_gp_literal_noise():
         )
     )(fs)
     for g, w in zip(got.matrices, want, strict=True):
-        _check(g, w, jnp.float64, 10.0)
+        close(g, w, jnp.float64, 10.0)
 
 
 def _forbidden(sizes):
@@ -167,7 +157,7 @@ def test_kronecker_plus_kronecker_of_diagonals(sizes):
 
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.float64])
-def test_heteroscedastic_gp_gradient(dtype):
+def test_heteroscedastic_gp_gradient(dtype, close):
     """The GP loss of `A ⊗ B ⊗ C + D₁ ⊗ D₂ ⊗ D₃` and its gradient with respect to
     the factors and the diagonals, against dense JAX."""
     sizes = (2, 3, 4)
@@ -190,9 +180,9 @@ def test_heteroscedastic_gp_gradient(dtype):
         jax.value_and_grad(dense_loss, argnums=(0, 1))
     )(fs, ds)
     scale = 100.0 if dtype == jnp.float32 else 10.0
-    _check(value, want_value, dtype, scale)
+    close(value, want_value, dtype, scale)
     for g, w in zip([*got_k.matrices, *got_ds], [*want_fs, *want_ds], strict=True):
-        _check(g, w, dtype, scale)
+        close(g, w, dtype, scale)
 
 
 def test_heteroscedastic_gradient_holds_no_dense_matrix():

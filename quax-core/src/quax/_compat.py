@@ -11,6 +11,7 @@ import functools as ft
 import importlib
 import threading
 import weakref
+from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -118,6 +119,8 @@ __all__ = [
     "staged_values_state",
     "stages_or_batches",
     "trace_context",
+    "trace_context_size",
+    "traced_jit",
     "staged_equation",
     "tangent_pair",
     "with_tangent",
@@ -153,6 +156,22 @@ Literal = _core.Literal
 user_context = _source_info_util.user_context
 current_source_info = _source_info_util.current  # its `name_stack` too
 trace_context = _config.trace_context  # what JAX's tracing caches key on (hashable)
+
+
+def traced_jit(jitted: Any, avals: Sequence[Any], kwargs: dict[str, Any]) -> Any:
+    """The body (a closed jaxpr) that the `jax.jit`-decorated `jitted` traces on
+    arguments of the abstract values `avals` (JAX's own, with their weak types,
+    shardings and the manual axes they vary along, which `jax.ShapeDtypeStruct`
+    cannot all carry) and the keyword arguments `kwargs`, in the current
+    context (inside a `shard_map`, its axes)."""
+    return jitted.trace(*avals, **kwargs).jaxpr
+
+
+def trace_context_size() -> int:
+    """How many values JAX's trace context holds: one more for each
+    `jax.make_user_context` made (and each JAX option included in it defined)."""
+    return len(_config.trace_context())
+
 
 # Higher-order primitives that quax-core gives rules for.
 jit_p = jprim.jit_p

@@ -2,7 +2,8 @@
 the singular value decomposition (`jnp.linalg.svd`, `svdvals`, and through it
 `lstsq`), the pseudo-inverse (`jnp.linalg.pinv`) as a structure, the QR
 factorisation, the eigendecomposition of low-rank
-matrices and Kronecker products plus a multiple of the identity, and the matrix
+matrices, Kronecker products plus a multiple of the identity and Kronecker sums
+(`A ⊗ I + I ⊗ B`), and the matrix
 exponential (`jax.scipy.linalg.expm`), each by structure. Every function returns
 `None` where the structure has no such algorithm; the rules (`_rules.py`) then
 refuse, naming the way out."""
@@ -24,13 +25,19 @@ from ._kernels import (
     circulant_svd,
     diagonal_svd,
     kron_expm_symmetric,
+    kron_sum_eigh,
     kron_svd,
     lowrank_eigh,
     lowrank_qr,
     lowrank_svd,
     sorted_columns,
 )
-from ._values._base import FUNCTION_JVP_RULES, StructuredMatrix, jvp_over_leaves
+from ._values._base import (
+    FUNCTION_JVP_RULES,
+    MaterialisationError,
+    StructuredMatrix,
+    jvp_over_leaves,
+)
 from ._values._blockdiagonal import BlockDiagonal
 from ._values._circulant import Circulant
 from ._values._composite import Sum
@@ -91,16 +98,48 @@ def svd_of(x: StructuredMatrix, compute_uv: bool) -> list[Array] | None:
         )
         return [s, left, jnp.conj(jnp.swapaxes(right, -1, -2))]
     if isinstance(x, KroneckerPlusIdentity):
-        # Symmetric: `|λ|` with the eigenvectors, the left ones negated where `λ < 0`.
-        values, vectors = eigh_of(x)
-        if not compute_uv:
-            return [jnp.sort(jnp.abs(values), descending=True)]
-        signs = jnp.where(values < 0, -1, 1).astype(vectors.dtype)
-        s, left, right = sorted_columns(
-            jnp.abs(values), vectors * signs, vectors, descending=True
-        )
-        return [s, left, right.T]
+        return _symmetric_svd(*x.eigh(), compute_uv)
+    if isinstance(x, Sum):
+        return _kronecker_sum_svd(x, compute_uv)
     return None
+
+
+def _symmetric_svd(values: Array, vectors: Array, compute_uv: bool) -> list[Array]:
+    """`svd_p`'s outputs for a real symmetric matrix from its eigendecomposition:
+    `|λ|` with the eigenvectors, the left ones negated where `λ < 0`."""
+    if not compute_uv:
+        return [jnp.sort(jnp.abs(values), descending=True)]
+    signs = jnp.where(values < 0, -1, 1).astype(vectors.dtype)
+    s, left, right = sorted_columns(
+        jnp.abs(values), vectors * signs, vectors, descending=True
+    )
+    return [s, left, right.T]
+
+
+def _kronecker_sum_svd(x: Sum, compute_uv: bool) -> list[Array] | None:
+    """The SVD of a real Kronecker sum `A₁ ⊕ ... ⊕ A_N` whose terms are tagged
+    `symmetric` (then so is every `Aᵢ`, and the sum): through the factors'
+    eigendecompositions (see `kron_sum_eigh`). A Kronecker sum without the tags
+    (its singular values are not those of its factors) refuses, naming the ways
+    out; anything else is `None`."""
+    sides = _kronecker_sum_sides(x)
+    if sides is None:
+        return None
+    if x.symmetric and not jnp.issubdtype(x.dtype, jnp.complexfloating):
+        return _symmetric_svd(*kron_sum_eigh(sides), compute_uv)
+    if x.allow_materialise:
+        return None
+    raise MaterialisationError(
+        "Refusing to materialise a Kronecker sum `A ⊗ I + I ⊗ B` (a `Sum` of "
+        "`Kronecker`s) for `jnp.linalg.svd`/`svdvals`: its singular values follow "
+        "from its factors' only where it is real and symmetric, which quax-structured "
+        "knows from the tag `symmetric=True` on every term (`Kronecker(a, "
+        "ScaledIdentity(1.0, n), symmetric=True)`; the identity factors are "
+        "symmetric already). Tag the terms if the factors are symmetric, use "
+        "`jnp.linalg.eigh`/`eigvalsh` for the eigenvalues of its symmetric part, "
+        "or allow the dense O(n³) SVD: `allow_materialise=True` on the terms, "
+        "or `.enable_materialise()` on the sum."
+    )
 
 
 def qr_of(x: StructuredMatrix) -> tuple[Any, Any] | None:
@@ -126,21 +165,32 @@ def qr_of(x: StructuredMatrix) -> tuple[Any, Any] | None:
     return None
 
 
-def eigh_of(x: LowRank | KroneckerPlusIdentity) -> tuple[Array, Array]:
+def eigh_of(x: StructuredMatrix) -> tuple[Array, Array] | None:
     """The eigenvalues (ascending) and orthonormal eigenvectors of the
     (symmetrised) `x`: the low-rank one through a thin QR factorisation (see
     `lowrank_eigh`), `A₁ ⊗ ... ⊗ A_N + c I` through the factors'
-    eigendecompositions, `(⊗ Qᵢ)(⊗ Λᵢ + c)(⊗ Qᵢ)ᵀ` (O(Σ nᵢ³), plus O(n²) for the
-    vectors, the output)."""
+    eigendecompositions, `(⊗ Qᵢ)(⊗ Λᵢ + c)(⊗ Qᵢ)ᵀ`, and a Kronecker sum `A₁ ⊕ ...
+    ⊕ A_N` (a `Sum` of `Kronecker`s, see `_kronecker_sum_sides`) through its
+    factors' Hermitian parts', `λ₁ + ... + λ_N` with `⊗ Qᵢ` (see `kron_sum_eigh`);
+    O(Σ nᵢ³), plus O(n²) for the vectors, the output. Else `None`."""
     if isinstance(x, LowRank):
         return lowrank_eigh(x.u, x._v())
-    return x.eigh()
+    if isinstance(x, KroneckerPlusIdentity):
+        return x.eigh()
+    sides = _kronecker_sum_sides(x) if isinstance(x, Sum) else None
+    if sides is None:
+        return None
+    return kron_sum_eigh([(s + jnp.conj(s.T)) / 2 for s in sides])
 
 
-def _identity_scale(factor: Array) -> Array | None:
-    """`c` where the program shows `factor` to be `c I` (a constant, finite, with
-    no entry off the diagonal and one value on it), else `None`."""
-    known = quax.known_constant(factor, 2**20)
+def _identity_scale(term: Kronecker, k: int) -> Any:
+    """`c` where factor `k` of `term` is `c I`: stored as a `ScaledIdentity` (its
+    scale, also where traced), or shown by the program to be one (a constant,
+    finite, with no entry off the diagonal and one value on it); else `None`."""
+    stored = term.identity_scales()[k]
+    if stored is not None:
+        return stored
+    known = quax.known_constant(term.factors()[k], 2**20)
     if known is None:
         return None
     known = np.asarray(known)
@@ -157,8 +207,10 @@ def _kronecker_sum_sides(x: StructuredMatrix) -> list[Array] | None:
     """`[A₁, ..., A_N]` where `x` is the Kronecker sum `A₁ ⊗ I ⊗ ... ⊗ I + ... +
     I ⊗ ... ⊗ I ⊗ A_N` (for two factors, `A ⊗ I + I ⊗ B`): a `Kronecker` or a
     `Sum` of `Kronecker`s with factors of the same sizes, each with all factors
-    but at most one shown by the program to be constant multiples of the
-    identity (`Kronecker(a, c * jnp.eye(nb))`). Else `None`."""
+    but at most one multiples of the identity: `ScaledIdentity` factors
+    (`Kronecker(a, ScaledIdentity(c, nb))`, known whatever the program), or
+    factors the program shows to be (`Kronecker(a, c * jnp.eye(nb))` built in
+    it). Else `None`."""
     parts = x.terms if isinstance(x, Sum) else (x,)
     terms = [t for t in parts if isinstance(t, Kronecker)]
     if len(terms) != len(parts):
@@ -171,14 +223,12 @@ def _kronecker_sum_sides(x: StructuredMatrix) -> list[Array] | None:
     sides = [jnp.zeros((size, size), dtype) for size in sizes]
     for term in terms:
         factors = term.factors()
-        scales = [_identity_scale(f) for f in factors]
+        scales = [_identity_scale(term, k) for k in range(len(factors))]
         others = [k for k, c in enumerate(scales) if c is None]
         if len(others) > 1:
             return None
         k = others[0] if others else 0
-        c = np.prod(
-            [np.asarray(c) for c in scales[:k] + scales[k + 1 :] if c is not None]
-        )
+        c = ft.reduce(lambda p, q: p * q, scales[:k] + scales[k + 1 :], 1)
         sides[k] = sides[k] + (factors[k] * c).astype(dtype)
     return sides
 
@@ -238,6 +288,13 @@ def _kept(s: Array, rtol: Array) -> Array:
     return s > rtol[..., None] * top
 
 
+def _finite_or_nan(inverse: Array, values: Array) -> Array:
+    """`inverse`, or NaN throughout (one matrix of the batch, the last axis of
+    `values`) where any of `values` is NaN or infinite."""
+    finite = jnp.all(jnp.isfinite(values), axis=-1, keepdims=True)
+    return jnp.where(finite, inverse, jnp.asarray(jnp.nan, inverse.dtype))
+
+
 def pinv_of(
     x: StructuredMatrix, rtol: ArrayLike | None, hermitian: bool
 ) -> StructuredMatrix | None:
@@ -250,8 +307,12 @@ def pinv_of(
     fft(column)`, whose moduli are the singular values), O(n log n); a
     `BlockDiagonal` to each block's pseudo-inverse, with the cutoff of the whole
     matrix; a `Kronecker` to the factors' (see `_kronecker_pinv`); a `LowRank`
-    to a `LowRank` of the same rank (see `_lowrank_pinv`). `None` for other
-    structures and types that are not floating point."""
+    to a `LowRank` of the same rank (see `_lowrank_pinv`). A NaN or infinite
+    entry of a `Diagonal`, `ScaledIdentity` or `Circulant` makes every stored
+    value NaN, as dense JAX's `pinv` is NaN everywhere (its largest singular value,
+    the cutoff's scale, is not finite: compared with it, every value would be
+    dropped, giving a zero matrix). `None` for other structures and types that are
+    not floating point."""
     if not jnp.issubdtype(x.dtype, jnp.inexact):
         return None
     if rtol is None:
@@ -263,10 +324,13 @@ def pinv_of(
         if hermitian:
             scale = scale.real.astype(x.dtype)
         keep = jnp.abs(scale) > rtol * jnp.abs(scale)
-        return ScaledIdentity(_inverted(scale, keep), x.n, **kw)
+        inverse = _inverted(scale, keep)
+        inverse = jnp.where(jnp.isfinite(scale), inverse, jnp.nan).astype(scale.dtype)
+        return ScaledIdentity(inverse, x.n, **kw)
     if isinstance(x, Diagonal):
         d = x.diag.real.astype(x.dtype) if hermitian else x.diag
-        return Diagonal(_inverted(d, _kept(jnp.abs(d), rtol)), **kw)
+        inverse = _finite_or_nan(_inverted(d, _kept(jnp.abs(d), rtol)), d)
+        return Diagonal(inverse, **kw)
     if isinstance(x, Circulant):
         column = x.column
         if hermitian:
@@ -275,7 +339,7 @@ def pinv_of(
         if hermitian:
             eigenvalues = eigenvalues.real
         inverse = _inverted(eigenvalues, _kept(jnp.abs(eigenvalues), rtol))
-        column = jnp.fft.ifft(inverse)
+        column = jnp.fft.ifft(_finite_or_nan(inverse, eigenvalues))
         if not jnp.issubdtype(x.dtype, jnp.complexfloating):
             column = column.real
         return Circulant(column.astype(x.dtype), **kw)

@@ -10,7 +10,7 @@ import jax.scipy.linalg as jsl
 import numpy as np
 import quax
 from jax import lax
-from jax.extend.core import Jaxpr, primitives as prims
+from jax.extend.core import primitives as prims
 from jaxtyping import Array, ArrayLike
 from quax._compat import pinv_function
 from quax.zero import Zero, is_ieee_strict
@@ -18,7 +18,7 @@ from quax.zero import Zero, is_ieee_strict
 from ._kernels import keep_or_scale
 from ._linalg import EXPM_TYPES, eigh_of, expm_of, pinv_of, qr_of, svd_of
 from ._values._base import MaterialisationError, StructuredMatrix
-from ._values._composite import add, closed_sum, matmul
+from ._values._composite import Sum, add, closed_sum, matmul
 from ._values._determinant import DeterminantLU, HalfSolved
 from ._values._diagonal import Diagonal, ScaledIdentity
 from ._values._kronecker import KroneckerPlusIdentity
@@ -306,19 +306,50 @@ def _plus_diagonal(x: StructuredMatrix, scale: Any, d: np.ndarray) -> Structured
     return add(x, Diagonal(diagonal)) if out is None else out
 
 
+def _refuse_dense(values: list[Any], x: StructuredMatrix, y: Any, sign: int) -> Any:
+    """The fallback of `x + y` / `x - y` (`sign`) for a plain `y` the program does
+    not show to be a scalar times a constant diagonal. Where `y` is one matrix of
+    `x`'s size (`noise * jnp.eye(n)` with a noise batched by `jax.vmap`,
+    `jnp.diag(d)` of a `d` that is a `jit` argument or closed over by it, which
+    the program shows to no rule) and `x` may not densify: a refusal that says
+    which structure to write instead."""
+    primitive = lax.add_p if sign == 1 else lax.sub_p
+    if x.allow_materialise or jnp.shape(y) != x.shape[-2:]:
+        return _fallback(primitive, values, {})
+    op = "+" if sign == 1 else "-"
+    name = type(x).__name__
+    raise MaterialisationError(
+        f"Refusing to materialise `{name}` for primitive `{primitive.name}` with a "
+        f"dense `{jnp.shape(y)}` operand: {x.refusal_reason()}, and the program "
+        "does not show that operand to be a scalar times a constant diagonal (as "
+        "it shows `0.1 * jnp.eye(n)`, or `noise * jnp.eye(n)` with a noise traced "
+        "by `jax.jit` or `jax.grad`). It cannot where the noise is batched by "
+        "`jax.vmap` (a batch of noises), nor for `jnp.diag(d)` under `jax.jit` "
+        "(whether `d` is an argument or a closed-over NumPy array), nor for an "
+        "array passed into `jax.jit`. Write the diagonal as a structure, which "
+        "stays structured for any traced, batched or closed-over values: "
+        f"`M {op} quax_structured.ScaledIdentity(noise, n)` for `M {op} noise * "
+        f"jnp.eye(n)` (a symmetric `Kronecker` `M` then gives a "
+        "`KroneckerPlusIdentity`, one per batch member under `jax.vmap`), and "
+        f"`M {op} quax_structured.Diagonal(d)` for `M {op} jnp.diag(d)`. Or: "
+        + x.way_out(None)
+    )
+
+
 def _add_dense(values: list[Any], x: StructuredMatrix, y: Any, sign: int) -> Any:
     """`x + y` (`sign=1`) or `x - y` (`sign=-1`) for a plain `y` that is a scalar
     times a constant diagonal (`K + 0.1 * jnp.eye(n)`, or `K + noise * jnp.eye(n)`
     with a traced noise, as Gaussian-process code adds its noise): the structure
-    kept; anything else refuses, naming the primitive."""
+    kept; anything else refuses, naming the primitive (see `_refuse_dense`)."""
     known = _constant_diagonal(x, y)
     out = None
     if known is not None:
         scale, d = known
         out = _plus_diagonal(x, scale, sign * d)
-    if out is None or not _same_type(x, out):
-        primitive = lax.add_p if sign == 1 else lax.sub_p
-        return _fallback(primitive, values, {})
+        if out is not None and not _same_type(x, out):
+            return _fallback(lax.add_p if sign == 1 else lax.sub_p, values, {})
+    if out is None:
+        return _refuse_dense(values, x, y, sign)
     return out
 
 
@@ -763,14 +794,21 @@ def _(
 
 @quax.register(lax.linalg.eigh_p)
 def _(
-    x: LowRank | KroneckerPlusIdentity, *, subset_by_index: Any = None, **params: Any
+    x: LowRank | KroneckerPlusIdentity | Sum,
+    *,
+    subset_by_index: Any = None,
+    **params: Any,
 ) -> Any:
-    """`jnp.linalg.eigh`/`eigvalsh` of a low-rank matrix (thin QR) or of `A ⊗ B +
-    c I` (the factors' eigendecompositions): see `_linalg.eigh_of`."""
-    if subset_by_index is not None and tuple(subset_by_index) != (0, x.shape[-1]):
+    """`jnp.linalg.eigh`/`eigvalsh` of a low-rank matrix (thin QR), of `A ⊗ B + c
+    I` or of a Kronecker sum `A ⊗ I + I ⊗ B` (the factors' eigendecompositions):
+    see `_linalg.eigh_of`."""
+    out = None
+    if subset_by_index is None or tuple(subset_by_index) == (0, x.shape[-1]):
+        out = eigh_of(x)
+    if out is None:
         params = dict(subset_by_index=subset_by_index, **params)
         return _fallback(lax.linalg.eigh_p, [x], params)
-    values, vectors = eigh_of(x)
+    values, vectors = out
     return [vectors, values]
 
 
@@ -802,30 +840,14 @@ def _(x: StructuredMatrix, *, call: Any) -> Any:
 # `jnp.linalg.pinv` as a structure (issue 29, item 6; see `_linalg.pinv_of`) ----------
 
 
-def _binds(jaxpr: Jaxpr, primitive: Any) -> bool:
-    """Whether `jaxpr` or a jaxpr nested in its equations binds `primitive`."""
-    for eqn in jaxpr.eqns:
-        if eqn.primitive is primitive:
-            return True
-        for param in eqn.params.values():
-            for sub in param if isinstance(param, tuple | list) else (param,):
-                inner = getattr(sub, "jaxpr", sub)
-                if isinstance(inner, Jaxpr) and _binds(inner, primitive):
-                    return True
-    return False
-
-
-@quax.register_function(pinv_function)
-def _(x: StructuredMatrix, *rtol: Any, call: Any) -> Any:
+@quax.register_function(pinv_function, static={"hermitian": (True,)})
+def _(x: StructuredMatrix, *rtol: Any, call: Any, hermitian: bool = False) -> Any:
     """`jnp.linalg.pinv(M)` (the `jit` inside its `custom_jvp`), whose body
     multiplies the dense singular vectors: the pseudo-inverse as a structure (see
     `_linalg.pinv_of`), with the derivative of the structure's algorithm (see
     `_linalg.pinv_jvp_rule`). Its arguments are the matrix and `rtol` where one is
-    given; `hermitian` is static, a constant of the body, which the body shows (it
-    then pseudo-inverts through `eigh`, not `svd`). Other structures run the body
+    given; `hermitian` is static, received where it is `True` (the body then
+    pseudo-inverts through `eigh`, not `svd`). Other structures run the body
     under the rules (through their `svd`, a dense result)."""
-    abstract = [jax.ShapeDtypeStruct(x.shape, x.dtype)]
-    abstract += [jax.ShapeDtypeStruct(jnp.shape(r), jnp.result_type(r)) for r in rtol]
-    hermitian = _binds(jax.make_jaxpr(call)(*abstract).jaxpr, lax.linalg.eigh_p)
     out = pinv_of(x, rtol[0] if rtol else None, hermitian)
     return call(x, *rtol) if out is None else out

@@ -85,9 +85,11 @@ class Example:
 
 
 def _kronecker_sum(x: dict[str, Any]) -> StructuredMatrix:
+    """`A ⊗ I + I ⊗ B`, its identities `ScaledIdentity` factors (which the
+    structure knows to be identities, also inside the `jit` that `eigh` is)."""
     a, b = jnp.asarray(x["a"]), jnp.asarray(x["b"])
-    left = Kronecker(a, jnp.eye(NB, dtype=b.dtype))
-    right = Kronecker(jnp.eye(NA, dtype=a.dtype), b)
+    left = Kronecker(a, ScaledIdentity(jnp.ones((), b.dtype), NB))
+    right = Kronecker(ScaledIdentity(jnp.ones((), a.dtype), NA), b)
     return quax.quaxify(lambda p, q: p + q)(left, right)
 
 

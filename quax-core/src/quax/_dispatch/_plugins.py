@@ -23,7 +23,8 @@ is made, so a family that made one as it loaded inside a `jax.jit` (a first quax
 call there) would change that `jit`'s cache key between its first call and the next,
 and its second call would trace and compile again. Every `jit_context` lives in one
 JAX context made at `import quax`, which holds only the settings set away from their
-defaults: making one changes no key.
+defaults: making one changes no key. A family whose load grows JAX's trace context
+anyway is reported with a `PluginWarning` that names it and `jit_context`.
 """
 
 import contextlib
@@ -43,6 +44,7 @@ import jax
 import pluggy
 
 from .. import hookspecs
+from .._compat import trace_context_size
 from .._foundation import _journal
 from . import _registry
 
@@ -286,6 +288,7 @@ def _load_one(family: Family, load: Callable[[], Any] | None = None) -> None:
     """Load `family` (its plugin from `load`, by default its entry point's), all or
     nothing: if it raises, what it added is taken back."""
     imported = set(sys.modules)
+    context_size = trace_context_size()
     block = _journal.Block()
     try:
         with _journal.all_or_nothing() as block:
@@ -315,6 +318,22 @@ def _load_one(family: Family, load: Callable[[], Any] | None = None) -> None:
     else:
         family.state = "loaded"
         family.plugin = plugin
+        added = trace_context_size() - context_size
+        if added > 0:
+            warnings.warn(
+                f"The quax family {family.name!r} (distribution "
+                f"{family.distribution} {family.version}) added {added} "
+                f"value{'s' if added > 1 else ''} to JAX's trace context as it "
+                "loaded (a `jax.make_user_context`, or a JAX option included in "
+                "the trace context, made at import): a `jax.jit` whose first call "
+                "loads the families (the program's first quaxified call) then "
+                "finds its cache key changed, and traces and compiles again on its "
+                "next call. Make such a setting with "
+                "`quax.plugins.jit_context(default)`, which adds nothing to JAX's "
+                "trace context.",
+                PluginWarning,
+                stacklevel=3,
+            )
 
 
 def _forget_new_modules(

@@ -641,13 +641,21 @@ def rule_for(primitive: Primitive, values: Sequence[Any]) -> Rule:
     return rule
 
 
-def registered_rule(primitive: Primitive, values: Sequence[Any]) -> Rule | None:
+def registered_rule(
+    primitive: Primitive, values: Sequence[Any], takes: Iterable[str] = ()
+) -> Rule | None:
     """The registered rule for `primitive` on `values`, or `None` where none
-    matches (no type's `default`, no materialising): for keys whose caller has its
-    own way when no rule applies (a jitted function's body, see
-    `quax.register_function`). Not cached: it is asked once per trace."""
+    matches (no type's `default`, no materialising) or where the one that matches
+    does not take a keyword argument of each name in `takes` (in its signature, or
+    through `**params`): for keys whose caller has its own way when no rule
+    applies (a jitted function's body, see `quax.register_function`). Not cached:
+    it is asked once per trace."""
     resolution = _resolve(primitive, values)
     if resolution.kind != "rule":
+        return None
+    assert resolution.function is not None
+    keywords = _keywords.get(resolution.function)
+    if keywords is not None and not keywords.issuperset(takes):
         return None
     _warn_if_foreign(primitive, resolution, values)
     return _as_rule(primitive, resolution)

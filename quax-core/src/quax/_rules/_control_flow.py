@@ -13,9 +13,10 @@ stable.
 
 import functools as ft
 import inspect
+import itertools
 import re
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import jax
@@ -51,6 +52,7 @@ from .._compat import (
     staged_atom,
     staged_since,
     staging,
+    traced_jit,
     typeof,
     while_p,
 )
@@ -80,17 +82,45 @@ _F = TypeVar("_F", bound=Callable[..., Any])
 
 # jit ----------------------------------------------------------------------------------
 
-# The keys of the rules registered for jitted library functions (one synthetic
-# primitive per function, see `register_function`), by the source of the function as
-# JAX records it in the `jit`'s jaxpr ("hypot at .../ufuncs.py:3713").
-_function_primitives: dict[str, Primitive] = {}
-# And the names of their parameters that take positional arguments: those before
-# any `*args`, and the name of `*args` (or `None`).
-_function_parameters: dict[str, tuple[tuple[str, ...], str | None]] = {}
+# The functions rules are registered for (`register_function`), by the source of
+# the function as JAX records it in the debug info of its `jit` ("hypot at
+# .../ufuncs.py:3713"). Several functions may share one source (two lambdas on one
+# line, the statements of a REPL or the strings given to `exec`, which all start
+# at line 1): a body met under a source is the registered function's only where
+# that function, traced on the body's argument types, gives the same body (see
+# `_identify`).
+_registered: dict[str, list["_Registered"]] = {}
+
+
+class _Registered:
+    """A function rules are registered for: its code, its `jit`, its synthetic
+    primitive (the rules' key in the registry), the names of its parameters that
+    take positional arguments (those before any `*args`, and the name of `*args`
+    or `None`), and the values of its static arguments that some rule for it
+    takes (`static` of `register_function`), by name."""
+
+    def __init__(self, function: Callable[..., Any], name: str) -> None:
+        self.code = inspect.unwrap(function).__code__
+        # The `jit` itself (`function` may wrap it, as a `custom_jvp` does).
+        self.jitted = inspect.unwrap(
+            function, stop=lambda f: isinstance(f, jax.stages.Wrapped)
+        )
+        if not isinstance(self.jitted, jax.stages.Wrapped):
+            raise TypeError(
+                f"quax.register_function expects a function decorated with "
+                f"`jax.jit` (such as `jnp.hypot`), got {function!r}, which wraps "
+                f"no `jax.jit`."
+            )
+        self.primitive = Primitive(f"{name} (jitted function)")
+        self.parameters = _positional_parameters(function)
+        self.static: dict[str, list[Any]] = {}
 
 
 def register_function(
-    function: Callable[..., Any], *, precedence: int = 0
+    function: Callable[..., Any],
+    *,
+    precedence: int = 0,
+    static: Mapping[str, Iterable[Any]] | None = None,
 ) -> Callable[[_F], _F]:
     """Register a rule for a jitted library function (`jnp.hypot`), used in place
     of the function's body where quax meets its `jit` with arguments whose types
@@ -108,9 +138,16 @@ def register_function(
     units cannot take; `jnp.isclose` adds a plain default `atol`. A family
     computes such a function whole on its values instead, or explains its error.
     The function is recognised by the source file and line JAX records for the
-    `jit` (not by its name, which any function may share): the rule applies to
-    that function of the installed JAX only. A closure is refused (a `TypeError`):
-    every function its enclosing function makes has its source.
+    `jit` (not by its name, which any function may share), and by its body: the
+    rule runs where the function itself, traced on the same argument types with
+    its other parameters at their defaults, gives the body quax meets. So another
+    function JAX records at the same source (two lambdas on one line; a REPL's
+    statements and the strings run by `exec` all start at line 1; a module edited
+    and reloaded) does not get the rule, and neither does a call whose static
+    arguments (`jax.jit`'s `static_argnames`, such as an `axis` or a flag) change
+    what the function computes: the body runs there instead, unless the rule takes
+    those arguments (`static`). A closure is refused (a `TypeError`): every
+    function its enclosing function makes has its source.
 
     Rules are dispatched on their positional parameters' annotations as
     [`quax.register`][]'s are (each registered function has its own key in the
@@ -130,6 +167,13 @@ def register_function(
 
     - `function`: the jitted function, as the user calls it (`jnp.hypot`).
     - `precedence`: breaks ties between otherwise ambiguous rules; the higher wins.
+    - `static`: the static arguments the rule handles, by name, each with the
+        values other than its default that the rule computes (`{"hermitian":
+        (True,)}`). The rule takes each as a keyword parameter whose default is the
+        function's (`hermitian=False`), and receives it where a call passes one of
+        those values; quax finds the value by tracing the function with each of
+        them until it gives the body it meets. With a static argument at any other
+        value, the body runs.
 
     **Returns:**
 
@@ -148,12 +192,51 @@ def register_function(
     body, or where an argument is a pytree of several arrays, the body runs.
     """
     source, name = _source_of(function)
-    primitive = _function_primitives.get(source)
-    if primitive is None:
-        primitive = Primitive(f"{name} (jitted function)")
-        _function_primitives[source] = primitive
-        _function_parameters[source] = _positional_parameters(function)
-    return register(primitive, precedence=precedence)
+    static = {k: list(v) for k, v in (static or {}).items()}
+    parameters = inspect.signature(inspect.unwrap(function)).parameters
+    for argument in static:
+        if argument not in parameters:
+            raise TypeError(
+                f"quax.register_function: `{argument}` is not a parameter of "
+                f"`{name}` (its parameters: {', '.join(parameters)}); `static` "
+                f"names the function's static arguments that the rule takes."
+            )
+    candidates = _registered.setdefault(source, [])
+    code = inspect.unwrap(function).__code__
+    registered = next((r for r in candidates if r.code is code), None)
+    if registered is None:
+        registered = _Registered(function, name)
+        candidates.append(registered)
+    registering = register(registered.primitive, precedence=precedence)
+
+    def _register(rule: _F) -> _F:
+        rule_parameters = inspect.signature(rule).parameters.values()
+        takes = {
+            p.name
+            for p in rule_parameters
+            if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)
+        }
+        any_keyword = any(p.kind is p.VAR_KEYWORD for p in rule_parameters)
+        for argument in static:
+            if argument not in takes and not any_keyword:
+                raise TypeError(
+                    f"quax.register_function: the rule for `{name}` declares the "
+                    f"static argument `{argument}` (`static`) but does not take it "
+                    f"as a keyword parameter: add `{argument}=<the default of "
+                    f"`{name}`>` after `*` in its signature."
+                )
+        for argument, values in static.items():
+            known = registered.static.setdefault(argument, [])
+            known += [v for v in values if not any(_same(v, k) for k in known)]
+        return registering(rule)
+
+    return _register
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Whether two values of a static argument are the same (as `jax.jit` keys
+    them: by type and equality)."""
+    return type(a) is type(b) and bool(a == b)
 
 
 def _positional_parameters(
@@ -174,20 +257,95 @@ def _positional_parameters(
     return names, rest
 
 
-def _in_order(jaxpr: Any, source: str) -> bool:
-    """Whether the arguments of `jaxpr` (the body of the registered function of
-    `source`) are its leading positional parameters in order, as JAX names them."""
+def _in_order(jaxpr: Any, registered: _Registered) -> bool:
+    """Whether the arguments of `jaxpr` (a body of the registered function) are
+    its leading positional parameters in order, as JAX names them."""
     info = getattr(getattr(jaxpr, "jaxpr", jaxpr), "debug_info", None)
     names = None if info is None else info.arg_names
     if names is None:
         return False
-    positional, rest = _function_parameters[source]
+    positional, rest = registered.parameters
     return all(
         name == positional[i]
         if i < len(positional)
         else rest is not None and name == f"{rest}[{i - len(positional)}]"
         for i, name in enumerate(names)
     )
+
+
+# Which registered function each body met under a registered source is, with the
+# static arguments it was traced with off their defaults (or `None`: none of them).
+_identified = Table("register_function: the functions of jit bodies", 256)
+
+
+def _identify(
+    jaxpr: Any, candidates: list[_Registered]
+) -> tuple[_Registered, dict[str, Any]] | None:
+    """The registered function whose body `jaxpr` is, among `candidates` (those
+    of its source whose leading parameters its arguments are), with the values of
+    its static arguments that some rule takes, where they are not the defaults:
+    the last registered that, traced on the body's argument types with those
+    arguments (first at their defaults, then at each combination of the values
+    rules take), gives the same body. `None` where none does: another function at
+    the same source, or a static argument at a value no rule takes. Kept per body
+    while the caches are on."""
+    found = _identified.get(jaxpr, False) if _caches.enabled else False
+    if found is not False:
+        return found
+    found = None
+    for registered in reversed(candidates):
+        names = list(registered.static)
+        choices = [[_DEFAULT, *registered.static[n]] for n in names]
+        for values in itertools.product(*choices):
+            statics = {
+                n: v for n, v in zip(names, values, strict=True) if v is not _DEFAULT
+            }
+            if _traces_to(registered, statics, jaxpr):
+                found = registered, statics
+                break
+        if found is not None:
+            break
+    if _caches.enabled:
+        _identified.put(jaxpr, found)
+    return found
+
+
+_DEFAULT = object()  # a static argument left at its default
+
+
+def _traces_to(registered: _Registered, statics: dict[str, Any], jaxpr: Any) -> bool:
+    """Whether the registered function's `jit`, traced on the argument types of
+    `jaxpr` (passed positionally, see `_in_order`) with the keyword arguments
+    `statics`, gives the body `jaxpr`."""
+    try:
+        traced = traced_jit(registered.jitted, jaxpr.in_avals, statics)
+    except Exception:  # not a call this function takes: not its body
+        return False
+    return _same_body(traced, jaxpr)
+
+
+def _same_body(a: Any, b: Any) -> bool:
+    """Whether the closed jaxprs `a` and `b` are the same program: the same text
+    (object addresses aside) and bitwise the same constants."""
+    if a is b:
+        return True
+    if len(a.consts) != len(b.consts) or not all(
+        map(_same_constant, a.consts, b.consts)
+    ):
+        return False
+    return _ADDRESS.sub("", str(a.jaxpr)) == _ADDRESS.sub("", str(b.jaxpr))
+
+
+def _same_constant(a: Any, b: Any) -> bool:
+    if a is b:
+        return True
+    if isinstance(a, Tracer) or isinstance(b, Tracer):
+        return False
+    try:
+        a, b = np.asarray(a), np.asarray(b)
+    except Exception:  # an extended dtype (a PRNG key): only by identity
+        return False
+    return a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
 
 
 def _source_of(function: Callable[..., Any]) -> tuple[str, str]:
@@ -216,21 +374,28 @@ def _source_of(function: Callable[..., Any]) -> tuple[str, str]:
 
 @register(jit_p)
 def _jit(*args: ValueLike, jaxpr: Any, **params: Any) -> list[Any]:
-    source = (body_source(jaxpr) or "") if _function_primitives else ""
-    primitive = _function_primitives.get(source)
+    source = (body_source(jaxpr) or "") if _registered else ""
     rule = None
-    if primitive is not None and any(is_value(a) for a in args):
+    statics: dict[str, Any] = {}
+    if source in _registered and any(is_value(a) for a in args):
         if not _as_traced(jaxpr):
-            return _transformed_body(*args, jaxpr=jaxpr, **params)
-        if _in_order(jaxpr, source):
-            rule = registered_rule(primitive, args)
+            return _noted_body(_TRANSFORMED, *args, jaxpr=jaxpr, **params)
+        # Where the arguments are not the leading parameters in order, the body runs
+        # (see `register_function`).
+        candidates = [r for r in _registered[source] if _in_order(jaxpr, r)]
+        found = _identify(jaxpr, candidates) if candidates else None
+        if candidates and found is None:
+            return _noted_body(_OTHER_BODY, *args, jaxpr=jaxpr, **params)
+        if found is not None:
+            registered, statics = found
+            rule = registered_rule(registered.primitive, args, takes=statics)
     if rule is None:
         return _jit_body(*args, jaxpr=jaxpr, **params)
 
     def call(*a: Any) -> Any:
         return _as_output(jaxpr, _jit_body(*a, jaxpr=jaxpr, **params))
 
-    out = rule(args, {"call": call})
+    out = rule(args, {"call": call, **statics})
     leaves = jtu.tree_leaves(out, is_leaf=is_value)
     if len(leaves) != len(jaxpr.out_avals):
         raise TypeError(
@@ -255,9 +420,29 @@ def _as_traced(jaxpr: Any) -> bool:
     return info is not None and info.result_paths is not None
 
 
-def _transformed_body(*args: ValueLike, jaxpr: Any, **params: Any) -> list[Any]:
-    """Run a transformation of a registered function's body (see `_as_traced`)
-    under the rules; an error says why the function's rule did not run."""
+# Why the rules registered for a function did not run on a body of its source (the
+# body then runs under the rules, and an error from it carries this note).
+_TRANSFORMED = (
+    "`vmap`, `grad`, `jvp` or `linearize` inside `quaxify` transformed its body, "
+    "whose arguments a rule cannot read, so the body ran under the rules instead. "
+    "Apply the transformation outside `quaxify`, as in `jax.vmap(quax.quaxify(f))`, "
+    "for the rule to see the function's own arguments."
+)
+_OTHER_BODY = (
+    "this body is not the one the function gives on these argument types with "
+    "its static arguments at their defaults (or at values a rule takes, its "
+    "registration's `static`), so the body ran under the rules instead: a static "
+    "argument (`jax.jit`'s `static_argnames`) changes what the function computes, "
+    "which the rules were not written for, or another function at the same source "
+    "line was called. Leave the static arguments at their defaults for the rules to "
+    "run, or have the rule take them (`quax.register_function(f, static=...)`)."
+)
+
+
+def _noted_body(why: str, *args: ValueLike, jaxpr: Any, **params: Any) -> list[Any]:
+    """Run the body of a `jit` whose source is a registered function's, where its
+    rules do not apply (`why`, see above), under the rules; an error from it says
+    why the function's rules did not run."""
     try:
         return _jit_body(*args, jaxpr=jaxpr, **params)
     except ValueAsked:
@@ -265,12 +450,7 @@ def _transformed_body(*args: ValueLike, jaxpr: Any, **params: Any) -> list[Any]:
     except Exception as e:
         e.add_note(
             f"(quax: the rules registered with `quax.register_function` for "
-            f"`{params['name']}` did not run: `vmap`, `grad`, `jvp` or "
-            f"`linearize` inside `quaxify` transformed its body, whose arguments "
-            f"a rule cannot read, so the body ran under the rules instead. Apply "
-            f"the transformation outside `quaxify`, as in "
-            f"`jax.vmap(quax.quaxify(f))`, for the rule to see the function's own "
-            f"arguments.)"
+            f"`{params['name']}` did not run: {why})"
         )
         raise
 

@@ -37,5 +37,6 @@ from ._kronecker import (
     kron_apply as kron_apply,
     kron_diagonal as kron_diagonal,
     kron_entries as kron_entries,
+    kron_sum_eigh as kron_sum_eigh,
 )
 from ._levinson import levinson as levinson

@@ -65,12 +65,14 @@ def _gather(
     return factors
 
 
-def _unbatched_factors(value: Any, field: str, ndims: Sequence[int]) -> None:
-    """Refuse a structure without batch axes whose factor `field[k]` has more
-    axes than `ndims[k]`: a stack built by `jax.vmap` or `jax.tree.map` past the
-    constructor's checks, which its `aval` would misread as one matrix."""
-    for k, (leaf, ndim) in enumerate(zip(getattr(value, field), ndims, strict=True)):
-        shape = jnp.shape(leaf)
+def _unbatched_factors(
+    value: Any, field: str, shapes: Sequence[tuple[int, ...]], ndims: Sequence[int]
+) -> None:
+    """Refuse a structure without batch axes whose factor `field[k]` (of shape
+    `shapes[k]`) has more axes than `ndims[k]`: a stack built by `jax.vmap` or
+    `jax.tree.map` past the constructor's checks, which its `aval` would misread
+    as one matrix."""
+    for k, (shape, ndim) in enumerate(zip(shapes, ndims, strict=True)):
         if len(shape) != ndim:
             raise ValueError(
                 f"`{type(value).__name__}` has no batch axes: `{field}[{k}]` must "
@@ -78,6 +80,22 @@ def _unbatched_factors(value: Any, field: str, ndims: Sequence[int]) -> None:
                 "built by `jax.vmap` or `jax.tree.map`). Map over the stack outside "
                 "the quaxified function instead: `jax.vmap(quax.quaxify(fn))`."
             )
+
+
+def _stored(factor: Any) -> Array:
+    """A stored factor as the kernels read it: an identity factor `c I` (a
+    `ScaledIdentity`) as its diagonal, the others as they are."""
+    if isinstance(factor, ScaledIdentity):
+        scale = jnp.asarray(factor.scale)
+        return jnp.broadcast_to(scale[..., None], _stored_shape(factor))
+    return factor
+
+
+def _stored_shape(factor: Any) -> tuple[int, ...]:
+    """The shape of `_stored(factor)`, without computing it (as an `aval` must)."""
+    if isinstance(factor, ScaledIdentity):
+        return (*jnp.shape(factor.scale), factor.n)
+    return jnp.shape(factor)
 
 
 def _factor_name(factors: Sequence[Any], k: int) -> str:
@@ -96,19 +114,91 @@ def _check_square(name: str, factors: Sequence[Any]) -> None:
             )
 
 
-def _two_factor_field(value: Any, field: str, k: int) -> Array:
-    """`left` (`k = 0`) or `right` (`k = 1`), the published two-factor fields, read
-    from the factors `field`: `right` only where there are exactly two."""
-    factors = getattr(value, field)
-    if k == 1 and len(factors) != 2:
-        raise AttributeError(
-            f"`{type(value).__name__}.right` is the second of exactly two factors; "
-            f"this one has {len(factors)}: read `.{field}` (all of them, in order)."
-        )
-    return factors[k]
+def _factor_property(field: str, k: int, name: str, doc: str) -> property:
+    """A published two-factor field, `name`, read from the factors `field`: the
+    first (`k = 0`), or the second (`k = 1`) only where there are exactly two."""
+
+    def read(value: Any) -> Array:
+        factors = getattr(value, field)
+        if k == 1 and len(factors) != 2:
+            raise AttributeError(
+                f"`{type(value).__name__}.{name}` is the second of exactly two "
+                f"factors; this one has {len(factors)}: read `.{field}` (all of them, "
+                "in order)."
+            )
+        return factors[k]
+
+    return property(read, doc=doc)
 
 
-class Kronecker(StructuredMatrix):
+def _init_factors(
+    value: Any,
+    field: str,
+    args: Sequence[Any],
+    last: Any,
+    *,
+    left: Any = None,
+    right: Any = None,
+    matrices: Sequence[Array] | None = None,
+    allow_materialise: bool = False,
+    positive_definite: bool = False,
+) -> None:
+    """The constructor of a structure of factors and one more field, `field`
+    (`scale`, `perm`): the factors positionally (or the published two-factor
+    keywords `left=`, `right=`, or the field `matrices=`), `field` after them or
+    as a keyword (`last`), and the tags."""
+    name = type(value).__name__
+    rest = list(args)
+    if last is None:
+        if not rest:
+            raise TypeError(f"`{name}` needs `{field}`.")
+        last = rest.pop()
+    setattr(value, field, last)
+    value.matrices = tuple(_gather(name, rest, left, right, matrices))
+    value.allow_materialise = allow_materialise
+    value.positive_definite = positive_definite
+
+
+class _Factors(StructuredMatrix):
+    """What the Kronecker structures share: an `(n, n)` matrix, `n = Π nᵢ`, built
+    from square factors `matrices` (of sizes `nᵢ`) without batch axes, whose
+    first two are readable as `left` and `right`, the published two-factor
+    fields."""
+
+    matrices: eqx.AbstractVar[tuple[Array, ...]]
+
+    linear_in_leaves = False
+
+    left = _factor_property(
+        "matrices", 0, "left", "The first factor (the published field's name)."
+    )
+    right = _factor_property(
+        "matrices",
+        1,
+        "right",
+        "The second of exactly two factors (the published field's name).",
+    )
+
+    @property
+    def sizes(self) -> tuple[int, ...]:
+        """The factors' sizes `(n₁, ..., n_N)`."""
+        return tuple(_stored_shape(m)[-1] for m in self.matrices)
+
+    def _grid_aval(self, ndims: Sequence[int], *others: Any) -> jax.core.ShapedArray:
+        """The `(n, n)` abstract value, of the factors' dtype promoted with
+        `others`', after checking that factor `k` has `ndims[k]` axes (no batch)."""
+        shapes = [_stored_shape(m) for m in self.matrices]
+        _unbatched_factors(self, "matrices", shapes, ndims)
+        n = 1
+        for size in self.sizes:
+            n *= size
+        leaves = [
+            m.scale if isinstance(m, ScaledIdentity) else m for m in self.matrices
+        ]
+        return jax.core.ShapedArray((n, n), jnp.result_type(*leaves, *others))
+
+
+class Kronecker(_Factors):
     """`A₁ ⊗ A₂ ⊗ ... ⊗ A_N`, the Kronecker product of two or more square matrices
     (row-major, as `jnp.kron`; `Kronecker(A, B)` is `jnp.kron(A, B)`). Products
     cost O(n Σ nᵢ) through reshapes (`n = Π nᵢ`); `jnp.linalg.solve`, `det`,
@@ -116,10 +206,16 @@ class Kronecker(StructuredMatrix):
 
     `Kronecker(A, B, C)`, `Kronecker(Kronecker(A, B), C)` and `Kronecker(A,
     Kronecker(B, C))` are the same matrix with the same three factors (a
-    `Kronecker` factor is spliced in). A `Diagonal` (or `ScaledIdentity`) factor is
-    kept as its diagonal: `Kronecker(Diagonal(d1), Diagonal(d2))` is a diagonal
-    matrix stored in `n₁ + n₂` numbers, and a symmetric `Kronecker` plus it is a
-    `KroneckerPlusDiagonal`.
+    `Kronecker` factor is spliced in). A `Diagonal` factor is kept as its diagonal:
+    `Kronecker(Diagonal(d1), Diagonal(d2))` is a diagonal matrix stored in `n₁ +
+    n₂` numbers, and a symmetric `Kronecker` plus it is a `KroneckerPlusDiagonal`.
+    A `ScaledIdentity` factor `c I` is kept as it is, its scale and size: the
+    structure itself knows that factor to be a multiple of the identity, also
+    where its scale is traced (a `jit` argument), so that a sum of such products,
+    the Kronecker sum `A ⊗ I + I ⊗ B`, has `jnp.linalg.eigh`, `svd` and
+    `jax.scipy.linalg.expm` through its factors (write `Kronecker(a,
+    ScaledIdentity(1.0, n))` rather than `Kronecker(a, jnp.eye(n))`, whose
+    identity only a program that builds it shows).
 
     **Arguments:**
 
@@ -132,9 +228,10 @@ class Kronecker(StructuredMatrix):
 
     **Fields:**
 
-    - `matrices`: the factors in order: `(nᵢ, nᵢ)` arrays, or `(nᵢ,)` diagonals
-        where `diagonal[i]`. `left` is `matrices[0]` and `right` `matrices[1]`
-        (for two factors), as the published fields.
+    - `matrices`: the factors in order: `(nᵢ, nᵢ)` arrays, or, where
+        `diagonal[i]`, `(nᵢ,)` diagonals or `ScaledIdentity`s (one matrix each).
+        `left` is `matrices[0]` and `right` `matrices[1]` (for two factors), as
+        the published fields.
     - `diagonal`: which factors are stored as their diagonal (static).
     - `symmetric`: whether every factor is symmetric (static; a property tag that
         `jnp.linalg.cholesky` needs, as it symmetrises its input first).
@@ -147,8 +244,6 @@ class Kronecker(StructuredMatrix):
     diagonal: tuple[bool, ...] = eqx.field(static=True)
     symmetric: bool = eqx.field(default=False, static=True)
     triangle: Literal["lower", "upper"] | None = eqx.field(default=None, static=True)
-
-    linear_in_leaves = False
 
     def __init__(
         self,
@@ -182,24 +277,24 @@ class Kronecker(StructuredMatrix):
         stored, is_diagonal = [], []
         for k, factor in enumerate(_gather("Kronecker", args, left, right, matrices)):
             if isinstance(factor, Kronecker):
-                stored.extend(factor._operands())
-                is_diagonal.extend(factor.diagonal)
-            elif isinstance(factor, ScaledIdentity | Diagonal):
-                vector = (
-                    factor.diag
-                    if isinstance(factor, Diagonal)
-                    else jnp.broadcast_to(
-                        factor.scale, (*jnp.shape(factor.scale), factor.n)
+                stored.extend(
+                    m if isinstance(m, ScaledIdentity) else operand
+                    for m, operand in zip(
+                        factor.matrices, factor._operands(), strict=True
                     )
                 )
-                if jnp.ndim(vector) != 1:
+                is_diagonal.extend(factor.diagonal)
+            elif isinstance(factor, ScaledIdentity | Diagonal):
+                # A diagonal is stored as its vector, `c I` as it is.
+                kept = factor.diag if isinstance(factor, Diagonal) else factor
+                if len(_stored_shape(kept)) != 1:
                     raise ValueError(
                         f"`Kronecker` needs square factors without batch axes; factor "
                         f"{k} is a `{type(factor).__name__}` with batch axes (shape "
                         f"{factor.shape}). Map over the batch outside the quaxified "
                         "function: `jax.vmap(quax.quaxify(fn))`."
                     )
-                stored.append(vector)
+                stored.append(kept)
                 is_diagonal.append(True)
             elif isinstance(factor, StructuredMatrix):
                 raise ValueError(
@@ -227,7 +322,7 @@ class Kronecker(StructuredMatrix):
         for k, (factor, diagonal) in enumerate(
             zip(self.matrices, self.diagonal, strict=True)
         ):
-            shape = jnp.shape(factor)
+            shape = _stored_shape(factor)
             if diagonal and len(shape) != 1:
                 raise ValueError(
                     f"`Kronecker` stores a diagonal factor as its diagonal (1 axis); "
@@ -239,34 +334,26 @@ class Kronecker(StructuredMatrix):
                     f"`{_factor_name(self.matrices, k)}` of shape {shape}."
                 )
 
-    @property
-    def left(self) -> Array:
-        """The first factor (the published field's name)."""
-        return _two_factor_field(self, "matrices", 0)
-
-    @property
-    def right(self) -> Array:
-        """The second of exactly two factors (the published field's name)."""
-        return _two_factor_field(self, "matrices", 1)
-
-    @property
-    def sizes(self) -> tuple[int, ...]:
-        """The factors' sizes `(n₁, ..., n_N)`."""
-        return tuple(jnp.shape(m)[-1] for m in self.matrices)
-
     def aval(self) -> jax.core.ShapedArray:
-        _unbatched_factors(self, "matrices", [1 if d else 2 for d in self.diagonal])
-        n = 1
-        for size in self.sizes:
-            n *= size
-        return jax.core.ShapedArray((n, n), jnp.result_type(*self.matrices))
+        return self._grid_aval([1 if d else 2 for d in self.diagonal])
 
     def _operands(self) -> tuple[Array, ...]:
         """The factors as the kernels read them: diagonal ones as their diagonal,
         the others symmetrised, `(a + aᵀ) / 2`, when `symmetric`."""
         return tuple(
             m if d or not self.symmetric else _symmetrised(m)
-            for m, d in zip(self.matrices, self.diagonal, strict=True)
+            for m, d in zip(self._arrays(), self.diagonal, strict=True)
+        )
+
+    def _arrays(self) -> tuple[Array, ...]:
+        """The stored factors, an identity factor as its diagonal."""
+        return tuple(_stored(m) for m in self.matrices)
+
+    def identity_scales(self) -> tuple[Array | None, ...]:
+        """For each factor, its scale `c` where it is stored as `c I` (a
+        `ScaledIdentity` factor), else `None`."""
+        return tuple(
+            m.scale if isinstance(m, ScaledIdentity) else None for m in self.matrices
         )
 
     def factors(self) -> tuple[Array, ...]:
@@ -280,7 +367,9 @@ class Kronecker(StructuredMatrix):
 
     def _with(self, matrices: Sequence[Array], **kw: Any) -> "Kronecker":
         fields = dict(
-            diagonal=tuple(jnp.ndim(m) == 1 for m in matrices),
+            diagonal=tuple(
+                isinstance(m, ScaledIdentity) or jnp.ndim(m) == 1 for m in matrices
+            ),
             symmetric=self.symmetric,
             triangle=self.triangle,
             allow_materialise=self.allow_materialise,
@@ -292,11 +381,20 @@ class Kronecker(StructuredMatrix):
             return self
         flipped = {"lower": "upper", "upper": "lower", None: None}[self.triangle]
         return self._with(
-            [m if m.ndim == 1 else m.T for m in self.matrices], triangle=flipped
+            [
+                m if d else m.T
+                for m, d in zip(self.matrices, self.diagonal, strict=True)
+            ],
+            triangle=flipped,
         )
 
     def scaled(self, s: Array) -> "Kronecker":
-        return self._with((self.matrices[0] * s, *self.matrices[1:]))
+        first = self.matrices[0]
+        if isinstance(first, ScaledIdentity):
+            first = ScaledIdentity(first.scale * s, first.n)
+        else:
+            first = first * s
+        return self._with((first, *self.matrices[1:]))
 
     def add(self, other: StructuredMatrix) -> StructuredMatrix | None:
         """`A₁ ⊗ ... ⊗ A_N + c I` for a symmetric `Kronecker` (tagged
@@ -306,19 +404,19 @@ class Kronecker(StructuredMatrix):
         both solved through the factors' (generalised) eigendecompositions. A
         `Kronecker` of diagonals plus `c I` or plus another: a `Diagonal`."""
         if all(self.diagonal):
-            diagonal = kron_diagonal(self.matrices)
+            diagonal = kron_diagonal(self._arrays())
             if isinstance(other, ScaledIdentity) and jnp.ndim(other.scale) == 0:
                 diagonal = diagonal + other.scale
             elif isinstance(other, Kronecker) and all(other.diagonal):
                 if other.shape != self.shape:
                     return None
-                diagonal = diagonal + kron_diagonal(other.matrices)
+                diagonal = diagonal + kron_diagonal(other._arrays())
             else:
                 return None
             return Diagonal(diagonal, allow_materialise=self.allow_materialise)
         if not self.symmetric or self.triangle is not None:
             return None
-        if any(jnp.iscomplexobj(m) for m in self.matrices):
+        if any(jnp.iscomplexobj(m) for m in self._arrays()):
             # The eigendecomposition routes are real: a complex symmetric factor
             # has no orthogonal eigendecomposition (the sum stays a lazy `Sum`).
             return None
@@ -335,9 +433,9 @@ class Kronecker(StructuredMatrix):
         if isinstance(other, Kronecker) and all(other.diagonal):
             if other.sizes != self.sizes:
                 return None
-            if any(jnp.iscomplexobj(d) for d in other.matrices):
+            if any(jnp.iscomplexobj(d) for d in other._arrays()):
                 return None
-            return KroneckerPlusDiagonal(self.factors(), other.matrices, **tags)
+            return KroneckerPlusDiagonal(self.factors(), other._arrays(), **tags)
         return None
 
     def matmat(self, x: Array) -> Array:
@@ -451,7 +549,7 @@ class Kronecker(StructuredMatrix):
         return b / diag[:, None]
 
 
-class KroneckerLU(StructuredMatrix):
+class KroneckerLU(_Factors):
     """The packed LU factors of a `Kronecker` product's factors, `Pᵢ Aᵢ = Lᵢ Uᵢ`:
     `L = L₁ ⊗ ... ⊗ L_N` (unit diagonal) and `U = U₁ ⊗ ... ⊗ U_N`, with the row
     permutation `P = P₁ ⊗ ... ⊗ P_N` applied by the unit lower solve (`L y = P
@@ -475,43 +573,14 @@ class KroneckerLU(StructuredMatrix):
     matrices: tuple[Array, ...]
     perm: Array
 
-    linear_in_leaves = False
-
-    def __init__(
-        self,
-        *args: Any,
-        perm: Array | None = None,
-        left: Any = None,
-        right: Any = None,
-        matrices: Sequence[Array] | None = None,
-        allow_materialise: bool = False,
-        positive_definite: bool = False,
-    ):
-        rest = list(args)
-        if perm is None and not rest:
-            raise TypeError("`KroneckerLU` needs `perm`.")
-        self.perm = rest.pop() if perm is None else perm
-        self.matrices = tuple(_gather("KroneckerLU", rest, left, right, matrices))
-        self.allow_materialise = allow_materialise
-        self.positive_definite = positive_definite
+    def __init__(self, *args: Any, perm: Array | None = None, **kw: Any):
+        _init_factors(self, "perm", args, perm, **kw)
 
     def __check_init__(self):
         _check_square("KroneckerLU", self.matrices)
 
-    @property
-    def left(self) -> Array:
-        return _two_factor_field(self, "matrices", 0)
-
-    @property
-    def right(self) -> Array:
-        return _two_factor_field(self, "matrices", 1)
-
     def aval(self) -> jax.core.ShapedArray:
-        _unbatched_factors(self, "matrices", [2] * len(self.matrices))
-        n = 1
-        for m in self.matrices:
-            n *= m.shape[0]
-        return jax.core.ShapedArray((n, n), jnp.result_type(*self.matrices))
+        return self._grid_aval([2] * len(self.matrices))
 
     def entries(self, i: Array, j: Array) -> Array:
         n = self.shape[-1]
@@ -549,7 +618,7 @@ class KroneckerLU(StructuredMatrix):
         return x
 
 
-class _KroneckerPencil(StructuredMatrix):
+class _KroneckerPencil(_Factors):
     """What `KroneckerPlusIdentity` and `KroneckerPlusDiagonal` share: `M = A₁ ⊗
     ... ⊗ A_N + c D₁ ⊗ ... ⊗ D_N` for symmetric `Aᵢ` (symmetrised wherever read),
     positive diagonal `Dᵢ` (the identity for `KroneckerPlusIdentity`) and a scalar
@@ -564,8 +633,6 @@ class _KroneckerPencil(StructuredMatrix):
     matrices: eqx.AbstractVar[tuple[Array, ...]]
     scale: eqx.AbstractVar[Array]
 
-    linear_in_leaves = False
-
     def _diagonals(self) -> tuple[Array, ...] | None:
         """`(D₁, ..., D_N)` as vectors; `None` for the identity."""
         raise NotImplementedError
@@ -573,10 +640,6 @@ class _KroneckerPencil(StructuredMatrix):
     @property
     def symmetric(self) -> bool:
         return True
-
-    @property
-    def sizes(self) -> tuple[int, ...]:
-        return tuple(jnp.shape(m)[-1] for m in self.matrices)
 
     def factors(self) -> tuple[Array, ...]:
         """The factors `Aᵢ`, symmetrised."""
@@ -611,12 +674,7 @@ class _KroneckerPencil(StructuredMatrix):
 
     def aval(self) -> jax.core.ShapedArray:
         diagonals = self._diagonals() or ()
-        _unbatched_factors(self, "matrices", [2] * len(self.matrices))
-        n = 1
-        for size in self.sizes:
-            n *= size
-        dtype = jnp.result_type(*self.matrices, *diagonals, self.scale)
-        return jax.core.ShapedArray((n, n), dtype)
+        return self._grid_aval([2] * len(self.matrices), *diagonals, self.scale)
 
     def _noise(self) -> Array:
         """The diagonal `c D₁ ⊗ ... ⊗ D_N`, shape `(n,)`."""
@@ -728,35 +786,11 @@ class KroneckerPlusIdentity(_KroneckerPencil):
     matrices: tuple[Array, ...]
     scale: Array
 
-    def __init__(
-        self,
-        *args: Any,
-        scale: Array | None = None,
-        left: Any = None,
-        right: Any = None,
-        matrices: Sequence[Array] | None = None,
-        allow_materialise: bool = False,
-        positive_definite: bool = False,
-    ):
-        rest = list(args)
-        if scale is None and not rest:
-            raise TypeError("`KroneckerPlusIdentity` needs `scale`.")
-        self.scale = rest.pop() if scale is None else scale
-        factors = _gather("KroneckerPlusIdentity", rest, left, right, matrices)
-        self.matrices = tuple(factors)
-        self.allow_materialise = allow_materialise
-        self.positive_definite = positive_definite
+    def __init__(self, *args: Any, scale: Array | None = None, **kw: Any):
+        _init_factors(self, "scale", args, scale, **kw)
 
     def __check_init__(self):
         self._check_fields()
-
-    @property
-    def left(self) -> Array:
-        return _two_factor_field(self, "matrices", 0)
-
-    @property
-    def right(self) -> Array:
-        return _two_factor_field(self, "matrices", 1)
 
     def _diagonals(self) -> None:
         return None
@@ -854,21 +888,10 @@ class KroneckerEigenLU(SolverLU):
     values: tuple[Array, ...]
     vectors: tuple[Array, ...]
 
-    @property
-    def wa(self) -> Array:
-        return _two_factor_field(self, "values", 0)
-
-    @property
-    def wb(self) -> Array:
-        return _two_factor_field(self, "values", 1)
-
-    @property
-    def qa(self) -> Array:
-        return _two_factor_field(self, "vectors", 0)
-
-    @property
-    def qb(self) -> Array:
-        return _two_factor_field(self, "vectors", 1)
+    wa = _factor_property("values", 0, "wa", "The first factor's eigenvalues.")
+    wb = _factor_property("values", 1, "wb", "The second of two factors' eigenvalues.")
+    qa = _factor_property("vectors", 0, "qa", "The first factor's `V₁`.")
+    qb = _factor_property("vectors", 1, "qb", "The second of two factors' `V₂`.")
 
     def _eigenvalues(self) -> Array:
         return self.matrix._pencil_values(self.values)

@@ -311,12 +311,12 @@ def _scatter_mul(
 _KEEP_UNITS = [
     lax.reduce_max_p, lax.reduce_min_p, lax.cummax_p, lax.cummin_p, lax.reshape_p,
     lax.squeeze_p, lax.broadcast_in_dim_p, lax.transpose_p, lax.slice_p, lax.rev_p,
-    lax.convert_element_type_p, lax.reduce_precision_p, jprim.copy_p, lax.tile_p,
+    lax.reduce_precision_p, jprim.copy_p, lax.tile_p,
     lax.sharding_constraint_p, lax.reduce_window_max_p, lax.reduce_window_min_p,
 ]  # fmt: skip
 _KEEP_DIMENSIONS = [
-    lax.neg_p, lax.abs_p, lax.floor_p, lax.ceil_p, lax.round_p, lax.real_p, lax.imag_p,
-    lax.conj_p, lax.reduce_sum_p, lax.cumsum_p, lax.reduce_window_sum_p,
+    lax.neg_p, lax.abs_p, lax.real_p, lax.imag_p, lax.conj_p, lax.reduce_sum_p,
+    lax.cumsum_p, lax.reduce_window_sum_p,
 ]  # fmt: skip
 
 
@@ -329,6 +329,41 @@ def _keep(primitive: Any, x: Quantity, **params: Any) -> Quantity:
 def _keep_dimensions(primitive: Any, x: Quantity, **params: Any) -> Quantity:
     # Arithmetic on the SI-coherent numbers: shown in `degC` it would be wrong.
     return _wrap(primitive.bind(x.array, **params), x.units, _shown(x))
+
+
+def _refuse_rounding_in_si(what: str, x: Quantity) -> None:
+    """Rounding a dimensional quantity depends on the unit its numbers are in:
+    `floor` of 1.6 km is 1 km, but the numbers are held in metres, where it would be
+    1600 m (1.6 km). Where the display unit is not SI-coherent (a scale other than
+    1, or an offset: `km`, `degC`), the numbers cannot be rounded in it exactly
+    either (1.6 ft read back from metres may be 1.5999999 ft), so rounding is
+    refused there. A dimensionless quantity is a number (`np.asarray` gives it), and
+    is rounded as that number whatever it is shown in (`5 km // 2 m` is 2500, shown
+    as 2.5 `km / m`)."""
+    shown = x.unit
+    if not x.units.is_dimensionless and (shown.scale != 1.0 or shown.offset):
+        si = str(si_unit(x.units))
+        raise UnitError(
+            f"{what} a quantity in {describe(x)}: rounding depends on the unit, and "
+            f"its numbers are held in {si}, not {shown} (`floor` of 1.6 km is 1 km, "
+            "of 1600 m it is 1600 m). Round the numbers in the unit you mean: "
+            "`Quantity(jnp.floor(quax_units.ustrip(unit, q)), unit)`, or show the "
+            f"quantity in SI-coherent units first (`q.to({si!r})`) to round those."
+        )
+
+
+@quax.register_elementwise([lax.floor_p, lax.ceil_p, lax.round_p])
+def _round(primitive: Any, x: Quantity, **params: Any) -> Quantity:
+    _refuse_rounding_in_si(f"`{primitive.name}` (`jnp.{primitive.name}`) of", x)
+    return _wrap(primitive.bind(x.array, **params), x.units, x.unit)
+
+
+@quax.register(lax.convert_element_type_p)
+def _convert_element_type(x: Quantity, *, new_dtype: Any, **params: Any) -> Quantity:
+    if new_dtype is not None and jax.numpy.issubdtype(new_dtype, np.integer):
+        _refuse_rounding_in_si(f"casting to {np.dtype(new_dtype).name}", x)
+    out = lax.convert_element_type_p.bind(x.array, new_dtype=new_dtype, **params)
+    return _wrap(out, x.units, x.unit)
 
 
 @quax.register_elementwise([lax.dynamic_slice_p, lax.gather_p])

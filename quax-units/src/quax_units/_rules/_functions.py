@@ -9,7 +9,14 @@ another family's value among them the body runs under the rules as usual):
 - `jnp.isclose` (and `jnp.allclose`, which calls it) adds JAX's default `atol`, a
   plain `1e-8`, to `rtol * |b|`: its `UnitError` names the way out, an `atol` in
   the operands' units (read in the first operand's unit it would be a guess: 1e-8
-  cm and 1e-8 km are different tolerances).
+  cm and 1e-8 km are different tolerances);
+- `jnp.round(a, decimals)` (and `jnp.around`) multiplies by `10**decimals`
+  before rounding, which turns a temperature in `degC` into one in `K`, where the
+  primitive rule for `round` would round the kelvin (20.6 °C to one decimal is
+  293.8 K, 20.65 °C): the operand's unit is checked as that rule checks it;
+- `jnp.sinc` divides by its operand, so an angle in `deg` came out shown in
+  `1 / deg`: it is computed on the numbers of a dimensionless operand (angles in
+  radians, as `jnp.sin` reads them) and shown dimensionless.
 """
 
 from typing import Any
@@ -18,9 +25,9 @@ import jax.numpy as jnp
 import quax
 from quax._compat import release_traces
 
-from .._dimensions import UnitError
+from .._dimensions import UnitError, dimensionless
 from .._value import Quantity, describe
-from ._arrays import _array, _Operand, _same_units, _wrap
+from ._arrays import _array, _Operand, _refuse_rounding_in_si, _same_units, _wrap
 
 
 @quax.register_function(jnp.hypot)
@@ -45,3 +52,32 @@ def _isclose(*args: _Operand, call: Any) -> Any:
             "`atol=0`. (A plain `atol` is not read in the first operand's unit: 1e-8 "
             "cm and 1e-8 km are different tolerances.)"
         ) from None
+
+
+# The numbers of decimals the rounding rules take (`decimals` is a static argument
+# of `jnp.round`: a rule runs only for the values it declares; any other runs the
+# body, which rounds the SI numbers).
+_DECIMALS = tuple(range(-8, 9))
+
+
+@quax.register_function(jnp.round, static={"decimals": _DECIMALS})
+def _round(a: Quantity, *, decimals: int = 0, call: Any) -> Any:
+    _refuse_rounding_in_si("`jnp.round` of", a)
+    return call(a)
+
+
+@quax.register_function(jnp.around, static={"decimals": _DECIMALS})
+def _around(a: Quantity, *, decimals: int = 0, call: Any) -> Any:
+    _refuse_rounding_in_si("`jnp.around` of", a)
+    return call(a)
+
+
+@quax.register_function(jnp.sinc)
+def _sinc(x: Quantity, *, call: Any) -> Quantity:
+    if not x.units.is_dimensionless:
+        raise UnitError(
+            f"`jnp.sinc` needs a dimensionless operand (angles count, in radians), "
+            f"but got {describe(x)}. Divide by a reference quantity, or strip the "
+            "units with `quax_units.ustrip`."
+        )
+    return _wrap(jnp.sinc(x.array), dimensionless, None)
