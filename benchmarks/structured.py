@@ -18,7 +18,9 @@
   which is how lineax reaches these structures).
 - `Toeplitz` solves and `slogdet` (the Levinson recursion, checked; GKO where the
   check fails) against the Levinson recursion alone, GKO alone and dense `jnp`
-  (`--toeplitz` runs only these).
+  (`--toeplitz` runs only these), and the backward errors the Levinson recursion,
+  GKO and dense reach (`--toeplitz-accuracy`: the evidence for the check's
+  tolerance).
 - The pivoted routes (low-rank-plus-diagonal solves, banded `slogdet`) against
   the unpivoted ones they replaced and dense `jnp`.
 - `jnp.linalg.pinv` as a structure (`--pinv`): diagonal, circulant, block-diagonal,
@@ -399,6 +401,67 @@ def toeplitz_solves(sizes: tuple[int, ...], rounds: int) -> list[dict[str, Any]]
                     _x(r.get(f"{ours} / dense")),
                 ]
         print("| " + " | ".join(cells) + " |")
+    return rows
+
+
+def toeplitz_accuracy(sizes: tuple[int, ...]) -> list[dict[str, Any]]:
+    """The evidence for `Toeplitz`'s tolerance (`_toeplitz._tolerance`): the
+    backward error `‖b - T x‖₂ / (N ‖x‖₂ + ‖b‖₂)` (as the check computes it, `N`
+    its bound of `‖T‖₂`; in eps) that the Levinson recursion, GKO and dense
+    `jnp.linalg.solve` (partial pivoting, LAPACK) reach on four non-symmetric or
+    untagged matrices, in float32 and float64: the audit's (diagonal 2, column
+    `0.5^k`, row `(-0.4)^k`: diagonally dominant, cond 1.5), `toeplitz_solves`'
+    (diagonal `sqrt(n)`, the rest standard normal), a decaying one (diagonal 1,
+    the rest standard normal over `1 + k`: not diagonally dominant) and a
+    symmetric positive definite one (`0.7^k`, untagged)."""
+    from quax_structured._values._toeplitz import _backward_errors, _tolerance
+
+    check = jax.jit(_backward_errors)
+    routes = {
+        "levinson": jax.jit(lambda c, r, b: _levinson(c, r, b)[0]),
+        "gko": jax.jit(lambda c, r, b: _gko(c, r, b)[0]),
+        "dense": jax.jit(lambda c, r, b: jnp.linalg.solve(Toeplitz(c, r).dense(), b)),
+    }
+    rows = []
+    for n in sizes:
+        k = jr.split(jr.key(n), 3)
+        column, row = jr.normal(k[0], (2, n))
+        b = jr.normal(k[1], (n, 1))
+        index = jnp.arange(n)
+        matrices = {
+            "audit": ((0.5**index).at[0].set(2), ((-0.4) ** index).at[0].set(2)),
+            "benchmark": (column.at[0].set(n**0.5), row.at[0].set(n**0.5)),
+            "decaying": (
+                (column / (1 + index)).at[0].set(1),
+                (row / (1 + index)).at[0].set(1),
+            ),
+            "positive definite": (0.7**index, 0.7**index),
+        }
+        for name, (c, r) in matrices.items():
+            for dtype in (jnp.float32, jnp.float64):
+                with jax.enable_x64(dtype == jnp.float64):
+                    leaves = [jnp.asarray(x, dtype) for x in (c, r, b)]
+                    eps = float(jnp.finfo(dtype).eps)
+                    out: dict[str, Any] = {
+                        "n": n,
+                        "dtype": jnp.dtype(dtype).name,
+                        "matrix": name,
+                        "tolerance": _tolerance(n, dtype) / eps,
+                    }
+                    for route, solve in routes.items():
+                        x = solve(*leaves)
+                        out[route] = float(check(*leaves[:2], x, leaves[2])[0]) / eps
+                    rows.append(out)
+    print(
+        "\n## Toeplitz backward errors (eps; the check's `‖b - T x‖ / (N ‖x‖ + ‖b‖)`)\n"
+    )
+    print("| n | dtype | matrix | Levinson | GKO | dense | tolerance |")
+    print("|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(
+            f"| {r['n']:,} | {r['dtype']} | {r['matrix']} | {r['levinson']:.3g} | "
+            f"{r['gko']:.3g} | {r['dense']:.3g} | {r['tolerance']:g} |"
+        )
     return rows
 
 
@@ -1248,6 +1311,12 @@ if __name__ == "__main__":
         "the Levinson recursion, GKO and dense",
     )
     parser.add_argument(
+        "--toeplitz-accuracy",
+        action="store_true",
+        help="only the backward errors of the Levinson recursion, GKO and dense on "
+        "Toeplitz matrices (n = 64 ... 4,096, float32 and float64)",
+    )
+    parser.add_argument(
         "--pinv",
         action="store_true",
         help="only issue 29 item 6: jnp.linalg.pinv as a structure against dense",
@@ -1255,6 +1324,8 @@ if __name__ == "__main__":
     args = parser.parse_args()
     if args.pinv:
         print_pinv(args.quick)
+    elif args.toeplitz_accuracy:
+        toeplitz_accuracy((64, 256) if args.quick else (64, 256, 1024, 4096))
     elif args.toeplitz:
         toeplitz_solves(
             (256,) if args.quick else (256, 1024, 4096), 5 if args.quick else 9

@@ -18,21 +18,19 @@ from ._determinant import DeterminantLU
 __all__ = ["Toeplitz", "ToeplitzLU", "levinson"]
 
 
-# The largest backward error (relative to `eps`) with which the Levinson
-# recursion's answer is returned without running GKO. Small, so that the answer
-# is as accurate as a pivoted solve's (within `20 cond eps` of the exact one, as
-# `tests/test_pivoting.py` asks: at 1024 a Levinson answer of backward error near
-# 100 eps missed it by 5x). The Levinson recursion measured 0.1 to 0.5 eps on
-# positive definite matrices in float32 (n = 64 to 1,024), 1 to 170 eps on
-# diagonally dominant non-symmetric ones (those above 16 run GKO too).
-_TOLERANCE = 16
-
-
-def _bound(n: int, dtype) -> float:
-    """The largest backward error of an answer returned at all (above it, NaN):
-    `max(1024, n) eps` (GKO measured 0.1 to 40 eps at n = 64 to 1,024 in
-    float32; an elimination's backward error grows with n)."""
-    return max(1024, n) * float(jnp.finfo(dtype).eps)
+def _tolerance(n: int, dtype) -> float:
+    """The largest backward error (see `_backward_errors`) of an answer returned,
+    by either route (above it, NaN): `max(16, n / 4) eps`, of the order of partial
+    pivoting's bound (`3 n eps` times the growth factor: the guarantee of a dense
+    `jnp.linalg.solve`), so that the forward error is at most `2 κ τ / (1 - κ τ)`
+    (`τ` this tolerance, `κ` the condition number against `_backward_errors`'
+    bound of `‖T‖₂`). Linear in `n` because GKO's own backward error grows about
+    linearly (measured 2 to 180 eps at n = 64 to 2,048, against 0.1 to 4 eps for
+    a dense solve and for the Levinson recursion where it is stable): a tolerance
+    growing more slowly would turn GKO's answers into NaN at large `n`. 16 at
+    small `n`: at `1024 eps`, a Levinson answer of backward error 82 eps at n = 4
+    was 4.9x outside `20 cond eps` (`tests/test_toeplitz_guarantee.py`)."""
+    return max(16, n / 4) * float(jnp.finfo(dtype).eps)
 
 
 def _backward_errors(column: Array, row: Array, x: Array, b: Array) -> Array:
@@ -81,13 +79,14 @@ def _solve_route(column: Array, row: Array, b: Array) -> tuple[Array, Array]:
     gave it."""
     x = _levinson_solve(column, row, b)
     errors = _backward_errors(column, row, x, b)
-    accurate = jnp.all(errors <= _TOLERANCE * jnp.finfo(x.dtype).eps)
+    tolerance = _tolerance(b.shape[-2], x.dtype)
+    accurate = jnp.all(errors <= tolerance)
 
     def fallback(x: Array) -> Array:
         y = _gko_solve(column, row, b)
         pivoted = _backward_errors(column, row, y, b)
         best = jnp.where((errors <= pivoted)[..., None, :], x, y)
-        found = jnp.minimum(errors, pivoted) <= _bound(b.shape[-2], x.dtype)
+        found = jnp.minimum(errors, pivoted) <= tolerance
         return jnp.where(found[..., None, :], best, jnp.nan).astype(x.dtype)
 
     return lax.cond(accurate, lambda x: x, fallback, x), accurate
@@ -98,10 +97,10 @@ def _checked_solve(column: Array, row: Array, b: Array) -> Array:
     """`T⁻¹ b` for the Toeplitz `T` (`column`, `row` of shape `(*batch, n)`, `b`
     of shape `(*batch, n, k)`): the Levinson recursion (O(n² (k + 1)), no
     pivoting), checked by its backward error (`_backward_errors`, O(n log n)).
-    Only where an error is above `_TOLERANCE` (a tiny or zero leading minor), a
+    Only where an error is above `_tolerance` (a tiny or zero leading minor), a
     `lax.cond` branch runs GKO (O(n² (k + 1)), partial pivoting) and keeps, per
     system, the answer with the smaller backward error, NaN where neither is
-    below `_bound` (never a silently inaccurate answer). Its derivative is `T⁻¹
+    below `_tolerance` (never an answer outside the guarantee). Its derivative is `T⁻¹
     (ḃ - Ṫ x)`, solved by the route the answer took (so that neither route's NaN
     reaches it)."""
     return _solve_route(column, row, b)[0]
@@ -137,7 +136,8 @@ def _pivots_route(column: Array, row: Array) -> tuple[Array, Array]:
     probe = Toeplitz(column, row).matmat(start)
     x, pivots = batched(levinson, column, row, probe)
     errors = _backward_errors(column, row, x, probe)
-    accurate = jnp.all(errors <= _TOLERANCE * jnp.finfo(x.dtype).eps)
+    tolerance = _tolerance(n, column.dtype)
+    accurate = jnp.all(errors <= tolerance)
     accurate = accurate & jnp.all(jnp.isfinite(pivots))
 
     def fallback(pivots: Array) -> Array:
@@ -145,7 +145,7 @@ def _pivots_route(column: Array, row: Array) -> tuple[Array, Array]:
         pivoted_errors = _backward_errors(column, row, y, probe)[..., 0]
         finite = jnp.all(jnp.isfinite(pivoted), axis=-1)
         singular = finite & jnp.any(pivoted == 0, axis=-1)
-        found = singular | (pivoted_errors <= _bound(n, column.dtype))
+        found = singular | (pivoted_errors <= tolerance)
         return jnp.where(found[..., None], pivoted, jnp.nan).astype(pivots.dtype)
 
     return lax.cond(accurate, lambda p: p, fallback, pivots), accurate
@@ -156,9 +156,9 @@ def _checked_pivots(column: Array, row: Array) -> Array:
     """Numbers whose product is `det T` (`column`, `row` of shape `(*batch, n)`;
     returns `(*batch, n)`): the pivots of the Levinson recursion (those of LU
     without pivoting), where it solves a probe system `T x = T x₀` (`x₀ =
-    cos(1.618 k)`) with a backward error below `_TOLERANCE`. Only otherwise, in a
+    cos(1.618 k)`) with a backward error below `_tolerance`. Only otherwise, in a
     `lax.cond` branch, GKO's pivots (partial pivoting), where GKO solves the probe
-    with a backward error below `_bound` or meets an exactly zero pivot (a
+    with a backward error below `_tolerance` or meets an exactly zero pivot (a
     singular `T`: `det` 0), else NaN. Not the better of both: a derivative
     must follow the pivots returned, and the Levinson recursion's is NaN where
     it failed. Its derivative is that of the route taken (on the identity in
