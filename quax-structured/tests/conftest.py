@@ -73,7 +73,7 @@ def _toeplitz_guarantee(column, row, b, x, slogdet=()):
     an untagged `Toeplitz` of the leaves `column`, `row` (shape `(*batch, n)`):
     the answer `x` of `T x = b` (`b`, `x` of shape `(*batch, n)` or `(*batch,
     n, k)`) has a backward error `‖b - T x‖₂ / (N ‖x‖₂ + ‖b‖₂)` of at most `τ =
-    max(16, n / 4) eps` (`N ≥ ‖T‖₂` the largest eigenvalue modulus of the `2n`
+    (16 + n / 4) eps` (`N ≥ ‖T‖₂` the largest eigenvalue modulus of the `2n`
     circulant matrix whose top-left block `T` is, the bound the check uses),
     plus the rounding of the check itself in the working precision (`T x` by the
     FFT: `2 log₂(2n) eps`); then the forward error is at most `2 κ τ / (1 - κ τ)`
@@ -99,7 +99,7 @@ def _toeplitz_guarantee(column, row, b, x, slogdet=()):
     embedding = np.concatenate([column, [0], row[1:][::-1]]).astype(wide)
     bound = np.abs(np.fft.fft(embedding)).max()
     kappa = bound * np.linalg.norm(np.linalg.inv(dense), 2)
-    tau = max(16, n / 4) * eps + 2 * np.log2(2 * n) * eps
+    tau = (16 + n / 4) * eps + 2 * np.log2(2 * n) * eps
     b, x = (a.astype(wide).reshape(n, -1) for a in (b, x))
 
     def residual(y):

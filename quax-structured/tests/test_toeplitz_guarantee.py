@@ -1,5 +1,5 @@
 """The accuracy an untagged `Toeplitz`'s `jnp.linalg.solve` and `slogdet` promise
-(quax-structured's README, Pivoting): a backward error of at most `max(16, n / 4)
+(quax-structured's README, Pivoting): a backward error of at most `(16 + n / 4)
 eps` by either route (the Levinson recursion, checked; GKO where the check fails;
 NaN where neither meets it), and the forward error that follows from it
 (`toeplitz_guarantee` in `conftest.py`), against float64 NumPy."""
@@ -103,7 +103,7 @@ def _large(kind: str) -> tuple[jax.Array, jax.Array, jax.Array]:
 def test_large_n_meets_the_guarantee(kind, toeplitz_guarantee):
     # "benchmark": the Levinson recursion's backward error (about 100 eps) is
     # above 16 (where GKO ran too, 11x its time; GKO's own: about 20 eps) and
-    # below `n / 4 = 256` eps: its answer is returned, bit for bit. "decaying":
+    # below `16 + n / 4 = 272` eps: its answer is returned, bit for bit. "decaying":
     # far above, GKO's answer (about 16 eps) is returned. Both within the
     # guarantee.
     column, row, b = _large(kind)
