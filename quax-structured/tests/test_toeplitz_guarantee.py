@@ -29,9 +29,10 @@ _compiled = jax.jit(quax.quaxify(_solve_and_slogdet))
 # `test_non_dominant_matches_numpy` (cond 2.4): the Levinson recursion's answer
 # has a backward error of 82 eps and a forward error of 283 eps (4.9x `20 cond
 # eps`); with the check at 1024 eps it was returned. Then two whose Levinson
-# answers (backward error 13.0 and 13.7 eps, below 16) are returned, with
-# forward errors of 41.8 and 72.9 eps: outside `20 cond eps` (29.2 and 71.0 eps),
-# inside the guarantee, which is what a backward error of 16 eps implies.
+# answers (backward error 13.0 and 13.7 eps, below `16 + n / 4 = 17`) are
+# returned, with forward errors of 41.8 and 72.9 eps: outside `20 cond eps` (29.2
+# and 71.0 eps), inside the guarantee, which is what such a backward error
+# allows.
 _CASES = {
     "levinson 82 eps": (
         [1.8905338e-03, -5.2274847e-01, -4.1306356e-01, -2.4414673e00],

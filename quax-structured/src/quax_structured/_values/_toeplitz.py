@@ -25,7 +25,7 @@ def _tolerance(n: int, dtype) -> float:
     `jnp.linalg.solve`), so that the forward error is at most `2 κ τ / (1 - κ τ)`
     (`τ` this tolerance, `κ` the condition number against `_backward_errors`'
     bound of `‖T‖₂`). Linear in `n` because GKO's own backward error grows about
-    linearly (measured up to 15, 17, 83 and 298 eps at n = 64, 256, 1,024 and
+    linearly (measured up to 15, 19, 83 and 298 eps at n = 64, 256, 1,024 and
     4,096, against 0.2 to 4 eps for a dense solve and for the Levinson recursion
     where it is stable): a tolerance growing more slowly would turn GKO's answers
     into NaN at large `n`; the 16 keeps twice GKO's 15 eps at n = 64. At `1024
