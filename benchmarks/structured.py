@@ -16,8 +16,13 @@
   solves with `jnp.linalg.solve`: against dense `jnp.linalg.solve` and against lineax
   (a `FunctionLinearOperator` tagged positive definite, solved by `lineax.CG`,
   which is how lineax reaches these structures).
-- The pivoted routes (Toeplitz and low-rank-plus-diagonal solves, banded
-  `slogdet`) against the unpivoted ones they replaced and dense `jnp`.
+- `Toeplitz` solves and `slogdet` (the Levinson recursion, checked; GKO where the
+  check fails) against the Levinson recursion alone, GKO alone and dense `jnp`
+  (`--toeplitz` runs only these), and the backward errors the Levinson recursion,
+  GKO and dense reach (`--toeplitz-accuracy`: the evidence for the check's
+  tolerance).
+- The pivoted routes (low-rank-plus-diagonal solves, banded `slogdet`) against
+  the unpivoted ones they replaced and dense `jnp`.
 - `jnp.linalg.pinv` as a structure (`--pinv`): diagonal, circulant, block-diagonal,
   low-rank and Kronecker, against dense `pinv`.
 
@@ -52,7 +57,7 @@ from quax_structured import (
     Toeplitz,
     TridiagonalMatrix,
 )
-from quax_structured._kernels import levinson as _levinson
+from quax_structured._kernels import gko as _gko, levinson as _levinson
 
 
 # JAX's CPU LAPACK calls (the Kronecker factors' LU and triangular solves, dense
@@ -323,18 +328,153 @@ def kronecker_and_low_rank(sizes: tuple[int, ...], rounds: int) -> list[dict[str
     return rows
 
 
-def pivoted_solves(sizes: tuple[int, ...], rounds: int) -> list[dict[str, Any]]:
-    """The pivoted routes against the unpivoted ones they replaced and dense `jnp`:
-    `jnp.linalg.solve` of a non-symmetric `Toeplitz` (GKO, O(n²), against the
-    Levinson recursion, which `positive_definite=True` still uses) and of `D + U
-    Vᵀ` (rank 8: the better of the semiseparable LU and Woodbury, against the LU
-    alone), and `slogdet` of a `Banded` (p = q = 2: the pivoted elimination's
-    pivots, against the LU without pivoting)."""
+def toeplitz_solves(sizes: tuple[int, ...], rounds: int) -> list[dict[str, Any]]:
+    """`jnp.linalg.solve` and `slogdet` of a non-symmetric `Toeplitz` through
+    `jit(quaxify)` (the Levinson recursion, checked by its backward error; GKO in
+    a `lax.cond` branch where the check fails) against the hand-written Levinson
+    recursion alone (unchecked; `slogdet`: its pivots, no right-hand side) and
+    dense `jnp`: on a matrix the recursion solves accurately (diagonal `sqrt(n)`,
+    the rest standard normal), and on one with a tiny leading minor (diagonal
+    1e-6: the check fails, GKO runs too) against GKO alone. Ratios are medians of
+    per-round ratios."""
     solve = jax.jit(quax.quaxify(jnp.linalg.solve))
     slogdet = jax.jit(quax.quaxify(lambda m: jnp.linalg.slogdet(m)[1]))
     dense_solve = jax.jit(jnp.linalg.solve)
     dense_slogdet = jax.jit(lambda a: jnp.linalg.slogdet(a)[1])
-    levinson = jax.jit(lambda c, r, b: _levinson(c, r, b[:, None])[0])
+    logdet = lambda pivots: jnp.sum(jnp.log(jnp.abs(pivots)))
+    empty = lambda c: jnp.zeros((c.shape[-1], 0), c.dtype)
+    hand = {
+        "levinson": jax.jit(lambda c, r, b: _levinson(c, r, b[:, None])[0]),
+        "levinson slogdet": jax.jit(lambda c, r: logdet(_levinson(c, r, empty(c))[1])),
+        "gko": jax.jit(lambda c, r, b: _gko(c, r, b[:, None])[0]),
+        "gko slogdet": jax.jit(lambda c, r: logdet(_gko(c, r, empty(c))[1])),
+    }
+    rows = []
+    for n in sizes:
+        k = jr.split(jr.key(n), 2)
+        column, row = jr.normal(k[0], (2, n))
+        b = jr.normal(k[1], (n,))
+        fns = {}
+        for case, diagonal, fallback in (
+            ("accurate", n**0.5, "levinson"),
+            ("tiny minor", 1e-6, "gko"),
+        ):
+            t = Toeplitz(column.at[0].set(diagonal), row.at[0].set(diagonal))
+            leaves = (t.column, t.row)
+            fns[f"{case} quax"] = ft.partial(solve, t, b)
+            fns[f"{case} quax slogdet"] = ft.partial(slogdet, t)
+            fns[f"{case} {fallback}"] = ft.partial(hand[fallback], *leaves, b)
+            fns[f"{case} {fallback} slogdet"] = ft.partial(
+                hand[f"{fallback} slogdet"], *leaves
+            )
+            if n <= DENSE_SOLVE_MAX:
+                dense = t.enable_materialise().materialise()
+                fns[f"{case} dense"] = ft.partial(dense_solve, dense, b)
+                fns[f"{case} dense slogdet"] = ft.partial(dense_slogdet, dense)
+        times = _timed(fns, rounds)
+        out: dict[str, Any] = {"n": n, "load": os.getloadavg()[0]}
+        out.update({k: statistics.median(v) for k, v in times.items()})
+        for case, fallback in (("accurate", "levinson"), ("tiny minor", "gko")):
+            for kind in ("", " slogdet"):
+                ours = f"{case} quax{kind}"
+                for other in (fallback, "dense"):
+                    if f"{case} {other}{kind}" in times:
+                        out[f"{ours} / {other}"] = _ratio(
+                            times, ours, f"{case} {other}{kind}"
+                        )
+        rows.append(out)
+    print("\n## Toeplitz (milliseconds per call; ratios: medians of per-round)\n")
+    print(
+        "| n | load | solve | / Levinson | / dense | slogdet | / Levinson | / dense "
+        "| tiny minor: solve | / GKO | / dense | slogdet | / GKO | / dense |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    ms = lambda x: f"{x * 1e3:,.3g}"
+    for r in rows:
+        cells = [f"{r['n']:,}", f"{r['load']:.1f}"]
+        for case, fallback in (("accurate", "levinson"), ("tiny minor", "gko")):
+            for kind in ("", " slogdet"):
+                ours = f"{case} quax{kind}"
+                cells += [
+                    ms(r[ours]),
+                    _x(r[f"{ours} / {fallback}"]),
+                    _x(r.get(f"{ours} / dense")),
+                ]
+        print("| " + " | ".join(cells) + " |")
+    return rows
+
+
+def toeplitz_accuracy(sizes: tuple[int, ...]) -> list[dict[str, Any]]:
+    """The evidence for `Toeplitz`'s tolerance (`_toeplitz._tolerance`): the
+    backward error `‖b - T x‖₂ / (N ‖x‖₂ + ‖b‖₂)` (as the check computes it, `N`
+    its bound of `‖T‖₂`; in eps) that the Levinson recursion, GKO and dense
+    `jnp.linalg.solve` (partial pivoting, LAPACK) reach on four non-symmetric or
+    untagged matrices, in float32 and float64: the audit's (diagonal 2, column
+    `0.5^k`, row `(-0.4)^k`: diagonally dominant, cond 1.5), `toeplitz_solves`'
+    (diagonal `sqrt(n)`, the rest standard normal), a decaying one (diagonal 1,
+    the rest standard normal over `1 + k`: not diagonally dominant) and a
+    symmetric positive definite one (`0.7^k`, untagged)."""
+    from quax_structured._values._toeplitz import _backward_errors, _tolerance
+
+    check = jax.jit(_backward_errors)
+    routes = {
+        "levinson": jax.jit(lambda c, r, b: _levinson(c, r, b)[0]),
+        "gko": jax.jit(lambda c, r, b: _gko(c, r, b)[0]),
+        "dense": jax.jit(lambda c, r, b: jnp.linalg.solve(Toeplitz(c, r).dense(), b)),
+    }
+    rows = []
+    for n in sizes:
+        k = jr.split(jr.key(n), 3)
+        column, row = jr.normal(k[0], (2, n))
+        b = jr.normal(k[1], (n, 1))
+        index = jnp.arange(n)
+        matrices = {
+            "audit": ((0.5**index).at[0].set(2), ((-0.4) ** index).at[0].set(2)),
+            "benchmark": (column.at[0].set(n**0.5), row.at[0].set(n**0.5)),
+            "decaying": (
+                (column / (1 + index)).at[0].set(1),
+                (row / (1 + index)).at[0].set(1),
+            ),
+            "positive definite": (0.7**index, 0.7**index),
+        }
+        for name, (c, r) in matrices.items():
+            for dtype in (jnp.float32, jnp.float64):
+                with jax.enable_x64(dtype == jnp.float64):
+                    leaves = [jnp.asarray(x, dtype) for x in (c, r, b)]
+                    eps = float(jnp.finfo(dtype).eps)
+                    out: dict[str, Any] = {
+                        "n": n,
+                        "dtype": jnp.dtype(dtype).name,
+                        "matrix": name,
+                        "tolerance": _tolerance(n, dtype) / eps,
+                    }
+                    for route, solve in routes.items():
+                        x = solve(*leaves)
+                        out[route] = float(check(*leaves[:2], x, leaves[2])[0]) / eps
+                    rows.append(out)
+    print(
+        "\n## Toeplitz backward errors (eps; the check's `‖b - T x‖ / (N ‖x‖ + ‖b‖)`)\n"
+    )
+    print("| n | dtype | matrix | Levinson | GKO | dense | tolerance |")
+    print("|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(
+            f"| {r['n']:,} | {r['dtype']} | {r['matrix']} | {r['levinson']:.3g} | "
+            f"{r['gko']:.3g} | {r['dense']:.3g} | {r['tolerance']:g} |"
+        )
+    return rows
+
+
+def pivoted_solves(sizes: tuple[int, ...], rounds: int) -> list[dict[str, Any]]:
+    """The pivoted routes against the unpivoted ones they replaced and dense `jnp`:
+    `jnp.linalg.solve` of `D + U Vᵀ` (rank 8: the better of the semiseparable LU
+    and Woodbury, against the LU alone), and `slogdet` of a `Banded` (p = q = 2:
+    the pivoted elimination's pivots, against the LU without pivoting). The
+    `Toeplitz` routes: `toeplitz_solves`."""
+    solve = jax.jit(quax.quaxify(jnp.linalg.solve))
+    slogdet = jax.jit(quax.quaxify(lambda m: jnp.linalg.slogdet(m)[1]))
+    dense_solve = jax.jit(jnp.linalg.solve)
+    dense_slogdet = jax.jit(lambda a: jnp.linalg.slogdet(a)[1])
     unpivoted = jax.jit(
         lambda bands: jnp.sum(
             jnp.log(jnp.abs(Banded(bands, 2, 2)._packed_lu().bands[2]))
@@ -343,8 +483,6 @@ def pivoted_solves(sizes: tuple[int, ...], rounds: int) -> list[dict[str, Any]]:
     rows = []
     for n in sizes:
         k = jr.split(jr.key(n), 6)
-        column, row = jr.normal(k[0], (2, n))
-        toeplitz = Toeplitz(column.at[0].set(n**0.5), row.at[0].set(n**0.5))
         lrpd = LowRankPlusDiagonal(
             1 + jr.uniform(k[1], (n,)),
             jr.normal(k[2], (n, 8)) / 4,
@@ -353,24 +491,20 @@ def pivoted_solves(sizes: tuple[int, ...], rounds: int) -> list[dict[str, Any]]:
         bands = jr.normal(k[4], (5, n)).at[2].add(2.0)
         b = jr.normal(k[5], (n,))
         fns = {
-            "toeplitz gko": ft.partial(solve, toeplitz, b),
-            "toeplitz levinson": ft.partial(levinson, toeplitz.column, toeplitz.row, b),
             "lrpd pivoted": ft.partial(solve, lrpd, b),
             "lrpd lu": ft.partial(solve, lrpd.semiseparable(), b),
             "banded slogdet pivoted": ft.partial(slogdet, Banded(bands, 2, 2)),
             "banded slogdet lu": ft.partial(unpivoted, bands),
         }
         if n <= DENSE_SOLVE_MAX:
-            for name, m in (("toeplitz", toeplitz), ("lrpd", lrpd)):
-                dense = m.enable_materialise().materialise()
-                fns[f"{name} dense"] = ft.partial(dense_solve, dense, b)
+            dense = lrpd.enable_materialise().materialise()
+            fns["lrpd dense"] = ft.partial(dense_solve, dense, b)
             dense = Banded(bands, 2, 2, True).materialise()
             fns["banded slogdet dense"] = ft.partial(dense_slogdet, dense)
         times = _timed(fns, rounds)
         out: dict[str, Any] = {"n": n}
         out.update({k: statistics.median(v) for k, v in times.items()})
         for new, old in (
-            ("toeplitz gko", "toeplitz levinson"),
             ("lrpd pivoted", "lrpd lu"),
             ("banded slogdet pivoted", "banded slogdet lu"),
         ):
@@ -381,16 +515,14 @@ def pivoted_solves(sizes: tuple[int, ...], rounds: int) -> list[dict[str, Any]]:
         rows.append(out)
     print("\n## Pivoted routes (microseconds per call; ratios in one run)\n")
     print(
-        "| n | Toeplitz GKO solve | / Levinson | dense / GKO | D + UVᵀ solve | "
-        "/ LU alone | dense / quax | banded slogdet | / unpivoted | dense / quax |"
+        "| n | D + UVᵀ solve | / LU alone | dense / quax | banded slogdet | "
+        "/ unpivoted | dense / quax |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|")
     for r in rows:
         print(
-            f"| {r['n']:,} | {_us(r['toeplitz gko'])} | "
-            f"{_x(r['toeplitz gko / unpivoted'])} | "
-            f"{_x(r.get('toeplitz dense / toeplitz gko'))} | "
-            f"{_us(r['lrpd pivoted'])} | {_x(r['lrpd pivoted / unpivoted'])} | "
+            f"| {r['n']:,} | {_us(r['lrpd pivoted'])} | "
+            f"{_x(r['lrpd pivoted / unpivoted'])} | "
             f"{_x(r.get('lrpd dense / lrpd pivoted'))} | "
             f"{_us(r['banded slogdet pivoted'])} | "
             f"{_x(r['banded slogdet pivoted / unpivoted'])} | "
@@ -639,6 +771,7 @@ def _audit_cases(n: int) -> list[tuple[str, Any, tuple, Callable, tuple, Callabl
     column = jr.normal(k[6], (n,)) / n
     circulant = column.at[0].set(2.0)
     toeplitz = (0.5 ** jnp.arange(n)).at[0].set(2.0)
+    toeplitz_row = (-0.4) ** jnp.arange(n)
 
     def kron_solve(a, c, b):
         x = b.reshape(a.shape[0], c.shape[0])
@@ -659,6 +792,13 @@ def _audit_cases(n: int) -> list[tuple[str, Any, tuple, Callable, tuple, Callabl
 
     def circulant_solve(c, b):
         return jnp.fft.ifft(jnp.fft.fft(b) / jnp.fft.fft(c)).real
+
+    def levinson_solve(c, r, b):
+        return _levinson(c, r, b[:, None])[0][:, 0]
+
+    def levinson_slogdet(c, r):
+        # The pivots alone (no right-hand side).
+        return _from_pivots(_levinson(c, r, jnp.zeros((c.shape[0], 0)))[1])
 
     noise = 0.1
     return [
@@ -715,16 +855,16 @@ def _audit_cases(n: int) -> list[tuple[str, Any, tuple, Callable, tuple, Callabl
         (
             "Toeplitz, positive_definite (Levinson)",
             Toeplitz(toeplitz, toeplitz, positive_definite=True),
-            (toeplitz,),
-            lambda t, b: _levinson(t, t, b[:, None])[0][:, 0],
-            lambda t: _from_pivots(_levinson(t, t, t[:, None])[1]),
+            (toeplitz, toeplitz),
+            levinson_solve,
+            levinson_slogdet,
         ),
         (
-            "Toeplitz (GKO, pivoted)",
-            Toeplitz(toeplitz, toeplitz),
-            (toeplitz,),
-            lambda t, b: _levinson(t, t, b[:, None])[0][:, 0],
-            lambda t: _from_pivots(_levinson(t, t, t[:, None])[1]),
+            "Toeplitz, non-symmetric (Levinson, checked)",
+            Toeplitz(toeplitz, toeplitz_row),
+            (toeplitz, toeplitz_row),
+            levinson_solve,
+            levinson_slogdet,
         ),
     ]
 
@@ -1127,6 +1267,7 @@ def main(quick: bool = False) -> dict[str, Any]:
         "| OPENBLAS_NUM_THREADS:",
         os.environ["OPENBLAS_NUM_THREADS"],
     )
+    toeplitz = toeplitz_solves((256,) if quick else (256, 1024, 4096), rounds)
     piv = pivoted_solves((256,) if quick else (256, 1024, 4096), rounds)
     dets = determinant_gradients(
         (256, 16384) if quick else (256, 1024, 16384, 262144), rounds
@@ -1152,6 +1293,7 @@ def main(quick: bool = False) -> dict[str, Any]:
         "tridiagonal": tri,
         "banded_circulant": bc,
         "kronecker_low_rank": ks,
+        "toeplitz_solves": toeplitz,
         "pivoted_solves": piv,
         "determinant_gradients": dets,
         "jax": jax.__version__,
@@ -1175,6 +1317,18 @@ if __name__ == "__main__":
         "solve/slogdet against hand-written JAX",
     )
     parser.add_argument(
+        "--toeplitz",
+        action="store_true",
+        help="only the Toeplitz solves and slogdet (checked Levinson, GKO) against "
+        "the Levinson recursion, GKO and dense",
+    )
+    parser.add_argument(
+        "--toeplitz-accuracy",
+        action="store_true",
+        help="only the backward errors of the Levinson recursion, GKO and dense on "
+        "Toeplitz matrices (n = 64 ... 4,096, float32 and float64)",
+    )
+    parser.add_argument(
         "--pinv",
         action="store_true",
         help="only issue 29 item 6: jnp.linalg.pinv as a structure against dense",
@@ -1182,6 +1336,12 @@ if __name__ == "__main__":
     args = parser.parse_args()
     if args.pinv:
         print_pinv(args.quick)
+    elif args.toeplitz_accuracy:
+        toeplitz_accuracy((64, 256) if args.quick else (64, 256, 1024, 4096))
+    elif args.toeplitz:
+        toeplitz_solves(
+            (256,) if args.quick else (256, 1024, 4096), 5 if args.quick else 9
+        )
     elif args.solve_audit:
         print_solve_audit(args.quick)
     elif args.closed_forms:

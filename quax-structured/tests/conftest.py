@@ -8,6 +8,7 @@ import pytest
 import quax
 import quax.testing
 import quax_structured as qs
+import scipy.linalg
 
 
 def _densify(x):
@@ -65,3 +66,70 @@ def close():
     """The function `close(got, want, dtype, scale=10.0)`: asserts that `got`
     matches `want` within `quax.testing.tolerance(dtype)` times `scale`."""
     return _close
+
+
+def _toeplitz_guarantee(column, row, b, x, slogdet=()):
+    """Asserts the accuracy that quax-structured's README states (Pivoting) for
+    an untagged `Toeplitz` of the leaves `column`, `row` (shape `(*batch, n)`):
+    the answer `x` of `T x = b` (`b`, `x` of shape `(*batch, n)` or `(*batch,
+    n, k)`) has a backward error `‖b - T x‖₂ / (N ‖x‖₂ + ‖b‖₂)` of at most `τ =
+    (16 + n / 4) eps` (`N ≥ ‖T‖₂` the largest eigenvalue modulus of the `2n`
+    circulant matrix whose top-left block `T` is, the bound the check uses),
+    plus the rounding of the check itself in the working precision (`T x` by the
+    FFT: `2 log₂(2n) eps`); then the forward error is at most `2 κ τ / (1 - κ τ)`
+    (`κ = N ‖T⁻¹‖₂`) plus the float64 reference's own error (estimated by a step
+    of iterative refinement with the residual in extended precision), and
+    `slogdet` (where given: `(sign, logdet)`), the determinant of a matrix that
+    close to `T`, within `-n log(1 - κ τ)` of NumPy's (plus NumPy's own error,
+    `n² κ eps₆₄`). Computed in float64 from the leaves (not by quax)."""
+    column, row, b, x = (np.asarray(a) for a in (column, row, b, x))
+    if column.ndim > 1:
+        b = np.broadcast_to(b, x.shape)
+        parts = [np.asarray(s) for s in slogdet]
+        for i in range(column.shape[0]):
+            batch = tuple(p[i] for p in parts)
+            _toeplitz_guarantee(column[i], row[i], b[i], x[i], batch)
+        return
+    complex_ = np.iscomplexobj(column) or np.iscomplexobj(x)
+    wide = np.complex128 if complex_ else np.float64
+    extended = np.clongdouble if complex_ else np.longdouble
+    eps = float(np.finfo(column.dtype).eps)
+    n = column.shape[-1]
+    dense = scipy.linalg.toeplitz(column.astype(wide), row.astype(wide))
+    embedding = np.concatenate([column, [0], row[1:][::-1]]).astype(wide)
+    bound = np.abs(np.fft.fft(embedding)).max()
+    kappa = bound * np.linalg.norm(np.linalg.inv(dense), 2)
+    tau = (16 + n / 4) * eps + 2 * np.log2(2 * n) * eps
+    b, x = (a.astype(wide).reshape(n, -1) for a in (b, x))
+
+    def residual(y):
+        return (
+            b.astype(extended) - dense.astype(extended) @ y.astype(extended)
+        ).astype(wide)
+
+    norm = lambda a: np.linalg.norm(a, axis=0)
+    backward = norm(residual(x)) / (bound * norm(x) + norm(b))
+    assert np.all(backward <= tau), ("backward error / eps", backward / eps, tau / eps)
+    approximate = np.linalg.solve(dense, b)
+    correction = np.linalg.solve(dense, residual(approximate))
+    reference = approximate + correction
+    reference_error = norm(correction) / norm(reference)
+    if kappa * tau < 1:
+        forward = norm(x - reference) / norm(reference)
+        allowed = 2 * kappa * tau / (1 - kappa * tau) + reference_error
+        assert np.all(forward <= allowed), ("forward error", forward, allowed, kappa)
+    if slogdet and kappa * tau < 1:
+        sign, logdet = (np.asarray(s) for s in slogdet)
+        want_sign, want_logdet = np.linalg.slogdet(dense)
+        allowed = -n * np.log1p(-kappa * tau) + n**2 * kappa * np.finfo(np.float64).eps
+        assert abs(logdet - want_logdet) <= allowed, ("logdet", logdet, want_logdet)
+        # The determinant's phase moves by at most as much (a real sign not at all).
+        assert abs(sign - want_sign) <= allowed, ("sign", sign, want_sign)
+
+
+@pytest.fixture(scope="session")
+def toeplitz_guarantee():
+    """The function `toeplitz_guarantee(column, row, b, x, slogdet=())` (asserts
+    the accuracy the README states for an untagged `Toeplitz`'s solve and
+    `slogdet`; returns nothing)."""
+    return _toeplitz_guarantee

@@ -31,7 +31,7 @@ from ._dense import (
     on_diagonal as on_diagonal,
 )
 from ._fft import circular_convolve as circular_convolve
-from ._gko import batched as batched, gko_pivots as gko_pivots, gko_solve as gko_solve
+from ._gko import batched as batched, gko as gko
 from ._kronecker import (
     factor_solve as factor_solve,
     kron_apply as kron_apply,

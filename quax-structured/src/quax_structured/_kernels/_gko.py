@@ -20,7 +20,7 @@ from jaxtyping import Array
 from ._dense import dense_triangular_solve
 
 
-__all__ = ["gko_pivots", "gko_solve"]
+__all__ = ["batched", "gko"]
 
 
 def _complex_dtype(dtype) -> jnp.dtype:
@@ -123,54 +123,45 @@ def _delta(n: int, dtype) -> Array:
     return jnp.exp(1j * jnp.pi * jnp.arange(n) / n).astype(dtype)
 
 
-def gko_solve(column: Array, row: Array, b: Array, *, transpose: bool) -> Array:
-    """Solve `T x = b` (`Tᵀ x = b` if `transpose`) for the Toeplitz `T` (first
-    column `column`, first row `row`, shape `(n,)`) and `b` of shape `(n, k)`, by
-    GKO: O(n² (k + 1)) time, O(n²) memory (the factors of the Cauchy-like
-    matrix). NaN/inf where `T` is singular, as a dense solve."""
+def gko(column: Array, row: Array, b: Array) -> tuple[Array, Array]:
+    """Solve `T x = b` for the Toeplitz `T` (first column `column`, first row
+    `row`, shape `(n,)`) and `b` of shape `(n, k)` by GKO, O(n² (k + 1)) time and
+    O(n²) memory (the factors of the Cauchy-like matrix), and read the
+    determinant off the same factors.
+
+    **Returns:**
+
+    `(x, pivots)`: the solution (NaN/inf where `T` is singular, as a dense
+    solve), and numbers whose product is `det T`, in `T`'s dtype (shape `(n,)`):
+    the moduli of `U`'s diagonal, the first one signed with the determinant (for
+    a complex `T`, `U`'s diagonal with the first one multiplied by `det P det
+    D₀`). A zero pivot (a singular `T`) leaves the others finite: `det` is
+    exactly 0.
+    """
     n = column.shape[-1]
     out_dtype = jnp.result_type(column, b)
     dtype = _complex_dtype(out_dtype)
-    packed, order, _, _ = _factor(column, row)
-    delta = _delta(n, dtype)[:, None]
-    kw = dict(lower=True, transpose_a=transpose, unit_diagonal=True)
-    if not transpose:
-        # T = F⁻¹ C F D₀, C = Pᵀ L U: x = D₀⁻¹ F⁻¹ U⁻¹ L⁻¹ P F b.
-        y = jnp.fft.fft(b.astype(dtype), axis=0)[order]
-        y = dense_triangular_solve(packed, y, **kw)
-        y = dense_triangular_solve(
-            packed, y, lower=False, transpose_a=False, unit_diagonal=False
-        )
-        x = jnp.fft.ifft(y, axis=0) / delta
-    else:
-        # Tᵀ = D₀ F Cᵀ F⁻¹ (F is symmetric): x = F Pᵀ L⁻ᵀ U⁻ᵀ F⁻¹ D₀⁻¹ b.
-        y = jnp.fft.ifft(b.astype(dtype) / delta, axis=0)
-        y = dense_triangular_solve(
-            packed, y, lower=False, transpose_a=True, unit_diagonal=False
-        )
-        y = dense_triangular_solve(packed, y, **kw)
-        x = jnp.fft.fft(jnp.zeros_like(y).at[order].set(y), axis=0)
+    packed, order, pivots, parity = _factor(column, row)
+    # T = F⁻¹ C F D₀, C = Pᵀ L U: x = D₀⁻¹ F⁻¹ U⁻¹ L⁻¹ P F b.
+    y = jnp.fft.fft(b.astype(dtype), axis=0)[order]
+    y = dense_triangular_solve(
+        packed, y, lower=True, transpose_a=False, unit_diagonal=True
+    )
+    y = dense_triangular_solve(
+        packed, y, lower=False, transpose_a=False, unit_diagonal=False
+    )
+    x = jnp.fft.ifft(y, axis=0) / _delta(n, dtype)[:, None]
     if not jnp.issubdtype(out_dtype, jnp.complexfloating):
         x = x.real
-    return x.astype(out_dtype)
-
-
-def gko_pivots(column: Array, row: Array) -> Array:
-    """Numbers whose product is `det T`, in `T`'s dtype (shape `(n,)`): the
-    moduli of `U`'s diagonal, the first one signed with the determinant (for a
-    complex `T`, `U`'s diagonal with the first one multiplied by `det P det D₀`).
-    A zero pivot (a singular `T`) leaves the others finite: `det` is exactly 0."""
-    n = column.shape[-1]
-    _, _, pivots, parity = _factor(column, row)
     # det D₀ = δ^(n (n - 1) / 2) = exp(iπ (n - 1) / 2); det P = (-1)^parity.
     phase = jnp.exp(1j * jnp.pi * (n - 1) / 2) * (1 - 2 * parity)
     phase = phase.astype(pivots.dtype)
     if jnp.issubdtype(column.dtype, jnp.complexfloating):
-        return pivots.at[0].multiply(phase).astype(column.dtype)
+        return x.astype(out_dtype), pivots.at[0].multiply(phase).astype(column.dtype)
     moduli = jnp.abs(pivots)
     units = jnp.where(moduli == 0, 1, pivots / jnp.where(moduli == 0, 1, moduli))
     sign = jnp.sign(jnp.real(jnp.prod(units) * phase))
-    return moduli.at[0].multiply(sign).astype(column.dtype)
+    return x.astype(out_dtype), moduli.at[0].multiply(sign).astype(column.dtype)
 
 
 def batched(fn, column: Array, row: Array, *args: Array):

@@ -23,6 +23,8 @@ def levinson(column: Array, row: Array, b: Array) -> tuple[Array, Array]:
     `(x, pivots)`: the solution, and the pivots of `T`'s LU factorisation without
     pivoting (`pivots[m] = det T[:m+1, :m+1] / det T[:m, :m]`).
     """
+    # NumPy leaves (indexed by traced positions in the loop below) as JAX arrays.
+    column, row = jnp.asarray(column), jnp.asarray(row)
     n = column.shape[-1]
     index = jnp.arange(n)
     t0 = column[0]

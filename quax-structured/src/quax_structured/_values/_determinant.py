@@ -30,8 +30,10 @@ class DeterminantLU(StructuredMatrix):
     route, their product carrying the sign of the row swaps), which the diagonal
     reads as; and a matrix with `pivoted_solve` (`TridiagonalMatrix`, `Banded`,
     `LowRankPlusDiagonal`) is solved by `lu_solve`'s two triangular solves with
-    pivoting (see `HalfSolved`); `Toeplitz`'s factors solve pivoted themselves
-    (GKO, unless tagged positive definite). Without `pivots`, where a pivot
+    pivoting (see `HalfSolved`); `Toeplitz`'s factors solve themselves (the
+    Levinson recursion, checked by its backward error, and GKO's partial pivoting
+    where the check fails; the Levinson recursion alone where tagged positive
+    definite). Without `pivots`, where a pivot
     other than the last is exactly zero (a zero leading minor), the diagonal
     reads NaN, so that `det` and `slogdet`'s log-determinant are NaN, never a
     silent 0 / `-inf`.
