@@ -55,7 +55,7 @@ def _best(
         else:
             better = error < least
             out, least = jnp.where(better, answer, out), jnp.minimum(error, least)
-    assert out is not None
+    assert out is not None and least is not None
     eps = jnp.finfo(out.dtype).eps
     return jnp.where(least <= _TOLERANCE * eps, out, jnp.nan).astype(out.dtype)
 
