@@ -26,6 +26,7 @@ from ._decompositions import (
 from ._dense import (
     dense_triangular_solve as dense_triangular_solve,
     failed_factorisation as failed_factorisation,
+    for_the_batch as for_the_batch,
     keep_or_scale as keep_or_scale,
     nan_where as nan_where,
     on_diagonal as on_diagonal,

@@ -1,7 +1,9 @@
 """Dense and elementwise helpers on plain arrays: a triangular solve through a
-unit diagonal, a diagonal placed in a matrix, `where`-style masking, and the
-failure test of a Cholesky factorisation."""
+unit diagonal, a diagonal placed in a matrix, `where`-style masking, the
+failure test of a Cholesky factorisation, and a branch's predicate decided once
+for a `vmap` batch."""
 
+import jax
 import jax.numpy as jnp
 from jax import lax
 from jaxtyping import Array
@@ -10,6 +12,7 @@ from jaxtyping import Array
 __all__ = [
     "dense_triangular_solve",
     "failed_factorisation",
+    "for_the_batch",
     "keep_or_scale",
     "nan_where",
     "on_diagonal",
@@ -67,3 +70,28 @@ def nan_where(failed: Array, leaf: Array) -> Array:
     """`leaf` with every entry NaN where `failed` (shape: `leaf`'s leading axes)."""
     failed = failed.reshape(failed.shape + (1,) * (leaf.ndim - failed.ndim))
     return jnp.where(failed, jnp.full((), jnp.nan, leaf.dtype), leaf)
+
+
+@jax.custom_batching.custom_vmap
+def for_the_batch(accurate: Array) -> Array:
+    """`accurate` (a boolean scalar) as it is; under `vmap`, whether it holds for
+    every system of the batch, unbatched: the `lax.cond` it decides stays a
+    branch (taken by every system or by none) rather than a select that runs
+    both routes. A fallback branch keeps, per system, what the first route gave
+    where it was accurate. It passes no derivative (a boolean), so `jax.grad` of
+    `vmap` and `vmap` of `grad` see the plain branch.
+
+    A custom JVP rule whose `lax.cond` takes tangents as operands needs it: JAX
+    turns a `lax.cond` with a batched predicate into a select whose operands it
+    wraps in `lax.stop_gradient`, which has no transpose rule (JAX issues #22011
+    and #39219), so `jax.grad` of `vmap` over the rule fails with a
+    `NotImplementedError` (unless a library imported beside it, such as lineax,
+    registered one). Decided under `custom_vmap`, also where `vmap` batches a
+    `jit` traced before (its jaxpr), the predicate is never batched."""
+    return accurate
+
+
+@for_the_batch.def_vmap
+def _(axis_size: int, in_batched: list[bool], accurate: Array) -> tuple[Array, bool]:
+    del axis_size
+    return (jnp.all(accurate) if in_batched[0] else accurate), False

@@ -12,7 +12,7 @@ import numpy as np
 from jax import lax
 from jaxtyping import Array
 
-from .._kernels import failed_factorisation, nan_where, on_diagonal
+from .._kernels import failed_factorisation, for_the_batch, nan_where, on_diagonal
 from ._base import StructuredMatrix, unbatched
 from ._determinant import DeterminantLU
 
@@ -58,23 +58,6 @@ def _best(
     assert out is not None and least is not None
     eps = jnp.finfo(out.dtype).eps
     return jnp.where(least <= _TOLERANCE * eps, out, jnp.nan).astype(out.dtype)
-
-
-@jax.custom_batching.custom_vmap
-def _for_the_batch(accurate: Array) -> Array:
-    """`accurate` (a boolean scalar) as it is; under `vmap`, whether it holds for
-    every system of the batch, unbatched: the `lax.cond` it decides stays a
-    branch (taken by every system or by none) rather than a select that runs
-    both routes. The fallback keeps, per system, the better answer, so a system
-    that was accurate stays so. It passes no derivative (a boolean), so
-    `jax.grad` of `vmap` and `vmap` of `grad` see the plain branch."""
-    return accurate
-
-
-@_for_the_batch.def_vmap
-def _(axis_size: int, in_batched: list[bool], accurate: Array) -> tuple[Array, bool]:
-    del axis_size
-    return (jnp.all(accurate) if in_batched[0] else accurate), False
 
 
 def _check_factors(name: str, n: int | None, u: Array, v: Array | None) -> None:
@@ -162,7 +145,7 @@ class _UVt(StructuredMatrix):
         `matmat` stays linear in `x`, so that `jax.linear_transpose` and
         `lax.custom_linear_solve` (which transposes its `matvec`) see a
         conditional whose predicate is a constant. Under `vmap` it is decided
-        once for the batch (`_for_the_batch`). With finite factors and an
+        once for the batch (`for_the_batch`). With finite factors and an
         infinite or NaN entry of `x`, `U (Vᵀ x)` is NaN wherever the dense
         product is, and equal to it elsewhere but where it is NaN and the dense
         product `±inf` (every `cᵣ = (Vᵀ x)ᵣ` is then infinite or NaN, so an
@@ -173,7 +156,7 @@ class _UVt(StructuredMatrix):
             return self._dense_rows_product(x)
         leaves = [self.u, self.v, self._diagonal_part()]
         checks = [jnp.all(jnp.isfinite(y)) for y in leaves if y is not None]
-        finite = _for_the_batch(ft.reduce(jnp.logical_and, checks))
+        finite = for_the_batch(ft.reduce(jnp.logical_and, checks))
         return lax.cond(
             finite,
             lambda x: self._product(x),
@@ -396,7 +379,7 @@ class LowRankPlusDiagonal(_UVt):
         error, NaN where neither is below `_TOLERANCE` (never a silently
         inaccurate answer): the LU fails at a tiny leading minor, so only both
         at once gives NaN. Under `vmap` (over the matrices or over `b`) the
-        branch is decided once for the batch (`_for_the_batch`): Woodbury alone
+        branch is decided once for the batch (`for_the_batch`): Woodbury alone
         where every system passes its check, else the fallback for all of them
         (each keeping its better answer). A matrix tagged `positive_definite`
         solves by the LU alone (stable there)."""
@@ -410,7 +393,7 @@ class LowRankPlusDiagonal(_UVt):
         rhs = b[:, 0] if b.shape[-1] == 1 else b
         woodbury = m._woodbury(rhs, parts)
         norm = m._norm_bound()
-        accurate = _for_the_batch(m._accurate(woodbury, rhs, norm))
+        accurate = for_the_batch(m._accurate(woodbury, rhs, norm))
 
         def fallback(woodbury: Array) -> Array:
             if parts[2] is not None:
@@ -469,7 +452,7 @@ class LowRankPlusDiagonal(_UVt):
         probe = jnp.cos(1.618 * np.arange(self.shape[-1])).astype(self.dtype)
         woodbury = self._woodbury(probe, parts)
         norm = self._norm_bound()
-        accurate = _for_the_batch(self._accurate(woodbury, probe, norm))
+        accurate = for_the_batch(self._accurate(woodbury, probe, norm))
 
         def fallback(lemma: Array) -> Array:
             lu = self.semiseparable()._packed_lu()

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 from jax import lax
 from jaxtyping import Array
 
-from .._kernels import batched, circular_convolve, gko, levinson
+from .._kernels import batched, circular_convolve, for_the_batch, gko, levinson
 from ._base import StructuredMatrix
 from ._circulant import SolverLU
 from ._determinant import DeterminantLU
@@ -68,8 +68,8 @@ def _gko_solve(column: Array, row: Array, b: Array) -> Array:
 def _identity_where(mask: Array, column: Array, row: Array) -> tuple[Array, Array]:
     """The identity's column and row where `mask`, else `column`, `row`: the
     matrix a derivative runs a route on, so that where the route is not taken
-    (both branches of a `lax.cond` run under `vmap`), its NaN cannot reach the
-    derivative through a zero cotangent (`0 · NaN = NaN`)."""
+    (a per-system `jnp.where` of both routes' derivatives), its NaN cannot reach
+    the derivative through a zero cotangent (`0 · NaN = NaN`)."""
     identity = jnp.zeros_like(column).at[..., 0].set(1)
     mask = jnp.reshape(mask, mask.shape + (1,) * (column.ndim - mask.ndim))
     return jnp.where(mask, identity, column), jnp.where(mask, identity, row)
@@ -81,7 +81,9 @@ def _solve_route(column: Array, row: Array, b: Array) -> tuple[Array, Array]:
     x = _levinson_solve(column, row, b)
     errors = _backward_errors(column, row, x, b)
     tolerance = _tolerance(b.shape[-2], x.dtype)
-    accurate = jnp.all(errors <= tolerance)
+    # Decided once for a `vmap` batch, as for a batch of matrices: the derivative's
+    # `lax.cond` on tangents stays a branch (see `for_the_batch`).
+    accurate = for_the_batch(jnp.all(errors <= tolerance))
 
     def fallback(x: Array) -> Array:
         y = _gko_solve(column, row, b)
@@ -101,9 +103,11 @@ def _checked_solve(column: Array, row: Array, b: Array) -> Array:
     Only where an error is above `_tolerance` (a tiny or zero leading minor), a
     `lax.cond` branch runs GKO (O(n² (k + 1)), partial pivoting) and keeps, per
     system, the answer with the smaller backward error, NaN where neither is
-    below `_tolerance` (never an answer outside the guarantee). Its derivative is `T⁻¹
-    (ḃ - Ṫ x)`, solved by the route the answer took (so that neither route's NaN
-    reaches it)."""
+    below `_tolerance` (never an answer outside the guarantee). The branch is
+    decided once for the batch, and for a `vmap` batch (`for_the_batch`). Its
+    derivative is `T⁻¹ (ḃ - Ṫ x)`, solved by the Levinson recursion where the
+    branch was not taken, else by GKO (so that the Levinson recursion's NaN
+    cannot reach it)."""
     return _solve_route(column, row, b)[0]
 
 
@@ -129,17 +133,19 @@ def _gko_pivots(column: Array, row: Array) -> Array:
 
 
 def _pivots_route(column: Array, row: Array) -> tuple[Array, Array]:
-    """The pivots (see `_checked_pivots`), and whether the Levinson recursion's
-    were taken."""
+    """The pivots (see `_checked_pivots`), whether the Levinson recursion's were
+    taken for every system, and for which systems they were (`(*batch,)`)."""
     n = column.shape[-1]
     start = jnp.cos(1.618 * jnp.arange(n)).astype(column.dtype)
     start = jnp.broadcast_to(start[:, None], (*column.shape, 1))
     probe = Toeplitz(column, row).matmat(start)
     x, pivots = batched(levinson, column, row, probe)
-    errors = _backward_errors(column, row, x, probe)
+    errors = _backward_errors(column, row, x, probe)[..., 0]
     tolerance = _tolerance(n, column.dtype)
-    accurate = jnp.all(errors <= tolerance)
-    accurate = accurate & jnp.all(jnp.isfinite(pivots))
+    kept = (errors <= tolerance) & jnp.all(jnp.isfinite(pivots), axis=-1)
+    # Decided once for a `vmap` batch, as for a batch of matrices: the derivative's
+    # `lax.cond` on tangents stays a branch (see `for_the_batch`).
+    accurate = for_the_batch(jnp.all(kept))
 
     def fallback(pivots: Array) -> Array:
         y, pivoted = batched(gko, column, row, probe)
@@ -147,9 +153,10 @@ def _pivots_route(column: Array, row: Array) -> tuple[Array, Array]:
         finite = jnp.all(jnp.isfinite(pivoted), axis=-1)
         singular = finite & jnp.any(pivoted == 0, axis=-1)
         found = singular | (pivoted_errors <= tolerance)
-        return jnp.where(found[..., None], pivoted, jnp.nan).astype(pivots.dtype)
+        pivoted = jnp.where(found[..., None], pivoted, jnp.nan).astype(pivots.dtype)
+        return jnp.where(kept[..., None], pivots, pivoted)
 
-    return lax.cond(accurate, lambda p: p, fallback, pivots), accurate
+    return lax.cond(accurate, lambda p: p, fallback, pivots), accurate, kept
 
 
 @jax.custom_jvp
@@ -158,28 +165,35 @@ def _checked_pivots(column: Array, row: Array) -> Array:
     returns `(*batch, n)`): the pivots of the Levinson recursion (those of LU
     without pivoting), where it solves a probe system `T x = T x₀` (`x₀ =
     cos(1.618 k)`) with a backward error below `_tolerance`. Only otherwise, in a
-    `lax.cond` branch, GKO's pivots (partial pivoting), where GKO solves the probe
-    with a backward error below `_tolerance` or meets an exactly zero pivot (a
-    singular `T`: `det` 0), else NaN. Not the better of both: a derivative
-    must follow the pivots returned, and the Levinson recursion's is NaN where
-    it failed. Its derivative is that of the route taken (on the identity in
-    the other branch, see `_identity_where`)."""
+    `lax.cond` branch (decided once for the batch, and for a `vmap` batch, see
+    `for_the_batch`), for each system whose probe failed, GKO's pivots (partial
+    pivoting), where GKO solves the probe with a backward error below
+    `_tolerance` or meets an exactly zero pivot (a singular `T`: `det` 0), else
+    NaN. Not the better of both: a derivative must follow the pivots returned,
+    and the Levinson recursion's is NaN where it failed. Its derivative is, for
+    each system, that of the route its pivots took (on the identity in the
+    other route, see `_identity_where`)."""
     return _pivots_route(column, row)[0]
 
 
 @_checked_pivots.defjvp
 def _checked_pivots_jvp(primals, tangents):
     column, row = primals
-    pivots, accurate = _pivots_route(column, row)
+    pivots, accurate, kept = _pivots_route(column, row)
 
-    def derivative(route, elsewhere):
-        return lambda d_column, d_row: jax.jvp(
-            route, _identity_where(elsewhere, column, row), (d_column, d_row)
-        )[1]
+    def derivative(route, elsewhere, d_column, d_row):
+        matrix = _identity_where(elsewhere, column, row)
+        return jax.jvp(route, matrix, (d_column, d_row))[1]
 
-    by_levinson = derivative(_levinson_pivots, ~accurate)
-    by_gko = derivative(_gko_pivots, accurate)
-    return pivots, lax.cond(accurate, by_levinson, by_gko, *tangents)
+    def by_levinson(d_column, d_row):
+        return derivative(_levinson_pivots, ~accurate, d_column, d_row)
+
+    def by_route(d_column, d_row):
+        levinson_ = derivative(_levinson_pivots, ~kept, d_column, d_row)
+        gko_ = derivative(_gko_pivots, kept, d_column, d_row)
+        return jnp.where(kept[..., None], levinson_, gko_)
+
+    return pivots, lax.cond(accurate, by_levinson, by_route, *tangents)
 
 
 class ToeplitzLU(SolverLU):
