@@ -9,6 +9,8 @@ import numpy as np
 import pytest
 import quax
 import quax_structured as qs
+from jax.extend.core import primitives
+from jax.interpreters import ad
 
 
 # The leaves are numpy arrays: built without compiling anything (each eager `jnp`
@@ -111,6 +113,40 @@ def test_gradient_matches_dense(name):
         jax.value_and_grad(lambda *x: _loss(dense(*x), scale), argnums)
     )(*leaves)
     np.testing.assert_allclose(got_value, want_value, rtol=1e-4)
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_allclose(g, w, rtol=2e-3, atol=1e-4 * np.abs(w).max())
+
+
+# The structures whose solve or determinant decides a `lax.cond` on the matrix's
+# numbers, but `Toeplitz` (in `test_toeplitz_checked_levinson.py`, with a batch
+# that takes its fallback): every other one's program has no data-dependent
+# branch, and all of them passed this test when it was written.
+BRANCHING = ["low_rank_plus_diagonal", "low_rank_plus_diagonal_symmetric"]
+
+
+@pytest.mark.parametrize("name", BRANCHING)
+def test_gradient_of_vmap_matches_dense(name, monkeypatch):
+    """`jax.grad` of `vmap` over two matrices of each structure: a `lax.cond` in a
+    JVP rule that takes tangents must stay a branch under `vmap` (see
+    `for_the_batch`): with a batched predicate JAX selects, wraps the tangents in
+    `stop_gradient`, and cannot transpose it (`Toeplitz` failed so with
+    quax-structured alone). lineax, which quax-units imports, registers a
+    transpose for `stop_gradient`: taken away here, as JAX has it."""
+    monkeypatch.delitem(
+        ad.primitive_transposes, primitives.stop_gradient_p, raising=False
+    )
+    make, dense, leaves = CASES[name]
+    stacked = [np.stack([x, 1.1 * x]).astype(np.float32) for x in leaves]
+    scale = 7.0  # with `det`
+
+    def summed(loss, matrix):
+        def over_the_batch(*stacked):
+            return jnp.sum(jax.vmap(lambda *x: loss(matrix(*x), scale))(*stacked))
+
+        return jax.jit(jax.grad(over_the_batch, tuple(range(len(stacked)))))
+
+    got = summed(quax.quaxify(_loss), make)(*stacked)
+    want = summed(_loss, dense)(*stacked)
     for g, w in zip(got, want, strict=True):
         np.testing.assert_allclose(g, w, rtol=2e-3, atol=1e-4 * np.abs(w).max())
 
