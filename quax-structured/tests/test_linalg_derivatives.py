@@ -69,7 +69,7 @@ CASES = {
     "kronecker_symmetric": (
         lambda a, b: qs.Kronecker(a, b, symmetric=True),
         lambda a, b: jnp.kron(_sym(a), _sym(b)),
-        (_m[:2, :2], _m[2:, 2:]),
+        (_sym(_m[:2, :2]), _sym(_m[2:, 2:])),
     ),
     "low_rank_plus_diagonal": (
         qs.LowRankPlusDiagonal,
