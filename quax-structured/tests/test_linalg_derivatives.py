@@ -332,9 +332,10 @@ def test_det_gradient_through_factors(name):
         lambda: qs.LowRankPlusDiagonal(
             1 + np.arange(64.0, dtype=np.float32) / 64, _normal(64, 3)
         ),
+        # The tag needs symmetric factors (a factor that is not is refused).
         lambda: qs.Kronecker(
-            _m + 8 * np.eye(N, dtype=np.float32),
-            _m.T + np.eye(N, dtype=np.float32),
+            _sym(_m) + 8 * np.eye(N, dtype=np.float32),
+            _sym(_m) + np.eye(N, dtype=np.float32),
             symmetric=True,
         ),
     ],

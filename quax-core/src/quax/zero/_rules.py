@@ -106,7 +106,7 @@ def _signs_of(result: Any) -> tuple[bool, bool] | None:
         return (False, False)
     if r.dtype.kind == "V" or not np.issubdtype(r.dtype, np.inexact):
         r = r.astype(np.float32)  # bfloat16, float8: exactly, sign included
-    parts = (r.real, r.imag) if np.iscomplexobj(r) else (r,)
+    parts = _parts(r)
     signs = []
     for part in parts:
         negative = np.signbit(part)
@@ -117,6 +117,11 @@ def _signs_of(result: Any) -> tuple[bool, bool] | None:
         else:
             return None
     return (signs[0], len(signs) == 2 and signs[1])
+
+
+def _parts(r: np.ndarray) -> tuple[np.ndarray, ...]:
+    """The real and imaginary parts of a complex `r`; a real `r` alone."""
+    return (np.real(r), np.imag(r)) if np.iscomplexobj(r) else (r,)
 
 
 def _shrunk(d: int) -> int:
@@ -249,12 +254,12 @@ def _sanitised(known: np.ndarray, divisor: bool) -> np.ndarray:
         bad |= known == 0
     if not np.any(bad):
         return known
-    unit = np.empty_like(known)
     if np.iscomplexobj(known):  # 1 and 0 with the signs of the real and imaginary parts
-        unit.real = np.copysign(1, known.real)
-        unit.imag = np.copysign(0, known.imag)
+        real, imag = _parts(known)
+        pairs = np.stack([np.copysign(1, real), np.copysign(0, imag)], axis=-1)
+        unit = np.ascontiguousarray(pairs).view(known.dtype)[..., 0]
     else:
-        unit[...] = np.copysign(1, known)
+        unit = np.copysign(1, known).astype(known.dtype)
     return np.where(bad, unit, known)
 
 
@@ -453,7 +458,7 @@ def _has_negative_zero(known: np.ndarray, where: tuple[bool, bool]) -> bool:
         return False
     if not np.issubdtype(known.dtype, np.inexact):
         known = known.astype(np.float32)  # bfloat16, float8: exactly
-    parts = (known.real, known.imag) if np.iscomplexobj(known) else (known,)
+    parts = _parts(known)
     return any(
         flag and bool(np.any((part == 0) & np.signbit(part)))
         for part, flag in zip(parts, where, strict=False)

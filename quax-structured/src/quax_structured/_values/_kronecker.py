@@ -175,15 +175,15 @@ def _check_symmetric(
         kind = "Hermitian" if hermitian and np.iscomplexobj(value) else "symmetric"
         transpose = "A.conj().T" if kind == "Hermitian" else "A.T"
         reads = (
-            "every product, solve and decomposition would read it as `(A + Aᵀ) / 2`"
+            "Every product, solve and decomposition would read it as `(A + Aᵀ) / 2`"
             if symmetric
-            else "a Cholesky factorisation would read one triangle of it alone"
+            else "A Cholesky factorisation would read one triangle of it alone"
         )
         raise ValueError(
             f"`Kronecker` was tagged `{tag}`, but `{name}` is not {kind}: "
             f"`{name}[{i}, {j}]` = {value[i, j].item():.6g} and `{name}[{j}, {i}]` "
             f"= {value[j, i].item():.6g} (the largest |A - {transpose}| is "
-            f"{relative:.3g} of its largest entry). {reads.capitalize()}, another "
+            f"{relative:.3g} of its largest entry). {reads}, another "
             f"matrix than the one given. Pass a {kind} factor (`(A + {transpose}) "
             f"/ 2`), or drop `{tag}`."
         )
