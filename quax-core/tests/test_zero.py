@@ -48,6 +48,7 @@ def _check(fn: Callable[..., Any], *args: Any, zero: bool) -> Any:
 
 F32 = jnp.float32
 x3 = jnp.array([1.0, -2.0, 3.0])
+xp3 = jnp.array([1.0, 2.0, 3.0])  # one sign: a zero times it has one sign too
 m23 = jnp.arange(6.0).reshape(2, 3)
 z3 = Zero((3,), F32)
 z23 = Zero((2, 3), F32)
@@ -65,11 +66,15 @@ CASES: list[tuple[str, Callable[..., Any], tuple[Any, ...], bool]] = [
     ("sub_array_zero", jnp.subtract, (x3, z3), False),
     ("sub_zero_array", jnp.subtract, (z3, x3), False),
     ("sub_zeros", jnp.subtract, (z3, z3), True),
-    ("mul_zero_array", jnp.multiply, (z3, x3), True),
+    # `0 * [1, -2, 3]` is `[0, -0, 0]`: signs that differ are computed densely.
+    ("mul_zero_mixed_signs", jnp.multiply, (z3, x3), False),
+    ("mul_zero_array", jnp.multiply, (z3, xp3), True),
+    ("mul_zero_negative_array", jnp.multiply, (z3, -xp3), True),
     ("mul_array_zero", jnp.multiply, (m23, Zero((3,), F32)), True),
-    ("mul_promote", jnp.multiply, (Zero((3,), jnp.int32), x3), True),
+    ("mul_promote", jnp.multiply, (Zero((3,), jnp.int32), xp3), True),
     ("mul_zeros", jnp.multiply, (z3, z3), True),
-    ("div_zero_array", jnp.divide, (z3, x3), True),
+    ("div_zero_array", jnp.divide, (z3, xp3), True),
+    ("div_zero_mixed_signs", jnp.divide, (z3, x3), False),
     (
         "div_int_zero_known_nonzero",
         lambda z: lax.div(z, jnp.array([1, 2, 3])),
@@ -249,7 +254,7 @@ def test_add_returns_other_operand_unchanged() -> None:
     out = quax.quaxify(jnp.add)(z3, x3)
     assert out is x3 or bool(jnp.all(out == x3))
     with quax.track_materialisation() as report:
-        quax.quaxify(lambda z, x: z * x + x - z)(z3, x3)
+        quax.quaxify(lambda z, x: z * x + x - z)(z3, xp3)
     assert not report
 
 
@@ -289,8 +294,11 @@ def test_jit() -> None:
     assert _is_zero(prod) and _is_zero(s)
     np.testing.assert_allclose(total, x3)
     # quaxify outside jit: the jitted body keeps the zero symbolic.
-    out = quax.quaxify(jax.jit(lambda z, x: z * x))(z3, x3)
+    out = quax.quaxify(jax.jit(lambda z, x: z * x))(z3, xp3)
     assert _is_zero(out) and out.shape == (3,)
+    # Traced by the outer jit, `x` is read as positive (its sign is not known).
+    out = jax.jit(quax.quaxify(lambda z, x: z * x))(z3, x3)
+    assert _is_zero(out) and not out.negative
 
 
 def test_vmap() -> None:
@@ -313,7 +321,11 @@ def test_grad() -> None:
 
 
 def test_jvp_zero_tangent_stays_zero() -> None:
-    _, t = quax.quaxify(lambda x, z: jax.jvp(jnp.sin, (x,), (z,)))(x3, z3)
+    # `cos(xp3 / 2)` is positive, so the tangent `cos(x) * 0` has one sign.
+    fn = lambda x, z: jax.jvp(jnp.sin, (x,), (z,))
+    _, t = quax.quaxify(fn)(xp3 / 2, z3)
+    assert _is_zero(t)
+    _, t = jax.jit(quax.quaxify(fn))(x3, z3)
     assert _is_zero(t)
 
 
@@ -336,7 +348,7 @@ def test_ieee_strict() -> None:
         np.testing.assert_array_equal(np.isnan(out), [True, True, False])
         assert bool(jnp.isnan(quax.quaxify(jnp.dot)(z3, bad)))
         # Known-finite and integer operands keep the zero symbolic.
-        assert _is_zero(quax.quaxify(jnp.multiply)(z3, x3))
+        assert _is_zero(quax.quaxify(jnp.multiply)(z3, xp3))
         assert _is_zero(
             quax.quaxify(jnp.multiply)(Zero((3,), jnp.int32), jnp.arange(3))
         )

@@ -11,7 +11,9 @@ from quax.zero import Zero
 
 
 z = Zero((3, 4), jnp.float32)
-x = jnp.linspace(-1.0, 1.0, 12).reshape(3, 4)
+# Positive: a zero times it is `+0.` everywhere, so the eager products stay symbolic
+# (a zero times elements of both signs is computed densely, to give each its sign).
+x = jnp.linspace(0.1, 1.0, 12).reshape(3, 4)
 w = jnp.linspace(0.5, 2.0, 20).reshape(4, 5)
 
 
@@ -39,7 +41,9 @@ def test_zero_only_arguments():
 
 def test_zero_through_control_flow():
     def fn(z, x):
-        y = lax.cond(jnp.sum(x) > 0, lambda a: a * x, lambda a: -a, z)
+        # Both branches give `-0.`: branches of different signs cannot join as a
+        # `Zero` (see test_zero_signs.py).
+        y = lax.cond(jnp.sum(x) > 0, lambda a: -(a * x), lambda a: -a, z)
         return lax.fori_loop(0, 3, lambda i, c: c * 2.0, y)
 
     report = qt.assert_matches_dense(fn, z, x, out_types=Zero)

@@ -235,6 +235,7 @@ def test_complex_kronecker_plus_identity_refuses():
     eigendecomposition of a complex symmetric factor), and the constructor of
     `KroneckerPlusIdentity` refuses complex factors, naming the way out."""
     a = _draw(_rng(13), (2, 2), np.complex128)
+    a = a + a.T  # the tag needs symmetric factors (complex symmetric here)
     k = qs.Kronecker(a, a, symmetric=True)
     out = quax.quaxify(lambda k: k + 0.5 * jnp.eye(4))(k)
     assert isinstance(out, qs.Sum)

@@ -65,7 +65,8 @@ def test_two_factor_constructor_unchanged():
     ):
         assert k.left is a and k.right is b and k.shape == (6, 6)
         np.testing.assert_array_equal(k.enable_materialise().dense(), jnp.kron(a, b))
-    sym = qs.Kronecker(a, b, True)
+    # The tag needs symmetric factors (a factor that is not is refused).
+    sym = qs.Kronecker((a + a.T) / 2, (b + b.T) / 2, True)
     assert sym.symmetric
     p = qs.KroneckerPlusIdentity(a, b, 0.5)
     assert p.left is a and p.right is b and p.scale == 0.5

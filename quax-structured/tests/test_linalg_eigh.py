@@ -42,7 +42,7 @@ CASES = {
     "circulant_even": (qs.Circulant(_b[0]), _symmetric_circulant(_b[0])),
     "circulant_odd": (qs.Circulant(_b[1, :3]), _symmetric_circulant(_b[1, :3])),
     "kronecker": (
-        qs.Kronecker(_a, _b, symmetric=True),
+        qs.Kronecker(_sym(_a), _sym(_b), symmetric=True),
         jnp.kron(_sym(_a), _sym(_b)),
     ),
     "block_diagonal": (

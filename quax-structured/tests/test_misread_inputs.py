@@ -6,8 +6,11 @@ factors that are not triangular, `solve_triangular` solved `kron(tril A, tril B)
 (0.075 away from SciPy's answer on the matrix `@` multiplies by). A false promise on
 concrete factors is refused now, naming the entry; promises that hold, up to
 rounding, are kept, and traced factors (which cannot be checked) are read as
-before. And a `Banded` matrix whose bandwidths exceed its size is accepted and read
-right (its `slogdet` raised a shape error). References: NumPy and SciPy on the
+before. The same for `symmetric=True` (every factor read as `(A + Aᵀ) / 2`, so a
+factor that is not symmetric was silently another matrix) and
+`positive_definite=True` (a Cholesky factorisation reads one triangle). And a
+`Banded` matrix whose bandwidths exceed its size is accepted and read right (its
+`slogdet` raised a shape error). References: NumPy and SciPy on the
 literal matrices."""
 
 import jax
@@ -70,6 +73,70 @@ def test_traced_factors_keep_the_promise_unchecked():
         A, B
     )
     np.testing.assert_allclose(triangular, np.kron(A, B), rtol=1e-6)
+
+
+# `Kronecker(A, B, symmetric=True)` reads every factor as `(A + Aᵀ) / 2`: with `A` not
+# symmetric it was silently `kron(sym A, sym B)`, not the `kron(A, B)` given.
+
+
+@pytest.mark.parametrize("tag", ["symmetric", "positive_definite"])
+def test_a_factor_that_is_not_symmetric_is_refused(tag):
+    # `A[0, 1]` = 1 against `A[1, 0]` = 0.5: |A - Aᵀ| is 0.5, 1/6 of its largest 3.
+    s = (A + A.T) / 2
+    with pytest.raises(
+        ValueError,
+        match=(
+            rf"(?s)tagged `{tag}=True`, but `left` is not symmetric: `left\[0, 1\]` "
+            r"= 1 and `left\[1, 0\]` = 0\.5 \(the largest \|A - A\.T\| is 0\.167 "
+            rf"of its largest entry\)\. (Every product|A Cholesky).*\(A \+ A\.T\) / 2"
+            rf".*drop `{tag}=True`"
+        ),
+    ):
+        qs.Kronecker(A, s, **{tag: True})
+    with pytest.raises(ValueError, match=r"`right` is not symmetric"):
+        qs.Kronecker(s, B, **{tag: True})
+    with pytest.raises(ValueError, match=r"`matrices\[2\]` is not symmetric"):
+        qs.Kronecker(s, s, A, **{tag: True})
+    with pytest.raises(ValueError, match=r"`left` is not symmetric"):
+        qs.Kronecker(A, s, True)  # the published positional form
+
+
+def test_a_complex_positive_definite_factor_must_be_hermitian():
+    h = np.array([[2.0, 1j], [-1j, 3.0]], np.complex64)  # Hermitian, not symmetric
+    k = qs.Kronecker(h, np.eye(2, dtype=np.complex64), positive_definite=True)
+    np.testing.assert_allclose(k.dense(), np.kron(h, np.eye(2)), rtol=1e-6)
+    symmetric = np.array([[2.0, 1j], [1j, 3.0]], np.complex64)  # not Hermitian
+    with pytest.raises(ValueError, match=r"`left` is not Hermitian.*A\.conj\(\)\.T"):
+        qs.Kronecker(symmetric, h, positive_definite=True)
+
+
+def test_a_kept_symmetry_promise_gives_the_dense_answers():
+    s, t = (A + A.T) / 2, (B + B.T) / 2
+    k = qs.Kronecker(s, t, symmetric=True)
+    dense = np.kron(s, t).astype(np.float64)
+    np.testing.assert_allclose(k.dense(), dense, rtol=1e-6)
+    np.testing.assert_allclose(
+        quax.quaxify(lambda m, v: m @ v)(k, V), dense @ V, rtol=1e-5
+    )
+    solve = quax.quaxify(jnp.linalg.solve)
+    np.testing.assert_allclose(solve(k, V), np.linalg.solve(dense, V), rtol=1e-4)
+    # Rounding passes, and a NaN is left to the computation.
+    r = s.copy()
+    r[0, 1] += 1e-7
+    assert qs.Kronecker(r, t, symmetric=True).symmetric
+    r[0, 1] = np.nan
+    k = qs.Kronecker(r, t, symmetric=True)
+    assert np.isnan(np.asarray(quax.quaxify(lambda m, v: m @ v)(k, V))).any()
+
+
+def test_traced_factors_are_read_symmetrised():
+    # Under `jit` the factors cannot be checked: they are read as `(A + Aᵀ) / 2`
+    # everywhere, as documented, so the matrix is kron of the symmetrised factors.
+    dense = jax.jit(lambda a, b: qs.Kronecker(a, b, symmetric=True).dense())(A, B)
+    expected = np.kron((A + A.T) / 2, (B + B.T) / 2)
+    np.testing.assert_allclose(dense, expected, rtol=1e-6)
+    with pytest.raises(ValueError, match=r"`right` is not symmetric"):
+        jax.jit(lambda a: qs.Kronecker(a, B, symmetric=True).dense())(A)
 
 
 def test_a_banded_matrix_with_bandwidths_beyond_its_size():

@@ -115,7 +115,8 @@ STRUCTURES: dict[str, Example] = {
         lambda x: Kronecker(x["a"], x["b"]), dict(a=(NA, NA), b=(NB, NB)), complex=True
     ),
     "Kronecker, `symmetric=True`": Example(
-        lambda x: Kronecker(x["a"], x["b"], symmetric=True),
+        # The tag needs symmetric factors (a factor that is not is refused).
+        lambda x: Kronecker(*((m + m.T) / 2 for m in (x["a"], x["b"])), symmetric=True),
         dict(a=(NA, NA), b=(NB, NB)),
     ),
     "Kronecker sum `A ⊗ I + I ⊗ B`": Example(

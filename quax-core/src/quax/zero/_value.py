@@ -16,7 +16,7 @@ from .._compat import ShapedArray
 from .._values._value import ArrayValue
 
 
-__all__ = ["Zero", "ieee_strict", "is_ieee_strict"]
+__all__ = ["Zero", "ieee_strict", "is_ieee_strict", "signed_zeros"]
 
 
 class Zero(ArrayValue):
@@ -31,37 +31,113 @@ class Zero(ArrayValue):
     gives `0 * nan = nan`. Inside [`quax.zero.ieee_strict`][] those products are
     computed densely instead, so non-finite values propagate.
 
-    A `Zero` has no array leaves (its shape and dtype are static), so `jax.vmap`
+    A floating zero has a sign, as IEEE's does: `Zero(shape, dtype, negative=True)`
+    is `-0.` (a complex one has a sign for each part), `-zero` and `zero * -2.` are
+    negative, and `1 / zero`, `jnp.signbit`, `jnp.copysign`, `jnp.arctan2`,
+    `jnp.sqrt`, `jnp.minimum`, ... give what they give on the dense signed zeros.
+    Every rule keeps the result symbolic only when the sign of every element is
+    known when quax traces the program, and computes densely otherwise. The sign of
+    `zero * x` (or `zero / x`, `zero @ x`) follows `x` when `x` is known (a literal
+    or concrete array); for an `x` known only when the program runs, the zero
+    annihilates as if `x` were a positive finite number, and `x + zero` is `x`, as
+    XLA itself simplifies `x + 0` (so a `-0.` in `x` stays `-0.`, where eager IEEE
+    arithmetic gives `+0.`). Inside [`quax.zero.ieee_strict`][] the product is
+    computed densely instead, so its signs (and NaNs) are exactly IEEE's. Integer
+    and boolean zeros have no sign.
+
+    A `Zero` has no array leaves (its shape, dtype and sign are static), so `jax.vmap`
     cannot add a batch axis to one returned from the function it maps:
     `jax.vmap(quax.quaxify(f))` raises a `ValueError` when `f` returns one. Put the
     vmap inside quaxify (`quax.quaxify(jax.vmap(f))`), where the rules see the
     batched shapes.
 
     **Raises:** `ValueError` for a shape that is not a tuple of non-negative ints,
-    or a dtype that is not one.
+    a dtype that is not one, or a sign that the dtype cannot hold.
     """
 
     _shape: tuple[int, ...] = eqx.field(static=True)
     _dtype: np.dtype = eqx.field(static=True)
+    _signs: tuple[bool, bool] = eqx.field(static=True)
 
-    def __init__(self, shape: tuple[int, ...], dtype: Any) -> None:
+    def __init__(
+        self,
+        shape: tuple[int, ...],
+        dtype: Any,
+        negative: bool | tuple[bool, bool] = False,
+    ) -> None:
         """**Arguments:**
 
         - `shape`: the shape of the zero array.
         - `dtype`: its dtype (canonicalised as JAX does, so `float64` is `float32`
             unless 64-bit mode is enabled).
+        - `negative`: whether every element is `-0.`; for a complex dtype, `True`
+            makes both parts `-0.`, and a pair `(real, imaginary)` gives each part
+            its own sign. Integer and boolean zeros take only `False`.
         """
         self._shape = _checked_shape(shape)
         try:
             self._dtype = jax.dtypes.canonicalize_dtype(dtype)
         except TypeError as e:
             raise ValueError(f"Zero: {dtype!r} is not a dtype ({e}).") from e
+        self._signs = _checked_signs(negative, self._dtype)
+
+    @property
+    def negative(self) -> bool | tuple[bool, bool]:
+        """Whether the elements are `-0.`: a bool, or for a complex dtype the pair
+        `(real part negative, imaginary part negative)`."""
+        if jnp.issubdtype(self._dtype, jnp.complexfloating):
+            return self._signs
+        return self._signs[0]
 
     def aval(self) -> ShapedArray:
         return _aval(self._shape, self._dtype)
 
     def materialise(self) -> jax.Array:
-        return jnp.zeros(self._shape, self._dtype)
+        return signed_zeros(self._shape, self._dtype, self._signs)
+
+
+def signed_zeros(
+    shape: tuple[int, ...], dtype: np.dtype, signs: tuple[bool, bool]
+) -> jax.Array:
+    """`jnp.zeros(shape, dtype)` whose real and imaginary parts have the signs
+    `signs` (`True` for `-0.`)."""
+    if not any(signs):
+        return jnp.zeros(shape, dtype)
+    if jnp.issubdtype(dtype, jnp.complexfloating):
+        part = jnp.finfo(dtype).dtype
+        real, imag = (jnp.full(shape, -0.0 if s else 0.0, part) for s in signs)
+        return jax.lax.complex(real, imag)
+    return jnp.full(shape, -0.0, dtype)
+
+
+def _checked_signs(negative: Any, dtype: np.dtype) -> tuple[bool, bool]:
+    """`negative` as a `(real, imaginary)` pair of signs, or a `ValueError` saying
+    why `dtype` cannot hold it."""
+    complex_ = jnp.issubdtype(dtype, jnp.complexfloating)
+    if isinstance(negative, bool | np.bool_):
+        signs = (bool(negative), bool(negative) and complex_)
+    elif (
+        isinstance(negative, tuple)
+        and len(negative) == 2
+        and all(isinstance(n, bool | np.bool_) for n in negative)
+    ):
+        if not complex_:
+            raise ValueError(
+                f"Zero: a pair of signs {negative!r} is for a complex dtype; a "
+                f"{dtype} zero takes one bool, `negative=True` or `False`."
+            )
+        signs = (bool(negative[0]), bool(negative[1]))
+    else:
+        raise ValueError(
+            f"Zero: `negative` must be a bool (or, for a complex dtype, a pair of "
+            f"bools), got {negative!r}."
+        )
+    if any(signs) and not jnp.issubdtype(dtype, jnp.inexact):
+        raise ValueError(
+            f"Zero: a {dtype} zero has no sign; pass `negative=False` (the default), "
+            f"or a floating or complex dtype for `-0.`."
+        )
+    return signs
 
 
 @ft.lru_cache(maxsize=1024)

@@ -64,6 +64,23 @@ def _outside_triangle(factor: Any, triangle: str) -> tuple[int, int] | None:
     return int(i), int(j)
 
 
+def _checkable(
+    factors: Sequence[Any], diagonal: Sequence[bool]
+) -> list[tuple[int, Any]]:
+    """The factors a constructor can check for the promise of a tag, with their
+    positions: the concrete square arrays (not a diagonal, a `c I` or a traced
+    factor, which are either kept by their structure or unknown until run time)."""
+    return [
+        (k, factor)
+        for k, (factor, stored_diagonal) in enumerate(
+            zip(factors, diagonal, strict=True)
+        )
+        if not stored_diagonal
+        and not isinstance(factor, jax.core.Tracer | ScaledIdentity)
+        and jnp.ndim(factor) == 2
+    ]
+
+
 def _check_triangle(
     factors: Sequence[Any], diagonal: Sequence[bool], triangle: str | None
 ) -> None:
@@ -85,11 +102,7 @@ def _check_triangle(
     """
     if triangle is None:
         return
-    for k, (factor, stored_diagonal) in enumerate(zip(factors, diagonal, strict=True)):
-        if stored_diagonal or isinstance(factor, jax.core.Tracer | ScaledIdentity):
-            continue
-        if jnp.ndim(factor) != 2:
-            continue
+    for k, factor in _checkable(factors, diagonal):
         at = _outside_triangle(factor, triangle)
         if at is not None:
             i, j = at
@@ -101,6 +114,79 @@ def _check_triangle(
                 "alone, another matrix than the one given. Pass triangular factors "
                 "(`jnp.tril` / `jnp.triu`), or leave `triangle` None."
             )
+
+
+def _asymmetry(factor: Any, hermitian: bool) -> tuple[float, int, int] | None:
+    """How far the concrete square `factor` is from its transpose (its conjugate
+    transpose where `hermitian`): the largest `|A - Aᵀ|` relative to the factor's
+    largest finite entry and where it is, or `None` when every finite difference
+    is within `sqrt(eps)` of that entry (rounding passes). Non-finite entries are
+    left to the computation."""
+    value = np.asarray(factor)
+    other = value.conj().T if hermitian else value.T
+    dtype = value.dtype if np.issubdtype(value.dtype, np.inexact) else np.float64
+    size = np.max(np.abs(value), where=np.isfinite(value), initial=0.0)
+    with np.errstate(invalid="ignore"):
+        difference = np.abs(value - other)
+    difference = np.where(np.isfinite(difference), difference, 0.0)
+    if not np.any(difference > float(np.sqrt(np.finfo(dtype).eps)) * size):
+        return None
+    i, j = np.unravel_index(np.argmax(difference), difference.shape)
+    return float(difference[i, j] / size), int(i), int(j)
+
+
+def _check_symmetric(
+    factors: Sequence[Any],
+    diagonal: Sequence[bool],
+    symmetric: bool,
+    positive_definite: bool,
+) -> None:
+    """Refuse a concrete factor that is not symmetric under `symmetric=True` (every
+    product, solve and decomposition reads it as `(A + Aᵀ) / 2`), or not Hermitian
+    under `positive_definite=True` (a Cholesky factorisation, lineax's among them,
+    reads one triangle alone), since either would silently be another matrix than
+    the one given. Traced factors (under `jit`, `grad`) cannot be checked; there
+    `symmetric=True` reads them symmetrised, and `positive_definite` stands as
+    promised.
+
+    **Arguments:**
+
+    - `factors`: the stored factors of a `Kronecker`.
+    - `diagonal`: which are stored as their diagonal (symmetric already).
+    - `symmetric`, `positive_definite`: the tags.
+
+    **Returns:**
+
+    Nothing; a `ValueError` naming the factor, its asymmetry and the way out.
+    """
+    if not (symmetric or positive_definite):
+        return
+    for k, factor in _checkable(factors, diagonal):
+        # `symmetric` reads the transpose; `positive_definite` (when complex) the
+        # conjugate transpose.
+        hermitian = not symmetric
+        found = _asymmetry(factor, hermitian)
+        if found is None:
+            continue
+        relative, i, j = found
+        name = _factor_name(factors, k)
+        value = np.asarray(factor)
+        tag = "symmetric=True" if symmetric else "positive_definite=True"
+        kind = "Hermitian" if hermitian and np.iscomplexobj(value) else "symmetric"
+        transpose = "A.conj().T" if kind == "Hermitian" else "A.T"
+        reads = (
+            "Every product, solve and decomposition would read it as `(A + Aᵀ) / 2`"
+            if symmetric
+            else "A Cholesky factorisation would read one triangle of it alone"
+        )
+        raise ValueError(
+            f"`Kronecker` was tagged `{tag}`, but `{name}` is not {kind}: "
+            f"`{name}[{i}, {j}]` = {value[i, j].item():.6g} and `{name}[{j}, {i}]` "
+            f"= {value[j, i].item():.6g} (the largest |A - {transpose}| is "
+            f"{relative:.3g} of its largest entry). {reads}, another "
+            f"matrix than the one given. Pass a {kind} factor (`(A + {transpose}) "
+            f"/ 2`), or drop `{tag}`."
+        )
 
 
 def _gather(
@@ -293,7 +379,16 @@ class Kronecker(_Factors):
         the published fields.
     - `diagonal`: which factors are stored as their diagonal (static).
     - `symmetric`: whether every factor is symmetric (static; a property tag that
-        `jnp.linalg.cholesky` needs, as it symmetrises its input first).
+        `jnp.linalg.cholesky` needs, as it symmetrises its input first). A
+        concrete factor that is not symmetric (beyond `sqrt(eps)` of its largest
+        entry) is refused; a traced one (under `jit`, `grad`) cannot be checked,
+        and is read as `(A + Aᵀ) / 2` everywhere, the product included, so that
+        the matrix is `kron` of the symmetrised factors.
+    - `positive_definite`: a promise (static) that the matrix is positive
+        definite, read by Cholesky factorisations (lineax's, through
+        `to_lineax`), which read one triangle alone: a concrete factor that is not
+        symmetric (Hermitian, when complex) is refused; a traced one is taken as
+        promised.
     - `triangle`: `"lower"` or `"upper"` when every factor is triangular (static;
         set on Cholesky factors), else `None`.
     - `allow_materialise`: as for [`quax_structured.TridiagonalMatrix`][] (static).
@@ -393,6 +488,9 @@ class Kronecker(_Factors):
                     f"`{_factor_name(self.matrices, k)}` of shape {shape}."
                 )
         _check_triangle(self.matrices, self.diagonal, self.triangle)
+        _check_symmetric(
+            self.matrices, self.diagonal, self.symmetric, self.positive_definite
+        )
 
     def aval(self) -> jax.core.ShapedArray:
         return self._grid_aval([1 if d else 2 for d in self.diagonal])
