@@ -13,8 +13,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import quax
+import quax._dispatch._registry as _registry
 
-from .helpers import Dense, Refusing
+from .helpers import TRACED_BODIES, Dense, Refusing, in_traced_body
 
 
 @jax.jit
@@ -31,6 +32,11 @@ def to_tenths(a: Any) -> Any:
 @ft.partial(jax.jit, inline=True, static_argnames=("scale",))
 def scaled(a: Any, scale: float = 2.0) -> Any:
     return a * scale
+
+
+@ft.partial(jax.jit, inline=True)
+def _no_rule(a: Any) -> Any:
+    return a * 5.0
 
 
 calls: list[str] = []
@@ -127,3 +133,62 @@ def test_functions_without_rules_are_still_inlined() -> None:
     # A kept `jit` (not inlined) stays a `jit` equation.
     program = str(jax.make_jaxpr(quax.quaxify(_kept))(Dense(x)))
     assert "jit[" in program
+
+
+@pytest.mark.parametrize("how", TRACED_BODIES)
+@pytest.mark.parametrize("outer_jit", [False, True], ids=["eager", "jit"])
+def test_the_rule_runs_inside_a_body_jax_traces(how: str, outer_jit: bool) -> None:
+    # JAX keeps the `jit` of a function with a rule as a call in the jaxprs it traces
+    # (`quax._compat.keep_inline_jit`): before, it inlined `x * 10` there, before
+    # quax met the body.
+    calls.clear()
+    g = quax.quaxify(in_traced_body(how, to_tenths))
+    out = (jax.jit(g) if outer_jit else g)(Refusing(x))
+    assert isinstance(out, Refusing)
+    np.testing.assert_array_equal(out.array, x * 10.0 + 1000.0)
+    assert "to_tenths" in calls
+
+
+@pytest.mark.parametrize("how", TRACED_BODIES)
+def test_plain_jax_gives_the_same_values(how: str) -> None:
+    # Kept as a call, the function computes what its inlined equations computed.
+    f = lambda a: jnp.sin(to_tenths(a))
+    np.testing.assert_allclose(in_traced_body(how, f)(x), jnp.sin(x * 10.0), rtol=1e-6)
+
+
+def test_only_functions_with_rules_stay_calls() -> None:
+    # In a jaxpr JAX traces itself, the inline `jit` of a function with a rule is a
+    # `jit` equation (named after it); one without a rule is inlined as before.
+    program = jax.make_jaxpr(lambda a: _no_rule(to_tenths(jnp.multiply(a, 2.0))))(x)
+    jits = [e for e in program.eqns if e.primitive.name == "jit"]
+    assert [e.params["name"] for e in jits] == ["to_tenths"]
+    assert jits[0].params["inline"]
+    assert [e.primitive.name for e in program.eqns] == ["mul", "jit", "mul"]
+
+
+def test_a_body_traced_before_its_rule_was_registered() -> None:
+    # JAX caches the jaxprs it traces: a `jax.jit` function traced on plain arrays
+    # before a rule for a function it calls was registered holds that function's
+    # inlined equations. A registration changes a setting JAX's caches key on, but
+    # not while the installed families load on the first quaxified call
+    # (`jit_generation_kept`): there, keeping the function clears JAX's caches.
+    @ft.partial(jax.jit, inline=True)
+    def late(a: Any) -> Any:
+        return a * 4.0
+
+    @jax.jit
+    def uses_late(a: Any) -> Any:
+        return late(a) + 1.0
+
+    np.testing.assert_array_equal(uses_late(x), x * 4.0 + 1.0)
+    out = quax.quaxify(uses_late)(Refusing(x))
+    np.testing.assert_array_equal(out.array, x * 4.0 + 1.0)
+
+    with _registry.jit_generation_kept():
+
+        @quax.register_function(late)
+        def _(a: Refusing, *, call: Any) -> Any:
+            return Refusing(a.array * 4.0 + 1000.0)
+
+    out = quax.quaxify(uses_late)(Refusing(x))
+    np.testing.assert_array_equal(out.array, x * 4.0 + 1001.0)

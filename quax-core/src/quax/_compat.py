@@ -98,6 +98,8 @@ __all__ = [
     "is_unspecified",
     "jit_inlines",
     "jit_may_inline",
+    "keep_inline_jit",
+    "kept_inline_jits",
     "jit_p",
     "linear_solve_p",
     "manual_axes_active",
@@ -433,6 +435,63 @@ def jit_may_inline(jitted: Any) -> tuple[bool, str]:
     if not isinstance(inline, bool):
         inline = getattr(inline, "value", None) == "jax_early"
     return inline, _util.fun_name(getattr(jitted, "__wrapped__", jitted))
+
+
+# The functions that `quax.register_function` has rules for and whose `jit` JAX
+# inlines (`jnp.rad2deg` is `jax.jit(inline=True)`): their sources (a body's
+# `func_src_info`, "rad2deg at .../ufuncs.py:3278") by the name their `jit` equations
+# carry. Filled by `keep_inline_jit`; read by JAX's staging of `jit` (see
+# `_keep_or_inline`) and by the quax trace (an inlined `jit` of such a source goes to
+# the `jit` rule, which looks its rules up, instead of its equations being bound one
+# by one). Every other inlined `jit` costs one lookup of its name.
+kept_inline_jits: dict[str, set[str]] = {}
+_jax_jit_staging = _pe.custom_staging_rules[jprim.jit_p]
+
+
+def keep_inline_jit(name: str, source: str) -> None:
+    """Keep every inline `jit` named `name` whose body's source is `source` as a
+    `jit` equation (a call) wherever JAX stages it, from now on, rather than have JAX
+    inline its equations into the caller's jaxpr (its own staging rule for `jit`
+    does so for `jax.jit(inline=True)`, as every `jax.numpy` function is). A rule
+    registered for the function can then run wherever quax meets the program: in a
+    `jax.jit`-decorated function, a `lax.scan`, `lax.cond` or `lax.while_loop` body, a
+    `jax.checkpoint` or `custom_jvp` function, all of which JAX traces before quax
+    meets them. A kept call computes what its inlined equations compute (lowering
+    honours no `inline`), so plain JAX programs give the same results.
+
+    JAX keeps the jaxprs it traced (of `jax.jit` functions, of loop bodies): one traced
+    before the function was kept holds its inlined equations. So the first time a
+    function is kept, JAX's caches are cleared (`jax.clear_caches()`: its compiled
+    programs too, which it compiles again when next called)."""
+    sources = kept_inline_jits.setdefault(name, set())
+    if source in sources:
+        return
+    sources.add(source)
+    _pe.custom_staging_rules[jprim.jit_p] = _keep_or_inline
+    jax.clear_caches()
+
+
+def _keep_or_inline(trace: Any, source_info: Any, *args: Any, **params: Any) -> Any:
+    # JAX's staging rule for `jit`, but for a kept inline `jit` (see `keep_inline_jit`),
+    # staged as a call as JAX stages a `jit` it does not inline. One whose body holds
+    # mutable arrays (JAX moves its constant `Ref`s out first) is left to JAX (the
+    # functions rules are registered for hold none).
+    sources = kept_inline_jits.get(params["name"])
+    if sources is not None and jit_inlines(params):
+        jaxpr = params["jaxpr"]
+        info = jaxpr.jaxpr.debug_info
+        if (
+            info is not None
+            and info.func_src_info in sources
+            and not params["compiler_options_kvs"]
+            and not any(isinstance(c, _core.Ref) for c in jaxpr.consts)
+            and not any(v.initial_qdd for v in jaxpr.jaxpr.constvars)
+            and not any(v.initial_qdd for v in jaxpr.jaxpr.invars)
+        ):
+            return trace.default_process_primitive(
+                jprim.jit_p, args, params, source_info=source_info
+            )
+    return _jax_jit_staging(trace, source_info, *args, **params)
 
 
 def _all_unspecified(shardings: tuple[Any, ...]) -> bool:

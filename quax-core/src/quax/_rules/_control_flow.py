@@ -46,6 +46,7 @@ from .._compat import (
     is_unspecified,
     jit_may_inline,
     jit_p,
+    keep_inline_jit,
     linear_solve_p,
     release_traces,
     remat_p,
@@ -163,15 +164,18 @@ def register_function(
     arguments' types (`vmap` of an elementwise function: the rule then runs);
     apply those outside `quaxify` (`jax.vmap(quax.quaxify(f))`) for the rule to
     see the function's own arguments. A function that JAX inlines
-    into its callers (`jax.jit(inline=True)`, as `jnp.rad2deg` is) gets its rules
-    where quax meets its call: in the quaxified function and in the functions it
-    calls (quax keeps the call to look its rules up), but not inside a function
-    that JAX traced before quax met it, which holds the function's equations
-    instead of its call: the body of a `jax.jit` (`jax.jit` of the function itself
-    is still met), of `lax.scan`, `lax.cond` or `lax.while_loop`, or a `vmap` or
-    `jvp` inside `quaxify` that inlined it. Registering a rule forgets
-    whatever quax kept from earlier calls of the function (compiled programs,
-    recordings), as registering a primitive rule does.
+    into its callers (`jax.jit(inline=True)`, as `jnp.rad2deg` is) is kept as a
+    call (a `jit` equation) from its first registration on, wherever it is called:
+    by quax, and by JAX's own staging, which inlines it otherwise. So its rules run
+    in the quaxified function, in the functions it calls, and in the bodies JAX
+    traces itself before quax meets them: a `jax.jit` or `eqx.filter_jit`
+    function, a `lax.scan`, `lax.cond`, `lax.while_loop` or `lax.fori_loop` body,
+    `jax.checkpoint`. Outside `quaxify` a kept call computes what its inlined
+    equations compute, so plain JAX programs give the same results; JAX's caches
+    are cleared at that first registration, as the jaxprs they hold were traced
+    with the function inlined. Registering a rule forgets whatever quax kept from
+    earlier calls of the function (compiled programs, recordings), as registering
+    a primitive rule does.
 
     **Arguments:**
 
@@ -219,8 +223,9 @@ def register_function(
         candidates.append(registered)
         inline, jit_name = jit_may_inline(registered.jitted)
         if inline:
-            # Its inlined `jit` comes to the `jit` rule (see `_jit`), not inlined.
-            _trace.inlined_functions.setdefault(jit_name, set()).add(source)
+            # Its inlined `jit` stays a call wherever JAX stages it, and comes to
+            # the `jit` rule (see `_jit`) wherever quax meets it, not inlined.
+            keep_inline_jit(jit_name, source)
     registering = register(registered.primitive, precedence=precedence)
 
     def _register(rule: _F) -> _F:
