@@ -83,13 +83,11 @@ def test_grad_inside_quaxify() -> None:
     np.testing.assert_allclose(ustrip("deg / rad", inside), 180 / math.pi, rtol=1e-6)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known bug: `vmap` inside `quaxify` of a weakly typed operand (a Python "
-    "float) batches a body whose constant JAX keeps as a Python float, which the "
-    "function traced again on the batched type does not give: the body runs",
-)
 def test_vmap_inside_of_a_weakly_typed_angle() -> None:
+    # A Python float is weakly typed: JAX keeps `180 / pi` in `rad2deg`'s body as the
+    # Python float, which `vmap` keeps too, where `rad2deg` traced again on the
+    # batched type holds the float32 number. quax compared the two bodies' text and
+    # ran the body: 180 rad each.
     q = Quantity(math.pi, "rad")
     out = quax.quaxify(lambda a: jax.vmap(jnp.rad2deg)(jnp.stack([a, a])))(q)
     assert str(out.unit) == "deg"

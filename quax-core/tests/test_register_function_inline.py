@@ -54,6 +54,12 @@ def _(a: Refusing, *, scale: float = 2.0, call: Any) -> Any:
     return Refusing(a.array * scale + 1000.0)
 
 
+@quax.register_function(jnp.rad2deg)
+def _(a: Refusing, *, call: Any) -> Any:
+    calls.append("rad2deg")
+    return Refusing(a.array + 1000.0)
+
+
 x = jnp.array([1.0, 2.0, -3.0])
 
 
@@ -192,3 +198,23 @@ def test_a_body_traced_before_its_rule_was_registered() -> None:
 
     out = quax.quaxify(uses_late)(Refusing(x))
     np.testing.assert_array_equal(out.array, x * 4.0 + 1001.0)
+
+
+class _Weak(Refusing):
+    """A `Refusing` whose aval keeps its array's weak type (as `jax.typeof` gives)."""
+
+    def aval(self) -> Any:
+        return jax.typeof(self.array)
+
+
+def test_vmap_inside_of_a_weakly_typed_operand() -> None:
+    # `vmap` inside `quaxify` batches `jnp.rad2deg`'s body traced on the weakly typed
+    # element, which holds `180 / pi` as the Python float; `rad2deg` traced again on
+    # the batched type holds the float32 number. quax compared the bodies' text and
+    # ran the body (`a * 57.3`, without the rule's 1000); in float32 they are one.
+    calls.clear()
+    a = _Weak(jnp.asarray(3.0))
+    assert a.aval().weak_type
+    out = quax.quaxify(lambda v: jax.vmap(jnp.rad2deg)(jnp.stack([v, v])))(a)
+    np.testing.assert_allclose(out.array, [1003.0, 1003.0], rtol=1e-6)
+    assert calls == ["rad2deg"]

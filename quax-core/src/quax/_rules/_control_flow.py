@@ -345,14 +345,38 @@ def _traces_to(registered: _Registered, statics: dict[str, Any], jaxpr: Any) -> 
 
 def _same_body(a: Any, b: Any) -> bool:
     """Whether the closed jaxprs `a` and `b` are the same program: the same text
-    (object addresses aside) and bitwise the same constants."""
+    (object addresses aside, floating-point literals read in their dtype) and
+    bitwise the same constants."""
     if a is b:
         return True
     if len(a.consts) != len(b.consts) or not all(
         map(_same_constant, a.consts, b.consts)
     ):
         return False
-    return _ADDRESS.sub("", str(a.jaxpr)) == _ADDRESS.sub("", str(b.jaxpr))
+    return _program_text(a) == _program_text(b)
+
+
+def _program_text(jaxpr: Any) -> str:
+    """The text of the closed `jaxpr`, without object addresses, with each
+    floating-point literal written as the number its dtype holds: JAX writes a weakly
+    typed literal as the Python float it was given (`57.29577951308232:f32[]`),
+    which `vmap` keeps, where the function traced again on the batched type writes
+    the float32 number (`57.295780181884766:f32[]`); both are one program."""
+    text = _ADDRESS.sub("", str(jaxpr.jaxpr))
+    return _FLOAT_LITERAL.sub(_in_its_dtype, text)
+
+
+# A floating-point literal in a jaxpr's text (`57.29577951308232:f32[]`).
+_FLOAT_LITERAL = re.compile(
+    r"(?<![\w.])(-?(?:\d+\.?\d*(?:e[-+]?\d+)?|inf|nan)):(f16|bf16|f32|f64)\[\]"
+)
+_FLOAT_DTYPES = {"f16": np.float16, "bf16": jnp.bfloat16, "f32": np.float32}
+
+
+def _in_its_dtype(literal: re.Match[str]) -> str:
+    number, dtype = literal.groups()
+    held = np.asarray(float(number), _FLOAT_DTYPES.get(dtype, np.float64))
+    return f"{float(held)!r}:{dtype}[]"
 
 
 def _same_constant(a: Any, b: Any) -> bool:
