@@ -51,14 +51,10 @@ def test_the_rule_runs_inside_a_body_jax_traces(
     assert out.dtype == jnp.float32
 
 
-@pytest.mark.parametrize("name", ["rad2deg", "deg2rad"])
-@pytest.mark.xfail(
-    strict=True,
-    reason="known bug: under `jvp` inside `quaxify` quax meets the derivative of "
-    "the body (a multiplication by 180 / pi), not the function (see quax-units' "
-    "README, Limits)",
-)
+@pytest.mark.parametrize("name", ["rad2deg", "deg2rad", "degrees", "radians"])
 def test_jvp_inside_quaxify(name: str) -> None:
+    # JAX's `jvp` binds the `jvp` of the function's body (both multiplied by
+    # `180 / pi`: 180 rad); quax recognises it and takes the `jvp` of the rule.
     f, (value, unit), shown, expected = _FUNCTIONS[name]
     q = Quantity(jnp.float32(value), unit)
     primal, tangent = quax.quaxify(lambda a: jax.jvp(f, (a,), (a,)))(q)

@@ -218,3 +218,26 @@ def test_vmap_inside_of_a_weakly_typed_operand() -> None:
     out = quax.quaxify(lambda v: jax.vmap(jnp.rad2deg)(jnp.stack([v, v])))(a)
     np.testing.assert_allclose(out.array, [1003.0, 1003.0], rtol=1e-6)
     assert calls == ["rad2deg"]
+
+
+@pytest.mark.parametrize("outer_jit", [False, True], ids=["eager", "jit"])
+def test_jvp_inside_quaxify_is_the_rules_jvp(outer_jit: bool) -> None:
+    # JAX's `jvp` of the function's `jit` binds the `jvp` of its body (`x * 10` and
+    # `t * 10`): quax recognises it and takes the `jvp` of the rule.
+    calls.clear()
+    g = quax.quaxify(lambda a, t: jax.jvp(to_tenths, (a,), (t,)))
+    out, tangent = (jax.jit(g) if outer_jit else g)(Refusing(x), Refusing(2 * x))
+    np.testing.assert_array_equal(out.array, x * 10.0 + 1000.0)
+    np.testing.assert_array_equal(tangent.array, x * 20.0)
+    assert calls == ["to_tenths"]
+
+
+def test_jvp_inside_quaxify_with_a_plain_tangent_runs_the_body() -> None:
+    # A plain tangent of a value is not of the primal's type: the rule's `jvp` cannot
+    # take it, and the body's `jvp` runs, as before.
+    calls.clear()
+    f = quax.quaxify(lambda a, t: jax.jvp(to_tenths, (a,), (t,)))
+    out, tangent = f(Refusing(x), 2 * x)
+    np.testing.assert_array_equal(out.array, x * 10.0)
+    np.testing.assert_array_equal(tangent, x * 20.0)
+    assert calls == []

@@ -98,6 +98,7 @@ __all__ = [
     "is_unspecified",
     "jit_inlines",
     "jit_may_inline",
+    "jvp_body",
     "keep_inline_jit",
     "kept_inline_jits",
     "jit_p",
@@ -505,6 +506,14 @@ def _kept(jaxpr: Any, sources: set[str]) -> bool:
         and not any(v.initial_qdd for v in jaxpr.jaxpr.constvars)
         and not any(v.initial_qdd for v in jaxpr.jaxpr.invars)
     )
+
+
+def jvp_body(body: Any, nonzeros: Sequence[bool]) -> tuple[Any, list[bool]]:
+    """What JAX's `jvp` of a `jit` whose body is the closed jaxpr `body` binds (its
+    `jit` rule's `jvp_jaxpr`): the body of the primals then the tangents of the
+    arguments where `nonzeros` is true, giving the outputs and their tangents where
+    the second list is true (the others are symbolic zeros, not outputs)."""
+    return _ad.jvp_jaxpr(body, list(nonzeros), instantiate=False)
 
 
 def _all_unspecified(shardings: tuple[Any, ...]) -> bool:

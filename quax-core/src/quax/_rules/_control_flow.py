@@ -46,6 +46,7 @@ from .._compat import (
     is_unspecified,
     jit_may_inline,
     jit_p,
+    jvp_body,
     keep_inline_jit,
     linear_solve_p,
     release_traces,
@@ -157,13 +158,16 @@ def register_function(
     one function, the most specific wins, and two distributions registering the
     same signature are reported with a [`quax.RuleConflictWarning`][]. Where no
     rule matches the arguments' types (or none of them is a value), the function's
-    body runs under the rules, as without a rule. So it does where `vmap`, `grad`,
-    `jvp` or `linearize` runs inside `quaxify`: quax then meets a transformation of
-    the body (batched along axes the rule cannot know, or its derivative), not
+    body runs under the rules, as without a rule. So it does where `vmap`, `grad`
+    or `linearize` runs inside `quaxify`: quax then meets a transformation of the
+    body (batched along axes the rule cannot know, or its derivative's parts), not
     the function, unless that transformation is the function's own program on its
     arguments' types (`vmap` of an elementwise function: the rule then runs);
     apply those outside `quaxify` (`jax.vmap(quax.quaxify(f))`) for the rule to
-    see the function's own arguments. A function that JAX inlines
+    see the function's own arguments. Under `jvp` inside `quaxify` quax meets the
+    `jvp` of the body, recognises it, and computes the `jvp` of the rule (with
+    the function's static arguments at their defaults, and tangents of their
+    primals' types; otherwise the body's `jvp` runs). A function that JAX inlines
     into its callers (`jax.jit(inline=True)`, as `jnp.rad2deg` is) is kept as a
     call (a `jit` equation) from its first registration on, wherever it is called:
     by quax, and by JAX's own staging, which inlines it otherwise. So its rules run
@@ -429,6 +433,12 @@ def _jit(*args: ValueLike, jaxpr: Any, **params: Any) -> list[Any]:
         # on those arguments, which is what the program computes.
         candidates = [r for r in _registered[source] if _in_order(jaxpr, r)]
         found = _identify(jaxpr, candidates) if candidates else None
+        if not candidates:
+            # `jvp` inside `quaxify` binds the body's `jvp`: the rule's `jvp` then.
+            jvp = _identify_jvp(jaxpr, _registered[source])
+            out = None if jvp is None else _rule_jvp(args, params, *jvp)
+            if out is not None:
+                return out
         if found is None and not _as_traced(jaxpr):
             return _noted_body(_TRANSFORMED, *args, jaxpr=jaxpr, **params)
         if candidates and found is None:
@@ -450,6 +460,114 @@ def _jit(*args: ValueLike, jaxpr: Any, **params: Any) -> list[Any]:
             f"arrays; the function returns {len(jaxpr.out_avals)}."
         )
     return leaves
+
+
+# Which registered function's `jvp` each body met under a registered source is (see
+# `_identify_jvp`), or `None`: none is.
+_identified_jvps = Table("register_function: the functions of jvp jit bodies", 256)
+
+
+def _identify_jvp(
+    jaxpr: Any, candidates: list[_Registered]
+) -> tuple[_Registered, Any, list[bool], list[bool]] | None:
+    """The registered function among `candidates` (those of its source) whose `jvp`
+    the `jit` body `jaxpr` is, as JAX's `jvp` of the function's `jit` binds it
+    (`jvp` inside `quaxify`): with the function's body on the primals' types (its
+    static arguments at their defaults), which primals have tangents, and which
+    outputs do. JAX drops the argument names of such a body. `None` where none is
+    (another transformation: `vmap`, the parts `grad` splits a body into). Kept per
+    body while the caches are on."""
+    found = _identified_jvps.get(jaxpr, False) if _caches.enabled else False
+    if found is not False:
+        return found
+    found = None
+    info = jaxpr.jaxpr.debug_info
+    if info is not None and info.arg_names is None:
+        for registered in reversed(candidates):
+            found = _jvp_of(registered, jaxpr)
+            if found is not None:
+                break
+    if _caches.enabled:
+        _identified_jvps.put(jaxpr, found)
+    return found
+
+
+def _jvp_of(
+    registered: _Registered, jaxpr: Any
+) -> tuple[_Registered, Any, list[bool], list[bool]] | None:
+    """`registered`'s body, which primals have tangents and which outputs do,
+    where `jaxpr` is the `jvp` of the function on its leading `n` arguments (at
+    least one of them with a tangent), for some `n`; else `None`."""
+    avals = jaxpr.in_avals
+    positional, rest = registered.parameters
+    for n in range((len(avals) + 1) // 2, len(avals)):
+        if rest is None and n > len(positional):
+            break
+        try:
+            body = traced_jit(registered.jitted, avals[:n], {})
+        except Exception:  # not a call this function takes: not its body
+            continue
+        for which in itertools.combinations(range(n), len(avals) - n):
+            nonzeros = [i in which for i in range(n)]
+            jvp, out_nonzeros = jvp_body(body, nonzeros)
+            if _same_body(jvp, jaxpr):
+                return registered, body, nonzeros, out_nonzeros
+    return None
+
+
+def _rule_jvp(
+    args: Sequence[Any],
+    params: dict[str, Any],
+    registered: _Registered,
+    body: Any,
+    nonzeros: list[bool],
+    out_nonzeros: list[bool],
+) -> list[Any] | None:
+    """The outputs of the `jit` of the `jvp` of `registered` (see `_identify_jvp`):
+    the `jvp` of the rule that matches its primals, on their tangents (zeros where
+    the `jvp` has none). `None` where no rule matches, or where a tangent is not of
+    its primal's type (a plain tangent of a value): the body then runs."""
+    n = len(nonzeros)
+    primals = list(args[:n])
+    rule = registered_rule(registered.primitive, primals, takes={})
+    if rule is None:
+        return None
+    given = iter(args[n:])
+    tangents = [
+        next(given) if nonzero else jtu.tree_map(jnp.zeros_like, p)
+        for p, nonzero in zip(primals, nonzeros, strict=True)
+    ]
+    if any(
+        jtu.tree_structure(p) != jtu.tree_structure(t)
+        for p, t in zip(primals, tangents, strict=True)
+    ):
+        return None
+    m = len(body.out_avals)
+    body_params = {
+        **params,
+        "in_shardings": params["in_shardings"][:n],
+        "out_shardings": params["out_shardings"][:m],
+        "in_layouts": params["in_layouts"][:n],
+        "out_layouts": params["out_layouts"][:m],
+        "donated_invars": params["donated_invars"][:n],
+    }
+
+    def call(*a: Any) -> Any:
+        return _as_output(body, _jit_body(*a, jaxpr=body, **body_params))
+
+    def function(*p: Any) -> Any:
+        return rule(p, {"call": call})
+
+    out, tangents_out = jax.jvp(function, primals, tangents)
+    leaves = jtu.tree_leaves(out, is_leaf=is_value)
+    tangent_leaves = jtu.tree_leaves(tangents_out, is_leaf=is_value)
+    if len(leaves) != m or len(tangent_leaves) != m:
+        raise TypeError(
+            f"the rule registered for `{params['name']}` returned {len(leaves)} "
+            f"arrays; the function returns {m}."
+        )
+    pairs = zip(tangent_leaves, out_nonzeros, strict=True)
+    return leaves + [t for t, nonzero in pairs if nonzero]
 
 
 def _as_traced(jaxpr: Any) -> bool:
