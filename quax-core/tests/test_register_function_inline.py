@@ -172,12 +172,12 @@ def test_only_functions_with_rules_stay_calls() -> None:
     assert [e.primitive.name for e in program.eqns] == ["mul", "jit", "mul"]
 
 
-def test_a_body_traced_before_its_rule_was_registered() -> None:
+def test_a_body_traced_outside_quaxify_before_its_rule_was_registered() -> None:
     # JAX caches the jaxprs it traces: a `jax.jit` function traced on plain arrays
     # before a rule for a function it calls was registered holds that function's
-    # inlined equations. A registration changes a setting JAX's caches key on, but
-    # not while the installed families load on the first quaxified call
-    # (`jit_generation_kept`): there, keeping the function clears JAX's caches.
+    # inlined equations. JAX keys what it traces inside `quaxify` apart, so that
+    # jaxpr never reaches quax, even where the registration keeps JAX's keys as
+    # they are (as the installed families loading on the first quaxified call do).
     @ft.partial(jax.jit, inline=True)
     def late(a: Any) -> Any:
         return a * 4.0
@@ -187,9 +187,6 @@ def test_a_body_traced_before_its_rule_was_registered() -> None:
         return late(a) + 1.0
 
     np.testing.assert_array_equal(uses_late(x), x * 4.0 + 1.0)
-    out = quax.quaxify(uses_late)(Refusing(x))
-    np.testing.assert_array_equal(out.array, x * 4.0 + 1.0)
-
     with _registry.jit_generation_kept():
 
         @quax.register_function(late)
@@ -197,6 +194,28 @@ def test_a_body_traced_before_its_rule_was_registered() -> None:
             return Refusing(a.array * 4.0 + 1000.0)
 
     out = quax.quaxify(uses_late)(Refusing(x))
+    np.testing.assert_array_equal(out.array, x * 4.0 + 1001.0)
+
+
+def test_a_body_traced_inside_quaxify_before_its_rule_was_registered() -> None:
+    # Traced inside `quaxify` before the rule, the `jit` holds the inlined body;
+    # registering a rule changes JAX's keys, so it is traced again.
+    @ft.partial(jax.jit, inline=True)
+    def later(a: Any) -> Any:
+        return a * 4.0
+
+    @jax.jit
+    def uses_later(a: Any) -> Any:
+        return later(a) + 1.0
+
+    out = quax.quaxify(uses_later)(Refusing(x))
+    np.testing.assert_array_equal(out.array, x * 4.0 + 1.0)
+
+    @quax.register_function(later)
+    def _(a: Refusing, *, call: Any) -> Any:
+        return Refusing(a.array * 4.0 + 1000.0)
+
+    out = quax.quaxify(uses_later)(Refusing(x))
     np.testing.assert_array_equal(out.array, x * 4.0 + 1001.0)
 
 

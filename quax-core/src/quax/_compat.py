@@ -460,16 +460,16 @@ def keep_inline_jit(name: str, source: str) -> None:
     meets them. A kept call computes what its inlined equations compute (lowering
     honours no `inline`), so plain JAX programs give the same results.
 
-    JAX keeps the jaxprs it traced (of `jax.jit` functions, of loop bodies): one traced
-    before the function was kept holds its inlined equations. So the first time a
-    function is kept, JAX's caches are cleared (`jax.clear_caches()`: its compiled
-    programs too, which it compiles again when next called)."""
-    sources = kept_inline_jits.setdefault(name, set())
-    if source in sources:
-        return
-    sources.add(source)
+    JAX keeps the jaxprs it traced (of `jax.jit` functions, of loop bodies), and one
+    traced before the function was kept holds its inlined equations; none reaches
+    quax. One traced inside `quaxify` is keyed apart from one traced outside
+    (`staged_values_state` is part of JAX's trace context), and registering a rule
+    changes another part of it (`quax._dispatch._registry`'s generation), so a `jit`
+    traced inside `quaxify` before is traced again. The one registration that keeps
+    that generation, the installed families loading on the first quaxified call,
+    comes before anything was traced inside `quaxify`."""
+    kept_inline_jits.setdefault(name, set()).add(source)
     _pe.custom_staging_rules[jprim.jit_p] = _keep_or_inline
-    jax.clear_caches()
 
 
 def _keep_or_inline(trace: Any, source_info: Any, *args: Any, **params: Any) -> Any:

@@ -175,11 +175,11 @@ def register_function(
     traces itself before quax meets them: a `jax.jit` or `eqx.filter_jit`
     function, a `lax.scan`, `lax.cond`, `lax.while_loop` or `lax.fori_loop` body,
     `jax.checkpoint`. Outside `quaxify` a kept call computes what its inlined
-    equations compute, so plain JAX programs give the same results; JAX's caches
-    are cleared at that first registration, as the jaxprs they hold were traced
-    with the function inlined. Registering a rule forgets whatever quax kept from
-    earlier calls of the function (compiled programs, recordings), as registering
-    a primitive rule does.
+    equations compute, so plain JAX programs give the same results. Registering a
+    rule forgets whatever quax kept from earlier calls of the function (compiled
+    programs, recordings), as registering a primitive rule does, and JAX traces
+    again a `jax.jit` it traced inside `quaxify` before (a jaxpr JAX traced with
+    the function inlined never reaches the rules).
 
     **Arguments:**
 
