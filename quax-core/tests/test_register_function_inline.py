@@ -39,6 +39,11 @@ def _no_rule(a: Any) -> Any:
     return a * 5.0
 
 
+@ft.partial(jax.jit, inline=True)
+def shifted(a: Any, n: Any) -> Any:
+    return a * 2.0 + n
+
+
 calls: list[str] = []
 
 
@@ -58,6 +63,12 @@ def _(a: Refusing, *, scale: float = 2.0, call: Any) -> Any:
 def _(a: Refusing, *, call: Any) -> Any:
     calls.append("rad2deg")
     return Refusing(a.array + 1000.0)
+
+
+@quax.register_function(shifted)
+def _(a: Refusing, n: Any, *, call: Any) -> Any:
+    calls.append("shifted")
+    return Refusing(a.array * 2.0 + n + 1000.0)
 
 
 x = jnp.array([1.0, 2.0, -3.0])
@@ -260,3 +271,15 @@ def test_jvp_inside_quaxify_with_a_plain_tangent_runs_the_body() -> None:
     np.testing.assert_array_equal(out.array, x * 10.0)
     np.testing.assert_array_equal(tangent, x * 20.0)
     assert calls == []
+
+
+def test_jvp_inside_quaxify_with_an_integer_argument() -> None:
+    # An integer argument has no tangent (JAX's is a `float0` zero): the rule's `jvp`
+    # gets one of that type.
+    calls.clear()
+    three = jnp.int32(3)
+    f = quax.quaxify(lambda a, t: jax.jvp(lambda b: shifted(b, three), (a,), (t,)))
+    out, tangent = f(Refusing(x), Refusing(2 * x))
+    np.testing.assert_array_equal(out.array, x * 2.0 + 1003.0)
+    np.testing.assert_array_equal(tangent.array, x * 4.0)
+    assert calls == ["shifted"]

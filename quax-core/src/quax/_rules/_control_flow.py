@@ -534,7 +534,7 @@ def _rule_jvp(
         return None
     given = iter(args[n:])
     tangents = [
-        next(given) if nonzero else jtu.tree_map(jnp.zeros_like, p)
+        next(given) if nonzero else jtu.tree_map(_zero_tangent, p)
         for p, nonzero in zip(primals, nonzeros, strict=True)
     ]
     if any(
@@ -568,6 +568,14 @@ def _rule_jvp(
         )
     pairs = zip(tangent_leaves, out_nonzeros, strict=True)
     return leaves + [t for t, nonzero in pairs if nonzero]
+
+
+def _zero_tangent(leaf: Any) -> Any:
+    """A zero tangent of an array: of its dtype where it is inexact, else of JAX's
+    `float0` (the tangent type of integers and booleans)."""
+    if jnp.issubdtype(jnp.result_type(leaf), jnp.inexact):
+        return jnp.zeros_like(leaf)
+    return np.zeros(jnp.shape(leaf), jax.dtypes.float0)
 
 
 def _as_traced(jaxpr: Any) -> bool:
