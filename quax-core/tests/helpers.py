@@ -10,11 +10,15 @@
 - `Wrapper`: a user's wrapper as clients write them: every output of every primitive
   (booleans and integers too) is wrapped, it refuses to materialise, and it says
   nothing about `linear_in_leaves`.
+
+And `in_traced_body(how, f)`: `f` called inside one of the bodies JAX traces itself
+(`TRACED_BODIES`), where JAX's staging inlines a `jax.jit(inline=True)` function.
 """
 
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import jax.tree_util as jtu
@@ -151,7 +155,62 @@ def dense(x: Any) -> Any:
     )
 
 
+# Bodies JAX traces into jaxprs of its own before quax meets them.
+TRACED_BODIES = [
+    "jit body",
+    "filter_jit body",
+    "scan body",
+    "cond branch",
+    "while_loop body",
+    "fori_loop body",
+    "checkpoint",
+    "custom_jvp",
+    "vmap inside",
+]
+
+
+def in_traced_body(how: str, f: Any) -> Any:
+    """A function of one array that calls `f` on it inside the body `how` (one of
+    `TRACED_BODIES`) and returns what `f` gave there. Loop carries keep their types
+    (`f`'s output is carried beside its operand), so `f` may change its operand's
+    type (a unit); a `vmap` inside maps over three copies of the operand."""
+    if how == "jit body":
+        return jax.jit(lambda a: f(a))
+    if how == "filter_jit body":
+        return eqx.filter_jit(lambda a: f(a))
+    if how == "scan body":
+        return lambda a: lax.scan(lambda c, _: (c, f(c)), a, length=2)[1][1]
+    if how == "cond branch":
+        return lambda a: lax.cond(jnp.bool_(True), f, lambda b: f(b) * 2, a)
+    if how == "while_loop body":
+
+        def step(c: Any) -> Any:
+            return c[0] + 1, c[1], f(c[1])
+
+        def looped(a: Any) -> Any:
+            return lax.while_loop(lambda c: c[0] < 1, step, (0, a, f(a) * 0))[2]
+
+        return looped
+    if how == "fori_loop body":
+        return lambda a: lax.fori_loop(
+            0, 1, lambda i, c: (c[0], f(c[0])), (a, f(a) * 0)
+        )[1]
+    if how == "checkpoint":
+        return jax.checkpoint(lambda a: f(a))
+    if how == "custom_jvp":
+        g = jax.custom_jvp(lambda a: f(a))
+        g.defjvp(lambda primals, tangents: (g(*primals), f(tangents[0])))
+        return g
+    assert how == "vmap inside", how
+
+    def batched(a: Any) -> Any:
+        return jax.vmap(lambda b: jax.jit(lambda c: f(c))(b))(jnp.stack([a, a, a]))[1]
+
+    return batched
+
+
 __all__ = [
+    "TRACED_BODIES",
     "Dense",
     "Liftable",
     "RefusedMaterialisation",
@@ -159,5 +218,6 @@ __all__ = [
     "Scaled",
     "Wrapper",
     "dense",
+    "in_traced_body",
     "leaves_equal",
 ]

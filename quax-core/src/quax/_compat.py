@@ -98,6 +98,9 @@ __all__ = [
     "is_unspecified",
     "jit_inlines",
     "jit_may_inline",
+    "jvp_body",
+    "keep_inline_jit",
+    "kept_inline_jits",
     "jit_p",
     "linear_solve_p",
     "manual_axes_active",
@@ -433,6 +436,84 @@ def jit_may_inline(jitted: Any) -> tuple[bool, str]:
     if not isinstance(inline, bool):
         inline = getattr(inline, "value", None) == "jax_early"
     return inline, _util.fun_name(getattr(jitted, "__wrapped__", jitted))
+
+
+# The functions that `quax.register_function` has rules for and whose `jit` JAX
+# inlines (`jnp.rad2deg` is `jax.jit(inline=True)`): their sources (a body's
+# `func_src_info`, "rad2deg at .../ufuncs.py:3278") by the name their `jit` equations
+# carry. Filled by `keep_inline_jit`; read by JAX's staging of `jit` (see
+# `_keep_or_inline`) and by the quax trace (an inlined `jit` of such a source goes to
+# the `jit` rule, which looks its rules up, instead of its equations being bound one
+# by one). Every other inlined `jit` costs one lookup of its name.
+kept_inline_jits: dict[str, set[str]] = {}
+_jax_jit_staging = _pe.custom_staging_rules[jprim.jit_p]
+
+
+def keep_inline_jit(name: str, source: str) -> None:
+    """Keep every inline `jit` named `name` whose body's source is `source` as a
+    `jit` equation (a call) wherever JAX stages it, from now on, rather than have JAX
+    inline its equations into the caller's jaxpr (its own staging rule for `jit`
+    does so for `jax.jit(inline=True)`, as every `jax.numpy` function is). A rule
+    registered for the function can then run wherever quax meets the program: in a
+    `jax.jit`-decorated function, a `lax.scan`, `lax.cond` or `lax.while_loop` body, a
+    `jax.checkpoint` or `custom_jvp` function, all of which JAX traces before quax
+    meets them. A kept call computes what its inlined equations compute (lowering
+    honours no `inline`), so plain JAX programs give the same results.
+
+    JAX keeps the jaxprs it traced (of `jax.jit` functions, of loop bodies), and one
+    traced before the function was kept holds its inlined equations; none reaches
+    quax. One traced inside `quaxify` is keyed apart from one traced outside
+    (`staged_values_state` is part of JAX's trace context), and registering a rule
+    changes another part of it (`quax._dispatch._registry`'s generation), so a `jit`
+    traced inside `quaxify` before is traced again. The one registration that keeps
+    that generation, the installed families loading on the first quaxified call,
+    comes before anything was traced inside `quaxify`."""
+    kept_inline_jits.setdefault(name, set()).add(source)
+    _pe.custom_staging_rules[jprim.jit_p] = _keep_or_inline
+
+
+def _keep_or_inline(trace: Any, source_info: Any, *args: Any, **params: Any) -> Any:
+    # JAX's staging rule for `jit` (`pjit_staging_rule`), whose inlining branch it
+    # repeats (with `jit_inlines`' cheaper test), but for a kept inline `jit` (see
+    # `keep_inline_jit`), which it stages as a call, as JAX stages a `jit` it does not
+    # inline. Repeating the branch, rather than calling JAX's rule after the test,
+    # keeps tracing a `jax.numpy` program (an inline `jit` per call) as fast as with
+    # JAX's own rule.
+    if jit_inlines(params) and not params["compiler_options_kvs"]:
+        jaxpr = params["jaxpr"]
+        sources = kept_inline_jits.get(params["name"])
+        if sources is not None and _kept(jaxpr, sources):
+            return trace.default_process_primitive(
+                jprim.jit_p, args, params, source_info=source_info
+            )
+        out = _pe.inline_jaxpr_into_trace(
+            trace, source_info, jaxpr.jaxpr, jaxpr.consts, *args
+        )
+        return [trace.to_jaxpr_tracer(x, source_info) for x in out]
+    return _jax_jit_staging(trace, source_info, *args, **params)
+
+
+def _kept(jaxpr: Any, sources: set[str]) -> bool:
+    """Whether the body `jaxpr` of an inline `jit` with a kept name is one of the
+    kept `sources`. One whose body holds mutable arrays (for which JAX moves
+    constant `Ref`s out of a call first) is inlined, as JAX does (the functions
+    rules are registered for hold none)."""
+    info = jaxpr.jaxpr.debug_info
+    return (
+        info is not None
+        and info.func_src_info in sources
+        and not any(isinstance(c, _core.Ref) for c in jaxpr.consts)
+        and not any(v.initial_qdd for v in jaxpr.jaxpr.constvars)
+        and not any(v.initial_qdd for v in jaxpr.jaxpr.invars)
+    )
+
+
+def jvp_body(body: Any, nonzeros: Sequence[bool]) -> tuple[Any, list[bool]]:
+    """What JAX's `jvp` of a `jit` whose body is the closed jaxpr `body` binds (its
+    `jit` rule's `jvp_jaxpr`): the body of the primals then the tangents of the
+    arguments where `nonzeros` is true, giving the outputs and their tangents where
+    the second list is true (the others are symbolic zeros, not outputs)."""
+    return _ad.jvp_jaxpr(body, list(nonzeros), instantiate=False)
 
 
 def _all_unspecified(shardings: tuple[Any, ...]) -> bool:

@@ -46,6 +46,8 @@ from .._compat import (
     is_unspecified,
     jit_may_inline,
     jit_p,
+    jvp_body,
+    keep_inline_jit,
     linear_solve_p,
     release_traces,
     remat_p,
@@ -156,22 +158,28 @@ def register_function(
     one function, the most specific wins, and two distributions registering the
     same signature are reported with a [`quax.RuleConflictWarning`][]. Where no
     rule matches the arguments' types (or none of them is a value), the function's
-    body runs under the rules, as without a rule. So it does where `vmap`, `grad`,
-    `jvp` or `linearize` runs inside `quaxify`: quax then meets a transformation of
-    the body (batched along axes the rule cannot know, or its derivative), not
+    body runs under the rules, as without a rule. So it does where `vmap`, `grad`
+    or `linearize` runs inside `quaxify`: quax then meets a transformation of the
+    body (batched along axes the rule cannot know, or its derivative's parts), not
     the function, unless that transformation is the function's own program on its
     arguments' types (`vmap` of an elementwise function: the rule then runs);
     apply those outside `quaxify` (`jax.vmap(quax.quaxify(f))`) for the rule to
-    see the function's own arguments. A function that JAX inlines
-    into its callers (`jax.jit(inline=True)`, as `jnp.rad2deg` is) gets its rules
-    where quax meets its call: in the quaxified function and in the functions it
-    calls (quax keeps the call to look its rules up), but not inside a function
-    that JAX traced before quax met it, which holds the function's equations
-    instead of its call: the body of a `jax.jit` (`jax.jit` of the function itself
-    is still met), of `lax.scan`, `lax.cond` or `lax.while_loop`, or a `vmap` or
-    `jvp` inside `quaxify` that inlined it. Registering a rule forgets
-    whatever quax kept from earlier calls of the function (compiled programs,
-    recordings), as registering a primitive rule does.
+    see the function's own arguments. Under `jvp` inside `quaxify` quax meets the
+    `jvp` of the body, recognises it, and computes the `jvp` of the rule (with
+    the function's static arguments at their defaults, and tangents of their
+    primals' types; otherwise the body's `jvp` runs). A function that JAX inlines
+    into its callers (`jax.jit(inline=True)`, as `jnp.rad2deg` is) is kept as a
+    call (a `jit` equation) from its first registration on, wherever it is called:
+    by quax, and by JAX's own staging, which inlines it otherwise. So its rules run
+    in the quaxified function, in the functions it calls, and in the bodies JAX
+    traces itself before quax meets them: a `jax.jit` or `eqx.filter_jit`
+    function, a `lax.scan`, `lax.cond`, `lax.while_loop` or `lax.fori_loop` body,
+    `jax.checkpoint`. Outside `quaxify` a kept call computes what its inlined
+    equations compute, so plain JAX programs give the same results. Registering a
+    rule forgets whatever quax kept from earlier calls of the function (compiled
+    programs, recordings), as registering a primitive rule does, and JAX traces
+    again a `jax.jit` it traced inside `quaxify` before (a jaxpr JAX traced with
+    the function inlined never reaches the rules).
 
     **Arguments:**
 
@@ -219,8 +227,9 @@ def register_function(
         candidates.append(registered)
         inline, jit_name = jit_may_inline(registered.jitted)
         if inline:
-            # Its inlined `jit` comes to the `jit` rule (see `_jit`), not inlined.
-            _trace.inlined_functions.setdefault(jit_name, set()).add(source)
+            # Its inlined `jit` stays a call wherever JAX stages it, and comes to
+            # the `jit` rule (see `_jit`) wherever quax meets it, not inlined.
+            keep_inline_jit(jit_name, source)
     registering = register(registered.primitive, precedence=precedence)
 
     def _register(rule: _F) -> _F:
@@ -340,14 +349,38 @@ def _traces_to(registered: _Registered, statics: dict[str, Any], jaxpr: Any) -> 
 
 def _same_body(a: Any, b: Any) -> bool:
     """Whether the closed jaxprs `a` and `b` are the same program: the same text
-    (object addresses aside) and bitwise the same constants."""
+    (object addresses aside, floating-point literals read in their dtype) and
+    bitwise the same constants."""
     if a is b:
         return True
     if len(a.consts) != len(b.consts) or not all(
         map(_same_constant, a.consts, b.consts)
     ):
         return False
-    return _ADDRESS.sub("", str(a.jaxpr)) == _ADDRESS.sub("", str(b.jaxpr))
+    return _program_text(a) == _program_text(b)
+
+
+def _program_text(jaxpr: Any) -> str:
+    """The text of the closed `jaxpr`, without object addresses, with each
+    floating-point literal written as the number its dtype holds: JAX writes a weakly
+    typed literal as the Python float it was given (`57.29577951308232:f32[]`),
+    which `vmap` keeps, where the function traced again on the batched type writes
+    the float32 number (`57.295780181884766:f32[]`); both are one program."""
+    text = _ADDRESS.sub("", str(jaxpr.jaxpr))
+    return _FLOAT_LITERAL.sub(_in_its_dtype, text)
+
+
+# A floating-point literal in a jaxpr's text (`57.29577951308232:f32[]`).
+_FLOAT_LITERAL = re.compile(
+    r"(?<![\w.])(-?(?:\d+\.?\d*(?:e[-+]?\d+)?|inf|nan)):(f16|bf16|f32|f64)\[\]"
+)
+_FLOAT_DTYPES = {"f16": np.float16, "bf16": jnp.bfloat16, "f32": np.float32}
+
+
+def _in_its_dtype(literal: re.Match[str]) -> str:
+    number, dtype = literal.groups()
+    held = np.asarray(float(number), _FLOAT_DTYPES.get(dtype, np.float64))
+    return f"{float(held)!r}:{dtype}[]"
 
 
 def _same_constant(a: Any, b: Any) -> bool:
@@ -400,6 +433,12 @@ def _jit(*args: ValueLike, jaxpr: Any, **params: Any) -> list[Any]:
         # on those arguments, which is what the program computes.
         candidates = [r for r in _registered[source] if _in_order(jaxpr, r)]
         found = _identify(jaxpr, candidates) if candidates else None
+        if not candidates:
+            # `jvp` inside `quaxify` binds the body's `jvp`: the rule's `jvp` then.
+            jvp = _identify_jvp(jaxpr, _registered[source])
+            out = None if jvp is None else _rule_jvp(args, params, *jvp)
+            if out is not None:
+                return out
         if found is None and not _as_traced(jaxpr):
             return _noted_body(_TRANSFORMED, *args, jaxpr=jaxpr, **params)
         if candidates and found is None:
@@ -421,6 +460,122 @@ def _jit(*args: ValueLike, jaxpr: Any, **params: Any) -> list[Any]:
             f"arrays; the function returns {len(jaxpr.out_avals)}."
         )
     return leaves
+
+
+# Which registered function's `jvp` each body met under a registered source is (see
+# `_identify_jvp`), or `None`: none is.
+_identified_jvps = Table("register_function: the functions of jvp jit bodies", 256)
+
+
+def _identify_jvp(
+    jaxpr: Any, candidates: list[_Registered]
+) -> tuple[_Registered, Any, list[bool], list[bool]] | None:
+    """The registered function among `candidates` (those of its source) whose `jvp`
+    the `jit` body `jaxpr` is, as JAX's `jvp` of the function's `jit` binds it
+    (`jvp` inside `quaxify`): with the function's body on the primals' types (its
+    static arguments at their defaults), which primals have tangents, and which
+    outputs do. JAX drops the argument names of such a body. `None` where none is
+    (another transformation: `vmap`, the parts `grad` splits a body into). Kept per
+    body while the caches are on."""
+    found = _identified_jvps.get(jaxpr, False) if _caches.enabled else False
+    if found is not False:
+        return found
+    found = None
+    info = jaxpr.jaxpr.debug_info
+    if info is not None and info.arg_names is None:
+        for registered in reversed(candidates):
+            found = _jvp_of(registered, jaxpr)
+            if found is not None:
+                break
+    if _caches.enabled:
+        _identified_jvps.put(jaxpr, found)
+    return found
+
+
+def _jvp_of(
+    registered: _Registered, jaxpr: Any
+) -> tuple[_Registered, Any, list[bool], list[bool]] | None:
+    """`registered`'s body, which primals have tangents and which outputs do,
+    where `jaxpr` is the `jvp` of the function on its leading `n` arguments (at
+    least one of them with a tangent), for some `n`; else `None`."""
+    avals = jaxpr.in_avals
+    positional, rest = registered.parameters
+    for n in range((len(avals) + 1) // 2, len(avals)):
+        if rest is None and n > len(positional):
+            break
+        try:
+            body = traced_jit(registered.jitted, avals[:n], {})
+        except Exception:  # not a call this function takes: not its body
+            continue
+        for which in itertools.combinations(range(n), len(avals) - n):
+            nonzeros = [i in which for i in range(n)]
+            jvp, out_nonzeros = jvp_body(body, nonzeros)
+            if _same_body(jvp, jaxpr):
+                return registered, body, nonzeros, out_nonzeros
+    return None
+
+
+def _rule_jvp(
+    args: Sequence[Any],
+    params: dict[str, Any],
+    registered: _Registered,
+    body: Any,
+    nonzeros: list[bool],
+    out_nonzeros: list[bool],
+) -> list[Any] | None:
+    """The outputs of the `jit` of the `jvp` of `registered` (see `_identify_jvp`):
+    the `jvp` of the rule that matches its primals, on their tangents (zeros where
+    the `jvp` has none). `None` where no rule matches, or where a tangent is not of
+    its primal's type (a plain tangent of a value): the body then runs."""
+    n = len(nonzeros)
+    primals = list(args[:n])
+    rule = registered_rule(registered.primitive, primals, takes={})
+    if rule is None:
+        return None
+    given = iter(args[n:])
+    tangents = [
+        next(given) if nonzero else jtu.tree_map(_zero_tangent, p)
+        for p, nonzero in zip(primals, nonzeros, strict=True)
+    ]
+    if any(
+        jtu.tree_structure(p) != jtu.tree_structure(t)
+        for p, t in zip(primals, tangents, strict=True)
+    ):
+        return None
+    m = len(body.out_avals)
+    body_params = {
+        **params,
+        "in_shardings": params["in_shardings"][:n],
+        "out_shardings": params["out_shardings"][:m],
+        "in_layouts": params["in_layouts"][:n],
+        "out_layouts": params["out_layouts"][:m],
+        "donated_invars": params["donated_invars"][:n],
+    }
+
+    def call(*a: Any) -> Any:
+        return _as_output(body, _jit_body(*a, jaxpr=body, **body_params))
+
+    def function(*p: Any) -> Any:
+        return rule(p, {"call": call})
+
+    out, tangents_out = jax.jvp(function, primals, tangents)
+    leaves = jtu.tree_leaves(out, is_leaf=is_value)
+    tangent_leaves = jtu.tree_leaves(tangents_out, is_leaf=is_value)
+    if len(leaves) != m or len(tangent_leaves) != m:
+        raise TypeError(
+            f"the rule registered for `{params['name']}` returned {len(leaves)} "
+            f"arrays; the function returns {m}."
+        )
+    pairs = zip(tangent_leaves, out_nonzeros, strict=True)
+    return leaves + [t for t, nonzero in pairs if nonzero]
+
+
+def _zero_tangent(leaf: Any) -> Any:
+    """A zero tangent of an array: of its dtype where it is inexact, else of JAX's
+    `float0` (the tangent type of integers and booleans)."""
+    if jnp.issubdtype(jnp.result_type(leaf), jnp.inexact):
+        return jnp.zeros_like(leaf)
+    return np.zeros(jnp.shape(leaf), jax.dtypes.float0)
 
 
 def _as_traced(jaxpr: Any) -> bool:

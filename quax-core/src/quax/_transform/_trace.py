@@ -42,6 +42,7 @@ from .._compat import (
     is_eval_trace,
     jit_inlines,
     jit_p,
+    kept_inline_jits,
     manual_axes_active,
     register_bind_conversion,
     register_tracer_type,
@@ -66,7 +67,6 @@ __all__ = [
     "QuaxTracer",
     "active_trace",
     "higher_order_rules",
-    "inlined_functions",
     "run_nested",
     "staging_primitives",
     "unchecked_primitives",
@@ -83,14 +83,6 @@ higher_order_rules: dict[Primitive, Callable[..., Any]] = {}
 # primitive's abstract evaluation (higher-order ones: filled by
 # `_rules/_control_flow.py`).
 unchecked_primitives: set[Primitive] = set()
-# The functions `quax.register_function` has rules for whose `jit` JAX inlines
-# (`jnp.rad2deg` is `jax.jit(inline=True)`), filled by `_rules/_control_flow.py`:
-# their sources (`body_source`: "rad2deg at .../ufuncs.py:3278") by the name their
-# `jit` equations carry. An inlined `jit` of such a source reaches the `jit` rule,
-# which looks its rules up, instead of its equations being bound one by one, where
-# no rule for the function can run. Every other inlined `jit` costs one lookup of
-# its name (the source is read only where the name is one of these).
-inlined_functions: dict[str, set[str]] = {}
 # Primitives with sub-jaxprs whose rules re-run them (filled by
 # `_rules/_control_flow.py`): one whose jaxprs stage a value (see
 # `quax._dispatch._staged`) goes to its rule even without a value among its inputs, as
@@ -301,11 +293,11 @@ class QuaxTrace(Trace):
         ):
             return self.parent_trace.process_primitive(primitive, values, params)
         # The caches: an inlined `jit` (every `jax.numpy` function, but those with
-        # `register_function` rules: see `inlined_functions`) as a compiled eager
+        # `register_function` rules: see `kept_inline_jits`) as a compiled eager
         # program or a replayed recording; while a program is staged, a recording
         # of what the rule staged for the same key.
         if primitive is jit_p and jit_inlines(params):
-            sources = inlined_functions.get(params["name"])
+            sources = kept_inline_jits.get(params["name"])
             if sources is None or body_source(params["jaxpr"]) not in sources:
                 return self._inline(tracers, values, params)
         if self.replays and primitive not in unchecked_primitives:
