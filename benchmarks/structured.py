@@ -646,12 +646,15 @@ def _woodbury_row(n: int, rounds: int) -> dict[str, Any]:
     hand = jax.jit(_woodbury_by_hand)
 
     # Where the time goes: the same matrix's Woodbury alone, then with its
-    # backward-error check, then the whole `pivoted_solve` (check and
-    # `lax.cond`), each jitted on its own.
+    # backward-error check (on a vector, as `pivoted_solve` runs them for one
+    # right-hand side), then the whole `pivoted_solve` (check and `lax.cond`),
+    # each jitted on its own.
     column = b[:, None]
     parts = {
-        "woodbury": jax.jit(lambda m, b: m._woodbury(b)),
-        "checked": jax.jit(lambda m, b: m._accurate(m._woodbury(b), b)),
+        "woodbury": jax.jit(lambda m, b: m._woodbury(b[:, 0])),
+        "checked": jax.jit(
+            lambda m, b: m._woodbury_accurate(b[:, 0], *m._woodbury_steps(b[:, 0]))
+        ),
         "pivoted": jax.jit(lambda m, b: m.pivoted_solve(b, transpose=False)),
     }
     quax_solve = jax.jit(quax.quaxify(jnp.linalg.solve))

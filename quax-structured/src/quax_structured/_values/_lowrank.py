@@ -370,8 +370,9 @@ class LowRankPlusDiagonal(_UVt):
         `K = I + Vᵀ D⁻¹ U` solved by Cholesky where it is real symmetric, see
         `_woodbury_parts`, else with partial pivoting), O(n r k + n r² + r³),
         checked by its backward error `‖b - A x‖₂ / (‖A‖₂ ‖x‖₂ + ‖b‖₂)` (O(n r k),
-        see `backward_error` and `_accurate`, which takes the sums of squares
-        unscaled and says no where they could mislead). Only where that is above
+        see `backward_error`; `_woodbury_accurate` bounds it from above with
+        the `r`-vector `z - Vᵀ x`, never saying yes where it is above the
+        tolerance). Only where that is above
         `_TOLERANCE` (a tiny entry of `diag` against `U Vᵀ`, or a capacitance
         that is not positive definite), a `lax.cond` branch runs the
         semiseparable LU without pivoting and Woodbury with `K` partially
@@ -391,9 +392,8 @@ class LowRankPlusDiagonal(_UVt):
         # backend runs as matrix-vector products (on `(n, 1)` matrices it took up
         # to 2x as long at n = 4,096).
         rhs = b[:, 0] if b.shape[-1] == 1 else b
-        woodbury = m._woodbury(rhs, parts)
-        norm = m._norm_bound()
-        accurate = for_the_batch(m._accurate(woodbury, rhs, norm))
+        woodbury, z = m._woodbury_steps(rhs, parts)
+        accurate = for_the_batch(m._woodbury_accurate(rhs, woodbury, z))
 
         def fallback(woodbury: Array) -> Array:
             if parts[2] is not None:
@@ -404,6 +404,7 @@ class LowRankPlusDiagonal(_UVt):
                 woodbury = m._woodbury(rhs, pivoted=True)
             candidates = [m._lu_solve(m.semiseparable()._packed_lu(), b)]
             candidates.append(woodbury.reshape(b.shape))
+            norm = m._norm_bound()
             return _best(m, b, candidates, candidates, norm).reshape(rhs.shape)
 
         return lax.cond(accurate, lambda x: x, fallback, woodbury).reshape(b.shape)
@@ -450,9 +451,8 @@ class LowRankPlusDiagonal(_UVt):
             diagonal = cholesky.reshape(-1)[:: r + 1]
             lemma = jnp.concatenate([self.diag, diagonal**2])
         probe = jnp.cos(1.618 * np.arange(self.shape[-1])).astype(self.dtype)
-        woodbury = self._woodbury(probe, parts)
-        norm = self._norm_bound()
-        accurate = for_the_batch(self._accurate(woodbury, probe, norm))
+        woodbury, z = self._woodbury_steps(probe, parts)
+        accurate = for_the_batch(self._woodbury_accurate(probe, woodbury, z))
 
         def fallback(lemma: Array) -> Array:
             lu = self.semiseparable()._packed_lu()
@@ -468,7 +468,7 @@ class LowRankPlusDiagonal(_UVt):
                 det = jnp.linalg.det(k)
                 solves[1] = pivoted[:, None]
                 answers[1] = jnp.concatenate([self.diag, ones, det[None]])
-            return _best(self, probe[:, None], solves, answers, norm)
+            return _best(self, probe[:, None], solves, answers, self._norm_bound())
 
         return lax.cond(accurate, lambda x: x, fallback, lemma)
 
@@ -529,17 +529,105 @@ class LowRankPlusDiagonal(_UVt):
         a Cholesky factor that failed. `parts`: `_woodbury_parts()`, where the
         caller has them; `pivoted`: solve `K` with partial pivoting even where
         it has a Cholesky factor."""
+        return self._woodbury_steps(b, parts, pivoted=pivoted)[0]
+
+    def _woodbury_steps(
+        self,
+        b: Array,
+        parts: tuple[Array, Array, Array | None] | None = None,
+        *,
+        pivoted: bool = False,
+    ) -> tuple[Array, Array]:
+        """`_woodbury`'s answer `x` and the capacitance solve's `z = K⁻¹ Vᵀ D⁻¹ b`
+        (shape `(r,)` or `(r, k)`), what `_woodbury_accurate` reads with it."""
         scaled, k, cholesky = self._woodbury_parts() if parts is None else parts
         diag = self.diag if b.ndim == 1 else self.diag[:, None]
-        w = b / diag
-        c = self._v().T @ w
+        c = self._vt_times(b / diag)
         if cholesky is None or pivoted:
-            return w - scaled @ jnp.linalg.solve(k, c)
-        column = c if c.ndim == 2 else c[:, None]
-        solve = ft.partial(lax.linalg.triangular_solve, cholesky, left_side=True)
-        y = solve(column, lower=True)
-        z = solve(y, lower=True, transpose_a=True)
-        return w - scaled @ (z if c.ndim == 2 else z[:, 0])
+            z = jnp.linalg.solve(k, c)
+        else:
+            column = c if c.ndim == 2 else c[:, None]
+            solve = ft.partial(lax.linalg.triangular_solve, cholesky, left_side=True)
+            y = solve(column, lower=True)
+            z = solve(y, lower=True, transpose_a=True)
+            z = z if c.ndim == 2 else z[:, 0]
+        return self._back_substitute(b, z, scaled), z
+
+    def _back_substitute(self, b: Array, z: Array, scaled: Array) -> Array:
+        """`D⁻¹ b - (D⁻¹ U) z` for any `z` (`scaled`: `D⁻¹ U`), as `_woodbury`
+        forms its answer: what `_woodbury_accurate` assumes of `x`."""
+        diag = self.diag if b.ndim == 1 else self.diag[:, None]
+        return b / diag - scaled @ z
+
+    def _vt_times(self, x: Array) -> Array:
+        """`Vᵀ x` for `x` of shape `(n,)` or `(n, k)`. A vector as the row `xᵀ V`
+        (a `(1, n)` by `(n, r)` product): XLA's CPU backend runs `Vᵀ x` as a
+        fusion that transposes `V`, which took 1.4x as long at n = 256 and
+        1,024 and 2x at n = 4,096."""
+        if x.ndim == 1:
+            return (x[None, :] @ self._v())[0]
+        return self._v().T @ x
+
+    def _woodbury_accurate(self, b: Array, x: Array, z: Array) -> Array:
+        """Whether the backward error of `x` (as `backward_error`, of every
+        column of `b`) is at most `_TOLERANCE · eps`, where `x` is
+        `_back_substitute(b, z, D⁻¹ U)` for some `z` (`_woodbury_steps`' or any
+        other: nothing is assumed of `z`). O(n r k) and one pass over `V`
+        (`Vᵀ x`), against two for `b - A x`, and no `n`-vector residual.
+
+        The bound, never below the backward error (a proof). With `x = D⁻¹(b -
+        U z)` in exact arithmetic, `b - D x - U Vᵀ x = U (z - Vᵀ x)`. In floating
+        point, each `xᵢ` is `wᵢ - Σᵣ sᵢᵣ zᵣ` with `wᵢ = fl(bᵢ / dᵢ)` and `sᵢᵣ =
+        fl(uᵢᵣ / dᵢ)`, each term carrying at most `r + 3` roundings (two for a
+        division done as a product with `1 / dᵢ`, one for the product with
+        `zᵣ`, `r` for the sum): `dᵢ xᵢ = bᵢ (1 + θ) - Σᵣ uᵢᵣ zᵣ (1 + θᵣ)` with
+        every `|θ| ≤ g = m μ / (1 - m μ)`, `m = r + 3`, `μ` the unit roundoff
+        (`eps / 2`; `3 eps` for a complex dtype, whose products and quotients
+        round by up to about `5.7 u` rather than `u`). So the residual is `e + U y`
+        with `y = z - Vᵀ x` and `|eᵢ| ≤ g (|bᵢ| + Σᵣ |uᵢᵣ| |zᵣ|)`, and
+
+            ‖b - A x‖ ≤ ‖U‖_F (‖y‖ + g ‖z‖) + g ‖b‖
+                      ≤ √2 ‖U‖_F (‖y‖² + g² ‖z‖²)^½ + g ‖b‖,
+
+        `y` as computed up to its subtraction's rounding (a factor `1 + 2u`).
+        `‖A‖₂` in the backward error is at most `max |dᵢ| + ‖U‖_F ‖V‖_F`; the
+        check divides by the smaller `‖D x‖ + ‖U‖_F ‖V‖_F ‖x‖ + ‖b‖`, so that
+        it says yes only where
+
+            √2 (1 + 2u) ‖U‖_F (‖y‖² + g² ‖z‖²)^½
+                ≤ (_TOLERANCE · eps - g) (‖D x‖ + ‖U‖_F ‖V‖_F ‖x‖ + ‖b‖),
+
+        which implies `‖b - A x‖ ≤ _TOLERANCE · eps (‖A‖₂ ‖x‖ + ‖b‖)`. As for
+        any computed residual, `Vᵀ x` and the sums of squares are taken as
+        computed (their rounding is not bounded here). The sums of squares are
+        unscaled (no `max |b|` as in `backward_error`): a square that
+        underflows loses less than `tiny`, so the left side adds `tiny` per
+        entry summed (an upper bound still), the right side only shrinks (the
+        check is stricter), and a sum that overflows makes the right side
+        infinite (then no) or the left side (no). NaN anywhere: no. Where `g`
+        reaches `_TOLERANCE · eps` (a rank in the thousands), never yes: the
+        caller's fallback decides with `backward_error`."""
+        n, r = self.u.shape
+        info = jnp.finfo(x.dtype)
+        eps, tiny = float(info.eps), float(info.tiny)
+        unit = 3 * eps if jnp.issubdtype(x.dtype, jnp.complexfloating) else eps / 2
+        m = (r + 3) * unit
+        gamma = m / (1 - m) if m < 1 else float("inf")
+        y = z - self._vt_times(x)
+        squares = lambda a: jnp.real(a * a.conj())
+        near = jnp.sum(squares(y) + gamma**2 * squares(z), axis=0) + 2 * r * tiny
+        diag = self.diag if x.ndim == 1 else self.diag[:, None]
+        size_x, size_b, size_dx = _column_squares([x, b, diag * x])
+        factors = [self.u] if self.v is None else [self.u, self.v]
+        frobenius = [jnp.sum(squares(f)) for f in factors]
+        size_u = frobenius[0] + n * r * tiny
+        product = (
+            frobenius[0] if self.v is None else jnp.sqrt(frobenius[0] * frobenius[1])
+        )
+        left = np.sqrt(2) * (1 + eps) * jnp.sqrt(size_u * near)
+        denominator = jnp.sqrt(size_dx) + product * jnp.sqrt(size_x) + jnp.sqrt(size_b)
+        accurate = left <= (_TOLERANCE * eps - gamma) * denominator
+        return jnp.all(accurate & jnp.isfinite(denominator))
 
     def _lu_solve(self, packed: "Semiseparable", b: Array) -> Array:
         """`A⁻¹ b` with the semiseparable LU without pivoting, O(n r k)."""
@@ -552,42 +640,13 @@ class LowRankPlusDiagonal(_UVt):
         factors (a sum of squares over each of `U` and `V`, rather than the
         tighter `‖U Vᵀ‖_F` from two `r x r` Gram matrices, which took 0.2x to
         0.45x of a hand-written Woodbury solve more). `pivoted_solve` and
-        `pivots` compute it once, for `_accurate` and for `backward_error` in
-        their fallback."""
+        `_determinant_factors` compute it in their fallback branch, once for
+        every candidate's `backward_error` (their check,
+        `_woodbury_accurate`, needs no `max |dᵢ|`)."""
         factors = [self.u] if self.v is None else [self.u, self.v]
         squares = [jnp.sum(jnp.real(y * y.conj())) for y in factors]
         frobenius = squares[0] if self.v is None else jnp.sqrt(squares[0] * squares[1])
         return jnp.max(jnp.abs(self.diag)) + frobenius
-
-    def _accurate(self, x: Array, b: Array, norm: Array | None = None) -> Array:
-        """Whether every system's backward error (as `backward_error`, with
-        `norm`, default `_norm_bound()`) is at most `_TOLERANCE · eps`: for `x`,
-        `b` of shape
-        `(n, k)` or `(n,)`, O(n r k), two passes over the factors for `A x`.
-
-        Unlike `backward_error`, the sums of squares of the residual, `x` and
-        `b` come out of one reduction (`_column_squares`), and they are
-        taken as they are, without `backward_error`'s rescaling by `max |b|`
-        (one more reduction). So it says yes only where that
-        cannot mislead: where no sum overflowed (an infinite denominator would
-        give an error of 0) and `‖b‖²` is at least `n · tiny / eps²`, so that
-        the squares underflowing to zero (each by at most `tiny`) change the
-        error by at most `eps`. Otherwise no, and the caller's fallback decides
-        with `backward_error`: never a wrong yes."""
-        vector = x.ndim == 1
-        if vector:
-            ax = self.diag * x + self.u @ (self._v().T @ x)
-            x, b, ax = x[:, None], b[:, None], ax[:, None]
-        else:
-            ax = self._product(x)
-        residual, size_x, size_b = _column_squares([b - ax, x, b])
-        norm = self._norm_bound() if norm is None else norm
-        denominator = norm * jnp.sqrt(size_x) + jnp.sqrt(size_b)
-        info = jnp.finfo(x.dtype)
-        floor = b.shape[0] * float(info.tiny) / float(info.eps) ** 2
-        accurate = jnp.sqrt(residual) <= _TOLERANCE * info.eps * denominator
-        accurate = accurate & jnp.isfinite(denominator) & (size_b >= floor)
-        return accurate[0] if vector else jnp.all(accurate)
 
     def backward_error(self, x: Array, b: Array, norm: Array | None = None) -> Array:
         """`max_k ‖b_k - A x_k‖₂ / (‖A‖₂ ‖x_k‖₂ + ‖b_k‖₂)` over the columns of `b`
