@@ -13,28 +13,20 @@ import quax
 import quax_lora
 from hypothesis import given, settings
 from jax import lax
-
-
-def _normal(seed, shape, dtype=jnp.float32, scale=1.0):
-    """Standard normal numbers drawn by NumPy: `jax.random` compiles a program per
-    shape (threefry), about a second each at LLVM's full optimisation, which this
-    suite compiles with (scripts/test.sh), and most of these tests' time was spent
-    there."""
-    draw = np.random.default_rng(seed).standard_normal(shape)
-    return jnp.asarray((scale * draw).astype(dtype))
+from lora_helpers import normal
 
 
 def _lora(shape, rank, seed, *, batch_ndim=None, alpha=None, dtype=jnp.float32):
     # `a` is `LoraArray`'s own initialisation, from the key, as users have it.
     lora = quax_lora.LoraArray(
-        _normal([seed, 0], shape, dtype),
+        normal([seed, 0], shape, dtype),
         rank=rank,
         scale=0.5,
         alpha=alpha,
         batch_ndim=batch_ndim,
         key=jr.PRNGKey(seed),
     )
-    b = _normal([seed, 1], lora.b.shape, dtype, scale=0.5)
+    b = 0.5 * normal([seed, 1], lora.b.shape, dtype)
     return eqx.tree_at(lambda lr: lr.b, lora, b)
 
 
@@ -90,7 +82,7 @@ def _problems(draw):
 def test_dot_general_every_layout(problem):
     shape, nb, rank, x_shape, contract, batch, lora_is_lhs, alpha, seed = problem
     lora = _lora(shape, rank, seed, batch_ndim=nb, alpha=alpha)
-    x = _normal([seed, 2], x_shape)
+    x = normal([seed, 2], x_shape)
     l_c, x_c = (tuple(p) for p in zip(*contract, strict=True)) if contract else ((), ())
     l_b, x_b = (tuple(p) for p in zip(*batch, strict=True)) if batch else ((), ())
     if lora_is_lhs:
@@ -127,7 +119,7 @@ def test_dot_general_every_layout(problem):
 @pytest.mark.parametrize("dtype, tol", [(jnp.float32, 1e-5), (jnp.bfloat16, 5e-2)])
 def test_matmul_forms(expr, dtype, tol):
     lora = _lora((12, 10), 3, 0, dtype=dtype, alpha=6.0)
-    x = _normal(1, (5, 10), dtype)
+    x = normal(1, (5, 10), dtype)
     out = quax.quaxify(expr)(lora, x)
     expected = expr(_dense(lora), x)
     assert out.dtype == expected.dtype
@@ -177,7 +169,7 @@ def test_same_program_as_hand_written(batch):
     """A LoRA layer through quaxify compiles to the same optimized HLO as the
     hand-written `w x + s a (b x)` (the benchmark's claim, without its noise)."""
     lora = _lora((48, 40), 4, 0, alpha=8.0)
-    xs = _normal(1, (batch, 40))
+    xs = normal(1, (batch, 40))
     quaxed = quax.quaxify(lambda lr, x: jax.vmap(lambda v: lr @ v)(x))
     hand = lambda lr, x: jax.vmap(
         lambda v: lr.w @ v + (lr.scaling * lr.a) @ (lr.b @ v)
