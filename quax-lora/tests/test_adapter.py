@@ -14,10 +14,11 @@ import numpy as np
 import pytest
 import quax
 import quax_lora
+from lora_helpers import normal
 
 
 MLP = eqx.nn.MLP(5, 3, 7, depth=1, key=jr.key(0))
-X = jr.normal(jr.key(5), (5,))
+X = normal(jr.key(5), (5,))
 
 
 def _tuned(perturb, **kwargs):

@@ -17,6 +17,7 @@ import quax.testing.strategies as qst
 import quax_lora
 from hypothesis import given, settings
 from jax import lax
+from lora_helpers import normal
 
 
 def _lora(shape, *, rank=2, stop_gradient=True, key=0):
@@ -24,20 +25,20 @@ def _lora(shape, *, rank=2, stop_gradient=True, key=0):
     # `enable_materialise()`.
     k1, k2, k3 = jr.split(jr.key(key), 3)
     lora = quax_lora.LoraArray(
-        jr.normal(k1, shape),
+        normal(k1, shape),
         rank=rank,
         alpha=2.0 * rank,
         stop_gradient=stop_gradient,
         key=k2,
     )
     # A fresh adapter has b = 0; give it a nonzero update.
-    return eqx.tree_at(lambda y: y.b, lora, 0.3 * jr.normal(k3, lora.b.shape))
+    return eqx.tree_at(lambda y: y.b, lora, 0.3 * normal(k3, lora.b.shape))
 
 
 @pytest.mark.parametrize("stop_gradient", [True, False])
 def test_matmul(stop_gradient):
     w = _lora((6, 5), stop_gradient=stop_gradient)
-    x = jr.normal(jr.key(7), (3, 6))
+    x = normal(jr.key(7), (3, 6))
     # jit and vmap do not depend on `stop_gradient`: checked once, with it on.
     report = qt.assert_matches_dense(
         lambda w, x: x @ w,
@@ -53,7 +54,7 @@ def test_matmul(stop_gradient):
 
 def test_batched_transpose_and_scale():
     w = _lora((2, 6, 5), rank=3)
-    x = jr.normal(jr.key(8), (2, 6, 4))
+    x = normal(jr.key(8), (2, 6, 4))
     qt.assert_matches_dense(
         lambda w, x: ((2.5 * jnp.swapaxes(w, -1, -2)) @ x, (-w) @ x[..., :5, :]),
         w,
@@ -103,7 +104,7 @@ def test_random_programs_match_dense(program, data):
 
 def test_dense_update_never_formed():
     w = _lora((64, 48), rank=2)
-    x = jr.normal(jr.key(9), (4, 64))
+    x = normal(jr.key(9), (4, 64))
     # `w` itself is an input of that shape: only computed arrays count.
     qt.assert_hlo_lacks(
         lambda w, x: x @ w, w, x, shapes=[(64, 48), (48, 64)], ignore_parameters=True
@@ -127,9 +128,9 @@ def _kernel() -> Any:
     kw, ka, kb = jr.split(jr.key(0), 3)
     # alpha 6, rank 2: the update is scaled by 3.
     lora = quax_lora.LoraArray(
-        jr.normal(kw, (4, 3, 3)), rank=2, alpha=6.0, batch_ndim=0, key=ka
+        normal(kw, (4, 3, 3)), rank=2, alpha=6.0, batch_ndim=0, key=ka
     )
-    return eqx.tree_at(lambda lr: lr.b, lora, jr.normal(kb, lora.b.shape))
+    return eqx.tree_at(lambda lr: lr.b, lora, normal(kb, lora.b.shape))
 
 
 def _conv(kernel: Any, x: Any) -> Any:
@@ -137,7 +138,7 @@ def _conv(kernel: Any, x: Any) -> Any:
 
 
 def test_conv_conforms() -> None:
-    x = jr.normal(jr.key(1), (2, 3, 9))
+    x = normal(jr.key(1), (2, 3, 9))
     # The kit's vmap batches the kernel too (one kernel per batch element): see
     # the two tests below for vmap over the inputs, and over kernels.
     quax.testing.assert_matches_dense(_conv, _kernel(), x, vmap=False)
@@ -145,7 +146,7 @@ def test_conv_conforms() -> None:
 
 def test_conv_vmap_over_inputs() -> None:
     kernel = _kernel()
-    xs = jr.normal(jr.key(1), (5, 2, 3, 9))
+    xs = normal(jr.key(1), (5, 2, 3, 9))
     dense = kernel.w + 3.0 * jnp.einsum("or,rik->oik", kernel.a, kernel.b)
     expected = jax.vmap(lambda v: _conv(dense, v))(xs)
     for fn in (
@@ -159,7 +160,7 @@ def test_conv_vmap_over_kernels_refuses() -> None:
     # JAX batches a convolution over kernels as one grouped convolution of the
     # reshaped kernels, which a LoRA kernel does not factor: refused, by name.
     kernels = jax.tree.map(lambda leaf: jnp.stack([leaf, leaf]), _kernel())
-    x = jr.normal(jr.key(1), (2, 3, 9))
+    x = normal(jr.key(1), (2, 3, 9))
     with pytest.raises(
         RuntimeError, match=r"Refusing to materialise `LoraArray`.*reshape"
     ):

@@ -13,15 +13,21 @@ import quax
 import quax_lora
 from hypothesis import given, settings
 from jax import lax
+from lora_helpers import normal
 
 
-def _lora(shape, rank, key, *, batch_ndim=None, alpha=None, dtype=jnp.float32):
-    kw, ka, kb = jr.split(key, 3)
-    weight = jr.normal(kw, shape, dtype)
+def _lora(shape, rank, seed, *, batch_ndim=None, alpha=None, dtype=jnp.float32):
+    # `a` is `LoraArray`'s own initialisation, from the key, as users have it.
     lora = quax_lora.LoraArray(
-        weight, rank=rank, scale=0.5, alpha=alpha, batch_ndim=batch_ndim, key=ka
+        normal([seed, 0], shape, dtype),
+        rank=rank,
+        scale=0.5,
+        alpha=alpha,
+        batch_ndim=batch_ndim,
+        key=jr.PRNGKey(seed),
     )
-    return eqx.tree_at(lambda lr: lr.b, lora, 0.5 * jr.normal(kb, lora.b.shape, dtype))
+    b = 0.5 * normal([seed, 1], lora.b.shape, dtype)
+    return eqx.tree_at(lambda lr: lr.b, lora, b)
 
 
 def _dense(lora):
@@ -75,9 +81,8 @@ def _problems(draw):
 @given(_problems())
 def test_dot_general_every_layout(problem):
     shape, nb, rank, x_shape, contract, batch, lora_is_lhs, alpha, seed = problem
-    k1, k2 = jr.split(jr.PRNGKey(seed))
-    lora = _lora(shape, rank, k1, batch_ndim=nb, alpha=alpha)
-    x = jr.normal(k2, x_shape)
+    lora = _lora(shape, rank, seed, batch_ndim=nb, alpha=alpha)
+    x = normal([seed, 2], x_shape)
     l_c, x_c = (tuple(p) for p in zip(*contract, strict=True)) if contract else ((), ())
     l_b, x_b = (tuple(p) for p in zip(*batch, strict=True)) if batch else ((), ())
     if lora_is_lhs:
@@ -113,8 +118,8 @@ def test_dot_general_every_layout(problem):
 )
 @pytest.mark.parametrize("dtype, tol", [(jnp.float32, 1e-5), (jnp.bfloat16, 5e-2)])
 def test_matmul_forms(expr, dtype, tol):
-    lora = _lora((12, 10), 3, jr.PRNGKey(0), dtype=dtype, alpha=6.0)
-    x = jr.normal(jr.PRNGKey(1), (5, 10), dtype)
+    lora = _lora((12, 10), 3, 0, dtype=dtype, alpha=6.0)
+    x = normal(1, (5, 10), dtype)
     out = quax.quaxify(expr)(lora, x)
     expected = expr(_dense(lora), x)
     assert out.dtype == expected.dtype
@@ -128,7 +133,7 @@ def test_matmul_forms(expr, dtype, tol):
 
 def test_factored_cost():
     """`(w + a b) x` is `w x + a (b x)`: the jaxpr has three matmuls, none (n, m)."""
-    lora = _lora((64, 48), 2, jr.PRNGKey(0))
+    lora = _lora((64, 48), 2, 0)
     x = jnp.ones((48,))
     jaxpr = jax.make_jaxpr(quax.quaxify(lambda lr, v: lr @ v))(lora, x)
     dots = [e for e in jaxpr.jaxpr.eqns if e.primitive is lax.dot_general_p]
@@ -136,14 +141,14 @@ def test_factored_cost():
 
 
 def test_lora_times_lora():
-    l1 = _lora((6, 5), 2, jr.PRNGKey(0))
-    l2 = _lora((5, 4), 3, jr.PRNGKey(1))
+    l1 = _lora((6, 5), 2, 0)
+    l2 = _lora((5, 4), 3, 1)
     out = quax.quaxify(lambda x, y: x @ y)(l1, l2)
     np.testing.assert_allclose(out, _dense(l1) @ _dense(l2), rtol=1e-5, atol=1e-5)
 
 
 def test_preferred_element_type():
-    lora = _lora((6, 5), 2, jr.PRNGKey(0), dtype=jnp.bfloat16)
+    lora = _lora((6, 5), 2, 0, dtype=jnp.bfloat16)
     x = jnp.ones((5,), jnp.bfloat16)
     fn = lambda lr, v: lax.dot_general(
         lr, v, (((1,), (0,)), ((), ())), preferred_element_type=jnp.float32
@@ -163,8 +168,8 @@ def _optimized_hlo(fn, *args):
 def test_same_program_as_hand_written(batch):
     """A LoRA layer through quaxify compiles to the same optimized HLO as the
     hand-written `w x + s a (b x)` (the benchmark's claim, without its noise)."""
-    lora = _lora((48, 40), 4, jr.PRNGKey(0), alpha=8.0)
-    xs = jr.normal(jr.PRNGKey(1), (batch, 40))
+    lora = _lora((48, 40), 4, 0, alpha=8.0)
+    xs = normal(1, (batch, 40))
     quaxed = quax.quaxify(lambda lr, x: jax.vmap(lambda v: lr @ v)(x))
     hand = lambda lr, x: jax.vmap(
         lambda v: lr.w @ v + (lr.scaling * lr.a) @ (lr.b @ v)

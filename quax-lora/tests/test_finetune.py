@@ -8,6 +8,7 @@ import numpy as np
 import optax
 import quax
 import quax_lora
+from lora_helpers import normal
 
 
 def test_finetune_mlp():
@@ -15,7 +16,7 @@ def test_finetune_mlp():
     mlp = eqx.nn.MLP(4, 1, 32, depth=2, key=kmodel)
     # A synthetic task the base model does not solve: a random smooth function.
     target = eqx.nn.MLP(4, 1, 8, depth=1, activation=jnp.tanh, key=ktarget)
-    xs = jr.normal(kdata, (256, 4))
+    xs = normal(kdata, (256, 4))
     ys = jax.vmap(target)(xs)
 
     model = quax_lora.loraify(mlp, rank=4, alpha=8.0, key=klora)

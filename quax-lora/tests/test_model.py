@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import quax
 import quax_lora
+from lora_helpers import normal
 from quax_lora import LoraArray
 
 
@@ -67,7 +68,7 @@ def test_loraify_filter_and_where(perturb):
         some.mlp.layers[0].weight
     )
     some = perturb(some, jr.PRNGKey(2))
-    x = jr.normal(jr.PRNGKey(3), (2, 4, 4))
+    x = normal(jr.PRNGKey(3), (2, 4, 4))
     np.testing.assert_allclose(
         quax.quaxify(some)(x), quax_lora.merge(some)(x), rtol=1e-5, atol=1e-5
     )

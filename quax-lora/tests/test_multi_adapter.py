@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import quax
 import quax_lora
+from lora_helpers import normal
 
 
 MLP = eqx.nn.MLP(16, 8, 32, depth=1, key=jr.key(0))
@@ -45,7 +46,7 @@ def test_each_row_uses_its_adapter(perturb):
     multi = quax_lora.stack_adapters(models)
     assert multi.layers[0].weight.adapters == K
     assert multi.layers[0].weight.a.shape == (K, 32, 2)
-    xs = jr.normal(jr.key(2), (BATCH, 16))
+    xs = normal(jr.key(2), (BATCH, 16))
     index = jnp.array([0, 2, 1, 1, 0, 2, 2, 0, 1, 0])
     out = eqx.filter_jit(jax.vmap(_call, in_axes=(None, 0, 0)))(multi, xs, index)
     want = np.stack(

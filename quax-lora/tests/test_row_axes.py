@@ -12,6 +12,7 @@ import pytest
 import quax
 import quax_lora
 from jax import lax
+from lora_helpers import normal
 
 
 HWIO = ("NHWC", "HWIO", "NHWC")
@@ -22,7 +23,7 @@ def _lora(weight, row_ndim, **kwargs):
     lora = quax_lora.LoraArray(
         weight, rank=2, alpha=3.0, batch_ndim=0, row_ndim=row_ndim, key=jr.key(1)
     )
-    b = 0.5 * jr.normal(jr.key(2), lora.b.shape)
+    b = 0.5 * normal(jr.key(2), lora.b.shape)
     return eqx.tree_at(lambda x: x.b, lora, b).replace(**kwargs)
 
 
@@ -41,7 +42,7 @@ def _shapes(jaxpr, names):
 
 
 def test_factors_are_laid_out_by_row_axes():
-    kernel = jr.normal(jr.key(0), (3, 3, 4, 5))
+    kernel = normal(jr.key(0), (3, 3, 4, 5))
     lora = quax_lora.LoraArray(kernel, rank=2, batch_ndim=0, row_ndim=3, key=jr.key(1))
     assert lora.a.shape == (3, 3, 4, 2) and lora.b.shape == (2, 5)
     assert (lora.batch_ndim, lora.row_ndim, lora.rank) == (0, 3, 2)
@@ -54,8 +55,8 @@ def test_factors_are_laid_out_by_row_axes():
 
 
 def test_conv_with_an_hwio_kernel_matches_plain_jax():
-    kernel = jr.normal(jr.key(0), (3, 3, 4, 5))
-    x = jr.normal(jr.key(3), (2, 8, 8, 4))
+    kernel = normal(jr.key(0), (3, 3, 4, 5))
+    x = normal(jr.key(3), (2, 8, 8, 4))
     lora = _lora(kernel, 3)
 
     def conv(x, k):
@@ -93,8 +94,8 @@ def test_conv_with_an_hwio_kernel_matches_plain_jax():
 def test_dot_general_with_two_row_axes_matches_plain_jax():
     """An attention's output projection: `(heads, head_dim, out)` contracted over
     its first two axes."""
-    kernel = jr.normal(jr.key(0), (2, 3, 7))
-    x = jr.normal(jr.key(3), (4, 5, 2, 3))
+    kernel = normal(jr.key(0), (2, 3, 7))
+    x = normal(jr.key(3), (4, 5, 2, 3))
     lora = _lora(kernel, 2)
     assert lora.a.shape == (2, 3, 2) and lora.b.shape == (2, 7)
 
@@ -106,7 +107,7 @@ def test_dot_general_with_two_row_axes_matches_plain_jax():
         quax.quaxify(project)(x, lora), expected, rtol=1e-5, atol=1e-5
     )
     # The kernel on the left: contract its output axis with x's last.
-    y = jr.normal(jr.key(4), (6, 7))
+    y = normal(jr.key(4), (6, 7))
     np.testing.assert_allclose(
         quax.quaxify(lambda k, y: lax.dot_general(k, y, (((2,), (1,)), ((), ()))))(
             lora, y
@@ -122,7 +123,7 @@ def test_dot_general_with_two_row_axes_matches_plain_jax():
 def test_rev_flips_the_window_in_a():
     """`rev` of an NNX kernel's spatial axes (as a transposed convolution does)
     flips them in `a`, and an output axis in `b`."""
-    lora = _lora(jr.normal(jr.key(0), (3, 2, 4, 5)), 3)
+    lora = _lora(normal(jr.key(0), (3, 2, 4, 5)), 3)
     for dims in ((0, 1), (3,), (1, 3)):
         out = quax.quaxify(lambda k, dims=dims: lax.rev(k, dims))(lora)
         assert isinstance(out, quax_lora.LoraArray) and out.row_ndim == 3
@@ -132,12 +133,12 @@ def test_rev_flips_the_window_in_a():
 
 
 def test_structural_rules_needing_one_row_axis_refuse():
-    lora = _lora(jr.normal(jr.key(0), (3, 3, 4, 5)), 3)
+    lora = _lora(normal(jr.key(0), (3, 3, 4, 5)), 3)
     with pytest.raises(quax_lora.MaterialisationError, match="transpose"):
         quax.quaxify(lambda k: jnp.transpose(k, (3, 2, 0, 1)))(lora)
     # A grouped convolution does not factor: it refuses, naming the primitive.
-    x = jr.normal(jr.key(3), (1, 6, 6, 8))
-    grouped = _lora(jr.normal(jr.key(0), (3, 3, 4, 6)), 3)
+    x = normal(jr.key(3), (1, 6, 6, 8))
+    grouped = _lora(normal(jr.key(0), (3, 3, 4, 6)), 3)
     with pytest.raises(quax_lora.MaterialisationError, match="conv_general_dilated"):
         quax.quaxify(
             lambda x, k: lax.conv_general_dilated(

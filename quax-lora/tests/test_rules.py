@@ -8,11 +8,12 @@ import numpy as np
 import pytest
 import quax
 import quax_lora
+from lora_helpers import normal
 
 
 @pytest.fixture
 def lora(perturb):
-    weight = jr.normal(jr.PRNGKey(0), (2, 6, 5))
+    weight = normal(jr.PRNGKey(0), (2, 6, 5))
     return perturb(
         quax_lora.LoraArray(weight, rank=3, alpha=6.0, key=jr.PRNGKey(1)), jr.PRNGKey(2)
     )
@@ -42,7 +43,7 @@ def _check(fn, lora, x, tol=1e-5):
     ],
 )
 def test_structural(fn, lora):
-    x = jr.normal(jr.PRNGKey(3), (4, 5))
+    x = normal(jr.PRNGKey(3), (4, 5))
     with quax.track_materialisation() as report:
         _check(fn, lora, x)
     assert not report
@@ -57,7 +58,7 @@ def test_transpose_keeps_low_rank(lora):
 
 
 def test_convert_element_type(lora):
-    x = jr.normal(jr.PRNGKey(3), (4, 5), jnp.bfloat16)
+    x = normal(jr.PRNGKey(3), (4, 5), jnp.bfloat16)
     fn = lambda lr, v: lr.astype(jnp.bfloat16) @ v.T
     _check(fn, lora, x, tol=5e-2)
     out = quax.quaxify(lambda lr: lr.astype(jnp.float16))(lora)
@@ -104,7 +105,7 @@ def test_conv(conv_cls, x_shape, kwargs, perturb):
     )
     assert lora_conv.weight.a.shape == (4, 2)
     assert lora_conv.weight.b.shape == (2, *conv.weight.shape[1:])
-    x = jr.normal(jr.PRNGKey(3), x_shape)
+    x = normal(jr.PRNGKey(3), x_shape)
     with quax.track_materialisation() as report:
         out = quax.quaxify(lora_conv)(x)
     assert not report
@@ -128,7 +129,7 @@ def test_grouped_conv_refuses(perturb):
 
 
 def test_jit_inside_and_out(lora):
-    x = jr.normal(jr.PRNGKey(3), (5,))
+    x = normal(jr.PRNGKey(3), (5,))
     expected = quax_lora.merge(lora) @ x
     f = lambda lr, v: lr @ v
     np.testing.assert_allclose(jax.jit(quax.quaxify(f))(lora, x), expected, rtol=1e-5)

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import quax
 import quax_lora
+from lora_helpers import normal
 
 
 # (alpha, rank, the scale alpha / rank written out)
@@ -22,9 +23,9 @@ TOL = {"rtol": 1e-5, "atol": 1e-5}
 def _factors(key: Any, n: int, m: int, rank: int) -> tuple[jax.Array, ...]:
     kw, ka, kb = jr.split(key, 3)
     return (
-        jr.normal(kw, (n, m)),
-        jr.normal(ka, (n, rank)),
-        jr.normal(kb, (rank, m)),
+        normal(kw, (n, m)),
+        normal(ka, (n, rank)),
+        normal(kb, (rank, m)),
     )
 
 
@@ -38,9 +39,9 @@ def test_products_against_literal_scale(alpha: Any, rank: int, s: float) -> None
     w, a, b = _factors(jr.key(0), 6, 5, rank)
     lora = _lora(w, a, b, alpha)
     dense = w + s * (a @ b)
-    x = jr.normal(jr.key(1), (5,))
-    xs = jr.normal(jr.key(2), (3, 5))
-    ys = jr.normal(jr.key(3), (4, 6))
+    x = normal(jr.key(1), (5,))
+    xs = normal(jr.key(2), (3, 5))
+    ys = normal(jr.key(3), (4, 6))
     np.testing.assert_allclose(
         quax.quaxify(lambda m, v: m @ v)(lora, x), dense @ x, **TOL
     )
@@ -60,7 +61,7 @@ def test_structural_rules_against_literal_scale(
     w, a, b = _factors(jr.key(4), 6, 5, rank)
     lora = _lora(w, a, b, alpha)
     dense = w + s * (a @ b)
-    x = jr.normal(jr.key(5), (6,))
+    x = normal(jr.key(5), (6,))
     cases = [
         (lambda m, v: m.T @ v, dense.T @ x),
         (lambda m, v: (-m).T @ v, -dense.T @ x),
@@ -74,7 +75,7 @@ def test_structural_rules_against_literal_scale(
 @pytest.mark.parametrize("alpha, rank, s", SCALES)
 def test_gradients_against_literal_scale(alpha: Any, rank: int, s: float) -> None:
     w, a, b = _factors(jr.key(6), 4, 3, rank)
-    x = jr.normal(jr.key(7), (3,))
+    x = normal(jr.key(7), (3,))
 
     def loss(lora: Any) -> jax.Array:
         return jnp.sum(jnp.tanh(quax.quaxify(lambda m, v: m @ v)(lora, x)))
@@ -108,13 +109,13 @@ def test_conv_with_alpha_not_rank(
         conv, rank=rank, alpha=alpha, filter=conv_cls, key=jr.key(1)
     )
     kernel = conv.weight
-    a = jr.normal(jr.key(2), (kernel.shape[0], rank))
-    b = jr.normal(jr.key(3), (rank, *kernel.shape[1:]))
+    a = normal(jr.key(2), (kernel.shape[0], rank))
+    b = normal(jr.key(3), (rank, *kernel.shape[1:]))
     lora_conv = eqx.tree_at(lambda c: (c.weight.a, c.weight.b), lora_conv, (a, b))
     # The adapted kernel, written out: out-channel mixing of a rank-`rank` kernel.
     dense_kernel = kernel + s * jnp.einsum("or,r...->o...", a, b)
     reference = eqx.tree_at(lambda c: c.weight, conv, dense_kernel)
-    x = jr.normal(jr.key(4), x_shape)
+    x = normal(jr.key(4), x_shape)
     with quax.track_materialisation() as report:
         out = quax.quaxify(lora_conv)(x)
     assert not report
@@ -127,8 +128,8 @@ def test_loraify_caps_the_rank_of_a_small_layer_keeping_the_scale() -> None:
     model = quax_lora.loraify(mlp, rank=4, alpha=8.0, key=jr.key(1))
     hidden, head = model.layers
     assert hidden.weight.rank == 4 and head.weight.rank == 1
-    b_hidden = jr.normal(jr.key(2), (4, 4))
-    b_head = jr.normal(jr.key(3), (1, 8))
+    b_hidden = normal(jr.key(2), (4, 4))
+    b_head = normal(jr.key(3), (1, 8))
     model = eqx.tree_at(
         lambda m: (m.layers[0].weight.b, m.layers[1].weight.b),
         model,
@@ -138,6 +139,6 @@ def test_loraify_caps_the_rank_of_a_small_layer_keeping_the_scale() -> None:
     # Both layers use the scale alpha / rank = 8 / 4 = 2, written out.
     w1 = mlp.layers[0].weight + 2.0 * (hidden.weight.a @ b_hidden)
     w2 = mlp.layers[1].weight + 2.0 * (head.weight.a @ b_head)
-    x = jr.normal(jr.key(4), (4,))
+    x = normal(jr.key(4), (4,))
     expected = w2 @ jnp.tanh(w1 @ x + mlp.layers[0].bias) + mlp.layers[1].bias
     np.testing.assert_allclose(quax.quaxify(model)(x), expected, **TOL)

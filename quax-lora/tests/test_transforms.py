@@ -9,6 +9,7 @@ import pytest
 import quax
 import quax_lora
 from jax import lax
+from lora_helpers import normal
 
 
 def _loss(model, x):
@@ -21,7 +22,7 @@ def test_gradients_match_dense_formula(alpha, perturb):
     lora = perturb(
         quax_lora.loraify(linear, rank=2, alpha=alpha, key=jr.PRNGKey(1)), jr.PRNGKey(2)
     )
-    x = jr.normal(jr.PRNGKey(3), (7,))
+    x = normal(jr.PRNGKey(3), (7,))
     grads = eqx.filter_grad(quax.quaxify(_loss))(lora, x)
     weight = lora.weight
     s = weight.scaling
@@ -66,7 +67,7 @@ def test_frozen_weight_gradient_not_computed(perturb):
 def test_vmap_both_orders(perturb):
     mlp = eqx.nn.MLP(6, 3, 8, depth=2, key=jr.PRNGKey(0))
     lora = perturb(quax_lora.loraify(mlp, rank=2, key=jr.PRNGKey(1)), jr.PRNGKey(2))
-    xs = jr.normal(jr.PRNGKey(3), (4, 6))
+    xs = normal(jr.PRNGKey(3), (4, 6))
     expected = jax.vmap(quax_lora.merge(lora))(xs)
     out1 = jax.vmap(quax.quaxify(lora))(xs)
     out2 = quax.quaxify(jax.vmap(lambda m, x: m(x), in_axes=(None, 0)))(lora, xs)
@@ -76,7 +77,7 @@ def test_vmap_both_orders(perturb):
 
 def test_vmap_over_lora_arrays(perturb):
     """A stack of LoraArrays, vmapped leaf by leaf."""
-    weights = jr.normal(jr.PRNGKey(0), (3, 5, 4))
+    weights = normal(jr.PRNGKey(0), (3, 5, 4))
     stack = perturb(
         quax_lora.LoraArray(weights, rank=2, key=jr.PRNGKey(1)), jr.PRNGKey(2)
     )
@@ -94,7 +95,7 @@ def _scan_layers(stack, x):
 
 def test_scan_over_layers(perturb):
     depth, n = 4, 6
-    weights = jr.normal(jr.PRNGKey(0), (depth, n, n)) / n
+    weights = normal(jr.PRNGKey(0), (depth, n, n)) / n
     stack = perturb(
         quax_lora.LoraArray(weights, rank=2, key=jr.PRNGKey(1)), jr.PRNGKey(2)
     )
@@ -120,7 +121,7 @@ def test_scan_over_layers(perturb):
 def test_checkpoint(perturb):
     mlp = eqx.nn.MLP(6, 3, 8, depth=2, key=jr.PRNGKey(0))
     lora = perturb(quax_lora.loraify(mlp, rank=2, key=jr.PRNGKey(1)), jr.PRNGKey(2))
-    x = jr.normal(jr.PRNGKey(3), (6,))
+    x = normal(jr.PRNGKey(3), (6,))
     remat = eqx.filter_checkpoint(_loss)
     grads = eqx.filter_grad(quax.quaxify(remat))(lora, x)
     dense = eqx.filter_grad(quax.quaxify(_loss))(lora, x)
@@ -138,7 +139,7 @@ def test_multihead_attention(perturb):
         )
         == 4
     )
-    q = jr.normal(jr.PRNGKey(3), (5, 8))
+    q = normal(jr.PRNGKey(3), (5, 8))
     with quax.track_materialisation() as report:
         out = quax.quaxify(lora)(q, q, q)
     assert not report

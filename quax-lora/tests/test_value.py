@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import quax
 import quax_lora
+from lora_helpers import normal
 from quax_lora import LoraArray
 
 
@@ -24,7 +25,7 @@ def test_seed_example():
 
     key1, key2, key3 = jr.split(jr.PRNGKey(0), 3)
     linear = eqx.nn.Linear(10, 12, key=key1)
-    vector = jr.normal(key2, (10,))
+    vector = normal(key2, (10,))
 
     def run(model, x):
         return model(x)
@@ -127,12 +128,12 @@ def test_a_rank_above_the_matrix_rank_warns_and_works(
 
 
 def test_a_rank_above_the_matrix_rank_computes_the_product() -> None:
-    w = jr.normal(jr.key(1), (4, 3))
+    w = normal(jr.key(1), (4, 3))
     with pytest.warns(quax_lora.RankWarning):
         lora = LoraArray(w, rank=11, alpha=22.0, key=KEY)
-    b = jr.normal(jr.key(2), (11, 3))
+    b = normal(jr.key(2), (11, 3))
     lora = eqx.tree_at(lambda x: x.b, lora, b)
-    x = jr.normal(jr.key(3), (3, 2))
+    x = normal(jr.key(3), (3, 2))
     # Plain JAX, with the literal scaling 22 / 11 = 2.
     expected = w @ x + 2.0 * (lora.a @ (b @ x))
     got = quax.quaxify(lambda m, v: m @ v)(lora, x)

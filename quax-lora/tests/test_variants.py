@@ -10,10 +10,11 @@ import numpy as np
 import pytest
 import quax
 import quax_lora
+from lora_helpers import normal
 
 
 MLP = eqx.nn.MLP(6, 3, 8, depth=1, key=jr.key(0))
-X = jr.normal(jr.key(1), (6,))
+X = normal(jr.key(1), (6,))
 
 
 def _mlp_reference(model, x, weight_of):
@@ -30,7 +31,7 @@ def _perturbed(model, key):
         lambda m: [layer.weight.b for layer in m.layers],
         model,
         [
-            0.3 * jr.normal(jr.fold_in(key, i), layer.weight.b.shape)
+            0.3 * normal(jr.fold_in(key, i), layer.weight.b.shape)
             for i, layer in enumerate(model.layers)
         ],
     )
@@ -119,7 +120,7 @@ def test_dora_conv_matches_plain_jax(perturb):
         jr.key(2),
     )
     lora = model.weight
-    x = jr.normal(jr.key(3), (3, 7, 7))
+    x = normal(jr.key(3), (3, 7, 7))
     full = lora.w + jnp.einsum("or,rihw->oihw", lora.a, lora.b)
     norm = jnp.sqrt(jnp.sum(full**2, axis=(1, 2, 3), keepdims=True))
     dense = eqx.tree_at(
@@ -237,13 +238,13 @@ def test_dora_on_embedding_is_refused():
 
 def test_dora_products_and_structural_rules():
     lora = quax_lora.LoraArray(
-        jr.normal(jr.key(0), (5, 7)), rank=2, alpha=3.0, variant="dora", key=jr.key(1)
+        normal(jr.key(0), (5, 7)), rank=2, alpha=3.0, variant="dora", key=jr.key(1)
     )
     lora = lora.replace(
-        b=0.5 * jr.normal(jr.key(2), (2, 7)), magnitude=jnp.linspace(0.5, 2.0, 5)
+        b=0.5 * normal(jr.key(2), (2, 7)), magnitude=jnp.linspace(0.5, 2.0, 5)
     )
     dense = _dora_weight(lora)
-    x, y = jr.normal(jr.key(3), (7,)), jr.normal(jr.key(4), (5,))
+    x, y = normal(jr.key(3), (7,)), normal(jr.key(4), (5,))
     cases = {
         "w @ x": (lambda w: w @ x, dense @ x),
         # The rows contracted: DoRA's factor scales `w` itself.
