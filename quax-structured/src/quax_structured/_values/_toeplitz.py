@@ -132,7 +132,7 @@ def _gko_pivots(column: Array, row: Array) -> Array:
     return batched(lambda c, r, b: gko(c, r, b)[1], column, row, empty)
 
 
-def _pivots_route(column: Array, row: Array) -> tuple[Array, Array]:
+def _pivots_route(column: Array, row: Array) -> tuple[Array, Array, Array]:
     """The pivots (see `_checked_pivots`), whether the Levinson recursion's were
     taken for every system, and for which systems they were (`(*batch,)`)."""
     n = column.shape[-1]
