@@ -25,6 +25,8 @@ export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0 JAX_PERSISTENT_CACHE_MIN_ENT
 # QUAX_HYPOTHESIS_SEED to draw from another seed; scripts/hypothesis_sweep.sh runs the
 # property tests under many seeds, the exploration this leaves out.
 seed=(--hypothesis-seed="${QUAX_HYPOTHESIS_SEED:-0}")
+# Each run prints its 15 slowest tests: where CI's time goes, read off its log.
+slowest=(--durations=15)
 
 families=()
 for d in quax-*/; do
@@ -42,7 +44,7 @@ uv run --locked --no-sync ruff format --check --quiet .
 # distribution installed; each family's own suite runs once, alone beside quax-core,
 # below (running it here too doubled CI's time).
 echo "== quax-core and the root tests, every distribution installed"
-uv run --locked --no-sync pytest -n 2 --dist worksteal -q "${seed[@]}" quax-core/tests tests
+uv run --locked --no-sync pytest -n 2 --dist worksteal -q "${seed[@]}" "${slowest[@]}" quax-core/tests tests
 
 # Cache verify mode: every cache hit (dispatch, compiled eager programs, replays, nested
 # jits, the per-jaxpr tables) is also recomputed and compared, and a mismatch raises
@@ -55,7 +57,7 @@ uv run --locked --no-sync pytest -n 2 --dist worksteal -q "${seed[@]}" quax-core
 # would repeat the run above exactly, so this run leaves them out.
 echo "== cache verify mode (QUAX_VERIFY_CACHES=1): quax-core's suite and the root tests"
 QUAX_VERIFY_CACHES=1 uv run --locked --no-sync pytest -n 2 --dist worksteal -q \
-    -p no:cacheprovider "${seed[@]}" quax-core/tests tests \
+    -p no:cacheprovider "${seed[@]}" "${slowest[@]}" quax-core/tests tests \
     --ignore tests/test_docs.py -m "not caching_behaviour"
 
 for fam in "${families[@]}"; do
@@ -71,5 +73,5 @@ for fam in "${families[@]}"; do
     verify=0
     [ "$fam" = quax-units ] && verify=1
     QUAX_VERIFY_CACHES=$verify XLA_FLAGS=$flags "$venv/bin/python" -m pytest -n 2 --dist worksteal -q -p no:cacheprovider \
-        "${seed[@]}" "$fam/tests"
+        "${seed[@]}" "${slowest[@]}" "$fam/tests"
 done
