@@ -10,8 +10,10 @@ before. The same for `symmetric=True` (every factor read as `(A + Aᵀ) / 2`, so
 factor that is not symmetric was silently another matrix) and
 `positive_definite=True` (a Cholesky factorisation reads one triangle). And a
 `Banded` matrix whose bandwidths exceed its size is accepted and read right (its
-`slogdet` raised a shape error). References: NumPy and SciPy on the
-literal matrices."""
+`slogdet` raised a shape error). A `Kronecker` that `jax.vmap` returns (its factors
+stacked) materialised as `jnp.kron` of the stacked factors, `(9, 4, 4)` for three
+`4 x 4` matrices: it refuses now, and each element of the stack materialises right.
+References: NumPy and SciPy on the literal matrices."""
 
 import jax
 import jax.numpy as jnp
@@ -161,3 +163,24 @@ def test_a_banded_matrix_with_bandwidths_beyond_its_size():
     np.testing.assert_allclose(
         quax.quaxify(lambda m, v: m @ v)(b, V[:3]), dense @ V[:3], rtol=1e-6
     )
+
+
+def test_a_stack_of_kroneckers_from_vmap_refuses_to_materialise():
+    # `jax.vmap` of a quaxified function returns the `Kronecker` with each factor
+    # stacked (3 x 2 x 2): `Kronecker` has no batch axes, so materialising it whole
+    # is refused (it gave a (9, 4, 4) array), and each element is right.
+    factors = jax.random.normal(jax.random.key(0), (3, 2, 2, 2))
+    scaled = jax.vmap(
+        lambda f: quax.quaxify(lambda k: 2.5 * k)(
+            qs.Kronecker(f[0], f[1], allow_materialise=True)
+        )
+    )(factors)
+    with pytest.raises(ValueError, match="has no batch axes"):
+        scaled.materialise()
+    for i in range(3):
+        element = jax.tree.map(lambda leaf, i=i: leaf[i], scaled)
+        np.testing.assert_allclose(
+            element.materialise(),
+            2.5 * np.kron(factors[i, 0], factors[i, 1]),
+            rtol=1e-6,
+        )

@@ -521,6 +521,11 @@ class Kronecker(_Factors):
         return tuple(jnp.diag(m) if m.ndim == 1 else m for m in self._operands())
 
     def dense(self) -> Array:
+        # `aval` first: it refuses factors with batch axes, a stack that
+        # `jax.vmap(quax.quaxify(fn))` returns (its leaves stacked past the
+        # constructor), where `jnp.kron` of the stacked factors would give a
+        # wrong array without a word (`(9, 4, 4)` for a stack of three 4 x 4).
+        self.aval()
         return ft.reduce(jnp.kron, self.factors())
 
     def _with(self, matrices: Sequence[Array], **kw: Any) -> "Kronecker":
