@@ -31,6 +31,10 @@ from ._dense import (
     nan_where as nan_where,
     on_diagonal as on_diagonal,
 )
+from ._fallback import (
+    checked_or_fallback as checked_or_fallback,
+    in_graph_fallbacks as in_graph_fallbacks,
+)
 from ._fft import circular_convolve as circular_convolve
 from ._gko import batched as batched, gko as gko
 from ._kronecker import (

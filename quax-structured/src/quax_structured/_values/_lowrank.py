@@ -12,7 +12,13 @@ import numpy as np
 from jax import lax
 from jaxtyping import Array
 
-from .._kernels import failed_factorisation, for_the_batch, nan_where, on_diagonal
+from .._kernels import (
+    checked_or_fallback,
+    failed_factorisation,
+    for_the_batch,
+    nan_where,
+    on_diagonal,
+)
 from ._base import StructuredMatrix, unbatched
 from ._determinant import DeterminantLU
 
@@ -58,6 +64,54 @@ def _best(
     assert out is not None and least is not None
     eps = jnp.finfo(out.dtype).eps
     return jnp.where(least <= _TOLERANCE * eps, out, jnp.nan).astype(out.dtype)
+
+
+def _solve_fallback(woodbury: Array, m: "LowRankPlusDiagonal", b: Array) -> Array:
+    """`pivoted_solve`'s fallback, where Woodbury (`woodbury`, shape `(n,)` for
+    one right-hand side, else `b`'s `(n, k)`) failed its check: the
+    semiseparable LU without pivoting and Woodbury with `K` partially pivoted
+    (where `woodbury` solved `K` by Cholesky, which may have failed: `K` need
+    not be positive definite), the answer of the smaller backward error per
+    system, NaN where neither is below `_TOLERANCE`. A function of module
+    level: `checked_or_fallback` compiles it once per structure and shapes."""
+    rhs = b.reshape(woodbury.shape)
+    if m._capacitance_by_cholesky():
+        # `K`'s parts formed again here: `K` passed in would be copied on every
+        # call (`potrf` overwrites its operand).
+        woodbury = m._woodbury(rhs, pivoted=True)
+    candidates = [m._lu_solve(m.semiseparable()._packed_lu(), b)]
+    candidates.append(woodbury.reshape(b.shape))
+    norm = m._norm_bound()
+    return _best(m, b, candidates, candidates, norm).reshape(rhs.shape)
+
+
+def _probe(m: "LowRankPlusDiagonal") -> Array:
+    """The right-hand side `x₀ = cos(1.618 k)` whose Woodbury solve
+    `_determinant_factors` checks (a constant of the compiled program)."""
+    return jnp.cos(1.618 * np.arange(m.shape[-1])).astype(m.dtype)
+
+
+def _determinant_fallback(
+    lemma: Array, m: "LowRankPlusDiagonal", woodbury: Array
+) -> Array:
+    """`_determinant_factors`' fallback, where the lemma's factors `lemma`
+    failed the check of Woodbury's solve `woodbury` of the probe: the pivots of
+    the semiseparable LU (and `r` ones), or the lemma with `K` partially
+    pivoted where `lemma` came from its Cholesky factor, whichever candidate's
+    solve of the probe has the smaller backward error, NaN where neither is
+    below `_TOLERANCE`. Of module level, as `_solve_fallback`."""
+    probe = _probe(m)
+    ones = jnp.ones((m.u.shape[-1] - 1,), m.dtype)
+    lu = m.semiseparable()._packed_lu()
+    solves = [m._lu_solve(lu, probe[:, None]), woodbury[:, None]]
+    answers = [jnp.concatenate([lu.main, ones, jnp.ones((1,), m.dtype)]), lemma]
+    if m._capacitance_by_cholesky():
+        # `K` partially pivoted, formed again here (as in `_solve_fallback`).
+        scaled, k, _ = m._woodbury_parts()
+        pivoted = m._woodbury(probe, (scaled, k, None))
+        solves[1] = pivoted[:, None]
+        answers[1] = jnp.concatenate([m.diag, ones, jnp.linalg.det(k)[None]])
+    return _best(m, probe[:, None], solves, answers, m._norm_bound())
 
 
 def _check_factors(name: str, n: int | None, u: Array, v: Array | None) -> None:
@@ -394,20 +448,8 @@ class LowRankPlusDiagonal(_UVt):
         rhs = b[:, 0] if b.shape[-1] == 1 else b
         woodbury, z = m._woodbury_steps(rhs, parts)
         accurate = for_the_batch(m._woodbury_accurate(rhs, woodbury, z))
-
-        def fallback(woodbury: Array) -> Array:
-            if parts[2] is not None:
-                # Woodbury again, with `K` partially pivoted (the Cholesky factor
-                # may have failed: `K` need not be positive definite), its parts
-                # formed again here: `K` passed in would be copied on every call
-                # (`potrf` overwrites its operand).
-                woodbury = m._woodbury(rhs, pivoted=True)
-            candidates = [m._lu_solve(m.semiseparable()._packed_lu(), b)]
-            candidates.append(woodbury.reshape(b.shape))
-            norm = m._norm_bound()
-            return _best(m, b, candidates, candidates, norm).reshape(rhs.shape)
-
-        return lax.cond(accurate, lambda x: x, fallback, woodbury).reshape(b.shape)
+        out = checked_or_fallback(accurate, woodbury, _solve_fallback, m, b)
+        return out.reshape(b.shape)
 
     def pivots(self) -> Array:
         """Numbers whose product is the determinant (shape `(n,)`): the `n + r`
@@ -450,27 +492,12 @@ class LowRankPlusDiagonal(_UVt):
             # a `lax.cond` on the offset).
             diagonal = cholesky.reshape(-1)[:: r + 1]
             lemma = jnp.concatenate([self.diag, diagonal**2])
-        probe = jnp.cos(1.618 * np.arange(self.shape[-1])).astype(self.dtype)
+        probe = _probe(self)
         woodbury, z = self._woodbury_steps(probe, parts)
         accurate = for_the_batch(self._woodbury_accurate(probe, woodbury, z))
-
-        def fallback(lemma: Array) -> Array:
-            lu = self.semiseparable()._packed_lu()
-            solves = [self._lu_solve(lu, probe[:, None]), woodbury[:, None]]
-            answers = [
-                jnp.concatenate([lu.main, ones, jnp.ones((1,), self.dtype)]),
-                lemma,
-            ]
-            if cholesky is not None:
-                # `K` partially pivoted, formed again here (as in `pivoted_solve`).
-                scaled, k, _ = self._woodbury_parts()
-                pivoted = self._woodbury(probe, (scaled, k, None))
-                det = jnp.linalg.det(k)
-                solves[1] = pivoted[:, None]
-                answers[1] = jnp.concatenate([self.diag, ones, det[None]])
-            return _best(self, probe[:, None], solves, answers, self._norm_bound())
-
-        return lax.cond(accurate, lambda x: x, fallback, lemma)
+        return checked_or_fallback(
+            accurate, lemma, _determinant_fallback, self, woodbury
+        )
 
     def slogdet(self) -> tuple[Array, Array]:
         """`jnp.linalg.slogdet`'s `(sign, logabsdet)`, read off
@@ -513,9 +540,14 @@ class LowRankPlusDiagonal(_UVt):
         eye = jnp.eye(self.u.shape[-1], dtype=self.dtype)
         capacitance = eye + self._v().T @ scaled
         cholesky = None
-        if self.v is None and not jnp.issubdtype(self.dtype, jnp.complexfloating):
+        if self._capacitance_by_cholesky():
             cholesky = lax.linalg.cholesky(capacitance, symmetrize_input=False)
         return scaled, capacitance, cholesky
+
+    def _capacitance_by_cholesky(self) -> bool:
+        """Whether `_woodbury_parts` factors the capacitance by Cholesky: where
+        it is real symmetric (`v is None`, a real dtype)."""
+        return self.v is None and not jnp.issubdtype(self.dtype, jnp.complexfloating)
 
     def _woodbury(
         self,
