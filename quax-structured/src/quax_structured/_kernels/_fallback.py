@@ -39,8 +39,11 @@ def in_graph_fallbacks() -> Iterator[None]:
     main program then holds one callback rather than the fallback's loops,
     which XLA's CPU runtime sets up on every call even where the branch is
     not taken (about 0.4 µs per loop). `jax.export` cannot serialise a host
-    callback (it raises `NotImplementedError: serialization of host_callbacks
-    is not yet implemented`); trace a function to export inside this block:
+    callback for the CPU platform (it raises `NotImplementedError:
+    serialization of host_callbacks is not yet implemented`, and for several
+    platforms at once `multi-platform lowering for python_callback`; an export
+    for GPU or TPU alone holds no callback): trace a function to export inside
+    this block:
 
     ```python
     with quax_structured.in_graph_fallbacks():
