@@ -4,6 +4,7 @@ The check must never accept an inaccurate answer: not where Woodbury cancels (a
 tiny entry of `diag`), not under `vmap` (over right-hand sides or matrices),
 and not where its unscaled sums of squares would underflow or overflow."""
 
+import contextlib
 import functools as ft
 import re
 
@@ -346,15 +347,20 @@ def test_solve_rule_tridiagonal_and_banded():
 def test_solve_compiles_to_cholesky_without_the_lu_plumbing():
     """The compiled `jnp.linalg.solve` of a symmetric `LowRankPlusDiagonal`:
     `potrf` for the capacitance outside the fallback branch, `getrf` only
-    inside it, and no gather (the identity permutation of `lu`)."""
+    inside it (on the CPU backend not in the program at all: the fallback is a
+    program of its own, see `tests/test_host_fallback.py`), and no gather (the
+    identity permutation of `lu`)."""
     d = jnp.linspace(1.0, 2.0, 64)
     u = jnp.sin(jnp.arange(64.0 * 3).reshape(64, 3))
-    hlo = quax.testing.compiled_hlo(jnp.linalg.solve, qs.LowRankPlusDiagonal(d, u), d)
-    entry = hlo[hlo.index("\nENTRY") :]
-    entry = entry[: entry.index("\n}")]
-    assert "potrf" in entry
-    assert "getrf" not in entry and "getrf" in hlo
-    assert "gather" not in entry
+    args = (qs.LowRankPlusDiagonal(d, u), d)
+    for in_graph in (False, True):
+        with qs.in_graph_fallbacks() if in_graph else contextlib.nullcontext():
+            hlo = quax.testing.compiled_hlo(jnp.linalg.solve, *args)
+        entry = hlo[hlo.index("\nENTRY") :]
+        entry = entry[: entry.index("\n}")]
+        assert "potrf" in entry
+        assert "getrf" not in entry and ("getrf" in hlo) == in_graph
+        assert "gather" not in entry
 
 
 def test_vmap_decides_the_branch_once_for_the_batch():
