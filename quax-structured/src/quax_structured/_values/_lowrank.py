@@ -428,8 +428,10 @@ class LowRankPlusDiagonal(_UVt):
         the `r`-vector `z - Vᵀ x`, never saying yes where it is above the
         tolerance). Only where that is above
         `_TOLERANCE` (a tiny entry of `diag` against `U Vᵀ`, or a capacitance
-        that is not positive definite), a `lax.cond` branch runs the
-        semiseparable LU without pivoting and Woodbury with `K` partially
+        that is not positive definite), a `lax.cond` branch (on the CPU
+        backend a compiled program of its own, reached through a host
+        callback: `checked_or_fallback`) runs the semiseparable LU without
+        pivoting and Woodbury with `K` partially
         pivoted, and keeps, per system, the answer with the smaller backward
         error, NaN where neither is below `_TOLERANCE` (never a silently
         inaccurate answer): the LU fails at a tiny leading minor, so only both
@@ -469,7 +471,8 @@ class LowRankPlusDiagonal(_UVt):
         where Woodbury with that factorisation solves a probe system `A x = x₀`
         (`x₀ = cos(1.618 k)`, a constant of the compiled program) with a
         backward error below `_TOLERANCE`. Only otherwise, in a `lax.cond`
-        branch (decided once for a batch under `vmap`, as in `pivoted_solve`),
+        branch (decided once for a batch under `vmap`, and on the CPU backend
+        a program of its own, as in `pivoted_solve`),
         the pivots of the semiseparable LU (and `r` ones) or the lemma with `K`
         partially pivoted, whichever candidate's solve has the smaller backward
         error (finite numbers with a zero product, a singular matrix, count as
