@@ -5,10 +5,13 @@ other than the packed length read other elements (byte `i` holds element `i +
 ceil(n / 2)` in its high bits). They are refused now, naming the way out.
 References are literals."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import quax
 import quax_quant as qq
 
 
@@ -58,3 +61,38 @@ def test_unpacking_needs_the_packed_bytes():
         qq.unpack_int4(jnp.zeros((2,), jnp.int32), 4)
     with pytest.raises(ValueError, match=r"n >= 0"):
         qq.unpack_int4(jnp.zeros((2,), jnp.int8), -1)
+
+
+# `act_scale`, the calibrated activation scale, divides the activations in the
+# int8 x int8 product: 0 gave a product of zeros, a negative one flipped and
+# saturated the activations, silently (seen before the check). Refused now.
+W = jnp.linspace(-1.0, 1.0, 48).reshape(8, 6)
+X = jnp.linspace(-2.0, 1.5, 24).reshape(3, 8)
+
+
+@pytest.mark.parametrize("act", [0.0, -0.01, np.nan, np.inf])
+def test_act_scale_not_positive_and_finite_is_refused(act):
+    w = qq.quantise(W, bits=8, axis=1, matmul="int8")
+    with pytest.raises(ValueError, match=r"act_scale .* must be a positive finite"):
+        dataclasses.replace(w, act_scale=jnp.float32(act))
+
+
+def test_act_scale_positive_is_read_as_the_activation_scale():
+    w = qq.quantise(W, bits=8, axis=1, matmul="int8")
+    act = float(jnp.max(jnp.abs(X))) / 127
+    calibrated = dataclasses.replace(w, act_scale=jnp.float32(act))
+    got = quax.quaxify(lambda w, x: x @ w)(calibrated, X)
+    # NumPy: the activations as int8 at that scale, times the integers and scales.
+    xq = np.clip(np.round(np.asarray(X, np.float64) / act), -127, 127)
+    q = np.asarray(w.integers(), np.float64)
+    want = (xq @ q) * act * np.asarray(w.scale, np.float64)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    # Within the int8 rounding of the dense product.
+    np.testing.assert_allclose(got, X @ w.dequantise(), atol=0.05)
+
+
+def test_act_scale_traced_is_not_checked():
+    # Under `jit` the scale is a tracer: the check needs a concrete number.
+    w = qq.quantise(W, bits=8, axis=1, matmul="int8")
+    build = jax.jit(lambda a: dataclasses.replace(w, act_scale=a).act_scale)
+    np.testing.assert_array_equal(build(jnp.float32(0.5)), 0.5)

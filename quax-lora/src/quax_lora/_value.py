@@ -136,8 +136,10 @@ class LoraArray(quax.GuardedValue):
         - `scale`: `a` is initialised from `Normal(0, scale^2)`; `b` is zero.
             Finite and positive.
         - `alpha`: the update is multiplied by `alpha / rank` (peft's `lora_alpha`;
-            `alpha / sqrt(rank)` for `variant="rslora"`), finite and positive.
-            `None` (the default) multiplies it by one.
+            `alpha / sqrt(rank)` for `variant="rslora"`), finite and positive: a
+            Python number or a concrete scalar (stored as a Python float; it is
+            static, so not a traced one). `None` (the default) multiplies it by
+            one.
         - `allow_materialise`: what to do on an operation without a LoRA rule:
             raise a `MaterialisationError` (a `RuntimeError` whose message starts
             "Refusing to materialise") naming it (`False`, the default), or form
@@ -292,7 +294,9 @@ class LoraArray(quax.GuardedValue):
         )
         self.dropout_key = None
         self.index = None
-        self.alpha = alpha
+        # A Python float: a JAX scalar as this static field warned, and failed
+        # under `jax.jit` (its comparison is an array).
+        self.alpha = None if alpha is None else float(alpha)
         self.allow_materialise = bool(allow_materialise)
         self.stop_gradient = bool(stop_gradient)
         self.variant = variant

@@ -241,11 +241,22 @@ class NamedArray(quax.OperatorMethods, quax.BitwiseOperatorMethods, quax.Guarded
 
         **Returns:**
 
-        Its position. Raises a `ValueError` naming the axes if it is missing.
+        Its position. Raises a `ValueError` naming the axes if it is missing, and
+        if `axis` is an `Axis` with a size that this array's axis does not have
+        (every array must have an `Axis`'s size along it).
         """
         key = axis if isinstance(axis, str) else axis.key
         for i, a in enumerate(self.axes):
             if a.key == key:
+                if isinstance(axis, Axis) and axis.size is not None:
+                    size = _shape(self.array)[i]
+                    if size != axis.size:
+                        raise ValueError(
+                            f"{axis!r} has size {axis.size}, but this NamedArray "
+                            f"has size {size} along {a.label()!r} (axes "
+                            f"{labels(self.axes)}): give the axis's name, or its "
+                            "size."
+                        )
                 return i
         shown = axis if isinstance(axis, str) else axis.label()
         raise ValueError(
@@ -497,6 +508,20 @@ def broadcast_to(
             f"broadcast_to {labels(out)} would drop axes {labels(missing)}."
         )
     have = x.sizes
+    keys = [a.key for a in out]
+    for name, n in (sizes or {}).items():
+        key = name.key if isinstance(name, Axis) else name
+        if key not in keys:
+            raise ValueError(
+                f"broadcast_to got a size for {name!r}, which is not among the axes "
+                f"{labels(out)}: name it in `axes`, or leave it out of `sizes`."
+            )
+        if key in have and have[key] != n:
+            raise ValueError(
+                f"broadcast_to got size {n} for {name!r}, which `x` has with size "
+                f"{have[key]} (axes {labels(x.axes)}): `sizes` gives the sizes of "
+                "new axes; an axis of `x` keeps its size."
+            )
     shape = []
     for a in out:
         n = have.get(a.key, a.size if a.size is not None else (sizes or {}).get(a.key))

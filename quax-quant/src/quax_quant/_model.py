@@ -331,16 +331,18 @@ def calibrate(
             "activations (format 'int' or float8 with matmul other than "
             "'weight_only'); NF4 and weight-only arrays need no activation scale."
         )
+    # Each target is marked by its number plus one as `act_scale` (positive, as
+    # the constructor requires), which the products report back to `record`.
     marked = list(leaves)
     for k, i in enumerate(targets):
-        marked[i] = dataclasses.replace(leaves[i], act_scale=jnp.float32(-(k + 1)))
+        marked[i] = dataclasses.replace(leaves[i], act_scale=jnp.float32(k + 1))
     seen: dict[int, float] = {}
 
     def record(marker: Any, absmax: Any) -> None:
         markers = np.ravel(np.asarray(marker))
         highs = np.ravel(np.broadcast_to(np.asarray(absmax), np.shape(marker)))
         for m, h in zip(markers, highs, strict=True):
-            k = int(-m) - 1
+            k = int(m) - 1
             seen[k] = max(seen.get(k, 0.0), float(h))
 
     @eqx.filter_jit

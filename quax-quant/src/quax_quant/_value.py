@@ -268,7 +268,8 @@ class QuantisedArray(quax.GuardedValue):
     - `format`: `"int"`, `"nf4"`, `"float8_e4m3fn"` or `"float8_e5m2"` (static).
     - `act_scale`: `None`, or a float32 scalar: the static scale of the
         activations that the `"int8"` / `"float8"` product quantises, fixed by
-        [`quax_quant.calibrate`][] (otherwise one absmax scale per row, per call).
+        [`quax_quant.calibrate`][] (otherwise one absmax scale per row, per call);
+        positive and finite (checked where concrete).
     - `input_order`: `None`, or an integer permutation of the last axis (the
         input features of an `eqx.nn.Linear` weight `(out, in)`): the stored
         integers and blocks hold that axis in this order, column `j` of them
@@ -351,6 +352,20 @@ class QuantisedArray(quax.GuardedValue):
                 f"be a float32 scalar, got shape {np.shape(self.act_scale)} and "
                 f"dtype {dtype_of(self.act_scale)}."
             )
+        if self.act_scale is not None and not isinstance(
+            self.act_scale, jax.core.Tracer
+        ):
+            act = float(np.asarray(self.act_scale))
+            if not (np.isfinite(act) and act > 0):
+                # The product divides the activations by it: 0 made every product
+                # 0, a negative one flipped and saturated the activations.
+                raise ValueError(
+                    "QuantisedArray's act_scale (the calibrated activation scale) "
+                    f"must be a positive finite number, got {act}: the int8 / "
+                    "float8 product divides the activations by it. Set it with "
+                    "`quax_quant.calibrate`, or leave it None (one absmax scale "
+                    "per row, per call)."
+                )
         if self.input_order is not None:
             self._check_order(shape)
         if self.master is not None and tuple(np.shape(self.master)) != shape:

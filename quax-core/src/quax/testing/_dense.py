@@ -145,6 +145,51 @@ class _Checker:
                 "type an `enable_materialise()`, or pass `densify=`."
             ) from e
 
+    def densify_batch(
+        self, check: str, out: Any, element: Any, size: int
+    ) -> list[Any] | None:
+        """The batch elements of `out`, the output of `quaxify(vmap)`, densified one
+        by one, where one of its values is not a batch in quax's sense: a value
+        built inside the mapped function comes back as `jax.vmap` returns a pytree,
+        its leaves stacked, whatever its type makes of stacked leaves (a type with
+        no batch axes refuses them; one with its shape as static metadata ignores
+        them). Such a value is taken apart into its `size` elements (element `i`
+        of every array leaf) and each is densified; the other leaves are densified
+        whole and indexed. `None` where every value of `out` is a batch of the
+        matching leaf of `element`, the unbatched output (its aval `(size,
+        *shape)`): `out` is then densified whole, as before."""
+        leaves, treedef = jtu.tree_flatten(out, is_leaf=is_value)
+        elements = jtu.tree_leaves(element, is_leaf=is_value)
+        if len(elements) != len(leaves):
+            return None  # the comparison reports the structures
+        stacked = [
+            is_value(v) and not _is_batch_of(v, e, size)
+            for v, e in zip(leaves, elements, strict=True)
+        ]
+        if not any(stacked):
+            return None
+
+        def split(leaves: list[Any]) -> list[Any]:
+            per_leaf = []
+            for leaf, apart in zip(leaves, stacked, strict=True):
+                if apart:
+                    dense = [self.densify(_unstacked(leaf, i)) for i in range(size)]
+                else:
+                    whole = self.densify(leaf)
+                    dense = [_unstacked(whole, i) for i in range(size)]
+                per_leaf.append(dense)
+            return [treedef.unflatten([d[i] for d in per_leaf]) for i in range(size)]
+
+        try:
+            return self.run(split, leaves)
+        except Exception as e:
+            raise AssertionError(
+                f"[{check}] the batch elements of the quaxified output (types "
+                f"{_names(leaves)}) could not be densified for the comparison: "
+                f"{type(e).__name__}: {e}. Give the type an `enable_materialise()`, "
+                "or pass `densify=`."
+            ) from e
+
     def check_types(self, check: str, out: Any) -> list[type]:
         leaves = jtu.tree_leaves(out, is_leaf=is_value)
         types = [type(x) for x in leaves]
@@ -221,6 +266,16 @@ def _stack(copies: list[tuple[Any, ...]]) -> tuple[Any, ...]:
 
 def _unstacked(tree: Any, i: int) -> Any:
     return jtu.tree_map(lambda x: x[i] if eqx.is_array(x) else x, tree)
+
+
+def _is_batch_of(value: Any, element: Any, size: int) -> bool:
+    """Whether `value` says it is a batch of `size` of `element` (a value or an
+    array): its aval is `(size, *shape)` for `element`'s shape."""
+    try:
+        shape = element.aval().shape if is_value(element) else jnp.shape(element)
+        return tuple(value.aval().shape) == (size, *shape)
+    except Exception:
+        return False  # e.g. a type with no batch axes refuses stacked leaves
 
 
 def _stacking_problem(
@@ -305,12 +360,17 @@ def assert_matches_dense(
         indices, are kept), stacked leaf-wise. `jax.vmap(quax.quaxify(fn))` over
         it (`"vmap(quaxify)"`) and `quax.quaxify(jax.vmap(fn))` (`"quaxify(vmap)"`)
         are compared with `fn` on each densified copy, under `jax.jit` as they
-        run. The second needs values whose
-        stacked leaves form a valid batched value (aval `(batch_size, *shape)`); for
-        a type whose shape is static metadata it is skipped, with the reason in the
-        returned report. Non-array leaves (e.g. a leafless `Zero`) are not batched;
-        where the output holds a value without array leaves, `vmap(quaxify)` is
-        skipped (`jax.vmap` cannot batch it, and quax refuses).
+        run. The second needs argument values whose stacked leaves form a valid
+        batched value (aval `(batch_size, *shape)`); for a type whose shape is
+        static metadata it is skipped, with the reason in the returned report. Its
+        output values that are batches (aval `(batch_size, *shape)`) are densified
+        whole; any other output value (one built inside `fn`, whose leaves
+        `jax.vmap` stacked, as of a type with no batch axes) is taken apart into
+        its batch elements, each densified and compared on its own, as
+        `vmap(quaxify)` compares its output. Non-array leaves (e.g. a leafless
+        `Zero`) are not batched; where the output holds a value without array
+        leaves, `vmap(quaxify)` is skipped (`jax.vmap` cannot batch it, and quax
+        refuses).
     - `grad`: with respect to every floating-point array leaf of `args` (values'
         leaves included): the vector-Jacobian product of the quaxified call, with a
         fixed random cotangent on the densified output, against the gradient of
@@ -462,14 +522,14 @@ def _check_vmap(
             "which jax.vmap cannot batch (quaxify(vmap) sees the batched shapes)"
         )
     else:
-        out = checker.run_quax(
+        mapped = checker.run_quax(
             check, lambda: jax.jit(jax.vmap(quaxify(call)))(*stacked)
         )
-        checker.check_types(check, out)
+        checker.check_types(check, mapped)
         for i, w in enumerate(wants):
             checker.compare(
                 check,
-                checker.densify_output(check, out, index=i),
+                checker.densify_output(check, mapped, index=i),
                 w,
                 f"batch element {i}",
             )
@@ -486,12 +546,17 @@ def _check_vmap(
     value_axes = jtu.tree_map(
         lambda x: 0 if jtu.tree_leaves(x) else None, dynamic, is_leaf=is_value
     )
-    out = checker.run_quax(
+    batched = checker.run_quax(
         check,
         lambda: jax.jit(quaxify(jax.vmap(call, in_axes=value_axes)))(*stacked),
     )
-    checker.check_types(check, out)
-    checker.compare(check, checker.densify_output(check, out), want)
+    checker.check_types(check, batched)
+    elements = checker.densify_batch(check, batched, out, size)
+    if elements is None:
+        checker.compare(check, checker.densify_output(check, batched), want)
+    else:
+        for i, (got, w) in enumerate(zip(elements, wants, strict=True)):
+            checker.compare(check, got, w, f"batch element {i}")
     report.checks[check] = "passed"
 
 
