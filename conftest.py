@@ -15,7 +15,10 @@ applied outside a trace (one per primitive and parameters), so every `jnp` call 
 test's references was compiled anew. `quax.testing.cache_eager_primitive_programs` puts
 that cache back as JAX keeps it without the check (keyed by the trace context too): its
 programs hold concrete parameters, no tracers, so the leak check reports the same
-tracers."""
+tracers.
+
+Tests marked `long_running` are collected first, to balance the two workers' ends
+(`pytest_collection_modifyitems` below)."""
 
 import gc
 
@@ -30,6 +33,26 @@ quax.set_debug_checks(True)
 
 
 quax.testing.cache_eager_primitive_programs()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "long_running: the test takes ten seconds or more in CI, so it runs before "
+        "the others (conftest.py)",
+    )
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The tests marked `long_running` run first (each group keeps its order).
+
+    With two xdist workers (`--dist worksteal`), a long test that starts last keeps
+    one core busy while the other has nothing left to take: the run lasts as long
+    as that test's end. Started first, the long tests are done while the short ones
+    still fill both cores, and the run ends with short tests on both."""
+    items.sort(key=lambda item: item.get_closest_marker("long_running") is None)
+
 
 _FULL_COLLECTION_EVERY = 100
 _tests_run = 0

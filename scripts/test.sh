@@ -19,6 +19,13 @@ export XLA_FLAGS="$plain_xla_flags --xla_backend_optimization_level=0"
 # script reads back everything.
 export JAX_COMPILATION_CACHE_DIR="$PWD/build/jax-cache"
 export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0 JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES=0
+# Python's compiled modules (`.pyc`) are kept too, under build/ (not beside the
+# sources, nor in the venvs): where PYTHONDONTWRITEBYTECODE is set, every process
+# (each pytest run's controller and two workers, in every venv) compiled JAX, NumPy,
+# SciPy, hypothesis and the test modules again from source (seconds of CPU each).
+# Only the run's speed changes: Python checks each `.pyc` against its source.
+unset PYTHONDONTWRITEBYTECODE
+export PYTHONPYCACHEPREFIX="$PWD/build/pycache"
 
 # Property tests (hypothesis) draw from one fixed seed, so that a run's result is the
 # code's and not the draw's: CI on a clean clone passes or fails reproducibly. Set

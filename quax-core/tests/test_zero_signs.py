@@ -289,6 +289,7 @@ _SIGNS = st.booleans()
 _COMPLEX_SIGNS = st.tuples(st.booleans(), st.booleans())
 
 
+@pytest.mark.long_running
 @settings(max_examples=4, deadline=None)
 @given(
     dtype=st.sampled_from([jnp.float32, jnp.float64, jnp.complex64]),

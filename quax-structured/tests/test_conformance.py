@@ -84,6 +84,7 @@ def _reference(fn, make):
     return lambda *xs: fn(*(make(x).enable_materialise().dense() for x in xs))
 
 
+@pytest.mark.long_running
 @settings(max_examples=EXAMPLES, deadline=None)
 @given(
     kind=st.sampled_from(sorted(MAKERS)),
@@ -150,6 +151,7 @@ SOLVES = {
 }
 
 
+@pytest.mark.long_running
 @settings(max_examples=EXAMPLES, deadline=None)
 @given(
     kind=st.sampled_from(sorted(DOMINANT)),
@@ -163,6 +165,7 @@ def test_factorisations_match_dense(kind, name, data):
     quax.testing.assert_matches_dense(SOLVES[name], m, rtol=1e-3, atol=1e-3)
 
 
+@pytest.mark.long_running
 @pytest.mark.parametrize("kind", sorted(MAKERS))
 def test_thread_safe(kind):
     """Threads calling one function on one structure, eagerly and jitted, all

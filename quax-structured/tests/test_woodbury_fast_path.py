@@ -270,6 +270,7 @@ def test_capacitance_solve_on_ill_conditioned_k(dtype, symmetric):
             assert error <= 50 * cond * eps, error
 
 
+@pytest.mark.long_running
 @pytest.mark.parametrize("symmetric", [True, False])
 def test_solve_rule_gradients_and_vmap(symmetric):
     """`jnp.linalg.solve` of a `LowRankPlusDiagonal` runs `pivoted_solve` (the
@@ -289,6 +290,9 @@ def test_solve_rule_gradients_and_vmap(symmetric):
         def ours(d, u, b):
             return solve(qs.LowRankPlusDiagonal(d, u, v), b)
 
+        # The dense reference under `jax.jit`: one program for each way it is
+        # called (each of its operations compiles on its own when run eagerly).
+        @jax.jit
         def dense(d, u, b):
             return _dense_solve(d, u, v, b)
 
