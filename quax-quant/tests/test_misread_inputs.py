@@ -96,3 +96,17 @@ def test_act_scale_traced_is_not_checked():
     w = qq.quantise(W, bits=8, axis=1, matmul="int8")
     build = jax.jit(lambda a: dataclasses.replace(w, act_scale=a).act_scale)
     np.testing.assert_array_equal(build(jnp.float32(0.5)), 0.5)
+
+
+@pytest.mark.parametrize("matmul", ["weight_only", "int8"])
+def test_infinite_scale_block_gives_nan_where_dense_does(matmul):
+    # A scale of inf (one that overflowed, in one channel): the dense
+    # weight is +-inf there and NaN where the integer is 0, so the dense product's
+    # column is NaN. The int8 path gave +-inf there (seen before the fix).
+    w = qq.quantise(W, bits=8, axis=1, matmul=matmul)
+    w = dataclasses.replace(w, scale=w.scale.at[0, 0].set(jnp.inf))
+    dense = X @ w.dequantise()
+    got = np.asarray(quax.quaxify(lambda w, x: x @ w)(w, X))
+    assert np.isnan(dense[:, 0]).all()
+    assert np.isnan(got[:, 0]).all()
+    np.testing.assert_allclose(got[:, 1:], dense[:, 1:], rtol=0.05, atol=0.05)

@@ -334,7 +334,13 @@ def _canonical_product(
     # The int8 x int8 path (float8 x float8 for the float8 formats).
     q = w.codes()
     w_keep = [a for a in range(q.ndim) if a not in w_contract]
-    scale = expand_axes(w, w.scale.astype(acc), w_keep)
+    # An infinite scale block: the dense weight there is an infinity, or NaN
+    # where its integer is 0 (`0 * inf`), so the dense product is NaN wherever a
+    # column meets such a 0; the integer sum times the infinite scale cannot tell
+    # (it gave an infinity where dense JAX has NaN). NaN for the whole block, as
+    # for a row of activations holding a non-finite entry: never a finite number.
+    raw = w.scale.astype(acc)
+    scale = expand_axes(w, jnp.where(jnp.isinf(raw), jnp.nan, raw), w_keep)
     scaled = [i for i in w_contract if w.scale.shape[i] > 1]
     x_op, x_scale = quantise_rows(x, x_contract, w.format, w.act_scale)
     int_format = w.format == "int"
