@@ -90,6 +90,8 @@ _DIFFERENTIATIONS = {
     "jit grad": lambda f: jax.jit(jax.grad(f)),
     "scan grad": _scan_grad,
     "filter_grad": eqx.filter_grad,
+    # A plain tangent of a quantity, which the rule's `jvp` cannot take.
+    "jvp of a plain tangent": lambda f: lambda a: jax.jvp(f, (a,), (jnp.float32(1),)),
 }
 
 

@@ -62,6 +62,8 @@ _TRANSFORMS: dict[str, Callable[[Any], Any]] = {
     "grad jit": jax.grad(jax.jit(_loss)),
     "scan grad": _scan_grad,
     "filter_grad": eqx.filter_grad(_loss),
+    # A plain tangent of a value: the rule's `jvp` cannot take it.
+    "jvp of a plain tangent": lambda a: jax.jvp(tenfold, (a,), (jnp.ones(3),)),
 }
 
 

@@ -458,6 +458,10 @@ def _jit(*args: ValueLike, jaxpr: Any, **params: Any) -> list[Any]:
             out = None if jvp is None else _rule_jvp(args, params, *jvp)
             if out is not None:
                 return out
+            if jvp is not None:  # a tangent the rule's `jvp` cannot take
+                _refuse_a_body_that_stands_in_for_no_rule(
+                    _registered[source], args, params
+                )
         if found is None and not _as_traced(jaxpr):
             _refuse_a_body_that_stands_in_for_no_rule(_registered[source], args, params)
             return _noted_body(_TRANSFORMED, *args, jaxpr=jaxpr, **params)
