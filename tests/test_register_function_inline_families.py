@@ -11,12 +11,16 @@ deg, `deg2rad` of 180 deg is pi rad, `angle(1 + 1j, deg=True)` is 45 deg."""
 import math
 import sys
 from pathlib import Path
+from typing import Any
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 import quax
+import quax_units
+from jax import lax
 from quax_units import Quantity, ustrip
 
 
@@ -63,20 +67,78 @@ def test_jvp_inside_quaxify(name: str) -> None:
         np.testing.assert_allclose(ustrip(shown, out), expected, rtol=1e-6)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known bug: under `grad` inside `quaxify` quax meets the derivative of "
-    "the body (a multiplication by 180 / pi), not the function (see quax-units' "
-    "README, Limits)",
-)
-def test_grad_inside_quaxify() -> None:
-    # The derivative of the same angle shown in degrees: 180 / pi deg/rad (that is,
-    # 1), as `quax_units.grad` outside `quaxify` gives.
+def _scan_grad(f: Any) -> Any:
+    def grad_in_a_scan(a: Any) -> Any:
+        def body(carry: Any, _: Any) -> tuple[Any, Any]:
+            return carry, jax.grad(f)(a)
+
+        return lax.scan(body, 0.0, None, length=1)[1][0]
+
+    return grad_in_a_scan
+
+
+# The transformations inside `quaxify` that change a body before quax meets it.
+_DIFFERENTIATIONS = {
+    "grad": jax.grad,
+    "value_and_grad": jax.value_and_grad,
+    "vjp": lambda f: lambda a: jax.vjp(f, a)[1](jnp.float32(1.0)),
+    "linearize": lambda f: lambda a: jax.linearize(f, a)[1](jnp.float32(1.0)),
+    "jacfwd": jax.jacfwd,
+    "jacrev": jax.jacrev,
+    "hessian": jax.hessian,
+    "checkpoint grad": lambda f: jax.grad(jax.checkpoint(f)),
+    "jit grad": lambda f: jax.jit(jax.grad(f)),
+    "scan grad": _scan_grad,
+    "filter_grad": eqx.filter_grad,
+    # A plain tangent of a quantity, which the rule's `jvp` cannot take.
+    "jvp of a plain tangent": lambda f: lambda a: jax.jvp(f, (a,), (jnp.float32(1),)),
+}
+
+
+@pytest.mark.parametrize("how", list(_DIFFERENTIATIONS))
+@pytest.mark.parametrize("name", ["rad2deg", "deg2rad", "degrees", "radians"])
+def test_grad_inside_quaxify_raises(name: str, how: str) -> None:
+    # Under `grad` inside `quaxify` quax meets the parts of the body's derivative (a
+    # multiplication by 180 / pi), not the function: `jax.grad(jnp.rad2deg)` of an
+    # angle in rad gave 57.3 where the derivative is 1 (57.3 deg/rad), and the
+    # value of `value_and_grad` 17.19 rad where it is 0.3 rad (17.19 deg). quax-units
+    # registers these rules with `body_stands_in=False`: quax raises, at trace time.
+    f, (value, unit), _, _ = _FUNCTIONS[name]
+    q = Quantity(jnp.float32(value), unit)
+    with pytest.raises(NotImplementedError) as info:
+        quax.quaxify(_DIFFERENTIATIONS[how](f))(q)
+    message = str(info.value)
+    assert "of Quantity inside a transformation inside `quax.quaxify`" in message
+    assert "quax_units.grad(quax.quaxify(f))" in message
+
+
+def test_grad_outside_quaxify() -> None:
+    # The way out the error gives: the derivative of the same angle shown in
+    # degrees, 180 / pi deg/rad (that is, 1).
     q = Quantity(jnp.float32(0.3), "rad")
-    outside = __import__("quax_units").grad(quax.quaxify(jnp.rad2deg))(q)
+    outside = quax_units.grad(quax.quaxify(jnp.rad2deg))(q)
     np.testing.assert_allclose(ustrip("deg / rad", outside), 180 / math.pi, rtol=1e-6)
-    inside = quax.quaxify(jax.grad(jnp.rad2deg))(q)
-    np.testing.assert_allclose(ustrip("deg / rad", inside), 180 / math.pi, rtol=1e-6)
+
+
+@pytest.mark.parametrize("how", ["grad", "jacrev", "jit grad"])
+@pytest.mark.parametrize(
+    "f, value, unit",
+    [(jnp.sinc, 0.3, ""), (jnp.round, 293.6, "K")],
+    ids=["sinc", "round"],
+)
+def test_rules_whose_bodies_stand_in_still_differentiate(
+    f: Any, value: float, unit: str, how: str
+) -> None:
+    # Their bodies compute what their rules do: the body's derivative runs, as
+    # `quax_units.grad` outside `quaxify` gives it (sinc's -0.902, round's 0).
+    q = Quantity(jnp.float32(value), unit)
+    inside = quax.quaxify(_DIFFERENTIATIONS[how](f))(q)
+    outside = quax_units.grad(quax.quaxify(f))(q)
+    np.testing.assert_allclose(
+        jnp.asarray(getattr(inside, "array", inside)),
+        jnp.asarray(getattr(outside, "array", outside)),
+        rtol=1e-6,
+    )
 
 
 def test_vmap_inside_of_a_weakly_typed_angle() -> None:

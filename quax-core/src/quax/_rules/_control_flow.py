@@ -59,11 +59,11 @@ from .._compat import (
     typeof,
     while_p,
 )
-from .._dispatch._registry import register, registered_rule
+from .._dispatch._registry import register, registered_rule, resolve
 from .._foundation import _caches
 from .._foundation._caches import Table
 from .._transform import _trace
-from .._values._value import Value, ValueLike, is_value
+from .._values._value import Value, ValueLike, describe_types, is_value
 from . import _loops as _loops  # `_loops`: the loops' rules
 from ._bodies import decision, quaxified_jaxpr
 from ._joins import (
@@ -99,8 +99,9 @@ class _Registered:
     """A function rules are registered for: its code, its `jit`, its synthetic
     primitive (the rules' key in the registry), the names of its parameters that
     take positional arguments (those before any `*args`, and the name of `*args`
-    or `None`), and the values of its static arguments that some rule for it
-    takes (`static` of `register_function`), by name."""
+    or `None`), the values of its static arguments that some rule for it
+    takes (`static` of `register_function`), by name, and the rules whose
+    function's body does not stand in for them (`body_stands_in=False`)."""
 
     def __init__(self, function: Callable[..., Any], name: str) -> None:
         self.code = inspect.unwrap(function).__code__
@@ -117,6 +118,8 @@ class _Registered:
         self.primitive = Primitive(f"{name} (jitted function)")
         self.parameters = _positional_parameters(function)
         self.static: dict[str, list[Any]] = {}
+        # The rules registered with `body_stands_in=False`.
+        self.not_stand_ins: set[Callable[..., Any]] = set()
 
 
 def register_function(
@@ -124,6 +127,7 @@ def register_function(
     *,
     precedence: int = 0,
     static: Mapping[str, Iterable[Any]] | None = None,
+    body_stands_in: bool = True,
 ) -> Callable[[_F], _F]:
     """Register a rule for a jitted library function (`jnp.hypot`), used in place
     of the function's body where quax meets its `jit` with arguments whose types
@@ -167,7 +171,13 @@ def register_function(
     see the function's own arguments. Under `jvp` inside `quaxify` quax meets the
     `jvp` of the body, recognises it, and computes the `jvp` of the rule (with
     the function's static arguments at their defaults, and tangents of their
-    primals' types; otherwise the body's `jvp` runs). A function that JAX inlines
+    primals' types; otherwise the body's `jvp` runs). The body that runs in those
+    places must compute what the rule does (slower, perhaps: a structured matrix
+    materialised), or the result is wrong; a rule that computes what the body
+    cannot (quax-units' `jnp.rad2deg` shows an angle in degrees, where the body
+    multiplies the angle's number by 180 / pi) is registered with
+    `body_stands_in=False`, and quax then raises there, at trace time, rather
+    than run the body. A function that JAX inlines
     into its callers (`jax.jit(inline=True)`, as `jnp.rad2deg` is) is kept as a
     call (a `jit` equation) from its first registration on, wherever it is called:
     by quax, and by JAX's own staging, which inlines it otherwise. So its rules run
@@ -192,6 +202,13 @@ def register_function(
         those values; quax finds the value by tracing the function with each of
         them until it gives the body it meets. With a static argument at any other
         value, the body runs.
+    - `body_stands_in`: whether the function's body, run under the rules on the
+        rule's argument types, computes what the rule does, so that it may run in
+        the rule's place where a transformation inside `quaxify` (`grad`,
+        `linearize`, `vjp`, `jacfwd`, `jacrev`, `hessian`, a `vmap` quax does not
+        recognise, `jvp` with a plain tangent) changed it. `False` makes those
+        places raise a `NotImplementedError` at trace time that names the
+        function and the way out (the transformation outside `quaxify`).
 
     **Returns:**
 
@@ -251,6 +268,8 @@ def register_function(
         for argument, values in static.items():
             known = registered.static.setdefault(argument, [])
             known += [v for v in values if not any(_same(v, k) for k in known)]
+        if not body_stands_in:
+            registered.not_stand_ins.add(rule)
         return registering(rule)
 
     return _register
@@ -439,7 +458,12 @@ def _jit(*args: ValueLike, jaxpr: Any, **params: Any) -> list[Any]:
             out = None if jvp is None else _rule_jvp(args, params, *jvp)
             if out is not None:
                 return out
+            if jvp is not None:  # a tangent the rule's `jvp` cannot take
+                _refuse_a_body_that_stands_in_for_no_rule(
+                    _registered[source], args, params
+                )
         if found is None and not _as_traced(jaxpr):
+            _refuse_a_body_that_stands_in_for_no_rule(_registered[source], args, params)
             return _noted_body(_TRANSFORMED, *args, jaxpr=jaxpr, **params)
         if candidates and found is None:
             return _noted_body(_OTHER_BODY, *args, jaxpr=jaxpr, **params)
@@ -543,6 +567,25 @@ def _rule_jvp(
     ):
         return None
     m = len(body.out_avals)
+    out, tangents_out = jax.jvp(_rule_on(rule, body, params), primals, tangents)
+    leaves = jtu.tree_leaves(out, is_leaf=is_value)
+    tangent_leaves = jtu.tree_leaves(tangents_out, is_leaf=is_value)
+    if len(leaves) != m or len(tangent_leaves) != m:
+        raise TypeError(
+            f"the rule registered for `{params['name']}` returned {len(leaves)} "
+            f"arrays; the function returns {m}."
+        )
+    pairs = zip(tangent_leaves, out_nonzeros, strict=True)
+    return leaves + [t for t, nonzero in pairs if nonzero]
+
+
+def _rule_on(rule: Any, body: Any, params: dict[str, Any]) -> Callable[..., Any]:
+    """The function that `rule` (registered for a function whose body on the
+    arguments' types is the closed jaxpr `body`) computes on that function's
+    arguments, where `params` are those of a `jit` equation whose leading arguments
+    and outputs are the function's (its `jvp`, say): the rule's `call` runs `body`
+    with `params` cut to the function's arguments and outputs."""
+    n, m = len(body.in_avals), len(body.out_avals)
     body_params = {
         **params,
         "in_shardings": params["in_shardings"][:n],
@@ -558,16 +601,53 @@ def _rule_jvp(
     def function(*p: Any) -> Any:
         return rule(p, {"call": call})
 
-    out, tangents_out = jax.jvp(function, primals, tangents)
-    leaves = jtu.tree_leaves(out, is_leaf=is_value)
-    tangent_leaves = jtu.tree_leaves(tangents_out, is_leaf=is_value)
-    if len(leaves) != m or len(tangent_leaves) != m:
-        raise TypeError(
-            f"the rule registered for `{params['name']}` returned {len(leaves)} "
-            f"arrays; the function returns {m}."
-        )
-    pairs = zip(tangent_leaves, out_nonzeros, strict=True)
-    return leaves + [t for t, nonzero in pairs if nonzero]
+    return function
+
+
+def _refuse_a_body_that_stands_in_for_no_rule(
+    candidates: list[_Registered], args: Sequence[Any], params: dict[str, Any]
+) -> None:
+    """Raise where a transformation inside `quaxify` (`grad`, `linearize`, `vjp`,
+    `jacfwd`, ... split or extended it: see `_as_traced`) changed the body of a
+    registered function that its arguments `args` would reach, and the rule that
+    their leading values match was registered with `body_stands_in=False`: the
+    body, run under the rules, does not compute what that rule does (quax-units'
+    `jnp.rad2deg` shows an angle in degrees; its body multiplies the angle's number
+    by 180 / pi), so neither does its derivative, and the result would be wrong.
+    JAX changes the body before quax meets it, so quax cannot run the rule's
+    derivative in its place (`jvp` alone it recognises: see `_identify_jvp`)."""
+    for registered in reversed(candidates):
+        if not registered.not_stand_ins:
+            continue
+        positional, rest = registered.parameters
+        most = len(args) if rest is not None else min(len(args), len(positional))
+        for n in range(1, most + 1):
+            leading = args[:n]
+            if not any(is_value(a) for a in leading):
+                continue
+            resolution = resolve(registered.primitive, leading)
+            if resolution.kind != "rule":
+                continue
+            if resolution.function not in registered.not_stand_ins:
+                continue
+            name = params["name"]
+            raise NotImplementedError(
+                f"`{name}` of {describe_types(leading)} inside a transformation "
+                f"inside `quax.quaxify`: `jax.grad`, `value_and_grad`, `vjp`, "
+                f"`linearize`, `jacfwd`, `jacrev`, `hessian`, `eqx.filter_grad` "
+                f"(or a `vmap` that quax does not recognise as the function's own "
+                f"program, or `jvp` with a plain tangent of a value) changed the "
+                f"body of `{name}` before quax met it, so the rule registered for "
+                f"it with `quax.register_function` cannot run there; and that rule "
+                f"was registered with `body_stands_in=False`: the body, run under "
+                f"the rules instead, does not compute what the rule does, so "
+                f"neither does its derivative, and the result would be wrong. "
+                f"Apply the transformation outside `quaxify`, to the quaxified "
+                f"function (a family's own derivative, such as quax-units' "
+                f"`quax_units.grad(quax.quaxify(f))`, or `jax.vmap(quax.quaxify("
+                f"f))`), or compute `{name}` another way inside it (quax-units: "
+                f'`q.to("deg")` rather than `jnp.rad2deg(q)`).'
+            )
 
 
 def _zero_tangent(leaf: Any) -> Any:

@@ -121,17 +121,20 @@ def _angle_shown_in(function: str, x: Quantity, shown: Unit) -> Quantity:
     )
 
 
-@quax.register_function(jnp.rad2deg)
+# The bodies of the angle conversions multiply the angle's number by 180 / pi, where
+# the rules show the same angle in another unit: under `grad` inside `quaxify` (which
+# changes the body before quax meets it) quax raises rather than run the body.
+@quax.register_function(jnp.rad2deg, body_stands_in=False)
 def _rad2deg(x: Quantity, *, call: Any) -> Quantity:
     return _angle_shown_in("jnp.rad2deg", x, _DEGREE)
 
 
-@quax.register_function(jnp.deg2rad)
+@quax.register_function(jnp.deg2rad, body_stands_in=False)
 def _deg2rad(x: Quantity, *, call: Any) -> Quantity:
     return _angle_shown_in("jnp.deg2rad", x, _RADIAN)
 
 
-@quax.register_function(jnp.angle, static={"deg": (True,)})
+@quax.register_function(jnp.angle, static={"deg": (True,)}, body_stands_in=False)
 def _angle(z: Quantity, *, deg: bool = False, call: Any) -> Quantity:
     # The phase of `z` does not depend on its (positive) unit: that of its numbers.
     return _wrap(jnp.angle(z.array), dimensionless, _DEGREE if deg else _RADIAN)
