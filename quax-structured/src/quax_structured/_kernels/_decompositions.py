@@ -8,6 +8,7 @@ descending order and eigenvalues in ascending order, as `jnp.linalg.svd` and
 import functools as ft
 from collections.abc import Sequence
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array
@@ -217,12 +218,20 @@ def lowrank_qr(u: Array, v: Array) -> tuple[Array, Array]:
     return q, r
 
 
+@jax.custom_jvp
 def lowrank_eigh(u: Array, v: Array) -> tuple[Array, Array]:
     """The eigenvalues (ascending) and orthonormal eigenvectors of the Hermitian
     part of `U Vᵀ`, `(U Vᵀ + conj(V) Uᴴ) / 2 = W M Wᴴ` for `W = [U, conj(V)]` and
     `M = [[0, I], [I, 0]] / 2`: with `W = Q R` (complete QR), the small `R M Rᴴ =
     Z Λ Zᴴ` gives `Λ` with eigenvectors `Q Z`, and the complement of `Q`'s first
-    columns has eigenvalue 0. O(n² r) (the `(n, n)` output)."""
+    columns has eigenvalue 0. O(n² r) (the `(n, n)` output).
+
+    Derivatives (`_lowrank_eigh_jvp`) are those of `jnp.linalg.eigh` of the
+    Hermitian part, formed through the factors: differentiating through the QR
+    gave NaN wherever `W` has dependent columns, as it always has for the
+    Hermitian part JAX's `eigh` forms first (`(A + Aᴴ) / 2` of a `LowRank` is a
+    `LowRank` whose factors repeat `U` and `V`), for about half of random
+    6 x 2 factors."""
     n, r = u.shape
     w = jnp.concatenate([u, jnp.conj(v)], axis=1)
     q, rw, m = _complete_qr(w)
@@ -234,3 +243,25 @@ def lowrank_eigh(u: Array, v: Array) -> tuple[Array, Array]:
     values = jnp.concatenate([lam, jnp.zeros(n - m, lam.dtype)])
     vectors = jnp.concatenate([q[:, :m] @ z, q[:, m:]], axis=1)
     return sorted_columns(values, vectors, descending=False)
+
+
+@lowrank_eigh.defjvp
+def _lowrank_eigh_jvp(
+    primals: tuple[Array, Array], tangents: tuple[Array, Array]
+) -> tuple[tuple[Array, Array], tuple[Array, Array]]:
+    """JAX's `eigh` derivative (`dλ = diag(Qᴴ dH Q)`, `dQ = Q (F ∘ Qᴴ dH Q)` with
+    `Fᵢⱼ = 1 / (λⱼ - λᵢ)` off the diagonal) for `H` the Hermitian part of `U Vᵀ`,
+    with `Qᴴ dH Q` formed through the factors in O(n² r): `Qᴴ dA Q = (Qᴴ dU)(Vᵀ Q)
+    + (Qᴴ U)(dVᵀ Q)`, `dA = dU Vᵀ + U dVᵀ`, and its Hermitian part. No `(n, n)`
+    tangent of `H` is formed."""
+    u, v = primals
+    du, dv = tangents
+    values, vectors = lowrank_eigh(u, v)
+    qh = jnp.conj(vectors).T
+    da = (qh @ du) @ (v.T @ vectors) + (qh @ u) @ (dv.T @ vectors)
+    projected = (da + jnp.conj(da).T) / 2
+    eye = jnp.eye(values.shape[-1], dtype=values.dtype)
+    gaps = jnp.reciprocal(eye + values[None, :] - values[:, None]) - eye
+    d_values = jnp.real(jnp.diagonal(projected)).astype(values.dtype)
+    d_vectors = vectors @ (gaps.astype(projected.dtype) * projected)
+    return (values, vectors), (d_values, d_vectors)
