@@ -1,0 +1,86 @@
+"""A value type's checks, re-run where a value comes into quax from outside.
+
+Equinox runs a module's `__check_init__` methods after its `__init__`, but JAX and
+Equinox rebuild a pytree without either: `jax.tree_util.tree_unflatten`, and so
+`jax.tree.map` (an optimiser's update), `eqx.tree_at` (model surgery), `eqx.combine`,
+`jax.vmap`'s view of one example. A value rebuilt so can hold a leaf whose shape or
+dtype its type does not allow (a LoRA factor `a` of shape `(1, rank)`), and the rules,
+which assume the type's invariants, would broadcast it silently into a wrong result.
+
+So `quax.quaxify` re-runs every `__check_init__` of a value's type (each class's own,
+in the order Equinox runs them) where it boxes a value that comes from outside quax:
+its arguments, and values closed over that meet its tracers or a JAX function. Values
+held in a value's fields (the weight of a QLoRA `LoraArray`, the parts of a sum) are
+checked too. A value type's `__check_init__` must therefore read only static
+structure (shapes, dtypes, static fields), never array values, which may be tracers;
+the checks then cost tracing time only, never work in the compiled program. Values
+that rules build are not checked again: their constructors ran the checks.
+"""
+
+from collections.abc import Callable
+from typing import Any
+
+import jax.tree_util as jtu
+
+from ._value import Value, is_value, value_classes
+
+
+__all__ = ["check_value"]
+
+# Each value type's own `__check_init__` methods, in method resolution order (as
+# Equinox runs them), and the names of its fields: filled on first use.
+_checks: dict[type, tuple[tuple[Callable[[Any], None], ...], tuple[str, ...]]] = {}
+# Field values that hold no value: skipped without a pytree walk.
+_CONTAINERS = (tuple, list, dict)
+
+
+def check_value(value: Value) -> None:
+    """Re-run the checks of `value`'s type (its `__check_init__` methods), and those
+    of the values held in its fields, as its constructor ran them.
+
+    **Arguments:**
+
+    - `value`: a [`quax.Value`][], perhaps rebuilt without its constructor.
+
+    **Raises:**
+
+    `ValueError`, naming the type and chaining the check's own error (which names
+    the field), when a check fails.
+    """
+    cls = type(value)
+    try:
+        checks, names = _checks[cls]
+    except KeyError:
+        checks, names = _checks[cls] = _class_checks(cls)
+    for check in checks:
+        try:
+            check(value)
+        except (ValueError, TypeError) as e:
+            raise ValueError(
+                f"quax met a `{cls.__qualname__}` whose fields break its own checks: "
+                f"{e} Its constructor refuses such a value; one rebuilt without it "
+                "(`eqx.tree_at`, `jax.tree.map`, `jax.tree_util.tree_unflatten`, an "
+                "optimiser's update) skips the checks, so quax runs them again here, "
+                "before any rule reads it. Build it with its constructor "
+                f"(`{cls.__qualname__}(...)`), or swap in leaves of the shapes and "
+                "dtypes that the ones replaced had."
+            ) from e
+    fields = vars(value)
+    for name in names:
+        field = fields.get(name)
+        if type(field) in value_classes:
+            check_value(field)
+        elif isinstance(field, _CONTAINERS):
+            for leaf in jtu.tree_leaves(field, is_leaf=is_value):
+                if is_value(leaf):
+                    check_value(leaf)
+
+
+def _class_checks(
+    cls: type,
+) -> tuple[tuple[Callable[[Any], None], ...], tuple[str, ...]]:
+    checks = tuple(
+        k.__dict__["__check_init__"] for k in cls.__mro__ if "__check_init__" in vars(k)
+    )
+    names = tuple(getattr(cls, "__dataclass_fields__", {}))
+    return checks, names
