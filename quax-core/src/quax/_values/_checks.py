@@ -10,19 +10,22 @@ which assume the type's invariants, would broadcast it silently into a wrong res
 So `quax.quaxify` re-runs every `__check_init__` of a value's type (each class's own,
 in the order Equinox runs them) where it boxes a value that comes from outside quax:
 its arguments, and values closed over that meet its tracers or a JAX function. Values
-held in a value's fields (the weight of a QLoRA `LoraArray`, the parts of a sum) are
-checked too. A value type's `__check_init__` must therefore read only static
-structure (shapes, dtypes, static fields), never array values, which may be tracers;
-the checks then cost tracing time only, never work in the compiled program. Values
-that rules build are not checked again: their constructors ran the checks.
+held in a value's fields (the weight of a QLoRA `LoraArray`, the parts of a sum), and
+the Equinox modules there (a double-quantised scale), are checked too. A value
+type's `__check_init__` must therefore read only static structure (shapes, dtypes,
+static fields), never array values, which may be tracers; the checks then cost
+tracing time only, never work in the compiled program. The values that rules build
+inside quax are not checked again: the rules keep their types' invariants (and under
+the debug checks their outputs' avals are compared with JAX's).
 """
 
 from collections.abc import Callable
 from typing import Any
 
+import equinox as eqx
 import jax.tree_util as jtu
 
-from ._value import Value, is_value, value_classes
+from ._value import Value, value_classes
 
 
 __all__ = ["check_value"]
@@ -30,17 +33,20 @@ __all__ = ["check_value"]
 # Each value type's own `__check_init__` methods, in method resolution order (as
 # Equinox runs them), and the names of its fields: filled on first use.
 _checks: dict[type, tuple[tuple[Callable[[Any], None], ...], tuple[str, ...]]] = {}
-# Field values that hold no value: skipped without a pytree walk.
+# Field values walked for the values and modules they hold (other fields, arrays
+# and static data, are not).
 _CONTAINERS = (tuple, list, dict)
 
 
-def check_value(value: Value) -> None:
+def check_value(value: Value | eqx.Module) -> None:
     """Re-run the checks of `value`'s type (its `__check_init__` methods), and those
-    of the values held in its fields, as its constructor ran them.
+    of the values and Equinox modules held in its fields, as their constructors ran
+    them.
 
     **Arguments:**
 
-    - `value`: a [`quax.Value`][], perhaps rebuilt without its constructor.
+    - `value`: a [`quax.Value`][] (or an Equinox module held in one), perhaps
+        rebuilt without its constructor.
 
     **Raises:**
 
@@ -68,12 +74,16 @@ def check_value(value: Value) -> None:
     fields = vars(value)
     for name in names:
         field = fields.get(name)
-        if type(field) in value_classes:
+        if type(field) in value_classes or isinstance(field, eqx.Module):
             check_value(field)
         elif isinstance(field, _CONTAINERS):
-            for leaf in jtu.tree_leaves(field, is_leaf=is_value):
-                if is_value(leaf):
+            for leaf in jtu.tree_leaves(field, is_leaf=_is_module):
+                if isinstance(leaf, eqx.Module):
                     check_value(leaf)
+
+
+def _is_module(x: Any) -> bool:
+    return isinstance(x, eqx.Module)
 
 
 def _class_checks(
