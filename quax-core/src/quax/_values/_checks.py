@@ -33,9 +33,6 @@ __all__ = ["check_value"]
 # Each value type's own `__check_init__` methods, in method resolution order (as
 # Equinox runs them), and the names of its fields: filled on first use.
 _checks: dict[type, tuple[tuple[Callable[[Any], None], ...], tuple[str, ...]]] = {}
-# Field values walked for the values and modules they hold (other fields, arrays
-# and static data, are not).
-_CONTAINERS = (tuple, list, dict)
 
 
 def check_value(value: Value | eqx.Module) -> None:
@@ -74,12 +71,29 @@ def check_value(value: Value | eqx.Module) -> None:
     fields = vars(value)
     for name in names:
         field = fields.get(name)
-        if type(field) in value_classes or isinstance(field, eqx.Module):
+        kind = _kinds.get(type(field))
+        if kind is None:
+            kind = _kinds[type(field)] = _kind(type(field))
+        if kind is _MODULE:
             check_value(field)
-        elif isinstance(field, _CONTAINERS):
+        elif kind is _CONTAINER:
             for leaf in jtu.tree_leaves(field, is_leaf=_is_module):
                 if isinstance(leaf, eqx.Module):
                     check_value(leaf)
+
+
+# What a field's type holds, by type: a module to check, a container to walk, or
+# neither (an array, a number, static data): one dict lookup per field.
+_MODULE, _CONTAINER, _NEITHER = "module", "container", "neither"
+_kinds: dict[type, str] = {}
+
+
+def _kind(cls: type) -> str:
+    if cls in value_classes or issubclass(cls, eqx.Module):
+        return _MODULE
+    if issubclass(cls, (tuple, list, dict)):
+        return _CONTAINER
+    return _NEITHER
 
 
 def _is_module(x: Any) -> bool:
