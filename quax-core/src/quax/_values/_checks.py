@@ -70,7 +70,7 @@ def check_value(value: Value | eqx.Module) -> None:
             ) from e
     fields = vars(value)
     for name in names:
-        field = fields.get(name)
+        field: Any = fields.get(name)
         kind = _kinds.get(type(field))
         if kind is None:
             kind = _kinds[type(field)] = _kind(type(field))
