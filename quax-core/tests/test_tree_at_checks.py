@@ -162,3 +162,29 @@ def test_filter_spec_checks_the_selected_values() -> None:
     )
     with pytest.raises(ValueError, match="`Outer` whose fields break"):
         nested(_good(), _bad())
+
+
+class ReadsValues(quax.ArrayValue):
+    """A type whose check reads array values (against the contract): on tracers
+    (under `jit`) it cannot run, and is skipped as before quax re-ran checks."""
+
+    x: jax.Array
+
+    def __check_init__(self) -> None:
+        if bool(jnp.any(self.x < 0)):
+            raise ValueError("ReadsValues needs non-negative entries")
+
+    def aval(self) -> jax.core.ShapedArray:
+        return jax.core.ShapedArray(self.x.shape, self.x.dtype)
+
+    def materialise(self) -> jax.Array:
+        return self.x
+
+
+def test_check_reading_values_is_skipped_on_tracers() -> None:
+    value = ReadsValues(jnp.arange(3.0))
+    np.testing.assert_allclose(jax.jit(quax.quaxify(jnp.sum))(value), 3.0)
+    # Eagerly the same check runs on concrete values, as at construction.
+    bad = eqx.tree_at(lambda v: v.x, value, -jnp.ones(3))
+    with pytest.raises(ValueError, match="`ReadsValues` whose fields break"):
+        quax.quaxify(jnp.sum)(bad)
