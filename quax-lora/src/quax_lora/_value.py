@@ -304,6 +304,57 @@ class LoraArray(quax.GuardedValue):
         self.row_ndim = row_ndim
         self.adapters = None
 
+    def __check_init__(self) -> None:
+        """The shapes and dtypes of the fields against each other, as `__init__`
+        makes them: run after `__init__`, and by `quax.quaxify` on an array rebuilt
+        without it (`eqx.tree_at`, `jax.tree.map`), whose rules would otherwise
+        broadcast a factor of the wrong shape silently. Reads shapes, dtypes and
+        static fields only."""
+        w, a, b = self.w, self.a, self.b
+        stacked = self.adapters is not None
+        nb = a.ndim - 1 - self.row_ndim - stacked
+        w_shape = tuple(w.shape)
+        if nb < 0 or w.ndim < nb + self.row_ndim + 1:
+            raise ValueError(
+                f"LoraArray needs `a` of shape (*batch, *rows, rank) with "
+                f"row_ndim={self.row_ndim} row axes{' after the adapters' * stacked} "
+                f"for `w` of shape {w_shape}; got `a` of shape {a.shape}."
+            )
+        lead = (self.adapters,) if stacked else ()
+        rows_end = nb + self.row_ndim
+        rank = a.shape[-1]
+        want_a = (*lead, *w_shape[:rows_end], rank)
+        want_b = (*lead, *w_shape[:nb], rank, *w_shape[rows_end:])
+        for name, got, want in (("a", a.shape, want_a), ("b", b.shape, want_b)):
+            if tuple(got) != want:
+                raise ValueError(
+                    f"LoraArray needs `{name}` of shape {want} for `w` of shape "
+                    f"{w_shape} and rank {rank} (batch_ndim={nb}, "
+                    f"row_ndim={self.row_ndim}, adapters={self.adapters}); got "
+                    f"`{name}` of shape {tuple(got)}."
+                )
+        for name, x in (("a", a), ("b", b)):
+            if x.dtype != w.dtype:
+                raise ValueError(
+                    f"LoraArray needs `{name}` of the dtype of `w`, {w.dtype}; got "
+                    f"`{name}` of dtype {x.dtype}."
+                )
+        magnitude = self.magnitude
+        if (magnitude is None) != (self.variant != "dora"):
+            raise ValueError(
+                f"LoraArray(variant={self.variant!r}) needs `magnitude` "
+                f"{'an array' if self.variant == 'dora' else 'None'}; got "
+                f"{'None' if magnitude is None else 'an array'}."
+            )
+        if magnitude is not None:
+            want = (*lead, *w_shape[: nb + 1])
+            if tuple(magnitude.shape) != want or magnitude.dtype != w.dtype:
+                raise ValueError(
+                    f"LoraArray needs `magnitude` of shape {want} and dtype "
+                    f"{w.dtype} (one per row of `w`); got shape "
+                    f"{tuple(magnitude.shape)} and dtype {magnitude.dtype}."
+                )
+
     @property
     def rank(self) -> int:
         """The rank of the adaptation."""

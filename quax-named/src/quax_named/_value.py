@@ -129,10 +129,13 @@ class NamedArray(quax.OperatorMethods, quax.BitwiseOperatorMethods, quax.Guarded
                 "`jnp.asarray` first."
             ) from None
         if len(shape) != len(self.axes):
+            # Past the constructor (`jax.vmap`'s view, a tree map), quaxify re-runs
+            # this check before the aval is read: the way out is the aval's.
             raise ValueError(
                 "`NamedArray` must have every axis be named: got "
                 f"{len(self.axes)} axes {labels(self.axes)} for an array of shape "
-                f"{shape}."
+                f"{shape}. Where JAX built it past the constructor: "
+                f"{_names_mismatch(self.axes, shape)}"
             )
         for size, axis in zip(shape, self.axes, strict=True):
             if axis.size is not None and size != axis.size:
@@ -179,22 +182,7 @@ class NamedArray(quax.OperatorMethods, quax.BitwiseOperatorMethods, quax.Guarded
         else:
             aval = jax.typeof(array)
         if len(aval.shape) != len(self.axes):
-            raise ValueError(
-                f"This NamedArray names {len(self.axes)} axes {labels(self.axes)} but "
-                f"its array has shape {aval.shape}: a JAX transform mapped or sliced "
-                "its stored array by position (`jax.vmap` maps storage axis 0, or "
-                "the one `in_axes` gives; `jax.lax.scan` and `jax.lax.map` slice "
-                "axis 0), or a tree map stacked or sliced its leaves. quax_named "
-                "refuses it: the names no longer match the array's axes. To run "
-                "code over some named axes, vectorised over the others, use "
-                "`quax_named.nmap(fn, axes)`; to `jax.vmap` over a batch, map plain "
-                "arrays and name them inside the mapped function "
-                "(`NamedArray(a, axes)`), or call `jax.vmap` inside `quax.quaxify`, "
-                "where it maps the array positional code sees and every name is "
-                "kept. To scan, use `quax_named.scan(f, init, xs, axis=...)`, or "
-                "call `jax.lax.scan` inside `quax.quaxify`, where each slice keeps "
-                "the other names."
-            )
+            raise ValueError(_names_mismatch(self.axes, aval.shape))
         return aval  # pyright: ignore[reportReturnType]
 
     def dense(self) -> Any:
@@ -332,6 +320,27 @@ class NamedArray(quax.OperatorMethods, quax.BitwiseOperatorMethods, quax.Guarded
             parts.append(f"{axis.label()}={size}")
         aval = self.aval()
         return f"NamedArray({aval.dtype}[{', '.join(parts)}])"
+
+
+def _names_mismatch(axes: Sequence[Axis], shape: tuple[int, ...]) -> str:
+    """Why a `NamedArray` whose array has another number of axes than it has names
+    (a JAX transform mapped or sliced it by position) is refused, and the way out."""
+    return (
+        f"This NamedArray names {len(axes)} axes {labels(axes)} but "
+        f"its array has shape {shape}: a JAX transform mapped or sliced "
+        "its stored array by position (`jax.vmap` maps storage axis 0, or "
+        "the one `in_axes` gives; `jax.lax.scan` and `jax.lax.map` slice "
+        "axis 0), or a tree map stacked or sliced its leaves. quax_named "
+        "refuses it: the names no longer match the array's axes. To run "
+        "code over some named axes, vectorised over the others, use "
+        "`quax_named.nmap(fn, axes)`; to `jax.vmap` over a batch, map plain "
+        "arrays and name them inside the mapped function "
+        "(`NamedArray(a, axes)`), or call `jax.vmap` inside `quax.quaxify`, "
+        "where it maps the array positional code sees and every name is "
+        "kept. To scan, use `quax_named.scan(f, init, xs, axis=...)`, or "
+        "call `jax.lax.scan` inside `quax.quaxify`, where each slice keeps "
+        "the other names."
+    )
 
 
 def make(array: Any, axes: Sequence[Axis], allow_materialise: bool = False) -> Any:

@@ -22,6 +22,7 @@ from .._compat import (
 )
 from .._dispatch import _plugins
 from .._dispatch._staged import stage_value, staging_joins
+from .._values._checks import check_value
 from .._values._value import describe, is_value, value_classes
 from ._trace import QuaxTrace, active_trace, run_nested
 
@@ -46,10 +47,10 @@ def _call(trace: QuaxTrace, filter_spec: Any, leaves: list[Any], treedef: Any) -
     """Call `fn(*args, **kwargs)` (flattened in `leaves`, `treedef`) with its values
     (those `filter_spec` selects) as `trace`'s tracers."""
     if filter_spec is True:
-        fn, args, kwargs = jtu.tree_unflatten(treedef, [trace.wrap(x) for x in leaves])
+        fn, args, kwargs = jtu.tree_unflatten(treedef, [trace.box(x) for x in leaves])
     else:
         tree = jtu.tree_unflatten(treedef, leaves)
-        wrap = ft.partial(jtu.tree_map, trace.wrap, is_leaf=is_value)
+        wrap = ft.partial(jtu.tree_map, trace.box, is_leaf=is_value)
         dynamic, static = eqx.partition(tree, filter_spec, is_leaf=is_value)
         fn, args, kwargs = eqx.combine(wrap(dynamic), static, is_leaf=is_value)
     return fn(*args, **kwargs)
@@ -101,9 +102,15 @@ def _trace_to_join(leaves: Sequence[Any]) -> Any:
 def _call_staged(leaves: list[Any], treedef: Any) -> Any:
     """Call `fn(*args, **kwargs)` (flattened in `leaves`, `treedef`) with its values
     staged as plain arrays, for the quax trace below to dispatch on."""
-    staged = [stage_value(x) if is_value(x) else x for x in leaves]
+    staged = [_staged(x) if is_value(x) else x for x in leaves]
     fn, args, kwargs = jtu.tree_unflatten(treedef, staged)
     return fn(*args, **kwargs)
+
+
+def _staged(value: Any) -> Any:
+    """`value`, an argument from outside quax, staged once its checks have run."""
+    check_value(value)
+    return stage_value(value)
 
 
 def _check_batchable(out: Any) -> None:
@@ -154,7 +161,7 @@ class _Quaxify(eqx.Module, Generic[_CT]):
             and _trace_to_join(args) is None
         ):
             # The common case, a function called on values: nothing to flatten.
-            out = run_nested(lambda trace: fn(*map(trace.wrap, args)), False)
+            out = run_nested(lambda trace: fn(*map(trace.box, args)), False)
             if batching():
                 _check_batchable(out)
             return out

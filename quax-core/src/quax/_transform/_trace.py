@@ -59,6 +59,7 @@ from .._dispatch._staged import (
 )
 from .._foundation import _debug
 from .._values import _value
+from .._values._checks import check_value
 from .._values._value import Value, is_value, value_classes
 
 
@@ -260,6 +261,16 @@ class QuaxTrace(Trace):
             return QuaxTracer(self, x)
         return x
 
+    def box(self, x: Any) -> Any:
+        """`wrap` for a value that comes in from outside quax (an argument of a
+        quaxified function, a value it closes over), which JAX or Equinox may have
+        rebuilt without its constructor: its type's checks run first (see
+        `quax._values._checks`)."""
+        if is_value(x):
+            check_value(x)
+            return QuaxTracer(self, x)
+        return x
+
     def stage_value(self, val: Any) -> Any:
         if isinstance(val, QuaxTracer) and val._trace.tag is self.tag:
             return val
@@ -388,6 +399,7 @@ def _bound_value(value: Value) -> Any:
     which JAX would refuse as "not a valid JAX type". Where a quax trace is current,
     the value joins it, so that its rules apply (or its refusal to materialise);
     elsewhere it is materialised, as a primitive binds arrays, or refuses."""
+    check_value(value)
     trace = current_trace()
     if type(trace) is QuaxTrace:
         return trace.wrap(value)
@@ -401,6 +413,7 @@ def _jax_array(value: Value) -> Any:
     """`Value.__jax_array__`: the value lifted into the active quax trace (see
     `quax._dispatch._staged.lift`); outside one, or in a trace that dispatches only on
     the values a `filter_spec` selects, its materialisation under its policy."""
+    check_value(value)
     trace, between = active_trace()
     if trace is None or trace.selective:
         return type(value).materialise(value)

@@ -419,6 +419,42 @@ class BCOO(quax.GuardedValue):
             unique_indices=unique_indices,
         )
 
+    def __check_init__(self) -> None:
+        """The shapes of `data` and `indices` against each other and the static
+        fields, with the batch sizes taken from `data` as `shape` takes them (so a
+        `jax.vmap` view or a stack of `BCOO`s passes): run after `__init__`, and by
+        `quax.quaxify` on an array rebuilt without it (`eqx.tree_at`,
+        `jax.tree.map`), whose rules would otherwise broadcast `data` against
+        `indices` silently. Reads shapes, dtypes and static fields only."""
+        data, indices, n_dense = self.data, self.indices, self.n_dense
+        n_batch = data.ndim - 1 - n_dense
+        if n_batch < 0 or indices.ndim != n_batch + 2:
+            raise ValueError(
+                f"`BCOO` with n_dense={n_dense} needs `data` of shape (*batch, nse, "
+                "*dense) and `indices` of shape (*batch, nse, n_sparse); got `data` "
+                f"of shape {data.shape} and `indices` of shape {indices.shape}."
+            )
+        if tuple(indices.shape[: n_batch + 1]) != tuple(data.shape[: n_batch + 1]):
+            raise ValueError(
+                "`BCOO` needs `data` and `indices` with the same batch sizes and "
+                f"number of entries (*batch, nse); got `data` of shape {data.shape} "
+                f"and `indices` of shape {indices.shape}."
+            )
+        n_sparse = indices.shape[-1]
+        dense = tuple(data.shape[n_batch + 1 :])
+        end = len(self._shape) - n_dense
+        if end < n_sparse or tuple(self._shape[end:]) != dense:
+            raise ValueError(
+                f"`BCOO` of shape {self._shape} (n_dense={n_dense}) needs `indices` "
+                f"with at most {end} sparse dimensions and `data` ending with the "
+                f"dense dimensions {tuple(self._shape[end:])}; got `indices` of "
+                f"shape {indices.shape} and `data` of shape {data.shape}."
+            )
+        if not jnp.issubdtype(indices.dtype, jnp.integer):
+            raise ValueError(
+                f"`BCOO` indices must be integers, got dtype {indices.dtype}."
+            )
+
     def _check_layout(self, indices: Array) -> None:
         """The published checks of `data`, `indices` and `shape` against each other."""
         if self.data.ndim < 1 or indices.ndim < 2:

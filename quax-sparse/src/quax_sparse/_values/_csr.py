@@ -96,14 +96,28 @@ class CSR(quax.GuardedValue):
         self.indices = wrapped_indices("CSR", indices, self._shape[-1])
         self.allow_materialise = allow_materialise
 
-    def _check_layout(self, indices: Array) -> None:
-        """The shapes of `data`, `indices` and `indptr` against `shape`."""
+    def __check_init__(self) -> None:
+        """The shapes and dtypes of `data`, `indices` and `indptr` against `shape`,
+        with the batch sizes taken from `data` as `shape` takes them (so a
+        `jax.vmap` view or a stack of `CSR`s passes): run after `__init__`, and by
+        `quax.quaxify` on a matrix rebuilt without it (`eqx.tree_at`,
+        `jax.tree.map`), whose rules would otherwise read a short `indptr` as
+        fewer rows silently. Reads shapes, dtypes and static fields only."""
+        self._check_layout(self.indices, self.data.shape[:-1])
+
+    def _check_layout(
+        self, indices: Array, batch: tuple[int, ...] | None = None
+    ) -> None:
+        """The shapes of `data`, `indices` and `indptr` against `shape`, with the
+        batch sizes `batch` (by default the leading sizes of `shape`)."""
         if len(self._shape) < 2:
             raise ValueError(
                 f"`CSR` holds matrices (shape (*batch, n_rows, n_cols)); got shape "
                 f"{self._shape}."
             )
-        batch, (n_rows, _) = self._shape[:-2], self._shape[-2:]
+        n_rows = self._shape[-2]
+        if batch is None:
+            batch = self._shape[:-2]
         if self.data.shape[:-1] != batch or indices.shape != self.data.shape:
             raise ValueError(
                 f"`CSR` of shape {self._shape} needs `data` and `indices` of the same "

@@ -96,6 +96,9 @@ class DeterminantLU(StructuredMatrix):
                 refactor = getattr(self.matrix, "packed_factors", None)
                 factors = self.factors if refactor is None else refactor()
                 out = factors.entries(i, j)
+                # `self.factors` has entries (checked above), and so has a
+                # refactored copy, of their type.
+                assert out is not None
                 return jnp.where(i == j, on_diagonal.astype(out.dtype), out)
 
             # Where only the diagonal is read (`jnp.diagonal`, what `slogdet` and

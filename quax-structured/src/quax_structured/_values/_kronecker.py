@@ -473,6 +473,12 @@ class Kronecker(_Factors):
                 "`Kronecker` needs two or more factors (one factor is the matrix "
                 f"itself); got {len(self.matrices)}."
             )
+        shapes = [_stored_shape(factor) for factor in self.matrices]
+        ndims = [1 if diagonal else 2 for diagonal in self.diagonal]
+        if any(len(s) > n for s, n in zip(shapes, ndims, strict=True)):
+            # A stack built past the constructor (`jax.tree.map`): the way out is
+            # `jax.vmap` over it.
+            _unbatched_factors(self, "matrices", shapes, ndims)
         for k, (factor, diagonal) in enumerate(
             zip(self.matrices, self.diagonal, strict=True)
         ):

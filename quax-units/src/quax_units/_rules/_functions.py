@@ -140,32 +140,39 @@ def _angle(z: Quantity, *, deg: bool = False, call: Any) -> Quantity:
     return _wrap(jnp.angle(z.array), dimensionless, _DEGREE if deg else _RADIAN)
 
 
-def _of_one_dimension(x1: Any, x2: Any) -> bool:
-    """Whether `x1` and `x2` are quantities of one dimension, in units without an
-    offset: their quotient is a number, whatever units they are shown in."""
-    return (
+def _of_one_dimension(x1: Any, x2: Any) -> tuple[Quantity, Quantity] | None:
+    """`(x1, x2)` when both are quantities of one dimension, in units without an
+    offset (their quotient is a number, whatever units they are shown in); else
+    `None`."""
+    if (
         isinstance(x1, Quantity)
         and isinstance(x2, Quantity)
         and x1.units == x2.units
         and not x1.unit.offset
         and not x2.unit.offset
-    )
+    ):
+        return x1, x2
+    return None
 
 
 @quax.register_function(jnp.floor_divide)
 def _floor_divide(x1: _Operand, x2: _Operand, *, call: Any) -> Any:
-    if not _of_one_dimension(x1, x2):
+    pair = _of_one_dimension(x1, x2)
+    if pair is None:
         return call(x1, x2)  # its `floor` rounds by the rules of `floor`
+    q1, q2 = pair
     # `5 km // 2 m` is 2500, as pint's: computed on the SI-coherent numbers, where
     # the body would round the quotient shown in `km / m`, which rounding refuses.
-    return _wrap(jnp.floor_divide(x1.array, x2.array), dimensionless, None)
+    return _wrap(jnp.floor_divide(q1.array, q2.array), dimensionless, None)
 
 
 @quax.register_function(jnp.divmod)
 def _divmod(x1: _Operand, x2: _Operand, *, call: Any) -> Any:
-    if not _of_one_dimension(x1, x2):
+    pair = _of_one_dimension(x1, x2)
+    if pair is None:
         return call(x1, x2)
+    q1, q2 = pair
     # The quotient as `floor_divide`'s; the remainder a quantity of their
     # dimension (the same in any unit), shown in the first operand's unit.
-    quotient, remainder = jnp.divmod(x1.array, x2.array)
-    return _wrap(quotient, dimensionless, None), _wrap(remainder, x1.units, x1.unit)
+    quotient, remainder = jnp.divmod(q1.array, q2.array)
+    return _wrap(quotient, dimensionless, None), _wrap(remainder, q1.units, q1.unit)
