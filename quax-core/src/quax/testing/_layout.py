@@ -84,7 +84,6 @@ def _imports(
     is_package = path.name == "__init__.py"
     own = [] if module == "__init__" else module.split(".")
     for node in ast.walk(ast.parse(path.read_text())):
-        targets: list[str] = []
         if isinstance(node, ast.Import):
             targets = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -95,6 +94,8 @@ def _imports(
             else:
                 target = node.module or ""
             targets = [target, *(f"{target}.{a.name}" for a in node.names)]
+        else:
+            continue
         for target in targets:
             if target == package:
                 yield node.lineno, "__init__"
