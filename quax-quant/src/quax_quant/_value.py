@@ -2,6 +2,7 @@
 
 import dataclasses
 import math
+import weakref
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
@@ -51,6 +52,38 @@ class MaterialisationError(quax.MaterialisationError):
     no quantised rule and would need the dequantised float array. Its message starts
     with "Refusing to materialise `QuantisedArray`", as the core's policy
     ([`quax.MaterialisationError`][], a `RuntimeError`) words every refusal."""
+
+
+class _PassedValueChecks:
+    """The JAX arrays whose values a check of `QuantisedArray` has read and
+    passed, by check and identity. A value's `__check_init__` runs at
+    construction and again each time `quax.quaxify` takes the value in from
+    outside (an eager call boxes its arguments on every call); the checks that
+    read array values (a host copy of `act_scale`, the sort of `input_order`, a
+    reduction over the whole `values`) then run once per array, not once per call.
+    A JAX array never changes its values, so an array that passed still passes;
+    one rebuilt into the value (`eqx.tree_at`, an optimiser's update) is another
+    array, read again. NumPy arrays (mutable) and tracers (no values) are not
+    remembered."""
+
+    def __init__(self) -> None:
+        self._passed: dict[tuple[str, int], weakref.ref] = {}
+
+    def __contains__(self, key: tuple[str, Any]) -> bool:
+        check, array = key
+        ref = self._passed.get((check, id(array)))
+        return ref is not None and ref() is array
+
+    def add(self, check: str, array: Any) -> None:
+        if not isinstance(array, jax.Array) or isinstance(array, jax.core.Tracer):
+            return
+        key = (check, id(array))
+        # Forgotten when the array is freed (its id may then name another one; a
+        # lookup also compares identity, so a stale entry never passes it).
+        self._passed[key] = weakref.ref(array, lambda _: self._passed.pop(key, None))
+
+
+_passed_value_checks = _PassedValueChecks()
 
 
 def dtype_of(x: Any) -> np.dtype:
@@ -352,8 +385,10 @@ class QuantisedArray(quax.GuardedValue):
                 f"be a float32 scalar, got shape {np.shape(self.act_scale)} and "
                 f"dtype {dtype_of(self.act_scale)}."
             )
-        if self.act_scale is not None and not isinstance(
-            self.act_scale, jax.core.Tracer
+        if (
+            self.act_scale is not None
+            and not isinstance(self.act_scale, jax.core.Tracer)
+            and ("act_scale", self.act_scale) not in _passed_value_checks
         ):
             act = float(np.asarray(self.act_scale))
             if not (np.isfinite(act) and act > 0):
@@ -366,6 +401,7 @@ class QuantisedArray(quax.GuardedValue):
                     "`quax_quant.calibrate`, or leave it None (one absmax scale "
                     "per row, per call)."
                 )
+            _passed_value_checks.add("act_scale", self.act_scale)
         if self.input_order is not None:
             self._check_order(shape)
         if self.master is not None and tuple(np.shape(self.master)) != shape:
@@ -409,14 +445,17 @@ class QuantisedArray(quax.GuardedValue):
                 f"{dtype_of(order)} of shape {np.shape(order)} for an array of "
                 f"shape {shape}."
             )
-        if not isinstance(order, jax.core.Tracer) and not np.array_equal(
-            np.sort(np.asarray(order)), np.arange(shape[-1])
+        if isinstance(order, jax.core.Tracer) or ("order", order) in (
+            _passed_value_checks
         ):
+            return
+        if not np.array_equal(np.sort(np.asarray(order)), np.arange(shape[-1])):
             raise ValueError(
                 f"QuantisedArray's input_order must be a permutation of "
                 f"0..{shape[-1] - 1} (each column of the last axis once); it repeats "
                 "or leaves out a column."
             )
+        _passed_value_checks.add("order", order)
 
     def _check_format(self) -> None:
         """The stored values of the `"nf4"` and float8 formats."""
@@ -481,9 +520,14 @@ class QuantisedArray(quax.GuardedValue):
                 f"bits=8 they must be False and -1, got odd={self.odd}, "
                 f"packed_axis={self.packed_axis}."
             )
-        if dtype == np.int8 or isinstance(self.values, jax.core.Tracer):
+        if (
+            dtype == np.int8
+            or isinstance(self.values, jax.core.Tracer)
+            or ("values", self.values) in _passed_value_checks
+        ):
             # int8 is always in range; traced integers cannot be checked (products
-            # convert them to int8, wrapping around outside [-128, 127]).
+            # convert them to int8, wrapping around outside [-128, 127]); these
+            # passed before.
             return
         if np.size(self.values):
             with jax.ensure_compile_time_eval():
@@ -494,6 +538,7 @@ class QuantisedArray(quax.GuardedValue):
                     "QuantisedArray's values must lie in [-128, 127] for bits=8, got "
                     f"{dtype} values in [{low}, {high}]."
                 )
+        _passed_value_checks.add("values", self.values)
 
     # Layout ---------------------------------------------------------------------------
 

@@ -344,6 +344,11 @@ class BCOO(quax.GuardedValue):
     **Fields:**
 
     - `data`, `indices`: as above.
+    - `n_sparse`: the number of sparse dimensions (static; the last axis of
+        `indices` when the array is built). Recorded because `_shape` cannot say
+        it once `jax.vmap` has removed batch axes from the leaves: `indices`
+        rebuilt with fewer columns (`eqx.tree_at`) would otherwise read the array
+        as one of fewer dimensions.
     - `n_dense`: the number of trailing dense dimensions (static; read from the
         shapes of `data` and `indices` when the array is built).
     - `_shape`: the shape given to `__init__`. The `shape` property takes the batch
@@ -358,6 +363,7 @@ class BCOO(quax.GuardedValue):
     data: Array
     indices: Array
     _shape: tuple[int, ...] = eqx.field(static=True)
+    n_sparse: int = eqx.field(static=True)
     n_dense: int = eqx.field(static=True)
     indices_sorted: bool = eqx.field(static=True)
     unique_indices: bool = eqx.field(static=True)
@@ -403,6 +409,7 @@ class BCOO(quax.GuardedValue):
         self._shape = checked_shape("BCOO", shape)
         self.n_dense = max(self.data.ndim - indices.ndim + 1, 0)
         self._check_layout(indices)
+        self.n_sparse = indices.shape[-1]
         n_batch = indices.ndim - 2
         self.indices = wrapped_indices(
             "BCOO",
@@ -425,7 +432,9 @@ class BCOO(quax.GuardedValue):
         `jax.vmap` view or a stack of `BCOO`s passes): run after `__init__`, and by
         `quax.quaxify` on an array rebuilt without it (`eqx.tree_at`,
         `jax.tree.map`), whose rules would otherwise broadcast `data` against
-        `indices` silently. Reads shapes, dtypes and static fields only."""
+        `indices`, or read `indices` with fewer columns as an array of fewer
+        sparse dimensions, silently. Reads shapes, dtypes and static fields
+        only."""
         data, indices, n_dense = self.data, self.indices, self.n_dense
         n_batch = data.ndim - 1 - n_dense
         if n_batch < 0 or indices.ndim != n_batch + 2:
@@ -440,7 +449,16 @@ class BCOO(quax.GuardedValue):
                 f"number of entries (*batch, nse); got `data` of shape {data.shape} "
                 f"and `indices` of shape {indices.shape}."
             )
-        n_sparse = indices.shape[-1]
+        n_sparse = self.n_sparse
+        if indices.shape[-1] != n_sparse:
+            raise ValueError(
+                f"`BCOO` of shape {self._shape} was built with n_sparse={n_sparse} "
+                f"sparse dimensions, so its `indices` need shape (*batch, nse, "
+                f"{n_sparse}), one column per sparse dimension; got `indices` of "
+                f"shape {indices.shape}, whose {indices.shape[-1]} columns would read "
+                f"it as an array of {indices.shape[-1]} sparse dimensions, another "
+                "shape."
+            )
         dense = tuple(data.shape[n_batch + 1 :])
         end = len(self._shape) - n_dense
         if end < n_sparse or tuple(self._shape[end:]) != dense:
@@ -513,6 +531,7 @@ class BCOO(quax.GuardedValue):
             "data": data,
             "indices": indices,
             "_shape": tuple(shape),
+            "n_sparse": indices.shape[-1],
             "n_dense": max(data.ndim - indices.ndim + 1, 0),
             "allow_materialise": allow_materialise,
             "indices_sorted": indices_sorted,
@@ -539,15 +558,10 @@ class BCOO(quax.GuardedValue):
         """The sizes of the dense dimensions (the shape of each stored block)."""
         return tuple(self.data.shape[self.n_batch + 1 :])
 
-    @property
-    def n_sparse(self) -> int:
-        """The number of sparse dimensions."""
-        return self.indices.shape[-1]
-
     def aval(self) -> jax.core.ShapedArray:
         # The batch sizes come from `data`, so that `jax.vmap` over the leaves (or
         # stacking them) gives the array with the batch axis removed (or added).
-        n_sparse, n_dense = self.indices.shape[-1], self.n_dense
+        n_sparse, n_dense = self.n_sparse, self.n_dense
         end = len(self._shape) - n_dense
         sparse_shape = self._shape[end - n_sparse : end]
         nb = self.n_batch

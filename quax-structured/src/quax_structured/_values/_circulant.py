@@ -42,6 +42,18 @@ class SolverLU(StructuredMatrix):
     def aval(self) -> jax.core.ShapedArray:
         return self.matrix.aval()
 
+    def _check_factored(self, cls: type) -> None:
+        """Refuse a `matrix` that is not a `cls`, the structure this factor's
+        solve and pivots read (a `CirculantLU` reads a `Toeplitz`'s `column` as a
+        circulant's, silently): for `__check_init__`, which `quax.quaxify` re-runs
+        on a factor rebuilt without its constructor (`eqx.tree_at`)."""
+        if not isinstance(self.matrix, cls):
+            raise ValueError(
+                f"`{type(self).__name__}` factors a `{cls.__name__}`: its `matrix` "
+                f"must be one, which its solve and pivots read; got a "
+                f"`{type(self.matrix).__name__}`."
+            )
+
     @abc.abstractmethod
     def pivots(self) -> Array:
         """The diagonal of the factored matrix: numbers whose product is its
@@ -101,6 +113,9 @@ class CirculantLU(SolverLU):
     """
 
     matrix: "Circulant"
+
+    def __check_init__(self):
+        self._check_factored(Circulant)
 
     def pivots(self) -> Array:
         eigenvalues = jnp.fft.fft(self.matrix.column)

@@ -2,6 +2,7 @@
 `jnp.linalg.solve`, `slogdet` and `det` read; `HalfSolved`: the first half of a
 pivoted solve."""
 
+import math
 from typing import Any
 
 import equinox as eqx
@@ -65,6 +66,31 @@ class DeterminantLU(StructuredMatrix):
         # The factors follow the factored matrix's policy.
         self.allow_materialise = matrix.allow_materialise
         self.positive_definite = False
+
+    def __check_init__(self):
+        for field in ("factors", "matrix"):
+            value = getattr(self, field)
+            if not isinstance(value, StructuredMatrix):
+                raise ValueError(
+                    f"`DeterminantLU` needs `{field}` to be a structured matrix; got "
+                    f"a `{type(value).__name__}`."
+                )
+        shape, matrix_shape = self.factors.shape, self.matrix.shape
+        if shape != matrix_shape:
+            raise ValueError(
+                f"`DeterminantLU` needs `factors` of the shape of the factored "
+                f"`matrix`, {matrix_shape}; got `factors` of shape {shape}."
+            )
+        if self.pivots is None:
+            return
+        want = (shape[:-1], jnp.result_type(self.factors.dtype))
+        got = (jnp.shape(self.pivots), jnp.result_type(self.pivots))
+        if got != want:
+            raise ValueError(
+                "`DeterminantLU` needs `pivots` (what the diagonal reads as, one "
+                f"per row) of shape {want[0]} and dtype {want[1]}, as its factors of "
+                f"shape {shape}; got `pivots` of shape {got[0]} and dtype {got[1]}."
+            )
 
     def enable_materialise(self, allow: bool = True) -> "DeterminantLU":
         """A copy whose factors and matrix have `allow_materialise=allow`."""
@@ -145,7 +171,10 @@ class DeterminantLU(StructuredMatrix):
             unit_diagonal == lower
         ):
             solve = self.matrix.pivoted_solve  # pyright: ignore[reportAttributeAccessIssue]
-            return HalfSolved(solve(b, transpose=transpose_a), transpose_a, b.shape)  # pyright: ignore[reportReturnType]
+            solution = solve(b, transpose=transpose_a)
+            return HalfSolved(  # pyright: ignore[reportReturnType]
+                solution, transpose_a, b.shape, jnp.result_type(solution)
+            )
         return self.factors.triangular_solve(
             b, lower=lower, transpose_a=transpose_a, unit_diagonal=unit_diagonal
         )
@@ -200,16 +229,35 @@ class HalfSolved(quax.ArrayValue):
         its two solves (`reshape` keeps this a `HalfSolved`); the second solve
         takes it only back in that shape, where the reshapes left every entry in
         its place.
+    - `first_dtype`: the dtype the first solve gave, which the second returns
+        (a `solution` rebuilt in another dtype would be returned in it: an
+        integer one truncated).
     """
 
     solution: Array
     transposed: bool = eqx.field(static=True)
     first_shape: tuple[int, ...] = eqx.field(static=True)
+    first_dtype: Any = eqx.field(static=True)
+
+    def __check_init__(self):
+        size, dtype = jnp.size(self.solution), jnp.result_type(self.solution)
+        if size != math.prod(self.first_shape) or dtype != self.first_dtype:
+            raise ValueError(
+                "`HalfSolved` holds the solution the first of `lu_solve`'s two "
+                f"triangular solves gave, shape {self.first_shape} and dtype "
+                f"{self.first_dtype}, in any shape of that size; got `solution` of "
+                f"shape {jnp.shape(self.solution)} and dtype {dtype}. (A "
+                "`jax.vmap` view of a stack of them is one too: the second solve "
+                "takes only the whole stack; map over `jnp.linalg.solve` instead.)"
+            )
 
     def reshaped(self, shape: tuple[int, ...]) -> "HalfSolved":
         """This, reshaped (row-major, as `lax.reshape` without `dimensions`)."""
         return HalfSolved(
-            self.solution.reshape(shape), self.transposed, self.first_shape
+            self.solution.reshape(shape),
+            self.transposed,
+            self.first_shape,
+            self.first_dtype,
         )
 
     def aval(self) -> jax.core.ShapedArray:

@@ -1062,6 +1062,30 @@ class KroneckerEigenLU(SolverLU):
     qa = _factor_property("vectors", 0, "qa", "The first factor's `V₁`.")
     qb = _factor_property("vectors", 1, "qb", "The second of two factors' `V₂`.")
 
+    def __check_init__(self):
+        self._check_factored(_KroneckerPencil)
+        sizes = self.matrix.sizes
+        shapes = [jnp.shape(w) for w in self.values]
+        vector_shapes = [jnp.shape(v) for v in self.vectors]
+        if shapes != [(size,) for size in sizes] or vector_shapes != [
+            (size, size) for size in sizes
+        ]:
+            raise ValueError(
+                "`KroneckerEigenLU` needs, for each factor of its matrix (of sizes "
+                f"{sizes}), the eigenvalues `values[k]` of shape (nₖ,) and the "
+                f"vectors `vectors[k]` of shape (nₖ, nₖ), in the factors' order; "
+                f"got `values` of shapes {shapes} and `vectors` of shapes "
+                f"{vector_shapes}."
+            )
+        for k, (w, v) in enumerate(zip(self.values, self.vectors, strict=True)):
+            dtypes = (jnp.result_type(w), jnp.result_type(v))
+            if dtypes[0] != dtypes[1] or not jnp.issubdtype(dtypes[0], jnp.floating):
+                raise ValueError(
+                    "`KroneckerEigenLU` needs the real eigendecomposition of each "
+                    "factor: `values[k]` and `vectors[k]` of one real floating "
+                    f"dtype; got {dtypes[0]} and {dtypes[1]} for factor {k}."
+                )
+
     def _eigenvalues(self) -> Array:
         return self.matrix._pencil_values(self.values)
 

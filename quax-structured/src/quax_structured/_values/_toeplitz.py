@@ -214,6 +214,19 @@ class ToeplitzLU(SolverLU):
     matrix: "Toeplitz"
     values: Array | None = None
 
+    def __check_init__(self):
+        self._check_factored(Toeplitz)
+        if self.values is None:
+            return
+        want = (self.matrix.shape[:-1], jnp.result_type(self.matrix.dtype))
+        if (jnp.shape(self.values), jnp.result_type(self.values)) != want:
+            raise ValueError(
+                "`ToeplitzLU` needs `values` (the pivots, one per row) of the shape "
+                f"and dtype {want[0]} {want[1]} of its `Toeplitz` of shape "
+                f"{self.matrix.shape}; got `values` of shape "
+                f"{jnp.shape(self.values)} and dtype {jnp.result_type(self.values)}."
+            )
+
     def pivots(self) -> Array:
         if self.values is not None:
             return self.values

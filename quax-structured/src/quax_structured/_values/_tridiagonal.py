@@ -419,6 +419,14 @@ class TridiagonalEigenvectors(StructuredMatrix):
 
     matrix: TridiagonalMatrix
 
+    def __check_init__(self):
+        if not isinstance(self.matrix, TridiagonalMatrix):
+            raise ValueError(
+                "`TridiagonalEigenvectors` stands for the eigenvectors of a "
+                "`TridiagonalMatrix`: its `matrix` must be one; got a "
+                f"`{type(self.matrix).__name__}`."
+            )
+
     def aval(self) -> jax.core.ShapedArray:
         return self.matrix.aval()
 
