@@ -17,7 +17,7 @@ import jax.random as jr
 import jax.tree_util as jtu
 import numpy as np
 import quax
-from jaxtyping import PRNGKeyArray, PyTree
+from jaxtyping import DTypeLike, PRNGKeyArray, PyTree
 
 from ._nnx import (
     adapt_layers,
@@ -76,6 +76,7 @@ def loraify(
     where: Callable[[PyTree], Any] | None = None,
     variant: str = "lora",
     dropout: float = 0.0,
+    adapter_dtype: DTypeLike | None = None,
     key: PRNGKeyArray,
 ) -> PyTree:
     """Replace the weights of the layers of `model` with [`quax_lora.LoraArray`][]s.
@@ -95,7 +96,8 @@ def loraify(
     - `model`: any PyTree, usually an Equinox module; or a Flax NNX module
         (`nnx.Module`), see below.
     - `rank`, `scale`, `alpha`, `allow_materialise`, `stop_gradient`, `variant`
-        (`"lora"`, `"rslora"` or `"dora"`), `dropout`: as for
+        (`"lora"`, `"rslora"` or `"dora"`), `dropout`, `adapter_dtype` (say
+        `jnp.float32` for a bfloat16 model, as peft does): as for
         [`quax_lora.LoraArray`][]. A layer whose `(n, m)` matrices are smaller than
         `rank` (say a head with one output) is adapted with rank `min(n, m)`, the
         most it can use, and the same scaling (`alpha / rank`, or
@@ -206,6 +208,7 @@ def loraify(
             row_ndim=row_ndim,
             variant=variant,
             dropout=dropout,
+            adapter_dtype=adapter_dtype,
             key=jr.fold_in(key, next(counter)),
         )
 
