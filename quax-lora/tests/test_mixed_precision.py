@@ -286,6 +286,23 @@ def test_stack_adapters_of_other_dtypes_refused():
     np.testing.assert_array_equal(out, quax.quaxify(lambda v, x: v @ x.T)(second, x))
 
 
+def test_save_and_load_record_the_adapter_dtype(tmp_path):
+    mlp = eqx.nn.MLP(4, 2, 8, depth=1, key=jr.key(0))
+    mlp = jax.tree.map(lambda t: t.astype(BF16) if eqx.is_array(t) else t, mlp)
+    model = quax_lora.loraify(mlp, rank=2, adapter_dtype=F32, key=jr.key(1))
+    quax_lora.save_adapter(tmp_path / "adapter", model)
+    like = quax_lora.loraify(mlp, rank=2, adapter_dtype=F32, key=jr.key(2))
+    loaded = quax_lora.load_adapter(tmp_path / "adapter", like)
+    arrays = lambda m: jax.tree.leaves(eqx.filter(m, eqx.is_array))
+    for got, want in zip(arrays(loaded), arrays(model), strict=True):
+        assert got.dtype == want.dtype
+        np.testing.assert_array_equal(got, want)
+    # Into a model with bfloat16 adapters: refused, naming the setting.
+    plain = quax_lora.loraify(mlp, rank=2, key=jr.key(2))
+    with pytest.raises(ValueError, match=r"adapter_dtype='float32'.*adapter_dtype="):
+        quax_lora.load_adapter(tmp_path / "adapter", plain)
+
+
 # No dense float32 copy of `w` ---------------------------------------------------------
 
 

@@ -554,6 +554,7 @@ _READ_VERSIONS = (2, 3)
 _SETTINGS = (
     "shape",
     "dtype",
+    "adapter_dtype",
     "batch_ndim",
     "row_ndim",
     "variant",
@@ -575,13 +576,15 @@ def _layers(model: PyTree) -> Iterator[tuple[str, LoraArray]]:
 
 def _settings(lora: LoraArray) -> dict[str, Any]:
     """What reproduces a layer's outputs from its `a` and `b`: the weight's shape
-    and dtype, the layout, the variant (`"lora"`, `"rslora"`, `"dora"`), how many
-    adapters it stacks, the rank, `alpha` and the scaling (`alpha / rank`, or
+    and dtype, the adapter's dtype (see `LoraArray`'s mixed precision), the
+    layout, the variant (`"lora"`, `"rslora"`, `"dora"`), how many adapters it
+    stacks, the rank, `alpha` and the scaling (`alpha / rank`, or
     `alpha / sqrt(rank)`), and whether `w` is frozen (which decides what
     fine-tuning trains)."""
     return {
         "shape": list(lora.shape),
         "dtype": str(lora.dtype),
+        "adapter_dtype": str(lora.adapter_dtype),
         "batch_ndim": lora.batch_ndim,
         "row_ndim": lora.row_ndim,
         "variant": lora.variant,
@@ -630,7 +633,8 @@ def _check_settings(saved: dict[str, dict[str, Any]], model: PyTree) -> None:
     for path, settings in saved.items():
         if path not in current:
             continue
-        settings = {**_DEFAULTS, **settings}
+        # An earlier file does not record the adapter's dtype either: it was `w`'s.
+        settings = {**_DEFAULTS, "adapter_dtype": settings["dtype"], **settings}
         for key in _SETTINGS:
             if _differs(key, settings[key], current[path][key]):
                 problems.append(
@@ -644,8 +648,8 @@ def _check_settings(saved: dict[str, dict[str, Any]], model: PyTree) -> None:
             "otherwise than this one, so its outputs would differ: "
             + summarise(problems)
             + ". Loraify the model as the adapter's was (the same layers, with "
-            "loraify's filter= and where=, and the same rank=, alpha= and "
-            "stop_gradient=), then load it."
+            "loraify's filter= and where=, and the same rank=, alpha=, "
+            "adapter_dtype= and stop_gradient=), then load it."
         )
 
 
@@ -706,10 +710,10 @@ def save_adapter(
 
     In quax-lora's own format (`format="quax"`, one file), it also records, for
     every adapted layer by its path in `model`, the settings that reproduce its
-    outputs from `a` and `b`: the weight's shape and dtype, `batch_ndim`, the
-    variant, how many adapters it stacks, `rank`, `alpha` and the scaling, and
-    `stop_gradient`. [`quax_lora.load_adapter`][] checks them. (The initial
-    `scale` of `a` is not recorded: the file replaces `a`.)
+    outputs from `a` and `b`: the weight's shape and dtype, the adapter's dtype,
+    `batch_ndim`, the variant, how many adapters it stacks, `rank`, `alpha` and
+    the scaling, and `stop_gradient`. [`quax_lora.load_adapter`][] checks them.
+    (The initial `scale` of `a` is not recorded: the file replaces `a`.)
 
     In peft's layout (`format="peft"`), `path_or_file` is a directory, which gets
     `adapter_model.safetensors` and `adapter_config.json`, as peft's
