@@ -15,6 +15,7 @@ import numpy as np
 import optax
 import pytest
 import quax
+import quax.testing as qt
 import quax_lora
 from hypothesis import given, settings
 from jax import lax
@@ -309,11 +310,11 @@ def test_save_and_load_record_the_adapter_dtype(tmp_path):
 def _f32_copies(fn, *args, shapes) -> int:
     """How many instructions of the compiled program of `fn` (besides its
     parameters) hold a float32 array of one of `shapes`."""
-    hlo = quax.testing.compiled_hlo(fn, *args)
+    hlo = qt.compiled_hlo(fn, *args)
     return sum(
         ins.op != "parameter"
         and any(d == "f32" and shape in shapes for d, shape in ins.arrays)
-        for ins in quax.testing.hlo_instructions(hlo)
+        for ins in qt.hlo_instructions(hlo)
     )
 
 
