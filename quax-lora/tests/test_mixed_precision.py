@@ -91,6 +91,7 @@ PROGRAMS = {
     "rows contracted": lambda v, x: (x @ v.T) @ v,
     "neg": lambda v, x: (-v) @ x.T,
     "scalar mul": lambda v, x: (2.5 * v) @ x.T,
+    "mul by scalar": lambda v, x: (v * jnp.asarray(-1.5, v.dtype)) @ x.T,
     "flip": lambda v, x: jnp.flip(v, (0, 1)) @ x.T,
     "astype float32": lambda v, x: v.astype(F32) @ x.T.astype(F32),
     "astype bfloat16": lambda v, x: v.astype(BF16) @ x.T.astype(BF16),
@@ -151,6 +152,23 @@ def test_products_property(pair, batch, lora_is_lhs, seed):
         x = normal(seed + 2, (*batch, 3, 6), w_dtype)
         fn = lambda v, x: x @ v
     _check(fn, lora, x, k=8)
+
+
+@pytest.mark.parametrize(
+    "pair", PAIRS, ids=lambda p: f"{p[0].__name__}-{p[1].__name__}"
+)
+def test_two_lora_arrays(pair):
+    """`dot_general` of two `LoraArray`s (the left one factored, its products
+    with the right one dispatched to the rule again)."""
+    left = _lora(*pair)
+    right = _lora(*pair, (5, 4), seed=4)
+    out = quax.quaxify(lambda p, q: p @ q)(left, right)
+    merged = [jnp.asarray(_dense64(v).astype(v.dtype)) for v in (left, right)]
+    assert out.dtype == (merged[0] @ merged[1]).dtype
+    dense = [_dense64(v) for v in (left, right)]
+    bound = np.abs(dense[0]) @ np.abs(dense[1])
+    err = np.abs(np.asarray(out, np.float64) - dense[0] @ dense[1])
+    assert np.all(err <= 16 * _eps(*pair) * bound)
 
 
 def test_peft_forward_semantics():
