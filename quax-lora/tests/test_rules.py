@@ -61,8 +61,13 @@ def test_convert_element_type(lora):
     x = normal(jr.PRNGKey(3), (4, 5), jnp.bfloat16)
     fn = lambda lr, v: lr.astype(jnp.bfloat16) @ v.T
     _check(fn, lora, x, tol=5e-2)
+    # The array (its `w`) converts; the adapter keeps the wider of its dtype and
+    # the new one, so a float32 adapter stays float32 (mixed precision).
     out = quax.quaxify(lambda lr: lr.astype(jnp.float16))(lora)
-    assert isinstance(out, quax_lora.LoraArray) and out.a.dtype == jnp.float16
+    assert isinstance(out, quax_lora.LoraArray)
+    assert out.dtype == out.w.dtype == jnp.float16
+    assert out.a.dtype == out.b.dtype == jnp.float32
+    np.testing.assert_array_equal(out.a, lora.a)
 
 
 def test_refuses_to_materialise(lora):

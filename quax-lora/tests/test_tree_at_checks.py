@@ -34,8 +34,22 @@ SWAPS = {
     "a 3-d": (lambda v: v.a, jnp.ones((1, 3, 2))),
     "b (rank, 1)": (lambda v: v.b, jnp.ones((2, 1))),
     "w (1, m)": (lambda v: v.w, jnp.ones((1, 4))),
-    "a float16": (lambda v: v.a, jnp.ones((3, 2), jnp.float16)),
-    "a int32": (lambda v: v.a, jnp.ones((3, 2), jnp.int32)),
+    # An adapter in another floating dtype than `w` is accepted (mixed precision,
+    # test_mixed_precision.py), but `a` and `b` must share it, and be floating,
+    # and real with a real `w`.
+    "a float16, b float32": (lambda v: v.a, jnp.ones((3, 2), jnp.float16)),
+    "a, b int32": (
+        lambda v: (v.a, v.b),
+        (jnp.ones((3, 2), jnp.int32), jnp.ones((2, 4), jnp.int32)),
+    ),
+    "a, b bool": (
+        lambda v: (v.a, v.b),
+        (jnp.ones((3, 2), bool), jnp.ones((2, 4), bool)),
+    ),
+    "a, b complex64": (
+        lambda v: (v.a, v.b),
+        (jnp.ones((3, 2), jnp.complex64), jnp.ones((2, 4), jnp.complex64)),
+    ),
 }
 
 

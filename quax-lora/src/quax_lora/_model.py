@@ -17,7 +17,7 @@ import jax.random as jr
 import jax.tree_util as jtu
 import numpy as np
 import quax
-from jaxtyping import PRNGKeyArray, PyTree
+from jaxtyping import DTypeLike, PRNGKeyArray, PyTree
 
 from ._nnx import (
     adapt_layers,
@@ -76,6 +76,7 @@ def loraify(
     where: Callable[[PyTree], Any] | None = None,
     variant: str = "lora",
     dropout: float = 0.0,
+    adapter_dtype: DTypeLike | None = None,
     key: PRNGKeyArray,
 ) -> PyTree:
     """Replace the weights of the layers of `model` with [`quax_lora.LoraArray`][]s.
@@ -95,7 +96,8 @@ def loraify(
     - `model`: any PyTree, usually an Equinox module; or a Flax NNX module
         (`nnx.Module`), see below.
     - `rank`, `scale`, `alpha`, `allow_materialise`, `stop_gradient`, `variant`
-        (`"lora"`, `"rslora"` or `"dora"`), `dropout`: as for
+        (`"lora"`, `"rslora"` or `"dora"`), `dropout`, `adapter_dtype` (say
+        `jnp.float32` for a bfloat16 model, as peft does): as for
         [`quax_lora.LoraArray`][]. A layer whose `(n, m)` matrices are smaller than
         `rank` (say a head with one output) is adapted with rank `min(n, m)`, the
         most it can use, and the same scaling (`alpha / rank`, or
@@ -206,6 +208,7 @@ def loraify(
             row_ndim=row_ndim,
             variant=variant,
             dropout=dropout,
+            adapter_dtype=adapter_dtype,
             key=jr.fold_in(key, next(counter)),
         )
 
@@ -551,6 +554,7 @@ _READ_VERSIONS = (2, 3)
 _SETTINGS = (
     "shape",
     "dtype",
+    "adapter_dtype",
     "batch_ndim",
     "row_ndim",
     "variant",
@@ -572,13 +576,15 @@ def _layers(model: PyTree) -> Iterator[tuple[str, LoraArray]]:
 
 def _settings(lora: LoraArray) -> dict[str, Any]:
     """What reproduces a layer's outputs from its `a` and `b`: the weight's shape
-    and dtype, the layout, the variant (`"lora"`, `"rslora"`, `"dora"`), how many
-    adapters it stacks, the rank, `alpha` and the scaling (`alpha / rank`, or
+    and dtype, the adapter's dtype (see `LoraArray`'s mixed precision), the
+    layout, the variant (`"lora"`, `"rslora"`, `"dora"`), how many adapters it
+    stacks, the rank, `alpha` and the scaling (`alpha / rank`, or
     `alpha / sqrt(rank)`), and whether `w` is frozen (which decides what
     fine-tuning trains)."""
     return {
         "shape": list(lora.shape),
         "dtype": str(lora.dtype),
+        "adapter_dtype": str(lora.adapter_dtype),
         "batch_ndim": lora.batch_ndim,
         "row_ndim": lora.row_ndim,
         "variant": lora.variant,
@@ -627,7 +633,8 @@ def _check_settings(saved: dict[str, dict[str, Any]], model: PyTree) -> None:
     for path, settings in saved.items():
         if path not in current:
             continue
-        settings = {**_DEFAULTS, **settings}
+        # An earlier file does not record the adapter's dtype either: it was `w`'s.
+        settings = {**_DEFAULTS, "adapter_dtype": settings["dtype"], **settings}
         for key in _SETTINGS:
             if _differs(key, settings[key], current[path][key]):
                 problems.append(
@@ -641,8 +648,8 @@ def _check_settings(saved: dict[str, dict[str, Any]], model: PyTree) -> None:
             "otherwise than this one, so its outputs would differ: "
             + summarise(problems)
             + ". Loraify the model as the adapter's was (the same layers, with "
-            "loraify's filter= and where=, and the same rank=, alpha= and "
-            "stop_gradient=), then load it."
+            "loraify's filter= and where=, and the same rank=, alpha=, "
+            "adapter_dtype= and stop_gradient=), then load it."
         )
 
 
@@ -703,10 +710,10 @@ def save_adapter(
 
     In quax-lora's own format (`format="quax"`, one file), it also records, for
     every adapted layer by its path in `model`, the settings that reproduce its
-    outputs from `a` and `b`: the weight's shape and dtype, `batch_ndim`, the
-    variant, how many adapters it stacks, `rank`, `alpha` and the scaling, and
-    `stop_gradient`. [`quax_lora.load_adapter`][] checks them. (The initial
-    `scale` of `a` is not recorded: the file replaces `a`.)
+    outputs from `a` and `b`: the weight's shape and dtype, the adapter's dtype,
+    `batch_ndim`, the variant, how many adapters it stacks, `rank`, `alpha` and
+    the scaling, and `stop_gradient`. [`quax_lora.load_adapter`][] checks them.
+    (The initial `scale` of `a` is not recorded: the file replaces `a`.)
 
     In peft's layout (`format="peft"`), `path_or_file` is a directory, which gets
     `adapter_model.safetensors` and `adapter_config.json`, as peft's

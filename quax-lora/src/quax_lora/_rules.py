@@ -13,6 +13,13 @@ primitive) unless the array was created with `allow_materialise=True`.
 The weight `w` may itself be a `quax.ArrayValue` (a quantised array, for QLoRA): every
 rule passes it to a primitive inside `quax.quaxify`, so that its own rules run, and
 never densifies it.
+
+The adapter may be in another floating dtype than `w` (mixed precision, as peft's
+float32 adapter on a bfloat16 base): the products compute `w`'s term in `w`'s
+dtype, the adapter's with the input cast to the adapter's dtype, add them in the
+wider dtype and cast back (`_add_delta`), as peft's `Linear.forward` does; the
+structural rules keep each array in its own dtype. No rule casts `w` to the
+adapter's dtype, which would be a dense copy of it.
 """
 
 import string
@@ -107,6 +114,34 @@ def _dropped(x: Any, rate: float, key: Any) -> Any:
     return jnp.where(keep, x / jnp.asarray(1 - rate, x.dtype), jnp.zeros((), x.dtype))
 
 
+def _adapter_params(params: dict[str, Any], dtype: Any) -> dict[str, Any]:
+    """`params` of a product of the adapter, whose operands are of `dtype` (the
+    adapter's): a `preferred_element_type` no narrower than `dtype`, so that the
+    low-rank product accumulates in the adapter's precision at least."""
+    preferred = params["preferred_element_type"]
+    if preferred is None:
+        return params
+    return {**params, "preferred_element_type": jnp.promote_types(preferred, dtype)}
+
+
+def _add_delta(
+    dense: Any, delta: Array, dense_scale: Array | None = None, scale_axes: Any = None
+) -> Any:
+    """`dense + delta` in the dtype of `dense` (`w`'s term, `dense_scale * dense`
+    with DoRA's factor per row, broadcast by `scale_axes(factor)`): when `delta`
+    (the adapter's term) is wider, summed (and scaled) in its dtype and cast back
+    once, as peft adds `lora_B(lora_A(x)) * scaling` to the base result and casts
+    the sum to the base result's dtype."""
+    wide = jnp.promote_types(dense.dtype, delta.dtype)
+    out_dtype = dense.dtype
+    if wide != out_dtype:
+        dense = dense.astype(wide)
+    if dense_scale is not None:
+        dense = dense * scale_axes(dense_scale.astype(wide))
+    out = dense + delta.astype(wide)
+    return out if wide == out_dtype else out.astype(out_dtype)
+
+
 def _broadcast_to(v: Array, v_sub: str, out_sub: str, shape: tuple[int, ...]) -> Array:
     """`v`, labelled by `v_sub` (each label in `out_sub`), broadcast to `shape`
     labelled by `out_sub`."""
@@ -166,7 +201,10 @@ def _lora_dot_general(
     # so that DoRA's factor per row can scale the output of `w x`.
     rows_in_output = all(i not in l_contract for i in range(split))
     if row_scale is not None and not rows_in_output:
-        w_ = w_ * row_scale.reshape(row_scale.shape + (1,) * (w_.ndim - split))
+        # In `w`'s dtype: a wider factor would make a dense copy of `w`.
+        w_ = w_ * row_scale.astype(w_.dtype).reshape(
+            row_scale.shape + (1,) * (w_.ndim - split)
+        )
     if lora_is_lhs:
         dense = lax.dot_general_p.bind(
             w_, x, dimension_numbers=dimension_numbers, **params
@@ -199,18 +237,18 @@ def _lora_dot_general(
         )
     )
     first = _factored_path(a_sub, b_sub, "".join(x_sub), out_sub, sizes)
+    dense_scale = None
     if row_scale is not None:
         if rows_in_output:
-            dense = dense * _broadcast_to(
-                row_scale.astype(dense.dtype),
-                "".join(lora_sub[:split]),
-                out_sub,
-                dense.shape,
-            )
+            dense_scale = row_scale
         a_ = a_ * row_scale[..., None].astype(a_.dtype)
     if scaling != 1.0:
         a_ = a_ * jnp.asarray(scaling, a_.dtype)
+    # The adapter's product in its dtype, as peft's `x.to(lora_A.weight.dtype)`.
+    if x.dtype != a_.dtype:
+        x = x.astype(a_.dtype)
     x = _dropped(x, dropout, dropout_key)
+    params = _adapter_params(params, a_.dtype)
     (f, f_sub), (g, g_sub) = (
         ((b_, b_sub), (a_, a_sub)) if first == "b" else ((a_, a_sub), (b_, b_sub))
     )
@@ -225,7 +263,12 @@ def _lora_dot_general(
     )
     if d_sub != out_sub:
         delta = lax.transpose(delta, tuple(d_sub.index(c) for c in out_sub))
-    return dense + delta.astype(dense.dtype)
+    return _add_delta(
+        dense,
+        delta,
+        dense_scale,
+        lambda g: _broadcast_to(g, "".join(lora_sub[:split]), out_sub, dense.shape),
+    )
 
 
 def _dot(
@@ -308,15 +351,18 @@ def _lora_conv(
     per output feature) scales both terms; with a `dropout_key`,
     `conv(x, kernel)` takes `x` dropped."""
     dense = lax.conv_general_dilated_p.bind(x, w, **params)
+    kernel_ = jnp.asarray(kernel)
+    # The adapter's convolution in its dtype, as peft casts the input.
+    x_ = x if x.dtype == kernel_.dtype else x.astype(kernel_.dtype)
+    adapter_params = _adapter_params(params, kernel_.dtype)
     hidden = lax.conv_general_dilated_p.bind(
-        _dropped(x, dropout, dropout_key), kernel, **params
+        _dropped(x_, dropout, dropout_key), kernel_, **adapter_params
     )
     feature = params["dimension_numbers"].out_spec[1]
     mix_ = jnp.asarray(mix)
+    shape = [1] * dense.ndim
+    shape[feature] = -1
     if row_scale is not None:
-        shape = [1] * dense.ndim
-        shape[feature] = -1
-        dense = dense * row_scale.astype(dense.dtype).reshape(shape)
         mix_ = mix_ * row_scale[:, None].astype(mix_.dtype)
     if scaling != 1.0:
         mix_ = mix_ * jnp.asarray(scaling, mix_.dtype)
@@ -325,9 +371,11 @@ def _lora_conv(
         mix_.astype(hidden.dtype),
         (((feature,), (1,)), ((), ())),
         precision=params["precision"],
-        preferred_element_type=params["preferred_element_type"],
+        preferred_element_type=adapter_params["preferred_element_type"],
     )
-    return dense + jnp.moveaxis(delta, -1, feature).astype(dense.dtype)
+    return _add_delta(
+        dense, jnp.moveaxis(delta, -1, feature), row_scale, lambda g: g.reshape(shape)
+    )
 
 
 @quax.register(lax.conv_general_dilated_p)
@@ -433,12 +481,14 @@ def _scale(
         return quax.fallback_rule(lax.mul_p, values)(values, params)
     lora = lora.selected()
     w = _bind(lax.mul_p, lora.weight(), c, **params)
-    a = lax.mul_p.bind(lora.a, c, **params)
+    # `c` is of `w`'s dtype (the array's); the adapter keeps its own.
+    a = lax.mul_p.bind(lora.a, lax.convert_element_type(c, lora.a.dtype), **params)
     out = _replace(lora, w, a, lora.b)
     if lora.magnitude is not None:
         # c (m d) with d the direction of w + s a b: scaling w and a by c turns d
         # into sign(c) d, so the magnitude becomes |c| m.
-        out = out.replace(magnitude=lora.magnitude * jnp.abs(c))
+        magnitude = lora.magnitude
+        out = out.replace(magnitude=magnitude * jnp.abs(c).astype(magnitude.dtype))
     return out
 
 
@@ -467,18 +517,22 @@ def _(operand: LoraArray, *, new_dtype: Any, sharding: Any, **params: Any) -> An
         sharding=sharding,
         **params,
     )
-    # The factors are not laid out like `w`: the sharding applies to `w` alone.
-    a, b = (
-        lax.convert_element_type_p.bind(f, new_dtype=new_dtype, sharding=None, **params)
-        for f in (operand.a, operand.b)
-    )
-    out = _replace(operand, w, a, b)
-    if operand.magnitude is not None:
-        out = out.replace(
-            magnitude=lax.convert_element_type_p.bind(
-                operand.magnitude, new_dtype=new_dtype, sharding=None, **params
-            )
+    # The adapter never loses precision: it takes the wider of its dtype and the
+    # new one (float32 stays float32 when the array becomes bfloat16; bfloat16
+    # becomes float32, or complex64 with the array).
+    adapter_dtype = jnp.promote_types(operand.a.dtype, new_dtype)
+
+    def convert(f: Array) -> Array:
+        # The factors are not laid out like `w`: the sharding applies to `w` alone.
+        if f.dtype == adapter_dtype:
+            return f
+        return lax.convert_element_type_p.bind(
+            f, new_dtype=adapter_dtype, sharding=None, **params
         )
+
+    out = _replace(operand, w, convert(operand.a), convert(operand.b))
+    if operand.magnitude is not None:
+        out = out.replace(magnitude=convert(operand.magnitude))
     return out
 
 
@@ -530,11 +584,12 @@ def _rows_times_b(
     rows_a: Array, b: Array, scaling: float, axis: int, dense: Array
 ) -> Array:
     """`dense + s * rows_a @ b`, where `rows_a` has `rank` at `axis` (where `dense`
-    has the row's `m` entries): the update of the gathered rows, `a[i] b`."""
+    has the row's `m` entries): the update of the gathered rows, `a[i] b`, in
+    the adapter's dtype, added as `_add_delta` does."""
     if scaling != 1.0:
         rows_a = rows_a * jnp.asarray(scaling, rows_a.dtype)
     delta = lax.dot_general(rows_a, b.astype(rows_a.dtype), (((axis,), (0,)), ((), ())))
-    return dense + jnp.moveaxis(delta, -1, axis).astype(dense.dtype)
+    return _add_delta(dense, jnp.moveaxis(delta, -1, axis))
 
 
 @quax.register(lax.gather_p)

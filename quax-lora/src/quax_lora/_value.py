@@ -14,7 +14,7 @@ import jax.random as jr
 import numpy as np
 import quax
 from jax import lax
-from jaxtyping import Array, PRNGKeyArray
+from jaxtyping import Array, DTypeLike, PRNGKeyArray
 
 
 __all__ = ["LoraArray", "LoraWarning", "MaterialisationError", "RankWarning"]
@@ -66,9 +66,12 @@ class LoraArray(quax.GuardedValue):
         `row_ndim` says more): an array, or a `quax.ArrayValue` such as a
         quantised array (QLoRA).
     - `a`: shape `(*batch, *n, rank)`.
-    - `b`: shape `(*batch, rank, *m)`.
+    - `b`: shape `(*batch, rank, *m)`, of `a`'s dtype: the adapter's dtype, that
+        of `w` unless `adapter_dtype` said otherwise (see "Mixed precision"
+        below).
     - `magnitude`: DoRA's magnitude, shape `(*batch, n)` (one per row of `w`, that
-        is per output of a layer), or `None` for the other variants.
+        is per output of a layer), in the adapter's dtype, or `None` for the other
+        variants.
     - `dropout_key`: the key of LoRA dropout on the adapter's input, or `None`
         (no dropout, as at inference); set by [`quax_lora.with_dropout_key`][].
     - `index`: which of the `adapters` stacked adapters to use (an integer array
@@ -84,6 +87,19 @@ class LoraArray(quax.GuardedValue):
     naming the primitive, the types and the way out, unless
     `allow_materialise=True` (or `.enable_materialise()`, which returns a copy
     sharing `w`, `a` and `b`).
+
+    **Mixed precision.** The adapter (`a`, `b`, DoRA's `magnitude`) may be kept in
+    another floating dtype than `w`, as peft keeps it in float32 for a bfloat16 or
+    float16 base (its `autocast_adapter_dtype`, and QLoRA): pass
+    `adapter_dtype=jnp.float32`. The array's dtype stays that of `w`. A product
+    computes `w @ x` in `w`'s dtype, the adapter's `s * a @ (b @ x)` with `x` cast
+    to the adapter's dtype (as peft's `x.to(lora_A.weight.dtype)`), adds the two
+    in the wider dtype and casts the sum back to the dtype of `w @ x` (as peft's
+    `result.to(torch_result_dtype)`): the dtype dense JAX gives for the merged
+    weight in `w`'s dtype. `materialise` and [`quax_lora.merge`][] form
+    `w + s * a @ b` in the wider dtype and round it once to `w`'s dtype. An
+    integer or boolean adapter, `a` and `b` of different dtypes, or a complex
+    adapter with a real `w` (or the reverse) is refused.
     """
 
     # `w + s * a @ b` is not linear in the leaves (a, b) together: a custom
@@ -119,6 +135,7 @@ class LoraArray(quax.GuardedValue):
         row_ndim: int = 1,
         variant: str = "lora",
         dropout: float = 0.0,
+        adapter_dtype: DTypeLike | None = None,
         key: PRNGKeyArray,
     ):
         """**Arguments:**
@@ -172,6 +189,11 @@ class LoraArray(quax.GuardedValue):
             input (not `w`'s) is dropped, as peft's `lora_dropout`, when a key is
             set with [`quax_lora.with_dropout_key`][]. `0` (the default) never
             drops.
+        - `adapter_dtype`: the dtype of `a`, `b` and DoRA's `magnitude`: a
+            floating dtype, complex exactly when `w`'s is. `None` (the default)
+            takes `w`'s. `jnp.float32` for a bfloat16 or float16 `w` is peft's
+            default (its `autocast_adapter_dtype=True`): the optimiser then
+            updates the adapter in float32, while `w @ x` stays in `w`'s dtype.
         - `key`: a `jax.random` key, used to initialise `a`.
 
         Invalid arguments raise a `ValueError` that names the argument and says
@@ -273,6 +295,16 @@ class LoraArray(quax.GuardedValue):
                 "would normalise its outputs, the columns. Use variant='lora' or "
                 "'rslora'."
             )
+        if adapter_dtype is None:
+            adapter_dtype = weight.dtype
+        else:
+            problem = _adapter_dtype_problem(jnp.dtype(adapter_dtype), weight.dtype)
+            if problem is not None:
+                raise ValueError(
+                    f"LoraArray needs adapter_dtype= a floating dtype, complex "
+                    f"exactly when the weight's ({weight.dtype}) is; got "
+                    f"adapter_dtype={jnp.dtype(adapter_dtype)}: {problem}"
+                )
         for name, flag in (
             ("allow_materialise", allow_materialise),
             ("stop_gradient", stop_gradient),
@@ -285,12 +317,14 @@ class LoraArray(quax.GuardedValue):
         rows = weight.shape[batch_ndim:split]
         rest = weight.shape[split:]
         self.w = weight
-        self.a = jr.normal(key, (*batch, *rows, rank), dtype=weight.dtype) * scale
-        self.b = jnp.zeros((*batch, rank, *rest), dtype=weight.dtype)
+        self.a = jr.normal(key, (*batch, *rows, rank), dtype=adapter_dtype) * scale
+        self.b = jnp.zeros((*batch, rank, *rest), dtype=adapter_dtype)
         # DoRA's magnitude starts at the row norms of `w`: with `b` zero, the
         # weight is then `w` itself.
         self.magnitude = (
-            quax.quaxify(_row_norms)(weight, batch_ndim) if variant == "dora" else None
+            quax.quaxify(_row_norms)(weight, batch_ndim, jnp.dtype(adapter_dtype))
+            if variant == "dora"
+            else None
         )
         self.dropout_key = None
         self.index = None
@@ -333,12 +367,20 @@ class LoraArray(quax.GuardedValue):
                     f"row_ndim={self.row_ndim}, adapters={self.adapters}); got "
                     f"`{name}` of shape {tuple(got)}."
                 )
-        for name, x in (("a", a), ("b", b)):
-            if x.dtype != w.dtype:
-                raise ValueError(
-                    f"LoraArray needs `{name}` of the dtype of `w`, {w.dtype}; got "
-                    f"`{name}` of dtype {x.dtype}."
-                )
+        if a.dtype != b.dtype:
+            raise ValueError(
+                f"LoraArray needs `a` and `b` of one dtype (the adapter's); got `a` "
+                f"of dtype {a.dtype} and `b` of dtype {b.dtype}. Cast both to one "
+                f"floating dtype (that of `w`, {w.dtype}, or a wider one such as "
+                "float32, as peft keeps the adapter of a bfloat16 base)."
+            )
+        problem = _adapter_dtype_problem(a.dtype, w.dtype)
+        if problem is not None:
+            raise ValueError(
+                f"LoraArray needs `a` and `b` of a floating dtype, complex exactly "
+                f"when `w`'s is; got `a` and `b` of dtype {a.dtype} for `w` of "
+                f"dtype {w.dtype}: {problem}"
+            )
         magnitude = self.magnitude
         if (magnitude is None) != (self.variant != "dora"):
             raise ValueError(
@@ -348,12 +390,19 @@ class LoraArray(quax.GuardedValue):
             )
         if magnitude is not None:
             want = (*lead, *w_shape[: nb + 1])
-            if tuple(magnitude.shape) != want or magnitude.dtype != w.dtype:
+            if tuple(magnitude.shape) != want or magnitude.dtype != a.dtype:
                 raise ValueError(
                     f"LoraArray needs `magnitude` of shape {want} and dtype "
-                    f"{w.dtype} (one per row of `w`); got shape "
-                    f"{tuple(magnitude.shape)} and dtype {magnitude.dtype}."
+                    f"{a.dtype} (one per row of `w`, in the adapter's dtype, that "
+                    f"of `a`); got shape {tuple(magnitude.shape)} and dtype "
+                    f"{magnitude.dtype}."
                 )
+
+    @property
+    def adapter_dtype(self) -> jnp.dtype:
+        """The dtype of the adapter (`a`, `b` and DoRA's `magnitude`): that of `w`,
+        or another floating one (see "Mixed precision")."""
+        return jnp.dtype(self.a.dtype)
 
     @property
     def rank(self) -> int:
@@ -440,8 +489,9 @@ class LoraArray(quax.GuardedValue):
 
     def delta(self) -> Array:
         """The dense update `s * (a @ b)`, shape `w.shape` (of the selected adapter
-        when it stacks several). Used by `materialise` and `quax_lora.merge`;
-        rules never form it."""
+        when it stacks several), in the widest of float32, `w`'s dtype and the
+        adapter's. Used by `materialise` and `quax_lora.merge`; rules never form
+        it."""
         self = self.selected()
         nb = self.batch_ndim
         batch = tuple(range(nb))
@@ -449,7 +499,9 @@ class LoraArray(quax.GuardedValue):
             self.a,
             self.b,
             (((nb + self.row_ndim,), (nb,)), (batch, batch)),
-            preferred_element_type=jnp.promote_types(self.w.dtype, jnp.float32),
+            preferred_element_type=jnp.promote_types(
+                jnp.promote_types(self.w.dtype, self.a.dtype), jnp.float32
+            ),
         )
         return out * self.scaling
 
@@ -468,7 +520,8 @@ class LoraArray(quax.GuardedValue):
     def dense_from(self, w: Array) -> Array:
         """The dense weight of this array with the dense base weight `w`
         (`self.w` densified): `w + s * a @ b`, for DoRA scaled per row to
-        `magnitude`, in the dtype of `self.w`."""
+        `magnitude`, in the dtype of `self.w`: summed (and scaled) in the widest
+        of float32, `w`'s dtype and the adapter's, then rounded once."""
         one = self.selected()
         full = w + one.delta()
         if one.magnitude is not None:
@@ -495,18 +548,40 @@ class LoraArray(quax.GuardedValue):
         )
 
 
-def _row_norms(w: Any, batch_ndim: int) -> Array:
+def _adapter_dtype_problem(adapter: jnp.dtype, w: jnp.dtype) -> str | None:
+    """What is wrong with an adapter of dtype `adapter` for a `w` of dtype `w`
+    (why, and the way out), or `None` when it is fine: a floating dtype, complex
+    exactly when `w`'s is."""
+    if not jnp.issubdtype(adapter, jnp.inexact):
+        return (
+            f"the adapter is trained, so it must be floating. Use a floating "
+            f"dtype for `a` and `b` (adapter_dtype= in LoraArray / loraify), "
+            f"such as {w} (that of `w`) or float32."
+        )
+    adapter_complex = jnp.issubdtype(adapter, jnp.complexfloating)
+    if adapter_complex != jnp.issubdtype(w, jnp.complexfloating):
+        return (
+            "a complex adapter needs a complex `w`, and a complex `w` a complex "
+            "adapter. Make both real or both complex: the adapter in "
+            f"{w} (adapter_dtype={w} in LoraArray / loraify), or convert `w`."
+        )
+    return None
+
+
+def _row_norms(w: Any, batch_ndim: int, dtype: jnp.dtype) -> Array:
     """The norm of each row of `w` (an array, or a `quax.ArrayValue` inside
-    `quax.quaxify`; over the axes after `batch_ndim`), in the dtype of `w`: DoRA's
-    initial magnitude."""
+    `quax.quaxify`; over the axes after `batch_ndim`), in `dtype` (the
+    adapter's): DoRA's initial magnitude."""
     axes = tuple(range(batch_ndim + 1, w.ndim))
-    w32 = w.astype(jnp.promote_types(w.dtype, jnp.float32))
-    return jnp.sqrt(jnp.sum(w32 * w32, axis=axes)).astype(w.dtype)
+    w32 = w.astype(jnp.promote_types(jnp.promote_types(w.dtype, dtype), jnp.float32))
+    return jnp.sqrt(jnp.sum(w32 * w32, axis=axes)).astype(dtype)
 
 
 def _factored_row_norms_sq(w: Any, a: Array, b: Array, scaling: float) -> Array:
     """`||w_i + s a_i b||^2` for every row `i`, from the factors: `a @ b` is never
-    formed. In float32 at least."""
+    formed. In float32 at least (and the adapter's dtype), but for `w b^T`, whose
+    `b` is cast to `w`'s dtype (a wider `w` would be a dense copy of it), and
+    accumulated in that wider dtype."""
     nb = a.ndim - 2
     dtype = jnp.promote_types(a.dtype, jnp.float32)
     batch = tuple(range(nb))

@@ -29,6 +29,7 @@ def _stack(loras: Sequence[LoraArray], path: str) -> LoraArray:
             for name, same in (
                 ("shape", x.shape == first.shape),
                 ("dtype", x.dtype == first.dtype),
+                ("adapter dtype", x.adapter_dtype == first.adapter_dtype),
                 ("rank", x.rank == first.rank),
                 ("scaling", x.scaling == first.scaling),
                 ("variant", x.variant == first.variant),
