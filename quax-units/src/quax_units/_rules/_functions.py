@@ -22,14 +22,16 @@ another family's value among them the body runs under the rules as usual):
   would change the angle (`rad2deg` of pi rad gave 180 rad): they show the same
   angle in `deg` or `rad`, as pint's do, and refuse an operand with dimensions.
   They are `jax.jit(inline=True)`, whose calls quax brings to these rules all the
-  same (see `quax.register_function`);
+  same (see `quax.register_function`). Their rules come with their derivatives
+  (`jvp`, the angle's own tangent), for `grad`, `jvp`, ... inside `quaxify`;
 - `jnp.floor_divide` (`//`) and `jnp.divmod` of two quantities of one dimension:
   the quotient is a number (`5 km // 2 m` is 2500), where their bodies floor the
   quotient shown in `km / m`, a scaled unit that rounding refuses; they are
   computed on the SI-coherent numbers;
 - `jnp.angle(z, deg=True)` multiplies the angle in radians by `180 / pi` (an
   inlined `rad2deg` in its body): it is computed on the numbers and shown in `deg`
-  (in `rad` without `deg`), of a complex quantity of any dimensions.
+  (in `rad` without `deg`), of a complex quantity of any dimensions; its `jvp` is
+  `Im(conj(z) dz) / |z|^2`.
 """
 
 from typing import Any
@@ -129,12 +131,22 @@ def _no_tangent(x: Any) -> Any:
     return jnp.zeros(jnp.shape(x), dtype)
 
 
-def _same_angle_tangent(primals: tuple[Any, ...], tangents: tuple[Any, ...]) -> Any:
-    """The tangent of `rad2deg`/`deg2rad` of an angle: the angle's own. The rules
-    show the same angle in another unit (its SI numbers, radians, unchanged), so its
-    tangent is unchanged too, a plain one (as `grad` seeds it) or a quantity."""
-    ((x,), (t,)) = primals, tangents
-    return t if jnp.issubdtype(t.dtype, jnp.inexact) else _no_tangent(x)
+def _same_angle_tangent(shown: Unit) -> Any:
+    """The `jvp` of `rad2deg`/`deg2rad` (whose rules show an angle in `shown`): the
+    tangent of the angle is its own. The rules show the same angle in another unit
+    (its SI numbers, radians, unchanged), so its tangent is unchanged too: a plain
+    one (as `grad` seeds it), or a quantity, shown in `shown` where it is an angle
+    (a tangent that `jax.jvp` gives as a quantity; under `grad` JAX stages the
+    tangent before its type is known, and it keeps its numbers and unit)."""
+
+    def jvp(primals: tuple[Any, ...], tangents: tuple[Any, ...]) -> Any:
+        ((x,), (t,)) = primals, tangents
+        if not jnp.issubdtype(t.dtype, jnp.inexact):
+            return _no_tangent(x)
+        units = getattr(t, "units", None)  # a quantity's, through quax's tracer
+        return t.to(shown) if units is not None and units.is_dimensionless else t
+
+    return jvp
 
 
 def _angle_tangent(
@@ -156,12 +168,16 @@ def _angle_tangent(
 # ... inside `quaxify` differentiate them on quantities; where JAX differentiates
 # them while it traces a body on abstract arguments (`grad` inside `jax.jit`), quax
 # raises rather than run the body.
-@quax.register_function(jnp.rad2deg, body_stands_in=False, jvp=_same_angle_tangent)
+@quax.register_function(
+    jnp.rad2deg, body_stands_in=False, jvp=_same_angle_tangent(_DEGREE)
+)
 def _rad2deg(x: Quantity, *, call: Any) -> Quantity:
     return _angle_shown_in("jnp.rad2deg", x, _DEGREE)
 
 
-@quax.register_function(jnp.deg2rad, body_stands_in=False, jvp=_same_angle_tangent)
+@quax.register_function(
+    jnp.deg2rad, body_stands_in=False, jvp=_same_angle_tangent(_RADIAN)
+)
 def _deg2rad(x: Quantity, *, call: Any) -> Quantity:
     return _angle_shown_in("jnp.deg2rad", x, _RADIAN)
 
