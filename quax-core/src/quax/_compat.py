@@ -537,14 +537,23 @@ def differentiate_jits_with(tangents_for: Any) -> None:
     jvp_rule = _ad.primitive_jvps[jprim.jit_p]
     linearize_rule = _ad.primitive_linearizations[jprim.jit_p]
 
+    def tangents_out(
+        tangent_map: Any, avals: Sequence[Any], primals: Any, tangents: Any
+    ) -> list[Any]:
+        # Outputs of integer or boolean types have no tangent (a symbolic zero).
+        given = tangent_map(list(primals), list(map(_ad.instantiate_zeros, tangents)))
+        return [
+            t if _has_tangent(a) else _ad.Zero(a.to_tangent_aval())
+            for t, a in zip(given, avals, strict=True)
+        ]
+
     def jvp(primals: Sequence[Any], tangents: Sequence[Any], **params: Any) -> Any:
         tangent_map = tangents_for(primals, params)
         if tangent_map is None:
             return jvp_rule(primals, tangents, **params)
         out = jprim.jit_p.bind(*primals, **params)
-        return out, tangent_map(
-            list(primals), list(map(_ad.instantiate_zeros, tangents))
-        )
+        avals = params["jaxpr"].out_avals
+        return out, tangents_out(tangent_map, avals, primals, tangents)
 
     def linearize(
         is_vjp: bool, nonzeros: Sequence[bool], *primals: Any, **params: Any
@@ -554,22 +563,19 @@ def differentiate_jits_with(tangents_for: Any) -> None:
             return linearize_rule(is_vjp, nonzeros, *primals, **params)
         out = jprim.jit_p.bind(*primals, **params)
         avals = params["jaxpr"].out_avals
-        # Outputs of integer or boolean types have no tangent (a symbolic zero).
-        nonzeros_out = [_dtypes.issubdtype(a.dtype, np.inexact) for a in avals]
 
         def linearized(residuals: Sequence[Any], *tangents: Any) -> list[Any]:
-            given = tangent_map(
-                list(residuals), list(map(_ad.instantiate_zeros, tangents))
-            )
-            return [
-                t if nonzero else _ad.Zero(a.to_tangent_aval())
-                for t, nonzero, a in zip(given, nonzeros_out, avals, strict=True)
-            ]
+            return tangents_out(tangent_map, avals, residuals, tangents)
 
-        return out, nonzeros_out, list(primals), linearized
+        return out, list(map(_has_tangent, avals)), list(primals), linearized
 
     _ad.primitive_jvps[jprim.jit_p] = jvp
     _ad.primitive_linearizations[jprim.jit_p] = linearize
+
+
+def _has_tangent(aval: Any) -> bool:
+    """Whether an output of type `aval` has a tangent: one of an inexact dtype."""
+    return bool(_dtypes.issubdtype(aval.dtype, np.inexact))
 
 
 def primal_behind(x: Any) -> Any:
