@@ -95,14 +95,45 @@ _DIFFERENTIATIONS = {
 }
 
 
-@pytest.mark.parametrize("how", list(_DIFFERENTIATIONS))
+# The derivatives that JAX takes while it traces a body on abstract arguments (a
+# `jax.checkpoint` or `jax.jit` body), before quax knows that a quantity reaches the
+# function: the rule's `jvp` cannot run there.
+_ABSTRACT = ("checkpoint grad", "jit grad")
+
+
+def _si(x: Any) -> Any:
+    """The SI numbers of the quantities in `x` (plain arrays as they are)."""
+    return jax.tree.map(
+        lambda v: np.asarray(v.array if isinstance(v, Quantity) else v),
+        x,
+        is_leaf=lambda v: isinstance(v, Quantity),
+    )
+
+
+@pytest.mark.parametrize("how", [h for h in _DIFFERENTIATIONS if h not in _ABSTRACT])
 @pytest.mark.parametrize("name", ["rad2deg", "deg2rad", "degrees", "radians"])
-def test_grad_inside_quaxify_raises(name: str, how: str) -> None:
-    # Under `grad` inside `quaxify` quax meets the parts of the body's derivative (a
+def test_derivatives_inside_quaxify(name: str, how: str) -> None:
+    # Under `grad` inside `quaxify` quax met the parts of the body's derivative (a
     # multiplication by 180 / pi), not the function: `jax.grad(jnp.rad2deg)` of an
     # angle in rad gave 57.3 where the derivative is 1 (57.3 deg/rad), and the
-    # value of `value_and_grad` 17.19 rad where it is 0.3 rad (17.19 deg). quax-units
-    # registers these rules with `body_stands_in=False`: quax raises, at trace time.
+    # value of `value_and_grad` 17.19 rad where it is 0.3 rad (17.19 deg); then quax
+    # raised. quax-units registers these rules with a `jvp` (the same angle: its
+    # tangent unchanged), which quax runs there: the derivative of the identity on
+    # the SI numbers, in plain JAX.
+    f, (value, unit), _, _ = _FUNCTIONS[name]
+    q = Quantity(jnp.float32(value), unit)
+    inside = quax.quaxify(_DIFFERENTIATIONS[how](f))(q)
+    dense = _DIFFERENTIATIONS[how](lambda a: a)(q.array)
+    jax.tree.map(
+        lambda got, want: np.testing.assert_allclose(got, want, rtol=1e-6),
+        _si(inside),
+        _si(dense),
+    )
+
+
+@pytest.mark.parametrize("how", _ABSTRACT)
+@pytest.mark.parametrize("name", ["rad2deg", "deg2rad", "degrees", "radians"])
+def test_a_derivative_traced_on_abstract_arguments_raises(name: str, how: str) -> None:
     f, (value, unit), _, _ = _FUNCTIONS[name]
     q = Quantity(jnp.float32(value), unit)
     with pytest.raises(NotImplementedError) as info:
@@ -110,6 +141,7 @@ def test_grad_inside_quaxify_raises(name: str, how: str) -> None:
     message = str(info.value)
     assert "of Quantity inside a transformation inside `quax.quaxify`" in message
     assert "quax_units.grad(quax.quaxify(f))" in message
+    assert "jax.jit(quax.quaxify(jax.grad(f)))" in message
 
 
 def test_grad_outside_quaxify() -> None:

@@ -99,6 +99,8 @@ __all__ = [
     "jit_inlines",
     "jit_may_inline",
     "jvp_body",
+    "differentiate_jits_with",
+    "primal_behind",
     "keep_inline_jit",
     "kept_inline_jits",
     "jit_p",
@@ -514,6 +516,81 @@ def jvp_body(body: Any, nonzeros: Sequence[bool]) -> tuple[Any, list[bool]]:
     arguments where `nonzeros` is true, giving the outputs and their tangents where
     the second list is true (the others are symbolic zeros, not outputs)."""
     return _ad.jvp_jaxpr(body, list(nonzeros), instantiate=False)
+
+
+def differentiate_jits_with(tangents_for: Any) -> None:
+    """From now on, differentiate a `jit` equation by a tangent map of its own where
+    `tangents_for(primals, params)` (given the `jit`'s primal arguments and its
+    params) gives one: a function `tangents(primals, tangents)` returning the
+    tangents of the outputs (a list), given the primals and their tangents (zeros
+    where JAX has none). The outputs themselves are the `jit`'s, bound on the
+    primals' trace (where quax runs the rules for them). Under `jax.jvp` the map
+    runs there, on the primals and tangents; under `jax.linearize` (as `grad`,
+    `vjp`, `jacrev` run it) it runs where JAX stages the tangent computation, with
+    the primals as residuals, as JAX stages a `custom_jvp` rule's, and JAX
+    transposes what it staged where `grad` needs it. Where `tangents_for` gives
+    `None`, JAX's own rules for `jit` run, which differentiate the body: `jax.jvp`
+    binds a `jit` of the body's `jvp`, `jax.linearize` a `jit` of the primal part
+    and one of the tangent part. Installed once (the first
+    `quax.register_function` with a `jvp`); `tangents_for` is asked on every `jvp`
+    or `linearize` of a `jit`, so it must be cheap where it answers `None`."""
+    jvp_rule = _ad.primitive_jvps[jprim.jit_p]
+    linearize_rule = _ad.primitive_linearizations[jprim.jit_p]
+
+    def tangents_out(
+        tangent_map: Any, avals: Sequence[Any], primals: Any, tangents: Any
+    ) -> list[Any]:
+        # Outputs of integer or boolean types have no tangent (a symbolic zero).
+        given = tangent_map(list(primals), list(map(_ad.instantiate_zeros, tangents)))
+        return [
+            t if _has_tangent(a) else _ad.Zero(a.to_tangent_aval())
+            for t, a in zip(given, avals, strict=True)
+        ]
+
+    def jvp(primals: Sequence[Any], tangents: Sequence[Any], **params: Any) -> Any:
+        tangent_map = tangents_for(primals, params)
+        if tangent_map is None:
+            return jvp_rule(primals, tangents, **params)
+        out = jprim.jit_p.bind(*primals, **params)
+        avals = params["jaxpr"].out_avals
+        return out, tangents_out(tangent_map, avals, primals, tangents)
+
+    def linearize(
+        is_vjp: bool, nonzeros: Sequence[bool], *primals: Any, **params: Any
+    ) -> Any:
+        tangent_map = tangents_for(primals, params)
+        if tangent_map is None:
+            return linearize_rule(is_vjp, nonzeros, *primals, **params)
+        out = jprim.jit_p.bind(*primals, **params)
+        avals = params["jaxpr"].out_avals
+
+        def linearized(residuals: Sequence[Any], *tangents: Any) -> list[Any]:
+            return tangents_out(tangent_map, avals, residuals, tangents)
+
+        return out, list(map(_has_tangent, avals)), list(primals), linearized
+
+    _ad.primitive_jvps[jprim.jit_p] = jvp
+    _ad.primitive_linearizations[jprim.jit_p] = linearize
+
+
+def _has_tangent(aval: Any) -> bool:
+    """Whether an output of type `aval` has a tangent: one of an inexact dtype."""
+    return bool(_dtypes.issubdtype(aval.dtype, np.inexact))
+
+
+def primal_behind(x: Any) -> Any:
+    """The innermost primal behind `x`, through the tracers of `jax.jvp` and
+    `jax.linearize` (their primals) and of `jax.vmap` (their batched values):
+    where such transformations run inside `quaxify`, the tracer of the quax trace
+    (or the plain array) that they transform; anything else unchanged (a staged
+    tracer of `jit`, whose value is not known while JAX traces the body)."""
+    while True:
+        if isinstance(x, _ad.JVPTracer | _ad.LinearizeTracer):
+            x = x.primal
+        elif isinstance(x, _batching.BatchTracer):
+            x = x.val
+        else:
+            return x
 
 
 def _all_unspecified(shardings: tuple[Any, ...]) -> bool:

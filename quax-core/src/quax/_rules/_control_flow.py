@@ -43,12 +43,14 @@ from .._compat import (
     Tracer,
     cond_p,
     current_trace,
+    differentiate_jits_with,
     is_unspecified,
     jit_may_inline,
     jit_p,
     jvp_body,
     keep_inline_jit,
     linear_solve_p,
+    primal_behind,
     release_traces,
     remat_p,
     scan_p,
@@ -63,6 +65,7 @@ from .._dispatch._registry import register, registered_rule, resolve
 from .._foundation import _caches
 from .._foundation._caches import Table
 from .._transform import _trace
+from .._transform._trace import QuaxTracer
 from .._values._value import Value, ValueLike, describe_types, is_value
 from . import _loops as _loops  # `_loops`: the loops' rules
 from ._bodies import decision, quaxified_jaxpr
@@ -100,8 +103,9 @@ class _Registered:
     primitive (the rules' key in the registry), the names of its parameters that
     take positional arguments (those before any `*args`, and the name of `*args`
     or `None`), the values of its static arguments that some rule for it
-    takes (`static` of `register_function`), by name, and the rules whose
-    function's body does not stand in for them (`body_stands_in=False`)."""
+    takes (`static` of `register_function`), by name, the rules whose
+    function's body does not stand in for them (`body_stands_in=False`), and the
+    `jvp` registered with each rule that has one."""
 
     def __init__(self, function: Callable[..., Any], name: str) -> None:
         self.code = inspect.unwrap(function).__code__
@@ -120,6 +124,8 @@ class _Registered:
         self.static: dict[str, list[Any]] = {}
         # The rules registered with `body_stands_in=False`.
         self.not_stand_ins: set[Callable[..., Any]] = set()
+        # The `jvp` of each rule registered with one, by rule.
+        self.jvps: dict[Callable[..., Any], Callable[..., Any]] = {}
 
 
 def register_function(
@@ -128,6 +134,7 @@ def register_function(
     precedence: int = 0,
     static: Mapping[str, Iterable[Any]] | None = None,
     body_stands_in: bool = True,
+    jvp: Callable[..., Any] | None = None,
 ) -> Callable[[_F], _F]:
     """Register a rule for a jitted library function (`jnp.hypot`), used in place
     of the function's body where quax meets its `jit` with arguments whose types
@@ -177,7 +184,16 @@ def register_function(
     cannot (quax-units' `jnp.rad2deg` shows an angle in degrees, where the body
     multiplies the angle's number by 180 / pi) is registered with
     `body_stands_in=False`, and quax then raises there, at trace time, rather
-    than run the body. A function that JAX inlines
+    than run the body. A rule may come with its derivative instead (`jvp`): where
+    `grad`, `jvp`, `linearize`, `vjp`, `jacfwd`, `jacrev` or `hessian` (or `vmap`
+    around them) inside `quaxify` differentiates the function on values the rule
+    matches, quax computes the outputs by the rule and their tangents by the
+    `jvp`, before JAX changes the body, and JAX transposes what the `jvp`
+    computes where `grad` needs it; the body's derivative runs nowhere. A
+    derivative that JAX takes while it traces a body on abstract arguments
+    (`grad` inside a `jax.jit`, a `jax.jit` or `jax.checkpoint` inside `grad`)
+    still changes the body before quax knows the types: there the body runs, or
+    quax raises. A function that JAX inlines
     into its callers (`jax.jit(inline=True)`, as `jnp.rad2deg` is) is kept as a
     call (a `jit` equation) from its first registration on, wherever it is called:
     by quax, and by JAX's own staging, which inlines it otherwise. So its rules run
@@ -208,7 +224,21 @@ def register_function(
         `linearize`, `vjp`, `jacfwd`, `jacrev`, `hessian`, a `vmap` quax does not
         recognise, `jvp` with a plain tangent) changed it. `False` makes those
         places raise a `NotImplementedError` at trace time that names the
-        function and the way out (the transformation outside `quaxify`).
+        function and the way out (the transformation outside `quaxify`, or a
+        `jvp`).
+    - `jvp`: the derivative of the rule, for `grad`, `jvp`, `linearize`, `vjp`,
+        `jacfwd`, `jacrev` and `hessian` inside `quaxify`: a function
+        `jvp(primals, tangents, **static)` of the rule's positional arguments
+        (a tuple, as the rule gets them), their tangents (a tuple: zeros where an
+        argument has none) and the static arguments the rule takes, returning
+        the tangents of the function's outputs (one array, or a sequence as the
+        function returns its outputs). It is JAX code, as a `jax.custom_jvp`
+        rule is: it runs on the values as quaxified code does, their operations
+        under the rules, and must be linear in the tangents, which may be plain
+        arrays (`grad` seeds them so) or values (a `jvp` given values); under
+        `grad` JAX stages and transposes it. quax-units' `jnp.rad2deg` shows the
+        same angle in `deg`, whose SI numbers are the angle's: its tangent is
+        the angle's, `lambda primals, tangents: tangents[0]`.
 
     **Returns:**
 
@@ -270,6 +300,11 @@ def register_function(
             known += [v for v in values if not any(_same(v, k) for k in known)]
         if not body_stands_in:
             registered.not_stand_ins.add(rule)
+        if jvp is not None:
+            registered.jvps[rule] = jvp
+            if not _sources_with_jvps:
+                differentiate_jits_with(_jvp_for)
+            _sources_with_jvps.add(source)
         return registering(rule)
 
     return _register
@@ -604,6 +639,72 @@ def _rule_on(rule: Any, body: Any, params: dict[str, Any]) -> Callable[..., Any]
     return function
 
 
+# The sources of the functions some rule was registered for with a `jvp` (see
+# `_jvp_for`).
+_sources_with_jvps: set[str] = set()
+
+
+def _jvp_for(
+    primals: Sequence[Any], params: dict[str, Any]
+) -> Callable[[list[Any], list[Any]], list[Any]] | None:
+    """How JAX differentiates a `jit` with the primal arguments `primals` and the
+    params `params` (see `quax._compat.differentiate_jits_with`): by the `jvp`
+    registered with the rule that the values behind `primals` reach, where the
+    `jit` is the body of a function registered with one (its static arguments at
+    their defaults or at values the rule takes) and `grad`, `jvp`, `linearize`,
+    `vjp`, ... (or `vmap` around them) run inside `quaxify`, on its values; else
+    `None`, and JAX differentiates the body. Asked on every `jvp` or `linearize`
+    of a `jit`, in or out of `quaxify`: where no function registered with a `jvp`
+    has the body's source, it answers after one lookup."""
+    jaxpr = params["jaxpr"]
+    source = body_source(jaxpr)
+    if source not in _sources_with_jvps:
+        return None
+    values = [_value_behind(p) for p in primals]
+    if not any(is_value(v) for v in values):
+        return None  # plain arrays, or a `jit` body JAX traces: JAX's derivative
+    candidates = [r for r in _registered[source] if _in_order(jaxpr, r)]
+    found = _identify(jaxpr, candidates) if candidates else None
+    if found is None:
+        return None
+    registered, statics = found
+    if registered_rule(registered.primitive, values, takes=statics) is None:
+        return None
+    jvp = registered.jvps.get(resolve(registered.primitive, values).function)
+    if jvp is None:
+        return None
+    return ft.partial(_run_jvp, jvp, statics, len(jaxpr.out_avals), params["name"])
+
+
+def _value_behind(primal: Any) -> Any:
+    """The value that the tracer `primal` of `jvp`, `linearize` or `vmap` inside
+    `quaxify` stands for (see `quax._compat.primal_behind`), or what it holds
+    (a plain array, or a staged tracer, whose type quax does not know yet)."""
+    x = primal_behind(primal)
+    return x.quax_value if type(x) is QuaxTracer else x
+
+
+def _run_jvp(
+    jvp: Callable[..., Any],
+    statics: dict[str, Any],
+    m: int,
+    name: str,
+    primals: list[Any],
+    tangents: list[Any],
+) -> list[Any]:
+    """Run the `jvp` registered with a rule for the function `name` (of `m`
+    outputs), with the static arguments `statics`, on the `jit`'s primals and
+    tangents: the tangents of its outputs, as a list."""
+    out = jtu.tree_leaves(jvp(tuple(primals), tuple(tangents), **statics))
+    if len(out) != m:
+        raise TypeError(
+            f"the `jvp` registered with a rule for `{name}` "
+            f"(`quax.register_function(..., jvp=...)`) returned {len(out)} "
+            f"tangents; the function returns {m} arrays, each with its tangent."
+        )
+    return out
+
+
 def _refuse_a_body_that_stands_in_for_no_rule(
     candidates: list[_Registered], args: Sequence[Any], params: dict[str, Any]
 ) -> None:
@@ -615,7 +716,12 @@ def _refuse_a_body_that_stands_in_for_no_rule(
     `jnp.rad2deg` shows an angle in degrees; its body multiplies the angle's number
     by 180 / pi), so neither does its derivative, and the result would be wrong.
     JAX changes the body before quax meets it, so quax cannot run the rule's
-    derivative in its place (`jvp` alone it recognises: see `_identify_jvp`)."""
+    derivative in its place (`jvp` alone it recognises: see `_identify_jvp`),
+    unless the rule was registered with a `jvp` and JAX differentiated the call on
+    quax's values (see `_jvp_for`); one registered with a `jvp` reaches here only
+    where JAX differentiated the function while it traced a body (a `jax.jit`,
+    `jax.checkpoint`, ...) on abstract arguments whose types quax did not know
+    yet."""
     for registered in reversed(candidates):
         if not registered.not_stand_ins:
             continue
@@ -631,6 +737,25 @@ def _refuse_a_body_that_stands_in_for_no_rule(
             if resolution.function not in registered.not_stand_ins:
                 continue
             name = params["name"]
+            if resolution.function in registered.jvps:
+                raise NotImplementedError(
+                    f"`{name}` of {describe_types(leading)} inside a transformation "
+                    f"inside `quax.quaxify`, differentiated while JAX traced a body "
+                    f"on abstract arguments (`jax.grad` inside `jax.jit`, or "
+                    f"`jax.jit`, `eqx.filter_jit` or `jax.checkpoint` inside "
+                    f"`jax.grad`, ...): JAX changed the body of `{name}` before quax "
+                    f"met it, so neither the rule registered for it with "
+                    f"`quax.register_function` nor that rule's `jvp` can run there; "
+                    f"and the rule was registered with `body_stands_in=False`: the "
+                    f"body, run under the rules instead, does not compute what the "
+                    f"rule does, so neither does its derivative, and the result "
+                    f"would be wrong. Differentiate directly inside `quaxify`, with "
+                    f"the `jit` or `checkpoint` around the derivative "
+                    f"(`jax.jit(quax.quaxify(jax.grad(f)))`, where the rule's `jvp` "
+                    f"runs), or apply the transformation outside `quaxify`, to the "
+                    f"quaxified function (a family's own derivative, such as "
+                    f"quax-units' `quax_units.grad(quax.quaxify(f))`)."
+                )
             raise NotImplementedError(
                 f"`{name}` of {describe_types(leading)} inside a transformation "
                 f"inside `quax.quaxify`: `jax.grad`, `value_and_grad`, `vjp`, "
@@ -646,7 +771,11 @@ def _refuse_a_body_that_stands_in_for_no_rule(
                 f"function (a family's own derivative, such as quax-units' "
                 f"`quax_units.grad(quax.quaxify(f))`, or `jax.vmap(quax.quaxify("
                 f"f))`), or compute `{name}` another way inside it (quax-units: "
-                f'`q.to("deg")` rather than `jnp.rad2deg(q)`).'
+                f'`q.to("deg")` rather than `jnp.rad2deg(q)`), or register the '
+                f"rule with a `jvp` (`quax.register_function({name}, "
+                f"body_stands_in=False, jvp=...)`: the tangents of the rule's "
+                f"outputs, given its arguments and their tangents), which quax "
+                f"runs where JAX differentiates the function on its values."
             )
 
 

@@ -22,14 +22,16 @@ another family's value among them the body runs under the rules as usual):
   would change the angle (`rad2deg` of pi rad gave 180 rad): they show the same
   angle in `deg` or `rad`, as pint's do, and refuse an operand with dimensions.
   They are `jax.jit(inline=True)`, whose calls quax brings to these rules all the
-  same (see `quax.register_function`);
+  same (see `quax.register_function`). Their rules come with their derivatives
+  (`jvp`, the angle's own tangent), for `grad`, `jvp`, ... inside `quaxify`;
 - `jnp.floor_divide` (`//`) and `jnp.divmod` of two quantities of one dimension:
   the quotient is a number (`5 km // 2 m` is 2500), where their bodies floor the
   quotient shown in `km / m`, a scaled unit that rounding refuses; they are
   computed on the SI-coherent numbers;
 - `jnp.angle(z, deg=True)` multiplies the angle in radians by `180 / pi` (an
   inlined `rad2deg` in its body): it is computed on the numbers and shown in `deg`
-  (in `rad` without `deg`), of a complex quantity of any dimensions.
+  (in `rad` without `deg`), of a complex quantity of any dimensions; its `jvp` is
+  `Im(conj(z) dz) / |z|^2`.
 """
 
 from typing import Any
@@ -121,20 +123,68 @@ def _angle_shown_in(function: str, x: Quantity, shown: Unit) -> Quantity:
     )
 
 
+def _no_tangent(x: Any) -> Any:
+    """The tangent of an angle computed from `x` where `x` has none (an integer or
+    boolean operand, whose tangent is JAX's `float0`): zeros of the inexact real
+    dtype the angle has."""
+    dtype = jnp.finfo(jnp.result_type(x, float)).dtype
+    return jnp.zeros(jnp.shape(x), dtype)
+
+
+def _same_angle_tangent(shown: Unit) -> Any:
+    """The `jvp` of `rad2deg`/`deg2rad` (whose rules show an angle in `shown`): the
+    tangent of the angle is its own. The rules show the same angle in another unit
+    (its SI numbers, radians, unchanged), so its tangent is unchanged too: a plain
+    one (as `grad` seeds it), or a quantity, shown in `shown` where it is an angle
+    (a tangent that `jax.jvp` gives as a quantity; under `grad` JAX stages the
+    tangent before its type is known, and it keeps its numbers and unit)."""
+
+    def jvp(primals: tuple[Any, ...], tangents: tuple[Any, ...]) -> Any:
+        ((x,), (t,)) = primals, tangents
+        if not jnp.issubdtype(t.dtype, jnp.inexact):
+            return _no_tangent(x)
+        units = getattr(t, "units", None)  # a quantity's, through quax's tracer
+        return t.to(shown) if units is not None and units.is_dimensionless else t
+
+    return jvp
+
+
+def _angle_tangent(
+    primals: tuple[Any, ...], tangents: tuple[Any, ...], *, deg: bool = False
+) -> Any:
+    """The tangent of the phase of `z` (in radians, the SI number of the angle that
+    the rule shows in `deg` or `rad`): `Im(conj(z) dz) / |z|^2`, in one over `z`'s
+    units where `dz` is plain (per unit of `z`, as `grad` seeds it)."""
+    del deg  # the same angle, shown in another unit: the same tangent
+    ((z,), (dz,)) = primals, tangents
+    if not jnp.issubdtype(dz.dtype, jnp.inexact):
+        return _no_tangent(z)
+    return jnp.imag(jnp.conj(z) * dz) / jnp.abs(z) ** 2
+
+
 # The bodies of the angle conversions multiply the angle's number by 180 / pi, where
-# the rules show the same angle in another unit: under `grad` inside `quaxify` (which
-# changes the body before quax meets it) quax raises rather than run the body.
-@quax.register_function(jnp.rad2deg, body_stands_in=False)
+# the rules show the same angle in another unit: the body's derivative is not the
+# rule's. Their `jvp`s give the rules' derivatives where `grad`, `jvp`, `linearize`,
+# ... inside `quaxify` differentiate them on quantities; where JAX differentiates
+# them while it traces a body on abstract arguments (`grad` inside `jax.jit`), quax
+# raises rather than run the body.
+@quax.register_function(
+    jnp.rad2deg, body_stands_in=False, jvp=_same_angle_tangent(_DEGREE)
+)
 def _rad2deg(x: Quantity, *, call: Any) -> Quantity:
     return _angle_shown_in("jnp.rad2deg", x, _DEGREE)
 
 
-@quax.register_function(jnp.deg2rad, body_stands_in=False)
+@quax.register_function(
+    jnp.deg2rad, body_stands_in=False, jvp=_same_angle_tangent(_RADIAN)
+)
 def _deg2rad(x: Quantity, *, call: Any) -> Quantity:
     return _angle_shown_in("jnp.deg2rad", x, _RADIAN)
 
 
-@quax.register_function(jnp.angle, static={"deg": (True,)}, body_stands_in=False)
+@quax.register_function(
+    jnp.angle, static={"deg": (True,)}, body_stands_in=False, jvp=_angle_tangent
+)
 def _angle(z: Quantity, *, deg: bool = False, call: Any) -> Quantity:
     # The phase of `z` does not depend on its (positive) unit: that of its numbers.
     return _wrap(jnp.angle(z.array), dimensionless, _DEGREE if deg else _RADIAN)
