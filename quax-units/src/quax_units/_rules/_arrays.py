@@ -72,11 +72,14 @@ def _fits_any_unit(x: Any) -> bool:
     return fits_any_unit(x)
 
 
-def _same_units(primitive: Any, operands: Sequence[Any]) -> tuple[Dimensions, Unit]:
+def _same_units(
+    primitive: Any, operands: Sequence[Any], way_out: str = ""
+) -> tuple[Dimensions, Unit]:
     """The common dimensions of `operands` (all must agree), and the display unit of
     the first quantity among them, which a result that selects among the operands
     takes (arithmetic results use its `.linear` unit). `primitive` (or a
-    function's name) names the operation in the error."""
+    function's name) names the operation in the error, and `way_out` (a sentence,
+    if given) ends it."""
     quantities = [x for x in operands if isinstance(x, Quantity)]
     first = quantities[0]
     if any(q.units != first.units for q in quantities):
@@ -91,6 +94,7 @@ def _same_units(primitive: Any, operands: Sequence[Any]) -> tuple[Dimensions, Un
             "dimensions, but got "
             f"{describe(first)} and {describe(x)}. Quantities with the same dimensions "
             f"in different units (m, km) combine; these cannot.{hint}"
+            f"{' ' + way_out if way_out else ''}"
         )
     return first.units, first.unit
 
@@ -167,7 +171,15 @@ def _add_any(x: _Operand, y: _Operand) -> Quantity:
     first = x if isinstance(x, Quantity) else y
     assert isinstance(first, Quantity)
     if isinstance(x, Quantity) and isinstance(y, Quantity):
-        _same_units(jprim.add_jaxvals_p, [x, y])
+        _same_units(
+            jprim.add_jaxvals_p,
+            [x, y],
+            "`add_any` sums the tangents (or cotangents) that reach one value along "
+            "several paths. Under `jax.jvp` (`linearize`, `jacfwd`) a plain tangent "
+            "counts per unit of its input, so plain tangents of inputs in different "
+            "units give parts in different units: pass the tangents as quantities "
+            "in their inputs' units (`Quantity(dx, unit)`).",
+        )
     return _wrap(
         jprim.add_jaxvals_p.bind(_array(x), _array(y)), first.units, _shown(first)
     )
@@ -192,6 +204,22 @@ def _atan2(x: _Operand, y: _Operand, **params: Any) -> Quantity:
     )
 
 
+@quax.register(lax.complex_p)
+def _complex(x: _Operand, y: _Operand) -> Quantity:
+    # `x + i y`: both parts of one dimension, as for `add` (the arrays are already in
+    # its SI-coherent unit), shown in the first quantity's unit. A plain zero part
+    # (`lax.complex(0, y)`, as JAX's transposes of `real` and `imag` bind it) fits
+    # any unit.
+    dims, shown = _same_units(
+        lax.complex_p,
+        [x, y],
+        "Give both parts in one dimension (`lax.complex(x, Quantity(y, unit))`), or "
+        "strip the units of both first with `quax_units.ustrip(unit, q)` (and "
+        "reattach them with `quax_units.Quantity`).",
+    )
+    return _wrap(lax.complex_p.bind(_array(x), _array(y)), dims, shown.linear)
+
+
 @quax.register(lax.clamp_p)
 def _clamp(low: _Operand, x: _Operand, high: _Operand, **params: Any) -> Quantity:
     dims, shown = _same_units(lax.clamp_p, [x, low, high])
@@ -200,9 +228,29 @@ def _clamp(low: _Operand, x: _Operand, high: _Operand, **params: Any) -> Quantit
     )
 
 
+# JAX's derivative of `abs` of a complex `z` is `Re(dz conj(z) / where(|z| == 0, 1,
+# |z|))`: a plain 1 selected beside `|z|`, a quantity, which no rule can give
+# units (a plain non-zero constant selected beside a quantity is refused: the same
+# select written by hand would be a unit error). A plain complex case among
+# quantities is such a derivative, or code that wrote one.
+_ABS_WAY_OUT = (
+    "If this is JAX's derivative of `jnp.abs` of a complex quantity (under `grad`, "
+    "`jvp`, `vjp`, ... inside `quax.quaxify`), which divides by `where(|z| == 0, 1, "
+    "|z|)` (a plain 1 beside `|z|`'s units): take the absolute value of a "
+    "dimensionless ratio, `jnp.abs(z / z0) * z0` with `z0 = Quantity(1.0, unit)` "
+    "(the same numbers and derivative), or differentiate outside `quax.quaxify` "
+    "(`quax_units.grad(quax.quaxify(f))`)."
+)
+
+
 @quax.register(lax.select_n_p)
 def _select_n(which: ArrayLike, *cases: _Operand) -> Quantity:
-    dims, shown = _same_units(lax.select_n_p, cases)
+    plain_complex = any(
+        not isinstance(c, Quantity) and np.iscomplexobj(c) for c in cases
+    )
+    dims, shown = _same_units(
+        lax.select_n_p, cases, _ABS_WAY_OUT if plain_complex else ""
+    )
     return _wrap(lax.select_n_p.bind(which, *map(_array, cases)), dims, shown)
 
 
