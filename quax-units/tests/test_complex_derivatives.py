@@ -344,3 +344,37 @@ def test_plain_tangents_of_inputs_in_different_units() -> None:
     f = _REAL["conj"][0]
     with pytest.raises(UnitError, match=r"pass the tangents as quantities"):
         quax.quaxify(lambda z, w: jax.jvp(f, (z, w), (dz, dw)))(zq, wq)
+
+
+def _parts(z: Any) -> Any:
+    # Real, imaginary parts and products of a complex quantity: reverse mode
+    # transposes `real` and `imag` into `complex`.
+    return jnp.sum(
+        jnp.real(z) * jnp.imag(z) + jnp.real(z * jnp.conj(z)) + jnp.imag(z * z)
+    )
+
+
+_BODIES: dict[str, Callable[[Callable[..., Any]], Callable[..., Any]]] = {
+    "vmap of grad": lambda f: jax.vmap(jax.grad(f)),
+    "grad of vmap": lambda f: jax.grad(lambda z: jnp.sum(jax.vmap(f)(z))),
+    "jacrev": jax.jacrev,
+    "linearize": lambda f: lambda z: jax.linearize(f, z)[1](jnp.ones_like(z)),
+    # A reverse-mode sum of gradients over the rows, in a `scan` body.
+    "grad in a scan": lambda f: (
+        lambda z: lax.scan(
+            lambda carry, row: (carry + jax.grad(f)(row), None),
+            jnp.zeros(z.shape[1:], z.dtype),
+            z,
+        )[0]
+    ),
+    "grad of a checkpoint": lambda f: jax.grad(jax.checkpoint(f)),
+}
+
+
+@pytest.mark.parametrize("name", list(_BODIES))
+def test_reverse_mode_in_transformed_bodies(name: str) -> None:
+    how = _BODIES[name]
+    rows = jnp.stack([z, z * (0.5 - 2j)])  # volts
+    _assert_close(
+        quax.quaxify(how(_parts))(Quantity(rows * 1e3, "mV")), how(_parts)(rows)
+    )
