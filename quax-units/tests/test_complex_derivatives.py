@@ -378,3 +378,18 @@ def test_reverse_mode_in_transformed_bodies(name: str) -> None:
     _assert_close(
         quax.quaxify(how(_parts))(Quantity(rows * 1e3, "mV")), how(_parts)(rows)
     )
+
+
+def test_second_derivatives_of_the_angle() -> None:
+    # The `jvp` of `jnp.angle`'s rule is differentiated again: it divides by
+    # `|z|^2` computed as `Re(z conj(z))` (with `jnp.abs`, whose derivative is
+    # refused inside `quaxify`, this raised a `UnitError`).
+    def slope(z: Any) -> Any:
+        gradient = jax.grad(lambda z: jnp.sum(jnp.angle(z)))(z)
+        return jnp.sum(jnp.real(gradient) + jnp.imag(gradient))
+
+    _assert_close(quax.quaxify(jax.grad(slope))(zq), jax.grad(slope)(z))
+    _assert_close(
+        quax.quaxify(lambda z: jax.jvp(slope, (z,), (dz,)))(zq),
+        jax.jvp(slope, (z,), (dz,)),
+    )

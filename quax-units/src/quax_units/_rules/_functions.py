@@ -159,7 +159,10 @@ def _angle_tangent(
     ((z,), (dz,)) = primals, tangents
     if not jnp.issubdtype(dz.dtype, jnp.inexact):
         return _no_tangent(z)
-    return jnp.imag(jnp.conj(z) * dz) / jnp.abs(z) ** 2
+    # `|z|^2` as `Re(z conj(z))`: JAX's derivative of `abs` of a complex quantity
+    # is refused inside `quaxify` (it selects a plain 1 beside `|z|`), and this
+    # tangent is differentiated again for second derivatives.
+    return jnp.imag(jnp.conj(z) * dz) / jnp.real(z * jnp.conj(z))
 
 
 # The bodies of the angle conversions multiply the angle's number by 180 / pi, where
