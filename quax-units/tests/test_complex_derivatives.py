@@ -344,6 +344,16 @@ def test_plain_tangents_of_inputs_in_different_units() -> None:
     f = _REAL["conj"][0]
     with pytest.raises(UnitError, match=r"pass the tangents as quantities"):
         quax.quaxify(lambda z, w: jax.jvp(f, (z, w), (dz, dw)))(zq, wq)
+    # With `w` a plain array, the part from `w`'s plain tangent is in V and that
+    # from `z`'s is a plain number (per volt): their sum was shown in V.
+    with pytest.raises(UnitError, match=r"a plain part other than zeros beside"):
+        quax.quaxify(lambda z, w: jax.jvp(f, (z, w), (dz, dw)))(zq, w)
+    # A plain input's tangent beside a quantity tangent adds parts of one unit.
+    got = quax.quaxify(lambda z, w, t: jax.jvp(f, (z, w), (t, dw)))(
+        zq, w, Quantity(dz, "V")
+    )
+    _assert_close(got, jax.jvp(f, (z, w), (dz, dw)))
+    assert got[1].units == zq.units
 
 
 def _parts(z: Any) -> Any:

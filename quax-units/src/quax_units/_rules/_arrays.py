@@ -163,23 +163,40 @@ def _same(primitive: Any, x: _Operand, y: _Operand, **params: Any) -> Quantity:
     return _wrap(primitive.bind(_array(x), _array(y), **params), dims, shown)
 
 
+_PLAIN_TANGENTS = (
+    "`add_any` sums the tangents (or cotangents) that reach one value along several "
+    "paths. Under `jax.jvp` (`linearize`, `jacfwd`) a plain tangent counts per unit "
+    "of its input, so plain tangents of inputs in different units give parts in "
+    "different units: pass the tangents as quantities in their inputs' units "
+    "(`Quantity(dx, unit)`)."
+)
+
+
 @quax.register(jprim.add_jaxvals_p)
 def _add_any(x: _Operand, y: _Operand) -> Quantity:
-    # Autodiff's accumulation of cotangents. Cotangents of one variable always share
-    # units (the forward rules checked the program), so a plain operand here is an
-    # instantiated symbolic zero: it takes the other operand's units.
+    # Autodiff's accumulation of tangents and cotangents. Cotangents of one variable
+    # share units (the forward rules checked the program, and `grad` seeds one
+    # output), so a plain operand beside a dimensional quantity is an instantiated
+    # symbolic zero (a loop's cotangent carry, traced, before quax-core lifts it):
+    # it takes the other operand's units. Tangents need not: `jvp` with plain
+    # tangents of a quantity and of a plain input adds a part per unit of the
+    # quantity to one in its units, refused where the plain part is a known number
+    # other than zeros (a traced one, under `jax.jit`, is taken as a zero).
     first = x if isinstance(x, Quantity) else y
     assert isinstance(first, Quantity)
     if isinstance(x, Quantity) and isinstance(y, Quantity):
-        _same_units(
-            jprim.add_jaxvals_p,
-            [x, y],
-            "`add_any` sums the tangents (or cotangents) that reach one value along "
-            "several paths. Under `jax.jvp` (`linearize`, `jacfwd`) a plain tangent "
-            "counts per unit of its input, so plain tangents of inputs in different "
-            "units give parts in different units: pass the tangents as quantities "
-            "in their inputs' units (`Quantity(dx, unit)`).",
-        )
+        _same_units(jprim.add_jaxvals_p, [x, y], _PLAIN_TANGENTS)
+    else:
+        plain = y if first is x else x
+        if (
+            not first.units.is_dimensionless
+            and not fits_any_unit(plain)
+            and quax.known_constant(plain) is not None
+        ):
+            raise UnitError(
+                f"`add_any` of {describe(first)} and {describe(plain)}, a plain part "
+                f"other than zeros beside a dimensional one. {_PLAIN_TANGENTS}"
+            )
     return _wrap(
         jprim.add_jaxvals_p.bind(_array(x), _array(y)), first.units, _shown(first)
     )
