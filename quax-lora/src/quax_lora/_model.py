@@ -13,6 +13,7 @@ from contextlib import contextmanager
 from typing import Any, BinaryIO
 
 import equinox as eqx
+import jax.numpy as jnp
 import jax.random as jr
 import jax.tree_util as jtu
 import numpy as np
@@ -35,7 +36,10 @@ from ._peft import (
     EMBEDDING,
     LINEAR,
     module_name,
+    narrowing_error,
+    narrows,
     read_peft,
+    refused_dtype,
     summarise,
     write_peft,
 )
@@ -550,11 +554,12 @@ _FORMAT_VERSION = 3
 _READ_VERSIONS = (2, 3)
 # The settings of a layer that must agree between the file and the model, in the
 # order they are checked and named, and what an earlier file had for the ones it
-# did not record.
+# did not record. (The adapter's dtype is recorded too, and checked from the
+# leaves themselves, as for a file that does not record it: it need not agree, a
+# narrower one loads exactly; see `_read_leaves`.)
 _SETTINGS = (
     "shape",
     "dtype",
-    "adapter_dtype",
     "batch_ndim",
     "row_ndim",
     "variant",
@@ -633,8 +638,7 @@ def _check_settings(saved: dict[str, dict[str, Any]], model: PyTree) -> None:
     for path, settings in saved.items():
         if path not in current:
             continue
-        # An earlier file does not record the adapter's dtype either: it was `w`'s.
-        settings = {**_DEFAULTS, "adapter_dtype": settings["dtype"], **settings}
+        settings = {**_DEFAULTS, **settings}
         for key in _SETTINGS:
             if _differs(key, settings[key], current[path][key]):
                 problems.append(
@@ -648,8 +652,8 @@ def _check_settings(saved: dict[str, dict[str, Any]], model: PyTree) -> None:
             "otherwise than this one, so its outputs would differ: "
             + summarise(problems)
             + ". Loraify the model as the adapter's was (the same layers, with "
-            "loraify's filter= and where=, and the same rank=, alpha=, "
-            "adapter_dtype= and stop_gradient=), then load it."
+            "loraify's filter= and where=, and the same rank=, alpha=, variant= "
+            "and stop_gradient=), then load it."
         )
 
 
@@ -821,6 +825,7 @@ def load_adapter(
     format: str | None = None,
     name_map: Mapping[str, str] | Callable[[str], str] | None = None,
     fan_in_fan_out: bool | None = None,
+    cast: bool = False,
 ) -> PyTree:
     """Load an adapter saved by [`quax_lora.save_adapter`][] (or by peft) into
     `model`, which must be loraified the same way: the same layers, and for each
@@ -881,6 +886,7 @@ def load_adapter(
             format=format,
             name_map=name_map,
             fan_in_fan_out=fan_in_fan_out,
+            cast=cast,
             names=_peft_layers,
         )
     kinds = peft_kinds(model)
@@ -890,6 +896,7 @@ def load_adapter(
         format=format,
         name_map=name_map,
         fan_in_fan_out=True if fan_in_fan_out is None else fan_in_fan_out,
+        cast=cast,
         names=lambda adapters: [(k, v, kinds[k]) for k, v in adapters.items()],
     )
     return update_kernels(model, lambda path, _: loaded[layer_name(path)])
@@ -902,6 +909,7 @@ def _load_adapter(
     format: str | None,
     name_map: Mapping[str, str] | Callable[[str], str] | None,
     fan_in_fan_out: bool | None,
+    cast: bool,
     names: Callable[[PyTree], list[tuple[str, LoraArray, str]]],
 ) -> PyTree:
     """`load_adapter` into `model` (a PyTree; an NNX model's state), whose
@@ -920,7 +928,11 @@ def _load_adapter(
             )
         named = names(model)
         leaves = read_peft(
-            path_or_file, named, name_map=name_map, fan_in_fan_out=fan_in_fan_out
+            path_or_file,
+            named,
+            name_map=name_map,
+            fan_in_fan_out=fan_in_fan_out,
+            cast=cast,
         )
         new = {
             id(lora): fields for (_, lora, _), fields in zip(named, leaves, strict=True)
@@ -956,5 +968,70 @@ def _load_adapter(
             )
         else:
             _check_settings(header["layers"], model)
-        loaded = eqx.tree_deserialise_leaves(f, adapter)
+        loaded = _read_leaves(f, adapter, cast=cast, legacy=header is None)
     return eqx.combine(loaded, rest)
+
+
+def _read_leaves(f: BinaryIO, adapter: PyTree, *, cast: bool, legacy: bool) -> PyTree:
+    """The leaves of `adapter` (`a`, `b` and `magnitude` of each `LoraArray`) as
+    `eqx.tree_serialise_leaves` wrote them to `f`, each checked against the
+    model's: its shape, and its dtype by the rules of peft's layout (one the
+    model's adapter holds exactly loads, converted; one it would round loads
+    only with `cast`; one not floating, or complex into a real adapter, never).
+    A `legacy` file (no header recording its layers) must also end there: more
+    arrays would be the adapters of layers the model does not have. (A file
+    with a header may be followed by other data, as `eqx.tree_serialise_leaves`
+    allows.)"""
+    stored: list[np.ndarray | None] = []
+
+    def read(f: BinaryIO, x: Any) -> Any:
+        if not eqx.is_array(x):
+            return eqx.default_deserialise_filter_spec(f, x)
+        try:
+            # As `jnp.load`, without converting (a float64 file stays float64).
+            value = np.load(f)
+        except EOFError:  # a file of fewer layers (with no header to say so)
+            stored.append(None)
+        else:
+            stored.append(value.view(jnp.bfloat16) if value.dtype == "V2" else value)
+        return x
+
+    eqx.tree_deserialise_leaves(f, adapter, filter_spec=read)
+    leaves, treedef = jtu.tree_flatten_with_path(adapter)
+    problems: list[str] = []
+    narrowed: dict[str, tuple[Any, list[tuple[str, Any]]]] = {}
+    loaded = []  # each leaf, checked, in the model's adapter dtype
+    position = f.tell()
+    if legacy and f.read(1):
+        problems.append(
+            "the file holds more arrays than the model's adapter (the `a`, `b` "
+            f"and `magnitude` of its {len(list(_layers(adapter)))} layer(s))"
+        )
+    f.seek(position)
+    for (path, like), value in zip(leaves, stored, strict=True):
+        layer, field = jtu.keystr(path[:-1]), jtu.keystr(path[-1:])
+        if value is None:
+            problems.append(f"layer `{layer}`: the file ends before its `{field[1:]}`")
+        elif value.shape != like.shape:
+            problems.append(
+                f"layer `{layer}`: the file's `{field[1:]}` has shape {value.shape}, "
+                f"where the model's has {tuple(like.shape)}"
+            )
+        elif (refused := refused_dtype(value.dtype, like.dtype)) is not None:
+            problems.append(f"layer `{layer}`: the file's `{field[1:]}` {refused}")
+        elif narrows(value.dtype, like.dtype) and not cast:
+            narrowed.setdefault(f"layer `{layer}`", (like.dtype, []))[1].append(
+                (field[1:], value.dtype)
+            )
+        else:
+            loaded.append(jnp.asarray(value, dtype=like.dtype))
+    if problems:
+        raise ValueError(
+            "quax_lora.load_adapter: the file's adapter does not fit the model: "
+            + summarise(problems)
+            + ". Loraify the model as the adapter's was (the same layers, rank= "
+            "and adapter_dtype=), then load it."
+        )
+    if narrowed:
+        raise narrowing_error(narrowed)
+    return jtu.tree_unflatten(treedef, loaded)
