@@ -830,7 +830,7 @@ def load_adapter(
     """Load an adapter saved by [`quax_lora.save_adapter`][] (or by peft) into
     `model`, which must be loraified the same way: the same layers, and for each
     the same shape, dtype, variant, rank, `alpha` (so the same scaling), layout
-    and `stop_gradient`.
+    and `stop_gradient`, and an adapter dtype that holds the file's exactly.
 
     ```python
     base = quax_lora.loraify(pretrained, rank=8, alpha=16.0, key=key)
@@ -846,8 +846,31 @@ def load_adapter(
     An adapter in peft's layout (a directory with `adapter_config.json` and
     `adapter_model.safetensors`, as peft's `save_pretrained` writes it) is read
     by its module names: the config's rank (with `rank_pattern`), `lora_alpha`
-    (with `alpha_pattern`), `use_rslora` and `use_dora` are checked against each
-    layer of `model`, and so are the tensors' shapes.
+    (with `alpha_pattern`, both read in peft's order), `use_rslora` and
+    `use_dora` are checked against each layer of `model`, and so are the
+    tensors' shapes; every module with tensors must be one the config's
+    `target_modules` selects (with `exclude_modules`, `modules_to_save`,
+    `layers_to_transform` and `layers_pattern`, as peft selects them), and
+    every tensor must be read (a file holding biases, `bias="all"` or
+    `"lora_only"`, or whole modules, `modules_to_save`, is refused, naming
+    them). A config setting what quax-lora does not reproduce is refused,
+    naming it: an `init_lora_weights` that changes the base weights (PiSSA,
+    OLoRA, CorDA, LoftQ, LoRA-GA), `layer_replication`, `lora_bias`, Activated
+    LoRA, QA-LoRA, `target_parameters`, `trainable_token_indices`, the variants
+    quax-lora does not implement, and any key it does not know whose value is
+    not null, false or empty. (`lora_dropout` is read as training only: a
+    loaded model drops nothing until given a dropout key.)
+
+    **Dtypes**, in both formats: a tensor whose dtype the model's adapter dtype
+    holds exactly (the same, or a narrower one of the same kind: bfloat16 or
+    float16 into float32, float32 into float64) loads, converted exactly. One
+    it would round (float32 into bfloat16 or float16, float16 into bfloat16 and
+    back, float64 into float32) raises a `ValueError` naming the layer, the
+    tensors and both dtypes: loraify the model with the file's dtype
+    (`loraify(..., adapter_dtype=jnp.float32)`, as peft keeps a float32
+    adapter on a bfloat16 base by default), or pass `cast=True`. An integer
+    tensor, or a complex one into a real adapter, never loads. The same holds
+    for DoRA's `magnitude`; the base weights are never read from the file.
 
     **Arguments:**
 
@@ -861,9 +884,15 @@ def load_adapter(
         `save_adapter`: for models whose modules are named otherwise (say
         `model.layers.0.self_attn.q_proj`).
     - `fan_in_fan_out`: for peft's layout, whether `model`'s weights are stored
-        `(in, out)`; by default the config's `fan_in_fan_out`, and `True` for a
-        Flax NNX model (its kernels are `(in, out)`, whatever the layout of the
-        torch model the adapter was made for: peft's tensors are the same).
+        `(in, out)`. By default `True` for a Flax NNX model (its kernels are
+        `(in, out)`), and `False` for any other (`eqx.nn.Linear`'s `(out, in)`),
+        whatever the layout of the torch model the adapter was made for (peft's
+        tensors are the same): a config with `fan_in_fan_out=true` (GPT-2's
+        `Conv1D`) then raises a `ValueError` asking for it, since a square
+        weight would load either way.
+    - `cast`: `True` to load tensors stored in a dtype that the model's adapter
+        holds only rounded (say float32 into bfloat16), rounding them to it.
+        By default such a file is refused (see above).
 
     A Flax NNX model is loaded into a copy (`nnx.clone`), its layers named as
     `save_adapter` names them.
@@ -876,7 +905,9 @@ def load_adapter(
 
     `ValueError` when a setting of `model` differs from the file's, naming the
     layer (by its path) and the setting, or when the file and `model` adapt
-    different layers.
+    different layers; when the file's dtype would be rounded (without `cast`);
+    for peft's layout, when the config sets what quax-lora does not reproduce
+    or the file holds tensors that would be left unread.
     """
     nnx = nnx_of(model)
     if nnx is None:
