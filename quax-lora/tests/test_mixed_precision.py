@@ -316,9 +316,14 @@ def test_save_and_load_record_the_adapter_dtype(tmp_path):
     for got, want in zip(arrays(loaded), arrays(model), strict=True):
         assert got.dtype == want.dtype
         np.testing.assert_array_equal(got, want)
-    # Into a model with bfloat16 adapters: refused, naming the setting.
+    # Into a model with bfloat16 adapters: refused, naming the dtypes and the
+    # ways out (tests/test_adapter_dtypes.py checks the rules).
     plain = quax_lora.loraify(mlp, rank=2, key=jr.key(2))
-    with pytest.raises(ValueError, match=r"adapter_dtype='float32'.*adapter_dtype="):
+    with pytest.raises(
+        ValueError,
+        match=r"are float32, and the model's adapter is bfloat16.*"
+        r"adapter_dtype=jnp\.float32.*cast=True",
+    ):
         quax_lora.load_adapter(tmp_path / "adapter", plain)
 
 

@@ -13,6 +13,7 @@ from contextlib import contextmanager
 from typing import Any, BinaryIO
 
 import equinox as eqx
+import jax.numpy as jnp
 import jax.random as jr
 import jax.tree_util as jtu
 import numpy as np
@@ -35,7 +36,10 @@ from ._peft import (
     EMBEDDING,
     LINEAR,
     module_name,
+    narrowing_error,
+    narrows,
     read_peft,
+    refused_dtype,
     summarise,
     write_peft,
 )
@@ -550,11 +554,12 @@ _FORMAT_VERSION = 3
 _READ_VERSIONS = (2, 3)
 # The settings of a layer that must agree between the file and the model, in the
 # order they are checked and named, and what an earlier file had for the ones it
-# did not record.
+# did not record. (The adapter's dtype is recorded too, and checked from the
+# leaves themselves, as for a file that does not record it: it need not agree, a
+# narrower one loads exactly; see `_read_leaves`.)
 _SETTINGS = (
     "shape",
     "dtype",
-    "adapter_dtype",
     "batch_ndim",
     "row_ndim",
     "variant",
@@ -633,8 +638,7 @@ def _check_settings(saved: dict[str, dict[str, Any]], model: PyTree) -> None:
     for path, settings in saved.items():
         if path not in current:
             continue
-        # An earlier file does not record the adapter's dtype either: it was `w`'s.
-        settings = {**_DEFAULTS, "adapter_dtype": settings["dtype"], **settings}
+        settings = {**_DEFAULTS, **settings}
         for key in _SETTINGS:
             if _differs(key, settings[key], current[path][key]):
                 problems.append(
@@ -648,8 +652,8 @@ def _check_settings(saved: dict[str, dict[str, Any]], model: PyTree) -> None:
             "otherwise than this one, so its outputs would differ: "
             + summarise(problems)
             + ". Loraify the model as the adapter's was (the same layers, with "
-            "loraify's filter= and where=, and the same rank=, alpha=, "
-            "adapter_dtype= and stop_gradient=), then load it."
+            "loraify's filter= and where=, and the same rank=, alpha=, variant= "
+            "and stop_gradient=), then load it."
         )
 
 
@@ -821,11 +825,12 @@ def load_adapter(
     format: str | None = None,
     name_map: Mapping[str, str] | Callable[[str], str] | None = None,
     fan_in_fan_out: bool | None = None,
+    cast: bool = False,
 ) -> PyTree:
     """Load an adapter saved by [`quax_lora.save_adapter`][] (or by peft) into
     `model`, which must be loraified the same way: the same layers, and for each
     the same shape, dtype, variant, rank, `alpha` (so the same scaling), layout
-    and `stop_gradient`.
+    and `stop_gradient`, and an adapter dtype that holds the file's exactly.
 
     ```python
     base = quax_lora.loraify(pretrained, rank=8, alpha=16.0, key=key)
@@ -841,8 +846,31 @@ def load_adapter(
     An adapter in peft's layout (a directory with `adapter_config.json` and
     `adapter_model.safetensors`, as peft's `save_pretrained` writes it) is read
     by its module names: the config's rank (with `rank_pattern`), `lora_alpha`
-    (with `alpha_pattern`), `use_rslora` and `use_dora` are checked against each
-    layer of `model`, and so are the tensors' shapes.
+    (with `alpha_pattern`, both read in peft's order), `use_rslora` and
+    `use_dora` are checked against each layer of `model`, and so are the
+    tensors' shapes; every module with tensors must be one the config's
+    `target_modules` selects (with `exclude_modules`, `modules_to_save`,
+    `layers_to_transform` and `layers_pattern`, as peft selects them), and
+    every tensor must be read (a file holding biases, `bias="all"` or
+    `"lora_only"`, or whole modules, `modules_to_save`, is refused, naming
+    them). A config setting what quax-lora does not reproduce is refused,
+    naming it: an `init_lora_weights` that changes the base weights (PiSSA,
+    OLoRA, CorDA, LoftQ, LoRA-GA), `layer_replication`, `lora_bias`, Activated
+    LoRA, QA-LoRA, `target_parameters`, `trainable_token_indices`, the variants
+    quax-lora does not implement, and any key it does not know whose value is
+    not null, false or empty. (`lora_dropout` is read as training only: a
+    loaded model drops nothing until given a dropout key.)
+
+    **Dtypes**, in both formats: a tensor whose dtype the model's adapter dtype
+    holds exactly (the same, or a narrower one of the same kind: bfloat16 or
+    float16 into float32, float32 into float64) loads, converted exactly. One
+    it would round (float32 into bfloat16 or float16, float16 into bfloat16 and
+    back, float64 into float32) raises a `ValueError` naming the layer, the
+    tensors and both dtypes: loraify the model with the file's dtype
+    (`loraify(..., adapter_dtype=jnp.float32)`, as peft keeps a float32
+    adapter on a bfloat16 base by default), or pass `cast=True`. An integer
+    tensor, or a complex one into a real adapter, never loads. The same holds
+    for DoRA's `magnitude`; the base weights are never read from the file.
 
     **Arguments:**
 
@@ -856,9 +884,15 @@ def load_adapter(
         `save_adapter`: for models whose modules are named otherwise (say
         `model.layers.0.self_attn.q_proj`).
     - `fan_in_fan_out`: for peft's layout, whether `model`'s weights are stored
-        `(in, out)`; by default the config's `fan_in_fan_out`, and `True` for a
-        Flax NNX model (its kernels are `(in, out)`, whatever the layout of the
-        torch model the adapter was made for: peft's tensors are the same).
+        `(in, out)`. By default `True` for a Flax NNX model (its kernels are
+        `(in, out)`), and `False` for any other (`eqx.nn.Linear`'s `(out, in)`),
+        whatever the layout of the torch model the adapter was made for (peft's
+        tensors are the same): a config with `fan_in_fan_out=true` (GPT-2's
+        `Conv1D`) then raises a `ValueError` asking for it, since a square
+        weight would load either way.
+    - `cast`: `True` to load tensors stored in a dtype that the model's adapter
+        holds only rounded (say float32 into bfloat16), rounding them to it.
+        By default such a file is refused (see above).
 
     A Flax NNX model is loaded into a copy (`nnx.clone`), its layers named as
     `save_adapter` names them.
@@ -871,7 +905,9 @@ def load_adapter(
 
     `ValueError` when a setting of `model` differs from the file's, naming the
     layer (by its path) and the setting, or when the file and `model` adapt
-    different layers.
+    different layers; when the file's dtype would be rounded (without `cast`);
+    for peft's layout, when the config sets what quax-lora does not reproduce
+    or the file holds tensors that would be left unread.
     """
     nnx = nnx_of(model)
     if nnx is None:
@@ -881,6 +917,7 @@ def load_adapter(
             format=format,
             name_map=name_map,
             fan_in_fan_out=fan_in_fan_out,
+            cast=cast,
             names=_peft_layers,
         )
     kinds = peft_kinds(model)
@@ -890,6 +927,7 @@ def load_adapter(
         format=format,
         name_map=name_map,
         fan_in_fan_out=True if fan_in_fan_out is None else fan_in_fan_out,
+        cast=cast,
         names=lambda adapters: [(k, v, kinds[k]) for k, v in adapters.items()],
     )
     return update_kernels(model, lambda path, _: loaded[layer_name(path)])
@@ -902,6 +940,7 @@ def _load_adapter(
     format: str | None,
     name_map: Mapping[str, str] | Callable[[str], str] | None,
     fan_in_fan_out: bool | None,
+    cast: bool,
     names: Callable[[PyTree], list[tuple[str, LoraArray, str]]],
 ) -> PyTree:
     """`load_adapter` into `model` (a PyTree; an NNX model's state), whose
@@ -920,7 +959,11 @@ def _load_adapter(
             )
         named = names(model)
         leaves = read_peft(
-            path_or_file, named, name_map=name_map, fan_in_fan_out=fan_in_fan_out
+            path_or_file,
+            named,
+            name_map=name_map,
+            fan_in_fan_out=fan_in_fan_out,
+            cast=cast,
         )
         new = {
             id(lora): fields for (_, lora, _), fields in zip(named, leaves, strict=True)
@@ -956,5 +999,70 @@ def _load_adapter(
             )
         else:
             _check_settings(header["layers"], model)
-        loaded = eqx.tree_deserialise_leaves(f, adapter)
+        loaded = _read_leaves(f, adapter, cast=cast, legacy=header is None)
     return eqx.combine(loaded, rest)
+
+
+def _read_leaves(f: BinaryIO, adapter: PyTree, *, cast: bool, legacy: bool) -> PyTree:
+    """The leaves of `adapter` (`a`, `b` and `magnitude` of each `LoraArray`) as
+    `eqx.tree_serialise_leaves` wrote them to `f`, each checked against the
+    model's: its shape, and its dtype by the rules of peft's layout (one the
+    model's adapter holds exactly loads, converted; one it would round loads
+    only with `cast`; one not floating, or complex into a real adapter, never).
+    A `legacy` file (no header recording its layers) must also end there: more
+    arrays would be the adapters of layers the model does not have. (A file
+    with a header may be followed by other data, as `eqx.tree_serialise_leaves`
+    allows.)"""
+    stored: list[np.ndarray | None] = []
+
+    def read(f: BinaryIO, x: Any) -> Any:
+        if not eqx.is_array(x):
+            return eqx.default_deserialise_filter_spec(f, x)
+        try:
+            # As `jnp.load`, without converting (a float64 file stays float64).
+            value = np.load(f)
+        except EOFError:  # a file of fewer layers (with no header to say so)
+            stored.append(None)
+        else:
+            stored.append(value.view(jnp.bfloat16) if value.dtype == "V2" else value)
+        return x
+
+    eqx.tree_deserialise_leaves(f, adapter, filter_spec=read)
+    leaves, treedef = jtu.tree_flatten_with_path(adapter)
+    problems: list[str] = []
+    narrowed: dict[str, tuple[Any, list[tuple[str, Any]]]] = {}
+    loaded = []  # each leaf, checked, in the model's adapter dtype
+    position = f.tell()
+    if legacy and f.read(1):
+        problems.append(
+            "the file holds more arrays than the model's adapter (the `a`, `b` "
+            f"and `magnitude` of its {len(list(_layers(adapter)))} layer(s))"
+        )
+    f.seek(position)
+    for (path, like), value in zip(leaves, stored, strict=True):
+        layer, field = jtu.keystr(path[:-1]), jtu.keystr(path[-1:])
+        if value is None:
+            problems.append(f"layer `{layer}`: the file ends before its `{field[1:]}`")
+        elif value.shape != like.shape:
+            problems.append(
+                f"layer `{layer}`: the file's `{field[1:]}` has shape {value.shape}, "
+                f"where the model's has {tuple(like.shape)}"
+            )
+        elif (refused := refused_dtype(value.dtype, like.dtype)) is not None:
+            problems.append(f"layer `{layer}`: the file's `{field[1:]}` {refused}")
+        elif narrows(value.dtype, like.dtype) and not cast:
+            narrowed.setdefault(f"layer `{layer}`", (like.dtype, []))[1].append(
+                (field[1:], value.dtype)
+            )
+        else:
+            loaded.append(jnp.asarray(value, dtype=like.dtype))
+    if problems:
+        raise ValueError(
+            "quax_lora.load_adapter: the file's adapter does not fit the model: "
+            + summarise(problems)
+            + ". Loraify the model as the adapter's was (the same layers, rank= "
+            "and adapter_dtype=), then load it."
+        )
+    if narrowed:
+        raise narrowing_error(narrowed)
+    return jtu.tree_unflatten(treedef, loaded)

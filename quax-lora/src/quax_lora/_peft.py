@@ -26,7 +26,10 @@ __all__ = [
     "LINEAR",
     "WEIGHTS_NAME",
     "module_name",
+    "narrowing_error",
+    "narrows",
     "read_peft",
+    "refused_dtype",
     "summarise",
     "write_peft",
 ]
@@ -55,6 +58,12 @@ def summarise(problems: list[str]) -> str:
         hidden = len(problems) - _PROBLEMS_SHOWN
         problems = [*problems[:_PROBLEMS_SHOWN], f"and {hidden} more difference(s)"]
     return "; ".join(problems)
+
+
+def _named(name: str) -> str:
+    """Our module `name` as messages show it: `` `layers.0` ``, and the model
+    itself (a layer that is the whole model: `""`) said so."""
+    return f"`{name}`" if name else "`` (the model itself)"
 
 
 def _peft_name(name: str, name_map: NameMap) -> str:
@@ -101,6 +110,7 @@ def _tensors(lora: LoraArray, kind: str, fan_in_fan_out: bool) -> dict[str, np.n
     `lora_A` maps the input to the rank, `lora_B` the rank to the output, as
     torch weights `(out, in)`."""
     a, b = np.asarray(lora.a), np.asarray(lora.b)
+    out: dict[str, np.ndarray]
     if kind == EMBEDDING:  # (vocab, d) = (n, m): a[i] b
         out = {"lora_embedding_A": a.T, "lora_embedding_B": b.T}
     elif kind == CONV and lora.row_ndim > 1:
@@ -125,7 +135,10 @@ def _tensors(lora: LoraArray, kind: str, fan_in_fan_out: bool) -> dict[str, np.n
         else:  # w is (out, in), as torch's Linear
             out = {"lora_A.weight": b, "lora_B.weight": a}
     if lora.magnitude is not None:
-        out["lora_magnitude_vector"] = np.asarray(lora.magnitude)
+        magnitude = np.asarray(lora.magnitude)
+        if kind == CONV:  # peft's is (1, out, 1, ...), as the norms it divides
+            magnitude = magnitude.reshape((1, -1) + (1,) * (lora.ndim - 2))
+        out["lora_magnitude_vector"] = magnitude
     return {k: np.ascontiguousarray(v) for k, v in out.items()}
 
 
@@ -146,7 +159,7 @@ def write_peft(
         peft = _peft_name(name, name_map)
         problem = _refuse_layout(lora, kind, fan_in_fan_out)
         if problem is not None:
-            problems.append(f"layer `{name}`: {problem}")
+            problems.append(f"layer {_named(name)}: {problem}")
             continue
         for key, value in _tensors(lora, kind, fan_in_fan_out).items():
             tensors[f"{_PREFIX}{peft}.{key}"] = value
@@ -206,15 +219,230 @@ def write_peft(
 
 
 def _pattern(patterns: Mapping[str, Any], name: str, default: Any) -> Any:
-    """The value of peft's `rank_pattern` / `alpha_pattern` for module `name`: a
-    key equal to it, else the first key (a regular expression) that matches its
-    end at a dot, as peft reads them; else `default`."""
-    if name in patterns:
-        return patterns[name]
+    """The value of peft's `rank_pattern` / `alpha_pattern` for module `name`, as
+    peft's `get_pattern_key` reads them: the first key, in the config's order, that
+    (as a regular expression) matches the end of `name` at a dot; else a key equal
+    to `name`; else `default`. (A key equal to `name` is not preferred to an
+    earlier key matching its end: `{"0": 2, "layers.0": 4}` gives `layers.0`
+    rank 2, in peft and here.)"""
     for key, value in patterns.items():
-        if re.fullmatch(rf"(.*\.)?{key}", name):
+        if re.fullmatch(rf"(.*\.)?({key})", name):
             return value
-    return default
+    return patterns.get(name, default)
+
+
+# What `read_peft` does with each key of peft's `LoraConfig` (`adapter_config.json`).
+# Read, and checked against the model and the tensors: these.
+_READ_KEYS = frozenset(
+    {
+        "peft_type",
+        "r",
+        "lora_alpha",
+        "rank_pattern",
+        "alpha_pattern",
+        "use_rslora",
+        "use_dora",
+        "fan_in_fan_out",
+        "target_modules",
+        "exclude_modules",
+        "layers_to_transform",
+        "layers_pattern",
+        "modules_to_save",
+        "bias",
+        "init_lora_weights",
+    }
+)
+# Keys that do not change what a loaded adapter computes: metadata, settings of
+# training (`lora_dropout` drops inputs only in training; quax-lora's dropout is
+# the model's, on only with a dropout key), of where peft runs, and of the
+# initialisations (`init_lora_weights` says which one ran, and is checked).
+_INERT_KEYS = frozenset(
+    {
+        "task_type",
+        "base_model_name_or_path",
+        "revision",
+        "inference_mode",
+        "auto_mapping",
+        "peft_version",
+        "lora_dropout",
+        "runtime_config",
+        "megatron_core",
+        "qalora_group_size",
+        "eva_config",
+        "corda_config",
+        "loftq_config",
+        "lora_ga_config",
+        "ensure_weight_tying",
+    }
+)
+# Keys that, set, make peft compute something quax-lora does not: refused.
+_UNSUPPORTED_KEYS = {
+    "layer_replication": "repeats layers of the base model, each copy with its "
+    "own adapter",
+    "alora_invocation_tokens": "makes it an Activated LoRA, applied only from its "
+    "invocation tokens on",
+    "use_qalora": "makes it a QA-LoRA, whose adapter reads a pooled input",
+    "target_parameters": "adapts parameters (torch's nn.Parameter) rather than layers",
+    "trainable_token_indices": "trains rows of the embeddings besides the adapter",
+    "lora_bias": "gives lora_B a bias",
+    "megatron_config": "adapts Megatron's parallel layers",
+    "velora_config": "makes it a VeLoRA, a variant quax-lora does not implement",
+    "monteclora_config": "makes it a MonteCLoRA, a variant quax-lora does not "
+    "implement",
+    "use_bdlora": "makes it a BD-LoRA, a variant quax-lora does not implement",
+    "arrow_config": "routes between adapters (Arrow), which quax-lora does not "
+    "implement",
+    "kasa_config": "makes it a KaSA, a variant quax-lora does not implement",
+}
+_KNOWN_KEYS = _READ_KEYS | _INERT_KEYS | _UNSUPPORTED_KEYS.keys()
+# `init_lora_weights` values after which the adapter applies to the base weights
+# as they were: `b = 0` (True, "gaussian", "eva") or `a` and `b` drawn
+# (False, "orthogonal"), the base untouched.
+_PLAIN_INITS = (True, False, "gaussian", "eva", "orthogonal")
+# Those after which it applies only to base weights peft changed: PiSSA, OLoRA,
+# CorDA and LoRA-GA subtract the initial adapter from them, LoftQ quantises them.
+_BASE_CHANGING_INITS = ("pissa", "olora", "corda", "loftq", "lora_ga")
+# peft's names of a layer's tensors, after its module's name.
+_TENSOR = re.compile(
+    r"(?P<module>.*)\.(?P<key>lora_(?:A|B)\.(?:weight|bias)|lora_embedding_[AB]"
+    r"|lora_magnitude_vector)"
+)
+
+
+def _neutral(value: Any) -> bool:
+    """Whether a config value leaves peft's default behaviour: unset, false or
+    empty (a dict of such values too)."""
+    if isinstance(value, dict):
+        return all(_neutral(v) for v in value.values())
+    return value is None or value is False or value in ("", [], {})
+
+
+def _config_problems(config: Mapping[str, Any]) -> list[str]:
+    """The settings of peft's `config` that quax-lora cannot reproduce."""
+    problems = []
+    for key, value in config.items():
+        if key in _UNSUPPORTED_KEYS and not _neutral(value):
+            problems.append(f"{key}={value!r}, which {_UNSUPPORTED_KEYS[key]}")
+        elif key not in _KNOWN_KEYS and not _neutral(value):
+            problems.append(
+                f"{key}={value!r}, a setting this quax-lora does not know, so it "
+                "cannot tell whether peft's outputs depend on it (remove it from "
+                "the config if they do not)"
+            )
+    init = config.get("init_lora_weights", True)
+    if isinstance(init, str) and init.lower().startswith(_BASE_CHANGING_INITS):
+        problems.append(
+            f"init_lora_weights={init!r}, an initialisation that changes the base "
+            "weights (subtracting the initial adapter, or quantising them), so the "
+            "adapter applies to peft's changed base, not to this model's. Have peft "
+            "convert it into an adapter for the unchanged base (save_pretrained's "
+            "path_initial_model_for_weight_conversion)"
+        )
+    elif init not in _PLAIN_INITS:
+        problems.append(
+            f"init_lora_weights={init!r}, an initialisation this quax-lora does "
+            "not know (it reads True, False, 'gaussian', 'eva' and 'orthogonal', "
+            "which leave the base weights unchanged)"
+        )
+    if config.get("bias", "none") not in ("none", "all", "lora_only"):
+        problems.append(f"bias={config['bias']!r}, none of peft's values")
+    return problems
+
+
+def _selects(config: Mapping[str, Any], module: str) -> bool:
+    """Whether peft, with `config`, puts a LoRA layer at `module`, as its
+    `check_target_module_exists` decides: matched by `target_modules` (a regular
+    expression matching the whole name, or a list of names matching it or its
+    end at a dot), not by `exclude_modules` or `modules_to_save`, and in one of
+    `layers_to_transform` (the index after `layers_pattern`, or after the first
+    name followed by a number). Without `target_modules` (peft fills it in from
+    the model's type), or with `"all-linear"`, any module."""
+    exclude = config.get("exclude_modules")
+    if isinstance(exclude, str):
+        if re.fullmatch(exclude, module):
+            return False
+    elif exclude and any(module == e or module.endswith(f".{e}") for e in exclude):
+        return False
+    for saved in config.get("modules_to_save") or ():
+        if re.match(rf"(^|.*\.){saved}($|\..*)", module):
+            return False
+    targets = config.get("target_modules")
+    if targets is None or targets == "all-linear":
+        return True
+    if isinstance(targets, str):
+        return re.fullmatch(targets, module) is not None
+    if module in targets:
+        return True
+    if not any(module.endswith(f".{t}") for t in targets):
+        return False
+    indices = config.get("layers_to_transform")
+    if indices is None or indices == []:
+        return True
+    patterns = config.get("layers_pattern") or None
+    if patterns is None:
+        found = re.match(r".*?\.[^.]*\.(\d+)\.", module)
+    else:
+        found = None
+        for pattern in [patterns] if isinstance(patterns, str) else patterns:
+            found = re.match(rf".*?\.{pattern}\.(\d+)\.", module)
+            if found is not None:
+                break
+    if found is None:
+        return False
+    index = int(found.group(1))
+    return index == indices if isinstance(indices, int) else index in indices
+
+
+def refused_dtype(stored: Any, adapter: Any) -> str | None:
+    """Why a tensor of dtype `stored` in a file cannot be loaded into an adapter of
+    dtype `adapter` at all (not even with `cast=True`), or `None`."""
+    stored, adapter = jnp.dtype(stored), jnp.dtype(adapter)
+    if not jnp.issubdtype(stored, jnp.inexact):
+        return f"is of dtype {stored}, where an adapter is floating"
+    if jnp.issubdtype(stored, jnp.complexfloating) and not jnp.issubdtype(
+        adapter, jnp.complexfloating
+    ):
+        return (
+            f"is complex ({stored}), and the model's adapter real ({adapter}): a "
+            "cast would drop the imaginary parts"
+        )
+    return None
+
+
+def narrows(stored: Any, adapter: Any) -> bool:
+    """Whether converting a tensor of dtype `stored` to dtype `adapter` may round
+    it: `adapter` does not hold every value of `stored` (float32 into bfloat16,
+    float16 into bfloat16, float64 into float32). The same dtype, or a narrower
+    one of the same kind (bfloat16 or float16 into float32), converts exactly."""
+    stored, adapter = jnp.dtype(stored), jnp.dtype(adapter)
+    return stored != adapter and jnp.promote_types(stored, adapter) != adapter
+
+
+def narrowing_error(
+    narrowed: Mapping[str, tuple[Any, list[tuple[str, Any]]]],
+) -> ValueError:
+    """The error for adapter tensors stored in dtypes that the model's adapter
+    cannot hold exactly: `narrowed` maps each layer (as the message names it) to
+    its adapter's dtype and the (name, dtype) of each such tensor."""
+    problems, stored = [], set()
+    for layer, (adapter, tensors) in narrowed.items():
+        dtypes = sorted({str(dtype) for _, dtype in tensors})
+        stored.update(dtypes)
+        problems.append(
+            f"{layer}: the file's {', '.join(f'`{name}`' for name, _ in tensors)} "
+            f"{'is' if len(tensors) == 1 else 'are'} {' and '.join(dtypes)}, and "
+            f"the model's adapter is {adapter}"
+        )
+    dtype = stored.pop() if len(stored) == 1 else "<the file's dtype>"
+    return ValueError(
+        "quax_lora.load_adapter: the file's adapter is stored in a dtype that the "
+        "model's adapter does not hold exactly, so loading it would round it: "
+        + summarise(problems)
+        + f". Loraify the model with the file's adapter dtype, loraify(..., "
+        f"adapter_dtype=jnp.{dtype}) (peft's default, autocast_adapter_dtype=True, "
+        "keeps a float32 adapter on a bfloat16 or float16 base), or pass cast=True "
+        "to load_adapter to round the adapter to the model's dtype knowingly."
+    )
 
 
 def read_peft(
@@ -223,10 +451,15 @@ def read_peft(
     *,
     name_map: NameMap,
     fan_in_fan_out: bool | None,
+    cast: bool,
 ) -> list[dict[str, Any]]:
     """The new leaves (`a`, `b`, and DoRA's `magnitude`) of each of `layers`, read
-    from the peft adapter in `directory`, after checking that the config's rank,
-    scaling and variant are the model's."""
+    from the peft adapter in `directory`, after checking that every setting of
+    its config is one quax-lora reproduces, that the config's rank, scaling and
+    variant are the model's, that every tensor is read, and that the tensors'
+    shapes and dtypes fit the model's adapters (a dtype that would round them
+    only with `cast`). `fan_in_fan_out=None` is `False` (`(out, in)` weights, as
+    `eqx.nn.Linear`'s), refusing a config that says otherwise."""
     directory = pathlib.Path(directory)
     config = json.loads((directory / CONFIG_NAME).read_text())
     if config.get("peft_type", "LORA") != "LORA":
@@ -235,23 +468,50 @@ def read_peft(
             f"{config.get('peft_type')!r}; only LoRA adapters (peft_type 'LORA', "
             "with rsLoRA and DoRA) can be loaded."
         )
-    tensors = load_file(str(directory / WEIGHTS_NAME))
-    if fan_in_fan_out is None:
-        fan_in_fan_out = bool(config.get("fan_in_fan_out", False))
     use_rslora = bool(config.get("use_rslora", False))
     use_dora = bool(config.get("use_dora", False))
+    unsupported = _config_problems(config)
     if use_rslora and use_dora:
-        raise ValueError(
-            "quax_lora.load_adapter: the peft adapter uses rsLoRA and DoRA together, "
-            "which quax-lora's variants do not combine."
+        unsupported.append(
+            "use_rslora=true and use_dora=true, which quax-lora's variants do not "
+            "combine"
         )
+    if unsupported:
+        raise ValueError(
+            f"quax_lora.load_adapter: the peft adapter's {CONFIG_NAME} sets what "
+            "quax-lora does not reproduce: "
+            + summarise(unsupported)
+            + ". quax-lora loads LoRA, rsLoRA and DoRA adapters of unchanged base "
+            "weights; anything else would compute other outputs than peft's."
+        )
+    linear = [name for name, _, kind in layers if kind == LINEAR]
+    if fan_in_fan_out is None:
+        if config.get("fan_in_fan_out") and linear:
+            raise ValueError(
+                f"quax_lora.load_adapter: the peft adapter's {CONFIG_NAME} has "
+                "fan_in_fan_out=true: the torch model it was made for stores its "
+                "weights (in, out), as GPT-2's Conv1D. peft's tensors are the same "
+                "either way; what decides how they load is how this model stores "
+                "the weights of its linear layers ("
+                + ", ".join(map(_named, linear[:4]))
+                + (", ..." if len(linear) > 4 else "")
+                + "). Pass fan_in_fan_out=False "
+                "if they are (out, in), as eqx.nn.Linear's, or fan_in_fan_out=True "
+                "if (in, out), used as x @ w (a square weight loads either way, "
+                "so this is not guessed)."
+            )
+        fan_in_fan_out = False
+    tensors = load_file(str(directory / WEIGHTS_NAME))
     variant = "rslora" if use_rslora else "dora" if use_dora else "lora"
+    found = {key: _TENSOR.fullmatch(key.removeprefix(_PREFIX)) for key in tensors}
     modules = {
-        key.removeprefix(_PREFIX).rsplit(".lora_", 1)[0]
-        for key in tensors
-        if key.startswith(_PREFIX) and ".lora_" in key
+        match["module"]
+        for key, match in found.items()
+        if key.startswith(_PREFIX) and match is not None
     }
     problems: list[str] = []
+    narrowed: dict[str, tuple[Any, list[tuple[str, Any]]]] = {}
+    read: set[str] = set()
     out = []
     seen = set()
     for name, lora, kind in layers:
@@ -263,6 +523,13 @@ def read_peft(
                 "file has no adapter"
             )
             continue
+        if not _selects(config, peft):
+            problems.append(
+                f"the file has an adapter for `{peft}`, a module its config's "
+                "target_modules (with exclude_modules, modules_to_save, "
+                "layers_to_transform and layers_pattern) does not select, so peft "
+                "would not load it"
+            )
         rank = int(_pattern(config.get("rank_pattern") or {}, peft, config["r"]))
         alpha = float(
             _pattern(config.get("alpha_pattern") or {}, peft, config["lora_alpha"])
@@ -270,21 +537,22 @@ def read_peft(
         scaling = alpha / (math.sqrt(rank) if use_rslora else rank)
         if lora.variant != variant:
             problems.append(
-                f"layer `{name}` is loraified with variant={lora.variant!r}, and the "
-                f"adapter is {variant!r} (use_rslora={use_rslora}, "
+                f"layer {_named(name)} is loraified with variant={lora.variant!r}, "
+                f"and the adapter is {variant!r} (use_rslora={use_rslora}, "
                 f"use_dora={use_dora})"
             )
         if lora.rank != rank or not math.isclose(lora.scaling, scaling, rel_tol=1e-9):
             problems.append(
-                f"layer `{name}` has rank {lora.rank} and scaling {lora.scaling!r}, "
-                f"and the adapter's module `{peft}` rank {rank} and scaling "
-                f"{scaling!r} (lora_alpha={alpha!r})"
+                f"layer {_named(name)} has rank {lora.rank} and scaling "
+                f"{lora.scaling!r}, and the adapter's module `{peft}` rank {rank} "
+                f"and scaling {scaling!r} (lora_alpha={alpha!r})"
             )
         problem = _refuse_layout(lora, kind, fan_in_fan_out)
         if problem is not None:
-            problems.append(f"layer `{name}`: {problem}")
+            problems.append(f"layer {_named(name)}: {problem}")
             continue
         want = _tensors(lora, kind, fan_in_fan_out)
+        read.update(f"{_PREFIX}{peft}.{key}" for key in want)
         got = {}
         for key, like in want.items():
             stored = tensors.get(f"{_PREFIX}{peft}.{key}")
@@ -294,14 +562,26 @@ def read_peft(
                     + (
                         "missing"
                         if stored is None
-                        else f"of shape {stored.shape}, where layer `{name}` needs "
-                        f"{like.shape}"
+                        else f"of shape {stored.shape}, where layer "
+                        f"{_named(name)} needs {like.shape}"
                     )
                 )
+                continue
+            refused = refused_dtype(stored.dtype, lora.adapter_dtype)
+            if refused is not None:
+                problems.append(f"the adapter's `{_PREFIX}{peft}.{key}` {refused}")
                 continue
             got[key] = stored
         if len(got) != len(want):
             continue
+        wider = [
+            (key, x.dtype)
+            for key, x in sorted(got.items())
+            if narrows(x.dtype, lora.adapter_dtype)
+        ]
+        if wider and not cast:
+            layer = f"layer {_named(name)} (peft module `{peft}`)"
+            narrowed[layer] = (lora.adapter_dtype, wider)
         out.append(_leaves(lora, kind, fan_in_fan_out, got))
     extra = sorted(modules - seen)
     if extra:
@@ -315,8 +595,30 @@ def read_peft(
             "quax_lora.load_adapter: the peft adapter does not fit the model: "
             + summarise(problems)
             + ". Loraify the model as the adapter was made (the same modules, "
-            "rank=, alpha= and variant=), and map its module names with name_map="
+            "rank=, alpha=, variant= and adapter_dtype=), and map its module names "
+            "with name_map=."
         )
+    unread = sorted(set(tensors) - read)
+    if unread:
+        why = []
+        if config.get("bias", "none") != "none":
+            why.append(f"bias={config['bias']!r}: peft trained biases and saved them")
+        if config.get("modules_to_save"):
+            why.append(
+                f"modules_to_save={config['modules_to_save']!r}: peft trained "
+                "whole modules and saved them"
+            )
+        raise ValueError(
+            f"quax_lora.load_adapter: the peft adapter holds tensors that it would "
+            f"leave unread: {summarise([f'`{key}`' for key in unread])}"
+            + (f" ({'; '.join(why)})" if why else "")
+            + ". load_adapter loads the LoRA factors (and DoRA's magnitudes) only, "
+            "and without these the outputs would not be peft's. Load them into the "
+            "model yourself (safetensors.numpy.load_file), then load the adapter "
+            "from a copy of the directory without them."
+        )
+    if narrowed:
+        raise narrowing_error(narrowed)
     return out
 
 
