@@ -18,9 +18,21 @@ programs hold concrete parameters, no tracers, so the leak check reports the sam
 tracers.
 
 Tests marked `long_running` are collected first, to balance the two workers' ends
-(`pytest_collection_modifyitems` below)."""
+(`pytest_collection_modifyitems` below).
 
+`scripts/test.sh` turns XLA's MLIR fusion emitters off (`XLA_FLAGS` holds
+`--xla_cpu_use_fusion_emitters=false`: the programs compile in about half the time).
+XLA's HLO pipeline then differs too (other fusions, other gather shapes), so where the
+flag is set, a program compiled ahead of time (`jax.jit(f).lower(...).compile()`, as
+`quax.testing.compiled_hlo` and the tests that read optimised HLO compile) is compiled
+with the emitters on (`_compile_ahead_as_users_do` below): the HLO a test reads is the
+HLO users' programs compile to; the programs the tests run are compiled with the
+flag."""
+
+import functools
 import gc
+import os
+from typing import Any
 
 import jax
 import pytest
@@ -33,6 +45,32 @@ quax.set_debug_checks(True)
 
 
 quax.testing.cache_eager_primitive_programs()
+
+
+_FUSION_EMITTERS_OFF = "--xla_cpu_use_fusion_emitters=false"
+
+
+def _compile_ahead_as_users_do() -> None:
+    """Where `XLA_FLAGS` turns XLA's fusion emitters off, `Lowered.compile` (the
+    ahead-of-time compile the HLO checks read) turns them back on, unless its caller
+    sets `xla_cpu_use_fusion_emitters` itself."""
+    if _FUSION_EMITTERS_OFF not in os.environ.get("XLA_FLAGS", "").split():
+        return
+    compile_ = jax.stages.Lowered.compile
+
+    @functools.wraps(compile_)
+    def compile_with_fusion_emitters(
+        self: jax.stages.Lowered,
+        compiler_options: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> jax.stages.Compiled:
+        options = {"xla_cpu_use_fusion_emitters": True, **(compiler_options or {})}
+        return compile_(self, options, **kwargs)
+
+    jax.stages.Lowered.compile = compile_with_fusion_emitters
+
+
+_compile_ahead_as_users_do()
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -11,8 +11,21 @@ export JAX_PLATFORMS=cpu JAX_CHECK_TRACER_LEAKS=1 QUAX_DEBUG_CHECKS=1
 # multiply-add, which changes results' last bits: so that it hides nothing, quax-lora's
 # suite (run alone below) and the clients' suites (scripts/clients.sh) compile as users
 # compile, without it.
+# `--xla_cpu_use_fusion_emitters=false`: XLA emits each fusion's loops with its
+# elemental LLVM emitter, not through the newer MLIR fusion emitters (XLA's default),
+# whose lowering pipeline, run for every fusion of every program, cost about half the
+# compile time left at optimisation level 0. XLA's HLO passes then differ too (other
+# fusions, other gather shapes): so that the tests that read optimised HLO read the
+# HLO users' programs compile to, the root conftest.py compiles the programs compiled
+# ahead of time (`jax.jit(f).lower(...).compile()`) with the emitters on. quax-lora's
+# suite and the clients' suites run without this flag too, as without the other one.
+# Measured (2 workers, the same compilations either way, XLA's compile time summed
+# over them, then the run's CPU time, user + sys): quax-core and the root tests 194 s
+# -> 81 s, 410 s -> 244 s; quax-sparse alone 134 s -> 75 s, 221 s -> 162 s;
+# quax-quant alone 77 s -> 40 s, 115 s -> 81 s; quax-named alone 30 s -> 16 s,
+# 51 s -> 39 s; two of quax-structured's files, one worker, 28 s -> 15 s, 51 s -> 33 s.
 plain_xla_flags=${XLA_FLAGS:-}
-export XLA_FLAGS="$plain_xla_flags --xla_backend_optimization_level=0"
+export XLA_FLAGS="$plain_xla_flags --xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false"
 # XLA's compiled programs are kept on disk (JAX's persistent compilation cache, keyed by
 # the program, the compile options and the jax/jaxlib versions): a family's suite alone
 # reads back what the root tests compiled for the same programs, and a rerun of the

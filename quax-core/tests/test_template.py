@@ -174,7 +174,14 @@ def test_generated_family_lints_and_passes_its_tests(tmp_path):
     (info / "entry_points.txt").write_text(
         "[quax.rules]\nbanded_matrix = quax_banded_matrix._plugin\n"
     )
-    env = dict(os.environ, PYTHONPATH=str(src), JAX_PLATFORMS="cpu")
+    # Its HLO check reads the HLO users' programs compile to: without the root
+    # conftest.py (which compiles the HLO checks' programs so), XLA's fusion emitters
+    # stay on (scripts/test.sh turns them off for speed).
+    flags = os.environ.get("XLA_FLAGS", "").split()
+    xla_flags = " ".join(f for f in flags if f != "--xla_cpu_use_fusion_emitters=false")
+    env = dict(
+        os.environ, PYTHONPATH=str(src), JAX_PLATFORMS="cpu", XLA_FLAGS=xla_flags
+    )
     options = ["-q", "-p", "no:cacheprovider", "-W", "error"]
     result = subprocess.run(
         [sys.executable, "-m", "pytest", *options, str(family)],
