@@ -110,3 +110,65 @@ def test_infinite_scale_block_gives_nan_where_dense_does(matmul):
     assert np.isnan(dense[:, 0]).all()
     assert np.isnan(got[:, 0]).all()
     np.testing.assert_allclose(got[:, 1:], dense[:, 1:], rtol=0.05, atol=0.05)
+
+
+# Unpacked NF4 code indices (`format="nf4"`, `bits=8`, one per byte, as products
+# slice them): the levels read only the low four bits of `q + 8`, so an index
+# outside `[-8, 7]` stood for another level (100 for the level of 4, -9 for that
+# of 7), silently. They are refused now.
+
+
+def _nf4_bytes(values):
+    return qq.QuantisedArray(
+        jnp.asarray(values, jnp.int8),
+        jnp.full((1, 1), 2.0, jnp.float32),
+        None,
+        None,
+        8,
+        jnp.float32,
+        format="nf4",
+        allow_materialise=True,
+    )
+
+
+@pytest.mark.parametrize("values", [[[100, 4]], [[-9, 7]], [[0, 8]], [[-128, 0]]])
+def test_nf4_indices_outside_four_bits_are_refused(values):
+    with pytest.raises(ValueError, match=r"'nf4' with bits=8.*\[-8, 7\].*jnp\.clip"):
+        _nf4_bytes(values)
+
+
+def test_nf4_indices_refused_when_rebuilt_outside_quaxify():
+    # `eqx.tree_at` / `jax.tree.map` rebuild without `__init__`: quaxify re-runs
+    # the check before any rule reads the bytes.
+    import equinox as eqx
+
+    good = _nf4_bytes([[-8, 7]])
+    bad = eqx.tree_at(lambda q: q.values, good, jnp.array([[100, 4]], jnp.int8))
+    with pytest.raises(ValueError, match=r"'nf4' with bits=8"):
+        quax.quaxify(lambda q, x: q @ x)(bad, jnp.ones(2))
+
+
+def test_nf4_indices_in_range_read_as_their_levels():
+    indices = np.arange(-8, 8).reshape(1, 16)
+    q = _nf4_bytes(indices)
+    want = 2.0 * np.asarray(qq.NF4_CODE, np.float32)[indices + 8]
+    np.testing.assert_array_equal(q.dequantise(), want)
+    x = np.linspace(-1.0, 1.0, 16, dtype=np.float32)
+    got = quax.quaxify(lambda q, x: q @ x)(q, x)
+    np.testing.assert_allclose(got, want @ x, rtol=1e-6, atol=1e-6)
+
+
+def test_nf4_indices_a_product_unpacks_pass():
+    # `x @ w` transposes a packed NF4 weight unpacked: such an array, eagerly
+    # with concrete bytes (checked), inside the product.
+    w = qq.quantise(W, format="nf4", block_size=3)
+    x = np.linspace(-1.0, 1.0, W.shape[0], dtype=np.float32)
+    got = quax.quaxify(lambda w, x: x @ w)(w, x)
+    want = x @ np.asarray(w.dequantise())
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_nf4_indices_traced_are_not_checked():
+    # Under `jit` the values are a tracer: the check needs concrete bytes.
+    build = jax.jit(lambda v: _nf4_bytes(v).values)
+    np.testing.assert_array_equal(build(jnp.array([[100, 4]], jnp.int8)), [[100, 4]])

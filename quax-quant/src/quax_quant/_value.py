@@ -86,6 +86,12 @@ class _PassedValueChecks:
 _passed_value_checks = _PassedValueChecks()
 
 
+def _extremes(values: Any) -> tuple[int, int]:
+    """The least and the greatest of concrete, non-empty integer `values`."""
+    with jax.ensure_compile_time_eval():
+        return int(jnp.min(values)), int(jnp.max(values))
+
+
 def dtype_of(x: Any) -> np.dtype:
     """The dtype of an array, a tracer or anything NumPy reads as an array."""
     dtype = getattr(x, "dtype", None)
@@ -476,6 +482,7 @@ class QuantisedArray(quax.GuardedValue):
                 )
             if self.bits == 4:
                 return
+            self._check_nf4_indices()
         elif self.bits != 8 or dtype != np.dtype(self.format):
             raise ValueError(
                 f"QuantisedArray's values for format {self.format!r} must be "
@@ -488,6 +495,28 @@ class QuantisedArray(quax.GuardedValue):
                 f"format {self.format!r} and bits=8 they must be False and -1, got "
                 f"odd={self.odd}, packed_axis={self.packed_axis}."
             )
+
+    def _check_nf4_indices(self) -> None:
+        """Unpacked NF4 code indices (one per byte, `bits=8`) lie in `[-8, 7]`: the
+        levels read only the low four bits of `q + 8`, so `100` would stand for the
+        level of `4`, silently. Traced values cannot be checked; values that passed
+        before are not read again."""
+        if (
+            isinstance(self.values, jax.core.Tracer)
+            or ("nf4 indices", self.values) in _passed_value_checks
+            or not np.size(self.values)
+        ):
+            return
+        low, high = _extremes(self.values)
+        if low < -8 or high > 7:
+            raise ValueError(
+                "QuantisedArray's values for format 'nf4' with bits=8 are code "
+                "indices, one per byte, in [-8, 7] (`q` stands for "
+                f"`NF4_CODE[q + 8]`); got values in [{low}, {high}], which name no "
+                "level. Build the array with `quax_quant.quantise(x, format='nf4')`, "
+                "or clip the indices (`jnp.clip(values, -8, 7)`)."
+            )
+        _passed_value_checks.add("nf4 indices", self.values)
 
     def _check_values(self) -> None:
         """`values` are integers in the range of `bits`, stored as the layout says:
@@ -530,9 +559,7 @@ class QuantisedArray(quax.GuardedValue):
             # passed before.
             return
         if np.size(self.values):
-            with jax.ensure_compile_time_eval():
-                low = int(jnp.min(self.values))
-                high = int(jnp.max(self.values))
+            low, high = _extremes(self.values)
             if low < -128 or high > 127:
                 raise ValueError(
                     "QuantisedArray's values must lie in [-128, 127] for bits=8, got "
