@@ -93,6 +93,52 @@ def test_tridiagonal_eigvalsh():
     quax.testing.assert_hlo_lacks(jnp.linalg.eigvalsh, t, shapes=[(6, 6), (2, 6, 6)])
 
 
+# A zero (or, in float32, tiny) first off-diagonal, whose lone diagonal entry sits
+# at a midpoint of the bisection: JAX's `eigh_tridiagonal` counted no eigenvalue
+# below it there (its first Sturm pivot, perturbed by `(eps |off[0]|)^2 = 0`, gave
+# `0 / 0`), and returned the least eigenvalue as `main[0]`: `[4, 4, 4, 5.68]` for
+# `[2.32, 4, 4, 5.68]` (seen before the fix).
+_SPLIT = [
+    ([4.0, 4, 4, 4], [0.0, 1.5, 0.75]),
+    ([4.0, 4, 4, 4], [1e-30, 1.0, 1.0]),
+    ([4.0, 4, 4, 4], [0.0, 0.0, 1.0]),
+    ([-2.0, -2, -2], [0.0, 3.0]),
+    ([1e-20, 1e-20, 1e-20, 1e-20], [0.0, 1.5e-20, 0.75e-20]),
+    ([4.0, 4, 4, 4], [1.0, 0.0, 1.0]),
+]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize(("main", "off"), _SPLIT)
+def test_tridiagonal_eigvalsh_split_first_row(main, off, dtype):
+    main, off = np.asarray(main, dtype), np.asarray(off, dtype)
+    dense = np.diag(main) + np.diag(off, -1) + np.diag(off, 1)
+    want = np.linalg.eigvalsh(dense.astype(np.float64))
+    scale = np.abs(want).max()
+    with jax.enable_x64(dtype == np.float64):
+        t = qs.TridiagonalMatrix(off, main, off)
+        eager = quax.quaxify(jnp.linalg.eigvalsh)(t)
+        jitted = jax.jit(quax.quaxify(jnp.linalg.eigvalsh))(t)
+        assert eager.dtype == dtype
+    tolerance = 8 * np.finfo(dtype).eps * scale
+    np.testing.assert_allclose(eager, want, rtol=0, atol=tolerance)
+    np.testing.assert_allclose(jitted, want, rtol=0, atol=tolerance)
+
+
+def test_tridiagonal_eigvalsh_split_first_row_batched():
+    # One matrix of the batch split, the other not, under `jax.vmap` too.
+    main = np.array([[4.0, 4, 4, 4], [1.0, 2, 3, 4]], np.float32)
+    off = np.array([[0.0, 1.5, 0.75], [0.5, 0.5, 0.5]], np.float32)
+    t = qs.TridiagonalMatrix(off, main, off)
+    for got in (
+        quax.quaxify(jnp.linalg.eigvalsh)(t),
+        jax.vmap(quax.quaxify(jnp.linalg.eigvalsh))(t),
+    ):
+        for k in range(2):
+            dense = np.diag(main[k]) + np.diag(off[k], -1) + np.diag(off[k], 1)
+            np.testing.assert_allclose(got[k], np.linalg.eigvalsh(dense), atol=2e-6)
+
+
 def test_refusals():
     ones = np.ones(3, np.float32)
     t = qs.TridiagonalMatrix(ones, np.arange(4, dtype=np.float32), ones)

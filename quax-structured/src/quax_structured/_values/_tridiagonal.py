@@ -324,9 +324,7 @@ class TridiagonalMatrix(StructuredMatrix):
         if jnp.issubdtype(self.dtype, jnp.complexfloating) or self.allow_materialise:
             return None
 
-        def values(main: Array, off: Array) -> Array:
-            return jax.scipy.linalg.eigh_tridiagonal(main, off, eigvals_only=True)
-
+        values = _eigenvalues
         for _ in range(self.main_diag.ndim - 1):
             values = jax.vmap(values)
         return _no_derivative(values)(
@@ -335,6 +333,39 @@ class TridiagonalMatrix(StructuredMatrix):
 
     def _diags(self) -> tuple[Array, Array, Array]:
         return self.lower_diag, self.main_diag, self.upper_diag
+
+
+def _eigenvalues(main: Array, off: Array) -> Array:
+    """The eigenvalues of the real symmetric tridiagonal matrix with diagonal `main`
+    and off-diagonal `off` (one matrix), ascending: bisection on Sturm counts,
+    `jax.scipy.linalg.eigh_tridiagonal`, on the matrix scaled by a power of two to a
+    largest entry in `[0.5, 1)` (exact) and with a first off-diagonal of magnitude
+    at least `_first_off_min` (a change to the eigenvalues of at most that, far
+    below the float's resolution at that scale).
+
+    JAX's Sturm count replaces a first pivot `main[0] - x` of zero (at a bisection
+    point `x` equal to `main[0]`) by `(eps |off[0]|)²`, which is zero where
+    `off[0]` is (or underflows): the next pivot is then `0 / 0`, and the count of
+    eigenvalues below `x` is 0. An eigenvalue below `main[0]` was then returned as
+    `main[0]`, silently (`main = [4, 4, 4, 4]`, `off = [0, 1.5, 0.75]` gave `[4, 4,
+    4, 5.68]` where dense JAX gives `[2.32, 4, 4, 5.68]`)."""
+    largest = jnp.maximum(
+        jnp.max(jnp.abs(main), initial=0), jnp.max(jnp.abs(off), initial=0)
+    )
+    _, exponent = jnp.frexp(jnp.where(largest > 0, largest, 1))
+    scale = jnp.exp2(-exponent.astype(main.dtype))
+    main, off = main * scale, off * scale
+    first = jnp.maximum(jnp.abs(off[:1]), _first_off_min(main.dtype))
+    off = jnp.concatenate([first.astype(off.dtype), off[1:]])
+    values = jax.scipy.linalg.eigh_tridiagonal(main, off, eigvals_only=True)
+    return values / scale
+
+
+def _first_off_min(dtype: Any) -> Any:
+    """The least first off-diagonal magnitude whose pivot perturbation in JAX's
+    Sturm count, `(eps |off[0]|)²`, is a normal number (16 times the smallest)."""
+    info = jnp.finfo(dtype)
+    return 4 * float(info.smallest_normal) ** 0.5 / float(info.eps)
 
 
 def _continuant(lower: Array, main: Array, upper: Array) -> tuple[Array, Array]:
