@@ -89,3 +89,23 @@ def test_diagonal_and_circulant_scalars_name_the_field():
         Diagonal(1.0)
     with pytest.raises(ValueError, match="`column` of shape"):
         Circulant(jnp.asarray(1.0))
+
+
+def test_kronecker_diagonal_flags_checked():
+    """`Kronecker(..., diagonal=...)`: one flag per factor (one short was an
+    `IndexError`), and a factor flagged diagonal must be its diagonal, a vector (a
+    matrix was refused as a stack 'with batch axes', pointing at `jax.vmap`)."""
+    from quax_structured import Kronecker
+
+    a = np.array([[1.0, 2.0], [3.0, 4.0]], np.float32)
+    with pytest.raises(ValueError, match=r"`diagonal` with 1 entries for 2 factors"):
+        Kronecker(a, np.eye(2, dtype=np.float32), diagonal=[False])
+    with pytest.raises(ValueError, match=r"`diagonal\[0\]=True`.*shape \(2, 2\)"):
+        Kronecker(a, np.eye(2, dtype=np.float32), diagonal=[True, False])
+    # Flags that fit: the diagonal factor as its vector.
+    d = np.array([2.0, -1.0], np.float32)
+    k = Kronecker(a, d, diagonal=[False, True])
+    x = np.arange(4, dtype=np.float32)
+    np.testing.assert_allclose(
+        quax.quaxify(lambda k, x: k @ x)(k, x), np.kron(a, np.diag(d)) @ x, rtol=1e-6
+    )

@@ -15,6 +15,11 @@ def _f4(*values):
 
 
 CASES = {
+    # 1 x 1: no off-diagonal entries (`det` and `lu_factor` indexed the empty
+    # off-diagonals and raised an IndexError before).
+    "tridiagonal_1": qs.TridiagonalMatrix(
+        np.zeros(0, "f4"), _f4(-3), np.zeros(0, "f4")
+    ),
     "tridiagonal_2": qs.TridiagonalMatrix(_f4(2), _f4(1, 3), _f4(-1)),
     "tridiagonal_3": qs.TridiagonalMatrix(_f4(1, 2), _f4(2, 3, 1), _f4(-1, 4)),
     # [[0, 1], [1, 0]]: a zero leading minor (det -1); `solve` pivots.
@@ -61,6 +66,38 @@ def test_small_det_batched_and_1x1():
     np.testing.assert_allclose(det, np.linalg.det(_dense(stack)), rtol=1e-6)
     assert sign == -1
     np.testing.assert_allclose(logdet, np.log(0.5), rtol=1e-6)
+
+
+@pytest.mark.parametrize("jit", [False, True])
+def test_one_by_one_tridiagonal(jit):
+    """Everything that reads a 1 x 1 tridiagonal matrix's entries or its LU: its
+    entry, its diagonal, `det`/`slogdet`, and `lu_factor` (whose pivots had length
+    0) with `lu_solve`, eagerly and under `jit`."""
+    matrix = CASES["tridiagonal_1"]
+    b = _f4(6)
+
+    def fn(m, b):
+        lu = jax.scipy.linalg.lu_factor(m)
+        return (
+            m[0, 0],
+            jnp.diagonal(m),
+            *_det_slogdet_solve(m, b),
+            lu[1],
+            (jax.scipy.linalg.lu_solve(lu, b)),
+        )
+
+    run = quax.quaxify(fn)
+    entry, diagonal, det, sign, logdet, x, pivots, y = (jax.jit(run) if jit else run)(
+        matrix, b
+    )
+    np.testing.assert_array_equal(entry, -3)
+    np.testing.assert_array_equal(diagonal, [-3])
+    np.testing.assert_array_equal(det, -3)
+    assert sign == -1
+    np.testing.assert_allclose(logdet, np.log(3), rtol=1e-6)
+    np.testing.assert_array_equal(x, [-2])
+    np.testing.assert_array_equal(pivots, [0])
+    np.testing.assert_array_equal(y, [-2])
 
 
 def test_small_det_gradient():

@@ -428,8 +428,15 @@ class Kronecker(_Factors):
             if len(options) == 2:
                 triangle = options[1]
         flags = None if diagonal is None else list(diagonal)
+        gathered = _gather("Kronecker", args, left, right, matrices)
+        if flags is not None and len(flags) != len(gathered):
+            raise ValueError(
+                f"`Kronecker` got `diagonal` with {len(flags)} entries for "
+                f"{len(gathered)} factors: give one per factor (True where the "
+                "factor is given as its diagonal, a vector), or leave it out."
+            )
         stored, is_diagonal = [], []
-        for k, factor in enumerate(_gather("Kronecker", args, left, right, matrices)):
+        for k, factor in enumerate(gathered):
             if isinstance(factor, Kronecker):
                 stored.extend(
                     m if isinstance(m, ScaledIdentity) else operand
@@ -458,8 +465,16 @@ class Kronecker(_Factors):
                     "for a factor of size nᵢ)."
                 )
             else:
+                flag = False if flags is None else bool(flags[k])
+                if flag and np.ndim(factor) != 1:
+                    raise ValueError(
+                        f"`Kronecker` got `diagonal[{k}]=True`, which stores factor "
+                        f"{k} as its diagonal (a vector), but the factor has shape "
+                        f"{np.shape(factor)}. Pass its diagonal (`jnp.diagonal`) "
+                        f"where the factor is diagonal, or `diagonal[{k}]=False`."
+                    )
                 stored.append(factor)
-                is_diagonal.append(False if flags is None else flags[k])
+                is_diagonal.append(flag)
         self.matrices = tuple(stored)
         self.diagonal = tuple(is_diagonal)
         self.symmetric = symmetric

@@ -149,6 +149,8 @@ class TridiagonalMatrix(StructuredMatrix):
         i, j = jnp.clip(i, 0, n - 1), jnp.clip(j, 0, n - 1)
         k = jnp.minimum(i, j).clip(0, n - 2)
         zero = jnp.zeros((), self.dtype)
+        if n == 1:  # no off-diagonal entries to index
+            return jnp.where(i == j, self.main_diag[i], zero)
         off = jnp.where(j == i + 1, self.upper_diag[k], zero)
         off = jnp.where(i == j + 1, self.lower_diag[k], off)
         return jnp.where(i == j, self.main_diag[i], off)
@@ -258,8 +260,10 @@ class TridiagonalMatrix(StructuredMatrix):
         its determinant, and a singular one its zero."""
         couple = self.lower_diag * self.upper_diag
         zero = u[..., :-1] == 0
-        after = jnp.concatenate([jnp.zeros_like(zero[..., :1]), zero], axis=-1)
-        before = jnp.concatenate([zero, jnp.zeros_like(zero[..., :1])], axis=-1)
+        # One entry each (also for n = 1, where `zero` is empty).
+        edge = jnp.zeros((*u.shape[:-1], 1), bool)
+        after = jnp.concatenate([edge, zero], axis=-1)
+        before = jnp.concatenate([zero, edge], axis=-1)
         shifted = jnp.concatenate([jnp.zeros_like(u[..., :1]), -couple], axis=-1)
         pivots = jnp.where(after, shifted, jnp.where(before, 1, u))
         return jnp.where(jnp.isfinite(pivots), pivots, 1).astype(u.dtype)
