@@ -391,3 +391,70 @@ def test_operands_known_only_at_run_time() -> None:
 def test_signs_a_dtype_cannot_hold_are_refused(args: Any, match: str) -> None:
     with pytest.raises(ValueError, match=match):
         Zero(*args)
+
+
+# A concrete operand holding a non-finite element (or, as a divisor, a zero) among
+# elements of both signs: outside `ieee_strict()` the zero annihilates that element
+# (reads it as a one of its sign), as it does when all elements agree. The signs
+# differ, so the product is dense, and it was computed on the operand itself:
+# `Zero * [-1, inf, 2]` gave `[-0, nan, 0]` and `Zero / [1, 0, -2]` gave `[0, nan,
+# -0]`, where `Zero / [1, 0, 2]` gave the annihilated zero (seen before the fix).
+_MIXED = [
+    ("mul", lambda z, y: z * y, [-1.0, np.inf, 2.0]),
+    ("mul_left", lambda z, y: y * z, [-1.0, np.nan, 2.0]),
+    ("mul_neg_inf", lambda z, y: z * y, [1.0, -np.inf, -2.0]),
+    ("div", lambda z, y: z / y, [1.0, 0.0, -2.0]),
+    ("div_neg_zero", lambda z, y: z / y, [-1.0, -0.0, 2.0]),
+    ("div_inf", lambda z, y: z / y, [1.0, np.inf, -2.0]),
+]
+
+
+def _unit_of_sign(y: np.ndarray, divisor: bool) -> np.ndarray:
+    bad = ~np.isfinite(y) | ((y == 0) if divisor else False)
+    return np.where(bad, np.copysign(1.0, y), y).astype(y.dtype)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize(("name", "fn", "y"), _MIXED)
+def test_mixed_signs_with_annihilated_element(name, fn, y, dtype):
+    y = np.asarray(y, dtype)
+    divisor = name.startswith("div")
+    with jax.enable_x64(dtype == np.float64):
+        z = Zero((3,), dtype)
+        dense_zero = z.materialise()
+        run = quax.quaxify(fn)
+        # Equation by equation, then the compiled eager program, and uncached.
+        outs = [run(z, jnp.asarray(y)) for _ in range(3)]
+        with quax.caching(False):
+            outs.append(run(z, jnp.asarray(y)))
+        annihilated = fn(dense_zero, jnp.asarray(_unit_of_sign(y, divisor)))
+        for i, out in enumerate(outs):
+            _assert_same_bits(f"{name} call {i}", out, annihilated)
+        with quax.zero.ieee_strict():
+            strict = run(z, jnp.asarray(y))
+        _assert_same_bits(f"{name} strict", strict, fn(dense_zero, jnp.asarray(y)))
+
+
+def test_mixed_signs_keep_the_operands_dtype():
+    # A weakly typed Python scalar or a float16 array: the dense product's dtype is
+    # what plain JAX gives on the zeros.
+    z = Zero((2,), jnp.float16)
+    y = jnp.array([-1.0, jnp.inf], jnp.float16)
+    out = quax.quaxify(lambda z, y: z * y)(z, y)
+    assert out.dtype == jnp.float16
+    _assert_same_bits(
+        "float16", out, jnp.zeros(2, jnp.float16) * jnp.array([-1, 1], jnp.float16)
+    )
+    out = quax.quaxify(lambda z: z * np.inf)(z)
+    assert out.dtype == jnp.float16
+
+
+def test_mixed_signs_in_a_product_with_a_matrix():
+    # `Zero @ y` with an infinite entry of `y` and columns of both signs: dense, the
+    # infinite entry read as a one of its sign (`[-0, nan]` before the fix).
+    y = np.array([[-1.0, np.inf], [-2.0, 3.0]], np.float32)
+    ones = np.array([[-1.0, 1.0], [-2.0, 3.0]], np.float32)
+    for negative in (False, True):
+        z = Zero((2,), jnp.float32, negative)
+        out = quax.quaxify(lambda z, y: z @ y)(z, jnp.asarray(y))
+        _assert_same_bits(f"dot {negative}", out, z.materialise() @ jnp.asarray(ones))

@@ -263,6 +263,34 @@ def _sanitised(known: np.ndarray, divisor: bool) -> np.ndarray:
     return np.where(bad, unit, known)
 
 
+def _annihilated(
+    values: Sequence[ValueLike], index: int, known: np.ndarray, divisor: bool
+) -> tuple[list[ValueLike], np.ndarray]:
+    """`values` and the concrete operand at `index` (`known`) with each element a
+    zero annihilates replaced by a one of its sign (`_sanitised`): `known` for the
+    signs, and in `values` in the operand's own dtype and weak type, for the dense
+    product where those signs differ (which would otherwise read the element
+    itself: `0 * inf`, `0 / 0`, NaN where the other elements decide nothing)."""
+    sanitised = _sanitised(known, divisor)
+    if sanitised is known:
+        return list(values), known
+    y = jnp.asarray(values[index])
+    bad = ~jnp.isfinite(y)
+    if divisor:
+        bad = bad | (y == 0)
+    if jnp.iscomplexobj(y):
+        real, imag = jnp.real(y), jnp.imag(y)
+        unit = lax.complex(
+            jnp.copysign(jnp.ones_like(real), real),
+            jnp.copysign(jnp.zeros_like(imag), imag),
+        )
+    else:
+        unit = jnp.copysign(jnp.ones_like(y), y)
+    changed = list(values)
+    changed[index] = jnp.where(bad, unit, y)
+    return changed, sanitised
+
+
 def _with_known(
     primitive: Primitive,
     values: Sequence[ValueLike],
@@ -581,7 +609,7 @@ def _product(
     strict = strict_sensitive and is_ieee_strict()
     if known is not None:
         if not strict:
-            known = _sanitised(known, divisor=False)
+            values, known = _annihilated(values, other, known, divisor=False)
         shape = _free_dims_to_one(primitive, params, 1 - other)
         return _with_known(primitive, values, params, other, known, shape)
     if strict and _could_be_nonfinite(y):
@@ -651,7 +679,7 @@ def _zero_div(x: Zero, y: ValueLike) -> Any:
     known = _concrete(y)
     if known is not None:
         if inexact and not strict:
-            known = _sanitised(known, divisor=True)
+            values, known = _annihilated(values, 1, known, divisor=True)
         if inexact or bool(np.all(known != 0)):
             return _with_known(prims.div_p, values, {}, 1, known, lambda z: z.shape)
         return _fallback(prims.div_p, values, {})
