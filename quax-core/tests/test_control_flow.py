@@ -7,6 +7,7 @@ the same program on plain arrays, under `vmap` in both orders too.
 
 import equinox.internal as eqxi
 import jax
+import jax.core
 import jax.numpy as jnp
 import numpy as np
 import pytest

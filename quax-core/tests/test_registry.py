@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import jax
+import jax.core
 import jax.numpy as jnp
 import numpy as np
 import pytest

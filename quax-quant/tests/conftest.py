@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import quax
+import quax.testing
 import quax_quant as qq
 
 

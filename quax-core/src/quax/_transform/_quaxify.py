@@ -3,7 +3,7 @@
 import functools as ft
 from collections.abc import Callable, Sequence
 from types import FunctionType
-from typing import Any, Generic, TypeVar, cast
+from typing import Any, Generic, ParamSpec
 
 import equinox as eqx
 import jax
@@ -29,7 +29,10 @@ from ._trace import QuaxTrace, active_trace, run_nested
 
 __all__ = ["quaxify"]
 
-_CT = TypeVar("_CT", bound=Callable[..., Any])
+# The parameters of the function `quaxify` wraps: calls of the wrapper are checked
+# against them, while its result is typed `Any`, as the rules decide what it is (a
+# `LoraArray`, a `NamedArray`, ... where `fn` is annotated to return an array).
+_P = ParamSpec("_P")
 _attribute = object.__getattribute__
 _JitFunction = type(jax.jit(lambda: None))
 
@@ -129,15 +132,15 @@ def _check_batchable(out: Any) -> None:
             )
 
 
-class _Quaxify(eqx.Module, Generic[_CT]):
-    fn: _CT
+class _Quaxify(eqx.Module, Generic[_P]):
+    fn: Callable[_P, Any]
     filter_spec: PyTree[bool | Callable[[Any], bool]]
 
     @property
-    def __wrapped__(self) -> _CT:
+    def __wrapped__(self) -> Callable[_P, Any]:
         return self.fn
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+    def __call__(self, *args: _P.args, **kwargs: _P.kwargs) -> Any:
         _plugins.autoload()
         # The fields without equinox's attribute lookup (this is the eager hot path).
         fields = _attribute(self, "__dict__")
@@ -191,7 +194,9 @@ class _Quaxify(eqx.Module, Generic[_CT]):
         return eqx.Partial(self, instance)
 
 
-def quaxify(fn: _CT, filter_spec: PyTree[bool | Callable[[Any], bool]] = True) -> _CT:
+def quaxify(
+    fn: Callable[_P, Any], filter_spec: PyTree[bool | Callable[[Any], bool]] = True
+) -> _Quaxify[_P]:
     """Make `fn` understand [`quax.Value`][]s: each primitive it binds on one is
     dispatched to the rule registered for the input types.
 
@@ -218,8 +223,10 @@ def quaxify(fn: _CT, filter_spec: PyTree[bool | Callable[[Any], bool]] = True) -
 
     **Returns:**
 
-    A callable `equinox.Module` with the signature of `fn`. Called with no `Value`
-    among the selected inputs, it runs `fn` unchanged.
+    A callable `equinox.Module` with the parameters of `fn`. Its result is typed
+    `Any`: the rules decide what it is (a `LoraArray` where `fn` is annotated to
+    return an array). Called with no `Value` among the selected inputs, it runs `fn`
+    unchanged.
     """
     # What `eqx.module_update_wrapper(_Quaxify(fn, filter_spec))` builds, at a
     # fraction of its cost (see `benchmarks/README.md`), as `quax.quaxify(f)(x)` is
@@ -234,7 +241,7 @@ def quaxify(fn: _CT, filter_spec: PyTree[bool | Callable[[Any], bool]] = True) -
         value = getattr(fn, name, _MISSING)
         if value is not _MISSING:
             attributes[name] = value
-    return cast(_CT, wrapper)
+    return wrapper
 
 
 _MISSING = object()
