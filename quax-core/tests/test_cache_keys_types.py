@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import quax
+import quax._foundation._caches
 
 from .helpers import Dense
 

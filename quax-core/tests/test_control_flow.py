@@ -275,9 +275,11 @@ def test_jit_keeps_name_and_donation():
 
     g = jax.jit(
         lambda a: (
-            quax.quaxify(lambda b: jax.jit(inner.__wrapped__, donate_argnums=0)(b))(
-                Dense(a)
-            ).array
+            quax.quaxify(
+                # A jitted function has `__wrapped__` (`functools.wraps`); JAX's
+                # annotations leave it out.
+                lambda b: jax.jit(inner.__wrapped__, donate_argnums=0)(b)  # pyright: ignore[reportAttributeAccessIssue]
+            )(Dense(a)).array
         )
     )
     text = g.lower(x).as_text()
