@@ -3,7 +3,7 @@
 import functools as ft
 from collections.abc import Callable, Sequence
 from types import FunctionType
-from typing import Any, Generic, ParamSpec
+from typing import Any, Generic, TypeVar
 
 import equinox as eqx
 import jax
@@ -29,10 +29,11 @@ from ._trace import QuaxTrace, active_trace, run_nested
 
 __all__ = ["quaxify"]
 
-# The parameters of the function `quaxify` wraps: calls of the wrapper are checked
-# against them, while its result is typed `Any`, as the rules decide what it is (a
-# `LoraArray`, a `NamedArray`, ... where `fn` is annotated to return an array).
-_P = ParamSpec("_P")
+# The function `quaxify` wraps. Calls of the wrapper are not checked against its
+# signature: they pass values where `fn`'s annotations say arrays, and what they
+# return is what the rules return (a `LoraArray`, a `NamedArray`, ... where `fn` is
+# annotated to return an array), hence `Any`.
+_CT = TypeVar("_CT", bound=Callable[..., Any])
 _attribute = object.__getattribute__
 _JitFunction = type(jax.jit(lambda: None))
 
@@ -132,15 +133,15 @@ def _check_batchable(out: Any) -> None:
             )
 
 
-class _Quaxify(eqx.Module, Generic[_P]):
-    fn: Callable[_P, Any]
+class _Quaxify(eqx.Module, Generic[_CT]):
+    fn: _CT
     filter_spec: PyTree[bool | Callable[[Any], bool]]
 
     @property
-    def __wrapped__(self) -> Callable[_P, Any]:
+    def __wrapped__(self) -> _CT:
         return self.fn
 
-    def __call__(self, *args: _P.args, **kwargs: _P.kwargs) -> Any:
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
         _plugins.autoload()
         # The fields without equinox's attribute lookup (this is the eager hot path).
         fields = _attribute(self, "__dict__")
@@ -195,8 +196,8 @@ class _Quaxify(eqx.Module, Generic[_P]):
 
 
 def quaxify(
-    fn: Callable[_P, Any], filter_spec: PyTree[bool | Callable[[Any], bool]] = True
-) -> _Quaxify[_P]:
+    fn: _CT, filter_spec: PyTree[bool | Callable[[Any], bool]] = True
+) -> _Quaxify[_CT]:
     """Make `fn` understand [`quax.Value`][]s: each primitive it binds on one is
     dispatched to the rule registered for the input types.
 
@@ -223,10 +224,11 @@ def quaxify(
 
     **Returns:**
 
-    A callable `equinox.Module` with the parameters of `fn`. Its result is typed
-    `Any`: the rules decide what it is (a `LoraArray` where `fn` is annotated to
-    return an array). Called with no `Value` among the selected inputs, it runs `fn`
-    unchanged.
+    A callable `equinox.Module` with the signature of `fn`, typed as taking any
+    arguments and returning `Any`: it is called with values where `fn`'s annotations
+    say arrays, and returns what the rules return (a `LoraArray` where `fn` is
+    annotated to return an array). `__wrapped__` is `fn`. Called with no `Value`
+    among the selected inputs, it runs `fn` unchanged.
     """
     # What `eqx.module_update_wrapper(_Quaxify(fn, filter_spec))` builds, at a
     # fraction of its cost (see `benchmarks/README.md`), as `quax.quaxify(f)(x)` is
