@@ -283,6 +283,7 @@ def test_jit_keeps_name_and_donation():
         )
     )
     text = g.lower(x).as_text()
+    assert text is not None
     assert "inner" in str(jax.make_jaxpr(quax.quaxify(inner))(Dense(x)))
     assert text
 

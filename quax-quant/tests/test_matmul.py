@@ -244,9 +244,11 @@ def test_auto_path_by_rows():
     assert "s32[" not in hlo.as_text()
     x1 = jnp.ones((32,))
     hlo = jax.jit(quax.quaxify(lambda w, x: w @ x)).lower(w, x1).compile().as_text()
+    assert hlo is not None
     assert "s32[" not in hlo
     xs = jnp.ones((16, 32))
     hlo = jax.jit(quax.quaxify(lambda w, x: x @ w.T)).lower(w, xs).compile().as_text()
+    assert hlo is not None
     assert "s32[16,16]" in hlo
     # Under vmap the batch counts as rows.
     hlo = (
