@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-import haliax as hax
+import haliax as hax  # pyright: ignore[reportMissingImports]  (haliax-env, above)
 import jax
 import jax.numpy as jnp
 import jax.random as jr

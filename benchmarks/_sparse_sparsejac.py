@@ -36,7 +36,7 @@ jax.config.update("jax_enable_x64", True)
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import scipy.sparse  # noqa: E402
-import sparsejac  # noqa: E402
+import sparsejac  # noqa: E402  # pyright: ignore[reportMissingImports]  (sparsejac-env, above)
 from jax.experimental import sparse as jsparse  # noqa: E402
 
 

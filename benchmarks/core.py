@@ -43,6 +43,7 @@ from typing import Any, ClassVar
 
 import equinox as eqx
 import jax
+import jax.core
 import jax.numpy as jnp
 import jax.random as jr
 import quax

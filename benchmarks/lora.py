@@ -136,6 +136,7 @@ def optimized_hlo(fn, model, xs):
     op names) that differ between two programs computing the same thing."""
     closed, params = _closed(fn, model)
     text = jax.jit(closed).lower(params, xs).compile().as_text()
+    assert text is not None
     if text is None:
         raise RuntimeError("this backend gives no optimized HLO text")
     text = re.sub(r", metadata=\{[^}]*\}", "", text)

@@ -124,6 +124,7 @@ def _time(fn: Any, *args: Any, calls: int = 10) -> float:
 def _ops(fn: Any, *args: Any) -> list[str]:
     """The compiled program's instructions (result type and opcode), sorted."""
     text = fn.lower(*args).compile().as_text()
+    assert text is not None
     ops = []
     for line in text.splitlines():
         if " = " in line and "(" in line:

@@ -150,8 +150,9 @@ def read(root: pathlib.Path) -> bool:
 
 
 def check(root: pathlib.Path) -> bool:
-    import peft
-    import torch
+    # peft's environment (step 2 of the docstring), not the workspace's.
+    import peft  # pyright: ignore[reportMissingImports]
+    import torch  # pyright: ignore[reportMissingImports]
     from safetensors.numpy import load_file, save_file
 
     class Net(torch.nn.Module):

@@ -52,6 +52,7 @@ def _solve(y0, rate, atol, solver, dt0):
         saveat=dfx.SaveAt(ts=jnp.linspace(0.0, 1.0, 5)),
         stepsize_controller=dfx.PIDController(rtol=1e-8, atol=atol),
     )
+    assert sol.ys is not None  # saved at `ts`
     return sol.ys, sol.stats["num_steps"]
 
 

@@ -8,7 +8,7 @@ program would skip them), and checks the result against literals or plain JAX on
 the dense numbers."""
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
@@ -48,7 +48,7 @@ _family_functions = _registered_functions()
 
 
 @pytest.fixture
-def fired(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+def fired(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
     """The functions whose registered rules run (by name), with the caches off."""
     names: list[str] = []
     original = control_flow.registered_rule

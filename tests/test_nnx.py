@@ -3,6 +3,7 @@
 `nnx.Module`, against the plain NNX model and dense JAX references."""
 
 import json
+from typing import Any
 
 import equinox as eqx
 import jax
@@ -73,6 +74,7 @@ def _dense_mlp(model, tokens):
     def weight(variable):
         x = variable.get_value()
         if isinstance(x, quax_lora.LoraArray):
+            assert isinstance(x.w, jax.Array)  # not a value (a quantised weight)
             return x.w + x.scaling * (x.a @ x.b)
         return x
 
@@ -598,7 +600,7 @@ def test_nnx_qlora_trains_and_matches_merged(fmt):
     quantised base is never densified, and the tuned model equals the dense
     reference dequantised(w) + s a @ b."""
     model = MLP(nnx.Rngs(0))
-    kwargs = (
+    kwargs: dict[str, Any] = (
         {"bits": 4, "group_size": 8}
         if fmt == "int4"
         else {"format": "nf4", "block_size": 8, "double_quant": True}
@@ -892,9 +894,13 @@ def test_nmap_nnx_dropout_draws_per_element():
     # Each kept entry is the layer's output over 1 - rate; the masks differ by row.
     np.testing.assert_allclose(y[kept], (dense / 0.5)[kept], rtol=1e-6)
     assert len({tuple(row) for row in np.asarray(kept)}) > 1
-    count = net.drop.rngs.count.get_value()
+    rngs = net.drop.rngs
+    assert rngs is not None
+    count = rngs.count.get_value()
     again = quax_named.nmap(net, "feature", out_axes=("hidden",))(x).array
-    assert net.drop.rngs.count.get_value() == count + 1
+    rngs = net.drop.rngs  # read again, as nmap updates the module
+    assert rngs is not None
+    assert rngs.count.get_value() == count + 1
     assert np.any((again != 0) != kept)
     # Deterministic: the plain layer.
     net.drop.deterministic = True

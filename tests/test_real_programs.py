@@ -2,6 +2,7 @@
 
 import sys
 from pathlib import Path
+from typing import cast
 
 import diffrax as dfx
 import jax
@@ -25,7 +26,8 @@ def test_optax_adam_step_on_values():
         updates, state = opt.update(grads, state, params)
         return optax.apply_updates(params, updates), state
 
-    expected, _ = step(params, opt.init(params))
+    # optax types the updated parameters as its `ArrayTree`: here the dict given.
+    expected = cast(dict[str, jax.Array], step(params, opt.init(params))[0])
     wrapped = {k: Refusing(v) for k, v in params.items()}
     state = quax.quaxify(opt.init)(wrapped)
     new, state = jax.jit(quax.quaxify(step))(wrapped, state)
@@ -66,6 +68,7 @@ def test_diffrax_solve_with_value_state():
     def solve(y0):
         term = dfx.ODETerm(lambda t, y, args: -0.5 * y)
         sol = dfx.diffeqsolve(term, dfx.Tsit5(), t0=0.0, t1=1.0, dt0=0.1, y0=y0)
+        assert sol.ys is not None  # saved at t1, the default
         return sol.ys[-1]
 
     y0 = jnp.array([1.0, 2.0])
@@ -102,6 +105,7 @@ def test_diffrax_solve_with_a_quantity_state(solver, saveat):
         sol = dfx.diffeqsolve(
             term, solver, t0=0.0, t1=1.0, dt0=0.1, y0=y0, args=rate, saveat=saveat
         )
+        assert sol.ys is not None  # every `saveat` of `_SOLVES` saves states
         return sol.ys
 
     y0 = jnp.array([1.0, 2.0])
@@ -125,6 +129,7 @@ def test_diffrax_dense_output_with_a_quantity_state():
         term = dfx.ODETerm(lambda t, y, args: -0.5 * y)
         saveat = dfx.SaveAt(dense=True, t1=True)
         sol = dfx.diffeqsolve(term, dfx.Tsit5(), 0.0, 1.0, 0.1, y0, saveat=saveat)
+        assert sol.ys is not None  # saved at t1
         return sol.ys, sol.evaluate(0.55)
 
     y0 = jnp.array([1.0, 2.0])

@@ -5,6 +5,7 @@ from collections.abc import Iterator
 
 import pytest
 import quax
+import quax._foundation._caches
 
 
 @pytest.fixture(autouse=True)

@@ -20,6 +20,7 @@ from typing import Any, ClassVar
 
 import equinox as eqx
 import jax
+import jax.core
 import jax.numpy as jnp
 import jax.tree_util as jtu
 import quax

@@ -213,7 +213,7 @@ def test_outside_a_quax_trace_a_refusal_is_the_values_own():
     with pytest.raises(RefusedMaterialisation, match="never materialise"):
         jnp.where(x0 > 1, Refusing(a), x0)
     with pytest.raises(RefusedMaterialisation, match="never materialise"):
-        x0 * Refusing(a)
+        _ = x0 * Refusing(a)
 
 
 def test_outside_a_quax_trace_guarded_value_follows_its_policy():

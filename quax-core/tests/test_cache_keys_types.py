@@ -14,10 +14,12 @@ from typing import Any
 
 import equinox as eqx
 import jax
+import jax.core
 import jax.numpy as jnp
 import numpy as np
 import pytest
 import quax
+import quax._foundation._caches
 
 from .helpers import Dense
 

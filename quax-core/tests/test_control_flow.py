@@ -7,6 +7,7 @@ the same program on plain arrays, under `vmap` in both orders too.
 
 import equinox.internal as eqxi
 import jax
+import jax.core
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -274,12 +275,15 @@ def test_jit_keeps_name_and_donation():
 
     g = jax.jit(
         lambda a: (
-            quax.quaxify(lambda b: jax.jit(inner.__wrapped__, donate_argnums=0)(b))(
-                Dense(a)
-            ).array
+            quax.quaxify(
+                # A jitted function has `__wrapped__` (`functools.wraps`); JAX's
+                # annotations leave it out.
+                lambda b: jax.jit(inner.__wrapped__, donate_argnums=0)(b)  # pyright: ignore[reportAttributeAccessIssue]
+            )(Dense(a)).array
         )
     )
     text = g.lower(x).as_text()
+    assert text is not None
     assert "inner" in str(jax.make_jaxpr(quax.quaxify(inner))(Dense(x)))
     assert text
 

@@ -157,7 +157,14 @@ _case(
     X,
     V,
 )
-_case("lax.index_take", lambda x, i: lax.index_take(x, (i,), (0,)), X, IDX)
+# `idxs` is a sequence of index arrays, one per axis (JAX iterates over it); its
+# annotation says `Array`.
+_case(
+    "lax.index_take",
+    lambda x, i: lax.index_take(x, (i,), (0,)),  # pyright: ignore[reportArgumentType]
+    X,
+    IDX,
+)
 _case("lax.split", lambda x: lax.split(x, (1, 3), axis=1), X)
 _case("lax.stack", lambda a, b: lax.stack([a, b], 1), X, Y)
 _case("lax.unstack", lambda x: lax.unstack(x, 1), X)
@@ -359,12 +366,11 @@ _case(
     X,
 )
 _case("lax.stage", lax.stage, X)
+
+
 # Collectives, under a named `vmap` axis.
-_AXIS = {"axis_name": "i"}
-
-
 def _named(fn: Callable[..., Any]) -> Callable[..., Any]:
-    return jax.vmap(fn, **_AXIS)
+    return jax.vmap(fn, axis_name="i")
 
 
 _case("lax.psum", _named(lambda x: lax.psum(x, "i")), X)
@@ -627,8 +633,9 @@ _IO = "host-side K/O or printing, not an array computation"
 if hasattr(lax, "log2"):
     _add("lax", "log2 one_minus_square", X)
 if hasattr(jnp, "top_k"):
-    _case("jnp.top_k", lambda x: jnp.top_k(x, 2), X)
-    _case("jnp.minmax", lambda x: jnp.minmax(x, axis=1), X)
+    # Absent from the pinned JAX's stubs, hence the ignores.
+    _case("jnp.top_k", lambda x: jnp.top_k(x, 2), X)  # pyright: ignore[reportAttributeAccessIssue]
+    _case("jnp.minmax", lambda x: jnp.minmax(x, axis=1), X)  # pyright: ignore[reportAttributeAccessIssue]
 
 
 NOT_APPLICABLE: dict[str, str] = {

@@ -5,11 +5,13 @@ its structure; every other function keeps its own rule."""
 from typing import Any, ClassVar
 
 import jax
+import jax.core
 import jax.numpy as jnp
 import jax.tree_util as jtu
 import numpy as np
 import pytest
 import quax
+import quax.testing
 from jax import lax
 from jaxtyping import Array
 

@@ -22,19 +22,19 @@ class ScaledWithTangent(Scaled):
     def materialise(self):
         raise RuntimeError("Refusing to materialise ScaledWithTangent")
 
-    def tangent(self, dot):
+    def tangent(self, dot: Scaled):
         return dot.array * self.scale + self.array * dot.scale
 
 
 class ScaledWithValueTangent(ScaledWithTangent):
     """The same tangent, as a (linear) `Dense` value."""
 
-    def tangent(self, dot):
+    def tangent(self, dot: Scaled):
         return Dense(dot.array * self.scale + self.array * dot.scale)
 
 
 class WrongTangent(ScaledWithTangent):
-    def tangent(self, dot):
+    def tangent(self, dot: Scaled):
         return dot.array[:2]
 
 

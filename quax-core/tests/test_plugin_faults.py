@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import quax
+import quax._foundation._journal
 import quax.testing
 from jax import lax
 from quax._dispatch import _plugins

@@ -4,6 +4,7 @@
 from typing import ClassVar
 
 import jax
+import jax.core
 import jax.numpy as jnp
 import numpy as np
 import pytest

@@ -166,7 +166,7 @@ def test_registering_a_rule_after_calls_forgets_what_they_kept(jit: bool) -> Non
         np.testing.assert_array_equal(out.array, x - y)
 
     @quax.register_function(late)
-    def _(a: Refusing, b: Refusing, *, call: Any) -> Any:
+    def _multiply(a: Refusing, b: Refusing, *, call: Any) -> Any:
         return Refusing(a.array * b.array)
 
     for _ in range(3):

@@ -14,10 +14,12 @@ from pathlib import Path
 from typing import Any
 
 import jax
+import jax.core
 import jax.numpy as jnp
 import numpy as np
 import pytest
 import quax
+import quax.testing
 
 from .helpers import Refusing
 

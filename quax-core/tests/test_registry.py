@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import jax
+import jax.core
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -235,7 +236,7 @@ def test_register_elementwise_expects_primitives() -> None:
     with pytest.raises(TypeError, match=r"collection of primitives.*`sin`"):
         quax.register_elementwise(lax.sin_p)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="expects a JAX primitive"):
-        quax.register_elementwise([lax.sin_p, jnp.cos])
+        quax.register_elementwise([lax.sin_p, jnp.cos])  # pyright: ignore[reportArgumentType]  (deliberately wrong)
 
 
 # Rules without annotations ------------------------------------------------------------

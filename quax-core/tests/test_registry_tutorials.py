@@ -9,10 +9,12 @@ built inside the quaxified function) are tested with that feature, not here.
 
 import functools as ft
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import equinox as eqx
 import jax
+import jax.core
+import jax.extend
 import jax.numpy as jnp
 import jax.random as jr
 import jax.tree_util as jtu
@@ -253,6 +255,9 @@ class AmbiguousOneHot(_OneHotBase):
 def _(
     x: ArrayLike | quax.ArrayValue, y: AmbiguousOneHot, *, dimension_numbers, **params
 ):
+    # The annotation makes the rules ambiguous, as in the tutorial; `x` arrives as an
+    # array (the inner quaxify's tracer), which indexes.
+    x = cast(Array, x)
     if jnp.ndim(x) == 1:
         return x[y.index] * y.value
     return x[:, y.index] * y.value

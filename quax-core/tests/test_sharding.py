@@ -6,6 +6,7 @@ import textwrap
 from pathlib import Path
 
 import jax
+import jax.core
 import jax.numpy as jnp
 import quax
 import quax.testing

@@ -7,6 +7,7 @@ passes, a rule wrong on one batch element fails naming it."""
 from typing import Any
 
 import jax
+import jax.core
 import jax.numpy as jnp
 import pytest
 import quax

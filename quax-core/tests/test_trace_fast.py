@@ -8,6 +8,7 @@ a finished trace is invalidated."""
 from typing import Any, ClassVar
 
 import jax
+import jax.core
 import jax.extend.core.primitives
 import jax.numpy as jnp
 import numpy as np

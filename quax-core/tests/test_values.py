@@ -5,6 +5,7 @@ import types
 
 import equinox as eqx
 import jax
+import jax.core
 import jax.numpy as jnp
 import pytest
 import quax

@@ -5,6 +5,7 @@ from typing import Any
 
 import hypothesis.strategies as st
 import jax
+import jax.core
 import jax.numpy as jnp
 import jax.tree_util as jtu
 import numpy as np

@@ -146,7 +146,8 @@ def test_a_file_of_the_earlier_format_loads_with_a_warning(perturb, tmp_path):
 
 
 class _Stream(io.RawIOBase):
-    """A binary file that cannot seek, such as a pipe."""
+    """The raw side of a binary file that cannot seek, such as a pipe: `open`
+    gives it wrapped in an `io.BufferedReader`, as the tests do."""
 
     def __init__(self, data: bytes):
         self.data = io.BytesIO(data)
@@ -163,11 +164,15 @@ class _Stream(io.RawIOBase):
 def test_a_stream_that_cannot_seek_loads_either_format(perturb):
     tuned = _tuned(perturb)
     fresh = quax_lora.loraify(MLP, rank=2, alpha=8.0, key=jr.key(9))
-    new = quax_lora.load_adapter(_Stream(_saved(tuned).getvalue()), fresh)
+    new = quax_lora.load_adapter(
+        io.BufferedReader(_Stream(_saved(tuned).getvalue())), fresh
+    )
     old = io.BytesIO()
     eqx.tree_serialise_leaves(old, eqx.filter(tuned, quax_lora.adapter_filter(tuned)))
     with pytest.warns(quax_lora.LegacyAdapterWarning):
-        legacy = quax_lora.load_adapter(_Stream(old.getvalue()), fresh)
+        legacy = quax_lora.load_adapter(
+            io.BufferedReader(_Stream(old.getvalue())), fresh
+        )
     for model in (new, legacy):
         got, want = model.layers[1].weight.b, tuned.layers[1].weight.b
         np.testing.assert_array_equal(got, want)

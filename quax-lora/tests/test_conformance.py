@@ -141,7 +141,7 @@ def test_conv_conforms() -> None:
     x = normal(jr.key(1), (2, 3, 9))
     # The kit's vmap batches the kernel too (one kernel per batch element): see
     # the two tests below for vmap over the inputs, and over kernels.
-    quax.testing.assert_matches_dense(_conv, _kernel(), x, vmap=False)
+    qt.assert_matches_dense(_conv, _kernel(), x, vmap=False)
 
 
 def test_conv_vmap_over_inputs() -> None:

@@ -160,6 +160,7 @@ def test_preferred_element_type():
 
 def _optimized_hlo(fn, *args):
     text = jax.jit(fn).lower(*args).compile().as_text()
+    assert text is not None
     text = re.sub(r", metadata=\{[^}]*\}", "", text)
     return [ln for ln in text.splitlines() if ln.startswith(("%", "ENTRY", " ", "}"))]
 

@@ -160,8 +160,9 @@ def test_products_property(pair, batch, lora_is_lhs, seed):
 def test_two_lora_arrays(pair):
     """`dot_general` of two `LoraArray`s (the left one factored, its products
     with the right one dispatched to the rule again)."""
-    left = _lora(*pair)
-    right = _lora(*pair, (5, 4), seed=4)
+    w_dtype, adapter_dtype = pair
+    left = _lora(w_dtype, adapter_dtype)
+    right = _lora(w_dtype, adapter_dtype, (5, 4), seed=4)
     out = quax.quaxify(lambda p, q: p @ q)(left, right)
     merged = [jnp.asarray(_dense64(v).astype(v.dtype)) for v in (left, right)]
     assert out.dtype == (merged[0] @ merged[1]).dtype

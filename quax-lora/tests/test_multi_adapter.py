@@ -73,6 +73,7 @@ def test_no_dense_weights_in_the_compiled_program(perturb):
     index = jnp.zeros((BATCH,), jnp.int32)
     call = eqx.filter_jit(jax.vmap(_call, in_axes=(None, 0, 0)))
     hlo = call.lower(multi, xs, index).compile().compiled.as_text()
+    assert hlo is not None
     dense = [f"f32[{n},{m}]" for n, m in ((32, 16), (8, 32))]
     stacked = [f"f32[{k},{n},{m}]" for k in (K, BATCH) for n, m in ((32, 16), (8, 32))]
     made = [

@@ -143,6 +143,7 @@ def test_a_file_written_by_peft_with_a_name_map(tmp_path):
     # The layer is the model itself: its weight's path `.weight` is the module "".
     loaded = quax_lora.load_adapter(tmp_path, model, name_map={"": "model.fc1"})
     x = jnp.array([1.0, -1.0, 2.0])
+    assert lin.bias is not None
     # torch: W x + (alpha / r) B (A x) = W x + 2 * [0.5, -1] * (1 - 2 + 6)
     want = lin.weight @ x + lin.bias + 2.0 * np.array([0.5, -1.0]) * 5.0
     np.testing.assert_allclose(quax.quaxify(loaded)(x), want, rtol=1e-6)

@@ -11,13 +11,14 @@ import jax.random as jr
 import numpy as np
 import pytest
 import quax
+import quax.testing
 import quax_lora
 from lora_helpers import normal
 
 
 # (alpha, rank, the scale alpha / rank written out)
 SCALES = [(1.0, 2, 0.5), (6.0, 2, 3.0), (None, 2, 1.0)]
-TOL = {"rtol": 1e-5, "atol": 1e-5}
+TOL: quax.testing.Tolerance = {"rtol": 1e-5, "atol": 1e-5}
 
 
 def _factors(key: Any, n: int, m: int, rank: int) -> tuple[jax.Array, ...]:

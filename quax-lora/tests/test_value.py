@@ -21,7 +21,9 @@ KEY = jr.key(0)
 
 
 def test_seed_example():
-    import quax.examples.lora as lora
+    # `quax.examples` finds the installed families when it is imported: no
+    # module file for pyright to read.
+    import quax.examples.lora as lora  # pyright: ignore[reportMissingImports]
 
     key1, key2, key3 = jr.split(jr.PRNGKey(0), 3)
     linear = eqx.nn.Linear(10, 12, key=key1)
@@ -211,6 +213,7 @@ def test_enable_materialise_returns_an_allowing_copy() -> None:
     allowed = lora.enable_materialise()
     assert allowed.allow_materialise and not lora.allow_materialise
     assert allowed.w is lora.w and allowed.a is lora.a and allowed.b is lora.b
+    assert isinstance(lora.w, jax.Array)  # not a value (a quantised weight)
     # w + 0.5 * a @ b, written out (alpha 1, rank 2).
     expected = lora.w + 0.5 * (lora.a @ lora.b)
     np.testing.assert_allclose(allowed.materialise(), expected, rtol=1e-6)

@@ -7,6 +7,7 @@ from typing import Any
 
 import equinox as eqx
 import jax
+import jax.core
 import jax.numpy as jnp
 import jax.random as jr
 import numpy as np
@@ -83,7 +84,7 @@ class Opaque(quax.Value):
         return self.array
 
 
-TOL = dict(rtol=1e-5, atol=1e-5)  # float32, with some cancellation
+TOL: qt.Tolerance = {"rtol": 1e-5, "atol": 1e-5}  # float32, with some cancellation
 W = np.arange(30, dtype=np.float32).reshape(6, 5) / 10 - 1
 
 

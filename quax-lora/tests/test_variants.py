@@ -208,6 +208,7 @@ def test_embedding_is_a_gather_of_rows(perturb):
     np.testing.assert_allclose(one, ref_rows[4], rtol=1e-5, atol=1e-6)
     # Never the dense (50, 16) update: no product has that shape.
     hlo = call.lower(model, tokens).compile().as_text()
+    assert hlo is not None
     # The base weight is a parameter of that shape; no instruction makes one.
     made = [
         line

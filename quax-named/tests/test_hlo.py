@@ -35,6 +35,7 @@ def test_named_mlp_compiles_to_the_positional_program():
         lambda p, x: block(p, x), named, NamedArray(x, ("batch", "feature"))
     )
     plain_hlo = jax.jit(block).lower(plain, x).compile().as_text()
+    assert plain_hlo is not None
     assert instructions(named_hlo) == instructions(plain_hlo)
 
 
@@ -47,4 +48,5 @@ def test_alignment_by_name_costs_what_the_hand_transposition_costs():
         NamedArray(y, ("b", "a")),
     )
     plain_hlo = jax.jit(lambda x, y: jnp.exp(x + y.T)).lower(x, y).compile().as_text()
+    assert plain_hlo is not None
     assert instructions(named_hlo) == instructions(plain_hlo)

@@ -5,6 +5,7 @@ whatever the storage order, and in unmodified positional code inside
 hand, and literals; under `jax.jit` and `jax.grad`; NaN in, NaN out."""
 
 import itertools
+from collections import Counter
 
 import jax
 import jax.numpy as jnp
@@ -36,7 +37,7 @@ def laid_out(x, names):
 
 def same(got, want, names, exact=True):
     assert isinstance(got, NamedArray)
-    assert sorted(got.names) == sorted(names), (got.names, names)
+    assert Counter(got.names) == Counter(names), (got.names, names)
     if exact:
         np.testing.assert_array_equal(laid_out(got, names), want)
     else:

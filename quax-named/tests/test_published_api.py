@@ -55,6 +55,7 @@ def test_published_linear_example():
     v = jr.normal(jr.PRNGKey(1), (3,))
     out = quax.quaxify(named_linear)(NamedArray(v, (In,)))
     assert isinstance(out, NamedArray) and out.axes == (Out,)
+    assert linear.bias is not None
     np.testing.assert_allclose(out.array, linear.weight @ v + linear.bias, rtol=1e-6)
 
 

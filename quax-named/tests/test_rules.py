@@ -2,6 +2,7 @@
 laid out by hand."""
 
 import itertools
+from collections import Counter
 
 import equinox as eqx
 import jax
@@ -30,7 +31,7 @@ def laid_out(x, names):
 
 def close(got, want, names, rtol=1e-5, atol=1e-6):
     assert isinstance(got, NamedArray)
-    assert sorted(got.names) == sorted(names)
+    assert Counter(got.names) == Counter(names)
     np.testing.assert_allclose(laid_out(got, names), want, rtol=rtol, atol=atol)
 
 

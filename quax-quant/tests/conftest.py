@@ -2,11 +2,15 @@
 stored leaves (its own bit unpacking), the same in plain JAX (differentiable, for
 `quax.testing.assert_matches_dense`'s `densify`), and a dense comparison helper."""
 
+from collections.abc import Callable
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 import quax
+import quax.testing
 import quax_quant as qq
 
 
@@ -118,7 +122,7 @@ def assert_matches_dense(fn, *args, rtol=1e-5, atol=1e-5, jit=True):
         for a in args
     ]
     expected = fn(*dense)
-    runs = [quax.quaxify(fn)]
+    runs: list[Callable[..., Any]] = [quax.quaxify(fn)]
     if jit:
         runs.append(jax.jit(quax.quaxify(fn)))
     for run in runs:

@@ -216,7 +216,10 @@ def test_vmap_over_stacked_double_quantised_weights(ref):
         )
         for k in range(2)
     ]
-    assert not np.array_equal(ws[0].scale.offset, ws[1].scale.offset)
+    s0, s1 = (w.scale for w in ws)
+    # Double quantisation: `scale` holds a `QuantisedScale` (annotated `Array`).
+    assert isinstance(s0, qq.QuantisedScale) and isinstance(s1, qq.QuantisedScale)
+    assert not np.array_equal(s0.offset, s1.offset)
     stacked = jax.tree.map(lambda *xs: jnp.stack(xs), *ws)
     assert stacked.scale.block_scale.shape == (2, 2)
     dense = np.stack([ref.dequantise(w) for w in ws]).astype(np.float32)

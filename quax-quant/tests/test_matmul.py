@@ -241,12 +241,15 @@ def test_auto_path_by_rows():
     grouped = _weight(0, (16, 32), bits=4, group_size=8)
     xs = jnp.ones((16, 32))
     hlo = jax.jit(quax.quaxify(lambda w, x: x @ w.T)).lower(grouped, xs).compile()
-    assert "s32[" not in hlo.as_text()
+    text = hlo.as_text()
+    assert text is not None and "s32[" not in text
     x1 = jnp.ones((32,))
     hlo = jax.jit(quax.quaxify(lambda w, x: w @ x)).lower(w, x1).compile().as_text()
+    assert hlo is not None
     assert "s32[" not in hlo
     xs = jnp.ones((16, 32))
     hlo = jax.jit(quax.quaxify(lambda w, x: x @ w.T)).lower(w, xs).compile().as_text()
+    assert hlo is not None
     assert "s32[16,16]" in hlo
     # Under vmap the batch counts as rows.
     hlo = (
@@ -255,6 +258,7 @@ def test_auto_path_by_rows():
         .compile()
         .as_text()
     )
+    assert hlo is not None
     assert "s32[" in hlo
     assert (
         qq.matmul_path(256, qq.quantise(jnp.ones((2, 2)), matmul="weight_only"))

@@ -1,6 +1,8 @@
 """Model-level helpers (`quax_quant._model`): `quantise_model`, `memory_report`,
 quantisation-aware training and control flow over a quantised model."""
 
+from typing import Any
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -19,7 +21,11 @@ def test_quantise_model_and_memory():
     mlp = _mlp()
     x = jr.normal(jr.PRNGKey(1), (8, 32))
     expected = jax.vmap(mlp)(x)
-    for kwargs, ratio in (({"bits": 8}, 0.25), ({"bits": 4, "group_size": 16}, 0.125)):
+    cases: list[tuple[dict[str, Any], float]] = [
+        ({"bits": 8}, 0.25),
+        ({"bits": 4, "group_size": 16}, 0.125),
+    ]
+    for kwargs, ratio in cases:
         q = qq.quantise_model(mlp, **kwargs)
         report = qq.memory_report(q)
         assert report.quantised_arrays == 3
@@ -99,7 +105,7 @@ def test_quantisation_aware_training_reduces_loss():
     for _ in range(30):
         params, state, value = step(params, state)
         first = value if first is None else first
-    assert value < 0.5 * first
+    assert first is not None and value < 0.5 * first
 
 
 def test_importable_through_quax_examples():

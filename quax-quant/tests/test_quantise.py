@@ -2,6 +2,8 @@
 argument checks (axes, group sizes), non-finite weights, and straight-through
 gradients."""
 
+from typing import Any
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -26,6 +28,7 @@ def test_asymmetric_literal():
     q = qq.quantise(x, bits=4, symmetric=False)
     # range [0, 3] on 16 levels: scale 3 / 15, zero point -8
     np.testing.assert_allclose(q.scale, [0.2])
+    assert q.zero_point is not None
     np.testing.assert_allclose(q.zero_point, [-8.0])
     np.testing.assert_allclose(q.dequantise(), x, atol=1e-6)
 
@@ -270,7 +273,8 @@ def test_quantise_model_refuses_a_diverged_model():
     diverged = eqx.tree_at(
         lambda m: m.layers[1].weight, mlp, mlp.layers[1].weight.at[3, 2].set(jnp.nan)
     )
-    for kwargs in ({}, {"bits": 4, "group_size": 4}, {"axis": None}):
+    cases: list[dict[str, Any]] = [{}, {"bits": 4, "group_size": 4}, {"axis": None}]
+    for kwargs in cases:
         with pytest.raises(
             ValueError, match=r"Linear at \.layers\[1\].*index \(3, 2\)"
         ):
@@ -318,9 +322,9 @@ def test_axes_are_read_as_numpy_reads_them():
     with pytest.raises(ValueError, match=r"axis=\(0, -2\) repeats an axis"):
         qq.quantise(w, axis=(0, -2))
     with pytest.raises(ValueError, match="axis must be an int or a sequence of ints"):
-        qq.quantise(w, axis=1.5)
+        qq.quantise(w, axis=1.5)  # pyright: ignore[reportArgumentType]  (the error tested)
     with pytest.raises(ValueError, match="group_size must be an int"):
-        qq.quantise(w, group_size=2.0)
+        qq.quantise(w, group_size=2.0)  # pyright: ignore[reportArgumentType]  (the error tested)
 
 
 def test_quantise_model_axis_out_of_range():

@@ -25,6 +25,7 @@ def test_both_quantised_int32(ref):
         out, ref.dequantise(a) @ ref.dequantise(b), rtol=1e-5, atol=1e-5
     )
     hlo = jax.jit(quax.quaxify(lambda a, b: a @ b)).lower(a, b).compile().as_text()
+    assert hlo is not None
     assert "s32[6,5]" in hlo
     grouped = _weight(2, (16, 5), group_size=4, group_axis=0)
     with pytest.raises(qq.MaterialisationError, match=r"dot_general.*int8 x int8"):

@@ -190,4 +190,5 @@ def test_batched_gradient_program_holds_no_dense_matrix():
         return jnp.sum(x) + jnp.sum(quax.quaxify(jnp.linalg.slogdet)(a_)[1])
 
     hlo = jax.jit(jax.grad(loss, argnums=(0, 1))).lower(a.data, b).compile().as_text()
+    assert hlo is not None
     assert not re.search(rf"\[(2,)?{n},{n}\]", hlo)

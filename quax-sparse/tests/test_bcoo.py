@@ -230,7 +230,7 @@ def test_fromdense_keeps_first_nse_in_row_major_order():
     want = np.zeros_like(DENSE)
     want[0, 1], want[1, 0] = 1.5, 2.0
     assert_close(x.todense(), want)
-    assert_close(jsparse.BCOO.fromdense(DENSE, nse=2).todense(), want)
+    assert_close(jsparse.BCOO.fromdense(jnp.asarray(DENSE), nse=2).todense(), want)
 
 
 def test_fromdense_under_jit_and_batched():
@@ -287,13 +287,13 @@ def test_sum_duplicates_batched():
 
 
 def test_jax_experimental_sparse_roundtrip():
-    j = jsparse.BCOO.fromdense(DENSE, nse=5)
+    j = jsparse.BCOO.fromdense(jnp.asarray(DENSE), nse=5)
     x = BCOO.from_jax(j)
     assert_close(x.todense(), DENSE)
     back = x.to_jax()
     assert isinstance(back, jsparse.BCOO)
     assert_close(back.todense(), DENSE)
-    blocks = BCOO.from_jax(jsparse.BCOO.fromdense(DENSE, n_dense=1))
+    blocks = BCOO.from_jax(jsparse.BCOO.fromdense(jnp.asarray(DENSE), n_dense=1))
     assert blocks.n_dense == 1 and blocks.dense_shape == (4,)
     assert_close(blocks.todense(), DENSE)
     assert blocks.to_jax().n_dense == 1
@@ -301,8 +301,10 @@ def test_jax_experimental_sparse_roundtrip():
 
 def _jsparse_matrices():
     """Matrices built by jax.experimental.sparse, each with its dense array."""
-    padded = jsparse.BCOO.fromdense(DENSE, nse=8)
-    batched = jsparse.BCOO.fromdense(np.stack([DENSE, -DENSE]), nse=6, n_batch=1)
+    padded = jsparse.BCOO.fromdense(jnp.asarray(DENSE), nse=8)
+    batched = jsparse.BCOO.fromdense(
+        jnp.asarray(np.stack([DENSE, -DENSE])), nse=6, n_batch=1
+    )
     # Duplicates, negative indices, and entries jsparse ignores (outside [-n, n)).
     odd = jsparse.BCOO(
         (
@@ -344,7 +346,7 @@ def test_from_jax_and_back_keep_every_jsparse_matrix(name):
 
 
 def test_from_jax_keeps_the_flags_where_no_index_changes():
-    j = jsparse.BCOO.fromdense(DENSE, nse=8)
+    j = jsparse.BCOO.fromdense(jnp.asarray(DENSE), nse=8)
     x = BCOO.from_jax(j)
     assert x.indices_sorted and x.unique_indices
     odd = BCOO.from_jax(_jsparse_matrices()["odd"])
@@ -352,7 +354,7 @@ def test_from_jax_keeps_the_flags_where_no_index_changes():
 
 
 def test_scipy_roundtrip():
-    m = scipy.sparse.random_array((6, 9), density=0.3, random_state=0, dtype=np.float32)
+    m = scipy.sparse.random_array((6, 9), density=0.3, rng=0, dtype=np.float32)
     dense = m.toarray()
     x = BCOO.from_scipy(m)
     assert_close(x.todense(), dense)

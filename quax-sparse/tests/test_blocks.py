@@ -49,7 +49,9 @@ def _blocks(seed=0, shape=(6, 5, 3), density=0.4, n_batch=0, n_dense=1):
 )
 def test_fromdense_matches_jax_experimental_sparse(shape, n_batch, n_dense):
     dense, x = _blocks(1, shape, n_batch=n_batch, n_dense=n_dense)
-    want = jsparse.BCOO.fromdense(dense, nse=x.nse, n_batch=n_batch, n_dense=n_dense)
+    want = jsparse.BCOO.fromdense(
+        jnp.asarray(dense), nse=x.nse, n_batch=n_batch, n_dense=n_dense
+    )
     assert (x.n_batch, x.n_dense, x.n_sparse) == (
         want.n_batch,
         want.n_dense,
@@ -74,7 +76,9 @@ def test_fromdense_without_sparse_dimensions(n_batch, n_dense):
         y = BCOO.fromdense(x, nse=nse, n_batch=n_batch, n_dense=n_dense)
         assert y.n_sparse == 0 and y.nse == nse
         assert_close(y.todense(), x)
-        want = jsparse.BCOO.fromdense(x, nse=nse, n_batch=n_batch, n_dense=n_dense)
+        want = jsparse.BCOO.fromdense(
+            jnp.asarray(x), nse=nse, n_batch=n_batch, n_dense=n_dense
+        )
         assert_close(want.todense(), x)
 
 

@@ -187,8 +187,10 @@ def test_compiled_matvec_holds_no_dense_matrix():
     x = fromdense(np.eye(n, dtype=np.float32), nse=n)
     v = jnp.ones(n)
     hlo = jax.jit(quax.quaxify(lambda a, v: a @ v)).lower(x, v).compile().as_text()
+    assert hlo is not None
     assert f"[{n},{n}]" not in hlo
     dense_hlo = jax.jit(lambda a, v: a @ v).lower(np.eye(n), v).compile().as_text()
+    assert dense_hlo is not None
     assert f"[{n},{n}]" in dense_hlo  # the check can see a dense matrix
 
 

@@ -19,7 +19,8 @@ pytestmark = pytest.mark.usefixtures("x64")
 
 def _stencil(m: int) -> BCOO:
     """The pattern of the 5-point stencil on an `m x m` grid."""
-    one = scipy.sparse.diags([1.0, 1.0, 1.0], [-1, 0, 1], shape=(m, m))
+    # scipy leaves `offsets` unannotated: pyright takes its default's type, `int`.
+    one = scipy.sparse.diags([1.0, 1.0, 1.0], [-1, 0, 1], shape=(m, m))  # pyright: ignore[reportArgumentType]
     eye = scipy.sparse.eye(m)
     return BCOO.from_scipy(scipy.sparse.kron(one, eye) + scipy.sparse.kron(eye, one))
 
@@ -92,7 +93,7 @@ def test_hessian_matches_dense():
             jnp.sum(x[1:] * x[:-1]) + jnp.sum(x**4) + jnp.sum(jnp.sin(x[2:] * x[:-2]))
         )
 
-    band = sum(np.eye(n, k=k) for k in range(-2, 3))
+    band = np.sum([np.eye(n, k=k) for k in range(-2, 3)], axis=0)
     pattern = BCOO.fromdense(band, nse=int(band.sum()))
     x = jnp.asarray(np.random.default_rng(1).normal(size=n))
     got = jax.jit(quax_sparse.hessian(energy, pattern))(x)
@@ -135,15 +136,17 @@ def test_compiled_jacobian_holds_no_dense_matrix():
     n = m * m
     jac = quax_sparse.jacfwd(_residual(m), _stencil(m))
     hlo = jax.jit(jac).lower(jnp.zeros(n)).compile().as_text()
+    assert hlo is not None
     assert not re.search(rf"\[{n},{n}\]", hlo)
     dense = jax.jit(jax.jacfwd(_residual(m))).lower(jnp.zeros(n)).compile().as_text()
+    assert dense is not None
     assert re.search(rf"\[{n},{n}\]", dense)
 
 
 def test_errors_name_the_argument():
     pattern = _stencil(3)
     with pytest.raises(ValueError, match=r"jacfwd.*pattern.*BCOO"):
-        quax_sparse.jacfwd(jnp.sin, np.eye(9))
+        quax_sparse.jacfwd(jnp.sin, np.eye(9))  # pyright: ignore[reportArgumentType]  (the error tested)
     with pytest.raises(ValueError, match=r"argument must have shape \(9,\)"):
         quax_sparse.jacfwd(jnp.sin, pattern)(jnp.zeros(4))
     with pytest.raises(ValueError, match=r"must return shape \(9,\)"):

@@ -117,10 +117,12 @@ def test_feature_transform_matches_jax_experimental_sparse():
     w = np.random.default_rng(6).normal(size=(3, 4)).astype(np.float32)
     with pytest.raises(NotImplementedError, match="dense dimensions"):
         jsparse.bcoo_dot_general(
-            x.to_jax(), w, dimension_numbers=(([2], [0]), ([], []))
+            x.to_jax(), jnp.asarray(w), dimension_numbers=(([2], [0]), ([], []))
         )
     flat = x.update_layout(n_dense=0).to_jax()
-    want = jsparse.bcoo_dot_general(flat, w, dimension_numbers=(([2], [0]), ([], [])))
+    want = jsparse.bcoo_dot_general(
+        flat, jnp.asarray(w), dimension_numbers=(([2], [0]), ([], []))
+    )
     got = jax.jit(quax.quaxify(lambda a, w: a @ w))(x, w)
     assert isinstance(got, BCOO) and got.n_dense == 1
     assert_close(got.todense(), want)

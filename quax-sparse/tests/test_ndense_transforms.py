@@ -113,6 +113,7 @@ def test_compiled_gradient_holds_no_dense_array(name):
 
     grad = jax.jit(jax.grad(sparse_loss, argnums=(0, 2, 3)))
     hlo = grad.lower(x.data, x.indices, h, w).compile().as_text()
+    assert hlo is not None
     assert not re.search(rf"\b{n},{n}\b", hlo)
     got = grad(x.data, x.indices, h, w)
     assert got[0].shape == x.data.shape

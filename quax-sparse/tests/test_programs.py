@@ -32,8 +32,11 @@ def laplacian_2d(m: int) -> tuple[BCOO, scipy.sparse.csr_array]:
         jnp.stack([r, c], -1).astype(np.int32),
         (m * m,) * 2,
     )
+    # scipy leaves `offsets` unannotated: pyright takes its default's type, `int`.
     one_d = scipy.sparse.diags_array(
-        [-1.0, 2.0, -1.0], offsets=[-1, 0, 1], shape=(m, m)
+        [-1.0, 2.0, -1.0],
+        offsets=[-1, 0, 1],  # pyright: ignore[reportArgumentType]
+        shape=(m, m),
     )
     eye = scipy.sparse.eye_array(m)
     reference = (scipy.sparse.kron(one_d, eye) + scipy.sparse.kron(eye, one_d)).tocsr()
@@ -57,7 +60,9 @@ def test_krylov_solve_on_laplacian_under_jit(solver):
     assert not report, str(report)
     residual = np.linalg.norm(reference @ np.asarray(x, np.float64) - np.asarray(b))
     assert residual <= 1e-4 * np.linalg.norm(b)
-    want = scipy.sparse.linalg.spsolve(reference.tocsc(), np.asarray(b, np.float64))
+    want = np.asarray(
+        scipy.sparse.linalg.spsolve(reference.tocsc(), np.asarray(b, np.float64))
+    )
     np.testing.assert_allclose(x, want, rtol=1e-3, atol=1e-3 * np.abs(want).max())
 
 

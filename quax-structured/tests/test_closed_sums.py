@@ -220,6 +220,7 @@ def test_gp_gradient_with_traced_noise_holds_no_dense_matrix():
     v = _rand(32, n)
     grad = jax.grad(quax.quaxify(lambda k, s: _gp_loss(k + s, v)), argnums=(0, 1))
     text = jax.jit(grad).lower(k, noise).compile().as_text()
+    assert text is not None
     assert f"[{n},{n}]" not in text
     got_k, got_s = jax.jit(grad)(k, noise)
     dense = jnp.kron(k.left, k.right) + 0.3 * jnp.eye(n)

@@ -10,6 +10,7 @@ import jax.scipy as jsp
 import numpy as np
 import pytest
 import quax
+import quax.testing
 import quax_structured as qs
 
 

@@ -38,7 +38,7 @@ def _both_sides(d, *xs):
 
 def test_batched_structures_keep_their_structure():
     d, *xs = _batched()
-    types = [t for x in xs for t in (type(x), type(x))]
+    types: list[type | tuple[type, ...]] = [t for x in xs for t in (type(x), type(x))]
     # The batch axes are the matrices' own (the kit's vmap would add another).
     report = quax.testing.assert_matches_dense(
         _both_sides, d, *xs, eval=False, vmap=False, jvp=False, out_types=types
@@ -53,7 +53,7 @@ def test_low_rank_scales_a_factor():
     d = qs.Diagonal(jnp.arange(1.0, N + 1))
     u, v = jr.normal(K[0], (N, 2)), jr.normal(K[1], (N, 2))
     xs = (qs.LowRank(u), qs.LowRank(u, v), qs.LowRankPlusDiagonal(d.diag, u, v))
-    types = [t for x in xs for t in (type(x), type(x))]
+    types: list[type | tuple[type, ...]] = [t for x in xs for t in (type(x), type(x))]
     quax.testing.assert_matches_dense(
         _both_sides, d, *xs, eval=False, vmap=False, jvp=False, out_types=types
     )

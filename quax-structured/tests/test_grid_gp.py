@@ -113,6 +113,7 @@ def test_grid_gp_gradient_holds_no_dense_matrix():
     y = _rand(2, n)
     grad = jax.grad(quax.quaxify(lambda k, s: _gp_loss(k + s, y)), argnums=(0, 1))
     text = jax.jit(grad).lower(k, noise).compile().as_text()
+    assert text is not None
     for shape in _forbidden(sizes):
         assert shape not in text, shape
     # The program does hold the grid (as the check would see it).
@@ -198,6 +199,7 @@ def test_heteroscedastic_gradient_holds_no_dense_matrix():
 
     grad = jax.grad(quax.quaxify(loss), argnums=(0, 1))
     text = jax.jit(grad).lower(k, ds).compile().as_text()
+    assert text is not None
     for shape in _forbidden(sizes):
         assert shape not in text, shape
 

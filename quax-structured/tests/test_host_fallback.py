@@ -9,6 +9,7 @@ dense ones; and NaN stays NaN."""
 
 import concurrent.futures
 import re
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -58,7 +59,7 @@ def _stack(*ms):
     return jax.tree.map(lambda *x: jnp.stack(x), *ms)
 
 
-def _close(got, want, dtype=np.float32, scale=100.0):
+def _close(got, want, dtype: Any = np.float32, scale=100.0):
     tol = quax.testing.tolerance(np.dtype(dtype))
     np.testing.assert_allclose(
         np.asarray(got, np.float64),

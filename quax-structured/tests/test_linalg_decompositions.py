@@ -72,7 +72,7 @@ def test_diagonal_svd_batched_complex_with_zero():
 def test_blockdiagonal_svd_batched():
     blocks = _normal(2, 3, 4, 4)
     u, s, vh = jax.jit(quax.quaxify(jnp.linalg.svd))(BlockDiagonal(blocks))
-    a = np.stack([scipy.linalg.block_diag(*b) for b in np.asarray(blocks)])
+    a = np.stack([np.asarray(scipy.linalg.block_diag(*b)) for b in np.asarray(blocks)])
     _svd_matches(np.asarray(u), np.asarray(s), np.asarray(vh), a)
 
 

@@ -8,6 +8,7 @@ import jax.scipy as jsp
 import numpy as np
 import pytest
 import quax
+import quax.testing
 import quax_structured as qs
 from jax.extend.core import primitives
 from jax.interpreters import ad

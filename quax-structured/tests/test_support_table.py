@@ -105,7 +105,8 @@ def _check(operation, out, a, tol):
         close(s, np.linalg.svd(a, compute_uv=False))
         assert np.all(np.diff(s) <= 0), "singular values descending"
         close((u * s) @ vh, a)
-        _unitary(u, tol), _unitary(vh.conj().T, tol)
+        _unitary(u, tol)
+        _unitary(vh.conj().T, tol)
     elif operation == "`jnp.linalg.svdvals`":
         close(out[0], np.linalg.svd(a, compute_uv=False))
     elif operation == "`jnp.linalg.qr`":

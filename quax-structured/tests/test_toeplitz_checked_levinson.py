@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import quax
+import quax.testing
 import quax_structured as qs
 import scipy.linalg as sl
 from jax import lax
@@ -92,7 +93,11 @@ def test_zero_and_tiny_leading_minors_match_dense(dtype):
         (_, outputs), grads = _values_and_grads(qs.Toeplitz(column, row), b)
         x, sign, logdet = outputs
         rhs = np.asarray(b, wide)
-        tol = dict(rtol=3e-5, atol=3e-5) if dtype != np.float64 else dict(rtol=1e-10)
+        tol: quax.testing.Tolerance = (
+            {"rtol": 3e-5, "atol": 3e-5}
+            if dtype != np.float64
+            else {"rtol": 1e-10, "atol": 0.0}
+        )
         np.testing.assert_allclose(x, np.linalg.solve(dense, rhs), **tol)
         want_sign, want_logdet = np.linalg.slogdet(dense)
         np.testing.assert_allclose(sign, want_sign, **tol)
@@ -101,7 +106,11 @@ def test_zero_and_tiny_leading_minors_match_dense(dtype):
         # Derivatives with respect to the column, the row and `b`, against
         # `jax.grad` of the same program on the dense matrix.
         got, want = _by_leaf(grads), _dense_grads(column, row, b)
-        tol = dict(rtol=1e-4, atol=1e-4) if dtype != np.float64 else dict(rtol=1e-9)
+        tol = (
+            {"rtol": 1e-4, "atol": 1e-4}
+            if dtype != np.float64
+            else {"rtol": 1e-9, "atol": 0.0}
+        )
         for g, w in zip(got, want, strict=True):
             assert np.all(np.isfinite(g))
             np.testing.assert_allclose(g, w, **tol)

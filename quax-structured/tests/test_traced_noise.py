@@ -190,6 +190,7 @@ def test_gp_gradient_with_traced_eye_noise_holds_no_dense_matrix():
             quax.quaxify(lambda k, s: _gp_loss(k + s * jnp.eye(n), v)), argnums=(0, 1)
         )
         text = jax.jit(grad).lower(k, 0.3).compile().as_text()
+        assert text is not None
         assert f"[{n},{n}]" not in text
         c = np.kron(np.asarray(k.left), np.asarray(k.right)) + 0.3 * np.eye(n)
         # d/ds (vᵀ C⁻¹ v + log det C) = -‖C⁻¹ v‖² + tr C⁻¹, by NumPy.

@@ -380,6 +380,7 @@ def test_vmap_decides_the_branch_once_for_the_batch():
         (jax.vmap(solve), (pair, bs[:2])),
     ):
         hlo = jax.jit(fn).lower(*args).compile().as_text()
+        assert hlo is not None
         entry = hlo[hlo.index("\nENTRY") :]
         assert "conditional(" in entry[: entry.index("\n}")]
     stacked = jax.tree.map(lambda *x: jnp.stack(x), _benign(), _cancelling())

@@ -51,21 +51,26 @@ _SCIPY = {
     "g0": "standard acceleration of gravity",
     "atm": "standard atmosphere",
 }
-# Symbol -> astropy's constant (IAU 2015, with CODATA 2022's G for the masses).
+# Symbol -> astropy's constant (IAU 2015, with CODATA 2022's G for the masses),
+# read by name: astropy.constants sets them at import, from its configured
+# versions, where pyright cannot see them.
 _ASTROPY = {
-    "au": apc.au,
-    "pc": apc.pc,
-    "kpc": apc.kpc,
-    "GM_sun": apc.GM_sun,
-    "M_sun": apc.M_sun,
-    "R_sun": apc.R_sun,
-    "L_sun": apc.L_sun,
-    "GM_earth": apc.GM_earth,
-    "M_earth": apc.M_earth,
-    "R_earth": apc.R_earth,
-    "GM_jup": apc.GM_jup,
-    "M_jup": apc.M_jup,
-    "R_jup": apc.R_jup,
+    symbol: getattr(apc, symbol)
+    for symbol in (
+        "au",
+        "pc",
+        "kpc",
+        "GM_sun",
+        "M_sun",
+        "R_sun",
+        "L_sun",
+        "GM_earth",
+        "M_earth",
+        "R_earth",
+        "GM_jup",
+        "M_jup",
+        "R_jup",
+    )
 }
 
 
@@ -143,7 +148,7 @@ def test_quantities_hold_the_values_in_float64():
         for symbol, k in constants.table.items():
             q = getattr(constants, symbol)
             assert isinstance(q, Quantity)
-            assert q.dtype == jnp.float64 and q.array.weak_type
+            assert q.dtype == jnp.float64 and jax.typeof(q.array).weak_type
             assert float(ustrip(k.unit, q)) == k.value, symbol
 
 

@@ -78,9 +78,9 @@ def test_dimension_and_dimensions_check_their_inputs():
     with pytest.raises(ValueError, match="dimension m the exponent inf"):
         Dimensions({meters: float("inf")})
     with pytest.raises(ValueError, match=r"dimension m the exponent 'a': .*a number"):
-        Dimensions({meters: "a"})
+        Dimensions({meters: "a"})  # pyright: ignore[reportArgumentType]  (the error tested)
     with pytest.raises(ValueError, match="dimensions m to the power nan"):
-        Dimensions({meters: 1}) ** float("nan")
+        _ = Dimensions({meters: 1}) ** float("nan")
     # A float exponent is the simple fraction it stands for, not the float's own
     # 5404319552844595/18014398509481984.
     assert Dimensions({meters: 0.3})[meters] == Fraction(3, 10)

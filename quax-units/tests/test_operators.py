@@ -38,11 +38,11 @@ def test_plain_and_numpy_operands():
         out = left * a
         assert isinstance(out, Unitful) and out.units == {meters: 1}
     with pytest.raises(UnitError, match=r"`add` needs operands.*m \[m\] and plain"):
-        a + 1.0
+        _ = a + 1.0
     with pytest.raises(UnitError, match=r"m \[m\] and s \[s\]"):
-        a + Quantity(1.0, "s")
+        _ = a + Quantity(1.0, "s")
     with pytest.raises(TypeError):
-        a + "1 m"
+        _ = a + "1 m"
 
 
 _RATIO = Quantity(jnp.array([0.5, 2.0]), "")
@@ -87,7 +87,7 @@ def test_bitwise_operators_and_other_operands_are_declined():
         with pytest.raises(TypeError, match="unsupported operand"):
             op(a, a)
     with pytest.raises(TypeError, match="can't multiply sequence"):
-        "2" * a
+        _ = "2" * a
 
 
 def test_comparisons():
@@ -156,7 +156,7 @@ def test_offset_units_do_not_compose():
     with pytest.raises(UnitError, match=r"offset unit degC.*delta_degC"):
         unit("degC / s")
     with pytest.raises(UnitError, match="offset unit degF"):
-        unit("degF") ** 2
+        _ = unit("degF") ** 2
     assert unit("delta_degC / s").dimensions == unit("K / s").dimensions
 
 

@@ -158,7 +158,7 @@ def test_a_unit_to_a_non_finite_power(power):
     with pytest.raises(
         ValueError, match=rf"Cannot raise the unit km to the power -?{power}: .*finite"
     ):
-        unit("km") ** power
+        _ = unit("km") ** power
 
 
 def test_a_unit_to_a_power_whose_scale_overflows():
@@ -181,7 +181,7 @@ def test_float_exponents_are_simple_fractions_or_refused():
         match=r"unit m to the power 0\.1234567: exponents of units are exact "
         r"fractions.*nearest is 10/81.*Pass a `fractions\.Fraction`",
     ):
-        unit("m") ** 0.1234567
+        _ = unit("m") ** 0.1234567
     assert unit("m") ** Fraction(1234567, 10**7) == unit("m**(1234567/10000000)")
 
 

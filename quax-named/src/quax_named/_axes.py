@@ -7,6 +7,8 @@ import re
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+import numpy as np
+
 
 __all__ = [
     "Axis",
@@ -34,7 +36,11 @@ class Axis:
     name: str | None
     size: int | None
 
-    def __init__(self, name: str | int | None = None, size: int | None = None):
+    def __init__(
+        self,
+        name: str | int | np.integer | None = None,
+        size: int | np.integer | None = None,
+    ):
         """**Arguments:**
 
         - `name`: the axis name. For the published form `Axis(size)`, an integer (or

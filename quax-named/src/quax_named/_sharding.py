@@ -76,7 +76,7 @@ def _check_mapping(mapping: Any) -> dict[str, MeshAxes]:
 
 @contextlib.contextmanager
 def axis_mapping(
-    mapping: Mapping[str, MeshAxes], mesh: Mesh | None = None
+    mapping: Mapping[str, MeshAxes | list[str]], mesh: Mesh | None = None
 ) -> Iterator[None]:
     """Map axis names to mesh axes while the block runs (also while it is traced).
 
@@ -94,8 +94,8 @@ def axis_mapping(
 
     **Arguments:**
 
-    - `mapping`: axis name -> mesh axis name (or a tuple of them, or `None` for
-        replicated). Names absent from it are replicated.
+    - `mapping`: axis name -> mesh axis name (or a tuple or list of them, or `None`
+        for replicated). Names absent from it are replicated.
     - `mesh`: the `jax.sharding.Mesh`; `None` uses the mesh set with
         `jax.sharding.use_mesh`/`jax.set_mesh`.
     """

@@ -45,7 +45,7 @@ def _normalise_axis(axis: int, ndim: int, field: str) -> int:
 
 def _scale_shape(
     shape: tuple[int, ...],
-    axis: int | Sequence[int] | None,
+    axis: int | np.integer | Sequence[int] | None,
     group_size: int | None,
     group_axis: int,
 ) -> tuple[int, ...]:
@@ -159,7 +159,7 @@ def quantise(
     *,
     bits: int | None = None,
     format: str = "int",
-    axis: int | Sequence[int] | None = None,
+    axis: int | np.integer | Sequence[int] | None = None,
     group_size: int | None = None,
     block_size: int | None = None,
     double_quant: bool = False,

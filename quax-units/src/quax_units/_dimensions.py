@@ -191,7 +191,9 @@ class Dimensions(Mapping[Dimension, Fraction]):
     _items: tuple[tuple[Dimension, Fraction], ...]
     _hash: int
 
-    def __init__(self, exponents: Mapping[Dimension, int | Fraction] = {}) -> None:
+    def __init__(
+        self, exponents: Mapping[Dimension, int | float | Fraction] = {}
+    ) -> None:
         items = []
         for dim, exponent in exponents.items():
             if not isinstance(dim, Dimension):
@@ -245,7 +247,7 @@ class Dimensions(Mapping[Dimension, Fraction]):
     def __truediv__(self, other: "Dimensions") -> "Dimensions":
         return self * other**-1
 
-    def __pow__(self, power: int | Fraction) -> "Dimensions":
+    def __pow__(self, power: int | float | Fraction) -> "Dimensions":
         if isinstance(power, int):
             power = Fraction(power)
         elif not isinstance(power, Fraction):

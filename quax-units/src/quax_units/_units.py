@@ -134,7 +134,7 @@ class Unit:
             _merge(self.terms, other.terms, -1),
         )
 
-    def __pow__(self, power: int | Fraction) -> "Unit":
+    def __pow__(self, power: int | float | Fraction) -> "Unit":
         if isinstance(power, int):
             power = Fraction(power)
         elif not isinstance(power, Fraction):

@@ -670,7 +670,9 @@ def _jvp_for(
     registered, statics = found
     if registered_rule(registered.primitive, values, takes=statics) is None:
         return None
-    jvp = registered.jvps.get(resolve(registered.primitive, values).function)
+    rule = resolve(registered.primitive, values).function
+    assert rule is not None  # `registered_rule` found one
+    jvp = registered.jvps.get(rule)
     if jvp is None:
         return None
     return ft.partial(_run_jvp, jvp, statics, len(jaxpr.out_avals), params["name"])

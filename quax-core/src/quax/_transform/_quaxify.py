@@ -3,7 +3,7 @@
 import functools as ft
 from collections.abc import Callable, Sequence
 from types import FunctionType
-from typing import Any, Generic, TypeVar, cast
+from typing import Any, Generic, TypeVar
 
 import equinox as eqx
 import jax
@@ -29,6 +29,10 @@ from ._trace import QuaxTrace, active_trace, run_nested
 
 __all__ = ["quaxify"]
 
+# The function `quaxify` wraps. Calls of the wrapper are not checked against its
+# signature: they pass values where `fn`'s annotations say arrays, and what they
+# return is what the rules return (a `LoraArray`, a `NamedArray`, ... where `fn` is
+# annotated to return an array), hence `Any`.
 _CT = TypeVar("_CT", bound=Callable[..., Any])
 _attribute = object.__getattribute__
 _JitFunction = type(jax.jit(lambda: None))
@@ -191,7 +195,9 @@ class _Quaxify(eqx.Module, Generic[_CT]):
         return eqx.Partial(self, instance)
 
 
-def quaxify(fn: _CT, filter_spec: PyTree[bool | Callable[[Any], bool]] = True) -> _CT:
+def quaxify(
+    fn: _CT, filter_spec: PyTree[bool | Callable[[Any], bool]] = True
+) -> _Quaxify[_CT]:
     """Make `fn` understand [`quax.Value`][]s: each primitive it binds on one is
     dispatched to the rule registered for the input types.
 
@@ -218,7 +224,10 @@ def quaxify(fn: _CT, filter_spec: PyTree[bool | Callable[[Any], bool]] = True) -
 
     **Returns:**
 
-    A callable `equinox.Module` with the signature of `fn`. Called with no `Value`
+    A callable `equinox.Module` with the signature of `fn`, typed as taking any
+    arguments and returning `Any`: it is called with values where `fn`'s annotations
+    say arrays, and returns what the rules return (a `LoraArray` where `fn` is
+    annotated to return an array). `__wrapped__` is `fn`. Called with no `Value`
     among the selected inputs, it runs `fn` unchanged.
     """
     # What `eqx.module_update_wrapper(_Quaxify(fn, filter_spec))` builds, at a
@@ -234,7 +243,7 @@ def quaxify(fn: _CT, filter_spec: PyTree[bool | Callable[[Any], bool]] = True) -
         value = getattr(fn, name, _MISSING)
         if value is not _MISSING:
             attributes[name] = value
-    return cast(_CT, wrapper)
+    return wrapper
 
 
 _MISSING = object()

@@ -11,7 +11,7 @@ written once: families subclass it and add only their reason and their way out.
 
 import dataclasses
 from collections.abc import Sequence
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Self
 
 import equinox as eqx
 import jax
@@ -90,7 +90,7 @@ class GuardedValue(ArrayValue):
             raise self.refusal()
         return self.dense()
 
-    def enable_materialise(self, allow: bool = True) -> "GuardedValue":
+    def enable_materialise(self, allow: bool = True) -> Self:
         """A copy of this value with `allow_materialise=allow`.
 
         The copy is built field by field, as JAX rebuilds a pytree: the value's own

@@ -22,7 +22,7 @@
 import importlib
 from typing import Any
 
-from ._compare import tolerance as tolerance
+from ._compare import Tolerance as Tolerance, tolerance as tolerance
 from ._dense import (
     ConformanceReport as ConformanceReport,
     assert_matches_dense as assert_matches_dense,

@@ -2,14 +2,26 @@
 tolerance per dtype, NaN where the reference has NaN, the same infinities, and (where
 asked) the same signs of zeros."""
 
-from typing import Any
+from typing import Any, TypedDict
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 
-__all__ = ["difference", "tolerance"]
+__all__ = ["Tolerance", "difference", "tolerance"]
+
+
+class Tolerance(TypedDict):
+    """What [`quax.testing.tolerance`][] returns: the keyword arguments of
+    `numpy.testing.assert_allclose` (and `numpy.allclose`) for one dtype, typed so
+    that `np.testing.assert_allclose(got, want, **quax.testing.tolerance(dtype))`
+    type-checks.
+    """
+
+    rtol: float
+    atol: float
+
 
 # Per-dtype (rtol, atol), by item size of the floating-point (or complex) type.
 _TOLERANCES = {
@@ -22,7 +34,7 @@ _TOLERANCES = {
 }
 
 
-def tolerance(dtype: Any) -> dict[str, float]:
+def tolerance(dtype: Any) -> Tolerance:
     """The tolerance `assert_matches_dense` uses for results of `dtype`.
 
     A result `got` matches `want` where `|got - want| <= atol * max(1, max|want|) +
@@ -36,19 +48,19 @@ def tolerance(dtype: Any) -> dict[str, float]:
 
     **Returns:**
 
-    `dict(rtol=..., atol=...)`: `1e-10` for float64/complex128, `1e-5` for
-    float32/complex64, `1e-2` for float16, `1.6e-2` for bfloat16 (two ulps), and
-    `0.0` (exact) for integer and boolean dtypes.
+    `{"rtol": ..., "atol": ...}` (a [`quax.testing.Tolerance`][]): `1e-10` for
+    float64/complex128, `1e-5` for float32/complex64, `1e-2` for float16, `1.6e-2`
+    for bfloat16 (two ulps), and `0.0` (exact) for integer and boolean dtypes.
     """
     dtype = jnp.dtype(dtype)
     if not jnp.issubdtype(dtype, jnp.inexact):
-        return dict(rtol=0.0, atol=0.0)
+        return {"rtol": 0.0, "atol": 0.0}
     try:
         rtol, atol = _TOLERANCES[dtype.name]
     except KeyError:  # float8 and the like: a few of their ulps.
         eps = float(jnp.finfo(dtype).eps)
         rtol, atol = 2 * eps, 2 * eps
-    return dict(rtol=rtol, atol=atol)
+    return {"rtol": rtol, "atol": atol}
 
 
 def _zero_signs_differ(g: np.ndarray, w: np.ndarray) -> np.ndarray:
