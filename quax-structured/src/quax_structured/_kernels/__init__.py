@@ -32,6 +32,7 @@ from ._dense import (
     on_diagonal as on_diagonal,
 )
 from ._fallback import (
+    Fallback as Fallback,
     checked_or_fallback as checked_or_fallback,
     in_graph_fallbacks as in_graph_fallbacks,
 )
@@ -45,3 +46,7 @@ from ._kronecker import (
     kron_sum_eigh as kron_sum_eigh,
 )
 from ._levinson import levinson as levinson
+from ._lowrank_host import (
+    host_determinant_fallback as host_determinant_fallback,
+    host_solve_fallback as host_solve_fallback,
+)

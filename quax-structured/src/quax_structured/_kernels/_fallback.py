@@ -1,12 +1,15 @@
 """A checked fast answer or its fallback (`checked_or_fallback`): a `lax.cond`
-whose fallback branch, on the CPU backend, runs as a separately compiled program
-reached through a host callback, so that the main program carries none of the
-fallback's loops; and `in_graph_fallbacks`, which keeps the fallback in the
-program (for `jax.export`, which cannot serialise a host callback)."""
+whose fallback branch, on the CPU backend, is one custom call into NumPy code on
+the host (`Fallback.on_host`), so that the main program carries none of the
+fallback's loops and stays asynchronous; and `in_graph_fallbacks`, which keeps
+the fallback in the program (for `jax.export`, which cannot serialise the
+custom call)."""
 
 import contextlib
+import ctypes
 import dataclasses
 import functools as ft
+import json
 import math
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -18,7 +21,7 @@ from jax import lax
 from jaxtyping import Array
 
 
-__all__ = ["checked_or_fallback", "in_graph_fallbacks"]
+__all__ = ["Fallback", "checked_or_fallback", "in_graph_fallbacks"]
 
 
 # A `jax.jit`-cache-sensitive setting (quax's caches key on it too): a function
@@ -34,24 +37,25 @@ def in_graph_fallbacks() -> Iterator[None]:
 
     On the CPU backend, where a structure's fast route (Woodbury for
     `LowRankPlusDiagonal`) fails its accuracy check, its fallback (the
-    semiseparable LU, sequential loops) runs as a program of its own, reached
-    through a host callback (`jax.pure_callback`): the untaken branch of the
-    main program then holds one callback rather than the fallback's loops,
-    which XLA's CPU runtime sets up on every call even where the branch is
-    not taken (about 0.4 µs per loop). `jax.export` cannot serialise a host
-    callback for the CPU platform (it raises `NotImplementedError:
-    serialization of host_callbacks is not yet implemented`, and for several
-    platforms at once `multi-platform lowering for python_callback`; an export
-    for GPU or TPU alone holds no callback): trace a function to export inside
-    this block:
+    semiseparable LU, sequential loops) runs on the host, in NumPy, through a
+    custom call: the untaken branch of the main program then holds one custom
+    call rather than the fallback's loops, which XLA's CPU runtime sets up on
+    every call even where the branch is not taken (about 0.4 µs per loop).
+    `jax.export` cannot serialise that custom call (it raises `ValueError:
+    Cannot serialize code with custom calls whose targets have no
+    compatibility guarantees`; an export for GPU or TPU alone holds none):
+    trace a function to export inside this block:
 
     ```python
     with quax_structured.in_graph_fallbacks():
         exported = jax.export.export(jax.jit(quax.quaxify(jnp.linalg.solve)))(a, b)
     ```
 
-    The answers are the same either way. A function that `jax.jit` compiled
-    outside the block is traced again inside it.
+    The answers agree, up to rounding, wherever the fallback in the program
+    answers; the host's LU pivots within blocks of rows and also answers some
+    matrices for which the program's gives NaN (see `_lowrank_host`). A
+    function that `jax.jit` compiled outside the block is traced again inside
+    it.
 
     **Returns:**
 
@@ -61,31 +65,62 @@ def in_graph_fallbacks() -> Iterator[None]:
         yield
 
 
+@dataclasses.dataclass(frozen=True)
+class Fallback:
+    """A checked route's fallback, twice: `in_graph(fast, *operands)` in JAX (run
+    in the program: off the CPU backend, inside `in_graph_fallbacks()`, and for
+    derivatives) and `on_host(fast_leaf, *leaves)` in NumPy (run by the host on
+    the CPU backend), on the leaves of `(fast, *operands)` in `jax.tree.leaves`
+    order, returning an array of `fast`'s shape and dtype. The host function
+    must never run a JAX computation (see `_lowrank_host`), must not raise
+    (where it does, the answer is NaN: XLA's legacy custom calls have no way
+    to report an error that jaxlib exposes) and must answer wherever
+    `in_graph` does, as accurately (it may answer where `in_graph` gives NaN).
+
+    Made once, at module level: creating it registers it by `name` (the
+    qualified name of `in_graph`), which the compiled program's custom call
+    carries; a program read back from JAX's persistent compilation cache
+    finds its fallback by that name, never by an object of this process."""
+
+    in_graph: Callable[..., Array]
+    on_host: Callable[..., np.ndarray]
+
+    def __post_init__(self):
+        if self.name in _FALLBACKS:
+            raise ValueError(f"A fallback named {self.name!r} is already registered.")
+        _FALLBACKS[self.name] = self
+
+    @property
+    def name(self) -> str:
+        return f"{self.in_graph.__module__}.{self.in_graph.__qualname__}"
+
+
+_FALLBACKS: dict[str, Fallback] = {}
+
+
 def checked_or_fallback(
-    accurate: Array, fast: Array, fallback: Callable[..., Array], *operands: Any
+    accurate: Array, fast: Array, fallback: Fallback, *operands: Any
 ) -> Array:
     """`fast` where `accurate` (a boolean scalar, decided once for a `vmap`
-    batch: see `for_the_batch`), else `fallback(fast, *operands)`, as
-    `lax.cond(accurate, lambda fast, *operands: fast, fallback, fast, *operands)`.
+    batch: see `for_the_batch`), else `fallback.in_graph(fast, *operands)`, as
+    `lax.cond(accurate, lambda fast, *operands: fast, fallback.in_graph, fast,
+    *operands)`.
 
-    On the CPU backend (`lax.platform_dependent`) the fallback runs as its own
-    compiled program through `jax.pure_callback`, one per `fallback`, operand
-    structure and shapes (`jax.jit` of it, cached here: no tracing again per
-    call or per trace). On other backends it stays in the program, as it does
-    inside `in_graph_fallbacks()`: a host round trip there would cost more than
-    the branch, and calling JAX from a callback may deadlock on a GPU.
+    On the CPU backend (`lax.platform_dependent`) the fallback branch is one
+    custom call (`jax.ffi.ffi_call` of a legacy target registered here) whose
+    host side runs `fallback.on_host` on the operands' buffers. Unlike
+    `jax.pure_callback`, which makes JAX run the whole program synchronously
+    (so that a callback may call JAX again), the program stays asynchronous,
+    as one without a fallback: that was 0.2x to 0.6x of a hand-written
+    Woodbury solve at n = 256. On other backends the fallback stays in the
+    program, as it does inside `in_graph_fallbacks()`.
 
-    Under `vmap` the host runs the fallback vmapped over the batch (the leading
-    axes of the operands, several for nested `vmap`s, flattened into one), so
-    each system gets its own answer. Derivatives (a `jax.custom_jvp`) are those
-    of the fallback run in the program: `pure_callback` has none.
-
-    `fallback`: a function of module level (its identity keys the compiled
-    programs; a closure made per trace would compile again per trace), of
-    `fast` and `operands` (pytrees of arrays, value types included), returning
-    an array of `fast`'s shape and dtype."""
+    Under `vmap` the custom call runs once per system (`vmap_method=
+    "sequential"`: a loop over the batch in the branch, so each system gets its
+    own answer). Derivatives (a `jax.custom_jvp`) are those of `in_graph`:
+    the custom call has none."""
     if _in_graph.value:
-        return lax.cond(accurate, _keep, fallback, fast, *operands)
+        return lax.cond(accurate, _keep, fallback.in_graph, fast, *operands)
     return lax.cond(accurate, _keep, ft.partial(_by_backend, fallback), fast, *operands)
 
 
@@ -94,80 +129,47 @@ def _keep(fast: Array, *operands: Any) -> Array:
     return fast
 
 
-def _by_backend(fallback: Callable[..., Array], *args: Any) -> Array:
-    """`fallback(*args)`: on the CPU backend through the host, elsewhere in the
-    program (only the platform's branch is lowered)."""
+def _by_backend(fallback: Fallback, *args: Any) -> Array:
+    """`fallback.in_graph(*args)`: on the CPU backend through the host, elsewhere
+    in the program (only the platform's branch is lowered)."""
     leaves, treedef = jax.tree.flatten(args)
-    shapes = tuple(np.shape(leaf) for leaf in leaves)
-    program = _Program(fallback, treedef, shapes, bool(jax.enable_x64.value))
+    program = _Program(fallback, treedef)
     return lax.platform_dependent(
-        *leaves,
-        cpu=ft.partial(_hosted, program),
-        default=program.in_graph,
+        *leaves, cpu=ft.partial(_hosted, program), default=program.in_graph
     )
 
 
 @dataclasses.dataclass(frozen=True)
 class _Program:
-    """A fallback as a function of its operands' leaves: the host callback
-    (`__call__`, on NumPy arrays) and the same computation in the program
+    """A fallback as a function of its operands' leaves, in the program
     (`in_graph`). Static (hashable, compared by value), no arrays."""
 
-    fallback: Callable[..., Array]
+    fallback: Fallback
     treedef: Any
-    shapes: tuple[tuple[int, ...], ...]
-    # Whether the trace ran with 64-bit types: the callback runs in another
-    # thread, which does not see a `jax.enable_x64` block of the caller's.
-    x64: bool
 
     def in_graph(self, *leaves: Array) -> Array:
-        return self.fallback(*jax.tree.unflatten(self.treedef, leaves))
-
-    def __call__(self, *leaves: np.ndarray) -> np.ndarray:
-        """The fallback's answer for operands with `batch` leading axes (`vmap`,
-        `vmap_method="expand_dims"`: an unbatched operand has axes of size 1
-        there), computed as one batch by a compiled `jax.vmap` of it."""
-        batch_axes = np.ndim(leaves[0]) - len(self.shapes[0])
-        with jax.enable_x64(self.x64):
-            if batch_axes == 0:
-                out = _compiled(self.fallback, self.treedef, None)(*leaves)
-                return np.asarray(out)
-            batch = np.broadcast_shapes(*(np.shape(y)[:batch_axes] for y in leaves))
-            size = math.prod(batch)
-            args, in_axes = [], []
-            for leaf, shape in zip(leaves, self.shapes, strict=True):
-                if size != 1 and all(d == 1 for d in np.shape(leaf)[:batch_axes]):
-                    args.append(np.reshape(leaf, shape))
-                    in_axes.append(None)
-                else:
-                    stacked = np.broadcast_to(leaf, batch + shape)
-                    args.append(np.reshape(stacked, (size, *shape)))
-                    in_axes.append(0)
-            compiled = _compiled(self.fallback, self.treedef, tuple(in_axes))
-            out = np.asarray(compiled(*args))
-            return np.reshape(out, batch + out.shape[1:])
-
-
-@ft.lru_cache(maxsize=256)
-def _compiled(
-    fallback: Callable[..., Array], treedef: Any, in_axes: tuple[int | None, ...] | None
-) -> Callable[..., Array]:
-    """`jax.jit` of `fallback` on its operands' leaves (`vmap`ped over `in_axes`
-    unless `None`), one per static structure; `jax.jit` keeps one compiled
-    program per shape and dtype."""
-
-    def run(*leaves: Array) -> Array:
-        return fallback(*jax.tree.unflatten(treedef, leaves))
-
-    return jax.jit(run if in_axes is None else jax.vmap(run, in_axes=in_axes))
+        return self.fallback.in_graph(*jax.tree.unflatten(self.treedef, leaves))
 
 
 @ft.partial(jax.custom_jvp, nondiff_argnums=(0,))
 def _hosted(program: _Program, *leaves: Array) -> Array:
-    """`program.in_graph(*leaves)`, computed by the host (`pure_callback`); its
-    first leaf is the fast answer, of the result's shape and dtype."""
-    out = jax.ShapeDtypeStruct(np.shape(leaves[0]), leaves[0].dtype)
-    return jax.pure_callback(program, out, *leaves, vmap_method="expand_dims")
+    """`program.in_graph(*leaves)`, computed by the host (`Fallback.on_host`,
+    through the custom call `_TARGET`); its first leaf is the fast answer, of
+    the result's shape and dtype. The custom call carries, as its opaque
+    configuration, the fallback's name and each leaf's shape and dtype (JSON):
+    all the host reads besides the buffers."""
+    spec = {
+        "fallback": program.fallback.name,
+        "leaves": [[list(np.shape(y)), np.dtype(y.dtype).name] for y in leaves],
+    }
+    call = jax.ffi.ffi_call(
+        _TARGET,
+        jax.ShapeDtypeStruct(np.shape(leaves[0]), leaves[0].dtype),
+        custom_call_api_version=_API_VERSION,
+        legacy_backend_config=json.dumps(spec, separators=(",", ":")),
+        vmap_method="sequential",
+    )
+    return call(*leaves)
 
 
 @_hosted.defjvp
@@ -175,3 +177,66 @@ def _(
     program: _Program, primals: tuple[Array, ...], tangents: tuple[Array, ...]
 ) -> tuple[Array, Array]:
     return jax.jvp(program.in_graph, primals, tangents)
+
+
+# The custom call's host side ------------------------------------------------------
+
+
+_TARGET = "quax_structured_host_fallback"
+# XLA's `API_VERSION_STATUS_RETURNING_UNIFIED`: on the CPU backend the target is
+# called as `void(void* out, const void** in, const char* opaque, size_t
+# opaque_len, XlaCustomCallStatus* status)`.
+_API_VERSION = 3
+
+
+def _view(address: int, shape: list[int], dtype: np.dtype) -> np.ndarray:
+    """The row-major buffer at `address` as an array (no copy)."""
+    if math.prod(shape) == 0:
+        return np.empty(shape, dtype)
+    size = math.prod(shape) * dtype.itemsize
+    buffer = (ctypes.c_byte * size).from_address(address)
+    return np.ctypeslib.as_array(buffer).view(dtype).reshape(shape)
+
+
+def _run(out: int, ins: Any, opaque: int, opaque_len: int, status: int) -> None:
+    """The target: read the configuration, view the buffers, run the
+    fallback's `on_host` and write its answer into the output buffer; NaN
+    there if anything raised (a ctypes callback cannot raise into XLA)."""
+    del status
+    spec = json.loads(ctypes.string_at(opaque, opaque_len))
+    shapes = [(shape, np.dtype(dtype)) for shape, dtype in spec["leaves"]]
+    result = _view(out, *shapes[0])
+    try:
+        fallback = _FALLBACKS[spec["fallback"]]
+        leaves = [_view(ins[i], *shape) for i, shape in enumerate(shapes)]
+        result[...] = fallback.on_host(*leaves)
+    except Exception:
+        # Any failure: NaN, never an unwritten buffer (garbage) or an exception
+        # that ctypes would print and drop.
+        result[...] = np.nan
+
+
+_SIGNATURE = ctypes.CFUNCTYPE(
+    None,
+    ctypes.c_void_p,
+    ctypes.POINTER(ctypes.c_void_p),
+    ctypes.c_void_p,
+    ctypes.c_size_t,
+    ctypes.c_void_p,
+)
+# Kept alive for the life of the process: XLA holds only its address.
+_CALLBACK = _SIGNATURE(_run)
+
+
+def _register() -> None:
+    """Register `_CALLBACK` as the CPU custom call target `_TARGET`: a PyCapsule
+    of its address named as XLA expects of a legacy target."""
+    capsule_new = ctypes.pythonapi.PyCapsule_New
+    capsule_new.restype = ctypes.py_object
+    capsule_new.argtypes = (ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p)
+    address = ctypes.cast(_CALLBACK, ctypes.c_void_p).value
+    capsule = capsule_new(address, b"xla._CUSTOM_CALL_TARGET", None)
+    jax.ffi.register_ffi_target(_TARGET, capsule, platform="cpu", api_version=0)
+
+
+_register()
