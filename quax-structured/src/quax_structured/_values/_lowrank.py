@@ -250,6 +250,9 @@ class _UVt(StructuredMatrix):
         O(n² r k) time and O(n (r + k)) memory: the infinite and NaN entries
         where dense JAX puts them."""
         v, diag = self._v(), self._diagonal_part()
+        # A field may be a NumPy array (the constructors keep what they are
+        # given), which the traced row index `i` below cannot index.
+        diag = None if diag is None else jnp.asarray(diag)
 
         def row(args: tuple[Array, Array]) -> Array:
             i, u_i = args
