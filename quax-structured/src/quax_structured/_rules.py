@@ -3,7 +3,8 @@ structured method, or falls back to `StructuredMatrix.default` (which refuses)
 when the case has no structured algorithm."""
 
 import functools as ft
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import jax
 import jax.numpy as jnp
@@ -19,7 +20,12 @@ from quax.zero import Zero, is_ieee_strict
 from ._kernels import keep_or_scale
 from ._linalg import EXPM_TYPES, eigh_of, expm_of, pinv_of, qr_of, svd_of
 from ._values._banded import Banded
-from ._values._base import MaterialisationError, StructuredMatrix
+from ._values._base import (
+    MaterialisationError,
+    StructuredMatrix,
+    empty_as_dense,
+    holds_no_entries,
+)
 from ._values._composite import Sum, add, closed_sum, matmul
 from ._values._determinant import DeterminantLU, HalfSolved
 from ._values._diagonal import Diagonal, ScaledIdentity
@@ -30,6 +36,48 @@ from ._values._tridiagonal import TridiagonalMatrix
 
 def _fallback(primitive: Any, values: list[Any], params: dict[str, Any]) -> Any:
     return quax.fallback_rule(primitive, values)(values, params)
+
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def _register(primitive: Any) -> Callable[[_F], _F]:
+    """`quax.register(primitive)` for the rules below: a call where a structured
+    input holds no entries (`holds_no_entries`) computes on the dense, empty
+    arrays instead (`empty_as_dense`), before the rule's algorithm can index,
+    transform or divide over `n = 0`. The rule keeps its signature (so its
+    dispatch and the params it receives are as registered)."""
+
+    def decorate(rule: _F) -> _F:
+        @ft.wraps(rule)
+        def guarded(*values: Any, **params: Any) -> Any:
+            if any(map(holds_no_entries, values)):
+                dense = empty_as_dense(values)
+                return quax.fallback_rule(primitive, dense)(dense, params)
+            return rule(*values, **params)
+
+        quax.register(primitive)(guarded)
+        return rule
+
+    return decorate
+
+
+def _register_function(function: Any, **options: Any) -> Callable[[_F], _F]:
+    """`quax.register_function(function, **options)` for the rules below, with
+    `_register`'s case first: where a structured argument holds no entries, the
+    function's body runs (`call`) on the dense, empty arrays."""
+
+    def decorate(rule: _F) -> _F:
+        @ft.wraps(rule)
+        def guarded(*args: Any, call: Any, **static: Any) -> Any:
+            if any(map(holds_no_entries, args)):
+                return call(*empty_as_dense(args))
+            return rule(*args, call=call, **static)
+
+        quax.register_function(function, **options)(guarded)
+        return rule
+
+    return decorate
 
 
 # dot_general --------------------------------------------------------------------------
@@ -90,12 +138,12 @@ def _product_with_dense(
     return out.astype(dtype)
 
 
-@quax.register(lax.dot_general_p)
+@_register(lax.dot_general_p)
 def _(lhs: StructuredMatrix, rhs: ArrayLike, **params: Any) -> Any:
     return _product_with_dense(lhs, jnp.asarray(rhs), True, [lhs, rhs], params)
 
 
-@quax.register(lax.dot_general_p)
+@_register(lax.dot_general_p)
 def _(lhs: ArrayLike, rhs: StructuredMatrix, **params: Any) -> Any:
     return _product_with_dense(rhs, jnp.asarray(lhs), False, [lhs, rhs], params)
 
@@ -119,7 +167,7 @@ def _as_matrix_product(
     return None
 
 
-@quax.register(lax.dot_general_p)
+@_register(lax.dot_general_p)
 def _(lhs: StructuredMatrix, rhs: StructuredMatrix, **params: Any) -> Any:
     """`A @ B`: a closed form where the pair has one (`D @ T`, `K @ K`, ...), else a
     lazy `Product`."""
@@ -139,7 +187,7 @@ def _keep_tag(x: StructuredMatrix, out: Any, keep: bool = True) -> Any:
     return out
 
 
-@quax.register(lax.transpose_p)
+@_register(lax.transpose_p)
 def _(x: StructuredMatrix, *, permutation: Any) -> Any:
     nb = x.ndim - 2
     out = None
@@ -174,7 +222,7 @@ def _scaled(primitive: Any, values: list[Any], x: StructuredMatrix, s: Any) -> A
     return _keep_tag(x, out, x.positive_definite and _is_positive(s))
 
 
-@quax.register(lax.conj_p)
+@_register(lax.conj_p)
 def _(x: StructuredMatrix, *, input_dtype: Any) -> Any:
     """`jnp.conj(M)`, `M.conj()`: every complex leaf conjugated, the structure kept
     (`lax.conj` of a real matrix: the leaves made complex)."""
@@ -184,7 +232,7 @@ def _(x: StructuredMatrix, *, input_dtype: Any) -> Any:
     return _keep_tag(x, out)
 
 
-@quax.register(lax.neg_p)
+@_register(lax.neg_p)
 def _(x: StructuredMatrix) -> Any:
     return _scaled(lax.neg_p, [x], x, jnp.asarray(-1, x.dtype))
 
@@ -219,17 +267,17 @@ def _mul(values: list[Any], x: StructuredMatrix, y: Any) -> Any:
     return _fallback(lax.mul_p, values, {}) if out is None else out
 
 
-@quax.register(lax.mul_p)
+@_register(lax.mul_p)
 def _(x: StructuredMatrix, y: ArrayLike) -> Any:
     return _mul([x, y], x, y)
 
 
-@quax.register(lax.mul_p)
+@_register(lax.mul_p)
 def _(y: ArrayLike, x: StructuredMatrix) -> Any:
     return _mul([y, x], x, y)
 
 
-@quax.register(lax.div_p)
+@_register(lax.div_p)
 def _(x: StructuredMatrix, y: ArrayLike) -> Any:
     s = _scalar(y)
     return _scaled(lax.div_p, [x, y], x, None if s is None else 1 / s)
@@ -239,7 +287,7 @@ def _same_type(x: StructuredMatrix, y: StructuredMatrix) -> bool:
     return x.shape == y.shape and x.dtype == y.dtype
 
 
-@quax.register(lax.add_p)
+@_register(lax.add_p)
 def _(x: StructuredMatrix, y: StructuredMatrix) -> Any:
     """`A + B`: a closed form where the pair has one (`D + D`, `D + T`, banded
     sums, ...), else a lazy `Sum`."""
@@ -248,7 +296,7 @@ def _(x: StructuredMatrix, y: StructuredMatrix) -> Any:
     return add(x, y)
 
 
-@quax.register(lax.sub_p)
+@_register(lax.sub_p)
 def _(x: StructuredMatrix, y: StructuredMatrix) -> Any:
     neg = y.scaled(jnp.asarray(-1, y.dtype))
     if neg is None or not _same_type(x, y):
@@ -356,22 +404,22 @@ def _add_dense(values: list[Any], x: StructuredMatrix, y: Any, sign: int) -> Any
     return out
 
 
-@quax.register(lax.add_p)
+@_register(lax.add_p)
 def _(x: StructuredMatrix, y: ArrayLike) -> Any:
     return _add_dense([x, y], x, y, 1)
 
 
-@quax.register(lax.add_p)
+@_register(lax.add_p)
 def _(y: ArrayLike, x: StructuredMatrix) -> Any:
     return _add_dense([y, x], x, y, 1)
 
 
-@quax.register(lax.sub_p)
+@_register(lax.sub_p)
 def _(x: StructuredMatrix, y: ArrayLike) -> Any:
     return _add_dense([x, y], x, y, -1)
 
 
-@quax.register(lax.sub_p)
+@_register(lax.sub_p)
 def _(y: ArrayLike, x: StructuredMatrix) -> Any:
     """`y - x` = `-x + y`."""
     neg = x.scaled(jnp.asarray(-1, x.dtype))
@@ -383,7 +431,7 @@ def _(y: ArrayLike, x: StructuredMatrix) -> Any:
     return _fallback(lax.sub_p, [y, x], {}) if out is None else out
 
 
-@quax.register(lax.convert_element_type_p)
+@_register(lax.convert_element_type_p)
 def _(x: StructuredMatrix, *, new_dtype: Any, **params: Any) -> Any:
     out = None
     if new_dtype == x.dtype:
@@ -396,7 +444,7 @@ def _(x: StructuredMatrix, *, new_dtype: Any, **params: Any) -> Any:
     return _keep_tag(x, out)
 
 
-@quax.register(lax.reduce_sum_p)
+@_register(lax.reduce_sum_p)
 def _(x: StructuredMatrix, *, axes: Any, **params: Any) -> Any:
     """Row sums (`x @ 1`), column sums (`xᵀ @ 1`) or both, through products."""
     nb = x.ndim - 2
@@ -419,7 +467,7 @@ def _is_zeros(x: Any) -> bool:
     return known is not None and bool(np.all(known == 0))
 
 
-@quax.register(prims.select_n_p)
+@_register(prims.select_n_p)
 def _(which: ArrayLike, *cases: StructuredMatrix | ArrayLike) -> Any:
     """`where(mask, x, 0)` (`jnp.tril`, `jnp.trace`, the lower factor
     `lax.linalg.cholesky` returns): the structure's entries, masked."""
@@ -445,7 +493,7 @@ def _identity_pivots(x: StructuredMatrix) -> Any:
     return jnp.broadcast_to(iota, (*x.shape[:-2], x.shape[-1]))
 
 
-@quax.register(lax.linalg.lu_p)
+@_register(lax.linalg.lu_p)
 def _(x: StructuredMatrix) -> Any:
     factors = x.lu()
     if factors is None:
@@ -456,7 +504,7 @@ def _(x: StructuredMatrix) -> Any:
     return [factors, pivots, pivots]
 
 
-@quax.register(lax.linalg.triangular_solve_p)
+@_register(lax.linalg.triangular_solve_p)
 def _(
     a: StructuredMatrix,
     b: ArrayLike,
@@ -489,7 +537,7 @@ def _(
     return out if left_side else jnp.swapaxes(out, -1, -2)
 
 
-@quax.register(lax.linalg.triangular_solve_p)
+@_register(lax.linalg.triangular_solve_p)
 def _(a: StructuredMatrix, b: Zero, **params: Any) -> Any:
     """`op(A) x = 0` (`solve_triangular(A, 0)`, and the two triangular solves of
     `jnp.linalg.solve(A, 0)`): `x` is the zero the right-hand side is, a `Zero`, as
@@ -501,7 +549,7 @@ def _(a: StructuredMatrix, b: Zero, **params: Any) -> Any:
     return Zero(b.shape, jnp.result_type(a.dtype, b.dtype))
 
 
-@quax.register(lax.linalg.triangular_solve_p)
+@_register(lax.linalg.triangular_solve_p)
 def _(a: Zero, b: StructuredMatrix, **params: Any) -> Any:
     del params
     raise ValueError(
@@ -512,13 +560,13 @@ def _(a: Zero, b: StructuredMatrix, **params: Any) -> Any:
     )
 
 
-@quax.register(lax.linalg.cholesky_p)
+@_register(lax.linalg.cholesky_p)
 def _(x: StructuredMatrix, **params: Any) -> Any:
     out = x.cholesky()
     return _fallback(lax.linalg.cholesky_p, [x], params) if out is None else out
 
 
-@quax.register(lax.linalg.eig_p)
+@_register(lax.linalg.eig_p)
 def _(
     x: StructuredMatrix,
     *,
@@ -540,7 +588,7 @@ def _(
     return [out]
 
 
-@quax.register(lax.linalg.eigh_p)
+@_register(lax.linalg.eigh_p)
 def _(x: StructuredMatrix, *, subset_by_index: Any = None, **params: Any) -> Any:
     """`jnp.linalg.eigh`/`eigvalsh`: through the structure's eigendecomposition."""
     out = None
@@ -650,7 +698,7 @@ def _gather_entries(x: StructuredMatrix, indices: Any, params: Any) -> Any | Non
     return None if out is None else jnp.moveaxis(out, list(range(nb)), batch_axes)
 
 
-@quax.register(prims.gather_p)
+@_register(prims.gather_p)
 def _(x: StructuredMatrix, indices: ArrayLike, **params: Any) -> Any:
     out = _gather_entries(x, indices, params)
     if out is None:
@@ -683,7 +731,7 @@ def _slice_entries(
     )
 
 
-@quax.register(lax.slice_p)
+@_register(lax.slice_p)
 def _(
     x: StructuredMatrix, *, start_indices: Any, limit_indices: Any, strides: Any
 ) -> Any:
@@ -696,7 +744,7 @@ def _(
     return out
 
 
-@quax.register(lax.squeeze_p)
+@_register(lax.squeeze_p)
 def _(x: StructuredMatrix, *, dimensions: Any) -> Any:
     """The entry of a 1 x 1 matrix (what `slogdet` of a 1 x 1 matrix binds)."""
     nb = x.ndim - 2
@@ -712,7 +760,7 @@ def _(x: StructuredMatrix, *, dimensions: Any) -> Any:
 # The pivoted solve's second half (see `HalfSolved`) ---------------------------------
 
 
-@quax.register(lax.linalg.triangular_solve_p)
+@_register(lax.linalg.triangular_solve_p)
 def _(
     a: DeterminantLU,
     b: HalfSolved,
@@ -735,7 +783,7 @@ def _(
     )
 
 
-@quax.register(lax.reshape_p)
+@_register(lax.reshape_p)
 def _(x: HalfSolved, *, new_sizes: Any, dimensions: Any, **params: Any) -> HalfSolved:
     """`lu_solve` reshapes between its two triangular solves: the first's
     `HalfSolved` stays one."""
@@ -756,7 +804,7 @@ def _(x: HalfSolved, *, new_sizes: Any, dimensions: Any, **params: Any) -> HalfS
 # without an algorithm refuses (`MaterialisationError`, naming the way out).
 
 
-@quax.register(lax.linalg.svd_p)
+@_register(lax.linalg.svd_p)
 def _(
     x: StructuredMatrix,
     *,
@@ -782,7 +830,7 @@ def _(
     return out
 
 
-@quax.register(lax.linalg.qr_p)
+@_register(lax.linalg.qr_p)
 def _(
     x: StructuredMatrix, *, pivoting: bool, full_matrices: bool, **params: Any
 ) -> Any:
@@ -795,7 +843,7 @@ def _(
     return list(out)
 
 
-@quax.register(lax.linalg.eigh_p)
+@_register(lax.linalg.eigh_p)
 def _(
     x: LowRank | KroneckerPlusIdentity | Sum,
     *,
@@ -820,7 +868,7 @@ def _(
 _EXPM_STATIC = {"upper_triangular": (True,), "max_squarings": tuple(range(65))}
 
 
-@quax.register_function(jsl.expm, static=_EXPM_STATIC)
+@_register_function(jsl.expm, static=_EXPM_STATIC)
 def _(
     x: StructuredMatrix,
     *,
@@ -873,7 +921,7 @@ def _(
 # `jnp.linalg.solve` of a structure that solves pivoted (issue 29, item 7) ------------
 
 
-@quax.register_function(jnp.linalg.solve)
+@_register_function(jnp.linalg.solve)
 def _(
     a: TridiagonalMatrix | Banded | LowRankPlusDiagonal, b: ArrayLike, *, call: Any
 ) -> Any:
@@ -912,7 +960,7 @@ def _(
     )
 
 
-@quax.register_function(jnp.linalg.slogdet)
+@_register_function(jnp.linalg.slogdet)
 def _(a: LowRankPlusDiagonal, *, call: Any) -> Any:
     """`jnp.linalg.slogdet(A)` of a `LowRankPlusDiagonal`: `A.slogdet()`, which
     reads `A.pivots()` (the determinant lemma where Woodbury solves a probe
@@ -927,7 +975,7 @@ def _(a: LowRankPlusDiagonal, *, call: Any) -> Any:
 # `jnp.linalg.pinv` as a structure (issue 29, item 6; see `_linalg.pinv_of`) ----------
 
 
-@quax.register_function(pinv_function, static={"hermitian": (True,)})
+@_register_function(pinv_function, static={"hermitian": (True,)})
 def _(x: StructuredMatrix, *rtol: Any, call: Any, hermitian: bool = False) -> Any:
     """`jnp.linalg.pinv(M)` (the `jit` inside its `custom_jvp`), whose body
     multiplies the dense singular vectors: the pseudo-inverse as a structure (see

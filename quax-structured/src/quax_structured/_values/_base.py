@@ -20,6 +20,8 @@ __all__ = [
     "FUNCTION_JVP_RULES",
     "MaterialisationError",
     "StructuredMatrix",
+    "empty_as_dense",
+    "holds_no_entries",
     "is_size",
     "sequence_as_array",
     "unbatched",
@@ -125,6 +127,9 @@ def _det_rule(fun: Any, primals: list[Any], tangents: list[Any]) -> tuple:
     `determinant`, else of the product of `lu`'s pivots."""
     (m,), (dot,) = primals, tangents
     (det,) = fun(m)
+    if holds_no_entries(m):
+        # No entry, so nothing the determinant depends on (1 for `n = 0`).
+        return [det], [jnp.zeros_like(det)]
     own = type(m).determinant is not StructuredMatrix.determinant
     of = (lambda x: x.determinant()) if own else _pivot_product
     derivative = jvp_over_leaves(of, m, dot)[1]
@@ -137,6 +142,8 @@ def _slogdet_rule(fun: Any, primals: list[Any], tangents: list[Any]) -> tuple:
     (`log |det| = -inf`) the derivative is NaN, as dense JAX's is."""
     (m,), (dot,) = primals, tangents
     sign, logdet = fun(m)
+    if holds_no_entries(m):
+        return [sign, logdet], [jnp.zeros_like(sign), jnp.zeros_like(logdet)]
     own = type(m).log_determinant is not StructuredMatrix.log_determinant
     of = (lambda x: x.log_determinant()) if own else _log_pivot_product
     _, (sign_dot, logdet_dot) = jvp_over_leaves(of, m, dot)
@@ -391,3 +398,45 @@ class StructuredMatrix(quax.GuardedValue):
 
     def aval(self) -> jax.core.ShapedArray:
         raise NotImplementedError
+
+    @staticmethod
+    def default(primitive: Any, values: Any, params: dict[str, Any]) -> Any:
+        """An operation without a rule: refused (`quax.GuardedValue`'s policy),
+        except on a matrix that holds no entries, whose dense array costs
+        nothing (see `empty_as_dense`)."""
+        if any(map(holds_no_entries, values)):
+            return quax.fallback_rule(primitive, empty_as_dense(values))(
+                empty_as_dense(values), params
+            )
+        return quax.GuardedValue.default(primitive, values, params)
+
+
+def holds_no_entries(x: Any) -> bool:
+    """Whether `x` is a structured matrix with a 0 in its shape (`n = 0`, or a
+    batch of no matrices): it has no entries, so its dense array is an empty
+    array of its shape and dtype, which costs nothing to form."""
+    # `type(x).aval(x)`, not `x.aval()`: reading a method off an Equinox module
+    # builds a bound-method pytree (tens of µs), and this runs before every rule.
+    return isinstance(x, StructuredMatrix) and 0 in type(x).aval(x).shape
+
+
+def empty_as_dense(values: Any) -> list[Any]:
+    """`values` with each structured matrix that holds no entries replaced by its
+    dense array (`jnp.zeros` of its shape and dtype: there are no entries to
+    place).
+
+    The rules compute such a matrix densely (`_rules.py`'s `_register`, and
+    `StructuredMatrix.default` for the primitives without a rule), whatever
+    `allow_materialise` says: the structures' algorithms index rows, divide by
+    `n` and transform over it, which `n = 0` breaks (an FFT of length 0, a
+    first row that is not there, a Kronecker factor's size of 0 in a modulo),
+    while dense JAX answers every operation on an empty matrix (`slogdet` is
+    `(1, 0)`, a solve is empty), and forming the dense array saves nothing to
+    refuse for. The results are then plain (empty) arrays, not structures."""
+    out = []
+    for x in values:
+        if holds_no_entries(x):
+            aval = x.aval()
+            x = jnp.zeros(aval.shape, aval.dtype)
+        out.append(x)
+    return out

@@ -82,13 +82,16 @@ class TridiagonalMatrix(StructuredMatrix):
                 "Broadcast them to a common batch first."
             )
         n = shapes["main_diag"][-1]
-        if shapes["lower_diag"][-1] != n - 1 or shapes["upper_diag"][-1] != n - 1:
+        # An empty matrix (n = 0) has empty off-diagonals too.
+        off = max(n - 1, 0)
+        if shapes["lower_diag"][-1] != off or shapes["upper_diag"][-1] != off:
             raise ValueError(
                 "Got inconsistent diagonal lengths for `TridiagonalMatrix`: it "
                 "needs `lower_diag` and `upper_diag` one entry "
-                f"shorter than `main_diag` (n - 1 = {n - 1} for `main_diag` of "
-                f"length n = {n}); got the shapes {tuple(shapes.values())} for "
-                "`lower_diag`, `main_diag` and `upper_diag`."
+                f"shorter than `main_diag` (n - 1 = {off} for `main_diag` of "
+                f"length n = {n}; 0 for an empty matrix); got the shapes "
+                f"{tuple(shapes.values())} for `lower_diag`, `main_diag` and "
+                "`upper_diag`."
             )
         dtypes = [jnp.result_type(getattr(self, name)) for name in expected]
         if len(set(dtypes)) != 1:
