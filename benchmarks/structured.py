@@ -112,8 +112,8 @@ def _compilations(fns: dict[str, Callable[[], Any]]) -> int:
     triggers, counted by a `jax.monitoring` listener."""
     count = [0]
 
-    def listener(event: str, duration: float, **kwargs: Any) -> None:
-        del duration, kwargs
+    def listener(event: str, duration_secs: float, **kwargs: str | int) -> None:
+        del duration_secs, kwargs
         count[0] += event == "/jax/core/compile/backend_compile_duration"
 
     jax.monitoring.register_event_duration_secs_listener(listener)
@@ -786,7 +786,9 @@ def _from_pivots(pivots):
     return jnp.real(jnp.prod(pivots / size)), jnp.sum(jnp.log(size))
 
 
-def _audit_cases(n: int) -> list[tuple[str, Any, tuple, Callable, tuple, Callable]]:
+def _audit_cases(
+    n: int,
+) -> list[tuple[str, Any, tuple[Any, ...], Callable[..., Any], Callable[..., Any]]]:
     """For each structure: its name, the structured matrix, the leaves the
     hand-written functions take, the hand-written solve `(*leaves, b)` and the
     hand-written slogdet `(*leaves)`: the best plain JAX for it."""
@@ -1338,7 +1340,7 @@ def main(quick: bool = False) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument(
         "--closed-forms",

@@ -194,7 +194,8 @@ def main(quick=False):
     fresh = jax.jit(quax.quaxify(simulate))
     fresh(*args)
     fresh(Quantity(jnp.ones(n), "km"), *args[1:])
-    compilations = fresh._cache_size()
+    # JAX's count of the programs this `jit` compiled (no public equivalent).
+    compilations = fresh._cache_size()  # pyright: ignore[reportAttributeAccessIssue]
 
     median_unitful = statistics.median(t_unitful)
     median_plain = statistics.median(t_plain)
