@@ -9,7 +9,7 @@ It writes `DIR/quax-NAME/` (distribution `quax-NAME`, package `quax_NAME`, entry
 point `NAME`, value type `NameArray` and its error `NameMaterialisationError`),
 then adds the family to `DIR/pyproject.toml` where that is a uv workspace root: the
 root project's dependencies, the workspace members, `[tool.uv.sources]`, and
-pyright's `include`. It is idempotent: files that
+pyright's `include` (its sources and tests). It is idempotent: files that
 exist are kept, entries that exist are not repeated. Then run `uv lock && uv sync`.
 """
 
@@ -139,9 +139,11 @@ def add_to_workspace(names: Names, pyproject: Path) -> list[str]:
         )
         added.append(f"[tool.uv.sources] {names.dist}")
     include = config.get("tool", {}).get("pyright", {}).get("include")
-    if include is not None and f"{names.dist}/src" not in include:
-        text = _add_to_array(text, "tool.pyright", "include", f"{names.dist}/src")
-        added.append(f"[tool.pyright] include: {names.dist}/src")
+    # Its sources and its tests: both are type-checked, as every family's are.
+    for folder in (f"{names.dist}/src", f"{names.dist}/tests"):
+        if include is not None and folder not in include:
+            text = _add_to_array(text, "tool.pyright", "include", folder)
+            added.append(f"[tool.pyright] include: {folder}")
     tomllib.loads(text)  # still valid TOML
     pyproject.write_text(text)
     return added

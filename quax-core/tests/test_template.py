@@ -131,7 +131,10 @@ def test_generate_into_a_workspace(tmp_path):
     assert root["project"]["dependencies"][-1] == "quax-banded-matrix"
     assert root["tool"]["uv"]["workspace"]["members"][-1] == "quax-banded-matrix"
     assert root["tool"]["uv"]["sources"]["quax-banded-matrix"] == {"workspace": True}
-    assert root["tool"]["pyright"]["include"][-1] == "quax-banded-matrix/src"
+    assert root["tool"]["pyright"]["include"][-2:] == [
+        "quax-banded-matrix/src",
+        "quax-banded-matrix/tests",
+    ]
     assert root["tool"]["pyright"]["venvPath"] == "."
 
     # Idempotent: a second run writes nothing and adds nothing.
