@@ -375,17 +375,33 @@ def test_tiny_leading_minor_float32_and_positive_definite(toeplitz_guarantee):
     _check(cases, _B, toeplitz_guarantee)
 
 
-def test_low_rank_plus_diagonal_neither_route_is_nan():
+def test_low_rank_plus_diagonal_where_neither_route_of_the_program_works():
     # A zero diagonal entry (Woodbury divides by it) and a zero leading minor
-    # (the LU without pivoting divides by it), yet regular: NaN, never a silently
-    # inaccurate answer.
+    # (the LU without pivoting divides by it), yet regular. With the fallback in
+    # the program (GPU, TPU, `in_graph_fallbacks()`): NaN, never a silently
+    # inaccurate answer. On the CPU backend the host's block LU pivots within
+    # its blocks (`_kernels/_lowrank_host.py`): dense JAX's answer.
     d = jnp.array([0.0, 1, 2, 1])
     u = jnp.array([[1.0, 0], [0.5, 1], [1, 0.3], [0.2, 1]])
     v = jnp.array([[0.0, 1], [1, 0.2], [0.4, 1], [1, -0.5]])
     m = qs.LowRankPlusDiagonal(d, u, v)
-    assert abs(np.linalg.det(_dense(m))) > 0.1
+    dense = np.asarray(_dense(m), np.float64)
+    assert abs(np.linalg.det(dense)) > 0.1
     cases = _float32_cases(_toeplitz(jnp.float32), m, _banded(jnp.float32))
     x, _, logdet = _compiled(cases, _B)[1]
+    b = np.asarray(_B[:4], np.float64)
+    tol = quax.testing.tolerance(np.dtype(np.float32))
+    np.testing.assert_allclose(
+        x, np.linalg.solve(dense, b), rtol=10 * tol["rtol"], atol=10 * tol["atol"]
+    )
+    np.testing.assert_allclose(
+        logdet,
+        np.linalg.slogdet(dense)[1],
+        rtol=10 * tol["rtol"],
+        atol=10 * tol["atol"],
+    )
+    with qs.in_graph_fallbacks():
+        x, _, logdet = _compiled(cases, _B)[1]
     assert np.isnan(x).all() and np.isnan(logdet)
 
 
