@@ -112,13 +112,23 @@ def test_a_batch_of_no_matrices():
     assert jax.jit(quax.quaxify(lambda m, b: m @ b[..., None]))(m, b).shape == (0, 4, 1)
 
 
-def test_a_non_empty_matrix_still_refuses():
-    """The empty case does not loosen the policy: a 2 x 2 `Toeplitz` still
-    refuses an operation it has no rule for."""
-    m = qs.Toeplitz(jnp.array([2.0, 1.0]), jnp.array([2.0, 0.5]))
+def test_a_primitive_without_a_rule_refuses_as_for_any_matrix():
+    """Only the rules compute an empty matrix densely: a primitive without a
+    rule (`sin`) refuses for an empty matrix as for any other (the
+    materialisation policy every guarded family shares), and computes with
+    `.enable_materialise()`."""
+    m = EMPTY["Toeplitz"]()
     with pytest.raises(qs.MaterialisationError, match="Refusing to materialise"):
-        jax.jit(quax.quaxify(lambda m: jnp.sin(m)))(m)
-    assert jax.jit(quax.quaxify(lambda m: jnp.sin(m)))(EMPTY["Toeplitz"]()).shape == (
-        0,
-        0,
+        jax.jit(quax.quaxify(jnp.sin))(m)
+    assert jax.jit(quax.quaxify(jnp.sin))(m.enable_materialise()).shape == (0, 0)
+
+
+def test_beside_another_familys_value():
+    """An empty structure beside a value of another guarded family (a symbolic
+    zero right-hand side): the rules' dense route, dense JAX's answer."""
+    from quax.zero import Zero
+
+    got = jax.jit(quax.quaxify(jnp.linalg.solve))(
+        EMPTY["TridiagonalMatrix"](), Zero((0, 3), jnp.float32)
     )
+    _assert_dense_answer(got, jnp.zeros((0, 3), jnp.float32))

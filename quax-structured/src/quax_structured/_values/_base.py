@@ -399,17 +399,6 @@ class StructuredMatrix(quax.GuardedValue):
     def aval(self) -> jax.core.ShapedArray:
         raise NotImplementedError
 
-    @staticmethod
-    def default(primitive: Any, values: Any, params: dict[str, Any]) -> Any:
-        """An operation without a rule: refused (`quax.GuardedValue`'s policy),
-        except on a matrix that holds no entries, whose dense array costs
-        nothing (see `empty_as_dense`)."""
-        if any(map(holds_no_entries, values)):
-            return quax.fallback_rule(primitive, empty_as_dense(values))(
-                empty_as_dense(values), params
-            )
-        return quax.GuardedValue.default(primitive, values, params)
-
 
 def holds_no_entries(x: Any) -> bool:
     """Whether `x` is a structured matrix with a 0 in its shape (`n = 0`, or a
@@ -425,14 +414,16 @@ def empty_as_dense(values: Any) -> list[Any]:
     dense array (`jnp.zeros` of its shape and dtype: there are no entries to
     place).
 
-    The rules compute such a matrix densely (`_rules.py`'s `_register`, and
-    `StructuredMatrix.default` for the primitives without a rule), whatever
-    `allow_materialise` says: the structures' algorithms index rows, divide by
+    The rules compute such a matrix densely (`_rules.py`'s `_register`),
+    whatever `allow_materialise` says: the structures' algorithms index rows, divide by
     `n` and transform over it, which `n = 0` breaks (an FFT of length 0, a
     first row that is not there, a Kronecker factor's size of 0 in a modulo),
     while dense JAX answers every operation on an empty matrix (`slogdet` is
     `(1, 0)`, a solve is empty), and forming the dense array saves nothing to
-    refuse for. The results are then plain (empty) arrays, not structures."""
+    refuse for. The results are then plain (empty) arrays, not structures. A
+    primitive without a rule refuses as for any matrix (`quax.GuardedValue`'s
+    `default`, which every guarded family shares: one type overriding it would
+    leave quax no fallback for a structure beside another family's value)."""
     out = []
     for x in values:
         if holds_no_entries(x):
