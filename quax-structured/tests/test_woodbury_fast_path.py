@@ -15,6 +15,7 @@ import pytest
 import quax
 import quax.testing
 import quax_structured as qs
+from quax_structured._kernels import stacked_sums
 from quax_structured._values._lowrank import _TOLERANCE
 
 
@@ -480,3 +481,50 @@ def test_slogdet_compiles_without_the_lu_plumbing():
     entry = entry[: entry.index("\n}")]
     assert entry.count("conditional(") == 1
     assert "gather" not in entry
+
+
+@pytest.mark.parametrize("columns", [None, 3])
+def test_stacked_sums_under_vmap_in_every_batching(columns):
+    """The check's sums (`stacked_sums`): alone, and under `vmap` with the
+    vectors batched and the rows not (a solve over right-hand sides: the rows
+    are then summed once, apart), with both batched, and with the rows alone
+    batched, the sums of plain NumPy."""
+    rng = np.random.default_rng(0)
+    shape = (5,) if columns is None else (5, columns)
+    vectors = tuple(
+        jnp.asarray(rng.normal(size=(4, *shape)), jnp.float32) for _ in range(3)
+    )
+    rows = tuple(jnp.asarray(rng.normal(size=(4, 5)), jnp.float32) for _ in range(2))
+
+    def want(vs, rs):
+        v = np.stack([np.sum(np.asarray(x, np.float64), axis=0) for x in vs])
+        return v, np.array([np.sum(np.asarray(r, np.float64)) for r in rs])
+
+    def check(got, vs, rs):
+        for g, w in zip(got, want(vs, rs), strict=True):
+            np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
+
+    check(
+        stacked_sums(tuple(v[0] for v in vectors), tuple(r[0] for r in rows)),
+        [v[0] for v in vectors],
+        [r[0] for r in rows],
+    )
+    both = jax.jit(jax.vmap(stacked_sums))(vectors, rows)
+    unbatched_rows = jax.jit(jax.vmap(stacked_sums, in_axes=(0, None)))(
+        vectors, tuple(r[0] for r in rows)
+    )
+    unbatched_vectors = jax.jit(jax.vmap(stacked_sums, in_axes=(None, 0)))(
+        tuple(v[0] for v in vectors), rows
+    )
+    for i in range(4):
+        check((both[0][i], both[1][i]), [v[i] for v in vectors], [r[i] for r in rows])
+        check(
+            (unbatched_rows[0][i], unbatched_rows[1][i]),
+            [v[i] for v in vectors],
+            [r[0] for r in rows],
+        )
+        check(
+            (unbatched_vectors[0][i], unbatched_vectors[1][i]),
+            [v[0] for v in vectors],
+            [r[i] for r in rows],
+        )

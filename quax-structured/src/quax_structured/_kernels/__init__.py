@@ -30,6 +30,7 @@ from ._dense import (
     keep_or_scale as keep_or_scale,
     nan_where as nan_where,
     on_diagonal as on_diagonal,
+    stacked_sums as stacked_sums,
 )
 from ._fallback import (
     Fallback as Fallback,

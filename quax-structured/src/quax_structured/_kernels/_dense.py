@@ -1,7 +1,7 @@
 """Dense and elementwise helpers on plain arrays: a triangular solve through a
 unit diagonal, a diagonal placed in a matrix, `where`-style masking, the
-failure test of a Cholesky factorisation, and a branch's predicate decided once
-for a `vmap` batch."""
+failure test of a Cholesky factorisation, a branch's predicate decided once
+for a `vmap` batch, and sums of several vectors in one reduction."""
 
 import jax
 import jax.numpy as jnp
@@ -16,6 +16,7 @@ __all__ = [
     "keep_or_scale",
     "nan_where",
     "on_diagonal",
+    "stacked_sums",
 ]
 
 
@@ -95,3 +96,66 @@ def for_the_batch(accurate: Array) -> Array:
 def _(axis_size: int, in_batched: list[bool], accurate: Array) -> tuple[Array, bool]:
     del axis_size
     return (jnp.all(accurate) if in_batched[0] else accurate), False
+
+
+def stacked_sums(
+    vectors: tuple[Array, ...], rows: tuple[Array, ...]
+) -> tuple[Array, Array]:
+    """The sums down the first axis of `vectors` (each of one shape, `(n,)` or
+    `(n, k)`) and of `rows` (each of shape `(n,)`), as an array of shape
+    `(len(vectors), *k)` and one of shape `(len(rows),)`, in one reduction:
+    XLA's CPU backend runs each reduction as three calls (the operand, a
+    partial `reduce-window`, the final `reduce`), so one for all of them is
+    cheaper than one each. With `(n, k)` vectors the rows are broadcast beside
+    them (their sums are read off the first column).
+
+    Under `vmap` where the vectors are batched and the rows are not (a solve
+    `vmap`ped over right-hand sides: the rows are the matrix's), the rows are
+    summed once, apart, rather than broadcast to the batch inside the stacked
+    reduction. No derivative flows through (`lax.stop_gradient`): the sums
+    decide a check, a predicate."""
+    vectors, rows = jax.tree.map(lax.stop_gradient, (tuple(vectors), tuple(rows)))
+    return _stacked_sums(vectors, rows)
+
+
+def _sums_in_one_reduction(
+    vectors: tuple[Array, ...], rows: tuple[Array, ...]
+) -> tuple[Array, Array]:
+    """`stacked_sums` for one system (no batch)."""
+    shape = vectors[0].shape
+    columns = [r.reshape(r.shape + (1,) * (len(shape) - 1)) for r in rows]
+    stacked = jnp.stack([*vectors, *(jnp.broadcast_to(c, shape) for c in columns)])
+    sums = jnp.sum(stacked, axis=1)
+    row_sums = sums[len(vectors) :].reshape(len(rows), *shape[1:])
+    if len(shape) > 1:
+        row_sums = row_sums[:, 0] if shape[1] else jnp.zeros((len(rows),), sums.dtype)
+    return sums[: len(vectors)], row_sums
+
+
+@jax.custom_batching.custom_vmap
+def _stacked_sums(
+    vectors: tuple[Array, ...], rows: tuple[Array, ...]
+) -> tuple[Array, Array]:
+    return _sums_in_one_reduction(vectors, rows)
+
+
+@_stacked_sums.def_vmap
+def _(
+    axis_size: int,
+    in_batched: tuple[tuple[bool, ...], tuple[bool, ...]],
+    vectors: tuple[Array, ...],
+    rows: tuple[Array, ...],
+) -> tuple[tuple[Array, Array], tuple[bool, bool]]:
+    vectors_batched, rows_batched = in_batched
+
+    def batched(x: Array, is_batched: bool) -> Array:
+        return x if is_batched else jnp.broadcast_to(x, (axis_size, *x.shape))
+
+    vectors = tuple(map(batched, vectors, vectors_batched))
+    if not any(rows_batched):
+        # The vectors' sums batched, the rows' once: no broadcast of the rows.
+        vector_sums = jax.vmap(lambda v: _sums_in_one_reduction(v, ())[0])(vectors)
+        row_sums = jnp.sum(jnp.stack(rows), axis=1) if rows else jnp.zeros((0,))
+        return (vector_sums, row_sums.astype(vector_sums.dtype)), (True, False)
+    rows = tuple(map(batched, rows, rows_batched))
+    return jax.vmap(_sums_in_one_reduction)(vectors, rows), (True, True)
