@@ -479,3 +479,26 @@ def test_mixed_display_units_combine():
     )
     assert str(out.unit) == "km / h"
     np.testing.assert_allclose(ustrip("km / h", out), 1.0, rtol=1e-6)
+
+
+def test_copysign_and_signbit():
+    # `jnp.signbit` reads the sign bit through `bitcast_convert_type`, which no rule
+    # can give units: `jnp.copysign(length, time)` crashed with a refusal naming
+    # that primitive. Now `copysign` is `x1`'s magnitude in its units with the
+    # sign of `x2`'s SI numbers (of any dimensions), `signbit` that of the SI
+    # numbers; each equals the plain computation on the SI arrays.
+    check(jnp.copysign, b, t * -1.0, units="m")
+    check(jnp.copysign, a, plain, units="m")
+    check(jnp.copysign, plain, b, units=None)
+    check(jnp.signbit, Quantity(jnp.array([1.0, -2.0, -0.0]), "km"), units=None)
+    assert quax.quaxify(jnp.copysign)(b, t).unit == unit("km")
+    # A temperature's sign is that of its kelvin, as for `jnp.sign` and `abs`.
+    hot = quax.quaxify(jnp.copysign)(Quantity(jnp.array([20.0]), "degC"), -1.0)
+    np.testing.assert_allclose(ustrip("K", hot), [-293.15], rtol=1e-6)
+    # Under `vmap` and `grad` inside `quaxify`: d copysign(x, -1) / dx = -sign(x).
+    got = quax.quaxify(jax.vmap(jnp.copysign))(b, t * -1.0)
+    np.testing.assert_allclose(ustrip("m", got), jnp.copysign(b.array, -1.0))
+    grad = quax.quaxify(
+        jax.grad(lambda x: jnp.sum(jnp.copysign(x, -1.0)) / Quantity(1.0, "m"))
+    )(b)
+    np.testing.assert_allclose(ustrip("1 / m", grad), -jnp.sign(b.array))
