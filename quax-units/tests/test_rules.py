@@ -502,3 +502,29 @@ def test_copysign_and_signbit():
         jax.grad(lambda x: jnp.sum(jnp.copysign(x, -1.0)) / Quantity(1.0, "m"))
     )(b)
     np.testing.assert_allclose(ustrip("1 / m", grad), -jnp.sign(b.array))
+
+
+@pytest.mark.parametrize("collective", [lax.psum, lax.pmean, lax.pmax, lax.pmin])
+def test_collectives_over_a_named_axis(collective):
+    # `psum`, `pmax` and `pmin` had no rule: a quantity under
+    # `vmap(..., axis_name=...)` refused to materialise. They keep the units (a sum
+    # or a selection), inside `quaxify` and outside it, against the plain program.
+    x = Quantity(jnp.array([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]]), "km")
+    f = lambda v: collective(v, "i")
+    want = jax.vmap(f, axis_name="i")(x.array)
+    for run in (
+        quax.quaxify(jax.vmap(f, axis_name="i")),
+        jax.vmap(quax.quaxify(f), axis_name="i"),
+        jax.jit(jax.vmap(quax.quaxify(f), axis_name="i")),
+    ):
+        got = run(x)
+        assert got.unit == unit("km")
+        np.testing.assert_allclose(ustrip("m", got), want, rtol=1e-6)
+    # Temperatures: a sum is arithmetic, in kelvin; a maximum keeps the display.
+    t = Quantity(jnp.array([1.0, 2.0, 3.0]), "degC")
+    got = quax.quaxify(jax.vmap(f, axis_name="i"))(t)
+    np.testing.assert_allclose(
+        ustrip("K", got), jax.vmap(f, axis_name="i")(t.array), rtol=1e-6
+    )
+    selection = collective in (lax.pmax, lax.pmin)
+    assert got.unit == unit("degC" if selection else "K")

@@ -378,10 +378,13 @@ _KEEP_UNITS = [
     lax.squeeze_p, lax.broadcast_in_dim_p, lax.transpose_p, lax.slice_p, lax.rev_p,
     lax.reduce_precision_p, jprim.copy_p, lax.tile_p,
     lax.sharding_constraint_p, lax.reduce_window_max_p, lax.reduce_window_min_p,
+    lax.pmax_p, lax.pmin_p,
 ]  # fmt: skip
+# `psum` (and `pmean`, its quotient by the axis size) over a named axis of `vmap`,
+# `shard_map` or `pmap` is a sum, as `reduce_sum`.
 _KEEP_DIMENSIONS = [
     lax.neg_p, lax.abs_p, lax.real_p, lax.imag_p, lax.conj_p, lax.reduce_sum_p,
-    lax.cumsum_p, lax.reduce_window_sum_p,
+    lax.cumsum_p, lax.reduce_window_sum_p, lax.psum_p,
 ]  # fmt: skip
 
 
