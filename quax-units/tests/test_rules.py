@@ -528,3 +528,29 @@ def test_collectives_over_a_named_axis(collective):
     )
     selection = collective in (lax.pmax, lax.pmin)
     assert got.unit == unit("degC" if selection else "K")
+
+
+@pytest.mark.parametrize("jit", [False, True])
+def test_casting_to_bool_gives_plain_booleans(jit):
+    # A cast to bool is whether each number is nonzero, the same in any unit: plain
+    # booleans, as a comparison gives. It gave a quantity of booleans, whose True
+    # read as 1 in SI units (`astype(bool)` of 2 m was 1 m, of 1e-3 mm 1000 mm), and
+    # `jnp.any`/`jnp.all` of a quantity then refused (no rule for `reduce_or`).
+    numbers = jnp.array([0.0, 1e-3, -2.0])
+    for u in ("mm", "m", "km / h", "%"):
+        x = Quantity(numbers, u)
+        for f in (
+            lambda x: x.astype(bool),
+            jnp.any,
+            jnp.all,
+            jnp.logical_not,
+            lambda x: jnp.where(x, 1, 0),
+        ):
+            run = quax.quaxify(f)
+            got = (jax.jit(run) if jit else run)(x)
+            assert not isinstance(got, Quantity)
+            np.testing.assert_array_equal(got, f(numbers))
+    # A temperature's numbers are kelvin, nonzero at 0 degC (a plain zero meeting a
+    # temperature is read in kelvin, see the README).
+    got = quax.quaxify(lambda t: t.astype(bool))(Quantity(jnp.array([0.0]), "degC"))
+    np.testing.assert_array_equal(got, [True])

@@ -430,10 +430,16 @@ def _round(primitive: Any, x: Quantity, **params: Any) -> Quantity:
 
 
 @quax.register(lax.convert_element_type_p)
-def _convert_element_type(x: Quantity, *, new_dtype: Any, **params: Any) -> Quantity:
+def _convert_element_type(x: Quantity, *, new_dtype: Any, **params: Any) -> Any:
     if new_dtype is not None and jax.numpy.issubdtype(new_dtype, np.integer):
         _refuse_rounding_in_si(f"casting to {np.dtype(new_dtype).name}", x)
     out = lax.convert_element_type_p.bind(x.array, new_dtype=new_dtype, **params)
+    if new_dtype is not None and np.dtype(new_dtype) == np.bool_:
+        # Whether each number is nonzero: plain booleans, as a comparison gives,
+        # the same in any unit without an offset (a temperature's in kelvin, as a
+        # plain zero meeting it is read). A quantity of booleans read True as 1 in
+        # SI units: `astype(bool)` of 2 m gave 1 m, and of 1e-3 mm 1000 mm.
+        return out
     return _wrap(out, x.units, x.unit)
 
 
