@@ -172,3 +172,55 @@ def test_nf4_indices_traced_are_not_checked():
     # Under `jit` the values are a tracer: the check needs concrete bytes.
     build = jax.jit(lambda v: _nf4_bytes(v).values)
     np.testing.assert_array_equal(build(jnp.array([[100, 4]], jnp.int8)), [[100, 4]])
+
+
+# `dequantise()` and `integers()` outside `quax.quaxify` (the dense reference users
+# compare with) re-run the checks too: before, a `bits=8` value whose int32 `values`
+# an `eqx.tree_at` set to 300 dequantised as 44 times the scale, silently, and an
+# `input_order` repeating a column put one column in two places.
+def _rebuilt_cases():
+    import equinox as eqx
+
+    w8 = qq.quantise(W, bits=8, axis=1)
+    wide = dataclasses.replace(w8, values=w8.values.astype(jnp.int32))
+    ordered = dataclasses.replace(w8, input_order=jnp.arange(W.shape[1])[::-1])
+    nf4 = _nf4_bytes([[-8, 7]])
+    return {
+        "values": (
+            eqx.tree_at(lambda q: q.values, wide, jnp.full(wide.values.shape, 300)),
+            r"values must lie in \[-128, 127\] for bits=8, got int32 values in "
+            r"\[300, 300\]",
+        ),
+        "input_order": (
+            eqx.tree_at(
+                lambda q: q.input_order, ordered, jnp.zeros(W.shape[1], jnp.int32)
+            ),
+            r"input_order must be a permutation",
+        ),
+        "nf4": (
+            eqx.tree_at(lambda q: q.values, nf4, jnp.array([[100, 4]], jnp.int8)),
+            r"'nf4' with bits=8",
+        ),
+    }
+
+
+@pytest.mark.parametrize("case", ["values", "input_order", "nf4"])
+@pytest.mark.parametrize("method", ["dequantise", "integers"])
+def test_rebuilt_value_refused_by_dequantise_and_integers(case, method):
+    bad, message = _rebuilt_cases()[case]
+    with pytest.raises(ValueError, match=rf"QuantisedArray\.{method}: .*{message}"):
+        getattr(bad, method)()
+
+
+def test_rebuilt_valid_value_dequantises_as_the_original():
+    # An edit that keeps the checks (in-range values of a wider dtype) dequantises
+    # to the original's floats, eagerly and under `jit` (where the traced values
+    # cannot be read, so nothing is checked).
+    import equinox as eqx
+
+    w8 = qq.quantise(W, bits=8, axis=1)
+    wide = eqx.tree_at(lambda q: q.values, w8, w8.values.astype(jnp.int16))
+    want = np.asarray(w8.values, np.float32) * np.asarray(w8.scale)
+    np.testing.assert_array_equal(wide.dequantise(), want)
+    np.testing.assert_array_equal(jax.jit(lambda q: q.dequantise())(wide), want)
+    np.testing.assert_array_equal(wide.integers(), w8.values)

@@ -122,6 +122,31 @@ def test_cond_branches_with_different_units_raise():
     assert isinstance(info.value.__cause__, UnitError)
 
 
+def test_quantity_built_inside_as_a_branch_output_or_initial_carry():
+    # JAX compares the pytree structures of a cond's branch outputs (and of a
+    # scan's carry) before quax sees the primitive: a `Quantity` built inside and
+    # returned as it is stays a `Quantity` pytree beside the other branch's traced
+    # array, and JAX raises. `jnp.asarray(q)` joins it to the quax trace (the way
+    # out the README names); the results are the plain program's.
+    fill = lambda: Quantity(jnp.array([5.0, 6.0]), "cm")
+    cond = lambda p, x: lax.cond(p, lambda: x, lambda: jnp.asarray(fill()))
+    scan = lambda x: lax.scan(lambda c, y: (c + y, c), jnp.asarray(fill()), x)
+    for p in (True, False):
+        for run in (quax.quaxify(cond), jax.jit(quax.quaxify(cond))):
+            np.testing.assert_allclose(
+                ustrip("m", run(p, x0)), x0.array if p else [0.05, 0.06]
+            )
+    xs = Quantity(jnp.array([[1.0, 2.0], [3.0, 4.0]]), "km")
+    carry, ys = jax.jit(quax.quaxify(scan))(xs)
+    plain_carry, plain_ys = lax.scan(
+        lambda c, y: (c + y, c), jnp.array([0.05, 0.06]), xs.array
+    )
+    np.testing.assert_allclose(ustrip("m", carry), plain_carry, rtol=1e-6)
+    np.testing.assert_allclose(ustrip("m", ys), plain_ys, rtol=1e-6)
+    with pytest.raises(TypeError, match="pytree structure"):
+        quax.quaxify(lambda p, x: lax.cond(p, lambda: x, fill))(True, x0)
+
+
 def spring_energy(x, k):
     return 0.5 * k * jnp.sum(x**2)
 

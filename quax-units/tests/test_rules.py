@@ -479,3 +479,78 @@ def test_mixed_display_units_combine():
     )
     assert str(out.unit) == "km / h"
     np.testing.assert_allclose(ustrip("km / h", out), 1.0, rtol=1e-6)
+
+
+def test_copysign_and_signbit():
+    # `jnp.signbit` reads the sign bit through `bitcast_convert_type`, which no rule
+    # can give units: `jnp.copysign(length, time)` crashed with a refusal naming
+    # that primitive. Now `copysign` is `x1`'s magnitude in its units with the
+    # sign of `x2`'s SI numbers (of any dimensions), `signbit` that of the SI
+    # numbers; each equals the plain computation on the SI arrays.
+    check(jnp.copysign, b, t * -1.0, units="m")
+    check(jnp.copysign, a, plain, units="m")
+    check(jnp.copysign, plain, b, units=None)
+    check(jnp.signbit, Quantity(jnp.array([1.0, -2.0, -0.0]), "km"), units=None)
+    assert quax.quaxify(jnp.copysign)(b, t).unit == unit("km")
+    # A temperature's sign is that of its kelvin, as for `jnp.sign` and `abs`.
+    hot = quax.quaxify(jnp.copysign)(Quantity(jnp.array([20.0]), "degC"), -1.0)
+    np.testing.assert_allclose(ustrip("K", hot), [-293.15], rtol=1e-6)
+    # Under `vmap` and `grad` inside `quaxify`: d copysign(x, -1) / dx = -sign(x).
+    got = quax.quaxify(jax.vmap(jnp.copysign))(b, t * -1.0)
+    np.testing.assert_allclose(ustrip("m", got), jnp.copysign(b.array, -1.0))
+    grad = quax.quaxify(
+        jax.grad(lambda x: jnp.sum(jnp.copysign(x, -1.0)) / Quantity(1.0, "m"))
+    )(b)
+    np.testing.assert_allclose(ustrip("1 / m", grad), -jnp.sign(b.array))
+
+
+@pytest.mark.parametrize("collective", [lax.psum, lax.pmean, lax.pmax, lax.pmin])
+def test_collectives_over_a_named_axis(collective):
+    # `psum`, `pmax` and `pmin` had no rule: a quantity under
+    # `vmap(..., axis_name=...)` refused to materialise. They keep the units (a sum
+    # or a selection), inside `quaxify` and outside it, against the plain program.
+    x = Quantity(jnp.array([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]]), "km")
+    f = lambda v: collective(v, "i")
+    want = jax.vmap(f, axis_name="i")(x.array)
+    for run in (
+        quax.quaxify(jax.vmap(f, axis_name="i")),
+        jax.vmap(quax.quaxify(f), axis_name="i"),
+        jax.jit(jax.vmap(quax.quaxify(f), axis_name="i")),
+    ):
+        got = run(x)
+        assert got.unit == unit("km")
+        np.testing.assert_allclose(ustrip("m", got), want, rtol=1e-6)
+    # Temperatures: a sum is arithmetic, in kelvin; a maximum keeps the display.
+    t = Quantity(jnp.array([1.0, 2.0, 3.0]), "degC")
+    got = quax.quaxify(jax.vmap(f, axis_name="i"))(t)
+    np.testing.assert_allclose(
+        ustrip("K", got), jax.vmap(f, axis_name="i")(t.array), rtol=1e-6
+    )
+    selection = collective in (lax.pmax, lax.pmin)
+    assert got.unit == unit("degC" if selection else "K")
+
+
+@pytest.mark.parametrize("jit", [False, True])
+def test_casting_to_bool_gives_plain_booleans(jit):
+    # A cast to bool is whether each number is nonzero, the same in any unit: plain
+    # booleans, as a comparison gives. It gave a quantity of booleans, whose True
+    # read as 1 in SI units (`astype(bool)` of 2 m was 1 m, of 1e-3 mm 1000 mm), and
+    # `jnp.any`/`jnp.all` of a quantity then refused (no rule for `reduce_or`).
+    numbers = jnp.array([0.0, 1e-3, -2.0])
+    for u in ("mm", "m", "km / h", "%"):
+        x = Quantity(numbers, u)
+        for f in (
+            lambda x: x.astype(bool),
+            jnp.any,
+            jnp.all,
+            jnp.logical_not,
+            lambda x: jnp.where(x, 1, 0),
+        ):
+            run = quax.quaxify(f)
+            got = (jax.jit(run) if jit else run)(x)
+            assert not isinstance(got, Quantity)
+            np.testing.assert_array_equal(got, f(numbers))
+    # A temperature's numbers are kelvin, nonzero at 0 degC (a plain zero meeting a
+    # temperature is read in kelvin, see the README).
+    got = quax.quaxify(lambda t: t.astype(bool))(Quantity(jnp.array([0.0]), "degC"))
+    np.testing.assert_array_equal(got, [True])

@@ -644,6 +644,7 @@ class QuantisedArray(quax.GuardedValue):
             n = self.shape[self.packed_axis]
             packed = jnp.moveaxis(self.values, self.packed_axis, -1)
             return jnp.moveaxis(unpack_int4(packed, n), -1, self.packed_axis)
+        self._check_rebuilt("integers")
         if dtype_of(self.values) != np.int8:
             return jnp.asarray(self.values).astype(jnp.int8)
         return self.values
@@ -663,7 +664,15 @@ class QuantisedArray(quax.GuardedValue):
         An explicit request: it works whatever `allow_materialise` says. With a
         straight-through `master`, the gradient flows to `master` as if the
         quantisation were the identity.
+
+        **Raises:**
+
+        `ValueError` where the fields break the constructor's checks (a value rebuilt
+        by `eqx.tree_at` or `jax.tree.map`, which skip them): `bits=8` integers out
+        of `[-128, 127]`, which would wrap around into other integers, NF4 indices
+        out of `[-8, 7]`, or an `input_order` that is not a permutation.
         """
+        self._check_rebuilt("dequantise")
         q = self.levels(self.float_dtype)
         if self.zero_point is not None:
             q = q - self.expanded(self.zero_point)
@@ -676,6 +685,27 @@ class QuantisedArray(quax.GuardedValue):
         return out
 
     dequantize = dequantise
+
+    def _check_rebuilt(self, method: str) -> None:
+        """Re-run the constructor's checks, as `quax.quaxify` does where it takes a
+        value in: `eqx.tree_at`, `jax.tree.map` and an optimiser's update rebuild a
+        `QuantisedArray` without them, and `integers` would convert `bits=8` values
+        out of `[-128, 127]` to other int8 integers (300 to 44) silently. The checks
+        that read array values read each JAX array once (and skip tracers), so a
+        second call costs a lookup."""
+        try:
+            self.__check_init__()
+            if isinstance(self.scale, QuantisedScale):
+                self.scale.__check_init__()
+        except ValueError as e:
+            raise ValueError(
+                f"QuantisedArray.{method}: its fields break its own checks: {e} Its "
+                "constructor refuses such a value; one rebuilt without it "
+                "(`eqx.tree_at`, `jax.tree.map`, an optimiser's update) skips the "
+                "checks, so they run again here. Build it with "
+                "`quax_quant.quantise` or `QuantisedArray(...)`, or swap in leaves "
+                "of the dtypes and ranges that the ones replaced had."
+            ) from e
 
     def dense(self) -> Array:
         """The dequantised float array (see `dequantise`), which the core's policy

@@ -378,10 +378,13 @@ _KEEP_UNITS = [
     lax.squeeze_p, lax.broadcast_in_dim_p, lax.transpose_p, lax.slice_p, lax.rev_p,
     lax.reduce_precision_p, jprim.copy_p, lax.tile_p,
     lax.sharding_constraint_p, lax.reduce_window_max_p, lax.reduce_window_min_p,
+    lax.pmax_p, lax.pmin_p,
 ]  # fmt: skip
+# `psum` (and `pmean`, its quotient by the axis size) over a named axis of `vmap`,
+# `shard_map` or `pmap` is a sum, as `reduce_sum`.
 _KEEP_DIMENSIONS = [
     lax.neg_p, lax.abs_p, lax.real_p, lax.imag_p, lax.conj_p, lax.reduce_sum_p,
-    lax.cumsum_p, lax.reduce_window_sum_p,
+    lax.cumsum_p, lax.reduce_window_sum_p, lax.psum_p,
 ]  # fmt: skip
 
 
@@ -427,10 +430,16 @@ def _round(primitive: Any, x: Quantity, **params: Any) -> Quantity:
 
 
 @quax.register(lax.convert_element_type_p)
-def _convert_element_type(x: Quantity, *, new_dtype: Any, **params: Any) -> Quantity:
+def _convert_element_type(x: Quantity, *, new_dtype: Any, **params: Any) -> Any:
     if new_dtype is not None and jax.numpy.issubdtype(new_dtype, np.integer):
         _refuse_rounding_in_si(f"casting to {np.dtype(new_dtype).name}", x)
     out = lax.convert_element_type_p.bind(x.array, new_dtype=new_dtype, **params)
+    if new_dtype is not None and np.dtype(new_dtype) == np.bool_:
+        # Whether each number is nonzero: plain booleans, as a comparison gives,
+        # the same in any unit without an offset (a temperature's in kelvin, as a
+        # plain zero meeting it is read). A quantity of booleans read True as 1 in
+        # SI units: `astype(bool)` of 2 m gave 1 m, and of 1e-3 mm 1000 mm.
+        return out
     return _wrap(out, x.units, x.unit)
 
 

@@ -31,7 +31,14 @@ another family's value among them the body runs under the rules as usual):
 - `jnp.angle(z, deg=True)` multiplies the angle in radians by `180 / pi` (an
   inlined `rad2deg` in its body): it is computed on the numbers and shown in `deg`
   (in `rad` without `deg`), of a complex quantity of any dimensions; its `jvp` is
-  `Im(conj(z) dz) / |z|^2`.
+  `Im(conj(z) dz) / |z|^2`;
+- `jnp.signbit` (and `jnp.copysign`, which calls it) read the sign bit through
+  `bitcast_convert_type`, which no rule can give units (the sign of a quantity
+  crashed with a refusal naming that primitive): `signbit` is that of the
+  SI-coherent numbers (a temperature's in kelvin, as `jnp.sign` reads it), and
+  `copysign(x1, x2)` is `x1`'s magnitude, in `x1`'s units (arithmetic, so an
+  offset unit gives way to its SI unit, as for `abs`), with the sign of `x2`'s SI
+  numbers, whatever `x2`'s dimensions.
 """
 
 from typing import Any
@@ -43,7 +50,15 @@ from quax._compat import release_traces
 from .._dimensions import UnitError, dimensionless
 from .._units import Unit, unit
 from .._value import Quantity, describe
-from ._arrays import _array, _Operand, _refuse_rounding_in_si, _same_units, _wrap
+from ._arrays import (
+    _array,
+    _dims,
+    _Operand,
+    _refuse_rounding_in_si,
+    _same_units,
+    _shown,
+    _wrap,
+)
 
 
 @quax.register_function(jnp.hypot)
@@ -229,3 +244,19 @@ def _divmod(x1: _Operand, x2: _Operand, *, call: Any) -> Any:
     # dimension (the same in any unit), shown in the first operand's unit.
     quotient, remainder = jnp.divmod(q1.array, q2.array)
     return _wrap(quotient, dimensionless, None), _wrap(remainder, q1.units, q1.unit)
+
+
+@quax.register_function(jnp.signbit)
+def _signbit(x: Quantity, *, call: Any) -> Any:
+    # The sign bit of the SI-coherent numbers: a plain boolean array, whatever the
+    # units (the sign of a length is the same in `m` and `km`).
+    return jnp.signbit(x.array)
+
+
+@quax.register_function(jnp.copysign)
+def _copysign(x1: _Operand, x2: _Operand, *, call: Any) -> Any:
+    # `x1`'s magnitude in its units, with the sign of `x2`'s SI-coherent numbers:
+    # `x2` gives only a sign, so its dimensions do not matter.
+    if not isinstance(x1, Quantity):
+        return jnp.copysign(x1, _array(x2))
+    return _wrap(jnp.copysign(x1.array, _array(x2)), _dims(x1), _shown(x1))
