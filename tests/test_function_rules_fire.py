@@ -131,6 +131,14 @@ def _units_cases() -> list[_Case]:
             isclose_refused,
         ),
         ("floor_divide", "", jnp.floor_divide, (km, a), _in_unit("", [333.0, 400.0])),
+        ("copysign", "", jnp.copysign, (km, -a), _in_unit("km", [-1.0, -2.0])),
+        (
+            "signbit",
+            "",
+            jnp.signbit,
+            (Quantity(jnp.array([-1.0, 2.0]), "km"),),
+            lambda out: np.testing.assert_array_equal(out, [True, False]),
+        ),
         (
             "floor_divide",
             "//",
