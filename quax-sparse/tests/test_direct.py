@@ -405,3 +405,50 @@ def test_large_matrices_check_their_masks_at_run_time():
     b = np.random.default_rng(15).normal(size=n)
     pos = jax.jit(quax.quaxify(lambda a, b: jsl.solve(a, b, assume_a="pos")))
     np.testing.assert_allclose(pos(a, b), np.linalg.solve(t, b), rtol=1e-10)
+
+
+@pytest.mark.parametrize("n", [1, 2, 3])
+@pytest.mark.parametrize("jit", [False, True])
+def test_small_det_and_slogdet_with_duplicates(n: int, jit: bool) -> None:
+    # JAX computes `slogdet` of a 1 x 1 or 2 x 2 matrix and `det` of a 2 x 2 or
+    # 3 x 3 one from its elements (`a[0, 0] * a[1, 1] - ...`), not through `lu`:
+    # an element of a sparse matrix is its dense scalar, so `log` of it runs (it was
+    # refused: "Refusing to materialise `BCOO` for primitive `log`"). Every entry is
+    # stored twice, shuffled, with padding, so the scalars are sums of entries.
+    rng = np.random.default_rng(n)
+    dense = rng.normal(size=(n, n)) + 3 * np.eye(n)
+    dense[0, n - 1] = 0.0 if n > 1 else dense[0, 0]
+    coords = np.argwhere(dense != 0)
+    values = dense[tuple(coords.T)]
+    order = rng.permutation(2 * len(coords))
+    data = np.concatenate([0.25 * values, 0.75 * values, [5.0]])
+    indices = np.concatenate([coords, coords, [[n, n]]])
+    keep = np.concatenate([order, [2 * len(coords)]])
+    a = BCOO(jnp.asarray(data[keep]), jnp.asarray(indices[keep]), (n, n))
+
+    def run(f):
+        g = quax.quaxify(f)
+        return jax.jit(g)(a) if jit else g(a)
+
+    sign, logdet = run(jnp.linalg.slogdet)
+    want_sign, want_logdet = np.linalg.slogdet(dense)
+    np.testing.assert_allclose(sign, want_sign, rtol=1e-12)
+    np.testing.assert_allclose(logdet, want_logdet, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(run(jnp.linalg.det), np.linalg.det(dense), rtol=1e-12)
+    element = run(lambda m: m[n - 1, 0])
+    assert isinstance(element, jax.Array)
+    np.testing.assert_allclose(element, dense[n - 1, 0], rtol=1e-12)
+
+    def loss(values: jax.Array) -> jax.Array:
+        m = BCOO(values, a.indices, a.shape)
+        return quax.quaxify(lambda m: jnp.linalg.slogdet(m)[1])(m)
+
+    def dense_loss(values: jax.Array) -> jax.Array:
+        rows, cols = np.asarray(a.indices).T
+        ok = (rows < n) & (cols < n)
+        m = jnp.zeros((n, n)).at[rows[ok], cols[ok]].add(values[ok])
+        return jnp.linalg.slogdet(m)[1]
+
+    np.testing.assert_allclose(
+        jax.grad(loss)(a.data), jax.grad(dense_loss)(a.data), rtol=1e-10, atol=1e-12
+    )

@@ -155,3 +155,33 @@ def test_errors_name_the_argument():
         jax.jit(lambda p: quax_sparse.jacfwd(jnp.sin, p))(pattern)
     with pytest.raises(ValueError, match=r"`by` must be"):
         quax_sparse.colour(pattern, by="diagonal")
+
+
+@pytest.mark.parametrize("mode", ["jacfwd", "jacrev"])
+@pytest.mark.parametrize("jit", [False, True])
+def test_a_missed_nonzero_in_an_unread_slot_gives_nan(mode, jit):
+    # A tridiagonal pattern for a residual that also couples u[0] to u[n - 1]: with
+    # n = 6 the colours are [1, 2, 0, 1, 2, 0], and the missed entry (0, 5) lands in
+    # a slot that no entry of the pattern reads. Before, it was dropped and the
+    # result was the Jacobian without it (finite, wrong); now every value is NaN.
+    n = 6
+
+    def f(u):
+        p = jnp.pad(u, 1)
+        return (2 * u - p[:-2] - p[2:] + u**3).at[0].add(u[n - 1] ** 2)
+
+    band = 2 * jnp.eye(n) - jnp.eye(n, k=1) - jnp.eye(n, k=-1)
+    pattern = BCOO.fromdense(band, nse=3 * n - 2)
+    jac = getattr(quax_sparse, mode)(f, pattern)
+    assert jac.colours.tolist() == [1, 2, 0, 1, 2, 0]
+    u = jnp.linspace(0.1, 1.0, n)
+    got = (jax.jit(jac) if jit else jac)(u)
+    assert np.isnan(np.asarray(got.data)).all()
+    # The same residual with the coupling inside the pattern is exact.
+    full = BCOO.fromdense(band.at[0, n - 1].set(1.0), nse=3 * n - 1)
+    np.testing.assert_allclose(
+        getattr(quax_sparse, mode)(f, full)(u).todense(),
+        jax.jacfwd(f)(u),
+        rtol=1e-12,
+        atol=1e-12,
+    )

@@ -138,3 +138,34 @@ def test_unstored_positions_are_exact_zeros_as_in_jax_experimental_sparse():
     j = jsparse.BCOO((a.data, a.indices), shape=(3, 2))
     np.testing.assert_array_equal(got, j @ v)
     np.testing.assert_array_equal(got, [1.0, 2.0, 0.0])
+
+
+def test_duplicates_meet_a_non_finite_dense_operand_once_each():
+    # Documented (README, Limits): the products with a dense operand do not merge
+    # duplicates, as in `jax.experimental.sparse`, so `2` and `-5` stored at (1, 1)
+    # times `inf` give `inf - inf = nan` where the dense `-3 * inf` is `-inf`.
+    # `sum_duplicates()` first gives dense JAX's answers.
+    x = BCOO(jnp.array([2.0, -5.0, 1.0]), jnp.array([[1, 1], [1, 1], [0, 0]]), (2, 2))
+    y = jnp.array([[3.0, 1.0], [1.0, np.inf]])
+    v = jnp.array([1.0, np.inf])
+    zero = jnp.array([[1.0, 1.0], [1.0, 0.0]])
+    dense = x.todense()
+    for operand in (x, x.sum_duplicates()):
+        merged = operand.unique_indices
+        products = {
+            "mul": (lambda a: a * y, dense * y),
+            "div": (lambda a: a / zero, dense / zero),
+            "matvec": (lambda a: a @ v, dense @ v),
+        }
+        for name, (f, want) in products.items():
+            out = quax.quaxify(f)(operand)
+            got = np.asarray(out.todense() if isinstance(out, BCOO) else out)
+            got = got.reshape(-1)
+            want = np.asarray(want).reshape(-1)
+            # The duplicated position is the last element (row 1 of the matvec;
+            # row 0 meets `inf` only where nothing is stored, an exact zero).
+            assert np.isneginf(want[-1]), name
+            if merged:
+                assert np.isneginf(got[-1]), name
+            else:
+                assert np.isnan(got[-1]), name

@@ -144,6 +144,12 @@ def _sparse_jacobian(
     which = colours[coords[:, axis]]
     at = coords[:, 1 - axis]
     seeds = colours[None, :] == np.arange(n_colours)[:, None]
+    # The slots (colour, output) that no entry of the pattern reads: a nonzero of the
+    # Jacobian outside the pattern that lands in one would be dropped, so any value
+    # there is a missed entry, found at no extra cost (one that lands in a slot the
+    # pattern reads is added into that entry, which no check this cheap can see).
+    unread = np.ones((n_colours, shape[1 - axis]), bool)
+    unread[which, at] = False
 
     def jacobian(x: Array) -> BCOO:
         x = jnp.asarray(x)
@@ -156,7 +162,11 @@ def _sparse_jacobian(
             out, pullback = jax.vjp(fun, x)
             _check_io(owner, x, out, shape)
             (compressed,) = jax.vmap(pullback)(jnp.asarray(seeds, out.dtype))
-        return _result(compressed[which, at], coords, shape)
+        data = compressed[which, at]
+        if unread.any():
+            missed = jnp.any(jnp.where(unread, compressed, 0) != 0)
+            data = jnp.where(missed, jnp.nan, data)
+        return _result(data, coords, shape)
 
     jacobian.colours = colours  # pyright: ignore[reportFunctionMemberAccess]
     jacobian.n_colours = n_colours  # pyright: ignore[reportFunctionMemberAccess]
@@ -178,8 +188,11 @@ def jacfwd(fun: Callable[[Array], Array], pattern: BCOO | CSR) -> Callable:
     - `fun`: an unmodified JAX function from shape `(n,)` to shape `(m,)`.
     - `pattern`: the Jacobian's sparsity structure, a `BCOO` or `CSR` of shape
         `(m, n)` with concrete indices (values ignored; duplicates and padding
-        dropped). It must hold every entry that can be nonzero: a nonzero outside
-        it is added into the entries of its row that share its column's colour.
+        dropped). **It must hold every entry that can be nonzero.** A nonzero
+        outside it is either caught, when no entry of its row shares its column's
+        colour (every value of the result is then NaN), or silently added into the
+        entry of its row that does (a wrong finite value, which no cheap check can
+        see): check a new pattern once against `jax.jacfwd` on a small instance.
 
     **Returns:**
 
@@ -194,8 +207,9 @@ def jacrev(fun: Callable[[Array], Array], pattern: BCOO | CSR) -> Callable:
     """The sparse Jacobian of `fun` by reverse mode, in `c` VJPs (one per colour of
     the pattern's rows) rather than one per output. As [`quax_sparse.jacfwd`][]
     otherwise (same arguments and result; the colouring is of rows, and a nonzero
-    outside the pattern is added into the entries of its column that share its
-    row's colour)."""
+    outside the pattern is caught, every value NaN, when no entry of its column
+    shares its row's colour, and otherwise silently added into the entry of its
+    column that does)."""
     return _sparse_jacobian(fun, pattern, "jacrev", by_columns=False)
 
 

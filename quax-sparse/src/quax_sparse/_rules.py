@@ -856,7 +856,7 @@ def _(x: BCOO, *, axes: Sequence[int], **params: Any) -> Any:
     out_shape = tuple(x.shape[i] for i in keep)
     coords, values = flat_entries(x.data, x.indices)
     block_ones = (1,) * x.n_dense
-    if math.prod(out_shape) <= values.size:
+    if math.prod(out_shape) <= values.size or not out_shape:
         # A summed-out axis holding padding (out of bounds) must stay padding.
         ok = valid_mask(coords[:, axes], [x.shape[a] for a in axes])
         values = jnp.where(ok.reshape(ok.shape + block_ones), values, 0)
@@ -1023,8 +1023,16 @@ def _per_entry(mask: Array, data: Array) -> Array:
     return mask.reshape(mask.shape + (1,) * (data.ndim - mask.ndim))
 
 
+def _scalar_dense(x: BCOO) -> Any:
+    """`x`, or its dense array where it has no dimensions left (`a[i, j]`): one
+    element, the sum of its entries, which no sparse form stores more cheaply, and
+    which JAX's own small-matrix formulas (`slogdet` and `det` of a 1 x 1 or 2 x 2
+    matrix) pass on to functions (`log`) without a sparse rule."""
+    return x.todense() if x.shape == () else x
+
+
 @register(prims.squeeze_p, blocks=True)
-def _(x: BCOO, *, dimensions: Sequence[int], **params: Any) -> BCOO:
+def _(x: BCOO, *, dimensions: Sequence[int], **params: Any) -> Any:
     dims = tuple(sorted(d % x.ndim for d in dimensions))
     nb, n_index = x.n_batch, x.n_batch + x.n_sparse
     batch_dims = tuple(d for d in dims if d < nb)
@@ -1038,7 +1046,7 @@ def _(x: BCOO, *, dimensions: Sequence[int], **params: Any) -> BCOO:
         keep = [c for c in range(x.n_sparse) if c not in sparse_cols]
         indices = indices[..., keep]
     shape = tuple(s for i, s in enumerate(x.shape) if i not in dims)
-    return in_order(x, data, indices, shape)
+    return _scalar_dense(in_order(x, data, indices, shape))
 
 
 @register(prims.reshape_p, blocks=True)
@@ -1090,13 +1098,15 @@ def _(x: BCOO, *, new_sizes: Sequence[int], dimensions: Any, **params: Any) -> A
     else:  # no sparse dimensions left: padding can only be a zero value
         indices = jnp.zeros((*x.indices.shape[:-1], 0), x.indices.dtype)
         data = jnp.where(_per_entry(ok, data), data, 0)
-    return new_like(
-        x,
-        data,
-        indices,
-        new_sizes,
-        indices_sorted=x.indices_sorted,
-        unique_indices=x.unique_indices,
+    return _scalar_dense(
+        new_like(
+            x,
+            data,
+            indices,
+            new_sizes,
+            indices_sorted=x.indices_sorted,
+            unique_indices=x.unique_indices,
+        )
     )
 
 
