@@ -76,6 +76,31 @@ def test_refusal_under_jit_and_direct_materialise() -> None:
         Band(d).materialise()
 
 
+def test_refusal_outside_any_trace_says_why_the_rules_did_not_apply() -> None:
+    """A value that meets JAX outside any quax trace (here built inside a
+    quaxified function called with no value among its arguments, which then
+    runs as plain JAX; or used outside `quax.quaxify`) refuses with its own
+    error and message, and a sentence saying to pass it in as an argument."""
+
+    def built_inside(diagonal):
+        return jnp.sin(Band(diagonal))
+
+    for call in (lambda: quax.quaxify(built_inside)(d), lambda: jnp.sin(Band(d))):
+        with pytest.raises(BandError) as e:
+            call()
+        message = str(e.value)
+        assert message.startswith("Refusing to materialise `Band` with")
+        assert "Band.to_dense_copy()" in message
+        assert message.endswith(
+            "Pass the value into the quaxified function as an argument for its "
+            "rules to apply.)"
+        )
+    # Passed in, its rules (here: none, so the refusal names the primitive).
+    with pytest.raises(BandError, match="for primitive `sin`") as e:
+        quax.quaxify(jnp.sin)(Band(d))
+    assert "outside any quax trace" not in str(e.value)
+
+
 def test_allowed_value_densifies_through_the_primitive() -> None:
     out = quax.quaxify(jnp.sin)(Band(d, allow_materialise=True))
     np.testing.assert_allclose(out, np.sin(np.diag([1.0, 2.0, 3.0])), rtol=1e-6)

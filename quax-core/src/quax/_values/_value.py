@@ -300,7 +300,9 @@ class Value(eqx.Module, metaclass=ValueMeta):
         function (`jnp.where(x > q, x, Quantity(0.0, "m"))`) keeps its type.
         Outside any quax trace it is the value's materialisation, under its policy:
         a [`quax.GuardedValue`][] refuses with its [`quax.MaterialisationError`][]
-        unless allowed.
+        unless allowed, its message ending with why the rules did not apply (a
+        quaxified function called with no value among its arguments runs as
+        plain JAX, also where it builds a value inside: pass the value in).
 
         A JAX array's binary operator (`jnp.ones(3) * q`) asks first, before
         Python tries the value's reflected operator. Where the value's type defines
