@@ -52,8 +52,7 @@ def _register(primitive: Any) -> Callable[[_F], _F]:
         @ft.wraps(rule)
         def guarded(*values: Any, **params: Any) -> Any:
             if any(map(holds_no_entries, values)):
-                dense = empty_as_dense(values)
-                return quax.fallback_rule(primitive, dense)(dense, params)
+                return _fallback(primitive, empty_as_dense(values), params)
             return rule(*values, **params)
 
         quax.register(primitive)(guarded)
