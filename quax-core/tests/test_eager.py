@@ -120,6 +120,36 @@ def test_first_and_later_calls_round_alike(fn: Any) -> None:
 
 
 @pytest.mark.caching_behaviour
+def test_backend_without_barriers_runs_by_equation(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The TPU runtime cannot compile the optimisation barrier that keeps each
+    # equation's rounding (`UNIMPLEMENTED: HLO opt-barrier is not implemented on
+    # TPU`): the check fails, and every call of that backend runs equation by
+    # equation, with the first call's bits, never the backend's error.
+    def unimplemented(device: Any) -> bool:
+        raise jax.errors.JaxRuntimeError(
+            "UNIMPLEMENTED: HLO opt-barrier is not implemented on TPU"
+        )
+
+    monkeypatch.setattr(quax_eager, "_barriers_checked", {})
+    monkeypatch.setattr(quax_eager, "_barriers_kept_on", unimplemented)
+    x = jnp.asarray(np.random.default_rng(1).uniform(-2, 2, 33), jnp.float32)
+    x = x.at[:4].set(0.1)
+    y = jnp.ones(33, jnp.float32)
+    q = quax.quaxify(jnp.subtract)
+    first = q(Fused(x), Fused(y)).array
+    np.testing.assert_array_equal(first[:4], 0.0)  # the equations' rounding
+    for _ in range(3):
+        np.testing.assert_array_equal(q(Fused(x), Fused(y)).array, first)
+    assert quax_eager._barriers_checked == {jax.default_backend(): False}
+    (programs,) = [
+        t[1] for t in quax_eager._programs.values() if t[0]() is jnp.subtract
+    ]
+    assert quax_eager._BY_EQUATION in list(programs.values())
+
+
+@pytest.mark.caching_behaviour
 def test_library_code_runs_compiled() -> None:
     q = quax.quaxify(lambda a, b: jnp.sin(a) * b)
     for _ in range(2):  # the second call compiles the programs

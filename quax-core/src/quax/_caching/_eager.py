@@ -559,12 +559,13 @@ def _checked_program(
         return _BY_EQUATION
     if not first.matches(traced.out_info):
         return _BY_EQUATION
-    return _rounding_each_step(traced)
+    return _rounding_each_step(traced, leaves)
 
 
-def _rounding_each_step(traced: Any) -> Any:
+def _rounding_each_step(traced: Any, leaves: Sequence[Any]) -> Any:
     """The program that `traced` (a traced `jax.jit`) stages, compiled so that it
-    rounds as running its equations one by one does.
+    rounds as running its equations one by one does; `_BY_EQUATION` where the
+    backend that runs it (that of `leaves`) cannot keep that promise.
 
     Equation by equation (a key's first call), each primitive a rule binds runs as
     a program of its own, which rounds its outputs; compiled whole, XLA would fuse
@@ -573,8 +574,11 @@ def _rounding_each_step(traced: Any) -> Any:
     0 for `x = 0.1`, `y = 1` in float32). Barriers between the equations keep each
     equation's rounding, so a call gives the same bits on its first and later
     runs; the program is still one dispatch. `_barriers_hold` checks once per
-    process that XLA keeps them."""
-    if not _barriers_hold():
+    backend that XLA keeps them: a backend without the barrier (the TPU runtime,
+    which answers `UNIMPLEMENTED: HLO opt-barrier`) or whose compiler drops it
+    runs every call equation by equation, as the first, so that its calls still
+    give the same bits."""
+    if not _barriers_hold(_platform(leaves)):
         return _BY_EQUATION
     closed, out_tree = traced.jaxpr, traced.out_tree
 
@@ -586,26 +590,50 @@ def _rounding_each_step(traced: Any) -> Any:
     return jax.jit(run, compiler_options=KEEP_BARRIERS)
 
 
-_barriers_checked: list[bool] = []
+def _platform(leaves: Sequence[Any]) -> str:
+    """The platform (`"cpu"`, `"tpu"`, ...) that a program of `leaves` runs on: that
+    of the first leaf committed to a device, else JAX's default backend."""
+    for leaf in leaves:
+        if isinstance(leaf, jax.Array) and getattr(leaf, "committed", False):
+            return next(iter(leaf.devices())).platform
+    return jax.default_backend()
 
 
-def _barriers_hold() -> bool:
-    """Whether this XLA keeps the barriers of `eval_rounding_each_step`: a
-    multiply and a subtract that it would contract into a fused multiply-add
-    round as two programs do (checked once per process)."""
-    if not _barriers_checked:
-        x, y = np.full(8, 0.1, np.float32), np.ones(8, np.float32)
-        ten = np.float32(10.0)
-        closed = jax.make_jaxpr(lambda x, y: x * ten - y)(x, y)
-        program = jax.jit(
-            lambda x, y: eval_rounding_each_step(closed.jaxpr, closed.consts, x, y),
-            compiler_options=KEEP_BARRIERS,
-        )
-        steps = jax.lax.sub(jax.lax.mul(x, ten), y)
-        _barriers_checked.append(
-            bool(np.array_equal(np.asarray(program(x, y)[0]), np.asarray(steps)))
-        )
-    return _barriers_checked[0]
+# Per platform: whether its compiler keeps `eval_rounding_each_step`'s barriers.
+_barriers_checked: dict[str, bool] = {}
+
+
+def _barriers_hold(platform: str) -> bool:
+    """Whether the XLA of `platform` keeps the barriers of
+    `eval_rounding_each_step`: a multiply and a subtract that it would contract
+    into a fused multiply-add round as two programs do (checked once per platform
+    and process). A backend that cannot compile or run the barrier at all (the
+    TPU runtime raises `UNIMPLEMENTED`) does not keep them: the check never raises
+    into a user's call."""
+    held = _barriers_checked.get(platform)
+    if held is None:
+        try:
+            held = _barriers_kept_on(jax.devices(platform)[0])
+        except Exception:  # any failure means: not on this backend
+            held = False
+        _barriers_checked[platform] = held
+    return held
+
+
+def _barriers_kept_on(device: Any) -> bool:
+    """Whether a program with `eval_rounding_each_step`'s barriers, on `device`,
+    rounds a multiply and a subtract as two programs do. Raises what the backend
+    raises where it cannot compile or run the barrier."""
+    x = jax.device_put(np.full(8, 0.1, np.float32), device)
+    y = jax.device_put(np.ones(8, np.float32), device)
+    ten = np.float32(10.0)
+    closed = jax.make_jaxpr(lambda x, y: x * ten - y)(x, y)
+    program = jax.jit(
+        lambda x, y: eval_rounding_each_step(closed.jaxpr, closed.consts, x, y),
+        compiler_options=KEEP_BARRIERS,
+    )
+    steps = jax.lax.sub(jax.lax.mul(x, ten), y)
+    return bool(np.array_equal(np.asarray(program(x, y)[0]), np.asarray(steps)))
 
 
 def _shape_dtype(x: Any) -> tuple[Any, ...]:
