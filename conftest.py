@@ -43,6 +43,14 @@ import quax.testing
 jax.config.update("jax_check_tracer_leaks", True)
 quax.set_debug_checks(True)
 
+# On an accelerator, float32 matrix products are float32-accurate: a TPU multiplies
+# float32 in bfloat16 passes by default (GPUs in TensorFloat-32), which no float32
+# tolerance of a comparison with the dense computation covers
+# (`quax.testing.tolerance`). The suites check that quax computes what the dense
+# program computes, at the dtype's accuracy; the benchmarks run at JAX's defaults.
+if jax.default_backend() != "cpu":
+    jax.config.update("jax_default_matmul_precision", "highest")
+
 
 quax.testing.cache_eager_primitive_programs()
 

@@ -18,6 +18,7 @@ import jax.tree_util as jtu
 import numpy as np
 import pytest
 import quax
+import quax.testing
 from jax import lax
 from jax.extend.core import Primitive
 
@@ -796,9 +797,11 @@ def _compare(got: Any, expected: Any) -> None:
         if isinstance(e, jax.Array | np.ndarray | np.generic):
             assert jnp.shape(g) == jnp.shape(e)
             assert jnp.result_type(g) == jnp.result_type(e)
-            np.testing.assert_allclose(
-                np.asarray(g), np.asarray(e), rtol=1e-5, atol=1e-6
-            )
+            # Against plain JAX on the same backend, through other programs: within
+            # the backend's accuracy (a TPU's float32 `exp` and `log` are good to
+            # about 1e-5).
+            tol = quax.testing.tolerance(jnp.result_type(e))
+            np.testing.assert_allclose(np.asarray(g), np.asarray(e), **tol)
         else:
             assert g == e
 
@@ -806,7 +809,14 @@ def _compare(got: Any, expected: Any) -> None:
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_function(name: str) -> None:
     fn, args = CASES[name]
-    expected = fn(*args)
+    try:
+        expected = fn(*args)
+    except NotImplementedError as e:
+        # Plain JAX has no lowering of it for this backend (`eig` on a TPU): there is
+        # nothing for quax to reproduce there.
+        if "not found for platform" not in str(e):
+            raise
+        pytest.skip(f"plain JAX cannot run {name} on this backend: {e}")
     wrapped = jtu.tree_map(Dense, args)
     got = dense(quax.quaxify(fn)(*wrapped))
     _compare(got, expected)

@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import quax
+import quax.testing
 from jax import lax
 from jaxtyping import ArrayLike
 
@@ -252,7 +253,8 @@ def test_register_elementwise() -> None:
     # Both primitives went to the rule (how many times it ran is no contract: a
     # compiled eager program traces it again beside the first call).
     assert isinstance(out, Counted) and set(seen) == {"exp", "log"}
-    np.testing.assert_allclose(out.array, x, rtol=1e-6)
+    # `log(exp(x))` is `x` only within the backend's accuracy of both functions.
+    np.testing.assert_allclose(out.array, x, **quax.testing.tolerance(x.dtype))
 
 
 def test_materialisation_report() -> None:

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import quax
 import quax.testing as qt
+import quax.testing._hlo as quax_hlo
 from hypothesis import given, settings, strategies as st
 from jax import lax
 from quax.testing import strategies as qst
@@ -295,24 +296,55 @@ def test_tolerance():
         qt.assert_matches_dense(jnp.cos, WrongCos(X), rtol=1e-1, atol=1e-1)
 
 
+def test_tolerance_follows_the_backend(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A TPU's float32 `log(exp(1.0))` is 0.999988: float32 results compared with
+    # another program's are judged at 1e-4 there, 1e-5 on a CPU; the other dtypes
+    # alike everywhere.
+    cpu = {"rtol": 1e-5, "atol": 1e-5}
+    accelerator = {"rtol": 1e-4, "atol": 1e-4}
+    for backend, expected in [("cpu", cpu), ("tpu", accelerator), ("gpu", accelerator)]:
+        monkeypatch.setattr(jax, "default_backend", lambda b=backend: b)
+        assert qt.tolerance(jnp.float32) == expected
+        assert qt.tolerance(jnp.complex64) == expected
+        assert qt.tolerance(jnp.bfloat16) == {"rtol": 1.6e-2, "atol": 1.6e-2}
+        assert qt.tolerance(jnp.float64) == {"rtol": 1e-10, "atol": 1e-10}
+        assert qt.tolerance(jnp.int8) == {"rtol": 0.0, "atol": 0.0}
+
+
 def _dot(a, b):
     return a @ b
 
 
 def test_compiled_hlo_and_assert_hlo_lacks():
+    # XLA's TPU compiler rewrites every `dot` as a `convolution`.
+    product = "convolution" if jax.default_backend() == "tpu" else "dot"
     hlo = qt.compiled_hlo(_dot, Wrapped(X), Y)
     assert ("f32", (2, 4)) in qt.hlo_shapes(hlo)
-    assert "dot" in qt.hlo_ops(hlo)
-    qt.assert_hlo_lacks(_dot, Wrapped(X), Y, shapes=[(4, 4)], ops=["convolution"])
-    with pytest.raises(AssertionError, match=r"array f32\[2, 4\]: .*dot"):
+    assert product in qt.hlo_ops(hlo)
+    qt.assert_hlo_lacks(_dot, Wrapped(X), Y, shapes=[(4, 4)], ops=["sort"])
+    with pytest.raises(AssertionError, match=rf"array f32\[2, 4\]: .*{product}"):
         qt.assert_hlo_lacks(_dot, Wrapped(X), Y, shapes=[(2, 4)])
-    with pytest.raises(AssertionError, match="op dot"):
+    with pytest.raises(AssertionError, match=f"op {product}"):
         qt.assert_hlo_lacks(_dot, Wrapped(X), Y, ops=["dot"])
     with pytest.raises(AssertionError, match=r"array f32\[3, 4\]: .*parameter"):
         qt.assert_hlo_lacks(_dot, Wrapped(X), Y, shapes=[(3, 4)])
     qt.assert_hlo_lacks(_dot, Wrapped(X), Y, shapes=[(3, 4)], ignore_parameters=True)
     # Restricted to another dtype, the shape is allowed.
     qt.assert_hlo_lacks(_dot, Wrapped(X), Y, shapes=[(2, 4)], dtypes=[jnp.int32])
+
+
+def test_forbidding_an_op_forbids_what_the_backend_rewrites_it_as(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # As on a TPU, where `dot` compiles to `convolution`: a backend whose compiler
+    # gives another opcode for a forbidden one is caught by that opcode (here the
+    # program's parameters stand in for it, on whatever backend runs the test).
+    monkeypatch.setattr(
+        quax_hlo, "_REWRITTEN_OPS", {jax.default_backend(): {"sort": "parameter"}}
+    )
+    with pytest.raises(AssertionError, match="op parameter"):
+        qt.assert_hlo_lacks(_dot, Wrapped(X), Y, ops=["sort"])
+    qt.assert_hlo_lacks(_dot, Wrapped(X), Y, ops=["reduce-precision"])
 
 
 def test_hlo_parser_on_fusions_and_tuples():
@@ -452,3 +484,32 @@ def test_pytest_plugin(tmp_path):
     assert "3 passed, 1 error" in result.stdout, result.stdout
     assert "the test materialised quax values" in result.stdout
     assert "sin, Plain: 1" in result.stdout
+
+
+class _Item:
+    """Stands in for a collected pytest item: its markers."""
+
+    def __init__(self, *markers: str) -> None:
+        self.markers = [getattr(pytest.mark, m) for m in markers]
+
+    def get_closest_marker(self, name: str) -> Any:
+        return next((m for m in self.markers if m.name == name), None)
+
+    def add_marker(self, marker: Any) -> None:
+        self.markers.append(marker)
+
+
+@pytest.mark.parametrize("backend, skipped", [("cpu", False), ("tpu", True)])
+def test_float64_marker_skips_where_float64_is_not_native(
+    monkeypatch: pytest.MonkeyPatch, backend: str, skipped: bool
+) -> None:
+    import quax.testing._pytest_plugin as plugin
+
+    monkeypatch.setattr(jax, "default_backend", lambda: backend)
+    double, single = _Item("float64"), _Item()
+    plugin.pytest_collection_modifyitems([double, single])  # pyright: ignore[reportArgumentType]
+    skip = double.get_closest_marker("skip")
+    assert (skip is not None) is skipped
+    if skip is not None:
+        assert "no native float64" in skip.kwargs["reason"]
+    assert single.get_closest_marker("skip") is None

@@ -80,10 +80,27 @@ def compiled_hlo(fn: Callable[..., Any], *args: Any) -> str:
     The compiled module as text (`jax.jit(...).lower(*args).compile().as_text()`),
     fused computations included.
     """
-    text = jax.jit(quaxify(fn)).lower(*args).compile().as_text()
+    return _compiled(fn, *args)[0]
+
+
+def _compiled(fn: Callable[..., Any], *args: Any) -> tuple[str, str]:
+    """The optimised HLO text of `jax.jit(quax.quaxify(fn))` on `args`, and the
+    platform (`"cpu"`, `"tpu"`, ...) it was compiled for."""
+    compiled = jax.jit(quaxify(fn)).lower(*args).compile()
+    text = compiled.as_text()
     if text is None:
         raise RuntimeError("this JAX backend gives no text for compiled programs")
-    return text
+    shardings = jax.tree.leaves(compiled.input_shardings)
+    if shardings:
+        platform = next(iter(shardings[0].device_set)).platform
+    else:
+        platform = jax.default_backend()
+    return text, platform
+
+
+# Opcodes that a backend's compiler gives for another: XLA's TPU compiler rewrites
+# every `dot` as a `convolution`, so that forbidding `dot` there forbids those too.
+_REWRITTEN_OPS = {"tpu": {"dot": "convolution"}}
 
 
 def _result_type(rest: str) -> tuple[str, str]:
@@ -195,7 +212,9 @@ def assert_hlo_lacks(
     - `fn`: the function (it need not know about quax).
     - `*args`: its arguments, arrays and [`quax.Value`][]s.
     - `shapes`: forbidden array shapes, as tuples of ints.
-    - `ops`: forbidden HLO opcodes (`"dot"`, `"convolution"`, `"sort"`, ...).
+    - `ops`: forbidden HLO opcodes (`"dot"`, `"convolution"`, `"sort"`, ...). On a
+        TPU, whose compiler rewrites every `dot` as a `convolution`, forbidding
+        `"dot"` forbids `"convolution"` too.
     - `dtypes`: restrict `shapes` to arrays of these dtypes (NumPy/JAX dtypes, or
         HLO names such as `"f32"`); by default any dtype.
     - `ignore_parameters`: skip `parameter` instructions (the program's inputs, and
@@ -211,12 +230,14 @@ def assert_hlo_lacks(
     no instruction that could be parsed (so that a change of format cannot make the
     check pass vacuously).
     """
-    hlo = compiled_hlo(fn, *args)
+    hlo, platform = _compiled(fn, *args)
     instructions = hlo_instructions(hlo)
     if not instructions:
         raise AssertionError(f"no instruction could be parsed in the HLO:\n{hlo}")
     forbidden_shapes = {tuple(int(d) for d in s) for s in shapes}
     forbidden_ops = set(ops)
+    rewritten = _REWRITTEN_OPS.get(platform, {})
+    forbidden_ops |= {rewritten[op] for op in ops if op in rewritten}
     kinds = None if dtypes is None else {_hlo_dtype(d) for d in dtypes}
     offending = []
     for ins in instructions:
