@@ -158,3 +158,24 @@ def test_dora_rows_use_their_adapters_magnitude(perturb):
         [_dora_reference(models, x, int(i)) for x, i in zip(xs, index, strict=True)]
     )
     np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
+
+
+def test_concrete_index_out_of_range_refuses(perturb):
+    multi = quax_lora.stack_adapters([_tuned(perturb, i) for i in range(K)])
+    for bad in (K, K + 5, -K - 1, np.int32(K), np.int64(-K - 2), jnp.array(K)):
+        with pytest.raises(ValueError, match=rf"index -?\d+ is not in \[-{K}, {K}\)"):
+            quax_lora.select_adapter(multi, bad)
+    # A Python integer inside jit is still known, and refused.
+    with pytest.raises(ValueError, match=rf"is not in \[-{K}, {K}\)"):
+        jax.jit(lambda x: _call(multi, x, K))(jnp.ones(16))
+    x = normal(jr.key(4), (16,))
+    alone = [quax.quaxify(quax_lora.unstack_adapters(multi, j))(x) for j in range(K)]
+    # Every index in range runs its adapter; a negative one counts from the end,
+    # eagerly and under jit alike.
+    traced = jax.jit(lambda i: _call(multi, x, i))
+    for i, j in ((0, 0), (K - 1, K - 1), (np.int16(1), 1), (-1, K - 1), (-K, 0)):
+        np.testing.assert_allclose(_call(multi, x, i), alone[j], rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(traced(i), alone[j], rtol=1e-6, atol=1e-6)
+    # A traced index outside [-K, K) cannot be checked: clamped, as documented.
+    np.testing.assert_allclose(traced(K + 3), alone[K - 1], rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(traced(-K - 3), alone[0], rtol=1e-6, atol=1e-6)

@@ -21,6 +21,7 @@ from ._model import (
     trainable_filter as trainable_filter,
     unmerge as unmerge,
 )
+from ._peft import MixedDropoutWarning as MixedDropoutWarning
 from ._value import (
     LoraArray as LoraArray,
     LoraWarning as LoraWarning,

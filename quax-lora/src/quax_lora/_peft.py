@@ -9,6 +9,7 @@ import json
 import math
 import pathlib
 import re
+import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -16,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 from safetensors.numpy import load_file, save_file
 
-from ._value import LoraArray
+from ._value import LoraArray, LoraWarning, _user_stacklevel
 
 
 __all__ = [
@@ -24,6 +25,7 @@ __all__ = [
     "CONV",
     "EMBEDDING",
     "LINEAR",
+    "MixedDropoutWarning",
     "WEIGHTS_NAME",
     "module_name",
     "narrowing_error",
@@ -42,6 +44,13 @@ _PREFIX = "base_model.model."
 _PROBLEMS_SHOWN = 4
 
 NameMap = Mapping[str, str] | Callable[[str], str] | None
+
+
+class MixedDropoutWarning(LoraWarning):
+    """`save_adapter(format="peft")` of a model whose layers have different LoRA
+    dropouts: peft's config holds one `lora_dropout`, so the largest is written,
+    and peft trains every layer with it. Dropout changes only training, never a
+    loaded adapter's outputs."""
 
 
 def module_name(path: str) -> str:
@@ -185,6 +194,24 @@ def write_peft(
         _alpha_for(lora) for _, lora in entries if lora.rank == rank
     ).most_common(1)[0][0]
     dropouts = {lora.dropout for _, lora in entries}
+    if len(dropouts) > 1:
+        by_dropout = collections.defaultdict(list)
+        for peft, lora in entries:
+            by_dropout[lora.dropout].append(_named(peft))
+        listed = "; ".join(
+            f"{p} for {', '.join(names)}" for p, names in sorted(by_dropout.items())
+        )
+        warnings.warn(
+            f"quax_lora.save_adapter(format='peft'): the layers have different LoRA "
+            f"dropouts ({listed}), and peft's config has one lora_dropout: "
+            f"{max(dropouts)}, the largest, is written, so peft would train every "
+            "layer with it (the adapter's outputs do not depend on it). Loraify "
+            "the layers with one dropout= for a config that says how each was "
+            "trained, or save in quax-lora's own format (format='quax'), where "
+            "each layer keeps the dropout of the model it is loaded into.",
+            MixedDropoutWarning,
+            stacklevel=_user_stacklevel(),
+        )
     config = {
         "peft_type": "LORA",
         "task_type": None,
