@@ -23,6 +23,7 @@ from ._model import (
 )
 from ._peft import MixedDropoutWarning as MixedDropoutWarning
 from ._value import (
+    CorruptAdapterError as CorruptAdapterError,
     LoraArray as LoraArray,
     LoraWarning as LoraWarning,
     MaterialisationError as MaterialisationError,
