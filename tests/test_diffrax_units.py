@@ -112,3 +112,85 @@ def test_lineax_solve_gives_the_units_of_vector_over_operator(jit):
             ).sum()
         )(1.0)
         np.testing.assert_allclose(grad, want.sum(), rtol=1e-12)
+
+
+_SECOND = Quantity(1.0, "s")
+
+
+def _rate(t, y, args):
+    """A physical vector field: the state's units per second."""
+    return -args * y
+
+
+def _solve_in_seconds(y0, rate, t0, t1, dt0, atol):
+    """An adaptive solve whose times are quantities at the boundary: diffrax gets
+    them in seconds, and a vector field that gives its time units back and
+    returns its rate times one second (the change per plain second)."""
+    term = dfx.ODETerm(lambda t, y, args: _rate(t * _SECOND, y, args) * _SECOND)
+    sol = dfx.diffeqsolve(
+        term,
+        dfx.Tsit5(),
+        t0=ustrip("s", t0),
+        t1=ustrip("s", t1),
+        dt0=ustrip("s", dt0),
+        y0=y0,
+        args=rate,
+        saveat=dfx.SaveAt(ts=jnp.linspace(ustrip("s", t0), ustrip("s", t1), 5)),
+        stepsize_controller=dfx.PIDController(rtol=1e-8, atol=atol),
+    )
+    assert sol.ys is not None
+    return sol.ys, sol.stats["num_steps"]
+
+
+def test_adaptive_solve_with_times_as_quantities():
+    """Times given as quantities (`t0`, `t1`, `dt0` in any unit of time), the
+    state in centimetres, the rate per second: the plain-time solve's numbers
+    and steps."""
+    with jax.enable_x64(True), _no_leak_check():
+        y0 = jnp.array([1.0, 2.0])
+        want, want_steps = _solve(y0, 0.5, 1e-8, dfx.Tsit5(), 0.1)
+        got, steps = jax.jit(quax.quaxify(_solve_in_seconds))(
+            Quantity(y0 * 100, "cm"),
+            Quantity(0.5, "1 / s"),
+            Quantity(0.0, "s"),
+            Quantity(1000.0, "ms"),
+            Quantity(100.0, "ms"),
+            Quantity(1e-6, "cm"),
+        )
+        np.testing.assert_allclose(ustrip("m", got), want, rtol=1e-9)
+        assert int(steps) == int(want_steps)
+
+
+def test_times_as_quantities_inside_diffrax_say_how_to_pass_them():
+    """diffrax divides by `jnp.where(t0 == t1, 1, t1 - t0)` (`linear_rescale`): a
+    plain 1 beside seconds, which no rule can give units (it would read a plain
+    constant beside kilometres as metres). The refusal says how to pass times."""
+
+    def solve(y0, t0, t1, dt0):
+        term = dfx.ODETerm(lambda t, y, args: -0.5 * y / _SECOND)
+        sol = dfx.diffeqsolve(
+            term,
+            dfx.Tsit5(),
+            t0=t0,
+            t1=t1,
+            dt0=dt0,
+            y0=y0,
+            stepsize_controller=dfx.PIDController(rtol=1e-6, atol=Quantity(1e-8, "m")),
+        )
+        return sol.ys
+
+    with (
+        jax.enable_x64(True),
+        _no_leak_check(),
+        pytest.raises(
+            UnitError,
+            match=r"`select_n` needs .* s \[s\] and plain array.*"
+            r"diffrax's `linear_rescale`.*ustrip\('s', t0\).*f\(t \* s, y, args\) \* s",
+        ),
+    ):
+        quax.quaxify(solve)(
+            Quantity(jnp.array([1.0, 2.0]), "m"),
+            Quantity(0.0, "s"),
+            Quantity(1.0, "s"),
+            Quantity(0.1, "s"),
+        )

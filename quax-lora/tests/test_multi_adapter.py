@@ -112,3 +112,70 @@ def test_stacked_adapters_save_and_merge(perturb):
     np.testing.assert_allclose(
         merged(jnp.ones(16)), quax.quaxify(models[1])(jnp.ones(16)), rtol=1e-5
     )
+
+
+def _dora_reference(models, x, i):
+    """Row `x` through DoRA model `i`'s layers in plain JAX: each weight
+    `m * v / ||v||` per row, with `v = w + 2 a b` (scaling 4 / 2)."""
+    layers = models[i].layers
+    for j, layer in enumerate(layers):
+        lora = layer.weight
+        v = lora.w + 2.0 * lora.a @ lora.b
+        weight = lora.magnitude[:, None] * v / jnp.linalg.norm(v, axis=1)[:, None]
+        x = weight @ x + layer.bias
+        if j < len(layers) - 1:
+            x = jnp.maximum(x, 0.0)
+    return x
+
+
+def test_dora_rows_use_their_adapters_magnitude(perturb):
+    """Stacked DoRA adapters whose magnitudes differ: each row is scaled by its
+    own adapter's magnitude, not adapter 0's."""
+
+    def tuned(i):
+        model = _tuned(perturb, i, variant="dora")
+        return jax.tree.map(
+            lambda x: (
+                x.replace(magnitude=x.magnitude * (1.0 + 0.5 * i))
+                if isinstance(x, quax_lora.LoraArray)
+                else x
+            ),
+            model,
+            is_leaf=quax_lora.is_lora,
+        )
+
+    models = [tuned(i) for i in range(K)]
+    multi = quax_lora.stack_adapters(models)
+    xs = normal(jr.key(3), (BATCH, 16))
+    for i in range(1, K):
+        want = _dora_reference(models, xs[0], i)
+        np.testing.assert_allclose(_call(multi, xs[0], i), want, rtol=1e-5, atol=1e-5)
+        alone = quax.quaxify(models[i])(xs[0])
+        np.testing.assert_allclose(_call(multi, xs[0], i), alone, rtol=1e-5, atol=1e-6)
+    index = jnp.array([1, 2, 0, 2, 1, 1, 0, 2, 2, 1])
+    out = eqx.filter_jit(jax.vmap(_call, in_axes=(None, 0, 0)))(multi, xs, index)
+    want = np.stack(
+        [_dora_reference(models, x, int(i)) for x, i in zip(xs, index, strict=True)]
+    )
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
+
+
+def test_concrete_index_out_of_range_refuses(perturb):
+    multi = quax_lora.stack_adapters([_tuned(perturb, i) for i in range(K)])
+    for bad in (K, K + 5, -K - 1, np.int32(K), np.int64(-K - 2), jnp.array(K)):
+        with pytest.raises(ValueError, match=rf"index -?\d+ is not in \[-{K}, {K}\)"):
+            quax_lora.select_adapter(multi, bad)
+    # A Python integer inside jit is still known, and refused.
+    with pytest.raises(ValueError, match=rf"is not in \[-{K}, {K}\)"):
+        jax.jit(lambda x: _call(multi, x, K))(jnp.ones(16))
+    x = normal(jr.key(4), (16,))
+    alone = [quax.quaxify(quax_lora.unstack_adapters(multi, j))(x) for j in range(K)]
+    # Every index in range runs its adapter; a negative one counts from the end,
+    # eagerly and under jit alike.
+    traced = jax.jit(lambda i: _call(multi, x, i))
+    for i, j in ((0, 0), (K - 1, K - 1), (np.int16(1), 1), (-1, K - 1), (-K, 0)):
+        np.testing.assert_allclose(_call(multi, x, i), alone[j], rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(traced(i), alone[j], rtol=1e-6, atol=1e-6)
+    # A traced index outside [-K, K) cannot be checked: clamped, as documented.
+    np.testing.assert_allclose(traced(K + 3), alone[K - 1], rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(traced(-K - 3), alone[0], rtol=1e-6, atol=1e-6)

@@ -170,3 +170,20 @@ def test_conv_layout_and_refusals(perturb, tmp_path):
     stacked = quax_lora.LoraArray(jnp.ones((2, 4, 4)), rank=1, key=jr.key(0))
     with pytest.raises(ValueError, match="batch_ndim"):
         quax_lora.save_adapter(tmp_path / "s", {"w": stacked}, format="peft")
+
+
+def test_mixed_dropouts_warn_and_write_the_largest(perturb, tmp_path):
+    model = _tuned(perturb, dropout=0.1)
+    model = eqx.tree_at(
+        lambda m: m.layers[1].weight, model, model.layers[1].weight.replace(dropout=0.3)
+    )
+    with pytest.warns(quax_lora.MixedDropoutWarning, match=r"0\.3 for `layers\.1`"):
+        quax_lora.save_adapter(tmp_path, model, format="peft")
+    assert issubclass(quax_lora.MixedDropoutWarning, quax_lora.LoraWarning)
+    assert issubclass(quax_lora.MixedDropoutWarning, UserWarning)
+    config = json.loads((tmp_path / "adapter_config.json").read_text())
+    assert config["lora_dropout"] == 0.3
+    # One dropout for every layer: written as it is, without a warning.
+    same = tmp_path / "same"
+    quax_lora.save_adapter(same, _tuned(perturb, dropout=0.2), format="peft")
+    assert json.loads((same / "adapter_config.json").read_text())["lora_dropout"] == 0.2

@@ -226,6 +226,63 @@ def test_embedding_is_a_gather_of_rows(perturb):
     assert (50, 16) not in shapes
 
 
+@pytest.mark.parametrize("token", [17, np.int32(17), np.int64(17), -33, np.uint8(17)])
+def test_embedding_indexed_by_a_python_or_numpy_integer(perturb, token):
+    """A static index binds `slice` (not `gather`): `w[i] + s a[i] b`, as the
+    dense `eqx.nn.Embedding` gives, eagerly, under jit and in the gradient."""
+    embedding = eqx.nn.Embedding(50, 16, key=jr.key(0))
+    model = perturb(
+        quax_lora.loraify(
+            embedding, rank=3, alpha=6.0, filter=eqx.nn.Embedding, key=jr.key(2)
+        ),
+        jr.key(3),
+    )
+    lora = model.weight
+
+    def dense(a, b):
+        return eqx.nn.Embedding(weight=lora.w + 2.0 * a @ b)(token)
+
+    want = dense(lora.a, lora.b)
+    np.testing.assert_allclose(want, embedding.weight[17] + 2.0 * lora.a[17] @ lora.b)
+    np.testing.assert_allclose(quax.quaxify(model)(token), want, rtol=1e-6, atol=1e-6)
+    jitted = jax.jit(lambda m: quax.quaxify(m)(token))
+    np.testing.assert_allclose(jitted(model), want, rtol=1e-6, atol=1e-6)
+    grads = eqx.filter_grad(lambda m: jnp.sum(jnp.sin(quax.quaxify(m)(token))))(model)
+    want_a, want_b = jax.grad(lambda a, b: jnp.sum(jnp.sin(dense(a, b))), (0, 1))(
+        lora.a, lora.b
+    )
+    np.testing.assert_allclose(grads.weight.a, want_a, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(grads.weight.b, want_b, rtol=1e-5, atol=1e-6)
+    # The rows, never the dense (50, 16) update.
+    jaxpr = jax.make_jaxpr(lambda m: quax.quaxify(m)(token))(model)
+    assert all(
+        tuple(v.aval.shape) != (50, 16)
+        for eqn in jaxpr.jaxpr.eqns
+        if eqn.primitive.name == "dot_general"
+        for v in eqn.outvars
+    )
+
+
+def test_static_slices_of_rows(perturb):
+    model = perturb(
+        quax_lora.loraify(
+            eqx.nn.Embedding(12, 5, key=jr.key(0)),
+            rank=2,
+            filter=eqx.nn.Embedding,
+            key=jr.key(1),
+        ),
+        jr.key(2),
+    )
+    lora = model.weight
+    dense = lora.w + lora.a @ lora.b
+    for index in (np.s_[2:7], np.s_[::3], np.s_[-4:], np.s_[1:11:4]):
+        out = quax.quaxify(lambda w: w[index])(lora)  # noqa: B023
+        np.testing.assert_allclose(out, dense[index], rtol=1e-6, atol=1e-6)
+    # Columns are not whole rows: no low-rank form, refused as before.
+    with pytest.raises(quax_lora.MaterialisationError, match="slice"):
+        quax.quaxify(lambda w: w[:, 1:3])(lora)
+
+
 def test_dora_on_embedding_is_refused():
     with pytest.raises(ValueError, match="Embedding"):
         quax_lora.loraify(

@@ -58,3 +58,34 @@ def test_positional_reshapes_without_names_are_refused():
         quax.quaxify(lambda y: y.reshape(2, 12).reshape(2, 4, 3))(y)
     with pytest.raises(ValueError, match=r"whose pieces have no names.*unflatten_axis"):
         quax.quaxify(lambda y: jax.lax.reshape(y, (2, 3, 2, 2)))(y)
+
+
+def test_partition_spec_takes_a_named_array_as_named_sharding_does():
+    x = NamedArray(jnp.ones((2, 3)), ("batch", "feature"))
+    mapping = {"feature": "model"}
+    assert qn.partition_spec(x, mapping) == qn.partition_spec(x.axes, mapping)
+    assert qn.partition_spec(x, mapping) == jax.sharding.PartitionSpec(None, "model")
+    with qn.axis_mapping(mapping):
+        assert qn.partition_spec(x) == jax.sharding.PartitionSpec(None, "model")
+    with pytest.raises(TypeError, match=r"partition_spec needs a NamedArray .*int 1"):
+        qn.partition_spec([1, 2])
+
+
+def test_take_with_axis_and_indices_swapped_says_which_is_which():
+    x = NamedArray(jnp.arange(6.0).reshape(2, 3), ("a", "b"))
+    indices = jnp.array([0, 2])
+    for swapped in (indices, 1):
+        with pytest.raises(
+            TypeError,
+            match=r"take\(x, indices, axis\) takes the indices before the axis: got "
+            r"the axis 'b' as `indices`.*quax_named.take\(x, indices, 'b'\)",
+        ):
+            qn.take(x, "b", swapped)  # pyright: ignore[reportArgumentType]
+    # An axis that is a number, wherever an axis is asked for.
+    with pytest.raises(TypeError, match=r"is named: .*got int 3.*\('a', 'b'\)"):
+        qn.take(x, indices, 3)  # pyright: ignore[reportArgumentType]
+    with pytest.raises(TypeError, match=r"got an array of shape \(2,\)"):
+        x.index(indices)  # pyright: ignore[reportArgumentType]
+    out = qn.take(x, indices, "b")
+    assert out.axes == x.axes
+    assert (out.array == jnp.array([[0.0, 2.0], [3.0, 5.0]])).all()

@@ -21,7 +21,9 @@ from ._model import (
     trainable_filter as trainable_filter,
     unmerge as unmerge,
 )
+from ._peft import MixedDropoutWarning as MixedDropoutWarning
 from ._value import (
+    CorruptAdapterError as CorruptAdapterError,
     LoraArray as LoraArray,
     LoraWarning as LoraWarning,
     MaterialisationError as MaterialisationError,

@@ -35,9 +35,15 @@ from ._peft import (
     CONV,
     EMBEDDING,
     LINEAR,
+    _is_int,
+    _is_number,
+    _json_kind,
+    corrupt,
+    file_label,
     module_name,
     narrowing_error,
     narrows,
+    read_json_header,
     read_peft,
     refused_dtype,
     summarise,
@@ -796,18 +802,21 @@ def save_adapter(
         eqx.tree_serialise_leaves(f, eqx.filter(model, adapter_filter(model)))
 
 
-def _read_header(f: BinaryIO) -> tuple[dict[str, Any] | None, BinaryIO]:
-    """The header of an adapter file (`None` for a file of an earlier version,
-    which has none), and the file positioned at its leaves."""
+def _read_header(f: BinaryIO, file: str) -> tuple[dict[str, Any] | None, BinaryIO]:
+    """The header of the adapter file `f` (named `file` in messages; `None` for a
+    file of an earlier version, which has none), and the file positioned at its
+    leaves. A header that cannot be one `save_adapter` wrote (its length beyond
+    the file, not JSON, a layer's settings missing or of another type) raises a
+    `CorruptAdapterError` naming the field."""
     if not f.seekable():
-        # A stream (a pipe, a socket): NumPy's reader of the leaves seeks.
+        # A stream (a pipe, a socket): the header's length is checked against
+        # the size of the file, and the leaves are read with seeks.
         f = io.BytesIO(f.read())
     start = f.read(len(_MAGIC))
     if start != _MAGIC:
         f.seek(-len(start), io.SEEK_CUR)
         return None, f
-    length = int.from_bytes(f.read(8), "little")
-    header = json.loads(f.read(length).decode())
+    header = read_json_header(f, file)
     if header.get("version") not in _READ_VERSIONS:
         raise ValueError(
             f"quax_lora.load_adapter: the file is an adapter of format version "
@@ -815,7 +824,74 @@ def _read_header(f: BinaryIO) -> tuple[dict[str, Any] | None, BinaryIO]:
             f"{', '.join(map(str, _READ_VERSIONS))}. Load it with the quax-lora "
             "that wrote it."
         )
+    layers = header.get("layers")
+    if not isinstance(layers, dict):
+        raise corrupt(
+            file, "header's `layers`", f"is a JSON {_json_kind(layers)}, not an object"
+        )
+    for path, settings in layers.items():
+        field = f"header's settings of layer `{path}`"
+        if not isinstance(settings, dict):
+            raise corrupt(
+                file, field, f"are a JSON {_json_kind(settings)}, not an object"
+            )
+        missing = [
+            k for k in (*_SETTINGS, "alpha") if k not in {**_DEFAULTS, **settings}
+        ]
+        if missing:
+            raise corrupt(file, field, f"lack {', '.join(map(repr, missing))}")
+        shape, scaling = settings["shape"], settings["scaling"]
+        if not (isinstance(shape, list) and all(map(_is_int, shape))):
+            raise corrupt(file, f"{field}: `shape`", f"is {shape!r}, not integers")
+        if not _is_number(scaling):
+            raise corrupt(file, f"{field}: `scaling`", f"is {scaling!r}, not a number")
     return header, f
+
+
+def _read_array(f: BinaryIO, file: str, field: str) -> np.ndarray | None:
+    """The next array of `f` as `np.save` wrote it, or `None` at the end of the
+    file. Its header is read by NumPy, and its length checked against what is
+    left of the file before its data is read; an array of Python objects is
+    refused (nothing is unpickled). A `CorruptAdapterError` naming `field` when
+    it cannot be such an array."""
+    position = f.tell()
+    end = f.seek(0, io.SEEK_END)
+    f.seek(position)
+    if position == end:
+        return None
+    npy = np.lib.format
+    try:
+        version = npy.read_magic(f)
+        if version not in ((1, 0), (2, 0)):
+            raise ValueError(f"NumPy format version {version}, not 1.0 or 2.0")
+        read = (
+            npy.read_array_header_1_0
+            if version == (1, 0)
+            else npy.read_array_header_2_0
+        )
+        shape, fortran, dtype = read(f)
+    except Exception as e:  # NumPy's parser of the header raises several types
+        raise corrupt(
+            file, field, f"is not an array as np.save writes one ({e!r})"
+        ) from e
+    if dtype.hasobject or dtype.itemsize == 0 or any(d < 0 for d in shape):
+        raise corrupt(
+            file,
+            field,
+            f"is of dtype {dtype} and shape {shape}, which no array of an adapter has",
+        )
+    size = math.prod(shape) * dtype.itemsize
+    left = end - f.tell()
+    if size > left:
+        raise corrupt(
+            file,
+            field,
+            f"says it holds {dtype} of shape {shape} ({size} bytes), and only "
+            f"{left} byte(s) are left in the file",
+        )
+    value = np.frombuffer(f.read(size), dtype=dtype, count=math.prod(shape))
+    value = value.reshape(shape, order="F" if fortran else "C")
+    return value.view(jnp.bfloat16) if value.dtype == "V2" else value
 
 
 def load_adapter(
@@ -908,6 +984,12 @@ def load_adapter(
     different layers; when the file's dtype would be rounded (without `cast`);
     for peft's layout, when the config sets what quax-lora does not reproduce
     or the file holds tensors that would be left unread.
+    [`quax_lora.CorruptAdapterError`][] (a `ValueError`) when a file is not as
+    `save_adapter` or peft writes one (cut short or changed: a length beyond the
+    file, a header that is not JSON, an array whose header does not fit its
+    data, a config key of another type), naming the file and the field. Every
+    length is checked against the file's size before it is read, and nothing in
+    a file is unpickled or run.
     """
     nnx = nnx_of(model)
     if nnx is None:
@@ -981,7 +1063,8 @@ def _load_adapter(
     spec = adapter_filter(model)
     adapter, rest = eqx.partition(model, spec)
     with _open(path_or_file, "rb") as f:
-        header, f = _read_header(f)
+        file = file_label(f)
+        header, f = _read_header(f, file)
         if header is None:
             layers = dict(_layers(model))
             scalings = sorted({repr(x.scaling) for x in layers.values()})
@@ -999,60 +1082,61 @@ def _load_adapter(
             )
         else:
             _check_settings(header["layers"], model)
-        loaded = _read_leaves(f, adapter, cast=cast, legacy=header is None)
+        loaded = _read_leaves(f, file, adapter, cast=cast, legacy=header is None)
     return eqx.combine(loaded, rest)
 
 
-def _read_leaves(f: BinaryIO, adapter: PyTree, *, cast: bool, legacy: bool) -> PyTree:
+def _read_leaves(
+    f: BinaryIO, file: str, adapter: PyTree, *, cast: bool, legacy: bool
+) -> PyTree:
     """The leaves of `adapter` (`a`, `b` and `magnitude` of each `LoraArray`) as
-    `eqx.tree_serialise_leaves` wrote them to `f`, each checked against the
-    model's: its shape, and its dtype by the rules of peft's layout (one the
-    model's adapter holds exactly loads, converted; one it would round loads
-    only with `cast`; one not floating, or complex into a real adapter, never).
-    A `legacy` file (no header recording its layers) must also end there: more
-    arrays would be the adapters of layers the model does not have. (A file
-    with a header may be followed by other data, as `eqx.tree_serialise_leaves`
-    allows.)"""
-    stored: list[np.ndarray | None] = []
-
-    def read(f: BinaryIO, x: Any) -> Any:
-        if not eqx.is_array(x):
-            return eqx.default_deserialise_filter_spec(f, x)
-        try:
-            # As `jnp.load`, without converting (a float64 file stays float64).
-            value = np.load(f)
-        except EOFError:  # a file of fewer layers (with no header to say so)
-            stored.append(None)
-        else:
-            stored.append(value.view(jnp.bfloat16) if value.dtype == "V2" else value)
-        return x
-
-    eqx.tree_deserialise_leaves(f, adapter, filter_spec=read)
+    `eqx.tree_serialise_leaves` wrote them to `f` (named `file` in messages),
+    each checked against the model's: its shape, and its dtype by the rules of
+    peft's layout (one the model's adapter holds exactly loads, converted; one it
+    would round loads only with `cast`; one not floating, or complex into a real
+    adapter, never). A file with a header must hold every leaf (a
+    `CorruptAdapterError` otherwise); a `legacy` file (no header recording its
+    layers) may hold fewer, the adapters of fewer layers, and must end after
+    them: more arrays would be the adapters of layers the model does not have.
+    (A file with a header may be followed by other data, as
+    `eqx.tree_serialise_leaves` allows.)"""
     leaves, treedef = jtu.tree_flatten_with_path(adapter)
+    stored: list[tuple[str, str, Any, np.ndarray | None]] = []
+    for path, like in leaves:
+        layer, field = jtu.keystr(path[:-1]), jtu.keystr(path[-1:])[1:]
+        value = _read_array(f, file, f"`{field}` of layer `{layer}`")
+        if not legacy and (value is None or value.shape != like.shape):
+            # The header's settings are the model's: the leaves must be theirs.
+            raise corrupt(
+                file,
+                f"`{field}` of layer `{layer}`",
+                "is missing: the file ends before it"
+                if value is None
+                else f"has shape {value.shape}, where the header's settings give "
+                f"{tuple(like.shape)}",
+            )
+        stored.append((layer, field, like, value))
     problems: list[str] = []
     narrowed: dict[str, tuple[Any, list[tuple[str, Any]]]] = {}
     loaded = []  # each leaf, checked, in the model's adapter dtype
-    position = f.tell()
     if legacy and f.read(1):
         problems.append(
             "the file holds more arrays than the model's adapter (the `a`, `b` "
             f"and `magnitude` of its {len(list(_layers(adapter)))} layer(s))"
         )
-    f.seek(position)
-    for (path, like), value in zip(leaves, stored, strict=True):
-        layer, field = jtu.keystr(path[:-1]), jtu.keystr(path[-1:])
+    for layer, field, like, value in stored:
         if value is None:
-            problems.append(f"layer `{layer}`: the file ends before its `{field[1:]}`")
+            problems.append(f"layer `{layer}`: the file ends before its `{field}`")
         elif value.shape != like.shape:
             problems.append(
-                f"layer `{layer}`: the file's `{field[1:]}` has shape {value.shape}, "
+                f"layer `{layer}`: the file's `{field}` has shape {value.shape}, "
                 f"where the model's has {tuple(like.shape)}"
             )
         elif (refused := refused_dtype(value.dtype, like.dtype)) is not None:
-            problems.append(f"layer `{layer}`: the file's `{field[1:]}` {refused}")
+            problems.append(f"layer `{layer}`: the file's `{field}` {refused}")
         elif narrows(value.dtype, like.dtype) and not cast:
             narrowed.setdefault(f"layer `{layer}`", (like.dtype, []))[1].append(
-                (field[1:], value.dtype)
+                (field, value.dtype)
             )
         else:
             loaded.append(jnp.asarray(value, dtype=like.dtype))

@@ -5,18 +5,21 @@ peft's torch layers store them) and `adapter_config.json` (peft's `LoraConfig`).
 `format="peft"`."""
 
 import collections
+import io
 import json
 import math
 import pathlib
 import re
+import warnings
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, BinaryIO
 
 import jax.numpy as jnp
 import numpy as np
+from safetensors import SafetensorError
 from safetensors.numpy import load_file, save_file
 
-from ._value import LoraArray
+from ._value import CorruptAdapterError, LoraArray, LoraWarning, _user_stacklevel
 
 
 __all__ = [
@@ -24,10 +27,12 @@ __all__ = [
     "CONV",
     "EMBEDDING",
     "LINEAR",
+    "MixedDropoutWarning",
     "WEIGHTS_NAME",
     "module_name",
     "narrowing_error",
     "narrows",
+    "read_json_header",
     "read_peft",
     "refused_dtype",
     "summarise",
@@ -42,6 +47,79 @@ _PREFIX = "base_model.model."
 _PROBLEMS_SHOWN = 4
 
 NameMap = Mapping[str, str] | Callable[[str], str] | None
+
+
+class MixedDropoutWarning(LoraWarning):
+    """`save_adapter(format="peft")` of a model whose layers have different LoRA
+    dropouts: peft's config holds one `lora_dropout`, so the largest is written,
+    and peft trains every layer with it. Dropout changes only training, never a
+    loaded adapter's outputs."""
+
+
+def file_label(f: Any) -> str:
+    """How messages name the file `f` (a path, or an open file): its name, or
+    that it was passed as a file object without one."""
+    name = f if isinstance(f, str | pathlib.Path) else getattr(f, "name", None)
+    return f"`{name}`" if isinstance(name, str | pathlib.Path) else "(a file object)"
+
+
+def corrupt(file: str, field: str, problem: str) -> CorruptAdapterError:
+    """The error for an adapter file that cannot be as quax-lora or peft wrote
+    it: `file` (as `file_label` names it), its `field`, and what is wrong."""
+    return CorruptAdapterError(
+        f"quax_lora.load_adapter: the adapter file {file} is corrupt: its {field} "
+        f"{problem}. It is not as quax_lora.save_adapter or peft writes a file "
+        "(cut short, or changed since): save the adapter again, or load an "
+        "intact copy."
+    )
+
+
+def read_json_header(f: BinaryIO, file: str) -> dict[str, Any]:
+    """The JSON object that follows in `f` after its length (8 bytes,
+    little-endian), as quax-lora's adapter files and safetensors files begin,
+    with the length checked against what is left of the file before reading it
+    (`f` is seekable)."""
+    raw = f.read(8)
+    if len(raw) < 8:
+        raise corrupt(file, "header length", f"is cut short ({len(raw)} of 8 bytes)")
+    length = int.from_bytes(raw, "little")
+    position = f.tell()
+    left = f.seek(0, io.SEEK_END) - position
+    f.seek(position)
+    if length > left:
+        raise corrupt(
+            file,
+            "header length",
+            f"says {length} bytes, and only {left} byte(s) follow it",
+        )
+    return _json_object(f.read(length), file, "header")
+
+
+def _json_object(data: bytes, file: str, field: str) -> dict[str, Any]:
+    """The JSON object `data` holds (UTF-8 text), the `field` of `file`; a
+    `CorruptAdapterError` naming them when it holds none."""
+    try:
+        value = json.loads(data.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise corrupt(file, field, f"is not UTF-8 (byte {e.start})") from e
+    except json.JSONDecodeError as e:
+        raise corrupt(
+            file, field, f"is not JSON ({e.msg}, at character {e.pos})"
+        ) from e
+    if not isinstance(value, dict):
+        raise corrupt(file, field, f"is a JSON {_json_kind(value)}, not an object")
+    return value
+
+
+def _json_kind(value: Any) -> str:
+    """What JSON calls the type of a value `json.loads` returned."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int | float):
+        return "number"
+    return {str: "string", list: "array", dict: "object"}[type(value)]
 
 
 def module_name(path: str) -> str:
@@ -185,6 +263,24 @@ def write_peft(
         _alpha_for(lora) for _, lora in entries if lora.rank == rank
     ).most_common(1)[0][0]
     dropouts = {lora.dropout for _, lora in entries}
+    if len(dropouts) > 1:
+        by_dropout = collections.defaultdict(list)
+        for peft, lora in entries:
+            by_dropout[lora.dropout].append(_named(peft))
+        listed = "; ".join(
+            f"{p} for {', '.join(names)}" for p, names in sorted(by_dropout.items())
+        )
+        warnings.warn(
+            f"quax_lora.save_adapter(format='peft'): the layers have different LoRA "
+            f"dropouts ({listed}), and peft's config has one lora_dropout: "
+            f"{max(dropouts)}, the largest, is written, so peft would train every "
+            "layer with it (the adapter's outputs do not depend on it). Loraify "
+            "the layers with one dropout= for a config that says how each was "
+            "trained, or save in quax-lora's own format (format='quax'), where "
+            "each layer keeps the dropout of the model it is loaded into.",
+            MixedDropoutWarning,
+            stacklevel=_user_stacklevel(),
+        )
     config = {
         "peft_type": "LORA",
         "task_type": None,
@@ -229,6 +325,80 @@ def _pattern(patterns: Mapping[str, Any], name: str, default: Any) -> Any:
         if re.fullmatch(rf"(.*\.)?({key})", name):
             return value
     return patterns.get(name, default)
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _is_number(x: Any) -> bool:
+    return isinstance(x, int | float) and not isinstance(x, bool)
+
+
+def _are(check: Callable[[Any], bool]) -> Callable[[Any], bool]:
+    """`check` of a value, or of each value of a list (a JSON array)."""
+    return lambda x: check(x) or (isinstance(x, list) and all(map(check, x)))
+
+
+def _values_are(check: Callable[[Any], bool]) -> Callable[[Any], bool]:
+    """`check` of each value of a dict (a JSON object)."""
+    return lambda x: isinstance(x, dict) and all(map(check, x.values()))
+
+
+# The JSON types of the keys `read_peft` reads, as peft's `LoraConfig` writes
+# them, and how a message says them. A value of another type (`use_dora: "false"`,
+# a true string) is a corrupt file, not a setting. `null` stands for peft's
+# default, except for `r` and `lora_alpha`, which every peft config holds.
+_KEY_TYPES: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "peft_type": (lambda x: isinstance(x, str), "a string"),
+    "r": (lambda x: _is_int(x) and x > 0, "a positive integer"),
+    "lora_alpha": (_is_number, "a number"),
+    "rank_pattern": (
+        _values_are(lambda x: _is_int(x) and x > 0),
+        "an object of positive integers",
+    ),
+    "alpha_pattern": (_values_are(_is_number), "an object of numbers"),
+    "use_rslora": (lambda x: isinstance(x, bool), "true or false"),
+    "use_dora": (lambda x: isinstance(x, bool), "true or false"),
+    "fan_in_fan_out": (lambda x: isinstance(x, bool), "true or false"),
+    "target_modules": (_are(lambda x: isinstance(x, str)), "a string or strings"),
+    "exclude_modules": (_are(lambda x: isinstance(x, str)), "a string or strings"),
+    "layers_pattern": (_are(lambda x: isinstance(x, str)), "a string or strings"),
+    "modules_to_save": (
+        lambda x: isinstance(x, list) and all(isinstance(v, str) for v in x),
+        "an array of strings",
+    ),
+    "layers_to_transform": (_are(_is_int), "an integer or integers"),
+    "bias": (lambda x: isinstance(x, str), "a string"),
+    "init_lora_weights": (
+        lambda x: isinstance(x, bool | str),
+        "true, false or a string",
+    ),
+}
+_REQUIRED_KEYS = ("r", "lora_alpha")
+
+
+def _read_config(path: pathlib.Path) -> dict[str, Any]:
+    """peft's `adapter_config.json` at `path`: a JSON object whose keys that
+    `read_peft` reads have the types peft writes (`_KEY_TYPES`); a
+    `CorruptAdapterError` naming the key otherwise."""
+    file = file_label(path)
+    config = _json_object(path.read_bytes(), file, "text")
+    for key in _REQUIRED_KEYS:
+        if key not in config:
+            raise corrupt(
+                file, f"`{key}`", "is missing (peft writes it in every config)"
+            )
+    for key, (check, kind) in _KEY_TYPES.items():
+        value = config.get(key)
+        if (value is not None or key in _REQUIRED_KEYS) and not check(value):
+            raise corrupt(
+                file,
+                f"`{key}`",
+                f"is {json.dumps(value)}, a JSON {_json_kind(value)}, where peft "
+                f"writes {kind}",
+            )
+    return config
 
 
 # What `read_peft` does with each key of peft's `LoraConfig` (`adapter_config.json`).
@@ -461,7 +631,7 @@ def read_peft(
     only with `cast`). `fan_in_fan_out=None` is `False` (`(out, in)` weights, as
     `eqx.nn.Linear`'s), refusing a config that says otherwise."""
     directory = pathlib.Path(directory)
-    config = json.loads((directory / CONFIG_NAME).read_text())
+    config = _read_config(directory / CONFIG_NAME)
     if config.get("peft_type", "LORA") != "LORA":
         raise ValueError(
             f"quax_lora.load_adapter: {CONFIG_NAME} is for peft_type="
@@ -501,7 +671,7 @@ def read_peft(
                 "so this is not guessed)."
             )
         fan_in_fan_out = False
-    tensors = load_file(str(directory / WEIGHTS_NAME))
+    tensors = _read_tensors(directory / WEIGHTS_NAME)
     variant = "rslora" if use_rslora else "dora" if use_dora else "lora"
     found = {key: _TENSOR.fullmatch(key.removeprefix(_PREFIX)) for key in tensors}
     modules = {
@@ -620,6 +790,38 @@ def read_peft(
     if narrowed:
         raise narrowing_error(narrowed)
     return out
+
+
+def _read_tensors(path: pathlib.Path) -> dict[str, np.ndarray]:
+    """The tensors of the safetensors file at `path`: its header's length, text
+    and JSON, and that each tensor's bytes lie in the file, checked here (against
+    the file's size, before reading them); the rest (dtypes, shapes against
+    lengths) by safetensors; each failure a `CorruptAdapterError` naming the file
+    and, where one is to blame, the tensor."""
+    file = file_label(path)
+    with open(path, "rb") as f:
+        header = read_json_header(f, file)
+        start = f.tell()
+        data = f.seek(0, io.SEEK_END) - start
+    for name, entry in header.items():
+        offsets = entry.get("data_offsets") if isinstance(entry, dict) else None
+        if name == "__metadata__" or not (
+            isinstance(offsets, list)
+            and len(offsets) == 2
+            and all(map(_is_int, offsets))
+        ):
+            continue  # safetensors says what is wrong with it
+        if not 0 <= offsets[0] <= offsets[1] <= data:
+            raise corrupt(
+                file,
+                f"tensor `{name}`",
+                f"lies at bytes {offsets[0]} to {offsets[1]} of the data, which "
+                f"holds {data} byte(s)",
+            )
+    try:
+        return load_file(str(path))
+    except SafetensorError as e:
+        raise corrupt(file, "tensors", f"cannot be read by safetensors ({e})") from e
 
 
 def _leaves(

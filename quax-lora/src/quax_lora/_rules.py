@@ -1,7 +1,7 @@
 """The rules for `LoraArray`: products computed as `w @ x + s * a @ (b @ x)`, and the
 cheap structural operations (`transpose`, `neg`, scalar `mul`, dtype conversion)
-that keep the low-rank form, and the gathers of rows (`eqx.nn.Embedding`) as
-`w[i] + s * a[i] @ b`.
+that keep the low-rank form, and the gathers and slices of rows
+(`eqx.nn.Embedding`) as `w[i] + s * a[i] @ b`.
 
 Every rule first takes the adapter a stacked `LoraArray` selects (`index`, gathered
 from `a` and `b`); the products apply LoRA dropout to the adapter's input and DoRA's
@@ -569,9 +569,10 @@ def _(operand: LoraArray, *, dimensions: Sequence[int], **params: Any) -> LoraAr
 
 
 def _gathers_rows(lora: LoraArray, slice_sizes: Sequence[int]) -> bool:
-    """Whether a gather (or dynamic slice) of `lora` with `slice_sizes` takes whole
-    rows of a matrix, so that it factors as `w[i] + s a[i] b`. DoRA's rows are
-    scaled by their norms: refused (it would need them per gathered row)."""
+    """Whether a gather (or a dynamic or static slice) of `lora` with
+    `slice_sizes` takes whole rows of a matrix, so that it factors as
+    `w[i] + s a[i] b`. DoRA's rows are scaled by their norms: refused (it would
+    need them per gathered row)."""
     return (
         lora.ndim == 2
         and lora.batch_ndim == 0
@@ -648,5 +649,34 @@ def _(operand: LoraArray, *starts: ArrayLike, slice_sizes: Sequence[int]) -> Any
     )
     rows_a = lax.dynamic_slice_p.bind(
         operand.a, starts[0], starts[1], slice_sizes=(slice_sizes[0], operand.rank)
+    )
+    return _rows_times_b(rows_a, operand.b, operand.scaling, 1, dense)
+
+
+@quax.register(lax.slice_p)
+def _(
+    operand: LoraArray,
+    *,
+    start_indices: Sequence[int],
+    limit_indices: Sequence[int],
+    strides: Sequence[int] | None,
+) -> Any:
+    # A static slice of rows, what `w[i]` binds for a Python or NumPy integer
+    # `i` (and `w[2:5]`, `w[::2]`): `w[rows] + s a[rows] b`.
+    operand = operand.selected()
+    params = {
+        "start_indices": tuple(start_indices),
+        "limit_indices": tuple(limit_indices),
+        "strides": None if strides is None else tuple(strides),
+    }
+    sizes = [hi - lo for lo, hi in zip(start_indices, limit_indices, strict=True)]
+    if not _gathers_rows(operand, sizes) or (strides is not None and strides[1] != 1):
+        return quax.fallback_rule(lax.slice_p, (operand,))((operand,), params)
+    dense = _bind(lax.slice_p, operand.weight(), **params)
+    rows_a = lax.slice_p.bind(
+        operand.a,
+        start_indices=(start_indices[0], 0),
+        limit_indices=(limit_indices[0], operand.rank),
+        strides=None if strides is None else (strides[0], 1),
     )
     return _rows_times_b(rows_a, operand.b, operand.scaling, 1, dense)

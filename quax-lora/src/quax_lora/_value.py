@@ -17,7 +17,13 @@ from jax import lax
 from jaxtyping import Array, DTypeLike, PRNGKeyArray
 
 
-__all__ = ["LoraArray", "LoraWarning", "MaterialisationError", "RankWarning"]
+__all__ = [
+    "CorruptAdapterError",
+    "LoraArray",
+    "LoraWarning",
+    "MaterialisationError",
+    "RankWarning",
+]
 
 # The variants of the update `loraify` and `LoraArray` make: plain LoRA, rsLoRA
 # (scaled by `alpha / sqrt(rank)`) and DoRA (a learnt magnitude per output times
@@ -42,6 +48,14 @@ class MaterialisationError(quax.MaterialisationError):
     LoRA rule and would need the dense `w + a @ b`. Its message starts with
     "Refusing to materialise `LoraArray`", as the published quax's refusals do;
     it is a [`quax.MaterialisationError`][] (a `RuntimeError`)."""
+
+
+class CorruptAdapterError(ValueError):
+    """[`quax_lora.load_adapter`][] read a file that is not as
+    [`quax_lora.save_adapter`][] (or peft) writes one: cut short, or changed. Its
+    message names the file and the field (a header, a layer's `a`, a key of
+    peft's config). Lengths are checked against the file's size before anything
+    is read, and nothing in the file is executed."""
 
 
 class LoraArray(quax.GuardedValue):

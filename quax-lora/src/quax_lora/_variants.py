@@ -9,6 +9,8 @@ from typing import Any
 import jax.numpy as jnp
 import jax.random as jr
 import jax.tree_util as jtu
+import numpy as np
+from jax.core import Tracer
 from jaxtyping import ArrayLike, PRNGKeyArray, PyTree
 
 from ._value import LoraArray
@@ -120,14 +122,26 @@ def select_adapter(model: PyTree, index: ArrayLike) -> PyTree:
     **Arguments:**
 
     - `model`: a model with stacked adapters.
-    - `index`: an integer in `[0, k)`, of shape `()`; traced is fine, and inside
-        `jax.vmap` one per row of the batch. (An index out of range is clamped,
-        as JAX's indexing does.)
+    - `index`: an integer in `[-k, k)`, of shape `()`; traced is fine, and
+        inside `jax.vmap` one per row of the batch. A negative index counts from
+        the end, as Python's and JAX's indexing do (`-1` is adapter `k - 1`). A
+        concrete index (a Python or NumPy integer, a JAX array outside a
+        transform) outside `[-k, k)` is refused. A traced one (under `jax.jit`
+        or `jax.vmap`) cannot be checked before it runs: outside `[-k, k)`, it
+        is clamped, as JAX's indexing clamps (`k + 3` runs adapter `k - 1`,
+        `-k - 3` adapter 0); check it where it is made if it may be out of
+        range.
 
     **Returns:**
 
     `model` with `index` set in every stacked `LoraArray` (others are unchanged).
+
+    **Raises:**
+
+    `ValueError` for an index that is not one integer, and for a concrete index
+    outside `[-k, k)` for some stacked `LoraArray` of `model`.
     """
+    given = index
     index = jnp.asarray(index)
     if index.shape != () or not jnp.issubdtype(index.dtype, jnp.integer):
         raise ValueError(
@@ -135,9 +149,20 @@ def select_adapter(model: PyTree, index: ArrayLike) -> PyTree:
             f"shape {index.shape} and dtype {index.dtype}. For one adapter per row "
             "of a batch, call it inside jax.vmap with the rows' indices."
         )
+    # An index that is no tracer is known now, also inside `jax.jit` (a Python
+    # integer there), and is checked against every stack below.
+    concrete = None if isinstance(given, Tracer) else int(np.asarray(given))
 
     def leaf(x: Any) -> Any:
         if isinstance(x, LoraArray) and x.adapters is not None:
+            if concrete is not None and not -x.adapters <= concrete < x.adapters:
+                raise ValueError(
+                    f"quax_lora.select_adapter: index {concrete} is not in "
+                    f"[-{x.adapters}, {x.adapters}) for a LoraArray of shape "
+                    f"{x.shape} holding {x.adapters} adapters. Pass the index of "
+                    "one of the stacked adapters (a negative one counts from the "
+                    "end)."
+                )
             return x.replace(index=index)
         return x
 

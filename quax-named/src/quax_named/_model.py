@@ -33,6 +33,7 @@ from ._value import (
     NamedArray,
     align,
     check_named,
+    describe_argument,
     labels_of,
     like,
     make,
@@ -796,6 +797,17 @@ def rearrange(x: NamedArray, spec: str, **sizes: int) -> Any:
 # Indexing, sorting, shifting, padding by name -----------------------------------------
 
 
+def _check_not_swapped(indices: Any, axis: Any) -> None:
+    """A `TypeError` for `take(x, "b", idx)`: the axis given as the indices."""
+    if isinstance(indices, str | Axis) and not isinstance(axis, str | Axis):
+        raise TypeError(
+            f"quax_named.take(x, indices, axis) takes the indices before the axis: "
+            f"got the axis {indices!r} as `indices` and {describe_argument(axis)} as "
+            f"`axis`. Pass the indices second and the axis third: "
+            f"quax_named.take(x, indices, {indices!r})."
+        )
+
+
 def take(x: NamedArray, indices: Any, axis: AxisLike, **kwargs: Any) -> Any:
     """`jnp.take` along a named axis.
 
@@ -816,6 +828,7 @@ def take(x: NamedArray, indices: Any, axis: AxisLike, **kwargs: Any) -> Any:
     A `NamedArray` (a plain scalar when no axis is left).
     """
     x = check_named(x, "take")
+    _check_not_swapped(indices, axis)
     i = x.index(axis)
     if isinstance(indices, NamedArray):
         indices = check_named(indices, "take")

@@ -117,23 +117,50 @@ def _current(
 
 
 def partition_spec(
-    axes: Sequence[Any], mapping: Mapping[str, MeshAxes] | None = None
+    axes: Any, mapping: Mapping[str, MeshAxes] | None = None
 ) -> PartitionSpec:
-    """The `PartitionSpec` of an array with `axes` (a `NamedArray`'s `.axes`, or names).
+    """The `PartitionSpec` of an array with `axes` (a `NamedArray`, its `.axes`, or
+    names).
 
     **Arguments:**
 
-    - `axes`: the axes (`Axis` objects or names), in storage order.
+    - `axes`: a `NamedArray` (as [`quax_named.named_sharding`][] takes), or its
+        axes (`Axis` objects or names), in storage order.
     - `mapping`: axis name -> mesh axes; defaults to the active
         [`quax_named.axis_mapping`][].
 
     **Returns:**
 
     One entry per axis: its mesh axes, or `None`.
+
+    **Raises:**
+
+    `TypeError` when an axis is neither a name nor an `Axis`.
     """
     mapping, _ = _current(mapping, None)
     mapping = mapping or {}
-    names = [a if isinstance(a, str) else getattr(a, "name", None) for a in axes]
+    given: Sequence[Any]
+    if isinstance(axes, str):  # one name
+        given = [axes]
+    elif isinstance(axes, quax.Value):  # a NamedArray (whose module imports this)
+        named = getattr(axes, "axes", None)
+        if named is None:
+            raise TypeError(
+                f"quax_named.partition_spec needs a NamedArray or its axes (names "
+                f"or `Axis` objects), got a {type(axes).__name__}."
+            )
+        given = named
+    else:
+        given = axes
+    names = []
+    for a in given:
+        name = a if isinstance(a, str) else getattr(a, "name", ...)
+        if name is not None and not isinstance(name, str):
+            raise TypeError(
+                f"quax_named.partition_spec needs a NamedArray or its axes (names "
+                f"or `Axis` objects), got {type(a).__name__} {a!r} among {given!r}."
+            )
+        names.append(name)
     used: set[str] = set()
     spec = []
     for name in names:

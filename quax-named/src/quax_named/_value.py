@@ -27,6 +27,7 @@ __all__ = [
     "binary",
     "broadcast_to",
     "check_named",
+    "describe_argument",
     "getitem",
     "labels_of",
     "like",
@@ -231,8 +232,16 @@ class NamedArray(quax.OperatorMethods, quax.BitwiseOperatorMethods, quax.Guarded
 
         Its position. Raises a `ValueError` naming the axes if it is missing, and
         if `axis` is an `Axis` with a size that this array's axis does not have
-        (every array must have an `Axis`'s size along it).
+        (every array must have an `Axis`'s size along it); a `TypeError` if
+        `axis` is neither a name nor an `Axis` (an index or an array: axes are
+        named, not numbered).
         """
+        if not isinstance(axis, str | Axis):
+            raise TypeError(
+                f"An axis of a NamedArray is named: a name (a string) or an "
+                f"`Axis`, got {describe_argument(axis)}. This array's axes are "
+                f"{labels(self.axes)}."
+            )
         key = axis if isinstance(axis, str) else axis.key
         for i, a in enumerate(self.axes):
             if a.key == key:
@@ -656,3 +665,11 @@ def binary(op: Callable[[Any, Any], Any], x: Any, y: Any) -> Any:
     named = x if isinstance(x, NamedArray) else y
     result = call(op, *arrays)
     return make(result, named.axes, named.allow_materialise)
+
+
+def describe_argument(x: Any) -> str:
+    """How a message names an argument that is of the wrong kind: its type, and
+    its shape or value."""
+    if hasattr(x, "shape") and hasattr(x, "dtype"):
+        return f"an array of shape {tuple(x.shape)} and dtype {x.dtype}"
+    return f"{type(x).__name__} {x!r}"

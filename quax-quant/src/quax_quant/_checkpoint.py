@@ -16,12 +16,16 @@ the leaves.
 without dequantising.
 """
 
+import ast
+import io
 import json
+import math
 import struct
 from collections.abc import Sequence
 from typing import Any, BinaryIO
 
 import equinox as eqx
+import jax
 import jax.numpy as jnp
 import jax.tree_util as jtu
 import numpy as np
@@ -45,6 +49,8 @@ _MAGIC = b"quax_quant checkpoint\n"
 _VERSION = 1
 # The header's length, before it: an unsigned 64-bit little-endian integer.
 _LENGTH = struct.Struct("<Q")
+# What `np.save` writes first, before the format's version (two bytes).
+_NPY_MAGIC = b"\x93NUMPY"
 
 
 def _layout(shape: Sequence[int], group_sizes: Sequence[int]) -> dict[str, Any]:
@@ -186,7 +192,14 @@ def load_quantised(path_or_file: str | BinaryIO, like: PyTree) -> PyTree:
     one with another format, bits, block layout, scheme, dtype, packing or
     product path, or another array of a different shape or dtype. The message
     names the array by its path and the field, with the saved value; nothing is
-    loaded.
+    loaded. Also a `ValueError` saying the checkpoint is corrupt, naming the file
+    and the field, when the file is not as `save_quantised` wrote it (cut
+    short, or changed since): a header length beyond the file, a header that is
+    not a JSON object of the recorded fields, a leaf whose stored shape or dtype
+    is not the one its header records (checked before its data is read, so the
+    error names that leaf, not the next one), or whose data the file does not
+    hold. Every length is checked against the file's size before it is read,
+    and nothing in the file is unpickled or run.
     """
     if isinstance(path_or_file, str):
         with open(path_or_file, "rb") as f:
@@ -195,21 +208,122 @@ def load_quantised(path_or_file: str | BinaryIO, like: PyTree) -> PyTree:
 
 
 def _read(f: BinaryIO, like: PyTree) -> PyTree:
+    name = getattr(f, "name", None)
+    file = f"`{name}`" if isinstance(name, str) else "(a file object)"
+    if not f.seekable():
+        # A stream: lengths are checked against the file's size, read first.
+        f = io.BytesIO(f.read())
     if f.read(len(_MAGIC)) != _MAGIC:
         raise ValueError(
             "load_quantised: the file is not a quax_quant checkpoint (written by "
             "quax_quant.save_quantised); for a file written by "
             "eqx.tree_serialise_leaves use eqx.tree_deserialise_leaves."
         )
-    (length,) = _LENGTH.unpack(f.read(_LENGTH.size))
-    saved = json.loads(f.read(length).decode())
+    raw = f.read(_LENGTH.size)
+    if len(raw) < _LENGTH.size:
+        raise _corrupt(file, "header length", f"is cut short ({len(raw)} of 8 bytes)")
+    (length,) = _LENGTH.unpack(raw)
+    if length > _left(f):
+        raise _corrupt(
+            file, "header length", f"says {length} bytes, and {_left(f)} follow it"
+        )
+    try:
+        saved = json.loads(f.read(length).decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise _corrupt(file, "header", f"is not JSON text ({e})") from e
+    if not isinstance(saved, dict):
+        raise _corrupt(file, "header", f"is {type(saved).__name__}, not an object")
     if saved.get("version") != _VERSION:
         raise ValueError(
             f"load_quantised: the checkpoint has version {saved.get('version')}; "
             f"this quax_quant reads version {_VERSION}."
         )
+    for kind in ("quantised", "arrays"):
+        entries = saved.get(kind)
+        if not isinstance(entries, dict) or not all(
+            isinstance(entry, dict) for entry in entries.values()
+        ):
+            raise _corrupt(
+                file, f"header's `{kind}`", "is not an object of one object per path"
+            )
     _check(saved, _header(like))
-    return eqx.tree_deserialise_leaves(f, like)
+    leaves, treedef = jtu.tree_flatten_with_path(like)
+    return jtu.tree_unflatten(
+        treedef, [_read_leaf(f, file, jtu.keystr(path), x) for path, x in leaves]
+    )
+
+
+def _left(f: BinaryIO) -> int:
+    """How many bytes of the seekable `f` follow its position."""
+    position = f.tell()
+    end = f.seek(0, io.SEEK_END)
+    f.seek(position)
+    return end - position
+
+
+def _corrupt(file: str, field: str, problem: str) -> ValueError:
+    return ValueError(
+        f"load_quantised: the checkpoint {file} is corrupt: its {field} {problem}. "
+        "It is not as quax_quant.save_quantised wrote it (cut short, or changed "
+        "since): save the model again, or load an intact copy."
+    )
+
+
+def _read_leaf(f: BinaryIO, file: str, path: str, x: Any) -> Any:
+    """The leaf at `path` of the model, read from `f` as
+    `eqx.tree_serialise_leaves` wrote it (`np.save` for an array or a number),
+    in place of `like`'s `x`. The stored array's header must describe `x`'s
+    shape and dtype (the header's check made them the saved model's) before its
+    data is read, and its data must lie in the file; the header is read as a
+    Python literal (`ast.literal_eval`, as NumPy reads it), so nothing is run,
+    and no dtype but `x`'s is read, so nothing is unpickled."""
+    if isinstance(x, jax.Array | np.ndarray):
+        shape, dtype = tuple(x.shape), np.dtype(x.dtype)
+    elif eqx.is_array_like(x):  # a number; `np.save` wrote it as an array of ()
+        shape, dtype = (), np.asarray(x).dtype
+    else:
+        return x
+    field = f"leaf {path}"
+    # What `np.save` writes for `dtype`, compared as text: the dtypes NumPy does
+    # not know are written as it can (bfloat16 as `<V2`, float8_e5m2 as `<f1`),
+    # not always as it can read back.
+    descr = np.lib.format.dtype_to_descr(dtype)
+    start = f.read(len(_NPY_MAGIC) + 2)
+    if len(start) < len(_NPY_MAGIC) + 2 or not start.startswith(_NPY_MAGIC):
+        raise _corrupt(file, field, "does not start as np.save starts an array")
+    major = start[len(_NPY_MAGIC)]
+    if major not in (1, 2):
+        raise _corrupt(file, field, f"is in NumPy's format version {major}, not 1 or 2")
+    length_field = f.read(2 if major == 1 else 4)
+    length = int.from_bytes(length_field, "little")
+    if len(length_field) < (2 if major == 1 else 4) or length > _left(f):
+        raise _corrupt(file, field, "has a header longer than what is left of the file")
+    try:
+        stored = ast.literal_eval(f.read(length).decode("latin1"))
+    except Exception as e:  # whatever the parser of a literal raises
+        raise _corrupt(file, field, f"has a header that is no literal ({e!r})") from e
+    if not isinstance(stored, dict) or stored.get("fortran_order") not in (True, False):
+        raise _corrupt(file, field, f"has a header {stored!r}, not np.save's")
+    if stored.get("descr") != descr or stored.get("shape") != shape:
+        raise _corrupt(
+            file,
+            field,
+            f"is stored as {stored.get('descr')!r} of shape {stored.get('shape')}, "
+            f"where the header records {dtype} (stored as {descr!r}) of shape "
+            f"{shape}",
+        )
+    size = math.prod(shape) * dtype.itemsize
+    if size > _left(f):
+        raise _corrupt(
+            file, field, f"needs {size} bytes, and {_left(f)} are left in the file"
+        )
+    value = np.frombuffer(f.read(size), dtype=dtype)
+    value = value.reshape(shape, order="F" if stored["fortran_order"] else "C")
+    if isinstance(x, jax.Array):
+        return jnp.asarray(value)
+    if isinstance(x, np.ndarray):
+        return value.copy()
+    return type(x)(value.item())
 
 
 def _check(saved: dict[str, Any], have: dict[str, Any]) -> None:

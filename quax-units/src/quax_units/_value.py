@@ -439,25 +439,77 @@ def _to_si(value: ArrayLike, u: Unit) -> Any:
 
 
 def scaled(array: Any, factor: float, *, divide: bool = False) -> Any:
-    """`array * factor` (or `array / factor`), in the array's floating dtype, in
-    several steps where `factor` is out of that dtype's range.
+    """`array * factor` (or `array / factor`), in the array's floating dtype, also
+    where `factor` is out of that dtype's range.
 
     The factors between units of different systems can be: a joule is 5.3e-43
     `Msun kpc2 / Myr2`, beyond float32's range (1.2e-38 to 3.4e38), where a single
     multiplication would give 0 or infinity for numbers that the dtype holds at both
-    ends (1e30 J is 5.3e-13 of the galactic unit). Then it multiplies (or divides) by
-    factors whose product is `factor`, each in range (two roundings instead of one).
+    ends (1e30 J is 5.3e-13 of the galactic unit). Then the factor is split into a
+    mantissa in range and a power of two (`math.frexp`), and each number into its
+    own (`jnp.frexp`): the mantissas are multiplied (one rounding, as a single
+    product would round) and the powers of two added as integers, exactly. No
+    constant is left for XLA to fold into one out of range (as it folds `x * a * b`
+    into `x * (a * b)`), so no optimisation barrier is needed, which TPUs cannot
+    compile. It is a linear map with its own transpose (`lax.custom_linear_solve`),
+    so `jvp`, `grad` and `vmap` go through it as through a product.
     """
     dtype = jnp.result_type(array)
     if jnp.issubdtype(dtype, jnp.inexact):
         finfo = jnp.finfo(dtype)
         if not float(finfo.tiny) <= factor <= float(finfo.max):
-            root = math.sqrt(factor)
-            # The barrier keeps XLA from folding the two constants back into one
-            # (`x / a / b` into `x / (a * b)`), which would be out of range again.
-            once = jax.lax.optimization_barrier(scaled(array, root, divide=divide))
-            return scaled(once, factor / root, divide=divide)
+            return jax.lax.custom_linear_solve(
+                lambda y: _exactly_scaled(y, factor, not divide),
+                jnp.asarray(array),
+                lambda _, b: _exactly_scaled(b, factor, divide),
+                symmetric=True,
+            )
     return array / factor if divide else array * factor
+
+
+def _exactly_scaled(array: Any, factor: float, divide: bool) -> Any:
+    """`array * factor` (or `/`) for a `factor` of any size: the numbers'
+    mantissas times the factor's, rounded once, their powers of two summed as
+    integers (see `scaled`)."""
+    if jnp.issubdtype(array.dtype, jnp.complexfloating):
+        return jax.lax.complex(
+            _exactly_scaled(jnp.real(array), factor, divide),
+            _exactly_scaled(jnp.imag(array), factor, divide),
+        )
+    mantissa, power = math.frexp(factor)  # factor = mantissa * 2**power
+    if divide:  # by a mantissa in [1, 2), so that the quotient is in (0.25, 1)
+        mantissa, power = 2 * mantissa, 1 - power
+    numbers, exponents = jnp.frexp(array)  # in [0.5, 1) where finite and nonzero
+    product = numbers / mantissa if divide else numbers * mantissa
+    fraction, extra = jnp.frexp(product)
+    out = _times_power_of_two(fraction, exponents + extra + power)
+    # Zeros, infinities and NaNs (which `jnp.frexp` returns as they are) give
+    # what a product gives: so do subnormal numbers on backends that read them
+    # as zeros (XLA's CPU, GPU and TPU backends flush them).
+    return jnp.where((array == 0) | ~jnp.isfinite(array), product, out)
+
+
+def _times_power_of_two(fraction: Any, exponent: Any) -> Any:
+    """`fraction * 2**exponent` for `fraction` in [0.5, 1) (in magnitude) and an
+    integer array `exponent`, built from the bits: the exponent field set where
+    the result is normal, infinity above the dtype's range, and below it a
+    normal number scaled down by a constant power of two (rounding once to the
+    subnormal numbers, or to zero)."""
+    finfo = jnp.finfo(fraction.dtype)
+    bits = jnp.dtype(f"int{8 * fraction.dtype.itemsize}")
+    step = finfo.nmant + 2  # what lifts every nonzero subnormal result to normal
+    low = exponent < finfo.minexp
+    shifted = jnp.where(low, exponent + step, exponent).astype(bits)
+    # `fraction`'s exponent field stands for 2**-1: adding `shifted` to it gives
+    # `fraction * 2**shifted` wherever that is normal.
+    out = jax.lax.bitcast_convert_type(
+        jax.lax.bitcast_convert_type(fraction, bits)
+        + jax.lax.shift_left(shifted, jnp.asarray(finfo.nmant, bits)),
+        fraction.dtype,
+    )
+    out = jnp.where(low, out * jnp.asarray(2.0**-step, fraction.dtype), out)
+    out = jnp.where(exponent + step < finfo.minexp, jnp.copysign(0, fraction), out)
+    return jnp.where(exponent > finfo.maxexp, jnp.copysign(jnp.inf, fraction), out)
 
 
 @jax.jit

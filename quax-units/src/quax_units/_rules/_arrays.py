@@ -260,14 +260,38 @@ _ABS_WAY_OUT = (
 )
 
 
+# A plain constant selected beside quantities is the guard of a division by a
+# difference in library code (`where(t0 == t1, 1, t1 - t0)`): its constant has no
+# units to take, and giving it the quantities' would read `where(m, 1.0, x_km)` as
+# 1 m. Said where the refusal names it.
+_GUARD_WAY_OUT = (
+    "A plain constant beside a quantity has no units to take. If it is library "
+    "code guarding a division by a difference, as diffrax's `linear_rescale` "
+    "divides by `jnp.where(t0 == t1, 1, t1 - t0)` where times are quantities "
+    "(`t0`, `t1`, `dt0` of `diffeqsolve`, or `SaveAt(ts=...)`), give that code "
+    "plain numbers: the times in seconds (`quax_units.ustrip('s', t0)`), and a "
+    "vector field that makes its time a quantity again and returns its rate "
+    "times one second (`lambda t, y, args: f(t * s, y, args) * s`, with `s = "
+    "Quantity(1.0, 's')`)."
+)
+
+
 @quax.register(lax.select_n_p)
 def _select_n(which: ArrayLike, *cases: _Operand) -> Quantity:
     plain_complex = any(
         not isinstance(c, Quantity) and np.iscomplexobj(c) for c in cases
     )
-    dims, shown = _same_units(
-        lax.select_n_p, cases, _ABS_WAY_OUT if plain_complex else ""
-    )
+    try:
+        dims, shown = _same_units(
+            lax.select_n_p, cases, _ABS_WAY_OUT if plain_complex else ""
+        )
+    except UnitError as e:
+        constants = [
+            quax.known_constant(c) for c in cases if not isinstance(c, Quantity)
+        ]
+        if plain_complex or all(c is None for c in constants):
+            raise
+        raise UnitError(f"{e} {_GUARD_WAY_OUT}") from None
     return _wrap(lax.select_n_p.bind(which, *map(_array, cases)), dims, shown)
 
 
