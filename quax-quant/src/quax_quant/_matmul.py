@@ -21,6 +21,7 @@ numbers) and the scale `s` and offset `o = -z * s` constant on blocks (see
 
 import contextvars
 import functools as ft
+import itertools
 import math
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -41,7 +42,7 @@ from ._kernels import (
     split_groups,
     to_out,
 )
-from ._value import QuantisedArray
+from ._value import QuantisedArray, repeat_blocks
 
 
 __all__ = [
@@ -151,11 +152,7 @@ def rows_of(x: Any, contract: Sequence[int], batch: Sequence[int]) -> int:
 
 def expand_axes(w: QuantisedArray, block: Array, axes: Sequence[int]) -> Array:
     """`block` (scale layout) repeated to full size along `axes`."""
-    for a in axes:
-        g = w.shape[a] // w.scale.shape[a]
-        if g > 1 and block.shape[a] > 1:
-            block = jnp.repeat(block, g, axis=a)
-    return block
+    return repeat_blocks(block, w.shape, axes)
 
 
 # The product --------------------------------------------------------------------------
@@ -174,16 +171,24 @@ def _dequantised(w: QuantisedArray, acc: Any) -> Array:
 
 
 def _take(w: QuantisedArray, axis: int, start: int, stop: int) -> QuantisedArray:
-    """`w[start:stop]` along `axis`, at scale-block boundaries; an int4 (or NF4)
-    array packed along `axis` comes back unpacked (one value per `int8`)."""
+    """`w[start:stop]` along `axis`, at scale-block boundaries: `start` at one, and
+    `stop` at one or at the end, cutting either whole blocks of the same length
+    or only NF4's shorter last block (so that the part has the same blocks). An
+    int4 (or NF4) array packed along `axis` comes back unpacked (one value per
+    `int8`)."""
     packed = w.bits == 4 and w.packed_axis % w.ndim == axis
     values = w.codes() if packed else w.values
     g = w.group_sizes[axis]
+    d = w.shape[axis]
+    blocks = w.scale.shape[axis]
+    assert blocks == 1 or (
+        start % g == 0 and (stop % g == 0 or (start == (blocks - 1) * g and stop == d))
+    ), f"_take({start}, {stop}) of an axis of {d} in blocks of {g}"
 
     def cut(block: Array) -> Array:
         if block.shape[axis] == 1:
             return block
-        return lax.slice_in_dim(block, start // g, stop // g, axis=axis)
+        return lax.slice_in_dim(block, start // g, -(-stop // g), axis=axis)
 
     fields = _static_fields(w)
     if packed:
@@ -258,10 +263,16 @@ def _blocked_product(
     position = len(w_batch) + free.index(axis) + (0 if w_is_lhs else x_free)
     out = jnp.moveaxis(out, 0, position)
     out = out.reshape(*out.shape[:position], -1, *out.shape[position + 2 :])
-    if main.shape[axis] < w.shape[axis]:
-        rest = product(_take(w, axis, main.shape[axis], w.shape[axis]))
-        out = jnp.concatenate([out, rest], axis=position)
-    return out
+    # The rest: whole blocks, then NF4's shorter last block on its own (a part
+    # holding both would have blocks of another length).
+    d = w.shape[axis]
+    last = d - d % unit if grouped else d
+    cuts = [c for c in (main.shape[axis], last, d) if c >= main.shape[axis]]
+    parts = [out]
+    for start, stop in itertools.pairwise(cuts):
+        if start < stop:
+            parts.append(product(_take(w, axis, start, stop)))
+    return jnp.concatenate(parts, axis=position) if len(parts) > 1 else out
 
 
 def _product(
