@@ -55,19 +55,23 @@ def test_quantise_and_dequantise(name, shape):
 
 @pytest.mark.parametrize(("name", "shape"), CASES)
 @pytest.mark.parametrize("rows", [1, 8])
-def test_products_give_what_dense_gives(name, shape, rows):
-    """`x @ w.T` and `w @ x.T` on every path the format has, eagerly and under
-    `jit`, against the same products on the dense empty array."""
+@pytest.mark.parametrize("kernel", ["blocked", "fused", "reduce", "pallas"])
+def test_products_give_what_dense_gives(name, shape, rows, kernel):
+    """`x @ w.T` and `w @ x.T` on every path the format has, in every formulation
+    of the weight-only product (`quax_quant.kernels`), eagerly and under `jit`,
+    against the same products on the dense empty array."""
     dense = jnp.zeros(shape, jnp.float32)
     x = jnp.arange(rows * shape[1], dtype=jnp.float32).reshape(rows, shape[1])
-    for path in ("auto", *FORMATS[name][1]):
-        q = _quantised(name, shape, matmul=path)
-        for fn in (lambda w, x: x @ w.T, lambda w, x: w @ x.T):
-            want = fn(dense, x)
-            for run in (quax.quaxify(fn), jax.jit(quax.quaxify(fn))):
-                got = run(q, x)
-                assert got.shape == want.shape and got.dtype == want.dtype, path
-                np.testing.assert_array_equal(got, want)
+    fields = ("int8", "int4", "nf4", "float8")
+    with qq.kernels(**dict.fromkeys(fields, kernel)):
+        for path in ("auto", *FORMATS[name][1]):
+            q = _quantised(name, shape, matmul=path)
+            for fn in (lambda w, x: x @ w.T, lambda w, x: w @ x.T):
+                want = fn(dense, x)
+                for run in (quax.quaxify(fn), jax.jit(quax.quaxify(fn))):
+                    got = run(q, x)
+                    assert got.shape == want.shape and got.dtype == want.dtype
+                    np.testing.assert_array_equal(got, want)
 
 
 @pytest.mark.parametrize(("name", "shape"), CASES)

@@ -25,12 +25,15 @@ __all__ = [
     "float8_leaves",
     "nf4_leaves",
     "nf4_levels",
+    "nf4_table",
+    "nibbles",
     "DimensionNumbers",
     "one_row_dot",
     "pack_int4",
     "pack_nibbles",
     "quantise_rows",
     "quantised_leaves",
+    "reduce_dot",
     "sides",
     "split_groups",
     "to_out",
@@ -165,6 +168,15 @@ def unpack_int4(packed: Array, n: int) -> Array:
     high = lax.shift_right_arithmetic(packed, four)
     both = jnp.concatenate([low, high], axis=-1)
     return both if both.shape[-1] == n else both[..., :n]
+
+
+def nibbles(packed: Array) -> tuple[Array, Array]:
+    """The low and the high 4-bit values of `pack_int4`'s bytes, each sign-extended
+    to `int8` and of `packed`'s shape: the first and the second half of the packed
+    axis, without concatenating them (`unpack_int4` does)."""
+    four = jnp.int8(4)
+    low = lax.shift_right_arithmetic(lax.shift_left(packed, four), four)
+    return low, lax.shift_right_arithmetic(packed, four)
 
 
 # Quantising blocks --------------------------------------------------------------------
@@ -362,6 +374,12 @@ def nf4_levels(q: Array, dtype: Any) -> Array:
     return levels[0]
 
 
+def nf4_table(q: Array, dtype: Any) -> Array:
+    """`nf4_levels` as a gather from the 16-entry table (`NF4_CODE[q + 8]`), which
+    some backends run faster than the tree of selects."""
+    return jnp.asarray(NF4_CODE, dtype)[q.astype(jnp.int32) + 8]
+
+
 @ft.partial(jax.jit, static_argnums=(1,))
 def nf4_leaves(x: Array, scale_shape: tuple[int, ...]) -> tuple[Array, Array]:
     """NF4 of `x` (bitsandbytes' format): each block's absmax is its scale, and each
@@ -516,7 +534,7 @@ def quantise_rows(
     )
 
 
-def _reduce_dot(lhs: Array, rhs: Array, dn: DimensionNumbers) -> Array:
+def reduce_dot(lhs: Array, rhs: Array, dn: DimensionNumbers) -> Array:
     """`dot_general` as a broadcast multiply and a sum: for one row, XLA fuses the
     integer-to-float conversion into it instead of writing out a float weight.
     Free axes of size 1 are left out of the multiply (XLA on CPU runs a reduction
@@ -545,7 +563,7 @@ def one_row_dot(lhs: Array, rhs: Array, dn: DimensionNumbers, w_is_lhs: bool) ->
     float32 time at 2048 x 2048, where `w @ x` converts the whole weight first and
     takes 10x). With batch axes, a fused multiply-and-sum."""
     if dn[1][0]:
-        return _reduce_dot(lhs, rhs, dn)
+        return reduce_dot(lhs, rhs, dn)
     w, x = (lhs, rhs) if w_is_lhs else (rhs, lhs)
     w_contract = dn[0][0] if w_is_lhs else dn[0][1]
     k = math.prod(w.shape[a] for a in w_contract)
