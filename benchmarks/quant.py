@@ -29,6 +29,7 @@ import datetime
 import importlib.metadata
 import inspect
 import json
+import logging
 import os
 import random
 import statistics
@@ -588,6 +589,19 @@ def _modes(candidate, rows):
     return ("single", "scan")
 
 
+class _Collect(logging.Handler):
+    """Prints each message and appends it to a list."""
+
+    def __init__(self, into):
+        super().__init__()
+        self.into = into
+
+    def emit(self, record):
+        message = record.getMessage()
+        self.into.append(message)
+        print(message, flush=True)
+
+
 def accelerator(quick=False, json_path=None, only=None):
     """Issue 46's products on this machine's accelerator: `x @ w.T` for bfloat16
     `x` of 1, 8 and 4096 rows and an 8192 x 8192 weight in each format of
@@ -629,7 +643,12 @@ def accelerator(quick=False, json_path=None, only=None):
         slug = "".join(c if c.isalnum() else "-" for c in device.device_kind.lower())
         json_path = RESULTS / f"quant-{slug}-{info['date']}.json"
     json_path = Path(json_path)
-    results = {"info": info, "bf16": {}, "formats": {}}
+    results = {"info": info, "bf16": {}, "formats": {}, "log": []}
+    # quax_quant's messages (a Pallas kernel that does not compile says why),
+    # printed and kept in the JSON.
+    logger = logging.getLogger("quax_quant")
+    logger.addHandler(_Collect(results["log"]))
+    logger.setLevel(logging.INFO)
 
     def save():
         json_path.parent.mkdir(parents=True, exist_ok=True)
