@@ -63,7 +63,7 @@ def test_products_give_what_dense_gives(name, shape, rows, kernel):
     dense = jnp.zeros(shape, jnp.float32)
     x = jnp.arange(rows * shape[1], dtype=jnp.float32).reshape(rows, shape[1])
     fields = ("int8", "int4", "nf4", "float8")
-    with qq.kernels(**dict.fromkeys(fields, kernel)):
+    with qq.kernels(**{field: kernel for field in fields}):
         for path in ("auto", *FORMATS[name][1]):
             q = _quantised(name, shape, matmul=path)
             for fn in (lambda w, x: x @ w.T, lambda w, x: w @ x.T):
