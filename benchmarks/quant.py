@@ -24,8 +24,12 @@ The qwix side runs in a subprocess (`run_times` and `_QWIX_SOURCE`: a flax
 """
 
 import argparse
+import dataclasses
+import datetime
+import importlib.metadata
 import inspect
 import json
+import logging
 import os
 import random
 import statistics
@@ -47,6 +51,7 @@ N = 2048
 BATCHES = (1, 16, 256)
 SWEEP = (512, 1024, 2048)
 IMAGES = Path(__file__).parents[1] / "docs" / "images"
+RESULTS = Path(__file__).parent / "results"
 
 
 def _dense(w, x):
@@ -416,6 +421,394 @@ def plot(times):
     return str(path.relative_to(IMAGES.parents[1]))
 
 
+# The accelerator section (`--tpu`) ----------------------------------------------------
+
+# The formats of issue 46's table: its `quantise` arguments, and the field of
+# `quax_quant.Kernels` that chooses its weight-only product (`None`: the product
+# path is not the weight-only one, or "auto" picks it by rows: timed as chosen).
+ACCEL_FORMATS = {
+    "int8 per channel, weight-only": (
+        {"bits": 8, "axis": 0, "matmul": "weight_only"},
+        "int8",
+    ),
+    "int8 per channel, auto (int8 x int8 from 4 rows)": ({"bits": 8, "axis": 0}, None),
+    "int4, groups of 128": ({"bits": 4, "group_size": 128}, "int4"),
+    "NF4, blocks of 64, double quant": (
+        {"format": "nf4", "block_size": 64, "double_quant": True},
+        "nf4",
+    ),
+    "float8 e4m3, weight-only": ({"format": "float8_e4m3fn", "axis": 0}, "float8"),
+    "float8 e4m3 x float8": (
+        {"format": "float8_e4m3fn", "axis": 0, "matmul": "float8"},
+        None,
+    ),
+}
+
+# The formulations timed side by side for a `Kernels` field: a label and the
+# `quax_quant.kernels(...)` choices. "blocked" is today's CPU path (issue 46's
+# figures); it is timed in single calls only (at 4096 rows it takes seconds per
+# scan), and "reduce" at most `REDUCE_MAX_ROWS` rows (above, it is "fused").
+_PLAIN = [
+    ("blocked", {"kernel": "blocked"}),
+    ("fused", {"kernel": "fused"}),
+    ("reduce", {"kernel": "reduce"}),
+    ("pallas", {"kernel": "pallas"}),
+]
+ACCEL_CANDIDATES = {
+    "int8": _PLAIN,
+    "float8": _PLAIN,
+    "int4": [
+        ("blocked", {"kernel": "blocked"}),
+        ("fused, shift unpack", {"kernel": "fused", "unpack": "shift"}),
+        ("fused, halves", {"kernel": "fused", "unpack": "halves"}),
+        ("reduce, shift unpack", {"kernel": "reduce", "unpack": "shift"}),
+        ("pallas", {"kernel": "pallas"}),
+        # Not a formulation of quax-quant: the same product written by hand for a
+        # weight stored as JAX's `int4` (what XLA on a TPU reads packed), to tell
+        # whether storing that dtype would pay.
+        ("hand-written, jnp.int4 weight", {"kernel": "hand int4"}),
+    ],
+    "nf4": [
+        ("blocked", {"kernel": "blocked"}),
+        ("fused, select, shift", {"kernel": "fused", "unpack": "shift"}),
+        ("fused, select, halves", {"kernel": "fused", "unpack": "halves"}),
+        (
+            "fused, gather, halves",
+            {"kernel": "fused", "unpack": "halves", "nf4_levels": "gather"},
+        ),
+        ("reduce, select", {"kernel": "reduce", "nf4_levels": "select"}),
+        ("reduce, gather", {"kernel": "reduce", "nf4_levels": "gather"}),
+        ("pallas", {"kernel": "pallas"}),
+    ],
+}
+
+
+def _choices(field, candidate):
+    """`quax_quant.kernels(...)` arguments for a candidate of `field`."""
+    if candidate["kernel"] == "hand int4":
+        return {}
+    out = {k: v for k, v in candidate.items() if k != "kernel"}
+    if field is not None:
+        out[field] = candidate["kernel"]
+    return out
+
+
+def _is_default(field, candidate):
+    """Whether `candidate` is what this backend takes with no `kernels(...)` block."""
+    if field is None:
+        return True
+    if candidate["kernel"] == "hand int4":
+        return False
+    chosen = quax_quant.kernel_choices()
+    if getattr(chosen, field) != candidate["kernel"]:
+        return False
+    return all(getattr(chosen, k) == v for k, v in candidate.items() if k != "kernel")
+
+
+def _stack_layers(n, layers):
+    """`layers` bfloat16 weights `(n, n)`, entries N(0, 1/n), as one array (built
+    in a loop on the device: no float32 copy of the whole stack)."""
+    keys = jr.split(jr.PRNGKey(0), layers)
+    make = lambda k: (jr.normal(k, (n, n)) / np.sqrt(n)).astype(jnp.bfloat16)
+    return jax.jit(lambda ks: lax.map(make, ks))(keys)
+
+
+def _quantise_stack(stack, kwargs):
+    """Each layer of `stack` quantised, as one `QuantisedArray` whose leaves have a
+    leading layer axis (quantised one layer at a time on the device)."""
+    return jax.jit(lambda ws: lax.map(lambda w: quax_quant.quantise(w, **kwargs), ws))(
+        stack
+    )
+
+
+def _layer(stack, i):
+    return jax.tree.map(lambda leaf: leaf[i], stack)
+
+
+def _scan_program(stack, x):
+    """`x` through every layer of `stack`: `x <- tanh(x @ w.T)` in one compiled
+    `lax.scan`, so that a call's fixed cost is paid once for all the layers."""
+    leaves, treedef = jax.tree.flatten(stack)
+
+    def body(x, layer):
+        y = quax.quaxify(_dense)(jax.tree.unflatten(treedef, layer), x)
+        return jnp.tanh(y).astype(x.dtype), None
+
+    return lax.scan(body, x, leaves)[0]
+
+
+def _int4_stack(stack):
+    """A quantised int4 stack's integers as JAX's `int4` arrays, and its scales."""
+    as_int4 = lambda q: q.integers().astype(jnp.int4)
+    return jax.jit(lambda s: (lax.map(as_int4, s), s.scale))(stack)
+
+
+def _hand_int4(q4, scale, x):
+    """`x @ w.T` written by hand for a weight stored as JAX's `int4` with one scale
+    per group of inputs, folded into the converted weight."""
+    s = jnp.repeat(scale, q4.shape[-1] // scale.shape[-1], axis=-1)
+    return x @ (q4.astype(x.dtype) * s.astype(x.dtype)).T
+
+
+def _hand_int4_scan(q4s, scales, x):
+    def body(x, layer):
+        return jnp.tanh(_hand_int4(*layer, x)).astype(x.dtype), None
+
+    return lax.scan(body, x, (q4s, scales))[0]
+
+
+def _temp_mib(compiled):
+    """The compiled program's temporary memory, in MiB (`None` where the backend
+    does not say)."""
+    try:
+        analysis = compiled.memory_analysis()
+        return None if analysis is None else analysis.temp_size_in_bytes / 2**20
+    except Exception:  # a backend without the analysis
+        return None
+
+
+def _relative_error(y, ref):
+    """`|y - ref| / |ref|` (Frobenius), computed on the device."""
+    y = jnp.asarray(y, jnp.float32)
+    return float(jnp.linalg.norm(y - ref) / jnp.linalg.norm(ref))
+
+
+def _reference(q, x):
+    """The dequantise-then-multiply product: float32 at the highest precision."""
+    w = jnp.asarray(q.dequantise(), jnp.float32)
+    return jnp.matmul(x.astype(jnp.float32), w.T, precision=lax.Precision.HIGHEST)
+
+
+def _modes(candidate, rows):
+    """The modes a candidate is timed in at `rows` (see `ACCEL_CANDIDATES`)."""
+    kernel = candidate["kernel"]
+    if kernel == "reduce" and rows > quax_quant.REDUCE_MAX_ROWS:
+        return ()  # the "fused" product there
+    if kernel == "blocked":
+        return ("single",)
+    return ("single", "scan")
+
+
+class _Collect(logging.Handler):
+    """Prints each message and appends it to a list."""
+
+    def __init__(self, into):
+        super().__init__()
+        self.into = into
+
+    def emit(self, record):
+        message = record.getMessage()
+        self.into.append(message)
+        print(message, flush=True)
+
+
+def accelerator(quick=False, json_path=None, only=None):
+    """Issue 46's products on this machine's accelerator: `x @ w.T` for bfloat16
+    `x` of 1, 8 and 4096 rows and an 8192 x 8192 weight in each format of
+    `ACCEL_FORMATS`, against the bfloat16 product, (a) one compiled call per
+    product ("single") and (b) a `lax.scan` over a stack of 32 layers' weights in
+    one compiled program ("scan": `x <- tanh(x @ w.T)` per layer); and for the
+    weight-only formats every formulation of `ACCEL_CANDIDATES` side by side
+    (`quax_quant.kernels`), each format's candidates and the bfloat16 product
+    timed in the same interleaved rounds. For each: the median time, the ratio to
+    bfloat16 in the same mode and rows, the relative error against the
+    dequantise-then-multiply product (float32, highest precision) in single
+    calls, the single call's temporary memory (a float copy of the weight shows
+    as 128 MiB and more at 8192), whether a Pallas kernel ran, and the stored
+    bytes against bfloat16's.
+
+    `quick`: 256 x 256, 4 layers, 1, 8 and 64 rows (on a CPU, where the Pallas
+    kernels run in interpret mode: their times mean nothing there). `only`:
+    formats whose name contains one of these strings. Writes JSON to `json_path`
+    (by default `benchmarks/results/quant-<device kind>-<date>.json`) after each
+    format, so that a run cut short keeps what it measured."""
+    start = time.perf_counter()
+    n, layers, rows_list = (256, 4, (1, 8, 64)) if quick else (8192, 32, (1, 8, 4096))
+    rounds = 3
+    device = jax.devices()[0]
+    info = {
+        "device_kind": device.device_kind,
+        "backend": jax.default_backend(),
+        "date": datetime.date.today().isoformat(),
+        "jax": jax.__version__,
+        "jaxlib": importlib.metadata.version("jaxlib"),
+        "quax_quant": importlib.metadata.version("quax-quant"),
+        "n": n,
+        "layers": layers,
+        "rows": list(rows_list),
+        "rounds": rounds,
+        "defaults": dataclasses.asdict(quax_quant.kernel_choices()),
+    }
+    if json_path is None:
+        slug = "".join(c if c.isalnum() else "-" for c in device.device_kind.lower())
+        json_path = RESULTS / f"quant-{slug}-{info['date']}.json"
+    json_path = Path(json_path)
+    results = {"info": info, "bf16": {}, "formats": {}, "log": []}
+    # quax_quant's messages (a Pallas kernel that does not compile says why),
+    # printed and kept in the JSON.
+    logger = logging.getLogger("quax_quant")
+    logger.addHandler(_Collect(results["log"]))
+    logger.setLevel(logging.INFO)
+
+    def save():
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        json_path.write_text(json.dumps(results, indent=1, default=str))
+
+    dense_stack = _stack_layers(n, layers)
+    w0 = _layer(dense_stack, 0)
+    xs = {r: jr.normal(jr.PRNGKey(r), (r, n)).astype(jnp.bfloat16) for r in rows_list}
+    # The bfloat16 programs, timed in every format's rounds.
+    dense = {
+        r: {
+            "single": _compiled(_dense, w0, xs[r]),
+            "scan": _compiled(_scan_program, dense_stack, xs[r]),
+        }
+        for r in rows_list
+    }
+    formats = {
+        name: spec
+        for name, spec in ACCEL_FORMATS.items()
+        if not only or any(o in name for o in only)
+    }
+    for name, (kwargs, field) in formats.items():
+        t0 = time.perf_counter()
+        entry = results["formats"][name] = {"quantise": kwargs, "candidates": {}}
+        try:
+            stack = _quantise_stack(dense_stack, kwargs)
+            q0 = _layer(stack, 0)
+            entry["bytes_per_weight"] = q0.nbytes / (n * n)
+            entry["of_bf16"] = q0.nbytes / (2 * n * n)
+        except Exception as e:  # report it, time the other formats
+            entry["error"] = f"{type(e).__name__}: {e}"
+            save()
+            continue
+        candidates = (
+            [("as chosen", {"kernel": None})]
+            if field is None
+            else ACCEL_CANDIDATES[field]
+        )
+        for label, candidate in candidates:
+            entry["candidates"][label] = {
+                "choices": _choices(field, candidate) if field else {},
+                "default": _is_default(field, candidate),
+            }
+        hand = None
+        for r in rows_list:
+            ref = _reference(q0, xs[r])
+            programs = {"single": [], "scan": []}
+            for label, candidate in candidates:
+                row = entry["candidates"][label]
+                modes = _modes(candidate, r) if field else ("single", "scan")
+                if not modes:
+                    continue
+                cell = row[str(r)] = {}
+                try:
+                    if candidate["kernel"] == "hand int4":
+                        hand = hand or _int4_stack(stack)
+                        layer0 = _layer(hand, 0)
+                        single = _compiled(_hand_int4, *layer0, xs[r])
+                        jaxpr = ""
+                        scan = _compiled(_hand_int4_scan, *hand, xs[r])
+                    else:
+                        with quax_quant.kernels(**row["choices"]):
+                            single = _compiled(_quax, q0, xs[r])
+                            jaxpr = str(jax.make_jaxpr(_quax)(q0, xs[r]))
+                            scan = (
+                                _compiled(_scan_program, stack, xs[r])
+                                if "scan" in modes
+                                else None
+                            )
+                    cell["pallas_ran"] = "pallas_call" in jaxpr
+                    cell["temp_mib"] = _temp_mib(single[0])
+                    cell["error"] = _relative_error(single[0](*single[1]), ref)
+                    programs["single"].append((cell, single))
+                    if scan is not None:
+                        programs["scan"].append((cell, scan))
+                except Exception as e:  # report it, time the other candidates
+                    cell["failed"] = f"{type(e).__name__}: {str(e)[:400]}"
+            del ref
+            for mode, timed in programs.items():
+                if not timed:
+                    continue
+                t = run_times([dense[r][mode]] + [c for _, c in timed], rounds)
+                for (cell, _), times in zip(timed, t[1:], strict=True):
+                    cell[f"{mode}_ms"] = 1e3 * statistics.median(times)
+                    cell[f"{mode}_vs_bf16"] = ratio(times, t[0])
+                results["bf16"].setdefault(str(r), {})[f"{mode}_ms"] = (
+                    1e3 * statistics.median(t[0])
+                )
+        del stack, q0, hand
+        entry["seconds"] = time.perf_counter() - t0
+        print(f"[{time.perf_counter() - start:.0f} s] {name}", flush=True)
+        save()
+    results["seconds"] = time.perf_counter() - start
+    save()
+    _print_accelerator(results)
+    print(f"JSON: {json_path}")
+    return results
+
+
+def _print_accelerator(results):
+    info = results["info"]
+    rows_list = info["rows"]
+    print(
+        f"\n## x @ w.T against bfloat16, {info['n']} x {info['n']}, "
+        f"{info['device_kind']} ({info['backend']}), JAX {info['jax']}, "
+        f"{info['date']}\n"
+    )
+    print(
+        "single: one compiled call per product; scan: "
+        f"{info['layers']} layers in one compiled lax.scan. Ratios are time over "
+        "the bfloat16 product in the same mode and rows (lower is better; - not "
+        "timed); error is the largest relative error against the "
+        "dequantise-then-multiply product (float32) over the rows; temp is the "
+        "single call's temporary memory at the most rows; * marks this backend's "
+        "default formulation.\n"
+    )
+    for r, b in results["bf16"].items():
+        cells = ", ".join(
+            f"{key.removesuffix('_ms')} {ms:.3f} ms" for key, ms in b.items()
+        )
+        print(f"bfloat16, {r} rows: {cells}")
+    head = " | ".join(f"{r} rows single | {r} rows scan" for r in rows_list)
+    print(f"\n| format | formulation | {head} | error | temp MiB | pallas ran |")
+    print("|---|---|" + "---|---|" * len(rows_list) + "---|---|---|")
+    failures = []
+    for name, entry in results["formats"].items():
+        if "error" in entry:
+            print(f"| {name} | failed: {entry['error'][:80]} |")
+            continue
+        for label, row in entry["candidates"].items():
+            cells = []
+            for r in rows_list:
+                c = row.get(str(r), {})
+                if "failed" in c:
+                    failures.append(f"{name}, {label}, {r} rows: {c['failed']}")
+                for mode in ("single", "scan"):
+                    key = f"{mode}_vs_bf16"
+                    cells.append(
+                        f"{c[key]:.2f}x"
+                        if key in c
+                        else "failed"
+                        if "failed" in c
+                        else "-"
+                    )
+            measured = [row[str(r)] for r in rows_list if str(r) in row]
+            errors = [c["error"] for c in measured if "error" in c]
+            temp = measured[-1].get("temp_mib") if measured else None
+            ran = any(c.get("pallas_ran") for c in measured)
+            mark = " *" if row["default"] else ""
+            error = f"{max(errors):.4f}" if errors else "-"
+            memory = "-" if temp is None else f"{temp:.0f}"
+            print(
+                f"| {name} ({entry['of_bf16']:.3f}x bytes) | {label}{mark} | "
+                f"{' | '.join(cells)} | {error} | {memory} | "
+                f"{'yes' if ran else 'no'} |"
+            )
+    for failure in failures:
+        print(f"failed: {failure}")
+
+
 def main(quick: bool = False) -> dict:
     rounds = 11 if quick else 41
     results = {
@@ -535,4 +928,20 @@ def main(quick: bool = False) -> dict:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true")
-    main(quick=parser.parse_args().quick)
+    parser.add_argument(
+        "--tpu",
+        action="store_true",
+        help="only the accelerator section (issue 46's products and every "
+        "formulation side by side); with --quick at small sizes",
+    )
+    parser.add_argument("--json", help="where --tpu writes its JSON")
+    parser.add_argument(
+        "--only",
+        nargs="+",
+        help="with --tpu: the formats whose name contains one of these",
+    )
+    args = parser.parse_args()
+    if args.tpu:
+        accelerator(quick=args.quick, json_path=args.json, only=args.only)
+    else:
+        main(quick=args.quick)

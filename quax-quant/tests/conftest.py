@@ -27,10 +27,13 @@ def np_integers(q) -> np.ndarray:
 
 
 def np_blocks(block: np.ndarray, shape) -> np.ndarray:
-    """A per-block array repeated to `shape`."""
+    """A per-block array repeated to `shape`: `n` blocks along an axis of length
+    `d` hold `ceil(d / n)` consecutive entries each, the last one cut short where
+    that does not divide `d` (NF4 in blocks that do not divide the axis)."""
     block = np.asarray(block, np.float64)
     for a, d in enumerate(shape):
-        block = np.repeat(block, d // block.shape[a], axis=a)
+        block = np.repeat(block, -(-d // block.shape[a]), axis=a)
+        block = np.take(block, np.arange(d), axis=a)
     return block
 
 
@@ -69,7 +72,8 @@ def jnp_dequantise(q):
 
     def blocks(block):
         for a, d in enumerate(q.shape):
-            block = jnp.repeat(block, d // block.shape[a], axis=a)
+            block = jnp.repeat(block, -(-d // block.shape[a]), axis=a)
+            block = jnp.take(block, jnp.arange(d), axis=a)
         return block
 
     if q.format.startswith("float8"):

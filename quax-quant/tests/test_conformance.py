@@ -24,9 +24,10 @@ EXAMPLES = 10
 
 
 @st.composite
-def layouts(draw, shape):
+def layouts(draw, shape, partial=False):
     """`quantise`'s layout arguments for an array of `shape`: per tensor, per
-    channel along some axes, or groups (of a size dividing the axis) along one."""
+    channel along some axes, or groups (of a size dividing the axis; any size
+    with `partial`, as NF4 takes) along one."""
     kinds = ["tensor"] + (["channel", "group"] if shape else [])
     kind = draw(st.sampled_from(kinds))
     if kind == "tensor":
@@ -37,7 +38,7 @@ def layouts(draw, shape):
         return {"axis": tuple(a - len(shape) if negative else a for a in axes)}
     axis = draw(st.integers(0, len(shape) - 1))
     d = shape[axis]
-    size = draw(st.sampled_from([g for g in range(1, d + 1) if d % g == 0]))
+    size = draw(st.sampled_from([g for g in range(1, d + 1) if partial or d % g == 0]))
     return {"group_size": size, "group_axis": axis}
 
 
@@ -52,7 +53,7 @@ def quantised(draw, shape, formats=FORMATS):
     double-quantised or not."""
     fmt = draw(st.sampled_from([f for f in formats if shape or f != "nf4"]))
     x = draw(qst.arrays(shape, jnp.float32))
-    layout = draw(layouts(shape))
+    layout = draw(layouts(shape, partial=fmt == "nf4"))
     if fmt == "nf4" and not layout:
         # NF4 has no per-tensor default (blocks of 64): one block per row.
         layout = {"group_size": shape[-1]}

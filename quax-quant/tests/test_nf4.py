@@ -26,16 +26,24 @@ def test_code_book_is_the_normal_quantiles():
     assert qq.NF4_CODE.dtype == np.float32 and qq.NF4_CODE[7] == 0.0
 
 
-def _np_nf4(w, block):
-    """NF4 in NumPy: per block of `block` along the last axis, absmax scale, nearest
-    level by brute force (argmin of the distance)."""
-    w = np.asarray(w, np.float64)
-    blocks = w.reshape(*w.shape[:-1], -1, block)
+def _np_nf4(w, block, dtype: type = np.float64):
+    """NF4 in NumPy: per block along the last axis, absmax scale, nearest level by
+    brute force (argmin of the distance; ties to the lower level). An axis of
+    length `d` has `ceil(d / block)` blocks of `ceil(d / blocks)` entries, the
+    last one shorter where that does not divide `d` (zero-padded here, which
+    changes no absmax, and cut off after)."""
+    w = np.asarray(w, dtype)
+    d = w.shape[-1]
+    count = -(-d // block)
+    size = -(-d // count)
+    padded = np.pad(w, [(0, 0)] * (w.ndim - 1) + [(0, count * size - d)])
+    blocks = padded.reshape(*w.shape[:-1], count, size)
     absmax = np.abs(blocks).max(-1, keepdims=True)
-    absmax = np.where(absmax > 0, absmax, 1)
-    code = np.asarray(qq.NF4_CODE, np.float64)
+    absmax = np.where(absmax > 0, absmax, 1).astype(dtype)
+    code = np.asarray(qq.NF4_CODE, dtype)
     index = np.abs(blocks[..., None] / absmax[..., None] - code).argmin(-1)
-    return (code[index] * absmax).reshape(w.shape), absmax[..., 0]
+    out = (code[index] * absmax).reshape(padded.shape)[..., :d]
+    return out, absmax[..., 0]
 
 
 def test_literal():
@@ -239,8 +247,6 @@ def test_errors():
         qq.quantise(w, format="nf4", calibration="mse")
     with pytest.raises(ValueError, match=r"block_size.*group_size"):
         qq.quantise(w, format="nf4", block_size=64, group_size=64)
-    with pytest.raises(ValueError, match="group_size=48 must divide"):
-        qq.quantise(w, format="nf4", block_size=48)
     with pytest.raises(ValueError, match="matmul must be one of"):
         qq.quantise(w, format="nf4", matmul="int8")
     q = qq.quantise(w, format="nf4")
@@ -282,5 +288,162 @@ def test_errors():
             None,
             bits=4,
             float_dtype=jnp.bfloat16,
+            format="nf4",
+        )
+
+
+# Any length (issue 45: NF4 refused lengths its block did not divide, where
+# bitsandbytes blocks the flattened tensor and pads its last block) --------------------
+
+# (shape, block, scale shape, entries per block)
+ANY_LENGTH = [
+    ((3, 100), 64, (3, 2), 50),
+    ((2, 130), 64, (2, 3), 44),  # 44, 44 and 42
+    ((5, 7), 64, (5, 1), 7),  # shorter than one block: one block per row
+    ((4, 10), 4, (4, 3), 4),  # 4, 4 and 2
+    ((2, 3, 33), 8, (2, 3, 5), 7),  # 7, 7, 7, 7 and 5
+]
+
+
+@pytest.mark.parametrize(("shape", "block", "scales", "size"), ANY_LENGTH)
+def test_any_length_matches_numpy_reference(shape, block, scales, size):
+    w = jr.normal(jr.PRNGKey(0), shape)
+    q = qq.quantise(w, format="nf4", block_size=block)
+    assert q.shape == shape and q.scale.shape == scales
+    assert q.group_sizes[-1] == size
+    assert q.values.shape == (*shape[:-1], -(-shape[-1] // 2))
+    expected, absmax = _np_nf4(w, block, np.float32)
+    np.testing.assert_array_equal(q.scale, absmax)
+    np.testing.assert_array_equal(q.dequantise(), expected)
+    # The same scales as padding each row's last block: ceil(d / block) of them.
+    assert q.scale.shape[-1] == -(-shape[-1] // block)
+
+
+@pytest.mark.parametrize(("shape", "block", "scales", "size"), ANY_LENGTH)
+def test_any_length_round_trips_exactly(shape, block, scales, size):
+    """A weight whose entries are NF4 levels times their block's absmax (each
+    block holding a level of +-1) quantises to itself."""
+    rng = np.random.default_rng(0)
+    d = shape[-1]
+    index = rng.integers(0, 16, shape)
+    starts = np.arange(0, d, size)
+    index[..., starts] = rng.choice([0, 15], (*shape[:-1], len(starts)))
+    absmax = rng.uniform(0.5, 4.0, scales).astype(np.float32)
+    block_of = np.arange(d) // size
+    w = qq.NF4_CODE[index] * absmax[..., block_of]
+    q = qq.quantise(jnp.asarray(w), format="nf4", block_size=block)
+    np.testing.assert_array_equal(q.dequantise(), w)
+    np.testing.assert_array_equal(q.scale, absmax)
+    double = qq.quantise(
+        jnp.asarray(w), format="nf4", block_size=block, double_quant=True
+    )
+    assert double.shape == shape
+
+
+@pytest.mark.parametrize(("shape", "block", "scales", "size"), ANY_LENGTH[:4])
+@pytest.mark.parametrize("double_quant", [False, True])
+def test_any_length_products(shape, block, scales, size, double_quant, ref):
+    """Products on every side and row count (one fused row, blocked rows), and
+    the gradient with respect to the activations, against NumPy on the NumPy
+    dequantisation."""
+    w = jr.normal(jr.PRNGKey(1), shape)
+    q = qq.quantise(w, format="nf4", block_size=block, double_quant=double_quant)
+    dense = ref.dequantise(q)
+    for rows in (1, 8):
+        x = np.asarray(jr.normal(jr.PRNGKey(rows), (rows, shape[1])))
+        for fn in (lambda w, x: x @ w.T, lambda w, x: w @ x.T):
+            for run in (quax.quaxify(fn), jax.jit(quax.quaxify(fn))):
+                np.testing.assert_allclose(
+                    run(q, x), fn(dense, x), rtol=1e-5, atol=1e-5
+                )
+        loss = lambda w, x: jnp.sum(jnp.sin(x @ w.T))
+        grad = jax.jit(quax.quaxify(jax.grad(loss, argnums=1)))(q, x)
+        want = np.cos(x @ dense.T) @ dense
+        np.testing.assert_allclose(grad, want, rtol=1e-4, atol=1e-4)
+
+
+def test_any_length_blocked_product_along_the_shorter_block(ref):
+    """`x @ w` with the blocks along the free axis of a weight above
+    `BLOCK_ELEMENTS`: the product runs over parts of whole blocks, then the rest,
+    then the shorter last block on its own: 88,001 = 1375 blocks of 64 and one
+    of 1, in parts of 1365 blocks (2**18 elements), so the rest is 10 whole
+    blocks and the last one, which as one part would read as 11 blocks of 59."""
+    w = jr.normal(jr.PRNGKey(2), (3, 88_001))
+    q = qq.quantise(w, format="nf4", block_size=64)
+    assert q.size > qq.BLOCK_ELEMENTS and q.group_sizes == (1, 64)
+    assert q.scale.shape == (3, 1376)
+    x = np.asarray(jr.normal(jr.PRNGKey(3), (2, 3)))
+    got = jax.jit(quax.quaxify(lambda w, x: x @ w))(q, x)
+    np.testing.assert_allclose(got, x @ ref.dequantise(q), rtol=1e-5, atol=1e-5)
+
+
+def test_any_length_structural_operations(ref):
+    """Slices keep the quantisation where the part has the same blocks (whole
+    blocks from a boundary, or the shorter last block alone); others, and
+    reshapes merging the axis, are refused naming the primitive."""
+    w = jr.normal(jr.PRNGKey(4), (2, 130))
+    q = qq.quantise(w, format="nf4")  # blocks of 44, 44 and 42
+    dense = ref.dequantise(q)
+    for fn in (
+        lambda w: w[:, :88],
+        lambda w: w[:, 88:],
+        lambda w: w[:, 44:88],
+        lambda w: w[1:],
+        lambda w: w.T,
+        lambda w: w.reshape(1, 2, 130),
+    ):
+        got = quax.quaxify(fn)(q)
+        assert isinstance(got, qq.QuantisedArray)
+        np.testing.assert_array_equal(ref.dequantise(got), fn(dense))
+    for fn, primitive in (
+        (lambda w: w[:, 44:], "slice"),  # blocks of 44 and 42 would read as 43
+        (lambda w: w[:, 10:], "slice"),
+        (lambda w: w.reshape(-1), "reshape"),
+    ):
+        with pytest.raises(qq.MaterialisationError, match=f"`{primitive}`"):
+            quax.quaxify(fn)(q)
+        allowed = quax.quaxify(fn)(q.enable_materialise())
+        np.testing.assert_allclose(allowed, fn(dense), rtol=1e-6)
+
+
+def test_any_length_in_a_model_and_a_checkpoint(tmp_path, ref):
+    """`quantise_model` on a Linear of 100 inputs (refused before), saved and
+    loaded, its layout described."""
+    import equinox as eqx
+
+    model = eqx.nn.Linear(100, 3, key=jr.PRNGKey(5))
+    qmodel = qq.quantise_model(model, format="nf4", double_quant=True)
+    assert qmodel.weight.scale.shape == (3, 2)
+    info = qq.describe(qmodel.weight)
+    assert info["group_sizes"] == [1, 50] and info["group_size"] == 50
+    path = str(tmp_path / "nf4.eqx")
+    qq.save_quantised(path, qmodel)
+    loaded = qq.load_quantised(
+        path, qq.quantise_model(model, format="nf4", double_quant=True)
+    )
+    x = jr.normal(jr.PRNGKey(6), (100,))
+    want = ref.dequantise(qmodel.weight) @ np.asarray(x) + np.asarray(model.bias)
+    np.testing.assert_allclose(quax.quaxify(loaded)(x), want, rtol=1e-5, atol=1e-5)
+
+
+def test_partial_blocks_only_for_nf4():
+    """The constructor takes blocks that do not divide an axis for NF4 alone (the
+    int8 and float8 products split the contraction into equal groups), and never
+    an empty block."""
+    values = jnp.zeros((2, 5), jnp.int8)
+    with pytest.raises(ValueError, match="dividing the array's"):
+        qq.QuantisedArray(
+            values, jnp.ones((2, 2)), None, None, bits=8, float_dtype=jnp.float32
+        )
+    nf4 = qq.quantise(jnp.ones((2, 10)), format="nf4", block_size=4)
+    # 10 entries in 6 blocks would be blocks of 2 with the last one empty.
+    with pytest.raises(ValueError, match="leaves none empty"):
+        qq.QuantisedArray(
+            nf4.values,
+            jnp.ones((2, 6)),
+            None,
+            None,
+            bits=4,
+            float_dtype=jnp.float32,
             format="nf4",
         )

@@ -160,6 +160,49 @@ def test_percentile_out_of_range_is_refused():
                 )
 
 
+# Each size argument's errors name that argument (issue 45: `block_size=0` or `-64`
+# spoke of `group_size`, which the caller never passed).
+SIZE_ERRORS = [
+    (0, "must be a positive number"),
+    (-64, "must be a positive number"),
+    (48, "=48 must divide the length 128"),
+    (1.5, "must be an int"),
+]
+
+
+@pytest.mark.parametrize(
+    ("fmt", "size", "message"),
+    [
+        (fmt, size, message)
+        for fmt in ("int", "float8_e4m3fn", "nf4")
+        for size, message in SIZE_ERRORS
+        # NF4 takes any block length (tests/test_nf4.py).
+        if not (fmt == "nf4" and size == 48)
+    ],
+)
+@pytest.mark.parametrize("name", ["block_size", "group_size"])
+def test_size_errors_name_the_argument_given(name, size, message, fmt):
+    other = "group_size" if name == "block_size" else "block_size"
+    w = jnp.ones((4, 128))
+    with pytest.raises(ValueError, match=f"quantise: {name}") as info:
+        qq.quantise(w, format=fmt, **{name: size})
+    assert message in str(info.value)
+    assert other not in str(info.value)
+    # quantise_model passes the argument on as given.
+    with pytest.raises(ValueError, match=f"quantise: {name}") as info:
+        qq.quantise_model(eqx.nn.Linear(128, 4, key=jr.PRNGKey(0)), **{name: size})
+    assert message in str(info.value) and other not in str(info.value)
+
+
+def test_size_with_axis_names_the_size_argument():
+    with pytest.raises(ValueError, match=r"either `axis`.*or `block_size`"):
+        qq.quantise(jnp.ones((4, 8)), axis=0, block_size=4)
+    with pytest.raises(ValueError, match=r"either `axis`.*or `group_size`"):
+        qq.quantise(jnp.ones((4, 8)), axis=0, group_size=4)
+    with pytest.raises(ValueError, match="block_size needs an array with an axis"):
+        qq.quantise(jnp.ones(()), block_size=4)
+
+
 # Non-finite weights -------------------------------------------------------------------
 
 nonfinite_layouts = [

@@ -24,7 +24,13 @@ from ._kernels import (
 )
 from ._matmul import (
     BLOCK_ELEMENTS as BLOCK_ELEMENTS,
+    DEFAULT_KERNELS as DEFAULT_KERNELS,
+    KERNELS_VARIABLE as KERNELS_VARIABLE,
+    REDUCE_MAX_ROWS as REDUCE_MAX_ROWS,
     WEIGHT_ONLY_MAX_ROWS as WEIGHT_ONLY_MAX_ROWS,
+    Kernels as Kernels,
+    kernel_choices as kernel_choices,
+    kernels as kernels,
     matmul_path as matmul_path,
 )
 from ._model import (

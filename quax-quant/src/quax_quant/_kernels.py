@@ -25,12 +25,15 @@ __all__ = [
     "float8_leaves",
     "nf4_leaves",
     "nf4_levels",
+    "nf4_table",
+    "nibbles",
     "DimensionNumbers",
     "one_row_dot",
     "pack_int4",
     "pack_nibbles",
     "quantise_rows",
     "quantised_leaves",
+    "reduce_dot",
     "sides",
     "split_groups",
     "to_out",
@@ -167,6 +170,15 @@ def unpack_int4(packed: Array, n: int) -> Array:
     return both if both.shape[-1] == n else both[..., :n]
 
 
+def nibbles(packed: Array) -> tuple[Array, Array]:
+    """The low and the high 4-bit values of `pack_int4`'s bytes, each sign-extended
+    to `int8` and of `packed`'s shape: the first and the second half of the packed
+    axis, without concatenating them (`unpack_int4` does)."""
+    four = jnp.int8(4)
+    low = lax.shift_right_arithmetic(lax.shift_left(packed, four), four)
+    return low, lax.shift_right_arithmetic(packed, four)
+
+
 # Quantising blocks --------------------------------------------------------------------
 
 
@@ -185,11 +197,28 @@ def _levels(bits: int, symmetric: bool) -> tuple[int, int]:
 
 def _blocks(x: Array, scale_shape: tuple[int, ...]) -> Array:
     """`x` reshaped to `(s_0, g_0, s_1, g_1, ...)`: block `(i_0, i_1, ...)` of the
-    scale layout is `x[i_0, :, i_1, :, ...]`."""
+    scale layout is `x[i_0, :, i_1, :, ...]`, with `g = ceil(d / s)`. Where the
+    blocks do not divide an axis (NF4's shorter last block), the axis is padded
+    with zeros to `s * g` first, which changes no block's absmax (`_unblocks`
+    cuts them off again)."""
     split = []
+    pad = []
     for d, s in zip(x.shape, scale_shape, strict=True):
-        split += [s, d // s]
+        g = -(-d // s)
+        split += [s, g]
+        pad.append((0, s * g - d))
+    if any(p for _, p in pad):
+        x = jnp.pad(x, pad)
     return x.reshape(split)
+
+
+def _unblocks(blocks: Array, shape: tuple[int, ...]) -> Array:
+    """The inverse of `_blocks`: `blocks` back to an array of `shape`."""
+    padded = [blocks.shape[i] * blocks.shape[i + 1] for i in range(0, blocks.ndim, 2)]
+    out = blocks.reshape(padded)
+    if tuple(padded) != tuple(shape):
+        out = lax.slice(out, (0,) * len(shape), tuple(shape))
+    return out
 
 
 def _reduce(blocks: Array, fn: Any) -> Array:
@@ -314,7 +343,7 @@ def quantised_leaves(
     lo, hi = _levels(bits, symmetric)
     z = None if zero is None else _expand(zero)
     q = _round_trip(blocks, _expand(scale), z, lo, hi)
-    q = jnp.where(jnp.isnan(q), 0, q).astype(jnp.int8).reshape(x.shape)
+    q = _unblocks(jnp.where(jnp.isnan(q), 0, q).astype(jnp.int8), x.shape)
     values = pack_nibbles(q) if bits == 4 else q
     scale = scale.astype(x.dtype).reshape(scale_shape)
     if zero is not None:
@@ -345,6 +374,12 @@ def nf4_levels(q: Array, dtype: Any) -> Array:
     return levels[0]
 
 
+def nf4_table(q: Array, dtype: Any) -> Array:
+    """`nf4_levels` as a gather from the 16-entry table (`NF4_CODE[q + 8]`), which
+    some backends run faster than the tree of selects."""
+    return jnp.asarray(NF4_CODE, dtype)[q.astype(jnp.int32) + 8]
+
+
 @ft.partial(jax.jit, static_argnums=(1,))
 def nf4_leaves(x: Array, scale_shape: tuple[int, ...]) -> tuple[Array, Array]:
     """NF4 of `x` (bitsandbytes' format): each block's absmax is its scale, and each
@@ -360,7 +395,7 @@ def nf4_leaves(x: Array, scale_shape: tuple[int, ...]) -> tuple[Array, Array]:
     # The nearest level: how many midpoints between neighbouring levels lie below.
     index = jnp.searchsorted((code[1:] + code[:-1]) / 2, normed.ravel())
     q = jnp.where(jnp.isnan(normed.ravel()), 8, index) - 8
-    values = pack_nibbles(q.astype(jnp.int8).reshape(x.shape))
+    values = pack_nibbles(_unblocks(q.astype(jnp.int8).reshape(normed.shape), x.shape))
     return values, scale.astype(x.dtype).reshape(scale_shape)
 
 
@@ -379,7 +414,7 @@ def float8_leaves(
     absmax = _reduce(jnp.abs(blocks), jnp.max)
     scale = _nonfinite_nan(blocks, jnp.where(absmax > 0, absmax / top, 1))
     scaled = jnp.clip(blocks / _expand(scale), -top, top)
-    values = jnp.where(jnp.isnan(scaled), 0, scaled).astype(fmt).reshape(x.shape)
+    values = _unblocks(jnp.where(jnp.isnan(scaled), 0, scaled).astype(fmt), x.shape)
     return values, scale.astype(x.dtype).reshape(scale_shape)
 
 
@@ -483,7 +518,8 @@ def quantise_rows(
     has no integer for it, and clipping would give a finite row."""
     x32 = x.astype(jnp.promote_types(x.dtype, jnp.float32))
     top = 127.0 if fmt == "int" else float(jnp.finfo(fmt).max)
-    high = jnp.max(jnp.abs(x32), axis=tuple(contract), keepdims=True)
+    # `initial`: a row with nothing to contract (an empty axis) has absmax 0.
+    high = jnp.max(jnp.abs(x32), axis=tuple(contract), keepdims=True, initial=0)
     if static_scale is None:
         scale = jnp.where(high > 0, high / top, 1)
     else:
@@ -498,7 +534,7 @@ def quantise_rows(
     )
 
 
-def _reduce_dot(lhs: Array, rhs: Array, dn: DimensionNumbers) -> Array:
+def reduce_dot(lhs: Array, rhs: Array, dn: DimensionNumbers) -> Array:
     """`dot_general` as a broadcast multiply and a sum: for one row, XLA fuses the
     integer-to-float conversion into it instead of writing out a float weight.
     Free axes of size 1 are left out of the multiply (XLA on CPU runs a reduction
@@ -527,12 +563,13 @@ def one_row_dot(lhs: Array, rhs: Array, dn: DimensionNumbers, w_is_lhs: bool) ->
     float32 time at 2048 x 2048, where `w @ x` converts the whole weight first and
     takes 10x). With batch axes, a fused multiply-and-sum."""
     if dn[1][0]:
-        return _reduce_dot(lhs, rhs, dn)
+        return reduce_dot(lhs, rhs, dn)
     w, x = (lhs, rhs) if w_is_lhs else (rhs, lhs)
     w_contract = dn[0][0] if w_is_lhs else dn[0][1]
     k = math.prod(w.shape[a] for a in w_contract)
+    free = math.prod(d for a, d in enumerate(w.shape) if a not in w_contract)
     # Canonical layout (`_product`): free axes, then contracted ones.
-    w2 = w.reshape(-1, k)
+    w2 = w.reshape(free, k)
     out = lax.dot_general(x.reshape(1, k), jnp.transpose(w2), (((1,), (0,)), ((), ())))
     shape = [lhs.shape[a] for a in range(lhs.ndim) if a not in dn[0][0]]
     shape += [rhs.shape[a] for a in range(rhs.ndim) if a not in dn[0][1]]

@@ -19,10 +19,14 @@ numbers) and the scale `s` and offset `o = -z * s` constant on blocks (see
   (`recording_activations`).
 """
 
+import contextlib
 import contextvars
+import dataclasses
 import functools as ft
+import itertools
 import math
-from collections.abc import Callable, Sequence
+import os
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import jax
@@ -35,19 +39,33 @@ from jaxtyping import Array
 
 from ._kernels import (
     DimensionNumbers,
+    nf4_levels,
+    nf4_table,
+    nibbles,
     one_row_dot,
     quantise_rows,
+    reduce_dot,
     sides,
     split_groups,
     to_out,
 )
-from ._value import QuantisedArray
+from ._pallas import available, plan, weight_only_matmul
+from ._value import FLOAT8_FORMATS, QuantisedArray, repeat_blocks
 
 
 __all__ = [
     "BLOCK_ELEMENTS",
+    "DEFAULT_KERNELS",
+    "KERNELS",
+    "KERNELS_VARIABLE",
+    "NF4_DECODES",
+    "REDUCE_MAX_ROWS",
+    "UNPACKS",
     "WEIGHT_ONLY_MAX_ROWS",
+    "Kernels",
     "expand_axes",
+    "kernel_choices",
+    "kernels",
     "matmul_path",
     "quantised_dot",
     "recording_activations",
@@ -151,11 +169,514 @@ def rows_of(x: Any, contract: Sequence[int], batch: Sequence[int]) -> int:
 
 def expand_axes(w: QuantisedArray, block: Array, axes: Sequence[int]) -> Array:
     """`block` (scale layout) repeated to full size along `axes`."""
-    for a in axes:
-        g = w.shape[a] // w.scale.shape[a]
-        if g > 1 and block.shape[a] > 1:
-            block = jnp.repeat(block, g, axis=a)
-    return block
+    return repeat_blocks(block, w.shape, axes)
+
+
+# How the weight-only product is written, per backend ----------------------------------
+
+# The formulations of the weight-only product (see `Kernels`).
+KERNELS = ("blocked", "fused", "reduce", "pallas")
+# How 4-bit values are unpacked by the "fused" and "reduce" formulations.
+UNPACKS = ("shift", "halves")
+# How NF4 code indices become levels.
+NF4_DECODES = ("select", "gather")
+
+# At most this many rows, `"reduce"` multiplies and sums on the vector units;
+# above, it takes the "fused" product.
+REDUCE_MAX_ROWS = 8
+
+
+@dataclasses.dataclass(frozen=True)
+class Kernels:
+    """How the weight-only product (`x . w` dequantised on the fly) is written, per
+    format of `w`: `int8` (format `"int"`, 8 bits), `int4` (format `"int"`, 4
+    bits), `nf4`, `float8` (both float8 formats). Each is one of:
+
+    - `"blocked"`: `w` dequantised to float32 inside the product: fused into it
+        at one row, and from 2 rows on one block of at most `BLOCK_ELEMENTS` at a
+        time in a loop, so that no float copy of `w` is ever whole. What XLA on
+        CPU needs (it converts a whole integer operand before a dot with more
+        than one row); the default on every backend but the TPU.
+    - `"fused"`: one `dot_general` of `x` with `w`'s levels converted to `x`'s
+        dtype (bfloat16 stays bfloat16 at the default precision), accumulating
+        in float32; the scale multiplies the output columns after the dot where
+        it is constant along the contraction, else it is folded into the
+        converted weight. XLA fuses the conversion into the product where it
+        can; where it cannot, it writes the converted weight out first.
+    - `"reduce"`: at most `REDUCE_MAX_ROWS` rows, a multiply and a sum (no
+        matrix unit: a product of few rows reads the weight once on the vector
+        units); above, `"fused"`.
+    - `"pallas"`: the Pallas TPU kernel of `quax_quant._pallas` (a tiled product
+        decoding the stored values in on-chip memory); on a backend other than
+        the TPU it runs in interpret mode (for tests: slow). It reads the
+        weight as `(out, in)`: one contracted along its first axis is
+        transposed back (free where it reached the product transposed, as in
+        `x @ w.T` of an `eqx.nn.Linear` weight; a copy of the stored values for
+        an NNX kernel `(in, out)`). Where it does not apply (zero points, batch
+        axes, more than 2 axes, groups that are not a multiple of 64 inputs,
+        4-bit values packed along the free axis) or does not compile for the
+        shapes (checked once, logged), `"fused"`.
+
+    And for the 4-bit formats under `"fused"`, `unpack`: `"shift"` (shifts,
+    then the two halves concatenated: `unpack_int4`), or `"halves"` (no
+    concatenation: the product is the sum of the product with the low nibbles
+    and the one with the high nibbles, where the packed axis is contracted).
+    Reinterpreting the bytes as JAX's `int4` (`lax.bitcast_convert_type`) is not
+    offered: under `jax.jit` XLA (JAX 0.10.2, CPU) folds that conversion of a
+    constant array into other integers, silently;
+    `nf4_levels`: `"select"` (a tree of selects) or `"gather"` (a table
+    lookup).
+
+    Every formulation computes `x . w.dequantise()` up to float rounding; they
+    differ in speed by backend (`benchmarks/quant.py --tpu` times them side by
+    side) and in the rounding of the converted weight (`"fused"` and
+    `"pallas"` multiply in `x`'s dtype: exact for integer and float8 levels with
+    a scale per output channel, one bfloat16 rounding of NF4 levels and of
+    group-scaled weights, as a TPU's default-precision float32 product rounds
+    its operands anyway).
+    """
+
+    int8: str = "blocked"
+    int4: str = "blocked"
+    nf4: str = "blocked"
+    float8: str = "blocked"
+    unpack: str = "shift"
+    nf4_levels: str = "select"
+
+    def __post_init__(self) -> None:
+        for field in ("int8", "int4", "nf4", "float8"):
+            if getattr(self, field) not in KERNELS:
+                raise ValueError(
+                    f"quax_quant.kernels: {field} must be one of {KERNELS}, got "
+                    f"{getattr(self, field)!r}."
+                )
+        if self.unpack not in UNPACKS:
+            raise ValueError(
+                f"quax_quant.kernels: unpack must be one of {UNPACKS}, got "
+                f"{self.unpack!r}."
+            )
+        if self.nf4_levels not in NF4_DECODES:
+            raise ValueError(
+                f"quax_quant.kernels: nf4_levels must be one of {NF4_DECODES}, got "
+                f"{self.nf4_levels!r}."
+            )
+
+    def of(self, w: QuantisedArray) -> str:
+        """The formulation for `w`'s format."""
+        if w.format in FLOAT8_FORMATS:
+            return self.float8
+        if w.format == "nf4":
+            return self.nf4
+        return self.int4 if w.bits == 4 else self.int8
+
+
+# The formulations by backend (`jax.default_backend()`); a backend not named here
+# takes `Kernels()` (all "blocked"). Chosen from first principles for the TPU,
+# where the blocked loop is the slow part (7x bfloat16 at 4096 rows in issue
+# 46): switch with `quax_quant.kernels(...)` or the environment variable
+# `QUAX_QUANT_KERNELS` after timing them (`benchmarks/quant.py --tpu`).
+DEFAULT_KERNELS: dict[str, Kernels] = {
+    "tpu": Kernels(
+        int8="fused", int4="fused", nf4="fused", float8="fused", unpack="halves"
+    ),
+}
+
+# `QUAX_QUANT_KERNELS="int4=pallas,nf4_levels=gather"` changes the defaults of every
+# backend, for a whole process.
+KERNELS_VARIABLE = "QUAX_QUANT_KERNELS"
+
+# Choices of `kernels(...)` blocks, as sorted `(field, value)` pairs: rules read
+# them while they trace, so JAX's and quax's caches key on them.
+_chosen = quax.plugins.jit_context(())
+
+
+def _variable_choices() -> dict[str, str]:
+    text = os.environ.get(KERNELS_VARIABLE, "").strip()
+    if not text:
+        return {}
+    choices = {}
+    for item in text.split(","):
+        field, sep, value = item.partition("=")
+        if not sep or field.strip() not in Kernels.__dataclass_fields__:
+            raise ValueError(
+                f"{KERNELS_VARIABLE}={text!r}: each item must be FIELD=VALUE with "
+                f"FIELD one of {tuple(Kernels.__dataclass_fields__)}; got {item!r}."
+            )
+        choices[field.strip()] = value.strip()
+    return choices
+
+
+def kernel_choices(backend: str | None = None) -> Kernels:
+    """The formulations the weight-only product takes now: `DEFAULT_KERNELS` for
+    `backend` (by default `jax.default_backend()`), changed by the environment
+    variable `QUAX_QUANT_KERNELS`, then by the enclosing `quax_quant.kernels`
+    blocks.
+
+    **Arguments:**
+
+    - `backend`: a backend name (`"cpu"`, `"gpu"`, `"tpu"`), or `None`.
+
+    **Returns:**
+
+    A [`quax_quant.Kernels`][].
+    """
+    base = DEFAULT_KERNELS.get(backend or jax.default_backend(), Kernels())
+    return dataclasses.replace(base, **{**_variable_choices(), **dict(_chosen.value)})
+
+
+@contextlib.contextmanager
+def kernels(**choices: str) -> Iterator[Kernels]:
+    """Choose how the weight-only product is written while the block runs (also
+    while it is traced: a `jax.jit` traced in it is traced again outside it).
+
+    ```python
+    with quax_quant.kernels(int4="pallas", nf4="fused", nf4_levels="gather"):
+        y = jax.jit(quax.quaxify(lambda w, x: x @ w.T))(w, x)
+    ```
+
+    **Arguments:**
+
+    - `choices`: fields of [`quax_quant.Kernels`][] (`int8`, `int4`, `nf4`,
+        `float8`, `unpack`, `nf4_levels`) and their values; the others keep the
+        backend's defaults (or an enclosing block's choices).
+
+    **Returns:**
+
+    A context manager, giving the `Kernels` in force inside.
+
+    **Raises:**
+
+    `ValueError` naming a field or a value that is not one.
+    """
+    merged = {**dict(_chosen.value), **choices}
+    unknown = set(merged) - set(Kernels.__dataclass_fields__)
+    if unknown:
+        raise ValueError(
+            f"quax_quant.kernels: unknown fields {sorted(unknown)}; the fields are "
+            f"{tuple(Kernels.__dataclass_fields__)}."
+        )
+    Kernels(**merged)  # check the values
+    with _chosen(tuple(sorted(merged.items()))):
+        yield kernel_choices()
+
+
+def _default_precision(precision: Any) -> bool:
+    """Whether a `dot_general`'s `precision` (and JAX's default) leave it at the
+    backend's default: a TPU then multiplies float32 operands in bfloat16."""
+    if precision is not None:
+        values = precision if isinstance(precision, tuple) else (precision,)
+        if any(p not in (None, lax.Precision.DEFAULT) for p in values):
+            return False
+    default = jax.config.values.get("jax_default_matmul_precision")
+    return default in (None, "default", "bfloat16", "fastest")
+
+
+def _compute_dtype(x_dtype: Any, float_dtype: Any, precision: Any) -> Any:
+    """The dtype the "fused" and "pallas" products multiply in: a 16-bit float `x`
+    at the default precision keeps its dtype (the weight is converted to it);
+    otherwise the dtype the dense product computes in."""
+    x_dtype = np.dtype(x_dtype)
+    narrow = x_dtype in (np.dtype(jnp.bfloat16), np.dtype(jnp.float16))
+    if narrow and _default_precision(precision):
+        return x_dtype
+    return np.dtype(jnp.promote_types(x_dtype, float_dtype))
+
+
+def _decode(q: Array, fmt: str, dtype: Any, nf4: str) -> Array:
+    """Levels of stored values `q` (integers, nibbles, `int4` or float8) as `dtype`."""
+    if fmt == "nf4":
+        return (nf4_table if nf4 == "gather" else nf4_levels)(q, dtype)
+    return q.astype(dtype)
+
+
+def _levels(w: QuantisedArray, dtype: Any, choice: Kernels) -> Array:
+    """`w.levels(dtype)`, NF4 decoded as `choice.nf4_levels` says."""
+    return _decode(w.codes(), w.format, dtype, choice.nf4_levels)
+
+
+def _operand(
+    levels: Array,
+    scale: Array,
+    zero: Array | None,
+    folded: bool,
+    dtype: Any,
+) -> Array:
+    """The weight as a product's operand, of `levels`' shape: `(q - z) * s`
+    computed in float32 and converted to `dtype` where `folded` (a scale varying
+    along the contraction), else `q - z` in `dtype` (exact for integers and
+    float8 numbers; the scale is applied to the output)."""
+    shape = levels.shape
+    axes = range(len(shape))
+    if folded:
+        q = levels.astype(jnp.promote_types(dtype, jnp.float32))
+        if zero is not None:
+            q = q - repeat_blocks(zero.astype(q.dtype), shape, axes)
+        return (q * repeat_blocks(scale.astype(q.dtype), shape, axes)).astype(dtype)
+    q = levels.astype(dtype)
+    if zero is not None:
+        q = q - repeat_blocks(zero.astype(dtype), shape, axes)
+    return q
+
+
+def _dot(
+    x: Array, op: Array, dn: DimensionNumbers, w_is_lhs: bool, precision: Any
+) -> Array:
+    lhs, rhs = (op, x) if w_is_lhs else (x, op)
+    acc = jnp.promote_types(op.dtype, jnp.float32)
+    return lax.dot_general(
+        lhs, rhs, dn, precision=precision, preferred_element_type=acc
+    )
+
+
+def _column_scale(
+    out: Array, w: QuantisedArray, dn: DimensionNumbers, w_is_lhs: bool, x_ndim: int
+) -> Array:
+    """`out` times `w`'s scale (constant along the contraction) per output entry.
+    An infinite scale gives NaN where its block reaches, as on the int8 path: the
+    sum cannot tell an infinity from `0 * inf`."""
+    w_contract, _ = sides(dn, w_is_lhs)
+    keep = [a for a in range(w.ndim) if a not in w_contract]
+    raw = w.scale.astype(out.dtype)
+    scale = expand_axes(w, jnp.where(jnp.isinf(raw), jnp.nan, raw), keep)
+    lhs_ndim, rhs_ndim = (w.ndim, x_ndim) if w_is_lhs else (x_ndim, w.ndim)
+    return out * to_out(scale, w_is_lhs, dn, lhs_ndim, rhs_ndim)
+
+
+def _halves(w: QuantisedArray, dn: DimensionNumbers, w_is_lhs: bool) -> int | None:
+    """The packed axis of a 4-bit `w` when `"halves"` applies: contracted, of even
+    length, each half holding whole scale blocks. `None` otherwise."""
+    if w.bits != 4 or w.odd:
+        return None
+    axis = w.packed_axis % w.ndim
+    w_contract, _ = sides(dn, w_is_lhs)
+    blocks = w.scale.shape[axis]
+    if axis not in w_contract or (
+        blocks > 1 and (w.shape[axis] % blocks or blocks % 2)
+    ):
+        return None
+    return axis
+
+
+def _half(block: Array, axis: int, i: int) -> Array:
+    """Half `i` (0 or 1) of a scale layout `block` along `axis` (all of it where it
+    has one block there)."""
+    if block.shape[axis] == 1:
+        return block
+    n = block.shape[axis] // 2
+    return lax.slice_in_dim(block, i * n, (i + 1) * n, axis=axis)
+
+
+def _fused_product(
+    x: Array,
+    w: QuantisedArray,
+    choice: Kernels,
+    *,
+    dn: DimensionNumbers,
+    w_is_lhs: bool,
+    precision: Any,
+    out_dtype: Any,
+) -> Array:
+    """The "fused" formulation (see `Kernels`)."""
+    dtype = _compute_dtype(x.dtype, w.float_dtype, precision)
+    w_contract, _ = sides(dn, w_is_lhs)
+    folded = any(w.scale.shape[a] > 1 for a in w_contract)
+    x = x.astype(dtype)
+    axis = _halves(w, dn, w_is_lhs) if choice.unpack == "halves" else None
+    if axis is None:
+        op = _operand(_levels(w, dtype, choice), w.scale, w.zero_point, folded, dtype)
+        out = _dot(x, op, dn, w_is_lhs, precision)
+    else:
+        # The product with the low nibbles (the first half of the packed axis)
+        # plus the one with the high nibbles (the second half).
+        half = w.shape[axis] // 2
+        x_axis = sides(dn, not w_is_lhs)[0][w_contract.index(axis)]
+        out = None
+        for i, q in enumerate(nibbles(w.values)):
+            levels = _decode(q, w.format, dtype, choice.nf4_levels)
+            scale = _half(w.scale, axis, i)
+            zero = None if w.zero_point is None else _half(w.zero_point, axis, i)
+            op = _operand(levels, scale, zero, folded, dtype)
+            part = lax.slice_in_dim(x, i * half, (i + 1) * half, axis=x_axis)
+            term = _dot(part, op, dn, w_is_lhs, precision)
+            out = term if out is None else out + term
+    assert out is not None
+    if not folded:
+        out = _column_scale(out, w, dn, w_is_lhs, x.ndim)
+    return out.astype(out_dtype)
+
+
+def _reduce_product(
+    x: Array,
+    w: QuantisedArray,
+    choice: Kernels,
+    *,
+    dn: DimensionNumbers,
+    w_is_lhs: bool,
+    out_dtype: Any,
+) -> Array:
+    """The "reduce" formulation (see `Kernels`): `w` dequantised in float32 inside
+    a multiply and a sum, which XLA fuses into one pass over the stored values."""
+    acc = jnp.promote_types(out_dtype, jnp.float32)
+    deq = _operand(_levels(w, acc, choice), w.scale, w.zero_point, True, acc)
+    lhs, rhs = (deq, x.astype(acc)) if w_is_lhs else (x.astype(acc), deq)
+    return reduce_dot(lhs, rhs, dn).astype(out_dtype)
+
+
+def _on_tpu() -> bool:
+    """Whether products run on a TPU (the Pallas kernel compiles for it; elsewhere
+    it runs in interpret mode)."""
+    return jax.default_backend() == "tpu"
+
+
+def _pallas_layout(
+    x: Array, w: QuantisedArray, dn: DimensionNumbers, w_is_lhs: bool
+) -> tuple[QuantisedArray, int] | None:
+    """`(w as (N, K), x's contracted axis)` where the Pallas kernel applies to this
+    product: a 2-D `w` with one contracted axis, no batch axes, no zero point,
+    4-bit values packed along the contracted axis with an even length. A `w`
+    contracted along its first axis (`x @ w.T` of an `eqx.nn.Linear` weight
+    reaches the product transposed) is transposed back, bytes and scales, which
+    XLA cancels against the transpose that made it. `None` otherwise."""
+    (lc, rc), (lb, _) = dn
+    w_contract, x_contract = (lc, rc) if w_is_lhs else (rc, lc)
+    if w.ndim != 2 or len(w_contract) != 1 or lb or w.zero_point is not None:
+        return None
+    if w.bits == 4 and (w.odd or w.packed_axis % 2 != w_contract[0]):
+        return None
+    if w_contract[0] == 0:
+        w = dataclasses.replace(
+            w,
+            values=jnp.transpose(w.values),
+            scale=jnp.transpose(w.scale),
+            master=None,
+            packed_axis=-1,
+        )
+    return w, int(x_contract[0])
+
+
+@ft.partial(jax.custom_jvp, nondiff_argnums=(0,))
+def _pallas_call(static: Any, x: Array, values: Array, scale: Array) -> Array:
+    """The kernel on `x` `(M, K)`; derivatives are those of the "fused" product."""
+    _, kwargs, _ = static
+    return weight_only_matmul(x, values, scale, **dict(kwargs))
+
+
+@_pallas_call.defjvp
+def _(static: Any, primals: Any, tangents: Any) -> Any:
+    fields, kwargs, choice = static
+    x, values, scale = primals
+    dx, _, dscale = tangents
+    out = _pallas_call(static, x, values, scale)
+    kwargs = dict(kwargs)
+
+    def fused(x: Array, scale: Array) -> Array:
+        w = _rebuild(fields, values, scale, None)
+        return _fused_product(
+            x,
+            w,
+            choice,
+            dn=(((1,), (1,)), ((), ())),
+            w_is_lhs=False,
+            precision=None,
+            out_dtype=kwargs["out_dtype"],
+        )
+
+    _, tangent = jax.jvp(fused, (x, scale), (dx, dscale))
+    return out, tangent
+
+
+def _pallas_product(
+    x: Array,
+    w: QuantisedArray,
+    choice: Kernels,
+    *,
+    dn: DimensionNumbers,
+    w_is_lhs: bool,
+    precision: Any,
+    out_dtype: Any,
+) -> Array | None:
+    """The "pallas" formulation (see `Kernels`), or `None` where the kernel does not
+    apply or does not compile (the caller takes the "fused" one)."""
+    layout = _pallas_layout(x, w, dn, w_is_lhs)
+    if layout is None or w.size == 0 or np.size(x) == 0:
+        return None
+    w, x_axis = layout
+    fmt = w.format
+    n, k = w.shape
+    x2 = jnp.moveaxis(x, x_axis, -1)
+    free = x2.shape[:-1]
+    x2 = x2.reshape(-1, k)
+    dtype = _compute_dtype(x.dtype, w.float_dtype, precision)
+    scale = jnp.asarray(w.scale)
+    tiling = plan(x2.shape[0], n, k, fmt, w.bits == 4, tuple(scale.shape))
+    if tiling is None:
+        return None
+    on_tpu = _on_tpu()
+    if on_tpu and not available(
+        tuple(x2.shape),
+        x2.dtype,
+        tuple(w.values.shape),
+        w.values.dtype,
+        tuple(scale.shape),
+        scale.dtype,
+        fmt=fmt,
+        plan=tiling,
+        dtype=dtype,
+        out_dtype=out_dtype,
+    ):
+        return None
+    kwargs = (
+        ("dtype", np.dtype(dtype)),
+        ("fmt", fmt),
+        ("interpret", not on_tpu),
+        ("out_dtype", np.dtype(out_dtype)),
+        ("plan", tiling),
+    )
+    static = (_static_fields(w), kwargs, choice)
+    out = _pallas_call(static, x2, w.values, scale).reshape(*free, n)
+    # `w . x` puts `w`'s free axis first.
+    return jnp.moveaxis(out, -1, 0) if w_is_lhs else out
+
+
+def _formulated_product(
+    x: Array,
+    w: QuantisedArray,
+    choice: Kernels,
+    *,
+    dn: DimensionNumbers,
+    w_is_lhs: bool,
+    rows: int,
+    precision: Any,
+    out_dtype: Any,
+) -> Array:
+    """The weight-only product as `choice` writes it for `w`'s format (not
+    "blocked": that is `_canonical_product`)."""
+    kernel = choice.of(w)
+    if kernel == "pallas":
+        out = _pallas_product(
+            x,
+            w,
+            choice,
+            dn=dn,
+            w_is_lhs=w_is_lhs,
+            precision=precision,
+            out_dtype=out_dtype,
+        )
+        if out is not None:
+            return out
+    if kernel == "reduce" and rows <= REDUCE_MAX_ROWS:
+        return _reduce_product(
+            x, w, choice, dn=dn, w_is_lhs=w_is_lhs, out_dtype=out_dtype
+        )
+    return _fused_product(
+        x,
+        w,
+        choice,
+        dn=dn,
+        w_is_lhs=w_is_lhs,
+        precision=precision,
+        out_dtype=out_dtype,
+    )
 
 
 # The product --------------------------------------------------------------------------
@@ -174,16 +695,24 @@ def _dequantised(w: QuantisedArray, acc: Any) -> Array:
 
 
 def _take(w: QuantisedArray, axis: int, start: int, stop: int) -> QuantisedArray:
-    """`w[start:stop]` along `axis`, at scale-block boundaries; an int4 (or NF4)
-    array packed along `axis` comes back unpacked (one value per `int8`)."""
+    """`w[start:stop]` along `axis`, at scale-block boundaries: `start` at one, and
+    `stop` at one or at the end, cutting either whole blocks of the same length
+    or only NF4's shorter last block (so that the part has the same blocks). An
+    int4 (or NF4) array packed along `axis` comes back unpacked (one value per
+    `int8`)."""
     packed = w.bits == 4 and w.packed_axis % w.ndim == axis
     values = w.codes() if packed else w.values
     g = w.group_sizes[axis]
+    d = w.shape[axis]
+    blocks = w.scale.shape[axis]
+    assert blocks == 1 or (
+        start % g == 0 and (stop % g == 0 or (start == (blocks - 1) * g and stop == d))
+    ), f"_take({start}, {stop}) of an axis of {d} in blocks of {g}"
 
     def cut(block: Array) -> Array:
         if block.shape[axis] == 1:
             return block
-        return lax.slice_in_dim(block, start // g, stop // g, axis=axis)
+        return lax.slice_in_dim(block, start // g, -(-stop // g), axis=axis)
 
     fields = _static_fields(w)
     if packed:
@@ -258,10 +787,16 @@ def _blocked_product(
     position = len(w_batch) + free.index(axis) + (0 if w_is_lhs else x_free)
     out = jnp.moveaxis(out, 0, position)
     out = out.reshape(*out.shape[:position], -1, *out.shape[position + 2 :])
-    if main.shape[axis] < w.shape[axis]:
-        rest = product(_take(w, axis, main.shape[axis], w.shape[axis]))
-        out = jnp.concatenate([out, rest], axis=position)
-    return out
+    # The rest: whole blocks, then NF4's shorter last block on its own (a part
+    # holding both would have blocks of another length).
+    d = w.shape[axis]
+    last = d - d % unit if grouped else d
+    cuts = [c for c in (main.shape[axis], last, d) if c >= main.shape[axis]]
+    parts = [out]
+    for start, stop in itertools.pairwise(cuts):
+        if start < stop:
+            parts.append(product(_take(w, axis, start, stop)))
+    return jnp.concatenate(parts, axis=position) if len(parts) > 1 else out
 
 
 def _product(
@@ -272,7 +807,23 @@ def _product(
     Both operands are first laid out as `(batch, free, contracted)`: a weight that
     reached the product transposed (`x @ w.T`) is transposed back, which XLA cancels,
     instead of a product contracting along a strided axis (for `int8` on CPU, six
-    times slower)."""
+    times slower).
+
+    The weight-only product takes the formulation `kernel_choices()` gives for
+    `w`'s format; all but "blocked" take `dn` as it is."""
+    if kwargs["path"] == "weight_only":
+        choice = kernel_choices()
+        if choice.of(w) != "blocked":
+            return _formulated_product(
+                x,
+                w,
+                choice,
+                dn=dn,
+                w_is_lhs=w_is_lhs,
+                rows=kwargs["rows"],
+                precision=kwargs["precision"],
+                out_dtype=kwargs["out_dtype"],
+            )
     w_contract, w_batch = sides(dn, w_is_lhs)
     x_contract, x_batch = sides(dn, not w_is_lhs)
     w_free = [a for a in range(w.ndim) if a not in w_contract and a not in w_batch]

@@ -15,7 +15,7 @@ from jaxtyping import PyTree
 
 from ._matmul import recording_activations
 from ._nnx import nnx_of, quantise_layers
-from ._quantise import quantise
+from ._quantise import NF4_BLOCK, quantise
 from ._value import QuantisedArray
 
 
@@ -199,12 +199,15 @@ def quantise_model(
         else:
             conv = isinstance(layer, nnx.Conv | nnx.ConvTranspose)
             output, inputs = -1, 0  # (in, out), (*window, in, out)
-        groups = None if conv else (group_size or block_size)
-        if groups is None and format == "nf4" and not conv:
-            groups = 64
+        # Passed on as given, so that `quantise`'s errors name the argument.
+        groups, blocks = None, None
         if conv:
             channels = output
-        elif groups is not None:
+        elif group_size is not None or block_size is not None:
+            groups, blocks = group_size, block_size
+            channels = None
+        elif format == "nf4":
+            blocks = NF4_BLOCK
             channels = None
         else:
             channels = output if axis == "output" else axis
@@ -215,6 +218,7 @@ def quantise_model(
                 format=format,
                 axis=channels,
                 group_size=groups,
+                block_size=blocks,
                 group_axis=inputs,
                 double_quant=double_quant,
                 symmetric=symmetric,

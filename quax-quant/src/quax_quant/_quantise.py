@@ -19,7 +19,13 @@ from ._kernels import (
     nf4_leaves,
     quantised_leaves,
 )
-from ._value import FORMATS, MATMUL_PATHS, QuantisedArray, QuantisedScale
+from ._value import (
+    FLOAT8_FORMATS,
+    FORMATS,
+    MATMUL_PATHS,
+    QuantisedArray,
+    QuantisedScale,
+)
 
 
 __all__ = ["quantise"]
@@ -48,28 +54,44 @@ def _scale_shape(
     axis: int | np.integer | Sequence[int] | None,
     group_size: int | None,
     group_axis: int,
+    *,
+    size_name: str = "group_size",
+    partial: bool = False,
 ) -> tuple[int, ...]:
+    """The scale's shape for `quantise`'s layout arguments. An empty axis (length
+    0) has one block whatever the layout: there is nothing to scale along it.
+
+    `size_name` is the argument the group size came from (`"group_size"` or
+    `"block_size"`), for the errors; with `partial` (NF4) a group size that does
+    not divide its axis cuts it into `ceil(d / group_size)` blocks of equal length
+    `ceil(d / blocks)`, the last one shorter (see `QuantisedArray.group_sizes`)."""
     ndim = len(shape)
     if group_size is not None:
         if axis is not None:
             raise ValueError(
-                "quantise takes either `axis` (per-channel scales) or `group_size` "
-                "(one scale per group of `group_size` along `group_axis`, per index "
-                "of every other axis), not both."
+                f"quantise takes either `axis` (per-channel scales) or `{size_name}` "
+                f"(one scale per group of `{size_name}` along `group_axis`, per "
+                "index of every other axis), not both."
             )
         if ndim == 0:
-            raise ValueError("quantise: group_size needs an array with an axis.")
+            raise ValueError(f"quantise: {size_name} needs an array with an axis.")
         g_axis = _normalise_axis(
             _axis_index(group_axis, "group_axis"), ndim, "group_axis"
         )
         d = shape[g_axis]
-        size = _axis_index(group_size, "group_size")
-        if size < 1 or d % size:
+        size = _axis_index(group_size, size_name)
+        if size < 1:
             raise ValueError(
-                f"quantise: group_size={group_size} must divide the length {d} of "
+                f"quantise: {size_name} must be a positive number of consecutive "
+                f"entries sharing a scale, got {size_name}={group_size}."
+            )
+        if d % size and not partial:
+            raise ValueError(
+                f"quantise: {size_name}={group_size} must divide the length {d} of "
                 f"axis {g_axis} (group_axis={group_axis}) of shape {shape}."
             )
-        return tuple(d // size if a == g_axis else n for a, n in enumerate(shape))
+        blocks = max(-(-d // size), 1)
+        return tuple(blocks if a == g_axis else max(n, 1) for a, n in enumerate(shape))
     if axis is None:
         return (1,) * ndim
     given = (axis,) if not isinstance(axis, Sequence) else tuple(axis)
@@ -78,7 +100,7 @@ def _scale_shape(
         raise ValueError(
             f"quantise: axis={axis!r} repeats an axis of an array with {ndim} axes."
         )
-    return tuple(n if a in axes else 1 for a, n in enumerate(shape))
+    return tuple(max(n, 1) if a in axes else 1 for a, n in enumerate(shape))
 
 
 def _check_finite(x: Array) -> None:
@@ -110,6 +132,9 @@ _BITS = {"int": None, "nf4": 4, "float8_e4m3fn": 8, "float8_e5m2": 8}
 # Scales per block of QLoRA's double quantisation.
 DOUBLE_QUANT_BLOCK = 256
 
+# NF4's default block length (bitsandbytes' and QLoRA's).
+NF4_BLOCK = 64
+
 
 def _format_arguments(
     format: str,
@@ -119,9 +144,10 @@ def _format_arguments(
     axis: Any,
     group_size: int | None,
     block_size: int | None,
-) -> tuple[int, int | None]:
-    """`bits` and `group_size` for `format`, or a `ValueError` naming the argument
-    that does not fit it."""
+) -> tuple[int, int | None, str]:
+    """`bits`, the group size and the argument it came from (`"group_size"` or
+    `"block_size"`, for the errors) for `format`, or a `ValueError` naming the
+    argument that does not fit it."""
     if format not in FORMATS:
         raise ValueError(f"quantise: format must be one of {FORMATS}, got {format!r}.")
     if block_size is not None:
@@ -131,9 +157,10 @@ def _format_arguments(
                 "not both: they are the same layout."
             )
         group_size = block_size
+    size_name = "group_size" if block_size is None else "block_size"
     needs = _BITS[format]
     if needs is None:
-        return (8 if bits is None else bits), group_size
+        return (8 if bits is None else bits), group_size, size_name
     if bits is not None and bits != needs:
         raise ValueError(
             f"quantise: format={format!r} stores {needs}-bit values, got bits={bits}; "
@@ -150,8 +177,25 @@ def _format_arguments(
             f"calibration={calibration!r} is for format='int'."
         )
     if format == "nf4" and axis is None and group_size is None:
-        group_size = 64
-    return needs, group_size
+        group_size, size_name = NF4_BLOCK, "block_size"
+    return needs, group_size, size_name
+
+
+def _empty_leaves(
+    x: Array, bits: int, format: str, symmetric: bool, scale_shape: tuple[int, ...]
+) -> tuple[Array, Array, Array | None]:
+    """The leaves of an empty `x` (an axis of length 0), as `quantise` stores
+    them for any other array, of the shapes that layout gives: no stored values,
+    and scales of 1 (zero points of 0), one block along each empty axis. The
+    kernels reduce over each block, which an empty block has nothing for."""
+    if format in FLOAT8_FORMATS:
+        values = jnp.zeros(x.shape, format)
+    elif bits == 4:
+        values = jnp.zeros((*x.shape[:-1], (x.shape[-1] + 1) // 2), jnp.int8)
+    else:
+        values = jnp.zeros(x.shape, jnp.int8)
+    scale = jnp.ones(scale_shape, x.dtype)
+    return values, scale, None if symmetric else jnp.zeros(scale_shape, x.dtype)
 
 
 def quantise(
@@ -201,8 +245,14 @@ def quantise(
         `[-x.ndim, x.ndim)` raises NumPy's `AxisError` (a `ValueError`).
     - `group_size`: one scale per `group_size` consecutive indices along
         `group_axis` and per index of every other axis (the usual int4 layout).
-        Excludes `axis`.
+        Excludes `axis`. A positive integer dividing the axis' length; for
+        `format="nf4"` any length is accepted: an axis of length `d` is cut into
+        `ceil(d / group_size)` blocks of `ceil(d / blocks)` entries each, the
+        last one shorter where that does not divide `d` (100 entries in blocks
+        of at most 64: two blocks of 50; 130: blocks of 44, 44 and 42), the
+        same number of scales as padding the last block of 64.
     - `block_size`: the same as `group_size` (bitsandbytes' name); give one.
+        Errors about it name `block_size`.
     - `double_quant`: store the block scales themselves as int8 (QLoRA's double
         quantisation, [`quax_quant.QuantisedScale`][]): minus their mean, in
         blocks of 256 scales with one float32 scale each. For NF4 in blocks of
@@ -233,7 +283,9 @@ def quantise(
 
     **Returns:**
 
-    A `QuantisedArray` of `x`'s shape and dtype.
+    A `QuantisedArray` of `x`'s shape and dtype. An empty `x` (an axis of
+    length 0) gives an empty one, whose products are the empty (or zero)
+    arrays that dense JAX gives.
 
     **Raises:**
 
@@ -249,7 +301,7 @@ def quantise(
     x = jnp.asarray(x)
     if not jnp.issubdtype(x.dtype, jnp.floating):
         raise ValueError(f"quantise needs a floating-point array, got {x.dtype}.")
-    bits, group_size = _format_arguments(
+    bits, group_size, size_name = _format_arguments(
         format, bits, symmetric, calibration, axis, group_size, block_size
     )
     if bits not in (4, 8):
@@ -270,10 +322,19 @@ def quantise(
             f"quantise: matmul must be one of {MATMUL_PATHS}, got {matmul!r}."
         )
     master = x if straight_through else None
-    scale_shape = _scale_shape(x.shape, axis, group_size, group_axis)
+    scale_shape = _scale_shape(
+        x.shape,
+        axis,
+        group_size,
+        group_axis,
+        size_name=size_name,
+        partial=format == "nf4",
+    )
     if not isinstance(x, jax.core.Tracer):
         _check_finite(x)
-    if format == "int":
+    if x.size == 0:
+        values, scale, zero = _empty_leaves(x, bits, format, symmetric, scale_shape)
+    elif format == "int":
         values, scale, zero = quantised_leaves(
             x, bits, scale_shape, symmetric, calibration, percentile, straight_through
         )

@@ -338,6 +338,9 @@ def _reshape_blocks(
 ) -> tuple[int, ...] | None:
     """The block shape for reshaping `shape` (blocks `blocks`) to `new`, or `None`
     when the scales would not stay blocks of the new shape."""
+    if math.prod(shape) == 0:
+        # An empty array: one block along every axis (the reshape rule keeps one).
+        return (1,) * len(new)
     old_axes = [a for a, d in enumerate(shape) if d != 1]
     new_axes = [a for a, d in enumerate(new) if d != 1]
     out = [1] * len(new)
@@ -355,6 +358,13 @@ def _reshape_blocks(
                 nj.append(new_axes[j])
                 pn *= new[new_axes[j]]
                 j += 1
+        if len(oi) == len(nj) == 1:
+            # An axis kept as it is keeps its blocks (NF4's shorter last one too).
+            out[nj[0]] = blocks[oi[0]]
+            continue
+        if any(shape[a] % blocks[a] for a in oi):
+            # NF4's shorter last block: merging or splitting the axis mixes blocks.
+            return None
         flat = _flat_blocks([shape[a] for a in oi], [blocks[a] for a in oi])
         counts = None if flat is None else _unflatten_blocks([new[a] for a in nj], flat)
         if counts is None:
@@ -383,6 +393,13 @@ def _(
             {"new_sizes": new_sizes, "dimensions": dimensions, **params},
             f"reshaping {operand.shape} to {new} merges or splits an axis with "
             f"scales (scale shape {operand.scale.shape})",
+        )
+    if math.prod(operand.shape) == 0:
+        # An empty array: its scales scale nothing; keep one block of them.
+        return _map(
+            operand,
+            lambda a: a.reshape(new),
+            lambda b: b.reshape(-1)[:1].reshape(blocks),
         )
     return _map(operand, lambda a: a.reshape(new), lambda b: b.reshape(blocks))
 
@@ -445,16 +462,23 @@ def _slice_blocks(
     b_start, b_limit = [], []
     for a, (lo, hi, st) in enumerate(zip(starts, limits, strides, strict=True)):
         n = w.scale.shape[a]
-        g = w.shape[a] // n
-        if n == 1:
+        g = w.group_sizes[a]
+        if n == 1 or hi <= lo:
+            # One block, or an empty slice (one block of nothing).
             b_start.append(0)
             b_limit.append(1)
         elif g == 1 and st == 1:
             b_start.append(lo)
             b_limit.append(hi)
-        elif st == 1 and lo % g == 0 and hi % g == 0:
-            b_start.append(lo // g)
-            b_limit.append(hi // g)
+        elif st == 1 and lo % g == 0 and (hi % g == 0 or hi == w.shape[a]):
+            # Whole blocks, or up to NF4's shorter last block: kept where the
+            # part is one block, or its blocks (`ceil(length / blocks)`) have
+            # the same length as before.
+            first, end = lo // g, -(-hi // g)
+            if end - first > 1 and -(-(hi - lo) // (end - first)) != g:
+                return None
+            b_start.append(first)
+            b_limit.append(end)
         else:
             return None
     return b_start, b_limit

@@ -26,6 +26,7 @@ __all__ = [
     "QuantisedArray",
     "QuantisedScale",
     "dtype_of",
+    "repeat_blocks",
 ]
 
 # How a product with a float operand is computed; see `quax_quant.matmul_path`.
@@ -90,6 +91,32 @@ def _extremes(values: Any) -> tuple[int, int]:
     """The least and the greatest of concrete, non-empty integer `values`."""
     with jax.ensure_compile_time_eval():
         return int(jnp.min(values)), int(jnp.max(values))
+
+
+def _blocks_fit(d: int, s: int, *, partial: bool) -> bool:
+    """Whether `s` scale blocks lay out an axis of length `d`: one block along an
+    empty axis; otherwise `s` dividing `d`, or, with `partial` (NF4), any `s` in
+    `[1, d]` whose blocks of `ceil(d / s)` leave none empty."""
+    if d == 0:
+        return s == 1
+    if not 1 <= s <= d:
+        return False
+    return (s - 1) * -(-d // s) < d if partial else d % s == 0
+
+
+def repeat_blocks(block: Array, shape: Sequence[int], axes: Sequence[int]) -> Array:
+    """`block` (a scale layout: along each axis of length `d` either 1 entry, or
+    one per block of `ceil(d / blocks)` consecutive indices) repeated to full
+    length `shape[a]` along each of `axes`; a shorter last block is cut."""
+    for a in axes:
+        n = block.shape[a]
+        d = shape[a]
+        if n > 1 and d != n:
+            g = -(-d // n)
+            block = jnp.repeat(block, g, axis=a)
+            if n * g != d:
+                block = lax.slice_in_dim(block, 0, d, axis=a)
+    return block
 
 
 def dtype_of(x: Any) -> np.dtype:
@@ -257,7 +284,11 @@ class QuantisedArray(quax.GuardedValue):
     axis of size `d` it has size `d / g` for a group size `g` dividing `d`. Size 1 is
     one scale for the whole axis, size `d` one per index (per channel), anything in
     between one per group of `g` consecutive indices. So per-tensor, per-channel (any
-    axis) and per-group scaling are the same representation.
+    axis) and per-group scaling are the same representation. An empty axis (size
+    0) has one block. For `format="nf4"` the size `s` along an axis need not
+    divide `d`: the blocks hold `g = ceil(d / s)` consecutive indices each and
+    the last one is shorter (none may be empty), which is how `quantise` lays
+    out a `block_size` that does not divide the axis.
 
     The stored values are, by `format`: integers (`"int"`, the above); `"nf4"`,
     4-bit indices into bitsandbytes' NF4 code book (`q` stands for
@@ -370,13 +401,21 @@ class QuantisedArray(quax.GuardedValue):
             )
         shape = self.shape
         scale_shape = self.scale_shape
-        if len(scale_shape) != len(shape) or any(
-            s == 0 or d % s for d, s in zip(shape, scale_shape, strict=True)
+        if len(scale_shape) != len(shape) or not all(
+            _blocks_fit(d, s, partial=self.format == "nf4")
+            for d, s in zip(shape, scale_shape, strict=True)
         ):
             raise ValueError(
-                f"QuantisedArray's scale must have one axis per array axis, each of a "
-                f"size dividing the array's; got scale shape {scale_shape} "
-                f"for array shape {shape}."
+                "QuantisedArray's scale must have one axis per array axis, each of a "
+                "size dividing the array's (1 along an empty axis"
+                + (
+                    "; for format 'nf4' any number of blocks from 1 to the axis' "
+                    "length that leaves none empty: blocks of ceil(length / blocks) "
+                    "entries, the last one shorter"
+                    if self.format == "nf4"
+                    else ""
+                )
+                + f"); got scale shape {scale_shape} for array shape {shape}."
             )
         if self.zero_point is not None and np.shape(self.zero_point) != scale_shape:
             raise ValueError(
@@ -588,8 +627,13 @@ class QuantisedArray(quax.GuardedValue):
 
     @property
     def group_sizes(self) -> tuple[int, ...]:
-        """Along each axis, how many consecutive indices share a scale."""
-        return tuple(d // s for d, s in zip(self.shape, self.scale_shape, strict=True))
+        """Along each axis, how many consecutive indices share a scale:
+        `ceil(d / s)` for an axis of length `d` with `s` blocks. That divides `d`
+        except for NF4 blocks of an axis that `quantise`'s `block_size` does not
+        divide, where the last block is shorter."""
+        return tuple(
+            -(-d // s) for d, s in zip(self.shape, self.scale_shape, strict=True)
+        )
 
     def float_scale(self) -> Array:
         """The scale as a float array (a double-quantised one dequantised)."""
@@ -651,10 +695,7 @@ class QuantisedArray(quax.GuardedValue):
 
     def expanded(self, block: Array) -> Array:
         """`block` (in the scale's layout) repeated to the array's shape."""
-        for axis, g in enumerate(self.group_sizes):
-            if g > 1 and block.shape[axis] > 1:
-                block = jnp.repeat(block, g, axis=axis)
-        return block
+        return repeat_blocks(block, self.shape, range(self.ndim))
 
     # Dequantising ---------------------------------------------------------------------
 
