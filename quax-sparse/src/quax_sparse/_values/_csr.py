@@ -286,14 +286,42 @@ class CSR(quax.GuardedValue):
         cls,
         x: ArrayLike,
         *,
-        nse: int,
+        nse: int | None = None,
         index_dtype: Any = jnp.int32,
         allow_materialise: bool = False,
     ) -> "CSR":
-        """The nonzeros of a dense matrix; see [`quax_sparse.BCOO.fromdense`][] (the
-        first `nse` nonzeros in row-major order are kept)."""
-        bcoo = BCOO.fromdense(
-            x, nse=nse, index_dtype=index_dtype, allow_materialise=allow_materialise
+        """The nonzeros of a dense matrix, in row-major order, then padding.
+
+        As [`quax_sparse.BCOO.fromdense`][]: for a concrete `x`, an `nse` below its
+        number of nonzeros is refused with a `ValueError` giving the count (`nse=None`
+        stores exactly the nonzeros); under `jit` (`x` a tracer), where the count
+        cannot be known, the first `nse` nonzeros in row-major order are kept and the
+        others dropped, as in `jax.experimental.sparse`.
+
+        **Arguments:**
+
+        - `x`: the dense matrix.
+        - `nse`: the number of entries to store (at least the number of nonzeros),
+            or `None` for a concrete `x`: exactly its nonzeros.
+        - `index_dtype`: `int32` or `int64`, for `indices` and `indptr`.
+        - `allow_materialise`: passed to `CSR`.
+
+        **Returns:**
+
+        A `CSR` of `x`'s shape.
+        """
+        if jnp.ndim(x) != 2:
+            raise ValueError(
+                f"`CSR.fromdense` takes a matrix; got `x` of shape {jnp.shape(x)}."
+            )
+        bcoo = BCOO._fromdense(
+            "CSR.fromdense",
+            x,
+            nse=nse,
+            n_batch=0,
+            n_dense=0,
+            index_dtype=index_dtype,
+            allow_materialise=allow_materialise,
         )
         return cls.from_bcoo(bcoo)
 
