@@ -257,6 +257,41 @@ def test_singular_matrix_gives_nan_and_zero_determinant():
     assert sign == 0 and logdet == -np.inf
 
 
+@pytest.mark.filterwarnings("ignore::scipy.sparse.linalg.MatrixRankWarning")
+@pytest.mark.usefixtures("route")
+@pytest.mark.parametrize("jit", [False, True])
+def test_singular_solve_is_nan_where_dense_gives_infinities(jit):
+    # Pinned (README, Limits): a singular sparse solve is NaN in every element,
+    # whatever the route, `trans` or right-hand side, where dense JAX's LU divides
+    # by its zero pivot and gives infinities (and NaN, and finite numbers) for the
+    # same matrix.
+    _, a = _general()
+    singular = np.array(a.todense())
+    singular[3] = 0.0  # row 3 all zero
+    s = _with_data(a, jnp.where(a.indices[:, 0] == 3, 0.0, a.data))
+    b = np.ones((12, 2))
+    dense = np.asarray(jnp.linalg.solve(singular, b))
+    assert np.isinf(dense).any() and not np.isnan(dense).all()
+    maybe_jit = jax.jit if jit else (lambda f: f)
+    outs = [
+        maybe_jit(quax.quaxify(jnp.linalg.solve))(s, b),
+        maybe_jit(lambda s, b: quax_sparse.lu_factor(s).solve(b, trans=1))(s, b),
+        maybe_jit(quax.quaxify(lambda s, b: jsl.lu_solve(jsl.lu_factor(s), b)))(s, b),
+    ]
+    # A symmetric positive semi-definite one (row and column 3 of `_spd` zeroed),
+    # by `cho_factor`/`cho_solve` (SuperLU's symmetric mode).
+    _, p = _spd()
+    keep = (p.indices[:, 0] != 3) & (p.indices[:, 1] != 3)
+    semi = _with_data(p, jnp.where(keep, p.data, 0.0))
+    chol = quax.quaxify(lambda s, b: jsl.cho_solve(jsl.cho_factor(s), b))
+    outs += [
+        maybe_jit(chol)(semi, np.ones((16, 2))),
+        maybe_jit(lambda s: quax_sparse.cho_factor(s).solve(np.ones(16)))(semi),
+    ]
+    for out in outs:
+        assert np.all(np.isnan(out))
+
+
 @pytest.mark.usefixtures("route")
 @pytest.mark.parametrize("lower", [True, False])
 def test_cho_factor_and_cho_solve(lower):
