@@ -19,7 +19,7 @@ from .._kernels import flat_entries, gather, scatter_add, sum_duplicates
 from .._superlu import inverse_at
 
 
-__all__ = ["BCOO", "MaterialisationError"]
+__all__ = ["BCOO", "MaterialisationError", "SparseValue"]
 
 
 class MaterialisationError(quax.MaterialisationError):
@@ -95,6 +95,24 @@ def checked_shape(owner: str, shape: Any) -> tuple[int, ...]:
             )
         out.append(value)
     return tuple(out)
+
+
+def check_integers(owner: str, name: str, array: Array) -> None:
+    """A `ValueError` naming `owner`'s field `name` unless `array` holds integers
+    (read from its dtype: a tracer passes or fails as its value would)."""
+    if not jnp.issubdtype(array.dtype, jnp.integer):
+        raise ValueError(f"`{owner}` {name} must be integers, got dtype {array.dtype}.")
+
+
+def unchecked(cls: type, fields: dict[str, Any]) -> Any:
+    """An instance of `cls` with `fields` set as given, its `__init__` and checks
+    skipped: for a value the family computed itself (a rule's output, a
+    conversion), consistent by construction, on which the checks of user input
+    would wrap traced indices again or copy concrete ones to the host."""
+    out = object.__new__(cls)
+    for name, value in fields.items():
+        object.__setattr__(out, name, value)
+    return out
 
 
 def signed_indices(indices: Array) -> Array:
@@ -273,7 +291,13 @@ def _stored_positions(x: Array, n_dense: int) -> Array:
 
 
 def checked_nse(
-    owner: str, x: Array, nse: int | None, n_batch: int, n_dense: int
+    owner: str,
+    x: Array,
+    nse: int | None,
+    n_batch: int,
+    n_dense: int,
+    *,
+    argument: str = "nse",
 ) -> int:
     """The number of entries a `fromdense` stores per batch element: `nse`, checked
     against the nonzeros of a concrete `x` (none may be dropped), or their largest
@@ -285,6 +309,8 @@ def checked_nse(
     - `x`: the dense array (concrete, or a tracer under `jit`).
     - `nse`: the number of entries asked for, or `None`.
     - `n_batch`, `n_dense`: the layout of `x` (checked by the caller).
+    - `argument`: the name of `owner`'s argument `nse` (`"nblocks"`), for the
+        messages.
 
     **Returns:**
 
@@ -293,15 +319,16 @@ def checked_nse(
     `None` and `x` is traced (its count is not known while tracing).
     """
     if nse is not None and nse < 0:
-        raise ValueError(f"`{owner}` got nse={nse}; it must be >= 0.")
+        raise ValueError(f"`{owner}` got {argument}={nse}; it must be >= 0.")
     if isinstance(x, jax.core.Tracer):
         if nse is None:
             raise ValueError(
-                f"`{owner}` needs `nse` where `x` is traced (under `jit`, `vmap` or "
-                "`grad`): the number of nonzeros is not known while tracing, and "
-                "`nse` fixes the number of stored entries. Pass `nse=` at least the "
-                "largest number of nonzeros `x` can have; beyond `nse` the nonzeros "
-                "are dropped, as in jax.experimental.sparse."
+                f"`{owner}` needs `{argument}` where `x` is traced (under `jit`, "
+                "`vmap` or `grad`): the number of nonzeros is not known while "
+                f"tracing, and `{argument}` fixes the number of stored entries. Pass "
+                f"`{argument}=` at least the largest number of nonzeros `x` can "
+                f"have; beyond `{argument}` the nonzeros are dropped, as in "
+                "jax.experimental.sparse."
             )
         return nse
     stored = _stored_positions(x, n_dense)
@@ -317,10 +344,10 @@ def checked_nse(
             where = f" in batch element {element}"
         what = "nonzero blocks" if n_dense else "nonzeros"
         raise ValueError(
-            f"`{owner}` got nse={nse}, but `x` (shape {tuple(x.shape)}) has "
-            f"{count} {what}{where}: {count - nse} of them would be dropped. Pass "
-            f"`nse=None` to store every nonzero, or `nse >= {count}` (more than "
-            "the count leaves padding)."
+            f"`{owner}` got {argument}={nse}, but `x` has {count} {what}{where}: "
+            f"{count - nse} of them would be dropped. Pass `{argument}=None` to "
+            f"store every nonzero, or `{argument} >= {count}` (more than the count "
+            "leaves padding)."
         )
     return nse
 
@@ -382,7 +409,26 @@ def determinant_jvp_rule(name: str, fun: Any, values: Sequence[Any]) -> Any:
     return functools.partial(_determinant_jvp, name, fun)
 
 
-class BCOO(quax.GuardedValue):
+class SparseValue(quax.GuardedValue):
+    """What the family's sparse arrays (`BCOO`, `CSR`, `BlockSparse`) share: stored
+    values `data` at positions `indices`, the shape given to the constructor
+    (`_shape`), an array linear in `data`, the family's refusal
+    (`MaterialisationError`), and `.todense()` named as a way out of it."""
+
+    data: Array
+    indices: Array
+    _shape: tuple[int, ...] = eqx.field(static=True)
+
+    linear_in_leaves: ClassVar[bool] = True
+    materialisation_error: ClassVar[type[quax.MaterialisationError]] = (
+        MaterialisationError
+    )
+
+    def way_out(self, primitive: Primitive | None = None) -> str:
+        return super().way_out(primitive) + EXPLICIT_WAY_OUT
+
+
+class BCOO(SparseValue):
     """A sparse array in batch-coordinate format, as in the published quax.
 
     `shape = (*batch, *sparse, *dense)`: `data` has shape `(*batch, nse, *dense)`
@@ -423,18 +469,10 @@ class BCOO(quax.GuardedValue):
         rules use them to skip sorting, and set them on what they return.
     """
 
-    data: Array
-    indices: Array
-    _shape: tuple[int, ...] = eqx.field(static=True)
     n_sparse: int = eqx.field(static=True)
     n_dense: int = eqx.field(static=True)
     indices_sorted: bool = eqx.field(static=True)
     unique_indices: bool = eqx.field(static=True)
-
-    linear_in_leaves: ClassVar[bool] = True
-    materialisation_error: ClassVar[type[quax.MaterialisationError]] = (
-        MaterialisationError
-    )
 
     def __init__(
         self,
@@ -531,10 +569,7 @@ class BCOO(quax.GuardedValue):
                 f"dense dimensions {tuple(self._shape[end:])}; got `indices` of "
                 f"shape {indices.shape} and `data` of shape {data.shape}."
             )
-        if not jnp.issubdtype(indices.dtype, jnp.integer):
-            raise ValueError(
-                f"`BCOO` indices must be integers, got dtype {indices.dtype}."
-            )
+        check_integers("BCOO", "indices", indices)
 
     def _check_layout(self, indices: Array) -> None:
         """The published checks of `data`, `indices` and `shape` against each other."""
@@ -567,10 +602,7 @@ class BCOO(quax.GuardedValue):
             raise ValueError(
                 "Must specify a sparse index for all non-batch dimensions in `BCOO`."
             )
-        if not jnp.issubdtype(indices.dtype, jnp.integer):
-            raise ValueError(
-                f"`BCOO` indices must be integers, got dtype {indices.dtype}."
-            )
+        check_integers("BCOO", "indices", indices)
 
     @classmethod
     def _from_entries(
@@ -589,7 +621,6 @@ class BCOO(quax.GuardedValue):
         of bounds where a traced index put it), so the checks of user input are
         skipped (on every rule's output they would wrap traced indices again, or
         copy concrete ones to the host)."""
-        out = object.__new__(cls)
         fields = {
             "data": data,
             "indices": indices,
@@ -600,9 +631,7 @@ class BCOO(quax.GuardedValue):
             "indices_sorted": indices_sorted,
             "unique_indices": unique_indices,
         }
-        for name, value in fields.items():
-            object.__setattr__(out, name, value)
-        return out
+        return unchecked(cls, fields)
 
     # Structure ---------------------------------------------------------------------
 
@@ -647,9 +676,6 @@ class BCOO(quax.GuardedValue):
                 "dimensions)"
             )
         return reason
-
-    def way_out(self, primitive: Primitive | None = None) -> str:
-        return super().way_out(primitive) + EXPLICIT_WAY_OUT
 
     @classmethod
     def join(cls, value: quax.Value, other: quax.Value) -> "BCOO | None":
@@ -779,11 +805,12 @@ class BCOO(quax.GuardedValue):
         n_dense: int,
         index_dtype: Any,
         allow_materialise: bool,
+        argument: str = "nse",
     ) -> "BCOO":
         """`fromdense` for `owner` (`"BCOO.fromdense"`, `"CSR.fromdense"`, named in
-        the errors): the nonzeros of each batch element of `x` in row-major order,
-        then padding, `nse` of them (`checked_nse`: a concrete `x` keeps every
-        nonzero)."""
+        the errors, with its argument `nse` named `argument`): the nonzeros of each
+        batch element of `x` in row-major order, then padding, `nse` of them
+        (`checked_nse`: a concrete `x` keeps every nonzero)."""
         x = jnp.asarray(x)
         if not 0 <= n_batch <= x.ndim:
             raise ValueError(f"n_batch={n_batch} must be in [0, {x.ndim}].")
@@ -793,7 +820,7 @@ class BCOO(quax.GuardedValue):
                 f"x, shape {x.shape}, after its n_batch={n_batch} batch axes)."
             )
         index_dtype = checked_index_dtype(owner, index_dtype)
-        size = checked_nse(owner, x, nse, n_batch, n_dense)
+        size = checked_nse(owner, x, nse, n_batch, n_dense, argument=argument)
         sparse_shape = x.shape[n_batch : x.ndim - n_dense]
         n_sparse = len(sparse_shape)
 
