@@ -500,16 +500,20 @@ def _per_step(
     run: Callable[[int], Any], rounds: int, target: float, single: float
 ) -> float:
     """Seconds per step of a compiled loop `run(steps)` (a traced step count): the
-    slope between one step and enough steps to take about `target` seconds, so
-    the per-call cost cancels. `single`: the seconds of one call of one step,
-    which bounds the first count tried."""
+    slope between one step and enough steps that the steps beyond the first take
+    at least `target` seconds and at least the one-step call (whose fixed costs,
+    the per-call floor and work hoisted out of the loop, then cancel). `single`:
+    the seconds of one call of one step, which bounds the first count tried."""
     one = _time(lambda: run(1), rounds)
     steps = max(2, min(16, math.ceil(target / max(single, 1e-6))))
     while True:
         total = _time(lambda steps=steps: run(steps), rounds)
-        if total >= target or steps >= 2**16:
+        wanted = max(target, one)
+        if total - one >= wanted or steps >= 2**16:
             break
-        steps = min(2**16, steps * max(2, math.ceil(target / max(total, 1e-6))))
+        per_step = max(total - one, 1e-7 * steps) / (steps - 1)
+        needed = math.ceil(1.2 * wanted / per_step) + 1
+        steps = min(2**16, max(2 * steps, needed))
     return max(total - one, 0.0) / (steps - 1)
 
 
@@ -546,7 +550,7 @@ def _measure(
     figures["compile_s"] = time.perf_counter() - start
     single = _time(lambda: matvec(a, v), 3 if quick else 5)
     rounds = 1 if single > 0.2 else 3
-    target = 0.01 if quick else 0.03
+    target = 0.005 if quick else 0.03
     scale_, shift_, zero = jnp.float32(scale), jnp.float32(shift), jnp.int32(0)
     figures["single_call_ms"] = 1e3 * single
     figures["in_loop_us_per_product"] = 1e6 * _per_step(
