@@ -501,14 +501,15 @@ def _per_step(
 ) -> float:
     """Seconds per step of a compiled loop `run(steps)` (a traced step count): the
     slope between one step and enough steps that the steps beyond the first take
-    at least `target` seconds and at least the one-step call (whose fixed costs,
-    the per-call floor and work hoisted out of the loop, then cancel). `single`:
-    the seconds of one call of one step, which bounds the first count tried."""
+    at least `target` seconds and at least the one-step call, up to `10 * target`
+    (its fixed costs, the per-call floor and work hoisted out of the loop, then
+    cancel). `single`: the seconds of one call of one step, which bounds the
+    first count tried."""
     one = _time(lambda: run(1), rounds)
     steps = max(2, min(16, math.ceil(target / max(single, 1e-6))))
+    wanted = max(target, min(one, 10 * target))
     while True:
         total = _time(lambda steps=steps: run(steps), rounds)
-        wanted = max(target, one)
         if total - one >= wanted or steps >= 2**16:
             break
         per_step = max(total - one, 1e-7 * steps) / (steps - 1)
