@@ -512,9 +512,11 @@ def _per_step(
         total = _time(lambda steps=steps: run(steps), rounds)
         if total - one >= wanted or steps >= 2**16:
             break
-        per_step = max(total - one, 1e-7 * steps) / (steps - 1)
-        needed = math.ceil(1.2 * wanted / per_step) + 1
-        steps = min(2**16, max(2 * steps, needed))
+        # Grow by 2 to 4 times: noise can make `total - one` tiny or negative,
+        # and a count extrapolated from it would run for minutes.
+        per_step = (total - one) / (steps - 1)
+        needed = 1.2 * wanted / per_step + 1 if per_step > 0 else 4 * steps
+        steps = min(2**16, int(steps * min(4, max(2, needed / steps))))
     return max(total - one, 0.0) / (steps - 1)
 
 
