@@ -223,14 +223,61 @@ def test_fromdense_roundtrip_sorted_and_padded():
     assert_close(x.todense(), DENSE)
 
 
-def test_fromdense_keeps_first_nse_in_row_major_order():
-    # Four nonzeros, nse=2: the first two in row-major order stay, as in
-    # jax.experimental.sparse.
-    x = fromdense(DENSE, nse=2)
-    want = np.zeros_like(DENSE)
-    want[0, 1], want[1, 0] = 1.5, 2.0
-    assert_close(x.todense(), want)
-    assert_close(jsparse.BCOO.fromdense(jnp.asarray(DENSE), nse=2).todense(), want)
+# The matrix: five nonzeros; `A @ [1, 2, 3]` written out by hand.
+FIVE = np.array([[1.0, 0.0, 2.0], [0.0, 3.0, 0.0], [4.0, 0.0, 5.0]], np.float32)
+FIVE_TIMES_123 = np.array([1 + 2 * 3, 3 * 2, 4 + 5 * 3], np.float32)
+
+
+@pytest.mark.parametrize("cls", [BCOO, CSR])
+def test_fromdense_refuses_an_nse_that_would_drop_nonzeros(cls):
+    # A concrete array with more nonzeros than `nse`: refused, with the count
+    # (before, the first two were kept and `A @ v` gave [7, 0, 0]).
+    with pytest.raises(ValueError, match=r"nse=2, but `x` has 5 nonzeros: 3 of them"):
+        cls.fromdense(FIVE, nse=2)
+    with pytest.raises(ValueError, match=r"`nse=None`.*`nse >= 5`"):
+        cls.fromdense(jnp.asarray(FIVE), nse=4)
+    matvec = quax.quaxify(lambda a, v: a @ v)
+    v = jnp.array([1.0, 2.0, 3.0])
+    # Every nonzero kept: `nse=None` (exactly the count) or any `nse >= 5`.
+    exact = cls.fromdense(FIVE)
+    assert exact.nse == 5
+    assert_close(matvec(exact, v), FIVE_TIMES_123)
+    assert_close(jax.jit(matvec)(cls.fromdense(FIVE, nse=5), v), FIVE_TIMES_123)
+    assert_close(matvec(cls.fromdense(FIVE, nse=7), v), FIVE_TIMES_123)
+
+
+@pytest.mark.parametrize("cls", [BCOO, CSR])
+def test_fromdense_under_jit_keeps_the_first_nse_as_jax_experimental_sparse(cls):
+    # Traced, the count cannot be known: the first `nse` nonzeros in row-major
+    # order are kept (documented), as in jax.experimental.sparse.
+    first_two = np.zeros_like(FIVE)
+    first_two[0] = FIVE[0]
+    got = jax.jit(lambda x: cls.fromdense(x, nse=2).todense())(FIVE)
+    assert_close(got, first_two)
+    assert_close(jsparse.BCOO.fromdense(jnp.asarray(FIVE), nse=2).todense(), first_two)
+    # `nse=None` needs the count: refused under jit, saying to pass `nse`.
+    with pytest.raises(ValueError, match="needs `nse` where `x` is traced"):
+        jax.jit(lambda x: cls.fromdense(x).todense())(FIVE)
+
+
+def test_fromdense_counts_per_batch_element_and_per_block():
+    # Batches: the largest count of a batch element decides, and is named.
+    stacked = np.stack([np.eye(3, dtype=np.float32), FIVE])
+    with pytest.raises(ValueError, match=r"has 5 nonzeros in batch element \(1,\)"):
+        BCOO.fromdense(stacked, nse=3, n_batch=1)
+    x = BCOO.fromdense(stacked, n_batch=1)
+    assert x.nse == 5
+    assert_close(x.todense(), stacked)
+    # Blocks (n_dense=1): a row of FIVE is one block, all three are nonzero.
+    with pytest.raises(ValueError, match="has 3 nonzero blocks"):
+        BCOO.fromdense(FIVE, nse=2, n_dense=1)
+    assert BCOO.fromdense(FIVE, n_dense=1).nse == 3
+    # A NaN is a nonzero (dense JAX keeps it), and an all-zero array stores nothing.
+    nan = np.array([[0.0, np.nan], [0.0, 0.0]], np.float32)
+    with pytest.raises(ValueError, match="has 1 nonzeros"):
+        BCOO.fromdense(nan, nse=0)
+    assert np.isnan(BCOO.fromdense(nan).todense()[0, 1])
+    assert BCOO.fromdense(np.zeros((2, 3))).nse == 0
 
 
 def test_fromdense_under_jit_and_batched():

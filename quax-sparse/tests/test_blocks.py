@@ -265,10 +265,10 @@ def test_vmap_over_a_dense_operand():
 
 
 def test_vmap_over_the_leaves():
-    d1, x = _blocks(19)
-    d2, y = _blocks(20)
-    y = BCOO.fromdense(d2, nse=x.nse, n_dense=1)  # the same nse, to stack
-    d2 = np.asarray(y.todense())  # (what it kept, should `nse` drop blocks)
+    d1, d2 = _blocks(19)[0], _blocks(20)[0]
+    # The same nse, to stack: the larger count of stored blocks.
+    nse = max(BCOO.fromdense(d, n_dense=1).nse for d in (d1, d2))
+    x, y = (BCOO.fromdense(d, nse=nse, n_dense=1) for d in (d1, d2))
     stacked = jax.tree.map(lambda *leaves: jnp.stack(leaves), x, y)
     v = np.random.default_rng(21).normal(size=(6,)).astype(np.float32)
     fn = lambda a, v: jnp.sin(a).sum(0) + jnp.einsum("ijk,i->jk", a, v)

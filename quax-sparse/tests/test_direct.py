@@ -57,8 +57,9 @@ def _at_pattern(grad: np.ndarray, a: BCOO) -> np.ndarray:
     n = a.shape[0]
     rows, cols = np.asarray(a.indices).T
     keep = (rows < n) & (cols < n)
-    out = np.zeros(a.nse)
-    out[keep] = np.asarray(grad)[rows[keep], cols[keep]]
+    grad = np.asarray(grad)
+    out = np.zeros(a.nse, grad.dtype)
+    out[keep] = grad[rows[keep], cols[keep]]
     return out
 
 
@@ -111,6 +112,69 @@ def test_solve_complex():
         f = lambda a, b, t=trans: jsl.lu_solve(jsl.lu_factor(a), b, trans=t)
         got = jax.jit(quax.quaxify(f))(a, b)
         np.testing.assert_allclose(got, np.linalg.solve(op, b), rtol=1e-12)
+
+
+def _complex_general(seed: int = 4) -> tuple[np.ndarray, BCOO]:
+    """A complex, non-Hermitian, well-conditioned sparse matrix (shuffled, padded)."""
+    rng = np.random.default_rng(seed)
+    dense, _ = _general()
+    dense = dense + 1j * np.where(dense != 0, rng.normal(size=dense.shape), 0)
+    assert not np.allclose(dense, dense.conj().T)
+    return _bcoo_of(dense, rng)
+
+
+def _complex_spd(seed: int = 1) -> tuple[np.ndarray, BCOO]:
+    """A complex Hermitian positive definite sparse matrix, not real: `conj(A) !=
+    A`, so `A⁻ᴴ = A⁻¹` but its transpose `conj(A)⁻¹` is another matrix."""
+    rng = np.random.default_rng(seed)
+    n = 16
+    pattern = rng.random((n, n)) < 0.15
+    m = np.where(pattern, rng.normal(size=(n, n)) + 1j * rng.normal(size=(n, n)), 0)
+    dense = m @ m.conj().T + n * np.eye(n)
+    assert not np.allclose(dense, dense.real)
+    return _bcoo_of(dense, rng)
+
+
+@pytest.mark.usefixtures("route")
+@pytest.mark.parametrize(
+    "how", ["lu_factor.solve", "cho_factor.solve", "lu_solve in quaxify"]
+)
+def test_gradients_of_the_conjugate_transposed_solve(how):
+    # `A⁻ᴴ b` (trans=2), differentiated with respect to `b` and the stored values
+    # of a complex matrix: the transpose of the solve is `conj(A)⁻¹`, two
+    # conjugations that a real matrix cannot check. Against dense JAX on `Aᴴ`.
+    dense, a = _complex_spd() if how == "cho_factor.solve" else _complex_general()
+    n = dense.shape[0]
+    rng = np.random.default_rng(15)
+    b = rng.normal(size=(n, 2)) + 1j * rng.normal(size=(n, 2))
+    w = rng.normal(size=(n, 2)) + 1j * rng.normal(size=(n, 2))
+
+    def solve(m, b):
+        if how == "lu_solve in quaxify":
+            f = lambda m, b: jsl.lu_solve(jsl.lu_factor(m), b, trans=2)
+            return quax.quaxify(f)(m, b)
+        factor = (
+            quax_sparse.cho_factor
+            if how == "cho_factor.solve"
+            else (quax_sparse.lu_factor)
+        )
+        return factor(m).solve(b, trans=2)
+
+    def loss(data, b):  # real, and not holomorphic in `x`: both parts matter
+        x = solve(_with_data(a, data), b)
+        return jnp.sum(jnp.real(x * w)) + jnp.sum(jnp.abs(x) ** 2)
+
+    def dense_loss(m, b):
+        x = jnp.linalg.solve(m.conj().T, b)
+        return jnp.sum(jnp.real(x * w)) + jnp.sum(jnp.abs(x) ** 2)
+
+    np.testing.assert_allclose(
+        solve(a, b), np.linalg.solve(dense.conj().T, b), rtol=1e-12
+    )
+    g_data, g_b = jax.jit(jax.grad(loss, argnums=(0, 1)))(a.data, b)
+    want_m, want_b = jax.grad(dense_loss, argnums=(0, 1))(jnp.asarray(dense), b)
+    np.testing.assert_allclose(g_b, want_b, rtol=1e-10, atol=1e-14)
+    np.testing.assert_allclose(g_data, _at_pattern(want_m, a), rtol=1e-10, atol=1e-14)
 
 
 @pytest.mark.usefixtures("route")
@@ -191,6 +255,41 @@ def test_singular_matrix_gives_nan_and_zero_determinant():
     assert np.all(np.isnan(x))
     sign, logdet = quax.quaxify(jnp.linalg.slogdet)(s)
     assert sign == 0 and logdet == -np.inf
+
+
+@pytest.mark.filterwarnings("ignore::scipy.sparse.linalg.MatrixRankWarning")
+@pytest.mark.usefixtures("route")
+@pytest.mark.parametrize("jit", [False, True])
+def test_singular_solve_is_nan_where_dense_gives_infinities(jit):
+    # Pinned (README, Limits): a singular sparse solve is NaN in every element,
+    # whatever the route, `trans` or right-hand side, where dense JAX's LU divides
+    # by its zero pivot and gives infinities (and NaN, and finite numbers) for the
+    # same matrix.
+    _, a = _general()
+    singular = np.array(a.todense())
+    singular[3] = 0.0  # row 3 all zero
+    s = _with_data(a, jnp.where(a.indices[:, 0] == 3, 0.0, a.data))
+    b = np.ones((12, 2))
+    dense = np.asarray(jnp.linalg.solve(singular, b))
+    assert np.isinf(dense).any() and not np.isnan(dense).all()
+    maybe_jit = jax.jit if jit else (lambda f: f)
+    outs = [
+        maybe_jit(quax.quaxify(jnp.linalg.solve))(s, b),
+        maybe_jit(lambda s, b: quax_sparse.lu_factor(s).solve(b, trans=1))(s, b),
+        maybe_jit(quax.quaxify(lambda s, b: jsl.lu_solve(jsl.lu_factor(s), b)))(s, b),
+    ]
+    # A symmetric positive semi-definite one (row and column 3 of `_spd` zeroed),
+    # by `cho_factor`/`cho_solve` (SuperLU's symmetric mode).
+    _, p = _spd()
+    keep = (p.indices[:, 0] != 3) & (p.indices[:, 1] != 3)
+    semi = _with_data(p, jnp.where(keep, p.data, 0.0))
+    chol = quax.quaxify(lambda s, b: jsl.cho_solve(jsl.cho_factor(s), b))
+    outs += [
+        maybe_jit(chol)(semi, np.ones((16, 2))),
+        maybe_jit(lambda s: quax_sparse.cho_factor(s).solve(np.ones(16)))(semi),
+    ]
+    for out in outs:
+        assert np.all(np.isnan(out))
 
 
 @pytest.mark.usefixtures("route")

@@ -79,6 +79,42 @@ def test_sparse_times_sparse_static_bound_under_jit():
     assert_close(jitted.sum_duplicates(), da @ db)
 
 
+@pytest.mark.parametrize(
+    "a_shape, b_shape",
+    [((3, 1), (1, 5)), ((5, 1), (1, 3)), ((1, 4), (4, 1)), ((4, 2), (2, 1))],
+    ids=["outer 3x5", "outer 5x3", "inner 4", "into one column"],
+)
+@pytest.mark.parametrize("a_unique", [False, True])
+@pytest.mark.parametrize("b_unique", [False, True])
+def test_sparse_times_sparse_with_traced_indices_keeps_every_product(
+    a_shape, b_shape, a_unique, b_unique
+):
+    # Under `jit` with traced indices the output's `nse` is a static bound on the
+    # number of products, lowered by the promises of unique indices: the outer
+    # product `(n, 1) @ (1, m)` has `n * m` products (more than either nse times
+    # the contracted size), and `(1, n) @ (n, 1)` has `n` of them at one position
+    # (more than the output's size). A bound too small would drop products.
+    rng = np.random.default_rng(sum(a_shape) + 10 * sum(b_shape))
+    da = rng.normal(size=a_shape).astype(np.float32)  # every entry stored
+    db = rng.normal(size=b_shape).astype(np.float32)
+    a_idx = np.argwhere(np.ones(a_shape)).astype(np.int32)
+    b_idx = np.argwhere(np.ones(b_shape)).astype(np.int32)
+
+    @jax.jit
+    def product(a_data, a_idx, b_data, b_idx):
+        a = BCOO(a_data, a_idx, a_shape, unique_indices=a_unique)
+        b = BCOO(b_data, b_idx, b_shape, unique_indices=b_unique)
+        out = quax.quaxify(jnp.matmul)(a, b)
+        return out, out.todense()
+
+    args = (da.ravel(), a_idx, db.ravel(), b_idx)
+    out, got = product(*args)
+    want = da.astype(np.float64) @ db.astype(np.float64)  # independent of quax
+    assert_close(got, want)
+    products = a_shape[0] * a_shape[1] * b_shape[1]
+    assert out.nse >= products
+
+
 def test_sparse_times_sparse_exact_count_with_eager_compilation():
     # Compiled eagerly, the indices are traced: the count asks `quax.known_constant`,
     # so that each call counts its own products, as equation by equation.

@@ -1,5 +1,5 @@
-"""quax-sparse: sparse arrays (BCOO, CSR) that unmodified JAX programs use at their own
-cost, inside `quax.quaxify`.
+"""quax-sparse: sparse arrays (BCOO, CSR, and BlockSparse, a matrix of dense
+blocks) that unmodified JAX programs use at their own cost, inside `quax.quaxify`.
 
 ```python
 import jax.numpy as jnp, quax, quax_sparse
@@ -19,6 +19,7 @@ from ._jacobian import (
 from ._values import (
     BCOO as BCOO,
     CSR as CSR,
+    BlockSparse as BlockSparse,
     MaterialisationError as MaterialisationError,
     PendingSolve as PendingSolve,
     SparseLU as SparseLU,

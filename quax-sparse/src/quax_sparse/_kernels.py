@@ -19,12 +19,16 @@ from jaxtyping import Array
 
 
 __all__ = [
+    "blocks_of",
+    "dot_blocks",
     "dot_blocks_dense",
     "dot_sparse_dense",
     "dot_sparse_sparse",
     "flat_entries",
     "gather",
+    "read_blocks",
     "scatter_add",
+    "scatter_blocks",
     "sum_duplicates",
     "valid_mask",
 ]
@@ -460,3 +464,97 @@ def dot_sparse_sparse(
         0,
     )
     return out_data, out_indices
+
+
+# Block-sparse matrices --------------------------------------------------------------
+#
+# A block-sparse matrix comes as `BlockSparse` stores it: `data` of shape
+# `(nblocks, br, bc)` (each block dense), `indices` of shape `(nblocks, 2)` (block
+# row, block column; a position outside the `grid` of block rows and columns is
+# padding).
+
+
+def blocks_of(x: Array, block_shape: tuple[int, int]) -> Array:
+    """A matrix (or batch of them, shape `(*batch, n_rows, n_cols)`) as its grid of
+    blocks: shape `(*batch, n_rows // br, n_cols // bc, br, bc)`."""
+    br, bc = block_shape
+    *batch, n_rows, n_cols = x.shape
+    tiles = x.reshape((*batch, n_rows // br, br, n_cols // bc, bc))
+    return jnp.moveaxis(tiles, len(batch) + 1, len(batch) + 2)
+
+
+def scatter_blocks(data: Array, indices: Array, grid: tuple[int, int]) -> Array:
+    """The dense matrix of the blocks `data` at the block positions `indices` on a
+    grid of `grid` block rows and columns (blocks at one position add up; padding
+    is dropped)."""
+    (rows, cols), (br, bc) = grid, data.shape[1:]
+    tiles = scatter_add(
+        jnp.zeros((rows, cols, br, bc), data.dtype), indices, (0, 1), data
+    )
+    return jnp.swapaxes(tiles, 1, 2).reshape(rows * br, cols * bc)
+
+
+def dot_blocks(
+    data: Array,
+    indices: Array,
+    grid: tuple[int, int],
+    x: Array,
+    *,
+    out_dtype: Any,
+    precision: Any = None,
+) -> Array:
+    """`A @ x` for the block-sparse matrix `A` of the blocks `data` (shape
+    `(nblocks, br, bc)`) at the block positions `indices` on a grid of `grid` block
+    rows and columns, and a dense `x` of shape `(grid[1] * bc, k)`.
+
+    Per stored block, the `bc` rows of `x` it meets are gathered (one index read
+    per block), the blocks are multiplied with them in one batched `dot_general`
+    (dense `br x bc` times `bc x k` products: a TPU's matrix unit multiplies
+    them), and the products are summed by block row (`segment_sum`, one scatter
+    of a `br x k` slice per block). Padding blocks are skipped whole. Bools
+    multiply as JAX's dense product of bools does (an `or` of `and`s).
+
+    **Returns:**
+
+    `A @ x`, shape `(grid[0] * br, k)`, dtype `out_dtype`.
+    """
+    (n_block_rows, n_block_cols), (_, br, bc) = grid, data.shape
+    k = x.shape[1]
+    rows, cols = indices[:, 0], indices[:, 1]
+    inside = (rows >= 0) & (rows < n_block_rows) & (cols >= 0) & (cols < n_block_cols)
+    compute = jnp.int32 if out_dtype == jnp.bool_ else out_dtype
+    slices = gather(x.reshape(n_block_cols, bc, k), cols[:, None], (0,))
+    products = lax.dot_general(
+        data.astype(compute),
+        slices.astype(compute),
+        (((2,), (1,)), ((0,), (0,))),
+        precision=precision,
+        preferred_element_type=compute,
+    )
+    out = jax.ops.segment_sum(
+        products, jnp.where(inside, rows, n_block_rows), num_segments=n_block_rows
+    )
+    out = out.reshape(n_block_rows * br, k)
+    return out != 0 if out_dtype == jnp.bool_ else out
+
+
+def read_blocks(
+    y: Array, indices: Array, grid: tuple[int, int], block_shape: tuple[int, int]
+) -> Array:
+    """A dense `y` of shape `(r, c)` read at the stored blocks of a block-sparse
+    matrix of shape `(grid[0] * br, grid[1] * bc)`, where `r` is the matrix's number
+    of rows or 1 and `c` its number of columns or 1 (an axis of size 1 broadcasts,
+    as in `lax.mul`): shape `(nblocks, br, bc)`; padding blocks read zeros."""
+    (n_block_rows, n_block_cols), (br, bc) = grid, block_shape
+    nblocks = indices.shape[0]
+    rows, cols = indices[:, 0], indices[:, 1]
+    r, c = y.shape
+    if r == n_block_rows * br and r != 1:
+        y = jnp.take(y.reshape(n_block_rows, br, c), rows, 0, mode="fill", fill_value=0)
+    else:
+        y = jnp.broadcast_to(y[None], (nblocks, r, c))
+    if c == n_block_cols * bc and c != 1:
+        y = y.reshape(nblocks, y.shape[1], n_block_cols, bc)
+        pick = lambda block, col: jnp.take(block, col, 1, mode="fill", fill_value=0)
+        y = jax.vmap(pick)(y, cols)
+    return jnp.broadcast_to(y, (nblocks, br, bc))

@@ -14,9 +14,9 @@ def quax_register_rules() -> None:
 
 @hookimpl
 def quax_value_types() -> Sequence[type[Value]]:
-    from quax_sparse import BCOO, CSR
+    from quax_sparse import BCOO, CSR, BlockSparse
 
-    return [BCOO, CSR]
+    return [BCOO, CSR, BlockSparse]
 
 
 @hookimpl

@@ -19,17 +19,20 @@ from jax.extend.core import Primitive, primitives as prims
 from jaxtyping import Array, ArrayLike
 
 from ._kernels import (
+    dot_blocks,
     dot_blocks_dense,
     dot_sparse_dense,
     dot_sparse_sparse,
     flat_entries,
     gather,
+    read_blocks,
     scatter_add,
     valid_mask,
 )
 from ._values import (
     BCOO,
     CSR,
+    BlockSparse,
     PendingSolve,
     SparseLU,
     apply_inverse,
@@ -1554,3 +1557,226 @@ def _(
     keeps = dimensions is None and new_sizes[:k] == pending.rhs.shape[:k]
     params = dict(params, new_sizes=new_sizes, dimensions=dimensions)
     return _on_pending(prims.reshape_p, pending, keeps, params)
+
+
+# BlockSparse --------------------------------------------------------------------------
+#
+# A matrix of dense blocks (or a batch of them): products with a dense operand that
+# contract one of its two matrix dimensions, its transpose, the linear functions of
+# its values, and scaling by a dense operand read at the blocks. Everything else
+# refuses (the core's policy), naming the primitive.
+
+
+def _with_blocks(x: BlockSparse, data: Array) -> BlockSparse:
+    """`x` with other blocks at the same positions."""
+    return BlockSparse._from_blocks(data, x.indices, x.shape, x.allow_materialise)
+
+
+def _refuse_block_case(
+    primitive: Primitive,
+    values: Sequence[Any],
+    params: dict[str, Any],
+    why: str,
+) -> Any:
+    """A case of a `BlockSparse` rule that it does not keep: refused, saying why
+    and the way out, unless every `BlockSparse` operand allows materialising (then
+    the fallback computes it densely)."""
+    blocked = [v for v in values if isinstance(v, BlockSparse)]
+    if all(v.allow_materialise for v in blocked):
+        return _fallback(primitive, values, params)
+    x = next(v for v in blocked if not v.allow_materialise)
+    types = ", ".join(type(v).__qualname__ for v in values)
+    raise x.materialisation_error(
+        f"Refusing to materialise `BlockSparse` for primitive `{primitive.name}` on "
+        f"input types ({types}): {why}. " + x.way_out(primitive)
+    )
+
+
+def _dot_block_dense(
+    s: BlockSparse,
+    d: ArrayLike,
+    dimension_numbers: Any,
+    sparse_is_lhs: bool,
+    params: Any,
+) -> Any:
+    """`dot_general` of a `BlockSparse` `s` and a dense `d` (`sparse_is_lhs` says
+    which is the left operand), dense: one of the two matrix dimensions of `s`
+    contracted with one dimension of `d`, and any batch dimensions of `s`
+    batched with dimensions of `d` or left free. Each matrix is `dot_blocks`'s
+    product (its transpose's, when its rows are contracted), mapped over the
+    batch dimensions."""
+    (l_contract, r_contract), (l_batch, r_batch) = dimension_numbers
+    s_contract, s_batch = (
+        (l_contract, l_batch) if sparse_is_lhs else (r_contract, r_batch)
+    )
+    d_contract, d_batch = (
+        (r_contract, r_batch) if sparse_is_lhs else (l_contract, l_batch)
+    )
+    nb = s.n_batch
+    if len(s_contract) != 1 or s_contract[0] < nb or any(i >= nb for i in s_batch):
+        return _refuse_block_case(
+            lax.dot_general_p,
+            (s, d) if sparse_is_lhs else (d, s),
+            dict(params, dimension_numbers=dimension_numbers),
+            f"the product with dimension numbers {dimension_numbers} contracts "
+            f"{len(s_contract)} dimensions of the BlockSparse of shape {s.shape} "
+            "or pairs one of its matrix dimensions as a batch one; its rule "
+            "contracts exactly one of its two matrix dimensions (`a @ v`, `v @ a`)",
+        )
+    d = jnp.asarray(d)
+    out_dtype = _out_dtype(s, d, params.get("preferred_element_type"))
+    precision = params.get("precision")
+    contract_rows = s_contract[0] == nb
+    unpaired = [i for i in range(nb) if i not in s_batch]
+    # The batched dimensions of both first, in their pairs' order; then the
+    # unpaired ones of `s`, then its blocks.
+    order = (*s_batch, *unpaired)
+    data = jnp.transpose(s.data, (*order, nb, nb + 1, nb + 2))
+    indices = jnp.transpose(s.indices, (*order, nb, nb + 1))
+    d_order = (*d_batch, *(i for i in range(d.ndim) if i not in d_batch))
+    d = jnp.transpose(d, d_order)
+    contracted = d_order.index(d_contract[0]) - len(d_batch)
+    rows, cols = s.grid
+    grid = (cols, rows) if contract_rows else (rows, cols)
+
+    def product(data: Array, indices: Array, x: Array) -> Array:
+        if contract_rows:  # `Aᵀ x`: the transposed blocks at the swapped positions
+            data, indices = jnp.swapaxes(data, 1, 2), indices[:, ::-1]
+        free = x.shape[:contracted] + x.shape[contracted + 1 :]
+        x = jnp.moveaxis(x, contracted, 0).reshape(x.shape[contracted], -1)
+        y = dot_blocks(
+            data,
+            indices,
+            grid,
+            x,
+            out_dtype=out_dtype,
+            precision=precision,
+        )
+        y = y.reshape((y.shape[0], *free))
+        return y if sparse_is_lhs else jnp.moveaxis(y, 0, -1)
+
+    for _ in unpaired:
+        product = jax.vmap(product, in_axes=(0, 0, None))
+    for _ in s_batch:
+        product = jax.vmap(product)
+    out = product(data, indices, d)
+    if not sparse_is_lhs and unpaired:
+        # `dot_general` puts the dense operand's free dimensions before those of
+        # `s` (its unpaired batch dimensions, then its free matrix dimension).
+        k, u = len(s_batch), len(unpaired)
+        d_free = tuple(range(k + u, out.ndim - 1))
+        out = jnp.transpose(out, (*range(k), *d_free, *range(k, k + u), out.ndim - 1))
+    return out
+
+
+@quax.register(lax.dot_general_p)
+def _(
+    lhs: BlockSparse, rhs: ArrayLike, *, dimension_numbers: Any, **params: Any
+) -> Any:
+    return _dot_block_dense(lhs, rhs, dimension_numbers, True, params)
+
+
+@quax.register(lax.dot_general_p)
+def _(
+    lhs: ArrayLike, rhs: BlockSparse, *, dimension_numbers: Any, **params: Any
+) -> Any:
+    return _dot_block_dense(rhs, lhs, dimension_numbers, False, params)
+
+
+@quax.register(prims.transpose_p)
+def _(x: BlockSparse, *, permutation: Sequence[int], **params: Any) -> Any:
+    """A permutation of the batch dimensions among themselves, the two matrix
+    dimensions kept last (in either order: `a.T` transposes every block and swaps
+    the block positions)."""
+    perm, nb = tuple(permutation), x.n_batch
+    if tuple(sorted(perm[:nb])) != tuple(range(nb)):
+        return _refuse_block_case(
+            prims.transpose_p,
+            (x,),
+            dict(params, permutation=perm),
+            f"the permutation {perm} moves a matrix dimension among the batch ones "
+            "(a transpose of a BlockSparse keeps its two matrix dimensions last)",
+        )
+    data = jnp.transpose(x.data, (*perm[:nb], nb, nb + 1, nb + 2))
+    indices = jnp.transpose(x.indices, (*perm[:nb], nb, nb + 1))
+    if perm[nb:] == (nb + 1, nb):
+        data, indices = jnp.swapaxes(data, -1, -2), indices[..., ::-1]
+    shape = tuple(x.shape[p] for p in perm)
+    return BlockSparse._from_blocks(data, indices, shape, x.allow_materialise)
+
+
+@quax.register_elementwise([prims.neg_p, prims.conj_p, prims.real_p, prims.imag_p])
+def _(primitive: Primitive, x: BlockSparse, **params: Any) -> BlockSparse:
+    # Linear: blocks stored twice at one position may stay apart.
+    return _with_blocks(x, primitive.bind(x.data, **params))
+
+
+@quax.register(prims.convert_element_type_p)
+def _(x: BlockSparse, *, new_dtype: Any, **params: Any) -> Any:
+    # To a floating or complex type: exact enough to apply to each block alone. To
+    # an integer or bool it rounds, which blocks stored twice at one position would
+    # need merged first: refused.
+    params = dict(params, new_dtype=new_dtype)
+    if not jnp.issubdtype(new_dtype, jnp.inexact):
+        return _refuse_block_case(
+            prims.convert_element_type_p,
+            (x,),
+            params,
+            f"a conversion to {np.dtype(new_dtype)} rounds each element, and "
+            "blocks stored at one position would round apart",
+        )
+    params["sharding"] = None  # the dense output's sharding does not apply to `data`
+    return _with_blocks(x, prims.convert_element_type_p.bind(x.data, **params))
+
+
+@quax.register(prims.copy_p)
+def _(x: BlockSparse, **params: Any) -> BlockSparse:
+    return x
+
+
+def _scale_blocks(
+    primitive: Primitive, x: BlockSparse, y: ArrayLike, y_first: bool, params: Any
+) -> Any:
+    """`x * y` or `x / y` (`y * x` if `y_first`) with a dense `y` that does not
+    stretch `x` (a scalar, an array of `x`'s shape, or axes of size 1 that
+    broadcast): `y` read at the stored blocks. The elements outside them are exact
+    zeros (`0 * inf` is 0 there, as for `BCOO`)."""
+    y = jnp.asarray(y)
+    y = y.reshape((1,) * (x.ndim - y.ndim) + y.shape)
+    if tuple(np.broadcast_shapes(x.shape, y.shape)) != x.shape:
+        return _refuse_block_case(
+            primitive,
+            (y, x) if y_first else (x, y),
+            params,
+            f"it would broadcast the BlockSparse of shape {x.shape} to "
+            f"{tuple(np.broadcast_shapes(x.shape, y.shape))}",
+        )
+    grid, block_shape = x.grid, x.block_shape
+
+    def read(y: Array, indices: Array) -> Array:
+        return read_blocks(y, indices, grid, block_shape)
+
+    # Over the batch dimensions (the outermost map over the first): `y` mapped
+    # where it has the batch size, its axes of size 1 dropped and held.
+    mapped = [y.shape[d] != 1 for d in range(x.n_batch)]
+    for along in reversed(mapped):
+        read = jax.vmap(read, in_axes=(0 if along else None, 0))
+    held = [d for d, along in enumerate(mapped) if not along]
+    factor = read(jnp.squeeze(y, held), x.indices)
+    args = (factor, x.data) if y_first else (x.data, factor)
+    return _with_blocks(x, primitive.bind(*args, **params))
+
+
+@quax.register(prims.mul_p)
+def _(x: BlockSparse, y: ArrayLike, **params: Any) -> Any:
+    return _scale_blocks(prims.mul_p, x, y, False, params)
+
+
+@quax.register(prims.mul_p)
+def _(y: ArrayLike, x: BlockSparse, **params: Any) -> Any:
+    return _scale_blocks(prims.mul_p, x, y, True, params)
+
+
+@quax.register(prims.div_p)
+def _(x: BlockSparse, y: ArrayLike, **params: Any) -> Any:
+    return _scale_blocks(prims.div_p, x, y, False, params)

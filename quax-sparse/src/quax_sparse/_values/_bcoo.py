@@ -19,7 +19,7 @@ from .._kernels import flat_entries, gather, scatter_add, sum_duplicates
 from .._superlu import inverse_at
 
 
-__all__ = ["BCOO", "MaterialisationError"]
+__all__ = ["BCOO", "MaterialisationError", "SparseValue"]
 
 
 class MaterialisationError(quax.MaterialisationError):
@@ -95,6 +95,24 @@ def checked_shape(owner: str, shape: Any) -> tuple[int, ...]:
             )
         out.append(value)
     return tuple(out)
+
+
+def check_integers(owner: str, name: str, array: Array) -> None:
+    """A `ValueError` naming `owner`'s field `name` unless `array` holds integers
+    (read from its dtype: a tracer passes or fails as its value would)."""
+    if not jnp.issubdtype(array.dtype, jnp.integer):
+        raise ValueError(f"`{owner}` {name} must be integers, got dtype {array.dtype}.")
+
+
+def unchecked(cls: type, fields: dict[str, Any]) -> Any:
+    """An instance of `cls` with `fields` set as given, its `__init__` and checks
+    skipped: for a value the family computed itself (a rule's output, a
+    conversion), consistent by construction, on which the checks of user input
+    would wrap traced indices again or copy concrete ones to the host."""
+    out = object.__new__(cls)
+    for name, value in fields.items():
+        object.__setattr__(out, name, value)
+    return out
 
 
 def signed_indices(indices: Array) -> Array:
@@ -262,6 +280,78 @@ def checked_promises(
         )
 
 
+def _stored_positions(x: Array, n_dense: int) -> Array:
+    """Which positions of `x` a `fromdense` stores, shape `x.shape[:x.ndim -
+    n_dense]`: those where `x` (any element of the block, with dense dimensions) is
+    nonzero. NaN is nonzero."""
+    stored = x != 0
+    if n_dense:
+        stored = jnp.any(stored, axis=tuple(range(x.ndim - n_dense, x.ndim)))
+    return stored
+
+
+def checked_nse(
+    owner: str,
+    x: Array,
+    nse: int | None,
+    n_batch: int,
+    n_dense: int,
+    *,
+    argument: str = "nse",
+) -> int:
+    """The number of entries a `fromdense` stores per batch element: `nse`, checked
+    against the nonzeros of a concrete `x` (none may be dropped), or their largest
+    count per batch element when `nse` is `None`.
+
+    **Arguments:**
+
+    - `owner`: the constructor, for the message (`"BCOO.fromdense"`).
+    - `x`: the dense array (concrete, or a tracer under `jit`).
+    - `nse`: the number of entries asked for, or `None`.
+    - `n_batch`, `n_dense`: the layout of `x` (checked by the caller).
+    - `argument`: the name of `owner`'s argument `nse` (`"nblocks"`), for the
+        messages.
+
+    **Returns:**
+
+    `nse`, or the count. A `ValueError` where a concrete `x` has more nonzeros in a
+    batch element than `nse`, giving the count and the way out; or where `nse` is
+    `None` and `x` is traced (its count is not known while tracing).
+    """
+    if nse is not None and nse < 0:
+        raise ValueError(f"`{owner}` got {argument}={nse}; it must be >= 0.")
+    if isinstance(x, jax.core.Tracer):
+        if nse is None:
+            raise ValueError(
+                f"`{owner}` needs `{argument}` where `x` is traced (under `jit`, "
+                "`vmap` or `grad`): the number of nonzeros is not known while "
+                f"tracing, and `{argument}` fixes the number of stored entries. Pass "
+                f"`{argument}=` at least the largest number of nonzeros `x` can "
+                f"have; beyond `{argument}` the nonzeros are dropped, as in "
+                "jax.experimental.sparse."
+            )
+        return nse
+    stored = _stored_positions(x, n_dense)
+    batch = stored.shape[:n_batch]
+    counts = np.asarray(jnp.sum(stored, axis=tuple(range(n_batch, stored.ndim))))
+    count = int(np.max(counts, initial=0))
+    if nse is None:
+        return count
+    if count > nse:
+        where = ""
+        if batch:
+            element = tuple(int(i) for i in np.unravel_index(np.argmax(counts), batch))
+            where = f" in batch element {element}"
+        what = "nonzero blocks" if n_dense else "nonzeros"
+        raise ValueError(
+            f"`{owner}` got {argument}={nse}, but `x` has {count} {what}{where}: "
+            f"{count - nse} of them would be dropped. Pass `{argument}=None` to "
+            f"store every nonzero, or `{argument} >= {count}` (more than the count "
+            "leaves padding)."
+        )
+    return nse
+
+
 def jsparse_indices(indices: Array, sparse_shape: Sequence[int]) -> Array:
     """`indices` as `jax.experimental.sparse` reads them, in the family's form:
     negative indices in `[-n, 0)` wrapped to `i + n`, and every entry that
@@ -319,7 +409,26 @@ def determinant_jvp_rule(name: str, fun: Any, values: Sequence[Any]) -> Any:
     return functools.partial(_determinant_jvp, name, fun)
 
 
-class BCOO(quax.GuardedValue):
+class SparseValue(quax.GuardedValue):
+    """What the family's sparse arrays (`BCOO`, `CSR`, `BlockSparse`) share: stored
+    values `data` at positions `indices`, the shape given to the constructor
+    (`_shape`), an array linear in `data`, the family's refusal
+    (`MaterialisationError`), and `.todense()` named as a way out of it."""
+
+    data: Array
+    indices: Array
+    _shape: tuple[int, ...] = eqx.field(static=True)
+
+    linear_in_leaves: ClassVar[bool] = True
+    materialisation_error: ClassVar[type[quax.MaterialisationError]] = (
+        MaterialisationError
+    )
+
+    def way_out(self, primitive: Primitive | None = None) -> str:
+        return super().way_out(primitive) + EXPLICIT_WAY_OUT
+
+
+class BCOO(SparseValue):
     """A sparse array in batch-coordinate format, as in the published quax.
 
     `shape = (*batch, *sparse, *dense)`: `data` has shape `(*batch, nse, *dense)`
@@ -360,18 +469,10 @@ class BCOO(quax.GuardedValue):
         rules use them to skip sorting, and set them on what they return.
     """
 
-    data: Array
-    indices: Array
-    _shape: tuple[int, ...] = eqx.field(static=True)
     n_sparse: int = eqx.field(static=True)
     n_dense: int = eqx.field(static=True)
     indices_sorted: bool = eqx.field(static=True)
     unique_indices: bool = eqx.field(static=True)
-
-    linear_in_leaves: ClassVar[bool] = True
-    materialisation_error: ClassVar[type[quax.MaterialisationError]] = (
-        MaterialisationError
-    )
 
     def __init__(
         self,
@@ -468,10 +569,7 @@ class BCOO(quax.GuardedValue):
                 f"dense dimensions {tuple(self._shape[end:])}; got `indices` of "
                 f"shape {indices.shape} and `data` of shape {data.shape}."
             )
-        if not jnp.issubdtype(indices.dtype, jnp.integer):
-            raise ValueError(
-                f"`BCOO` indices must be integers, got dtype {indices.dtype}."
-            )
+        check_integers("BCOO", "indices", indices)
 
     def _check_layout(self, indices: Array) -> None:
         """The published checks of `data`, `indices` and `shape` against each other."""
@@ -504,10 +602,7 @@ class BCOO(quax.GuardedValue):
             raise ValueError(
                 "Must specify a sparse index for all non-batch dimensions in `BCOO`."
             )
-        if not jnp.issubdtype(indices.dtype, jnp.integer):
-            raise ValueError(
-                f"`BCOO` indices must be integers, got dtype {indices.dtype}."
-            )
+        check_integers("BCOO", "indices", indices)
 
     @classmethod
     def _from_entries(
@@ -526,7 +621,6 @@ class BCOO(quax.GuardedValue):
         of bounds where a traced index put it), so the checks of user input are
         skipped (on every rule's output they would wrap traced indices again, or
         copy concrete ones to the host)."""
-        out = object.__new__(cls)
         fields = {
             "data": data,
             "indices": indices,
@@ -537,9 +631,7 @@ class BCOO(quax.GuardedValue):
             "indices_sorted": indices_sorted,
             "unique_indices": unique_indices,
         }
-        for name, value in fields.items():
-            object.__setattr__(out, name, value)
-        return out
+        return unchecked(cls, fields)
 
     # Structure ---------------------------------------------------------------------
 
@@ -584,9 +676,6 @@ class BCOO(quax.GuardedValue):
                 "dimensions)"
             )
         return reason
-
-    def way_out(self, primitive: Primitive | None = None) -> str:
-        return super().way_out(primitive) + EXPLICIT_WAY_OUT
 
     @classmethod
     def join(cls, value: quax.Value, other: quax.Value) -> "BCOO | None":
@@ -656,7 +745,7 @@ class BCOO(quax.GuardedValue):
         cls,
         x: ArrayLike,
         *,
-        nse: int,
+        nse: int | None = None,
         n_batch: int = 0,
         n_dense: int = 0,
         index_dtype: Any = jnp.int32,
@@ -664,17 +753,25 @@ class BCOO(quax.GuardedValue):
     ) -> "BCOO":
         """The nonzeros of a dense array, as a `BCOO` with a static `nse`.
 
-        Works under `jit` (`nse` is static). The first `nse` nonzeros of each batch
-        element are kept, in row-major order, as `jax.experimental.sparse` does:
-        **when `x` has more nonzeros than `nse`, the others are dropped**. When it has
-        fewer, the remaining entries are padding (value 0, index out of bounds).
-        With `n_dense` trailing dense dimensions, an entry is a block of those
-        dimensions, stored where any of its elements is nonzero.
+        The nonzeros of each batch element are stored in row-major order; when `x`
+        has fewer than `nse`, the remaining entries are padding (value 0, index out
+        of bounds). With `n_dense` trailing dense dimensions, an entry is a block of
+        those dimensions, stored where any of its elements is nonzero.
+
+        **Fewer entries than nonzeros.** When `x` is concrete (not traced), an `nse`
+        below the number of nonzeros of some batch element is refused with a
+        `ValueError` giving that number: nothing is dropped silently. Under `jit`
+        (`x` a tracer) the number of nonzeros cannot be known while tracing, so, as
+        in `jax.experimental.sparse`, **the first `nse` nonzeros in row-major order
+        are kept and the others dropped**: give an `nse` at least the largest
+        number of nonzeros the array can have there.
 
         **Arguments:**
 
         - `x`: the dense array.
-        - `nse`: the number of entries to store per batch element.
+        - `nse`: the number of entries to store per batch element, at least the
+            number of nonzeros of each. `None` (the default, for a concrete `x`
+            only): exactly the largest number of nonzeros of a batch element.
         - `n_batch`: how many leading axes of `x` are batch axes.
         - `n_dense`: how many trailing axes of `x` are dense (kept whole in each
             stored block, as `jax.experimental.sparse.BCOO.fromdense`'s
@@ -687,6 +784,33 @@ class BCOO(quax.GuardedValue):
 
         A `BCOO` of `x`'s shape, with sorted unique indices.
         """
+        return cls._fromdense(
+            "BCOO.fromdense",
+            x,
+            nse=nse,
+            n_batch=n_batch,
+            n_dense=n_dense,
+            index_dtype=index_dtype,
+            allow_materialise=allow_materialise,
+        )
+
+    @classmethod
+    def _fromdense(
+        cls,
+        owner: str,
+        x: ArrayLike,
+        *,
+        nse: int | None,
+        n_batch: int,
+        n_dense: int,
+        index_dtype: Any,
+        allow_materialise: bool,
+        argument: str = "nse",
+    ) -> "BCOO":
+        """`fromdense` for `owner` (`"BCOO.fromdense"`, `"CSR.fromdense"`, named in
+        the errors, with its argument `nse` named `argument`): the nonzeros of each
+        batch element of `x` in row-major order, then padding, `nse` of them
+        (`checked_nse`: a concrete `x` keeps every nonzero)."""
         x = jnp.asarray(x)
         if not 0 <= n_batch <= x.ndim:
             raise ValueError(f"n_batch={n_batch} must be in [0, {x.ndim}].")
@@ -695,9 +819,8 @@ class BCOO(quax.GuardedValue):
                 f"n_dense={n_dense} must be in [0, {x.ndim - n_batch}] (the axes of "
                 f"x, shape {x.shape}, after its n_batch={n_batch} batch axes)."
             )
-        if nse < 0:
-            raise ValueError(f"nse={nse} must be >= 0.")
-        index_dtype = checked_index_dtype("BCOO.fromdense", index_dtype)
+        index_dtype = checked_index_dtype(owner, index_dtype)
+        size = checked_nse(owner, x, nse, n_batch, n_dense, argument=argument)
         sparse_shape = x.shape[n_batch : x.ndim - n_dense]
         n_sparse = len(sparse_shape)
 
@@ -705,14 +828,12 @@ class BCOO(quax.GuardedValue):
             if n_sparse == 0:
                 # One position (no sparse dimensions): `y` in the first entry, the
                 # others zeros (entries at one position add up).
-                data = jnp.zeros((nse, *y.shape), y.dtype)
-                if nse:
+                data = jnp.zeros((size, *y.shape), y.dtype)
+                if size:
                     data = data.at[0].set(y)
-                return data, jnp.zeros((nse, 0), index_dtype)
-            stored = y != 0
-            if n_dense:
-                stored = jnp.any(stored, axis=tuple(range(n_sparse, y.ndim)))
-            idx = jnp.nonzero(stored, size=nse, fill_value=sparse_shape)
+                return data, jnp.zeros((size, 0), index_dtype)
+            stored = _stored_positions(y, n_dense)
+            idx = jnp.nonzero(stored, size=size, fill_value=sparse_shape)
             indices = jnp.stack(idx, axis=-1).astype(index_dtype)
             return gather(y, indices, tuple(range(n_sparse))), indices
 

@@ -1,25 +1,24 @@
 """The value type `CSR`: a sparse matrix in compressed-sparse-row format."""
 
-from typing import Any, ClassVar
+from typing import Any
 
-import equinox as eqx
 import jax
 import jax.core
 import jax.numpy as jnp
 import numpy as np
 import quax
-from jax.extend.core import Primitive
 from jaxtyping import Array, ArrayLike
 
 from ._bcoo import (
     BCOO,
-    EXPLICIT_WAY_OUT,
-    MaterialisationError,
+    SparseValue,
+    check_integers,
     checked_index_dtype,
     checked_shape,
     determinant_jvp_rule,
     refusal_reason,
     signed_indices,
+    unchecked,
     wrapped_indices,
 )
 
@@ -27,7 +26,7 @@ from ._bcoo import (
 __all__ = ["CSR"]
 
 
-class CSR(quax.GuardedValue):
+class CSR(SparseValue):
     """A sparse matrix in compressed-sparse-row format (as scipy's `csr_array`), or a
     batch of them.
 
@@ -56,15 +55,7 @@ class CSR(quax.GuardedValue):
     - `allow_materialise`: as for `BCOO`.
     """
 
-    data: Array
-    indices: Array
     indptr: Array
-    _shape: tuple[int, ...] = eqx.field(static=True)
-
-    linear_in_leaves: ClassVar[bool] = True
-    materialisation_error: ClassVar[type[quax.MaterialisationError]] = (
-        MaterialisationError
-    )
 
     def __init__(
         self,
@@ -129,11 +120,8 @@ class CSR(quax.GuardedValue):
                 f"`CSR` of shape {self._shape} needs `indptr` of shape "
                 f"{(*batch, n_rows + 1)}; got {self.indptr.shape}."
             )
-        for name, array in (("indices", indices), ("indptr", self.indptr)):
-            if not jnp.issubdtype(array.dtype, jnp.integer):
-                raise ValueError(
-                    f"`CSR` {name} must be integers, got dtype {array.dtype}."
-                )
+        check_integers("CSR", "indices", indices)
+        check_integers("CSR", "indptr", self.indptr)
 
     def _check_indptr(self) -> None:
         """Concrete `indptr` values: each matrix's `indptr` starts at 0, never
@@ -184,7 +172,6 @@ class CSR(quax.GuardedValue):
         """A `CSR` that the family computed itself (a conversion): consistent and
         in range by construction, so the checks of user input are skipped (see
         `BCOO._from_entries`)."""
-        out = object.__new__(cls)
         fields = {
             "data": data,
             "indices": indices,
@@ -192,9 +179,7 @@ class CSR(quax.GuardedValue):
             "_shape": tuple(shape),
             "allow_materialise": allow_materialise,
         }
-        for name, value in fields.items():
-            object.__setattr__(out, name, value)
-        return out
+        return unchecked(cls, fields)
 
     @property
     def nse(self) -> int:
@@ -286,14 +271,42 @@ class CSR(quax.GuardedValue):
         cls,
         x: ArrayLike,
         *,
-        nse: int,
+        nse: int | None = None,
         index_dtype: Any = jnp.int32,
         allow_materialise: bool = False,
     ) -> "CSR":
-        """The nonzeros of a dense matrix; see [`quax_sparse.BCOO.fromdense`][] (the
-        first `nse` nonzeros in row-major order are kept)."""
-        bcoo = BCOO.fromdense(
-            x, nse=nse, index_dtype=index_dtype, allow_materialise=allow_materialise
+        """The nonzeros of a dense matrix, in row-major order, then padding.
+
+        As [`quax_sparse.BCOO.fromdense`][]: for a concrete `x`, an `nse` below its
+        number of nonzeros is refused with a `ValueError` giving the count (`nse=None`
+        stores exactly the nonzeros); under `jit` (`x` a tracer), where the count
+        cannot be known, the first `nse` nonzeros in row-major order are kept and the
+        others dropped, as in `jax.experimental.sparse`.
+
+        **Arguments:**
+
+        - `x`: the dense matrix.
+        - `nse`: the number of entries to store (at least the number of nonzeros),
+            or `None` for a concrete `x`: exactly its nonzeros.
+        - `index_dtype`: `int32` or `int64`, for `indices` and `indptr`.
+        - `allow_materialise`: passed to `CSR`.
+
+        **Returns:**
+
+        A `CSR` of `x`'s shape.
+        """
+        if jnp.ndim(x) != 2:
+            raise ValueError(
+                f"`CSR.fromdense` takes a matrix; got `x` of shape {jnp.shape(x)}."
+            )
+        bcoo = BCOO._fromdense(
+            "CSR.fromdense",
+            x,
+            nse=nse,
+            n_batch=0,
+            n_dense=0,
+            index_dtype=index_dtype,
+            allow_materialise=allow_materialise,
         )
         return cls.from_bcoo(bcoo)
 
@@ -341,9 +354,6 @@ class CSR(quax.GuardedValue):
 
     def refusal_reason(self) -> str:
         return refusal_reason(self.aval(), self.data.size)
-
-    def way_out(self, primitive: Primitive | None = None) -> str:
-        return super().way_out(primitive) + EXPLICIT_WAY_OUT
 
     @staticmethod
     def custom_jvp_rule(name: str, fun: Any, values: Any) -> Any:

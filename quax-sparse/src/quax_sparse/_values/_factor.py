@@ -104,7 +104,10 @@ def apply_inverse(factor: "SparseLU", b: Array, trans: int) -> Array:
 
     **Returns:**
 
-    An array of `b`'s shape, of the dtype of `b` and the matrix together.
+    An array of `b`'s shape, of the dtype of `b` and the matrix together: NaN in
+    every element where the matrix is singular (SuperLU's singular factorisation,
+    or the backward-error check), where dense `jnp.linalg.solve` gives `±inf` in
+    some elements.
     """
     if factor.batch_shape:
         return factor.each(lambda f, b: apply_inverse(f, b, trans), b)
@@ -274,7 +277,8 @@ class SparseLU(quax.GuardedValue):
 
         **Returns:**
 
-        An array of `b`'s shape.
+        An array of `b`'s shape. NaN in every element where `A` is singular (dense
+        `jnp.linalg.solve` gives `±inf` in some elements there).
         """
         b = jnp.asarray(b)
         batch = self.batch_shape
@@ -428,6 +432,8 @@ def lu_factor(a: Any, *, route: str | None = None) -> SparseLU:
     **Returns:**
 
     A [`quax_sparse.SparseLU`][]. Works under `jit` and `vmap` (over `a`'s leaves).
+    A singular `a` is not an error: every solve with its factor is NaN (dense
+    `jnp.linalg.solve` gives `±inf` in some elements there).
     """
     return _factor_of("lu_factor", a, spd=False, route=route)
 
@@ -448,6 +454,7 @@ def cho_factor(a: Any, *, route: str | None = None) -> SparseLU:
 
     **Returns:**
 
-    A [`quax_sparse.SparseLU`][] (`spd=True`, `orientation="lower"`).
+    A [`quax_sparse.SparseLU`][] (`spd=True`, `orientation="lower"`); for a
+    singular `a`, every solve with it is NaN, as for `lu_factor`.
     """
     return _factor_of("cho_factor", a, spd=True, route=route)
