@@ -11,7 +11,10 @@ x = quax.quaxify(jnp.linalg.solve)(T, b)  # O(n), no n x n array
 """
 
 from . import _rules as _rules  # registers the rules
-from ._kernels import in_graph_fallbacks as in_graph_fallbacks
+from ._kernels import (
+    in_graph_fallbacks as in_graph_fallbacks,
+    tridiagonal_solver as tridiagonal_solver,
+)
 from ._lineax import from_lineax as from_lineax, to_lineax as to_lineax
 from ._values import (
     Banded as Banded,

@@ -58,3 +58,8 @@ from ._shifted_kronecker import (
     shifted_kron_pivots as shifted_kron_pivots,
     shifted_kron_solve as shifted_kron_solve,
 )
+from ._tridiagonal import (
+    parallel_tridiagonal_solve as parallel_tridiagonal_solve,
+    tridiagonal_solve as tridiagonal_solve,
+    tridiagonal_solver as tridiagonal_solver,
+)
