@@ -614,8 +614,17 @@ def _repeated(solve: Callable[..., jax.Array]) -> Callable[..., jax.Array]:
     return run
 
 
+def _version(distribution: str) -> str:
+    """The installed version of `distribution`, or `"unknown"` (a JAX installed
+    without its metadata, as on the lent TPU machine)."""
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
 def tridiagonal_parallel(
-    sizes: tuple[int, ...], rounds: int, budget: float = 0.5
+    sizes: tuple[int, ...], rounds: int, budget: float = 0.5, path: Path | None = None
 ) -> dict[str, Any]:
     """The parallel tridiagonal solve (cyclic reduction, what `jnp.linalg.solve`
     of a `TridiagonalMatrix` runs on GPU and TPU; forced here with
@@ -626,7 +635,22 @@ def tridiagonal_parallel(
     compiled program (`_repeated`, enough to last about `budget` seconds, so
     that the per-call floor of an accelerator does not hide the solve), the
     median over `rounds` interleaved rounds; also one solve per call. With the
-    largest difference between the answers and both backward errors."""
+    largest difference between the answers and both backward errors. Written
+    as JSON to `path` (when given) after each size, so that a run cut short
+    keeps the sizes it finished."""
+    device = jax.devices()[0]
+    report: dict[str, Any] = {
+        "benchmark": "structured --tpu: parallel tridiagonal solve",
+        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "device kind": device.device_kind,
+        "platform": device.platform,
+        "jax": jax.__version__,
+        "jaxlib": _version("jaxlib"),
+        "quax-structured": _version("quax-structured"),
+        "dtype": "float32",
+        "rounds": rounds,
+        "rows": [],
+    }
     ours = _repeated(quax.quaxify(lambda t, v: jnp.linalg.solve(t, v)))
 
     def by_lax(parts: tuple[jax.Array, jax.Array, jax.Array], v: jax.Array):
@@ -636,7 +660,6 @@ def tridiagonal_parallel(
     theirs = _repeated(by_lax)
     single_ours = jax.jit(quax.quaxify(jnp.linalg.solve))
     single_theirs = jax.jit(by_lax)
-    rows = []
     for n in sizes:
         dl, d, du, b = _dominant_diagonals(n, np.float32)
         parts = (jnp.asarray(dl), jnp.asarray(d), jnp.asarray(du))
@@ -689,20 +712,11 @@ def tridiagonal_parallel(
         row["backward error lax (eps)"] = (
             _tridiagonal_backward_error(dl, d, du, x_theirs[:, None], b) / eps
         )
-        rows.append(row)
-    device = jax.devices()[0]
-    return {
-        "benchmark": "structured --tpu: parallel tridiagonal solve",
-        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
-        "device kind": device.device_kind,
-        "platform": device.platform,
-        "jax": jax.__version__,
-        "jaxlib": importlib.metadata.version("jaxlib"),
-        "quax-structured": importlib.metadata.version("quax-structured"),
-        "dtype": "float32",
-        "rounds": rounds,
-        "rows": rows,
-    }
+        report["rows"].append(row)
+        print(f"n = {n:,}: lax/parallel {row['lax/parallel']:.1f}x", flush=True)
+        if path is not None:
+            path.write_text(json.dumps(report, indent=1) + "\n")
+    return report
 
 
 def print_tridiagonal_parallel(quick: bool = False) -> dict[str, Any]:
@@ -710,7 +724,11 @@ def print_tridiagonal_parallel(quick: bool = False) -> dict[str, Any]:
     (`--quick`: the first two), printed, and written as JSON to
     `benchmarks/results/structured_tridiagonal_<platform>_<date>.json`."""
     sizes = (4096, 16384) if quick else (4096, 16384, 65536, 1048576)
-    out = tridiagonal_parallel(sizes, rounds=3 if quick else 5)
+    results = Path(__file__).resolve().parent / "results"
+    results.mkdir(exist_ok=True)
+    stamp = time.strftime("%Y-%m-%d_%H%M%S")
+    path = results / f"structured_tridiagonal_{jax.default_backend()}_{stamp}.json"
+    out = tridiagonal_parallel(sizes, rounds=3, path=path)
     print(
         f"\n## Parallel tridiagonal solve against lax.linalg.tridiagonal_solve "
         f"({out['device kind']}, JAX {out['jax']}, {out['date']}; time per solve, "
@@ -730,11 +748,6 @@ def print_tridiagonal_parallel(quick: bool = False) -> dict[str, Any]:
             f"{r['backward error parallel (eps)']:.2g}, "
             f"{r['backward error lax (eps)']:.2g} |"
         )
-    results = Path(__file__).resolve().parent / "results"
-    results.mkdir(exist_ok=True)
-    stamp = time.strftime("%Y-%m-%d_%H%M%S")
-    path = results / f"structured_tridiagonal_{out['platform']}_{stamp}.json"
-    path.write_text(json.dumps(out, indent=1) + "\n")
     print(f"\nRaw figures: {path}")
     return out
 
