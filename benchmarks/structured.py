@@ -25,16 +25,26 @@
   the unpivoted ones they replaced and dense `jnp`.
 - `jnp.linalg.pinv` as a structure (`--pinv`): diagonal, circulant, block-diagonal,
   low-rank and Kronecker, against dense `pinv`.
+- The parallel tridiagonal solve (cyclic reduction, the GPU and TPU path) against
+  `lax.linalg.tridiagonal_solve` at n = 4,096 ... 1,048,576, many solves in one
+  compiled program, on the default backend, with the device kind, date and
+  versions written as JSON under `benchmarks/results/` (`--tpu`, made for the
+  TPU: `python benchmarks/structured.py --tpu`); and the backward errors of
+  cyclic reduction, the sweep without pivoting and `gtsv` on dominant, Laplacian
+  and non-dominant systems (`--tridiagonal-accuracy`, the CPU).
 
 Times are medians over interleaved rounds (each round runs every method once);
 ratios are medians of the per-round ratios. Prints Markdown tables, writes
 `docs/images/structured_scaling.png`, and returns the figures.
 
-    python benchmarks/structured.py [--quick]
+    python benchmarks/structured.py [--quick] [--tpu | --tridiagonal-accuracy | ...]
 """
 
 import argparse
 import functools as ft
+import importlib.metadata
+import json
+import math
 import os
 import statistics
 import time
@@ -477,6 +487,269 @@ def toeplitz_accuracy(sizes: tuple[int, ...]) -> list[dict[str, Any]]:
             f"{r['gko']:.3g} | {r['dense']:.3g} | {r['tolerance']:g} |"
         )
     return rows
+
+
+def _dominant_diagonals(n: int, dtype: Any, seed: int = 0) -> tuple[np.ndarray, ...]:
+    """`lax.linalg.tridiagonal_solve`'s diagonals (`dl[0]`, `du[n - 1]` zero) of a
+    random strictly diagonally dominant matrix, and a right-hand side, in NumPy."""
+    rng = np.random.default_rng(seed)
+    dl, du, d = rng.standard_normal((3, n))
+    dl[0], du[-1] = 0, 0
+    d = np.sign(d) * (np.abs(dl) + np.abs(du) + 0.5 + np.abs(d))
+    b = rng.standard_normal((n, 1))
+    return tuple(v.astype(dtype) for v in (dl, d, du, b))
+
+
+def _tridiagonal_backward_error(dl, d, du, x, b) -> float:
+    """`‖b - A x‖∞ / (‖A‖∞ ‖x‖∞ + ‖b‖∞)`, in float64 (NumPy) from the leaves."""
+    dl, d, du, x, b = (np.asarray(v, np.float64) for v in (dl, d, du, x, b))
+    ax = d[:, None] * x
+    ax[1:] += dl[1:, None] * x[:-1]
+    ax[:-1] += du[:-1, None] * x[1:]
+    norm = np.max(np.abs(dl) + np.abs(d) + np.abs(du))
+    return float(
+        np.max(np.abs(b - ax)) / (norm * np.max(np.abs(x)) + np.max(np.abs(b)))
+    )
+
+
+def _thomas(dl, d, du, b):
+    """The sequential sweep without pivoting that `lax.linalg.tridiagonal_solve`
+    runs on TPU (the same recurrence as JAX's), written here for the CPU."""
+
+    def forward(carry, row):
+        cp, dp = carry
+        a, m, c, y = row
+        pivot = m - a * cp
+        return (c / pivot, (y - a * dp) / pivot), (cp, dp)
+
+    (_, last), (cp, dp) = lax.scan(
+        forward, (du[0] / d[0], b[0] / d[0]), (dl[1:], d[1:], du[1:], b[1:])
+    )
+
+    def backward(after, row):
+        cp, dp = row
+        return dp - cp * after, after
+
+    first, rest = lax.scan(backward, last, (cp, dp), reverse=True)
+    return jnp.concatenate([first[None], rest])
+
+
+def tridiagonal_accuracy(sizes: tuple[int, ...], systems: int = 20) -> list[dict]:
+    """The evidence for the parallel tridiagonal solve's check
+    (`_kernels/_tridiagonal.py`): the normwise backward error (in eps, computed
+    in float64) of cyclic reduction unchecked, of the sequential sweep without
+    pivoting (JAX's on TPU) and of `lax.linalg.tridiagonal_solve` (LAPACK's
+    pivoted `gtsv` on the CPU), median and largest over `systems` random
+    systems: strictly diagonally dominant, the `[-1, 2, -1]` Laplacian (weakly
+    dominant, positive definite) and standard normal diagonals (no dominance);
+    with the check's tolerance. Run on the CPU (float64 there)."""
+    from quax_structured._kernels._tridiagonal import TOLERANCE, _cyclic_reduction
+
+    routes = {
+        "cyclic reduction": jax.jit(
+            lambda dl, d, du, b: _cyclic_reduction(dl, d, du, b.T).T
+        ),
+        "sweep without pivoting": jax.jit(_thomas),
+        "lax": jax.jit(lax.linalg.tridiagonal_solve),
+    }
+    rows = []
+    for n in sizes:
+        for dtype in (np.float32, np.float64):
+            eps = float(np.finfo(dtype).eps)
+            for kind in ("dominant", "laplacian", "no dominance"):
+                errors: dict[str, list[float]] = {route: [] for route in routes}
+                for seed in range(1 if kind == "laplacian" else systems):
+                    rng = np.random.default_rng(seed)
+                    if kind == "laplacian":
+                        dl, du = -np.ones(n), -np.ones(n)
+                        d, b = 2 * np.ones(n), rng.standard_normal((n, 1))
+                        dl[0], du[-1] = 0, 0
+                        parts = tuple(v.astype(dtype) for v in (dl, d, du, b))
+                    elif kind == "dominant":
+                        parts = _dominant_diagonals(n, dtype, seed)
+                    else:
+                        dl, d, du = rng.standard_normal((3, n))
+                        dl[0], du[-1] = 0, 0
+                        b = rng.standard_normal((n, 1))
+                        parts = tuple(v.astype(dtype) for v in (dl, d, du, b))
+                    dl, d, du, b = parts
+                    with jax.enable_x64(dtype == np.float64):
+                        for route, solve in routes.items():
+                            x = solve(*(jnp.asarray(v) for v in parts))
+                            error = _tridiagonal_backward_error(dl, d, du, x, b)
+                            errors[route].append(error / eps)
+                row: dict[str, Any] = {
+                    "n": n,
+                    "dtype": np.dtype(dtype).name,
+                    "systems": kind,
+                    "tolerance": TOLERANCE * (math.ceil(math.log2(n)) + 1),
+                }
+                for route, values in errors.items():
+                    row[route] = (float(np.median(values)), float(np.max(values)))
+                rows.append(row)
+    print("\n## Tridiagonal backward errors (eps; median, largest)\n")
+    print(
+        "| n | dtype | systems | cyclic reduction | sweep without pivoting | "
+        "lax (gtsv) | check's tolerance |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    for r in rows:
+        cells = " | ".join(f"{r[route][0]:.3g}, {r[route][1]:.3g}" for route in routes)
+        print(
+            f"| {r['n']:,} | {r['dtype']} | {r['systems']} | {cells} | "
+            f"{r['tolerance']} |"
+        )
+    return rows
+
+
+def _repeated(solve: Callable[..., jax.Array]) -> Callable[..., jax.Array]:
+    """`repeats` solves inside one compiled program (a traced trip count: one
+    compilation for any count), each right-hand side depending on the previous
+    answer (`b + 1e-3 x`), so that none can be skipped or hoisted."""
+
+    @jax.jit
+    def run(parts, b, repeats):
+        return lax.fori_loop(0, repeats, lambda _, x: solve(parts, b + 1e-3 * x), b)
+
+    return run
+
+
+def _version(distribution: str) -> str:
+    """The installed version of `distribution`, or `"unknown"` (a JAX installed
+    without its metadata, as on the lent TPU machine)."""
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def tridiagonal_parallel(
+    sizes: tuple[int, ...], rounds: int, budget: float = 0.5, path: Path | None = None
+) -> dict[str, Any]:
+    """The parallel tridiagonal solve (cyclic reduction, what `jnp.linalg.solve`
+    of a `TridiagonalMatrix` runs on GPU and TPU; forced here with
+    `tridiagonal_solver("parallel")`, so that the CPU measures it too) against
+    `lax.linalg.tridiagonal_solve` (LAPACK's `gtsv` on the CPU, a sequential
+    sweep on TPU), float32, one right-hand side, random strictly diagonally
+    dominant systems. Each time is per solve, from many solves inside one
+    compiled program (`_repeated`, enough to last about `budget` seconds, so
+    that the per-call floor of an accelerator does not hide the solve), the
+    median over `rounds` interleaved rounds; also one solve per call. With the
+    largest difference between the answers and both backward errors. Written
+    as JSON to `path` (when given) after each size, so that a run cut short
+    keeps the sizes it finished."""
+    device = jax.devices()[0]
+    report: dict[str, Any] = {
+        "benchmark": "structured --tpu: parallel tridiagonal solve",
+        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "device kind": device.device_kind,
+        "platform": device.platform,
+        "jax": jax.__version__,
+        "jaxlib": _version("jaxlib"),
+        "quax-structured": _version("quax-structured"),
+        "dtype": "float32",
+        "rounds": rounds,
+        "rows": [],
+    }
+    ours = _repeated(quax.quaxify(lambda t, v: jnp.linalg.solve(t, v)))
+
+    def by_lax(parts: tuple[jax.Array, jax.Array, jax.Array], v: jax.Array):
+        dl, d, du = parts
+        return lax.linalg.tridiagonal_solve(dl, d, du, v[:, None])[:, 0]
+
+    theirs = _repeated(by_lax)
+    single_ours = jax.jit(quax.quaxify(jnp.linalg.solve))
+    single_theirs = jax.jit(by_lax)
+    for n in sizes:
+        dl, d, du, b = _dominant_diagonals(n, np.float32)
+        parts = (jnp.asarray(dl), jnp.asarray(d), jnp.asarray(du))
+        t = TridiagonalMatrix(parts[0][1:], parts[1], parts[2][:-1])
+        v = jnp.asarray(b[:, 0])
+        calls = {
+            "parallel": ft.partial(ours, t, v),
+            "lax": ft.partial(theirs, parts, v),
+            "parallel, one call": ft.partial(single_ours, t, v),
+            "lax, one call": ft.partial(single_theirs, parts, v),
+        }
+        with qs.tridiagonal_solver("parallel"):
+            compile_start = time.perf_counter()
+            for name, call in calls.items():
+                jax.block_until_ready(call(1) if "one call" not in name else call())
+            compile_seconds = time.perf_counter() - compile_start
+            repeats = {}
+            for name in ("parallel", "lax"):
+                t0 = time.perf_counter()
+                jax.block_until_ready(calls[name](2))
+                each = (time.perf_counter() - t0) / 2
+                repeats[name] = int(min(500, max(2, budget / max(each, 1e-7))))
+            times: dict[str, list[float]] = {name: [] for name in calls}
+            for _ in range(rounds):
+                for name, call in calls.items():
+                    count = repeats.get(name, 1)
+                    t0 = time.perf_counter()
+                    out = call(count) if name in repeats else call()
+                    jax.block_until_ready(out)
+                    times[name].append((time.perf_counter() - t0) / count)
+            x_ours = np.asarray(single_ours(t, v))
+        x_theirs = np.asarray(single_theirs(parts, v))
+        row: dict[str, Any] = {
+            "n": n,
+            "repeats": repeats,
+            "first calls (s)": compile_seconds,
+        }
+        row.update({name: statistics.median(ts) for name, ts in times.items()})
+        row["lax/parallel"] = _ratio(times, "lax", "parallel")
+        row["lax/parallel, one call"] = _ratio(
+            times, "lax, one call", "parallel, one call"
+        )
+        row["max difference"] = float(
+            np.max(np.abs(x_ours - x_theirs)) / np.max(np.abs(x_theirs))
+        )
+        eps = float(np.finfo(np.float32).eps)
+        row["backward error parallel (eps)"] = (
+            _tridiagonal_backward_error(dl, d, du, x_ours[:, None], b) / eps
+        )
+        row["backward error lax (eps)"] = (
+            _tridiagonal_backward_error(dl, d, du, x_theirs[:, None], b) / eps
+        )
+        report["rows"].append(row)
+        print(f"n = {n:,}: lax/parallel {row['lax/parallel']:.1f}x", flush=True)
+        if path is not None:
+            path.write_text(json.dumps(report, indent=1) + "\n")
+    return report
+
+
+def print_tridiagonal_parallel(quick: bool = False) -> dict[str, Any]:
+    """`tridiagonal_parallel` at n = 4,096, 16,384, 65,536 and 1,048,576
+    (`--quick`: the first two), printed, and written as JSON to
+    `benchmarks/results/structured_tridiagonal_<platform>_<date>.json`."""
+    sizes = (4096, 16384) if quick else (4096, 16384, 65536, 1048576)
+    results = Path(__file__).resolve().parent / "results"
+    results.mkdir(exist_ok=True)
+    stamp = time.strftime("%Y-%m-%d_%H%M%S")
+    path = results / f"structured_tridiagonal_{jax.default_backend()}_{stamp}.json"
+    out = tridiagonal_parallel(sizes, rounds=3, path=path)
+    print(
+        f"\n## Parallel tridiagonal solve against lax.linalg.tridiagonal_solve "
+        f"({out['device kind']}, JAX {out['jax']}, {out['date']}; time per solve, "
+        "many solves in one compiled program)\n"
+    )
+    print(
+        "| n | parallel | lax | lax/parallel | one call: parallel | lax | "
+        "lax/parallel | difference | backward error parallel, lax (eps) |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
+    for r in out["rows"]:
+        print(
+            f"| {r['n']:,} | {_us(r['parallel'])} | {_us(r['lax'])} | "
+            f"{_x(r['lax/parallel'])} | {_us(r['parallel, one call'])} | "
+            f"{_us(r['lax, one call'])} | {_x(r['lax/parallel, one call'])} | "
+            f"{_e(r['max difference'])} | "
+            f"{r['backward error parallel (eps)']:.2g}, "
+            f"{r['backward error lax (eps)']:.2g} |"
+        )
+    print(f"\nRaw figures: {path}")
+    return out
 
 
 def pivoted_solves(sizes: tuple[int, ...], rounds: int) -> list[dict[str, Any]]:
@@ -1370,8 +1643,26 @@ if __name__ == "__main__":
         action="store_true",
         help="only issue 29 item 6: jnp.linalg.pinv as a structure against dense",
     )
+    parser.add_argument(
+        "--tpu",
+        action="store_true",
+        help="only the parallel tridiagonal solve against "
+        "lax.linalg.tridiagonal_solve at n = 4,096 ... 1,048,576, many solves in "
+        "one compiled program, on the default backend (made for the TPU; about a "
+        "minute there); JSON under benchmarks/results/",
+    )
+    parser.add_argument(
+        "--tridiagonal-accuracy",
+        action="store_true",
+        help="only the backward errors of cyclic reduction, the sweep without "
+        "pivoting and lax.linalg.tridiagonal_solve (float32, float64; the CPU)",
+    )
     args = parser.parse_args()
-    if args.pinv:
+    if args.tpu:
+        print_tridiagonal_parallel(args.quick)
+    elif args.tridiagonal_accuracy:
+        tridiagonal_accuracy((1000,) if args.quick else (1000, 65536))
+    elif args.pinv:
         print_pinv(args.quick)
     elif args.toeplitz_accuracy:
         toeplitz_accuracy((64, 256) if args.quick else (64, 256, 1024, 4096))

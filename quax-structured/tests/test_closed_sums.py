@@ -236,9 +236,16 @@ def test_gp_gradient_with_traced_noise_holds_no_dense_matrix():
     np.testing.assert_allclose(got_k.right, want_b, rtol=1e-8, atol=1e-10)
 
 
-def test_non_symmetric_kronecker_plus_identity_stays_lazy():
-    """Without the `symmetric` tag the eigendecomposition route does not apply:
-    a lazy `Sum` (whose products still run)."""
-    k = qs.Kronecker(_rand(26, 2, 2), _rand(27, 3, 3))
-    out = quax.quaxify(lambda k: k + 0.5 * jnp.eye(6))(k)
-    assert isinstance(out, qs.Sum)
+def test_non_symmetric_kronecker_plus_identity_reads_factors_as_given():
+    """Without the `symmetric` tag: a `KroneckerPlusIdentity` whose factors are
+    not symmetrised (its products are those of the matrix given; its solves
+    choose their eigendecomposition when the program runs, see
+    `test_kronecker_untagged_noise.py`)."""
+    a, b = _rand(26, 2, 2), _rand(27, 3, 3)
+    out = quax.quaxify(lambda k: k + 0.5 * jnp.eye(6))(qs.Kronecker(a, b))
+    assert isinstance(out, qs.KroneckerPlusIdentity) and not out.symmetric
+    v = _rand(28, 6)
+    dense = np.kron(np.asarray(a), np.asarray(b)) + 0.5 * np.eye(6)
+    product = quax.quaxify(lambda m, v: (m @ v, v @ m))(out, v)
+    np.testing.assert_allclose(product[0], dense @ v, rtol=1e-12)
+    np.testing.assert_allclose(product[1], v @ dense, rtol=1e-12)

@@ -205,22 +205,23 @@ def test_heteroscedastic_gradient_holds_no_dense_matrix():
 
 
 def test_what_has_no_closed_form_refuses():
-    """A `Kronecker` without the `symmetric` tag plus a Kronecker of diagonals,
-    or factors of other sizes: a lazy `Sum`, whose `solve` refuses naming the
-    tag and the iterative way out; a non-positive diagonal gives NaN, never a
-    wrong number."""
+    """A `Kronecker` plus a Kronecker of diagonals of other sizes: a lazy `Sum`,
+    whose `solve` refuses naming the closed forms and the iterative way out
+    (without the `symmetric` tag and of the factors' sizes it is a
+    `KroneckerPlusDiagonal`, see `test_kronecker_untagged_noise.py`); a
+    non-positive diagonal gives NaN, never a wrong number."""
     fs, ds = _heteroscedastic((2, 3), jnp.float64)
     diagonal = qs.Kronecker(*(qs.Diagonal(d) for d in ds))
     y = _rand(30, 6)
-    plain = qs.Kronecker(*fs)
-    out = quax.quaxify(lambda k, d: k + d)(plain, diagonal)
-    assert isinstance(out, qs.Sum)
-    with pytest.raises(qs.MaterialisationError, match=r"symmetric=True.*gmres"):
-        quax.quaxify(jnp.linalg.solve)(out, y)
+    plain = quax.quaxify(lambda k, d: k + d)(qs.Kronecker(*fs), diagonal)
+    assert isinstance(plain, qs.KroneckerPlusDiagonal) and not plain.symmetric
     other = qs.Kronecker(
         _rbf(3, 0.5, jnp.float64), _rbf(2, 0.5, jnp.float64), symmetric=True
     )
-    assert isinstance(quax.quaxify(lambda k, d: k + d)(other, diagonal), qs.Sum)
+    out = quax.quaxify(lambda k, d: k + d)(other, diagonal)
+    assert isinstance(out, qs.Sum)
+    with pytest.raises(qs.MaterialisationError, match=r"factors' sizes.*gmres"):
+        quax.quaxify(jnp.linalg.solve)(out, y)
     negative = qs.Kronecker(qs.Diagonal(-ds[0]), qs.Diagonal(ds[1]))
     c = quax.quaxify(lambda k, d: k + d)(qs.Kronecker(*fs, symmetric=True), negative)
     x = quax.quaxify(jnp.linalg.solve)(c, y)

@@ -3,7 +3,11 @@ factorisation: `jax.scipy.linalg.lu_solve(lu_factor(M), b, trans=1)` (and
 `trans=2`), and `jax.grad` of `jnp.linalg.solve(M, b)` (whose reverse pass
 solves with `Mᵀ`), against plain JAX on the dense matrix. A symmetric matrix
 would hide a transpose that is missing or applied twice; every matrix here has
-`M != Mᵀ`."""
+`M != Mᵀ`. The complex matrices (each real one plus an imaginary part) are not
+Hermitian either, so a conjugation missing from `trans=2` (`Mᴴ x = b`) or
+applied to `trans=1` shows."""
+
+import functools as ft
 
 import jax
 import jax.numpy as jnp
@@ -50,10 +54,30 @@ def _structures():
     ]
 
 
-# The module's matrices, built in float64.
+def _complex(m, seed):
+    """`m` plus an imaginary part in every float leaf (scaled to keep each matrix
+    regular): a complex matrix of the same structure that is not Hermitian."""
+    leaves, treedef = jax.tree.flatten(m)
+    keys = jax.random.split(jax.random.PRNGKey(seed), len(leaves))
+    return jax.tree.unflatten(
+        treedef,
+        [
+            leaf + 0.2j * jax.random.normal(key, jnp.shape(leaf), jnp.float64)
+            for leaf, key in zip(leaves, keys, strict=True)
+        ],
+    )
+
+
+# The module's matrices, built in float64 (and complex128); `ScaledIdentity`
+# only complex (a real one is symmetric).
 with jax.enable_x64(True):
     STRUCTURES = _structures()
     IDS = [type(m).__name__ for m in STRUCTURES]
+    COMPLEX = [
+        *(_complex(m, 30 + i) for i, m in enumerate(STRUCTURES)),
+        qs.ScaledIdentity(jnp.asarray(2.0 - 0.5j), N),
+    ]
+    COMPLEX_IDS = [*IDS, "ScaledIdentity"]
 
 
 def _dense(m):
@@ -97,3 +121,68 @@ def test_grad_of_solve_matches_dense(m):
     np.testing.assert_allclose(got_b, jnp.linalg.solve(_dense(m).T, w), rtol=1e-9)
     for g, e in zip(jax.tree.leaves(got_m), jax.tree.leaves(want_m), strict=True):
         np.testing.assert_allclose(g, e, rtol=1e-8, atol=1e-10)
+
+
+def test_complex_matrices_are_not_hermitian():
+    for m in COMPLEX:
+        d = np.asarray(_dense(m))
+        assert not np.allclose(d, d.conj().T), type(m).__name__
+
+
+@pytest.mark.parametrize("m", COMPLEX, ids=COMPLEX_IDS)
+@pytest.mark.parametrize("trans", [0, 1, 2])
+def test_complex_lu_solve_trans_matches_dense(m, trans):
+    """`trans=2` solves `Mᴴ x = b`, `trans=1` `Mᵀ x = b`: against JAX's dense
+    `lu_solve` with the same `trans` and against NumPy."""
+    b = _rand(23, N, 2) + 1j * _rand(24, N, 2)
+
+    def solve(m, b):
+        return jsl.lu_solve(jsl.lu_factor(m), b, trans=trans)
+
+    d = _dense(m)
+    want = solve(d, b)
+    op = [d, d.T, d.conj().T][trans]
+    np.testing.assert_allclose(want, np.linalg.solve(op, b), rtol=1e-9, atol=1e-11)
+    for got in (quax.quaxify(solve)(m, b), jax.jit(quax.quaxify(solve))(m, b)):
+        np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-11)
+
+
+@pytest.mark.parametrize("m", COMPLEX, ids=COMPLEX_IDS)
+@pytest.mark.parametrize("trans", [1, 2])
+def test_grad_of_complex_lu_solve_matches_dense(m, trans):
+    """The gradient of a real loss of `lu_solve(..., trans)` with respect to the
+    complex right-hand side and every leaf, against `jax.grad` through JAX's
+    dense `lu_solve`."""
+    b = _rand(25, N) + 1j * _rand(26, N)
+    w = _rand(27, N) - 2j * _rand(28, N)
+
+    def loss(m, b):
+        x = jsl.lu_solve(jsl.lu_factor(m), b, trans=trans)
+        return jnp.real(jnp.vdot(w, x)) + jnp.sum(jnp.abs(x) ** 2)
+
+    got_m, got_b = jax.jit(jax.grad(quax.quaxify(loss), argnums=(0, 1)))(m, b)
+    want_m, want_b = jax.grad(lambda m, b: loss(_dense(m), b), argnums=(0, 1))(m, b)
+    np.testing.assert_allclose(got_b, want_b, rtol=1e-9, atol=1e-11)
+    for g, e in zip(jax.tree.leaves(got_m), jax.tree.leaves(want_m), strict=True):
+        np.testing.assert_allclose(g, e, rtol=1e-8, atol=1e-10)
+
+
+@pytest.mark.parametrize("first", [False, True])
+def test_pivoted_halves_of_mixed_conjugation_refuse(first):
+    """A conjugated first half of a pivoted solve (`Tᴴ`) with a second half that
+    is not (or the converse) is no solve `lu_solve` binds: it refuses, never the
+    solution of the other system."""
+    t = COMPLEX[0]
+    assert isinstance(t, qs.TridiagonalMatrix)
+    b = _rand(29, N, 1) + 1j * _rand(30, N, 1)
+
+    def halves(t, b):
+        lu, _, _ = jax.lax.linalg.lu(t)
+        solve = ft.partial(jax.lax.linalg.triangular_solve, lu, left_side=True)
+        y = solve(b, lower=False, transpose_a=True, conjugate_a=first)
+        return solve(
+            y, lower=True, transpose_a=True, conjugate_a=not first, unit_diagonal=True
+        )
+
+    with pytest.raises(RuntimeError, match="Refusing to materialise `HalfSolved`"):
+        quax.quaxify(halves)(t, b)

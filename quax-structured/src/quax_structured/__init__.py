@@ -11,7 +11,10 @@ x = quax.quaxify(jnp.linalg.solve)(T, b)  # O(n), no n x n array
 """
 
 from . import _rules as _rules  # registers the rules
-from ._kernels import in_graph_fallbacks as in_graph_fallbacks
+from ._kernels import (
+    in_graph_fallbacks as in_graph_fallbacks,
+    tridiagonal_solver as tridiagonal_solver,
+)
 from ._lineax import from_lineax as from_lineax, to_lineax as to_lineax
 from ._values import (
     Banded as Banded,
@@ -26,6 +29,7 @@ from ._values import (
     KroneckerLU as KroneckerLU,
     KroneckerPlusDiagonal as KroneckerPlusDiagonal,
     KroneckerPlusIdentity as KroneckerPlusIdentity,
+    KroneckerSpectralLU as KroneckerSpectralLU,
     LowerTriangular as LowerTriangular,
     LowRank as LowRank,
     LowRankPlusDiagonal as LowRankPlusDiagonal,
@@ -58,6 +62,7 @@ VALUE_TYPES = (
     KroneckerPlusDiagonal,
     KroneckerPlusIdentity,
     KroneckerEigenLU,
+    KroneckerSpectralLU,
     Banded,
     BlockDiagonal,
     Circulant,

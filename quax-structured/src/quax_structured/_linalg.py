@@ -97,8 +97,9 @@ def svd_of(x: StructuredMatrix, compute_uv: bool) -> list[Array] | None:
             s.reshape(*s.shape[:-2], -1), left, right, descending=True
         )
         return [s, left, jnp.conj(jnp.swapaxes(right, -1, -2))]
-    if isinstance(x, KroneckerPlusIdentity):
-        return _symmetric_svd(*x.eigh(), compute_uv)
+    decomposition = x.eigh() if isinstance(x, KroneckerPlusIdentity) else None
+    if decomposition is not None:
+        return _symmetric_svd(*decomposition, compute_uv)
     if isinstance(x, Sum):
         return _kronecker_sum_svd(x, compute_uv)
     return None
@@ -265,7 +266,7 @@ def expm_of(x: StructuredMatrix) -> Any | None:
         return Kronecker(*(jsl.expm(s) for s in sides), **kw)
     if isinstance(x, Kronecker) and x.symmetric:
         return kron_expm_symmetric(x.factors())
-    if isinstance(x, KroneckerPlusIdentity):
+    if isinstance(x, KroneckerPlusIdentity) and x.symmetric:
         return kron_expm_symmetric(x.factors()) * jnp.exp(x.scale)
     return None
 

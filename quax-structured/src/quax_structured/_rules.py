@@ -521,18 +521,27 @@ def _(
         conjugate_a=conjugate_a,
         unit_diagonal=unit_diagonal,
     )
-    if conjugate_a and jnp.issubdtype(a.dtype, jnp.complexfloating):
-        return _fallback(lax.linalg.triangular_solve_p, [a, b], params)
     b = jnp.asarray(b)
+    # conj(op(A)) x = b  <=>  op(A) conj(x) = conj(b): a conjugated solve (what
+    # `lu_solve(..., trans=2)` binds, `Aᴴ x = b`) is the structure's own solve of
+    # the conjugated right-hand side, conjugated back.
+    conjugate = conjugate_a and jnp.issubdtype(a.dtype, jnp.complexfloating)
+    rhs = jnp.conj(b) if conjugate else b
     if not left_side:
         # x op(A) = b  <=>  op(A)^T x^T = b^T.
-        b = jnp.swapaxes(b, -1, -2)
+        rhs = jnp.swapaxes(rhs, -1, -2)
         transpose_a = not transpose_a
     out = a.triangular_solve(
-        b, lower=lower, transpose_a=transpose_a, unit_diagonal=unit_diagonal
+        rhs, lower=lower, transpose_a=transpose_a, unit_diagonal=unit_diagonal
     )
     if out is None:
         return _fallback(lax.linalg.triangular_solve_p, [a, b], params)
+    if isinstance(out, HalfSolved):
+        # The first half of a pivoted solve (see `HalfSolved`); the second half
+        # takes it only left-sided.
+        return out.conjugated_solve() if conjugate else out
+    if conjugate:
+        out = jnp.conj(out)
     return out if left_side else jnp.swapaxes(out, -1, -2)
 
 
@@ -767,17 +776,17 @@ def _(
     left_side: bool,
     lower: bool,
     transpose_a: bool,
+    conjugate_a: bool,
     unit_diagonal: bool,
-    **params: Any,
 ) -> Array:
     """The second of `lu_solve`'s two triangular solves of a pivoted solve (see
     `HalfSolved`): the solution the first one computed; anything else refuses."""
-    del params
     return a.second_half(
         b,
         left_side=left_side,
         lower=lower,
         transpose_a=transpose_a,
+        conjugate_a=conjugate_a and jnp.issubdtype(a.dtype, jnp.complexfloating),
         unit_diagonal=unit_diagonal,
     )
 

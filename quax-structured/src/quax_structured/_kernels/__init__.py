@@ -1,7 +1,8 @@
 """The numerical routines the structures and rules call, on plain arrays (no
 value types): dense helpers, the FFT circulant solve, the Levinson recursion,
 GKO (the pivoted Toeplitz solve), banded elimination with partial pivoting,
-Kronecker products through their factors, and the singular value, QR and
+Kronecker products through their factors (and `A₁ ⊗ ... ⊗ A_N + c I` through
+their eigendecompositions), and the singular value, QR and
 eigendecompositions and matrix exponentials of diagonal, circulant, Kronecker
 and low-rank matrices."""
 
@@ -50,4 +51,15 @@ from ._levinson import levinson as levinson
 from ._lowrank_host import (
     host_determinant_fallback as host_determinant_fallback,
     host_solve_fallback as host_solve_fallback,
+)
+from ._shifted_kronecker import (
+    shifted_kron_determinant as shifted_kron_determinant,
+    shifted_kron_log_determinant as shifted_kron_log_determinant,
+    shifted_kron_pivots as shifted_kron_pivots,
+    shifted_kron_solve as shifted_kron_solve,
+)
+from ._tridiagonal import (
+    parallel_tridiagonal_solve as parallel_tridiagonal_solve,
+    tridiagonal_solve as tridiagonal_solve,
+    tridiagonal_solver as tridiagonal_solver,
 )

@@ -20,6 +20,7 @@ from ._kronecker import (
     KroneckerLU as KroneckerLU,
     KroneckerPlusDiagonal as KroneckerPlusDiagonal,
     KroneckerPlusIdentity as KroneckerPlusIdentity,
+    KroneckerSpectralLU as KroneckerSpectralLU,
 )
 from ._lowrank import (
     LowRank as LowRank,

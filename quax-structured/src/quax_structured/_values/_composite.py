@@ -77,14 +77,15 @@ class _Lazy(StructuredMatrix):
         ):
             kronecker = (
                 " (`Kronecker + Diagonal` has a closed form here only where the "
-                "`Kronecker` is symmetric and the diagonal is a scalar multiple of "
-                "the identity, `ScaledIdentity(noise, n)` or `noise * jnp.eye(n)` "
-                "with a constant or traced `noise` (a `KroneckerPlusIdentity`), or a "
-                "Kronecker product of positive diagonals of the factors' sizes, "
+                "`Kronecker`'s factors are real (and not triangular) and the "
+                "diagonal is a scalar multiple of the identity, "
+                "`ScaledIdentity(noise, n)` or `noise * jnp.eye(n)` with a constant "
+                "or traced real `noise` (a `KroneckerPlusIdentity`), or a Kronecker "
+                "product of positive diagonals of the factors' sizes, "
                 "`Kronecker(Diagonal(d1), Diagonal(d2))` (a "
-                "`KroneckerPlusDiagonal`); both are solved exactly through the "
-                "factors' eigendecompositions: build the `Kronecker` with "
-                "`symmetric=True` or `positive_definite=True`)"
+                "`KroneckerPlusDiagonal`); both are solved through the factors' "
+                "eigendecompositions, `eigh` where the `Kronecker` is built with "
+                "`symmetric=True`, else chosen when the program runs)"
             )
         return (
             f"This `{type(self).__name__}` of {kinds}{symmetrised}{kronecker} has no "

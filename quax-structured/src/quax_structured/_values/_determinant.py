@@ -2,6 +2,7 @@
 `jnp.linalg.solve`, `slogdet` and `det` read; `HalfSolved`: the first half of a
 pivoted solve."""
 
+import dataclasses
 import math
 from typing import Any
 
@@ -191,15 +192,18 @@ class DeterminantLU(StructuredMatrix):
         left_side: bool,
         lower: bool,
         transpose_a: bool,
+        conjugate_a: bool,
         unit_diagonal: bool,
     ) -> Array:
         """The second of `lu_solve`'s two triangular solves, after the first gave
-        `b`: the solution `b` holds. Any other solve of a `HalfSolved` refuses."""
+        `b`: the solution `b` holds. Any other solve of a `HalfSolved` refuses.
+        `conjugate_a`: whether this solve is conjugated (of a complex matrix)."""
         if (
             not left_side
             or lower != transpose_a
             or unit_diagonal != lower
             or transpose_a != b.transposed
+            or conjugate_a != b.conjugated
             or not hasattr(self.matrix, "pivoted_solve")
             or b.solution.shape != b.first_shape
         ):
@@ -232,12 +236,16 @@ class HalfSolved(quax.ArrayValue):
     - `first_dtype`: the dtype the first solve gave, which the second returns
         (a `solution` rebuilt in another dtype would be returned in it: an
         integer one truncated).
+    - `conjugated`: whether the first solve was conjugated (`lu_solve(...,
+        trans=2)` of a complex matrix: `solution` solves `Aᴴ x = b`); the second
+        solve must be too.
     """
 
     solution: Array
     transposed: bool = eqx.field(static=True)
     first_shape: tuple[int, ...] = eqx.field(static=True)
     first_dtype: Any = eqx.field(static=True)
+    conjugated: bool = eqx.field(static=True, default=False)
 
     def __check_init__(self):
         size, dtype = jnp.size(self.solution), jnp.result_type(self.solution)
@@ -253,11 +261,13 @@ class HalfSolved(quax.ArrayValue):
 
     def reshaped(self, shape: tuple[int, ...]) -> "HalfSolved":
         """This, reshaped (row-major, as `lax.reshape` without `dimensions`)."""
-        return HalfSolved(
-            self.solution.reshape(shape),
-            self.transposed,
-            self.first_shape,
-            self.first_dtype,
+        return dataclasses.replace(self, solution=self.solution.reshape(shape))
+
+    def conjugated_solve(self) -> "HalfSolved":
+        """The first half of the conjugated solve: `conj(op(A)) x = b` is
+        `op(A) conj(x) = conj(b)`, so this, computed for `conj(b)`, conjugated."""
+        return dataclasses.replace(
+            self, solution=jnp.conj(self.solution), conjugated=not self.conjugated
         )
 
     def aval(self) -> jax.core.ShapedArray:

@@ -5,6 +5,7 @@ noise), and `KroneckerPlusDiagonal`, `A₁ ⊗ ... ⊗ A_N + c D₁ ⊗ ... ⊗ 
 heteroscedastic noise on the grid), solved through the factors' (generalised)
 eigendecompositions."""
 
+import dataclasses
 import functools as ft
 from collections.abc import Sequence
 from typing import Any, Literal
@@ -25,6 +26,10 @@ from .._kernels import (
     kron_entries,
     nan_where,
     on_diagonal,
+    shifted_kron_determinant,
+    shifted_kron_log_determinant,
+    shifted_kron_pivots,
+    shifted_kron_solve,
 )
 from ._base import MaterialisationError, StructuredMatrix
 from ._circulant import SolverLU
@@ -38,6 +43,7 @@ __all__ = [
     "KroneckerLU",
     "KroneckerPlusDiagonal",
     "KroneckerPlusIdentity",
+    "KroneckerSpectralLU",
 ]
 
 
@@ -581,12 +587,13 @@ class Kronecker(_Factors):
         return self._with((first, *self.matrices[1:]))
 
     def add(self, other: StructuredMatrix) -> StructuredMatrix | None:
-        """`A₁ ⊗ ... ⊗ A_N + c I` for a symmetric `Kronecker` (tagged
-        `symmetric=True` or `positive_definite=True`) and a `ScaledIdentity` `c I`
+        """`A₁ ⊗ ... ⊗ A_N + c I` for real factors and a `ScaledIdentity` `c I`
         (one matrix, no batch): a `KroneckerPlusIdentity`; plus a `Kronecker` of
         diagonals of the same sizes, `D₁ ⊗ ... ⊗ D_N`: a `KroneckerPlusDiagonal`;
-        both solved through the factors' (generalised) eigendecompositions. A
-        `Kronecker` of diagonals plus `c I` or plus another: a `Diagonal`."""
+        both solved through the factors' (generalised) eigendecompositions, and
+        symmetric where this is (`symmetric=True`), else reading the factors as
+        given (see `KroneckerSpectralLU`). A `Kronecker` of diagonals plus `c I`
+        or plus another: a `Diagonal`."""
         if all(self.diagonal):
             diagonal = kron_diagonal(self._arrays())
             if isinstance(other, ScaledIdentity) and jnp.ndim(other.scale) == 0:
@@ -598,7 +605,7 @@ class Kronecker(_Factors):
             else:
                 return None
             return Diagonal(diagonal, allow_materialise=self.allow_materialise)
-        if not self.symmetric or self.triangle is not None:
+        if self.triangle is not None:
             return None
         if any(jnp.iscomplexobj(m) for m in self._arrays()):
             # The eigendecomposition routes are real: a complex symmetric factor
@@ -607,6 +614,7 @@ class Kronecker(_Factors):
         tags = dict(
             allow_materialise=self.allow_materialise,
             positive_definite=self.positive_definite and other.positive_definite,
+            symmetric=self.symmetric,
         )
         if isinstance(other, ScaledIdentity):
             if jnp.ndim(other.scale) != 0 or jnp.iscomplexobj(other.scale):
@@ -812,22 +820,71 @@ class _KroneckerPencil(_Factors):
     (Wᵢ Qᵢ)` and `det M = Π (λ + c) Π D`. `jnp.linalg.solve`, `slogdet` and `det`
     cost the factors' eigendecompositions, O(Σ nᵢ³), and O(n Σ nᵢ) per right-hand
     side, for `n = Π nᵢ`; products cost O(n Σ nᵢ). No `(n, n)` array is formed.
-    A diagonal that is not positive gives NaN (never a wrong number)."""
+    A diagonal that is not positive gives NaN (never a wrong number).
+
+    With `symmetric=False` (what a `Kronecker` without the `symmetric` tag gives)
+    the factors are read as given, and `solve`, `slogdet` and `det` go through
+    `Wᵢ Aᵢ Wᵢ`'s eigendecompositions chosen when the program runs: `eigh` where
+    every factor is symmetric up to rounding, else the general `eig` (checked,
+    NaN on TPU): see `KroneckerSpectralLU`."""
 
     matrices: eqx.AbstractVar[tuple[Array, ...]]
     scale: eqx.AbstractVar[Array]
+    symmetric: eqx.AbstractVar[bool]
 
     def _diagonals(self) -> tuple[Array, ...] | None:
         """`(D₁, ..., D_N)` as vectors; `None` for the identity."""
         raise NotImplementedError
 
-    @property
-    def symmetric(self) -> bool:
-        return True
-
     def factors(self) -> tuple[Array, ...]:
-        """The factors `Aᵢ`, symmetrised."""
+        """The factors `Aᵢ`, symmetrised where `symmetric`, else as given."""
+        if not self.symmetric:
+            return tuple(self.matrices)
         return tuple(_symmetrised(m) for m in self.matrices)
+
+    def _reduced(self) -> tuple[list[Array], Array, Array | None]:
+        """`M = W⁻¹ (⊗ Wᵢ Aᵢ Wᵢ + c I) W⁻¹` with `W = ⊗ Wᵢ`, `Wᵢ = Dᵢ^(-1/2)`:
+        the factors `Wᵢ Aᵢ Wᵢ`, `c` (of the matrix's dtype), and `W`'s diagonal
+        (`None` for the identity)."""
+        factors = list(self.factors())
+        scale = jnp.asarray(self.scale, self.dtype)
+        diagonals = self._diagonals()
+        if diagonals is None:
+            return factors, scale, None
+        weights = [1 / jnp.sqrt(d) for d in diagonals]
+        reduced = [
+            w[:, None] * f * w[None, :] for f, w in zip(factors, weights, strict=True)
+        ]
+        return reduced, scale, kron_diagonal(weights).astype(self.dtype)
+
+    def spectral_solve(self, b: Array, transpose: bool) -> Array:
+        """`M⁻¹ b` (`M⁻ᵀ b` where `transpose`) for `b` of shape `(n, k)`, through
+        `shifted_kron_solve` (the route for factors not known to be symmetric)."""
+        factors, scale, weight = self._reduced()
+        if transpose:
+            factors = [f.T for f in factors]
+        if weight is None:
+            return shifted_kron_solve(factors, scale, b)
+        return weight[:, None] * shifted_kron_solve(factors, scale, weight[:, None] * b)
+
+    def spectral_pivots(self) -> Array:
+        """Numbers whose product is `det M`, through `shifted_kron_pivots`."""
+        factors, scale, _ = self._reduced()
+        pivots = shifted_kron_pivots(factors, scale)
+        diagonals = self._diagonals()
+        if diagonals is not None:
+            pivots = pivots * kron_diagonal(diagonals).astype(self.dtype)
+        return pivots
+
+    def _diagonal_determinant(self) -> Array:
+        """`det D = Πᵢ det(Dᵢ)^(n / nᵢ)` (one for the identity)."""
+        det = jnp.ones((), self.dtype)
+        diagonals = self._diagonals()
+        if diagonals is not None:
+            n = self.shape[-1]
+            for d in diagonals:
+                det = det * jnp.prod(d) ** (n // d.shape[0])
+        return det
 
     def _check_fields(self) -> None:
         name = type(self).__name__
@@ -873,7 +930,9 @@ class _KroneckerPencil(_Factors):
         return product + on_diagonal(self._noise())
 
     def transpose(self) -> "_KroneckerPencil":
-        return self
+        if self.symmetric:
+            return self
+        return dataclasses.replace(self, matrices=tuple(m.T for m in self.matrices))
 
     def matmat(self, x: Array) -> Array:
         return kron_apply(self.factors(), x) + self._noise()[:, None] * x
@@ -916,7 +975,13 @@ class _KroneckerPencil(_Factors):
         """Not LU factors: a `KroneckerEigenLU`, the factors' (generalised)
         eigendecompositions, which `jnp.linalg.solve`'s two triangular solves use
         as one solve, and whose diagonal holds numbers whose product is the
-        determinant (`slogdet`, `det`)."""
+        determinant (`slogdet`, `det`); without `symmetric`, a
+        `KroneckerSpectralLU` (the same, decided when the program runs)."""
+        if not self.symmetric:
+            spectral = KroneckerSpectralLU(
+                self, allow_materialise=self.allow_materialise
+            )
+            return DeterminantLU(spectral, self)
         values, vectors = self._eigendecompositions()
         solver = KroneckerEigenLU(
             self,
@@ -929,21 +994,26 @@ class _KroneckerPencil(_Factors):
     def log_determinant(self) -> tuple[Array, Array]:
         """`Σ log |λ + c| + log det D` and the sign of the product, through the
         factors' eigenvalues (differentiable: `slogdet`'s derivative is theirs;
-        eigenvalues only, never the eigenvectors' derivative)."""
+        eigenvalues only, never the eigenvectors' derivative). Without
+        `symmetric`: `shifted_kron_log_determinant` (its derivative `tr(M⁻¹
+        dM)`, written out)."""
+        if not self.symmetric:
+            factors, scale, _ = self._reduced()
+            sign, logdet = shifted_kron_log_determinant(factors, scale)
+            return sign, logdet + self._diagonal_log_determinant()
         values, _ = self._eigendecompositions()
         w = self._pencil_values(values)
         logdet = jnp.sum(jnp.log(jnp.abs(w))) + self._diagonal_log_determinant()
         return jnp.prod(jnp.sign(w)), logdet
 
     def determinant(self) -> Array:
-        values, _ = self._eigendecompositions()
-        det = jnp.prod(self._pencil_values(values))
-        diagonals = self._diagonals()
-        if diagonals is not None:
-            n = self.shape[-1]
-            for d in diagonals:
-                det = det * jnp.prod(d) ** (n // d.shape[0])
-        return det
+        if not self.symmetric:
+            factors, scale, _ = self._reduced()
+            det = shifted_kron_determinant(factors, scale)
+        else:
+            values, _ = self._eigendecompositions()
+            det = jnp.prod(self._pencil_values(values))
+        return det * self._diagonal_determinant()
 
 
 class KroneckerPlusIdentity(_KroneckerPencil):
@@ -964,13 +1034,26 @@ class KroneckerPlusIdentity(_KroneckerPencil):
     - `matrices`: the factors `Aᵢ`, symmetrised (`(a + aᵀ) / 2`) wherever they
         are read (`left`, `right`: the first two, as the published fields).
     - `scale`: a scalar.
+    - `symmetric`: whether the factors are symmetric (static, default `True`).
+        `False` (what `K + c I` gives for a `Kronecker` `K` without the
+        `symmetric` tag): the factors are read as given, not symmetrised, and
+        `solve`, `slogdet`, `det` choose their eigendecompositions when the
+        program runs (see `KroneckerSpectralLU`); `eigh` and `eigvals` refuse.
     - `allow_materialise`, `positive_definite`: as for every structure (static).
     """
 
     matrices: tuple[Array, ...]
     scale: Array
+    symmetric: bool = eqx.field(default=True, static=True)
 
-    def __init__(self, *args: Any, scale: Array | None = None, **kw: Any):
+    def __init__(
+        self,
+        *args: Any,
+        scale: Array | None = None,
+        symmetric: bool = True,
+        **kw: Any,
+    ):
+        self.symmetric = symmetric
         _init_factors(self, "scale", args, scale, **kw)
 
     def __check_init__(self):
@@ -981,7 +1064,10 @@ class KroneckerPlusIdentity(_KroneckerPencil):
 
     def _with(self, matrices: Sequence[Array], scale: Array) -> "KroneckerPlusIdentity":
         return KroneckerPlusIdentity(
-            matrices=matrices, scale=scale, allow_materialise=self.allow_materialise
+            matrices=matrices,
+            scale=scale,
+            symmetric=self.symmetric,
+            allow_materialise=self.allow_materialise,
         )
 
     def scaled(self, s: Array) -> "KroneckerPlusIdentity":
@@ -992,14 +1078,19 @@ class KroneckerPlusIdentity(_KroneckerPencil):
             return self._with(self.matrices, self.scale + other.scale)
         return None
 
-    def eigenvalues(self) -> Array:
-        """`Π λᵢ + scale` (real), in the factors' order."""
+    def eigenvalues(self) -> Array | None:
+        """`Π λᵢ + scale` (real), in the factors' order (`symmetric` only)."""
+        if not self.symmetric:
+            return None
         values, _ = self._eigendecompositions()
         return self._pencil_values(values)
 
-    def eigh(self) -> tuple[Array, Array]:
+    def eigh(self) -> tuple[Array, Array] | None:
         """The eigenvalues (ascending) and the eigenvectors `⊗ Qᵢ` (the dense
-        `(n, n)` output), through the factors' eigendecompositions."""
+        `(n, n)` output), through the factors' eigendecompositions (`symmetric`
+        only)."""
+        if not self.symmetric:
+            return None
         values, vectors = self._eigendecompositions()
         order = jnp.argsort(self._pencil_values(values))
         dense = ft.reduce(jnp.kron, vectors).astype(self.dtype)
@@ -1021,12 +1112,16 @@ class KroneckerPlusDiagonal(_KroneckerPencil):
     - `matrices`: the factors `Aᵢ` (symmetrised, `(a + aᵀ) / 2`, wherever read).
     - `diagonals`: the diagonals `Dᵢ`, vectors of shape `(nᵢ,)`.
     - `scale`: a scalar (1 by default).
+    - `symmetric`: as for `KroneckerPlusIdentity` (static, default `True`;
+        `False`: the factors read as given, solved through `Wᵢ Aᵢ Wᵢ`, `Wᵢ =
+        Dᵢ^(-1/2)`, see `KroneckerSpectralLU`).
     - `allow_materialise`, `positive_definite`: as for every structure (static).
     """
 
     matrices: tuple[Array, ...] = eqx.field(converter=tuple)
     diagonals: tuple[Array, ...] = eqx.field(converter=tuple)
     scale: Array | float = 1.0
+    symmetric: bool = eqx.field(default=True, static=True, kw_only=True)
 
     def __check_init__(self):
         self._check_fields()
@@ -1048,6 +1143,7 @@ class KroneckerPlusDiagonal(_KroneckerPencil):
             (self.matrices[0] * s, *self.matrices[1:]),
             self.diagonals,
             self.scale * s,
+            symmetric=self.symmetric,
             allow_materialise=self.allow_materialise,
         )
 
@@ -1115,3 +1211,32 @@ class KroneckerEigenLU(SolverLU):
         del transpose  # symmetric
         rotated = kron_apply([v.T for v in self.vectors], b)
         return kron_apply(self.vectors, rotated / self._eigenvalues()[:, None])
+
+
+class KroneckerSpectralLU(SolverLU):
+    """`lax.linalg.lu` of a `KroneckerPlusIdentity` or `KroneckerPlusDiagonal`
+    whose factors are not known to be symmetric (`symmetric=False`, see
+    `SolverLU`): its solve and pivots go through the eigendecompositions of the
+    factors `Wᵢ Aᵢ Wᵢ` (`Wᵢ = Dᵢ^(-1/2)`, the identity for
+    `KroneckerPlusIdentity`), chosen when the program runs: `eigh` where every
+    factor is symmetric up to rounding (`|A - Aᵀ| ≤ nᵢ eps max |A|`), else the
+    general `eig` (complex eigenvectors, the solve checked by its backward
+    error, NaN above `1024 eps`; NaN on TPU, which has no `eig`). O(Σ nᵢ³) for
+    the factors and O(n Σ nᵢ) per column; derivatives written out, never
+    through the eigenvectors (see `_kernels/_shifted_kronecker.py`).
+
+    **Fields:**
+
+    - `matrix`: the factored matrix.
+    """
+
+    matrix: "_KroneckerPencil"
+
+    def __check_init__(self):
+        self._check_factored(_KroneckerPencil)
+
+    def pivots(self) -> Array:
+        return self.matrix.spectral_pivots()
+
+    def solve(self, b: Array, transpose: bool) -> Array:
+        return self.matrix.spectral_solve(b, transpose)

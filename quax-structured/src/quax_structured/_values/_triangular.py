@@ -31,7 +31,15 @@ class _Triangular(StructuredMatrix):
             )
 
     def aval(self) -> jax.core.ShapedArray:
-        return jax.typeof(self.array)  # type: ignore[return-value]
+        # Built from the last axis, not read off `array`: a slice of `array` that
+        # lost an axis (a row, as `lax.scan`/`lax.map` take one from each leaf of
+        # an unbatched matrix) then describes an `(n, n)` matrix of another shape
+        # than the slice's, which the scan rule sees and materialises (or refuses,
+        # naming the scan) instead of rebuilding a triangular matrix from a row.
+        shape = jnp.shape(self.array)
+        return jax.core.ShapedArray(
+            (*shape[:-2], shape[-1], shape[-1]), jnp.result_type(self.array)
+        )
 
     def dense(self) -> Array:
         return jnp.tril(self.array) if self.lower else jnp.triu(self.array)

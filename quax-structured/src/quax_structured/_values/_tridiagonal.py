@@ -9,7 +9,13 @@ import jax.scipy.linalg
 from jax import lax
 from jaxtyping import Array
 
-from .._kernels import failed_factorisation, keep_or_scale, nan_where, on_diagonal
+from .._kernels import (
+    failed_factorisation,
+    keep_or_scale,
+    nan_where,
+    on_diagonal,
+    tridiagonal_solve,
+)
 from ._base import MaterialisationError, StructuredMatrix, sequence_as_array
 from ._determinant import DeterminantLU
 
@@ -273,10 +279,14 @@ class TridiagonalMatrix(StructuredMatrix):
 
     def pivoted_solve(self, b: Array, *, transpose: bool) -> Array:
         """Solve `T x = b` (`Tᵀ x = b` if `transpose`) for `b` of shape
-        `(*batch, n, k)` with partial pivoting (`lax.linalg.tridiagonal_solve`,
-        LAPACK's `gtsv` on CPU), O(n k): what `jnp.linalg.solve` computes (see
-        `HalfSolved`), accurate at a tiny leading pivot of a well-conditioned
-        matrix, where the Thomas factors of `lu` are not."""
+        `(*batch, n, k)`: what `jnp.linalg.solve` computes (see `HalfSolved`).
+        On the CPU with partial pivoting (`lax.linalg.tridiagonal_solve`,
+        LAPACK's `gtsv`), O(n k), accurate at a tiny leading pivot of a
+        well-conditioned matrix, where the Thomas factors of `lu` are not; on
+        GPU and TPU by parallel cyclic reduction, O(n k log n) work in
+        `⌈log₂ n⌉` steps, checked by its backward error, with
+        `lax.linalg.tridiagonal_solve` where the check fails (see
+        `quax_structured.tridiagonal_solver`)."""
         lower, main, upper = self._diags()
         if transpose:
             lower, upper = upper, lower
@@ -292,7 +302,7 @@ class TridiagonalMatrix(StructuredMatrix):
             jnp.broadcast_to(v, (*batch, v.shape[-1])).astype(dtype) for v in diags
         )
         b = jnp.broadcast_to(b, (*batch, *b.shape[-2:])).astype(dtype)
-        return lax.linalg.tridiagonal_solve(dl, d, du, b)
+        return tridiagonal_solve(dl, d, du, b)
 
     def determinant(self) -> Array:
         """`det T` by the continuant recurrence (see `_continuant`): a polynomial
