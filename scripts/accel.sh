@@ -161,7 +161,8 @@ case "$command" in
         cp -r benchmarks/results "$out/" 2>/dev/null || true
         ;;
     python)
-        python3 "$@" 2>&1 | tee "$out/python.log"
+        # One log per script (a call may run several benchmarks, one after another).
+        python3 "$@" 2>&1 | tee "$out/$(basename "$1" .py).log"
         cp -r benchmarks/results "$out/" 2>/dev/null || true
         ;;
     *)

@@ -182,8 +182,11 @@ UNPACKS = ("shift", "halves")
 NF4_DECODES = ("select", "gather")
 
 # At most this many rows, `"reduce"` multiplies and sums on the vector units;
-# above, it takes the "fused" product.
-REDUCE_MAX_ROWS = 8
+# above, it takes the "fused" product. Measured on a TPU v5e (`benchmarks/quant.py
+# --tpu`, 8192 x 8192, a scan over 32 layers, 2026-12-06): one row of int8 0.55x the
+# bfloat16 product (fused 0.77x), but 8 rows 7.8x, where XLA writes out the whole
+# `(rows, out, in)` product (256 MiB), against fused 0.57x.
+REDUCE_MAX_ROWS = 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -271,13 +274,22 @@ class Kernels:
 
 
 # The formulations by backend (`jax.default_backend()`); a backend not named here
-# takes `Kernels()` (all "blocked"). Chosen from first principles for the TPU,
-# where the blocked loop is the slow part (7x bfloat16 at 4096 rows in issue
-# 46): switch with `quax_quant.kernels(...)` or the environment variable
-# `QUAX_QUANT_KERNELS` after timing them (`benchmarks/quant.py --tpu`).
+# takes `Kernels()` (all "blocked"). The TPU's, from `benchmarks/quant.py --tpu` on a
+# TPU v5e (2026-12-06; 8192 x 8192 weights, x in bfloat16, time over the bfloat16
+# product inside a scan over 32 layers, at 1 / 8 / 4096 rows):
+# - int8 weight-only: "reduce" (one row; "fused" above) 0.55 / 0.57 / 1.00, where
+#   "blocked" was 6.6x at 4096 rows in a single call;
+# - float8 e4m3 weight-only: "reduce" 0.72 / 0.61 / 1.01;
+# - int4 in groups of 128: "pallas" 0.81 / 0.78 / 1.12, where "fused" wrote the
+#   converted weight out (256 MiB) and took 4.5 / 4.7 / 1.5x;
+# - NF4 in blocks of 64: "pallas" 2.55 / 2.53 / 2.68, "fused" 4.7 / 4.8 / 1.40:
+#   nothing reaches the bfloat16 product yet (the 16-level decode on the vector
+#   units); the kernel is chosen for the few-row products of serving.
+# Switch with `quax_quant.kernels(...)` or the environment variable
+# `QUAX_QUANT_KERNELS`.
 DEFAULT_KERNELS: dict[str, Kernels] = {
     "tpu": Kernels(
-        int8="fused", int4="fused", nf4="fused", float8="fused", unpack="halves"
+        int8="reduce", int4="pallas", nf4="pallas", float8="reduce", unpack="halves"
     ),
 }
 
