@@ -42,6 +42,7 @@ it runs), the code runs equation by equation as before. Only library code runs t
 way: the user's own Python between calls runs as written, with its side effects.
 """
 
+import contextvars
 import dataclasses
 import operator
 import os
@@ -233,7 +234,10 @@ def environment_setting() -> bool:
     return os.environ.get("QUAX_EAGER_COMPILE", "1") != "0"
 
 
-_enabled = environment_setting()
+# Whether eager library code runs compiled, in each context (a thread starts from
+# the environment's setting).
+_AT_IMPORT = environment_setting()
+_compiling = contextvars.ContextVar("quax_eager_compilation", default=_AT_IMPORT)
 
 
 def set_eager_compilation(enabled: bool) -> bool:
@@ -250,18 +254,23 @@ def set_eager_compilation(enabled: bool) -> bool:
     concrete leaf (through [`quax.known_constant`][], or a JAX concretization
     error) keeps running equation by equation.
 
+    The setting belongs to the context that sets it, as NumPy's `np.seterr` does
+    (a `contextvars.ContextVar`): this thread, and the asyncio tasks it starts
+    afterwards. Other threads keep their own; a new thread starts from the
+    environment's setting.
+
     **Arguments:**
 
     - `enabled`: whether eager library code runs compiled.
 
     **Returns:**
 
-    The previous setting, to restore it (`quax.set_eager_compilation(previous)`).
-    Compiled programs are dropped whenever the setting is set.
+    The previous setting of this context, to restore it
+    (`quax.set_eager_compilation(previous)`). Compiled programs are dropped
+    whenever the setting is set.
     """
-    global _enabled
-    previous = _enabled
-    _enabled = bool(enabled)
+    previous = _compiling.get()
+    _compiling.set(bool(enabled))
     _programs.clear()
     return previous
 
@@ -369,7 +378,12 @@ def call_compiled(
     programs for `code` already, or code that runs equation by equation).
     """
     global programs_traced
-    if not _enabled or not _caches.enabled or _state.checking or _value._state.reports:
+    if (
+        not _compiling.get()
+        or not _caches.is_enabled()
+        or _state.checking
+        or _value._state.reports
+    ):
         return False, None
     inputs: Sequence[Any] = args
     treedef: Any = len(args)

@@ -90,7 +90,7 @@ def context() -> tuple[Any, ...]:
     # `settings_key()`, inlined: this runs on every replay key.
     settings = tuple([read() for read in _settings])
     # The debug-check flag (`quax.set_debug_checks`): rules raise otherwise with it.
-    return settings, trace_context(), _debug.enabled, _registry._generation
+    return settings, trace_context(), _debug.is_enabled(), _registry._generation
 
 
 _FLOATS = (float, complex, np.floating, np.complexfloating)

@@ -217,7 +217,7 @@ def inline(trace: Any, values: list[Any], jaxpr: Any, run: Any) -> list[Any]:
     """The outputs of the inlined `jit` of `jaxpr` on `values` (the quax `trace`'s
     inputs, as values and plain tracers): a replay of its recording, or `run()`
     (which evaluates it), recorded when it can be replayed."""
-    if _value._state.reports or not _caches.enabled:
+    if _value._state.reports or not _caches.is_enabled():
         return run()
     table = _recordings.get(jaxpr)
     # A jaxpr has a table of recordings only once it was found to stage no value,
@@ -244,7 +244,7 @@ def bind(
     """The output of `primitive` bound on `values` (the quax `trace`'s inputs) with
     `params`, as `run()` (which applies its rule) gives it, or a replay of the
     equations that rule staged for the same key, with the current source info."""
-    if _value._state.reports or not _caches.enabled or primitive in _unreplayable:
+    if _value._state.reports or not _caches.is_enabled() or primitive in _unreplayable:
         return run()
     found = _key(trace, values)
     if found is None:

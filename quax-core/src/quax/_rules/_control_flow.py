@@ -366,7 +366,7 @@ def _identify(
     rules take), gives the same body. `None` where none does: another function at
     the same source, or a static argument at a value no rule takes. Kept per body
     while the caches are on."""
-    found = _identified.get(jaxpr, False) if _caches.enabled else False
+    found = _identified.get(jaxpr, False) if _caches.is_enabled() else False
     if found is not False:
         return found
     found = None
@@ -382,7 +382,7 @@ def _identify(
                 break
         if found is not None:
             break
-    if _caches.enabled:
+    if _caches.is_enabled():
         _identified.put(jaxpr, found)
     return found
 
@@ -536,7 +536,7 @@ def _identify_jvp(
     outputs do. JAX drops the argument names of such a body. `None` where none is
     (another transformation: `vmap`, the parts `grad` splits a body into). Kept per
     body while the caches are on."""
-    found = _identified_jvps.get(jaxpr, False) if _caches.enabled else False
+    found = _identified_jvps.get(jaxpr, False) if _caches.is_enabled() else False
     if found is not False:
         return found
     found = None
@@ -546,7 +546,7 @@ def _identify_jvp(
             found = _jvp_of(registered, jaxpr)
             if found is not None:
                 break
-    if _caches.enabled:
+    if _caches.is_enabled():
         _identified_jvps.put(jaxpr, found)
     return found
 
@@ -882,7 +882,7 @@ def _jit_body(
             for s, a, k in zip(in_shardings, args, known, strict=True)
         ),
     )
-    if any(large) and (not _caches.enabled or _by_value.get(jaxpr) is None):
+    if any(large) and (not _caches.is_enabled() or _by_value.get(jaxpr) is None):
         token = object()
         slots = tuple(
             typeof(a) if g else ConstKey(a) if k else None
@@ -894,7 +894,7 @@ def _jit_body(
             if e.token is not token:
                 raise  # an enclosing `jit`'s argument
             release_traces(e)
-        if _caches.enabled:
+        if _caches.is_enabled():
             _by_value.put(jaxpr, True)
     slots = tuple(ConstKey(a) if k else None for a, k in zip(args, known, strict=True))
     return _call(jaxpr, common, donated_invars, slots, args, None)
@@ -955,14 +955,14 @@ def _call(
     # The settings rules read while the body traces, and the rest of the context.
     parts = (*common, donate, slots, structures, *_keys.context())
     key = (jaxpr, _keys.key(_KEY, parts))
-    jitted = _nested.get(key) if _caches.enabled else None
+    jitted = _nested.get(key) if _caches.is_enabled() else None
     fresh = None
     staged: dict[str, str] = {}  # what the fresh body staged, in verify mode
     if jitted is None:
-        verifying = _caches.enabled and _caches.verifying
+        verifying = _caches.is_enabled() and _caches.verifying
         record = ft.partial(_keep_program, key) if verifying else None
         jitted = _jitted(jaxpr, parts, record)
-        if _caches.enabled:
+        if _caches.is_enabled():
             _nested.put(key, jitted)
             if verifying:
                 _made.put(key, parts)
