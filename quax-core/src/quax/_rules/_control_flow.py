@@ -867,8 +867,10 @@ def _jit_body(
     # them, and the body is keyed by their avals: an eager loop calling a jitted
     # library function on fresh data compiles it once. A rule that asks
     # `known_constant` for one of those would get its value without the `jit`:
-    # the body then runs again with them as constants too, keyed by value (by
-    # identity, past `MAX_CONSTANT_SIZE`), from then on for this jaxpr.
+    # the body then runs again with that argument as a constant too, keyed by
+    # value (see `ConstKey`: a NumPy array by its bytes), from then on for this
+    # jaxpr. Only the arguments rules asked about are keyed so: hashing the bytes
+    # of every large array on every call would cost what the cache saves.
     known = [not is_value(a) and not isinstance(a, Tracer) for a in args]
     large = [
         k and typeof(a).size > MAX_CONSTANT_SIZE
@@ -882,27 +884,36 @@ def _jit_body(
             for s, a, k in zip(in_shardings, args, known, strict=True)
         ),
     )
-    if any(large) and (not _caches.is_enabled() or _by_value.get(jaxpr) is None):
-        token = object()
+    caching = _caches.is_enabled()
+    # The large arguments that rules asked about, by position.
+    asked: frozenset[int] = frozenset()
+    if caching and any(large):
+        asked = _by_value.get(jaxpr, asked)
+    while True:
         slots = tuple(
-            typeof(a) if g else ConstKey(a) if k else None
-            for a, k, g in zip(args, known, large, strict=True)
+            (ConstKey(a) if not g or i in asked else typeof(a)) if k else None
+            for i, (a, k, g) in enumerate(zip(args, known, large, strict=True))
         )
+        # A token for each concrete argument passed in by its aval.
+        tokens = {
+            i: object()
+            for i, s in enumerate(slots)
+            if s is not None and type(s) is not ConstKey
+        }
         try:
-            return _call(jaxpr, common, donated_invars, slots, args, token)
+            return _call(jaxpr, common, donated_invars, slots, args, tokens)
         except ValueAsked as e:
-            if e.token is not token:
+            i = next((i for i, t in tokens.items() if t is e.token), None)
+            if i is None:
                 raise  # an enclosing `jit`'s argument
             release_traces(e)
-        if _caches.is_enabled():
-            _by_value.put(jaxpr, True)
-    slots = tuple(ConstKey(a) if k else None for a, k in zip(args, known, strict=True))
-    return _call(jaxpr, common, donated_invars, slots, args, None)
+        asked |= {i}
+        if caching:
+            _by_value.put(jaxpr, asked)
 
 
-# The jitted quaxified bodies, by jaxpr and key; and the jaxprs whose rules asked
-# for the value of a concrete plain argument passed in by its aval (they take
-# every concrete argument by value).
+# The jitted quaxified bodies, by jaxpr and key; and, per jaxpr, the large plain
+# arguments whose value rules asked for (the body takes them by value).
 MAX_NESTED_JITS = 256
 _nested = Table("nested jit bodies", MAX_NESTED_JITS)
 _by_value = Table("nested jits taking plain arguments by value", MAX_NESTED_JITS)
@@ -932,18 +943,19 @@ def _call(
     donated_invars: tuple[bool, ...],
     slots: tuple[Any, ...],
     args: Sequence[Any],
-    token: object,
+    tokens: dict[int, object],
 ) -> Any:
     """Call the jitted body of `jaxpr` on `args`: each slot is a constant (a
-    `ConstKey`), or the aval of a concrete argument passed in (whose value
-    `token`'s call knows), or `None` for a traced or value argument."""
+    `ConstKey`), or the aval of a concrete argument passed in (whose value the
+    call with its token in `tokens` knows), or `None` for a traced or value
+    argument."""
     dynamic = [i for i, c in enumerate(slots) if not isinstance(c, ConstKey)]
     # Concrete arguments are never donated: they stay the caller's.
     donate = tuple(
         j for j, i in enumerate(dynamic) if donated_invars[i] and slots[i] is None
     )
-    tokens = [
-        token if slots[i] is not None else stand_in_token(args[i]) for i in dynamic
+    stand_ins = [
+        tokens[i] if slots[i] is not None else stand_in_token(args[i]) for i in dynamic
     ]
     passed = [args[i] for i in dynamic]
     # JAX keys the body's trace by the values' treedefs, whose static fields may
@@ -970,7 +982,7 @@ def _call(
         # Traced afresh: the rules run, and what the body stages is recorded.
         fresh = _jitted(jaxpr, parts, staged.__setitem__)
     previous = _pending.tokens
-    _pending.tokens = tokens
+    _pending.tokens = stand_ins
     try:
         out = jitted(*passed)
         if fresh is not None:
