@@ -167,6 +167,11 @@ class JaxprTable(Table):
             self._dead.clear()
             self._data.clear()
 
+    def __len__(self) -> int:
+        if self._dead:
+            self._drop_dead()
+        return len(self._data)
+
     def _drop_dead(self) -> None:
         with self._lock:
             while self._dead:

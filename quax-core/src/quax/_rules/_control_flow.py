@@ -16,6 +16,7 @@ import inspect
 import itertools
 import re
 import threading
+import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -63,7 +64,7 @@ from .._compat import (
 )
 from .._dispatch._registry import register, registered_rule, resolve
 from .._foundation import _caches
-from .._foundation._caches import Table
+from .._foundation._caches import JaxprTable, Table
 from .._transform import _trace
 from .._transform._trace import QuaxTracer
 from .._values._value import Value, ValueLike, describe_types, is_value
@@ -888,7 +889,7 @@ def _jit_body(
     # The large arguments that rules asked about, by position.
     asked: frozenset[int] = frozenset()
     if caching and any(large):
-        asked = _by_value.get(jaxpr, asked)
+        asked = _by_value.get((weakref.ref(jaxpr),), asked)
     while True:
         slots = tuple(
             (ConstKey(a) if not g or i in asked else typeof(a)) if k else None
@@ -909,23 +910,27 @@ def _jit_body(
             release_traces(e)
         asked |= {i}
         if caching:
-            _by_value.put(jaxpr, asked)
+            _by_value.put((weakref.ref(jaxpr),), asked, jaxpr)
 
 
 # The jitted quaxified bodies, by jaxpr and key; and, per jaxpr, the large plain
-# arguments whose value rules asked for (the body takes them by value).
+# arguments whose value rules asked for (the body takes them by value). Both hold
+# their jaxpr weakly: an entry goes with its jaxpr, and so with the function whose
+# `jit` made it (a compiled body holds megabytes), as well as beyond the bound.
 MAX_NESTED_JITS = 256
-_nested = Table("nested jit bodies", MAX_NESTED_JITS)
-_by_value = Table("nested jits taking plain arguments by value", MAX_NESTED_JITS)
+_nested = JaxprTable("nested jit bodies", MAX_NESTED_JITS)
+_by_value = JaxprTable("nested jits taking plain arguments by value", MAX_NESTED_JITS)
 # What each body was made with, for verify mode: its key's components, and the
 # program it staged for each structure of its arguments (JAX traces a body once per
 # structure).
-_made = Table("nested jit bodies: their key components (verify mode)", MAX_NESTED_JITS)
-_programs = Table(
+_made = JaxprTable(
+    "nested jit bodies: their key components (verify mode)", MAX_NESTED_JITS
+)
+_programs = JaxprTable(
     "nested jit bodies: their programs (verify mode)", 4 * MAX_NESTED_JITS
 )
 
-# The components of a body's key (see `quax._caching._keys`).
+# The components of a body's key (see `quax._caching._keys`), besides its jaxpr.
 _KEY = (
     "name",
     "keep_unused",
@@ -966,19 +971,18 @@ def _call(
     )
     # The settings rules read while the body traces, and the rest of the context.
     parts = (*common, donate, slots, structures, *_keys.context())
-    key = (jaxpr, _keys.key(_KEY, parts))
-    jitted = _nested.get(key) if _caches.is_enabled() else None
-    fresh = None
+    # The jaxpr held weakly (as `_keys.jaxpr_key` holds it), so that the entry
+    # goes with it.
+    key = (weakref.ref(jaxpr), _keys.key(_KEY, parts))
+    caching = _caches.is_enabled()
+    verifying = caching and _caches.verifying
+    jitted = _nested.get(key) if caching else None
+    made = fresh = None
     staged: dict[str, str] = {}  # what the fresh body staged, in verify mode
     if jitted is None:
-        verifying = _caches.is_enabled() and _caches.verifying
         record = ft.partial(_keep_program, key) if verifying else None
-        jitted = _jitted(jaxpr, parts, record)
-        if _caches.is_enabled():
-            _nested.put(key, jitted)
-            if verifying:
-                _made.put(key, parts)
-    elif _caches.verifying:
+        jitted = made = _jitted(jaxpr, parts, record)
+    elif verifying:
         # Traced afresh: the rules run, and what the body stages is recorded.
         fresh = _jitted(jaxpr, parts, staged.__setitem__)
     previous = _pending.tokens
@@ -987,13 +991,17 @@ def _call(
         out = jitted(*passed)
         if fresh is not None:
             _verify(key, parts, out, fresh(*passed), staged)
-        return out
     finally:
         _pending.tokens = previous
+    if made is not None and caching:  # kept once a call went through
+        _nested.put(key, made, jaxpr)
+        if verifying:
+            _made.put(key, parts, jaxpr)
+    return out
 
 
 def _keep_program(key: Any, structure: str, program: str) -> None:
-    _programs.put((key, structure), program)
+    _programs.put((key, structure), program, key[0]())
 
 
 def _verify(
