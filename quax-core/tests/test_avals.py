@@ -1,6 +1,7 @@
 """Declared avals (`Value.aval_leaf`): the same avals as the method, read without
 calling user code, and a wrong declaration refused loudly."""
 
+from collections.abc import Iterator
 from typing import Any, ClassVar
 
 import equinox as eqx
@@ -64,9 +65,21 @@ class Padded(quax.ArrayValue):
         return jnp.pad(self.array, (0, 1))
 
 
+def _debug_checks_set_to(on: bool) -> Iterator[None]:
+    previous = quax._foundation._debug.is_enabled()
+    quax.set_debug_checks(on)
+    yield
+    quax.set_debug_checks(previous)
+
+
 @pytest.fixture
-def debug_checks(monkeypatch):
-    monkeypatch.setattr(quax._foundation._debug, "enabled", True)
+def debug_checks() -> Iterator[None]:
+    yield from _debug_checks_set_to(True)
+
+
+@pytest.fixture
+def no_debug_checks() -> Iterator[None]:
+    yield from _debug_checks_set_to(False)
 
 
 LEAVES = [
@@ -105,11 +118,10 @@ def test_declared_aval_of_traced_leaves() -> None:
     jax.vmap(avals)(jnp.ones((4, 3)))
 
 
-def test_quaxify_reads_the_declared_aval_without_the_method(monkeypatch) -> None:
+def test_quaxify_reads_the_declared_aval_without_the_method(no_debug_checks) -> None:
     """Tracing asks every value for its aval; with a declaration (debug checks
     off), the class's own method is never called, and the results are plain
     JAX's."""
-    monkeypatch.setattr(quax._foundation._debug, "enabled", False)  # pyright: ignore[reportAttributeAccessIssue]
     x = jnp.linspace(-1.0, 1.0, 5)
 
     def f(a, b):
@@ -157,9 +169,8 @@ def test_debug_checks_name_a_weak_type_difference(debug_checks) -> None:
         quax.quaxify(jnp.sin)(Strong(jnp.asarray(2.0)))
 
 
-def test_a_wrong_declaration_passes_without_debug_checks(monkeypatch) -> None:
+def test_a_wrong_declaration_passes_without_debug_checks(no_debug_checks) -> None:
     # The declaration is what quax trusts: without checks the leaf's aval is used.
-    monkeypatch.setattr(quax._foundation._debug, "enabled", False)  # pyright: ignore[reportAttributeAccessIssue]
     assert Padded(jnp.ones(3)).aval().shape == (3,)
 
 

@@ -361,7 +361,9 @@ def test_caching_off_runs_every_rule() -> None:
 
 
 def test_caching_follows_the_environment() -> None:
-    code = "import quax, quax._foundation._caches as c; print(c.enabled, c.verifying)"
+    code = (
+        "import quax, quax._foundation._caches as c; print(c.is_enabled(), c.verifying)"
+    )
     env = {**os.environ, "QUAX_CACHING": "0", "QUAX_VERIFY_CACHES": "1"}
     out = subprocess.run(
         [sys.executable, "-c", code], env=env, capture_output=True, text=True

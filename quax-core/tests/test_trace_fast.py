@@ -14,7 +14,6 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import quax
-import quax._caching._eager as quax_eager
 from jax import lax
 from jax.experimental.compute_on import compute_on
 from quax._caching._jaxpr import _steps, binds_directly
@@ -173,8 +172,7 @@ def test_compiled_eager_output_reads_its_aval_when_asked():
         seen["again"] = _CountedAval.calls[0] - before
         return c + a
 
-    previous = quax_eager._enabled
-    quax.set_eager_compilation(True)
+    previous = quax.set_eager_compilation(True)
     try:
         a, b = _CountedAval(x), _CountedAval(2 * x)
         # The first calls run equation by equation (and trace the program): the

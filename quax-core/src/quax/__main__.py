@@ -130,7 +130,9 @@ def _caches_report(args: argparse.Namespace) -> int:
         fn = _target(args.target)
         _plugins.autoload()
         fn()
-    state = "on" if _caches.enabled else "off (quax.caching(False) or QUAX_CACHING=0)"
+    state = (
+        "on" if _caches.is_enabled() else "off (quax.caching(False) or QUAX_CACHING=0)"
+    )
     verify = "on" if _caches.verifying else "off"
     print(f"caches: {state}; verify mode (QUAX_VERIFY_CACHES=1): {verify}")
     for name, size, bound in _caches.report():

@@ -64,6 +64,7 @@ __all__ = [
     "Tracer",
     "atom_tracer",
     "frozen_atom",
+    "frozen_bytes",
     "bind_custom_jvp",
     "bind_custom_vjp",
     "bwd_result",
@@ -379,6 +380,21 @@ _literals = importlib.import_module("jax._src.literals")
 NUMPY_ARRAYS = frozenset(
     t for t in (np.ndarray, getattr(_literals, "TypedNdArray", None)) if t is not None
 )
+
+
+def frozen_bytes(array: np.ndarray, data: bytes) -> np.ndarray:
+    """A read-only array of the NumPy `array`'s class, shape and dtype (and weak
+    type, for JAX's typed host array) over `data`, its bytes (`array.tobytes()`):
+    a copy that its owner cannot change afterwards, made without copying again."""
+    frozen = np.frombuffer(data, array.dtype).reshape(array.shape)
+    if type(array) is np.ndarray:
+        return frozen
+    typed = getattr(_literals, "TypedNdArray", None)
+    if typed is not None and type(array) is typed:
+        return typed(frozen, typeof(array))
+    copy = array.copy()  # another subclass: a copy of its own class
+    copy.flags.writeable = False
+    return copy
 
 
 def emit_equation(

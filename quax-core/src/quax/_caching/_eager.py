@@ -42,6 +42,7 @@ it runs), the code runs equation by equation as before. Only library code runs t
 way: the user's own Python between calls runs as written, with its side effects.
 """
 
+import contextvars
 import dataclasses
 import operator
 import os
@@ -60,6 +61,7 @@ from .._compat import (
     current_trace,
     eager_program,
     eval_rounding_each_step,
+    frozen_bytes,
     typeof,
 )
 from .._foundation import _caches
@@ -97,32 +99,57 @@ _ARRAY_LEAVES = (jax.Array, np.ndarray, np.generic, int, float, complex)
 
 
 class ConstKey:
-    """A constant (plain) input of compiled code as part of a cache key: equal to
-    another for the same object, or for an equal small array of the same type.
+    """A constant (plain) input of compiled code as part of a cache key, and the
+    value the code closes over (`value`): equal to another of the same type, aval
+    and bits.
+
+    A NumPy array, which its owner may change in place, is keyed by a copy of its
+    bytes whatever its size, never by identity, and `value` is a read-only array
+    of that copy: an array changed afterwards is another key, and code kept under
+    this key (traced again for another structure of its other inputs) sees the
+    values of the key. A JAX array is immutable: one of more than
+    `MAX_CONSTANT_SIZE` elements is keyed by identity (and kept alive, so that its
+    `id` is not reused), sparing a copy from its device on every call.
 
     The type counts, not only the aval and the bits: JAX stages a NumPy constant
     (`np.float32(2)`) as a literal and a `jax.Array` (`jnp.float32(2)`) as a
     constant of the program, so the two stage different equations."""
 
-    __slots__ = ("aval", "data", "kind", "value")
+    __slots__ = ("aval", "data", "hash", "kind", "value")
 
     def __init__(self, value: Any) -> None:
-        self.value = value  # kept alive, so that its `id` is not reused
         self.kind = type(value)
         self.aval = typeof(value)
-        array = np.asarray(value)
-        self.data = array.tobytes() if array.size <= MAX_CONSTANT_SIZE else id(value)
+        if isinstance(value, np.ndarray):
+            self.data = value.tobytes()  # a copy, in C order
+            self.value = frozen_bytes(value, self.data)
+        elif isinstance(value, jax.Array) and value.size > MAX_CONSTANT_SIZE:
+            self.value, self.data = value, id(value)
+        else:  # an immutable scalar or a small JAX array
+            self.value, self.data = value, np.asarray(value).tobytes()
+        # Hashing every byte of a large array costs about 2 ms per 4 MB on every
+        # call, where comparing them with an equal key's costs a tenth of that: the
+        # hash reads a sample of evenly spaced bytes, and equality every byte.
+        sample = self.data
+        if type(sample) is bytes and len(sample) > _HASHED_BYTES:
+            sample = sample[:: len(sample) // _HASHED_BYTES]
+        self.hash = hash((self.kind, self.aval, sample))
 
     def __eq__(self, other: object) -> bool:
         return (
             isinstance(other, ConstKey)
+            and self.hash == other.hash
             and self.kind is other.kind
             and self.aval == other.aval
             and self.data == other.data
         )
 
     def __hash__(self) -> int:
-        return hash((self.kind, self.aval, self.data))
+        return self.hash
+
+
+# The most bytes of a constant that `ConstKey` hashes (it compares all of them).
+_HASHED_BYTES = 4096
 
 
 class _Structure:
@@ -233,7 +260,10 @@ def environment_setting() -> bool:
     return os.environ.get("QUAX_EAGER_COMPILE", "1") != "0"
 
 
-_enabled = environment_setting()
+# Whether eager library code runs compiled, in each context (a thread starts from
+# the environment's setting).
+_AT_IMPORT = environment_setting()
+_compiling = contextvars.ContextVar("quax_eager_compilation", default=_AT_IMPORT)
 
 
 def set_eager_compilation(enabled: bool) -> bool:
@@ -250,18 +280,23 @@ def set_eager_compilation(enabled: bool) -> bool:
     concrete leaf (through [`quax.known_constant`][], or a JAX concretization
     error) keeps running equation by equation.
 
+    The setting belongs to the context that sets it, as NumPy's `np.seterr` does
+    (a `contextvars.ContextVar`): this thread, and the asyncio tasks it starts
+    afterwards. Other threads keep their own; a new thread starts from the
+    environment's setting.
+
     **Arguments:**
 
     - `enabled`: whether eager library code runs compiled.
 
     **Returns:**
 
-    The previous setting, to restore it (`quax.set_eager_compilation(previous)`).
-    Compiled programs are dropped whenever the setting is set.
+    The previous setting of this context, to restore it
+    (`quax.set_eager_compilation(previous)`). Compiled programs are dropped
+    whenever the setting is set.
     """
-    global _enabled
-    previous = _enabled
-    _enabled = bool(enabled)
+    previous = _compiling.get()
+    _compiling.set(bool(enabled))
     _programs.clear()
     return previous
 
@@ -369,7 +404,12 @@ def call_compiled(
     programs for `code` already, or code that runs equation by equation).
     """
     global programs_traced
-    if not _enabled or not _caches.enabled or _state.checking or _value._state.reports:
+    if (
+        not _compiling.get()
+        or not _caches.is_enabled()
+        or _state.checking
+        or _value._state.reports
+    ):
         return False, None
     inputs: Sequence[Any] = args
     treedef: Any = len(args)

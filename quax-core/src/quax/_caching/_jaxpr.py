@@ -157,7 +157,7 @@ def per_jaxpr(
 
     `compute(jaxpr)`, or the result it gave before for this jaxpr.
     """
-    if not _caches.enabled:
+    if not _caches.is_enabled():
         return compute(jaxpr)
     try:
         key, parts = jaxpr_key(jaxpr)

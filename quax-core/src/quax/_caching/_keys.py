@@ -7,12 +7,14 @@ everything the rules may read, alike in every cache:
 - static fields: plain scalars, strings, dtypes and tuples of ints by value and
   type; Python and NumPy floats (real or complex) by their bits, since `0.0 ==
   -0.0` and `float.hex` gives one text for both signs of NaN, while rules may
-  tell them apart; anything else by identity (`static_key`); a primitive's params
-  alike (`params_key`);
+  tell them apart; anything else by identity (`static_key`), but never a field
+  that cannot be hashed (a NumPy array, a list: changed in place, it would keep
+  its identity); a primitive's params alike (`params_key`);
 - constants among a primitive's inputs (Python and NumPy scalars, 0-d NumPy
   arrays, small JAX arrays, as `x * 0.5`, `x / np.sqrt(d)` or `jnp.where(m, x,
   0.0)` pass them): by their type, aval and bits (`constant_key`), as rules may
-  read their values;
+  read their values; never a NumPy array by identity, as its owner may change it
+  in place (see also `quax._caching._eager.ConstKey`);
 - the context every key holds (`context`): the settings rules read (declared
   with `add_setting`, as `quax.zero.ieee_strict`), JAX's trace context (the
   settings JAX's own tracing caches key on: `enable_x64`, the default matmul
@@ -90,7 +92,7 @@ def context() -> tuple[Any, ...]:
     # `settings_key()`, inlined: this runs on every replay key.
     settings = tuple([read() for read in _settings])
     # The debug-check flag (`quax.set_debug_checks`): rules raise otherwise with it.
-    return settings, trace_context(), _debug.enabled, _registry._generation
+    return settings, trace_context(), _debug.is_enabled(), _registry._generation
 
 
 _FLOATS = (float, complex, np.floating, np.complexfloating)
@@ -167,8 +169,14 @@ class Identity:
 
 def static_key(x: Any) -> Any:
     """A static field as a key: plain scalars, strings, dtypes and tuples of ints
-    by value and type, floats by their bits, anything else by identity (an
-    `Identity`: a type may make its equality looser than what rules read)."""
+    by value and type, floats by their bits, anything else that can be hashed by
+    identity (an `Identity`: a type may make its equality looser than what rules
+    read).
+
+    Raises `TypeError` for a field that cannot be hashed (a NumPy array, a list, a
+    tuple holding one): its owner may change it in place, so that its identity
+    says nothing of what rules would read now; no cache keys it (nor can JAX's own
+    caches, which hash static fields)."""
     kind = type(x)
     if kind in _BY_VALUE:
         return kind, x
@@ -184,6 +192,7 @@ def static_key(x: Any) -> Any:
         and all(type(e) is int for e in x)
     ):
         return tuple, x
+    hash(x)  # a mutable field (a NumPy array, a list) raises: see the docstring
     return Identity(x)
 
 

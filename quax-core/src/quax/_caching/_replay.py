@@ -12,14 +12,15 @@ equations are evaluated one by one, each dispatched to its rule.
 The key is the primitive and its params (floats by their bits) or the jaxpr, for
 each value input its type, its static fields (strictly: plain scalars, strings,
 dtypes and tuples of ints by value and type, floats by their bits, anything else by
-identity) and the avals of its leaves, the avals of the plain inputs, JAX's trace
-context (the settings its own tracing caches key on: the default matmul precision,
-the mesh, `enable_x64`, ...), the settings rules read (`quax.zero.ieee_strict`, and
-any that a family declares with `quax.plugins.add_setting`), the debug-check
-flag and the registry's generation (the context of every cache's key, see
-`quax._caching._keys`). Rules are functions of these: a rule's Python runs once per key
-while staging. A body is only kept when its first run shows that replaying it
-gives exactly what running it gives:
+identity; a value with a static field that cannot be hashed, such as a NumPy array
+its owner may change in place, is never replayed on) and the avals of its leaves,
+the avals of the plain inputs, JAX's trace context (the settings its own tracing
+caches key on: the default matmul precision, the mesh, `enable_x64`, ...), the
+settings rules read (`quax.zero.ieee_strict`, and any that a family declares with
+`quax.plugins.add_setting`), the debug-check flag and the registry's generation
+(the context of every cache's key, see `quax._caching._keys`). Rules are functions
+of these: a rule's Python runs once per key while staging. A body is only kept
+when its first run shows that replaying it gives exactly what running it gives:
 
 - every input (each plain one, each leaf of each value) is an input or an
   equation's output of the staging trace, or a plain constant input keyed by its
@@ -202,7 +203,10 @@ def _key(trace: Any, values: list[Any]) -> tuple[Any, list[Any], Any] | None:
                 return None
             leaves.append(leaf)
             part.append(leaf.aval)
-        part += [static_key(_object_getattribute(x, name)) for name in static]
+        try:
+            part += [static_key(_object_getattribute(x, name)) for name in static]
+        except TypeError:  # a static field that cannot be hashed: never keyed
+            return None
         key.append(tuple(part))
     aliasing = None
     if len(set(map(id, leaves))) != len(leaves):
@@ -217,7 +221,7 @@ def inline(trace: Any, values: list[Any], jaxpr: Any, run: Any) -> list[Any]:
     """The outputs of the inlined `jit` of `jaxpr` on `values` (the quax `trace`'s
     inputs, as values and plain tracers): a replay of its recording, or `run()`
     (which evaluates it), recorded when it can be replayed."""
-    if _value._state.reports or not _caches.enabled:
+    if _value._state.reports or not _caches.is_enabled():
         return run()
     table = _recordings.get(jaxpr)
     # A jaxpr has a table of recordings only once it was found to stage no value,
@@ -244,7 +248,7 @@ def bind(
     """The output of `primitive` bound on `values` (the quax `trace`'s inputs) with
     `params`, as `run()` (which applies its rule) gives it, or a replay of the
     equations that rule staged for the same key, with the current source info."""
-    if _value._state.reports or not _caches.enabled or primitive in _unreplayable:
+    if _value._state.reports or not _caches.is_enabled() or primitive in _unreplayable:
         return run()
     found = _key(trace, values)
     if found is None:
@@ -340,8 +344,13 @@ def _kept_statics(key: Any, recording: _Recording) -> bool:
     _held(key, held)
 
     def kept(x: Any) -> bool:
-        if id(x) in held or type(static_key(x)) is not Identity:
+        if id(x) in held:
             return True
+        try:
+            if type(static_key(x)) is not Identity:
+                return True
+        except TypeError:  # cannot be hashed (a NumPy array): never shared
+            return False
         return type(x) is tuple and all(map(kept, x))
 
     for cls, fields in recording.outputs:

@@ -621,7 +621,7 @@ def rule_for(primitive: Primitive, values: Sequence[Any]) -> Rule:
     resolution = _resolve(primitive, values)
     _warn_if_foreign(primitive, resolution, values)
     rule = _as_rule(primitive, resolution)
-    if not _caches.enabled or not _faithful.get(primitive, True):
+    if not _caches.is_enabled() or not _faithful.get(primitive, True):
         return rule
     if _caches.verifying:
         # The dispatch cache stays empty (every primitive resolves here), and

@@ -18,7 +18,10 @@ fields.
   and declaring a setting call it (a change of JAX's configuration is part of every
   key instead, through its trace context).
 - `quax.caching(False)`, or `QUAX_CACHING=0` in the environment, turns every cache
-  off: rules then run for every primitive, every time.
+  off: rules then run for every primitive, every time. The switch holds in the
+  context that sets it (a `contextvars.ContextVar`, as NumPy's `np.errstate`): the
+  thread, and the asyncio tasks it starts from then on; other threads keep their
+  own, so that blocks of two threads that overlap each restore their own setting.
 - With `QUAX_VERIFY_CACHES=1` in the environment, every cache hit is also
   recomputed by the rules and compared with what the cache gave (what it stages,
   and its outputs' types and static fields); a mismatch raises a
@@ -26,6 +29,7 @@ fields.
   when the entry was made (a key that leaves out one of them).
 """
 
+import contextvars
 import os
 import threading
 import weakref
@@ -39,8 +43,8 @@ __all__ = [
     "JaxprTable",
     "Table",
     "caching",
-    "enabled",
     "invalidate",
+    "is_enabled",
     "mismatch",
     "on_invalidate",
     "report",
@@ -163,6 +167,11 @@ class JaxprTable(Table):
             self._dead.clear()
             self._data.clear()
 
+    def __len__(self) -> int:
+        if self._dead:
+            self._drop_dead()
+        return len(self._data)
+
     def _drop_dead(self) -> None:
         with self._lock:
             while self._dead:
@@ -196,10 +205,17 @@ def measured(name: str, measure: Callable[[], tuple[int, str]]) -> None:
 
 # Switching caches off ----------------------------------------------------------------
 
-# Whether the caches keep and return entries (read on every lookup).
-enabled = os.environ.get("QUAX_CACHING", "1") != "0"
+# Whether the caches keep and return entries, in each context (read on every lookup,
+# through `is_enabled`); a thread starts from the environment's setting.
+_enabled = contextvars.ContextVar(
+    "quax_caching", default=os.environ.get("QUAX_CACHING", "1") != "0"
+)
 # Whether every hit is also recomputed and compared (see the module's docstring).
 verifying = os.environ.get("QUAX_VERIFY_CACHES", "") not in ("", "0")
+
+# Whether the caches keep and return entries in this context (`quax.caching`):
+# `_enabled.get`, bound once, so that `is_enabled()` is one C call.
+is_enabled: Callable[[], bool] = _enabled.get
 
 _hooks: list[Callable[[], None]] = []
 
@@ -226,13 +242,18 @@ class caching:
     result comes from a cache.
 
     ```python
-    quax.caching(False)  # off from now on
+    quax.caching(False)  # off from now on, in this thread
     with quax.caching(False):  # off inside the block only
         ...
     ```
 
     On by default; off from the start with `QUAX_CACHING=0` in the environment.
-    Every cache is emptied whenever the setting is set.
+    The setting belongs to the context that sets it, as NumPy's `np.errstate`
+    does (a `contextvars.ContextVar`): this thread, and the asyncio tasks it starts
+    afterwards. Other threads keep their own setting, so that two threads whose
+    blocks overlap each have theirs off inside their block and back as it was
+    after it; a new thread starts from the environment's setting. Every cache is
+    emptied whenever the setting is set.
 
     **Arguments:**
 
@@ -240,8 +261,9 @@ class caching:
 
     **Returns:**
 
-    An object that restores the previous setting when used as a context manager
-    (`with quax.caching(False): ...`); `previous` holds that setting.
+    An object that restores the previous setting (of this context) when used as a
+    context manager (`with quax.caching(False): ...`); `previous` holds that
+    setting.
     """
 
     def __init__(self, enabled: bool) -> None:
@@ -255,9 +277,8 @@ class caching:
 
 
 def _set(on: bool) -> bool:
-    global enabled
-    previous = enabled
-    enabled = bool(on)
+    previous = _enabled.get()
+    _enabled.set(bool(on))
     invalidate()
     return previous
 

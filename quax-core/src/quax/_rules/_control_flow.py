@@ -16,6 +16,7 @@ import inspect
 import itertools
 import re
 import threading
+import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -63,7 +64,7 @@ from .._compat import (
 )
 from .._dispatch._registry import register, registered_rule, resolve
 from .._foundation import _caches
-from .._foundation._caches import Table
+from .._foundation._caches import JaxprTable, Table
 from .._transform import _trace
 from .._transform._trace import QuaxTracer
 from .._values._value import Value, ValueLike, describe_types, is_value
@@ -366,7 +367,7 @@ def _identify(
     rules take), gives the same body. `None` where none does: another function at
     the same source, or a static argument at a value no rule takes. Kept per body
     while the caches are on."""
-    found = _identified.get(jaxpr, False) if _caches.enabled else False
+    found = _identified.get(jaxpr, False) if _caches.is_enabled() else False
     if found is not False:
         return found
     found = None
@@ -382,7 +383,7 @@ def _identify(
                 break
         if found is not None:
             break
-    if _caches.enabled:
+    if _caches.is_enabled():
         _identified.put(jaxpr, found)
     return found
 
@@ -536,7 +537,7 @@ def _identify_jvp(
     outputs do. JAX drops the argument names of such a body. `None` where none is
     (another transformation: `vmap`, the parts `grad` splits a body into). Kept per
     body while the caches are on."""
-    found = _identified_jvps.get(jaxpr, False) if _caches.enabled else False
+    found = _identified_jvps.get(jaxpr, False) if _caches.is_enabled() else False
     if found is not False:
         return found
     found = None
@@ -546,7 +547,7 @@ def _identify_jvp(
             found = _jvp_of(registered, jaxpr)
             if found is not None:
                 break
-    if _caches.enabled:
+    if _caches.is_enabled():
         _identified_jvps.put(jaxpr, found)
     return found
 
@@ -867,8 +868,10 @@ def _jit_body(
     # them, and the body is keyed by their avals: an eager loop calling a jitted
     # library function on fresh data compiles it once. A rule that asks
     # `known_constant` for one of those would get its value without the `jit`:
-    # the body then runs again with them as constants too, keyed by value (by
-    # identity, past `MAX_CONSTANT_SIZE`), from then on for this jaxpr.
+    # the body then runs again with that argument as a constant too, keyed by
+    # value (see `ConstKey`: a NumPy array by its bytes), from then on for this
+    # jaxpr. Only the arguments rules asked about are keyed so: hashing the bytes
+    # of every large array on every call would cost what the cache saves.
     known = [not is_value(a) and not isinstance(a, Tracer) for a in args]
     large = [
         k and typeof(a).size > MAX_CONSTANT_SIZE
@@ -882,39 +885,52 @@ def _jit_body(
             for s, a, k in zip(in_shardings, args, known, strict=True)
         ),
     )
-    if any(large) and (not _caches.enabled or _by_value.get(jaxpr) is None):
-        token = object()
+    caching = _caches.is_enabled()
+    # The large arguments that rules asked about, by position.
+    asked: frozenset[int] = frozenset()
+    if caching and any(large):
+        asked = _by_value.get((weakref.ref(jaxpr),), asked)
+    while True:
         slots = tuple(
-            typeof(a) if g else ConstKey(a) if k else None
-            for a, k, g in zip(args, known, large, strict=True)
+            (ConstKey(a) if not g or i in asked else typeof(a)) if k else None
+            for i, (a, k, g) in enumerate(zip(args, known, large, strict=True))
         )
+        # A token for each concrete argument passed in by its aval.
+        tokens = {
+            i: object()
+            for i, s in enumerate(slots)
+            if s is not None and type(s) is not ConstKey
+        }
         try:
-            return _call(jaxpr, common, donated_invars, slots, args, token)
+            return _call(jaxpr, common, donated_invars, slots, args, tokens)
         except ValueAsked as e:
-            if e.token is not token:
+            i = next((i for i, t in tokens.items() if t is e.token), None)
+            if i is None:
                 raise  # an enclosing `jit`'s argument
             release_traces(e)
-        if _caches.enabled:
-            _by_value.put(jaxpr, True)
-    slots = tuple(ConstKey(a) if k else None for a, k in zip(args, known, strict=True))
-    return _call(jaxpr, common, donated_invars, slots, args, None)
+        asked |= {i}
+        if caching:
+            _by_value.put((weakref.ref(jaxpr),), asked, jaxpr)
 
 
-# The jitted quaxified bodies, by jaxpr and key; and the jaxprs whose rules asked
-# for the value of a concrete plain argument passed in by its aval (they take
-# every concrete argument by value).
+# The jitted quaxified bodies, by jaxpr and key; and, per jaxpr, the large plain
+# arguments whose value rules asked for (the body takes them by value). Both hold
+# their jaxpr weakly: an entry goes with its jaxpr, and so with the function whose
+# `jit` made it (a compiled body holds megabytes), as well as beyond the bound.
 MAX_NESTED_JITS = 256
-_nested = Table("nested jit bodies", MAX_NESTED_JITS)
-_by_value = Table("nested jits taking plain arguments by value", MAX_NESTED_JITS)
+_nested = JaxprTable("nested jit bodies", MAX_NESTED_JITS)
+_by_value = JaxprTable("nested jits taking plain arguments by value", MAX_NESTED_JITS)
 # What each body was made with, for verify mode: its key's components, and the
 # program it staged for each structure of its arguments (JAX traces a body once per
 # structure).
-_made = Table("nested jit bodies: their key components (verify mode)", MAX_NESTED_JITS)
-_programs = Table(
+_made = JaxprTable(
+    "nested jit bodies: their key components (verify mode)", MAX_NESTED_JITS
+)
+_programs = JaxprTable(
     "nested jit bodies: their programs (verify mode)", 4 * MAX_NESTED_JITS
 )
 
-# The components of a body's key (see `quax._caching._keys`).
+# The components of a body's key (see `quax._caching._keys`), besides its jaxpr.
 _KEY = (
     "name",
     "keep_unused",
@@ -932,18 +948,19 @@ def _call(
     donated_invars: tuple[bool, ...],
     slots: tuple[Any, ...],
     args: Sequence[Any],
-    token: object,
+    tokens: dict[int, object],
 ) -> Any:
     """Call the jitted body of `jaxpr` on `args`: each slot is a constant (a
-    `ConstKey`), or the aval of a concrete argument passed in (whose value
-    `token`'s call knows), or `None` for a traced or value argument."""
+    `ConstKey`), or the aval of a concrete argument passed in (whose value the
+    call with its token in `tokens` knows), or `None` for a traced or value
+    argument."""
     dynamic = [i for i, c in enumerate(slots) if not isinstance(c, ConstKey)]
     # Concrete arguments are never donated: they stay the caller's.
     donate = tuple(
         j for j, i in enumerate(dynamic) if donated_invars[i] and slots[i] is None
     )
-    tokens = [
-        token if slots[i] is not None else stand_in_token(args[i]) for i in dynamic
+    stand_ins = [
+        tokens[i] if slots[i] is not None else stand_in_token(args[i]) for i in dynamic
     ]
     passed = [args[i] for i in dynamic]
     # JAX keys the body's trace by the values' treedefs, whose static fields may
@@ -954,34 +971,37 @@ def _call(
     )
     # The settings rules read while the body traces, and the rest of the context.
     parts = (*common, donate, slots, structures, *_keys.context())
-    key = (jaxpr, _keys.key(_KEY, parts))
-    jitted = _nested.get(key) if _caches.enabled else None
-    fresh = None
+    # The jaxpr held weakly (as `_keys.jaxpr_key` holds it), so that the entry
+    # goes with it.
+    key = (weakref.ref(jaxpr), _keys.key(_KEY, parts))
+    caching = _caches.is_enabled()
+    verifying = caching and _caches.verifying
+    jitted = _nested.get(key) if caching else None
+    made = fresh = None
     staged: dict[str, str] = {}  # what the fresh body staged, in verify mode
     if jitted is None:
-        verifying = _caches.enabled and _caches.verifying
         record = ft.partial(_keep_program, key) if verifying else None
-        jitted = _jitted(jaxpr, parts, record)
-        if _caches.enabled:
-            _nested.put(key, jitted)
-            if verifying:
-                _made.put(key, parts)
-    elif _caches.verifying:
+        jitted = made = _jitted(jaxpr, parts, record)
+    elif verifying:
         # Traced afresh: the rules run, and what the body stages is recorded.
         fresh = _jitted(jaxpr, parts, staged.__setitem__)
     previous = _pending.tokens
-    _pending.tokens = tokens
+    _pending.tokens = stand_ins
     try:
         out = jitted(*passed)
         if fresh is not None:
             _verify(key, parts, out, fresh(*passed), staged)
-        return out
     finally:
         _pending.tokens = previous
+    if made is not None and caching:  # kept once a call went through
+        _nested.put(key, made, jaxpr)
+        if verifying:
+            _made.put(key, parts, jaxpr)
+    return out
 
 
 def _keep_program(key: Any, structure: str, program: str) -> None:
-    _programs.put((key, structure), program)
+    _programs.put((key, structure), program, key[0]())
 
 
 def _verify(

@@ -344,7 +344,7 @@ class QuaxTrace(Trace):
         rule = _rule_cache.get((primitive, tuple(map(type, values))))
         if rule is None:
             rule = _registry.rule_for(primitive, values)
-        if _debug.enabled or _materialisations.reports:  # `_value.tracking()`
+        if _debug.is_enabled() or _materialisations.reports:  # `_value.tracking()`
             checked = ft.partial(_apply_checked, primitive, rule)
             out = call_rule_at_trace(self.parent_trace, checked, values, params)
         else:
@@ -544,7 +544,7 @@ def _apply_checked(
             out = rule(values, params)
     else:
         out = rule(values, params)
-    if _debug.enabled:
+    if _debug.is_enabled():
         _check_rule_output(primitive, values, params, out)
     return out
 

@@ -31,7 +31,7 @@ def declared_aval(
     def aval(self: Any) -> Any:
         leaf = _object_getattribute(self, name)
         out = type(leaf).aval(leaf) if type(leaf) in value_classes else typeof(leaf)
-        if reference is not None and _debug.enabled:
+        if reference is not None and _debug.is_enabled():
             _check_declared(self, name, out, reference(self))
         return out
 

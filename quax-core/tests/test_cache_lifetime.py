@@ -1,0 +1,86 @@
+"""The nested-`jit` body cache keeps no body of a function that no longer exists:
+each entry holds its jaxpr weakly and goes with it (a compiled body holds about a
+megabyte; 256 of functions long gone held about 350 MB, issue 45 item 16)."""
+
+import gc
+from collections.abc import Callable, Iterator
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import quax
+import quax._foundation._caches as quax_caches
+from jax import lax
+from jaxtyping import ArrayLike
+from quax._rules import _control_flow
+
+from .helpers import Dense
+
+
+class Asking(Dense):
+    """A `Dense` whose product with a plain array asks for that array's value (as
+    the families' rules do), so that a nested `jit` body takes it by value."""
+
+
+@quax.register(lax.mul_p)
+def _(x: Asking, y: ArrayLike) -> Asking:
+    quax.known_constant(y, 1 << 20)
+    return Asking(x.array * y)
+
+
+TABLES = ["_nested", "_by_value", "_made", "_programs"]
+
+
+@pytest.fixture(params=["on", "verify"])
+def mode(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[str]:
+    """The caches on, or in verify mode (which keeps what each body was made with
+    too), from empty caches."""
+    monkeypatch.setattr(quax_caches, "verifying", request.param == "verify")
+    quax_caches.invalidate()
+    yield request.param
+    quax_caches.invalidate()
+
+
+def _sizes() -> dict[str, int]:
+    return {name: len(getattr(_control_flow, name)) for name in TABLES}
+
+
+def _new_function() -> Callable[[], Asking]:
+    """A call of a new jitted function inside `quax.quaxify`."""
+    x = Asking(jnp.arange(100.0, dtype=jnp.float32))
+    scale = np.full(100, 3.0, np.float32)  # large: passed in, until a rule asks
+    inner = jax.jit(lambda a, s: a * s)
+    return lambda: quax.quaxify(lambda v, s: inner(v, s))(x, scale)
+
+
+@pytest.mark.caching_behaviour
+def test_a_dead_functions_bodies_are_dropped(mode: str) -> None:
+    alive = [_new_function()]
+    for _ in range(2):
+        out = alive[0]()
+    np.testing.assert_array_equal(out.array, np.arange(100.0) * 3.0)
+    gc.collect()
+    kept = _sizes()
+    assert kept["_nested"] >= 1 and kept["_by_value"] == 1
+    if mode == "verify":
+        assert kept["_made"] >= 1 and kept["_programs"] >= 1
+    alive.clear()  # the function dies
+    gc.collect()
+    assert _sizes() == dict.fromkeys(TABLES, 0)
+
+
+@pytest.mark.caching_behaviour
+def test_a_living_functions_body_is_kept(mode: str) -> None:
+    del mode
+    x = Dense(jnp.arange(4.0, dtype=jnp.float32))
+    inner = jax.jit(lambda a: jnp.cos(a) + 1.0)
+    f = quax.quaxify(lambda v: inner(v))
+    f(x)
+    gc.collect()
+    body = next(iter(_control_flow._nested._data.values()))
+    for _ in range(3):
+        np.testing.assert_allclose(f(x).array, np.cos(np.arange(4.0)) + 1.0, rtol=1e-6)
+    assert list(_control_flow._nested._data.values()) == [body]
