@@ -79,28 +79,28 @@ def test_refusal_under_jit_and_direct_materialise() -> None:
 
 
 def test_refusal_outside_any_trace_says_why_the_rules_did_not_apply() -> None:
-    """A value that meets JAX outside any quax trace (here built inside a
-    quaxified function called with no value among its arguments, which then
-    runs as plain JAX; or used outside `quax.quaxify`) refuses with its own
-    error and message, and a sentence saying to pass it in as an argument."""
-
-    def built_inside(diagonal):
-        return jnp.sin(Band(diagonal))
-
-    for call in (lambda: quax.quaxify(built_inside)(d), lambda: jnp.sin(Band(d))):
-        with pytest.raises(BandError) as e:
+    """A value that meets JAX outside any quax trace (used outside `quax.quaxify`)
+    refuses with its own error and message, and a sentence saying to pass it into
+    a quaxified function, or build it inside one."""
+    with pytest.raises(BandError) as e:
+        jnp.sin(Band(d))
+    message = str(e.value)
+    assert message.startswith("Refusing to materialise `Band` with")
+    assert "Band.to_dense_copy()" in message
+    assert message.endswith(
+        "Pass the value into a quaxified function, or build it inside one, for its "
+        "rules to apply.)"
+    )
+    # Built inside a quaxified function called with plain arrays alone, and passed
+    # in: its rules apply (here: none, so the refusal names the primitive).
+    built_inside = lambda diagonal: jnp.sin(Band(diagonal))
+    for call in (
+        lambda: quax.quaxify(built_inside)(d),
+        lambda: quax.quaxify(jnp.sin)(Band(d)),
+    ):
+        with pytest.raises(BandError, match="for primitive `sin`") as e:
             call()
-        message = str(e.value)
-        assert message.startswith("Refusing to materialise `Band` with")
-        assert "Band.to_dense_copy()" in message
-        assert message.endswith(
-            "Pass the value into the quaxified function as an argument for its "
-            "rules to apply.)"
-        )
-    # Passed in, its rules (here: none, so the refusal names the primitive).
-    with pytest.raises(BandError, match="for primitive `sin`") as e:
-        quax.quaxify(jnp.sin)(Band(d))
-    assert "outside any quax trace" not in str(e.value)
+        assert "outside any quax trace" not in str(e.value)
 
 
 class QuantityError(RuntimeError):

@@ -60,7 +60,13 @@ from .._dispatch._staged import (
 from .._foundation import _debug
 from .._values import _value
 from .._values._checks import check_value
-from .._values._value import Value, is_value, materialise_outside_quax, value_classes
+from .._values._value import (
+    Value,
+    is_value,
+    materialise_outside_quax,
+    plain_running,
+    value_classes,
+)
 
 
 __all__ = [
@@ -459,10 +465,14 @@ def run_nested(body: Callable[[QuaxTrace], _T], selective: bool = False) -> _T:
     staged = staged_values_state.value
     trace = QuaxTrace(current_trace(), TraceTag(), selective)
     staged_values_state.set_local(not selective)
+    # Inside, a value meeting JAX outside this trace (in a rule's own code) is no
+    # value of a quaxified function running plain (see `_value.plain_running`).
+    plain = plain_running.set(False)
     out: Any
     try:
         out = call_at_trace(trace, _call, body, trace)
     finally:
+        plain_running.reset(plain)
         staged_values_state.set_local(staged)
     to_value = trace.to_value
     if type(out) is QuaxTracer:

@@ -2,6 +2,7 @@
 
 import abc
 import contextlib
+import contextvars
 import dataclasses
 import functools as ft
 import sys
@@ -30,6 +31,7 @@ from ._constructors import ValueMeta
 __all__ = [
     "ArrayValue",
     "MaterialisationReport",
+    "PlainRunMetValue",
     "Value",
     "ValueLike",
     "describe",
@@ -37,6 +39,7 @@ __all__ = [
     "is_value",
     "materialise_or_explain",
     "materialise_outside_quax",
+    "plain_running",
     "set_jax_array_conversion",
     "track_materialisation",
 ]
@@ -299,16 +302,15 @@ class Value(eqx.Module, metaclass=ValueMeta):
         quax trace, as JAX lifts a constant into the trace of the tracer it meets:
         the function then runs on it by the rules, and a value built inside the
         function (`jnp.where(x > q, x, Quantity(0.0, "m"))`) keeps its type.
-        Outside any quax trace it is the value's materialisation, under its policy:
-        a
+        That holds in a quaxified function called with plain arrays alone too (see
+        [`quax.quaxify`][]). Outside any quax trace (code outside `quax.quaxify`)
+        it is the value's materialisation, under its policy: a
         [`quax.GuardedValue`][] refuses with its [`quax.MaterialisationError`][]
         unless allowed. What `materialise` raises there is also a `TypeError`, as
         JAX's refusal of anything that is not an array is (and as the published
         quax, which defines no `__jax_array__`, raises): an error of a class
         subclassing both its own class and `TypeError`, chained to it, its message
-        ending with why the rules did not apply (a quaxified function called with
-        no value among its arguments runs as plain JAX, also where it builds a
-        value inside: pass the value in).
+        ending with why the rules did not apply.
 
         A JAX array's binary operator (`jnp.ones(3) * q`) asks first, before
         Python tries the value's reflected operator. Where the value's type defines
@@ -516,15 +518,35 @@ def _both(
 # quax trace.
 _OUTSIDE_A_TRACE = (
     " (This value met JAX outside any quax trace: code outside `quax.quaxify` "
-    "runs as plain JAX, and so does a quaxified function called with no value "
-    "among its arguments, even where it builds one inside. Pass the value into "
-    "the quaxified function as an argument for its rules to apply.)"
+    "runs as plain JAX. Pass the value into a quaxified function, or build it "
+    "inside one, for its rules to apply.)"
+)
+
+
+class PlainRunMetValue(BaseException):
+    """A value met JAX outside any quax trace while a quaxified function runs plain
+    (`plain_running`): the function runs again under quax (see
+    `quax._transform._quaxify`).
+
+    A `BaseException`, as `GeneratorExit` is, so that the function's own `except
+    Exception` never takes it for an error of its own."""
+
+
+# Whether a quaxified function runs plain now: called with no value among its
+# arguments (see `quax._transform._quaxify`), outside any quax trace. Set
+# and reset with `plain_running.set` and `.reset` (each a C call: this is on the
+# path of every such call); a new quax trace resets it for its duration, so that
+# only a value meeting JAX in the function's own code counts.
+plain_running: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "quax_plain_running", default=False
 )
 
 
 def materialise_outside_quax(value: Value, type_error: bool = True) -> Any:
     """`value` where it meets JAX outside any quax trace (`Value.__jax_array__`, or a
-    primitive bound on it): its materialisation, under its policy.
+    primitive bound on it): while a quaxified function runs plain
+    (`plain_running`), the signal to run it again under quax; else its
+    materialisation, under its policy.
 
     What the value's `materialise` raises there ends with why the rules did not
     apply. With `type_error` it is also a `TypeError`, as JAX's own refusal of a
@@ -536,6 +558,8 @@ def materialise_outside_quax(value: Value, type_error: bool = True) -> Any:
     `type_error` (for `Primitive.bind`, which replaces any `TypeError` of its
     arguments' conversion with its own message) it is the error itself.
     """
+    if plain_running.get():
+        raise PlainRunMetValue
     try:
         return type(value).materialise(value)
     except Exception as error:
