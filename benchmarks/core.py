@@ -9,6 +9,10 @@
   `ShapedArray` (as the published quax's docs write it), `aval` returning
   `jax.typeof` of the leaf (as `quax.Value.aval`'s docstring advises), and the leaf
   declared with `aval_leaf` (no user code runs);
+- no value: a quaxified function called on plain arrays only (`a * b + a`)
+  over the plain function, eagerly and as a compiled `jax.jit` call, and
+  `make_jaxpr` of the quaxified 200-call `jax.numpy` chain on a plain array over
+  the plain chain's (a call with no value runs as plain JAX: see `quax.quaxify`);
 - time to a compiled program, per phase (trace, lower, compile): a loraified Equinox
   MLP against the same LoRA MLP written by hand on plain arrays, and the units
   spring of `benchmarks/units.py` against the same program on plain arrays;
@@ -237,6 +241,31 @@ def tracing(rounds: int) -> dict[str, dict[str, float]]:
     }
 
 
+def without_values(rounds: int) -> dict[str, dict[str, float]]:
+    x = jnp.linspace(0.5, 1.5, 8)
+    y = jnp.full((8,), 2.0)
+    q_mul_add = quax.quaxify(mul_add)
+    jit_plain, jit_quaxified = jax.jit(mul_add), jax.jit(q_mul_add)
+    programs = {
+        "eager plain": (lambda: mul_add(x, y), 50, PROCESS),
+        "eager quaxified": (lambda: q_mul_add(x, y), 50, PROCESS),
+        "jit plain": (lambda: jit_plain(x, y), 100, PROCESS),
+        "jit quaxified": (lambda: jit_quaxified(x, y), 100, PROCESS),
+        # A fresh function each time, so that JAX's tracing cache never answers.
+        "trace plain": (lambda: jax.make_jaxpr(lambda a: jnp_chain(a))(x), 2, CPU),
+        "trace quaxified": (
+            lambda: jax.make_jaxpr(lambda a: quax.quaxify(jnp_chain)(a))(x),
+            2,
+            CPU,
+        ),
+    }
+    times = interleaved(programs, rounds)
+    return {
+        f"no value {name}": _summary(times, f"{name} plain", f"{name} quaxified")
+        for name in ("eager", "jit", "trace")
+    }
+
+
 # Time to a compiled program ----------------------------------------------------------
 
 WIDTH, RANK, BATCH = 256, 8, 16
@@ -351,6 +380,7 @@ def measure(quick: bool = False) -> dict[str, dict[str, float]]:
     return {
         **eager(5 if quick else 15),
         **tracing(5 if quick else 15),
+        **without_values(5 if quick else 15),
         **compiled(3 if quick else 7),
     }
 
@@ -410,6 +440,9 @@ ROWS = [
     ("jnp shaped", "`make_jaxpr`, 200-call `jax.numpy` chain, `ShapedArray` aval"),
     ("jnp typeof", "`make_jaxpr`, `jax.numpy` chain, `jax.typeof` aval"),
     ("jnp declared", "`make_jaxpr`, `jax.numpy` chain, declared aval"),
+    ("no value eager", "no value: eager `a * b + a` on plain arrays, quaxified"),
+    ("no value jit", "no value: compiled `jax.jit` call of it, quaxified"),
+    ("no value trace", "no value: `make_jaxpr`, `jax.numpy` chain, quaxified"),
     *[
         (f"{name} {phase}", f"{label}: {phase}")
         for name, label in (

@@ -188,12 +188,134 @@ def test_value_built_inside_gradient():
     _check(got, want)
 
 
-def test_plain_input_value_built_inside():
-    # A quaxified function without a value among its inputs runs unchanged: the
-    # value built inside meets no quax trace, and is materialised where allowed.
-    got = quax.quaxify(lambda x: jnp.where(x > 0.75, x, Dense(b)))(x0)
-    assert type(got) is jax.Array or isinstance(got, jax.Array)
-    _check(got, jnp.where(x0 > 0.75, x0, b))
+# No value among the arguments --------------------------------------------------------
+#
+# A quaxified function called on plain arrays alone builds its values inside: they
+# work as they do beside a value argument. It runs as plain JAX until a value meets
+# JAX, then again from the start under quax (its Python before that point runs
+# twice).
+
+
+def _built_inside(x: Any) -> Any:
+    return jnp.where(x > Refusing(a), x, Refusing(b))
+
+
+_TRANSFORMS: dict[str, Callable[[Callable[..., Any]], Callable[..., Any]]] = {
+    "eager": lambda f: f,
+    "jit": jax.jit,
+    "vmap": jax.vmap,
+    "jit_vmap": lambda f: jax.jit(jax.vmap(f)),
+}
+
+
+@pytest.mark.parametrize("transform", _TRANSFORMS)
+def test_plain_inputs_value_built_inside(transform):
+    # `Refusing` never materialises: the result can only come from its rules.
+    run = _TRANSFORMS[transform](quax.quaxify(_built_inside))
+    batched = "vmap" in transform
+    x = jnp.stack([x0, 2 * x0]) if batched else x0
+    got = run(x)
+    assert isinstance(got, Refusing)
+    dense = lambda x: jnp.where(x > a, x, b)
+    _check(got, jax.vmap(dense)(x) if batched else dense(x))
+
+
+def test_plain_inputs_value_built_inside_a_solve():
+    # The issue's program: a value built from the vmapped arguments, then a
+    # `jax.numpy` function of it (a `Liftable` solve runs by its `default`, which
+    # never materialises; the solve's plain right-hand side is lifted into it).
+    d = jnp.array([[1.0, 2.0, 4.0], [2.0, 2.0, 3.0]])
+    rhs = jnp.array([[1.0, 1.0, 1.0], [1.0, -1.0, 2.0]])
+
+    def solve(d: Any, rhs: Any) -> Any:
+        return jnp.linalg.solve(Liftable(jnp.diag(d)), rhs)
+
+    got = jax.vmap(quax.quaxify(solve))(d, rhs)
+    _check(got, rhs / d)
+
+
+def test_plain_inputs_value_built_inside_gradient():
+    g = quax.quaxify(lambda x: x * Dense(b) + x)
+    types = []
+
+    def loss(x: Any) -> Any:
+        out = g(x)
+        types.append(type(out))
+        return jnp.sum(_unwrap(out))
+
+    _check(jax.grad(loss)(x0), b + 1)
+    assert types == [Dense]  # by the rules, not materialised
+
+
+def test_plain_inputs_without_a_value_run_once_as_plain_jax():
+    calls = []
+
+    def f(x: Any) -> Any:
+        calls.append(None)
+        return jnp.unique(x)  # a data-dependent shape: eager plain JAX only
+
+    got = quax.quaxify(f)(jnp.array([2.0, 1.0, 2.0]))
+    assert type(got) is type(x0)
+    _check(got, jnp.array([1.0, 2.0]))
+    assert len(calls) == 1
+    jax.jit(quax.quaxify(lambda x: (calls.append(None), x * 2.0)[1]))(x0)
+    assert len(calls) == 2
+
+
+def test_plain_inputs_value_met_late_runs_the_function_again():
+    # Documented: the Python before a value meets JAX runs twice.
+    before, after = [], []
+
+    def f(x: Any) -> Any:
+        before.append(None)
+        y = jnp.sin(x)
+        out = jnp.where(y > 0.5, y, Refusing(b))
+        after.append(None)
+        return out
+
+    got = quax.quaxify(f)(x0)
+    _check(got, jnp.where(jnp.sin(x0) > 0.5, jnp.sin(x0), b))
+    assert (len(before), len(after)) == (2, 1)
+
+
+def test_plain_inputs_value_met_inside_an_except_exception_block():
+    # The function's own `except Exception` never takes the signal to run again.
+    def f(x: Any) -> Any:
+        try:
+            return jnp.where(x > 1.0, x, Refusing(b))
+        except Exception:
+            return x
+
+    got = quax.quaxify(f)(x0)
+    assert isinstance(got, Refusing)
+    _check(got, jnp.where(x0 > 1.0, x0, b))
+
+
+class Densifying(Dense):
+    """A `Dense` whose `mul` rule densifies a value of its own with a `jax.numpy`
+    function, in the rule's own code: outside the quax trace it runs under."""
+
+    def __mul__(self, other: Any) -> Any:
+        return quax.quaxify(operator.mul)(self, other)
+
+
+@quax.register(jax.lax.mul_p)
+def _(x: Densifying, y: jax.Array | float) -> Any:
+    return jnp.asarray(Dense(x.array)) * y
+
+
+def test_a_rules_own_value_is_no_value_of_the_plain_run():
+    # The value enters through its own operator (a quax trace of its own), whose
+    # rule materialises a value outside it: the plain run goes on, once.
+    calls = []
+
+    def f(x: Any) -> Any:
+        calls.append(None)
+        return Densifying(x) * 2.0
+
+    got = quax.quaxify(f)(x0)
+    _check(got, 2 * x0)
+    assert len(calls) == 1
 
 
 # Outside any quax trace -------------------------------------------------------------

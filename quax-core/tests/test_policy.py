@@ -1,8 +1,10 @@
 """The materialisation policy every family shares: `quax.GuardedValue` and
 `quax.MaterialisationError`."""
 
-from typing import ClassVar
+from collections.abc import Callable
+from typing import Any, ClassVar
 
+import equinox as eqx
 import jax
 import jax.core
 import jax.numpy as jnp
@@ -77,28 +79,106 @@ def test_refusal_under_jit_and_direct_materialise() -> None:
 
 
 def test_refusal_outside_any_trace_says_why_the_rules_did_not_apply() -> None:
-    """A value that meets JAX outside any quax trace (here built inside a
-    quaxified function called with no value among its arguments, which then
-    runs as plain JAX; or used outside `quax.quaxify`) refuses with its own
-    error and message, and a sentence saying to pass it in as an argument."""
-
-    def built_inside(diagonal):
-        return jnp.sin(Band(diagonal))
-
-    for call in (lambda: quax.quaxify(built_inside)(d), lambda: jnp.sin(Band(d))):
-        with pytest.raises(BandError) as e:
+    """A value that meets JAX outside any quax trace (used outside `quax.quaxify`)
+    refuses with its own error and message, and a sentence saying to pass it into
+    a quaxified function, or build it inside one."""
+    with pytest.raises(BandError) as e:
+        jnp.sin(Band(d))
+    message = str(e.value)
+    assert message.startswith("Refusing to materialise `Band` with")
+    assert "Band.to_dense_copy()" in message
+    assert message.endswith(
+        "Pass the value into a quaxified function, or build it inside one, for its "
+        "rules to apply.)"
+    )
+    # Built inside a quaxified function called with plain arrays alone, and passed
+    # in: its rules apply (here: none, so the refusal names the primitive).
+    built_inside = lambda diagonal: jnp.sin(Band(diagonal))
+    for call in (
+        lambda: quax.quaxify(built_inside)(d),
+        lambda: quax.quaxify(jnp.sin)(Band(d)),
+    ):
+        with pytest.raises(BandError, match="for primitive `sin`") as e:
             call()
-        message = str(e.value)
-        assert message.startswith("Refusing to materialise `Band` with")
-        assert "Band.to_dense_copy()" in message
-        assert message.endswith(
-            "Pass the value into the quaxified function as an argument for its "
-            "rules to apply.)"
-        )
-    # Passed in, its rules (here: none, so the refusal names the primitive).
-    with pytest.raises(BandError, match="for primitive `sin`") as e:
-        quax.quaxify(jnp.sin)(Band(d))
-    assert "outside any quax trace" not in str(e.value)
+        assert "outside any quax trace" not in str(e.value)
+
+
+class QuantityError(RuntimeError):
+    """A refusal as unxt's `Quantity` raises it: a plain `RuntimeError` whose
+    constructor takes other arguments than its message, with an attribute."""
+
+    def __init__(self, unit: str) -> None:
+        super().__init__(f"Refusing to materialise `Quantity` in {unit}.")
+        self.unit = unit
+
+
+class Failing(quax.ArrayValue):
+    """A value whose `materialise` raises what `error` gives."""
+
+    array: jax.Array
+    error: Callable[[], Exception] = eqx.field(static=True)
+
+    def aval(self) -> jax.core.ShapedArray:
+        return jax.typeof(self.array)
+
+    def materialise(self) -> jax.Array:
+        raise self.error()
+
+
+def _refusing_as_unxt(array: jax.Array) -> Any:
+    return Failing(array, lambda: QuantityError("m"))
+
+
+def _broken(array: jax.Array) -> Any:
+    return Failing(array, lambda: ValueError("materialise is broken"))
+
+
+_JAX_FUNCTIONS = {
+    "square": jnp.square,
+    "asarray": jnp.asarray,
+    "where": lambda v: jnp.where(True, v, v),
+    "stack": lambda v: jnp.stack([v, v]),
+    "jit": jax.jit(jnp.sin),
+}
+
+
+@pytest.mark.parametrize("function", _JAX_FUNCTIONS)
+def test_refusal_outside_any_trace_is_a_type_error(function: str) -> None:
+    """As the published quax's: a value is not an array there (its clients catch a
+    `TypeError`, as unxt's documentation does around `jnp.square(q)`). The error
+    stays the value's own (a refusal a `RuntimeError` saying "Refusing to
+    materialise"), with its attributes, chained to what `materialise` raised."""
+    call = _JAX_FUNCTIONS[function]
+    for value, own in [
+        (_refusing_as_unxt(d), QuantityError),
+        (Band(d), BandError),
+        (_broken(d), ValueError),
+    ]:
+        with pytest.raises(TypeError) as e:
+            call(value)
+        error = e.value
+        assert isinstance(error, own), type(error).__mro__
+        assert type(error.__cause__) is own
+        assert str(error).startswith(str(error.__cause__))
+        assert str(error).endswith("for its rules to apply.)")
+        if own is not ValueError:
+            assert isinstance(error, RuntimeError)
+            assert str(error).startswith("Refusing to materialise")
+    with pytest.raises(TypeError) as e:
+        jnp.square(_refusing_as_unxt(d))
+    assert e.value.unit == "m"  # type: ignore[attr-defined]
+    assert not isinstance(e.value, quax.MaterialisationError)
+    with pytest.raises(TypeError) as e:
+        jnp.square(Band(d))
+    assert isinstance(e.value, quax.MaterialisationError)
+
+
+def test_refusal_of_a_primitive_bound_outside_any_trace_is_the_values_own() -> None:
+    # `Primitive.bind` replaces a `TypeError` from an argument's conversion with its
+    # own message: the refusal reaches the user as it was.
+    with pytest.raises(BandError, match="Refusing to materialise `Band`") as e:
+        jax.lax.sin_p.bind(Band(d), accuracy=None)
+    assert not isinstance(e.value, TypeError)
 
 
 def test_allowed_value_densifies_through_the_primitive() -> None:

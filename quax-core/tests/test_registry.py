@@ -99,9 +99,12 @@ class Contested(Tagged):
     pass
 
 
-def _rule_from(package: str, result: float) -> Any:
-    def rule(x: Contested, **params: Any) -> Any:
-        return Contested(jnp.full_like(x.array, result))
+def _rule_from(package: str, result: float, cls: type[Tagged] = Contested) -> Any:
+    """A rule for `exp` on `cls` that fills with `result`, as if registered by the
+    distribution providing `package`."""
+
+    def rule(x: cls, **params: Any) -> Any:  # type: ignore[valid-type]
+        return cls(jnp.full_like(x.array, result))
 
     rule.__module__ = f"{package}._rules"
     return rule
@@ -119,6 +122,44 @@ def test_two_distributions_registering_one_signature_warn() -> None:
     assert "wins by its higher precedence" in message
     out = quax.quaxify(jnp.exp)(Contested(jnp.zeros(2)))
     np.testing.assert_array_equal(out.array, [2.0, 2.0])
+
+
+# Equal signatures from two distributions never both reach plum: one replaces the
+# other at registration, by precedence, and on a tie the later one wins (as the
+# docstring of `quax.register` and the warning say). Each case registers on a type
+# of its own, so that no earlier registration takes part.
+
+
+@pytest.mark.parametrize(
+    ("first", "second"), [("quax_lora", "quax_units"), ("quax_units", "quax_lora")]
+)
+def test_precedence_tie_between_two_distributions_goes_to_the_later(
+    first: str, second: str
+) -> None:
+    class Tied(Tagged):
+        pass
+
+    quax.register(lax.exp_p)(_rule_from(first, 1.0, Tied))
+    with pytest.warns(quax.RuleConflictWarning, match="so the later one, .* wins"):
+        quax.register(lax.exp_p)(_rule_from(second, 2.0, Tied))
+    out = quax.quaxify(jnp.exp)(Tied(jnp.zeros(2)))
+    np.testing.assert_array_equal(out.array, [2.0, 2.0])
+    rule = quax.resolve(lax.exp_p, [Tied]).function
+    assert rule is not None and rule.__module__ == f"{second}._rules"
+
+
+def test_higher_precedence_of_the_earlier_distribution_is_kept() -> None:
+    class Kept(Tagged):
+        pass
+
+    quax.register(lax.exp_p, precedence=1)(_rule_from("quax_units", 1.0, Kept))
+    with pytest.warns(quax.RuleConflictWarning) as caught:
+        quax.register(lax.exp_p)(_rule_from("quax_lora", 2.0, Kept))
+    (message,) = [str(w.message) for w in caught]
+    winner = r"; quax-units \(quax_units\._rules\.[^;]*\) wins by its higher precedence"
+    assert re.search(winner, message), message
+    out = quax.quaxify(jnp.exp)(Kept(jnp.zeros(2)))
+    np.testing.assert_array_equal(out.array, [1.0, 1.0])
 
 
 # Params a rule does not declare -------------------------------------------------------

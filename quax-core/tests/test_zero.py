@@ -430,7 +430,13 @@ def test_matmul_shapes(n: int, k: int, m: int, left: bool) -> None:
         ((2.5,), F32, r"must be an int, got 2\.5"),
         (None, F32, r"tuple of ints, got None"),
         ((True, 2), F32, r"must be an int, got True"),
-        ((2,), "not-a-dtype", r"'not-a-dtype' is not a dtype"),
+        ((2,), "not-a-dtype", r"`dtype` 'not-a-dtype' is not a dtype"),
+        # Dtypes NumPy has and JAX has no arrays of (`object` was accepted).
+        ((3,), object, r"`dtype` must be a boolean, .* got object, which JAX has no"),
+        ((3,), str, r"`dtype` must be .* got <U0"),
+        ((3,), np.datetime64, r"`dtype` must be .* got datetime64"),
+        ((3,), "S3", r"`dtype` must be .* got \|S3"),
+        ((), jax.random.key(0).dtype, r"`dtype` key<fry> is not a dtype"),
     ],
 )
 def test_nonsense_shapes_and_dtypes_are_refused(shape, dtype, match) -> None:

@@ -160,6 +160,13 @@ OPS: list[Op] = [
         ),
         ANY,
     ),
+    # A zero predicate picks the first case everywhere: `o`, whose signs the last
+    # case's (`-o`) never share.
+    (
+        "select_n_zero_predicate",
+        lambda z, o, d: lax.select_n(jnp.real(z).astype(jnp.int32), o, z, -o),
+        ANY,
+    ),
     (
         "pad",
         lambda z, o, d: (
@@ -444,6 +451,43 @@ def test_mixed_signs_with_annihilated_element(name, fn, y, dtype):
         with quax.zero.ieee_strict():
             strict = run(z, jnp.asarray(y))
         _assert_same_bits(f"{name} strict", strict, fn(dense_zero, jnp.asarray(y)))
+
+
+# `Zero / Zero` outside `ieee_strict()`: the zero divisor annihilates as a one of its
+# sign, so the quotient's sign is the dividend's times the divisor's, as for
+# `x / copysign(1, y)` on the dense zeros.
+_SIGN_PAIRS = [(False, False), (False, True), (True, False), (True, True)]
+
+
+@pytest.mark.parametrize("jit", [False, True])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize(("x_negative", "y_negative"), _SIGN_PAIRS)
+def test_zero_over_zero_takes_the_divisors_sign(x_negative, y_negative, dtype, jit):
+    with jax.enable_x64(dtype == np.float64):
+        x = Zero((2,), dtype, x_negative)
+        y = Zero((2,), dtype, y_negative)
+        divide = quax.quaxify(lambda x, y: x / y)
+        out = (jax.jit(divide) if jit else divide)(x, y)
+        dense_x, dense_y = x.materialise(), y.materialise()
+        expected = dense_x / jnp.copysign(jnp.ones_like(dense_y), dense_y)
+        _assert_same_bits(f"{x_negative} / {y_negative}", out, expected)
+        assert bool(jnp.signbit(expected[0])) is (x_negative != y_negative)
+
+
+@pytest.mark.parametrize("jit", [False, True])
+@pytest.mark.parametrize("x_signs", _SIGN_PAIRS)
+@pytest.mark.parametrize("y_signs", _SIGN_PAIRS)
+def test_complex_zero_over_zero_takes_the_divisors_signs(x_signs, y_signs, jit):
+    x = Zero((2,), jnp.complex64, x_signs)
+    y = Zero((2,), jnp.complex64, y_signs)
+    divide = quax.quaxify(lambda x, y: x / y)
+    out = (jax.jit(divide) if jit else divide)(x, y)
+    # The divisor read as a one of its sign: its real part `copysign(1, re y)`, its
+    # imaginary part `im y` (a signed zero), in plain JAX on the dense zeros.
+    dense_x, dense_y = x.materialise(), y.materialise()
+    real = jnp.copysign(jnp.ones_like(dense_y.real), dense_y.real)
+    expected = dense_x / lax.complex(real, dense_y.imag)
+    _assert_same_bits(f"{x_signs} / {y_signs}", out, expected)
 
 
 def test_mixed_signs_keep_the_operands_dtype():

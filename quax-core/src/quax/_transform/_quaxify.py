@@ -8,6 +8,7 @@ from typing import Any, Generic, TypeVar
 import equinox as eqx
 import jax
 import jax.tree_util as jtu
+import numpy as np
 from jaxtyping import PyTree
 
 from .._caching._eager import call_compiled
@@ -23,7 +24,13 @@ from .._compat import (
 from .._dispatch import _plugins
 from .._dispatch._staged import stage_value, staging_joins
 from .._values._checks import check_value
-from .._values._value import describe, is_value, value_classes
+from .._values._value import (
+    PlainRunMetValue,
+    describe,
+    is_value,
+    plain_running,
+    value_classes,
+)
 from ._trace import QuaxTrace, active_trace, run_nested
 
 
@@ -133,6 +140,52 @@ def _check_batchable(out: Any) -> None:
             )
 
 
+def _without_values(
+    fn: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any], eager: bool
+) -> Any:
+    """`fn(*args, **kwargs)`, called with no value among them (at the eval trace
+    where `eager`): as plain JAX where no value meets JAX in it, the rules applying
+    to those that do (see `quaxify`)."""
+    if not eager:
+        trace, _ = active_trace()
+        if trace is not None and not trace.selective:
+            # Inside a quaxified function: a value built here joins its trace.
+            return fn(*args, **kwargs)
+    # Plain JAX, at plain JAX's cost (eagerly, a quax trace would take every
+    # `jax.jit` off JAX's fast path; while JAX stages a program, it would cost
+    # tracing time), so that functions with data-dependent shapes (`jnp.unique`,
+    # ...) keep working too, and values that `fn` passes to a nested `quaxify` are
+    # left to it. A value meeting JAX outside any quax trace ends the plain run
+    # (`PlainRunMetValue`), and `fn` runs again from the start under quax.
+    plain = plain_running.set(True)
+    try:
+        return fn(*args, **kwargs)
+    except PlainRunMetValue:
+        pass
+    finally:
+        plain_running.reset(plain)
+    leaves, treedef = jtu.tree_flatten((fn, args, kwargs), is_leaf=is_value)
+    out = run_nested(lambda trace: _call(trace, True, leaves, treedef))
+    if batching():
+        _check_batchable(out)
+    return out
+
+
+# The types of the arguments `_is_plain` found to be arrays (JAX's, tracers, NumPy's)
+# or scalars: one set lookup each on the next call.
+_plain_types: set[type] = set()
+_ARRAYS_AND_SCALARS = (jax.Array, np.ndarray, np.generic, bool, int, float, complex)
+
+
+def _is_plain(x: Any) -> bool:
+    """Whether `x` is an array or a scalar, not a value (nor holding one)."""
+    cls = type(x)
+    if issubclass(cls, _ARRAYS_AND_SCALARS) and not is_value(x):
+        _plain_types.add(cls)
+        return True
+    return False
+
+
 class _Quaxify(eqx.Module, Generic[_CT]):
     fn: _CT
     filter_spec: PyTree[bool | Callable[[Any], bool]]
@@ -146,36 +199,31 @@ class _Quaxify(eqx.Module, Generic[_CT]):
         # The fields without equinox's attribute lookup (this is the eager hot path).
         fields = _attribute(self, "__dict__")
         fn, filter_spec = fields["fn"], fields["filter_spec"]
-        if (
-            filter_spec is True
-            and is_eval_trace(current_trace())
-            and _is_library_function(fn)
-        ):
+        eager = is_eval_trace(current_trace())
+        if filter_spec is True and eager and _is_library_function(fn):
             # Eagerly, library code runs as one compiled program
             # (`quax._caching._eager`).
             done, out = call_compiled(fn, lambda: self, args, kwargs)
             if done:
                 return out
-        if (
-            filter_spec is True
-            and not kwargs
-            and type(fn) is FunctionType
-            and all(type(x) in value_classes for x in args)
-            and args
-            and _trace_to_join(args) is None
-        ):
-            # The common case, a function called on values: nothing to flatten.
-            out = run_nested(lambda trace: fn(*map(trace.box, args)), False)
-            if batching():
-                _check_batchable(out)
-            return out
+        if filter_spec is True and not kwargs and type(fn) is FunctionType:
+            if (
+                all(type(x) in value_classes for x in args)
+                and args
+                and _trace_to_join(args) is None
+            ):
+                # The common case, a function called on values: nothing to flatten.
+                out = run_nested(lambda trace: fn(*map(trace.box, args)), False)
+                if batching():
+                    _check_batchable(out)
+                return out
+            if all(type(x) in _plain_types or _is_plain(x) for x in args):
+                # A function called on arrays alone: nothing to flatten either.
+                return _without_values(fn, args, kwargs, eager)
         leaves, treedef = jtu.tree_flatten((fn, args, kwargs), is_leaf=is_value)
         if filter_spec is True:
             if not any(map(is_value, leaves)):
-                # No value to dispatch on: run the function as it is, untraced, so
-                # that functions with data-dependent shapes (`jnp.unique`, ...) keep
-                # working.
-                return fn(*args, **kwargs)
+                return _without_values(fn, args, kwargs, eager)
             outer = _trace_to_join(leaves)
             if outer is _STAGE:
                 return _call_staged(leaves, treedef)
@@ -227,8 +275,22 @@ def quaxify(
     A callable `equinox.Module` with the signature of `fn`, typed as taking any
     arguments and returning `Any`: it is called with values where `fn`'s annotations
     say arrays, and returns what the rules return (a `LoraArray` where `fn` is
-    annotated to return an array). `__wrapped__` is `fn`. Called with no `Value`
-    among the selected inputs, it runs `fn` unchanged.
+    annotated to return an array). `__wrapped__` is `fn`.
+
+    **Called with no value.** Called with no `Value` among its arguments (with the
+    default `filter_spec`), it runs `fn` as plain JAX, at plain JAX's cost
+    (functions with data-dependent shapes, such as `jnp.unique`, work eagerly), and
+    a value that `fn` builds inside still has its rules applied
+    (`jax.vmap(quax.quaxify(lambda d, u, b: jnp.linalg.solve(LowRankPlusDiagonal(d,
+    u), b)))`): where such a value meets a JAX function outside any quax trace,
+    `fn` runs again, from the start, under quax. Its Python before that point,
+    side effects included, then runs twice, and the work before it is done twice:
+    eagerly, computed twice; while JAX stages a program (`jax.jit`), staged
+    twice, and XLA drops the first, unused copy when it compiles the program,
+    except its effects (`jax.debug.print`, callbacks) and what they read, which
+    then run twice each time the program runs. Build the values before such
+    effects, or pass one in as an argument. Inside another quaxified function,
+    values built in `fn` join that function's trace.
     """
     # What `eqx.module_update_wrapper(_Quaxify(fn, filter_spec))` builds, at a
     # fraction of its cost (see `benchmarks/README.md`), as `quax.quaxify(f)(x)` is

@@ -60,8 +60,13 @@ from .._dispatch._staged import (
 from .._foundation import _debug
 from .._values import _value
 from .._values._checks import check_value
-from .._values._policy import MaterialisationError
-from .._values._value import Value, is_value, value_classes
+from .._values._value import (
+    Value,
+    is_value,
+    materialise_outside_quax,
+    plain_running,
+    value_classes,
+)
 
 
 __all__ = [
@@ -404,7 +409,7 @@ def _bound_value(value: Value) -> Any:
     trace = current_trace()
     if type(trace) is QuaxTrace:
         return trace.wrap(value)
-    return _materialised_outside_a_trace(value)
+    return materialise_outside_quax(value, type_error=False)
 
 
 register_bind_conversion(Value, _bound_value)
@@ -417,32 +422,10 @@ def _jax_array(value: Value) -> Any:
     check_value(value)
     trace, between = active_trace()
     if trace is None:
-        return _materialised_outside_a_trace(value)
+        return materialise_outside_quax(value)
     if trace.selective:
         return type(value).materialise(value)
     return lift(value, trace, between)
-
-
-# Appended to a refusal to materialise where a value met JAX outside any quax
-# trace: the usual cause is a value built inside a quaxified function called
-# with no value among its arguments, which then runs as plain JAX.
-_OUTSIDE_A_TRACE = (
-    " (This value met JAX outside any quax trace: code outside `quax.quaxify` "
-    "runs as plain JAX, and so does a quaxified function called with no value "
-    "among its arguments, even where it builds one inside. Pass the value into "
-    "the quaxified function as an argument for its rules to apply.)"
-)
-
-
-def _materialised_outside_a_trace(value: Value) -> Any:
-    """`value` materialised under its policy where no quax trace is current;
-    a refusal says why the rules did not apply (`_OUTSIDE_A_TRACE`)."""
-    try:
-        return type(value).materialise(value)
-    except MaterialisationError as error:
-        if error.args and isinstance(error.args[0], str):
-            error.args = (error.args[0] + _OUTSIDE_A_TRACE, *error.args[1:])
-        raise
 
 
 _value.set_jax_array_conversion(_jax_array)
@@ -482,10 +465,14 @@ def run_nested(body: Callable[[QuaxTrace], _T], selective: bool = False) -> _T:
     staged = staged_values_state.value
     trace = QuaxTrace(current_trace(), TraceTag(), selective)
     staged_values_state.set_local(not selective)
+    # Inside, a value meeting JAX outside this trace (in a rule's own code) is no
+    # value of a quaxified function running plain (see `_value.plain_running`).
+    plain = plain_running.set(False)
     out: Any
     try:
         out = call_at_trace(trace, _call, body, trace)
     finally:
+        plain_running.reset(plain)
         staged_values_state.set_local(staged)
     to_value = trace.to_value
     if type(out) is QuaxTracer:

@@ -2,6 +2,7 @@
 
 import abc
 import contextlib
+import contextvars
 import dataclasses
 import functools as ft
 import sys
@@ -30,12 +31,15 @@ from ._constructors import ValueMeta
 __all__ = [
     "ArrayValue",
     "MaterialisationReport",
+    "PlainRunMetValue",
     "Value",
     "ValueLike",
     "describe",
     "describe_types",
     "is_value",
     "materialise_or_explain",
+    "materialise_outside_quax",
+    "plain_running",
     "set_jax_array_conversion",
     "track_materialisation",
 ]
@@ -298,11 +302,15 @@ class Value(eqx.Module, metaclass=ValueMeta):
         quax trace, as JAX lifts a constant into the trace of the tracer it meets:
         the function then runs on it by the rules, and a value built inside the
         function (`jnp.where(x > q, x, Quantity(0.0, "m"))`) keeps its type.
-        Outside any quax trace it is the value's materialisation, under its policy:
-        a [`quax.GuardedValue`][] refuses with its [`quax.MaterialisationError`][]
-        unless allowed, its message ending with why the rules did not apply (a
-        quaxified function called with no value among its arguments runs as
-        plain JAX, also where it builds a value inside: pass the value in).
+        That holds in a quaxified function called with plain arrays alone too (see
+        [`quax.quaxify`][]). Outside any quax trace (code outside `quax.quaxify`)
+        it is the value's materialisation, under its policy: a
+        [`quax.GuardedValue`][] refuses with its [`quax.MaterialisationError`][]
+        unless allowed. What `materialise` raises there is also a `TypeError`, as
+        JAX's refusal of anything that is not an array is (and as the published
+        quax, which defines no `__jax_array__`, raises): an error of a class
+        subclassing both its own class and `TypeError`, chained to it, its message
+        ending with why the rules did not apply.
 
         A JAX array's binary operator (`jnp.ones(3) * q`) asks first, before
         Python tries the value's reflected operator. Where the value's type defines
@@ -338,15 +346,6 @@ class Value(eqx.Module, metaclass=ValueMeta):
         if cls.aval_leaf is not None:
             aval = declared_aval(cls, cls.aval_leaf, value_classes)
             setattr(cls, "aval", aval)  # noqa: B010
-
-
-def _materialise(value: Value) -> Any:
-    return type(value).materialise(value)
-
-
-# How a value answers `__jax_array__`: set by `quax._transform._trace`, which knows the
-# quax traces (see `set_jax_array_conversion`).
-_jax_array_conversion: Callable[[Value], Any] = _materialise
 
 
 def set_jax_array_conversion(convert: Callable[[Value], Any]) -> None:
@@ -483,22 +482,117 @@ def materialise_or_explain(
         raise error(f"{context(describe(x))}, and that failed: {e}{advice}") from e
 
 
-_refusal_errors: dict[type[Exception], type[Exception]] = {}
-
-
 def _refusal_error(error: type[Exception]) -> type[Exception]:
     """`error`, or a subclass of it that is also a `RuntimeError`."""
     if issubclass(error, RuntimeError):
         return error
+    return _both(
+        error,
+        RuntimeError,
+        f"Refused{error.__name__}",
+        f"A `{error.__name__}` caused by a value's refusal to materialise.",
+    )
+
+
+# `_both`'s classes, by their two bases.
+_combined_errors: dict[tuple[type[Exception], type[Exception]], type[Exception]] = {}
+
+
+def _both(
+    first: type[Exception], second: type[Exception], name: str, doc: str
+) -> type[Exception]:
+    """An exception class subclassing `first` and `second` (one per pair), so that
+    an error of `first` is caught as a `second` too."""
     try:
-        return _refusal_errors[error]
+        return _combined_errors[first, second]
     except KeyError:
-        name = f"Refused{error.__name__}"
-        doc = f"A `{error.__name__}` caused by a value's refusal to materialise."
-        bases = (error, RuntimeError)
+        bases = (first, second)
         cls = type(name, bases, {"__doc__": doc, "__module__": "quax"})  # pyright: ignore[reportGeneralTypeIssues]
-        _refusal_errors[error] = cls
+        _combined_errors[first, second] = cls
         return cls
+
+
+# Outside any quax trace ---------------------------------------------------------------
+
+# Appended to what a value's `materialise` raises where the value met JAX outside any
+# quax trace.
+_OUTSIDE_A_TRACE = (
+    " (This value met JAX outside any quax trace: code outside `quax.quaxify` "
+    "runs as plain JAX. Pass the value into a quaxified function, or build it "
+    "inside one, for its rules to apply.)"
+)
+
+
+class PlainRunMetValue(BaseException):
+    """A value met JAX outside any quax trace while a quaxified function runs plain
+    (`plain_running`): the function runs again under quax (see
+    `quax._transform._quaxify`).
+
+    A `BaseException`, as `GeneratorExit` is, so that the function's own `except
+    Exception` never takes it for an error of its own."""
+
+
+# Whether a quaxified function runs plain now: called with no value among its
+# arguments (see `quax._transform._quaxify`), outside any quax trace. Set
+# and reset with `plain_running.set` and `.reset` (each a C call: this is on the
+# path of every such call); a new quax trace resets it for its duration, so that
+# only a value meeting JAX in the function's own code counts.
+plain_running: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "quax_plain_running", default=False
+)
+
+
+def materialise_outside_quax(value: Value, type_error: bool = True) -> Any:
+    """`value` where it meets JAX outside any quax trace (`Value.__jax_array__`, or a
+    primitive bound on it): while a quaxified function runs plain
+    (`plain_running`), the signal to run it again under quax; else its
+    materialisation, under its policy.
+
+    What the value's `materialise` raises there ends with why the rules did not
+    apply. With `type_error` it is also a `TypeError`, as JAX's own refusal of a
+    value that is not an array is (the published quax defines no `__jax_array__`,
+    so its clients catch a `TypeError` from `jnp.square(q)`): the error itself
+    where it is one, else an error of a class subclassing both its class and
+    `TypeError`, with its arguments and attributes, chained to it, so that a
+    refusal stays a `RuntimeError` saying "Refusing to materialise". Without
+    `type_error` (for `Primitive.bind`, which replaces any `TypeError` of its
+    arguments' conversion with its own message) it is the error itself.
+    """
+    if plain_running.get():
+        raise PlainRunMetValue
+    try:
+        return type(value).materialise(value)
+    except Exception as error:
+        if not type_error or isinstance(error, TypeError):
+            _explain_outside(error)
+            raise
+        cls = type(error)
+        outside = _both(
+            cls,
+            TypeError,
+            f"{cls.__name__}OutsideQuax",
+            f"A `{cls.__name__}` raised by a value's `materialise` where the value "
+            "met JAX outside any quax trace; also a `TypeError`, as JAX's refusal "
+            "of a value that is not an array is.",
+        )
+        # The same error, of the combined class: `__init__` is not run again (its
+        # signature is the original class's), its arguments and attributes copied.
+        again = BaseException.__new__(outside)
+        again.__dict__.update(vars(error))
+        again.args = error.args
+        _explain_outside(again)
+        raise again from error
+
+
+def _explain_outside(error: BaseException) -> None:
+    """Append why the rules did not apply to `error`'s message."""
+    if error.args and isinstance(error.args[0], str):
+        error.args = (error.args[0] + _OUTSIDE_A_TRACE, *error.args[1:])
+
+
+# How a value answers `__jax_array__`: set by `quax._transform._trace`, which knows the
+# quax traces (see `set_jax_array_conversion`); until then, as outside any.
+_jax_array_conversion: Callable[[Value], Any] = materialise_outside_quax
 
 
 # Materialisation tracking ------------------------------------------------------------

@@ -52,7 +52,8 @@ class Zero(ArrayValue):
     batched shapes.
 
     **Raises:** `ValueError` for a shape that is not a tuple of non-negative ints,
-    a dtype that is not one, or a sign that the dtype cannot hold.
+    a dtype that JAX has no arrays of (`object`, strings, `datetime64`, ...), or a
+    sign that the dtype cannot hold.
     """
 
     _shape: tuple[int, ...] = eqx.field(static=True)
@@ -75,10 +76,7 @@ class Zero(ArrayValue):
             its own sign. Integer and boolean zeros take only `False`.
         """
         self._shape = _checked_shape(shape)
-        try:
-            self._dtype = jax.dtypes.canonicalize_dtype(dtype)
-        except TypeError as e:
-            raise ValueError(f"Zero: {dtype!r} is not a dtype ({e}).") from e
+        self._dtype = _checked_dtype(dtype)
         self._signs = _checked_signs(negative, self._dtype)
 
     @property
@@ -108,6 +106,37 @@ def signed_zeros(
         real, imag = (jnp.full(shape, -0.0 if s else 0.0, part) for s in signs)
         return jax.lax.complex(real, imag)
     return jnp.full(shape, -0.0, dtype)
+
+
+def _checked_dtype(dtype: Any) -> np.dtype:
+    """`dtype` canonicalised as JAX does, or a `ValueError` naming the field and
+    saying why it is not a dtype of JAX's arrays."""
+    try:
+        canonical = jax.dtypes.canonicalize_dtype(dtype)
+    except (TypeError, ValueError) as e:
+        # Not a dtype (`"float"` typed wrongly), or an extended one (PRNG keys).
+        raise ValueError(
+            f"Zero: `dtype` {dtype!r} is not a dtype of JAX's numeric arrays ({e})."
+        ) from e
+    reason = _unsupported(canonical)
+    if reason is not None:
+        raise ValueError(
+            f"Zero: `dtype` must be a boolean, integer, floating or complex dtype, "
+            f"as JAX's arrays have; got {canonical}, which JAX has no arrays of "
+            f"({reason})"
+        )
+    return canonical
+
+
+@ft.lru_cache(maxsize=64)
+def _unsupported(dtype: np.dtype) -> str | None:
+    """Why JAX has no arrays of `dtype` (`object`, strings, `datetime64`,
+    `longdouble`, ...), or `None` where it has; asked once per dtype."""
+    try:
+        jax.dtypes.result_type(dtype)
+    except TypeError as e:
+        return str(e)
+    return None
 
 
 def _checked_signs(negative: Any, dtype: np.dtype) -> tuple[bool, bool]:
