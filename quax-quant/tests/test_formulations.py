@@ -168,17 +168,29 @@ def test_backend_defaults():
     assert qq.kernel_choices("cpu") == qq.Kernels()
     assert qq.kernel_choices("gpu") == qq.Kernels()
     assert qq.kernel_choices("tpu") == qq.DEFAULT_KERNELS["tpu"]
-    assert qq.kernel_choices("tpu").int8 == "fused"
-    assert qq.kernel_choices() == qq.Kernels()  # the tests run on the CPU
+    tpu = qq.kernel_choices("tpu")
+    assert (tpu.int8, tpu.int4, tpu.nf4, tpu.float8, tpu.unpack) == (
+        "reduce",
+        "pallas",
+        "pallas",
+        "reduce",
+        "halves",
+    )
+    assert qq.kernel_choices() == _defaults()
+
+
+def _defaults():
+    """The formulations in force on the backend the tests run on."""
+    return qq.DEFAULT_KERNELS.get(jax.default_backend(), qq.Kernels())
 
 
 def test_blocks_merge_and_end():
-    with qq.kernels(int4="pallas") as outer:
-        assert outer.int4 == "pallas" and outer.int8 == "blocked"
+    with qq.kernels(int4="blocked") as outer:
+        assert outer.int4 == "blocked" and outer.int8 == _defaults().int8
         with qq.kernels(nf4_levels="gather") as inner:
-            assert inner.int4 == "pallas" and inner.nf4_levels == "gather"
-        assert qq.kernel_choices().nf4_levels == "select"
-    assert qq.kernel_choices() == qq.Kernels()
+            assert inner.int4 == "blocked" and inner.nf4_levels == "gather"
+        assert qq.kernel_choices().nf4_levels == _defaults().nf4_levels
+    assert qq.kernel_choices() == _defaults()
 
 
 def test_bad_choices_are_refused_naming_them():
