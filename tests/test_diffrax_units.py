@@ -1,5 +1,9 @@
 """diffrax on `Quantity` states, with adaptive steps, and the shape probes it makes
-(`jax.eval_shape`, `eqx.filter_eval_shape`) seeing units inside quaxify."""
+(`jax.eval_shape`, `eqx.filter_eval_shape`) seeing units inside quaxify.
+
+The solves run in float64, as adaptive solves are run, and carry the `float64`
+marker: on a TPU, which has no native float64, lineax's LU fails in XLA's emulation
+of it (seen on a TPU v5e), and they skip there."""
 
 import diffrax as dfx
 import equinox as eqx
@@ -63,6 +67,7 @@ def _solve(y0, rate, atol, solver, dt0):
 # infinities and zeros in the stage loop and passes through a `cond` that
 # recomputes the Jacobian on the second stage: quax finds the state's units from
 # the root finder's own loop, which gives them.
+@pytest.mark.float64
 @pytest.mark.parametrize(
     "solver", [dfx.Tsit5(), dfx.Dopri5(), dfx.Kvaerno5()], ids=type
 )
@@ -83,6 +88,7 @@ def test_adaptive_steps_with_a_quantity_state(solver):
         np.testing.assert_allclose(want[-1], y0 * np.exp(-0.5), rtol=1e-6)
 
 
+@pytest.mark.float64
 @pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
 def test_lineax_solve_gives_the_units_of_vector_over_operator(jit):
     # lineax binds its solve as one primitive of its own (optimistix's root finders
@@ -142,6 +148,7 @@ def _solve_in_seconds(y0, rate, t0, t1, dt0, atol):
     return sol.ys, sol.stats["num_steps"]
 
 
+@pytest.mark.float64
 def test_adaptive_solve_with_times_as_quantities():
     """Times given as quantities (`t0`, `t1`, `dt0` in any unit of time), the
     state in centimetres, the rate per second: the plain-time solve's numbers
@@ -161,6 +168,7 @@ def test_adaptive_solve_with_times_as_quantities():
         assert int(steps) == int(want_steps)
 
 
+@pytest.mark.float64
 def test_times_as_quantities_inside_diffrax_say_how_to_pass_them():
     """diffrax divides by `jnp.where(t0 == t1, 1, t1 - t0)` (`linear_rescale`): a
     plain 1 beside seconds, which no rule can give units (it would read a plain
