@@ -37,6 +37,10 @@ def _stack(loras: Sequence[LoraArray], path: str) -> LoraArray:
                 ("variant", x.variant == first.variant),
                 ("batch_ndim", x.batch_ndim == first.batch_ndim),
                 ("row_ndim", x.row_ndim == first.row_ndim),
+                (
+                    "init (the base weight each was made for)",
+                    (x.init, x.init_settings) == (first.init, first.init_settings),
+                ),
                 ("stacked already", x.adapters is None and first.adapters is None),
             )
             if not same
