@@ -143,6 +143,24 @@ def test_stacked_adapters_swapped_and_selected_without_recompiling():
     assert len(traces) == 1
 
 
+def test_select_adapter_by_any_integer_runs_one_program():
+    traces = []
+
+    @jax.jit
+    def call(model, x):
+        traces.append(1)
+        return quax.quaxify(model)(x)
+
+    models = [_tuned(s) for s in range(3)]
+    stacked = quax_lora.stack_adapters(models)
+    # A Python integer is weakly typed; NumPy's and JAX's are not, in two widths.
+    for i in (1, 2, np.int32(1), jnp.int32(2), np.int64(0), np.uint8(2)):
+        got = call(quax_lora.select_adapter(stacked, i), X[0])
+        want = _dense(models[int(i)], X[:1])[0]
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    assert len(traces) == 1
+
+
 def _mixed():
     """Adapters of ranks 1 to 16, each with its own alpha, one rsLoRA."""
     specs = [(1, 2.0), (3, 3.0), (4, 16.0), (6, 6.0), (9, 1.0), (16, 32.0)]

@@ -153,6 +153,10 @@ def select_adapter(model: PyTree, index: ArrayLike) -> PyTree:
             f"shape {index.shape} and dtype {index.dtype}. For one adapter per row "
             "of a batch, call it inside jax.vmap with the rows' indices."
         )
+    # One dtype for every index, and not weakly typed: a compiled step given the
+    # model with index 3 (a Python integer, weakly typed int32) and then with
+    # np.int64(5) would otherwise see two types, and compile twice.
+    index = index.astype(jnp.int32)
     # An index that is no tracer is known now, also inside `jax.jit` (a Python
     # integer there), and is checked against every stack below.
     concrete = None if isinstance(given, Tracer) else int(np.asarray(given))
