@@ -361,3 +361,10 @@ def test_init_needs_a_dense_base():
     layer = eqx.tree_at(lambda layer: layer.weight, layer, Held(layer.weight))
     with pytest.raises(ValueError, match="computes the adapter from the dense base"):
         quax_lora.loraify(layer, rank=RANK, init="pissa", key=jr.key(1))
+
+
+def test_stacking_refuses_adapters_of_other_bases():
+    pissa = quax_lora.loraify(_mlp(), rank=RANK, init="pissa", key=jr.key(0))
+    plain = quax_lora.loraify(_mlp(), rank=RANK, key=jr.key(0))
+    with pytest.raises(ValueError, match="init"):
+        quax_lora.stack_adapters([pissa, plain])
