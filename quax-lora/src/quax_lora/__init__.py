@@ -8,6 +8,7 @@ y = quax.quaxify(lora_model)(x)
 """
 
 from . import _rules as _rules  # registers the rules
+from ._init_base_changing import convert_to_lora as convert_to_lora
 from ._model import (
     LegacyAdapterWarning as LegacyAdapterWarning,
     ParameterCount as ParameterCount,
@@ -22,6 +23,13 @@ from ._model import (
     unmerge as unmerge,
 )
 from ._peft import MixedDropoutWarning as MixedDropoutWarning
+from ._serving import (
+    AdapterBuckets as AdapterBuckets,
+    bucket_by_rank as bucket_by_rank,
+    for_serving as for_serving,
+    serve_by_bucket as serve_by_bucket,
+    stack_mixed_ranks as stack_mixed_ranks,
+)
 from ._value import (
     CorruptAdapterError as CorruptAdapterError,
     LoraArray as LoraArray,

@@ -20,6 +20,7 @@ import numpy as np
 import quax
 from jaxtyping import DTypeLike, PRNGKeyArray, PyTree
 
+from ._init_base_changing import apply_init, check_init
 from ._nnx import (
     adapt_layers,
     adapters_of,
@@ -87,6 +88,11 @@ def loraify(
     variant: str = "lora",
     dropout: float = 0.0,
     adapter_dtype: DTypeLike | None = None,
+    init: str | None = None,
+    loftq_bits: int = 4,
+    loftq_iters: int = 1,
+    loftq_format: str | None = None,
+    loftq_quantiser: Callable[[Any], Any] | None = None,
     key: PRNGKeyArray,
 ) -> PyTree:
     """Replace the weights of the layers of `model` with [`quax_lora.LoraArray`][]s.
@@ -126,6 +132,34 @@ def loraify(
         sub-tree (or tuple of sub-trees) to adapt, e.g.
         `where=lambda m: (m.query_proj, m.value_proj)`. Only layers inside it that
         match `filter` are adapted. By default the whole model.
+    - `init`: how the adapter starts. `None` (the default): `b = 0` and `a`
+        drawn from `Normal(0, scale^2)`, so the model computes what it did, on
+        its base weights unchanged. Or one of peft's initialisations that change
+        the base weight `w` (peft's `init_lora_weights`), computed once here on
+        the dense weight laid out as torch's `(out, in)` (a Flax NNX kernel
+        transposed), in float32:
+        - `"pissa"`: `s B A` is the rank-`rank` truncated SVD `U_r S_r V_r^T`
+          (`B = U_r sqrt(S_r / s)`, `A = sqrt(S_r / s) V_r^T`; peft's `lora_B`
+          is our `a`, its `lora_A` our `b`), and `w` becomes the residual
+          `w - s B A`. `"pissa_niter_<k>"`: the same from a randomised SVD
+          with `k` power iterations (`torch.svd_lowrank`'s algorithm; faster
+          for large matrices, and the residual is still exact).
+        - `"olora"`: `B` and `A` the first `rank` columns of `Q` and rows of
+          `R` of `w = Q R`, and `w` becomes `w - s B A`.
+        - `"loftq"`: `w` becomes its quantisation `Q`, and `s B A` the rank-`rank`
+          SVD of `W - Q`, alternated `loftq_iters` times (`Q` of `W - s B A`),
+          so that `Q + s B A` is closer to the original `W` than `Q` alone.
+          `loftq_bits=4` quantises to NF4 (blocks of 64, as bitsandbytes;
+          `loftq_format="int"` for int4 in the same blocks), `loftq_bits=8` to
+          int8 per row; `w` is then the dequantised `Q` in `w`'s dtype, as peft
+          stores it. `loftq_quantiser=` a function from a weight (the layer's
+          shape and dtype) to its quantisation (an array, or a value with
+          `.dequantise()`, say `lambda w: quax_quant.quantise(w,
+          format="nf4")`) replaces it, and what it returns is the base (QLoRA).
+        The changed base is part of the model: save it with the model (the
+        adapter alone applies to it only). Embeddings and DoRA are refused.
+    - `loftq_bits`, `loftq_iters`, `loftq_format`, `loftq_quantiser`: LoftQ's
+        settings, above (peft's `loftq_config`: `loftq_bits`, `loftq_iter`).
     - `key`: a `jax.random` key; each layer gets its own.
 
     **Flax NNX models.** An `nnx.Module` is copied (`nnx.clone`; the model passed
@@ -160,6 +194,8 @@ def loraify(
     `filter`, or no matching layer has a `weight` array of at least 2 axes. (A
     model whose matching weights already are `LoraArray`s is returned unchanged.)
     """
+    check_init(init, loftq_bits, loftq_iters, loftq_format)
+    nnx = nnx_of(model)
     counter = itertools.count()
     matched: list[Any] = []  # layers `filter` selects
     adapted: list[Any] = []  # their weights, adapted now or before
@@ -182,6 +218,15 @@ def loraify(
             shape = np.shape(weight)
         if len(shape) < 2:
             return weight
+        if init is not None and (embedding or variant == "dora"):
+            raise ValueError(
+                f"loraify(init={init!r}) does not adapt "
+                + ("embeddings" if embedding else "with variant='dora'")
+                + ": peft's base-changing initialisations are for the matrices "
+                "of linear (and convolution) layers, and DoRA's magnitude would "
+                "be taken from the changed base. Leave them out of filter=, or "
+                "use init=None."
+            )
         if variant == "dora" and embedding:
             raise ValueError(
                 "loraify(variant='dora') does not adapt embeddings (eqx.nn.Embedding, "
@@ -207,7 +252,8 @@ def loraify(
             layer_alpha = alpha * math.sqrt(ratio)
         else:
             layer_alpha = alpha * ratio
-        return LoraArray(
+        layer_key = jr.fold_in(key, next(counter))
+        lora = LoraArray(
             weight,
             rank=layer_rank,
             scale=scale,
@@ -219,10 +265,21 @@ def loraify(
             variant=variant,
             dropout=dropout,
             adapter_dtype=adapter_dtype,
-            key=jr.fold_in(key, next(counter)),
+            key=layer_key,
+        )
+        if init is None:
+            return lora
+        return apply_init(
+            lora,
+            init,
+            transposed=nnx is not None,
+            key=jr.fold_in(layer_key, 1),
+            loftq_bits=loftq_bits,
+            loftq_iters=loftq_iters,
+            loftq_format=loftq_format,
+            loftq_quantiser=loftq_quantiser,
         )
 
-    nnx = nnx_of(model)
     if nnx is not None:
         selection = nnx.Linear if filter is None else filter
         out = adapt_layers(
@@ -573,8 +630,16 @@ _SETTINGS = (
     "rank",
     "scaling",
     "stop_gradient",
+    "init",
+    "init_settings",
 )
-_DEFAULTS = {"variant": "lora", "adapters": None, "row_ndim": 1}
+_DEFAULTS = {
+    "variant": "lora",
+    "adapters": None,
+    "row_ndim": 1,
+    "init": None,
+    "init_settings": {},
+}
 
 
 def _layers(model: PyTree) -> Iterator[tuple[str, LoraArray]]:
@@ -590,8 +655,9 @@ def _settings(lora: LoraArray) -> dict[str, Any]:
     and dtype, the adapter's dtype (see `LoraArray`'s mixed precision), the
     layout, the variant (`"lora"`, `"rslora"`, `"dora"`), how many adapters it
     stacks, the rank, `alpha` and the scaling (`alpha / rank`, or
-    `alpha / sqrt(rank)`), and whether `w` is frozen (which decides what
-    fine-tuning trains)."""
+    `alpha / sqrt(rank)`), whether `w` is frozen (which decides what
+    fine-tuning trains), and the initialisation that changed the base weight
+    (`init`, `init_settings`: an adapter applies only to a base changed alike)."""
     return {
         "shape": list(lora.shape),
         "dtype": str(lora.dtype),
@@ -604,6 +670,8 @@ def _settings(lora: LoraArray) -> dict[str, Any]:
         "alpha": lora.alpha,
         "scaling": lora.scaling,
         "stop_gradient": lora.stop_gradient,
+        "init": lora.init,
+        "init_settings": dict(lora.init_settings),
     }
 
 

@@ -257,6 +257,14 @@ def write_peft(
             "with the same variant=, or save in quax-lora's own format."
         )
     variant = variants.pop()
+    inits = {(lora.init, lora.init_settings) for _, lora in entries}
+    if len(inits) > 1:
+        raise ValueError(
+            f"quax_lora.save_adapter(format='peft'): the model's layers were "
+            f"initialised differently ({sorted(str(i) for i, _ in inits)}), and a "
+            "peft config records one init_lora_weights. Loraify every layer with "
+            "the same init=, or save in quax-lora's own format."
+        )
     # The most common rank and alpha are the config's; the others its patterns.
     rank = collections.Counter(lora.rank for _, lora in entries).most_common(1)[0][0]
     alpha = collections.Counter(
@@ -303,7 +311,7 @@ def write_peft(
         "use_dora": variant == "dora",
         "fan_in_fan_out": fan_in_fan_out,
         "bias": "none",
-        "init_lora_weights": True,
+        **_init_config(entries[0][1]),
         "modules_to_save": None,
         "layers_to_transform": None,
         "layers_pattern": None,
@@ -374,6 +382,13 @@ _KEY_TYPES: dict[str, tuple[Callable[[Any], bool], str]] = {
         lambda x: isinstance(x, bool | str),
         "true, false or a string",
     ),
+    "loftq_config": (
+        lambda x: (
+            isinstance(x, dict)
+            and all(_is_int(x.get(k, 1)) for k in ("loftq_bits", "loftq_iter"))
+        ),
+        "an object of integers",
+    ),
 }
 _REQUIRED_KEYS = ("r", "lora_alpha")
 
@@ -420,6 +435,7 @@ _READ_KEYS = frozenset(
         "modules_to_save",
         "bias",
         "init_lora_weights",
+        "loftq_config",
     }
 )
 # Keys that do not change what a loaded adapter computes: metadata, settings of
@@ -440,7 +456,6 @@ _INERT_KEYS = frozenset(
         "qalora_group_size",
         "eva_config",
         "corda_config",
-        "loftq_config",
         "lora_ga_config",
         "ensure_weight_tying",
     }
@@ -471,7 +486,12 @@ _KNOWN_KEYS = _READ_KEYS | _INERT_KEYS | _UNSUPPORTED_KEYS.keys()
 _PLAIN_INITS = (True, False, "gaussian", "eva", "orthogonal")
 # Those after which it applies only to base weights peft changed: PiSSA, OLoRA,
 # CorDA and LoRA-GA subtract the initial adapter from them, LoftQ quantises them.
-_BASE_CHANGING_INITS = ("pissa", "olora", "corda", "loftq", "lora_ga")
+# `loraify(init=...)` changes them alike for PiSSA, OLoRA and LoftQ (see
+# `_init_of`); CorDA and LoRA-GA need calibration data, and are refused.
+_REFUSED_BASE_INITS = ("corda", "lora_ga")
+_PISSA_NITER = re.compile(r"pissa_niter_(\d+)")
+# peft's LoftQ quantiser for each `loftq_bits`: bitsandbytes' NF4 or int8.
+_PEFT_LOFTQ_QUANTISER = {4: "nf4", 8: "int"}
 # peft's names of a layer's tensors, after its module's name.
 _TENSOR = re.compile(
     r"(?P<module>.*)\.(?P<key>lora_(?:A|B)\.(?:weight|bias)|lora_embedding_[AB]"
@@ -487,6 +507,76 @@ def _neutral(value: Any) -> bool:
     return value is None or value is False or value in ("", [], {})
 
 
+def _init_of(config: Mapping[str, Any]) -> str | None:
+    """The `loraify(init=...)` that changes the base weights as the config's
+    `init_lora_weights` says peft changed them (`"pissa"`,
+    `"pissa_niter_<k>"`, `"olora"`, `"loftq"`), or `None` for a config whose
+    adapter applies to the unchanged base. Read as peft reads it: `"olora"`
+    whatever its case."""
+    init = config.get("init_lora_weights", True)
+    if not isinstance(init, str):
+        return None
+    if init in ("pissa", "loftq") or _PISSA_NITER.fullmatch(init):
+        return init
+    return "olora" if init.lower() == "olora" else None
+
+
+def _init_config(lora: LoraArray) -> dict[str, Any]:
+    """What peft's config records of the initialisation of `lora`:
+    `init_lora_weights` (`True` for `b = 0`, or the name of the one that changed
+    the base) and `loftq_config` (LoftQ's `loftq_bits` and `loftq_iter`; empty
+    otherwise, as peft writes it)."""
+    settings = dict(lora.init_settings)
+    loftq = (
+        {"loftq_bits": settings["bits"], "loftq_iter": settings["iters"]}
+        if lora.init == "loftq"
+        else {}
+    )
+    return {
+        "init_lora_weights": True if lora.init is None else lora.init,
+        "loftq_config": loftq,
+    }
+
+
+def _init_problem(config: Mapping[str, Any], name: str, lora: LoraArray) -> str | None:
+    """Why the adapter of peft's `config` does not apply to layer `name`'s base
+    weight (`lora.w`, changed or not by `lora.init`), or `None`."""
+    init = _init_of(config)
+    if init != lora.init:
+        said = config.get("init_lora_weights", True)
+        return (
+            f"layer {_named(name)} was loraified with init={lora.init!r}, and the "
+            f"adapter's init_lora_weights={said!r}"
+            + (
+                " changes the base weights: the adapter applies to the base peft "
+                "changed"
+                if init is not None
+                else " leaves the base weights unchanged: the adapter applies to "
+                "the base before any change"
+            )
+            + f". Loraify the model with init={init!r} (the same rank= and alpha=)"
+        )
+    if init != "loftq":
+        return None
+    ours = dict(lora.init_settings)
+    theirs = config.get("loftq_config") or {}
+    bits, iters = theirs.get("loftq_bits", 4), theirs.get("loftq_iter", 1)
+    quantiser = ours["quantiser"]
+    if (ours["bits"], ours["iters"]) != (bits, iters) or quantiser not in (
+        _PEFT_LOFTQ_QUANTISER.get(bits),
+        "custom",
+    ):
+        return (
+            f"layer {_named(name)} was LoftQ-initialised with loftq_bits="
+            f"{ours['bits']}, loftq_iters={ours['iters']} and the {quantiser!r} "
+            f"quantiser, and the adapter's loftq_config has loftq_bits={bits} "
+            f"and loftq_iter={iters} (peft quantises {bits} bits to "
+            f"{_PEFT_LOFTQ_QUANTISER.get(bits, 'nothing it knows')!r}): the "
+            "quantised base differs. Loraify the model with those settings"
+        )
+    return None
+
+
 def _config_problems(config: Mapping[str, Any]) -> list[str]:
     """The settings of peft's `config` that quax-lora cannot reproduce."""
     problems = []
@@ -500,19 +590,21 @@ def _config_problems(config: Mapping[str, Any]) -> list[str]:
                 "the config if they do not)"
             )
     init = config.get("init_lora_weights", True)
-    if isinstance(init, str) and init.lower().startswith(_BASE_CHANGING_INITS):
+    if isinstance(init, str) and init.lower().startswith(_REFUSED_BASE_INITS):
         problems.append(
             f"init_lora_weights={init!r}, an initialisation that changes the base "
-            "weights (subtracting the initial adapter, or quantising them), so the "
-            "adapter applies to peft's changed base, not to this model's. Have peft "
-            "convert it into an adapter for the unchanged base (save_pretrained's "
-            "path_initial_model_for_weight_conversion)"
+            "weights from data quax-lora does not have (CorDA's and LoRA-GA's "
+            "calibration), so the adapter applies to peft's changed base, not to "
+            "this model's. Have peft convert it into an adapter for the unchanged "
+            "base (save_pretrained's path_initial_model_for_weight_conversion)"
         )
-    elif init not in _PLAIN_INITS:
+    elif init not in _PLAIN_INITS and _init_of(config) is None:
         problems.append(
             f"init_lora_weights={init!r}, an initialisation this quax-lora does "
             "not know (it reads True, False, 'gaussian', 'eva' and 'orthogonal', "
-            "which leave the base weights unchanged)"
+            "which leave the base weights unchanged, and 'pissa', "
+            "'pissa_niter_<k>', 'olora' and 'loftq', which change them as "
+            "loraify(init=...) does)"
         )
     if config.get("bias", "none") not in ("none", "all", "lora_only"):
         problems.append(f"bias={config['bias']!r}, none of peft's values")
@@ -651,8 +743,10 @@ def read_peft(
             f"quax_lora.load_adapter: the peft adapter's {CONFIG_NAME} sets what "
             "quax-lora does not reproduce: "
             + summarise(unsupported)
-            + ". quax-lora loads LoRA, rsLoRA and DoRA adapters of unchanged base "
-            "weights; anything else would compute other outputs than peft's."
+            + ". quax-lora loads LoRA, rsLoRA and DoRA adapters, of unchanged base "
+            "weights or of bases changed by PiSSA, OLoRA or LoftQ (into a model "
+            "loraified with the same init=); anything else would compute other "
+            "outputs than peft's."
         )
     linear = [name for name, _, kind in layers if kind == LINEAR]
     if fan_in_fan_out is None:
@@ -717,6 +811,9 @@ def read_peft(
                 f"{lora.scaling!r}, and the adapter's module `{peft}` rank {rank} "
                 f"and scaling {scaling!r} (lora_alpha={alpha!r})"
             )
+        init_problem = _init_problem(config, name, lora)
+        if init_problem is not None:
+            problems.append(init_problem)
         problem = _refuse_layout(lora, kind, fan_in_fan_out)
         if problem is not None:
             problems.append(f"layer {_named(name)}: {problem}")

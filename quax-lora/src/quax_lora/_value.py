@@ -95,6 +95,13 @@ class LoraArray(quax.GuardedValue):
         `row_ndim`: as passed to `__init__` (static).
     - `adapters`: how many adapters `a` and `b` stack along a leading axis (made
         by [`quax_lora.stack_adapters`][]), or `None` for one (static).
+    - `init`: `None` for `b = 0` (the base weight as it was), or the
+        initialisation that changed the base weight `w` (peft's
+        `init_lora_weights`: `"pissa"`, `"pissa_niter_<k>"`, `"olora"`,
+        `"loftq"`), set by `quax_lora.loraify(..., init=...)`; `init_settings`
+        its settings (LoftQ's bits, iterations and quantiser) as `(name, value)`
+        pairs (both static). Saved with the adapter: an adapter trained on a
+        changed base only loads into a model whose base was changed alike.
 
     It follows the core's materialisation policy ([`quax.GuardedValue`][]): an
     operation without a LoRA rule raises a [`quax_lora.MaterialisationError`][]
@@ -135,6 +142,8 @@ class LoraArray(quax.GuardedValue):
     dropout: float = eqx.field(static=True)
     row_ndim: int = eqx.field(static=True)
     adapters: int | None = eqx.field(static=True)
+    init: str | None = eqx.field(static=True)
+    init_settings: tuple[tuple[str, Any], ...] = eqx.field(static=True)
 
     def __init__(
         self,
@@ -351,6 +360,8 @@ class LoraArray(quax.GuardedValue):
         self.dropout = float(dropout)
         self.row_ndim = row_ndim
         self.adapters = None
+        self.init = None
+        self.init_settings = ()
 
     def __check_init__(self) -> None:
         """The shapes and dtypes of the fields against each other, as `__init__`

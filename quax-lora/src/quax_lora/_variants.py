@@ -37,6 +37,10 @@ def _stack(loras: Sequence[LoraArray], path: str) -> LoraArray:
                 ("variant", x.variant == first.variant),
                 ("batch_ndim", x.batch_ndim == first.batch_ndim),
                 ("row_ndim", x.row_ndim == first.row_ndim),
+                (
+                    "init (the base weight each was made for)",
+                    (x.init, x.init_settings) == (first.init, first.init_settings),
+                ),
                 ("stacked already", x.adapters is None and first.adapters is None),
             )
             if not same
@@ -149,6 +153,10 @@ def select_adapter(model: PyTree, index: ArrayLike) -> PyTree:
             f"shape {index.shape} and dtype {index.dtype}. For one adapter per row "
             "of a batch, call it inside jax.vmap with the rows' indices."
         )
+    # One dtype for every index, and not weakly typed: a compiled step given the
+    # model with index 3 (a Python integer, weakly typed int32) and then with
+    # np.int64(5) would otherwise see two types, and compile twice.
+    index = index.astype(jnp.int32)
     # An index that is no tracer is known now, also inside `jax.jit` (a Python
     # integer there), and is checked against every stack below.
     concrete = None if isinstance(given, Tracer) else int(np.asarray(given))
