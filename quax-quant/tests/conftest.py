@@ -193,3 +193,15 @@ class Block(eqx.Module):
         x = x + jax.vmap(self.o)(a)
         h = jax.vmap(self.norm2)(x)
         return x + jax.vmap(self.fc2)(jax.nn.gelu(jax.vmap(self.fc1)(h)))
+
+
+@pytest.fixture
+def x64():
+    """float64 for one test. The global flag, not the thread-local
+    `jax.enable_x64` context: JAX converts a host callback's arguments in its
+    own thread, which that context does not reach (the Gram matrices the
+    calibration sends to the host would arrive as float32)."""
+    before = jax.config.read("jax_enable_x64")
+    jax.config.update("jax_enable_x64", True)
+    yield
+    jax.config.update("jax_enable_x64", before)

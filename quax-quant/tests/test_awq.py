@@ -18,16 +18,6 @@ import quax
 import quax_quant as qq
 
 
-@pytest.fixture
-def x64():
-    """float64 for one test: the global flag (JAX converts a host callback's
-    arguments in its own thread, which the `jax.enable_x64` context misses)."""
-    before = jax.config.read("jax_enable_x64")
-    jax.config.update("jax_enable_x64", True)
-    yield
-    jax.config.update("jax_enable_x64", before)
-
-
 def np_rtn(w, bits, group_size):
     """llm-awq's `pseudo_quantize_tensor(w, zero_point=True)`, dequantised."""
     maxq = 2**bits - 1

@@ -17,21 +17,10 @@ import numpy as np
 import pytest
 import quax
 import quax_quant as qq
+import quax_quant._layer_inputs as _layer_inputs_module
 from quax_quant._checkpoint import gptq_array
 from quax_quant._gptq_algorithm import block_columns, linear_layers, weight_setter
-from quax_quant._layer_inputs import layer_inputs
-
-
-@pytest.fixture
-def x64():
-    """float64 for one test. The global flag, not the thread-local
-    `jax.enable_x64` context: JAX converts a host callback's arguments in its
-    own thread, which that context does not reach (the Gram matrices the
-    calibration sends to the host would arrive as float32)."""
-    before = jax.config.read("jax_enable_x64")
-    jax.config.update("jax_enable_x64", True)
-    yield
-    jax.config.update("jax_enable_x64", before)
+from quax_quant._layer_inputs import layer_inputs, progress_bar
 
 
 def np_grid(x, maxq, symmetric=False):
@@ -402,3 +391,17 @@ def test_transposed_weight(x64):
     b = qq.gptq(linear, batches, apply=_vmapped, **kwargs).weight
     np.testing.assert_array_equal(a.values, b.values)
     np.testing.assert_array_equal(a.scale, b.scale)
+
+
+def test_progress_bar(monkeypatch, capsys):
+    """A tqdm bar once calibration has run `PROGRESS_DELAY` seconds (0 here), none
+    with `progress=False` (as every other test here passes)."""
+    pytest.importorskip("tqdm", reason="tqdm is optional: without it, no bar")
+    monkeypatch.setattr(_layer_inputs_module, "PROGRESS_DELAY", 0.0)
+    with progress_bar(3, "gptq", True) as step:
+        for _ in range(3):
+            step()
+    assert "gptq" in capsys.readouterr().err
+    with progress_bar(3, "gptq", False) as step:
+        step()
+    assert capsys.readouterr().err == ""

@@ -44,8 +44,19 @@ def awq_quantise(w: Array, bits: int, group_size: int) -> tuple[Array, Array, Ar
     """AWQ's round to nearest (llm-awq's `pseudo_quantize_tensor` with zero
     points): per output row and group of `group_size` inputs, the range
     `[min, max]` of the group in `2^bits - 1` steps (at least `1e-5`), the zero
-    point `-round(min / scale)` clipped to the levels. Returns the unsigned
-    integers `(out, in)` and the scales and zero points `(out, groups)`."""
+    point `-round(min / scale)` clipped to the levels.
+
+    **Arguments:**
+
+    - `w`: a float weight `(out, in)`.
+    - `bits`: 2 to 4.
+    - `group_size`: the inputs per group; it must divide `in`.
+
+    **Returns:**
+
+    `(q, scale, zero)`: the unsigned integers `(out, in)` (as floats), the
+    scales and zero points `(out, groups)`.
+    """
     maxq = 2**bits - 1
     rows, cols = w.shape
     g = w.reshape(rows, cols // group_size, group_size)
@@ -104,7 +115,20 @@ def awq_scales(
     `Q(W diag(s)) diag(1/s)` give the least squared output error over the
     calibration inputs (`tr(dW H dW^T)`, `H = 2 X^T X / rows`, summed over the
     layers), the first on ties (so `alpha = 0`, `s = 1`, round to nearest, when
-    scaling does not help). Returns `(s, alpha)`."""
+    scaling does not help).
+
+    **Arguments:**
+
+    - `weights`: the float weights `(out_k, in)` of the layers reading the input.
+    - `hessian`: `(in, in)`, `2 X^T X / rows` over the calibration rows.
+    - `mean_abs`: `(in,)`, the mean of `|x|` per input feature.
+    - `bits`, `group_size`: the rounding's, as for [`quax_quant.awq`][].
+    - `grid`: how many exponents to try.
+
+    **Returns:**
+
+    `(s, alpha)`: the scales `(in,)` and the exponent chosen.
+    """
     dtype = jnp.promote_types(weights[0].dtype, jnp.float32)
     with jax.default_matmul_precision("highest"):
         scales, losses = _search(
@@ -165,8 +189,11 @@ def _check_fold(
     replacements[id(previous)] = _divided(replacements.get(id(previous), previous), s)
     folded = _replaced(model, replacements)
     forward = eqx.filter_jit(run)
-    want = jtu.tree_leaves(forward(model, batch))
-    got = jtu.tree_leaves(forward(folded, batch))
+    # Full float32 products: a TPU's default (bfloat16 passes) would differ by
+    # more than the tolerance between two equal functions.
+    with jax.default_matmul_precision("highest"):
+        want = jtu.tree_leaves(forward(model, batch))
+        got = jtu.tree_leaves(forward(folded, batch))
     for a, b in zip(want, got, strict=True):
         if not eqx.is_inexact_array(a):
             continue

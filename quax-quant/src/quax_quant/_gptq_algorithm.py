@@ -167,6 +167,14 @@ def quantise_columns(
     grid (min-max per output row, `grid_params`) is fixed when the loop reaches
     its first column, from its columns as updated by then.
 
+    **Arguments:**
+
+    - `weight`: the float weight `(out, in)` (`eqx.nn.Linear`'s layout).
+    - `hessian`: `(in, in)`, `2 X^T X` over the calibration rows `X` (any
+        positive multiple gives the same result).
+    - `bits`, `group_size`, `act_order`, `damp`, `symmetric`: as for
+        [`quax_quant.gptq`][].
+
     **Returns:**
 
     `(q, scales, zeros, features)`: unsigned integers `(in, out)` in the input
