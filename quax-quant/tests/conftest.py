@@ -2,11 +2,14 @@
 stored leaves (its own bit unpacking), the same in plain JAX (differentiable, for
 `quax.testing.assert_matches_dense`'s `densify`), and a dense comparison helper."""
 
+import math
 from collections.abc import Callable
 from typing import Any
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
+import jax.random as jr
 import numpy as np
 import pytest
 import quax
@@ -154,3 +157,51 @@ class _Reference:
 @pytest.fixture(scope="session")
 def ref():
     return _Reference
+
+
+@pytest.fixture
+def transformer_block():
+    """`Block(d, hidden, key)`: a small pre-norm transformer block of
+    `eqx.nn.Linear` and `eqx.nn.LayerNorm` layers (one attention head, a GELU MLP)
+    for the calibrated quantisers' tests."""
+    return Block
+
+
+class Block(eqx.Module):
+    """A pre-norm transformer block: one attention head, a GELU MLP."""
+
+    norm1: eqx.nn.LayerNorm
+    q: eqx.nn.Linear
+    k: eqx.nn.Linear
+    v: eqx.nn.Linear
+    o: eqx.nn.Linear
+    norm2: eqx.nn.LayerNorm
+    fc1: eqx.nn.Linear
+    fc2: eqx.nn.Linear
+
+    def __init__(self, d, hidden, key):
+        keys = jr.split(key, 6)
+        self.norm1, self.norm2 = eqx.nn.LayerNorm(d), eqx.nn.LayerNorm(d)
+        self.q, self.k, self.v, self.o = (eqx.nn.Linear(d, d, key=k) for k in keys[:4])
+        self.fc1 = eqx.nn.Linear(d, hidden, key=keys[4])
+        self.fc2 = eqx.nn.Linear(hidden, d, key=keys[5])
+
+    def __call__(self, x):  # (tokens, d)
+        h = jax.vmap(self.norm1)(x)
+        q, k, v = (jax.vmap(f)(h) for f in (self.q, self.k, self.v))
+        a = jax.nn.softmax(q @ k.T / math.sqrt(q.shape[-1]), axis=-1) @ v
+        x = x + jax.vmap(self.o)(a)
+        h = jax.vmap(self.norm2)(x)
+        return x + jax.vmap(self.fc2)(jax.nn.gelu(jax.vmap(self.fc1)(h)))
+
+
+@pytest.fixture
+def x64():
+    """float64 for one test. The global flag, not the thread-local
+    `jax.enable_x64` context: JAX converts a host callback's arguments in its
+    own thread, which that context does not reach (the Gram matrices the
+    calibration sends to the host would arrive as float32)."""
+    before = jax.config.read("jax_enable_x64")
+    jax.config.update("jax_enable_x64", True)
+    yield
+    jax.config.update("jax_enable_x64", before)

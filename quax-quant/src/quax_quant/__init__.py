@@ -10,13 +10,16 @@ y = quax.quaxify(qmodel)(x)
 """
 
 from . import _rules as _rules  # registers the rules
+from ._awq import awq as awq, awq_quantise as awq_quantise, awq_scales as awq_scales
 from ._checkpoint import (
     AWQ_ORDER as AWQ_ORDER,
     describe as describe,
     from_gptq as from_gptq,
     load_quantised as load_quantised,
     save_quantised as save_quantised,
+    to_gptq as to_gptq,
 )
+from ._gptq_algorithm import gptq as gptq, quantise_columns as quantise_columns
 from ._kernels import (
     NF4_CODE as NF4_CODE,
     pack_int4 as pack_int4,

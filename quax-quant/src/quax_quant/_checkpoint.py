@@ -13,7 +13,7 @@ the leaves.
 
 `from_gptq` reads a layer of a GPTQ or AWQ int4 checkpoint (its `qweight`,
 `qzeros`, `scales`, `g_idx`) into a `QuantisedArray`, repacking the integers
-without dequantising.
+without dequantising; `to_gptq` writes one back, bit for bit.
 """
 
 import ast
@@ -32,7 +32,7 @@ import numpy as np
 from jax import lax
 from jaxtyping import Array, ArrayLike, PyTree
 
-from ._kernels import pack_nibbles
+from ._kernels import pack_nibbles, unpack_int4
 from ._value import QuantisedArray, dtype_of
 
 
@@ -41,8 +41,10 @@ __all__ = [
     "GPTQ_FORMATS",
     "describe",
     "from_gptq",
+    "gptq_array",
     "load_quantised",
     "save_quantised",
+    "to_gptq",
 ]
 
 _MAGIC = b"quax_quant checkpoint\n"
@@ -525,7 +527,7 @@ def from_gptq(
     `ValueError` naming the field for a dtype or shape that does not fit the
     layout, and for a `g_idx` whose groups do not each hold `I / G` features.
     """
-    in_features, _, _, features = _check_gptq(qweight, qzeros, scales, g_idx, format)
+    _, _, _, features = _check_gptq(qweight, qzeros, scales, g_idx, format)
     qweight, qzeros = jnp.asarray(qweight), jnp.asarray(qzeros)
     scales = jnp.asarray(scales)
     dtype = np.dtype(float_dtype or scales.dtype)
@@ -536,22 +538,182 @@ def from_gptq(
     z = _nibbles(qzeros, 1, order).astype(jnp.int32)
     if format == "gptq":
         z = z + 1
+    return gptq_array(
+        q,
+        z,
+        scales.astype(dtype),
+        features,
+        allow_materialise=allow_materialise,
+        matmul=matmul,
+    )
+
+
+def gptq_array(
+    q: Array,
+    z: Array,
+    scales: Array,
+    features: Any,
+    *,
+    allow_materialise: bool = False,
+    matmul: str = "auto",
+) -> QuantisedArray:
+    """The `QuantisedArray` of a layer in GPTQ's terms: unsigned integers `q`
+    `(I, O)` in `[0, 15]` (input features in their own order), zero points `z`
+    `(G, O)` and `scales` `(G, O)` (their dtype the array's), and for act-order
+    `features`, the input features sorted by group (else `None`). What
+    `from_gptq` reads and `quax_quant.gptq` computes."""
+    in_features = q.shape[0]
     if features is not None:
         # Act-order: the features sorted by group, so that each group's are
         # contiguous; the array keeps the order and gathers activations by it.
         q = q[features]
     # Signed 4-bit integers `q - 8` (the difference `q - z` unchanged), laid out
     # (O, I) and packed two per byte along I.
-    values = pack_nibbles(jnp.transpose(q - jnp.int8(8)))
+    values = pack_nibbles(jnp.transpose(q.astype(jnp.int8) - jnp.int8(8)))
     return QuantisedArray(
         values,
-        jnp.transpose(scales).astype(dtype),
-        jnp.transpose(z - 8).astype(dtype),
+        jnp.transpose(scales),
+        jnp.transpose(z - 8).astype(scales.dtype),
         None,
         bits=4,
-        float_dtype=dtype,
+        float_dtype=scales.dtype,
         odd=in_features % 2 == 1,
         allow_materialise=allow_materialise,
         matmul=matmul,
-        input_order=None if features is None else jnp.asarray(features),
+        input_order=None if features is None else jnp.asarray(features, jnp.int32),
     )
+
+
+def _pack_eight(values: np.ndarray, axis: int, order: Sequence[int]) -> np.ndarray:
+    """The inverse of `_nibbles`: eight unsigned 4-bit values per `int32` along
+    `axis` (which shrinks eightfold), value `8 i + order[k]` in nibble `k` of
+    entry `i`."""
+    eights = np.moveaxis(np.asarray(values, np.uint32), axis, -1)
+    eights = eights.reshape(*eights.shape[:-1], -1, 8)[..., list(order)]
+    shifts = np.arange(0, 32, 4, dtype=np.uint32)
+    packed = np.bitwise_or.reduce(eights << shifts, axis=-1)
+    return np.moveaxis(packed.view(np.int32), -1, axis)
+
+
+def to_gptq(weight: QuantisedArray, *, format: str = "gptq") -> dict[str, np.ndarray]:
+    """A `QuantisedArray` int4 layer in GPTQ's or AWQ's packed layout: the inverse
+    of [`quax_quant.from_gptq`][], bit for bit both ways.
+
+    ```python
+    tensors = quax_quant.to_gptq(qmodel.layers[0].weight, format="gptq_v2")
+    again = quax_quant.from_gptq(**tensors, format="gptq_v2")  # the same leaves
+    ```
+
+    **Arguments:**
+
+    - `weight`: an int4 `QuantisedArray` of format `"int"` and shape `(O, I)`
+        (`eqx.nn.Linear`'s layout, as `from_gptq` and [`quax_quant.gptq`][]
+        give), with one scale per output feature and group of inputs (or one
+        per output feature). A symmetric array exports with every zero point 8.
+    - `format`: `"gptq"` (AutoGPTQ, zero points stored minus one), `"gptq_v2"`
+        (GPTQModel, zero points as they are) or `"awq"` (AutoAWQ's GEMM layout;
+        no act-order).
+
+    **Returns:**
+
+    A dict of NumPy arrays: `qweight` and `qzeros` (`int32`), `scales` `(G, O)`
+    (the array's scale dtype), and for the GPTQ formats `g_idx` (`int32`, the
+    group of each input feature), as the layouts in `from_gptq` describe.
+    Cast `scales` to `float16` yourself where a loader wants it (that rounds).
+
+    **Raises:**
+
+    `ValueError` naming what does not fit the layout: another format or bit
+    width, a double-quantised scale, a layout other than groups along the
+    inputs, `O` (or `I` for the GPTQ formats) not a multiple of 8, a zero point
+    that is not an integer the format can store (AutoGPTQ's `"gptq"` stores
+    `z - 1` in four bits, so `z` must lie in `[1, 16]`: a zero point of 0 needs
+    `"gptq_v2"`), an act-order array asked for `"awq"`.
+    """
+    if format not in GPTQ_FORMATS:
+        raise ValueError(
+            f"to_gptq: format must be one of {GPTQ_FORMATS}, got {format!r}."
+        )
+    if (
+        not isinstance(weight, QuantisedArray)
+        or weight.format != "int"
+        or weight.bits != 4
+    ):
+        raise ValueError(
+            "to_gptq: weight must be an int4 QuantisedArray of format 'int', got "
+            f"{type(weight).__name__}"
+            + (
+                f" (format {weight.format!r}, bits={weight.bits})"
+                if isinstance(weight, QuantisedArray)
+                else ""
+            )
+            + "."
+        )
+    if weight.ndim != 2 or weight.packed_axis != -1:
+        raise ValueError(
+            "to_gptq: weight must be 2-D (out_features, in_features), packed along "
+            f"its inputs; got shape {weight.shape}, packed_axis {weight.packed_axis}."
+        )
+    if not isinstance(weight.scale, jax.Array | np.ndarray):
+        raise ValueError(
+            "to_gptq: the weight's scale is double-quantised (a QuantisedScale), "
+            "which GPTQ's layout has no place for; quantise without double_quant."
+        )
+    out_features, in_features = weight.shape
+    scale_rows, groups = np.shape(weight.scale)
+    if scale_rows not in (1, out_features) or in_features % groups:
+        raise ValueError(
+            f"to_gptq: GPTQ stores one scale per output feature and group of inputs; "
+            f"the weight's scale has shape {np.shape(weight.scale)} for shape "
+            f"{weight.shape}."
+        )
+    awq = format == "awq"
+    if out_features % 8 or (not awq and in_features % 8):
+        raise ValueError(
+            f"to_gptq: format {format!r} packs eight 4-bit values per int32 along "
+            f"the outputs{'' if awq else ' and the inputs'}; shape {weight.shape} "
+            "does not divide."
+        )
+    if awq and weight.input_order is not None:
+        raise ValueError(
+            "to_gptq: an act-order weight (`input_order`) has no AWQ layout (AWQ "
+            "has no g_idx); export it as 'gptq' or 'gptq_v2'."
+        )
+    scales = np.broadcast_to(np.asarray(weight.scale), (out_features, groups)).T
+    if weight.zero_point is None:
+        zeros = np.full((groups, out_features), 8, np.int64)
+    else:
+        z = np.broadcast_to(np.asarray(weight.zero_point), (out_features, groups)).T
+        zeros = z.astype(np.int64) + 8
+        low, high = (1, 16) if format == "gptq" else (0, 15)
+        if not np.array_equal(zeros - 8, z) or zeros.min() < low or zeros.max() > high:
+            raise ValueError(
+                f"to_gptq: format {format!r} stores zero points that are integers in "
+                f"[{low}, {high}]; the weight's are in [{z.min() + 8}, {z.max() + 8}]"
+                + (
+                    " (AutoGPTQ's 'gptq' stores z - 1: a zero point of 0 needs "
+                    "'gptq_v2')."
+                    if format == "gptq"
+                    else "."
+                )
+            )
+    # Unsigned integers (I, O) in the features' own order.
+    stored = np.asarray(unpack_int4(weight.values, in_features)).astype(np.int64) + 8
+    q = np.empty_like(stored.T)
+    group_size = in_features // groups
+    g_idx = np.arange(in_features) // group_size
+    if weight.input_order is None:
+        q[...] = stored.T
+    else:
+        order = np.asarray(weight.input_order)
+        q[order] = stored.T
+        g_idx[order] = np.arange(in_features) // group_size
+    order8 = AWQ_ORDER if awq else tuple(range(8))
+    tensors = {
+        "qweight": _pack_eight(q, 1 if awq else 0, order8),
+        "qzeros": _pack_eight(zeros - 1 if format == "gptq" else zeros, 1, order8),
+        "scales": np.ascontiguousarray(scales),
+    }
+    if not awq:
+        tensors["g_idx"] = g_idx.astype(np.int32)
+    return tensors

@@ -18,6 +18,7 @@ from jax import lax
 from jaxtyping import Array, ArrayLike
 
 from ._kernels import pack_nibbles, to_out
+from ._layer_inputs import RecordingWeight, recorded_dot, recorded_transpose
 from ._matmul import expand_axes, quantised_dot
 from ._value import QuantisedArray, QuantisedScale
 
@@ -630,3 +631,25 @@ def _(
 @quax.register(lax.copy_p)
 def _(operand: QuantisedArray) -> QuantisedArray:
     return operand
+
+
+# Calibration (GPTQ, AWQ): a weight recording its inputs ------------------------------
+
+
+@quax.register(lax.dot_general_p)
+def _(
+    lhs: RecordingWeight, rhs: ArrayLike, *, dimension_numbers: Any, **params: Any
+) -> Any:
+    return recorded_dot(lhs, rhs, True, dimension_numbers, params)
+
+
+@quax.register(lax.dot_general_p)
+def _(
+    lhs: ArrayLike, rhs: RecordingWeight, *, dimension_numbers: Any, **params: Any
+) -> Any:
+    return recorded_dot(rhs, lhs, False, dimension_numbers, params)
+
+
+@quax.register(lax.transpose_p)
+def _(operand: RecordingWeight, *, permutation: Sequence[int]) -> RecordingWeight:
+    return recorded_transpose(operand, permutation)
