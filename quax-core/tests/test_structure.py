@@ -179,6 +179,7 @@ LAYERS: dict[str, set[str]] = {
         "__init__",
         "__main__",
         "plugins",
+        "extend",
         "_introspect",
         "examples",
         "testing",
