@@ -181,6 +181,7 @@ LAYERS: dict[str, set[str]] = {
         "plugins",
         "extend",
         "_introspect",
+        "_select",
         "examples",
         "testing",
     },

@@ -27,10 +27,6 @@ from ._foundation._caches import (
     caching as caching,
 )
 from ._foundation._debug import set_debug_checks as set_debug_checks
-from ._foundation._select import (
-    map_selected as map_selected,
-    nnx_selected as nnx_selected,
-)
 from ._foundation._shadow import QuaxShadowWarning as QuaxShadowWarning
 from ._foundation._version import __version__ as __version__
 from ._foundation._zero_preserving import ZERO_PRESERVING as ZERO_PRESERVING
@@ -45,6 +41,10 @@ from ._rules import (
 )
 from ._rules._control_flow import register_function as register_function
 from ._rules._joins import JoinError as JoinError
+from ._select import (
+    map_selected as map_selected,
+    nnx_selected as nnx_selected,
+)
 from ._transform._quaxify import quaxify as quaxify
 from ._values._operators import (
     BitwiseOperatorMethods as BitwiseOperatorMethods,
