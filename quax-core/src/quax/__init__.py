@@ -21,6 +21,10 @@ from ._dispatch._registry import (
     register_elementwise as register_elementwise,
     resolve as resolve,
 )
+from ._first_order import (
+    _decompositions as _decompositions,
+    _leafwise as _leafwise,
+)
 from ._foundation import _shadow as _shadow
 from ._foundation._caches import (
     CacheMismatchError as CacheMismatchError,
@@ -35,8 +39,6 @@ from ._rules import (
     _callbacks as _callbacks,
     _control_flow as _control_flow,
     _custom as _custom,
-    _decompositions as _decompositions,
-    _leafwise as _leafwise,
     _shapes as _shapes,
 )
 from ._rules._control_flow import register_function as register_function

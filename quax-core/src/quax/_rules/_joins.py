@@ -30,7 +30,7 @@ from .._caching._jaxpr import FOLD_MAX_SIZE, body_arg_names, body_source, known_
 from .._caching._keys import static_key
 from .._compat import Primitive, Tracer, callback_module, release_traces, typeof
 from .._transform._quaxify import quaxify
-from .._values._value import Value, materialise_or_explain
+from .._values._value import Value, materialise_or_explain, structure
 
 
 __all__ = [
@@ -51,7 +51,6 @@ __all__ = [
     "materialise_to_join",
     "noting_retries",
     "skeleton",
-    "structure",
     "trying",
 ]
 
@@ -103,13 +102,6 @@ def join_until_stable(
             if not rejoin():
                 raise
     raise AssertionError(f"the types did not join in {limit} attempts")
-
-
-def structure(tree: Any) -> Any:
-    """What must agree between loop iterations or branches: the pytree structure
-    (value types and static metadata included) and each leaf's shape and dtype."""
-    leaves, treedef = jtu.tree_flatten(tree)
-    return treedef, tuple((np.shape(x), jnp.result_type(x)) for x in leaves)
 
 
 def skeleton(x: Any) -> Any:
