@@ -39,9 +39,10 @@ from ._rules import (
     _callbacks as _callbacks,
     _control_flow as _control_flow,
     _custom as _custom,
+    _functions as _functions,
     _shapes as _shapes,
 )
-from ._rules._control_flow import register_function as register_function
+from ._rules._functions import register_function as register_function
 from ._rules._joins import JoinError as JoinError
 from ._select import (
     map_selected as map_selected,
