@@ -33,17 +33,16 @@ from .._caching._jaxpr import (
 from .._compat import (
     Primitive,
     Tracer,
-    differentiate_jits_with,
     jit_may_inline,
     jit_p,
     jvp_body,
-    keep_inline_jit,
     primal_behind,
     traced_jit,
 )
 from .._dispatch._registry import register, registered_rule, resolve
 from .._foundation import _caches
 from .._foundation._caches import Table
+from .._foundation._jit_rules import differentiate_jits_with, keep_inline_jit
 from .._transform._trace import QuaxTracer
 from .._values._value import ValueLike, describe_types, is_value
 from ._control_flow import _ADDRESS, _jit_body
@@ -616,9 +615,9 @@ def _jvp_for(
     primals: Sequence[Any], params: dict[str, Any]
 ) -> Callable[[list[Any], list[Any]], list[Any]] | None:
     """How JAX differentiates a `jit` with the primal arguments `primals` and the
-    params `params` (see `quax._compat.differentiate_jits_with`): by the `jvp`
-    registered with the rule that the values behind `primals` reach, where the
-    `jit` is the body of a function registered with one (its static arguments at
+    params `params` (see `quax._foundation._jit_rules.differentiate_jits_with`): by
+    the `jvp` registered with the rule that the values behind `primals` reach, where
+    the `jit` is the body of a function registered with one (its static arguments at
     their defaults or at values the rule takes) and `grad`, `jvp`, `linearize`,
     `vjp`, ... (or `vmap` around them) run inside `quaxify`, on its values; else
     `None`, and JAX differentiates the body. Asked on every `jvp` or `linearize`

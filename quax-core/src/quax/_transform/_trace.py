@@ -42,7 +42,6 @@ from .._compat import (
     is_eval_trace,
     jit_inlines,
     jit_p,
-    kept_inline_jits,
     manual_axes_active,
     register_bind_conversion,
     register_tracer_type,
@@ -58,6 +57,7 @@ from .._dispatch._staged import (
     unstage,
 )
 from .._foundation import _debug
+from .._foundation._jit_rules import kept_inline_jits
 from .._values import _value
 from .._values._checks import check_value
 from .._values._value import (
