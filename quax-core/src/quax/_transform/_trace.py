@@ -4,10 +4,11 @@ A `QuaxTracer` stands for one [`quax.Value`][] inside a quaxified function. When
 primitive is bound with at least one of them, `QuaxTrace.process_primitive` looks up a
 rule for the input types (through the registry's cache) and runs it under the parent
 trace. Control-flow primitives (`jit`, `cond`, `while`, ...) have registered rules
-like any other (`_rules/_control_flow.py`). Custom derivatives and `shard_map` reach the
-trace through its `process_*` methods instead; their rules are in the table
-`higher_order_rules`, which the modules defining them fill, as JAX's
-`batching.primitive_batchers` is filled: this module imports none of them.
+like any other (`_rules/_functions.py`, `_rules/_control_flow.py`, `_rules/_loops.py`).
+Custom derivatives and `shard_map` reach the trace through its `process_*` methods
+instead; their rules are in the table `higher_order_rules`, which the modules defining
+them fill, as JAX's `batching.primitive_batchers` is filled: this module imports none
+of them.
 
 `run_nested` is the one way quax runs a function under a new quax trace.
 """
