@@ -27,6 +27,10 @@ calls, compiles (which may use XLA's threads) and imports in the whole process's
     python benchmarks/core.py [--quick]
 
 Prints Markdown tables, writes `docs/images/core_ratios.png` and returns the figures.
+To compare a change with the code before it, `--against <dir>` (the `src` folder of
+another checkout's quax-core) runs `measure()` in fresh interpreters, alternating
+between that code and this checkout's, `--runs` times each, and prints each row's
+time and ratio to plain JAX on both sides, and their quotient (after / before).
 To compare with the published quax 0.4.6, point `QUAX_PUBLISHED_PYTHON` at the
 interpreter of an environment holding it (`uv venv <dir> && uv pip install --python
 <dir>/bin/python quax==0.4.6 jax==0.10.2 equinox`); the same `measure()` runs there
@@ -421,6 +425,64 @@ def published(quick: bool) -> dict[str, Any] | str:
     return json.loads(done.stdout)
 
 
+def _measured(quick: bool, source: str | None) -> dict[str, Any]:
+    """`measure()` in a fresh interpreter, importing `quax` from `source` (the
+    `src` folder of a quax-core checkout) or, for `None`, from this environment."""
+    env = dict(os.environ)
+    if source is not None:
+        env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (source, env.get("PYTHONPATH")) if p
+        )
+    code = (
+        "import json, runpy, sys; "
+        f"m = runpy.run_path({__file__!r}, run_name='bench')['measure']({quick}); "
+        "json.dump(m, sys.stdout)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"`measure()` failed:\n{done.stderr[-4000:]}")
+    return json.loads(done.stdout)
+
+
+def compare(source: str, quick: bool, runs: int) -> dict[str, dict[str, float]]:
+    """This checkout's `measure()` against that of the quax-core in `source` (before
+    a change), in alternating fresh interpreters, `runs` each: per row, each side's
+    median time and ratio to plain JAX, and the quotient of the ratios (after /
+    before; within 1.05 is within 5%)."""
+    before: list[dict[str, Any]] = []
+    after: list[dict[str, Any]] = []
+    for _ in range(runs):
+        before.append(_measured(quick, source))
+        after.append(_measured(quick, None))
+    out = {}
+    for key, _ in ROWS:
+        if key not in before[0] or key not in after[0]:
+            continue
+        b = statistics.median(m[key]["ratio"] for m in before)
+        a = statistics.median(m[key]["ratio"] for m in after)
+        out[key] = {
+            "before_s": statistics.median(m[key]["quax_s"] for m in before),
+            "after_s": statistics.median(m[key]["quax_s"] for m in after),
+            "before_ratio": b,
+            "after_ratio": a,
+            "after_over_before": a / b,
+        }
+    print(
+        f"| measure | before / plain | after / plain | after / before ({runs} runs) |"
+    )
+    print("|---|---|---|---|")
+    for key, label in ROWS:
+        if key in out:
+            row = out[key]
+            print(
+                f"| {label} | {row['before_ratio']:.3f}x | {row['after_ratio']:.3f}x |"
+                f" {row['after_over_before']:.3f} |"
+            )
+    return out
+
+
 ROWS = [
     ("two shaped", "eager two-primitive `lax` call, `aval` builds a `ShapedArray`"),
     ("two declared", "eager two-primitive `lax` call, declared aval"),
@@ -529,4 +591,16 @@ def main(quick: bool = False) -> dict[str, Any]:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer rounds")
-    main(parser.parse_args().quick)
+    parser.add_argument(
+        "--against",
+        metavar="SRC",
+        help="compare with the quax-core source folder SRC (the code before a change)",
+    )
+    parser.add_argument(
+        "--runs", type=int, default=3, help="interpreters per side with --against"
+    )
+    args = parser.parse_args()
+    if args.against:
+        compare(args.against, args.quick, args.runs)
+    else:
+        main(args.quick)

@@ -5,6 +5,8 @@ The solves run in float64, as adaptive solves are run, and carry the `float64`
 marker: on a TPU, which has no native float64, lineax's LU fails in XLA's emulation
 of it (seen on a TPU v5e), and they skip there."""
 
+import re
+
 import diffrax as dfx
 import equinox as eqx
 import jax
@@ -202,3 +204,21 @@ def test_times_as_quantities_inside_diffrax_say_how_to_pass_them():
             Quantity(1.0, "s"),
             Quantity(0.1, "s"),
         )
+
+
+def test_atol_in_the_wrong_units_reports_the_first_unit_error():
+    """An `atol` in seconds beside a state in centimetres: the error quax caught
+    first, while it traced the loop's first iteration to find its carries' types
+    (`atol + rtol * |y|` adds seconds to centimetres), is quoted in the error the
+    loop ends with (about the plain carry the loop then ran on), not lost."""
+    solve = lambda y, atol: _solve(y, 0.5, atol, dfx.Tsit5(), None)
+    with (
+        jax.enable_x64(True),
+        _no_leak_check(),
+        pytest.raises(UnitError) as error,
+    ):
+        jax.jit(quax.quaxify(solve))(
+            Quantity(jnp.array([100.0, 200.0]), "cm"), Quantity(1e-6, "s")
+        )
+    notes = "\n".join(getattr(error.value, "__notes__", []))
+    assert re.search(r"UnitError: `add` needs .* s \[s\] and cm \[m\]", notes), notes

@@ -17,7 +17,7 @@ import jax.scipy.linalg as jsl
 import numpy as np
 import pytest
 import quax
-import quax._rules._control_flow as control_flow
+import quax._rules._functions as functions
 import quax.testing
 from jax import lax
 from quax_structured import (
@@ -35,7 +35,7 @@ def _registered_functions() -> set[str]:
     quax.plugins.load()
     return {
         r.primitive.name.removesuffix(" (jitted function)")
-        for candidates in control_flow._registered.values()
+        for candidates in functions._registered.values()
         for r in candidates
         if not r.code.co_filename.endswith(".py") or "/tests/" not in r.code.co_filename
     }
@@ -52,7 +52,7 @@ _family_functions = _registered_functions()
 def fired(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
     """The functions whose registered rules run (by name), with the caches off."""
     names: list[str] = []
-    original = control_flow.registered_rule
+    original = functions.registered_rule
 
     def recording(primitive: Any, args: Any, **kwargs: Any) -> Any:
         rule = original(primitive, args, **kwargs)
@@ -60,7 +60,7 @@ def fired(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
             names.append(primitive.name.removesuffix(" (jitted function)"))
         return rule
 
-    monkeypatch.setattr(control_flow, "registered_rule", recording)
+    monkeypatch.setattr(functions, "registered_rule", recording)
     with quax.caching(False):
         yield names
 

@@ -156,8 +156,8 @@ def test_functions_without_rules_are_still_inlined() -> None:
 @pytest.mark.parametrize("outer_jit", [False, True], ids=["eager", "jit"])
 def test_the_rule_runs_inside_a_body_jax_traces(how: str, outer_jit: bool) -> None:
     # JAX keeps the `jit` of a function with a rule as a call in the jaxprs it traces
-    # (`quax._compat.keep_inline_jit`): before, it inlined `x * 10` there, before
-    # quax met the body.
+    # (`quax._foundation._jit_rules.keep_inline_jit`): before, it inlined `x * 10`
+    # there, before quax met the body.
     calls.clear()
     g = quax.quaxify(in_traced_body(how, to_tenths))
     out = (jax.jit(g) if outer_jit else g)(Refusing(x))

@@ -170,6 +170,8 @@ LAYERS: dict[str, set[str]] = {
     "caches": {"_caching"},
     # The transform itself.
     "transform": {"_transform"},
+    # Rules for first-order primitives on every value, whatever its family.
+    "first-order rules": {"_first_order"},
     # Rules for higher-order primitives, and the built-in symbolic zeros family
     # (`quax.zero`).
     "higher-order rules": {"_rules", "zero"},
@@ -179,7 +181,9 @@ LAYERS: dict[str, set[str]] = {
         "__init__",
         "__main__",
         "plugins",
+        "extend",
         "_introspect",
+        "_select",
         "examples",
         "testing",
     },
@@ -254,7 +258,7 @@ def test_every_layer_package_says_what_it_owns() -> None:
         for name in members
         if name.startswith("_") and (SOURCE / name / "__init__.py").exists()
     ]
-    assert len(packages) == 6
+    assert len(packages) == 7
     for name in packages:
         doc = ast.get_docstring(ast.parse((SOURCE / name / "__init__.py").read_text()))
         assert doc and "layer" in doc, f"quax.{name} has no docstring naming its layer"

@@ -21,16 +21,16 @@ from ._dispatch._registry import (
     register_elementwise as register_elementwise,
     resolve as resolve,
 )
+from ._first_order import (
+    _decompositions as _decompositions,
+    _leafwise as _leafwise,
+)
 from ._foundation import _shadow as _shadow
 from ._foundation._caches import (
     CacheMismatchError as CacheMismatchError,
     caching as caching,
 )
 from ._foundation._debug import set_debug_checks as set_debug_checks
-from ._foundation._select import (
-    map_selected as map_selected,
-    nnx_selected as nnx_selected,
-)
 from ._foundation._shadow import QuaxShadowWarning as QuaxShadowWarning
 from ._foundation._version import __version__ as __version__
 from ._foundation._zero_preserving import ZERO_PRESERVING as ZERO_PRESERVING
@@ -39,12 +39,15 @@ from ._rules import (
     _callbacks as _callbacks,
     _control_flow as _control_flow,
     _custom as _custom,
-    _decompositions as _decompositions,
-    _leafwise as _leafwise,
+    _functions as _functions,
     _shapes as _shapes,
 )
-from ._rules._control_flow import register_function as register_function
+from ._rules._functions import register_function as register_function
 from ._rules._joins import JoinError as JoinError
+from ._select import (
+    map_selected as map_selected,
+    nnx_selected as nnx_selected,
+)
 from ._transform._quaxify import quaxify as quaxify
 from ._values._operators import (
     BitwiseOperatorMethods as BitwiseOperatorMethods,

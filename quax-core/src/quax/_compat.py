@@ -2,8 +2,9 @@
 
 A JAX upgrade should touch this file and no other. The rest of quax imports the names
 below rather than reaching into `jax._src` or `equinox._module` itself. Nothing here
-interprets a program: the interpreters built on these names live in
-`_caching/_jaxpr.py`.
+interprets a program or replaces a rule: the interpreters built on these names live in
+`_caching/_jaxpr.py` and `_foundation/_rounding.py`, quax's replacements of JAX's
+rules for `jit_p` in `_foundation/_jit_rules.py`.
 """
 
 import contextlib
@@ -44,99 +45,101 @@ from packaging.version import Version
 
 
 __all__ = [
-    "EQX_WRAPPER_FIELD_NAMES",
-    "JAX_VERSION",
-    "KEEP_BARRIERS",
     "AdZero",
-    "ClosedJaxpr",
-    "EVAL_TRACE",
-    "DynamicJaxprTrace",
-    "DynamicJaxprTracer",
-    "FlatTree",
-    "Jaxpr",
-    "Literal",
-    "NUMPY_ARRAYS",
-    "Primitive",
-    "ShapedArray",
-    "SymbolicZero",
-    "Trace",
-    "TraceTag",
-    "Tracer",
     "atom_tracer",
-    "frozen_atom",
-    "frozen_bytes",
+    "batching",
     "bind_custom_jvp",
     "bind_custom_vjp",
     "bwd_result",
-    "eager_primitive_compiler",
     "bwd_split",
-    "batching",
     "call_at_trace",
-    "call_rule_at_trace",
-    "current_trace",
     "call_fresh",
+    "call_rule_at_trace",
     "callback_module",
+    "ClosedJaxpr",
     "cond_p",
     "current_source_info",
+    "current_trace",
     "custom_jvp_call_p",
     "custom_vjp_call_p",
     "debug_callback_p",
     "debug_print_p",
     "define_batching_rule",
+    "DynamicJaxprTrace",
+    "DynamicJaxprTracer",
+    "eager_primitive_compiler",
     "eager_program",
     "emit_equation",
     "ensure_no_leaks",
-    "set_eager_primitive_compiler",
+    "eqn_context",
     "eqx_bound_method",
     "eqx_finish_init",
     "eqx_has_dataclass_init",
     "eqx_warn_transformed_function",
-    "eqn_context",
-    "eval_rounding_each_step",
+    "EQX_WRAPPER_FIELD_NAMES",
     "eval_context",
+    "EVAL_TRACE",
+    "FlatTree",
+    "frozen_atom",
+    "frozen_bytes",
+    "holds_refs",
+    "inline_jaxpr_into_trace",
+    "instantiate_zeros",
     "io_callback_p",
     "is_eval_trace",
     "is_unspecified",
+    "jax_jit_staging_rule",
+    "JAX_VERSION",
+    "Jaxpr",
+    "jit_derivative_rules",
     "jit_inlines",
     "jit_may_inline",
-    "jvp_body",
-    "differentiate_jits_with",
-    "primal_behind",
-    "keep_inline_jit",
-    "kept_inline_jits",
     "jit_p",
+    "jvp_body",
     "linear_solve_p",
+    "Literal",
     "manual_axes_active",
+    "NUMPY_ARRAYS",
     "optimization_barrier_p",
     "pinv_function",
+    "primal_behind",
+    "Primitive",
     "pure_callback_p",
     "pvary_to_spec",
-    "register_bind_conversion",
     "reflected_operator",
+    "register_bind_conversion",
     "register_tracer_type",
     "release_traces",
     "remat_p",
     "run_debug_on_host",
     "scan_p",
     "set_current_trace",
+    "set_eager_primitive_compiler",
+    "set_jit_derivative_rules",
+    "set_jit_staging_rule",
+    "ShapedArray",
     "shard_map_p",
     "staged_atom",
-    "staged_var",
     "staged_count",
+    "staged_equation",
     "staged_since",
     "staged_values_state",
+    "staged_var",
     "stages_or_batches",
+    "staging",
+    "SymbolicZero",
+    "tangent_pair",
+    "Trace",
     "trace_context",
     "trace_context_size",
     "traced_jit",
-    "staged_equation",
-    "tangent_pair",
-    "with_tangent",
-    "staging",
+    "Tracer",
+    "TraceTag",
     "typeof",
     "user_context",
     "while_p",
     "with_leaf_vma",
+    "with_tangent",
     "wrap_init",
 ]
 
@@ -241,54 +244,6 @@ def eqn_context(ctx: Any) -> Any:
     ):
         return _UNCHANGED_CONTEXT
     return ctx.manager
-
-
-# XLA removes optimisation barriers (its `cse_barrier_expander` pass) before it fuses
-# and contracts; compiled without that pass, a barrier stands between the operations
-# on either side of it, so none is fused into another across it.
-KEEP_BARRIERS = {"xla_disable_hlo_passes": "cse_barrier_expander"}
-
-
-def eval_rounding_each_step(jaxpr: Any, consts: Any, *args: Any) -> list[Any]:
-    """Evaluate the top-level equations of `jaxpr` one by one, as
-    `jax.core.eval_jaxpr` does, with an optimisation barrier after each
-    equation's outputs and after each literal and constant.
-
-    Staged in a `jax.jit` compiled with `KEEP_BARRIERS`, the program then rounds
-    each equation's outputs as running the equations one by one does (each a
-    program of its own): XLA fuses no two equations, so it cannot contract a
-    multiply and an add into one fused multiply-add, nor fold an operation on a
-    constant with its own arithmetic. An equation that is itself a program (a
-    nested `jit`) compiles whole inside, as it does when run on its own.
-    """
-    env: dict[Any, Any] = {}
-
-    def read(v: Any) -> Any:
-        if isinstance(v, Literal):
-            return _barrier(v.val)
-        return env[v]
-
-    for var, const in zip(jaxpr.constvars, consts, strict=True):
-        env[var] = _barrier(const)
-    for var, arg in zip(jaxpr.invars, args, strict=True):
-        env[var] = arg
-    for eqn in jaxpr.eqns:
-        params = eqn.primitive.get_bind_params(eqn.params)
-        with eqn_context(eqn.ctx), user_context(eqn.source_info.traceback):
-            outs = eqn.primitive.bind(*map(read, eqn.invars), **params)
-        if not eqn.primitive.multiple_results:
-            outs = [outs]
-        for var, out in zip(eqn.outvars, outs, strict=True):
-            env[var] = _barrier(out)
-    return [read(v) for v in jaxpr.outvars]
-
-
-def _barrier(x: Any) -> Any:
-    """`x` behind an optimisation barrier, where it is an array (a token or other
-    non-array value passes as it is)."""
-    if isinstance(typeof(x), ShapedArray):
-        return jax.lax.optimization_barrier(x)
-    return x
 
 
 # From JAX 0.11 a custom VJP's `bwd` (as `custom_vjp_call` holds it) returns the pair
@@ -456,73 +411,38 @@ def jit_may_inline(jitted: Any) -> tuple[bool, str]:
     return inline, _util.fun_name(getattr(jitted, "__wrapped__", jitted))
 
 
-# The functions that `quax.register_function` has rules for and whose `jit` JAX
-# inlines (`jnp.rad2deg` is `jax.jit(inline=True)`): their sources (a body's
-# `func_src_info`, "rad2deg at .../ufuncs.py:3278") by the name their `jit` equations
-# carry. Filled by `keep_inline_jit`; read by JAX's staging of `jit` (see
-# `_keep_or_inline`) and by the quax trace (an inlined `jit` of such a source goes to
-# the `jit` rule, which looks its rules up, instead of its equations being bound one
-# by one). Every other inlined `jit` costs one lookup of its name.
-kept_inline_jits: dict[str, set[str]] = {}
-_jax_jit_staging = _pe.custom_staging_rules[jprim.jit_p]
+# JAX's rules for `jit_p`, which quax replaces (see `quax._foundation._jit_rules`):
+# its staging rule (how a `DynamicJaxprTrace` stages a `jit`: inlines it, or stages a
+# call), and its `jvp` and `linearize` rules.
+jax_jit_staging_rule = _pe.custom_staging_rules[jprim.jit_p]
+inline_jaxpr_into_trace = _pe.inline_jaxpr_into_trace
+instantiate_zeros = _ad.instantiate_zeros
 
 
-def keep_inline_jit(name: str, source: str) -> None:
-    """Keep every inline `jit` named `name` whose body's source is `source` as a
-    `jit` equation (a call) wherever JAX stages it, from now on, rather than have JAX
-    inline its equations into the caller's jaxpr (its own staging rule for `jit`
-    does so for `jax.jit(inline=True)`, as every `jax.numpy` function is). A rule
-    registered for the function can then run wherever quax meets the program: in a
-    `jax.jit`-decorated function, a `lax.scan`, `lax.cond` or `lax.while_loop` body, a
-    `jax.checkpoint` or `custom_jvp` function, all of which JAX traces before quax
-    meets them. A kept call computes what its inlined equations compute (lowering
-    honours no `inline`), so plain JAX programs give the same results.
-
-    JAX keeps the jaxprs it traced (of `jax.jit` functions, of loop bodies), and one
-    traced before the function was kept holds its inlined equations; none reaches
-    quax. One traced inside `quaxify` is keyed apart from one traced outside
-    (`staged_values_state` is part of JAX's trace context), and registering a rule
-    changes another part of it (`quax._dispatch._registry`'s generation), so a `jit`
-    traced inside `quaxify` before is traced again. The one registration that keeps
-    that generation, the installed families loading on the first quaxified call,
-    comes before anything was traced inside `quaxify`."""
-    kept_inline_jits.setdefault(name, set()).add(source)
-    _pe.custom_staging_rules[jprim.jit_p] = _keep_or_inline
+def set_jit_staging_rule(rule: Any) -> None:
+    """Make `rule` the staging rule of `jit_p` (JAX's is `jax_jit_staging_rule`)."""
+    _pe.custom_staging_rules[jprim.jit_p] = rule
 
 
-def _keep_or_inline(trace: Any, source_info: Any, *args: Any, **params: Any) -> Any:
-    # JAX's staging rule for `jit` (`pjit_staging_rule`), whose inlining branch it
-    # repeats (with `jit_inlines`' cheaper test), but for a kept inline `jit` (see
-    # `keep_inline_jit`), which it stages as a call, as JAX stages a `jit` it does not
-    # inline. Repeating the branch, rather than calling JAX's rule after the test,
-    # keeps tracing a `jax.numpy` program (an inline `jit` per call) as fast as with
-    # JAX's own rule.
-    if jit_inlines(params) and not params["compiler_options_kvs"]:
-        jaxpr = params["jaxpr"]
-        sources = kept_inline_jits.get(params["name"])
-        if sources is not None and _kept(jaxpr, sources):
-            return trace.default_process_primitive(
-                jprim.jit_p, args, params, source_info=source_info
-            )
-        out = _pe.inline_jaxpr_into_trace(
-            trace, source_info, jaxpr.jaxpr, jaxpr.consts, *args
-        )
-        return [trace.to_jaxpr_tracer(x, source_info) for x in out]
-    return _jax_jit_staging(trace, source_info, *args, **params)
+def jit_derivative_rules() -> tuple[Any, Any]:
+    """The current `jvp` and `linearize` rules of `jit_p`."""
+    return _ad.primitive_jvps[jprim.jit_p], _ad.primitive_linearizations[jprim.jit_p]
 
 
-def _kept(jaxpr: Any, sources: set[str]) -> bool:
-    """Whether the body `jaxpr` of an inline `jit` with a kept name is one of the
-    kept `sources`. One whose body holds mutable arrays (for which JAX moves
-    constant `Ref`s out of a call first) is inlined, as JAX does (the functions
-    rules are registered for hold none)."""
-    info = jaxpr.jaxpr.debug_info
+def set_jit_derivative_rules(jvp: Any, linearize: Any) -> None:
+    """Make `jvp` and `linearize` the derivative rules of `jit_p`."""
+    _ad.primitive_jvps[jprim.jit_p] = jvp
+    _ad.primitive_linearizations[jprim.jit_p] = linearize
+
+
+def holds_refs(jaxpr: Any) -> bool:
+    """Whether the closed `jaxpr` holds mutable arrays (`Ref`s) among its constants,
+    or takes or closes over any with an initial state (for which JAX moves constant
+    `Ref`s out of a call before staging it)."""
     return (
-        info is not None
-        and info.func_src_info in sources
-        and not any(isinstance(c, _core.Ref) for c in jaxpr.consts)
-        and not any(v.initial_qdd for v in jaxpr.jaxpr.constvars)
-        and not any(v.initial_qdd for v in jaxpr.jaxpr.invars)
+        any(isinstance(c, _core.Ref) for c in jaxpr.consts)
+        or any(v.initial_qdd for v in jaxpr.jaxpr.constvars)
+        or any(v.initial_qdd for v in jaxpr.jaxpr.invars)
     )
 
 
@@ -532,66 +452,6 @@ def jvp_body(body: Any, nonzeros: Sequence[bool]) -> tuple[Any, list[bool]]:
     arguments where `nonzeros` is true, giving the outputs and their tangents where
     the second list is true (the others are symbolic zeros, not outputs)."""
     return _ad.jvp_jaxpr(body, list(nonzeros), instantiate=False)
-
-
-def differentiate_jits_with(tangents_for: Any) -> None:
-    """From now on, differentiate a `jit` equation by a tangent map of its own where
-    `tangents_for(primals, params)` (given the `jit`'s primal arguments and its
-    params) gives one: a function `tangents(primals, tangents)` returning the
-    tangents of the outputs (a list), given the primals and their tangents (zeros
-    where JAX has none). The outputs themselves are the `jit`'s, bound on the
-    primals' trace (where quax runs the rules for them). Under `jax.jvp` the map
-    runs there, on the primals and tangents; under `jax.linearize` (as `grad`,
-    `vjp`, `jacrev` run it) it runs where JAX stages the tangent computation, with
-    the primals as residuals, as JAX stages a `custom_jvp` rule's, and JAX
-    transposes what it staged where `grad` needs it. Where `tangents_for` gives
-    `None`, JAX's own rules for `jit` run, which differentiate the body: `jax.jvp`
-    binds a `jit` of the body's `jvp`, `jax.linearize` a `jit` of the primal part
-    and one of the tangent part. Installed once (the first
-    `quax.register_function` with a `jvp`); `tangents_for` is asked on every `jvp`
-    or `linearize` of a `jit`, so it must be cheap where it answers `None`."""
-    jvp_rule = _ad.primitive_jvps[jprim.jit_p]
-    linearize_rule = _ad.primitive_linearizations[jprim.jit_p]
-
-    def tangents_out(
-        tangent_map: Any, avals: Sequence[Any], primals: Any, tangents: Any
-    ) -> list[Any]:
-        # Outputs of integer or boolean types have no tangent (a symbolic zero).
-        given = tangent_map(list(primals), list(map(_ad.instantiate_zeros, tangents)))
-        return [
-            t if _has_tangent(a) else _ad.Zero(a.to_tangent_aval())
-            for t, a in zip(given, avals, strict=True)
-        ]
-
-    def jvp(primals: Sequence[Any], tangents: Sequence[Any], **params: Any) -> Any:
-        tangent_map = tangents_for(primals, params)
-        if tangent_map is None:
-            return jvp_rule(primals, tangents, **params)
-        out = jprim.jit_p.bind(*primals, **params)
-        avals = params["jaxpr"].out_avals
-        return out, tangents_out(tangent_map, avals, primals, tangents)
-
-    def linearize(
-        is_vjp: bool, nonzeros: Sequence[bool], *primals: Any, **params: Any
-    ) -> Any:
-        tangent_map = tangents_for(primals, params)
-        if tangent_map is None:
-            return linearize_rule(is_vjp, nonzeros, *primals, **params)
-        out = jprim.jit_p.bind(*primals, **params)
-        avals = params["jaxpr"].out_avals
-
-        def linearized(residuals: Sequence[Any], *tangents: Any) -> list[Any]:
-            return tangents_out(tangent_map, avals, residuals, tangents)
-
-        return out, list(map(_has_tangent, avals)), list(primals), linearized
-
-    _ad.primitive_jvps[jprim.jit_p] = jvp
-    _ad.primitive_linearizations[jprim.jit_p] = linearize
-
-
-def _has_tangent(aval: Any) -> bool:
-    """Whether an output of type `aval` has a tangent: one of an inexact dtype."""
-    return bool(_dtypes.issubdtype(aval.dtype, np.inexact))
 
 
 def primal_behind(x: Any) -> Any:

@@ -13,17 +13,19 @@ from ._dispatch._plugins import (
     DISABLE_ENV as DISABLE_ENV,
     ENTRY_POINT_GROUP as ENTRY_POINT_GROUP,
     Family as Family,
-    JitContext as JitContext,
     PluginWarning as PluginWarning,
     block as block,
     families as families,
-    jit_context as jit_context,
     load as load,
     manager as manager,
 )
 from ._dispatch._registry import (
     resolve as resolve,
     rules_generation as rules_generation,
+)
+from ._foundation._jit_context import (
+    JitContext as JitContext,
+    jit_context as jit_context,
 )
 from ._introspect import (
     FamilySummary as FamilySummary,

@@ -14,7 +14,7 @@ import quax
 from jax import lax
 from jax.extend.core import primitives as prims
 from jaxtyping import Array, ArrayLike
-from quax._compat import pinv_function
+from quax.extend import pinv_function
 from quax.zero import Zero, is_ieee_strict
 
 from ._kernels import keep_or_scale

@@ -13,7 +13,7 @@ import jax.core
 import numpy as np
 from jax.extend.core import Primitive
 from jax.interpreters import ad, mlir
-from quax._compat import define_batching_rule
+from quax.extend import define_batching_rule
 
 from ._dimensions import Dimensions, UnitError, dimensionless
 from ._units import UnitLike, unit

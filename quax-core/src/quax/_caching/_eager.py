@@ -56,15 +56,14 @@ import jax.tree_util as jtu
 import numpy as np
 
 from .._compat import (
-    KEEP_BARRIERS,
     Tracer,
     current_trace,
     eager_program,
-    eval_rounding_each_step,
     frozen_bytes,
     typeof,
 )
 from .._foundation import _caches
+from .._foundation._rounding import KEEP_BARRIERS, eval_rounding_each_step
 from .._values import _value
 from .._values._value import is_value, value_classes
 from . import _keys

@@ -30,7 +30,7 @@ from .._caching._jaxpr import FOLD_MAX_SIZE, body_arg_names, body_source, known_
 from .._caching._keys import static_key
 from .._compat import Primitive, Tracer, callback_module, release_traces, typeof
 from .._transform._quaxify import quaxify
-from .._values._value import Value, materialise_or_explain
+from .._values._value import Value, materialise_or_explain, structure
 
 
 __all__ = [
@@ -40,6 +40,7 @@ __all__ = [
     "JoinError",
     "Rejoined",
     "carry_names",
+    "caught",
     "catching",
     "join_fills",
     "join_until_stable",
@@ -48,8 +49,8 @@ __all__ = [
     "lift_fill",
     "materialise_rhs",
     "materialise_to_join",
+    "noting_retries",
     "skeleton",
-    "structure",
     "trying",
 ]
 
@@ -101,13 +102,6 @@ def join_until_stable(
             if not rejoin():
                 raise
     raise AssertionError(f"the types did not join in {limit} attempts")
-
-
-def structure(tree: Any) -> Any:
-    """What must agree between loop iterations or branches: the pytree structure
-    (value types and static metadata included) and each leaf's shape and dtype."""
-    leaves, treedef = jtu.tree_flatten(tree)
-    return treedef, tuple((np.shape(x), jnp.result_type(x)) for x in leaves)
 
 
 def skeleton(x: Any) -> Any:
@@ -345,9 +339,12 @@ class BodyFailed(Exception):
 
 
 class _Trying(threading.local):
-    """How many loop bodies this thread is tracing with their errors caught."""
+    """How many loop bodies this thread is tracing with their errors caught; and,
+    while a loop's types are being found (`noting_retries`), the errors its tries
+    caught."""
 
     depth = 0
+    caught: list[str] | None = None
 
 
 _trying = _Trying()
@@ -368,6 +365,59 @@ def catching() -> Iterator[None]:
 def trying() -> bool:
     """Whether this thread is inside a loop body being tried (see `catching`)."""
     return _trying.depth > 0
+
+
+def caught(error: Exception) -> None:
+    """Record `error`, which a try of a loop body caught (see `noting_retries`), by
+    its type and message: the error itself would keep the tracers of its traceback
+    alive."""
+    if _trying.caught is not None and not isinstance(error, BodyFailed | Rejoined):
+        _trying.caught.append(_quoted(error))
+
+
+@contextlib.contextmanager
+def noting_retries() -> Iterator[None]:
+    """Around a loop rule that tries its body to find its carries' types: where the
+    loop fails in the end with an error other than one its tries caught, that error
+    gets a note quoting the ones caught (the first may be the one to fix: an `atol`
+    in seconds added to a state in metres, caught while quax traced the first
+    iteration, after which the loop ran on a plain carry and failed on that). The
+    errors that a nested loop caught are dropped once that loop's types are
+    found."""
+    outermost = _trying.caught is None
+    if outermost:
+        _trying.caught = []
+    errors = _trying.caught
+    assert errors is not None
+    start = len(errors)
+    try:
+        yield
+    except Exception as e:
+        if outermost:
+            _note_caught(e, errors)
+        raise
+    else:
+        del errors[start:]
+    finally:
+        if outermost:
+            _trying.caught = None
+
+
+def _quoted(error: Exception) -> str:
+    return f"{type(error).__name__}: {error}"
+
+
+def _note_caught(error: Exception, errors: list[str]) -> None:
+    """Add to `error` a note quoting the distinct `errors` (caught before it, see
+    `caught`) that differ from it."""
+    others = [e for e in dict.fromkeys(errors) if e != _quoted(error)]
+    if others:
+        quoted = "\n".join(f"- {e}" for e in others)
+        error.add_note(
+            "(quax: while it tried the loop's body to find the types of its "
+            "carries, the body failed first with the following, which may be the "
+            f"error to fix:\n{quoted})"
+        )
 
 
 # A loop carry that starts as a plain constant fill (the zeros or NaNs a solver
@@ -643,7 +693,8 @@ def _first_iteration(
             with catching():
                 step = [jtu.tree_map(lambda leaf: leaf[0], x) for x in xs]
                 return list(body([*c, *step]))[:n]
-        except Exception:  # caught inside, so that the trace ends normally
+        except Exception as e:  # caught inside, so that the trace ends normally
+            caught(e)
             return None
 
     found = jax.eval_shape(first, trial, list(xs))

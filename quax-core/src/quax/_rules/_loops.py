@@ -29,9 +29,11 @@ from ._joins import (
     Rejoined,
     carry_names,
     catching,
+    caught,
     join_fills,
     join_until_stable,
     materialise_to_join,
+    noting_retries,
     skeleton,
     trying,
 )
@@ -158,6 +160,7 @@ def _stable_loop(
                         out[:n] = join.outputs(out[:n])
                 except Exception as e:
                     release_traces(e)
+                    caught(e)
                     failed[0] = True
                     return list(c)
             else:
@@ -188,7 +191,8 @@ def _stable_loop(
         # The body ran, and its outputs disagree with the carry.
         return bool(seen) and join.update(carry, seen[-1])
 
-    return join_until_stable(attempt, rejoin, limit=3 * n + 2)
+    with noting_retries():
+        return join_until_stable(attempt, rejoin, limit=3 * n + 2)
 
 
 # scan / map / fori_loop ---------------------------------------------------------------

@@ -4,10 +4,11 @@ A `QuaxTracer` stands for one [`quax.Value`][] inside a quaxified function. When
 primitive is bound with at least one of them, `QuaxTrace.process_primitive` looks up a
 rule for the input types (through the registry's cache) and runs it under the parent
 trace. Control-flow primitives (`jit`, `cond`, `while`, ...) have registered rules
-like any other (`_rules/_control_flow.py`). Custom derivatives and `shard_map` reach the
-trace through its `process_*` methods instead; their rules are in the table
-`higher_order_rules`, which the modules defining them fill, as JAX's
-`batching.primitive_batchers` is filled: this module imports none of them.
+like any other (`_rules/_functions.py`, `_rules/_control_flow.py`, `_rules/_loops.py`).
+Custom derivatives and `shard_map` reach the trace through its `process_*` methods
+instead; their rules are in the table `higher_order_rules`, which the modules defining
+them fill, as JAX's `batching.primitive_batchers` is filled: this module imports none
+of them.
 
 `run_nested` is the one way quax runs a function under a new quax trace.
 """
@@ -42,7 +43,6 @@ from .._compat import (
     is_eval_trace,
     jit_inlines,
     jit_p,
-    kept_inline_jits,
     manual_axes_active,
     register_bind_conversion,
     register_tracer_type,
@@ -58,6 +58,7 @@ from .._dispatch._staged import (
     unstage,
 )
 from .._foundation import _debug
+from .._foundation._jit_rules import kept_inline_jits
 from .._values import _value
 from .._values._checks import check_value
 from .._values._value import (
@@ -287,8 +288,14 @@ class QuaxTrace(Trace):
     ) -> Any:
         """Bind `primitive` on `tracers`, some of them this trace's, as JAX's own
         traces do (`BatchTrace.process_primitive`): the inputs' values out of this
-        trace's tracers, the primitive to the parent trace when none is this
-        trace's, and otherwise, in turn, a staged value, the caches, the rule."""
+        trace's tracers, then one of three routes: a staged value, the parent
+        trace, or the rule (with the caches around it: `apply_rule`).
+
+        Python's operators on a tracer of an eager trace (`x * y`) take a route
+        beside this one: `QuaxTracer.__mul__` runs the operator as one compiled
+        program (see `_eager_operator`), in which `jax.numpy`'s `multiply` binds
+        its inlined `jit` and then `mul` on a trace that stages it, each reaching
+        this method."""
         # The hot path of quax: kept to plain loops, one dict lookup (the registry's
         # dispatch cache, read in `apply_rule` rather than through `rule_for`), and
         # JAX's trace switch without its context manager.
@@ -301,51 +308,59 @@ class QuaxTrace(Trace):
                 found = True
             else:
                 values.append(t)
-        # A staged value: a value built inside a function that JAX staged, which
+        # 1. A staged value: a value built inside a function that JAX staged, which
         # only this trace can give its type back (see `quax._dispatch._staged`).
         if primitive is staged_value_p:
             return QuaxTracer(self, unstage(values, **params))
+        # 2. The parent trace: no input is this trace's (and no sub-jaxpr stages a
+        # value, which only this trace can type).
         if not found and not (
             primitive in staging_primitives and holds_staged_values(params)
         ):
             return self.parent_trace.process_primitive(primitive, values, params)
-        # The caches: an inlined `jit` (every `jax.numpy` function, but those with
-        # `register_function` rules: see `kept_inline_jits`) as a compiled eager
-        # program or a replayed recording; while a program is staged, a recording
-        # of what the rule staged for the same key.
-        if primitive is jit_p and jit_inlines(params):
-            sources = kept_inline_jits.get(params["name"])
-            if sources is None or body_source(params["jaxpr"]) not in sources:
-                return self._inline(tracers, values, params)
-        if self.replays and primitive not in unchecked_primitives:
-            run = ft.partial(self.apply_rule, primitive, values, params)
-            return _replay.bind(self, primitive, values, params, run)
-        # The rule.
-        return self.apply_rule(primitive, values, params)
+        # 3. The rule.
+        return self.apply_rule(primitive, tracers, values, params)
 
-    def _inline(
-        self, tracers: Sequence[Any], values: list[Any], params: dict[str, Any]
+    def apply_rule(
+        self,
+        primitive: Primitive,
+        tracers: Sequence[Any],
+        values: list[Any],
+        params: dict[str, Any],
     ) -> Any:
-        """An inlined `jit` of `values` (`tracers`' values): eagerly, one compiled
-        program (see `quax._caching._eager`); while a program is staged, a replay of
-        the equations its body staged before (see `quax._caching._replay`); else its
-        equations bound one by one on this trace, each dispatched to its rule."""
-        if self.eager:
+        """`primitive`'s rule for `values` (`tracers`' values, some of them this
+        trace's), with the caches around it; its output values as this trace's
+        tracers.
+
+        The rule of an inlined `jit` (every `jax.numpy` function, but those with
+        `register_function` rules: see `kept_inline_jits`) is its equations, bound
+        one by one on this trace (`_inline_jit`); any other primitive's is the one
+        the registry resolves (`_run_rule`). The caches around it: eagerly, an
+        inlined `jit` runs as one compiled program (see `quax._caching._eager`);
+        while a program is staged, a rule's equations recorded for the same key
+        are replayed (see `quax._caching._replay`)."""
+        inline = primitive is jit_p and _inlined(params)
+        if inline and self.eager:
             done, out = call_rule_at_trace(
                 self.parent_trace, _compiled_inline, values, params
             )
             if done:
                 return [QuaxTracer(self, o, True) if is_value(o) else o for o in out]
-        if self.replays:
+        if inline:
             run = ft.partial(call_at_trace, self, _inline_jit, tracers, params)
-            return _replay.inline(self, values, params["jaxpr"], run)
-        return call_at_trace(self, _inline_jit, tracers, params)
+            if self.replays:
+                return _replay.inline(self, values, params["jaxpr"], run)
+            return run()
+        if self.replays and primitive not in unchecked_primitives:
+            run = ft.partial(self._run_rule, primitive, values, params)
+            return _replay.bind(self, primitive, values, params, run)
+        return self._run_rule(primitive, values, params)
 
-    def apply_rule(
+    def _run_rule(
         self, primitive: Primitive, values: list[Any], params: dict[str, Any]
     ) -> Any:
-        """`primitive`'s rule for `values` (some of them this trace's), run under
-        the parent trace; its output values as this trace's tracers."""
+        """`primitive`'s registered rule for `values`, run under the parent trace;
+        its output values as this trace's tracers."""
         rule = _rule_cache.get((primitive, tuple(map(type, values))))
         if rule is None:
             rule = _registry.rule_for(primitive, values)
@@ -488,6 +503,15 @@ def run_nested(body: Callable[[QuaxTrace], _T], selective: bool = False) -> _T:
 
 def _call(body: Callable[[QuaxTrace], _T], trace: QuaxTrace) -> _T:
     return body(trace)
+
+
+def _inlined(params: dict[str, Any]) -> bool:
+    """Whether a `jit` with `params` is inlined into the trace that binds it: JAX
+    inlines it, and no `register_function` rule keeps it (see `kept_inline_jits`)."""
+    if not jit_inlines(params):
+        return False
+    sources = kept_inline_jits.get(params["name"])
+    return sources is None or body_source(params["jaxpr"]) not in sources
 
 
 def _inline_jit(tracers: Sequence[Any], params: dict[str, Any]) -> list[Any]:

@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypeAlias, TypeGuard
 
 import equinox as eqx
 import jax
+import jax.numpy as jnp
+import numpy as np
 from jaxtyping import ArrayLike
 
 from .._compat import (
@@ -41,6 +43,7 @@ __all__ = [
     "materialise_outside_quax",
     "plain_running",
     "set_jax_array_conversion",
+    "structure",
     "track_materialisation",
 ]
 
@@ -425,6 +428,14 @@ def describe(x: Any) -> str:
     if isinstance(x, jax.ShapeDtypeStruct):
         return f"array {x.dtype.name}{list(x.shape)}"
     return f"array {typeof(x).str_short()}"
+
+
+def structure(tree: Any) -> Any:
+    """What must agree between values that stand in for one another (loop
+    iterations, branches, the cases of a `select_n`): the pytree structure (value
+    types and static metadata included) and each leaf's shape and dtype."""
+    leaves, treedef = jax.tree_util.tree_flatten(tree)
+    return treedef, tuple((np.shape(x), jnp.result_type(x)) for x in leaves)
 
 
 def describe_types(values: Sequence[Any]) -> str:

@@ -45,7 +45,7 @@ from typing import Any
 
 import jax.numpy as jnp
 import quax
-from quax._compat import release_traces
+from quax.extend import release_traces
 
 from .._dimensions import UnitError, dimensionless
 from .._units import Unit, unit

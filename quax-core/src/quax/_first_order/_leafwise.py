@@ -14,8 +14,7 @@ from jax.extend.core import primitives as _prims
 
 from .._compat import Primitive, optimization_barrier_p
 from .._dispatch._registry import fallback_rule, register
-from .._values._value import Value, ValueLike
-from ._joins import structure
+from .._values._value import Value, ValueLike, structure
 
 
 __all__: list[str] = []
