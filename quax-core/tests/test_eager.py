@@ -597,3 +597,48 @@ def test_unhashable_static_fields() -> None:
         out = q(Listed(X))
         assert type(out) is Listed and out.names == ["x"]
         np.testing.assert_array_equal(out.array, jnp.sin(X))
+
+
+@pytest.mark.caching_behaviour
+@compiles_eager_programs
+def test_calls_made_a_few_times_compile_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # As users have it: the calls after a key's first run equation by equation
+    # until together they have taken as long as a compile (here, as at first in a
+    # process, `COMPILE_AFTER_AT_FIRST`: 50 ms, where each of these takes about a
+    # tenth of a millisecond), so a call made a few times compiles nothing.
+    monkeypatch.setattr(quax_eager, "COMPILE_AFTER", None)
+    monkeypatch.setattr(
+        quax_eager, "_compile_seconds", quax_eager.COMPILE_AFTER_AT_FIRST
+    )
+    q = quax.quaxify(jnp.subtract)
+    x = jnp.asarray(np.random.default_rng(2).uniform(-2, 2, 33), jnp.float32)
+    x = x.at[:4].set(0.1)
+    y = jnp.ones(33, jnp.float32)
+    traced = quax_eager.programs_traced
+    first = q(Fused(x), Fused(y)).array
+    for _ in range(3):
+        np.testing.assert_array_equal(q(Fused(x), Fused(y)).array, first)
+    assert quax_eager.programs_traced == traced
+    # Once the calls after the first have taken as long as a compile, the next
+    # call compiles, with the first call's bits (the equations' rounding), and
+    # later calls replay the program.
+    monkeypatch.setattr(quax_eager, "_compile_seconds", 1e-9)
+    for _ in range(3):
+        np.testing.assert_array_equal(q(Fused(x), Fused(y)).array, first)
+    assert quax_eager.programs_traced == traced + 1
+    np.testing.assert_array_equal(first[:4], 0.0)
+
+
+def test_compile_time_is_the_mean_of_the_compiles(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The time the calls after a key's first spend before it compiles is the mean
+    # of the compiles measured so far in the process.
+    monkeypatch.setattr(quax_eager, "_compiles", 0)
+    monkeypatch.setattr(quax_eager, "_compile_seconds", 0.05)
+    quax_eager._compiled(0.08)
+    assert quax_eager._compile_seconds == pytest.approx(0.08)
+    quax_eager._compiled(0.02)
+    assert quax_eager._compile_seconds == pytest.approx(0.05)

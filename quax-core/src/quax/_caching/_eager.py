@@ -16,12 +16,22 @@ the debug-check flag and the registry's generation).
 
 In a compiled program, rules see the leaves of values as tracers, where equation by
 equation they see concrete arrays. So that no rule answers otherwise there, the
-first call of each code and structure runs equation by equation only (a one-off
-call, as in a notebook or a test, compiles nothing) and leaves the structure of its
-output. The second call traces the program and keeps it when it gives that output
+first call of each code and structure runs equation by equation only and leaves the
+structure of its output. Compiling costs tens of milliseconds, where a later call
+equation by equation costs tenths of one (a doctest, a notebook cell or a test
+calls a function once or twice), so the calls after the first run equation by
+equation too until, together, they have taken as long as compiling a program takes
+(the mean time this process took to compile the programs it compiled,
+`COMPILE_AFTER_AT_FIRST` seconds before the first; `QUAX_EAGER_COMPILE_AFTER=s` in
+the environment, or `COMPILE_AFTER`, fixes it at `s` seconds, `0` compiling on a
+key's second call): a call repeated for a
+while then pays for its compile with what it saves, and calls made a few times pay
+at most about twice what the cheaper of the two ways would have cost. The call that
+crosses it traces the program and keeps it when it gives the first call's output
 structure (types, static fields equal and alike in text, shapes and dtypes); from
-then on calls replay it. The program rounds as the equations run one by one do,
-bit for bit: optimisation barriers between its top-level equations keep XLA from
+then on calls replay it. The results are the same bits whichever call switches:
+the time decides only when, as the program rounds as the equations run one by one
+do, bit for bit: optimisation barriers between its top-level equations keep XLA from
 fusing them (and so from contracting a multiply and an add into one fused
 multiply-add), see `_rounding_each_step`. The code runs equation by equation from
 then on when the structure differs, or when tracing fails for any reason (a rule
@@ -47,6 +57,7 @@ import dataclasses
 import operator
 import os
 import threading
+import time
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -72,6 +83,8 @@ from ._keys import _settings as _settings, add_setting, settings_key
 
 
 __all__ = [
+    "COMPILE_AFTER",
+    "COMPILE_AFTER_AT_FIRST",
     "MAX_CODES",
     "MAX_CONSTANT_SIZE",
     "MAX_FIRST_CALLS",
@@ -92,6 +105,17 @@ __all__ = [
 MAX_CONSTANT_SIZE = 64
 MAX_PROGRAMS = 32
 MAX_FIRST_CALLS = 64
+# Seconds that the calls of a key after its first spend equation by equation before
+# it compiles: what compiling a program costs, the mean of the compiles measured so
+# far (`_compiled`), `COMPILE_AFTER_AT_FIRST` before the first; or `COMPILE_AFTER`
+# where it is set (from `QUAX_EAGER_COMPILE_AFTER`). The compile of a `jax.numpy`
+# function on a value took 60-80 ms on a CPU, where a later call took 0.1-0.5 ms
+# equation by equation and 0.02 ms compiled: about a thousand calls pay for it
+# (`python benchmarks/core.py --calls`).
+COMPILE_AFTER_AT_FIRST = 0.05
+_after = os.environ.get("QUAX_EAGER_COMPILE_AFTER")
+COMPILE_AFTER: float | None = None if _after is None else float(_after)
+_compile_seconds = COMPILE_AFTER_AT_FIRST
 # Codes with programs kept; past it, they all start afresh.
 MAX_CODES = 1024
 
@@ -274,9 +298,11 @@ def set_eager_compilation(enabled: bool) -> bool:
 
     Results are the same either way, and the user's own Python (side effects,
     `jax.debug` calls) runs as written. The first call of each code and structure
-    runs equation by equation only, so one-off calls compile nothing; the second
-    traces and compiles its program, which is kept only if it gives the first
-    call's output structure, and later calls replay it. Code whose rules need a
+    runs equation by equation only, and so do the calls after it until together
+    they have taken as long as a compile takes (tens of milliseconds), so calls
+    made a few times compile nothing; the next traces and compiles its program,
+    which is kept only if it gives the first call's output structure, and later
+    calls replay it. Code whose rules need a
     concrete leaf (through [`quax.known_constant`][], or a JAX concretization
     error) keeps running equation by equation.
 
@@ -392,8 +418,8 @@ def call_compiled(
     **Arguments:**
 
     - `code`: what the program is cached under (a jaxpr, a library function).
-    - `quaxified`: builds the quaxified function (called on a key's first call,
-        which runs it equation by equation, and on its second, which compiles it).
+    - `quaxified`: builds the quaxified function (called on each call of a key
+        that runs it equation by equation, and on the one that compiles it).
     - `args`, `kwargs`: its inputs: values, plain arrays or Python scalars, and
         pytrees of them.
 
@@ -430,31 +456,45 @@ def call_compiled(
         return False, None
     if program is None:
         with _lock:
-            first = first_calls.pop(program_key, None)
-        if first is None:
-            # The first call runs equation by equation only (as does code inside
-            # it), and leaves the structure of its output to check the program.
+            first = first_calls.get(program_key)
+        if first is None or first.spent < (
+            _compile_seconds if COMPILE_AFTER is None else COMPILE_AFTER
+        ):
+            # The first call (and those after it, until they have taken as long as
+            # a compile) runs equation by equation only, as does code inside it;
+            # the first leaves the structure of its output to check the program.
             _state.checking = True
+            start = time.perf_counter()
             try:
                 out = quaxified()(*args, **(kwargs or {}))
             finally:
                 _state.checking = False
+            if first is not None:
+                first.spent += time.perf_counter() - start
+                return True, out
             first_out = _FirstOutput(out)
             with _lock:
                 while len(first_calls) >= MAX_FIRST_CALLS:
                     del first_calls[next(iter(first_calls))]  # the oldest
                 first_calls[program_key] = first_out
             return True, out
+        with _lock:
+            first_calls.pop(program_key, None)
         if len(programs) >= MAX_PROGRAMS:
             return False, None
-        # The second call traces and checks the program, and runs it if kept.
+        # This call traces and checks the program, and runs it if kept.
+        start = time.perf_counter()
         program = programs[program_key] = _checked_program(
             quaxified(), inputs, treedef, leaves, first, positions
         )
         programs_traced += 1
-        if _caches.verifying and program is not _BY_EQUATION:
-            made = _staged(quaxified(), inputs, treedef, leaves, positions)
-            _made.put((id(code), program_key), (parts, made))
+        if program is not _BY_EQUATION:
+            out = program(*leaves)
+            _compiled(time.perf_counter() - start)
+            if _caches.verifying:
+                made = _staged(quaxified(), inputs, treedef, leaves, positions)
+                _made.put((id(code), program_key), (parts, made))
+            return True, out
     elif _caches.verifying and program is not _BY_EQUATION:
         _verify((id(code), program_key), parts, quaxified, inputs, treedef, found)
     if program is _BY_EQUATION:
@@ -555,9 +595,11 @@ class _FirstOutput:
     """What a first call gave equation by equation: its output's treedef and its
     leaves' shapes, dtypes and weak types."""
 
-    __slots__ = ("avals", "treedef")
+    __slots__ = ("avals", "spent", "treedef")
 
     def __init__(self, out: Any) -> None:
+        # The seconds that the calls after the first spent equation by equation.
+        self.spent = 0.0
         leaves, self.treedef = jtu.tree_flatten(out)
         try:
             self.avals = [_shape_dtype(x) for x in leaves]
@@ -577,6 +619,16 @@ class _FirstOutput:
 
 # How many programs were traced: a one-off call traces none.
 programs_traced = 0
+# How many compiles `_compile_seconds` is the mean of.
+_compiles = 0
+
+
+def _compiled(seconds: float) -> None:
+    """Count a compile that took `seconds` (tracing, compiling and the first run of
+    the program) into `_compile_seconds`, the mean of the compiles so far."""
+    global _compile_seconds, _compiles
+    _compiles += 1
+    _compile_seconds += (seconds - _compile_seconds) / _compiles
 
 
 def _checked_program(
