@@ -57,6 +57,13 @@ compiles_eager_programs = pytest.mark.skipif(
     "program: every call runs equation by equation",
 )
 
+
+def _programs_of(code: Any) -> list[Any]:
+    """The entries of the compiled eager programs kept for `code` (keyed by its
+    `id`, the first component of their keys)."""
+    return [e for k, e in quax_eager._programs._data.items() if k[0] == id(code)]
+
+
 X = jnp.array([0.5, -1.5, 2.25, 3.0])
 Y = jnp.array([1.25, 2.0, -0.75, 4.0])
 
@@ -155,10 +162,7 @@ def test_backend_without_barriers_runs_by_equation(
     for _ in range(3):
         np.testing.assert_array_equal(q(Fused(x), Fused(y)).array, first)
     assert quax_eager._barriers_checked == {jax.default_backend(): False}
-    (programs,) = [
-        t[1] for t in quax_eager._programs.values() if t[0]() is jnp.subtract
-    ]
-    assert quax_eager._BY_EQUATION in list(programs.values())
+    assert quax_eager._BY_EQUATION in _programs_of(jnp.subtract)
 
 
 @pytest.mark.caching_behaviour
@@ -237,18 +241,17 @@ class Named(Dense):
 
 
 def test_program_tables_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
-    # At most `MAX_FIRST_CALLS` keys called once are remembered (the oldest is
-    # forgotten) and at most `MAX_PROGRAMS` programs kept per code; past that, the
-    # code runs equation by equation.
-    monkeypatch.setattr(quax_eager, "MAX_FIRST_CALLS", 2)
-    monkeypatch.setattr(quax_eager, "MAX_PROGRAMS", 1)
+    # At most `MAX_PROGRAMS` entries are kept (programs, and keys called but not
+    # compiled yet), the oldest dropped first: a key dropped starts afresh, its
+    # next call running equation by equation as a first call.
+    monkeypatch.setattr(quax_eager._programs, "bound", 2)
     q = quax.quaxify(jax.jit(lambda a, s: a * s, inline=True))
     traced = quax_eager.programs_traced
-    for s, programs in ((1.0, 0), (2.0, 0), (3.0, 0), (1.0, 0), (3.0, 1), (1.0, 1)):
+    for s, programs in ((1.0, 0), (2.0, 0), (3.0, 0), (1.0, 0), (3.0, 1), (1.0, 2)):
         np.testing.assert_array_equal(q(Dense(X), s).array, X * s)
         assert quax_eager.programs_traced == traced + programs
-    (table,) = [t for t in quax_eager._programs.values() if t[0]() is q.fn]
-    assert len(table[1]) == 1 and len(table[2]) <= 2
+        assert len(quax_eager._programs) <= 2
+    assert len(_programs_of(q.fn)) == 2
 
 
 def test_value_with_other_leaves() -> None:
@@ -417,8 +420,7 @@ def test_other_structures_than_by_equation_run_by_equation() -> None:
     for _ in range(3):
         out = q(Sized(jnp.array([1.0, -2.0, 0.0, 0.0]), 4))
         np.testing.assert_array_equal(out.array, [1.0, 2.0])
-    (programs,) = [t[1] for t in quax_eager._programs.values() if t[0]() is jnp.abs]
-    assert list(programs.values()) == [quax_eager._BY_EQUATION]
+    assert _programs_of(jnp.abs) == [quax_eager._BY_EQUATION]
 
 
 class Fussy(Dense):

@@ -44,21 +44,21 @@ check only sees the first call. On by default; [`quax.set_eager_compilation`][] 
 
 Plain inputs stay constants of the program, as they are when the code runs equation
 by equation (rules may need their values: an exponent, a known fill), so they are
-part of the cache key: only small ones (`MAX_CONSTANT_SIZE` elements). Each code
-keeps at most `MAX_PROGRAMS` programs (one per value structure, leaf shapes and
-plain inputs) and remembers the last `MAX_FIRST_CALLS` keys called once; beyond
-that, and while materialisations are tracked (the report names each primitive as
-it runs), the code runs equation by equation as before. Only library code runs this
+part of the cache key: only small ones (`MAX_CONSTANT_SIZE` elements). At most
+`MAX_PROGRAMS` programs are kept (one per code, value structure, leaf shapes and
+plain inputs, with the keys not compiled yet), the oldest dropped first; while
+materialisations are tracked (the report names each primitive as it runs), the
+code runs equation by equation as before. Only library code runs this
 way: the user's own Python between calls runs as written, with its side effects.
 """
 
+import contextlib
 import contextvars
 import dataclasses
 import operator
 import os
 import threading
 import time
-import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -85,9 +85,7 @@ from ._keys import _settings as _settings, add_setting, settings_key
 __all__ = [
     "COMPILE_AFTER",
     "COMPILE_AFTER_AT_FIRST",
-    "MAX_CODES",
     "MAX_CONSTANT_SIZE",
-    "MAX_FIRST_CALLS",
     "MAX_PROGRAMS",
     "ConcreteNeeded",
     "ConstKey",
@@ -103,8 +101,7 @@ __all__ = [
 ]
 
 MAX_CONSTANT_SIZE = 64
-MAX_PROGRAMS = 32
-MAX_FIRST_CALLS = 64
+MAX_PROGRAMS = 2048
 # Seconds that the calls of a key after its first spend equation by equation before
 # it compiles: what compiling a program costs, the mean of the compiles measured so
 # far (`_compiled`), `COMPILE_AFTER_AT_FIRST` before the first; or `COMPILE_AFTER`
@@ -116,8 +113,6 @@ COMPILE_AFTER_AT_FIRST = 0.05
 _after = os.environ.get("QUAX_EAGER_COMPILE_AFTER")
 COMPILE_AFTER: float | None = None if _after is None else float(_after)
 _compile_seconds = COMPILE_AFTER_AT_FIRST
-# Codes with programs kept; past it, they all start afresh.
-MAX_CODES = 1024
 
 _ARRAY_LEAVES = (jax.Array, np.ndarray, np.generic, int, float, complex)
 
@@ -193,11 +188,12 @@ class _Structure:
 # all set and whose dynamic fields all hold arrays (most value types), by their type
 # and the identities of their static fields (kept alive here, so that their `id`s
 # are not reused): the same objects have the same text and compare equal, and the
-# structure follows from them without flattening the value. Each starts afresh
-# past `MAX_STRUCTURES` entries.
-_structures: dict[tuple[str, Any], _Structure] = {}
-_by_fields: dict[tuple[Any, ...], tuple[_Structure, tuple[Any, ...]]] = {}
+# structure follows from them without flattening the value. Each keeps at most
+# `MAX_STRUCTURES` entries, the oldest dropped first (a structure interned again is
+# another key of programs: a miss, never a wrong hit).
 MAX_STRUCTURES = 4096
+_structures = _caches.JaxprTable("eager value structures", MAX_STRUCTURES)
+_by_fields = _caches.JaxprTable("eager value structures by fields", MAX_STRUCTURES)
 
 # Per value type: the names of its dynamic and static fields and its field count.
 _fields: dict[type, tuple[tuple[str, ...], tuple[str, ...], int]] = {}
@@ -234,10 +230,8 @@ def intern(leaves: Sequence[Any], treedef: Any) -> _Structure | None:
     except TypeError:  # a static field that cannot be hashed
         return None
     if structure is None:
-        if len(_structures) >= MAX_STRUCTURES:
-            _structures.clear()
-            _by_fields.clear()
-        structure = _structures[key] = _Structure(key[0])
+        structure = _Structure(key[0])
+        _structures.put(key, structure)
         _leaf_types.update(
             type(x)
             for x in leaves
@@ -270,9 +264,7 @@ def value_structure(x: Any) -> tuple[_Structure | None, Sequence[Any], list[Any]
                 and len(flat) == len(leaves)
                 and all(map(operator.is_, flat, leaves))
             ):
-                if len(_by_fields) >= MAX_STRUCTURES:
-                    _by_fields.clear()
-                _by_fields[key] = (structure, statics)
+                _by_fields.put(key, (structure, statics))
             return structure, flat, list(map(_aval, leaves))
     flat, treedef = jtu.tree_flatten(x)
     structure = intern(flat, treedef)
@@ -354,57 +346,12 @@ class _State(threading.local):
 
 _state = _State()
 
-# The programs of each code, by its `id` (a `WeakKeyDictionary` would compare keys
-# with `__eq__`, which `jax.numpy`'s ufuncs make slow), dropped with the code, and
-# all of them when a rule is registered (they may dispatch otherwise now); and the
-# output structures of the keys called once so far (at most `MAX_FIRST_CALLS`, the
-# oldest dropped first).
-_programs: dict[int, tuple[Any, dict[Any, Any], dict[Any, "_FirstOutput"]]] = {}
-# Held while the keys called once are changed: threads calling at once would
-# otherwise see the table change while the oldest key is dropped.
-_lock = threading.Lock()
-
-
-def _drop_all() -> None:
-    _programs.clear()
-    _structures.clear()
-    _by_fields.clear()
-
-
-_caches.on_invalidate(_drop_all)  # a rule registered, a setting declared
-_caches.measured(
-    "compiled eager programs",
-    lambda: (
-        sum(len(entry[1]) for entry in list(_programs.values())),
-        f"{MAX_PROGRAMS} per code, {MAX_CODES} codes",
-    ),
-)
-_caches.measured(
-    "eager value structures", lambda: (len(_structures), str(MAX_STRUCTURES))
-)
-# What each program was made with, for verify mode: its key's components and what
-# it stages (see `_verify`).
-_made = _caches.Table("compiled eager programs: what each was made with", 4096)
-
-# The components of a program's key (see `quax._caching._keys`).
-_KEY = ("types, static fields, avals and constants", "aliasing", *_keys.CONTEXT)
-
-
-def _table_of(code: Any) -> tuple[dict[Any, Any], dict[Any, "_FirstOutput"]] | None:
-    key = id(code)
-    entry = _programs.get(key)
-    if entry is not None and entry[0]() is code:
-        return entry[1], entry[2]
-    try:
-        ref = weakref.ref(code, lambda _, table=_programs: table.pop(key, None))
-    except TypeError:  # not weakly referable: not cached
-        return None
-    programs: dict[Any, Any] = {}
-    first_calls: dict[Any, _FirstOutput] = {}
-    if len(_programs) >= MAX_CODES:
-        _programs.clear()
-    _programs[key] = (ref, programs, first_calls)
-    return programs, first_calls
+# The programs, by code (its `id`: a `WeakKeyDictionary` would compare codes with
+# `__eq__`, which `jax.numpy`'s ufuncs make slow) and key, each dropped with its
+# code, and all when a rule is registered (they may dispatch otherwise now): a
+# program, `_BY_EQUATION`, or for a key not compiled yet the output structure of its
+# first call (`_FirstOutput`).
+_programs = _caches.JaxprTable("compiled eager programs", MAX_PROGRAMS)
 
 
 def call_compiled(
@@ -426,8 +373,8 @@ def call_compiled(
     **Returns:**
 
     `(True, output)`, or `(False, None)` when the call must run as before
-    (materialisations tracked, no value, a large or traced plain input, too many
-    programs for `code` already, or code that runs equation by equation).
+    (materialisations tracked, no value, a large or traced plain input, code that
+    cannot be held weakly, or code that runs equation by equation).
     """
     global programs_traced
     if (
@@ -439,25 +386,19 @@ def call_compiled(
         return False, None
     inputs: Sequence[Any] = args
     treedef: Any = len(args)
-    found = None if kwargs else _program_key(args, treedef)
+    found = None if kwargs else _program_key(code, args, treedef)
     if found is _PYTREES or kwargs:
         inputs, treedef = jtu.tree_flatten((tuple(args), kwargs), is_leaf=is_value)
-        found = _program_key(inputs, treedef)
+        found = _program_key(code, inputs, treedef)
     if found is None or found is _PYTREES:
         return False, None
-    program_key, leaves, positions, parts = found
-    table = _table_of(code)
-    if table is None:
-        return False, None
-    programs, first_calls = table
+    key, leaves, positions, parts = found
     try:
-        program = programs.get(program_key)
+        program = _programs.get(key)
     except TypeError:  # a pytree node of the inputs that cannot be hashed
         return False, None
-    if program is None:
-        with _lock:
-            first = first_calls.get(program_key)
-        if first is None or first.spent < (
+    if program is None or type(program) is _FirstOutput:
+        if program is None or program.spent < (
             _compile_seconds if COMPILE_AFTER is None else COMPILE_AFTER
         ):
             # The first call (and those after it, until they have taken as long as
@@ -469,34 +410,37 @@ def call_compiled(
                 out = quaxified()(*args, **(kwargs or {}))
             finally:
                 _state.checking = False
-            if first is not None:
-                first.spent += time.perf_counter() - start
+            if program is not None:
+                program.spent += time.perf_counter() - start
                 return True, out
-            first_out = _FirstOutput(out)
-            with _lock:
-                while len(first_calls) >= MAX_FIRST_CALLS:
-                    del first_calls[next(iter(first_calls))]  # the oldest
-                first_calls[program_key] = first_out
+            # Code that cannot be held weakly is not kept (`TypeError`).
+            with contextlib.suppress(TypeError):
+                _programs.put(key, _FirstOutput(out), code)
             return True, out
-        with _lock:
-            first_calls.pop(program_key, None)
-        if len(programs) >= MAX_PROGRAMS:
-            return False, None
         # This call traces and checks the program, and runs it if kept.
         start = time.perf_counter()
-        program = programs[program_key] = _checked_program(
-            quaxified(), inputs, treedef, leaves, first, positions
+        program = _checked_program(
+            quaxified(), inputs, treedef, leaves, program, positions
         )
+        _programs.put(key, program, code)
         programs_traced += 1
         if program is not _BY_EQUATION:
             out = program(*leaves)
             _compiled(time.perf_counter() - start)
             if _caches.verifying:
                 made = _staged(quaxified(), inputs, treedef, leaves, positions)
-                _made.put((id(code), program_key), (parts, made))
+                _caches.made_with(_programs.name, key, parts, made, code)
             return True, out
     elif _caches.verifying and program is not _BY_EQUATION:
-        _verify((id(code), program_key), parts, quaxified, inputs, treedef, found)
+        now = _staged(quaxified(), inputs, treedef, leaves, positions)
+        _caches.check(
+            _programs.name,
+            key,
+            _keys.PROGRAM,
+            parts,
+            now,
+            "its staged program or its outputs",
+        )
     if program is _BY_EQUATION:
         return False, None
     return True, program(*leaves)
@@ -515,36 +459,16 @@ def _staged(
     return str(traced.jaxpr), repr(traced.out_info)
 
 
-def _verify(
-    entry: Any,
-    parts: tuple[Any, ...],
-    quaxified: Callable[[], Callable[..., Any]],
-    inputs: Sequence[Any],
-    treedef: Any,
-    found: Any,
-) -> None:
-    """Verify mode: trace the program of a hit afresh, and raise when it stages or
-    gives otherwise than the program kept (see `quax._foundation._caches`)."""
-    made = _made.get(entry)
-    if made is None:
-        return  # made before verify mode was on
-    _, leaves, positions, _ = found
-    now = _staged(quaxified(), inputs, treedef, leaves, positions)
-    if now != made[1]:
-        what = "its staged program" if now[0] != made[1][0] else "its outputs"
-        raise _caches.mismatch("compiled eager programs", what, _KEY, made[0], parts)
-
-
 # What `_program_key` answers for inputs that hold pytrees of inputs.
 _PYTREES: Any = object()
 
 
-def _program_key(inputs: Sequence[Any], treedef: Any) -> Any:
-    """The key of a program on `inputs` (values, small plain arrays and scalars; as
-    the leaves of `treedef`), the distinct leaves of its inputs, where each leaf
-    is among them (`None` when each is there once, in order) and the key's
-    components; `_PYTREES` when an input is a pytree of them, `None` when there is
-    no program for them."""
+def _program_key(code: Any, inputs: Sequence[Any], treedef: Any) -> Any:
+    """The key of a program of `code` on `inputs` (values, small plain arrays and
+    scalars; as the leaves of `treedef`), the distinct leaves of its inputs, where
+    each leaf is among them (`None` when each is there once, in order) and the
+    key's components; `_PYTREES` when an input is a pytree of them, `None` when
+    there is no program for them."""
     leaves: list[Any] = []
     constants: list[Any] = []
     key: list[Any] = [treedef]
@@ -587,8 +511,8 @@ def _program_key(inputs: Sequence[Any], treedef: Any) -> Any:
         positions = None
     if constants and {id(c) for c in constants} & {id(t) for t in leaves}:
         return None  # a leaf that is also a plain input: one object, two roles
-    parts = (tuple(key), positions, *_keys.context())
-    return _keys.key(_KEY, parts), leaves, positions, parts
+    found, parts = _keys.program_key(id(code), tuple(key), positions)
+    return found, leaves, positions, parts
 
 
 class _FirstOutput:

@@ -18,6 +18,7 @@ import re
 import threading
 import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from operator import eq
 from typing import Any, TypeVar
 
 import jax
@@ -32,6 +33,7 @@ from .._caching._jaxpr import (
     ValueAsked,
     body_source,
     known_constant,
+    per_jaxpr,
     stand_in_token,
     standing_in,
 )
@@ -64,7 +66,7 @@ from .._compat import (
 )
 from .._dispatch._registry import register, registered_rule, resolve
 from .._foundation import _caches
-from .._foundation._caches import JaxprTable, Table
+from .._foundation._caches import JaxprTable
 from .._transform import _trace
 from .._transform._trace import QuaxTracer
 from .._values._value import Value, ValueLike, describe_types, is_value
@@ -353,7 +355,7 @@ def _in_order(jaxpr: Any, registered: _Registered) -> bool:
 
 # Which registered function each body met under a registered source is, with the
 # static arguments it was traced with off their defaults (or `None`: none of them).
-_identified = Table("register_function: the functions of jit bodies", 256)
+_identified = JaxprTable("register_function: the functions of jit bodies", 256)
 
 
 def _identify(
@@ -367,9 +369,14 @@ def _identify(
     rules take), gives the same body. `None` where none does: another function at
     the same source, or a static argument at a value no rule takes. Kept per body
     while the caches are on."""
-    found = _identified.get(jaxpr, False) if _caches.is_enabled() else False
-    if found is not False:
-        return found
+    search = ft.partial(_search, candidates=candidates)
+    return per_jaxpr(_identified, jaxpr, search, eq, "the registered function found")
+
+
+def _search(
+    jaxpr: Any, candidates: list[_Registered]
+) -> tuple[_Registered, dict[str, Any]] | None:
+    """`_identify`, computed."""
     found = None
     for registered in reversed(candidates):
         names = list(registered.static)
@@ -383,8 +390,6 @@ def _identify(
                 break
         if found is not None:
             break
-    if _caches.is_enabled():
-        _identified.put(jaxpr, found)
     return found
 
 
@@ -524,7 +529,7 @@ def _jit(*args: ValueLike, jaxpr: Any, **params: Any) -> list[Any]:
 
 # Which registered function's `jvp` each body met under a registered source is (see
 # `_identify_jvp`), or `None`: none is.
-_identified_jvps = Table("register_function: the functions of jvp jit bodies", 256)
+_identified_jvps = JaxprTable("register_function: the functions of jvp jit bodies", 256)
 
 
 def _identify_jvp(
@@ -536,20 +541,32 @@ def _identify_jvp(
     static arguments at their defaults), which primals have tangents, and which
     outputs do. JAX drops the argument names of such a body. `None` where none is
     (another transformation: `vmap`, the parts `grad` splits a body into). Kept per
-    body while the caches are on."""
-    found = _identified_jvps.get(jaxpr, False) if _caches.is_enabled() else False
-    if found is not False:
-        return found
-    found = None
+    body while the caches are on (in verify mode, the function and the tangents
+    found afresh are compared)."""
+    search = ft.partial(_search_jvp, candidates=candidates)
+    what = "the registered function whose `jvp` it is, or its tangents"
+    return per_jaxpr(_identified_jvps, jaxpr, search, _same_jvp, what)
+
+
+def _search_jvp(
+    jaxpr: Any, candidates: list[_Registered]
+) -> tuple[_Registered, Any, list[bool], list[bool]] | None:
+    """`_identify_jvp`, computed."""
     info = jaxpr.jaxpr.debug_info
     if info is not None and info.arg_names is None:
         for registered in reversed(candidates):
             found = _jvp_of(registered, jaxpr)
             if found is not None:
-                break
-    if _caches.is_enabled():
-        _identified_jvps.put(jaxpr, found)
-    return found
+                return found
+    return None
+
+
+def _same_jvp(a: Any, b: Any) -> bool:
+    """Whether two answers of `_identify_jvp` name one function and its tangents
+    (each traces the function's body afresh)."""
+    if a is None or b is None:
+        return a is b
+    return (a[0], a[2], a[3]) == (b[0], b[2], b[3])
 
 
 def _jvp_of(
@@ -885,11 +902,19 @@ def _jit_body(
             for s, a, k in zip(in_shardings, args, known, strict=True)
         ),
     )
-    caching = _caches.is_enabled()
-    # The large arguments that rules asked about, by position.
+    # The large arguments that rules asked about, by position: kept per jaxpr and
+    # arguments' structures (in verify mode, found afresh and compared).
     asked: frozenset[int] = frozenset()
-    if caching and any(large):
-        asked = _by_value.get((weakref.ref(jaxpr),), asked)
+    hint = None
+    if any(large) and _caches.is_enabled():
+        hint = _keys.program_key(
+            (id(jaxpr), *common),
+            tuple(_structure(a) if is_value(a) else typeof(a) for a in args),
+            None,
+        )
+        kept = _by_value.get(hint[0])
+        if kept is not None and not _caches.verifying:
+            asked = kept
     while True:
         slots = tuple(
             (ConstKey(a) if not g or i in asked else typeof(a)) if k else None
@@ -902,44 +927,35 @@ def _jit_body(
             if s is not None and type(s) is not ConstKey
         }
         try:
-            return _call(jaxpr, common, donated_invars, slots, args, tokens)
+            out = _call(jaxpr, common, donated_invars, slots, args, tokens)
         except ValueAsked as e:
             i = next((i for i, t in tokens.items() if t is e.token), None)
             if i is None:
                 raise  # an enclosing `jit`'s argument
             release_traces(e)
-        asked |= {i}
-        if caching:
-            _by_value.put((weakref.ref(jaxpr),), asked, jaxpr)
+            asked |= {i}
+            continue
+        if hint is not None:
+            key, parts = hint
+            kept = _by_value.get(key)
+            if kept is None or (kept != asked and not _caches.verifying):
+                _by_value.put(key, asked, jaxpr)
+                _caches.made_with(_by_value.name, key, parts, asked, jaxpr)
+            elif _caches.verifying:
+                what = "the plain arguments whose values rules ask for"
+                _caches.check(_by_value.name, key, _keys.PROGRAM, parts, asked, what)
+        return out
 
 
-# The jitted quaxified bodies, by jaxpr and key; and, per jaxpr, the large plain
-# arguments whose value rules asked for (the body takes them by value). Both hold
-# their jaxpr weakly: an entry goes with its jaxpr, and so with the function whose
+# The jitted quaxified bodies, by `program_key` (the code: the jaxpr's `id`, the
+# `jit`'s name, `keep_unused`, shardings and donated arguments; the inputs: the
+# plain arguments' slots and the values' structures); and, per jaxpr and arguments'
+# structures, the large plain arguments whose value rules asked for (the body takes
+# them by value). Each entry goes with its jaxpr, and so with the function whose
 # `jit` made it (a compiled body holds megabytes), as well as beyond the bound.
 MAX_NESTED_JITS = 256
 _nested = JaxprTable("nested jit bodies", MAX_NESTED_JITS)
 _by_value = JaxprTable("nested jits taking plain arguments by value", MAX_NESTED_JITS)
-# What each body was made with, for verify mode: its key's components, and the
-# program it staged for each structure of its arguments (JAX traces a body once per
-# structure).
-_made = JaxprTable(
-    "nested jit bodies: their key components (verify mode)", MAX_NESTED_JITS
-)
-_programs = JaxprTable(
-    "nested jit bodies: their programs (verify mode)", 4 * MAX_NESTED_JITS
-)
-
-# The components of a body's key (see `quax._caching._keys`), besides its jaxpr.
-_KEY = (
-    "name",
-    "keep_unused",
-    "in_shardings",
-    "donated arguments",
-    "plain arguments",
-    "value structures",
-    *_keys.CONTEXT,
-)
 
 
 def _call(
@@ -970,57 +986,51 @@ def _call(
         for i in dynamic
     )
     # The settings rules read while the body traces, and the rest of the context.
-    parts = (*common, donate, slots, structures, *_keys.context())
-    # The jaxpr held weakly (as `_keys.jaxpr_key` holds it), so that the entry
-    # goes with it.
-    key = (weakref.ref(jaxpr), _keys.key(_KEY, parts))
+    key, parts = _keys.program_key(
+        (id(jaxpr), *common, donate), (slots, structures), None
+    )
     caching = _caches.is_enabled()
     verifying = caching and _caches.verifying
     jitted = _nested.get(key) if caching else None
     made = fresh = None
     staged: dict[str, str] = {}  # what the fresh body staged, in verify mode
     if jitted is None:
-        record = ft.partial(_keep_program, key) if verifying else None
-        jitted = made = _jitted(jaxpr, parts, record)
+        record = None
+        if verifying:  # the jaxpr held weakly: the body kept keeps `record`
+            record = ft.partial(_keep_program, weakref.ref(jaxpr), key, parts)
+        jitted = made = _jitted(jaxpr, common, donate, slots, record)
     elif verifying:
         # Traced afresh: the rules run, and what the body stages is recorded.
-        fresh = _jitted(jaxpr, parts, staged.__setitem__)
+        fresh = _jitted(jaxpr, common, donate, slots, staged.__setitem__)
     previous = _pending.tokens
     _pending.tokens = stand_ins
     try:
         out = jitted(*passed)
         if fresh is not None:
-            _verify(key, parts, out, fresh(*passed), staged)
+            fresh(*passed)
     finally:
         _pending.tokens = previous
+    # Verify mode: the fresh body must give the outputs and stage the program the
+    # kept one did, for the structure of these arguments.
+    what = "its outputs' types or the program it stages"
+    for structure, program in staged.items():
+        entry = (key, structure)
+        _caches.check(_nested.name, entry, _keys.PROGRAM, parts, program, what)
     if made is not None and caching:  # kept once a call went through
         _nested.put(key, made, jaxpr)
-        if verifying:
-            _made.put(key, parts, jaxpr)
     return out
 
 
-def _keep_program(key: Any, structure: str, program: str) -> None:
-    _programs.put((key, structure), program, key[0]())
-
-
-def _verify(
-    key: Any, parts: tuple[Any, ...], out: Any, fresh: Any, staged: dict[str, str]
+def _keep_program(
+    jaxpr: Any, key: Any, parts: tuple[Any, ...], structure: str, program: str
 ) -> None:
-    """Verify mode: raise when the body kept under `key` gave outputs `out` of other
-    types than the fresh body's outputs `fresh`, or staged another program than
-    the fresh body did (`staged`: by the structure of its arguments)."""
-    what = None
-    if _outline(fresh) != _outline(out):
-        what = "its outputs' types"
-    elif any(
-        _programs.get((key, structure), program) != program
-        for structure, program in staged.items()
-    ):
-        what = "the program it stages"
-    if what is not None:
-        made = _made.get(key, parts)
-        raise _caches.mismatch("nested jit bodies", what, _KEY, made, parts)
+    """Verify mode: keep the `program` (its outputs' types and what it stages) a
+    body made under `key` gave for the `structure` of its arguments (JAX traces a
+    body once per structure), while its jaxpr (held by the `weakref.ref` `jaxpr`)
+    lives."""
+    code = jaxpr()
+    if code is not None:
+        _caches.made_with(_nested.name, (key, structure), parts, program, code)
 
 
 # An object's address in its text (`<function f at 0x7f...>`): another trace of the
@@ -1142,15 +1152,18 @@ _pending = _Pending()
 
 def _jitted(
     jaxpr: Any,
-    parts: tuple[Any, ...],
+    common: tuple[Any, ...],
+    donate: tuple[int, ...],
+    slots: tuple[Any, ...],
     record: Callable[[str, str], None] | None = None,
 ) -> Callable[..., Any]:
-    """`jax.jit` of the quaxified `jaxpr`, with the constants among the key
-    components `parts` closed over. Cached (see `_call`), so that JAX's own cache
-    hits when the same nested `jit` comes back. Each time JAX traces it, `record`
-    (if given) gets the structure of its arguments and the program it staged, as
-    text (see `_staged_program`), for verify mode."""
-    name, keep_unused, shardings, donate, slots = parts[:5]
+    """`jax.jit` of the quaxified `jaxpr`, with the constants among `slots` (see
+    `_call`) closed over, named, sharded and donating as `common` and `donate` say.
+    Cached (see `_call`), so that JAX's own cache hits when the same nested `jit`
+    comes back. Each time JAX traces it, `record` (if given) gets the structure of
+    its arguments, and its outputs' types and the program it staged, as text (see
+    `_outline`, `_staged_program`), for verify mode."""
+    name, keep_unused, shardings = common
     fn = quaxified_jaxpr(jaxpr)
 
     def body(*dynamic: Any) -> Any:
@@ -1162,7 +1175,8 @@ def _jitted(
             it = iter(dynamic)
             out = fn(*[c.value if isinstance(c, ConstKey) else next(it) for c in slots])
         if record is not None:
-            record(_outline(dynamic), _staged_program(current_trace(), dynamic, out))
+            staged = _staged_program(current_trace(), dynamic, out)
+            record(_outline(dynamic), _outline(out) + staged)
         return out
 
     body.__name__ = body.__qualname__ = name
