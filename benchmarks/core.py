@@ -177,10 +177,21 @@ PROCESS = time.process_time
 
 
 def _called(programs: dict[str, Any]) -> dict[str, Any]:
-    """`programs`, each called once: with the warm-up call of `interleaved`, a
-    compiled eager program (compiled on its second call) is ready when timed."""
-    for fn, _, _ in programs.values():
-        fn()
+    """`programs`, each called until its steady state: ours compiles an eager
+    program once a key's later calls have taken as long as a compile (see
+    `first_calls` for that cold path), so here each compiles on its second call
+    (`COMPILE_AFTER` 0), which is ready when timed."""
+    eager = getattr(getattr(quax, "_caching", None), "_eager", None)
+    kept = getattr(eager, "COMPILE_AFTER", None)
+    if eager is not None:
+        eager.COMPILE_AFTER = 0.0
+    try:
+        for _ in range(2):
+            for fn, _, _ in programs.values():
+                fn()
+    finally:
+        if eager is not None:
+            eager.COMPILE_AFTER = kept
     return programs
 
 
