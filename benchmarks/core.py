@@ -16,7 +16,13 @@
 - time to a compiled program, per phase (trace, lower, compile): a loraified Equinox
   MLP against the same LoRA MLP written by hand on plain arrays, and the units
   spring of `benchmarks/units.py` against the same program on plain arrays;
-- import: `import quax` over `import jax, equinox, plum` (fresh interpreters).
+- import: `import quax` over `import jax, equinox, plum` (fresh interpreters);
+- first calls (`--calls`): `quax.quaxify(f)` of a `jax.numpy` function `f` (`add`,
+  `multiply`, `sqrt`, `sin`, `hypot`, `linalg.norm`, as `quaxed.numpy` wraps them)
+  on `Dense` values, called eagerly in a fresh interpreter: the time of each of the
+  first `CALLS` calls, the steady-state time per call (the median of the last
+  hundred of `TOTAL` calls) and the total time of the `TOTAL` calls, in wall-clock
+  time, ours beside the published quax's.
 
 Rounds are interleaved (each round times every program once, plain and quaxified
 side by side); times are medians over rounds, ratios medians of the per-round
@@ -24,7 +30,7 @@ ratios. The machine is shared, so everything is timed in CPU time, which other j
 do not inflate: tracing and lowering (pure Python) in the running thread's, eager
 calls, compiles (which may use XLA's threads) and imports in the whole process's.
 
-    python benchmarks/core.py [--quick]
+    python benchmarks/core.py [--quick] [--calls | --against SRC [--runs N]]
 
 Prints Markdown tables, writes `docs/images/core_ratios.png` and returns the figures.
 To compare a change with the code before it, `--against <dir>` (the `src` folder of
@@ -175,10 +181,21 @@ PROCESS = time.process_time
 
 
 def _called(programs: dict[str, Any]) -> dict[str, Any]:
-    """`programs`, each called once: with the warm-up call of `interleaved`, a
-    compiled eager program (compiled on its second call) is ready when timed."""
-    for fn, _, _ in programs.values():
-        fn()
+    """`programs`, each called until its steady state: ours compiles an eager
+    program once a key's later calls have taken as long as a compile (see
+    `first_calls` for that cold path), so here each compiles on its second call
+    (`COMPILE_AFTER` 0), which is ready when timed."""
+    eager = getattr(getattr(quax, "_caching", None), "_eager", None)
+    kept = getattr(eager, "COMPILE_AFTER", None)
+    if eager is not None:
+        eager.COMPILE_AFTER = 0.0
+    try:
+        for _ in range(2):
+            for fn, _, _ in programs.values():
+                fn()
+    finally:
+        if eager is not None:
+            eager.COMPILE_AFTER = kept
     return programs
 
 
@@ -387,6 +404,86 @@ def measure(quick: bool = False) -> dict[str, dict[str, float]]:
         **without_values(5 if quick else 15),
         **compiled(3 if quick else 7),
     }
+
+
+# First calls --------------------------------------------------------------------------
+
+# The `jax.numpy` functions of the first-calls table, each on one or two values.
+FIRST_CALLS: dict[str, tuple[Callable[..., Any], int]] = {
+    "add": (jnp.add, 2),
+    "multiply": (jnp.multiply, 2),
+    "sqrt": (jnp.sqrt, 1),
+    "sin": (jnp.sin, 1),
+    "hypot": (jnp.hypot, 2),
+    "norm": (jnp.linalg.norm, 1),
+}
+CALLS, TOTAL = 5, 3000
+
+
+def first_calls(name: str) -> list[float]:
+    """The wall-clock time of each of the first `CALLS` eager calls of
+    `quax.quaxify` of the function `name` of `FIRST_CALLS` on fresh `Dense` values,
+    the median time per call of the last hundred of `TOTAL` calls, and the total
+    time of the `TOTAL` calls. Meant for a fresh
+    interpreter, where the costs that a process pays once are paid first, by a
+    warm-up: loading the installed families, and three calls of another function
+    (`jnp.negative`) on the same type."""
+    fn, arity = FIRST_CALLS[name]
+    x = jnp.linspace(0.5, 1.5, 8)
+    values = [Dense(x + i) for i in range(arity)]
+    warm_up = quax.quaxify(jnp.negative)
+    for _ in range(3):
+        jax.block_until_ready(warm_up(values[0]))
+    quaxified = quax.quaxify(fn)
+    times = []
+    for _ in range(TOTAL):
+        start = time.perf_counter()
+        jax.block_until_ready(quaxified(*values))
+        times.append(time.perf_counter() - start)
+    return [*times[:CALLS], statistics.median(times[-100:]), sum(times)]
+
+
+def _first_calls_in(python: str, name: str) -> list[float]:
+    code = (
+        "import json, runpy, sys; "
+        f"f = runpy.run_path({__file__!r}, run_name='bench')['first_calls']; "
+        f"json.dump(f({name!r}), sys.stdout)"
+    )
+    done = subprocess.run([python, "-c", code], capture_output=True, text=True)
+    if done.returncode != 0:
+        lines = done.stderr.strip().splitlines() or ["no output"]
+        raise RuntimeError(f"the first-calls run of {name} failed: {lines[-1]}")
+    return json.loads(done.stdout)
+
+
+def cold(runs: int = 3) -> dict[str, dict[str, list[float]]]:
+    """`first_calls` of every function of `FIRST_CALLS`, each the median over `runs`
+    fresh interpreters, alternating ours and the published quax's (when
+    `QUAX_PUBLISHED_PYTHON` is set), as `{name: {"ours": [...], "published":
+    [...]}}`; prints them as a Markdown table in milliseconds."""
+    theirs = os.environ.get("QUAX_PUBLISHED_PYTHON")
+    pythons = {"ours": sys.executable, **({"published": theirs} if theirs else {})}
+    out: dict[str, dict[str, list[float]]] = {}
+    for name in FIRST_CALLS:
+        samples: dict[str, list[list[float]]] = {side: [] for side in pythons}
+        for _ in range(runs):
+            for side, python in pythons.items():
+                samples[side].append(_first_calls_in(python, name))
+        out[name] = {
+            side: [statistics.median(column) for column in zip(*rows, strict=True)]
+            for side, rows in samples.items()
+        }
+    header = [f"call {i + 1}" for i in range(CALLS)]
+    header += ["steady", f"all {TOTAL}"]
+    print(f"| function | quax | {' | '.join(header)} (ms per call) |")
+    print(f"|---|---|{'---|' * len(header)}")
+    for name, sides in out.items():
+        for side, row in sides.items():
+            cells = " | ".join(f"{t * 1e3:.2f}" for t in row)
+            print(f"| {name} | {side} | {cells} |")
+    if not theirs:
+        print("\npublished quax: QUAX_PUBLISHED_PYTHON is not set")
+    return out
 
 
 def import_time(python: str, code: str, runs: int) -> float:
@@ -599,8 +696,15 @@ if __name__ == "__main__":
     parser.add_argument(
         "--runs", type=int, default=3, help="interpreters per side with --against"
     )
+    parser.add_argument(
+        "--calls",
+        action="store_true",
+        help="only the first-calls table (first calls and steady state per call)",
+    )
     args = parser.parse_args()
     if args.against:
         compare(args.against, args.quick, args.runs)
+    elif args.calls:
+        cold(1 if args.quick else 3)
     else:
         main(args.quick)

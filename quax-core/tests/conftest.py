@@ -1,11 +1,23 @@
 """quax-core's tests under the caches' verify mode (`QUAX_VERIFY_CACHES=1`): tests
-marked `caching_behaviour` run with verify mode off."""
+marked `caching_behaviour` run with verify mode off. Every test compiles an eager
+program on a key's second call."""
 
 from collections.abc import Iterator
 
 import pytest
 import quax
+import quax._caching._eager
 import quax._foundation._caches
+
+
+@pytest.fixture(autouse=True)
+def _programs_on_second_calls(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Users' calls compile once the calls of a key after its first have taken as
+    long as a compile (`quax._caching._eager.COMPILE_AFTER`), which few tests reach:
+    here a key's second call compiles, so that every test calling twice runs a
+    compiled program (and verify mode checks it). The cold path's own tests
+    (`test_eager.py`) set it back."""
+    monkeypatch.setattr(quax._caching._eager, "COMPILE_AFTER", 0.0)
 
 
 @pytest.fixture(autouse=True)

@@ -21,6 +21,7 @@ import quax.__main__ as quax_main
 import quax._caching._eager as quax_eager
 import quax._caching._jaxpr as _jaxpr
 import quax._caching._keys
+import quax._caching._replay as _replay
 import quax._dispatch._registry as _registry
 import quax._dispatch._staged as _staged
 import quax._foundation._caches
@@ -273,9 +274,8 @@ def test_rule_registered_after_a_jit_trace_is_used(outer: str) -> None:
 def test_concurrent_eager_calls_share_the_tables(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    # Two keys remembered: with many shapes, every call drops the oldest.
-    monkeypatch.setattr(quax_eager, "MAX_FIRST_CALLS", 2)
-    monkeypatch.setattr(quax_eager, "MAX_PROGRAMS", 3)
+    # Three keys kept: with many shapes, every call drops the oldest.
+    monkeypatch.setattr(quax_eager._programs, "bound", 3)
     mul = quax.quaxify(jnp.multiply)
     errors: list[BaseException] = []
     started = threading.Barrier(6)
@@ -386,6 +386,11 @@ def test_report_names_every_cache(capsys: pytest.CaptureFixture[str]) -> None:
         "jaxpr interpreter: the steps of each jaxpr",
         "jaxprs: whether each stages a value",
         "quaxified bodies of higher-order primitives",
+        "nested jits taking plain arguments by value",
+        "register_function: the functions of jit bodies",
+        "register_function: the functions of jvp jit bodies",
+        "symbolic zeros: the signs of small evaluations",
+        "verify mode: what each cache entry was made with",
     ]:
         assert f"  {name}: " in printed
     sizes = {name: size for name, size, _ in quax._foundation._caches.report()}
@@ -585,18 +590,22 @@ def test_verify_mode_checks_each_per_jaxpr_table(verifying: Any, table: str) -> 
         then()
 
 
-def test_verify_mode_compares_a_nested_jits_program(verifying: Any) -> None:
-    # With the plain arguments left out of a nested jit's key, the body traced for
-    # `c = 2` serves `c = 3`: the outputs' types agree (a plain array), only the
-    # program staged (its constant) tells them apart.
-    verifying("plain arguments")
+def test_verify_mode_compares_a_nested_jits_program(
+    verifying: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # With the inputs left out of a nested jit's key, the body traced for `c = 2`
+    # serves `c = 3`: the outputs' types agree (a plain array), only the program
+    # staged (its constant) tells them apart. (No recording is kept, whose replay
+    # verify mode would catch first.)
+    verifying("inputs")
+    monkeypatch.setattr(_replay._recordings, "bound", 0)
     quax.set_eager_compilation(False)
     inner = jax.jit(lambda a, c: a * c)
     f = quax.quaxify(lambda a, c: inner(a, c))
     np.testing.assert_allclose(f(Counted(A), 2.0), 2 * A)
     with pytest.raises(
         quax.CacheMismatchError,
-        match=r"(?s)nested jit bodies.*the program it stages.*plain arguments",
+        match=r"(?s)nested jit bodies.*the program it stages.*: inputs;",
     ):
         f(Counted(A), 3.0)
 

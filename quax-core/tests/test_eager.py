@@ -57,6 +57,13 @@ compiles_eager_programs = pytest.mark.skipif(
     "program: every call runs equation by equation",
 )
 
+
+def _programs_of(code: Any) -> list[Any]:
+    """The entries of the compiled eager programs kept for `code` (keyed by its
+    `id`, the first component of their keys)."""
+    return [e for k, e in quax_eager._programs._data.items() if k[0] == id(code)]
+
+
 X = jnp.array([0.5, -1.5, 2.25, 3.0])
 Y = jnp.array([1.25, 2.0, -0.75, 4.0])
 
@@ -155,10 +162,7 @@ def test_backend_without_barriers_runs_by_equation(
     for _ in range(3):
         np.testing.assert_array_equal(q(Fused(x), Fused(y)).array, first)
     assert quax_eager._barriers_checked == {jax.default_backend(): False}
-    (programs,) = [
-        t[1] for t in quax_eager._programs.values() if t[0]() is jnp.subtract
-    ]
-    assert quax_eager._BY_EQUATION in list(programs.values())
+    assert quax_eager._BY_EQUATION in _programs_of(jnp.subtract)
 
 
 @pytest.mark.caching_behaviour
@@ -237,18 +241,17 @@ class Named(Dense):
 
 
 def test_program_tables_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
-    # At most `MAX_FIRST_CALLS` keys called once are remembered (the oldest is
-    # forgotten) and at most `MAX_PROGRAMS` programs kept per code; past that, the
-    # code runs equation by equation.
-    monkeypatch.setattr(quax_eager, "MAX_FIRST_CALLS", 2)
-    monkeypatch.setattr(quax_eager, "MAX_PROGRAMS", 1)
+    # At most `MAX_PROGRAMS` entries are kept (programs, and keys called but not
+    # compiled yet), the oldest dropped first: a key dropped starts afresh, its
+    # next call running equation by equation as a first call.
+    monkeypatch.setattr(quax_eager._programs, "bound", 2)
     q = quax.quaxify(jax.jit(lambda a, s: a * s, inline=True))
     traced = quax_eager.programs_traced
-    for s, programs in ((1.0, 0), (2.0, 0), (3.0, 0), (1.0, 0), (3.0, 1), (1.0, 1)):
+    for s, programs in ((1.0, 0), (2.0, 0), (3.0, 0), (1.0, 0), (3.0, 1), (1.0, 2)):
         np.testing.assert_array_equal(q(Dense(X), s).array, X * s)
         assert quax_eager.programs_traced == traced + programs
-    (table,) = [t for t in quax_eager._programs.values() if t[0]() is q.fn]
-    assert len(table[1]) == 1 and len(table[2]) <= 2
+        assert len(quax_eager._programs) <= 2
+    assert len(_programs_of(q.fn)) == 2
 
 
 def test_value_with_other_leaves() -> None:
@@ -417,8 +420,7 @@ def test_other_structures_than_by_equation_run_by_equation() -> None:
     for _ in range(3):
         out = q(Sized(jnp.array([1.0, -2.0, 0.0, 0.0]), 4))
         np.testing.assert_array_equal(out.array, [1.0, 2.0])
-    (programs,) = [t[1] for t in quax_eager._programs.values() if t[0]() is jnp.abs]
-    assert list(programs.values()) == [quax_eager._BY_EQUATION]
+    assert _programs_of(jnp.abs) == [quax_eager._BY_EQUATION]
 
 
 class Fussy(Dense):
@@ -597,3 +599,48 @@ def test_unhashable_static_fields() -> None:
         out = q(Listed(X))
         assert type(out) is Listed and out.names == ["x"]
         np.testing.assert_array_equal(out.array, jnp.sin(X))
+
+
+@pytest.mark.caching_behaviour
+@compiles_eager_programs
+def test_calls_made_a_few_times_compile_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # As users have it: the calls after a key's first run equation by equation
+    # until together they have taken as long as a compile (here, as at first in a
+    # process, `COMPILE_AFTER_AT_FIRST`: 50 ms, where each of these takes about a
+    # tenth of a millisecond), so a call made a few times compiles nothing.
+    monkeypatch.setattr(quax_eager, "COMPILE_AFTER", None)
+    monkeypatch.setattr(
+        quax_eager, "_compile_seconds", quax_eager.COMPILE_AFTER_AT_FIRST
+    )
+    q = quax.quaxify(jnp.subtract)
+    x = jnp.asarray(np.random.default_rng(2).uniform(-2, 2, 33), jnp.float32)
+    x = x.at[:4].set(0.1)
+    y = jnp.ones(33, jnp.float32)
+    traced = quax_eager.programs_traced
+    first = q(Fused(x), Fused(y)).array
+    for _ in range(3):
+        np.testing.assert_array_equal(q(Fused(x), Fused(y)).array, first)
+    assert quax_eager.programs_traced == traced
+    # Once the calls after the first have taken as long as a compile, the next
+    # call compiles, with the first call's bits (the equations' rounding), and
+    # later calls replay the program.
+    monkeypatch.setattr(quax_eager, "_compile_seconds", 1e-9)
+    for _ in range(3):
+        np.testing.assert_array_equal(q(Fused(x), Fused(y)).array, first)
+    assert quax_eager.programs_traced == traced + 1
+    np.testing.assert_array_equal(first[:4], 0.0)
+
+
+def test_compile_time_is_the_mean_of_the_compiles(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The time the calls after a key's first spend before it compiles is the mean
+    # of the compiles measured so far in the process.
+    monkeypatch.setattr(quax_eager, "_compiles", 0)
+    monkeypatch.setattr(quax_eager, "_compile_seconds", 0.05)
+    quax_eager._compiled(0.08)
+    assert quax_eager._compile_seconds == pytest.approx(0.08)
+    quax_eager._compiled(0.02)
+    assert quax_eager._compile_seconds == pytest.approx(0.05)

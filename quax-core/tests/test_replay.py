@@ -57,11 +57,9 @@ class Other(Counted):
 @pytest.fixture(autouse=True)
 def fresh() -> Any:
     quax_replay._recordings.clear()
-    quax_replay._by_primitive.clear()
     calls.clear()
     yield
     quax_replay._recordings.clear()
-    quax_replay._by_primitive.clear()
 
 
 def program(a: Any, b: Any) -> Any:
@@ -90,10 +88,8 @@ def test_replay_stages_what_the_rules_stage(monkeypatch: pytest.MonkeyPatch) -> 
     assert calls == ["mul", "sin", "cos", "add"]  # replayed: no rule ran
     assert evaluations.total == 4
     # The same program, name stacks, tracebacks and contexts as running the rules.
-    monkeypatch.setattr(quax_replay, "MAX_RECORDINGS", 0)
-    monkeypatch.setattr(quax_replay, "MAX_PRIMITIVE_RECORDINGS", 0)
+    monkeypatch.setattr(quax_replay._recordings, "bound", 0)  # nothing kept
     quax_replay._recordings.clear()
-    quax_replay._by_primitive.clear()
     with quax.plugins.track_evaluations() as evaluations:
         ran = traced(program, Counted(x), Counted(y))
     assert calls == ["mul", "sin", "cos", "add"] * 2
@@ -240,8 +236,8 @@ def test_a_primitive_replays_what_its_rule_stages(
     assert calls == ["mul", "sin"]
     again = traced(lax_program, Counted(x))
     assert calls == ["mul", "sin"]  # replayed: no rule ran
-    monkeypatch.setattr(quax_replay, "MAX_PRIMITIVE_RECORDINGS", 0)
-    quax_replay._by_primitive.clear()
+    monkeypatch.setattr(quax_replay._recordings, "bound", 0)  # nothing kept
+    quax_replay._recordings.clear()
     ran = traced(lax_program, Counted(x))
     assert calls == ["mul", "sin"] * 2
     assert str(again) == str(ran) == str(first)
@@ -329,7 +325,7 @@ def test_a_primitive_with_a_jaxpr_is_never_recorded() -> None:
         assert jaxpr.eqns[0].primitive is lax.reduce_p
     assert calls == ["reduce", "reduce"]
     assert lax.reduce_p in quax_replay._unreplayable
-    assert lax.reduce_p not in quax_replay._by_primitive
+    assert not _recorded(lax.reduce_p)
 
 
 def test_a_values_constant_leaf_runs_the_rule() -> None:
@@ -551,8 +547,12 @@ class Labelled(Dense):
 
 
 def _recorded(primitive: Any) -> list[Any]:
+    """The kinds of the entries of `primitive`'s recordings (whose keys' code is
+    the primitive and its params)."""
     return [
-        type(r).__name__ for r in quax_replay._by_primitive.get(primitive, {}).values()
+        type(r).__name__
+        for key, r in quax_replay._recordings._data.items()
+        if type(key[0]) is tuple and key[0][0] is primitive
     ]
 
 

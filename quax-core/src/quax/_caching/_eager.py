@@ -16,12 +16,22 @@ the debug-check flag and the registry's generation).
 
 In a compiled program, rules see the leaves of values as tracers, where equation by
 equation they see concrete arrays. So that no rule answers otherwise there, the
-first call of each code and structure runs equation by equation only (a one-off
-call, as in a notebook or a test, compiles nothing) and leaves the structure of its
-output. The second call traces the program and keeps it when it gives that output
+first call of each code and structure runs equation by equation only and leaves the
+structure of its output. Compiling costs tens of milliseconds, where a later call
+equation by equation costs tenths of one (a doctest, a notebook cell or a test
+calls a function once or twice), so the calls after the first run equation by
+equation too until, together, they have taken as long as compiling a program takes
+(the mean time this process took to compile the programs it compiled,
+`COMPILE_AFTER_AT_FIRST` seconds before the first; `QUAX_EAGER_COMPILE_AFTER=s` in
+the environment, or `COMPILE_AFTER`, fixes it at `s` seconds, `0` compiling on a
+key's second call): a call repeated for a
+while then pays for its compile with what it saves, and calls made a few times pay
+at most about twice what the cheaper of the two ways would have cost. The call that
+crosses it traces the program and keeps it when it gives the first call's output
 structure (types, static fields equal and alike in text, shapes and dtypes); from
-then on calls replay it. The program rounds as the equations run one by one do,
-bit for bit: optimisation barriers between its top-level equations keep XLA from
+then on calls replay it. The results are the same bits whichever call switches:
+the time decides only when, as the program rounds as the equations run one by one
+do, bit for bit: optimisation barriers between its top-level equations keep XLA from
 fusing them (and so from contracting a multiply and an add into one fused
 multiply-add), see `_rounding_each_step`. The code runs equation by equation from
 then on when the structure differs, or when tracing fails for any reason (a rule
@@ -34,20 +44,21 @@ check only sees the first call. On by default; [`quax.set_eager_compilation`][] 
 
 Plain inputs stay constants of the program, as they are when the code runs equation
 by equation (rules may need their values: an exponent, a known fill), so they are
-part of the cache key: only small ones (`MAX_CONSTANT_SIZE` elements). Each code
-keeps at most `MAX_PROGRAMS` programs (one per value structure, leaf shapes and
-plain inputs) and remembers the last `MAX_FIRST_CALLS` keys called once; beyond
-that, and while materialisations are tracked (the report names each primitive as
-it runs), the code runs equation by equation as before. Only library code runs this
+part of the cache key: only small ones (`MAX_CONSTANT_SIZE` elements). At most
+`MAX_PROGRAMS` programs are kept (one per code, value structure, leaf shapes and
+plain inputs, with the keys not compiled yet), the oldest dropped first; while
+materialisations are tracked (the report names each primitive as it runs), the
+code runs equation by equation as before. Only library code runs this
 way: the user's own Python between calls runs as written, with its side effects.
 """
 
+import contextlib
 import contextvars
 import dataclasses
 import operator
 import os
 import threading
-import weakref
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -71,9 +82,9 @@ from ._keys import _settings as _settings, add_setting, settings_key
 
 
 __all__ = [
-    "MAX_CODES",
+    "COMPILE_AFTER",
+    "COMPILE_AFTER_AT_FIRST",
     "MAX_CONSTANT_SIZE",
-    "MAX_FIRST_CALLS",
     "MAX_PROGRAMS",
     "ConcreteNeeded",
     "ConstKey",
@@ -89,10 +100,18 @@ __all__ = [
 ]
 
 MAX_CONSTANT_SIZE = 64
-MAX_PROGRAMS = 32
-MAX_FIRST_CALLS = 64
-# Codes with programs kept; past it, they all start afresh.
-MAX_CODES = 1024
+MAX_PROGRAMS = 2048
+# Seconds that the calls of a key after its first spend equation by equation before
+# it compiles: what compiling a program costs, the mean of the compiles measured so
+# far (`_compiled`), `COMPILE_AFTER_AT_FIRST` before the first; or `COMPILE_AFTER`
+# where it is set (from `QUAX_EAGER_COMPILE_AFTER`). The compile of a `jax.numpy`
+# function on a value took 60-80 ms on a CPU, where a later call took 0.1-0.5 ms
+# equation by equation and 0.02 ms compiled: about a thousand calls pay for it
+# (`python benchmarks/core.py --calls`).
+COMPILE_AFTER_AT_FIRST = 0.05
+_after = os.environ.get("QUAX_EAGER_COMPILE_AFTER")
+COMPILE_AFTER: float | None = None if _after is None else float(_after)
+_compile_seconds = COMPILE_AFTER_AT_FIRST
 
 _ARRAY_LEAVES = (jax.Array, np.ndarray, np.generic, int, float, complex)
 
@@ -168,11 +187,12 @@ class _Structure:
 # all set and whose dynamic fields all hold arrays (most value types), by their type
 # and the identities of their static fields (kept alive here, so that their `id`s
 # are not reused): the same objects have the same text and compare equal, and the
-# structure follows from them without flattening the value. Each starts afresh
-# past `MAX_STRUCTURES` entries.
-_structures: dict[tuple[str, Any], _Structure] = {}
-_by_fields: dict[tuple[Any, ...], tuple[_Structure, tuple[Any, ...]]] = {}
+# structure follows from them without flattening the value. Each keeps at most
+# `MAX_STRUCTURES` entries, the oldest dropped first (a structure interned again is
+# another key of programs: a miss, never a wrong hit).
 MAX_STRUCTURES = 4096
+_structures = _caches.JaxprTable("eager value structures", MAX_STRUCTURES)
+_by_fields = _caches.JaxprTable("eager value structures by fields", MAX_STRUCTURES)
 
 # Per value type: the names of its dynamic and static fields and its field count.
 _fields: dict[type, tuple[tuple[str, ...], tuple[str, ...], int]] = {}
@@ -209,10 +229,8 @@ def intern(leaves: Sequence[Any], treedef: Any) -> _Structure | None:
     except TypeError:  # a static field that cannot be hashed
         return None
     if structure is None:
-        if len(_structures) >= MAX_STRUCTURES:
-            _structures.clear()
-            _by_fields.clear()
-        structure = _structures[key] = _Structure(key[0])
+        structure = _Structure(key[0])
+        _structures.put(key, structure)
         _leaf_types.update(
             type(x)
             for x in leaves
@@ -245,9 +263,7 @@ def value_structure(x: Any) -> tuple[_Structure | None, Sequence[Any], list[Any]
                 and len(flat) == len(leaves)
                 and all(map(operator.is_, flat, leaves))
             ):
-                if len(_by_fields) >= MAX_STRUCTURES:
-                    _by_fields.clear()
-                _by_fields[key] = (structure, statics)
+                _by_fields.put(key, (structure, statics))
             return structure, flat, list(map(_aval, leaves))
     flat, treedef = jtu.tree_flatten(x)
     structure = intern(flat, treedef)
@@ -273,9 +289,11 @@ def set_eager_compilation(enabled: bool) -> bool:
 
     Results are the same either way, and the user's own Python (side effects,
     `jax.debug` calls) runs as written. The first call of each code and structure
-    runs equation by equation only, so one-off calls compile nothing; the second
-    traces and compiles its program, which is kept only if it gives the first
-    call's output structure, and later calls replay it. Code whose rules need a
+    runs equation by equation only, and so do the calls after it until together
+    they have taken as long as a compile takes (tens of milliseconds), so calls
+    made a few times compile nothing; the next traces and compiles its program,
+    which is kept only if it gives the first call's output structure, and later
+    calls replay it. Code whose rules need a
     concrete leaf (through [`quax.known_constant`][], or a JAX concretization
     error) keeps running equation by equation.
 
@@ -327,57 +345,12 @@ class _State(threading.local):
 
 _state = _State()
 
-# The programs of each code, by its `id` (a `WeakKeyDictionary` would compare keys
-# with `__eq__`, which `jax.numpy`'s ufuncs make slow), dropped with the code, and
-# all of them when a rule is registered (they may dispatch otherwise now); and the
-# output structures of the keys called once so far (at most `MAX_FIRST_CALLS`, the
-# oldest dropped first).
-_programs: dict[int, tuple[Any, dict[Any, Any], dict[Any, "_FirstOutput"]]] = {}
-# Held while the keys called once are changed: threads calling at once would
-# otherwise see the table change while the oldest key is dropped.
-_lock = threading.Lock()
-
-
-def _drop_all() -> None:
-    _programs.clear()
-    _structures.clear()
-    _by_fields.clear()
-
-
-_caches.on_invalidate(_drop_all)  # a rule registered, a setting declared
-_caches.measured(
-    "compiled eager programs",
-    lambda: (
-        sum(len(entry[1]) for entry in list(_programs.values())),
-        f"{MAX_PROGRAMS} per code, {MAX_CODES} codes",
-    ),
-)
-_caches.measured(
-    "eager value structures", lambda: (len(_structures), str(MAX_STRUCTURES))
-)
-# What each program was made with, for verify mode: its key's components and what
-# it stages (see `_verify`).
-_made = _caches.Table("compiled eager programs: what each was made with", 4096)
-
-# The components of a program's key (see `quax._caching._keys`).
-_KEY = ("types, static fields, avals and constants", "aliasing", *_keys.CONTEXT)
-
-
-def _table_of(code: Any) -> tuple[dict[Any, Any], dict[Any, "_FirstOutput"]] | None:
-    key = id(code)
-    entry = _programs.get(key)
-    if entry is not None and entry[0]() is code:
-        return entry[1], entry[2]
-    try:
-        ref = weakref.ref(code, lambda _, table=_programs: table.pop(key, None))
-    except TypeError:  # not weakly referable: not cached
-        return None
-    programs: dict[Any, Any] = {}
-    first_calls: dict[Any, _FirstOutput] = {}
-    if len(_programs) >= MAX_CODES:
-        _programs.clear()
-    _programs[key] = (ref, programs, first_calls)
-    return programs, first_calls
+# The programs, by code (its `id`: a `WeakKeyDictionary` would compare codes with
+# `__eq__`, which `jax.numpy`'s ufuncs make slow) and key, each dropped with its
+# code, and all when a rule is registered (they may dispatch otherwise now): a
+# program, `_BY_EQUATION`, or for a key not compiled yet the output structure of its
+# first call (`_FirstOutput`).
+_programs = _caches.JaxprTable("compiled eager programs", MAX_PROGRAMS)
 
 
 def call_compiled(
@@ -391,16 +364,16 @@ def call_compiled(
     **Arguments:**
 
     - `code`: what the program is cached under (a jaxpr, a library function).
-    - `quaxified`: builds the quaxified function (called on a key's first call,
-        which runs it equation by equation, and on its second, which compiles it).
+    - `quaxified`: builds the quaxified function (called on each call of a key
+        that runs it equation by equation, and on the one that compiles it).
     - `args`, `kwargs`: its inputs: values, plain arrays or Python scalars, and
         pytrees of them.
 
     **Returns:**
 
     `(True, output)`, or `(False, None)` when the call must run as before
-    (materialisations tracked, no value, a large or traced plain input, too many
-    programs for `code` already, or code that runs equation by equation).
+    (materialisations tracked, no value, a large or traced plain input, code that
+    cannot be held weakly, or code that runs equation by equation).
     """
     global programs_traced
     if (
@@ -412,50 +385,61 @@ def call_compiled(
         return False, None
     inputs: Sequence[Any] = args
     treedef: Any = len(args)
-    found = None if kwargs else _program_key(args, treedef)
+    found = None if kwargs else _program_key(code, args, treedef)
     if found is _PYTREES or kwargs:
         inputs, treedef = jtu.tree_flatten((tuple(args), kwargs), is_leaf=is_value)
-        found = _program_key(inputs, treedef)
+        found = _program_key(code, inputs, treedef)
     if found is None or found is _PYTREES:
         return False, None
-    program_key, leaves, positions, parts = found
-    table = _table_of(code)
-    if table is None:
-        return False, None
-    programs, first_calls = table
+    key, leaves, positions, parts = found
     try:
-        program = programs.get(program_key)
+        program = _programs.get(key)
     except TypeError:  # a pytree node of the inputs that cannot be hashed
         return False, None
-    if program is None:
-        with _lock:
-            first = first_calls.pop(program_key, None)
-        if first is None:
-            # The first call runs equation by equation only (as does code inside
-            # it), and leaves the structure of its output to check the program.
+    if program is None or type(program) is _FirstOutput:
+        if program is None or program.spent < (
+            _compile_seconds if COMPILE_AFTER is None else COMPILE_AFTER
+        ):
+            # The first call (and those after it, until they have taken as long as
+            # a compile) runs equation by equation only, as does code inside it;
+            # the first leaves the structure of its output to check the program.
             _state.checking = True
+            start = time.perf_counter()
             try:
                 out = quaxified()(*args, **(kwargs or {}))
             finally:
                 _state.checking = False
-            first_out = _FirstOutput(out)
-            with _lock:
-                while len(first_calls) >= MAX_FIRST_CALLS:
-                    del first_calls[next(iter(first_calls))]  # the oldest
-                first_calls[program_key] = first_out
+            if program is not None:
+                program.spent += time.perf_counter() - start
+                return True, out
+            # Code that cannot be held weakly is not kept (`TypeError`).
+            with contextlib.suppress(TypeError):
+                _programs.put(key, _FirstOutput(out), code)
             return True, out
-        if len(programs) >= MAX_PROGRAMS:
-            return False, None
-        # The second call traces and checks the program, and runs it if kept.
-        program = programs[program_key] = _checked_program(
-            quaxified(), inputs, treedef, leaves, first, positions
+        # This call traces and checks the program, and runs it if kept.
+        start = time.perf_counter()
+        program = _checked_program(
+            quaxified(), inputs, treedef, leaves, program, positions
         )
+        _programs.put(key, program, code)
         programs_traced += 1
-        if _caches.verifying and program is not _BY_EQUATION:
-            made = _staged(quaxified(), inputs, treedef, leaves, positions)
-            _made.put((id(code), program_key), (parts, made))
+        if program is not _BY_EQUATION:
+            out = program(*leaves)
+            _compiled(time.perf_counter() - start)
+            if _caches.verifying:
+                made = _staged(quaxified(), inputs, treedef, leaves, positions)
+                _caches.made_with(_programs.name, key, parts, made, code)
+            return True, out
     elif _caches.verifying and program is not _BY_EQUATION:
-        _verify((id(code), program_key), parts, quaxified, inputs, treedef, found)
+        now = _staged(quaxified(), inputs, treedef, leaves, positions)
+        _caches.check(
+            _programs.name,
+            key,
+            _keys.PROGRAM,
+            parts,
+            now,
+            "its staged program or its outputs",
+        )
     if program is _BY_EQUATION:
         return False, None
     return True, program(*leaves)
@@ -474,36 +458,16 @@ def _staged(
     return str(traced.jaxpr), repr(traced.out_info)
 
 
-def _verify(
-    entry: Any,
-    parts: tuple[Any, ...],
-    quaxified: Callable[[], Callable[..., Any]],
-    inputs: Sequence[Any],
-    treedef: Any,
-    found: Any,
-) -> None:
-    """Verify mode: trace the program of a hit afresh, and raise when it stages or
-    gives otherwise than the program kept (see `quax._foundation._caches`)."""
-    made = _made.get(entry)
-    if made is None:
-        return  # made before verify mode was on
-    _, leaves, positions, _ = found
-    now = _staged(quaxified(), inputs, treedef, leaves, positions)
-    if now != made[1]:
-        what = "its staged program" if now[0] != made[1][0] else "its outputs"
-        raise _caches.mismatch("compiled eager programs", what, _KEY, made[0], parts)
-
-
 # What `_program_key` answers for inputs that hold pytrees of inputs.
 _PYTREES: Any = object()
 
 
-def _program_key(inputs: Sequence[Any], treedef: Any) -> Any:
-    """The key of a program on `inputs` (values, small plain arrays and scalars; as
-    the leaves of `treedef`), the distinct leaves of its inputs, where each leaf
-    is among them (`None` when each is there once, in order) and the key's
-    components; `_PYTREES` when an input is a pytree of them, `None` when there is
-    no program for them."""
+def _program_key(code: Any, inputs: Sequence[Any], treedef: Any) -> Any:
+    """The key of a program of `code` on `inputs` (values, small plain arrays and
+    scalars; as the leaves of `treedef`), the distinct leaves of its inputs, where
+    each leaf is among them (`None` when each is there once, in order) and the
+    key's components; `_PYTREES` when an input is a pytree of them, `None` when
+    there is no program for them."""
     leaves: list[Any] = []
     constants: list[Any] = []
     key: list[Any] = [treedef]
@@ -546,17 +510,19 @@ def _program_key(inputs: Sequence[Any], treedef: Any) -> Any:
         positions = None
     if constants and {id(c) for c in constants} & {id(t) for t in leaves}:
         return None  # a leaf that is also a plain input: one object, two roles
-    parts = (tuple(key), positions, *_keys.context())
-    return _keys.key(_KEY, parts), leaves, positions, parts
+    found, parts = _keys.program_key(id(code), tuple(key), positions)
+    return found, leaves, positions, parts
 
 
 class _FirstOutput:
     """What a first call gave equation by equation: its output's treedef and its
     leaves' shapes, dtypes and weak types."""
 
-    __slots__ = ("avals", "treedef")
+    __slots__ = ("avals", "spent", "treedef")
 
     def __init__(self, out: Any) -> None:
+        # The seconds that the calls after the first spent equation by equation.
+        self.spent = 0.0
         leaves, self.treedef = jtu.tree_flatten(out)
         try:
             self.avals = [_shape_dtype(x) for x in leaves]
@@ -576,6 +542,16 @@ class _FirstOutput:
 
 # How many programs were traced: a one-off call traces none.
 programs_traced = 0
+# How many compiles `_compile_seconds` is the mean of.
+_compiles = 0
+
+
+def _compiled(seconds: float) -> None:
+    """Count a compile that took `seconds` (tracing, compiling and the first run of
+    the program) into `_compile_seconds`, the mean of the compiles so far."""
+    global _compile_seconds, _compiles
+    _compiles += 1
+    _compile_seconds += (seconds - _compile_seconds) / _compiles
 
 
 def _checked_program(

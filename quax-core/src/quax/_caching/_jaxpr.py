@@ -161,17 +161,11 @@ def per_jaxpr(
         return compute(jaxpr)
     try:
         key, parts = jaxpr_key(jaxpr)
-        entry = table.get(key)
     except TypeError:  # a jaxpr that is not weakly referable: not kept
         return compute(jaxpr)
-    if entry is None:
-        out = compute(jaxpr)
-        table.put(key, (out, parts), jaxpr)
-        return out
-    out, made = entry
-    if _caches.verifying and not same(out, compute(jaxpr)):
-        raise _caches.mismatch(table.name, what, JAXPR, made, parts)
-    return out
+    return _caches.remembered(
+        table, key, JAXPR, parts, lambda: compute(jaxpr), what, same, jaxpr
+    )
 
 
 # Jaxprs that hold staged values -------------------------------------------------------

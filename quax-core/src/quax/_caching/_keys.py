@@ -25,6 +25,12 @@ everything the rules may read, alike in every cache:
   the jaxpr's equations alone, and is keyed by the jaxpr alone, held weakly
   (`jaxpr_key`).
 
+The three caches of programs (compiled eager programs, replayed recordings, nested
+`jit` bodies) key an entry alike (`program_key`): the code (a jaxpr or a library
+function, by identity while it lives; a primitive and its params), its inputs (each
+value's type, static fields and leaves' avals, the plain inputs' avals or
+constants), which of their leaves are one object, and the context.
+
 A key is a tuple of named components (`key`): the caches' verify mode (see
 `quax._foundation._caches`) compares the components an entry was made with against the
 current ones, and names those that differ. Tests plant a key that leaves one
@@ -46,6 +52,7 @@ from .._foundation import _caches, _debug, _journal
 __all__ = [
     "CONTEXT",
     "JAXPR",
+    "PROGRAM",
     "CONSTANT_MAX_SIZE",
     "add_setting",
     "constant_key",
@@ -54,6 +61,7 @@ __all__ = [
     "jaxpr_key",
     "key",
     "params_key",
+    "program_key",
     "settings_key",
     "static_key",
 ]
@@ -85,6 +93,23 @@ def jaxpr_key(jaxpr: Any) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
     for an object that cannot be weakly referenced."""
     parts = (weakref.ref(jaxpr),)
     return (key(JAXPR, parts) if omitted else parts), parts
+
+
+# The components of the key of a program (see `program_key`).
+PROGRAM = ("code", "inputs", "aliasing", *CONTEXT)
+
+
+def program_key(
+    code: Any, inputs: Any, aliasing: Any
+) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    """The key of a program, and its components (`PROGRAM`): its `code` (what it
+    runs, as each cache names it: never a jaxpr itself, which the key would keep
+    alive, but its `id` in a `JaxprTable` that drops the entry with it), its
+    `inputs` (the types, static fields and avals of values, the plain inputs'
+    avals or `constant_key`s), their `aliasing` (which leaves are one object, or
+    `None`) and the `context`."""
+    parts = (code, inputs, aliasing, *context())
+    return key(PROGRAM, parts), parts
 
 
 def context() -> tuple[Any, ...]:

@@ -58,7 +58,6 @@ sub-jaxpr or a host callback, or when a `jit` body stages values (see
 `quax._dispatch._staged`); registering a rule drops every recording.
 """
 
-import weakref
 from typing import Any, NamedTuple
 
 import jax
@@ -86,12 +85,11 @@ from ._jaxpr import binds_directly, jaxpr_holds_staged_values, known_asks
 from ._keys import Identity, constant_key, params_key, static_key
 
 
-__all__ = ["MAX_PRIMITIVE_RECORDINGS", "MAX_RECORDINGS", "bind", "inline"]
+__all__ = ["MAX_RECORDINGS", "bind", "inline"]
 
-# Structures kept per jaxpr; beyond them, other structures run their rules.
-MAX_RECORDINGS = 8
-# Keys (params and structures) kept per primitive.
-MAX_PRIMITIVE_RECORDINGS = 128
+# Keys kept (of primitives, with their params, and of jaxprs, each with the
+# structures of its inputs); beyond them, the oldest is dropped.
+MAX_RECORDINGS = 4096
 
 _object_getattribute = object.__getattribute__
 _object_new = object.__new__
@@ -137,34 +135,11 @@ class _Unconfirmed(NamedTuple):
     statics: list[Any]
 
 
-_recordings: "weakref.WeakKeyDictionary[Any, dict[Any, Any]]" = (
-    weakref.WeakKeyDictionary()
-)
-_by_primitive: dict[Primitive, dict[Any, Any]] = {}
+# The recordings (or `_RUN`, or an `_Unconfirmed` one), by `program_key`: the code is
+# a primitive and its params, or a jaxpr's `id` (its entries go with it).
+_recordings = _caches.JaxprTable("replayed recordings", MAX_RECORDINGS)
 # Primitives never replayed: host callbacks, and those whose params hold a jaxpr.
 _unreplayable: set[Primitive] = set(_jaxpr._CALLBACKS)
-
-
-def _drop_all() -> None:
-    _recordings.clear()
-    _by_primitive.clear()
-
-
-_caches.on_invalidate(_drop_all)  # a rule registered, a setting declared
-_caches.measured(
-    "replayed recordings",
-    lambda: (
-        sum(map(len, list(_by_primitive.values())))
-        + sum(map(len, list(_recordings.values()))),
-        f"{MAX_PRIMITIVE_RECORDINGS} per primitive, {MAX_RECORDINGS} per jaxpr "
-        "(dropped with it)",
-    ),
-)
-# What the recordings were made with, for verify mode: the key's components.
-_made = _caches.Table("replayed recordings: their key components (verify mode)", 4096)
-
-# The components of a replay key (see `quax._caching._keys`).
-_KEY = ("types, static fields, avals and constants", "aliasing", *_keys.CONTEXT)
 
 
 def _variable(trace: Any, x: Any) -> bool:
@@ -172,9 +147,9 @@ def _variable(trace: Any, x: Any) -> bool:
     return type(x) is DynamicJaxprTracer and x._trace is trace and staged_var(trace, x)
 
 
-def _key(trace: Any, values: list[Any]) -> tuple[Any, list[Any], Any] | None:
-    """The key of `values`, the tracers they stand on (plain inputs and leaves)
-    and the key's components, or `None` when they cannot be replayed on."""
+def _key(trace: Any, code: Any, values: list[Any]) -> tuple[Any, list[Any], Any] | None:
+    """The key of `code` on `values`, the tracers they stand on (plain inputs and
+    leaves) and the key's components, or `None` when they cannot be replayed on."""
     parent = trace.parent_trace
     key: list[Any] = []
     leaves = []
@@ -213,29 +188,24 @@ def _key(trace: Any, values: list[Any]) -> tuple[Any, list[Any], Any] | None:
         # A tracer twice (`x * x`): rules may see that, and so does the key.
         firsts: dict[int, int] = {}
         aliasing = tuple(firsts.setdefault(id(t), i) for i, t in enumerate(leaves))
-    parts = (tuple(key), aliasing, *_keys.context())
-    return _keys.key(_KEY, parts), leaves, parts
+    key_, parts = _keys.program_key(code, tuple(key), aliasing)
+    return key_, leaves, parts
 
 
 def inline(trace: Any, values: list[Any], jaxpr: Any, run: Any) -> list[Any]:
     """The outputs of the inlined `jit` of `jaxpr` on `values` (the quax `trace`'s
     inputs, as values and plain tracers): a replay of its recording, or `run()`
     (which evaluates it), recorded when it can be replayed."""
-    if _value._state.reports or not _caches.is_enabled():
+    if (
+        _value._state.reports
+        or not _caches.is_enabled()
+        or jaxpr_holds_staged_values(jaxpr)
+    ):
         return run()
-    table = _recordings.get(jaxpr)
-    # A jaxpr has a table of recordings only once it was found to stage no value,
-    # which is a function of its equations alone: a hit asks no more (but verify
-    # mode, which checks that finding too, asks every time).
-    if table is None or _caches.verifying:
-        if jaxpr_holds_staged_values(jaxpr):
-            return run()
-        if table is None:
-            table = _recordings[jaxpr] = {}
-    found = _key(trace, values)
+    found = _key(trace, id(jaxpr), values)
     if found is None:
         return run()
-    return _replay_or_run(trace, table, found, (), jaxpr, run, MAX_RECORDINGS)
+    return _replay_or_run(trace, found, jaxpr, run)
 
 
 def bind(
@@ -250,46 +220,30 @@ def bind(
     equations that rule staged for the same key, with the current source info."""
     if _value._state.reports or not _caches.is_enabled() or primitive in _unreplayable:
         return run()
-    found = _key(trace, values)
+    found = _key(trace, (primitive, params_key(params)), values)
     if found is None:
         return run()
-    table = _by_primitive.get(primitive)
-    if table is None:
-        table = _by_primitive[primitive] = {}
     many = primitive.multiple_results
-    outs = _replay_or_run(
-        trace,
-        table,
-        found,
-        params_key(params),
-        primitive,
-        run if many else lambda: [run()],
-        MAX_PRIMITIVE_RECORDINGS,
-    )
+    outs = _replay_or_run(trace, found, primitive, run if many else lambda: [run()])
     return outs if many else outs[0]
 
 
 def _replay_or_run(
-    trace: Any,
-    table: dict[Any, Any],
-    found: tuple[Any, list[Any], Any],
-    params: tuple[Any, ...],
-    body: Any,
-    run: Any,
-    limit: int,
+    trace: Any, found: tuple[Any, list[Any], Any], body: Any, run: Any
 ) -> list[Any]:
-    """The outputs (a list) of `body` (a jaxpr, or a primitive with `params`) on the
-    inputs that `_key` `found`: replayed from `table`, or `run()` and recorded
-    there, up to `limit` keys."""
+    """The outputs (a list) of `body` (a jaxpr, or a primitive) on the inputs that
+    `_key` `found`: replayed from `_recordings`, or `run()` and recorded there."""
     key, leaves, parts = found
     try:
-        recording = table.get((key, params))
+        recording = _recordings.get(key)
     except TypeError:  # a static field or a param that cannot be hashed
         return run()
     if recording is _RUN:
         return run()
+    # The jaxpr an entry goes with (a primitive's live for ever).
+    code = None if isinstance(body, Primitive) else body
     if _caches.verifying and type(recording) is _Recording:
-        return _verified(trace, body, (key, params), recording, leaves, parts, run)
+        return _verified(trace, body, key, leaves, parts, run)
     if type(recording) is _Unconfirmed:
         out = run()
         statics = _statics(trace, out)
@@ -298,29 +252,26 @@ def _replay_or_run(
             same = same and repr(statics) == repr(recording.statics)
         except Exception:  # static fields that cannot be compared
             same = False
-        table[key, params] = recording.recording if same else _RUN
+        _recordings.put(key, recording.recording if same else _RUN, code)
         return out
     if recording is not None:
         return _replay(trace, recording, leaves)
-    if len(table) >= limit:
-        return run()
     state = _value._state
     start = staged_count(trace.parent_trace)
     asked, materialised = known_asks(), state.count
     outer = current_source_info().name_stack
     out = run()
     if known_asks() != asked or state.count != materialised:
-        table[key, params] = _RUN
-    elif isinstance(body, Primitive) and _jaxpr._calls_jaxpr(dict(params)):
+        _recordings.put(key, _RUN, code)
+    elif code is None and _jaxpr._calls_jaxpr(dict(parts[0][1])):
         _unreplayable.add(body)  # its keys would keep jaxprs alive
-        _by_primitive.pop(body, None)
     else:
         recording = _record(trace, body, leaves, start, outer, out)
-        if recording is not None and not _kept_statics(key, recording):
+        if recording is not None and not _kept_statics(parts[1], recording):
             recording = _Unconfirmed(recording, _statics(trace, out))
-        table[key, params] = recording or _RUN
-        if _caches.verifying and recording is not None:
-            _made.put((body, key, params), parts)
+        _recordings.put(key, recording or _RUN, code)
+        if type(recording) is _Recording:
+            _caches.made_with(_recordings.name, key, parts, _text(recording), code)
     return out
 
 
@@ -499,28 +450,27 @@ def _record(
 def _verified(
     trace: Any,
     body: Any,
-    entry: Any,
-    recording: _Recording,
+    key: Any,
     leaves: list[Any],
     parts: tuple[Any, ...],
     run: Any,
 ) -> list[Any]:
-    """Verify mode: run the rules afresh instead of replaying `recording`, and
-    raise when what they stage differs from it (see `quax._foundation._caches`)."""
+    """Verify mode: run the rules afresh instead of replaying the recording of
+    `key`, and raise when what they stage differs from it (see
+    `quax._foundation._caches`)."""
     start = staged_count(trace.parent_trace)
     outer = current_source_info().name_stack
     out = run()
     fresh = _record(trace, body, leaves, start, outer, out)
-    if fresh is None or _text(fresh) != _text(recording):
-        made = _made.get((body, *entry), parts)
-        name = body.name if isinstance(body, Primitive) else "an inlined `jit`"
-        raise _caches.mismatch(
-            f"replayed recordings (of {name})",
-            "the equations staged or the outputs' types and static fields",
-            _KEY,
-            made,
-            parts,
-        )
+    name = body.name if isinstance(body, Primitive) else "an inlined `jit`"
+    _caches.check(
+        _recordings.name,
+        key,
+        _keys.PROGRAM,
+        parts,
+        None if fresh is None else _text(fresh),
+        f"the equations staged (of {name}) or the outputs' types and static fields",
+    )
     return out
 
 

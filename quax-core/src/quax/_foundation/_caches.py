@@ -2,15 +2,18 @@
 verify mode.
 
 Quax keeps what rules computed, so as not to compute it again: the dispatch cache
-(`quax._dispatch._registry`), compiled eager programs (`quax._caching._eager`), the
-equations rules staged while a program is staged (`quax._caching._replay`) and the
-jitted bodies of nested `jit`s (`quax._rules._control_flow`); and what it works out
-once per jaxpr (`JaxprTable`): the interpreter's steps and whether a jaxpr stages a
-value (`quax._caching._jaxpr`), and the quaxified functions of higher-order
-primitives' bodies (`quax._rules._bodies`). Each entry is keyed by everything the rules
-may read (see `quax._caching._keys`), and a cache may only return what running the
-rules would return: the same staged equations, the same output types and static
-fields.
+(`quax._dispatch._registry`); programs, each a `JaxprTable` whose entries go with
+their code and keyed by `quax._caching._keys.program_key`: compiled eager programs
+(`quax._caching._eager`), the equations rules staged while a program is staged
+(`quax._caching._replay`) and the jitted bodies of nested `jit`s
+(`quax._rules._control_flow`); and what it works out once (`remembered`), per jaxpr
+(the interpreter's steps and whether a jaxpr stages a value, `quax._caching._jaxpr`;
+the quaxified functions of higher-order primitives' bodies, `quax._rules._bodies`;
+which registered function a `jit` body is, `quax._rules._control_flow`) or per
+small evaluation (the signs of symbolic zeros, `quax.zero._rules`). Each entry is
+keyed by everything the rules may read (see `quax._caching._keys`), and a cache may
+only return what running the rules would return: the same staged equations, the
+same output types and static fields.
 
 - Every table that grows with the programs it sees is bounded, and safe under
   threads; `python -m quax caches` reports each one's size and bound (`report`).
@@ -26,10 +29,12 @@ fields.
   recomputed by the rules and compared with what the cache gave (what it stages,
   and its outputs' types and static fields); a mismatch raises a
   `CacheMismatchError` naming the cache and the key components that differ from
-  when the entry was made (a key that leaves out one of them).
+  when the entry was made (a key that leaves out one of them). What each entry was
+  made with is kept in one table (`made_with`, `check`).
 """
 
 import contextvars
+import operator
 import os
 import threading
 import weakref
@@ -43,10 +48,13 @@ __all__ = [
     "JaxprTable",
     "Table",
     "caching",
+    "check",
     "invalidate",
     "is_enabled",
+    "made_with",
     "mismatch",
     "on_invalidate",
+    "remembered",
     "report",
     "verify_dispatch",
     "verifying",
@@ -111,11 +119,11 @@ class Table:
 
 
 class JaxprTable(Table):
-    """A `Table` of what quax works out once per jaxpr: each key holds its jaxpr
-    through a `weakref.ref` (equal to another for the same living jaxpr), so that
-    the table keeps no jaxpr alive, and an entry is dropped when its jaxpr is, as
-    well as beyond the bound: the oldest first, as a read (on the interpreter's hot
-    path) takes no lock and does not reorder.
+    """A `Table` whose entries go with the code they were made for (a jaxpr, a
+    library function), which the key holds weakly (a `weakref.ref`, or its `id`
+    while it lives), so that the table keeps no jaxpr alive: an entry is dropped
+    when its code is, as well as beyond the bound: the oldest first, as a read (on
+    the hot paths) takes no lock and does not reorder.
 
     **Arguments:**
 
@@ -140,8 +148,8 @@ class JaxprTable(Table):
         return self._data.get(key, default)
 
     def put(self, key: Any, entry: Any, jaxpr: Any = None) -> None:
-        """Keep `entry` under `key`, until `jaxpr` (the object the key holds weakly)
-        dies or the entry is the least recently used beyond the bound."""
+        """Keep `entry` under `key`, until `jaxpr` (the object the key holds weakly,
+        if any) dies or the entry is the oldest beyond the bound."""
         with self._lock:
             if self._dead:
                 self._drop_dead()
@@ -181,11 +189,6 @@ class JaxprTable(Table):
 _tables: list[Table] = []
 
 
-def tables() -> list[Table]:
-    """Every table of quax's caches, in the order they were made."""
-    return list(_tables)
-
-
 def report() -> list[tuple[str, int, str]]:
     """Each cache table's name, size (entries) and bound (as text)."""
     rows = [(name, *measure()) for name, measure in _measured]
@@ -193,7 +196,7 @@ def report() -> list[tuple[str, int, str]]:
 
 
 # Tables that are not a `Table` (the dispatch cache, read on every primitive; the
-# recordings kept per jaxpr, the programs kept per code), by name, with what measures
+# interned value structures of `quax._caching._eager`), by name, with what measures
 # their size and gives their bound.
 _measured: list[tuple[str, Callable[[], tuple[int, str]]]] = []
 
@@ -330,26 +333,89 @@ def _same(a: Any, b: Any) -> bool:
         return repr(a) == repr(b)
 
 
-# The first resolution of each key of the dispatch cache, and the registry's
-# generation it was made at (the dispatch cache stays empty in verify mode).
-_resolved = Table("dispatch cache: resolutions (verify mode)", 4096)
+# What each entry of every cache was made with, in verify mode: its key's
+# components and what it gave or staged (its evidence), by the cache's name and the
+# entry's key; each goes with the code its entry was made for.
+_made = JaxprTable("verify mode: what each cache entry was made with", 16384)
+
+
+def made_with(
+    cache: str, key: Any, parts: tuple[Any, ...], evidence: Any, code: Any = None
+) -> None:
+    """Verify mode: keep what the entry `key` of `cache` was made with, its key's
+    components `parts` and `evidence` (what it gives or stages, comparable with
+    `==`), until `code` (what it was made for, if held weakly) dies."""
+    if verifying:
+        _made.put((cache, key), (parts, evidence), code)
+
+
+def check(
+    cache: str,
+    key: Any,
+    names: Sequence[str],
+    parts: tuple[Any, ...],
+    evidence: Any,
+    what: str,
+    same: Callable[[Any, Any], bool] = operator.eq,
+) -> None:
+    """Verify mode: raise a `CacheMismatchError` when `evidence`, what a hit of the
+    entry `key` of `cache` gives when computed afresh, is not the `same` as what the
+    entry was made with (`made_with`; an entry made before verify mode was on is
+    not checked). `names` name the key's components `parts`; `what` says what the
+    evidence is, for the error."""
+    made = _made.get((cache, key))
+    if made is not None and not same(made[1], evidence):
+        raise mismatch(cache, what, names, made[0], parts)
+
+
+def remembered(
+    table: Table,
+    key: Any,
+    names: Sequence[str],
+    parts: tuple[Any, ...],
+    compute: Callable[[], Any],
+    what: str,
+    same: Callable[[Any, Any], bool] = operator.eq,
+    code: Any = None,
+) -> Any:
+    """`compute()`, kept in `table` under `key` (whose components `parts` are
+    named by `names`) while the caches are on, until `code` (what `compute` reads,
+    held weakly by a `JaxprTable`'s key) dies. In verify mode, a hit is computed
+    afresh and raises a `CacheMismatchError` when it is not the `same` (`what`
+    says what is compared). A key that cannot be hashed is not kept."""
+    if not _enabled.get():
+        return compute()
+    try:
+        out = table.get(key, _MISSING)
+    except TypeError:  # a key that cannot be hashed
+        return compute()
+    if out is _MISSING:
+        out = compute()
+        if code is None:
+            table.put(key, out)
+        else:
+            table.put(key, out, code)  # pyright: ignore[reportCallIssue]
+        made_with(table.name, key, parts, out, code)
+    elif verifying:
+        check(table.name, key, names, parts, compute(), what, same)
+    return out
+
+
 _DISPATCH_KEY = ("primitive and input types", "rules generation")
 
 
 def verify_dispatch(key: Any, resolution: Any, generation: int) -> None:
     """Verify mode: compare the `resolution` (a `quax.Resolution`) of the dispatch
     cache's `key`, made at the registry's `generation`, with the first one made
-    for that key, and raise when they chose otherwise."""
-    made = _resolved.get(key)
+    for that key, and raise when they chose otherwise (the dispatch cache stays
+    empty in verify mode)."""
+    cache, parts = "rules (the dispatch cache)", (key, generation)
+    made = _made.get((cache, key))
     if made is None:
-        _resolved.put(key, (resolution, generation))
-        return
-    first, made_at = made
-    if (first.kind, first.function) != (resolution.kind, resolution.function):
-        raise mismatch(
-            "rules (the dispatch cache)",
-            f"the rule chosen ({resolution.reason}, where it chose {first.reason})",
-            _DISPATCH_KEY,
-            (key, made_at),
-            (key, generation),
-        )
+        return made_with(cache, key, parts, resolution)
+    what = f"the rule chosen ({resolution.reason}, where it chose {made[1].reason})"
+    check(cache, key, _DISPATCH_KEY, parts, resolution, what, _same_rule)
+
+
+def _same_rule(a: Any, b: Any) -> bool:
+    return (a.kind, a.function) == (b.kind, b.function)

@@ -114,11 +114,19 @@ def _jit_body(
             for s, a, k in zip(in_shardings, args, known, strict=True)
         ),
     )
-    caching = _caches.is_enabled()
-    # The large arguments that rules asked about, by position.
+    # The large arguments that rules asked about, by position: kept per jaxpr and
+    # arguments' structures (in verify mode, found afresh and compared).
     asked: frozenset[int] = frozenset()
-    if caching and any(large):
-        asked = _by_value.get((weakref.ref(jaxpr),), asked)
+    hint = None
+    if any(large) and _caches.is_enabled():
+        hint = _keys.program_key(
+            (id(jaxpr), *common),
+            tuple(_structure(a) if is_value(a) else typeof(a) for a in args),
+            None,
+        )
+        kept = _by_value.get(hint[0])
+        if kept is not None and not _caches.verifying:
+            asked = kept
     while True:
         slots = tuple(
             (ConstKey(a) if not g or i in asked else typeof(a)) if k else None
@@ -131,44 +139,35 @@ def _jit_body(
             if s is not None and type(s) is not ConstKey
         }
         try:
-            return _call(jaxpr, common, donated_invars, slots, args, tokens)
+            out = _call(jaxpr, common, donated_invars, slots, args, tokens)
         except ValueAsked as e:
             i = next((i for i, t in tokens.items() if t is e.token), None)
             if i is None:
                 raise  # an enclosing `jit`'s argument
             release_traces(e)
-        asked |= {i}
-        if caching:
-            _by_value.put((weakref.ref(jaxpr),), asked, jaxpr)
+            asked |= {i}
+            continue
+        if hint is not None:
+            key, parts = hint
+            kept = _by_value.get(key)
+            if kept is None or (kept != asked and not _caches.verifying):
+                _by_value.put(key, asked, jaxpr)
+                _caches.made_with(_by_value.name, key, parts, asked, jaxpr)
+            elif _caches.verifying:
+                what = "the plain arguments whose values rules ask for"
+                _caches.check(_by_value.name, key, _keys.PROGRAM, parts, asked, what)
+        return out
 
 
-# The jitted quaxified bodies, by jaxpr and key; and, per jaxpr, the large plain
-# arguments whose value rules asked for (the body takes them by value). Both hold
-# their jaxpr weakly: an entry goes with its jaxpr, and so with the function whose
+# The jitted quaxified bodies, by `program_key` (the code: the jaxpr's `id`, the
+# `jit`'s name, `keep_unused`, shardings and donated arguments; the inputs: the
+# plain arguments' slots and the values' structures); and, per jaxpr and arguments'
+# structures, the large plain arguments whose value rules asked for (the body takes
+# them by value). Each entry goes with its jaxpr, and so with the function whose
 # `jit` made it (a compiled body holds megabytes), as well as beyond the bound.
 MAX_NESTED_JITS = 256
 _nested = JaxprTable("nested jit bodies", MAX_NESTED_JITS)
 _by_value = JaxprTable("nested jits taking plain arguments by value", MAX_NESTED_JITS)
-# What each body was made with, for verify mode: its key's components, and the
-# program it staged for each structure of its arguments (JAX traces a body once per
-# structure).
-_made = JaxprTable(
-    "nested jit bodies: their key components (verify mode)", MAX_NESTED_JITS
-)
-_programs = JaxprTable(
-    "nested jit bodies: their programs (verify mode)", 4 * MAX_NESTED_JITS
-)
-
-# The components of a body's key (see `quax._caching._keys`), besides its jaxpr.
-_KEY = (
-    "name",
-    "keep_unused",
-    "in_shardings",
-    "donated arguments",
-    "plain arguments",
-    "value structures",
-    *_keys.CONTEXT,
-)
 
 
 def _call(
@@ -199,57 +198,51 @@ def _call(
         for i in dynamic
     )
     # The settings rules read while the body traces, and the rest of the context.
-    parts = (*common, donate, slots, structures, *_keys.context())
-    # The jaxpr held weakly (as `_keys.jaxpr_key` holds it), so that the entry
-    # goes with it.
-    key = (weakref.ref(jaxpr), _keys.key(_KEY, parts))
+    key, parts = _keys.program_key(
+        (id(jaxpr), *common, donate), (slots, structures), None
+    )
     caching = _caches.is_enabled()
     verifying = caching and _caches.verifying
     jitted = _nested.get(key) if caching else None
     made = fresh = None
     staged: dict[str, str] = {}  # what the fresh body staged, in verify mode
     if jitted is None:
-        record = ft.partial(_keep_program, key) if verifying else None
-        jitted = made = _jitted(jaxpr, parts, record)
+        record = None
+        if verifying:  # the jaxpr held weakly: the body kept keeps `record`
+            record = ft.partial(_keep_program, weakref.ref(jaxpr), key, parts)
+        jitted = made = _jitted(jaxpr, common, donate, slots, record)
     elif verifying:
         # Traced afresh: the rules run, and what the body stages is recorded.
-        fresh = _jitted(jaxpr, parts, staged.__setitem__)
+        fresh = _jitted(jaxpr, common, donate, slots, staged.__setitem__)
     previous = _pending.tokens
     _pending.tokens = stand_ins
     try:
         out = jitted(*passed)
         if fresh is not None:
-            _verify(key, parts, out, fresh(*passed), staged)
+            fresh(*passed)
     finally:
         _pending.tokens = previous
+    # Verify mode: the fresh body must give the outputs and stage the program the
+    # kept one did, for the structure of these arguments.
+    what = "its outputs' types or the program it stages"
+    for structure, program in staged.items():
+        entry = (key, structure)
+        _caches.check(_nested.name, entry, _keys.PROGRAM, parts, program, what)
     if made is not None and caching:  # kept once a call went through
         _nested.put(key, made, jaxpr)
-        if verifying:
-            _made.put(key, parts, jaxpr)
     return out
 
 
-def _keep_program(key: Any, structure: str, program: str) -> None:
-    _programs.put((key, structure), program, key[0]())
-
-
-def _verify(
-    key: Any, parts: tuple[Any, ...], out: Any, fresh: Any, staged: dict[str, str]
+def _keep_program(
+    jaxpr: Any, key: Any, parts: tuple[Any, ...], structure: str, program: str
 ) -> None:
-    """Verify mode: raise when the body kept under `key` gave outputs `out` of other
-    types than the fresh body's outputs `fresh`, or staged another program than
-    the fresh body did (`staged`: by the structure of its arguments)."""
-    what = None
-    if _outline(fresh) != _outline(out):
-        what = "its outputs' types"
-    elif any(
-        _programs.get((key, structure), program) != program
-        for structure, program in staged.items()
-    ):
-        what = "the program it stages"
-    if what is not None:
-        made = _made.get(key, parts)
-        raise _caches.mismatch("nested jit bodies", what, _KEY, made, parts)
+    """Verify mode: keep the `program` (its outputs' types and what it stages) a
+    body made under `key` gave for the `structure` of its arguments (JAX traces a
+    body once per structure), while its jaxpr (held by the `weakref.ref` `jaxpr`)
+    lives."""
+    code = jaxpr()
+    if code is not None:
+        _caches.made_with(_nested.name, (key, structure), parts, program, code)
 
 
 # An object's address in its text (`<function f at 0x7f...>`): another trace of the
@@ -371,15 +364,18 @@ _pending = _Pending()
 
 def _jitted(
     jaxpr: Any,
-    parts: tuple[Any, ...],
+    common: tuple[Any, ...],
+    donate: tuple[int, ...],
+    slots: tuple[Any, ...],
     record: Callable[[str, str], None] | None = None,
 ) -> Callable[..., Any]:
-    """`jax.jit` of the quaxified `jaxpr`, with the constants among the key
-    components `parts` closed over. Cached (see `_call`), so that JAX's own cache
-    hits when the same nested `jit` comes back. Each time JAX traces it, `record`
-    (if given) gets the structure of its arguments and the program it staged, as
-    text (see `_staged_program`), for verify mode."""
-    name, keep_unused, shardings, donate, slots = parts[:5]
+    """`jax.jit` of the quaxified `jaxpr`, with the constants among `slots` (see
+    `_call`) closed over, named, sharded and donating as `common` and `donate` say.
+    Cached (see `_call`), so that JAX's own cache hits when the same nested `jit`
+    comes back. Each time JAX traces it, `record` (if given) gets the structure of
+    its arguments, and its outputs' types and the program it staged, as text (see
+    `_outline`, `_staged_program`), for verify mode."""
+    name, keep_unused, shardings = common
     fn = quaxified_jaxpr(jaxpr)
 
     def body(*dynamic: Any) -> Any:
@@ -391,7 +387,8 @@ def _jitted(
             it = iter(dynamic)
             out = fn(*[c.value if isinstance(c, ConstKey) else next(it) for c in slots])
         if record is not None:
-            record(_outline(dynamic), _staged_program(current_trace(), dynamic, out))
+            staged = _staged_program(current_trace(), dynamic, out)
+            record(_outline(dynamic), _outline(out) + staged)
         return out
 
     body.__name__ = body.__qualname__ = name

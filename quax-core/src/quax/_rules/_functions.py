@@ -19,6 +19,7 @@ import inspect
 import itertools
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from operator import eq
 from typing import Any, TypeVar
 
 import jax
@@ -29,6 +30,7 @@ import numpy as np
 from .._caching._jaxpr import (
     ValueAsked,
     body_source,
+    per_jaxpr,
 )
 from .._compat import (
     Primitive,
@@ -40,8 +42,7 @@ from .._compat import (
     traced_jit,
 )
 from .._dispatch._registry import register, registered_rule, resolve
-from .._foundation import _caches
-from .._foundation._caches import Table
+from .._foundation._caches import JaxprTable
 from .._foundation._jit_rules import differentiate_jits_with, keep_inline_jit
 from .._transform._trace import QuaxTracer
 from .._values._value import ValueLike, describe_types, is_value
@@ -319,7 +320,7 @@ def _in_order(jaxpr: Any, registered: _Registered) -> bool:
 
 # Which registered function each body met under a registered source is, with the
 # static arguments it was traced with off their defaults (or `None`: none of them).
-_identified = Table("register_function: the functions of jit bodies", 256)
+_identified = JaxprTable("register_function: the functions of jit bodies", 256)
 
 
 def _identify(
@@ -333,9 +334,14 @@ def _identify(
     rules take), gives the same body. `None` where none does: another function at
     the same source, or a static argument at a value no rule takes. Kept per body
     while the caches are on."""
-    found = _identified.get(jaxpr, False) if _caches.is_enabled() else False
-    if found is not False:
-        return found
+    search = ft.partial(_search, candidates=candidates)
+    return per_jaxpr(_identified, jaxpr, search, eq, "the registered function found")
+
+
+def _search(
+    jaxpr: Any, candidates: list[_Registered]
+) -> tuple[_Registered, dict[str, Any]] | None:
+    """`_identify`, computed."""
     found = None
     for registered in reversed(candidates):
         names = list(registered.static)
@@ -349,8 +355,6 @@ def _identify(
                 break
         if found is not None:
             break
-    if _caches.is_enabled():
-        _identified.put(jaxpr, found)
     return found
 
 
@@ -490,7 +494,7 @@ def _jit(*args: ValueLike, jaxpr: Any, **params: Any) -> list[Any]:
 
 # Which registered function's `jvp` each body met under a registered source is (see
 # `_identify_jvp`), or `None`: none is.
-_identified_jvps = Table("register_function: the functions of jvp jit bodies", 256)
+_identified_jvps = JaxprTable("register_function: the functions of jvp jit bodies", 256)
 
 
 def _identify_jvp(
@@ -502,20 +506,32 @@ def _identify_jvp(
     static arguments at their defaults), which primals have tangents, and which
     outputs do. JAX drops the argument names of such a body. `None` where none is
     (another transformation: `vmap`, the parts `grad` splits a body into). Kept per
-    body while the caches are on."""
-    found = _identified_jvps.get(jaxpr, False) if _caches.is_enabled() else False
-    if found is not False:
-        return found
-    found = None
+    body while the caches are on (in verify mode, the function and the tangents
+    found afresh are compared)."""
+    search = ft.partial(_search_jvp, candidates=candidates)
+    what = "the registered function whose `jvp` it is, or its tangents"
+    return per_jaxpr(_identified_jvps, jaxpr, search, _same_jvp, what)
+
+
+def _search_jvp(
+    jaxpr: Any, candidates: list[_Registered]
+) -> tuple[_Registered, Any, list[bool], list[bool]] | None:
+    """`_identify_jvp`, computed."""
     info = jaxpr.jaxpr.debug_info
     if info is not None and info.arg_names is None:
         for registered in reversed(candidates):
             found = _jvp_of(registered, jaxpr)
             if found is not None:
-                break
-    if _caches.is_enabled():
-        _identified_jvps.put(jaxpr, found)
-    return found
+                return found
+    return None
+
+
+def _same_jvp(a: Any, b: Any) -> bool:
+    """Whether two answers of `_identify_jvp` name one function and its tangents
+    (each traces the function's body afresh)."""
+    if a is None or b is None:
+        return a is b
+    return (a[0], a[2], a[3]) == (b[0], b[2], b[3])
 
 
 def _jvp_of(

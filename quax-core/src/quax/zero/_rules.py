@@ -12,7 +12,6 @@ zeros of the same dtypes, shrunk so that each dimension keeps its size up to 3 a
 its parity beyond (`_shrunk`), and reads the signs off the result.
 """
 
-import functools as ft
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -22,8 +21,10 @@ import numpy as np
 from jax import lax
 from jax.extend.core import Primitive, primitives as prims
 
+from .._caching._keys import PROGRAM, params_key, program_key
 from .._compat import Tracer
 from .._dispatch._registry import fallback_rule, register, register_elementwise
+from .._foundation._caches import Table, remembered
 from .._foundation._zero_preserving import ZERO_PRESERVING
 from .._transform._quaxify import quaxify
 from .._values._value import Value, ValueLike
@@ -178,11 +179,9 @@ def _evaluate_now(
     return [_signs_of(o) for o in outs]
 
 
-@ft.lru_cache(maxsize=4096)
-def _evaluate_cached(
-    primitive: Primitive, operands: tuple[_Operand, ...], params: tuple[Any, ...]
-) -> tuple[tuple[bool, bool] | None, ...]:
-    return tuple(_evaluate_now(primitive, operands, dict(params)))
+# The signs each small evaluation gave, by `program_key`: the primitive and its
+# params (floats by their bits), the operands, the context.
+_evaluations = Table("symbolic zeros: the signs of small evaluations", 4096)
 
 
 def _evaluated_signs(
@@ -190,12 +189,15 @@ def _evaluated_signs(
 ) -> Sequence[tuple[bool, bool] | None]:
     if any(o[0] == "array" for o in operands):
         return _evaluate_now(primitive, operands, params)
-    key = tuple(sorted(params.items()))
-    try:
-        hash(key)
-    except TypeError:
-        return _evaluate_now(primitive, operands, params)
-    return _evaluate_cached(primitive, tuple(operands), key)
+    key, parts = program_key((primitive, params_key(params)), tuple(operands), None)
+    return remembered(
+        _evaluations,
+        key,
+        PROGRAM,
+        parts,
+        lambda: _evaluate_now(primitive, operands, params),
+        "the signs evaluated",
+    )
 
 
 def _by_evaluation(
