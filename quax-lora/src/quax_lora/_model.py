@@ -49,7 +49,7 @@ from ._peft import (
     summarise,
     write_peft,
 )
-from ._value import LoraArray, LoraWarning, MaterialisationError
+from ._value import LoraArray, LoraMaterialisationError, LoraWarning
 
 
 __all__ = [
@@ -304,7 +304,7 @@ def merge(model: PyTree) -> PyTree:
 
     **Raises:**
 
-    A [`quax_lora.MaterialisationError`][] (a `RuntimeError`) when a `w` is a
+    A [`quax_lora.LoraMaterialisationError`][] (a `RuntimeError`) when a `w` is a
     `quax.ArrayValue` (a quantised base weight, for QLoRA) that refuses to be
     densified: the dense sum needs it densified. Allow it on that value first
     (e.g. `.enable_materialise()`, or `allow_materialise=True` where it was made),
@@ -319,7 +319,7 @@ def merge(model: PyTree) -> PyTree:
             try:
                 w = w.materialise()
             except RuntimeError as e:
-                raise MaterialisationError(
+                raise LoraMaterialisationError(
                     f"quax_lora.merge cannot form w + s * a @ b for a LoraArray of "
                     f"shape {x.shape} whose base weight w is a "
                     f"{type(x.w).__qualname__} that cannot be densified: {e} Allow "
