@@ -50,13 +50,18 @@ def test_code_blocks_run(page: pathlib.Path, monkeypatch, tmp_path):
             continue
 
 
-def _runner():
-    path = ROOT / "benchmarks" / "run.py"
-    spec = importlib.util.spec_from_file_location("quax_benchmarks_run", path)
+def _load(relative: str, name: str):
+    """The repository's script `relative` (not a package's module), imported as
+    `name`."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / relative)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def _runner():
+    return _load("benchmarks/run.py", "quax_benchmarks_run")
 
 
 def test_benchmark_runner(tmp_path, capsys):
@@ -177,11 +182,7 @@ def test_benchmark_runner_passes_the_published_python(tmp_path, capsys, monkeypa
 
 
 def test_published_side_by_side_ratios():
-    path = ROOT / "benchmarks" / "published.py"
-    spec = importlib.util.spec_from_file_location("quax_benchmark_published", path)
-    assert spec is not None and spec.loader is not None
-    published = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(published)
+    published = _load("benchmarks/published.py", "quax_benchmark_published")
     ours = {"workloads": {"w": {"quax_ms": 1.0, "plain_ms": 2.0, "quax/plain": 0.5}}}
     theirs = {
         "workloads": {
@@ -202,12 +203,7 @@ def test_published_side_by_side_ratios():
 
 
 def _example(name: str):
-    path = ROOT / "examples" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(f"quax_example_{name}", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return _load(f"examples/{name}.py", f"quax_example_{name}")
 
 
 def test_tour_skips_a_family_not_installed(tmp_path, capsys, monkeypatch):
@@ -300,17 +296,8 @@ def test_family_page_holds_the_depth(readme):
                 assert anchor in anchors, f"{target} in {page.name}'s family"
 
 
-def _hooks():
-    path = ROOT / "scripts" / "mkdocs_hooks.py"
-    spec = importlib.util.spec_from_file_location("quax_mkdocs_hooks", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_docs_hook_includes_the_readme(tmp_path, monkeypatch):
-    hooks = _hooks()
+    hooks = _load("scripts/mkdocs_hooks.py", "quax_mkdocs_hooks")
     (tmp_path / "quax-demo").mkdir()
     (tmp_path / "quax-demo" / "README.md").write_text(
         "# quax-demo\n\nSee [the core](../README.md), [errors](../docs/errors.md),\n"
