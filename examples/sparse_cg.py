@@ -58,7 +58,7 @@ def main() -> dict[str, str]:
 
     try:
         quax.quaxify(jnp.exp)(a)
-    except quax_sparse.MaterialisationError as e:
+    except quax_sparse.SparseMaterialisationError as e:
         print(f"exp(a) is refused: {str(e)[:90]}...")
     return {
         "unknowns": f"{n:,}",

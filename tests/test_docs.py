@@ -10,7 +10,10 @@ import importlib.util
 import json
 import os
 import pathlib
+import re
 import sys
+import types
+import unicodedata
 import unittest
 
 import jax
@@ -47,13 +50,18 @@ def test_code_blocks_run(page: pathlib.Path, monkeypatch, tmp_path):
             continue
 
 
-def _runner():
-    path = ROOT / "benchmarks" / "run.py"
-    spec = importlib.util.spec_from_file_location("quax_benchmarks_run", path)
+def _load(relative: str, name: str):
+    """The repository's script `relative` (not a package's module), imported as
+    `name`."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / relative)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def _runner():
+    return _load("benchmarks/run.py", "quax_benchmarks_run")
 
 
 def test_benchmark_runner(tmp_path, capsys):
@@ -174,11 +182,7 @@ def test_benchmark_runner_passes_the_published_python(tmp_path, capsys, monkeypa
 
 
 def test_published_side_by_side_ratios():
-    path = ROOT / "benchmarks" / "published.py"
-    spec = importlib.util.spec_from_file_location("quax_benchmark_published", path)
-    assert spec is not None and spec.loader is not None
-    published = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(published)
+    published = _load("benchmarks/published.py", "quax_benchmark_published")
     ours = {"workloads": {"w": {"quax_ms": 1.0, "plain_ms": 2.0, "quax/plain": 0.5}}}
     theirs = {
         "workloads": {
@@ -199,12 +203,7 @@ def test_published_side_by_side_ratios():
 
 
 def _example(name: str):
-    path = ROOT / "examples" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(f"quax_example_{name}", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return _load(f"examples/{name}.py", f"quax_example_{name}")
 
 
 def test_tour_skips_a_family_not_installed(tmp_path, capsys, monkeypatch):
@@ -232,3 +231,88 @@ def test_units_oscillator_example(tmp_path):
     assert float(figures["max |x - closed form|"].removesuffix(" cm")) < 1e-3
     assert figures["unit mistakes"] == "refused at trace time (UnitError)"
     assert (tmp_path / "units_oscillator.png").stat().st_size > 0
+
+
+# The families' READMEs are for users (install, a first example, what it covers,
+# limits); the depth is on the documentation site's page of each family, which
+# opens with the README (scripts/mkdocs_hooks.py includes it) and holds the rest.
+FAMILY_READMES = [p for p in READMES if p.parent.name.startswith("quax-")]
+FAMILY_READMES = [p for p in FAMILY_READMES if p.parent.name != "quax-core"]
+_LINK = re.compile(r"\]\((?P<target>[^)\s]+)\)")
+
+
+def _page_of(readme: pathlib.Path) -> pathlib.Path:
+    return ROOT / "docs" / "families" / f"{readme.parent.name.removeprefix('quax-')}.md"
+
+
+def _anchors(*texts: str) -> list[str]:
+    """The heading anchors mkdocs gives these Markdown texts, in order (as
+    Python-Markdown's `toc` slugifies a heading's text, its code marks dropped)."""
+    anchors = []
+    for text in texts:
+        text = re.sub(r"^```.*?^```", "", text, flags=re.MULTILINE | re.DOTALL)
+        for heading in re.findall(r"^#{1,6} (.+)$", text, re.MULTILINE):
+            plain = unicodedata.normalize("NFKD", heading.replace("`", ""))
+            plain = plain.encode("ascii", "ignore").decode("ascii")
+            plain = re.sub(r"[^\w\s-]", "", plain).strip().lower()
+            anchors.append(re.sub(r"[-\s]+", "-", plain))
+    return anchors
+
+
+def test_family_readmes_lead_with_what_users_need():
+    assert len(FAMILY_READMES) == 6, FAMILY_READMES
+    for readme in FAMILY_READMES:
+        text = readme.read_text()
+        lines = text.count("\n")
+        assert lines <= 300, f"{readme.parent.name}'s README has {lines} lines"
+        headings = re.findall(r"^## (.+)$", text, re.MULTILINE)
+        order = [h for h in headings if h in ("Install", "Usage", "What it covers")]
+        assert order == ["Install", "Usage", "What it covers"], (readme, headings)
+        assert any(h.startswith("Limits") for h in headings), readme
+        assert headings.index("Install") < 2, (readme, headings)  # near the top
+        assert f"../docs/families/{_page_of(readme).name}" in text, readme
+
+
+@pytest.mark.parametrize("readme", FAMILY_READMES, ids=lambda p: p.parent.name)
+def test_family_page_holds_the_depth(readme):
+    page = _page_of(readme)
+    text = page.read_text()
+    marker = f"<!-- readme: {readme.relative_to(ROOT)} -->"
+    assert text.count(marker) == 1, f"{page.name} does not open with its README"
+    own = text.split(marker)[1]
+    # A real page, not a stub that points back to the README.
+    assert own.count("\n") >= 100, f"{page.name} holds {own.count(chr(10))} lines"
+    # The README, as the page includes it (its title dropped), then the page's own
+    # sections: no anchor twice, and every link into the page reaches a heading.
+    readme_text = readme.read_text().split("\n", 1)[1]
+    anchors = _anchors(text.split(marker)[0], readme_text, own)
+    assert len(anchors) == len(set(anchors)), sorted(
+        a for a in anchors if anchors.count(a) > 1
+    )
+    for source, prefix in ((readme_text, f"../docs/families/{page.name}"), (own, "")):
+        for target in _LINK.findall(source):
+            path, _, anchor = target.partition("#")
+            if anchor and path in (prefix, ""):
+                assert anchor in anchors, f"{target} in {page.name}'s family"
+
+
+def test_docs_hook_includes_the_readme(tmp_path, monkeypatch):
+    hooks = _load("scripts/mkdocs_hooks.py", "quax_mkdocs_hooks")
+    (tmp_path / "quax-demo").mkdir()
+    (tmp_path / "quax-demo" / "README.md").write_text(
+        "# quax-demo\n\nSee [the core](../README.md), [errors](../docs/errors.md),\n"
+        "[the guide](../docs/families/demo.md#guide), [a plot]"
+        "(../docs/images/demo.png) and [the example](../examples/demo.py).\n"
+        "<!-- readme-only -->\nThe full guide is on the documentation page.\n"
+        "<!-- /readme-only -->\nLast line.\n"
+    )
+    monkeypatch.setattr(hooks, "ROOT", tmp_path)
+    page = types.SimpleNamespace(file=types.SimpleNamespace(src_uri="families/demo.md"))
+    out = hooks.on_page_markdown(
+        "# Demo\n\n<!-- readme: quax-demo/README.md -->\n\n## Guide\n", page, None, None
+    )
+    assert out == (
+        "# Demo\n\n\nSee [the core](../index.md), [errors](../errors.md),\n"
+        "[the guide](#guide), [a plot](../images/demo.png) and the example "
+        "(`examples/demo.py`).\nLast line.\n\n\n## Guide\n"
+    )

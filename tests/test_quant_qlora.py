@@ -108,7 +108,7 @@ def test_qlora_built_either_way_computes_the_same():
         loraified_first
     )
     # The quantised base refuses to be densified: merge says so.
-    with pytest.raises(quax_lora.MaterialisationError, match="cannot be densified"):
+    with pytest.raises(quax_lora.LoraMaterialisationError, match="cannot be densified"):
         quax_lora.merge(quantised_first)
 
 

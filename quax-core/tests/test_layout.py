@@ -37,7 +37,8 @@ GOOD = {
         def _(x: Good, **params):
             return Good(-x.array)
         """,
-    "_model.py": "from ._value import Good\n",
+    "_nnx.py": "from ._value import Good\n",
+    "_model.py": "from ._nnx import Good\n",
     "_plugin.py": "def quax_register_rules():\n    import {name}\n",
 }
 
@@ -80,7 +81,8 @@ def test_a_values_package_counts_as_the_values_role(family):
             "_values/_good.py": GOOD["_value.py"].replace("._kernels", ".._kernels"),
             "__init__.py": "from ._values import Good as Good\nfrom . import _rules\n",
             "_rules.py": GOOD["_rules.py"].replace("._value", "._values"),
-            "_model.py": "from ._values import Good\n",
+            "_nnx.py": "from ._values import Good\n",
+            "_model.py": "from ._nnx import Good\n",
         },
     )
     qt.assert_family_layout(name)
@@ -111,6 +113,14 @@ def test_every_departure_is_named(family):
                 class BadMaterialisationError(RuntimeError):
                     pass
                 """,
+            # The NNX module calling back into the model it serves.
+            "_nnx.py": """
+                from ._value import Good
+
+                def convert(model):
+                    from ._model import Good
+                    return model
+                """,
         },
     )
     problems = qt.family_layout_problems(name)
@@ -119,6 +129,8 @@ def test_every_departure_is_named(family):
     assert "layout_bad._kernels (line 3) imports layout_bad._value" in text
     assert "the kernels must not import the values" in text
     assert "import cycle between `_kernels`, `_value`" in text
+    assert "layout_bad._nnx (line 5) imports layout_bad._model" in text
+    assert "the nnx must not import the model" in text
     assert "layout_bad._model (line 6) registers a rule" in text
     assert "layout_bad._model (line 4) imports the package `layout_bad` itself" in text
     assert "BadMaterialisationError does not subclass `quax.MaterialisationError`" in (

@@ -134,12 +134,14 @@ def test_rev_flips_the_window_in_a():
 
 def test_structural_rules_needing_one_row_axis_refuse():
     lora = _lora(normal(jr.key(0), (3, 3, 4, 5)), 3)
-    with pytest.raises(quax_lora.MaterialisationError, match="transpose"):
+    with pytest.raises(quax_lora.LoraMaterialisationError, match="transpose"):
         quax.quaxify(lambda k: jnp.transpose(k, (3, 2, 0, 1)))(lora)
     # A grouped convolution does not factor: it refuses, naming the primitive.
     x = normal(jr.key(3), (1, 6, 6, 8))
     grouped = _lora(normal(jr.key(0), (3, 3, 4, 6)), 3)
-    with pytest.raises(quax_lora.MaterialisationError, match="conv_general_dilated"):
+    with pytest.raises(
+        quax_lora.LoraMaterialisationError, match="conv_general_dilated"
+    ):
         quax.quaxify(
             lambda x, k: lax.conv_general_dilated(
                 x, k, (1, 1), "SAME", dimension_numbers=HWIO, feature_group_count=2

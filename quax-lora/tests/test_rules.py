@@ -72,10 +72,13 @@ def test_convert_element_type(lora):
 
 def test_refuses_to_materialise(lora):
     with pytest.raises(
-        quax_lora.MaterialisationError, match=r"primitive `sin`.*allow_materialise=True"
+        quax_lora.LoraMaterialisationError,
+        match=r"primitive `sin`.*allow_materialise=True",
     ):
         quax.quaxify(jnp.sin)(lora)
-    with pytest.raises(quax_lora.MaterialisationError, match="convert_element_type"):
+    with pytest.raises(
+        quax_lora.LoraMaterialisationError, match="convert_element_type"
+    ):
         quax.quaxify(lambda lr: lr.astype(jnp.int32))(lora)
 
 
@@ -120,7 +123,9 @@ def test_conv(conv_cls, x_shape, kwargs, perturb):
 def test_grouped_conv_refuses(perturb):
     conv = eqx.nn.Conv1d(4, 4, 3, groups=2, key=jr.PRNGKey(0))
     lora_conv = quax_lora.loraify(conv, rank=2, filter=eqx.nn.Conv, key=jr.PRNGKey(1))
-    with pytest.raises(quax_lora.MaterialisationError, match="conv_general_dilated"):
+    with pytest.raises(
+        quax_lora.LoraMaterialisationError, match="conv_general_dilated"
+    ):
         quax.quaxify(lora_conv)(jnp.ones((4, 9)))
     allowed = quax_lora.loraify(
         conv, rank=2, filter=eqx.nn.Conv, allow_materialise=True, key=jr.PRNGKey(1)

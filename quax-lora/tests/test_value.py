@@ -190,8 +190,8 @@ def test_refusal_is_a_runtime_error_with_the_published_text() -> None:
     # The published quax's text is "Refusing to materialise `LoraArray` with
     # `allow_materialise=False`."; the core's policy gives it, and every family's
     # refusal is a `quax.MaterialisationError`.
-    assert issubclass(quax_lora.MaterialisationError, RuntimeError)
-    assert issubclass(quax_lora.MaterialisationError, quax.MaterialisationError)
+    assert issubclass(quax_lora.LoraMaterialisationError, RuntimeError)
+    assert issubclass(quax_lora.LoraMaterialisationError, quax.MaterialisationError)
     with pytest.raises(
         RuntimeError, match=r"Refusing to materialise `LoraArray` for primitive `sin`"
     ):

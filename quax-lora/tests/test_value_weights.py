@@ -177,7 +177,7 @@ def test_loraify_count_and_merge_over_value_weights():
     assert count.trainable == adapters
     assert count.total == (6 * 4 + 6) + (3 * 6 + 3) + adapters
     # A base value that refuses to be densified cannot be merged.
-    with pytest.raises(quax_lora.MaterialisationError, match="cannot be densified"):
+    with pytest.raises(quax_lora.LoraMaterialisationError, match="cannot be densified"):
         quax_lora.merge(model)
     lora = _lora(allow=True)
     merged = quax_lora.merge({"w": lora})["w"]

@@ -279,7 +279,7 @@ def test_static_slices_of_rows(perturb):
         out = quax.quaxify(lambda w: w[index])(lora)  # noqa: B023
         np.testing.assert_allclose(out, dense[index], rtol=1e-6, atol=1e-6)
     # Columns are not whole rows: no low-rank form, refused as before.
-    with pytest.raises(quax_lora.MaterialisationError, match="slice"):
+    with pytest.raises(quax_lora.LoraMaterialisationError, match="slice"):
         quax.quaxify(lambda w: w[:, 1:3])(lora)
 
 
@@ -322,5 +322,5 @@ def test_dora_products_and_structural_rules():
             np.asarray(got, np.float32), want, rtol=tol, atol=tol, err_msg=name
         )
     # A transposed DoRA weight normalises columns: refused, not silently wrong.
-    with pytest.raises(quax_lora.MaterialisationError):
+    with pytest.raises(quax_lora.LoraMaterialisationError):
         quax.quaxify(lambda w: w.T @ y)(lora)

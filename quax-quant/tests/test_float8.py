@@ -172,5 +172,7 @@ def test_errors():
     with pytest.raises(ValueError, match="float8 numbers, not integers"):
         q.integers()
     # Two float8 operands: the int8 x int8 rule refuses, naming the primitive.
-    with pytest.raises(qq.MaterialisationError, match=r"dot_general.*format .int."):
+    with pytest.raises(
+        qq.QuantMaterialisationError, match=r"dot_general.*format .int."
+    ):
         quax.quaxify(lambda a, b: a @ b.T)(q, q)

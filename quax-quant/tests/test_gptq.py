@@ -176,16 +176,16 @@ def test_act_order_refuses_moving_the_inputs():
     arr = qq.from_gptq(
         _pack(q, 0), _pack(z, 1), s, g.astype(np.int32), format="gptq_v2"
     )
-    with pytest.raises(qq.MaterialisationError, match=r"`transpose`.*input_order"):
+    with pytest.raises(qq.QuantMaterialisationError, match=r"`transpose`.*input_order"):
         quax.quaxify(lambda w: w.T)(arr)
-    with pytest.raises(qq.MaterialisationError, match=r"`slice`.*input_order"):
+    with pytest.raises(qq.QuantMaterialisationError, match=r"`slice`.*input_order"):
         quax.quaxify(lambda w: w[:, :16])(arr)
     # A product batching over the inputs: out[i] = sum_o weight[o, i] x[i, o].
     x = jr.normal(jr.key(3), (IN, OUT))
     batched = ft.partial(
         lax.dot_general, dimension_numbers=(((0,), (1,)), ((1,), (0,)))
     )
-    with pytest.raises(qq.MaterialisationError, match="batches over that axis"):
+    with pytest.raises(qq.QuantMaterialisationError, match="batches over that axis"):
         quax.quaxify(batched)(arr, x)
     # Where dequantising is allowed, the columns come back in place.
     allowed = arr.enable_materialise()

@@ -19,7 +19,7 @@ import quax
 import quax.testing
 from hypothesis import given, settings
 from jax import lax
-from quax_sparse import BCOO, BlockSparse, MaterialisationError
+from quax_sparse import BCOO, BlockSparse, SparseMaterialisationError
 from sparse_helpers import assert_close
 
 
@@ -90,7 +90,7 @@ def test_fields_todense_and_to_bcoo():
     b = a.to_bcoo()
     assert isinstance(b, BCOO) and b.nse == 12
     np.testing.assert_array_equal(b.todense(), want)
-    with pytest.raises(MaterialisationError, match="Refusing to materialise"):
+    with pytest.raises(SparseMaterialisationError, match="Refusing to materialise"):
         a.materialise()
     np.testing.assert_array_equal(a.enable_materialise().materialise(), want)
 
@@ -370,7 +370,9 @@ def test_refusals_name_the_primitive_and_the_way_out():
         "add": (lambda a: a + 1.0, (a,), "`add`"),
     }
     for name, (fn, args, match) in cases.items():
-        with pytest.raises(MaterialisationError, match="Refusing to materialise") as e:
+        with pytest.raises(
+            SparseMaterialisationError, match="Refusing to materialise"
+        ) as e:
             jax.jit(quax.quaxify(fn))(*args)
         assert match in str(e.value), (name, str(e.value))
         assert "`.to_bcoo()`" in str(e.value), name
@@ -387,7 +389,7 @@ def test_batch_transposes_and_products_that_move_matrix_dimensions_refuse():
         ),
     }
     for name, fn in cases.items():
-        with pytest.raises(MaterialisationError, match="Refusing to materialise"):
+        with pytest.raises(SparseMaterialisationError, match="Refusing to materialise"):
             quax.quaxify(fn)(a)
             pytest.fail(f"{name} was not refused")
         # Allowed to materialise: the dense computation.

@@ -13,7 +13,7 @@ import pytest
 import quax
 from hypothesis import given, settings, strategies as st
 from jax.experimental import sparse as jsparse
-from quax_sparse import BCOO, MaterialisationError
+from quax_sparse import BCOO, SparseMaterialisationError
 from sparse_helpers import assert_close, check as check_jit
 
 
@@ -194,7 +194,7 @@ def test_transpose_over_sparse_dims():
     assert isinstance(out, BCOO) and out.n_dense == 2
     batched, xb = _blocks(10, (2, 6, 5, 3), n_batch=1)
     check(lambda a: a.transpose(2, 1, 0, 3), xb, dense_args=(batched,))
-    with pytest.raises(MaterialisationError, match=r"n_dense=2.*update_layout"):
+    with pytest.raises(SparseMaterialisationError, match=r"n_dense=2.*update_layout"):
         quax.quaxify(lambda a: a.transpose(0, 2, 1, 3))(x)
 
 
@@ -413,6 +413,6 @@ def test_concatenate_with_fewer_blocks_splits_them():
 )
 def test_rules_without_blocks_refuse_naming_n_dense(fn):
     dense, x = _blocks(24)
-    with pytest.raises(MaterialisationError, match=r"n_dense=1.*update_layout"):
+    with pytest.raises(SparseMaterialisationError, match=r"n_dense=1.*update_layout"):
         quax.quaxify(fn)(x)
     assert_close(quax.quaxify(fn)(x.enable_materialise()), fn(dense))

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import quax
 from jax.experimental import sparse as jsparse
-from quax_sparse import BCOO, MaterialisationError
+from quax_sparse import BCOO, SparseMaterialisationError
 
 
 EYE = np.eye(3, dtype=bool)
@@ -85,7 +85,9 @@ def test_bool_mask_in_where():
     assert isinstance(out, BCOO)
     np.testing.assert_array_equal(out.todense(), np.where(want, x, 0.0))
     other = quax.quaxify(lambda m, x: jnp.where(m, x, 1.0))
-    with pytest.raises(MaterialisationError, match=r"select_n.*allow_materialise"):
+    with pytest.raises(
+        SparseMaterialisationError, match=r"select_n.*allow_materialise"
+    ):
         other(m, x)
     np.testing.assert_array_equal(
         other(m.enable_materialise(), x), np.where(want, x, 1.0)

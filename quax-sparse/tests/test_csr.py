@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import quax
 from jax.experimental import sparse as jsparse
-from quax_sparse import BCOO, CSR, MaterialisationError, fromdense
+from quax_sparse import BCOO, CSR, SparseMaterialisationError, fromdense
 from sparse_helpers import assert_close, check, random_sparse
 
 
@@ -32,7 +32,7 @@ def test_csr_roundtrip():
         CSR.from_bcoo(fromdense(np.ones((2, 2, 2)), nse=4, n_batch=1))
     with pytest.raises(ValueError, match="indptr"):
         CSR(jnp.zeros(2), jnp.zeros(2, jnp.int32), jnp.zeros(3, jnp.int32), (3, 3))
-    with pytest.raises(MaterialisationError, match="Refusing to materialise"):
+    with pytest.raises(SparseMaterialisationError, match="Refusing to materialise"):
         c.materialise()
     assert_close(jax.jit(lambda c: c.enable_materialise().materialise())(c), dense)
 
@@ -127,7 +127,7 @@ def test_csr_refusal_and_ops():
     rng = np.random.default_rng(4)
     dense, x = random_sparse(rng, (5, 5), 0.4)
     c = CSR.from_bcoo(x)
-    with pytest.raises(MaterialisationError, match="`exp`"):
+    with pytest.raises(SparseMaterialisationError, match="`exp`"):
         quax.quaxify(jnp.exp)(c)
     out = check(lambda c, x: (jnp.sin(c) + 2 * x).T, c, x, dense_args=(dense, dense))
     assert isinstance(out, BCOO)

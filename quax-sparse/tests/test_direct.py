@@ -16,9 +16,9 @@ import quax_sparse
 from quax_sparse import (
     BCOO,
     CSR,
-    MaterialisationError,
     PendingSolve,
     SparseLU,
+    SparseMaterialisationError,
     _superlu,
 )
 from sparse_helpers import random_sparse
@@ -413,10 +413,12 @@ def test_stacked_sparse_and_integer_matrices_refuse_to_factor():
         [jnp.pad(a.indices, ((0, 0), (1, 0))), jnp.pad(a.indices, ((0, 0), (1, 0)))]
     )
     stacked = BCOO(data, indices.at[a.nse :, 0].set(1), (2, 12, 12))
-    with pytest.raises(MaterialisationError, match=r"`lu`.*3 sparse dimensions.*0"):
+    with pytest.raises(
+        SparseMaterialisationError, match=r"`lu`.*3 sparse dimensions.*0"
+    ):
         quax.quaxify(jnp.linalg.solve)(stacked, jnp.ones((2, 12, 1)))
     integer = BCOO(a.data.astype(jnp.int32), a.indices, a.shape)
-    with pytest.raises(MaterialisationError, match=r"`lu`.*int32.*astype"):
+    with pytest.raises(SparseMaterialisationError, match=r"`lu`.*int32.*astype"):
         quax.quaxify(jax.lax.linalg.lu)(integer)
     with pytest.raises(ValueError, match=r"lu_factor.*BCOO.*jax.scipy.linalg"):
         quax_sparse.lu_factor(jnp.asarray(dense))
@@ -434,9 +436,11 @@ def test_one_triangular_solve_alone_is_refused():
     # quaxify returns the value as it stands; nothing can use it.
     pending = quax.quaxify(half)(a, jnp.ones((12, 1)))
     assert isinstance(pending, PendingSolve)
-    with pytest.raises(MaterialisationError, match=r"PendingSolve.*second"):
+    with pytest.raises(SparseMaterialisationError, match=r"PendingSolve.*second"):
         pending.materialise()
-    with pytest.raises(MaterialisationError, match=r"`mul`.*PendingSolve.*second"):
+    with pytest.raises(
+        SparseMaterialisationError, match=r"`mul`.*PendingSolve.*second"
+    ):
         quax.quaxify(lambda a, b: 2 * half(a, b))(a, jnp.ones((12, 1)))
 
     def wrong_order(a, b):
@@ -445,13 +449,13 @@ def test_one_triangular_solve_alone_is_refused():
         y = jax.lax.linalg.triangular_solve(lu, b, lower=False, **kw)
         return jax.lax.linalg.triangular_solve(lu, y, lower=True, **kw)
 
-    with pytest.raises(MaterialisationError, match=r"triangular_solve.*order"):
+    with pytest.raises(SparseMaterialisationError, match=r"triangular_solve.*order"):
         quax.quaxify(wrong_order)(a, jnp.ones((12, 1)))
 
 
 def test_factor_refuses_other_operations_and_masks():
     _, a = _spd()
-    with pytest.raises(MaterialisationError, match=r"`exp`.*SparseLU.*cho_solve"):
+    with pytest.raises(SparseMaterialisationError, match=r"`exp`.*SparseLU.*cho_solve"):
         quax.quaxify(lambda a: jnp.exp(jax.lax.linalg.lu(a)[0]))(a)
     upper = np.triu(np.ones((16, 16), bool))
 
@@ -461,20 +465,20 @@ def test_factor_refuses_other_operations_and_masks():
 
     # A mask that is not the lower triangle: refused where it is read at trace
     # time, NaN where it is checked at run time (an argument under `jit`).
-    with pytest.raises(MaterialisationError, match=r"`select_n`.*another"):
+    with pytest.raises(SparseMaterialisationError, match=r"`select_n`.*another"):
         quax.quaxify(lambda a, b: masked(a, upper, b))(a, jnp.ones(16))
     x = jax.jit(quax.quaxify(masked))(a, upper, jnp.ones(16))
     assert np.all(np.isnan(x))
     lower = np.tril(np.ones((16, 16), bool))
     x = jax.jit(quax.quaxify(masked))(a, lower, jnp.ones(16))
     np.testing.assert_allclose(x, np.linalg.solve(np.asarray(a.todense()), np.ones(16)))
-    with pytest.raises(MaterialisationError, match=r"`transpose`.*SparseLU"):
+    with pytest.raises(SparseMaterialisationError, match=r"`transpose`.*SparseLU"):
         quax.quaxify(lambda a: jax.lax.linalg.lu(a)[0].T)(a)
     lu = quax_sparse.lu_factor(a)
-    with pytest.raises(MaterialisationError, match=r"SparseLU"):
+    with pytest.raises(SparseMaterialisationError, match=r"SparseLU"):
         lu.enable_materialise().materialise()
     pending = PendingSolve(jnp.ones((16, 1)), lu, (True, False, False, True))
-    with pytest.raises(MaterialisationError, match=r"halfway"):
+    with pytest.raises(SparseMaterialisationError, match=r"halfway"):
         quax.quaxify(jnp.sum)(pending)
 
 

@@ -11,7 +11,7 @@ import quax
 import quax.testing.strategies as qst
 from hypothesis import given, settings
 from jax import lax
-from quax_sparse import BCOO, CSR, MaterialisationError, fromdense
+from quax_sparse import BCOO, CSR, SparseMaterialisationError, fromdense
 from sparse_helpers import assert_close, check, random_sparse
 
 
@@ -135,7 +135,7 @@ def test_sparse_times_sparse_exact_count_with_eager_compilation():
 
 def test_sparse_sparse_other_layouts_refuse():
     a = fromdense(np.eye(3), nse=3)
-    with pytest.raises(MaterialisationError, match="dot_general"):
+    with pytest.raises(SparseMaterialisationError, match="dot_general"):
         quax.quaxify(lambda a, b: jnp.einsum("ij,kl->ijkl", a, b))(a, a)
     out = quax.quaxify(lambda a, b: jnp.einsum("ij,kl->ijkl", a, b))(
         a.enable_materialise(), a.enable_materialise()

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import quax
-from quax_sparse import BCOO, MaterialisationError
+from quax_sparse import BCOO, SparseMaterialisationError
 from sparse_helpers import random_sparse
 
 
@@ -98,7 +98,7 @@ def test_where_with_a_sparse_mask_picks_a_dense_array():
 
 def test_where_against_a_nonzero_is_refused():
     _, a, d2, _ = _pair(6)
-    with pytest.raises(MaterialisationError, match=r"`select_n`"):
+    with pytest.raises(SparseMaterialisationError, match=r"`select_n`"):
         quax.quaxify(lambda a, m: jnp.where(m, a, 1.0))(a, d2 > 0)
 
 

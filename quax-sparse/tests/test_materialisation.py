@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import quax
-from quax_sparse import BCOO, CSR, MaterialisationError, fromdense
+from quax_sparse import BCOO, CSR, SparseMaterialisationError, fromdense
 from sparse_helpers import DENSE, assert_close, random_sparse
 
 
@@ -15,7 +15,7 @@ def test_materialise_refuses_with_published_message():
     x = fromdense(DENSE, nse=4)
     with pytest.raises(RuntimeError, match="Refusing to materialise `BCOO`"):
         x.materialise()
-    with pytest.raises(MaterialisationError, match="allow_materialise=True"):
+    with pytest.raises(SparseMaterialisationError, match="allow_materialise=True"):
         x.materialise()
     assert_close(x.enable_materialise().materialise(), DENSE)
 
@@ -27,7 +27,7 @@ def test_the_core_materialisation_policy(kind):
     # acts as its BCOO form, so the refusal is its BCOO form's.)
     x = (fromdense if kind == "BCOO" else CSR.fromdense)(DENSE, nse=4)
     assert isinstance(x, quax.GuardedValue)
-    assert issubclass(MaterialisationError, quax.MaterialisationError)
+    assert issubclass(SparseMaterialisationError, quax.MaterialisationError)
     message = (
         r"Refusing to materialise `BCOO` for primitive `exp` on input types \(BCOO\)"
         r".*\(shape \(3, 4\), dtype float32\) would hold all 12 elements of this "
@@ -36,7 +36,9 @@ def test_the_core_materialisation_policy(kind):
     )
     with pytest.raises(quax.MaterialisationError, match=message):
         quax.quaxify(jnp.exp)(x)
-    with pytest.raises(MaterialisationError, match=f"Refusing to materialise `{kind}`"):
+    with pytest.raises(
+        SparseMaterialisationError, match=f"Refusing to materialise `{kind}`"
+    ):
         x.materialise()
     allowed = x.enable_materialise(allow=True)
     assert allowed.allow_materialise and not x.allow_materialise
@@ -66,7 +68,7 @@ def test_refusals_name_the_primitive(fn, primitive):
         assert_close(quax.quaxify(fn)(x), fn(dense))
         return
     with pytest.raises(
-        MaterialisationError, match=f"Refusing to materialise.*`{primitive}`"
+        SparseMaterialisationError, match=f"Refusing to materialise.*`{primitive}`"
     ):
         quax.quaxify(fn)(x)
     with pytest.raises(RuntimeError, match="allow_materialise=True"):
@@ -87,11 +89,11 @@ def test_large_matrix_is_never_densified():
     assert out.shape == (n,)
     np.testing.assert_allclose(out[:3], np.tanh(4.0) + 2.0, rtol=1e-6)
     with pytest.raises(
-        MaterialisationError, match=r"`exp`.*shape \(1000000, 1000000\)"
+        SparseMaterialisationError, match=r"`exp`.*shape \(1000000, 1000000\)"
     ):
         jax.eval_shape(quax.quaxify(jnp.exp), x)
     # Its row-major positions would overflow int32: `reshape` is refused.
-    with pytest.raises(MaterialisationError, match="`reshape`"):
+    with pytest.raises(SparseMaterialisationError, match="`reshape`"):
         jax.eval_shape(quax.quaxify(lambda a: a.reshape(-1)), x)
 
 
@@ -106,9 +108,11 @@ def test_broadcasting_a_sparse_operand_is_refused_with_the_way_out():
     add = quax.quaxify(lambda a, b: a + b)
     way_out = r"jnp\.broadcast_to\(x, \(3, 2, 5, 1, 4\)\)` keeps a sparse `x` sparse"
     for other in (y, x3):
-        with pytest.raises(MaterialisationError, match=r"primitive `add`.*" + way_out):
+        with pytest.raises(
+            SparseMaterialisationError, match=r"primitive `add`.*" + way_out
+        ):
             add(x, other)
-        with pytest.raises(MaterialisationError, match=way_out):
+        with pytest.raises(SparseMaterialisationError, match=way_out):
             add(other, x)
     # The way out: broadcast explicitly (sparse, new leading axes), then add.
     add_broadcast = jax.jit(quax.quaxify(lambda a, b: jnp.broadcast_to(a, b.shape) + b))
@@ -121,5 +125,5 @@ def test_broadcasting_a_sparse_operand_is_refused_with_the_way_out():
     # Stretching an axis of size 1 in place is refused the same way, in `mul` too.
     _, row = random_sparse(rng, (1, 4), 0.5)
     stretched = r"`mul`.*shape \(1, 4\) to \(5, 4\)"
-    with pytest.raises(MaterialisationError, match=stretched):
+    with pytest.raises(SparseMaterialisationError, match=stretched):
         quax.quaxify(lambda a, b: a * b)(row, np.ones((5, 4), np.float32))

@@ -13,7 +13,7 @@ import pytest
 import quax
 from jax import lax
 from jax.experimental import sparse as jsparse
-from quax_sparse import BCOO, MaterialisationError
+from quax_sparse import BCOO, SparseMaterialisationError
 from sparse_helpers import assert_close, check as check_jit
 
 
@@ -170,13 +170,13 @@ def test_sparse_times_sparse_with_blocks_on_the_left_refuses():
     assert isinstance(out, BCOO) and out.n_dense == 1
     # Bound as written, the product's dense dimension sits between sparse ones.
     fn = lambda a, s: lax.dot_general(a, s, (([1], [0]), ([], [])))
-    with pytest.raises(MaterialisationError, match=r"n_dense=1.*y\.todense\(\)"):
+    with pytest.raises(SparseMaterialisationError, match=r"n_dense=1.*y\.todense\(\)"):
         quax.quaxify(fn)(x, s)
     want = fn(dense, np.eye(6, dtype=np.float32))
     assert_close(quax.quaxify(fn)(x, s.todense()), want)  # the way out
     # Both with blocks, batched over them.
     both = lambda a: jnp.einsum("ijk,jlk->ilk", a, a.transpose(1, 0, 2))
-    with pytest.raises(MaterialisationError, match=r"n_dense=1.*y\.todense\(\)"):
+    with pytest.raises(SparseMaterialisationError, match=r"n_dense=1.*y\.todense\(\)"):
         quax.quaxify(both)(x)
     assert_close(quax.quaxify(both)(x.enable_materialise()), both(dense))
     allowed = (x.enable_materialise(), s.enable_materialise())
@@ -210,7 +210,7 @@ def test_reduce_within_blocks(fn, duplicates):
 )
 def test_reduce_over_sparse_dims_refuses(fn):
     dense, x = _blocks(12)
-    with pytest.raises(MaterialisationError, match=r"n_dense=1.*update_layout"):
+    with pytest.raises(SparseMaterialisationError, match=r"n_dense=1.*update_layout"):
         quax.quaxify(fn)(x)
     assert_close(quax.quaxify(fn)(x.enable_materialise()), fn(dense))
 
@@ -235,10 +235,10 @@ def test_max_and_min_against_zero(fn, n_dense):
 
 def test_max_against_a_nonzero_refuses():
     dense, x = _blocks(14)
-    with pytest.raises(MaterialisationError, match=r"`max`.*n_dense=1"):
+    with pytest.raises(SparseMaterialisationError, match=r"`max`.*n_dense=1"):
         quax.quaxify(lambda a: jnp.maximum(a, 1.0))(x)
     leaky = quax.quaxify(jax.nn.leaky_relu)  # `ge` against zero: no rule
-    with pytest.raises(MaterialisationError, match=r"`ge`.*n_dense=1"):
+    with pytest.raises(SparseMaterialisationError, match=r"`ge`.*n_dense=1"):
         leaky(x)
     assert_close(leaky(x.enable_materialise()), jax.nn.leaky_relu(dense))
 

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import quax
 from hypothesis import given, settings, strategies as st
-from quax_sparse import BCOO, MaterialisationError
+from quax_sparse import BCOO, SparseMaterialisationError
 from sparse_helpers import assert_close, check
 
 
@@ -174,7 +174,7 @@ def test_dense_dimensions_to_the_front(perm, n_batch):
 
 def test_dense_dimension_between_sparse_ones_refuses():
     dense, x = _graph(11)
-    with pytest.raises(MaterialisationError, match=r"n_dense=1.*update_layout"):
+    with pytest.raises(SparseMaterialisationError, match=r"n_dense=1.*update_layout"):
         quax.quaxify(lambda a: a.transpose(0, 2, 1))(x)
     assert_close(
         quax.quaxify(lambda a: a.transpose(0, 2, 1))(x.update_layout(n_dense=0)),

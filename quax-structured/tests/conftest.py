@@ -69,8 +69,9 @@ def close():
 
 
 def _toeplitz_guarantee(column, row, b, x, slogdet=()):
-    """Asserts the accuracy that quax-structured's README states (Pivoting) for
-    an untagged `Toeplitz` of the leaves `column`, `row` (shape `(*batch, n)`):
+    """Asserts the accuracy that quax-structured's documentation page states
+    (Pivoting) for an untagged `Toeplitz` of the leaves `column`, `row` (shape
+    `(*batch, n)`):
     the answer `x` of `T x = b` (`b`, `x` of shape `(*batch, n)` or `(*batch,
     n, k)`) has a backward error `‖b - T x‖₂ / (N ‖x‖₂ + ‖b‖₂)` of at most `τ =
     (16 + n / 4) eps` (`N ≥ ‖T‖₂` the largest eigenvalue modulus of the `2n`
@@ -130,6 +131,6 @@ def _toeplitz_guarantee(column, row, b, x, slogdet=()):
 @pytest.fixture(scope="session")
 def toeplitz_guarantee():
     """The function `toeplitz_guarantee(column, row, b, x, slogdet=())` (asserts
-    the accuracy the README states for an untagged `Toeplitz`'s solve and
+    the accuracy the documentation page states for an untagged `Toeplitz`'s solve and
     `slogdet`; returns nothing)."""
     return _toeplitz_guarantee

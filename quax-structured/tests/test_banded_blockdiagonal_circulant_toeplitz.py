@@ -159,15 +159,16 @@ def test_checks_and_refusals():
     for x in MATRICES.values():
         kind = type(x).__name__
         with pytest.raises(
-            qs.MaterialisationError, match=f"Refusing to materialise `{kind}`"
+            qs.StructuredMaterialisationError, match=f"Refusing to materialise `{kind}`"
         ):
             x.materialise()
         with pytest.raises(
-            qs.MaterialisationError, match=rf"`{kind}`.*primitive `exp`.*enable_mat"
+            qs.StructuredMaterialisationError,
+            match=rf"`{kind}`.*primitive `exp`.*enable_mat",
         ):
             quax.quaxify(jnp.exp)(x)
     # Eigenvectors of a circulant have no structured rule.
-    with pytest.raises(qs.MaterialisationError, match=r"primitive `eig`"):
+    with pytest.raises(qs.StructuredMaterialisationError, match=r"primitive `eig`"):
         quax.quaxify(jnp.linalg.eig)(MATRICES["circulant"])
 
 

@@ -182,7 +182,7 @@ def test_product_with_the_batch_in_the_middle_refuses():
     d, _ = _diagonal(_rng(8), (), np.float64)
     t, t_dense = _tridiagonal(_rng(9), (BATCH,), np.float64)
     fn = jax.vmap(lambda a, b: a @ b, in_axes=(None, 0))
-    with pytest.raises(qs.MaterialisationError, match="dot_general"):
+    with pytest.raises(qs.StructuredMaterialisationError, match="dot_general"):
         quax.quaxify(fn)(d, t)
     got = jax.vmap(quax.quaxify(lambda a, b: (a @ b) @ jnp.ones(N)), (None, 0))(d, t)
     _close(got, np.einsum("ij,bjk,k->bi", np.diag(d.diag), t_dense, np.ones(N)))
@@ -274,7 +274,9 @@ def test_refusals_name_the_structured_noise():
     b = np.ones(4)
     traced = jax.jit(quax.quaxify(lambda k, s: jnp.linalg.solve(k + s * jnp.eye(4), b)))
     _close(traced(k, 0.1), np.linalg.solve(np.kron(a, a) + 0.1 * np.eye(4), b))
-    with pytest.raises(qs.MaterialisationError, match="KroneckerPlusIdentity"):
+    with pytest.raises(
+        qs.StructuredMaterialisationError, match="KroneckerPlusIdentity"
+    ):
         quax.quaxify(lambda k, d: jnp.linalg.solve(k + d, b))(k, qs.Diagonal(b))
     route = jax.jit(
         quax.quaxify(lambda k, s: jnp.linalg.solve(k + qs.ScaledIdentity(s, 4), b))

@@ -47,20 +47,20 @@ V = jnp.linspace(-1.0, 2.0, N)
 # Their products go through the FFT, which mixes every entry: a NaN or infinite
 # entry makes every entry of the product NaN, where dense JAX gives NaN only in
 # the rows that read it (never a finite number where dense has NaN; see the
-# README's Limits). They draw finite entries.
+# Limits on its documentation page). They draw finite entries.
 FFT = {"Circulant", "Toeplitz"}
 
 # A product of two structures keeps each one's zeros: a NaN or infinite entry of one
 # meets the other's structural zeros as zero, where dense JAX's `0 * nan` makes its
 # whole row or column NaN (as `jax.experimental.sparse` keeps sparse x sparse; see
-# the README's Limits). It draws finite entries.
+# the Limits on its documentation page). It draws finite entries.
 STRUCTURAL_PRODUCTS = {"matrix product"}
 
 # A `Kronecker` is itself a product of two structures, its factors, and keeps each
 # one's zeros the same way: an infinite entry of one factor meets a zero of the other
 # as zero (`kron_apply` multiplies by the factors in turn), where the dense Kronecker
 # matrix holds `0 * inf = nan`; its products then give inf where dense JAX gives NaN
-# (see the README's Limits). It draws finite entries.
+# (see the Limits on its documentation page). It draws finite entries.
 FACTORED = {"Kronecker"}
 
 # Functions of two matrices that every structure keeps or computes exactly, and

@@ -118,7 +118,9 @@ def test_a_primitive_without_a_rule_refuses_as_for_any_matrix():
     materialisation policy every guarded family shares), and computes with
     `.enable_materialise()`."""
     m = EMPTY["Toeplitz"]()
-    with pytest.raises(qs.MaterialisationError, match="Refusing to materialise"):
+    with pytest.raises(
+        qs.StructuredMaterialisationError, match="Refusing to materialise"
+    ):
         jax.jit(quax.quaxify(jnp.sin))(m)
     assert jax.jit(quax.quaxify(jnp.sin))(m.enable_materialise()).shape == (0, 0)
 

@@ -220,7 +220,9 @@ def test_what_has_no_closed_form_refuses():
     )
     out = quax.quaxify(lambda k, d: k + d)(other, diagonal)
     assert isinstance(out, qs.Sum)
-    with pytest.raises(qs.MaterialisationError, match=r"factors' sizes.*gmres"):
+    with pytest.raises(
+        qs.StructuredMaterialisationError, match=r"factors' sizes.*gmres"
+    ):
         quax.quaxify(jnp.linalg.solve)(out, y)
     negative = qs.Kronecker(qs.Diagonal(-ds[0]), qs.Diagonal(ds[1]))
     c = quax.quaxify(lambda k, d: k + d)(qs.Kronecker(*fs, symmetric=True), negative)

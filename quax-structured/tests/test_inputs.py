@@ -123,7 +123,9 @@ def test_cholesky_refusal_names_the_terms():
     """A non-symmetric `Kronecker` reaches `cholesky` as `K + Kᵀ`, a `Sum`: the
     refusal names the `Kronecker`s and the symmetrisation, and the way out."""
     k = qs.Kronecker(jnp.array([[2.0, 1.0], [0.0, 2.0]]), jnp.eye(2))
-    with pytest.raises(qs.MaterialisationError, match=r"`Kronecker`, `Kronecker`.*sym"):
+    with pytest.raises(
+        qs.StructuredMaterialisationError, match=r"`Kronecker`, `Kronecker`.*sym"
+    ):
         quax.quaxify(jnp.linalg.cholesky)(k)
 
 

@@ -41,7 +41,7 @@ def test_vmapped_dense_noise_refuses_naming_scaled_identity():
     def loss(k, noise):
         return jnp.linalg.solve(k + noise * jnp.eye(N), y)
 
-    with pytest.raises(qs.MaterialisationError) as info:
+    with pytest.raises(qs.StructuredMaterialisationError) as info:
         jax.vmap(quax.quaxify(loss), in_axes=(None, 0))(k, noises)
     message = str(info.value)
     assert "primitive `add`" in message and "jax.vmap" in message
@@ -84,7 +84,7 @@ def test_dense_diagonal_under_jit_refuses_naming_diagonal():
         lambda: jax.jit(quax.quaxify(lambda m, d: m - jnp.diag(d)))(m, d),
     ]
     for run in runs:
-        with pytest.raises(qs.MaterialisationError) as info:
+        with pytest.raises(qs.StructuredMaterialisationError) as info:
             run()
         message = str(info.value)
         assert "primitive `sub`" in message and "jnp.diag(d)" in message

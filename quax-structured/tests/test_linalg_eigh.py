@@ -144,7 +144,7 @@ def test_refusals():
     t = qs.TridiagonalMatrix(ones, np.arange(4, dtype=np.float32), ones)
     # The eigenvectors of a tridiagonal matrix: refused where used.
     with pytest.raises(
-        qs.MaterialisationError,
+        qs.StructuredMaterialisationError,
         match=r"`dot_general`.*TridiagonalEigenvectors.*`jnp.linalg.eigvalsh`.*"
         "allow_materialise=True",
     ):
@@ -155,7 +155,8 @@ def test_refusals():
     with (
         jax.check_tracer_leaks(False),
         pytest.raises(
-            qs.MaterialisationError, match=r"differentiate.*`eigh`.*allow_materialise"
+            qs.StructuredMaterialisationError,
+            match=r"differentiate.*`eigh`.*allow_materialise",
         ),
     ):
         jax.grad(
@@ -168,9 +169,13 @@ def test_refusals():
     np.testing.assert_allclose(values, np.linalg.eigvalsh(t.dense()), atol=1e-5)
     # No fast algorithm for banded or Toeplitz matrices.
     for m in [qs.Banded(np.ones((3, 4), np.float32), 1, 1), qs.Toeplitz(_b[0], _b[1])]:
-        with pytest.raises(qs.MaterialisationError, match=r"`eigh`.*allow_materialise"):
+        with pytest.raises(
+            qs.StructuredMaterialisationError, match=r"`eigh`.*allow_materialise"
+        ):
             quax.quaxify(jnp.linalg.eigvalsh)(m)
     # A Kronecker product not tagged symmetric: its symmetric part is no Kronecker
     # product.
-    with pytest.raises(qs.MaterialisationError, match="Refusing to materialise"):
+    with pytest.raises(
+        qs.StructuredMaterialisationError, match="Refusing to materialise"
+    ):
         quax.quaxify(jnp.linalg.eigh)(qs.Kronecker(_a, _b))

@@ -19,8 +19,8 @@ from quax_structured import (
     KroneckerPlusIdentity,
     LowRank,
     LowRankPlusDiagonal,
-    MaterialisationError,
     ScaledIdentity,
+    StructuredMaterialisationError,
     TridiagonalMatrix,
 )
 
@@ -100,7 +100,9 @@ def test_expm_kronecker_sum_with_traced_identity_refuses():
     k = quax.quaxify(lambda p, q: p + q)(
         Kronecker(a, jnp.eye(3)), Kronecker(jnp.eye(2), b)
     )
-    with pytest.raises(MaterialisationError, match=r"jax\.scipy\.linalg\.expm"):
+    with pytest.raises(
+        StructuredMaterialisationError, match=r"jax\.scipy\.linalg\.expm"
+    ):
         jax.jit(quax.quaxify(expm))(k)
     eager = quax.quaxify(expm)(k)
     want = scipy.linalg.expm(np.kron(a, np.eye(3)) + np.kron(np.eye(2), b))
@@ -142,12 +144,14 @@ def test_expm_gradient_matches_dense():
 
 def test_expm_refusal_names_expm_and_the_way_out():
     t = TridiagonalMatrix(_normal(4), _normal(5), _normal(4))
-    with pytest.raises(MaterialisationError) as info:
+    with pytest.raises(StructuredMaterialisationError) as info:
         quax.quaxify(expm)(t)
     message = str(info.value)
     assert "jax.scipy.linalg.expm" in message
     assert "allow_materialise=True" in message and "enable_materialise()" in message
-    with pytest.raises(MaterialisationError, match=r"jax\.scipy\.linalg\.expm"):
+    with pytest.raises(
+        StructuredMaterialisationError, match=r"jax\.scipy\.linalg\.expm"
+    ):
         quax.quaxify(expm)(Kronecker(_normal(2, 2), _normal(2, 2)))
     # Allowed to materialise: JAX's dense Padé path.
     out = quax.quaxify(expm)(t.enable_materialise())

@@ -103,9 +103,11 @@ def test_the_factor_refuses_to_materialise():
     lu, _, _ = quax.quaxify(jax.lax.linalg.lu)(qs.Circulant(column))
     # A `DeterminantLU` around the solver (see `test_linalg_derivatives.py`).
     assert isinstance(lu.factors, qs.CirculantLU)
-    with pytest.raises(qs.MaterialisationError, match="not a matrix of packed LU"):
+    with pytest.raises(
+        qs.StructuredMaterialisationError, match="not a matrix of packed LU"
+    ):
         lu.enable_materialise().materialise()
     lu, _, _ = quax.quaxify(jax.lax.linalg.lu)(qs.Toeplitz(column, column))
     assert isinstance(lu.factors, qs.ToeplitzLU)
-    with pytest.raises(qs.MaterialisationError, match="ToeplitzLU"):
+    with pytest.raises(qs.StructuredMaterialisationError, match="ToeplitzLU"):
         lu.enable_materialise().materialise()

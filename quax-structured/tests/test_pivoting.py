@@ -9,7 +9,7 @@ without pivoting loses every digit silently, against float64 numpy.
     accurate), `Banded`'s determinant and a `Toeplitz` tagged positive definite
     (the Levinson recursion alone): error within `20 cond eps`.
 - An untagged `Toeplitz` (the Levinson recursion, checked by its backward error;
-    GKO where the check fails): the accuracy the README states
+    GKO where the check fails): the accuracy the documentation page states
     (`toeplitz_guarantee` in `conftest.py`)."""
 
 import functools as ft
@@ -285,8 +285,8 @@ def _dense(m) -> np.ndarray:
 def _check(matrices, b, toeplitz_guarantee, *, slack: float = 20.0):
     """`solve` and `slogdet` of each matrix (compiled together) against float64
     numpy: relative solve error `<= slack cond eps`, log-determinant within
-    `slack n cond eps`; an untagged `Toeplitz`, the accuracy the README states
-    for it (`toeplitz_guarantee`, see `conftest.py`)."""
+    `slack n cond eps`; an untagged `Toeplitz`, the accuracy the documentation page
+    states for it (`toeplitz_guarantee`, see `conftest.py`)."""
     outs = _compiled(matrices, b)
     _compare(matrices, b, outs, toeplitz_guarantee, slack=slack)
 

@@ -118,6 +118,6 @@ def test_large_slice_still_refused():
     """A slice holding more than `n` entries per matrix keeps the refusal."""
     matrix = CASES["tridiagonal_3"]
     with pytest.raises(
-        qs.MaterialisationError, match=r"Refusing to materialise.*`slice`"
+        qs.StructuredMaterialisationError, match=r"Refusing to materialise.*`slice`"
     ):
         quax.quaxify(lambda m: m[:2, :2])(matrix)

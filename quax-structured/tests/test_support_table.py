@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import quax
 import scipy.linalg
-from quax_structured import MaterialisationError, StructuredMatrix
+from quax_structured import StructuredMaterialisationError, StructuredMatrix
 from quax_structured._table import (
     BEGIN,
     END,
@@ -178,7 +178,7 @@ def test_refused_cells_name_the_way_out(structure):
     for operation in OPERATIONS:
         if cell(operation, structure) != "refused":
             continue  # checked by `test_cells_match_dense`
-        with pytest.raises(MaterialisationError) as info:
+        with pytest.raises(StructuredMaterialisationError) as info:
             _run([operation], matrix)
         message = str(info.value)
         assert "allow_materialise=True" in message, operation

@@ -1,8 +1,8 @@
 """The accuracy an untagged `Toeplitz`'s `jnp.linalg.solve` and `slogdet` promise
-(quax-structured's README, Pivoting): a backward error of at most `(16 + n / 4)
-eps` by either route (the Levinson recursion, checked; GKO where the check fails;
-NaN where neither meets it), and the forward error that follows from it
-(`toeplitz_guarantee` in `conftest.py`), against float64 NumPy."""
+(quax-structured's documentation page, Pivoting): a backward error of at most
+`(16 + n / 4) eps` by either route (the Levinson recursion, checked; GKO where the
+check fails; NaN where neither meets it), and the forward error that follows from
+it (`toeplitz_guarantee` in `conftest.py`), against float64 NumPy."""
 
 import functools as ft
 

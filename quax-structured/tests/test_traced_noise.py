@@ -230,7 +230,9 @@ def test_ieee_strict_refuses_a_traced_noise():
         m, _ = _structures(jnp.float64)["Diagonal"]
         traced = jax.jit(quax.quaxify(lambda m, s: m + s * jnp.eye(N)))
         with ieee_strict():
-            with pytest.raises(qs.MaterialisationError, match="primitive `add`"):
+            with pytest.raises(
+                qs.StructuredMaterialisationError, match="primitive `add`"
+            ):
                 traced(m, 0.5)
             out = jax.jit(quax.quaxify(lambda m: m + 0.5 * jnp.eye(N)))(m)
         assert isinstance(out, qs.Diagonal)

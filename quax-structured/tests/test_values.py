@@ -40,7 +40,9 @@ def test_refuses_to_materialise():
         "`allow_materialise=False`",
     ):
         t.materialise()
-    with pytest.raises(qs.MaterialisationError, match=r"primitive `exp`.*enable_mat"):
+    with pytest.raises(
+        qs.StructuredMaterialisationError, match=r"primitive `exp`.*enable_mat"
+    ):
         quax.quaxify(jnp.exp)(t)
     # Allowed: the dense fallback runs.
     out = quax.quaxify(jnp.exp)(t.enable_materialise())
@@ -76,7 +78,9 @@ def test_refuses_to_materialise():
     ],
 )
 def test_dense_meaning(matrix, expected):
-    with pytest.raises(qs.MaterialisationError, match="Refusing to materialise"):
+    with pytest.raises(
+        qs.StructuredMaterialisationError, match="Refusing to materialise"
+    ):
         matrix.materialise()
     np.testing.assert_array_equal(matrix.enable_materialise().materialise(), expected)
     assert matrix.shape == np.shape(expected)

@@ -194,6 +194,6 @@ def test_angle_of_a_quantity_tangent() -> None:
 def test_angle_reverse() -> None:
     # Transposing `jnp.imag` binds `complex` of a plain zero and the quantity
     # cotangent, which quax-units' `complex` rule gives its units (before it, this
-    # raised a `MaterialisationError`): see test_complex_derivatives.py.
+    # raised a `UnitsMaterialisationError`): see test_complex_derivatives.py.
     got = quax.quaxify(jax.grad(lambda z: jnp.sum(phase(z))))(zq)
     _assert_close(got, jax.grad(lambda z: jnp.sum(phase_dense(z)))(z))

@@ -8,7 +8,7 @@ Each is compared with the same computation in plain JAX on the SI numbers (volts
 amperes, metres, radians). Transposing `real` and `imag` (reverse mode through any
 complex quantity) binds `complex` of a plain zero and a quantity cotangent: before
 quax-units had a rule for `complex`, every reverse-mode case below through `real`,
-`imag`, `angle` or `norm` raised a `MaterialisationError`. JAX's derivative of
+`imag`, `angle` or `norm` raised a `UnitsMaterialisationError`. JAX's derivative of
 `abs` of a complex number divides by `where(|z| == 0, 1, |z|)`, a plain 1 beside a
 quantity: inside `quax.quaxify` it is refused with a message naming the ways out,
 which are tested here too.

@@ -247,8 +247,8 @@ def test_the_materialisation_policy_is_the_cores():
     assert issubclass(Quantity, quax.GuardedValue)
     # The refusal is a `UnitError`, as it always was, and a
     # `quax.MaterialisationError`, as every family's is.
-    assert issubclass(quax_units.MaterialisationError, UnitError)
-    assert issubclass(quax_units.MaterialisationError, quax.MaterialisationError)
+    assert issubclass(quax_units.UnitsMaterialisationError, UnitError)
+    assert issubclass(quax_units.UnitsMaterialisationError, quax.MaterialisationError)
     with pytest.raises(
         quax.MaterialisationError,
         match=r"^Refusing to materialise `Quantity` with `allow_materialise=False`, "

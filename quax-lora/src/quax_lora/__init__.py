@@ -33,8 +33,8 @@ from ._serving import (
 from ._value import (
     CorruptAdapterError as CorruptAdapterError,
     LoraArray as LoraArray,
+    LoraMaterialisationError as LoraMaterialisationError,
     LoraWarning as LoraWarning,
-    MaterialisationError as MaterialisationError,
     RankWarning as RankWarning,
 )
 from ._variants import (
@@ -43,3 +43,10 @@ from ._variants import (
     unstack_adapters as unstack_adapters,
     with_dropout_key as with_dropout_key,
 )
+
+
+# Every family names its refusal after itself (`LoraMaterialisationError`), so
+# that the errors of families imported side by side, and the core's
+# `quax.MaterialisationError` they subclass, keep distinct names. 0.5.0 documented this
+# one as `quax_lora.MaterialisationError`: kept as an alias, the same class.
+MaterialisationError = LoraMaterialisationError

@@ -50,7 +50,7 @@ from ._peft import (
     summarise,
     write_peft,
 )
-from ._value import LoraArray, LoraWarning, MaterialisationError
+from ._value import LoraArray, LoraMaterialisationError, LoraWarning
 
 
 __all__ = [
@@ -361,7 +361,7 @@ def merge(model: PyTree) -> PyTree:
 
     **Raises:**
 
-    A [`quax_lora.MaterialisationError`][] (a `RuntimeError`) when a `w` is a
+    A [`quax_lora.LoraMaterialisationError`][] (a `RuntimeError`) when a `w` is a
     `quax.ArrayValue` (a quantised base weight, for QLoRA) that refuses to be
     densified: the dense sum needs it densified. Allow it on that value first
     (e.g. `.enable_materialise()`, or `allow_materialise=True` where it was made),
@@ -376,7 +376,7 @@ def merge(model: PyTree) -> PyTree:
             try:
                 w = w.materialise()
             except RuntimeError as e:
-                raise MaterialisationError(
+                raise LoraMaterialisationError(
                     f"quax_lora.merge cannot form w + s * a @ b for a LoraArray of "
                     f"shape {x.shape} whose base weight w is a "
                     f"{type(x.w).__qualname__} that cannot be densified: {e} Allow "

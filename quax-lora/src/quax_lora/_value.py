@@ -21,7 +21,7 @@ __all__ = [
     "CorruptAdapterError",
     "LoraArray",
     "LoraWarning",
-    "MaterialisationError",
+    "LoraMaterialisationError",
     "RankWarning",
 ]
 
@@ -43,7 +43,7 @@ class RankWarning(LoraWarning):
     parameters and work and no expressiveness."""
 
 
-class MaterialisationError(quax.MaterialisationError):
+class LoraMaterialisationError(quax.MaterialisationError):
     """A `LoraArray` with `allow_materialise=False` met an operation that has no
     LoRA rule and would need the dense `w + a @ b`. Its message starts with
     "Refusing to materialise `LoraArray`", as the published quax's refusals do;
@@ -104,7 +104,7 @@ class LoraArray(quax.GuardedValue):
         changed base only loads into a model whose base was changed alike.
 
     It follows the core's materialisation policy ([`quax.GuardedValue`][]): an
-    operation without a LoRA rule raises a [`quax_lora.MaterialisationError`][]
+    operation without a LoRA rule raises a [`quax_lora.LoraMaterialisationError`][]
     naming the primitive, the types and the way out, unless
     `allow_materialise=True` (or `.enable_materialise()`, which returns a copy
     sharing `w`, `a` and `b`).
@@ -127,7 +127,7 @@ class LoraArray(quax.GuardedValue):
     # derivative meets it densified (or refused), never rebuilt from tangents.
     linear_in_leaves: ClassVar[bool] = False
     materialisation_error: ClassVar[type[quax.MaterialisationError]] = (
-        MaterialisationError
+        LoraMaterialisationError
     )
 
     w: Array | quax.ArrayValue
@@ -181,7 +181,7 @@ class LoraArray(quax.GuardedValue):
             static, so not a traced one). `None` (the default) multiplies it by
             one.
         - `allow_materialise`: what to do on an operation without a LoRA rule:
-            raise a `MaterialisationError` (a `RuntimeError` whose message starts
+            raise a `LoraMaterialisationError` (a `RuntimeError` whose message starts
             "Refusing to materialise") naming it (`False`, the default), or form
             the dense `w + s * a @ b` and carry on (`True`).
         - `stop_gradient`: whether `w` is frozen (no gradient flows to it).

@@ -46,9 +46,9 @@ from ._model import (
 from ._quantise import quantise as quantise, quantize as quantize
 from ._value import (
     FORMATS as FORMATS,
-    MaterialisationError as MaterialisationError,
     QuantisedArray as QuantisedArray,
     QuantisedScale as QuantisedScale,
+    QuantMaterialisationError as QuantMaterialisationError,
 )
 
 
@@ -56,3 +56,10 @@ QuantizedArray = QuantisedArray
 quantize_model = quantise_model
 save_quantized = save_quantised
 load_quantized = load_quantised
+
+
+# Every family names its refusal after itself (`QuantMaterialisationError`), so
+# that the errors of families imported side by side, and the core's
+# `quax.MaterialisationError` they subclass, keep distinct names. 0.5.0 documented this
+# one as `quax_quant.MaterialisationError`: kept as an alias, the same class.
+MaterialisationError = QuantMaterialisationError

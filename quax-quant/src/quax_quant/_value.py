@@ -22,7 +22,7 @@ __all__ = [
     "FLOAT8_FORMATS",
     "FORMATS",
     "MATMUL_PATHS",
-    "MaterialisationError",
+    "QuantMaterialisationError",
     "QuantisedArray",
     "QuantisedScale",
     "dtype_of",
@@ -48,7 +48,7 @@ _PATHS_OF = {
 }
 
 
-class MaterialisationError(quax.MaterialisationError):
+class QuantMaterialisationError(quax.MaterialisationError):
     """A `QuantisedArray` with `allow_materialise=False` met an operation that has
     no quantised rule and would need the dequantised float array. Its message starts
     with "Refusing to materialise `QuantisedArray`", as the core's policy
@@ -304,7 +304,7 @@ class QuantisedArray(quax.GuardedValue):
     integers accumulating in `int32`. `transpose`, `reshape`, slicing, squeezing,
     negation, multiplication by a scalar and float dtype conversion keep the
     quantisation; any other primitive raises a
-    [`quax_quant.MaterialisationError`][] naming it, unless the array was made with
+    [`quax_quant.QuantMaterialisationError`][] naming it, unless the array was made with
     `allow_materialise=True`: the core's materialisation policy
     ([`quax.GuardedValue`][]).
 
@@ -369,7 +369,7 @@ class QuantisedArray(quax.GuardedValue):
 
     linear_in_leaves: ClassVar[bool] = False
     materialisation_error: ClassVar[type[quax.MaterialisationError]] = (
-        MaterialisationError
+        QuantMaterialisationError
     )
 
     def __check_init__(self) -> None:

@@ -20,12 +20,19 @@ from ._values import (
     BCOO as BCOO,
     CSR as CSR,
     BlockSparse as BlockSparse,
-    MaterialisationError as MaterialisationError,
     PendingSolve as PendingSolve,
     SparseLU as SparseLU,
+    SparseMaterialisationError as SparseMaterialisationError,
     cho_factor as cho_factor,
     lu_factor as lu_factor,
 )
 
 
 fromdense = BCOO.fromdense
+
+
+# Every family names its refusal after itself (`SparseMaterialisationError`), so
+# that the errors of families imported side by side, and the core's
+# `quax.MaterialisationError` they subclass, keep distinct names. 0.5.0 documented this
+# one as `quax_sparse.MaterialisationError`: kept as an alias, the same class.
+MaterialisationError = SparseMaterialisationError

@@ -33,10 +33,10 @@ from ._values import (
     LowerTriangular as LowerTriangular,
     LowRank as LowRank,
     LowRankPlusDiagonal as LowRankPlusDiagonal,
-    MaterialisationError as MaterialisationError,
     Product as Product,
     ScaledIdentity as ScaledIdentity,
     Semiseparable as Semiseparable,
+    StructuredMaterialisationError as StructuredMaterialisationError,
     StructuredMatrix as StructuredMatrix,
     Sum as Sum,
     Toeplitz as Toeplitz,
@@ -74,3 +74,10 @@ VALUE_TYPES = (
     Sum,
     Product,
 )
+
+
+# Every family names its refusal after itself (`StructuredMaterialisationError`), so
+# that the errors of families imported side by side, and the core's
+# `quax.MaterialisationError` they subclass, keep distinct names. 0.5.0 documented this
+# one as `quax_structured.MaterialisationError`: kept as an alias, the same class.
+MaterialisationError = StructuredMaterialisationError

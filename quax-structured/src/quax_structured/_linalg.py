@@ -34,7 +34,7 @@ from ._kernels import (
 )
 from ._values._base import (
     FUNCTION_JVP_RULES,
-    MaterialisationError,
+    StructuredMaterialisationError,
     StructuredMatrix,
     jvp_over_leaves,
 )
@@ -130,7 +130,7 @@ def _kronecker_sum_svd(x: Sum, compute_uv: bool) -> list[Array] | None:
         return _symmetric_svd(*kron_sum_eigh(sides), compute_uv)
     if x.allow_materialise:
         return None
-    raise MaterialisationError(
+    raise StructuredMaterialisationError(
         "Refusing to materialise a Kronecker sum `A ⊗ I + I ⊗ B` (a `Sum` of "
         "`Kronecker`s) for `jnp.linalg.svd`/`svdvals`: its singular values follow "
         "from its factors' only where it is real and symmetric, which quax-structured "

@@ -21,7 +21,7 @@ from ._kernels import keep_or_scale
 from ._linalg import EXPM_TYPES, eigh_of, expm_of, pinv_of, qr_of, svd_of
 from ._values._banded import Banded
 from ._values._base import (
-    MaterialisationError,
+    StructuredMaterialisationError,
     StructuredMatrix,
     empty_as_dense,
     holds_no_entries,
@@ -368,7 +368,7 @@ def _refuse_dense(values: list[Any], x: StructuredMatrix, y: Any, sign: int) -> 
         return _fallback(primitive, values, {})
     op = "+" if sign == 1 else "-"
     name = type(x).__name__
-    raise MaterialisationError(
+    raise StructuredMaterialisationError(
         f"Refusing to materialise `{name}` for primitive `{primitive.name}` with a "
         f"dense `{jnp.shape(y)}` operand: {x.refusal_reason()}, and the program "
         "does not show that operand to be a scalar times a constant diagonal (as "
@@ -797,7 +797,7 @@ def _(x: HalfSolved, *, new_sizes: Any, dimensions: Any, **params: Any) -> HalfS
     `HalfSolved` stays one."""
     del params
     if dimensions is not None:
-        raise MaterialisationError(
+        raise StructuredMaterialisationError(
             "Refusing to materialise `HalfSolved` (primitive `reshape` with "
             f"`dimensions`): {x.way_out()}"
         )
@@ -809,7 +809,7 @@ def _(x: HalfSolved, *, new_sizes: Any, dimensions: Any, **params: Any) -> HalfS
 # `svd` (and through it `jnp.linalg.lstsq`, `pinv`, `svdvals`), `qr`, `eigh` of
 # the structures the generic `eigh` rule above leaves out, and
 # `jax.scipy.linalg.expm`, intercepted at its nested `jit`. Every structure
-# without an algorithm refuses (`MaterialisationError`, naming the way out).
+# without an algorithm refuses (`StructuredMaterialisationError`, naming the way out).
 
 
 @_register(lax.linalg.svd_p)
@@ -916,7 +916,7 @@ def _(
         # JAX's own dense path, on the dense matrix (its intermediate products
         # would otherwise be structures that may not densify).
         return call(x.materialise())
-    raise MaterialisationError(
+    raise StructuredMaterialisationError(
         f"Refusing to materialise `{type(x).__name__}` for "
         "`jax.scipy.linalg.expm` (a nested `jit` named `expm`): "
         "quax-structured computes the matrix exponential of "

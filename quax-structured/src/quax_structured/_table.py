@@ -18,7 +18,7 @@ import numpy as np
 import quax
 
 from ._values._banded import Banded
-from ._values._base import MaterialisationError, StructuredMatrix
+from ._values._base import StructuredMaterialisationError, StructuredMatrix
 from ._values._blockdiagonal import BlockDiagonal
 from ._values._circulant import Circulant
 from ._values._diagonal import Diagonal, ScaledIdentity
@@ -172,7 +172,7 @@ def _probe(out: Any) -> Any:
 @ft.cache
 def cell(operation: str, structure: str) -> str:
     """The table's cell for `operation` on `structure`: `refused` where the rules
-    refuse (a `MaterialisationError`), else the structured outputs' types, or
+    refuse (a `StructuredMaterialisationError`), else the structured outputs' types, or
     `yes` where every output is a plain array."""
     matrix = _example(structure)
     kinds: list[type] = []
@@ -186,7 +186,7 @@ def cell(operation: str, structure: str) -> str:
 
     try:
         jax.eval_shape(run)
-    except MaterialisationError:
+    except StructuredMaterialisationError:
         return "refused"
     names = [f"`{k.__name__}`" for k in kinds if issubclass(k, StructuredMatrix)]
     return ", ".join(names) if names else "yes"

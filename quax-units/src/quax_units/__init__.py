@@ -47,11 +47,18 @@ from ._systems import (
 )
 from ._units import Unit as Unit, unit as unit
 from ._value import (
-    MaterialisationError as MaterialisationError,
     Quantity as Quantity,
     Unitful as Unitful,
+    UnitsMaterialisationError as UnitsMaterialisationError,
     ustrip as ustrip,
 )
 
 
 __version__ = "0.1.0"
+
+
+# Every family names its refusal after itself (`UnitsMaterialisationError`), so
+# that the errors of families imported side by side, and the core's
+# `quax.MaterialisationError` they subclass, keep distinct names. 0.5.0 documented this
+# one as `quax_units.MaterialisationError`: kept as an alias, the same class.
+MaterialisationError = UnitsMaterialisationError

@@ -30,7 +30,7 @@ from ._units import (
 
 
 __all__ = [
-    "MaterialisationError",
+    "UnitsMaterialisationError",
     "Quantity",
     "Unitful",
     "fits_any_unit",
@@ -39,7 +39,7 @@ __all__ = [
 ]
 
 
-class MaterialisationError(UnitError, quax.MaterialisationError):
+class UnitsMaterialisationError(UnitError, quax.MaterialisationError):
     """A `Quantity` with dimensions refused to become a plain array: turning it
     into its numbers would drop its units. Raised by `materialise()` and by a
     primitive that has no rule for quantities, unless the quantity allows it
@@ -147,7 +147,7 @@ class Quantity(quax.OperatorMethods, quax.GuardedValue):
     - `allow_materialise`: whether the quantity may drop its units and become its
         SI-coherent numbers: in `materialise()`, and for a primitive without a rule
         for quantities, which then runs on the numbers (default: refuse, with a
-        [`quax_units.MaterialisationError`][]). A dimensionless quantity is a
+        [`quax_units.UnitsMaterialisationError`][]). A dimensionless quantity is a
         number: it always may, and its flag is `True` whatever is passed. See
         `enable_materialise`.
 
@@ -199,7 +199,7 @@ class Quantity(quax.OperatorMethods, quax.GuardedValue):
     # and cotangents of `custom_jvp`/`custom_vjp` functions keep their units.
     linear_in_leaves: ClassVar[bool] = True
     materialisation_error: ClassVar[type[quax.MaterialisationError]] = (
-        MaterialisationError
+        UnitsMaterialisationError
     )
 
     # NumPy arrays defer to these operators instead of broadcasting over the object.

@@ -10,13 +10,16 @@ A newcomer opening any family finds the same files in the same roles:
 - kernels (optional): `_kernels.py`, or a `_kernels/` package: the numerical
     routines the rules call, on plain arrays;
 - model (optional): `_model.py`: model-level helpers (`loraify`, `quantise_model`);
+- nnx (optional): `_nnx.py`: the model helpers' work on Flax NNX models, which the
+    model module calls (Flax stays optional: it never imports Flax);
 - plugin: `_plugin.py`: the `quax.hookspecs` hooks, and no rules.
 
 Other private modules (`_units.py`, say) support the values and rules; public
 modules (`constants.py`) are API. Imports run one way: kernels import none of the
 values, rules, model or plugin; the values and the supporting modules import none
 of the rules, model or plugin; the rules do not import the model or the plugin; the
-model does not import the plugin. No module but the plugin imports the family's own
+NNX module imports none of the rules, model or plugin; the model does not import the
+plugin. No module but the plugin imports the family's own
 top-level package, and no import cycle stands between the family's modules (imports
 inside functions count: a deferred import hides a cycle, it does not break it).
 """
@@ -42,6 +45,7 @@ _ROLES = {
     "_rules": "rules",
     "_kernels": "kernels",
     "_model": "model",
+    "_nnx": "nnx",
     "_plugin": "plugin",
 }
 # What each role may not import (by role).
@@ -50,6 +54,7 @@ _FORBIDDEN = {
     "values": {"rules", "model", "plugin"},
     "support": {"rules", "model", "plugin"},
     "rules": {"model", "plugin"},
+    "nnx": {"rules", "model", "plugin"},
     "model": {"plugin"},
 }
 _REGISTER = {"register", "register_elementwise"}
@@ -218,7 +223,8 @@ def family_layout_problems(package: str | ModuleType) -> list[str]:
                 problems.append(
                     f"{name}.{relative} (line {line}) imports {name}.{target}: the "
                     f"{role} must not import the {_role(target)} (imports run "
-                    "kernels <- values <- rules <- model <- plugin)"
+                    "kernels <- values <- rules <- model <- plugin, and values <- "
+                    "nnx <- model)"
                 )
     for cycle in _cycles(graph):
         problems.append(
@@ -263,8 +269,8 @@ def _policy_problems(name: str, package: ModuleType) -> list[str]:
 def assert_family_layout(package: str | ModuleType) -> None:
     """Check that the family `package` follows the layout every family shares: its
     modules in their roles (`_value.py` or `_values/`, `_rules.py`, `_kernels.py`,
-    `_model.py`, `_plugin.py`), every rule registered in the rules, imports that run
-    one way with no cycle, and the core's materialisation policy
+    `_model.py`, `_nnx.py`, `_plugin.py`), every rule registered in the rules,
+    imports that run one way with no cycle, and the core's materialisation policy
     ([`quax.GuardedValue`][], [`quax.MaterialisationError`][]).
 
     ```python

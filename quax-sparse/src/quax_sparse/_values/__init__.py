@@ -1,10 +1,12 @@
 """The value types: `BCOO` (batch-coordinate format), `CSR` (compressed sparse rows),
-`BlockSparse` (a matrix of dense blocks),
-the factorisation of a sparse direct solve (`SparseLU`, with `PendingSolve` between
-its two triangular solves), and their refusal, `MaterialisationError`; one module per
-type."""
+`BlockSparse` (a matrix of dense blocks), the factorisation of a sparse direct solve
+(`SparseLU`, with `PendingSolve` between its two triangular solves), and their
+refusal, `SparseMaterialisationError`; one module per type."""
 
-from ._bcoo import BCOO as BCOO, MaterialisationError as MaterialisationError
+from ._bcoo import (
+    BCOO as BCOO,
+    SparseMaterialisationError as SparseMaterialisationError,
+)
 from ._block import BlockSparse as BlockSparse
 from ._csr import CSR as CSR
 from ._factor import (

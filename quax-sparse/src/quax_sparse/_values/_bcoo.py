@@ -19,10 +19,10 @@ from .._kernels import flat_entries, gather, scatter_add, sum_duplicates
 from .._superlu import inverse_at
 
 
-__all__ = ["BCOO", "MaterialisationError", "SparseValue"]
+__all__ = ["BCOO", "SparseMaterialisationError", "SparseValue"]
 
 
-class MaterialisationError(quax.MaterialisationError):
+class SparseMaterialisationError(quax.MaterialisationError):
     """A sparse array (`BCOO`, `CSR`) with `allow_materialise=False` met an operation
     that has no sparse rule and would need its dense array. A
     [`quax.MaterialisationError`][] (so a `RuntimeError`): the message starts with
@@ -413,7 +413,7 @@ class SparseValue(quax.GuardedValue):
     """What the family's sparse arrays (`BCOO`, `CSR`, `BlockSparse`) share: stored
     values `data` at positions `indices`, the shape given to the constructor
     (`_shape`), an array linear in `data`, the family's refusal
-    (`MaterialisationError`), and `.todense()` named as a way out of it."""
+    (`SparseMaterialisationError`), and `.todense()` named as a way out of it."""
 
     data: Array
     indices: Array
@@ -421,7 +421,7 @@ class SparseValue(quax.GuardedValue):
 
     linear_in_leaves: ClassVar[bool] = True
     materialisation_error: ClassVar[type[quax.MaterialisationError]] = (
-        MaterialisationError
+        SparseMaterialisationError
     )
 
     def way_out(self, primitive: Primitive | None = None) -> str:
@@ -446,7 +446,7 @@ class BCOO(SparseValue):
 
     Inside [`quax.quaxify`][], products, sums and elementwise functions with
     `f(0) = 0` cost what the stored entries cost; every other operation raises a
-    [`quax_sparse.MaterialisationError`][] naming the primitive, unless the array
+    [`quax_sparse.SparseMaterialisationError`][] naming the primitive, unless the array
     allows materialising: the core's materialisation policy
     ([`quax.GuardedValue`][]), with `enable_materialise(allow=True)`.
 

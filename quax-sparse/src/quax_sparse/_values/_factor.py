@@ -16,7 +16,7 @@ from jaxtyping import Array, ArrayLike
 from .._cusolver import resolve_route, solve as device_solve
 from .._kernels import dot_sparse_dense
 from .._superlu import factor as host_factor, solve as host_solve
-from ._bcoo import BCOO, MaterialisationError
+from ._bcoo import BCOO, SparseMaterialisationError
 from ._csr import CSR
 
 
@@ -200,7 +200,7 @@ class SparseLU(quax.GuardedValue):
 
     linear_in_leaves: ClassVar[bool] = False
     materialisation_error: ClassVar[type[quax.MaterialisationError]] = (
-        MaterialisationError
+        SparseMaterialisationError
     )
 
     def aval(self) -> jax.core.ShapedArray:
@@ -314,7 +314,7 @@ class PendingSolve(quax.GuardedValue):
 
     linear_in_leaves: ClassVar[bool] = False
     materialisation_error: ClassVar[type[quax.MaterialisationError]] = (
-        MaterialisationError
+        SparseMaterialisationError
     )
 
     def aval(self) -> jax.core.ShapedArray:

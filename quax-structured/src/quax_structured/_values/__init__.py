@@ -6,7 +6,7 @@ return; `_composite` the lazy `Sum` and `Product`."""
 
 from ._banded import Banded as Banded
 from ._base import (
-    MaterialisationError as MaterialisationError,
+    StructuredMaterialisationError as StructuredMaterialisationError,
     StructuredMatrix as StructuredMatrix,
 )
 from ._blockdiagonal import BlockDiagonal as BlockDiagonal

@@ -18,7 +18,7 @@ from jaxtyping import Array
 
 __all__ = [
     "FUNCTION_JVP_RULES",
-    "MaterialisationError",
+    "StructuredMaterialisationError",
     "StructuredMatrix",
     "empty_as_dense",
     "holds_no_entries",
@@ -151,7 +151,7 @@ def _slogdet_rule(fun: Any, primals: list[Any], tangents: list[Any]) -> tuple:
     return [sign, logdet], [sign_dot.astype(sign.dtype), logdet_dot * singular]
 
 
-class MaterialisationError(quax.MaterialisationError):
+class StructuredMaterialisationError(quax.MaterialisationError):
     """A structured matrix with `allow_materialise=False` met an operation that has
     no structured rule and would need its dense `(n, n)` array."""
 
@@ -164,7 +164,7 @@ class StructuredMatrix(quax.GuardedValue):
     rules call (`matmat`, `transpose`, ...). The materialisation policy is
     `quax.GuardedValue`'s: the keyword-only static field `allow_materialise`
     (default `False`), `enable_materialise()`, and a refusal naming the primitive
-    (a `quax_structured.MaterialisationError`) for every operation without a
+    (a `quax_structured.StructuredMaterialisationError`) for every operation without a
     rule, unless `allow_materialise=True`.
     """
 
@@ -176,7 +176,7 @@ class StructuredMatrix(quax.GuardedValue):
     # Whether the dense array is a linear function of the float leaves.
     linear_in_leaves: ClassVar[bool] = True
     materialisation_error: ClassVar[type[quax.MaterialisationError]] = (
-        MaterialisationError
+        StructuredMaterialisationError
     )
     # Whether the dense array is a polynomial in the leaves with real coefficients
     # (entries placed, summed, multiplied), so that conjugating every leaf

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 from jaxtyping import Array
 
 from .._kernels import circulant_eigh, circular_convolve
-from ._base import MaterialisationError, StructuredMatrix, sequence_as_array
+from ._base import StructuredMaterialisationError, StructuredMatrix, sequence_as_array
 from ._determinant import DeterminantLU
 
 
@@ -72,7 +72,7 @@ class SolverLU(StructuredMatrix):
 
     def dense(self) -> Array:
         name = type(self).__name__
-        raise MaterialisationError(
+        raise StructuredMaterialisationError(
             f"Refusing to materialise `{name}`: {self.way_out(None)}"
         )
 

@@ -14,7 +14,7 @@ import quax
 from jax import lax
 from jaxtyping import Array
 
-from ._base import MaterialisationError, StructuredMatrix
+from ._base import StructuredMaterialisationError, StructuredMatrix
 
 
 __all__ = ["DeterminantLU", "HalfSolved"]
@@ -207,7 +207,7 @@ class DeterminantLU(StructuredMatrix):
             or not hasattr(self.matrix, "pivoted_solve")
             or b.solution.shape != b.first_shape
         ):
-            raise MaterialisationError(
+            raise StructuredMaterialisationError(
                 "Refusing to materialise `HalfSolved` (primitive `triangular_solve`): "
                 f"{b.way_out()}"
             )
@@ -285,6 +285,6 @@ class HalfSolved(quax.ArrayValue):
         )
 
     def materialise(self) -> Array:
-        raise MaterialisationError(
+        raise StructuredMaterialisationError(
             f"Refusing to materialise `HalfSolved`: {self.way_out()}"
         )

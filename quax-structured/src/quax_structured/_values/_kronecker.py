@@ -31,7 +31,7 @@ from .._kernels import (
     shifted_kron_pivots,
     shifted_kron_solve,
 )
-from ._base import MaterialisationError, StructuredMatrix
+from ._base import StructuredMaterialisationError, StructuredMatrix
 from ._circulant import SolverLU
 from ._determinant import DeterminantLU
 from ._diagonal import Diagonal, ScaledIdentity
@@ -781,7 +781,7 @@ class KroneckerLU(_Factors):
         return jnp.where(i == j, upper, jnp.nan)
 
     def dense(self) -> Array:
-        raise MaterialisationError(
+        raise StructuredMaterialisationError(
             "Refusing to materialise `KroneckerLU`: it solves with the row "
             "permutation of a `Kronecker` product's LU folded in (`lu` returns the "
             "identity pivots), so as a packed LU matrix its lower triangle would "

@@ -16,7 +16,7 @@ from .._kernels import (
     on_diagonal,
     tridiagonal_solve,
 )
-from ._base import MaterialisationError, StructuredMatrix, sequence_as_array
+from ._base import StructuredMaterialisationError, StructuredMatrix, sequence_as_array
 from ._determinant import DeterminantLU
 
 
@@ -442,7 +442,7 @@ def _no_derivative(fn):
 
     @wrapped.defjvp
     def _(primals, tangents):
-        raise MaterialisationError(
+        raise StructuredMaterialisationError(
             "Refusing to differentiate the eigenvalues of a `TridiagonalMatrix` "
             "(primitive `eigh`): their derivative needs the eigenvectors, which "
             "quax-structured does not compute. Pass `allow_materialise=True` to "
@@ -488,7 +488,7 @@ class TridiagonalEigenvectors(StructuredMatrix):
         )
 
     def dense(self) -> Array:
-        raise MaterialisationError(
+        raise StructuredMaterialisationError(
             "Refusing to materialise `TridiagonalEigenvectors` (the output of "
             f"primitive `eigh`). {self.way_out(None)}"
         )
