@@ -1,0 +1,44 @@
+"""Symbolic zeros: tests that kill mutants of `quax/zero/_rules.py` which the other
+test files let through (`scripts/mutation.sh zero-rules`; docs/mutation.md lists each
+surviving mutant and the test that kills it). References are plain JAX on the dense
+zeros."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import quax
+import quax.zero
+from quax.zero import Zero
+
+
+def test_strict_keeps_a_zero_times_a_traced_integer_symbolic() -> None:
+    # Inside `ieee_strict()`, a zero times a floating operand known only at run time
+    # is computed densely (it could be inf or NaN); an integer operand cannot be, so
+    # the product stays a symbolic zero (mutants: `_could_be_nonfinite` answering
+    # "could be" for integers).
+    z = Zero((3,), jnp.int32)
+    y = jnp.array([5, -7, 0], jnp.int32)
+    with quax.zero.ieee_strict():
+        out = jax.jit(quax.quaxify(jnp.multiply))(z, y)
+    assert isinstance(out, Zero)
+    assert (out.shape, out.dtype) == ((3,), jnp.int32)
+    np.testing.assert_array_equal(out.materialise(), jnp.zeros(3, jnp.int32) * y)
+
+
+def _sign_bits(x: jax.Array) -> tuple[np.ndarray, np.ndarray]:
+    array = np.asarray(x)
+    return np.signbit(np.real(array)), np.signbit(np.imag(array))
+
+
+def test_complex_zero_times_a_traced_operand_has_the_dense_signs() -> None:
+    # A complex operand known only at run time is read as `1 + 0j` (positive finite,
+    # documented). `(-0 - 0j) * (1 + 0j)` is `+0 - 0j`, while `(1 - 0j)` would give
+    # `-0 + 0j` (mutant: the operand's imaginary sign). The reference is plain JAX on
+    # the dense zeros and an operand that is `1 + 0j` times a positive number.
+    z = Zero((2,), jnp.complex64, negative=(True, True))
+    y = jnp.array([1 + 0j, 2.5 + 0j], jnp.complex64)
+    out = jax.jit(quax.quaxify(jnp.multiply))(z, y)
+    assert isinstance(out, Zero)
+    dense = z.materialise() * y
+    for got, want in zip(_sign_bits(out.materialise()), _sign_bits(dense), strict=True):
+        np.testing.assert_array_equal(got, want)

@@ -1,0 +1,120 @@
+#!/usr/bin/env bash
+# Mutation testing (mutmut) of one module: every one-line change mutmut can plant in it
+# (an operator, a constant, a comparison, a dropped argument...) is run against a fast
+# selection of the tests that exercise that module, and each mutant the tests let
+# through is a missing test or an equivalent change. On demand, never in CI: one module
+# takes minutes to an hour or more. docs/mutation.md has the kill rates measured, each
+# surviving mutant's verdict, and which modules have not been run.
+#
+#   bash scripts/mutation.sh list              # the targets, their modules and tests
+#   bash scripts/mutation.sh TARGET [ARGS...]  # mutate TARGET's module, run its tests
+#
+# ARGS go to `mutmut run` (mutant names, or `--max-children N`; the default is one
+# child process, niced, as the machine is shared). The run works in a copy, under
+# build/mutation/TARGET/ (the distribution's `src/` and `tests/`, the root conftest.py,
+# and a pyproject.toml holding the root's pytest settings and mutmut's), so the
+# checkout is never changed; a second run of the same target reuses the results of
+# the mutants whose function did not change. Afterwards, in that folder:
+#
+#   ../../../.venv/bin/mutmut results           # the mutants not killed
+#   ../../../.venv/bin/mutmut show NAME         # one mutant's diff
+#   ../../../.venv/bin/mutmut export-cicd-stats # the counts, as mutants/mutmut-cicd-stats.json
+#
+# To try a new test on a surviving mutant: add the test under the distribution's
+# tests/, rerun this script with the target and the mutant's name (the copy of the
+# tests is refreshed on every run).
+source "$(dirname "$0")/_env.sh"
+export JAX_PLATFORMS=cpu JAX_CHECK_TRACER_LEAKS=1 QUAX_DEBUG_CHECKS=1
+export XLA_FLAGS="${XLA_FLAGS:-} --xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false"
+
+# TARGET  DISTRIBUTION  MODULE (under the distribution's src/)  TESTS (in its tests/)
+# Each target's tests are the files that exercise that module, chosen so that one run
+# of the unmutated module takes a minute or two: mutmut runs, for each mutant, only
+# the tests that called the mutated function, stopping at the first failure.
+targets=$(
+    cat <<'EOF'
+zero-rules       quax-core        quax/zero/_rules.py              test_zero.py test_zero_signs.py test_zero_preserving.py test_zero_conformance.py test_custom_symbolic_zeros.py test_mutants_zero.py
+zero-value       quax-core        quax/zero/_value.py              test_zero.py test_zero_signs.py test_zero_conformance.py
+caching-keys     quax-core        quax/_caching/_keys.py           test_cache_keys_inputs.py test_cache_keys_types.py test_cache_identity.py test_known_constant.py test_caches.py test_mutants_keys.py
+caching-eager    quax-core        quax/_caching/_eager.py          test_eager.py test_cache_keys_inputs.py test_cache_identity.py
+caching-replay   quax-core        quax/_caching/_replay.py         test_replay.py test_cache_identity.py
+caching-jaxpr    quax-core        quax/_caching/_jaxpr.py          test_nesting.py test_cache_lifetime.py test_cache_identity.py
+dispatch-registry quax-core       quax/_dispatch/_registry.py      test_registry.py test_clients_registry.py test_cache_keys_types.py
+dispatch-staged  quax-core        quax/_dispatch/_staged.py        test_registry.py test_quaxify.py
+dispatch-plugins quax-core        quax/_dispatch/_plugins.py       test_plugins.py test_plugin_faults.py test_plugin_trace_context.py
+transform-trace  quax-core        quax/_transform/_trace.py        test_quaxify.py test_nesting.py test_values.py
+transform-quaxify quax-core       quax/_transform/_quaxify.py      test_quaxify.py test_nesting.py
+lora-rules       quax-lora        quax_lora/_rules.py              test_rules.py test_dot_general.py test_multi_adapter.py
+quant-rules      quax-quant       quax_quant/_rules.py             test_rules.py test_matmul.py
+named-rules      quax-named       quax_named/_rules.py             test_rules.py test_operators.py test_joins.py
+units-rules      quax-units       quax_units/_rules.py             test_rules.py test_operators.py
+sparse-rules     quax-sparse      quax_sparse/_rules.py            test_rules.py test_elementwise.py test_dot_general.py
+structured-rules quax-structured  quax_structured/_rules.py        test_rules.py test_values.py
+EOF
+)
+
+if [ $# -eq 0 ] || [ "$1" = list ]; then
+    echo "$targets"
+    exit 0
+fi
+target=$1
+shift
+row=$(awk -v t="$target" '$1 == t' <<<"$targets")
+if [ -z "$row" ]; then
+    echo "unknown target '$target'; the targets:" >&2
+    echo "$targets" >&2
+    exit 2
+fi
+read -r _ dist module tests <<<"$row"
+
+root=$PWD
+work=build/mutation/$target
+mkdir -p "$work"
+# The distribution's sources and tests, copied afresh (mutmut's own results, under
+# mutants/, are kept between runs).
+rm -rf "$work/src" "$work/tests" "$work/mutants/tests"
+cp -r "$dist/src" "$work/src"
+cp -r "$dist/tests" "$work/tests"
+cp conftest.py "$work/conftest.py"
+find "$work/src" "$work/tests" -name __pycache__ -prune -exec rm -rf {} +
+
+# mutmut's settings, and the root's pytest settings (warnings are errors, the markers),
+# which the copy's tests run under: mutmut runs pytest in the copy's mutants/ folder.
+selection=$(printf '"tests/%s", ' $tests)
+{
+    sed -n '/^\[tool.pytest.ini_options\]/,/^\[tool.ruff\]/p' pyproject.toml | sed '$d'
+    cat <<EOF
+[tool.mutmut]
+source_paths = ["src"]
+only_mutate = ["src/$module"]
+also_copy = ["conftest.py"]
+pytest_add_cli_args_test_selection = [${selection%, }]
+# Where a process imported quax before pytest started, pytest cannot rewrite the
+# asserts of quax.testing's pytest plugin and warns (an error, as every warning).
+pytest_add_cli_args = ["-p", "no:cacheprovider", "-p", "no:xdist", "--hypothesis-seed=0", "-W", "ignore::pytest.PytestAssertRewriteWarning"]
+# Each mutant's tests run in a process forked from a server that has imported
+# nothing of the tests' (`forkserver_warmup = "none"`), never from mutmut's own
+# process: that one ran the tests, and JAX's runtime threads do not survive a fork
+# (the child deadlocks). Nor may the server import quax or a family ahead: their
+# import runs code of the mutated modules (`register` and the functions that
+# register rules, `add_setting`), which would then run unmutated, and every mutant
+# of it would survive unseen.
+process_isolation = "forkserver"
+forkserver_warmup = "none"
+# A mutant's tests time out after 5 times (their unmutated duration + 10 s): each
+# worker collects its tests and compiles its programs anew.
+timeout_multiplier = 5.0
+timeout_constant = 10.0
+EOF
+} >"$work/pyproject.toml"
+# Compiled programs are kept on disk (JAX's persistent cache), so that each worker
+# reads back the programs the unmutated run compiled.
+export JAX_COMPILATION_CACHE_DIR="$root/build/mutation/jax-cache"
+export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0 JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES=0
+
+cd "$work"
+max_children=(--max-children 1)
+for arg in "$@"; do
+    [ "$arg" = --max-children ] && max_children=()
+done
+nice -n 15 "$root/.venv/bin/mutmut" run "${max_children[@]}" "$@"
