@@ -76,7 +76,11 @@ _PROGRAM = textwrap.dedent(
 
 
 def _made(mode: str) -> dict:
-    env = {k: v for k, v in os.environ.items() if k != "QUAX_DISABLE_PLUGIN_AUTOLOAD"}
+    # Each side compiles its programs itself: with JAX's persistent compilation cache
+    # (scripts/test.sh sets one) a side may read the executable the other compiled,
+    # whose text is not what the compiler printed for it (seen on a cold cache).
+    dropped = {"QUAX_DISABLE_PLUGIN_AUTOLOAD", "JAX_COMPILATION_CACHE_DIR"}
+    env = {k: v for k, v in os.environ.items() if k not in dropped}
     done = subprocess.run(
         [sys.executable, "-c", _PROGRAM, mode],
         capture_output=True,

@@ -1,6 +1,6 @@
 """The memoisers that key on user input are cache tables like the others: the signs
 of symbolic zeros' small evaluations (`quax.zero._rules`) and which registered
-function a `jit` body is (`quax._rules._control_flow`) are listed by `python -m
+function a `jit` body is (`quax._rules._functions`) are listed by `python -m
 quax caches`, switched off by `quax.caching(False)`, checked by verify mode, keyed
 by the one key builder (floats by their bits) and hold no jaxpr alive."""
 
@@ -18,7 +18,7 @@ import quax._caching._keys as quax_keys
 import quax._foundation._caches as quax_caches
 import quax.zero._rules as zero_rules
 from jax.extend.core import Primitive
-from quax._rules import _control_flow
+from quax._rules import _functions
 
 from .helpers import Refusing
 
@@ -108,10 +108,10 @@ def _call_a_registered_function() -> None:
 def test_identified_bodies_go_with_their_jaxpr(fresh: Any) -> None:
     del fresh
     _call_a_registered_function()
-    assert len(_control_flow._identified) == 1
+    assert len(_functions._identified) == 1
     jax.clear_caches()  # JAX's own caches hold the traced jaxprs
     gc.collect()
-    assert len(_control_flow._identified) == 0
+    assert len(_functions._identified) == 0
 
 
 def test_verify_mode_checks_identified_bodies(fresh: Any) -> None:
@@ -122,11 +122,11 @@ def test_verify_mode_checks_identified_bodies(fresh: Any) -> None:
     fresh("jaxpr")  # every body shares one entry
     code = inspect.unwrap(scale).__code__
     candidates = [
-        r for rs in _control_flow._registered.values() for r in rs if r.code is code
+        r for rs in _functions._registered.values() for r in rs if r.code is code
     ]
-    assert _control_flow._identify(a_body, candidates) is not None
+    assert _functions._identify(a_body, candidates) is not None
     with pytest.raises(
         quax.CacheMismatchError,
         match=r"(?s)functions of jit bodies.*differ.*: jaxpr;",
     ):
-        _control_flow._identify(other, candidates)
+        _functions._identify(other, candidates)
