@@ -73,6 +73,7 @@ from .._compat import (
     frozen_bytes,
     typeof,
 )
+from .._dispatch._known import ConcreteNeeded
 from .._foundation import _caches
 from .._foundation._rounding import KEEP_BARRIERS, eval_rounding_each_step
 from .._values import _value
@@ -86,14 +87,12 @@ __all__ = [
     "COMPILE_AFTER_AT_FIRST",
     "MAX_CONSTANT_SIZE",
     "MAX_PROGRAMS",
-    "ConcreteNeeded",
     "ConstKey",
     "add_setting",
     "call_compiled",
     "environment_setting",
     "field_layout",
     "programs_traced",
-    "require_concrete",
     "set_eager_compilation",
     "settings_key",
     "value_structure",
@@ -316,21 +315,6 @@ def set_eager_compilation(enabled: bool) -> bool:
     _compiling.set(bool(enabled))
     _programs.clear()
     return previous
-
-
-class ConcreteNeeded(BaseException):
-    """A rule asked for the value of a leaf of the compiled eager program being
-    traced: equation by equation, it would be concrete, and the rule might answer
-    otherwise. The code then runs equation by equation. A `BaseException`, so that
-    a rule's `except Exception` cannot turn it into a more general answer."""
-
-
-def require_concrete(x: Any) -> None:
-    """Raise `ConcreteNeeded` when `x` is a tracer of the compiled eager program
-    being traced (equation by equation, it would be a concrete array)."""
-    trace = eager_program.trace
-    if trace is not None and isinstance(x, Tracer) and x._trace is trace:
-        raise ConcreteNeeded
 
 
 # In a program table: this code and structure run equation by equation.

@@ -76,13 +76,20 @@ from .._compat import (
     staged_since,
     staged_var,
 )
+from .._dispatch._known import known_asks
 from .._foundation import _caches
+from .._foundation._evaluation import (
+    HOST_CALLBACKS,
+    binds_directly,
+    calls_jaxpr,
+    evaluations,
+)
 from .._values import _value
 from .._values._value import is_value, value_classes
-from . import _jaxpr, _keys
+from . import _keys
 from ._eager import field_layout
-from ._jaxpr import binds_directly, jaxpr_holds_staged_values, known_asks
 from ._keys import Identity, constant_key, params_key, static_key
+from ._per_jaxpr import jaxpr_holds_staged_values
 
 
 __all__ = ["MAX_RECORDINGS", "bind", "inline"]
@@ -139,7 +146,7 @@ class _Unconfirmed(NamedTuple):
 # a primitive and its params, or a jaxpr's `id` (its entries go with it).
 _recordings = _caches.JaxprTable("replayed recordings", MAX_RECORDINGS)
 # Primitives never replayed: host callbacks, and those whose params hold a jaxpr.
-_unreplayable: set[Primitive] = set(_jaxpr._CALLBACKS)
+_unreplayable: set[Primitive] = set(HOST_CALLBACKS)
 
 
 def _variable(trace: Any, x: Any) -> bool:
@@ -263,7 +270,7 @@ def _replay_or_run(
     out = run()
     if known_asks() != asked or state.count != materialised:
         _recordings.put(key, _RUN, code)
-    elif code is None and _jaxpr._calls_jaxpr(dict(parts[0][1])):
+    elif code is None and calls_jaxpr(dict(parts[0][1])):
         _unreplayable.add(body)  # its keys would keep jaxprs alive
     else:
         recording = _record(trace, body, leaves, start, outer, out)
@@ -331,7 +338,7 @@ def _replay(trace: Any, recording: _Recording, leaves: list[Any]) -> list[Any]:
         outer = info.name_stack
     else:
         info, outer = None, current_source_info().name_stack
-        for report in _jaxpr._evaluations.reports:
+        for report in evaluations.reports:
             report.total += 1
     env = list(leaves)
     for eqn, atoms, names in recording.equations:
@@ -380,9 +387,10 @@ def _record(
     if eqns is None:
         return None
     here = isinstance(body, Primitive)
-    # A jaxpr's equations are each staged with their step's traceback.
-    steps = () if here else _jaxpr._steps_of(body.jaxpr)
-    tracebacks = {id(s.traceback) for s in steps if s.traceback is not None}
+    # A jaxpr's equations are each staged with their own traceback (see the
+    # interpreter, `quax._transform._interpreter`).
+    sources = () if here else [eqn.source_info for eqn in body.jaxpr.eqns]
+    tracebacks = {id(s.traceback) for s in sources if s.traceback is not None}
 
     def atom(t: Any) -> Any:
         """`(atom, constant)` for an input or output `t`; `None` if it has none."""
@@ -403,8 +411,8 @@ def _record(
         names = eqn.source_info.name_stack
         if (
             eqn.effects
-            or eqn.primitive in _jaxpr._CALLBACKS  # host code: its own each time
-            or _jaxpr._calls_jaxpr(eqn.params)
+            or eqn.primitive in HOST_CALLBACKS  # host code: its own each time
+            or calls_jaxpr(eqn.params)
             or not binds_directly(eqn.primitive)
             or (not here and id(eqn.source_info.traceback) not in tracebacks)
             or names[: len(outer)] != outer
