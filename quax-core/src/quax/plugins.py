@@ -4,7 +4,7 @@ See `quax.hookspecs` for what a family implements, and `python -m quax --help` f
 the same information on the command line.
 """
 
-from ._caching._eager import add_setting as add_setting
+from ._caching._keys import add_setting as add_setting
 from ._dispatch._plugins import (
     DISABLE_ENV as DISABLE_ENV,
     ENTRY_POINT_GROUP as ENTRY_POINT_GROUP,

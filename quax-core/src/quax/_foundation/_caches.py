@@ -47,6 +47,7 @@ __all__ = [
     "CacheMismatchError",
     "JaxprTable",
     "Table",
+    "alike",
     "caching",
     "check",
     "invalidate",
@@ -324,6 +325,17 @@ def mismatch(
         "it with `quax.plugins.add_setting`): please report it. Meanwhile, "
         "`quax.caching(False)` (or `QUAX_CACHING=0`) turns the caches off."
     )
+
+
+def alike(a: Any, b: Any) -> bool:
+    """Whether `a` and `b` (what a cache entry gives, as its outputs' static fields
+    or treedef) are equal by `==` and alike in text: a type may make its equality
+    looser than what rules read (quax-units' display units) or stricter than its
+    text (quax-named's anonymous axes). `False` where they cannot be compared."""
+    try:
+        return bool(a == b) and repr(a) == repr(b)
+    except Exception:  # fields that cannot be compared
+        return False
 
 
 def _same(a: Any, b: Any) -> bool:
