@@ -4,7 +4,7 @@ equation is dispatched to its rule.
 
 Every higher-order rule evaluates its inner jaxprs with it, and so does an inlined
 `jit` on the quax trace. How it binds each equation is worked out once per jaxpr
-(its steps, kept in a table of `quax._caching._per_jaxpr`).
+(its steps, kept in a table by `quax._caching._per_jaxpr.per_jaxpr`).
 """
 
 import functools as ft
