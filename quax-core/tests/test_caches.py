@@ -19,14 +19,15 @@ import pytest
 import quax
 import quax.__main__ as quax_main
 import quax._caching._eager as quax_eager
-import quax._caching._jaxpr as _jaxpr
 import quax._caching._keys
+import quax._caching._per_jaxpr as _per_jaxpr
 import quax._caching._replay as _replay
 import quax._dispatch._registry as _registry
 import quax._dispatch._staged as _staged
 import quax._foundation._caches
 import quax._rules._bodies as _bodies
 import quax._rules._control_flow as _control_flow
+import quax._transform._interpreter as _interpreter
 import quax.testing
 from jax import lax
 from jaxtyping import Array, ArrayLike
@@ -520,15 +521,15 @@ def _jaxprs() -> tuple[Any, Any, Any]:
 def test_per_jaxpr_tables_give_what_a_fresh_walk_gives() -> None:
     sin, cos, staging = _jaxprs()
     for _ in range(2):  # computed, then kept
-        assert not _jaxpr.jaxpr_holds_staged_values(sin)
-        assert _jaxpr.jaxpr_holds_staged_values(staging)
-        assert [s.primitive for s in _jaxpr._steps_of(cos.jaxpr)] == [lax.cos_p]
+        assert not _per_jaxpr.jaxpr_holds_staged_values(sin)
+        assert _per_jaxpr.jaxpr_holds_staged_values(staging)
+        assert [s.primitive for s in _interpreter._steps_of(cos.jaxpr)] == [lax.cos_p]
         assert _bodies.quaxified_jaxpr(sin) is _bodies.quaxified_jaxpr(sin)
     assert _bodies.quaxified_jaxpr(sin) is not _bodies.quaxified_jaxpr(cos)
     with quax.caching(False):  # nothing kept: a fresh function each time
         assert _bodies.quaxified_jaxpr(sin) is not _bodies.quaxified_jaxpr(sin)
-        assert _jaxpr.jaxpr_holds_staged_values(staging)
-        assert len(_jaxpr._steps) == len(_jaxpr._holds) == 0
+        assert _per_jaxpr.jaxpr_holds_staged_values(staging)
+        assert len(_interpreter._steps) == len(_per_jaxpr._holds) == 0
 
 
 def test_per_jaxpr_entries_go_with_their_jaxpr() -> None:
@@ -568,12 +569,12 @@ def test_verify_mode_checks_each_per_jaxpr_table(verifying: Any, table: str) -> 
     sin, cos, staging = _jaxprs()
     first, then = {
         "steps": (
-            lambda: _jaxpr._steps_of(sin.jaxpr),
-            lambda: _jaxpr._steps_of(cos.jaxpr),
+            lambda: _interpreter._steps_of(sin.jaxpr),
+            lambda: _interpreter._steps_of(cos.jaxpr),
         ),
         "holds": (
-            lambda: _jaxpr.jaxpr_holds_staged_values(sin),
-            lambda: _jaxpr.jaxpr_holds_staged_values(staging),
+            lambda: _per_jaxpr.jaxpr_holds_staged_values(sin),
+            lambda: _per_jaxpr.jaxpr_holds_staged_values(staging),
         ),
         "functions": (
             lambda: _bodies.quaxified_jaxpr(sin),

@@ -575,6 +575,50 @@ def test_static_outputs_equal_each_run_are_replayed() -> None:
     assert _recorded(lax.cos_p) == ["_Recording"]
 
 
+class Loose:
+    """Equal to every other `Loose`, whatever its text (as quax-units' display units
+    are, so that `jit` compiles once for all of them)."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is Loose
+
+    def __hash__(self) -> int:
+        return hash(Loose)
+
+    def __repr__(self) -> str:
+        return f"Loose({self.text!r})"
+
+
+class Shown(Dense):
+    label: Loose = eqx.field(static=True, default_factory=lambda: Loose("a"))
+
+
+# How many times the `tan` rule of `Shown` ran: each run labels its output so.
+shown_runs: list[int] = []
+
+
+@quax.register(lax.tan_p)
+def _(a: Shown, **params: Any) -> Shown:
+    shown_runs.append(len(shown_runs) + 1)
+    return Shown(lax.tan(a.array, **params), Loose(f"run {len(shown_runs)}"))
+
+
+def test_static_outputs_equal_but_shown_otherwise_are_never_replayed() -> None:
+    # Each run labels its output afresh, equal to the last by `==` but not in text:
+    # the second run does not confirm the first's recording (a replay would give
+    # every later bind the first run's label), so every bind runs the rule.
+    shown_runs.clear()
+    label = Loose("in")
+    for run in range(1, 4):
+        out = jax.jit(quax.quaxify(lambda a: lax.tan(a)))(Shown(x, label))
+        assert out.label.text == f"run {run}"
+        np.testing.assert_allclose(out.array, np.tan(np.asarray(x)), rtol=1e-6)
+    assert shown_runs == [1, 2, 3]
+
+
 class Filled(Dense):
     """Its `sin` is filled with a static float (a NaN keeps its sign bit)."""
 

@@ -161,14 +161,16 @@ LAYERS: dict[str, set[str]] = {
     # the hooks a family implements (`quax.hookspecs`).
     "values": {"_values", "hookspecs"},
     # Rules and how they are found: the registry, values staged inside a program,
+    # what a rule can know of a plain operand at trace time (`quax.known_constant`),
     # and the plugin loader (which `quaxify` runs on its first call).
     "dispatch": {"_dispatch"},
     # What quax keeps between binds and calls: the one key builder, compiled eager
-    # programs, the jaxpr interpreter's steps, the recordings replayed while a
+    # programs, what is worked out once per jaxpr, the recordings replayed while a
     # program is staged. (The tables themselves, `_foundation/_caches.py`, are a
     # foundation.)
     "caches": {"_caching"},
-    # The transform itself.
+    # The transform itself, and the jaxpr interpreter that binds a staged body's
+    # equations on it.
     "transform": {"_transform"},
     # Rules for first-order primitives on every value, whatever its family.
     "first-order rules": {"_first_order"},

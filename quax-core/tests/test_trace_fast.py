@@ -16,7 +16,8 @@ import pytest
 import quax
 from jax import lax
 from jax.experimental.compute_on import compute_on
-from quax._caching._jaxpr import _steps, binds_directly
+from quax._foundation._evaluation import binds_directly
+from quax._transform._interpreter import _steps
 
 from .helpers import Dense
 

@@ -7,12 +7,12 @@ from . import (
     zero as zero,
 )
 from ._caching._eager import set_eager_compilation as set_eager_compilation
-from ._caching._jaxpr import (
+from ._dispatch import _plugins as _plugins
+from ._dispatch._known import (
     known_constant as known_constant,
     known_scale_invariant as known_scale_invariant,
     known_scaled_constant as known_scaled_constant,
 )
-from ._dispatch import _plugins as _plugins
 from ._dispatch._registry import (
     Resolution as Resolution,
     RuleConflictWarning as RuleConflictWarning,

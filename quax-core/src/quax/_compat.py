@@ -3,8 +3,8 @@
 A JAX upgrade should touch this file and no other. The rest of quax imports the names
 below rather than reaching into `jax._src` or `equinox._module` itself. Nothing here
 interprets a program or replaces a rule: the interpreters built on these names live in
-`_caching/_jaxpr.py` and `_foundation/_rounding.py`, quax's replacements of JAX's
-rules for `jit_p` in `_foundation/_jit_rules.py`.
+`_transform/_interpreter.py` and `_foundation/_rounding.py`, quax's replacements of
+JAX's rules for `jit_p` in `_foundation/_jit_rules.py`.
 """
 
 import contextlib

@@ -4,11 +4,7 @@ See `quax.hookspecs` for what a family implements, and `python -m quax --help` f
 the same information on the command line.
 """
 
-from ._caching._eager import add_setting as add_setting
-from ._caching._jaxpr import (
-    EvaluationReport as EvaluationReport,
-    track_evaluations as track_evaluations,
-)
+from ._caching._keys import add_setting as add_setting
 from ._dispatch._plugins import (
     DISABLE_ENV as DISABLE_ENV,
     ENTRY_POINT_GROUP as ENTRY_POINT_GROUP,
@@ -22,6 +18,10 @@ from ._dispatch._plugins import (
 from ._dispatch._registry import (
     resolve as resolve,
     rules_generation as rules_generation,
+)
+from ._foundation._evaluation import (
+    EvaluationReport as EvaluationReport,
+    track_evaluations as track_evaluations,
 )
 from ._foundation._jit_context import (
     JitContext as JitContext,

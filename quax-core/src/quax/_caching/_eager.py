@@ -73,12 +73,12 @@ from .._compat import (
     frozen_bytes,
     typeof,
 )
+from .._dispatch._known import ConcreteNeeded
 from .._foundation import _caches
 from .._foundation._rounding import KEEP_BARRIERS, eval_rounding_each_step
 from .._values import _value
 from .._values._value import is_value, value_classes
 from . import _keys
-from ._keys import _settings as _settings, add_setting, settings_key
 
 
 __all__ = [
@@ -86,16 +86,12 @@ __all__ = [
     "COMPILE_AFTER_AT_FIRST",
     "MAX_CONSTANT_SIZE",
     "MAX_PROGRAMS",
-    "ConcreteNeeded",
     "ConstKey",
-    "add_setting",
     "call_compiled",
     "environment_setting",
     "field_layout",
     "programs_traced",
-    "require_concrete",
     "set_eager_compilation",
-    "settings_key",
     "value_structure",
 ]
 
@@ -318,21 +314,6 @@ def set_eager_compilation(enabled: bool) -> bool:
     return previous
 
 
-class ConcreteNeeded(BaseException):
-    """A rule asked for the value of a leaf of the compiled eager program being
-    traced: equation by equation, it would be concrete, and the rule might answer
-    otherwise. The code then runs equation by equation. A `BaseException`, so that
-    a rule's `except Exception` cannot turn it into a more general answer."""
-
-
-def require_concrete(x: Any) -> None:
-    """Raise `ConcreteNeeded` when `x` is a tracer of the compiled eager program
-    being traced (equation by equation, it would be a concrete array)."""
-    trace = eager_program.trace
-    if trace is not None and isinstance(x, Tracer) and x._trace is trace:
-        raise ConcreteNeeded
-
-
 # In a program table: this code and structure run equation by equation.
 _BY_EQUATION: Any = object()
 
@@ -499,15 +480,12 @@ def _program_key(code: Any, inputs: Sequence[Any], treedef: Any) -> Any:
             return None
     if not values:
         return None
-    if len(set(map(id, leaves))) != len(leaves):
-        # A leaf twice (`K + K`, or a value built on one array twice): rules may
-        # see that (a closed form for a sum of one matrix with itself), so the key
-        # holds which leaves are one object, and the program gets each once.
-        firsts: dict[int, int] = {}
-        positions = tuple(firsts.setdefault(id(t), len(firsts)) for t in leaves)
+    # A leaf twice (`K + K`, or a value built on one array twice): rules may see
+    # that (a closed form for a sum of one matrix with itself), so the key holds
+    # which leaves are one object, and the program gets each once.
+    positions = _keys.aliasing(leaves)
+    if positions is not None:
         leaves = list({id(t): t for t in leaves}.values())
-    else:
-        positions = None
     if constants and {id(c) for c in constants} & {id(t) for t in leaves}:
         return None  # a leaf that is also a plain input: one object, two roles
     found, parts = _keys.program_key(id(code), tuple(key), positions)
@@ -533,11 +511,8 @@ class _FirstOutput:
         """Whether a program's `out_info` has this structure (equal treedefs, by
         `==` and by text, and the same shapes, dtypes and weak types)."""
         got, got_tree = jtu.tree_flatten(out_info)
-        try:
-            same = got_tree == self.treedef and repr(got_tree) == repr(self.treedef)
-        except Exception:  # static fields that cannot be compared
-            return False
-        return same and [(g.shape, g.dtype, g.weak_type) for g in got] == self.avals
+        avals = [(g.shape, g.dtype, g.weak_type) for g in got]
+        return _caches.alike(got_tree, self.treedef) and avals == self.avals
 
 
 # How many programs were traced: a one-off call traces none.

@@ -55,6 +55,7 @@ __all__ = [
     "PROGRAM",
     "CONSTANT_MAX_SIZE",
     "add_setting",
+    "aliasing",
     "constant_key",
     "context",
     "float_key",
@@ -62,7 +63,6 @@ __all__ = [
     "key",
     "params_key",
     "program_key",
-    "settings_key",
     "static_key",
 ]
 
@@ -112,9 +112,20 @@ def program_key(
     return key(PROGRAM, parts), parts
 
 
+def aliasing(leaves: Sequence[Any]) -> tuple[int, ...] | None:
+    """Which of `leaves` are one object, as the `aliasing` of `program_key`: the
+    place of each leaf's object among the distinct ones, in order; `None` when each
+    is there once. Rules may see it (`x * x`; a closed form for `K + K` that `K +
+    K2` has not), so a program's key holds it."""
+    if len(set(map(id, leaves))) == len(leaves):
+        return None
+    firsts: dict[int, int] = {}
+    return tuple(firsts.setdefault(id(t), len(firsts)) for t in leaves)
+
+
 def context() -> tuple[Any, ...]:
     """The components of `CONTEXT`, as they are now."""
-    # `settings_key()`, inlined: this runs on every replay key.
+    # The settings rules read (see `add_setting`).
     settings = tuple([read() for read in _settings])
     # The debug-check flag (`quax.set_debug_checks`): rules raise otherwise with it.
     return settings, trace_context(), _debug.is_enabled(), _registry._generation
@@ -254,8 +265,3 @@ def add_setting(read: Callable[[], Any]) -> None:
     # A family that fails to load takes its settings back (see
     # `quax._foundation._journal`).
     _journal.record(take_back, getattr(read, "__module__", None))
-
-
-def settings_key() -> tuple[Any, ...]:
-    """The current values of the settings given to `add_setting`."""
-    return tuple([read() for read in _settings])

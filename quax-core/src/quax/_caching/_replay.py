@@ -76,13 +76,21 @@ from .._compat import (
     staged_since,
     staged_var,
 )
+from .._dispatch._known import known_asks
 from .._foundation import _caches
+from .._foundation._caches import alike
+from .._foundation._evaluation import (
+    HOST_CALLBACKS,
+    binds_directly,
+    calls_jaxpr,
+    evaluations,
+)
 from .._values import _value
 from .._values._value import is_value, value_classes
-from . import _jaxpr, _keys
+from . import _keys
 from ._eager import field_layout
-from ._jaxpr import binds_directly, jaxpr_holds_staged_values, known_asks
 from ._keys import Identity, constant_key, params_key, static_key
+from ._per_jaxpr import jaxpr_holds_staged_values
 
 
 __all__ = ["MAX_RECORDINGS", "bind", "inline"]
@@ -139,7 +147,7 @@ class _Unconfirmed(NamedTuple):
 # a primitive and its params, or a jaxpr's `id` (its entries go with it).
 _recordings = _caches.JaxprTable("replayed recordings", MAX_RECORDINGS)
 # Primitives never replayed: host callbacks, and those whose params hold a jaxpr.
-_unreplayable: set[Primitive] = set(_jaxpr._CALLBACKS)
+_unreplayable: set[Primitive] = set(HOST_CALLBACKS)
 
 
 def _variable(trace: Any, x: Any) -> bool:
@@ -183,12 +191,8 @@ def _key(trace: Any, code: Any, values: list[Any]) -> tuple[Any, list[Any], Any]
         except TypeError:  # a static field that cannot be hashed: never keyed
             return None
         key.append(tuple(part))
-    aliasing = None
-    if len(set(map(id, leaves))) != len(leaves):
-        # A tracer twice (`x * x`): rules may see that, and so does the key.
-        firsts: dict[int, int] = {}
-        aliasing = tuple(firsts.setdefault(id(t), i) for i, t in enumerate(leaves))
-    key_, parts = _keys.program_key(code, tuple(key), aliasing)
+    # A tracer twice (`x * x`): rules may see that, and so does the key.
+    key_, parts = _keys.program_key(code, tuple(key), _keys.aliasing(leaves))
     return key_, leaves, parts
 
 
@@ -196,16 +200,9 @@ def inline(trace: Any, values: list[Any], jaxpr: Any, run: Any) -> list[Any]:
     """The outputs of the inlined `jit` of `jaxpr` on `values` (the quax `trace`'s
     inputs, as values and plain tracers): a replay of its recording, or `run()`
     (which evaluates it), recorded when it can be replayed."""
-    if (
-        _value._state.reports
-        or not _caches.is_enabled()
-        or jaxpr_holds_staged_values(jaxpr)
-    ):
+    if jaxpr_holds_staged_values(jaxpr):
         return run()
-    found = _key(trace, id(jaxpr), values)
-    if found is None:
-        return run()
-    return _replay_or_run(trace, found, jaxpr, run)
+    return _replay_or_run(trace, id(jaxpr), values, jaxpr, run)
 
 
 def bind(
@@ -218,21 +215,33 @@ def bind(
     """The output of `primitive` bound on `values` (the quax `trace`'s inputs) with
     `params`, as `run()` (which applies its rule) gives it, or a replay of the
     equations that rule staged for the same key, with the current source info."""
-    if _value._state.reports or not _caches.is_enabled() or primitive in _unreplayable:
-        return run()
-    found = _key(trace, (primitive, params_key(params)), values)
-    if found is None:
+    if primitive in _unreplayable:
         return run()
     many = primitive.multiple_results
-    outs = _replay_or_run(trace, found, primitive, run if many else lambda: [run()])
+    outs = _replay_or_run(
+        trace,
+        (primitive, params_key(params)),
+        values,
+        primitive,
+        run if many else lambda: [run()],
+    )
     return outs if many else outs[0]
 
 
 def _replay_or_run(
-    trace: Any, found: tuple[Any, list[Any], Any], body: Any, run: Any
+    trace: Any, code: Any, values: list[Any], body: Any, run: Any
 ) -> list[Any]:
-    """The outputs (a list) of `body` (a jaxpr, or a primitive) on the inputs that
-    `_key` `found`: replayed from `_recordings`, or `run()` and recorded there."""
+    """The outputs (a list) of `body` (a jaxpr, or a primitive; `code` in the key)
+    on `values`: replayed from `_recordings`, or `run()` and recorded there.
+
+    In verify mode (see `quax._foundation._caches`), a hit runs the rules afresh
+    instead of replaying the recording, and raises when what they stage differs
+    from it."""
+    if _value._state.reports or not _caches.is_enabled():
+        return run()
+    found = _key(trace, code, values)
+    if found is None:
+        return run()
     key, leaves, parts = found
     try:
         recording = _recordings.get(key)
@@ -241,37 +250,41 @@ def _replay_or_run(
     if recording is _RUN:
         return run()
     # The jaxpr an entry goes with (a primitive's live for ever).
-    code = None if isinstance(body, Primitive) else body
-    if _caches.verifying and type(recording) is _Recording:
-        return _verified(trace, body, key, leaves, parts, run)
+    jaxpr = None if isinstance(body, Primitive) else body
     if type(recording) is _Unconfirmed:
         out = run()
-        statics = _statics(trace, out)
-        try:
-            same = statics == recording.statics
-            same = same and repr(statics) == repr(recording.statics)
-        except Exception:  # static fields that cannot be compared
-            same = False
-        _recordings.put(key, recording.recording if same else _RUN, code)
+        same = alike(_statics(trace, out), recording.statics)
+        _recordings.put(key, recording.recording if same else _RUN, jaxpr)
         return out
-    if recording is not None:
+    if recording is not None and not _caches.verifying:
         return _replay(trace, recording, leaves)
     state = _value._state
     start = staged_count(trace.parent_trace)
     asked, materialised = known_asks(), state.count
     outer = current_source_info().name_stack
     out = run()
-    if known_asks() != asked or state.count != materialised:
-        _recordings.put(key, _RUN, code)
-    elif code is None and _jaxpr._calls_jaxpr(dict(parts[0][1])):
+    if recording is not None:  # verify mode: what the rules staged afresh
+        fresh = _record(trace, body, leaves, start, outer, out)
+        name = body.name if jaxpr is None else "an inlined `jit`"
+        _caches.check(
+            _recordings.name,
+            key,
+            _keys.PROGRAM,
+            parts,
+            None if fresh is None else _text(fresh),
+            f"the equations staged (of {name}) or the outputs' types and static fields",
+        )
+    elif known_asks() != asked or state.count != materialised:
+        _recordings.put(key, _RUN, jaxpr)
+    elif jaxpr is None and calls_jaxpr(dict(parts[0][1])):
         _unreplayable.add(body)  # its keys would keep jaxprs alive
     else:
         recording = _record(trace, body, leaves, start, outer, out)
         if recording is not None and not _kept_statics(parts[1], recording):
             recording = _Unconfirmed(recording, _statics(trace, out))
-        _recordings.put(key, recording or _RUN, code)
+        _recordings.put(key, recording or _RUN, jaxpr)
         if type(recording) is _Recording:
-            _caches.made_with(_recordings.name, key, parts, _text(recording), code)
+            _caches.made_with(_recordings.name, key, parts, _text(recording), jaxpr)
     return out
 
 
@@ -331,7 +344,7 @@ def _replay(trace: Any, recording: _Recording, leaves: list[Any]) -> list[Any]:
         outer = info.name_stack
     else:
         info, outer = None, current_source_info().name_stack
-        for report in _jaxpr._evaluations.reports:
+        for report in evaluations.reports:
             report.total += 1
     env = list(leaves)
     for eqn, atoms, names in recording.equations:
@@ -380,9 +393,10 @@ def _record(
     if eqns is None:
         return None
     here = isinstance(body, Primitive)
-    # A jaxpr's equations are each staged with their step's traceback.
-    steps = () if here else _jaxpr._steps_of(body.jaxpr)
-    tracebacks = {id(s.traceback) for s in steps if s.traceback is not None}
+    # A jaxpr's equations are each staged with their own traceback (see the
+    # interpreter, `quax._transform._interpreter`).
+    sources = () if here else [eqn.source_info for eqn in body.jaxpr.eqns]
+    tracebacks = {id(s.traceback) for s in sources if s.traceback is not None}
 
     def atom(t: Any) -> Any:
         """`(atom, constant)` for an input or output `t`; `None` if it has none."""
@@ -403,8 +417,8 @@ def _record(
         names = eqn.source_info.name_stack
         if (
             eqn.effects
-            or eqn.primitive in _jaxpr._CALLBACKS  # host code: its own each time
-            or _jaxpr._calls_jaxpr(eqn.params)
+            or eqn.primitive in HOST_CALLBACKS  # host code: its own each time
+            or calls_jaxpr(eqn.params)
             or not binds_directly(eqn.primitive)
             or (not here and id(eqn.source_info.traceback) not in tracebacks)
             or names[: len(outer)] != outer
@@ -445,33 +459,6 @@ def _record(
         fields += [(name, None, _object_getattribute(value, name)) for name in static]
         outputs.append((type(value), fields))
     return _Recording(equations, outputs, here)
-
-
-def _verified(
-    trace: Any,
-    body: Any,
-    key: Any,
-    leaves: list[Any],
-    parts: tuple[Any, ...],
-    run: Any,
-) -> list[Any]:
-    """Verify mode: run the rules afresh instead of replaying the recording of
-    `key`, and raise when what they stage differs from it (see
-    `quax._foundation._caches`)."""
-    start = staged_count(trace.parent_trace)
-    outer = current_source_info().name_stack
-    out = run()
-    fresh = _record(trace, body, leaves, start, outer, out)
-    name = body.name if isinstance(body, Primitive) else "an inlined `jit`"
-    _caches.check(
-        _recordings.name,
-        key,
-        _keys.PROGRAM,
-        parts,
-        None if fresh is None else _text(fresh),
-        f"the equations staged (of {name}) or the outputs' types and static fields",
-    )
-    return out
 
 
 def _text(recording: _Recording) -> str:

@@ -15,8 +15,8 @@ This holds in the body of a quaxified function (and below it), never in a rule's
 own code, whose stagings are the programs quax compiles: a thread-local setting in
 JAX's trace context (`staged_values_state`) says which, so that JAX's tracing caches
 keep the two kinds of jaxprs apart. Whether a jaxpr stages a value is worked out once
-per jaxpr, with the interpreter's other per-jaxpr tables
-(`quax._caching._jaxpr.jaxpr_holds_staged_values`).
+per jaxpr, in a table beside the interpreter's steps
+(`quax._caching._per_jaxpr.jaxpr_holds_staged_values`).
 """
 
 import contextlib

@@ -7,13 +7,13 @@ their code and keyed by `quax._caching._keys.program_key`: compiled eager progra
 (`quax._caching._eager`), the equations rules staged while a program is staged
 (`quax._caching._replay`) and the jitted bodies of nested `jit`s
 (`quax._rules._control_flow`); and what it works out once (`remembered`), per jaxpr
-(the interpreter's steps and whether a jaxpr stages a value, `quax._caching._jaxpr`;
-the quaxified functions of higher-order primitives' bodies, `quax._rules._bodies`;
-which registered function a `jit` body is, `quax._rules._control_flow`) or per
-small evaluation (the signs of symbolic zeros, `quax.zero._rules`). Each entry is
-keyed by everything the rules may read (see `quax._caching._keys`), and a cache may
-only return what running the rules would return: the same staged equations, the
-same output types and static fields.
+(the interpreter's steps, `quax._transform._interpreter`; whether a jaxpr stages a
+value, `quax._caching._per_jaxpr`; the quaxified functions of higher-order
+primitives' bodies, `quax._rules._bodies`; which registered function a `jit` body
+is, `quax._rules._control_flow`) or per small evaluation (the signs of symbolic
+zeros, `quax.zero._rules`). Each entry is keyed by everything the rules may read (see
+`quax._caching._keys`), and a cache may only return what running the rules would
+return: the same staged equations, the same output types and static fields.
 
 - Every table that grows with the programs it sees is bounded, and safe under
   threads; `python -m quax caches` reports each one's size and bound (`report`).
@@ -47,6 +47,7 @@ __all__ = [
     "CacheMismatchError",
     "JaxprTable",
     "Table",
+    "alike",
     "caching",
     "check",
     "invalidate",
@@ -324,6 +325,17 @@ def mismatch(
         "it with `quax.plugins.add_setting`): please report it. Meanwhile, "
         "`quax.caching(False)` (or `QUAX_CACHING=0`) turns the caches off."
     )
+
+
+def alike(a: Any, b: Any) -> bool:
+    """Whether `a` and `b` (what a cache entry gives, as its outputs' static fields
+    or treedef) are equal by `==` and alike in text: a type may make its equality
+    looser than what rules read (quax-units' display units) or stricter than its
+    text (quax-named's anonymous axes). `False` where they cannot be compared."""
+    try:
+        return bool(a == b) and repr(a) == repr(b)
+    except Exception:  # fields that cannot be compared
+        return False
 
 
 def _same(a: Any, b: Any) -> bool:

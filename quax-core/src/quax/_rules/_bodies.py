@@ -6,16 +6,12 @@ import functools as ft
 from collections.abc import Callable
 from typing import Any
 
-from .._caching._jaxpr import (
-    MAX_JAXPRS,
-    eval_quaxified,
-    jaxpr_holds_staged_values,
-    per_jaxpr,
-)
+from .._caching._per_jaxpr import MAX_JAXPRS, jaxpr_holds_staged_values, per_jaxpr
 from .._compat import ClosedJaxpr
 from .._dispatch._staged import staged_values_into
 from .._foundation._caches import JaxprTable
 from .._transform import _trace
+from .._transform._interpreter import eval_quaxified
 from .._transform._quaxify import quaxify
 from .._values._value import ValueLike, materialise_or_explain
 

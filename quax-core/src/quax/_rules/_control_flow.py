@@ -27,12 +27,6 @@ from jax import lax
 
 from .._caching import _keys
 from .._caching._eager import MAX_CONSTANT_SIZE, ConstKey, value_structure
-from .._caching._jaxpr import (
-    ValueAsked,
-    known_constant,
-    stand_in_token,
-    standing_in,
-)
 from .._compat import (
     ClosedJaxpr,
     DynamicJaxprTracer,
@@ -52,6 +46,12 @@ from .._compat import (
     staging,
     typeof,
     while_p,
+)
+from .._dispatch._known import (
+    ValueAsked,
+    known_constant,
+    stand_in_token,
+    standing_in,
 )
 from .._dispatch._registry import register
 from .._foundation import _caches

@@ -27,11 +27,7 @@ import jax.numpy as jnp
 import jax.tree_util as jtu
 import numpy as np
 
-from .._caching._jaxpr import (
-    ValueAsked,
-    body_source,
-    per_jaxpr,
-)
+from .._caching._per_jaxpr import per_jaxpr
 from .._compat import (
     Primitive,
     Tracer,
@@ -41,9 +37,11 @@ from .._compat import (
     primal_behind,
     traced_jit,
 )
+from .._dispatch._known import ValueAsked
 from .._dispatch._registry import register, registered_rule, resolve
 from .._foundation._caches import JaxprTable
 from .._foundation._jit_rules import differentiate_jits_with, keep_inline_jit
+from .._transform._interpreter import body_source
 from .._transform._trace import QuaxTracer
 from .._values._value import ValueLike, describe_types, is_value
 from ._control_flow import _ADDRESS, _jit_body

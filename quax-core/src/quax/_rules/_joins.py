@@ -26,9 +26,10 @@ import jax.tree_util as jtu
 import numpy as np
 from jax import lax
 
-from .._caching._jaxpr import FOLD_MAX_SIZE, body_arg_names, body_source, known_constant
 from .._caching._keys import static_key
 from .._compat import Primitive, Tracer, callback_module, release_traces, typeof
+from .._dispatch._known import known_constant
+from .._transform._interpreter import FOLD_MAX_SIZE, body_arg_names, body_source
 from .._transform._quaxify import quaxify
 from .._values._value import Value, materialise_or_explain, structure
 

@@ -17,9 +17,9 @@ import jax.tree_util as jtu
 import numpy as np
 from jax import lax
 
-from .._caching._jaxpr import body_source
 from .._compat import release_traces, scan_p, typeof, while_p
 from .._dispatch._registry import register
+from .._transform._interpreter import body_source
 from .._transform._quaxify import quaxify
 from .._values._value import Value, ValueLike, is_value
 from ._bodies import decision, quaxified_jaxpr

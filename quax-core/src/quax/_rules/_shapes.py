@@ -37,8 +37,9 @@ import equinox as eqx
 import jax
 import jax.tree_util as jtu
 
-from .._caching._jaxpr import eval_quaxified, jaxpr_holds_staged_values
+from .._caching._per_jaxpr import jaxpr_holds_staged_values
 from .._dispatch._staged import staged_values_into
+from .._transform._interpreter import eval_quaxified
 from .._transform._trace import QuaxTrace, QuaxTracer, active_trace, run_nested
 
 

@@ -24,12 +24,7 @@ from jax import Array
 
 from .._caching import _replay
 from .._caching._eager import call_compiled
-from .._caching._jaxpr import (
-    body_source,
-    eval_quaxified,
-    holds_staged_values,
-    jaxpr_holds_staged_values,
-)
+from .._caching._per_jaxpr import holds_staged_values, jaxpr_holds_staged_values
 from .._compat import (
     DynamicJaxprTrace,
     Primitive,
@@ -68,6 +63,7 @@ from .._values._value import (
     plain_running,
     value_classes,
 )
+from ._interpreter import body_source, eval_quaxified
 
 
 __all__ = [

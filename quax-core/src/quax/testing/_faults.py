@@ -5,7 +5,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-from .._caching import _eager
+from .._caching import _keys
 from .._dispatch import _registry
 from .._dispatch._plugins import PluginWarning, load_in_process
 from .._foundation._owners import describe_rule
@@ -36,7 +36,7 @@ def registry_state() -> dict[str, Any]:
     }
     return {
         "rules": rules,
-        "settings": tuple(_eager._settings),
+        "settings": tuple(_keys._settings),
         "value types": frozenset(_value.value_classes),
     }
 

@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._caching._eager import add_setting
+from .._caching._keys import add_setting
 from .._compat import ShapedArray
 from .._values._value import ArrayValue
 

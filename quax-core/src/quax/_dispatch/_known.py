@@ -1,82 +1,54 @@
-"""Evaluating jaxprs: the interpreter that runs a staged body at the current trace
-(with constants folded), and the reader of a staged program's known constants.
+"""What a rule can know of a plain operand at trace time: its value, when the program
+being staged shows it to be a constant (`quax.known_constant`), whether every element
+is zero, infinite or NaN (`quax.known_scale_invariant`), or a traced scalar times a
+constant (`quax.known_scaled_constant`).
 
-Every higher-order rule evaluates its inner jaxprs with `eval_quaxified`, and so does
-an inlined `jit` on the quax trace.
+An answer the caches' keys do not hold is reported to them: asked about a leaf of the
+compiled eager program being traced, these raise `ConcreteNeeded` (equation by
+equation the leaf would be concrete, see `quax._caching._eager`); asked about a
+plain argument of a nested `jit` that was concrete when called, `ValueAsked` (see
+`quax._rules._control_flow`); and every question about a tracer is counted
+(`known_asks`), so that a replayed recording never stands for a rule that asked (see
+`quax._caching._replay`).
 """
 
 import contextlib
-import dataclasses
-import functools as ft
 import operator
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, NamedTuple, TypeVar
+from typing import Any
 
-import jax
 import jax.extend.core.primitives as jprim
 import numpy as np
 
 from .._compat import (
-    EVAL_TRACE,
     AdZero,
     ClosedJaxpr,
     DynamicJaxprTracer,
     Jaxpr,
-    Literal,
     Primitive,
     Tracer,
     call_at_trace,
-    current_source_info,
-    debug_callback_p,
-    debug_print_p,
-    eqn_context,
+    eager_program,
     eval_context,
-    io_callback_p,
-    manual_axes_active,
-    pure_callback_p,
     staged_atom,
     staged_equation,
     tangent_pair,
-    user_context,
     with_tangent,
 )
-from .._dispatch._staged import staged_value_p
-from .._foundation import _caches
-from .._foundation._caches import JaxprTable
-from .._values._value import Value
-from ._eager import require_concrete
-from ._keys import JAXPR, jaxpr_key
 
 
 __all__ = [
-    "FOLD_MAX_SIZE",
-    "EvaluationReport",
-    "body_arg_names",
-    "body_source",
-    "eval_quaxified",
-    "holds_staged_values",
-    "jaxpr_holds_staged_values",
+    "ConcreteNeeded",
     "ValueAsked",
-    "is_varying",
     "known_asks",
     "known_constant",
     "known_scale_invariant",
     "known_scaled_constant",
-    "per_jaxpr",
+    "require_concrete",
     "stand_in_token",
     "standing_in",
-    "track_evaluations",
 ]
-
-# Equations on constants only, with outputs this small, are computed at trace time.
-FOLD_MAX_SIZE = 1024
-
-# How many jaxprs each table of what is worked out once per jaxpr keeps (beyond it,
-# the least recently used is worked out again when it comes back).
-MAX_JAXPRS = 4096
-
-_T = TypeVar("_T")
 
 # Largest output that `known_constant` computes (rather than views, as it does a
 # broadcast), so that the trace-time work stays small: a million elements (a few
@@ -84,301 +56,20 @@ _T = TypeVar("_T")
 # under `jit`) is known up to `n = 1024`.
 _KNOWN_COMPUTE_MAX_SIZE = 2**20
 
-# Host code runs when the program does, never at trace time (`eqx.error_if`'s error
-# branch raises from a `pure_callback` on constant inputs).
-_CALLBACKS = frozenset(
-    {pure_callback_p, io_callback_p, debug_callback_p, debug_print_p}
-)
 
-# Tracers first: the common case, and `Value`'s check goes through its ABC.
-_TRACED = (Tracer, Value)
+class ConcreteNeeded(BaseException):
+    """A rule asked for the value of a leaf of the compiled eager program being
+    traced: equation by equation, it would be concrete, and the rule might answer
+    otherwise. The code then runs equation by equation. A `BaseException`, so that
+    a rule's `except Exception` cannot turn it into a more general answer."""
 
 
-def is_varying(aval: Any) -> bool:
-    """Whether `aval` varies along some manual mesh axis (inside `shard_map`)."""
-    mat = getattr(aval, "manual_axis_type", None)
-    return mat is not None and bool(mat.varying)
-
-
-def body_arg_names(jaxpr: Any) -> tuple[str, ...] | None:
-    """The names of a traced body's arguments, as the user wrote them (`c[0]`, `i`),
-    or `None` when JAX did not record them."""
-    info = getattr(getattr(jaxpr, "jaxpr", jaxpr), "debug_info", None)
-    return None if info is None else info.arg_names
-
-
-def body_source(jaxpr: Any) -> str | None:
-    """Where a traced body was defined (`f at file.py:12`), or `None`."""
-    info = getattr(getattr(jaxpr, "jaxpr", jaxpr), "debug_info", None)
-    return None if info is None else info.func_src_info
-
-
-def _calls_jaxpr(params: dict[str, Any]) -> bool:
-    return any(isinstance(p, ClosedJaxpr | Jaxpr) for p in params.values())
-
-
-def binds_directly(primitive: Primitive) -> bool:
-    """Whether `primitive` binds as `Primitive.bind` does by default: then, on valid
-    tracers, outside `shard_map`, with no sub-jaxpr `is_high`, `bind`'s checks
-    change nothing and `eval_quaxified` skips them."""
-    cls = type(primitive)
-    return (
-        cls.bind is Primitive.bind
-        and cls.bind_with_trace is Primitive.bind_with_trace
-        and cls.is_high is Primitive.is_high
-        and not {"bind", "bind_with_trace", "is_high"} & vars(primitive).keys()
-    )
-
-
-# What is worked out once per jaxpr ----------------------------------------------------
-
-
-def per_jaxpr(
-    table: JaxprTable,
-    jaxpr: Any,
-    compute: Callable[[Any], _T],
-    same: Callable[[_T, _T], bool],
-    what: str,
-) -> _T:
-    """`compute(jaxpr)`, kept in `table` while the caches are on (`quax.caching`),
-    under the key of `jaxpr` (see `quax._caching._keys.jaxpr_key`). In verify mode
-    a hit is computed afresh, and raises a `quax.CacheMismatchError` when `same`
-    tells the two apart (`what` says what was compared).
-
-    **Arguments:**
-
-    - `table`: where the entries are kept.
-    - `jaxpr`: the jaxpr (closed or open) `compute` reads.
-    - `compute`: a function of the jaxpr alone.
-    - `same`: whether a kept and a fresh result agree.
-    - `what`: what `same` compares, for the error.
-
-    **Returns:**
-
-    `compute(jaxpr)`, or the result it gave before for this jaxpr.
-    """
-    if not _caches.is_enabled():
-        return compute(jaxpr)
-    try:
-        key, parts = jaxpr_key(jaxpr)
-    except TypeError:  # a jaxpr that is not weakly referable: not kept
-        return compute(jaxpr)
-    return _caches.remembered(
-        table, key, JAXPR, parts, lambda: compute(jaxpr), what, same, jaxpr
-    )
-
-
-# Jaxprs that hold staged values -------------------------------------------------------
-
-_holds = JaxprTable("jaxprs: whether each stages a value", MAX_JAXPRS)
-
-
-def holds_staged_values(params: dict[str, Any]) -> bool:
-    """Whether the sub-jaxprs among a primitive's `params` stage a value (see
-    `quax._dispatch._staged`)."""
-    return any(_param_holds(p) for p in params.values())
-
-
-def jaxpr_holds_staged_values(jaxpr: Any) -> bool:
-    """Whether a closed or open jaxpr (or its sub-jaxprs) stages a value; kept per
-    jaxpr. For a primitive whose only sub-jaxpr is known (an inlined `jit`'s
-    `jaxpr`), this is `holds_staged_values` without a walk over every param."""
-    return _jaxpr_holds(jaxpr.jaxpr if type(jaxpr) is ClosedJaxpr else jaxpr)
-
-
-def _param_holds(p: Any) -> bool:
-    if isinstance(p, ClosedJaxpr):
-        return _jaxpr_holds(p.jaxpr)
-    if isinstance(p, Jaxpr):
-        return _jaxpr_holds(p)
-    if isinstance(p, tuple):
-        return any(_param_holds(x) for x in p)
-    return False
-
-
-def _jaxpr_holds(jaxpr: Any) -> bool:
-    return per_jaxpr(
-        _holds, jaxpr, _walk_holds, operator.eq, "whether it stages a value"
-    )
-
-
-def _walk_holds(jaxpr: Any) -> bool:
-    return any(
-        eqn.primitive is staged_value_p or holds_staged_values(eqn.params)
-        for eqn in jaxpr.eqns
-    )
-
-
-class _Step(NamedTuple):
-    """How `eval_quaxified` binds one equation, worked out once per jaxpr."""
-
-    primitive: Primitive
-    invars: list[Any]
-    outvars: list[Any]
-    # The bind params, or `None` for a primitive with its own `get_bind_params`
-    # (called on `eqn_params` each time: it may build new functions).
-    params: dict[str, Any] | None
-    eqn_params: dict[str, Any]
-    # Whether the equation is computed now when its inputs are constants: it calls
-    # no host callback and (bind params known) no sub-jaxpr, has no effects, and
-    # its outputs are small and not device-varying (`pvary` of a constant, in
-    # `shard_map`, has no value outside it).
-    foldable: bool
-    # Whether it may skip `bind`'s checks on tracers (see `binds_directly`).
-    direct: bool
-    traceback: Any
-    names: Any
-    ctx: Any
-    multiple_results: bool
-
-
-def _own_bind_params(primitive: Primitive) -> bool:
-    return type(
-        primitive
-    ).get_bind_params is not Primitive.get_bind_params or "get_bind_params" in vars(
-        primitive
-    )
-
-
-# Each jaxpr's steps, worked out once (the interpreter's hot path reads them).
-_steps = JaxprTable("jaxpr interpreter: the steps of each jaxpr", MAX_JAXPRS)
-
-
-def _steps_of(jaxpr: Any) -> list[_Step]:
-    return per_jaxpr(_steps, jaxpr, _read_steps, _same_steps, "its equations' steps")
-
-
-def _read_steps(jaxpr: Any) -> list[_Step]:
-    """How `eval_quaxified` binds each equation of the open `jaxpr`."""
-    steps = []
-    for eqn in jaxpr.eqns:
-        primitive = eqn.primitive
-        params = None if _own_bind_params(primitive) else eqn.params
-        foldable = (
-            primitive not in _CALLBACKS
-            and not eqn.effects
-            and (params is None or not _calls_jaxpr(params))
-            and all(
-                getattr(v.aval, "size", FOLD_MAX_SIZE + 1) <= FOLD_MAX_SIZE
-                for v in eqn.outvars
-            )
-            and not any(is_varying(v.aval) for v in eqn.outvars)
-        )
-        direct = (
-            params is not None
-            and binds_directly(primitive)
-            and not (params and primitive.is_high(**params))
-        )
-        source_info = eqn.source_info
-        steps.append(
-            _Step(
-                primitive,
-                eqn.invars,
-                eqn.outvars,
-                params,
-                eqn.params,
-                foldable,
-                direct,
-                source_info.traceback,
-                source_info.name_stack,
-                eqn.ctx,
-                primitive.multiple_results,
-            )
-        )
-    return steps
-
-
-def _same_steps(kept: list[_Step], fresh: list[_Step]) -> bool:
-    """Whether two readings of a jaxpr's steps are of the same equations: every
-    field the same object (the equation's own), or equal."""
-    try:
-        return len(kept) == len(fresh) and all(
-            a is b or a == b
-            for k, f in zip(kept, fresh, strict=True)
-            for a, b in zip(k, f, strict=True)
-        )
-    except Exception:  # fields that cannot be compared: other equations
-        return False
-
-
-def _is_constant(x: Any) -> bool:
-    return not isinstance(x, _TRACED)
-
-
-def _is_tracer(x: Any) -> bool:
-    return isinstance(x, Tracer)
-
-
-def eval_quaxified(
-    jaxpr: Any, consts: Sequence[Any], *args: Any, trace: Any = None
-) -> list[Any]:
-    """Evaluate `jaxpr` at the current trace, as `jax.core.eval_jaxpr` does, except
-    that an equation on constants only, calling no sub-jaxpr and no host callback,
-    with every output of at most `FOLD_MAX_SIZE` elements, is computed now (as under
-    `jax.ensure_compile_time_eval`): otherwise under an enclosing `jit` the
-    constants a jaxpr computes (`convert_element_type(1.5)`, a `full` of NaNs) would
-    reach the rules as tracers, whereas the Python program gave them as numbers.
-    Under a quax trace, every other equation is dispatched.
-
-    **Arguments:**
-
-    - `jaxpr`: an open jaxpr.
-    - `consts`: the values of its constvars.
-    - `*args`: the values of its invars.
-    - `trace`: the current trace, when the caller knows it and `args` passed a
-        `bind` already (as an inlined `jit`'s did): equations on tracers then skip
-        `bind`'s checks, which hold there.
-
-    **Returns:**
-
-    The values of its outvars.
-    """
-    if _evaluations.reports:
-        for report in _evaluations.reports:
-            report.total += 1
-    env: dict[Any, Any] = dict(zip(jaxpr.constvars, consts, strict=True))
-    env.update(zip(jaxpr.invars, args, strict=True))
-    # Each equation's name stack extends the current one, which the loop leaves as it
-    # finds it.
-    outer_names = current_source_info().name_stack
-    if trace is not None and manual_axes_active():
-        trace = None  # `bind` may reshard inputs inside `shard_map`.
-    for step in _steps_of(jaxpr):
-        primitive = step.primitive
-        invals = [v.val if type(v) is Literal else env[v] for v in step.invars]
-        params = step.params
-        if params is None:
-            params = primitive.get_bind_params(step.eqn_params)
-            # The constant check first: it usually declines at the first tracer.
-            now = (
-                step.foldable
-                and all(map(_is_constant, invals))
-                and not _calls_jaxpr(params)
-            )
-        else:
-            now = step.foldable and all(map(_is_constant, invals))
-        names = step.names
-        with (
-            user_context(
-                step.traceback,
-                name_stack=outer_names + names if names else outer_names,
-            ),
-            eqn_context(step.ctx),
-        ):
-            if now:
-                with jax.ensure_compile_time_eval():
-                    ans = primitive.bind(*invals, **params)
-            elif trace is not None and step.direct and all(map(_is_tracer, invals)):
-                # What `bind` does after its checks.
-                process = ft.partial(trace.process_primitive, primitive)
-                ans = call_at_trace(EVAL_TRACE, process, invals, params)
-            else:
-                ans = primitive.bind(*invals, **params)
-        if step.multiple_results:
-            env.update(zip(step.outvars, ans, strict=True))
-        else:
-            env[step.outvars[0]] = ans
-    return [v.val if type(v) is Literal else env[v] for v in jaxpr.outvars]
+def require_concrete(x: Any) -> None:
+    """Raise `ConcreteNeeded` when `x` is a tracer of the compiled eager program
+    being traced (equation by equation, it would be a concrete array)."""
+    trace = eager_program.trace
+    if trace is not None and isinstance(x, Tracer) and x._trace is trace:
+        raise ConcreteNeeded
 
 
 class ValueAsked(BaseException):
@@ -892,50 +583,3 @@ def _scale_op(fn: Callable[..., Any], *scales: Any) -> Any:
 def _number(t: Any) -> Any:
     """The array `t` of one element, 0-dimensional."""
     return t if np.ndim(t) == 0 else t.reshape(())
-
-
-# Counting evaluations ----------------------------------------------------------------
-
-
-@dataclasses.dataclass
-class EvaluationReport:
-    """How many jaxprs (bodies of higher-order primitives, inlined `jit`s) quax
-    evaluated on values in a block: each is one re-trace of a body."""
-
-    total: int = 0
-
-
-class _Evaluations(threading.local):
-    reports: list[EvaluationReport]
-
-    def __init__(self) -> None:
-        self.reports = []
-
-
-_evaluations = _Evaluations()
-
-
-@contextlib.contextmanager
-def track_evaluations() -> Iterator[EvaluationReport]:
-    """Count the jaxprs quax evaluates inside the block, in this thread.
-
-    JAX traces a loop's or a branch's body once into a jaxpr; quax evaluates that
-    jaxpr on the values once per branch or function, plus once per round of type
-    joins. This counts those evaluations (benchmarks use it to measure re-traces).
-
-    ```python
-    with quax.plugins.track_evaluations() as report:
-        quax.quaxify(f)(x)
-    print(report.total)
-    ```
-
-    **Returns:**
-
-    A [`quax.plugins.EvaluationReport`][], filled in as the block runs.
-    """
-    report = EvaluationReport()
-    _evaluations.reports.append(report)
-    try:
-        yield report
-    finally:
-        _evaluations.reports.remove(report)
