@@ -362,6 +362,40 @@ def test_minutes_and_seconds_give_the_same_physical_solve():
 
 
 @pytest.mark.float64
+def test_controller_times_as_quantities():
+    """`PIDController(step_ts=..., dtmin=...)` (a `ClipStepSizeController` around
+    a `PIDController`) with its times in milliseconds, in a solve in seconds: the
+    plain solve's steps (it steps to each of `step_ts`) and numbers."""
+
+    def solve(t0, t1, dt0, step_ts, dtmin, y0, rate, atol):
+        controller = dfx.PIDController(
+            rtol=1e-8, atol=atol, dtmin=dtmin, step_ts=step_ts
+        )
+        sol = _tsit5(y0, rate, t0, t1, dt0, dfx.SaveAt(t1=True), controller)
+        assert sol.ys is not None  # saved at `t1`
+        return sol.ys[-1], sol.stats["num_steps"]
+
+    with jax.enable_x64(True), _no_leak_check():
+        y0, step_ts = jnp.array([1.0, 2.0]), jnp.array([0.25, 0.5, 0.75])
+        want, want_steps = solve(0.0, 1.0, 0.1, step_ts, 1e-6, y0, 0.5, 1e-8)
+        _, no_stop_steps = solve(0.0, 1.0, 0.1, None, 1e-6, y0, 0.5, 1e-8)
+        got, steps = quax.quaxify(solve)(
+            Quantity(0.0, "s"),
+            Quantity(1.0, "s"),
+            Quantity(100.0, "ms"),
+            Quantity(step_ts * 1000, "ms"),
+            Quantity(1e-3, "ms"),
+            Quantity(y0, "m"),
+            Quantity(0.5, "1 / s"),
+            Quantity(1e-8, "m"),
+        )
+        np.testing.assert_allclose(ustrip("m", got), want, rtol=1e-9)
+    assert int(steps) == int(want_steps)
+    # The stops are taken: without them the solve takes other steps.
+    assert int(no_stop_steps) != int(want_steps)
+
+
+@pytest.mark.float64
 def test_vector_fields_see_times_as_quantities():
     """A vector field that reads `t` (a constant acceleration's velocity, `a t`)
     gets it as a quantity in the solve's unit: `y(t1) = a t1^2 / 2`, which Tsit5
