@@ -363,14 +363,13 @@ def test_minutes_and_seconds_give_the_same_physical_solve():
 
 @pytest.mark.float64
 def test_controller_times_as_quantities():
-    """`PIDController(step_ts=..., dtmin=...)` (a `ClipStepSizeController` around
-    a `PIDController`) with its times in milliseconds, in a solve in seconds: the
-    plain solve's steps (it steps to each of `step_ts`) and numbers."""
+    """A `ClipStepSizeController`'s `step_ts` around a `PIDController`'s `dtmin`,
+    in milliseconds, in a solve in seconds: the plain solve's steps (it steps to
+    each of `step_ts`) and numbers."""
 
     def solve(t0, t1, dt0, step_ts, dtmin, y0, rate, atol):
-        controller = dfx.PIDController(
-            rtol=1e-8, atol=atol, dtmin=dtmin, step_ts=step_ts
-        )
+        pid = dfx.PIDController(rtol=1e-8, atol=atol, dtmin=dtmin)
+        controller = dfx.ClipStepSizeController(pid, step_ts=step_ts)
         sol = _tsit5(y0, rate, t0, t1, dt0, dfx.SaveAt(t1=True), controller)
         assert sol.ys is not None  # saved at `t1`
         return sol.ys[-1], sol.stats["num_steps"]
@@ -417,6 +416,51 @@ def test_vector_fields_see_times_as_quantities():
                 Quantity(2.0, "m / s2"),
             )
             np.testing.assert_allclose(ustrip("m", y1), 9.0, rtol=1e-12)
+
+
+@pytest.mark.float64
+def test_a_plain_state_with_a_rate_per_unit_of_time():
+    """A plain (dimensionless) state whose rate is per second: its change per
+    plain millisecond is a dimensionless quantity, given to diffrax as plain
+    numbers, as the state is. The plain solve's numbers."""
+
+    def solve(t0, t1, dt0, y0, rate):
+        sol = qudfx.diffeqsolve(dfx.ODETerm(_rate), dfx.Tsit5(), t0, t1, dt0, y0, rate)
+        assert sol.ys is not None  # saved at `t1`
+        return sol.ys[-1]
+
+    with jax.enable_x64(True), _no_leak_check():
+        y0 = jnp.array([1.0, 2.0])
+        want = solve(0.0, 1.0, 0.1, y0, 0.5)
+        got = jax.jit(quax.quaxify(solve))(
+            Quantity(0.0, "ms"),
+            Quantity(1.0, "s"),
+            Quantity(100.0, "ms"),
+            y0,
+            Quantity(0.5, "1 / s"),
+        )
+        assert not isinstance(got, Quantity)
+        np.testing.assert_allclose(got, want, rtol=1e-9)
+        np.testing.assert_allclose(got, y0 * np.exp(-0.5), rtol=1e-6)
+
+
+def test_a_plain_state_with_a_plain_rate_is_refused():
+    """A plain state whose vector field returns plain numbers, with times as
+    quantities: the rate per what? Refused (called outside `quax.quaxify`, where
+    the vector field's output is a quantity that the check sees)."""
+    with (
+        _no_leak_check(),
+        pytest.raises(UnitError, match=r"change over one ms is in ms \(s\), where a"),
+    ):
+        qudfx.diffeqsolve(
+            dfx.ODETerm(_rate),
+            dfx.Euler(),
+            Quantity(0.0, "ms"),
+            Quantity(1.0, "s"),
+            Quantity(100.0, "ms"),
+            jnp.array([1.0, 2.0]),
+            0.5,
+        )
 
 
 @pytest.mark.float64

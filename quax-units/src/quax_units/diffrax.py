@@ -78,15 +78,41 @@ def _quantity(x: Any) -> Quantity | None:
 class _PerTimeUnit(eqx.Module):
     """A vector field for diffrax's plain times in `unit`: it calls `vector_field`
     with `t` as a quantity in `unit`, and returns its rate times one `unit` (the
-    change per plain unit of time)."""
+    change per plain unit of time). Where the state's leaf is plain (`plain`, one
+    flag per leaf of the state), that change is a dimensionless quantity (a rate in
+    `1 / s` times one second): it is given as its plain numbers, so that the output
+    has the state's structure, as diffrax checks (`ustrip` raises a `UnitError`
+    where the change is not dimensionless)."""
 
     vector_field: Callable[..., Any]
     unit: Unit = eqx.field(static=True)
+    plain: tuple[bool, ...] = eqx.field(static=True)
 
     def __call__(self, t: Any, y: Any, args: Any) -> Any:
         rate = self.vector_field(Quantity(t, self.unit), y, args)
         one = Quantity(1.0, self.unit)
-        return jax.tree.map(lambda r: r * one, rate, is_leaf=quax.is_value)
+        changes, structure = jax.tree.flatten(rate, is_leaf=quax.is_value)
+        changes = [c * one for c in changes]
+        if len(changes) == len(self.plain):
+            changes = [
+                self._plain_change(c) if plain else c
+                for c, plain in zip(changes, self.plain, strict=True)
+            ]
+        return jax.tree.unflatten(structure, changes)
+
+    def _plain_change(self, change: Any) -> Any:
+        """The plain numbers of the change of a plain leaf of the state."""
+        q = _quantity(change)
+        if q is not None and not q.units.is_dimensionless:
+            raise UnitError(
+                "With times as quantities, an `ODETerm`'s vector field returns a "
+                "rate (the state's units per unit of time): for a plain leaf of the "
+                f"state it returned one whose change over one {self.unit} is in "
+                f"{q.unit} ({q.units}), where a plain state needs a dimensionless "
+                "change. Return a rate in `1 / s` (`-y * Quantity(0.5, '1 / s')`), "
+                "or give the state a unit."
+            )
+        return ustrip("", change)
 
 
 class _PerTimeUnitSave(eqx.Module):
@@ -229,14 +255,18 @@ def _strip_controller(controller: Any, prefix: str, stripped: dict[str, Any]) ->
     return controller
 
 
-def _per_time_unit_terms(terms: Any, time_unit: Unit) -> Any:
+def _per_time_unit_terms(terms: Any, time_unit: Unit, y0: Any) -> Any:
     """`terms` with every `ODETerm`'s vector field taking and giving times in
-    `time_unit` (`MultiTerm`s term by term); other terms are refused."""
+    `time_unit` (`MultiTerm`s term by term), for the state `y0`; other terms are
+    refused."""
     dfx = _diffrax()
+    plain = tuple(
+        _quantity(leaf) is None for leaf in jax.tree.leaves(y0, is_leaf=quax.is_value)
+    )
 
     def convert(term: Any) -> Any:
         if type(term) is dfx.ODETerm:
-            return dfx.ODETerm(_PerTimeUnit(term.vector_field, time_unit))
+            return dfx.ODETerm(_PerTimeUnit(term.vector_field, time_unit, plain))
         if type(term) is dfx.MultiTerm:
             return dfx.MultiTerm(*(convert(t) for t in term.terms))
         raise TypeError(
@@ -385,7 +415,7 @@ def diffeqsolve(
         for i, sub in enumerate(subs)
     ]
     sol = dfx.diffeqsolve(
-        _per_time_unit_terms(terms, unit_of_time),
+        _per_time_unit_terms(terms, unit_of_time, y0),
         solver,
         stripped["t0"],
         stripped["t1"],
