@@ -419,6 +419,39 @@ def test_vector_fields_see_times_as_quantities():
 
 
 @pytest.mark.float64
+def test_multiterms_and_stepto_with_times_as_quantities():
+    """A `MultiTerm` of two `ODETerm`s (each half of the acceleration), stepping
+    to `StepTo` times in milliseconds with `dt0=None`, in a solve in seconds: each
+    term sees `t` as a quantity; `y(t1) = a t1^2 / 2` exactly."""
+
+    def solve(t0, t1, ts, y0, acceleration):
+        half = dfx.ODETerm(lambda t, y, args: 0.5 * args * t)
+        sol = qudfx.diffeqsolve(
+            dfx.MultiTerm(half, half),
+            dfx.Tsit5(),
+            t0,
+            t1,
+            None,
+            y0,
+            acceleration,
+            stepsize_controller=dfx.StepTo(ts=ts),
+        )
+        assert sol.ys is not None  # saved at `t1`
+        return sol.ys[-1], sol.stats["num_steps"]
+
+    with jax.enable_x64(True), _no_leak_check():
+        y1, steps = quax.quaxify(solve)(
+            Quantity(0.0, "s"),
+            Quantity(3.0, "s"),
+            Quantity(jnp.linspace(0.0, 3000.0, 7), "ms"),
+            Quantity(0.0, "m"),
+            Quantity(2.0, "m / s2"),
+        )
+        np.testing.assert_allclose(ustrip("m", y1), 9.0, rtol=1e-12)
+    assert int(steps) == 6
+
+
+@pytest.mark.float64
 def test_a_plain_state_with_a_rate_per_unit_of_time():
     """A plain (dimensionless) state whose rate is per second: its change per
     plain millisecond is a dimensionless quantity, given to diffrax as plain

@@ -204,6 +204,7 @@ def _replace(module: Any, **fields: Any) -> Any:
 
 
 def _subs(saveat: Any) -> list[Any]:
+    """The `SubSaveAt`s of `saveat`, in the order of its `subs` pytree."""
     dfx = _diffrax()
     return jax.tree.leaves(saveat.subs, is_leaf=lambda s: isinstance(s, dfx.SubSaveAt))
 
