@@ -5,7 +5,10 @@ The solves run in float64, as adaptive solves are run, and carry the `float64`
 marker: on a TPU, which has no native float64, lineax's LU fails in XLA's emulation
 of it (seen on a TPU v5e), and they skip there."""
 
+import functools as ft
 import re
+import subprocess
+import sys
 
 import diffrax as dfx
 import equinox as eqx
@@ -15,6 +18,8 @@ import lineax as lx
 import numpy as np
 import pytest
 import quax
+import quax_units
+import quax_units.diffrax as qudfx
 from quax_units import Quantity, UnitError, ustrip
 
 
@@ -195,7 +200,8 @@ def test_times_as_quantities_inside_diffrax_say_how_to_pass_them():
         pytest.raises(
             UnitError,
             match=r"`select_n` needs .* s \[s\] and plain array.*"
-            r"diffrax's `linear_rescale`.*ustrip\('s', t0\).*f\(t \* s, y, args\) \* s",
+            r"diffrax's `linear_rescale`.*`quax_units\.diffrax\.diffeqsolve`.*"
+            r"ustrip\('s', t0\).*f\(t \* s, y, args\) \* s",
         ),
     ):
         quax.quaxify(solve)(
@@ -222,3 +228,477 @@ def test_atol_in_the_wrong_units_reports_the_first_unit_error():
         )
     notes = "\n".join(getattr(error.value, "__notes__", []))
     assert re.search(r"UnitError: `add` needs .* s \[s\] and cm \[m\]", notes), notes
+
+
+# `quax_units.diffrax.diffeqsolve`: diffrax's solve with times as quantities ----------
+
+
+def _tsit5(y0, rate, t0, t1, dt0, saveat, controller, **kwargs):
+    """An adaptive Tsit5 solve of `_rate` through `quax_units.diffrax`."""
+    return qudfx.diffeqsolve(
+        dfx.ODETerm(_rate),
+        dfx.Tsit5(),
+        t0,
+        t1,
+        dt0,
+        y0,
+        rate,
+        saveat=saveat,
+        stepsize_controller=controller,
+        **kwargs,
+    )
+
+
+def _times_solve(y0, rate, t0, t1, dt0, atol, dtmax):
+    """The adaptive Tsit5 solve of `_solve`, through `quax_units.diffrax`, saved at
+    five times from `t0` to `t1` (quantities where the times are)."""
+    sol = _tsit5(
+        y0,
+        rate,
+        t0,
+        t1,
+        dt0,
+        dfx.SaveAt(ts=jnp.linspace(t0, t1, 5)),
+        dfx.PIDController(rtol=1e-8, atol=atol, dtmax=dtmax),
+    )
+    return sol.ys, sol.stats["num_steps"], sol.ts, sol.t0, sol.t1
+
+
+def _plain_reference(y0, rate, t1, dt0, dtmax):
+    """The same solve with plain times, through diffrax itself."""
+    sol = dfx.diffeqsolve(
+        dfx.ODETerm(_rate),
+        dfx.Tsit5(),
+        0.0,
+        t1,
+        dt0,
+        y0,
+        args=rate,
+        saveat=dfx.SaveAt(ts=jnp.linspace(0.0, t1, 5)),
+        stepsize_controller=dfx.PIDController(rtol=1e-8, atol=1e-8, dtmax=dtmax),
+    )
+    assert sol.ys is not None  # saved at `ts`
+    return sol.ys, sol.stats["num_steps"]
+
+
+@pytest.mark.float64
+@pytest.mark.parametrize("unit", ["s", "ms"])
+def test_diffeqsolve_with_times_as_quantities(unit):
+    """`t0`, `t1`, `dt0`, `SaveAt(ts=...)` and the controller's `dtmax` as
+    quantities (in mixed units of time), the state in centimetres: the plain-time
+    solve's numbers and steps, and the solution's times in `t0`'s unit."""
+    scale = {"s": 1.0, "ms": 1000.0}[unit]
+    with jax.enable_x64(True), _no_leak_check():
+        y0 = jnp.array([1.0, 2.0])
+        want, want_steps = _plain_reference(y0, 0.5, 1.0, 0.1, 0.3)
+        got, steps, ts, t0, t1 = jax.jit(quax.quaxify(_times_solve))(
+            Quantity(y0 * 100, "cm"),
+            Quantity(0.5, "1 / s"),
+            Quantity(0.0, unit),
+            Quantity(1.0, "s"),
+            Quantity(100.0, "ms"),
+            Quantity(1e-6, "cm"),
+            Quantity(0.3 * scale, unit),
+        )
+    np.testing.assert_allclose(ustrip("m", got), want, rtol=1e-9)
+    assert int(steps) == int(want_steps)
+    # The exact solution, independently of diffrax.
+    np.testing.assert_allclose(
+        ustrip("m", got)[-1], np.array([1.0, 2.0]) * np.exp(-0.5), rtol=1e-7
+    )
+    # The solution's times are quantities in t0's unit (under `jit`, the unit of
+    # the first trace; the numbers are right whatever the display).
+    for t, expected in ((ts, np.linspace(0.0, 1.0, 5)), (t0, 0.0), (t1, 1.0)):
+        assert isinstance(t, Quantity)
+        np.testing.assert_allclose(ustrip("s", t), expected, rtol=1e-12, atol=0)
+
+
+@pytest.mark.float64
+def test_minutes_and_seconds_give_the_same_physical_solve():
+    """The same physical problem, with times in minutes and in seconds, eagerly.
+    The `SaveAt` is built outside the quaxified function with `quax.quaxify`
+    (diffrax converts `ts` with `jnp.asarray`, which refuses a quantity outside
+    it)."""
+
+    def solve(y0, rate, t0, t1, dt0, saveat, time_unit=None):
+        atol = Quantity(1e-9, "m")
+        controller = dfx.PIDController(rtol=1e-9, atol=atol)
+        sol = _tsit5(y0, rate, t0, t1, dt0, saveat, controller, time_unit=time_unit)
+        return sol.ys, sol.ts, sol.t1, sol.stats["num_steps"]
+
+    with jax.enable_x64(True), _no_leak_check():
+        y0 = Quantity(jnp.array([1.0, 2.0]), "m")
+        rate = Quantity(0.01, "1 / s")
+        in_minutes = Quantity(jnp.array([0.5, 1.0, 2.0]), "min")
+        at_minutes = quax.quaxify(dfx.SaveAt)(ts=in_minutes)
+        at_seconds = quax.quaxify(dfx.SaveAt)(ts=in_minutes.to("s"))
+        minute, second = Quantity(1.0, "min"), Quantity(1.0, "s")
+        minutes = quax.quaxify(solve)(
+            y0, rate, 0.0 * minute, 2.0 * minute, second, at_minutes
+        )
+        seconds = quax.quaxify(solve)(
+            y0, rate, 0.0 * second, 120.0 * second, second, at_seconds
+        )
+        in_seconds = quax.quaxify(ft.partial(solve, time_unit="s"))(
+            y0, rate, 0.0 * minute, 2.0 * minute, second, at_minutes
+        )
+    exact = (
+        np.array([1.0, 2.0]) * np.exp(-0.01 * np.array([30.0, 60.0, 120.0]))[:, None]
+    )
+    for (ys, ts, t1, _), shown in (
+        (minutes, "min"),
+        (seconds, "s"),
+        (in_seconds, "s"),
+    ):
+        np.testing.assert_allclose(ustrip("m", ys), exact, rtol=1e-7)
+        assert ts.unit == quax_units.unit(shown)
+        np.testing.assert_allclose(ustrip("s", ts), [30.0, 60.0, 120.0], rtol=1e-12)
+        np.testing.assert_allclose(ustrip("s", t1), 120.0, rtol=1e-12)
+    np.testing.assert_allclose(
+        ustrip("m", minutes[0]), ustrip("m", seconds[0]), rtol=1e-9
+    )
+    # The same steps: only the numbers diffrax steps with differ.
+    assert int(minutes[3]) == int(seconds[3]) == int(in_seconds[3])
+
+
+@pytest.mark.float64
+def test_controller_times_as_quantities():
+    """A `ClipStepSizeController`'s `step_ts` around a `PIDController`'s `dtmin`,
+    in milliseconds, in a solve in seconds: the plain solve's steps (it steps to
+    each of `step_ts`) and numbers."""
+
+    def solve(t0, t1, dt0, step_ts, dtmin, y0, rate, atol):
+        pid = dfx.PIDController(rtol=1e-8, atol=atol, dtmin=dtmin)
+        controller = dfx.ClipStepSizeController(pid, step_ts=step_ts)
+        sol = _tsit5(y0, rate, t0, t1, dt0, dfx.SaveAt(t1=True), controller)
+        assert sol.ys is not None  # saved at `t1`
+        return sol.ys[-1], sol.stats["num_steps"]
+
+    with jax.enable_x64(True), _no_leak_check():
+        y0, step_ts = jnp.array([1.0, 2.0]), jnp.array([0.25, 0.5, 0.75])
+        want, want_steps = solve(0.0, 1.0, 0.1, step_ts, 1e-6, y0, 0.5, 1e-8)
+        _, no_stop_steps = solve(0.0, 1.0, 0.1, None, 1e-6, y0, 0.5, 1e-8)
+        got, steps = quax.quaxify(solve)(
+            Quantity(0.0, "s"),
+            Quantity(1.0, "s"),
+            Quantity(100.0, "ms"),
+            Quantity(step_ts * 1000, "ms"),
+            Quantity(1e-3, "ms"),
+            Quantity(y0, "m"),
+            Quantity(0.5, "1 / s"),
+            Quantity(1e-8, "m"),
+        )
+        np.testing.assert_allclose(ustrip("m", got), want, rtol=1e-9)
+    assert int(steps) == int(want_steps)
+    # The stops are taken: without them the solve takes other steps.
+    assert int(no_stop_steps) != int(want_steps)
+
+
+@pytest.mark.float64
+def test_vector_fields_see_times_as_quantities():
+    """A vector field that reads `t` (a constant acceleration's velocity, `a t`)
+    gets it as a quantity in the solve's unit: `y(t1) = a t1^2 / 2`, which Tsit5
+    integrates exactly, whatever the unit the solve steps in."""
+
+    def solve(t0, t1, dt0, y0, acceleration):
+        term = dfx.ODETerm(lambda t, y, args: args * t)
+        sol = qudfx.diffeqsolve(term, dfx.Tsit5(), t0, t1, dt0, y0, acceleration)
+        assert sol.ys is not None  # saved at `t1`
+        return sol.ys[-1]
+
+    with jax.enable_x64(True), _no_leak_check():
+        for unit in ("ms", "s", "min"):
+            y1 = quax.quaxify(solve)(
+                Quantity(0.0, unit),
+                Quantity(3.0, "s"),
+                Quantity(500.0, "ms"),
+                Quantity(0.0, "m"),
+                Quantity(2.0, "m / s2"),
+            )
+            np.testing.assert_allclose(ustrip("m", y1), 9.0, rtol=1e-12)
+
+
+@pytest.mark.float64
+def test_multiterms_and_stepto_with_times_as_quantities():
+    """A `MultiTerm` of two `ODETerm`s (each half of the acceleration), stepping
+    to `StepTo` times in milliseconds with `dt0=None`, in a solve in seconds: each
+    term sees `t` as a quantity; `y(t1) = a t1^2 / 2` exactly."""
+
+    def solve(t0, t1, ts, y0, acceleration):
+        half = dfx.ODETerm(lambda t, y, args: 0.5 * args * t)
+        sol = qudfx.diffeqsolve(
+            dfx.MultiTerm(half, half),
+            dfx.Tsit5(),
+            t0,
+            t1,
+            None,
+            y0,
+            acceleration,
+            stepsize_controller=dfx.StepTo(ts=ts),
+        )
+        assert sol.ys is not None  # saved at `t1`
+        return sol.ys[-1], sol.stats["num_steps"]
+
+    with jax.enable_x64(True), _no_leak_check():
+        y1, steps = quax.quaxify(solve)(
+            Quantity(0.0, "s"),
+            Quantity(3.0, "s"),
+            Quantity(jnp.linspace(0.0, 3000.0, 7), "ms"),
+            Quantity(0.0, "m"),
+            Quantity(2.0, "m / s2"),
+        )
+        np.testing.assert_allclose(ustrip("m", y1), 9.0, rtol=1e-12)
+    assert int(steps) == 6
+
+
+@pytest.mark.float64
+def test_a_plain_state_with_a_rate_per_unit_of_time():
+    """A plain (dimensionless) state whose rate is per second: its change per
+    plain millisecond is a dimensionless quantity, given to diffrax as plain
+    numbers, as the state is. The plain solve's numbers."""
+
+    def solve(t0, t1, dt0, y0, rate):
+        sol = qudfx.diffeqsolve(dfx.ODETerm(_rate), dfx.Tsit5(), t0, t1, dt0, y0, rate)
+        assert sol.ys is not None  # saved at `t1`
+        return sol.ys[-1]
+
+    with jax.enable_x64(True), _no_leak_check():
+        y0 = jnp.array([1.0, 2.0])
+        want = solve(0.0, 1.0, 0.1, y0, 0.5)
+        got = jax.jit(quax.quaxify(solve))(
+            Quantity(0.0, "ms"),
+            Quantity(1.0, "s"),
+            Quantity(100.0, "ms"),
+            y0,
+            Quantity(0.5, "1 / s"),
+        )
+        assert not isinstance(got, Quantity)
+        np.testing.assert_allclose(got, want, rtol=1e-9)
+        np.testing.assert_allclose(got, y0 * np.exp(-0.5), rtol=1e-6)
+
+
+def test_a_plain_state_with_a_plain_rate_is_refused():
+    """A plain state whose vector field returns plain numbers, with times as
+    quantities: the rate per what? Refused (called outside `quax.quaxify`, where
+    the vector field's output is a quantity that the check sees)."""
+    with (
+        _no_leak_check(),
+        pytest.raises(UnitError, match=r"change over one ms is in ms \(s\), where a"),
+    ):
+        qudfx.diffeqsolve(
+            dfx.ODETerm(_rate),
+            dfx.Euler(),
+            Quantity(0.0, "ms"),
+            Quantity(1.0, "s"),
+            Quantity(100.0, "ms"),
+            jnp.array([1.0, 2.0]),
+            0.5,
+        )
+
+
+@pytest.mark.float64
+def test_save_functions_see_times_as_quantities():
+    """A `SubSaveAt`'s `fn` gets `t` as a quantity in the solve's unit: saving `t`
+    itself gives the save times in that unit."""
+    with jax.enable_x64(True), _no_leak_check():
+
+        def solve(t0, t1, dt0, y0, rate):
+            ts = jnp.linspace(t0, t1, 3)
+            sol = qudfx.diffeqsolve(
+                dfx.ODETerm(_rate),
+                dfx.Euler(),
+                t0,
+                t1,
+                dt0,
+                y0,
+                rate,
+                saveat=dfx.SaveAt(
+                    subs=[
+                        dfx.SubSaveAt(ts=ts, fn=lambda t, y, args: t * args),
+                        dfx.SubSaveAt(t1=True),
+                    ]
+                ),
+            )
+            return sol.ys, sol.ts
+
+        (scaled_times, y1), (ts, t1s) = quax.quaxify(solve)(
+            Quantity(0.0, "ms"),
+            Quantity(1.0, "s"),
+            Quantity(0.1, "s"),
+            Quantity(1.0, "m"),
+            Quantity(1.0, "1 / s"),
+        )
+        # `t * args` is dimensionless: `t` was a time.
+        np.testing.assert_allclose(
+            ustrip("", scaled_times), [0.0, 0.5, 1.0], rtol=1e-12
+        )
+        np.testing.assert_allclose(ustrip("ms", ts), [0.0, 500.0, 1000.0], rtol=1e-12)
+        np.testing.assert_allclose(ustrip("s", t1s), [1.0], rtol=1e-12)
+        # Ten Euler steps of dy/dt = -y from 1 m.
+        np.testing.assert_allclose(ustrip("m", y1), 0.9**10, rtol=1e-9)
+
+
+@pytest.mark.float64
+def test_plain_times_run_diffrax_unchanged():
+    """Plain times: diffrax's own solve, bit for bit, also with a quantity state."""
+    with jax.enable_x64(True), _no_leak_check():
+        y0 = jnp.array([1.0, 2.0])
+        want, want_steps = _plain_reference(y0, 0.5, 1.0, 0.1, 0.3)
+        got, steps, ts, *_ = _times_solve(y0, 0.5, 0.0, 1.0, 0.1, 1e-8, 0.3)
+        in_cm, cm_steps, *_ = quax.quaxify(_times_solve)(
+            Quantity(y0 * 100, "cm"), 0.5, 0.0, 1.0, 0.1, Quantity(1e-6, "cm"), 0.3
+        )
+    np.testing.assert_array_equal(got, want)
+    assert int(steps) == int(want_steps) == int(cm_steps)
+    assert not isinstance(ts, Quantity)
+    np.testing.assert_allclose(ustrip("m", in_cm), want, rtol=1e-12)
+
+
+@pytest.mark.float64
+def test_gradients_through_a_solve_with_times_as_quantities():
+    """`jax.grad` with respect to the initial state and to the rate, through the
+    solve with times in milliseconds (constant steps): the plain solve's
+    gradients."""
+
+    def plain(y0, rate):
+        sol = dfx.diffeqsolve(dfx.ODETerm(_rate), dfx.Tsit5(), 0.0, 1.0, 0.1, y0, rate)
+        assert sol.ys is not None  # saved at `t1`
+        return sol.ys[-1].sum()
+
+    def timed(y0, rate):
+        sol = qudfx.diffeqsolve(
+            dfx.ODETerm(_rate),
+            dfx.Tsit5(),
+            Quantity(0.0, "ms"),
+            Quantity(1.0, "s"),
+            Quantity(100.0, "ms"),
+            Quantity(y0, "m"),
+            Quantity(rate, "1 / s"),
+        )
+        assert sol.ys is not None  # saved at `t1`
+        return ustrip("m", sol.ys[-1]).sum()
+
+    with jax.enable_x64(True), _no_leak_check():
+        y0, rate = jnp.array([1.0, 2.0]), 0.5
+        want = jax.grad(plain, argnums=(0, 1))(y0, rate)
+        got = jax.jit(jax.grad(quax.quaxify(timed), argnums=(0, 1)))(y0, rate)
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-9)
+    np.testing.assert_allclose(got[1], want[1], rtol=1e-9)
+    # d/dy0 of y0 e^{-r}: e^{-0.5}; d/dr: -(1 + 2) e^{-0.5} (Tsit5's ten steps).
+    np.testing.assert_allclose(got[0], np.exp(-0.5), rtol=1e-6)
+    np.testing.assert_allclose(got[1], -3.0 * np.exp(-0.5), rtol=1e-6)
+
+
+_S = Quantity(1.0, "s")
+
+
+@pytest.mark.parametrize(
+    ("times", "kwargs", "error", "message"),
+    [
+        (
+            (_S * 0.0, 1.0, _S * 0.1),
+            {},
+            UnitError,
+            r"got `t0`, `dt0` as quantities and `t1` as plain numbers: give every "
+            r"time as a quantity",
+        ),
+        (
+            (_S * 0.0, _S, _S * 0.1),
+            {
+                "stepsize_controller": dfx.PIDController(
+                    rtol=1e-6, atol=1e-6, dtmin=1e-3
+                )
+            },
+            UnitError,
+            r"`stepsize_controller.dtmin` as plain numbers",
+        ),
+        (
+            (_S * 0.0, Quantity(1.0, "m"), _S * 0.1),
+            {},
+            UnitError,
+            r"`t1` is not a time \(Cannot convert from m",
+        ),
+        (
+            (0.0, 1.0, 0.1),
+            {"time_unit": "s"},
+            UnitError,
+            r"got `time_unit` with plain times",
+        ),
+        (
+            (_S * 0.0, _S, _S * 0.1),
+            {"time_unit": "m"},
+            UnitError,
+            r"needs a unit of time, got m \(m\) as `time_unit`",
+        ),
+        (
+            (_S * 0.0, _S, _S * 0.1),
+            {"saveat": dfx.SaveAt(dense=True)},
+            TypeError,
+            r"does not save dense output",
+        ),
+        (
+            (_S * 0.0, _S, _S * 0.1),
+            {"event": dfx.Event(lambda t, y, args, **kw: t > 0.5)},
+            TypeError,
+            r"does not take an `event`",
+        ),
+    ],
+    ids=[
+        "mixed",
+        "plain-dtmin",
+        "not-a-time",
+        "unit-with-plain",
+        "unit-not-time",
+        "dense",
+        "event",
+    ],
+)
+def test_diffeqsolve_refusals(times, kwargs, error, message):
+    """Times that cannot be read without guessing a unit, and what the solve with
+    times as quantities does not do, are refused before diffrax runs."""
+    t0, t1, dt0 = times
+    with pytest.raises(error, match=message):
+        qudfx.diffeqsolve(
+            dfx.ODETerm(_rate),
+            dfx.Euler(),
+            t0,
+            t1,
+            dt0,
+            Quantity(1.0, "m"),
+            _S**-1,
+            **kwargs,
+        )
+
+
+def test_diffeqsolve_refuses_control_terms():
+    """A `ControlTerm`'s control is a path diffrax evaluates at plain times."""
+    control = dfx.ControlTerm(
+        lambda t, y, args: y,
+        dfx.LinearInterpolation(jnp.array([0.0, 1.0]), jnp.array([0.0, 1.0])),
+    )
+    terms = dfx.MultiTerm(dfx.ODETerm(_rate), control)
+    with pytest.raises(TypeError, match=r"not `ControlTerm`.*Solve with plain times"):
+        qudfx.diffeqsolve(
+            terms, dfx.Euler(), _S * 0.0, _S, _S * 0.1, Quantity(1.0, "m"), _S**-1
+        )
+
+
+def test_the_module_needs_no_diffrax(tmp_path):
+    """quax-units installs without diffrax: with diffrax missing, the family (and
+    `quax_units.diffrax`, as its layout check imports every module) imports, and
+    `diffeqsolve` says what to install."""
+    code = (
+        "import sys\n"
+        "sys.modules['diffrax'] = None\n"  # `import diffrax` raises ImportError
+        "import quax, quax.testing, quax_units\n"
+        "from quax_units.diffrax import diffeqsolve\n"
+        "quax.testing.assert_family_layout('quax_units')\n"
+        "try:\n"
+        "    diffeqsolve(None, None, 0.0, 1.0, 0.1, 0.0)\n"
+        "except ImportError as e:\n"
+        "    print(e)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    )
+    assert "pip install diffrax" in out.stdout, out

@@ -268,11 +268,12 @@ _GUARD_WAY_OUT = (
     "A plain constant beside a quantity has no units to take. If it is library "
     "code guarding a division by a difference, as diffrax's `linear_rescale` "
     "divides by `jnp.where(t0 == t1, 1, t1 - t0)` where times are quantities "
-    "(`t0`, `t1`, `dt0` of `diffeqsolve`, or `SaveAt(ts=...)`), give that code "
-    "plain numbers: the times in seconds (`quax_units.ustrip('s', t0)`), and a "
-    "vector field that makes its time a quantity again and returns its rate "
-    "times one second (`lambda t, y, args: f(t * s, y, args) * s`, with `s = "
-    "Quantity(1.0, 's')`)."
+    "(`t0`, `t1`, `dt0` of `diffeqsolve`, or `SaveAt(ts=...)`), call "
+    "`quax_units.diffrax.diffeqsolve` instead (diffrax's arguments, with times "
+    "as quantities), which gives that code plain numbers; or give them by hand: "
+    "the times in seconds (`quax_units.ustrip('s', t0)`), and a vector field "
+    "that makes its time a quantity again and returns its rate times one second "
+    "(`lambda t, y, args: f(t * s, y, args) * s`, with `s = Quantity(1.0, 's')`)."
 )
 
 
