@@ -6,6 +6,7 @@ marker: on a TPU, which has no native float64, lineax's LU fails in XLA's emulat
 of it (seen on a TPU v5e), and they skip there."""
 
 import functools as ft
+import pathlib
 import re
 import subprocess
 import sys
@@ -702,3 +703,21 @@ def test_the_module_needs_no_diffrax(tmp_path):
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     )
     assert "pip install diffrax" in out.stdout, out
+
+
+def test_units_page_example_runs():
+    """The diffrax example of docs/families/units.md, which the documentation tests
+    skip (they run with the tracer-leak checker on, see `_no_leak_check`), runs here
+    as written, and gives the results its comments state."""
+    page = pathlib.Path(__file__).resolve().parent.parent / "docs/families/units.md"
+    marker = "<!-- skip: next \"JAX's tracer-leak checker"
+    after = page.read_text().split(marker, 1)[1]
+    block = after.split("```python\n", 1)[1].split("```", 1)[0]
+    assert "from quax_units.diffrax import diffeqsolve" in block
+    namespace: dict = {}
+    with _no_leak_check():
+        exec(compile(block, str(page), "exec"), namespace)
+    np.testing.assert_allclose(ustrip("s", namespace["ts"]), [0, 30, 60, 90, 120])
+    np.testing.assert_allclose(
+        ustrip("m", namespace["ys"])[-1], np.array([1.0, 2.0]) * np.exp(-1.2), rtol=1e-5
+    )
