@@ -39,7 +39,7 @@ import quax_quant
 
 VOCAB, LENGTH, WIDTH, HEADS, HIDDEN, OUTPUTS = 64, 16, 64, 4, 64, 64
 BITS, GROUP, RANK = 4, 32, 8
-STEPS = 100
+STEPS = 60
 
 # Every linear layer, in the order the block runs them (and `gptq` visits them).
 LINEARS = {
@@ -245,7 +245,7 @@ def main(steps: int = STEPS, out_dir: str | None = None) -> dict[str, str]:
     for i in range(steps):
         params, state, value = step(params, state, frozen)
         losses.append(float(value))
-        if i % 25 == 0 or i == steps - 1:
+        if i % 15 == 0 or i == steps - 1:
             print(f"step {i:4d}  loss {losses[-1]:.5f}")
 
     tuned = eqx.combine(params, frozen)
