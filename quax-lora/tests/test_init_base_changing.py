@@ -341,6 +341,11 @@ def test_loftq_base_refusals():
     )
     with pytest.raises(ValueError, match="layer 1 has no weight"):
         quax_lora.loraify(model, **kwargs, loftq_base=none)
+    # Under jax.jit the two models' leaves cannot be compared: said, not skipped.
+    with pytest.raises(ValueError, match="traced"):
+        eqx.filter_jit(lambda m, q: quax_lora.loraify(m, **kwargs, loftq_base=q))(
+            model, quantised
+        )
 
 
 def _moved(model, seed):

@@ -18,6 +18,7 @@ import jax.random as jr
 import jax.tree_util as jtu
 import numpy as np
 import quax
+from jax.core import Tracer
 from jaxtyping import DTypeLike, PRNGKeyArray, PyTree
 
 from ._init_base_changing import apply_init, check_init
@@ -395,6 +396,13 @@ def _loftq_bases(
         )
     else:
         for (path, x), (_, y) in zip(leaves, base_leaves, strict=True):
+            if x is not y and (isinstance(x, Tracer) or isinstance(y, Tracer)):
+                raise ValueError(
+                    "loraify(loftq_base=...) compares loftq_base with the model, "
+                    f"leaf by leaf, and their leaves at {jtu.keystr(path)} are "
+                    "traced (under jax.jit or another transform): call loraify "
+                    "outside it, on concrete models."
+                )
             same = x is y or (
                 eqx.is_array(x)
                 and eqx.is_array(y)
