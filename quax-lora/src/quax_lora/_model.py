@@ -172,7 +172,8 @@ def loraify(
         equal `model` (a `ValueError` names the first difference): a
         quantisation that also changes other layers, as AWQ folds its scales
         into the operations before, is refused, since the float weights it
-        approximates are not `model`'s. Equinox models only.
+        approximates are not `model`'s. Equinox models only, called on concrete
+        models (not under `jax.jit`: traced leaves cannot be compared).
     - `key`: a `jax.random` key; each layer gets its own.
 
     **Flax NNX models.** An `nnx.Module` is copied (`nnx.clone`; the model passed
@@ -206,6 +207,8 @@ def loraify(
     `ValueError` when no layer matches: nothing selected by `where` matches
     `filter`, or no matching layer has a `weight` array of at least 2 axes. (A
     model whose matching weights already are `LoraArray`s is returned unchanged.)
+    Also for an `init=` or LoftQ setting it does not know, and for a
+    `loftq_base` that is not `model` quantised (see above).
     """
     check_init(init, loftq_bits, loftq_iters, loftq_format)
     nnx = nnx_of(model)
