@@ -85,6 +85,11 @@ STOPS = (
         ("quax_quant", "quax_lora", "optax"),
     ),
     Stop(
+        "GPTQ, then LoftQ-initialised QLoRA adapters, then fine-tuning",
+        "quant_gptq_loftq",
+        ("quax_quant", "quax_lora", "optax"),
+    ),
+    Stop(
         "QLoRA on a Flax NNX transformer, with nnx.LoRAParam",
         "nnx_qlora",
         ("quax_quant", "quax_lora", "optax", "flax"),

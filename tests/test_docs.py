@@ -222,6 +222,15 @@ def test_tour_skips_a_family_not_installed(tmp_path, capsys, monkeypatch):
     assert f"Plots written to {tmp_path / 'out'}" in out
 
 
+def test_every_example_is_a_stop_of_the_tour_and_listed():
+    # A new example joins the tour (`STOPS`) and the getting-started page's table.
+    examples = {p.stem for p in (ROOT / "examples").glob("*.py")} - {"tour"}
+    assert {stop.example for stop in _example("tour").STOPS} == examples
+    guide = (ROOT / "docs" / "getting-started.md").read_text()
+    listed = set(re.findall(r"^\| `(\w+)\.py` \|", guide, re.MULTILINE))
+    assert listed == examples
+
+
 def test_units_oscillator_example(tmp_path):
     # JAX's tracer-leak checker crashes inside diffrax (an IndexError in its
     # `leaked_tracer_error`), with or without quax: off for this program, as in

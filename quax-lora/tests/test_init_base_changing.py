@@ -227,6 +227,127 @@ def test_loftq_with_a_quantiser_of_the_users():
     assert dict(lora.init_settings)["quantiser"] == "custom"
 
 
+class _Dequantised(quax.ArrayValue):
+    """A stand-in for a quantised weight (say quax-quant's): it only holds its
+    dequantised array, and says so through `.dequantise()`."""
+
+    array: jnp.ndarray
+
+    def aval(self):
+        return jax.core.ShapedArray(self.array.shape, self.array.dtype)
+
+    def materialise(self):
+        return self.array
+
+    def dequantise(self):
+        return self.array
+
+
+def _with_weights(model, weights):
+    """`model` with its `eqx.nn.Linear` weights replaced, in order, by `weights`."""
+    layers = iter(weights)
+    return quax.map_selected(
+        lambda layer: eqx.tree_at(lambda layer: layer.weight, layer, next(layers)),
+        model,
+        filter=eqx.nn.Linear,
+    )
+
+
+def _linears(model):
+    is_linear = lambda x: isinstance(x, eqx.nn.Linear)
+    return [x for x in jtu.tree_leaves(model, is_leaf=is_linear) if is_linear(x)]
+
+
+def test_loftq_on_a_given_base_against_numpy():
+    """`loftq_base=`: the model quantised elsewhere (a GPTQ result, say) is each
+    layer's base as it is, and `s B A` the rank-r SVD of `W - Q`, written here
+    in NumPy from LoftQ's definition."""
+    model = eqx.nn.MLP(IN, OUT, 32, depth=2, key=jr.key(11))
+    floats = [np.asarray(layer.weight, np.float64) for layer in _linears(model)]
+    # A quantisation of each weight that quax-lora's own LoftQ quantiser does not
+    # make: a uniform grid of 1/8, one as an array, the others as values.
+    grids = [np.round(w * 8) / 8 for w in floats]
+    given = [jnp.asarray(grids[0], jnp.float32)] + [
+        _Dequantised(jnp.asarray(q, jnp.float32)) for q in grids[1:]
+    ]
+    quantised = _with_weights(model, given)
+    lora = quax_lora.loraify(
+        model, rank=RANK, alpha=ALPHA, init="loftq", loftq_base=quantised, key=jr.key(3)
+    )
+    for layer, w, q, base in zip(_linears(lora), floats, grids, given, strict=True):
+        adapter = layer.weight
+        # The given base, not a requantisation.
+        assert type(adapter.w) is type(base)
+        np.testing.assert_array_equal(
+            jtu.tree_leaves(adapter.w)[0], jtu.tree_leaves(base)[0]
+        )
+        u, s, vh = _truncated_svd(w - q, RANK)
+        _close(
+            S * np.asarray(adapter.a, np.float64) @ np.asarray(adapter.b), u * s @ vh
+        )
+        assert dict(adapter.init_settings) == {
+            "bits": 4,
+            "iters": 1,
+            "quantiser": "custom",
+        }
+        # Closer to W than the base alone (QLoRA's zero-initialised adapter).
+        loftq = np.linalg.norm(w - q - S * np.asarray(adapter.a @ adapter.b))
+        assert loftq < 0.9 * np.linalg.norm(w - q)
+    # The loraified model runs on the given bases plus the adapters.
+    want = X
+    for i, (layer, q) in enumerate(zip(_linears(lora), grids, strict=True)):
+        want = (q + S * np.asarray(layer.weight.a @ layer.weight.b)) @ want
+        want = want + np.asarray(layer.bias)
+        if i < 2:
+            want = np.maximum(want, 0)
+    _close(quax.quaxify(lora)(jnp.asarray(X)), want, 1e-5)
+
+
+def test_loftq_base_refusals():
+    model = eqx.nn.MLP(IN, OUT, 32, depth=1, key=jr.key(11))
+    rounded = [jnp.round(layer.weight * 8) / 8 for layer in _linears(model)]
+    quantised = _with_weights(model, rounded)
+    kwargs = {"rank": RANK, "key": jr.key(0), "loftq_base": quantised}
+    for extra, match in [
+        ({}, "init='loftq', and init=None"),
+        ({"init": "pissa"}, "init='pissa'"),
+        (
+            {"init": "loftq", "loftq_quantiser": lambda w: w},
+            "loftq_quantiser= is given too",
+        ),
+        ({"init": "loftq", "loftq_iters": 2}, "loftq_iters=2"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            quax_lora.loraify(model, **kwargs, **extra)
+    # A base that changed more than the weights: its bias (as AWQ's folded
+    # scales change the layers before the quantised ones).
+    moved = eqx.tree_at(
+        lambda m: m.layers[0].bias, quantised, 2 * quantised.layers[0].bias
+    )
+    kwargs = {"rank": RANK, "key": jr.key(0), "init": "loftq"}
+    with pytest.raises(ValueError, match=r"leaf at \.layers\[0\]\.bias differs"):
+        quax_lora.loraify(model, **kwargs, loftq_base=moved)
+    # Another model: other layers.
+    with pytest.raises(ValueError, match="not the same model"):
+        quax_lora.loraify(
+            model, **kwargs, loftq_base=eqx.nn.MLP(IN, OUT, 32, depth=2, key=jr.key(11))
+        )
+    # A weight of another shape, and a layer without one.
+    wrong = eqx.tree_at(lambda m: m.layers[1].weight, quantised, rounded[1].T)
+    with pytest.raises(ValueError, match=r"layer 1 has shape \(32, 24\)"):
+        quax_lora.loraify(model, **kwargs, loftq_base=wrong)
+    none = eqx.tree_at(
+        lambda m: m.layers[1].weight, quantised, None, is_leaf=lambda x: x is None
+    )
+    with pytest.raises(ValueError, match="layer 1 has no weight"):
+        quax_lora.loraify(model, **kwargs, loftq_base=none)
+    # Under jax.jit the two models' leaves cannot be compared: said, not skipped.
+    with pytest.raises(ValueError, match="traced"):
+        eqx.filter_jit(lambda m, q: quax_lora.loraify(m, **kwargs, loftq_base=q))(
+            model, quantised
+        )
+
+
 def _moved(model, seed):
     """`model` with its adapters moved, as training would."""
 

@@ -18,6 +18,7 @@ import jax.random as jr
 import jax.tree_util as jtu
 import numpy as np
 import quax
+from jax.core import Tracer
 from jaxtyping import DTypeLike, PRNGKeyArray, PyTree
 
 from ._init_base_changing import apply_init, check_init
@@ -93,6 +94,7 @@ def loraify(
     loftq_iters: int = 1,
     loftq_format: str | None = None,
     loftq_quantiser: Callable[[Any], Any] | None = None,
+    loftq_base: PyTree | None = None,
     key: PRNGKeyArray,
 ) -> PyTree:
     """Replace the weights of the layers of `model` with [`quax_lora.LoraArray`][]s.
@@ -160,6 +162,18 @@ def loraify(
         adapter alone applies to it only). Embeddings and DoRA are refused.
     - `loftq_bits`, `loftq_iters`, `loftq_format`, `loftq_quantiser`: LoftQ's
         settings, above (peft's `loftq_config`: `loftq_bits`, `loftq_iter`).
+    - `loftq_base`: for `init="loftq"` on a model already quantised, say by
+        `quax_quant.gptq(model, ...)`: that quantised model, of which `model` is
+        the float original. Each selected layer's weight in `loftq_base` (an
+        array, or a value with `.dequantise()`) becomes its base `Q` as it is,
+        and `s B A` the rank-`rank` SVD of `W - Q`: LoftQ's step with that
+        quantisation, which is not run again (`loftq_iters` must be 1;
+        `loftq_quantiser` not given). Everything else in `loftq_base` must
+        equal `model` (a `ValueError` names the first difference): a
+        quantisation that also changes other layers, as AWQ folds its scales
+        into the operations before, is refused, since the float weights it
+        approximates are not `model`'s. Equinox models only, called on concrete
+        models (not under `jax.jit`: traced leaves cannot be compared).
     - `key`: a `jax.random` key; each layer gets its own.
 
     **Flax NNX models.** An `nnx.Module` is copied (`nnx.clone`; the model passed
@@ -193,19 +207,29 @@ def loraify(
     `ValueError` when no layer matches: nothing selected by `where` matches
     `filter`, or no matching layer has a `weight` array of at least 2 axes. (A
     model whose matching weights already are `LoraArray`s is returned unchanged.)
+    Also for an `init=` or LoftQ setting it does not know, and for a
+    `loftq_base` that is not `model` quantised (see above).
     """
     check_init(init, loftq_bits, loftq_iters, loftq_format)
     nnx = nnx_of(model)
+    if loftq_base is not None:
+        _check_loftq_base(init, loftq_iters, loftq_quantiser, nnx)
     counter = itertools.count()
     matched: list[Any] = []  # layers `filter` selects
     adapted: list[Any] = []  # their weights, adapted now or before
 
     def adapt_weight(
-        weight: Any, *, embedding: bool, batch_ndim: int | None, row_ndim: int = 1
+        weight: Any,
+        *,
+        embedding: bool,
+        batch_ndim: int | None,
+        row_ndim: int = 1,
+        base: Any = None,
     ) -> Any:
         """The `LoraArray` of a selected layer's `weight` (`batch_ndim` of its
         leading axes batch axes, by default all but two; its rows the `row_ndim`
-        axes after them), or `weight` itself where there is nothing to adapt."""
+        axes after them), or `weight` itself where there is nothing to adapt.
+        `base`: the layer's weight in `loftq_base`, if given."""
         if isinstance(weight, LoraArray):
             adapted.append(weight)
             return weight
@@ -277,7 +301,8 @@ def loraify(
             loftq_bits=loftq_bits,
             loftq_iters=loftq_iters,
             loftq_format=loftq_format,
-            loftq_quantiser=loftq_quantiser,
+            # A given base is LoftQ's quantisation of `weight` (one step).
+            loftq_quantiser=loftq_quantiser if base is None else lambda _: base,
         )
 
     if nnx is not None:
@@ -294,6 +319,11 @@ def loraify(
             raise ValueError(_no_match_message(model, selection, where, matched))
         return out
     selection = eqx.nn.Linear if filter is None else filter
+    bases = (
+        None
+        if loftq_base is None
+        else _loftq_bases(model, loftq_base, selection, where)
+    )
 
     def adapt(layer: Any) -> Any:
         matched.append(layer)
@@ -302,6 +332,7 @@ def loraify(
             weight,
             embedding=isinstance(layer, eqx.nn.Embedding),
             batch_ndim=0 if isinstance(layer, _CONV) else None,
+            base=None if bases is None else bases[len(matched) - 1],
         )
         return layer if new is weight else eqx.tree_at(lambda x: x.weight, layer, new)
 
@@ -309,6 +340,101 @@ def loraify(
     if not adapted:
         raise ValueError(_no_match_message(model, selection, where, matched))
     return out
+
+
+def _check_loftq_base(
+    init: str | None, loftq_iters: int, loftq_quantiser: Any, nnx: Any
+) -> None:
+    """Raise a `ValueError` naming the argument when `loftq_base` is given with
+    settings it excludes."""
+    problem = None
+    if init != "loftq":
+        problem = f"it is the base of init='loftq', and init={init!r}"
+    elif loftq_quantiser is not None:
+        problem = "loftq_quantiser= is given too: give one of them"
+    elif loftq_iters != 1:
+        problem = (
+            f"loftq_iters={loftq_iters}: a given base is not quantised again, so "
+            "LoftQ runs one step (loftq_iters=1); for more, pass loftq_quantiser= "
+            "a function quantising any weight"
+        )
+    elif nnx is not None:
+        problem = (
+            "the model is a Flax NNX module, and loftq_base= takes Equinox models "
+            "(pass loftq_quantiser= instead)"
+        )
+    if problem is not None:
+        raise ValueError(f"loraify(loftq_base=...): {problem}.")
+
+
+def _loftq_bases(
+    model: PyTree, loftq_base: PyTree, filter: Any, where: Any
+) -> list[Any]:
+    """The `weight` of each layer of `loftq_base` that `filter` and `where`
+    select (`None` where it has none), in the order `loraify` visits `model`'s;
+    a `ValueError` naming the first difference where `loftq_base` differs from
+    `model` elsewhere than in those weights, or where a weight's shape differs."""
+
+    def without_weights(tree: PyTree) -> tuple[PyTree, list[Any]]:
+        weights: list[Any] = []
+
+        def take(layer: Any) -> Any:
+            weight = getattr(layer, "weight", None)
+            weights.append(weight)
+            if weight is None:
+                return layer
+            return eqx.tree_at(lambda layer: layer.weight, layer, None)
+
+        return quax.map_selected(take, tree, filter=filter, where=where), weights
+
+    rest, weights = without_weights(model)
+    base_rest, bases = without_weights(loftq_base)
+    leaves, tree = jtu.tree_flatten_with_path(rest)
+    base_leaves, base_tree = jtu.tree_flatten_with_path(base_rest)
+    problem = None
+    if tree != base_tree or len(weights) != len(bases):
+        problem = (
+            "it is not the same model: its structure outside the selected "
+            "layers' weights, or the layers selected, differ"
+        )
+    else:
+        for (path, x), (_, y) in zip(leaves, base_leaves, strict=True):
+            if x is not y and (isinstance(x, Tracer) or isinstance(y, Tracer)):
+                raise ValueError(
+                    "loraify(loftq_base=...) compares loftq_base with the model, "
+                    f"leaf by leaf, and their leaves at {jtu.keystr(path)} are "
+                    "traced (under jax.jit or another transform): call loraify "
+                    "outside it, on concrete models."
+                )
+            same = x is y or (
+                eqx.is_array(x)
+                and eqx.is_array(y)
+                and np.shape(x) == np.shape(y)
+                and bool(np.array_equal(x, y))
+            )
+            if not same:
+                problem = (
+                    f"its leaf at {jtu.keystr(path)} differs from the model's (a "
+                    "quantisation that changes more than the selected weights, "
+                    "as AWQ's folded scales do, approximates other float weights "
+                    "than the model's)"
+                )
+                break
+    pairs = [] if problem is not None else zip(weights, bases, strict=True)
+    for k, (weight, base) in enumerate(pairs):
+        if weight is not None and np.shape(base) != np.shape(weight):
+            shape = "no weight" if base is None else f"shape {np.shape(base)}"
+            problem = (
+                f"its selected layer {k} has {shape} where the model's weight has "
+                f"shape {np.shape(weight)}"
+            )
+            break
+    if problem is not None:
+        raise ValueError(
+            "loraify(loftq_base=...) takes the model quantised, with only the "
+            f"selected layers' weights changed, and {problem}."
+        )
+    return bases
 
 
 def _describe(x: Any) -> str:
