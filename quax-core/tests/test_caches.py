@@ -20,13 +20,13 @@ import quax
 import quax.__main__ as quax_main
 import quax._caching._eager as quax_eager
 import quax._caching._keys
+import quax._caching._nested as _nested
 import quax._caching._per_jaxpr as _per_jaxpr
 import quax._caching._replay as _replay
 import quax._dispatch._registry as _registry
 import quax._dispatch._staged as _staged
 import quax._foundation._caches
 import quax._rules._bodies as _bodies
-import quax._rules._control_flow as _control_flow
 import quax._transform._interpreter as _interpreter
 import quax.testing
 from jax import lax
@@ -144,12 +144,12 @@ def _(x: Metres, y: ArrayLike, **params: Any) -> Metres:
 def test_nested_jit_on_fresh_arrays_compiles_once() -> None:
     inner = jax.jit(lambda a, c: a * c + a)
     g = quax.quaxify(lambda a, c: inner(a, c))
-    before = len(_control_flow._nested)
+    before = len(_nested._bodies)
     for i in range(50):
         c = jnp.full(100, float(i))  # a fresh array each call
         out = g(Metres(jnp.arange(100.0)), c)
         np.testing.assert_array_equal(out.array, jnp.arange(100.0) * (i + 1))
-    assert len(_control_flow._nested) - before == 1
+    assert len(_nested._bodies) - before == 1
 
 
 def test_nested_jit_reading_a_plain_argument_keys_it_by_value() -> None:
@@ -167,13 +167,13 @@ def test_nested_jit_reading_a_plain_argument_keys_it_by_value() -> None:
 
 
 def test_nested_jit_table_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(_control_flow._nested, "bound", 4)
+    monkeypatch.setattr(_nested._bodies, "bound", 4)
     inner = jax.jit(lambda a, c: a * c)
     g = quax.quaxify(lambda a, c: inner(a, c))
     for n in range(1, 10):  # a shape each: a program each
         out = g(Metres(jnp.ones(n)), jnp.full(n, 2.0))
         np.testing.assert_array_equal(out.array, jnp.full(n, 2.0))
-        assert len(_control_flow._nested) <= 4
+        assert len(_nested._bodies) <= 4
 
 
 # Registering while another thread dispatches ------------------------------------------
