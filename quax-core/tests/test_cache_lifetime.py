@@ -45,19 +45,18 @@ def mode(
 
 
 def _sizes() -> dict[str, int]:
-    """The entries of each table of nested bodies, and of the verify table's entries
-    for them (`made`: the key components and the programs each body was made
-    with)."""
+    """The entries of the nested-jit table (its jitted bodies, and the plain
+    arguments that bodies take by value), and of the verify table's entries for
+    them (`made`: the key components and the programs each body was made with)."""
     gc.collect()
     len(quax_caches._made)  # drops the dead jaxprs' entries
-    made = [
-        k
-        for k in quax_caches._made._data
-        if k[0] in (_nested._bodies.name, _nested._by_value.name)
-    ]
+    len(_nested._bodies)  # likewise
+    made = [k for k in quax_caches._made._data if k[0] == _nested._bodies.name]
+    entries = list(_nested._bodies._data.values())
+    by_value = sum(type(e) is frozenset for e in entries)
     return {
-        "_bodies": len(_nested._bodies),
-        "_by_value": len(_nested._by_value),
+        "_bodies": len(entries) - by_value,
+        "_by_value": by_value,
         "made": len(made),
     }
 

@@ -13,7 +13,8 @@ of its arguments.
 Plain arguments known now up to `quax._caching._keys.MAX_CONSTANT_SIZE` elements
 stay constants of the body; larger ones are passed in by their aval, until a rule
 asks [`quax.known_constant`][] about one: the body then takes it by value, from
-then on for this jaxpr and its arguments' structures (`_by_value`).
+then on for this jaxpr and its arguments' structures (an entry of the same table,
+under a key whose code starts with `_BY_VALUE`).
 
 In verify mode (`QUAX_VERIFY_CACHES=1`, see `quax._foundation._caches`), a hit traces
 a fresh body too, and raises when its outputs' types or the program it stages
@@ -108,11 +109,11 @@ def call_body(
     hint = None
     if any(large) and _caches.is_enabled():
         hint = _keys.program_key(
-            (id(jaxpr), *common),
+            (_BY_VALUE, id(jaxpr), *common),
             tuple(strict_structure(a) if is_value(a) else typeof(a) for a in args),
             None,
         )
-        kept = _by_value.get(hint[0])
+        kept = _bodies.get(hint[0])
         if kept is not None and not _caches.verifying:
             asked = kept
     while True:
@@ -137,25 +138,26 @@ def call_body(
             continue
         if hint is not None:
             key, parts = hint
-            kept = _by_value.get(key)
+            kept = _bodies.get(key)
             if kept is None or (kept != asked and not _caches.verifying):
-                _by_value.put(key, asked, jaxpr)
-                _caches.made_with(_by_value.name, key, parts, asked, jaxpr)
+                _bodies.put(key, asked, jaxpr)
+                _caches.made_with(_bodies.name, key, parts, asked, jaxpr)
             elif _caches.verifying:
                 what = "the plain arguments whose values rules ask for"
-                _caches.check(_by_value.name, key, _keys.PROGRAM, parts, asked, what)
+                _caches.check(_bodies.name, key, _keys.PROGRAM, parts, asked, what)
         return out
 
 
 # The jitted quaxified bodies, by `program_key` (the code: the jaxpr's `id`, the
 # `jit`'s name, `keep_unused`, shardings and donated arguments; the inputs: the
 # plain arguments' slots and the values' structures); and, per jaxpr and arguments'
-# structures, the large plain arguments whose value rules asked for (the body takes
-# them by value). Each entry goes with its jaxpr, and so with the function whose
-# `jit` made it (a compiled body holds megabytes), as well as beyond the bound.
+# structures (a key whose code starts with `_BY_VALUE`), the large plain arguments
+# whose value rules asked for (the body takes them by value). Each entry goes with
+# its jaxpr, and so with the function whose `jit` made it (a compiled body holds
+# megabytes), as well as beyond the bound, which both kinds of entry share.
 MAX_NESTED_JITS = 256
 _bodies = JaxprTable("nested jit bodies", MAX_NESTED_JITS)
-_by_value = JaxprTable("nested jits taking plain arguments by value", MAX_NESTED_JITS)
+_BY_VALUE = "plain arguments taken by value"
 
 
 def _call(
