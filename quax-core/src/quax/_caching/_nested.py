@@ -23,10 +23,8 @@ that calls it (`quax._rules._control_flow`) gives the quaxified function of a
 jaxpr, which this layer cannot build.
 """
 
-import functools as ft
 import re
 import threading
-import weakref
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -195,45 +193,33 @@ def _call(
     caching = _caches.is_enabled()
     verifying = caching and _caches.verifying
     jitted = _bodies.get(key) if caching else None
-    made = fresh = None
-    staged: dict[str, str] = {}  # what the fresh body staged, in verify mode
+    made = None
     if jitted is None:
-        record = None
-        if verifying:  # the jaxpr held weakly: the body kept keeps `record`
-            record = ft.partial(_keep_program, weakref.ref(jaxpr), key, parts)
-        jitted = made = _jitted(quaxify(jaxpr), common, donate, slots, record)
-    elif verifying:
-        # Traced afresh: the rules run, and what the body stages is recorded.
-        fresh = _jitted(quaxify(jaxpr), common, donate, slots, staged.__setitem__)
-    previous = _pending.tokens
+        jitted = made = _jitted(quaxify(jaxpr), common, donate, slots)
+    # Verify mode: what the kept body staged if JAX traced it now (for a structure
+    # of its arguments it has not seen), and what a body traced afresh on a hit
+    # stages, which must be the same.
+    kept: dict[str, str] = {}
+    fresh: dict[str, str] = {}
+    previous = _pending.tokens, _pending.staged
     _pending.tokens = stand_ins
     try:
+        _pending.staged = kept if verifying else None
         out = jitted(*passed)
-        if fresh is not None:
-            fresh(*passed)
+        if verifying and made is None:
+            _pending.staged = fresh
+            _jitted(quaxify(jaxpr), common, donate, slots)(*passed)
     finally:
-        _pending.tokens = previous
-    # Verify mode: the fresh body must give the outputs and stage the program the
-    # kept one did, for the structure of these arguments.
+        _pending.tokens, _pending.staged = previous
+    for structure, program in kept.items():
+        _caches.made_with(_bodies.name, (key, structure), parts, program, jaxpr)
     what = "its outputs' types or the program it stages"
-    for structure, program in staged.items():
+    for structure, program in fresh.items():
         entry = (key, structure)
         _caches.check(_bodies.name, entry, _keys.PROGRAM, parts, program, what)
     if made is not None and caching:  # kept once a call went through
         _bodies.put(key, made, jaxpr)
     return out
-
-
-def _keep_program(
-    jaxpr: Any, key: Any, parts: tuple[Any, ...], structure: str, program: str
-) -> None:
-    """Verify mode: keep the `program` (its outputs' types and what it stages) a
-    body made under `key` gave for the `structure` of its arguments (JAX traces a
-    body once per structure), while its jaxpr (held by the `weakref.ref` `jaxpr`)
-    lives."""
-    code = jaxpr()
-    if code is not None:
-        _caches.made_with(_bodies.name, (key, structure), parts, program, code)
 
 
 # An object's address in its text (`<function f at 0x7f...>`): another trace of the
@@ -338,9 +324,13 @@ class _Pending(threading.local):
     # Per argument of the `jit` call being made: the token of the call that knows
     # its value, when it stands in for a concrete plain array (see `standing_in`).
     tokens: list[Any]
+    # In verify mode, while the call is made: where each body that JAX traces puts
+    # the program it staged, by the structure of its arguments (see `_jitted`).
+    staged: dict[str, str] | None
 
     def __init__(self) -> None:
         self.tokens = []
+        self.staged = None
 
 
 _pending = _Pending()
@@ -351,14 +341,13 @@ def _jitted(
     common: tuple[Any, ...],
     donate: tuple[int, ...],
     slots: tuple[Any, ...],
-    record: Callable[[str, str], None] | None = None,
 ) -> Callable[..., Any]:
     """`jax.jit` of `fn` (a quaxified jaxpr), with the constants among `slots` (see
     `_call`) closed over, named, sharded and donating as `common` and `donate` say.
     Cached (see `_call`), so that JAX's own cache hits when the same nested `jit`
-    comes back. Each time JAX traces it, `record` (if given) gets the structure of
-    its arguments, and its outputs' types and the program it staged, as text (see
-    `_outline`, `_staged_program`), for verify mode."""
+    comes back. Each time JAX traces it in verify mode, it puts its outputs' types
+    and the program it staged, as text, under the structure of its arguments (see
+    `_outline`, `_staged_program`) into `_pending.staged`."""
     name, keep_unused, shardings = common
 
     def body(*dynamic: Any) -> Any:
@@ -369,9 +358,10 @@ def _jitted(
         with standing_in([dynamic[i] for i in marked], [tokens[i] for i in marked]):
             it = iter(dynamic)
             out = fn(*[c.value if isinstance(c, ConstKey) else next(it) for c in slots])
-        if record is not None:
-            staged = _staged_program(current_trace(), dynamic, out)
-            record(_outline(dynamic), _outline(out) + staged)
+        staged = _pending.staged
+        if staged is not None:
+            program = _staged_program(current_trace(), dynamic, out)
+            staged[_outline(dynamic)] = _outline(out) + program
         return out
 
     body.__name__ = body.__qualname__ = name
