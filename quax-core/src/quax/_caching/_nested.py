@@ -1,8 +1,8 @@
 """The jitted bodies of nested `jit`s, kept per key.
 
-A `jit` inside a quaxified function (one that `quax.register_function` has no rule
-for, or that the quax trace keeps as a call) is bound as a `jit` of its quaxified
-body, so that JAX compiles it once, as it would without quax. The jitted body is
+A `jit` inside a quaxified function that no `quax.register_function` rule runs for
+(see `quax._rules._functions`) is bound as a `jit` of its quaxified body, so that
+JAX compiles it once, as it would without quax. The jitted body is
 kept per `program_key` (see `quax._caching._keys`): the code (the jaxpr's `id`, the
 `jit`'s name, `keep_unused`, shardings and donated arguments), the inputs (the
 plain arguments' slots: a `ConstKey` for a constant, an aval for an argument passed
