@@ -13,7 +13,7 @@ import quax
 import quax._foundation._caches as quax_caches
 from jax import lax
 from jaxtyping import ArrayLike
-from quax._rules import _control_flow
+from quax._caching import _nested
 
 from .helpers import Dense
 
@@ -29,7 +29,7 @@ def _(x: Asking, y: ArrayLike) -> Asking:
     return Asking(x.array * y)
 
 
-TABLES = ["_nested", "_by_value", "made"]
+TABLES = ["_bodies", "_by_value", "made"]
 
 
 @pytest.fixture(params=["on", "verify"])
@@ -45,19 +45,18 @@ def mode(
 
 
 def _sizes() -> dict[str, int]:
-    """The entries of each table of nested bodies, and of the verify table's entries
-    for them (`made`: the key components and the programs each body was made
-    with)."""
+    """The entries of the nested-jit table (its jitted bodies, and the plain
+    arguments that bodies take by value), and of the verify table's entries for
+    them (`made`: the key components and the programs each body was made with)."""
     gc.collect()
     len(quax_caches._made)  # drops the dead jaxprs' entries
-    made = [
-        k
-        for k in quax_caches._made._data
-        if k[0] in (_control_flow._nested.name, _control_flow._by_value.name)
-    ]
+    len(_nested._bodies)  # likewise
+    made = [k for k in quax_caches._made._data if k[0] == _nested._bodies.name]
+    entries = list(_nested._bodies._data.values())
+    by_value = sum(type(e) is frozenset for e in entries)
     return {
-        "_nested": len(_control_flow._nested),
-        "_by_value": len(_control_flow._by_value),
+        "_bodies": len(entries) - by_value,
+        "_by_value": by_value,
         "made": len(made),
     }
 
@@ -78,7 +77,7 @@ def test_a_dead_functions_bodies_are_dropped(mode: str) -> None:
     np.testing.assert_array_equal(out.array, np.arange(100.0) * 3.0)
     gc.collect()
     kept = _sizes()
-    assert kept["_nested"] >= 1 and kept["_by_value"] == 1
+    assert kept["_bodies"] >= 1 and kept["_by_value"] == 1
     if mode == "verify":
         assert kept["made"] >= 2  # a program, the arguments by value
     alive.clear()  # the function dies
@@ -94,7 +93,7 @@ def test_a_living_functions_body_is_kept(mode: str) -> None:
     f = quax.quaxify(lambda v: inner(v))
     f(x)
     gc.collect()
-    body = next(iter(_control_flow._nested._data.values()))
+    body = next(iter(_nested._bodies._data.values()))
     for _ in range(3):
         np.testing.assert_allclose(f(x).array, np.cos(np.arange(4.0)) + 1.0, rtol=1e-6)
-    assert list(_control_flow._nested._data.values()) == [body]
+    assert list(_nested._bodies._data.values()) == [body]

@@ -20,13 +20,13 @@ import quax
 import quax.__main__ as quax_main
 import quax._caching._eager as quax_eager
 import quax._caching._keys
+import quax._caching._nested as _nested
 import quax._caching._per_jaxpr as _per_jaxpr
 import quax._caching._replay as _replay
 import quax._dispatch._registry as _registry
 import quax._dispatch._staged as _staged
 import quax._foundation._caches
 import quax._rules._bodies as _bodies
-import quax._rules._control_flow as _control_flow
 import quax._transform._interpreter as _interpreter
 import quax.testing
 from jax import lax
@@ -144,12 +144,19 @@ def _(x: Metres, y: ArrayLike, **params: Any) -> Metres:
 def test_nested_jit_on_fresh_arrays_compiles_once() -> None:
     inner = jax.jit(lambda a, c: a * c + a)
     g = quax.quaxify(lambda a, c: inner(a, c))
-    before = len(_control_flow._nested)
+    before = _bodies_kept()
     for i in range(50):
         c = jnp.full(100, float(i))  # a fresh array each call
         out = g(Metres(jnp.arange(100.0)), c)
         np.testing.assert_array_equal(out.array, jnp.arange(100.0) * (i + 1))
-    assert len(_control_flow._nested) - before == 1
+    assert _bodies_kept() - before == 1
+
+
+def _bodies_kept() -> int:
+    """How many jitted bodies the nested-jit table keeps (its other entries are the
+    plain arguments that bodies take by value)."""
+    len(_nested._bodies)  # drops the dead jaxprs' entries
+    return sum(callable(e) for e in list(_nested._bodies._data.values()))
 
 
 def test_nested_jit_reading_a_plain_argument_keys_it_by_value() -> None:
@@ -167,13 +174,13 @@ def test_nested_jit_reading_a_plain_argument_keys_it_by_value() -> None:
 
 
 def test_nested_jit_table_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(_control_flow._nested, "bound", 4)
+    monkeypatch.setattr(_nested._bodies, "bound", 4)
     inner = jax.jit(lambda a, c: a * c)
     g = quax.quaxify(lambda a, c: inner(a, c))
     for n in range(1, 10):  # a shape each: a program each
         out = g(Metres(jnp.ones(n)), jnp.full(n, 2.0))
         np.testing.assert_array_equal(out.array, jnp.full(n, 2.0))
-        assert len(_control_flow._nested) <= 4
+        assert len(_nested._bodies) <= 4
 
 
 # Registering while another thread dispatches ------------------------------------------
@@ -387,7 +394,6 @@ def test_report_names_every_cache(capsys: pytest.CaptureFixture[str]) -> None:
         "jaxpr interpreter: the steps of each jaxpr",
         "jaxprs: whether each stages a value",
         "quaxified bodies of higher-order primitives",
-        "nested jits taking plain arguments by value",
         "register_function: the functions of jit bodies",
         "register_function: the functions of jvp jit bodies",
         "symbolic zeros: the signs of small evaluations",
@@ -591,24 +597,51 @@ def test_verify_mode_checks_each_per_jaxpr_table(verifying: Any, table: str) -> 
         then()
 
 
-def test_verify_mode_compares_a_nested_jits_program(
-    verifying: Any, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # With the inputs left out of a nested jit's key, the body traced for `c = 2`
-    # serves `c = 3`: the outputs' types agree (a plain array), only the program
-    # staged (its constant) tells them apart. (No recording is kept, whose replay
-    # verify mode would catch first.)
-    verifying("inputs")
+@pytest.fixture
+def verifying_nested(verifying: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """Verify mode on, with nested `jit` bodies the only cache of programs that
+    serves (no recording kept, whose replay verify mode would catch first; no
+    compiled eager program); `plant(name)` leaves a component out of every key."""
     monkeypatch.setattr(_replay._recordings, "bound", 0)
     quax.set_eager_compilation(False)
+    return verifying
+
+
+def _nested_mismatch(what: str, component: str) -> Any:
+    """Expect verify mode to find a hit of the nested-jit cache that differs in
+    `what`, naming the key `component` left out."""
+    return pytest.raises(
+        quax.CacheMismatchError,
+        match=rf"(?s)nested jit bodies.*{what}.*: {component};",
+    )
+
+
+def test_verify_mode_compares_a_nested_jits_program(verifying_nested: Any) -> None:
+    # With the inputs left out of a nested jit's key, the body traced for `c = 2`
+    # serves `c = 3`: the outputs' types agree (a plain array), only the program
+    # staged (its constant) tells them apart.
+    verifying_nested("inputs")
     inner = jax.jit(lambda a, c: a * c)
     f = quax.quaxify(lambda a, c: inner(a, c))
     np.testing.assert_allclose(f(Counted(A), 2.0), 2 * A)
-    with pytest.raises(
-        quax.CacheMismatchError,
-        match=r"(?s)nested jit bodies.*the program it stages.*: inputs;",
-    ):
+    with _nested_mismatch("the program it stages", "inputs"):
         f(Counted(A), 3.0)
+
+
+def test_verify_mode_compares_the_plain_arguments_a_nested_jit_takes_by_value(
+    verifying_nested: Any,
+) -> None:
+    # With the code left out of the key, what the `pow` jit found (its rule asks for
+    # the exponent, which its body then takes by value) serves the `mul` jit on
+    # arguments of the same structures, whose rule asks for nothing.
+    verifying_nested("code")
+    power = quax.quaxify(jax.jit(lambda a, c: a**c))
+    times = quax.quaxify(jax.jit(lambda a, c: a * c))
+    x = Metres(jnp.linspace(1.0, 2.0, 100))
+    exponent = jnp.full(100, 2.0)  # large: passed in, until a rule asks
+    assert power(x, exponent).power == 2.0
+    with _nested_mismatch("the plain arguments whose values rules ask for", "code"):
+        times(x, exponent)
 
 
 def test_verify_mode_passes_a_nested_jit_traced_again(verifying: Any) -> None:

@@ -16,6 +16,7 @@ import pytest
 import quax
 import quax._caching._eager as quax_eager
 from jaxtyping import Array
+from quax._caching._keys import value_structure
 
 from .helpers import Dense
 
@@ -480,26 +481,26 @@ def test_value_structures() -> None:
     # One structure per text and treedef: found again from the same static objects
     # without flattening, or from other ones alike in text and equal.
     label = Label("m")
-    structure, leaves, avals = quax_eager.value_structure(Shown(X, label))
+    structure, leaves, avals = value_structure(Shown(X, label))
     assert structure is not None and "'m'" in structure.text
     assert list(leaves) == [X] and avals == [jax.typeof(X)]
     for other in (Shown(Y, label), Shown(X, Label("m"))):
-        again, leaves, _ = quax_eager.value_structure(other)
+        again, leaves, _ = value_structure(other)
         assert again is structure and list(leaves) == [other.array]
-    assert quax_eager.value_structure(Shown(X, Label("km")))[0] is not structure
+    assert value_structure(Shown(X, Label("km")))[0] is not structure
     tag = Tag()
-    tagged = quax_eager.value_structure(Tagged(X, tag))[0]
-    assert quax_eager.value_structure(Tagged(Y, tag))[0] is tagged
-    assert quax_eager.value_structure(Tagged(X, Tag()))[0] is not tagged
-    paired, leaves, avals = quax_eager.value_structure(Paired(X))
+    tagged = value_structure(Tagged(X, tag))[0]
+    assert value_structure(Tagged(Y, tag))[0] is tagged
+    assert value_structure(Tagged(X, Tag()))[0] is not tagged
+    paired, leaves, avals = value_structure(Paired(X))
     assert [id(x) for x in leaves] == [id(X), id(X), id(Y)]
     assert avals == [jax.typeof(X)] * 3
-    assert quax_eager.value_structure(Paired(Y, (Y, X)))[0] is paired
+    assert value_structure(Paired(Y, (Y, X)))[0] is paired
     # The shapes of the leaves are no part of the structure: they key apart.
-    _, _, avals = quax_eager.value_structure(Paired(Y, (Y, X[:2])))
+    _, _, avals = value_structure(Paired(Y, (Y, X[:2])))
     assert avals[2] == jax.typeof(X[:2])
     # No structure (so no program): a leaf that is not an array.
-    assert quax_eager.value_structure(Named(X, "x"))[0] is None
+    assert value_structure(Named(X, "x"))[0] is None
 
 
 class Counting(Dense):

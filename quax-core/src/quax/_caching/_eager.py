@@ -44,18 +44,17 @@ check only sees the first call. On by default; [`quax.set_eager_compilation`][] 
 
 Plain inputs stay constants of the program, as they are when the code runs equation
 by equation (rules may need their values: an exponent, a known fill), so they are
-part of the cache key: only small ones (`MAX_CONSTANT_SIZE` elements). At most
-`MAX_PROGRAMS` programs are kept (one per code, value structure, leaf shapes and
-plain inputs, with the keys not compiled yet), the oldest dropped first; while
-materialisations are tracked (the report names each primitive as it runs), the
-code runs equation by equation as before. Only library code runs this
-way: the user's own Python between calls runs as written, with its side effects.
+part of the cache key: only small ones (`quax._caching._keys.MAX_CONSTANT_SIZE`
+elements). At most `MAX_PROGRAMS` programs are kept (one per code, value
+structure, leaf shapes and plain inputs, with the keys not compiled yet), the
+oldest dropped first; while materialisations are tracked (the report names each
+primitive as it runs), the code runs equation by equation as before. Only library
+code runs this way: the user's own Python between calls runs as written, with its
+side effects.
 """
 
 import contextlib
 import contextvars
-import dataclasses
-import operator
 import os
 import threading
 import time
@@ -70,7 +69,6 @@ from .._compat import (
     Tracer,
     current_trace,
     eager_program,
-    frozen_bytes,
     typeof,
 )
 from .._dispatch._known import ConcreteNeeded
@@ -79,23 +77,19 @@ from .._foundation._rounding import KEEP_BARRIERS, eval_rounding_each_step
 from .._values import _value
 from .._values._value import is_value, value_classes
 from . import _keys
+from ._keys import ARRAY_LEAVES, MAX_CONSTANT_SIZE, ConstKey, value_structure
 
 
 __all__ = [
     "COMPILE_AFTER",
     "COMPILE_AFTER_AT_FIRST",
-    "MAX_CONSTANT_SIZE",
     "MAX_PROGRAMS",
-    "ConstKey",
     "call_compiled",
     "environment_setting",
-    "field_layout",
     "programs_traced",
     "set_eager_compilation",
-    "value_structure",
 ]
 
-MAX_CONSTANT_SIZE = 64
 MAX_PROGRAMS = 2048
 # Seconds that the calls of a key after its first spend equation by equation before
 # it compiles: what compiling a program costs, the mean of the compiles measured so
@@ -108,162 +102,6 @@ COMPILE_AFTER_AT_FIRST = 0.05
 _after = os.environ.get("QUAX_EAGER_COMPILE_AFTER")
 COMPILE_AFTER: float | None = None if _after is None else float(_after)
 _compile_seconds = COMPILE_AFTER_AT_FIRST
-
-_ARRAY_LEAVES = (jax.Array, np.ndarray, np.generic, int, float, complex)
-
-
-class ConstKey:
-    """A constant (plain) input of compiled code as part of a cache key, and the
-    value the code closes over (`value`): equal to another of the same type, aval
-    and bits.
-
-    A NumPy array, which its owner may change in place, is keyed by a copy of its
-    bytes whatever its size, never by identity, and `value` is a read-only array
-    of that copy: an array changed afterwards is another key, and code kept under
-    this key (traced again for another structure of its other inputs) sees the
-    values of the key. A JAX array is immutable: one of more than
-    `MAX_CONSTANT_SIZE` elements is keyed by identity (and kept alive, so that its
-    `id` is not reused), sparing a copy from its device on every call.
-
-    The type counts, not only the aval and the bits: JAX stages a NumPy constant
-    (`np.float32(2)`) as a literal and a `jax.Array` (`jnp.float32(2)`) as a
-    constant of the program, so the two stage different equations."""
-
-    __slots__ = ("aval", "data", "hash", "kind", "value")
-
-    def __init__(self, value: Any) -> None:
-        self.kind = type(value)
-        self.aval = typeof(value)
-        if isinstance(value, np.ndarray):
-            self.data = value.tobytes()  # a copy, in C order
-            self.value = frozen_bytes(value, self.data)
-        elif isinstance(value, jax.Array) and value.size > MAX_CONSTANT_SIZE:
-            self.value, self.data = value, id(value)
-        else:  # an immutable scalar or a small JAX array
-            self.value, self.data = value, np.asarray(value).tobytes()
-        # Hashing every byte of a large array costs about 2 ms per 4 MB on every
-        # call, where comparing them with an equal key's costs a tenth of that: the
-        # hash reads a sample of evenly spaced bytes, and equality every byte.
-        sample = self.data
-        if type(sample) is bytes and len(sample) > _HASHED_BYTES:
-            sample = sample[:: len(sample) // _HASHED_BYTES]
-        self.hash = hash((self.kind, self.aval, sample))
-
-    def __eq__(self, other: object) -> bool:
-        return (
-            isinstance(other, ConstKey)
-            and self.hash == other.hash
-            and self.kind is other.kind
-            and self.aval == other.aval
-            and self.data == other.data
-        )
-
-    def __hash__(self) -> int:
-        return self.hash
-
-
-# The most bytes of a constant that `ConstKey` hashes (it compares all of them).
-_HASHED_BYTES = 4096
-
-
-class _Structure:
-    """One strict value structure, as a part of program keys: equal only to itself,
-    as `intern` gives one per text and treedef."""
-
-    __slots__ = ("text",)
-
-    def __init__(self, text: str) -> None:
-        self.text = text
-
-    def __repr__(self) -> str:
-        return f"_Structure({self.text})"
-
-
-# Every structure seen, by its text and treedef; and, for values whose fields are
-# all set and whose dynamic fields all hold arrays (most value types), by their type
-# and the identities of their static fields (kept alive here, so that their `id`s
-# are not reused): the same objects have the same text and compare equal, and the
-# structure follows from them without flattening the value. Each keeps at most
-# `MAX_STRUCTURES` entries, the oldest dropped first (a structure interned again is
-# another key of programs: a miss, never a wrong hit).
-MAX_STRUCTURES = 4096
-_structures = _caches.JaxprTable("eager value structures", MAX_STRUCTURES)
-_by_fields = _caches.JaxprTable("eager value structures by fields", MAX_STRUCTURES)
-
-# Per value type: the names of its dynamic and static fields and its field count.
-_fields: dict[type, tuple[tuple[str, ...], tuple[str, ...], int]] = {}
-# The types of the concrete array leaves seen that carry their aval (`jax.Array`s).
-_leaf_types: set[type] = set()
-_attribute = object.__getattribute__  # not the value's own, slower lookup
-_aval = operator.attrgetter("aval")
-
-
-def field_layout(cls: type) -> tuple[tuple[str, ...], tuple[str, ...], int]:
-    """The names of the value type `cls`'s dynamic and static fields, and its field
-    count (cached)."""
-    layout = _fields.get(cls)
-    if layout is not None:
-        return layout
-    fields = dataclasses.fields(cls)
-    static = tuple(f.name for f in fields if f.metadata.get("static", False))
-    dynamic = tuple(f.name for f in fields if not f.metadata.get("static", False))
-    _fields[cls] = layout = (dynamic, static, len(fields))
-    return layout
-
-
-def intern(leaves: Sequence[Any], treedef: Any) -> _Structure | None:
-    """The structure of a value flattened to `leaves`, `treedef`: its text (static
-    fields may compare loosely by `==`, as quax-units' display units) and its
-    treedef (or strictly, as quax-named's anonymous axes, alike in text). `None`
-    when a leaf is not an array or a static field cannot be hashed: such a value has
-    no compiled program."""
-    if not all(isinstance(leaf, _ARRAY_LEAVES) for leaf in leaves):
-        return None
-    key = (repr(treedef), treedef)
-    try:
-        structure = _structures.get(key)
-    except TypeError:  # a static field that cannot be hashed
-        return None
-    if structure is None:
-        structure = _Structure(key[0])
-        _structures.put(key, structure)
-        _leaf_types.update(
-            type(x)
-            for x in leaves
-            if isinstance(x, jax.Array) and not isinstance(x, Tracer)
-        )
-    return structure
-
-
-def value_structure(x: Any) -> tuple[_Structure | None, Sequence[Any], list[Any]]:
-    """The strict structure of the value `x` (see `intern`), its leaves and their
-    avals."""
-    cls = type(x)
-    dynamic, static, count = field_layout(cls)
-    fields = _attribute(x, "__dict__")
-    if len(fields) == count:
-        try:
-            leaves = tuple([fields[name] for name in dynamic])
-            statics = tuple([fields[name] for name in static])
-        except KeyError:  # other attributes than its fields
-            statics = None
-        if statics is not None and _leaf_types.issuperset(map(type, leaves)):
-            key = (cls, *map(id, statics))
-            kept = _by_fields.get(key)
-            if kept is not None:
-                return kept[0], leaves, list(map(_aval, leaves))
-            flat, treedef = jtu.tree_flatten(x)
-            structure = intern(flat, treedef)
-            if (
-                structure is not None
-                and len(flat) == len(leaves)
-                and all(map(operator.is_, flat, leaves))
-            ):
-                _by_fields.put(key, (structure, statics))
-            return structure, flat, list(map(_aval, leaves))
-    flat, treedef = jtu.tree_flatten(x)
-    structure = intern(flat, treedef)
-    return structure, flat, [] if structure is None else list(map(typeof, flat))
 
 
 def environment_setting() -> bool:
@@ -469,7 +307,7 @@ def _program_key(code: Any, inputs: Sequence[Any], treedef: Any) -> Any:
             key += avals  # a program is checked for one shape of each leaf
             leaves += value_leaves
             values = True
-        elif isinstance(x, _ARRAY_LEAVES):
+        elif isinstance(x, ARRAY_LEAVES):
             if isinstance(x, Tracer) or np.size(x) > MAX_CONSTANT_SIZE:
                 return None
             key.append(ConstKey(x))

@@ -14,7 +14,11 @@ everything the rules may read, alike in every cache:
   arrays, small JAX arrays, as `x * 0.5`, `x / np.sqrt(d)` or `jnp.where(m, x,
   0.0)` pass them): by their type, aval and bits (`constant_key`), as rules may
   read their values; never a NumPy array by identity, as its owner may change it
-  in place (see also `quax._caching._eager.ConstKey`);
+  in place (compiled code keys its plain inputs otherwise: see `ConstKey`);
+- values, for compiled code (compiled eager programs, nested `jit` bodies): by
+  their strict structure (`value_structure`: type and static fields, one object
+  per text and treedef) and, where a program is checked for one shape, their
+  leaves' avals; plain inputs that compiled code closes over by `ConstKey`;
 - the context every key holds (`context`): the settings rules read (declared
   with `add_setting`, as `quax.zero.ieee_strict`), JAX's trace context (the
   settings JAX's own tracing caches key on: `enable_x64`, the default matmul
@@ -37,33 +41,42 @@ current ones, and names those that differ. Tests plant a key that leaves one
 out (`omitted`), and check that verify mode catches it.
 """
 
+import dataclasses
+import operator
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import jax.tree_util as jtu
 import numpy as np
 from jax import Array
 
-from .._compat import NUMPY_ARRAYS, trace_context, typeof
+from .._compat import NUMPY_ARRAYS, Tracer, frozen_bytes, trace_context, typeof
 from .._dispatch import _registry
 from .._foundation import _caches, _debug, _journal
 
 
 __all__ = [
+    "ARRAY_LEAVES",
     "CONTEXT",
     "JAXPR",
     "PROGRAM",
     "CONSTANT_MAX_SIZE",
+    "MAX_CONSTANT_SIZE",
+    "ConstKey",
     "add_setting",
     "aliasing",
     "constant_key",
     "context",
+    "field_layout",
     "float_key",
     "jaxpr_key",
     "key",
     "params_key",
     "program_key",
     "static_key",
+    "strict_structure",
+    "value_structure",
 ]
 
 # The components of every key's context, in the order `context` gives them.
@@ -230,6 +243,186 @@ def static_key(x: Any) -> Any:
         return tuple, x
     hash(x)  # a mutable field (a NumPy array, a list) raises: see the docstring
     return Identity(x)
+
+
+# Plain inputs of compiled code (`ConstKey`): a JAX array of more elements than this
+# is keyed by identity; a compiled eager program keeps plain inputs up to this size
+# as its constants, and a nested `jit`'s body those it knows now.
+MAX_CONSTANT_SIZE = 64
+
+# The leaves that a value flattens to, and the plain inputs, that compiled code
+# takes: arrays and Python scalars.
+ARRAY_LEAVES = (Array, np.ndarray, np.generic, int, float, complex)
+
+
+class ConstKey:
+    """A constant (plain) input of compiled code as part of a cache key, and the
+    value the code closes over (`value`): equal to another of the same type, aval
+    and bits.
+
+    A NumPy array, which its owner may change in place, is keyed by a copy of its
+    bytes whatever its size, never by identity, and `value` is a read-only array
+    of that copy: an array changed afterwards is another key, and code kept under
+    this key (traced again for another structure of its other inputs) sees the
+    values of the key. A JAX array is immutable: one of more than
+    `MAX_CONSTANT_SIZE` elements is keyed by identity (and kept alive, so that its
+    `id` is not reused), sparing a copy from its device on every call.
+
+    The type counts, not only the aval and the bits: JAX stages a NumPy constant
+    (`np.float32(2)`) as a literal and a `jax.Array` (`jnp.float32(2)`) as a
+    constant of the program, so the two stage different equations.
+
+    Its rules differ from `constant_key`'s on purpose. A replayed recording stages
+    its caller's constants afresh and only reads a key: `constant_key` copies the
+    bits of scalars and small arrays on each bind and keys no NumPy array of one or
+    more dimensions (copying one on every bind would cost what the replay saves).
+    Compiled code closes over the constant itself, traced once for the key and
+    then reused: `ConstKey` keys any NumPy array it is given by a copy of its bytes
+    (the code closes over that copy, `value`), as compiled code takes plain inputs
+    up to a small size or those a rule asked about."""
+
+    __slots__ = ("aval", "data", "hash", "kind", "value")
+
+    def __init__(self, value: Any) -> None:
+        self.kind = type(value)
+        self.aval = typeof(value)
+        if isinstance(value, np.ndarray):
+            self.data = value.tobytes()  # a copy, in C order
+            self.value = frozen_bytes(value, self.data)
+        elif isinstance(value, Array) and value.size > MAX_CONSTANT_SIZE:
+            self.value, self.data = value, id(value)
+        else:  # an immutable scalar or a small JAX array
+            self.value, self.data = value, np.asarray(value).tobytes()
+        # Hashing every byte of a large array costs about 2 ms per 4 MB on every
+        # call, where comparing them with an equal key's costs a tenth of that: the
+        # hash reads a sample of evenly spaced bytes, and equality every byte.
+        sample = self.data
+        if type(sample) is bytes and len(sample) > _HASHED_BYTES:
+            sample = sample[:: len(sample) // _HASHED_BYTES]
+        self.hash = hash((self.kind, self.aval, sample))
+
+    def __eq__(self, other: object) -> bool:
+        return (
+            isinstance(other, ConstKey)
+            and self.hash == other.hash
+            and self.kind is other.kind
+            and self.aval == other.aval
+            and self.data == other.data
+        )
+
+    def __hash__(self) -> int:
+        return self.hash
+
+
+# The most bytes of a constant that `ConstKey` hashes (it compares all of them).
+_HASHED_BYTES = 4096
+
+
+class _Structure:
+    """One strict value structure, as a part of program keys: equal only to itself,
+    as `intern` gives one per text and treedef."""
+
+    __slots__ = ("text",)
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def __repr__(self) -> str:
+        return f"_Structure({self.text})"
+
+
+# Every structure seen, by its text and treedef; and, for values whose fields are
+# all set and whose dynamic fields all hold arrays (most value types), by their type
+# and the identities of their static fields (kept alive here, so that their `id`s
+# are not reused): the same objects have the same text and compare equal, and the
+# structure follows from them without flattening the value. Each keeps at most
+# `MAX_STRUCTURES` entries, the oldest dropped first (a structure interned again is
+# another key of programs: a miss, never a wrong hit).
+MAX_STRUCTURES = 4096
+_structures = _caches.JaxprTable("value structures", MAX_STRUCTURES)
+_by_fields = _caches.JaxprTable("value structures by fields", MAX_STRUCTURES)
+
+# Per value type: the names of its dynamic and static fields and its field count.
+_fields: dict[type, tuple[tuple[str, ...], tuple[str, ...], int]] = {}
+# The types of the concrete array leaves seen that carry their aval (`jax.Array`s).
+_leaf_types: set[type] = set()
+_attribute = object.__getattribute__  # not the value's own, slower lookup
+_aval = operator.attrgetter("aval")
+
+
+def field_layout(cls: type) -> tuple[tuple[str, ...], tuple[str, ...], int]:
+    """The names of the value type `cls`'s dynamic and static fields, and its field
+    count (cached)."""
+    layout = _fields.get(cls)
+    if layout is not None:
+        return layout
+    fields = dataclasses.fields(cls)
+    static = tuple(f.name for f in fields if f.metadata.get("static", False))
+    dynamic = tuple(f.name for f in fields if not f.metadata.get("static", False))
+    _fields[cls] = layout = (dynamic, static, len(fields))
+    return layout
+
+
+def intern(leaves: Sequence[Any], treedef: Any) -> _Structure | None:
+    """The structure of a value flattened to `leaves`, `treedef`: its text (static
+    fields may compare loosely by `==`, as quax-units' display units) and its
+    treedef (or strictly, as quax-named's anonymous axes, alike in text). `None`
+    when a leaf is not an array or a static field cannot be hashed: such a value has
+    no compiled program."""
+    if not all(isinstance(leaf, ARRAY_LEAVES) for leaf in leaves):
+        return None
+    key = (repr(treedef), treedef)
+    try:
+        structure = _structures.get(key)
+    except TypeError:  # a static field that cannot be hashed
+        return None
+    if structure is None:
+        structure = _Structure(key[0])
+        _structures.put(key, structure)
+        _leaf_types.update(
+            type(x)
+            for x in leaves
+            if isinstance(x, Array) and not isinstance(x, Tracer)
+        )
+    return structure
+
+
+def value_structure(x: Any) -> tuple[_Structure | None, Sequence[Any], list[Any]]:
+    """The strict structure of the value `x` (see `intern`), its leaves and their
+    avals."""
+    cls = type(x)
+    dynamic, static, count = field_layout(cls)
+    fields = _attribute(x, "__dict__")
+    if len(fields) == count:
+        try:
+            leaves = tuple([fields[name] for name in dynamic])
+            statics = tuple([fields[name] for name in static])
+        except KeyError:  # other attributes than its fields
+            statics = None
+        if statics is not None and _leaf_types.issuperset(map(type, leaves)):
+            key = (cls, *map(id, statics))
+            kept = _by_fields.get(key)
+            if kept is not None:
+                return kept[0], leaves, list(map(_aval, leaves))
+            flat, treedef = jtu.tree_flatten(x)
+            structure = intern(flat, treedef)
+            if (
+                structure is not None
+                and len(flat) == len(leaves)
+                and all(map(operator.is_, flat, leaves))
+            ):
+                _by_fields.put(key, (structure, statics))
+            return structure, flat, list(map(_aval, leaves))
+    flat, treedef = jtu.tree_flatten(x)
+    structure = intern(flat, treedef)
+    return structure, flat, [] if structure is None else list(map(typeof, flat))
+
+
+def strict_structure(x: Any) -> Any:
+    """The strict structure of the value `x` (see `value_structure`), or, for a value
+    that has none (a leaf that is not an array), the text of its treedef."""
+    structure = value_structure(x)[0]
+    return repr(jtu.tree_structure(x)) if structure is None else structure
 
 
 # The settings that rules read while they trace, which a cached entry fixes (the

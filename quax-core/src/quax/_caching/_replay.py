@@ -88,8 +88,7 @@ from .._foundation._evaluation import (
 from .._values import _value
 from .._values._value import is_value, value_classes
 from . import _keys
-from ._eager import field_layout
-from ._keys import Identity, constant_key, params_key, static_key
+from ._keys import Identity, constant_key, field_layout, params_key, static_key
 from ._per_jaxpr import jaxpr_holds_staged_values
 
 

@@ -7,7 +7,7 @@ An answer the caches' keys do not hold is reported to them: asked about a leaf o
 compiled eager program being traced, these raise `ConcreteNeeded` (equation by
 equation the leaf would be concrete, see `quax._caching._eager`); asked about a
 plain argument of a nested `jit` that was concrete when called, `ValueAsked` (see
-`quax._rules._control_flow`); and every question about a tracer is counted
+`quax._caching._nested`); and every question about a tracer is counted
 (`known_asks`), so that a replayed recording never stands for a rule that asked (see
 `quax._caching._replay`).
 """
@@ -75,7 +75,7 @@ def require_concrete(x: Any) -> None:
 class ValueAsked(BaseException):
     """A rule asked `known_constant` for the value of a plain argument of a nested
     `jit` that was concrete when called, but that quax passed in as an argument
-    (keyed by its aval, see `quax._rules._control_flow`): the call with `token` runs
+    (keyed by its aval, see `quax._caching._nested`): the call with `token` runs
     again with it as a constant. A `BaseException`, so that a rule's `except
     Exception` cannot turn it into a more general answer."""
 

@@ -6,11 +6,11 @@ Quax keeps what rules computed, so as not to compute it again: the dispatch cach
 their code and keyed by `quax._caching._keys.program_key`: compiled eager programs
 (`quax._caching._eager`), the equations rules staged while a program is staged
 (`quax._caching._replay`) and the jitted bodies of nested `jit`s
-(`quax._rules._control_flow`); and what it works out once (`remembered`), per jaxpr
+(`quax._caching._nested`); and what it works out once (`remembered`), per jaxpr
 (the interpreter's steps, `quax._transform._interpreter`; whether a jaxpr stages a
 value, `quax._caching._per_jaxpr`; the quaxified functions of higher-order
 primitives' bodies, `quax._rules._bodies`; which registered function a `jit` body
-is, `quax._rules._control_flow`) or per small evaluation (the signs of symbolic
+is, `quax._rules._functions`) or per small evaluation (the signs of symbolic
 zeros, `quax.zero._rules`). Each entry is keyed by everything the rules may read (see
 `quax._caching._keys`), and a cache may only return what running the rules would
 return: the same staged equations, the same output types and static fields.
@@ -196,9 +196,8 @@ def report() -> list[tuple[str, int, str]]:
     return rows + [(t.name, len(t), str(t.bound)) for t in _tables]
 
 
-# Tables that are not a `Table` (the dispatch cache, read on every primitive; the
-# interned value structures of `quax._caching._eager`), by name, with what measures
-# their size and gives their bound.
+# Tables that are not a `Table` (the dispatch cache, read on every primitive), by
+# name, with what measures their size and gives their bound.
 _measured: list[tuple[str, Callable[[], tuple[int, str]]]] = []
 
 

@@ -27,6 +27,7 @@ import jax.numpy as jnp
 import jax.tree_util as jtu
 import numpy as np
 
+from .._caching._nested import ADDRESS
 from .._caching._per_jaxpr import per_jaxpr
 from .._compat import (
     Primitive,
@@ -44,7 +45,7 @@ from .._foundation._jit_rules import differentiate_jits_with, keep_inline_jit
 from .._transform._interpreter import body_source
 from .._transform._trace import QuaxTracer
 from .._values._value import ValueLike, describe_types, is_value
-from ._control_flow import _ADDRESS, _jit_body
+from ._control_flow import _jit_body
 
 
 __all__ = ["register_function"]
@@ -389,7 +390,7 @@ def _program_text(jaxpr: Any) -> str:
     typed literal as the Python float it was given (`57.29577951308232:f32[]`),
     which `vmap` keeps, where the function traced again on the batched type writes
     the float32 number (`57.295780181884766:f32[]`); both are one program."""
-    text = _ADDRESS.sub("", str(jaxpr.jaxpr))
+    text = ADDRESS.sub("", str(jaxpr.jaxpr))
     return _FLOAT_LITERAL.sub(_in_its_dtype, text)
 
 
