@@ -131,3 +131,54 @@ def test_plain_jax_grad_keeps_the_input_label():
     g = jax.grad(lambda v: ustrip("J", kinetic(Quantity(2.0, "kg"), v)))(v)
     assert g.units == v.units
     np.testing.assert_allclose(g.array, [60.0, 80.0])
+
+
+@jax.custom_vjp
+def _decay(y, rate):
+    return rate * y
+
+
+def _decay_fwd(y, rate):
+    return rate * y, (y, rate)
+
+
+_seen_cotangents: list = []
+
+
+def _decay_bwd(res, ct):
+    # A rule that mixes the cotangent with its residuals, as an adjoint does:
+    # `sum(ct * y)` is the rate's (dimensionless) cotangent only with `ct` per
+    # metre.
+    y, rate = res
+    # (The plain reference's cotangent is an array.)
+    _seen_cotangents.append(getattr(ct, "units", None))
+    return rate * ct, jnp.sum(ct * y)
+
+
+_decay.defvjp(_decay_fwd, _decay_bwd)
+
+
+@pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
+def test_custom_vjp_cotangents_are_per_unit(jit):
+    """A `custom_vjp` rule on a quantity gets its output's cotangent per the
+    output's units (`1 / m` for a length), as reverse mode gives cotangents inside
+    `quax.quaxify`, and returns the input's the same way: the gradients of the
+    plain program."""
+    _seen_cotangents.clear()
+    y0 = jnp.array([1.0, 2.0])
+
+    def in_cm(y, rate):
+        return ustrip("cm", quax.quaxify(_decay)(Quantity(y, "m"), rate)).sum()
+
+    def plain(y, rate):
+        return (100.0 * _decay(y, rate)).sum()
+
+    grad = jax.grad(in_cm, argnums=(0, 1))
+    got = (jax.jit(grad) if jit else grad)(y0, 0.5)
+    want = jax.grad(plain, argnums=(0, 1))(y0, 0.5)
+    # d/dy of 100 r y: 100 r; d/dr: 100 (y1 + y2).
+    np.testing.assert_allclose(want[0], [50.0, 50.0])
+    np.testing.assert_allclose(want[1], 300.0)
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-6)
+    np.testing.assert_allclose(got[1], want[1], rtol=1e-6)
+    assert set(_seen_cotangents) == {None, unit("1 / m").dimensions}

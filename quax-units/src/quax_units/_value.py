@@ -196,7 +196,8 @@ class Quantity(quax.OperatorMethods, quax.GuardedValue):
                 _remember_given(self, magnitude, u)
 
     # A quantity is its array times its units: linear in its leaves, so the tangents
-    # and cotangents of `custom_jvp`/`custom_vjp` functions keep their units.
+    # of `custom_jvp` functions keep its units, and the cotangents of `custom_vjp`
+    # functions are per its units (`cotangent`).
     linear_in_leaves: ClassVar[bool] = True
     materialisation_error: ClassVar[type[quax.MaterialisationError]] = (
         UnitsMaterialisationError
@@ -268,6 +269,27 @@ class Quantity(quax.OperatorMethods, quax.GuardedValue):
         if like.units.is_dimensionless or fits_any_unit(array):
             return make(array, like.units, like.display.unit)
         return None
+
+    def cotangent(self, bar: "Quantity") -> "Quantity":
+        """The cotangent of this quantity in a `custom_vjp` rule: its leaf's
+        cotangent per this quantity's units (`1 / m` for a length), as reverse mode
+        gives cotangents inside `quax.quaxify` (see `quax.Value.cotangent`).
+
+        A rule mixes cotangents with residuals: diffrax's adjoint of `y' = -k y`
+        takes `sum(ct * y)` as the cotangent of a plain `k`, dimensionless only with
+        `ct` per metre. The numbers are the leaf's cotangent, unchanged: the
+        cotangent of the SI-coherent numbers.
+
+        **Arguments:**
+
+        - `bar`: a quantity with this one's units, holding the leaf's cotangent.
+
+        **Returns:**
+
+        The same numbers, in units of one over this quantity's.
+        """
+        per = dimensionless / self.units
+        return make(bar.array, per, si_unit(per))
 
     def aval(self) -> jax.core.ShapedArray:
         return jax.typeof(self.array)  # pyright: ignore[reportReturnType]

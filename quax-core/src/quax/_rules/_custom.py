@@ -51,7 +51,10 @@ __all__: list[str] = []
 # declares with the class attribute `linear_in_leaves = True` (a dense wrapper, a
 # sparse array's data, a symbolic zero). A type may give another tangent through
 # `Value.tangent` (linear in the leaves' tangents); a type that is not linear enters
-# whole only when it does. Values of other types enter the call materialised, so
+# whole only when it does. A type whose static fields scale its numbers (units)
+# relabels the cotangents through `Value.cotangent` (a length's is per metre), and
+# a rule's cotangent of an input in that structure gives the leaves' cotangents.
+# Values of other types enter the call materialised, so
 # the custom rule sees the dense array it was written for. Outputs of types that
 # are not linear leave the call materialised: their tangents are not their leaves'.
 #
@@ -450,7 +453,7 @@ def custom_vjp_call(
         res, inputs, outs = jtu.tree_unflatten(tree, args[: tree.num_leaves])
         out_flat = _Flat(outs)
         cts = [
-            _tangent_value(o, ts, symbolic_zeros) if isinstance(o, Value) else ts[0]
+            _output_cotangent(o, ts, symbolic_zeros)
             for o, ts in zip(outs, out_flat.split(args[tree.num_leaves :]), strict=True)
         ]
         cts_in, logs = bwd_split(_run(bwd, *res, *cts))
@@ -473,11 +476,23 @@ def custom_vjp_call(
     return jtu.tree_unflatten(out_tree[0], out)
 
 
+def _output_cotangent(out: Any, leaves: Sequence[Any], symbolic: bool) -> Any:
+    """The cotangent a custom VJP rule receives for the output `out` (a value or
+    an array), from its leaves' cotangents: through the type's `cotangent`."""
+    if not isinstance(out, Value):
+        return leaves[0]
+    bar = _tangent_value(out, leaves, symbolic)
+    return bar if _is_zero(bar) else out.cotangent(bar)
+
+
 def _input_cotangents(x: Any, ct: Any, primitive: Primitive) -> list[Any]:
     """The leaves' cotangents of the input `x` from the rule's cotangent `ct`."""
     if not isinstance(x, Value):
         return [materialise_to_join(ct, f"a cotangent of `{primitive.name}`")]
-    leaf_cts = _leaf_tangents(x, ct, symbolic=False) if _linear(x) else None
+    # The structure of a cotangent of `x` (its leaves are `x`'s, relabelled).
+    leaf_cts = (
+        _leaf_tangents(x.cotangent(x), ct, symbolic=False) if _linear(x) else None
+    )
     if leaf_cts is not None:
         return leaf_cts
     # A dense cotangent: transpose the map from the float leaves' tangents to the

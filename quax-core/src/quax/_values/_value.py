@@ -73,7 +73,9 @@ class Value(eqx.Module, metaclass=ValueMeta):
     wrapper, a symbolic zero, sparse data, units). A `custom_jvp`/`custom_vjp`
     function (`jax.nn.relu`, `jnp.logaddexp`, ...) then runs its custom rule on the
     values themselves, with tangents and cotangents of the same type rebuilt from
-    the leaves' tangents, as the published quax does. A type whose array is *not*
+    the leaves' tangents, as the published quax does (a type whose static fields
+    are a scale of its numbers, such as units, relabels the cotangents through
+    `cotangent`). A type whose array is *not*
     linear in its leaves (a low-rank product, quantised data) must declare the
     class variable `linear_in_leaves = False`: such functions then see its
     materialised array (or the type's refusal to materialise, as a
@@ -295,6 +297,38 @@ class Value(eqx.Module, metaclass=ValueMeta):
         The tangent: a value, or a JAX array of this value's shape.
         """
         return dot
+
+    def cotangent(self, bar: "Value") -> "Value":
+        """The cotangent of this value that a `custom_vjp` rule receives, given its
+        leaves' cotangents; also the structure in which quax reads the rule's
+        cotangent of an input of this type back onto its leaves.
+
+        The default, `bar` itself, is right where the static fields describe the
+        array's structure (indices, shapes, flags): the cotangent is an array of
+        the same structure. A type whose static fields give the numbers a scale
+        overrides it: a quantity in metres has a cotangent per metre (`dL/dy` is in
+        `1/m` for a dimensionless `L`), which the rule's own arithmetic with the
+        residuals (`ct * y`) needs for its units to agree. Reverse mode inside
+        `quax.quaxify` gives such cotangents through the type's own rules; this
+        method gives the ones that enter a custom rule from outside it.
+
+        It must return a value of this type with `bar`'s leaves, in the same
+        order: only static fields may differ. Quax calls it on each output's
+        cotangent, and on the input itself for the structure a cotangent of that
+        input must have: a cotangent the rule returns in that structure gives its
+        leaves as the leaves' cotangents; any other is materialised and
+        transposed as a dense cotangent (see `tangent`).
+
+        **Arguments:**
+
+        - `bar`: a value of this type holding the cotangents of the floating-point
+            leaves and this value's other leaves, with this value's static fields.
+
+        **Returns:**
+
+        The cotangent: a value of this type with `bar`'s leaves.
+        """
+        return bar
 
     def __jax_array__(self) -> Any:
         """What this value is where a JAX function asks for an array: `jnp.where`,

@@ -55,7 +55,13 @@ _wrap = make
 _TRACED_CONSTANT_HINT = (
     " The plain operand is only known at run time (a loop carry or a traced value), "
     "so it cannot be checked to be a zero, infinity or NaN constant, which fits any "
-    "unit: start it as a quantity (`Quantity(jnp.zeros(...), unit)`)."
+    "unit: start it as a quantity (`Quantity(jnp.zeros(...), unit)`). If it holds "
+    "the numbers of a quantity that code took apart leaf by leaf "
+    "(`jax.tree_util.tree_map` over a `Quantity` that is a pytree, not traced: one "
+    "built inside the quaxified function and handed to a library such as diffrax, "
+    "whose step-size controller maps over its state), pass the quantity to the "
+    "quaxified function as an argument, or write `jnp.asarray(q)` where it is "
+    "built, which joins it to the quax trace."
 )
 
 
