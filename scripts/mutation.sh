@@ -39,6 +39,7 @@ caching-keys     quax-core        quax/_caching/_keys.py           test_cache_ke
 caching-eager    quax-core        quax/_caching/_eager.py          test_eager.py test_cache_keys_inputs.py test_cache_identity.py
 caching-replay   quax-core        quax/_caching/_replay.py         test_replay.py test_cache_identity.py
 caching-per-jaxpr quax-core       quax/_caching/_per_jaxpr.py      test_caches.py test_cache_lifetime.py
+caching-nested   quax-core        quax/_caching/_nested.py         test_nesting.py test_cache_lifetime.py test_caches.py test_cache_identity.py
 transform-interpreter quax-core   quax/_transform/_interpreter.py  test_nesting.py test_cache_lifetime.py test_cache_identity.py
 dispatch-known   quax-core        quax/_dispatch/_known.py         test_known_constant.py test_known_scaled_constant.py test_known_scaled_constant_edges.py
 dispatch-registry quax-core       quax/_dispatch/_registry.py      test_registry.py test_clients_registry.py test_cache_keys_types.py
