@@ -539,7 +539,7 @@ def test_per_jaxpr_tables_give_what_a_fresh_walk_gives() -> None:
 
 
 def test_per_jaxpr_entries_go_with_their_jaxpr() -> None:
-    table = quax._foundation._caches.JaxprTable("a test's jaxprs", 2)
+    table = quax._foundation._caches.Table("a test's jaxprs", 2)
     try:
         kept = [jax.make_jaxpr(lambda a, k=k: a * k)(A) for k in range(3)]
         for j in kept:

@@ -140,6 +140,7 @@ __all__ = [
     "while_p",
     "with_leaf_vma",
     "with_tangent",
+    "without_unused",
     "wrap_init",
 ]
 
@@ -291,6 +292,13 @@ def staged_since(trace: Any, start: int) -> list[Any] | None:
     eqns = [e for e in eqns if e is not None]
     own = _pe.custom_staging_rules.keys() - _DEFAULT_STAGING
     return None if any(e.primitive in own for e in eqns) else eqns
+
+
+def without_unused(jaxpr: Any) -> Any:
+    """The open `jaxpr` less the equations whose outputs nothing reads and that have
+    no effect (JAX's dead-code elimination, inner jaxprs included), every input
+    kept."""
+    return _pe.dce_jaxpr(jaxpr, True, instantiate=True)[0]
 
 
 def staged_atom(trace: Any, t: Any) -> tuple[str, Any]:

@@ -169,7 +169,7 @@ _state = _State()
 # code, and all when a rule is registered (they may dispatch otherwise now): a
 # program, `_BY_EQUATION`, or for a key not compiled yet the output structure of its
 # first call (`_FirstOutput`).
-_programs = _caches.JaxprTable("compiled eager programs", MAX_PROGRAMS)
+_programs = _caches.Table("compiled eager programs", MAX_PROGRAMS)
 
 
 def call_compiled(
@@ -270,11 +270,10 @@ def _staged(
     treedef: Any,
     leaves: list[Any],
     positions: tuple[int, ...] | None,
-) -> tuple[str, str]:
-    """What the program of `fn` on `inputs` stages (its jaxpr, as text) and gives
-    (its output's treedef and avals, as text), traced afresh."""
-    traced = _compile(fn, inputs, treedef, positions).trace(*leaves)
-    return str(traced.jaxpr), repr(traced.out_info)
+) -> str:
+    """What the program of `fn` on `inputs` stages and gives, as text (see
+    `quax._foundation._caches.staged`), traced afresh."""
+    return _caches.staged(_compile(fn, inputs, treedef, positions).trace(*leaves))
 
 
 # What `_program_key` answers for inputs that hold pytrees of inputs.

@@ -117,7 +117,7 @@ def program_key(
 ) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
     """The key of a program, and its components (`PROGRAM`): its `code` (what it
     runs, as each cache names it: never a jaxpr itself, which the key would keep
-    alive, but its `id` in a `JaxprTable` that drops the entry with it), its
+    alive, but its `id` in a `Table` that drops the entry with it), its
     `inputs` (the types, static fields and avals of values, the plain inputs'
     avals or `constant_key`s), their `aliasing` (which leaves are one object, or
     `None`) and the `context`."""
@@ -339,8 +339,8 @@ class _Structure:
 # `MAX_STRUCTURES` entries, the oldest dropped first (a structure interned again is
 # another key of programs: a miss, never a wrong hit).
 MAX_STRUCTURES = 4096
-_structures = _caches.JaxprTable("value structures", MAX_STRUCTURES)
-_by_fields = _caches.JaxprTable("value structures by fields", MAX_STRUCTURES)
+_structures = _caches.Table("value structures", MAX_STRUCTURES)
+_by_fields = _caches.Table("value structures by fields", MAX_STRUCTURES)
 
 # Per value type: the names of its dynamic and static fields and its field count.
 _fields: dict[type, tuple[tuple[str, ...], tuple[str, ...], int]] = {}

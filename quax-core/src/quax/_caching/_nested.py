@@ -17,42 +17,29 @@ then on for this jaxpr and its arguments' structures (an entry of the same table
 under a key whose code starts with `_BY_VALUE`).
 
 In verify mode (`QUAX_VERIFY_CACHES=1`, see `quax._foundation._caches`), a hit traces
-a fresh body too, and raises when its outputs' types or the program it stages
-differ from those of the kept body for the same structure of arguments. The rule
+a fresh body on the call's arguments too, and raises when its outputs' types or the
+program it stages (`quax._foundation._caches.staged`) differ from those of the kept
+body's trace for the same arguments (the trace JAX keeps and runs). The rule
 that calls it (`quax._rules._control_flow`) gives the quaxified function of a
 jaxpr, which this layer cannot build.
 """
 
-import re
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
-import jax.tree_util as jtu
 
-from .._compat import (
-    ClosedJaxpr,
-    DynamicJaxprTracer,
-    Jaxpr,
-    Literal,
-    Tracer,
-    current_trace,
-    is_unspecified,
-    release_traces,
-    staged_atom,
-    staged_since,
-    typeof,
-)
+from .._compat import Tracer, is_unspecified, release_traces, typeof
 from .._dispatch._known import ValueAsked, stand_in_token, standing_in
 from .._foundation import _caches
-from .._foundation._caches import JaxprTable
+from .._foundation._caches import Table
 from .._values._value import is_value
 from . import _keys
 from ._keys import MAX_CONSTANT_SIZE, ConstKey, strict_structure
 
 
-__all__ = ["ADDRESS", "MAX_NESTED_JITS", "call_body"]
+__all__ = ["MAX_NESTED_JITS", "call_body"]
 
 
 def call_body(
@@ -154,7 +141,7 @@ def call_body(
 # its jaxpr, and so with the function whose `jit` made it (a compiled body holds
 # megabytes), as well as beyond the bound, which both kinds of entry share.
 MAX_NESTED_JITS = 256
-_bodies = JaxprTable("nested jit bodies", MAX_NESTED_JITS)
+_bodies = Table("nested jit bodies", MAX_NESTED_JITS)
 _BY_VALUE = "plain arguments taken by value"
 
 
@@ -190,147 +177,47 @@ def _call(
     key, parts = _keys.program_key(
         (id(jaxpr), *common, donate), (slots, structures), None
     )
+
     caching = _caches.is_enabled()
-    verifying = caching and _caches.verifying
     jitted = _bodies.get(key) if caching else None
     made = None
     if jitted is None:
         jitted = made = _jitted(quaxify(jaxpr), common, donate, slots)
-    # Verify mode: what the kept body staged if JAX traced it now (for a structure
-    # of its arguments it has not seen), and what a body traced afresh on a hit
-    # stages, which must be the same.
-    kept: dict[str, str] = {}
-    fresh: dict[str, str] = {}
-    previous = _pending.tokens, _pending.staged
+    previous = _pending.tokens
     _pending.tokens = stand_ins
     try:
-        _pending.staged = kept if verifying else None
         out = jitted(*passed)
-        if verifying and made is None:
-            _pending.staged = fresh
-            _jitted(quaxify(jaxpr), common, donate, slots)(*passed)
+        if made is None and _caches.verifying:
+            # A hit: what the kept body stages on these arguments (JAX keeps the
+            # trace it runs) against what a fresh body stages on them. The entry
+            # was made with its key's components only, which the error compares.
+            kept = _caches.staged(jitted.trace(*passed))
+            fresh = _jitted(quaxify(jaxpr), common, donate, slots).trace(*passed)
+            what = "its outputs' types or the program it stages"
+            _caches.check(
+                _bodies.name,
+                key,
+                _keys.PROGRAM,
+                parts,
+                _caches.staged(fresh),
+                what,
+                lambda _, now: now == kept,
+            )
     finally:
-        _pending.tokens, _pending.staged = previous
-    for structure, program in kept.items():
-        _caches.made_with(_bodies.name, (key, structure), parts, program, jaxpr)
-    what = "its outputs' types or the program it stages"
-    for structure, program in fresh.items():
-        entry = (key, structure)
-        _caches.check(_bodies.name, entry, _keys.PROGRAM, parts, program, what)
+        _pending.tokens = previous
     if made is not None and caching:  # kept once a call went through
         _bodies.put(key, made, jaxpr)
+        _caches.made_with(_bodies.name, key, parts, None, jaxpr)
     return out
-
-
-# An object's address in its text (`<function f at 0x7f...>`): another trace of the
-# same body makes other objects.
-ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
-
-
-def _staged_program(trace: Any, inputs: Any, out: Any) -> str:
-    """What the staging `trace` (a `jit` body's, on the tracers `inputs`) staged for
-    its outputs `out`, as text (see `_program`). A program with an equation of its
-    own staging rule (which JAX stages otherwise) gives no text."""
-    eqns = staged_since(trace, 0)
-    if eqns is None:
-        return ""
-
-    def atom(t: Any) -> Any:
-        if type(t) is not DynamicJaxprTracer or t._trace is not trace:
-            return "value", t
-        kind, a = staged_atom(trace, t)
-        return a if kind == "var" else (kind, a)
-
-    steps = [
-        (e.primitive, e.params, [atom(t) for t in e.in_tracers], e.outvars, e.effects)
-        for e in eqns
-    ]
-    leaves = [atom(t) for t in jtu.tree_leaves(inputs)]
-    return ADDRESS.sub(
-        "", repr(_program(steps, leaves, map(atom, jtu.tree_leaves(out))))
-    )
-
-
-def _program(
-    eqns: Sequence[tuple[Any, dict[str, Any], list[Any], list[Any], Any]],
-    inputs: Iterable[Any],
-    outputs: Iterable[Any],
-) -> list[Any]:
-    """A program comparable across traces: its equations (primitive, params,
-    inputs, outputs), each given as `(primitive, params, inputs, outvars, effects)`
-    with inputs a variable or a `(kind, value)` pair (a literal, a constant), and
-    variables by number (`inputs` first, then in order of appearance), inner jaxprs
-    among the params alike. Equations whose outputs nothing reads and that have no
-    effect are left out: whether a trace still holds them depends on when the
-    garbage collector ran, and verify mode itself runs rules whose equations it
-    drops."""
-    outputs = list(outputs)
-    producers = {id(v): i for i, e in enumerate(eqns) for v in e[3]}
-    live: set[int] = set()
-    pending = list(outputs)
-    while pending:
-        i = producers.get(id(pending.pop()))
-        if i is not None and i not in live:
-            live.add(i)
-            pending += eqns[i][2]
-    numbers: dict[int, int] = {}
-
-    def name(a: Any) -> Any:
-        return a if type(a) is tuple else numbers.setdefault(id(a), len(numbers))
-
-    for a in inputs:
-        name(a)
-    program: list[Any] = [
-        (
-            primitive,
-            {k: _param(v) for k, v in params.items()},
-            [name(a) for a in ins],
-            [(name(v), v.aval) for v in outs],
-        )
-        for i, (primitive, params, ins, outs, effects) in enumerate(eqns)
-        if i in live or effects
-    ]
-    program.append([name(a) for a in outputs])
-    return program
-
-
-def _param(p: Any) -> Any:
-    """A primitive's param as `_program` compares it: inner jaxprs as programs."""
-    if isinstance(p, ClosedJaxpr):
-        return _param(p.jaxpr), p.consts
-    if isinstance(p, Jaxpr):
-
-        def atom(a: Any) -> Any:
-            return ("literal", a.val) if type(a) is Literal else a
-
-        steps = [
-            (e.primitive, e.params, [atom(a) for a in e.invars], e.outvars, e.effects)
-            for e in p.eqns
-        ]
-        inputs = [*p.constvars, *p.invars]
-        return "jaxpr", _program(steps, inputs, map(atom, p.outvars))
-    if isinstance(p, tuple):  # also a named tuple of jaxprs (`linear_solve`'s)
-        return type(p).__name__, tuple(map(_param, p))
-    return p
-
-
-def _outline(out: Any) -> str:
-    """The types, static fields (by text) and avals of the outputs `out`."""
-    leaves, treedef = jtu.tree_flatten(out)
-    return repr((treedef, [typeof(x) for x in leaves]))
 
 
 class _Pending(threading.local):
     # Per argument of the `jit` call being made: the token of the call that knows
     # its value, when it stands in for a concrete plain array (see `standing_in`).
     tokens: list[Any]
-    # In verify mode, while the call is made: where each body that JAX traces puts
-    # the program it staged, by the structure of its arguments (see `_jitted`).
-    staged: dict[str, str] | None
 
     def __init__(self) -> None:
         self.tokens = []
-        self.staged = None
 
 
 _pending = _Pending()
@@ -345,9 +232,7 @@ def _jitted(
     """`jax.jit` of `fn` (a quaxified jaxpr), with the constants among `slots` (see
     `_call`) closed over, named, sharded and donating as `common` and `donate` say.
     Cached (see `_call`), so that JAX's own cache hits when the same nested `jit`
-    comes back. Each time JAX traces it in verify mode, it puts its outputs' types
-    and the program it staged, as text, under the structure of its arguments (see
-    `_outline`, `_staged_program`) into `_pending.staged`."""
+    comes back."""
     name, keep_unused, shardings = common
 
     def body(*dynamic: Any) -> Any:
@@ -357,12 +242,9 @@ def _jitted(
         marked = [i for i, t in enumerate(tokens) if t is not None]
         with standing_in([dynamic[i] for i in marked], [tokens[i] for i in marked]):
             it = iter(dynamic)
-            out = fn(*[c.value if isinstance(c, ConstKey) else next(it) for c in slots])
-        staged = _pending.staged
-        if staged is not None:
-            program = _staged_program(current_trace(), dynamic, out)
-            staged[_outline(dynamic)] = _outline(out) + program
-        return out
+            return fn(
+                *[c.value if isinstance(c, ConstKey) else next(it) for c in slots]
+            )
 
     body.__name__ = body.__qualname__ = name
     kwargs: dict[str, Any] = {}

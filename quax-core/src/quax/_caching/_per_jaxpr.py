@@ -3,7 +3,7 @@ stages a value.
 
 A function of a jaxpr's equations alone (the interpreter's steps, the quaxified
 function of a higher-order primitive's body, the registered function a `jit` body
-is) is worked out once and kept in a `JaxprTable` under the jaxpr's key
+is) is worked out once and kept in a `Table` under the jaxpr's key
 (`per_jaxpr`), which holds the jaxpr weakly, so that the entry goes with it.
 """
 
@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 from .._compat import ClosedJaxpr, Jaxpr
 from .._dispatch._staged import staged_value_p
 from .._foundation import _caches
-from .._foundation._caches import JaxprTable
+from .._foundation._caches import Table
 from ._keys import JAXPR, jaxpr_key
 
 
@@ -33,7 +33,7 @@ _T = TypeVar("_T")
 
 
 def per_jaxpr(
-    table: JaxprTable,
+    table: Table,
     jaxpr: Any,
     compute: Callable[[Any], _T],
     same: Callable[[_T, _T], bool],
@@ -69,7 +69,7 @@ def per_jaxpr(
 
 # Jaxprs that hold staged values -------------------------------------------------------
 
-_holds = JaxprTable("jaxprs: whether each stages a value", MAX_JAXPRS)
+_holds = Table("jaxprs: whether each stages a value", MAX_JAXPRS)
 
 
 def holds_staged_values(params: dict[str, Any]) -> bool:

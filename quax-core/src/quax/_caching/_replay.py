@@ -144,7 +144,7 @@ class _Unconfirmed(NamedTuple):
 
 # The recordings (or `_RUN`, or an `_Unconfirmed` one), by `program_key`: the code is
 # a primitive and its params, or a jaxpr's `id` (its entries go with it).
-_recordings = _caches.JaxprTable("replayed recordings", MAX_RECORDINGS)
+_recordings = _caches.Table("replayed recordings", MAX_RECORDINGS)
 # Primitives never replayed: host callbacks, and those whose params hold a jaxpr.
 _unreplayable: set[Primitive] = set(HOST_CALLBACKS)
 

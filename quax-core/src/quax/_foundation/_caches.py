@@ -2,7 +2,7 @@
 verify mode.
 
 Quax keeps what rules computed, so as not to compute it again: the dispatch cache
-(`quax._dispatch._registry`); programs, each a `JaxprTable` whose entries go with
+(`quax._dispatch._registry`); programs, each a `Table` whose entries go with
 their code and keyed by `quax._caching._keys.program_key`: compiled eager programs
 (`quax._caching._eager`), the equations rules staged while a program is staged
 (`quax._caching._replay`) and the jitted bodies of nested `jit`s
@@ -15,8 +15,9 @@ zeros, `quax.zero._rules`). Each entry is keyed by everything the rules may read
 `quax._caching._keys`), and a cache may only return what running the rules would
 return: the same staged equations, the same output types and static fields.
 
-- Every table that grows with the programs it sees is bounded, and safe under
-  threads; `python -m quax caches` reports each one's size and bound (`report`).
+- Every table that grows with the programs it sees is a `Table`: bounded, safe
+  under threads, its entries dropped with their code; `python -m quax caches`
+  reports each one's size and bound (`report`).
 - `invalidate` is the one path by which entries are dropped: registering a rule
   and declaring a setting call it (a change of JAX's configuration is part of every
   key instead, through its trace context).
@@ -36,16 +37,19 @@ return: the same staged equations, the same output types and static fields.
 import contextvars
 import operator
 import os
+import re
 import threading
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from .._compat import without_unused
+
 
 __all__ = [
+    "ADDRESS",
     "CacheMismatchError",
-    "JaxprTable",
     "Table",
     "alike",
     "caching",
@@ -57,6 +61,7 @@ __all__ = [
     "on_invalidate",
     "remembered",
     "report",
+    "staged",
     "verify_dispatch",
     "verifying",
 ]
@@ -65,8 +70,11 @@ _MISSING: Any = object()
 
 
 class Table:
-    """One bounded table of a cache: keys to entries, the least recently used
-    dropped first beyond `bound` entries; every operation holds the table's lock.
+    """One bounded table of a cache: keys to entries, each dropped with the code it
+    was made for, where given (a jaxpr, a library function, which the key holds
+    weakly: a `weakref.ref`, or its `id` while it lives), so that the table keeps no
+    jaxpr alive; and beyond `bound` entries, the oldest first, as a read (on the hot
+    paths) takes no lock and does not reorder. Every write holds the table's lock.
 
     **Arguments:**
 
@@ -74,94 +82,50 @@ class Table:
     - `bound`: the most entries it keeps.
     """
 
-    __slots__ = ("__weakref__", "_data", "_lock", "bound", "name")
+    __slots__ = (
+        "__weakref__",
+        "_data",
+        "_dead",
+        "_finalizers",
+        "_lock",
+        "bound",
+        "name",
+    )
 
     def __init__(self, name: str, bound: int) -> None:
         self.name = name
         self.bound = bound
         self._data: OrderedDict[Any, Any] = OrderedDict()
         self._lock = threading.RLock()  # a key's `__eq__` may read another table
-        _tables.append(self)
-
-    def get(self, key: Any, default: Any = None) -> Any:
-        """The entry of `key` (now the most recently used), or `default`. Raises
-        `TypeError` for a key that cannot be hashed."""
-        with self._lock:
-            entry = self._data.get(key, _MISSING)
-            if entry is _MISSING:
-                return default
-            self._data.move_to_end(key)
-            return entry
-
-    def put(self, key: Any, entry: Any) -> None:
-        """Keep `entry` under `key`, dropping the least recently used entries
-        beyond the bound."""
-        with self._lock:
-            self._data[key] = entry
-            self._data.move_to_end(key)
-            while len(self._data) > self.bound:
-                self._data.popitem(last=False)
-
-    def pop(self, key: Any, default: Any = None) -> Any:
-        """Drop the entry of `key` and return it (`default` when there is none)."""
-        with self._lock:
-            return self._data.pop(key, default)
-
-    def clear(self) -> None:
-        """Drop every entry."""
-        with self._lock:
-            self._data.clear()
-
-    def __len__(self) -> int:
-        return len(self._data)
-
-    def __repr__(self) -> str:
-        return f"Table({self.name!r}, {len(self)}/{self.bound})"
-
-
-class JaxprTable(Table):
-    """A `Table` whose entries go with the code they were made for (a jaxpr, a
-    library function), which the key holds weakly (a `weakref.ref`, or its `id`
-    while it lives), so that the table keeps no jaxpr alive: an entry is dropped
-    when its code is, as well as beyond the bound: the oldest first, as a read (on
-    the hot paths) takes no lock and does not reorder.
-
-    **Arguments:**
-
-    - `name`: what `python -m quax caches` calls it.
-    - `bound`: the most entries it keeps.
-    """
-
-    __slots__ = ("_dead", "_finalizers")
-
-    def __init__(self, name: str, bound: int) -> None:
-        super().__init__(name, bound)
         self._finalizers: dict[Any, weakref.finalize] = {}
-        # Keys whose jaxpr died, dropped at the next `get` or `put`: a finalizer
+        # Keys whose code died, dropped at the next `get` or `put`: a finalizer
         # runs wherever the garbage collector does, perhaps inside this table's
         # own operations, so it only appends here.
         self._dead: list[Any] = []
+        _tables.append(self)
 
     def get(self, key: Any, default: Any = None) -> Any:
-        """The entry of `key`, or `default`: a read of a dict, which is atomic."""
+        """The entry of `key`, or `default`: a read of a dict, which is atomic.
+        Raises `TypeError` for a key that cannot be hashed."""
         if self._dead:
             self._drop_dead()
         return self._data.get(key, default)
 
-    def put(self, key: Any, entry: Any, jaxpr: Any = None) -> None:
-        """Keep `entry` under `key`, until `jaxpr` (the object the key holds weakly,
+    def put(self, key: Any, entry: Any, code: Any = None) -> None:
+        """Keep `entry` under `key`, until `code` (the object the key holds weakly,
         if any) dies or the entry is the oldest beyond the bound."""
         with self._lock:
             if self._dead:
                 self._drop_dead()
-            if jaxpr is not None and key not in self._finalizers:
-                self._finalizers[key] = weakref.finalize(jaxpr, self._dead.append, key)
+            if code is not None and key not in self._finalizers:
+                self._finalizers[key] = weakref.finalize(code, self._dead.append, key)
             self._data[key] = entry
             self._data.move_to_end(key)
             while len(self._data) > self.bound:
                 self.pop(next(iter(self._data)))
 
     def pop(self, key: Any, default: Any = None) -> Any:
+        """Drop the entry of `key` and return it (`default` when there is none)."""
         with self._lock:
             finalizer = self._finalizers.pop(key, None)
             if finalizer is not None:
@@ -169,6 +133,7 @@ class JaxprTable(Table):
             return self._data.pop(key, default)
 
     def clear(self) -> None:
+        """Drop every entry."""
         with self._lock:
             for finalizer in self._finalizers.values():
                 finalizer.detach()
@@ -180,6 +145,9 @@ class JaxprTable(Table):
         if self._dead:
             self._drop_dead()
         return len(self._data)
+
+    def __repr__(self) -> str:
+        return f"Table({self.name!r}, {len(self)}/{self.bound})"
 
     def _drop_dead(self) -> None:
         with self._lock:
@@ -344,10 +312,27 @@ def _same(a: Any, b: Any) -> bool:
         return repr(a) == repr(b)
 
 
+# An object's address in its text (`<function f at 0x7f...>`): another trace of the
+# same code makes other objects.
+ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+
+
+def staged(traced: Any) -> str:
+    """Verify mode: what a traced `jax.jit` (`jax.jit(f).trace(...)`) stages and
+    gives, as text comparable across traces: its jaxpr less the equations nothing
+    reads (whether a trace still holds them depends on when the garbage collector
+    ran, and verify mode itself runs rules whose equations it drops), its
+    constants, and its outputs' types, static fields and avals; without objects'
+    addresses."""
+    closed = traced.jaxpr
+    jaxpr = without_unused(closed.jaxpr)
+    return ADDRESS.sub("", f"{jaxpr}\n{closed.consts!r}\n{traced.out_info!r}")
+
+
 # What each entry of every cache was made with, in verify mode: its key's
 # components and what it gave or staged (its evidence), by the cache's name and the
 # entry's key; each goes with the code its entry was made for.
-_made = JaxprTable("verify mode: what each cache entry was made with", 16384)
+_made = Table("verify mode: what each cache entry was made with", 16384)
 
 
 def made_with(
@@ -391,7 +376,7 @@ def remembered(
 ) -> Any:
     """`compute()`, kept in `table` under `key` (whose components `parts` are
     named by `names`) while the caches are on, until `code` (what `compute` reads,
-    held weakly by a `JaxprTable`'s key) dies. In verify mode, a hit is computed
+    held weakly by the key) dies. In verify mode, a hit is computed
     afresh and raises a `CacheMismatchError` when it is not the `same` (`what`
     says what is compared). A key that cannot be hashed is not kept."""
     if not _enabled.get():
@@ -402,10 +387,7 @@ def remembered(
         return compute()
     if out is _MISSING:
         out = compute()
-        if code is None:
-            table.put(key, out)
-        else:
-            table.put(key, out, code)  # pyright: ignore[reportCallIssue]
+        table.put(key, out, code)
         made_with(table.name, key, parts, out, code)
     elif verifying:
         check(table.name, key, names, parts, compute(), what, same)

@@ -9,7 +9,7 @@ from typing import Any
 from .._caching._per_jaxpr import MAX_JAXPRS, jaxpr_holds_staged_values, per_jaxpr
 from .._compat import ClosedJaxpr
 from .._dispatch._staged import staged_values_into
-from .._foundation._caches import JaxprTable
+from .._foundation._caches import Table
 from .._transform import _trace
 from .._transform._interpreter import eval_quaxified
 from .._transform._quaxify import quaxify
@@ -20,7 +20,7 @@ __all__ = ["decision", "quaxified_jaxpr"]
 
 # The quaxified function of each jaxpr: the same function for the same jaxpr, so that
 # JAX's own tracing caches hit when a body comes back.
-_functions = JaxprTable("quaxified bodies of higher-order primitives", MAX_JAXPRS)
+_functions = Table("quaxified bodies of higher-order primitives", MAX_JAXPRS)
 
 
 def quaxified_jaxpr(jaxpr: Any) -> Callable[..., list[Any]]:

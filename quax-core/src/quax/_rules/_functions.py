@@ -27,7 +27,6 @@ import jax.numpy as jnp
 import jax.tree_util as jtu
 import numpy as np
 
-from .._caching._nested import ADDRESS
 from .._caching._per_jaxpr import per_jaxpr
 from .._compat import (
     Primitive,
@@ -40,7 +39,7 @@ from .._compat import (
 )
 from .._dispatch._known import ValueAsked
 from .._dispatch._registry import register, registered_rule, resolve
-from .._foundation._caches import JaxprTable
+from .._foundation._caches import ADDRESS, Table
 from .._foundation._jit_rules import differentiate_jits_with, keep_inline_jit
 from .._transform._interpreter import body_source
 from .._transform._trace import QuaxTracer
@@ -319,7 +318,7 @@ def _in_order(jaxpr: Any, registered: _Registered) -> bool:
 
 # Which registered function each body met under a registered source is, with the
 # static arguments it was traced with off their defaults (or `None`: none of them).
-_identified = JaxprTable("register_function: the functions of jit bodies", 256)
+_identified = Table("register_function: the functions of jit bodies", 256)
 
 
 def _identify(
@@ -493,7 +492,7 @@ def _jit(*args: ValueLike, jaxpr: Any, **params: Any) -> list[Any]:
 
 # Which registered function's `jvp` each body met under a registered source is (see
 # `_identify_jvp`), or `None`: none is.
-_identified_jvps = JaxprTable("register_function: the functions of jvp jit bodies", 256)
+_identified_jvps = Table("register_function: the functions of jvp jit bodies", 256)
 
 
 def _identify_jvp(

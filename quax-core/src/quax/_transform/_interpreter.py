@@ -25,7 +25,7 @@ from .._compat import (
     manual_axes_active,
     user_context,
 )
-from .._foundation._caches import JaxprTable
+from .._foundation._caches import Table
 from .._foundation._evaluation import (
     HOST_CALLBACKS,
     binds_directly,
@@ -101,7 +101,7 @@ def _own_bind_params(primitive: Primitive) -> bool:
 
 
 # Each jaxpr's steps, worked out once (the interpreter's hot path reads them).
-_steps = JaxprTable("jaxpr interpreter: the steps of each jaxpr", MAX_JAXPRS)
+_steps = Table("jaxpr interpreter: the steps of each jaxpr", MAX_JAXPRS)
 
 
 def _steps_of(jaxpr: Any) -> list[_Step]:
