@@ -628,6 +628,17 @@ def test_verify_mode_compares_a_nested_jits_program(verifying_nested: Any) -> No
         f(Counted(A), 3.0)
 
 
+def test_verify_mode_compares_a_nested_jits_constants(verifying_nested: Any) -> None:
+    # As above, with the plain argument an array: a constant of the body's program,
+    # which its text names but does not show.
+    verifying_nested("inputs")
+    inner = jax.jit(lambda a, c: a * c)
+    f = quax.quaxify(lambda a, c: inner(a, c))
+    np.testing.assert_allclose(f(Counted(A), jnp.full(3, 2.0)), 2 * A)
+    with _nested_mismatch("the program it stages", "inputs"):
+        f(Counted(A), jnp.full(3, 3.0))
+
+
 def test_verify_mode_compares_the_plain_arguments_a_nested_jit_takes_by_value(
     verifying_nested: Any,
 ) -> None:
@@ -654,3 +665,36 @@ def test_verify_mode_passes_a_nested_jit_traced_again(verifying: Any) -> None:
     for c in (2.0, 3.0, 2.0):
         for x in (A, jnp.arange(5.0)):
             np.testing.assert_allclose(f(Counted(x), c), np.sin(x * c), rtol=1e-6)
+
+
+class Probing(Wrapped):
+    """An array whose `sin` rule, on its first run only, also stages a `cos` that
+    nothing reads (as a rule that tries a way and drops it does)."""
+
+    array: Array
+
+
+_probing_runs: list[int] = []
+
+
+@quax.register(lax.sin_p)
+def _(x: Probing, **params: Any) -> Probing:
+    if not _probing_runs:
+        lax.cos(x.array)
+    _probing_runs.append(1)
+    return Probing(lax.sin_p.bind(x.array, **params))
+
+
+def test_verify_mode_passes_a_nested_jit_whose_dead_equations_differ(
+    verifying_nested: Any,
+) -> None:
+    # The kept body's trace holds the `cos` that nothing reads, a fresh body's does
+    # not: one program, which verify mode must not tell apart.
+    del verifying_nested
+    inner = jax.jit(lambda a: lax.sin(a))
+    f = quax.quaxify(lambda a: inner(a))
+    _probing_runs.clear()
+    for _ in range(3):
+        out = f(Probing(A))
+        np.testing.assert_allclose(out.array, np.sin(np.asarray(A)), **F32)
+    assert len(_probing_runs) == 3  # the kept body's trace, and two fresh ones
