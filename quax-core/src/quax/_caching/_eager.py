@@ -251,14 +251,8 @@ def call_compiled(
             return True, out
     elif _caches.verifying and program is not _BY_EQUATION:
         now = _staged(quaxified(), inputs, treedef, leaves, positions)
-        _caches.check(
-            _programs.name,
-            key,
-            _keys.PROGRAM,
-            parts,
-            now,
-            "its staged program or its outputs",
-        )
+        what = "its staged program or its outputs"
+        _caches.check(_programs.name, key, _keys.PROGRAM, parts, now, what)
     if program is _BY_EQUATION:
         return False, None
     return True, program(*leaves)

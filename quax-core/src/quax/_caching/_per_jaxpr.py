@@ -26,7 +26,7 @@ __all__ = [
 ]
 
 # How many jaxprs each table of what is worked out once per jaxpr keeps (beyond it,
-# the least recently used is worked out again when it comes back).
+# the oldest is dropped, and worked out again when it comes back).
 MAX_JAXPRS = 4096
 
 _T = TypeVar("_T")

@@ -265,14 +265,11 @@ def _replay_or_run(
     if recording is not None:  # verify mode: what the rules staged afresh
         fresh = _record(trace, body, leaves, start, outer, out)
         name = body.name if jaxpr is None else "an inlined `jit`"
-        _caches.check(
-            _recordings.name,
-            key,
-            _keys.PROGRAM,
-            parts,
-            None if fresh is None else _text(fresh),
-            f"the equations staged (of {name}) or the outputs' types and static fields",
+        now = None if fresh is None else _text(fresh)
+        what = (
+            f"the equations staged (of {name}) or the outputs' types and static fields"
         )
+        _caches.check(_recordings.name, key, _keys.PROGRAM, parts, now, what)
     elif known_asks() != asked or state.count != materialised:
         _recordings.put(key, _RUN, jaxpr)
     elif jaxpr is None and calls_jaxpr(dict(parts[0][1])):
