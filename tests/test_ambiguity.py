@@ -79,6 +79,7 @@ def _ambiguities(primitive: Primitive, types: Sequence[type]) -> list[str]:
     return found
 
 
+@pytest.mark.long_running
 def test_no_two_families_are_ambiguous_on_any_primitive() -> None:
     types = _value_types()
     families = {f.name for f in quax.plugins.families()}

@@ -30,6 +30,7 @@ def _ratio(figure: str) -> float:
     return float(figure.rsplit("(", 1)[1].removesuffix("x)"))
 
 
+@pytest.mark.long_running
 def test_the_example_shows_what_it_claims(tmp_path):
     figures = example["main"](steps=40, out_dir=str(tmp_path))
     # GPTQ's output error below round to nearest's on the same grid: for the

@@ -66,6 +66,7 @@ def quantised(draw, shape, formats=FORMATS):
     return qq.quantise(x, **kwargs)
 
 
+@pytest.mark.long_running
 @settings(max_examples=EXAMPLES, deadline=None)
 @given(problem=qst.dot_general_dimension_numbers(max_side=5), data=st.data())
 def test_dot_general_matches_dense(problem, data, ref):
@@ -102,6 +103,7 @@ STRUCTURAL = {
 }
 
 
+@pytest.mark.long_running
 @settings(max_examples=EXAMPLES, deadline=None)
 @given(
     case=st.sampled_from(sorted(STRUCTURAL)),
@@ -138,6 +140,7 @@ def test_structural_operations_match_dense(case, fmt, bits, symmetric, data, ref
     )
 
 
+@pytest.mark.long_running
 @settings(max_examples=EXAMPLES, deadline=None)
 @given(
     w=st.tuples(st.integers(1, 6), st.integers(1, 6)).flatmap(quantised),

@@ -452,6 +452,7 @@ def test_kit_against_dense(name):
     assert set(report.checks.values()) == {"passed"}, str(report)
 
 
+@pytest.mark.long_running
 @settings(max_examples=6, deadline=None)
 @given(
     rows=st.integers(1, 3),

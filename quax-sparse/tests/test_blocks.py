@@ -367,6 +367,7 @@ def test_structure_matches_jax_experimental_sparse():
         assert_close(got.todense(), want.todense())
 
 
+@pytest.mark.long_running
 @settings(max_examples=10, deadline=None)
 @given(data=st.data())
 def test_random_windows_flips_and_reshapes_keep_the_blocks(data):

@@ -77,6 +77,7 @@ def _by_leaf(grads):
     return grads[0].column, grads[0].row, grads[1]
 
 
+@pytest.mark.long_running
 @pytest.mark.parametrize("dtype", [np.float32, np.float64, np.complex64])
 def test_zero_and_tiny_leading_minors_match_dense(dtype):
     with jax.enable_x64(dtype == np.float64):
@@ -126,6 +127,7 @@ def _grad_of_vmap(matrix, b):
     )
 
 
+@pytest.mark.long_running
 @pytest.mark.parametrize(
     "order", [_vmap_of_grad, _grad_of_vmap], ids=["vmap-of-grad", "grad-of-vmap"]
 )

@@ -71,6 +71,7 @@ def _systems(draw):
     return column, row, rng.normal(size=n), dtype
 
 
+@pytest.mark.long_running
 @settings(max_examples=12, deadline=None)
 @given(_systems())
 def test_non_dominant_meets_the_guarantee(toeplitz_guarantee, system):

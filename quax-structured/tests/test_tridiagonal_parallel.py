@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import quax
 import quax_structured as qs
+import scipy.linalg
 from quax_structured._kernels import parallel_tridiagonal_solve
 from quax_structured._kernels._tridiagonal import TOLERANCE, _cyclic_reduction
 
@@ -61,6 +62,20 @@ def _dense(lower, main, upper):
     return out
 
 
+def _banded_solve(lower, main, upper, b):
+    """`x` of `A x = b` for the matrix `_dense` writes out, in float64
+    (complex128), by SciPy's banded LU with partial pivoting (LAPACK's `gbsv`):
+    as accurate as NumPy's dense solve on these diagonally dominant systems, in
+    O(n) instead of O(n³) (NumPy's dense solve took seconds at n = 4,097)."""
+    n = main.shape[-1]
+    b = np.asarray(b)
+    bands = np.zeros((3, n), np.result_type(lower, main, upper, b, np.float64))
+    bands[0, 1:] = upper[:-1]
+    bands[1] = main
+    bands[2, :-1] = lower[:-1]
+    return scipy.linalg.solve_banded((1, 1), bands, b.astype(bands.dtype))
+
+
 def _rhs(shape, dtype, seed=1):
     rng = np.random.default_rng(seed)
     b = rng.standard_normal(shape)
@@ -88,9 +103,7 @@ def test_parallel_solve_matches_dense_and_lax(dtype, n, x64):
         got = jax.jit(quax.quaxify(_solve))(t, b)
     with qs.tridiagonal_solver("sequential"):
         sequential = jax.jit(quax.quaxify(_solve))(t, b)
-    want = np.linalg.solve(_dense(lower, main, upper), np.asarray(b, np.complex128))
-    if not np.issubdtype(dtype, np.complexfloating):
-        want = want.real
+    want = _banded_solve(lower, main, upper, b)
     assert got.dtype == dtype
     np.testing.assert_allclose(
         got, want, rtol=_tolerance(dtype), atol=_tolerance(dtype)

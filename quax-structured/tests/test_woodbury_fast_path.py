@@ -306,18 +306,29 @@ def test_solve_rule_gradients_and_vmap(symmetric):
                 jax.jit(jax.grad(loss(ours), argnum))(d, u, b),
                 jax.grad(loss(dense), argnum)(d, u, b),
             )
+        # The transforms of `ours` below run under `jax.jit` too, as those above:
+        # one compiled program each, where run eagerly each of the rule's
+        # operations compiled on its own. The rule, its `vmap`s and its
+        # derivatives are traced the same way; the eager solve (the fallback's
+        # route included) is compared with `jax.jit`'s in test_host_fallback.py.
         over_b = (None, None, 0)
-        close(jax.vmap(ours, over_b)(d, u, bs), jax.vmap(dense, over_b)(d, u, bs))
+        close(
+            jax.jit(jax.vmap(ours, over_b))(d, u, bs),
+            jax.vmap(dense, over_b)(d, u, bs),
+        )
         inner = quax.quaxify(jax.vmap(jnp.linalg.solve, (None, 0)))
         close(
-            inner(qs.LowRankPlusDiagonal(d, u, v), bs),
+            jax.jit(inner)(qs.LowRankPlusDiagonal(d, u, v), bs),
             jax.vmap(dense, over_b)(d, u, bs),
         )
         ds, us = jnp.stack([d, 2 * d]), jnp.stack([u, -u])
-        close(jax.vmap(ours)(ds, us, bs[:2]), jax.vmap(dense)(ds, us, bs[:2]))
+        close(jax.jit(jax.vmap(ours))(ds, us, bs[:2]), jax.vmap(dense)(ds, us, bs[:2]))
         total = lambda f: lambda d, u, bs: jnp.sum(jax.vmap(f, over_b)(d, u, bs) ** 2)
-        close(jax.grad(total(ours), 1)(d, u, bs), jax.grad(total(dense), 1)(d, u, bs))
-        per_b = jax.vmap(jax.grad(loss(ours), 0), over_b)(d, u, bs)
+        close(
+            jax.jit(jax.grad(total(ours), 1))(d, u, bs),
+            jax.grad(total(dense), 1)(d, u, bs),
+        )
+        per_b = jax.jit(jax.vmap(jax.grad(loss(ours), 0), over_b))(d, u, bs)
         close(per_b, jax.vmap(jax.grad(loss(dense), 0), over_b)(d, u, bs))
 
 
