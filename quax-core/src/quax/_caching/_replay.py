@@ -199,8 +199,6 @@ def inline(trace: Any, values: list[Any], jaxpr: Any, run: Any) -> list[Any]:
     """The outputs of the inlined `jit` of `jaxpr` on `values` (the quax `trace`'s
     inputs, as values and plain tracers): a replay of its recording, or `run()`
     (which evaluates it), recorded when it can be replayed."""
-    if jaxpr_holds_staged_values(jaxpr):
-        return run()
     return _replay_or_run(trace, id(jaxpr), values, jaxpr, run)
 
 
@@ -250,13 +248,22 @@ def _replay_or_run(
         return run()
     # The jaxpr an entry goes with (a primitive's live for ever).
     jaxpr = None if isinstance(body, Primitive) else body
+    if (
+        recording is not None
+        and type(recording) is not _Unconfirmed
+        and not _caches.verifying
+    ):
+        return _replay(trace, recording, leaves)
+    # A jaxpr has entries only once it was found to stage no value (a function of
+    # its equations alone): asked on a miss, not on a hit (verify mode, whose hits
+    # run afresh, asks every time).
+    if jaxpr is not None and jaxpr_holds_staged_values(jaxpr):
+        return run()
     if type(recording) is _Unconfirmed:
         out = run()
         same = alike(_statics(trace, out), recording.statics)
         _recordings.put(key, recording.recording if same else _RUN, jaxpr)
         return out
-    if recording is not None and not _caches.verifying:
-        return _replay(trace, recording, leaves)
     state = _value._state
     start = staged_count(trace.parent_trace)
     asked, materialised = known_asks(), state.count
