@@ -58,7 +58,7 @@ dispatch-staged  quax-core        quax/_dispatch/_staged.py        test_registry
 dispatch-plugins quax-core        quax/_dispatch/_plugins.py       test_plugins.py test_plugin_faults.py test_plugin_trace_context.py
 transform-trace  quax-core        quax/_transform/_trace.py        test_quaxify.py test_nesting.py test_values.py
 transform-quaxify quax-core       quax/_transform/_quaxify.py      test_quaxify.py test_nesting.py
-lora-rules       quax-lora        quax_lora/_rules.py              test_rules.py test_dot_general.py test_multi_adapter.py
+lora-rules       quax-lora        quax_lora/_rules.py              test_rules.py test_dot_general.py test_multi_adapter.py test_variants.py test_mutants_rules.py
 quant-rules      quax-quant       quax_quant/_rules.py             test_rules.py test_matmul.py
 named-rules      quax-named       quax_named/_rules.py             test_rules.py test_operators.py test_joins.py test_mutants_rules.py
 units-rules      quax-units       quax_units/_rules/_arrays.py     test_rules.py test_operators.py test_mutants_rules.py
