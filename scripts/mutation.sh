@@ -59,7 +59,7 @@ dispatch-plugins quax-core        quax/_dispatch/_plugins.py       test_plugins.
 transform-trace  quax-core        quax/_transform/_trace.py        test_quaxify.py test_nesting.py test_values.py
 transform-quaxify quax-core       quax/_transform/_quaxify.py      test_quaxify.py test_nesting.py
 lora-rules       quax-lora        quax_lora/_rules.py              test_rules.py test_dot_general.py test_multi_adapter.py test_variants.py test_mutants_rules.py
-quant-rules      quax-quant       quax_quant/_rules.py             test_rules.py test_matmul.py
+quant-rules      quax-quant       quax_quant/_rules.py             test_rules.py test_matmul.py test_gptq.py test_mutants_rules.py
 named-rules      quax-named       quax_named/_rules.py             test_rules.py test_operators.py test_joins.py test_mutants_rules.py
 units-rules      quax-units       quax_units/_rules/_arrays.py     test_rules.py test_operators.py test_mutants_rules.py
 units-functions  quax-units       quax_units/_rules/_functions.py  test_rules.py test_rounding.py test_angle_conversions.py test_functions_transforms.py
