@@ -8,6 +8,17 @@
 #
 #   bash scripts/mutation.sh list              # the targets, their modules and tests
 #   bash scripts/mutation.sh TARGET [ARGS...]  # mutate TARGET's module, run its tests
+#   bash scripts/mutation.sh TARGET names [SEED]   # every mutant of its module, by name
+#   bash scripts/mutation.sh TARGET sample N SEED  # run a uniform random sample of them
+#
+# `sample` is for a module whose whole run does not fit the time at hand. `names` lists
+# every mutant mutmut makes of the module, without running anything; given a SEED, in a
+# random order (the sorted names shuffled by Python's `random.Random(SEED)`). `sample`
+# runs the first N of that order: a uniform random sample, the same for the same SEED,
+# whose kill rate estimates the module's (docs/mutation.md says which seed each sample
+# used). To extend a sample without rerunning it, run the next names of that order:
+#
+#   bash scripts/mutation.sh TARGET $(bash scripts/mutation.sh TARGET names SEED | sed -n 11,20p)
 #
 # ARGS go to `mutmut run` (mutant names, or `--max-children N`; the default is one
 # child process, niced, as the machine is shared). The run works in a copy, under
@@ -47,12 +58,14 @@ dispatch-staged  quax-core        quax/_dispatch/_staged.py        test_registry
 dispatch-plugins quax-core        quax/_dispatch/_plugins.py       test_plugins.py test_plugin_faults.py test_plugin_trace_context.py
 transform-trace  quax-core        quax/_transform/_trace.py        test_quaxify.py test_nesting.py test_values.py
 transform-quaxify quax-core       quax/_transform/_quaxify.py      test_quaxify.py test_nesting.py
-lora-rules       quax-lora        quax_lora/_rules.py              test_rules.py test_dot_general.py test_multi_adapter.py
-quant-rules      quax-quant       quax_quant/_rules.py             test_rules.py test_matmul.py
-named-rules      quax-named       quax_named/_rules.py             test_rules.py test_operators.py test_joins.py
-units-rules      quax-units       quax_units/_rules.py             test_rules.py test_operators.py
-sparse-rules     quax-sparse      quax_sparse/_rules.py            test_rules.py test_elementwise.py test_dot_general.py
-structured-rules quax-structured  quax_structured/_rules.py        test_rules.py test_values.py
+lora-rules       quax-lora        quax_lora/_rules.py              test_rules.py test_dot_general.py test_multi_adapter.py test_variants.py test_mutants_rules.py
+quant-rules      quax-quant       quax_quant/_rules.py             test_rules.py test_matmul.py test_gptq.py test_mutants_rules.py
+named-rules      quax-named       quax_named/_rules.py             test_rules.py test_operators.py test_joins.py test_mutants_rules.py
+units-rules      quax-units       quax_units/_rules/_arrays.py     test_rules.py test_operators.py test_mutants_rules.py
+units-functions  quax-units       quax_units/_rules/_functions.py  test_rules.py test_rounding.py test_angle_conversions.py test_functions_transforms.py
+units-linalg     quax-units       quax_units/_rules/_linalg.py     test_linalg.py
+sparse-rules     quax-sparse      quax_sparse/_rules.py            test_rules.py test_elementwise.py test_dot_general.py test_block_sparse.py test_solver_route.py test_mutants_rules.py
+structured-rules quax-structured  quax_structured/_rules.py        test_rules.py test_values.py test_small_det.py test_kronecker_noise.py test_traced_noise.py
 EOF
 )
 
@@ -96,11 +109,11 @@ pytest_add_cli_args_test_selection = [${selection%, }]
 # asserts of quax.testing's pytest plugin and warns (an error, as every warning).
 pytest_add_cli_args = ["-p", "no:cacheprovider", "-p", "no:xdist", "--hypothesis-seed=0", "-W", "ignore::pytest.PytestAssertRewriteWarning"]
 # Each mutant's tests run in a process forked from a server that has imported
-# nothing of the tests' (`forkserver_warmup = "none"`), never from mutmut's own
+# nothing of the tests' (\`forkserver_warmup = "none"\`), never from mutmut's own
 # process: that one ran the tests, and JAX's runtime threads do not survive a fork
 # (the child deadlocks). Nor may the server import quax or a family ahead: their
-# import runs code of the mutated modules (`register` and the functions that
-# register rules, `add_setting`), which would then run unmutated, and every mutant
+# import runs code of the mutated modules (\`register\` and the functions that
+# register rules, \`add_setting\`), which would then run unmutated, and every mutant
 # of it would survive unseen.
 process_isolation = "forkserver"
 forkserver_warmup = "none"
@@ -116,6 +129,50 @@ export JAX_COMPILATION_CACHE_DIR="$root/build/mutation/jax-cache"
 export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0 JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES=0
 
 cd "$work"
+if [ "${1:-}" = names ] || [ "${1:-}" = sample ]; then
+    # Every mutant's name, as `mutmut run` will name it: mutmut's own mutation of the
+    # module's source, parsed only (nothing is imported or run).
+    names=$(
+        "$root/.venv/bin/python" - "src/$module" <<'EOF'
+import sys
+from pathlib import Path
+
+from mutmut.mutation.file_mutation import mutate_file_contents
+from mutmut.utils.format_utils import get_mutant_name
+
+path = Path(sys.argv[1])
+for name in mutate_file_contents(str(path), path.read_text()).mutant_names:
+    print(get_mutant_name(path, name))
+EOF
+    )
+    if [ "$1" = sample ] && [ $# -ne 3 ]; then
+        echo "usage: bash scripts/mutation.sh TARGET sample N SEED" >&2
+        exit 2
+    fi
+    seed=${2:-}
+    [ "$1" = sample ] && seed=$3
+    if [ -n "$seed" ]; then
+        names=$(
+            "$root/.venv/bin/python" -c '
+import random
+import sys
+
+names = sorted(sys.stdin.read().split())
+random.Random(int(sys.argv[1])).shuffle(names)
+print("\n".join(names))
+' "$seed" <<<"$names"
+        )
+    fi
+    if [ "$1" = names ]; then
+        echo "$names"
+        exit 0
+    fi
+    echo "$target: $(wc -l <<<"$names") mutants of $module; a uniform sample of $2 (seed $3):"
+    sample=$(head -n "$2" <<<"$names")
+    echo "$sample"
+    # shellcheck disable=SC2086 # one mutant name a line, no spaces
+    set -- $sample
+fi
 max_children=(--max-children 1)
 for arg in "$@"; do
     [ "$arg" = --max-children ] && max_children=()

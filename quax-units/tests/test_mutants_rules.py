@@ -1,0 +1,70 @@
+"""Units: tests that kill mutants of `quax_units/_rules/_arrays.py` which the other
+test files let through (`scripts/mutation.sh units-rules`; docs/mutation.md lists each
+surviving mutant of the sample run and the test that kills it). They check what the
+errors tell a user: the unit the numbers are held in, and the way out."""
+
+import jax
+import jax.numpy as jnp
+import pytest
+import quax
+from jax import lax
+from quax_units import Quantity, UnitError
+
+
+def test_rounding_refused_names_the_unit_the_numbers_are_held_in() -> None:
+    # A length in km is held in metres; an angle in degrees as plain numbers
+    # (radians). The message says so (mutant: `si or ...` read as `si and ...`, which
+    # names plain numbers for a length, and nothing for an angle).
+    floor = quax.quaxify(jnp.floor)
+    with pytest.raises(UnitError, match=r"its numbers are held in m, not km "):
+        floor(Quantity(jnp.array([1.6, 2.2]), "km"))
+    with pytest.raises(
+        UnitError,
+        match=r"its numbers are held in plain numbers \(an angle in radians\), "
+        r"not deg ",
+    ):
+        floor(Quantity(jnp.array([90.5]), "deg"))
+
+
+def test_refused_exponents_name_the_way_out() -> None:
+    # `x ** y` with `y` traced: the units would depend on it. float32 pi is no
+    # fraction with a denominator up to 1000 (355/113 rounds to another float32):
+    # refused with the way out of a power of a quantity, not `rational_exponent`'s
+    # default. (Mutants: the first way out changed, the second left out.)
+    x = Quantity(jnp.array([1.0, 2.0]), "m")
+    with pytest.raises(
+        UnitError,
+        match=r"the units of the result would depend on it\. Use a constant "
+        r"exponent \(`x \*\* 1\.5`\)\.",
+    ):
+        jax.jit(quax.quaxify(lambda a, e: a**e))(x, jnp.float32(2.0))
+    with pytest.raises(
+        UnitError,
+        match=r"Use a finite exponent that is a simple fraction \(`x \*\* \(1 / 3\)`, "
+        r"`x \*\* 1\.5`\), or make the base dimensionless first",
+    ):
+        quax.quaxify(lambda a: a ** jnp.float32(jnp.pi))(x)
+
+
+def test_adding_a_length_to_a_time_says_what_went_wrong_and_nothing_else() -> None:
+    # Eagerly, with both operands concrete quantities, the message holds no hint about
+    # traced plain operands, and no way out of another operation (mutant: a stray
+    # hint text where no hint applies).
+    with pytest.raises(UnitError) as info:
+        quax.quaxify(jnp.add)(Quantity(1.0, "m"), Quantity(2.0, "s"))
+    assert str(info.value).splitlines()[0] == (
+        "`add` needs operands of the same dimensions, but got m [m] and s [s]. "
+        "Quantities with the same dimensions in different units (m, km) combine; "
+        "these cannot."
+    )
+
+
+def test_a_complex_number_of_two_dimensions_names_the_way_out() -> None:
+    # `lax.complex(x, y)` of a length and a time: refused with its own way out, the
+    # one sentence that says how (mutant: the way out never appended).
+    with pytest.raises(
+        UnitError,
+        match=r"these cannot\. Give both parts in one dimension "
+        r"\(`lax\.complex\(x, Quantity\(y, unit\)\)`\), or strip the units",
+    ):
+        quax.quaxify(lax.complex)(Quantity(1.0, "m"), Quantity(2.0, "s"))
