@@ -65,7 +65,7 @@ units-rules      quax-units       quax_units/_rules/_arrays.py     test_rules.py
 units-functions  quax-units       quax_units/_rules/_functions.py  test_rules.py test_rounding.py test_angle_conversions.py test_functions_transforms.py
 units-linalg     quax-units       quax_units/_rules/_linalg.py     test_linalg.py
 sparse-rules     quax-sparse      quax_sparse/_rules.py            test_rules.py test_elementwise.py test_dot_general.py test_block_sparse.py test_solver_route.py test_mutants_rules.py
-structured-rules quax-structured  quax_structured/_rules.py        test_rules.py test_values.py test_small_det.py test_kronecker_noise.py test_traced_noise.py
+structured-rules quax-structured  quax_structured/_rules.py        test_rules.py test_values.py test_small_det.py test_kronecker_noise.py test_traced_noise.py test_composite.py test_mutants_rules.py
 EOF
 )
 
