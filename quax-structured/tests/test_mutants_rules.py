@@ -2,12 +2,15 @@
 `scripts/mutation.sh structured-rules` let through (see `docs/mutation.md`): each
 against dense JAX, and each failing with its mutant planted."""
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 import quax
 import quax_structured as qs
+from jax import lax
 
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.float64])
@@ -44,3 +47,69 @@ def test_a_non_finite_traced_noise_gives_nan_in_every_float_dtype(dtype):
         noise = jnp.asarray(0.5, dtype)
         for got, want in zip(run(k, noise), fn(dense, noise), strict=True):
             np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
+
+
+def test_a_dense_noise_refusal_says_what_the_program_does_not_show():
+    """`M + d` with `d` a dense matrix passed into `jax.jit` (which no rule can
+    read as a scaled constant diagonal) is refused, saying what the program does
+    not show and which structure to write instead (mutant `_refuse_dense` 29
+    changed that sentence)."""
+    m = qs.Diagonal(jnp.arange(1.0, 5.0))
+    with pytest.raises(
+        qs.StructuredMaterialisationError,
+        match=re.escape(
+            "and the program does not show that operand to be a scalar times a "
+            "constant diagonal (as it shows `0.1 * jnp.eye(n)`"
+        ),
+    ) as refusal:
+        jax.jit(quax.quaxify(lambda m, d: m + d))(m, 0.1 * jnp.eye(4))
+    assert "`M + quax_structured.Diagonal(d)`" in str(refusal.value)
+
+
+@pytest.mark.parametrize("x64", [False, True])
+def test_lu_of_a_structure_without_pivoting_has_the_dense_pivot_dtypes(x64):
+    """`lax.linalg.lu` of a structure whose LU needs no row exchanges gives the
+    identity pivots and permutation in the dtypes dense JAX gives (int32, also
+    with 64-bit types on, where mutant `_identity_pivots` 5's `arange` without a
+    dtype gave int64)."""
+    with jax.enable_x64(x64):
+        m = qs.Diagonal(jnp.arange(1.0, 5.0))
+        got = quax.quaxify(lax.linalg.lu)(m)
+        want = lax.linalg.lu(jnp.diag(jnp.arange(1.0, 5.0)))
+        for g, w in zip(got, want, strict=True):
+            g = (
+                g.enable_materialise().dense()
+                if isinstance(g, qs.StructuredMatrix)
+                else g
+            )
+            assert jnp.asarray(g).dtype == w.dtype
+            np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
+
+
+def _rows_structures():
+    r = lambda seed, *shape: jax.random.normal(jax.random.PRNGKey(seed), shape)
+    return {
+        "Diagonal": qs.Diagonal(jnp.arange(1.0, 5.0)),
+        "TridiagonalMatrix": qs.TridiagonalMatrix(r(1, 3), r(2, 4), r(3, 3)),
+        "Toeplitz": qs.Toeplitz(r(5, 4), r(6, 4)),
+        "LowRank": qs.LowRank(r(8, 4, 2)),
+    }
+
+
+@pytest.mark.parametrize(
+    "name", ["Diagonal", "TridiagonalMatrix", "Toeplitz", "LowRank"]
+)
+@pytest.mark.parametrize("index", [-9, -5, -1, 0, 3, 7])
+def test_clipped_rows_read_at_traced_indices_are_the_dense_ones(name, index):
+    """`M.at[idx, :].get(mode="clip")` with traced indices (a gather read through
+    the structure's entries) reads the rows dense JAX reads: an index below the
+    first row (after `jax.numpy` adds `n` to a negative one) is clamped to it, one
+    past the last to the last. (Written for mutant `_coordinates` 51, which leaves
+    the gather's starts unclamped below: it does not fail with it, as these reads
+    come out clamped either way; see `docs/mutation.md`.)"""
+    m = _rows_structures()[name]
+    read = lambda m, idx: m.at[idx, :].get(mode="clip")
+    idx = jnp.array([index, 1])
+    got = jax.jit(quax.quaxify(read))(m, idx)
+    want = jax.jit(read)(m.enable_materialise().dense(), idx)
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
