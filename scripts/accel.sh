@@ -16,9 +16,12 @@
 #       .accel/site (once per machine), appends it to PYTHONPATH (which points at the
 #       machine's JAX: never replaced), and runs COMMAND on the accelerator backend
 #       (`JAX_PLATFORMS` unset):
-#         suite             the accelerator suite: quax-core's suite and every family's
+#         suite [PART]      the accelerator suite: quax-core's suite and every family's
 #                           conformance and numerical tests (scripts/accel-suite.txt),
-#                           in one process, within one call of 10 minutes;
+#                           in one process; PART (core, lora, named, quant, sparse,
+#                           structured, units) runs only its lines, one call of 10
+#                           minutes each on a TPU v5e (whose compiles make the whole
+#                           suite take several);
 #         full SLICE        one full suite: core, root, or a family's name (lora,
 #                           sparse, units, quant, structured, named);
 #         pytest ARGS...    pytest on ARGS, with the suites' settings;
@@ -38,7 +41,7 @@ cd "$(dirname "$0")/.."
 
 accel=.accel
 command=${1:-}
-[ -n "$command" ] || { sed -n '2,36p' "$0"; exit 2; }
+[ -n "$command" ] || { sed -n '2,38p' "$0"; exit 2; }
 shift
 
 if [ "$command" = prepare ]; then
@@ -140,8 +143,13 @@ run_pytest() {
 
 case "$command" in
     suite)
-        mapfile -t paths < <(grep -vE '^\s*(#|$)' scripts/accel-suite.txt)
-        run_pytest suite "${paths[@]}" "$@"
+        # A part: the lines of its distribution (paths and `--ignore=` options).
+        part=${1:-}
+        [ -z "$part" ] || shift
+        mapfile -t paths < <(grep -vE '^\s*(#|$)' scripts/accel-suite.txt |
+            grep -E "^(--ignore=)?quax-${part:-[a-z]+}/")
+        [ "${#paths[@]}" -gt 0 ] || { echo "no suite part: $part" >&2; exit 2; }
+        run_pytest "suite${part:+-$part}" "${paths[@]}" "$@"
         ;;
     full)
         slice=${1:?full needs a slice: core, root, lora, sparse, units, quant, structured, named}

@@ -11,6 +11,9 @@
   (booleans and integers too) is wrapped, it refuses to materialise, and it says
   nothing about `linear_in_leaves`.
 
+And `compiles_eager_programs`, a mark for tests whose subject is a compiled eager
+program: they skip on a backend that compiles none (`BARRIERS` false).
+
 And `in_traced_body(how, f)`: `f` called inside one of the bodies JAX traces itself
 (`TRACED_BODIES`), where JAX's staging inlines a `jax.jit(inline=True)` function.
 """
@@ -23,9 +26,25 @@ import jax
 import jax.core
 import jax.numpy as jnp
 import jax.tree_util as jtu
+import pytest
 import quax
+import quax._caching._eager as quax_eager
 from jax import lax
 from jaxtyping import Array, ArrayLike
+
+
+# Whether this backend compiles eager programs at all: one that cannot compile the
+# optimisation barriers keeping each equation's rounding (the TPU runtime) runs every
+# eager call equation by equation (`test_backend_without_barriers_runs_by_equation`
+# in test_eager.py), so a test that observes a compiled eager program has no subject
+# there.
+BARRIERS = quax_eager._barriers_hold(jax.default_backend())
+compiles_eager_programs = pytest.mark.skipif(
+    not BARRIERS,
+    reason="this backend cannot compile the optimisation barriers that keep an eager "
+    "program's rounding (the TPU runtime: UNIMPLEMENTED), so it compiles no eager "
+    "program: every call runs equation by equation",
+)
 
 
 class Dense(quax.ArrayValue):

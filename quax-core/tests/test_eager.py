@@ -18,7 +18,7 @@ import quax._caching._eager as quax_eager
 from jaxtyping import Array
 from quax._caching._keys import value_structure
 
-from .helpers import Dense
+from .helpers import BARRIERS, Dense, compiles_eager_programs
 
 
 class Opaque(quax.ArrayValue):
@@ -47,16 +47,6 @@ def _compiled() -> Any:
     quax.set_eager_compilation(previous)
 
 
-# Whether this backend compiles eager programs at all: one that cannot compile the
-# optimisation barriers keeping each equation's rounding (the TPU runtime) runs every
-# eager call equation by equation (`test_backend_without_barriers_runs_by_equation`).
-BARRIERS = quax_eager._barriers_hold(jax.default_backend())
-compiles_eager_programs = pytest.mark.skipif(
-    not BARRIERS,
-    reason="this backend cannot compile the optimisation barriers that keep an eager "
-    "program's rounding (the TPU runtime: UNIMPLEMENTED), so it compiles no eager "
-    "program: every call runs equation by equation",
-)
 
 
 def _programs_of(code: Any) -> list[Any]:
@@ -241,6 +231,7 @@ class Named(Dense):
     name: str = "out"
 
 
+@compiles_eager_programs
 def test_program_tables_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     # At most `MAX_PROGRAMS` entries are kept (programs, and keys called but not
     # compiled yet), the oldest dropped first: a key dropped starts afresh, its

@@ -19,7 +19,7 @@ from jax.experimental.compute_on import compute_on
 from quax._foundation._evaluation import binds_directly
 from quax._transform._interpreter import _steps
 
-from .helpers import Dense
+from .helpers import Dense, compiles_eager_programs
 
 
 x = jnp.linspace(0.5, 1.5, 6)
@@ -158,6 +158,7 @@ class _CountedAval(Dense):
 
 
 @pytest.mark.caching_behaviour
+@compiles_eager_programs
 def test_compiled_eager_output_reads_its_aval_when_asked():
     # A compiled eager program's output is wrapped without its aval, which is
     # computed (once) when JAX or the user first reads it.

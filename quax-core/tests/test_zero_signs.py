@@ -299,6 +299,11 @@ _DTYPES = [
     pytest.param([jnp.float32, jnp.complex64], id="single"),
     pytest.param([jnp.float64], id="double", marks=pytest.mark.float64),
 ]
+# One dtype per test, alike.
+_FLOAT_DTYPES = [
+    pytest.param(np.float32, id="float32"),
+    pytest.param(np.float64, id="float64", marks=pytest.mark.float64),
+]
 
 
 @pytest.mark.long_running
@@ -432,7 +437,7 @@ def _unit_of_sign(y: np.ndarray, divisor: bool) -> np.ndarray:
     return np.where(bad, np.copysign(1.0, y), y).astype(y.dtype)
 
 
-@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("dtype", _FLOAT_DTYPES)
 @pytest.mark.parametrize(("name", "fn", "y"), _MIXED)
 def test_mixed_signs_with_annihilated_element(name, fn, y, dtype):
     y = np.asarray(y, dtype)
@@ -460,7 +465,7 @@ _SIGN_PAIRS = [(False, False), (False, True), (True, False), (True, True)]
 
 
 @pytest.mark.parametrize("jit", [False, True])
-@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("dtype", _FLOAT_DTYPES)
 @pytest.mark.parametrize(("x_negative", "y_negative"), _SIGN_PAIRS)
 def test_zero_over_zero_takes_the_divisors_sign(x_negative, y_negative, dtype, jit):
     with jax.enable_x64(dtype == np.float64):

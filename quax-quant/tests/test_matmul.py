@@ -34,30 +34,32 @@ def test_int8_path_grouped_output_axis_literal():
     """Scales grouped along the output axis, on the int8 path, from literals: a
     weight (out=4, in=2) in groups of two output rows (per input column, as every
     grouped layout is per index of the other axes); `x @ w.T`."""
-    w = jnp.array([[1.0, 2.0], [2.0, 4.0], [3.0, 6.0], [6.0, 12.0]])
+    w = jnp.array([[1.0, 2.0], [4.0, 8.0], [3.0, 6.0], [12.0, 24.0]])
     q = qq.quantise(w, group_size=2, group_axis=0, matmul="int8")
-    # Block absmax 2, 4 (rows 0-1) and 6, 12 (rows 2-3): every entry is half or
-    # all of its block's absmax, so its integer is 63.5 -> 64 (half to even) or 127.
-    ints = np.array([[64, 64], [127, 127], [64, 64], [127, 127]])
-    block_scale = np.array([[2.0, 4.0], [6.0, 12.0]]) / 127
+    # Block absmax 4, 8 (rows 0-1) and 12, 24 (rows 2-3): every entry is a quarter
+    # or all of its block's absmax, so its integer is 31.75 -> 32 or 127. (Not a
+    # half: a TPU divides within an ulp, so 63.5 may round to 63 there.)
+    ints = np.array([[32, 32], [127, 127], [32, 32], [127, 127]])
+    block_absmax = np.array([[4.0, 8.0], [12.0, 24.0]])
     np.testing.assert_array_equal(q.values, ints)
-    np.testing.assert_allclose(q.scale, block_scale, rtol=1e-6)
+    np.testing.assert_allclose(q.scale, block_absmax / 127, rtol=1e-6)
     x = jnp.array([[1.0, -1.0], [2.0, 0.5]])
     # Rows quantised by absmax 1 and 2: [127, -127] times 1 / 127, and [127, 32]
-    # times 2 / 127; each integer product scaled by its weight block's scale.
+    # times 2 / 127; each integer product scaled by its weight block's scale (row j
+    # of the weight is in block j // 2).
     expected = np.array(
         [
             [
-                (64 * 2 - 64 * 4) / 127,
-                (127 * 2 - 127 * 4) / 127,
-                (64 * 6 - 64 * 12) / 127,
-                (127 * 6 - 127 * 12) / 127,
+                (32 * 4 - 32 * 8) / 127,
+                (127 * 4 - 127 * 8) / 127,
+                (32 * 12 - 32 * 24) / 127,
+                (127 * 12 - 127 * 24) / 127,
             ],
             [
-                2 * (127 * 64 * 2 + 32 * 64 * 4) / 127**2,
-                2 * (127 * 127 * 2 + 32 * 127 * 4) / 127**2,
-                2 * (127 * 64 * 6 + 32 * 64 * 12) / 127**2,
-                2 * (127 * 127 * 6 + 32 * 127 * 12) / 127**2,
+                2 * (127 * 32 * 4 + 32 * 32 * 8) / 127**2,
+                2 * (127 * 127 * 4 + 32 * 127 * 8) / 127**2,
+                2 * (127 * 32 * 12 + 32 * 32 * 24) / 127**2,
+                2 * (127 * 127 * 12 + 32 * 127 * 24) / 127**2,
             ],
         ]
     )

@@ -26,6 +26,9 @@ _INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*(.*)$")
 # An array type: `f32[1024,512]{1,0}`, `pred[]`, `s32[<=8]`.
 _ARRAY = re.compile(r"\b([a-z]+\d*(?:e\d+m\d+\w*)?)\[([^\]]*)\]")
 _OP = re.compile(r"\s*([\w\-]+)\(")
+# A computation's first line: `%name (parameters) -> type {`, `ENTRY` before the
+# entry computation's.
+_COMPUTATION = re.compile(r"^\s*(?:ENTRY\s+)?%?([\w.\-]+)\s*\(.*\{\s*$")
 
 _HLO_DTYPES = {
     "bool": "pred",
@@ -131,6 +134,12 @@ def hlo_instructions(hlo: str) -> list[HloInstruction]:
 
     A list of [`quax.testing.HloInstruction`][].
     """
+    return [ins for ins, _, _ in _parsed(hlo)]
+
+
+def _parsed(hlo: str) -> list[tuple[HloInstruction, tuple[str, ...], str | None]]:
+    """Every instruction of an HLO module's text, with the names of its operands and
+    the computation it calls (`calls=`), if any."""
     out = []
     for line in hlo.splitlines():
         if line.lstrip().startswith(("HloModule", "//", "ENTRY")):
@@ -144,8 +153,72 @@ def hlo_instructions(hlo: str) -> list[HloInstruction]:
         if op is None:
             continue
         arrays = tuple((d, _dims(s)) for d, s in _ARRAY.findall(typ))
-        out.append(HloInstruction(name, op.group(1), arrays, line.strip()))
+        operands, after = _result_type(tail[op.end() - 1 :])
+        calls = _CALLS.search(after)
+        out.append(
+            (
+                HloInstruction(name, op.group(1), arrays, line.strip()),
+                tuple(_OPERAND.findall(operands)),
+                None if calls is None else calls.group(1),
+            )
+        )
     return out
+
+
+# An operand, `%name` (with or without its type before it), and the computation an
+# instruction calls, `calls=%name`.
+_OPERAND = re.compile(r"%([\w.\-]+)")
+_CALLS = re.compile(r"\bcalls=%?([\w.\-]+)")
+
+# Opcodes whose result is their operand's data, moved but not computed: a layout
+# change and a copy between memory spaces. A TPU's compiler moves a program's input
+# so before it uses it: `copy-start`/`copy-done` prefetch it into faster memory, and a
+# `bitcast` (alone, or as a fusion of only that) retiles it.
+_DATA_MOVES = {"bitcast", "copy", "copy-start", "copy-done"}
+
+
+def _parameter_data(hlo: str) -> set[str]:
+    """The names of the instructions of an HLO module whose result is a parameter's
+    data: the parameters (of every computation), and what moves their data without
+    computing (`_DATA_MOVES`, a `bitcast` only to its operand's own shape and dtype),
+    also as a fusion whose computation does only that."""
+    parsed = _parsed(hlo)
+    arrays = {ins.name: ins.arrays for ins, _, _ in parsed}
+    roots = {}  # a computation's name -> the name of its ROOT instruction
+    computation = None
+    for line in hlo.splitlines():
+        header = _COMPUTATION.match(line)
+        if header is not None:
+            computation = header.group(1)
+        match = _INSTRUCTION.match(line)
+        if match is not None and line.lstrip().startswith("ROOT"):
+            roots[computation] = match.group(1)
+    data: set[str] = set()
+    changed = True
+    while changed:  # until no instruction joins (a fusion's computation comes first)
+        changed = False
+        for ins, operands, calls in parsed:
+            if ins.name in data:
+                continue
+            if ins.op == "parameter":
+                moved = True
+            elif ins.op in _DATA_MOVES:
+                moved = len(operands) == 1 and operands[0] in data
+                if ins.op == "bitcast":
+                    moved = moved and arrays.get(operands[0]) == ins.arrays
+            elif ins.op == "fusion":
+                moved = (
+                    calls is not None
+                    and roots.get(calls) in data
+                    and all(o in data for o in operands)
+                    and any(arrays.get(o) == ins.arrays for o in operands)
+                )
+            else:
+                moved = False
+            if moved:
+                data.add(ins.name)
+                changed = True
+    return data
 
 
 def hlo_shapes(hlo: str) -> set[tuple[str, tuple[int, ...]]]:
@@ -218,7 +291,10 @@ def assert_hlo_lacks(
     - `dtypes`: restrict `shapes` to arrays of these dtypes (NumPy/JAX dtypes, or
         HLO names such as `"f32"`); by default any dtype.
     - `ignore_parameters`: skip `parameter` instructions (the program's inputs, and
-        those of its fused computations) when looking for `shapes`.
+        those of its fused computations) when looking for `shapes`, and what only
+        moves their data: a `copy`, a `bitcast` to the same shape (a layout change),
+        a TPU's `copy-start`/`copy-done` (a prefetch into faster memory), or a
+        fusion of only those.
 
     **Returns:**
 
@@ -231,25 +307,14 @@ def assert_hlo_lacks(
     check pass vacuously).
     """
     hlo, platform = _compiled(fn, *args)
-    instructions = hlo_instructions(hlo)
-    if not instructions:
-        raise AssertionError(f"no instruction could be parsed in the HLO:\n{hlo}")
     forbidden_shapes = {tuple(int(d) for d in s) for s in shapes}
     forbidden_ops = set(ops)
     rewritten = _REWRITTEN_OPS.get(platform, {})
     forbidden_ops |= {rewritten[op] for op in ops if op in rewritten}
     kinds = None if dtypes is None else {_hlo_dtype(d) for d in dtypes}
-    offending = []
-    for ins in instructions:
-        if ins.op in forbidden_ops:
-            offending.append(f"op {ins.op}: {ins.line}")
-            continue
-        if ignore_parameters and ins.op == "parameter":
-            continue
-        for dtype, shape in ins.arrays:
-            if shape in forbidden_shapes and (kinds is None or dtype in kinds):
-                offending.append(f"array {dtype}{list(shape)}: {ins.line}")
-                break
+    offending = _offending(
+        hlo, forbidden_shapes, forbidden_ops, kinds, ignore_parameters
+    )
     if offending:
         shown = "\n  ".join(offending[:20])
         more = f"\n  ... and {len(offending) - 20} more" if len(offending) > 20 else ""
@@ -260,3 +325,32 @@ def assert_hlo_lacks(
             f"{shown}{more}"
         )
     return hlo
+
+
+def _offending(
+    hlo: str,
+    shapes: set[tuple[int, ...]],
+    ops: set[str],
+    kinds: set[str] | None,
+    ignore_parameters: bool,
+) -> list[str]:
+    """What `assert_hlo_lacks` reports in the HLO text `hlo`: a line per instruction
+    of a forbidden opcode, or with an array of a forbidden shape (of a dtype in
+    `kinds`, unless None); with `ignore_parameters`, parameters and what only moves
+    their data do not count."""
+    instructions = hlo_instructions(hlo)
+    if not instructions:
+        raise AssertionError(f"no instruction could be parsed in the HLO:\n{hlo}")
+    parameter_data = _parameter_data(hlo) if ignore_parameters else set()
+    offending = []
+    for ins in instructions:
+        if ins.op in ops:
+            offending.append(f"op {ins.op}: {ins.line}")
+            continue
+        if ins.name in parameter_data:
+            continue
+        for dtype, shape in ins.arrays:
+            if shape in shapes and (kinds is None or dtype in kinds):
+                offending.append(f"array {dtype}{list(shape)}: {ins.line}")
+                break
+    return offending
