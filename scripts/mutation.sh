@@ -52,7 +52,7 @@ caching-replay   quax-core        quax/_caching/_replay.py         test_replay.p
 caching-per-jaxpr quax-core       quax/_caching/_per_jaxpr.py      test_caches.py test_cache_lifetime.py
 caching-nested   quax-core        quax/_caching/_nested.py         test_nesting.py test_cache_lifetime.py test_caches.py test_cache_identity.py
 transform-interpreter quax-core   quax/_transform/_interpreter.py  test_nesting.py test_cache_lifetime.py test_cache_identity.py
-dispatch-known   quax-core        quax/_dispatch/_known.py         test_known_constant.py test_known_scaled_constant.py test_known_scaled_constant_edges.py
+dispatch-known   quax-core        quax/_dispatch/_known.py         test_known_constant.py test_known_scaled_constant.py test_known_scaled_constant_edges.py test_mutants_known.py
 dispatch-registry quax-core       quax/_dispatch/_registry.py      test_registry.py test_clients_registry.py test_cache_keys_types.py
 dispatch-staged  quax-core        quax/_dispatch/_staged.py        test_registry.py test_quaxify.py test_built_inside.py test_nesting.py test_mutants_staged.py
 dispatch-plugins quax-core        quax/_dispatch/_plugins.py       test_plugins.py test_plugin_faults.py test_plugin_trace_context.py

@@ -1,0 +1,49 @@
+"""Tests written for mutants of `quax/_dispatch/_known.py` that a sampled run of
+`scripts/mutation.sh dispatch-known` let through (see `docs/mutation.md`), each
+failing with its mutant planted: `known_scaled_constant` on a traced array of one
+element that is not 0-dimensional, and under differentiation where the primal is all
+zeros."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from .test_known_scaled_constant import EYE, _rebuilt
+
+
+@pytest.mark.parametrize("shape", [(1,), (1, 1), (1, 1, 1)])
+def test_a_traced_number_of_any_rank_has_a_0_dimensional_scale(shape) -> None:
+    """A traced array of one element is itself times one: its scale is the number,
+    0-dimensional whatever the array's rank (`_rebuilt` checks that), and the
+    constant is ones of its shape (mutant `_number` 3 kept the array's shape)."""
+    s = np.full(shape, 0.7, np.float32)
+    out = jax.jit(_rebuilt)(s)
+    assert out.shape == shape
+    np.testing.assert_array_equal(out, s)
+    # Through a product with a constant: `(s * 3) * ones`.
+    times = jax.jit(lambda s: _rebuilt(s * np.float32(3.0)))(s)
+    np.testing.assert_allclose(times, 3 * s, rtol=1e-6)
+
+
+def test_derivatives_where_the_primal_is_all_zeros() -> None:
+    """At `s = 0` the primal `(2 * s) * EYE` is all zeros and only the tangent shows
+    the constant: the scale is then `(0, tangent scale)` times the tangent's
+    constant, and derivatives through it are plain JAX's (mutant
+    `_ScaledReader.pair` 39 dropped the zero primal)."""
+    loss = lambda x: jnp.sum(jnp.sin(x) * jnp.arange(9.0).reshape(3, 3))
+    make = lambda s: (2 * s) * EYE
+    plain = lambda s: loss(make(s))
+    read = lambda s: loss(_rebuilt(make(s)))
+    s = np.float32(0.0)
+    want = jax.grad(plain)(s)
+    assert want != 0  # cos(0) times the diagonal of arange(9): 2 * (0 + 4 + 8)
+    np.testing.assert_allclose(want, 24.0, rtol=1e-6)
+    for fn in (
+        jax.grad(read),
+        jax.jit(jax.grad(read)),
+        lambda s: jax.jvp(read, (s,), (np.float32(1.0),))[1],
+    ):
+        np.testing.assert_allclose(fn(s), want, rtol=1e-6)
+    value, tangent = jax.jvp(read, (s,), (np.float32(1.0),))
+    assert value == 0.0 and tangent == want
