@@ -51,7 +51,7 @@ caching-eager    quax-core        quax/_caching/_eager.py          test_eager.py
 caching-replay   quax-core        quax/_caching/_replay.py         test_replay.py test_cache_identity.py
 caching-per-jaxpr quax-core       quax/_caching/_per_jaxpr.py      test_caches.py test_cache_lifetime.py
 caching-nested   quax-core        quax/_caching/_nested.py         test_nesting.py test_cache_lifetime.py test_caches.py test_cache_identity.py
-transform-interpreter quax-core   quax/_transform/_interpreter.py  test_nesting.py test_cache_lifetime.py test_cache_identity.py
+transform-interpreter quax-core   quax/_transform/_interpreter.py  test_nesting.py test_cache_lifetime.py test_cache_identity.py test_trace_fast.py test_custom_derivatives.py test_sharding.py test_joins.py test_known_constant.py test_mutants_interpreter.py
 dispatch-known   quax-core        quax/_dispatch/_known.py         test_known_constant.py test_known_scaled_constant.py test_known_scaled_constant_edges.py test_mutants_known.py
 dispatch-registry quax-core       quax/_dispatch/_registry.py      test_registry.py test_clients_registry.py test_cache_keys_types.py
 dispatch-staged  quax-core        quax/_dispatch/_staged.py        test_registry.py test_quaxify.py test_built_inside.py test_nesting.py test_mutants_staged.py

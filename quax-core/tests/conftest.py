@@ -3,6 +3,7 @@ marked `caching_behaviour` run with verify mode off. Every test compiles an eage
 program on a key's second call."""
 
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import quax
@@ -37,3 +38,12 @@ def _caches_as_users_have_them(
         caches.invalidate()
     else:
         yield
+
+
+@pytest.fixture
+def verifying(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """Verify mode on, from empty caches (for a test of verify mode itself)."""
+    monkeypatch.setattr(quax._foundation._caches, "verifying", True)
+    quax._foundation._caches.invalidate()
+    yield
+    quax._foundation._caches.invalidate()

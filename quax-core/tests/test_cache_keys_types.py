@@ -109,15 +109,6 @@ def test_static_fields_equal_by_value_keep_their_types(mode: str) -> None:
             assert _bits(f(_Factor(a, factor), y)) == _bits(ref), factor
 
 
-@pytest.fixture
-def verifying(monkeypatch: pytest.MonkeyPatch) -> Any:
-    """Verify mode on, from empty caches."""
-    monkeypatch.setattr(quax._foundation._caches, "verifying", True)
-    quax._foundation._caches.invalidate()
-    yield
-    quax._foundation._caches.invalidate()
-
-
 _LIBRARY_JIT = jax.jit(lambda x, c: x * c)
 
 

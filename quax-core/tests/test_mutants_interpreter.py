@@ -1,0 +1,70 @@
+"""Tests written for mutants of `quax/_transform/_interpreter.py` that a sampled run
+of `scripts/mutation.sh transform-interpreter` let through (see `docs/mutation.md`),
+each failing with its mutant planted."""
+
+from typing import Any
+
+import jax
+import jax.extend.core
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import quax
+import quax._foundation._caches
+from quax._transform import _interpreter
+
+from .helpers import Dense
+
+
+def test_verify_mode_tells_changed_steps_apart(
+    verifying: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The interpreter's steps of a jaxpr are worked out once and kept; verify mode
+    reads them afresh at each hit and compares field by field. A reading that
+    differs in one field of one step (here whether an equation may be computed at
+    trace time) is a mismatch; the same reading is not (mutant `_same_steps` 5
+    counted any two distinct objects as the same)."""
+    del verifying
+    closed = jax.make_jaxpr(lambda a: jnp.sin(a) * 2.0)(jnp.ones(3))
+    kept = _interpreter._steps_of(closed.jaxpr)
+    assert _interpreter._steps_of(closed.jaxpr) is kept  # a hit, verified
+    read = _interpreter._read_steps
+
+    def misread(jaxpr: Any) -> list[Any]:
+        first, *rest = read(jaxpr)
+        return [first._replace(foldable=not first.foldable), *rest]
+
+    monkeypatch.setattr(_interpreter, "_read_steps", misread)
+    with pytest.raises(quax.CacheMismatchError, match="its equations' steps"):
+        _interpreter._steps_of(closed.jaxpr)
+
+
+def _primitives(jaxpr: Any) -> set[str]:
+    """The names of the primitives a jaxpr binds, in its sub-jaxprs too."""
+    names = set()
+    for eqn in jaxpr.eqns:
+        names.add(eqn.primitive.name)
+        for p in eqn.params.values():
+            for sub in p if isinstance(p, tuple) else (p,):
+                if isinstance(sub, jax.extend.core.ClosedJaxpr):
+                    names |= _primitives(sub.jaxpr)
+                elif isinstance(sub, jax.extend.core.Jaxpr):
+                    names |= _primitives(sub)
+    return names
+
+
+def test_a_large_output_on_constants_is_staged_not_computed() -> None:
+    """An equation on constants only is computed at trace time only where its
+    outputs are small (`FOLD_MAX_SIZE`): `relu` (a `custom_jvp`, whose primitive
+    makes its own bind params) of a closed-over array of more elements stays in the
+    program, as plain JAX stages it (mutant `eval_quaxified` 38 computed every
+    foldable-or-constant equation)."""
+    big = np.linspace(-1.0, 1.0, _interpreter.FOLD_MAX_SIZE + 1, dtype=np.float32)
+    lib = jax.jit(lambda a: a * jnp.sum(jax.nn.relu(big)))
+    x = jnp.ones(3)
+    assert "custom_jvp_call" in _primitives(jax.make_jaxpr(lib)(x).jaxpr)
+    closed = jax.make_jaxpr(quax.quaxify(lib))(Dense(x))
+    assert "custom_jvp_call" in _primitives(closed.jaxpr)
+    np.testing.assert_allclose(
+        quax.quaxify(lib)(Dense(x)).array, x * np.maximum(big, 0).sum(), rtol=1e-6
+    )
