@@ -42,3 +42,16 @@ def test_complex_zero_times_a_traced_operand_has_the_dense_signs() -> None:
     dense = z.materialise() * y
     for got, want in zip(_sign_bits(out.materialise()), _sign_bits(dense), strict=True):
         np.testing.assert_array_equal(got, want)
+
+
+def test_a_complex64_zero_times_a_traced_array_with_float64_on() -> None:
+    """With float64 enabled, a `Zero` of complex64 times a traced complex64 array:
+    the sign evaluation builds the traced operand as a signed one of complex64, its
+    parts float32 whatever the default float is (mutant `_build` 38 built its
+    imaginary part in the default dtype, float64 there, and `lax.complex`
+    refused the pair)."""
+    y = np.array([1.0 + 2.0j, -3.0 - 0.5j], np.complex64)
+    with jax.enable_x64(True):
+        out = jax.jit(quax.quaxify(lambda z, y: z * y))(Zero((2,), jnp.complex64), y)
+        assert isinstance(out, Zero) and out.dtype == jnp.complex64
+        np.testing.assert_array_equal(out.materialise(), np.zeros(2, np.complex64))
