@@ -11,9 +11,10 @@ import numpy as np
 import pytest
 import quax
 import quax._foundation._caches
+from jax import lax
 from quax._transform import _interpreter
 
-from .helpers import Dense
+from .helpers import Dense, Refusing
 
 
 def test_verify_mode_tells_changed_steps_apart(
@@ -68,3 +69,19 @@ def test_a_large_output_on_constants_is_staged_not_computed() -> None:
     np.testing.assert_allclose(
         quax.quaxify(lib)(Dense(x)).array, x * np.maximum(big, 0).sum(), rtol=1e-6
     )
+
+
+def test_a_refused_join_says_where_the_body_is() -> None:
+    """A loop carry that cannot be joined is named by the body's argument and by
+    where the body is defined (mutant `body_source` 1 dropped the place)."""
+
+    def scan_body(c: Any, xi: Any) -> tuple[Any, Any]:
+        return c + xi, xi
+
+    f = lambda a: lax.scan(scan_body, jnp.zeros(()), a)[0]
+    with pytest.raises(
+        quax.JoinError,
+        match=r"loop carry `c` of a scan \(body scan_body at \S*"
+        r"test_mutants_interpreter\.py:\d+\)",
+    ):
+        quax.quaxify(f)(Refusing(jnp.arange(3.0)))

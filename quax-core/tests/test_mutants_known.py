@@ -8,6 +8,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import quax
+from jax import lax
 
 from .test_known_scaled_constant import EYE, _rebuilt
 
@@ -47,3 +49,38 @@ def test_derivatives_where_the_primal_is_all_zeros() -> None:
         np.testing.assert_allclose(fn(s), want, rtol=1e-6)
     value, tangent = jax.jvp(read, (s,), (np.float32(1.0),))
     assert value == 0.0 and tangent == want
+
+
+def test_a_reshape_with_dimensions_keeps_their_permutation() -> None:
+    """`lax.reshape(s * C, (3, 8), dimensions=(1, 0, 2))` transposes `C` by that
+    permutation before reshaping it, not by reversing its axes (mutant `_reshaped`
+    8 reversed them)."""
+    c = np.arange(24, dtype=np.float32).reshape(2, 3, 4) + 1
+    program = lambda s: lax.reshape(s * c, (3, 8), dimensions=(1, 0, 2))
+    s = np.float32(0.5)
+    out = jax.jit(lambda s: _rebuilt(program(s)))(s)
+    want = np.transpose(0.5 * c, (1, 0, 2)).reshape(3, 8)
+    np.testing.assert_array_equal(out, want)
+    np.testing.assert_array_equal(program(s), want)
+
+
+def test_a_constant_over_a_traced_number_has_its_reciprocal_as_scale() -> None:
+    """`C / t`: the scale is `1 / t` (mutant `_scale_op` 7 gave `t`)."""
+    c = np.array([[2.0, -4.0], [1.0, 8.0]], np.float32)
+    t = np.float32(4.0)
+    scale, constant = jax.jit(lambda t: quax.known_scaled_constant(c / t))(t)
+    np.testing.assert_allclose(scale * constant, c / 4.0, rtol=1e-6)
+    out = jax.jit(lambda t: _rebuilt(c / t))(t)
+    np.testing.assert_allclose(out, c / 4.0, rtol=1e-6)
+
+
+def test_the_zero_primal_keeps_the_dtype_with_float64_on() -> None:
+    """With float64 enabled, the zero primal of a float32 `(2 s) I` at `s = 0` is
+    float32, as the program's (mutant `_ScaledReader.pair` 24 made it float64)."""
+    make = lambda s: (2 * s) * EYE
+    with jax.enable_x64(True):
+        s = np.float32(0.0)
+        primal, tangent = jax.jvp(lambda s: _rebuilt(make(s)), (s,), (np.float32(1.0),))
+        assert primal.dtype == tangent.dtype == np.float32
+        np.testing.assert_array_equal(primal, np.zeros((3, 3), np.float32))
+        np.testing.assert_array_equal(tangent, 2 * EYE)

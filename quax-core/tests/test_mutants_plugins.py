@@ -26,15 +26,21 @@ def installed(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Any]]:
             _plugins.manager().unregister(name=name)
 
 
-def test_loading_a_family_when_none_is_installed_says_none(
-    installed: dict[str, Any],
+@pytest.mark.parametrize(
+    ("names", "listed"), [((), "none"), (("beta", "alpha"), "alpha, beta")]
+)
+def test_loading_an_unknown_family_lists_the_installed_ones(
+    installed: dict[str, Any], names: tuple[str, ...], listed: str
 ) -> None:
-    """(mutant `load` 9 changed the word.)"""
-    del installed
+    """The installed families by name, or "none" (mutants `load` 9 and 7 changed
+    the word and the separator)."""
+    for name in names:
+        point = importlib.metadata.EntryPoint(name, "m", "quax.rules")
+        installed[name] = _plugins.Family(name, "d", "0", point, package="p")
     with pytest.raises(LookupError) as error:
-        quax.plugins.load("lora")
+        quax.plugins.load("gamma")
     assert str(error.value) == (
-        "No quax family named 'lora' is installed (installed: none)."
+        f"No quax family named 'gamma' is installed (installed: {listed})."
     )
 
 
@@ -108,3 +114,35 @@ def test_import_loads_the_builtin_families_that_are_available(
         )
     _plugins.load_builtins()
     assert loaded == ["builtin_available"]
+
+
+def test_the_families_inside_quax_core_are_builtin() -> None:
+    """The families quax-core ships (`zero`) are discovered as built in, which is
+    what `load_builtins` loads at import; the installed ones are not (mutant
+    `_discover` 32 said no family was built in)."""
+    found = {f.name: f for f in quax.plugins.families()}
+    assert set(_plugins.BUILTIN_FAMILIES) <= set(found)
+    for name, family in found.items():
+        assert family.builtin == (name in _plugins.BUILTIN_FAMILIES), name
+        assert family.builtin == (family.distribution == "quax-core"), name
+
+
+def test_an_example_module_by_an_alias_of_the_family(
+    installed: dict[str, Any],
+) -> None:
+    """A family's `quax_example_aliases` name its example module too (mutants
+    `_aliases` 8 and `example_module` 20 asked no family for them)."""
+    module = types.ModuleType("examples_by_alias")
+
+    class Aliased:
+        @quax.hookspecs.hookimpl
+        def quax_example_module(self) -> types.ModuleType:
+            return module
+
+        @quax.hookspecs.hookimpl
+        def quax_example_aliases(self) -> list[str]:
+            return ["also_known_as"]
+
+    family = _plugins.load_in_process("aliased_family", Aliased())
+    installed["aliased_family"] = family
+    assert _plugins.example_module("also_known_as") is module
