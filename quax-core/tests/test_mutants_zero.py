@@ -55,3 +55,13 @@ def test_a_complex64_zero_times_a_traced_array_with_float64_on() -> None:
         out = jax.jit(quax.quaxify(lambda z, y: z * y))(Zero((2,), jnp.complex64), y)
         assert isinstance(out, Zero) and out.dtype == jnp.complex64
         np.testing.assert_array_equal(out.materialise(), np.zeros(2, np.complex64))
+
+
+def test_a_zero_plus_a_numpy_array_gives_a_jax_array() -> None:
+    """`Zero + y` is `y`: a JAX array, as plain JAX gives, where `y` is a NumPy
+    array (mutant `_as` 7 returned JAX's typed literal of it)."""
+    y = np.array([1.0, -2.0, 3.0], np.float32)
+    for f in (lambda z, y: z + y, lambda z, y: y + z, lambda z, y: y - z):
+        out = quax.quaxify(f)(Zero((3,), jnp.float32), y)
+        assert type(out) is type(jnp.add(y, y)), type(out)
+        np.testing.assert_array_equal(out, y)
