@@ -47,8 +47,6 @@ def _compiled() -> Any:
     quax.set_eager_compilation(previous)
 
 
-
-
 def _programs_of(code: Any) -> list[Any]:
     """The entries of the compiled eager programs kept for `code` (keyed by its
     `id`, the first component of their keys)."""
