@@ -1,0 +1,152 @@
+"""Tests written for mutants of the core's caches (`quax/_caching/`) that a sampled
+run of `scripts/mutation.sh` let through (see `docs/mutation.md`), each failing with
+its mutant planted: what a replayed recording may hold, how a body that cannot be
+replayed is marked, and which eager calls compile one program (with its barriers)."""
+
+from typing import Any
+
+import jax
+import jax.extend.core
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import quax
+import quax._caching._eager as quax_eager
+import quax._caching._replay as quax_replay
+from jax import lax
+
+from .helpers import Dense
+from .test_eager import compiles_eager_programs
+
+
+@pytest.fixture(autouse=True)
+def fresh() -> Any:
+    quax_replay._recordings.clear()
+    yield
+    quax_replay._recordings.clear()
+
+
+# The array that `ReadsEnclosing`'s rule adds: set by the test, a tracer of an
+# enclosing `jit` (the rule closes over it, as it is no input of the bind).
+_enclosing: list[Any] = []
+
+
+class ReadsEnclosing(Dense):
+    """A `Dense` whose negation adds the last array of `_enclosing`."""
+
+
+@quax.register(lax.neg_p)
+def _(x: ReadsEnclosing) -> jax.Array:
+    return lax.add(lax.neg(x.array), _enclosing[-1])
+
+
+def test_a_rule_reading_an_enclosing_tracer_is_not_replayed() -> None:
+    """A rule whose equation reads a tracer of an enclosing `jit` (closed over, not
+    an input) is run again on the next bind of the same key, not replayed: a replay
+    would give every later bind that first tracer (mutant `_record` 40 kept it in
+    the recording, and the second inner `jit` below added `a` instead of `b`)."""
+
+    def outer(a: jax.Array, b: jax.Array) -> list[jax.Array]:
+        out = []
+        for t in (a, b):
+            _enclosing.append(t)
+            # A fresh function each time, so that JAX's own tracing cache never
+            # answers: each is staged in its own inner trace, with one key.
+            inner = jax.jit(lambda v: quax.quaxify(lax.neg)(ReadsEnclosing(v)))
+            try:
+                out.append(inner(jnp.arange(3.0)))
+            finally:
+                _enclosing.clear()  # no tracer kept past its trace
+        return out
+
+    a, b = jnp.full(3, 10.0), jnp.full(3, 20.0)
+    got = jax.jit(outer)(a, b)
+    v = np.arange(3.0)
+    np.testing.assert_array_equal(got[0], -v + 10.0)
+    np.testing.assert_array_equal(got[1], -v + 20.0)
+
+
+class AsksAboutTracers(Dense):
+    """A `Dense` whose sine asks `quax.known_constant` about its traced leaf."""
+
+
+@quax.register(lax.sin_p)
+def _(x: AsksAboutTracers) -> AsksAboutTracers:
+    assert quax.known_constant(x.array) is None  # a traced input: not known
+    return AsksAboutTracers(lax.sin(x.array))
+
+
+@pytest.mark.caching_behaviour
+def test_a_rule_that_asked_about_a_tracer_is_marked_to_run_every_time() -> None:
+    """A primitive whose rule asked `quax.known_constant` about a tracer is marked,
+    under its own key, to run its rule every time, and nothing else is kept (mutant
+    `_replay_or_run` 103 put the mark under the mark itself, as a key, with the
+    code as its entry: an inlined `jit`'s jaxpr, which the table then kept alive)."""
+    # The output value's leaf is the jaxpr's output.
+    jaxpr = jax.make_jaxpr(quax.quaxify(lax.sin))(AsksAboutTracers(jnp.arange(3.0)))
+    np.testing.assert_allclose(
+        jax.extend.core.jaxpr_as_fun(jaxpr)(jnp.arange(3.0))[0], np.sin(np.arange(3.0))
+    )
+    entries = dict(quax_replay._recordings._data)
+    assert quax_replay._RUN not in entries
+    assert list(entries.values()) == [quax_replay._RUN]
+
+
+X = jnp.array([0.5, -1.5, 2.25, 3.0])
+Y = jnp.array([1.25, 2.0, -0.75, 4.0])
+
+
+@pytest.fixture
+def eager_compilation() -> Any:
+    previous = quax.set_eager_compilation(True)
+    yield
+    quax.set_eager_compilation(previous)
+
+
+def _runs_compiled(call: Any, expected: np.ndarray) -> None:
+    """`call()` gives `expected` each time, and its third call runs one compiled
+    program: no equation evaluated one by one (a key's second call compiles it)."""
+    for _ in range(2):
+        np.testing.assert_array_equal(call().array, expected)
+    with quax.plugins.track_evaluations() as report:
+        np.testing.assert_array_equal(call().array, expected)
+    assert report.total == 0
+
+
+@pytest.mark.caching_behaviour
+@compiles_eager_programs
+def test_library_code_on_one_value_twice_runs_compiled(eager_compilation: Any) -> None:
+    """`K * K`, the same value twice, runs as one compiled program that rebuilds the
+    value once and passes it twice (mutant `_compile` 31 passed `None` the second
+    time: the trace failed, and every call ran equation by equation)."""
+    k = Dense(X)
+    square = quax.quaxify(jnp.multiply)
+    _runs_compiled(lambda: square(k, k), np.asarray(X * X))
+
+
+@pytest.mark.caching_behaviour
+@compiles_eager_programs
+def test_a_compiled_eager_program_keeps_its_barriers(eager_compilation: Any) -> None:
+    """The compiled eager program keeps its optimisation barriers through XLA's
+    passes (compiled with `KEEP_BARRIERS`), which keep each equation's rounding.
+    Under the tests' XLA flags (optimisation level 0) XLA contracts no multiply and
+    add, so the bits alone cannot show a program compiled without them (mutant
+    `_rounding_each_step` 19): its optimised text shows the barriers gone."""
+    a, b = Dense(X), Dense(Y)
+    subtract = quax.quaxify(jnp.subtract)
+    _runs_compiled(lambda: subtract(a, b), np.asarray(X - Y))
+    (program,) = [
+        e for k, e in quax_eager._programs._data.items() if k[0] == id(jnp.subtract)
+    ]
+    assert "opt-barrier" in program.lower(X, Y).compile().as_text()
+
+
+def test_barriers_are_checked_on_the_platform_asked_about() -> None:
+    """`_barriers_hold` checks the backend of the platform it is asked about: one
+    this process has no backend for keeps nothing, and the check does not raise
+    (mutant `_barriers_hold` 6 checked the default backend's device instead, which
+    keeps them on a CPU)."""
+    try:
+        assert quax_eager._barriers_hold("no-such-platform") is False
+    finally:
+        quax_eager._barriers_checked.pop("no-such-platform", None)
