@@ -15,7 +15,7 @@ import quax._caching._eager as quax_eager
 import quax._caching._replay as quax_replay
 from jax import lax
 
-from .helpers import Dense
+from .helpers import Dense, Scaled
 from .test_eager import compiles_eager_programs
 
 
@@ -150,3 +150,24 @@ def test_barriers_are_checked_on_the_platform_asked_about() -> None:
         assert quax_eager._barriers_hold("no-such-platform") is False
     finally:
         quax_eager._barriers_checked.pop("no-such-platform", None)
+
+
+def test_a_nested_jit_with_shardings_keeps_them() -> None:
+    """A nested `jit` given `in_shardings` (for a value, a traced array, and none
+    for another) is jitted with those of its traced plain arguments only: the
+    result is plain JAX's, laid out as asked. Mutant `_jitted` 30 passed them under
+    a wrong keyword, which `jax.jit` refuses; mutant `call_body` 22 passed the
+    value's too, which JAX then asks of each of its leaves, and the value's scalar
+    leaf cannot be split by rows."""
+    mesh = jax.make_mesh((1,), ("x",), axis_types=(jax.sharding.AxisType.Explicit,))
+    rows = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("x"))
+
+    def f(v: Any, a: jax.Array, b: jax.Array) -> Any:
+        inner = jax.jit(lambda v, a, b: v * (a + b), in_shardings=(rows, rows, None))
+        return inner(v, a, b)
+
+    out = jax.jit(quax.quaxify(f))(Scaled(X, jnp.asarray(3.0)), Y, 2 * Y)
+    assert type(out) is Scaled
+    np.testing.assert_array_equal(out.array, X * (Y + 2 * Y))
+    np.testing.assert_array_equal(out.scale, 3.0)
+    assert out.array.sharding.is_equivalent_to(rows, 1)
