@@ -49,7 +49,7 @@ zero-value       quax-core        quax/zero/_value.py              test_zero.py 
 caching-keys     quax-core        quax/_caching/_keys.py           test_cache_keys_inputs.py test_cache_keys_types.py test_cache_identity.py test_known_constant.py test_caches.py test_mutants_keys.py
 caching-eager    quax-core        quax/_caching/_eager.py          test_eager.py test_cache_keys_inputs.py test_cache_identity.py test_mutants_caching.py
 caching-replay   quax-core        quax/_caching/_replay.py         test_replay.py test_cache_identity.py test_caches.py test_mutants_caching.py
-caching-per-jaxpr quax-core       quax/_caching/_per_jaxpr.py      test_caches.py test_cache_lifetime.py test_built_inside.py test_nesting.py test_control_flow.py test_mutants_per_jaxpr.py
+caching-per-jaxpr quax-core       quax/_caching/_per_jaxpr.py      test_caches.py test_cache_lifetime.py test_built_inside.py test_nesting.py test_control_flow.py test_mutants_per_jaxpr.py test_mutants_caching.py
 caching-nested   quax-core        quax/_caching/_nested.py         test_nesting.py test_cache_lifetime.py test_caches.py test_cache_identity.py test_mutants_caching.py
 transform-interpreter quax-core   quax/_transform/_interpreter.py  test_nesting.py test_cache_lifetime.py test_cache_identity.py test_trace_fast.py test_custom_derivatives.py test_sharding.py test_joins.py test_known_constant.py test_mutants_interpreter.py
 dispatch-known   quax-core        quax/_dispatch/_known.py         test_known_constant.py test_known_scaled_constant.py test_known_scaled_constant_edges.py test_mutants_known.py test_nesting.py test_cache_identity.py

@@ -12,7 +12,9 @@ import numpy as np
 import pytest
 import quax
 import quax._caching._eager as quax_eager
+import quax._caching._keys
 import quax._caching._replay as quax_replay
+import quax._foundation._caches
 from jax import lax
 
 from .helpers import Dense, Scaled
