@@ -13,12 +13,12 @@ import numpy as np
 import pytest
 import quax
 import quax._caching._eager as quax_eager
-import quax._caching._keys
+import quax._caching._per_jaxpr as _per_jaxpr
 import quax._caching._replay as quax_replay
 import quax._foundation._caches
 from jax import lax
 
-from .helpers import Dense, Scaled
+from .helpers import Dense, Refusing, Scaled
 from .test_eager import compiles_eager_programs
 
 
@@ -174,3 +174,33 @@ def test_a_nested_jit_with_shardings_keeps_them() -> None:
     np.testing.assert_array_equal(out.array, X * (Y + 2 * Y))
     np.testing.assert_array_equal(out.scale, 3.0)
     assert out.array.sharding.is_equivalent_to(rows, 1)
+
+
+def test_a_checkpoint_on_plain_operands_whose_body_builds_values() -> None:
+    """`jax.checkpoint` of plain operands whose body builds values (its params hold
+    an open jaxpr) runs under the quax trace, by the values' rules (mutant
+    `_param_holds` 2 read an open jaxpr as `None`, and raised)."""
+    lower, upper = jnp.array([1.5, -0.5, 0.25]), jnp.array([0.75, 2.0, -1.0])
+
+    def f(x: jax.Array) -> Any:
+        return jax.checkpoint(
+            lambda x: jnp.where(x > Refusing(lower), x, Refusing(upper))
+        )(x)
+
+    x = jnp.array([0.5, 1.0, 2.0])
+    got = quax.quaxify(f)(x)
+    assert type(got) is Refusing
+    np.testing.assert_array_equal(got.array, np.where(x > lower, x, upper))
+
+
+def test_what_cannot_be_weakly_referenced_is_computed_not_kept() -> None:
+    """`per_jaxpr` on an object that cannot be weakly referenced (no jaxpr of this
+    JAX: both kinds can be) computes it each time and keeps nothing (mutant
+    `per_jaxpr` 5 computed it on `None`)."""
+    table = quax._foundation._caches.Table("a test's objects", 4)
+    try:
+        for _ in range(2):
+            assert _per_jaxpr.per_jaxpr(table, (1, 2, 3), len, int.__eq__, "") == 3
+        assert len(table) == 0
+    finally:
+        quax._foundation._caches._tables.remove(table)
