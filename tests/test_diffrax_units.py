@@ -555,6 +555,24 @@ def test_plain_times_run_diffrax_unchanged():
     np.testing.assert_allclose(ustrip("m", in_cm), want, rtol=1e-12)
 
 
+def _tsit5_in_ms(y0, rate, controller=None):
+    """The state at `t1` of a Tsit5 solve of `_rate` from 0 ms to 1 s, in steps
+    starting at 100 ms (constant without a `controller`), through
+    `quax_units.diffrax`."""
+    sol = qudfx.diffeqsolve(
+        dfx.ODETerm(_rate),
+        dfx.Tsit5(),
+        Quantity(0.0, "ms"),
+        Quantity(1.0, "s"),
+        Quantity(100.0, "ms"),
+        y0,
+        rate,
+        stepsize_controller=controller or dfx.ConstantStepSize(),
+    )
+    assert sol.ys is not None  # saved at `t1`
+    return sol.ys[-1]
+
+
 @pytest.mark.float64
 def test_gradients_through_a_solve_with_times_as_quantities():
     """`jax.grad` with respect to the initial state and to the rate, through the
@@ -567,17 +585,8 @@ def test_gradients_through_a_solve_with_times_as_quantities():
         return sol.ys[-1].sum()
 
     def timed(y0, rate):
-        sol = qudfx.diffeqsolve(
-            dfx.ODETerm(_rate),
-            dfx.Tsit5(),
-            Quantity(0.0, "ms"),
-            Quantity(1.0, "s"),
-            Quantity(100.0, "ms"),
-            Quantity(y0, "m"),
-            Quantity(rate, "1 / s"),
-        )
-        assert sol.ys is not None  # saved at `t1`
-        return ustrip("m", sol.ys[-1]).sum()
+        y1 = _tsit5_in_ms(Quantity(y0, "m"), Quantity(rate, "1 / s"))
+        return ustrip("m", y1).sum()
 
     with jax.enable_x64(True), _no_leak_check():
         y0, rate = jnp.array([1.0, 2.0]), 0.5
@@ -610,12 +619,16 @@ def _decay(y0, rate, atol, solver, adaptive):
     return sol.ys[-1]
 
 
-# Runge-Kutta solvers without first-same-as-last: Tsit5's and Dopri5's FSAL stage,
-# carried between steps from plain zeros, is not yet differentiable on quantities.
+# Tsit5 and Dopri5 are first-same-as-last: their first stage is the last one of the
+# step before, a carry that starts as plain zeros, whose cotangent equinox's
+# backward loop starts from zeros too (quax lifts both into the state's units).
 _GRADIENT_SOLVES = [
     pytest.param(dfx.Euler(), False, id="Euler-constant"),
     pytest.param(dfx.Heun(), False, id="Heun-constant"),
     pytest.param(dfx.Heun(), True, id="Heun-PIDController"),
+    pytest.param(dfx.Tsit5(), False, id="Tsit5-constant"),
+    pytest.param(dfx.Tsit5(), True, id="Tsit5-PIDController"),
+    pytest.param(dfx.Dopri5(), True, id="Dopri5-PIDController"),
 ]
 
 
@@ -646,6 +659,45 @@ def test_gradients_of_a_solve_on_a_quantity_state(solver, adaptive):
     rtol = 1e-6 if adaptive else 5e-2
     np.testing.assert_allclose(got[0], np.exp(-0.5), rtol=rtol)
     np.testing.assert_allclose(got[1], -3.0 * np.exp(-0.5), rtol=rtol)
+
+
+@pytest.mark.float64
+@pytest.mark.parametrize("adaptive", [False, True], ids=["constant", "PIDController"])
+@pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
+def test_gradients_of_a_solve_with_a_rate_per_second(adaptive, jit):
+    """`jax.grad` with respect to the initial state (in centimetres) and a rate in
+    `1 / s`, both passed into `quax.quaxify` as quantities, through a Tsit5 solve
+    with times in milliseconds (`quax_units.diffrax.diffeqsolve`): the plain
+    solve's gradients. The rate's cotangent, in seconds, is summed over the steps
+    in equinox's backward loop from plain zeros, which quax lifts into seconds."""
+
+    def controller(atol):
+        if adaptive:
+            return dfx.PIDController(rtol=1e-8, atol=atol)
+        return dfx.ConstantStepSize()
+
+    def plain(y0, rate):
+        return _decay(y0, rate, 1e-8, dfx.Tsit5(), adaptive).sum()
+
+    def solve(y0, rate, atol):
+        return _tsit5_in_ms(y0, rate, controller(atol))
+
+    def in_cm(y0, rate):
+        y1 = quax.quaxify(solve)(
+            Quantity(y0 * 100, "cm"), Quantity(rate, "1 / s"), Quantity(1e-6, "cm")
+        )
+        return ustrip("m", y1).sum()
+
+    with jax.enable_x64(True), _no_leak_check():
+        y0, rate = jnp.array([1.0, 2.0]), 0.5
+        want = jax.grad(plain, argnums=(0, 1))(y0, rate)
+        grad = jax.grad(in_cm, argnums=(0, 1))
+        got = (jax.jit(grad) if jit else grad)(y0, rate)
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-9)
+    np.testing.assert_allclose(got[1], want[1], rtol=1e-9)
+    # d/dy0 of y0 e^{-r}: e^{-0.5}; d/dr: -(1 + 2) e^{-0.5}, to the method's order.
+    np.testing.assert_allclose(got[0], np.exp(-0.5), rtol=1e-6)
+    np.testing.assert_allclose(got[1], -3.0 * np.exp(-0.5), rtol=1e-6)
 
 
 @pytest.mark.float64

@@ -182,3 +182,40 @@ def test_custom_vjp_cotangents_are_per_unit(jit):
     np.testing.assert_allclose(got[0], want[0], rtol=1e-6)
     np.testing.assert_allclose(got[1], want[1], rtol=1e-6)
     assert set(_seen_cotangents) == {None, unit("1 / m").dimensions}
+
+
+@jax.custom_vjp
+def _shift(y, offset):
+    """`y + offset`, with a rule that gives both cotangents as `y`'s (per metre)."""
+    return y + offset
+
+
+def _shift_fwd(y, offset):
+    return _shift(y, offset), None
+
+
+def _shift_bwd(_, ct):
+    return ct, ct
+
+
+_shift.defvjp(_shift_fwd, _shift_bwd)
+
+
+@pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
+def test_custom_vjp_cotangent_of_a_constant_plain_input(jit):
+    """A plain constant input (zeros, which the rule takes beside metres, as a
+    solver's loop takes the zeros it starts a carry from) whose cotangent the rule
+    gives per metre: no derivative flows through a constant, so its cotangent is
+    a zero rather than a quantity that quax would have to strip of its units. The
+    gradient is the plain program's."""
+    y0 = jnp.array([1.0, 2.0])
+
+    def in_cm(y):
+        shifted = quax.quaxify(lambda q: _shift(q, jnp.zeros(2)))(Quantity(y, "m"))
+        return ustrip("cm", shifted).sum()
+
+    grad = jax.grad(in_cm)
+    got = (jax.jit(grad) if jit else grad)(y0)
+    want = jax.grad(lambda y: (100.0 * _shift(y, jnp.zeros(2))).sum())(y0)
+    np.testing.assert_allclose(want, [100.0, 100.0])
+    np.testing.assert_allclose(got, want, rtol=1e-12)

@@ -459,8 +459,12 @@ def custom_vjp_call(
         cts_in, logs = bwd_split(_run(bwd, *res, *cts))
         leaf_cts = [
             leaf
-            for x, ct in zip(inputs, cts_in, strict=True)
-            for leaf in _input_cotangents(x, ct, primitive)
+            for x, ct, k in zip(inputs, cts_in, flat.split(known), strict=True)
+            for leaf in (
+                [AdZero(_tangent_aval(x))]
+                if _constant_input(x, ct, k)
+                else _input_cotangents(x, ct, primitive)
+            )
         ]
         return bwd_result(leaf_cts, logs)
 
@@ -481,8 +485,23 @@ def _output_cotangent(out: Any, leaves: Sequence[Any], symbolic: bool) -> Any:
     an array), from its leaves' cotangents: through the type's `cotangent`."""
     if not isinstance(out, Value):
         return leaves[0]
-    bar = _tangent_value(out, leaves, symbolic)
+    relabels = type(out).cotangent is not Value.cotangent
+    # A type that relabels its cotangents gets a zero one as zeros of the
+    # relabelled type, not a symbolic zero: the rule would fill that in itself
+    # from a primal (equinox's loops start the cotangent carry from `zeros_like`
+    # of the carry), in the primal's units or none, where the other cotangents
+    # it meets are per those units.
+    bar = _tangent_value(out, leaves, symbolic and not relabels)
     return bar if _is_zero(bar) else out.cotangent(bar)
+
+
+def _constant_input(x: Any, ct: Any, known: Sequence[Any]) -> bool:
+    """Whether the input `x` is a plain array known when the call was bound (a
+    constant: `known` holds its one leaf's known value) with a cotangent `ct` of a
+    value type. The rule saw the constant lifted into that type (a loop's carry
+    started from zeros, given units inside); no derivative flows through a
+    constant, so its cotangent is a zero."""
+    return not isinstance(x, Value) and isinstance(ct, Value) and known[0] is not None
 
 
 def _input_cotangents(x: Any, ct: Any, primitive: Primitive) -> list[Any]:

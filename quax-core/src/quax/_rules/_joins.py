@@ -183,8 +183,11 @@ def join_values(x: Any, other: Any) -> Any:
 
 def _join_skeletons(column: Sequence[Any]) -> Any:
     """One structure that every value among the skeletons `column` joins to, as a
-    skeleton, or `None`."""
-    values = [o for o in column if isinstance(o, Value)]
+    skeleton, or `None`. A `Fill` (a carry's constant start, while quax finds its
+    type) joins by being lifted into the others' type, as a plain output would."""
+    values = [o for o in column if isinstance(o, Value) and not isinstance(o, Fill)]
+    if not values:
+        values = [o for o in column if isinstance(o, Value)]
     target = values[0]
     for o in values[1:]:
         if structure(o) == structure(target):
@@ -230,9 +233,11 @@ class Join:
         """The body's outputs with the joins applied (inside the body's trace)."""
         out = list(out)
         for i, like in self.out_like.items():
+            # A fill joins a value type by being lifted into it, as a plain array.
+            into_value = isinstance(out[i], Fill) and not isinstance(like, Fill)
             converted = (
                 join_values(out[i], like)
-                if isinstance(out[i], Value)
+                if isinstance(out[i], Value) and not into_value
                 else lift(out[i], like)
             )
             if converted is not None and structure(converted) == structure(like):
@@ -530,10 +535,27 @@ class Fill(Value):
         plain arrays (a family may accept a known constant of zeros or NaNs, as
         quax-units does); where that fails, lift fills to the other inputs' types."""
         cases = values[1:]
-        if primitive in _SELECTS and all(
-            isinstance(c, Fill) and c.key == cases[0].key for c in cases
+        case_fill = next((c for c in cases if isinstance(c, Fill)), None)
+        if primitive in _SELECTS and case_fill is not None:
+            # The same fill whichever case is selected: a fill, or a plain array
+            # known to be that fill bit for bit (a reverse loop selects between a
+            # slice of its cotangent buffer and a fresh zero).
+            fills = [
+                c if isinstance(c, Fill) else Fill.of(c, exact=True) for c in cases
+            ]
+            if all(f is not None and f.key == case_fill.key for f in fills):
+                return case_fill
+        operand = values[0]
+        if (
+            primitive is lax.dynamic_slice_p
+            and isinstance(operand, Fill)
+            and not any(isinstance(v, Value) for v in cases)
         ):
-            return cases[0]  # the same fill whichever case is selected
+            # Every element of a slice (its start clamped into the array) is an
+            # element of the fill, wherever the start: a fill (a new one, not the
+            # carry's start), also at a start only known at run time (a reverse
+            # loop reads its cotangent buffer at the stage it is at).
+            return Fill(operand.fill, tuple(params["slice_sizes"]), operand.dtype)
         dense = [v.materialise() if isinstance(v, Fill) else v for v in values]
         if not any(isinstance(v, Value | Tracer) for v in dense):
             with jax.ensure_compile_time_eval():
