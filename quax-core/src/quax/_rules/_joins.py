@@ -26,7 +26,7 @@ import jax.tree_util as jtu
 import numpy as np
 from jax import lax
 
-from .._caching._keys import static_key
+from .._caching._keys import add_setting, static_key
 from .._compat import Primitive, Tracer, callback_module, release_traces, typeof
 from .._dispatch._known import known_constant
 from .._transform._interpreter import FOLD_MAX_SIZE, body_arg_names, body_source
@@ -633,6 +633,10 @@ _origins = itertools.count()
 
 
 _fills = _Fills()
+# Rules give a product with a zero fill another type in the two traces of
+# `join_fills`: what they staged under one (a nested `jit`'s body) is not reused
+# under the other.
+add_setting(lambda: _fills.zero_products)
 
 # Largest carry recognised as a constant fill (the known value is a broadcast view).
 _FILL_MAX_SIZE = 2**26
