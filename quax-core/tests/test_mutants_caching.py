@@ -18,8 +18,7 @@ import quax._caching._replay as quax_replay
 import quax._foundation._caches
 from jax import lax
 
-from .helpers import Dense, Refusing, Scaled
-from .test_eager import compiles_eager_programs
+from .helpers import Dense, Refusing, Scaled, compiles_eager_programs
 
 
 @pytest.fixture(autouse=True)
