@@ -177,12 +177,14 @@ _CALLS = re.compile(r"\bcalls=%?([\w.\-]+)")
 _DATA_MOVES = {"bitcast", "copy", "copy-start", "copy-done"}
 
 
-def _parameter_data(hlo: str) -> set[str]:
-    """The names of the instructions of an HLO module whose result is a parameter's
-    data: the parameters (of every computation), and what moves their data without
-    computing (`_DATA_MOVES`, a `bitcast` only to its operand's own shape and dtype),
-    also as a fusion whose computation does only that."""
-    parsed = _parsed(hlo)
+def _parameter_data(
+    hlo: str, parsed: list[tuple[HloInstruction, tuple[str, ...], str | None]]
+) -> set[str]:
+    """The names of the instructions of an HLO module (its text `hlo`, `_parsed`
+    as `parsed`) whose result is a parameter's data: the parameters (of every
+    computation), and what moves their data without computing (`_DATA_MOVES`, a
+    `bitcast` only to its operand's own shape and dtype), also as a fusion whose
+    computation does only that."""
     arrays = {ins.name: ins.arrays for ins, _, _ in parsed}
     roots = {}  # a computation's name -> the name of its ROOT instruction
     computation = None
@@ -338,12 +340,12 @@ def _offending(
     of a forbidden opcode, or with an array of a forbidden shape (of a dtype in
     `kinds`, unless None); with `ignore_parameters`, parameters and what only moves
     their data do not count."""
-    instructions = hlo_instructions(hlo)
-    if not instructions:
+    parsed = _parsed(hlo)
+    if not parsed:
         raise AssertionError(f"no instruction could be parsed in the HLO:\n{hlo}")
-    parameter_data = _parameter_data(hlo) if ignore_parameters else set()
+    parameter_data = _parameter_data(hlo, parsed) if ignore_parameters else set()
     offending = []
-    for ins in instructions:
+    for ins, _, _ in parsed:
         if ins.op in ops:
             offending.append(f"op {ins.op}: {ins.line}")
             continue
