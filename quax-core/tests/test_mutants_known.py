@@ -2,14 +2,18 @@
 `scripts/mutation.sh dispatch-known` let through (see `docs/mutation.md`), each
 failing with its mutant planted: `known_scaled_constant` on a traced array of one
 element that is not 0-dimensional, and under differentiation where the primal is all
-zeros."""
+zeros; and a concrete array passed through two nested `jit`s to a rule that asks
+for its value."""
 
+import equinox as eqx
 import jax
+import jax.core
 import jax.numpy as jnp
 import numpy as np
 import pytest
 import quax
 from jax import lax
+from jaxtyping import ArrayLike
 
 from .test_known_scaled_constant import EYE, _rebuilt
 
@@ -84,3 +88,56 @@ def test_the_zero_primal_keeps_the_dtype_with_float64_on() -> None:
         assert primal.dtype == tangent.dtype == np.float32
         np.testing.assert_array_equal(primal, np.zeros((3, 3), np.float32))
         np.testing.assert_array_equal(tangent, 2 * EYE)
+
+
+class Added(quax.ArrayValue):
+    """An array whose `add` rule says, in `added`, whether it knew the plain operand
+    to be zeros (and kept the array) or not."""
+
+    array: jax.Array
+    added: str = eqx.field(static=True, default="")
+
+    def aval(self) -> jax.core.ShapedArray:
+        return jax.core.ShapedArray(self.array.shape, self.array.dtype)
+
+    def materialise(self) -> jax.Array:
+        return self.array
+
+
+@quax.register(lax.add_p)
+def _(x: Added, y: ArrayLike) -> Added:
+    known = quax.known_constant(y, 1 << 20)
+    if known is not None and not np.any(known):
+        return Added(x.array, "known zeros")
+    return Added(x.array + y, "unknown")
+
+
+_inner = jax.jit(lambda p, c: p + c)
+_outer = jax.jit(lambda p, c: _inner(p, c))
+
+
+@pytest.mark.parametrize("caching", [True, False])
+def test_a_concrete_array_through_two_nested_jits_is_known_to_the_rule(
+    caching: bool,
+) -> None:
+    """A concrete array above `MAX_CONSTANT_SIZE` passed to a nested `jit` goes in
+    by its aval, and a rule that asks `known_constant` for it gets its value as
+    without the `jit` (the body runs again with it as a constant). Passed on to a
+    second `jit` inside the first, it still stands in for the first call's
+    argument: the rule in the inner body knows it as without any `jit` (mutant
+    `stand_in_token` 2 gave no token to the inner call, and the rule was told
+    nothing)."""
+    p = Added(jnp.arange(100, dtype=jnp.float32))
+    c = np.zeros(100, np.float32)
+    with quax.caching(caching):
+        for f in (lambda p, c: p + c, _inner, _outer):
+            for _ in range(3):  # the later calls from the caches
+                out = quax.quaxify(f)(p, c)
+                assert out.added == "known zeros"
+                np.testing.assert_array_equal(out.array, np.arange(100.0))
+        # Traced by an enclosing `jit`, the array is not known, with or without the
+        # nested ones.
+        for f in (lambda p, c: p + c, _outer):
+            out = jax.jit(quax.quaxify(f))(p, c)
+            assert out.added == "unknown"
+            np.testing.assert_array_equal(out.array, np.arange(100.0))
