@@ -6,6 +6,7 @@ nested `jit`'s shardings are passed on, and what is kept per jaxpr."""
 
 from typing import Any
 
+import equinox as eqx
 import jax
 import jax.extend.core
 import jax.numpy as jnp
@@ -203,3 +204,111 @@ def test_what_cannot_be_weakly_referenced_is_computed_not_kept() -> None:
         assert len(table) == 0
     finally:
         quax._foundation._caches._tables.remove(table)
+
+
+class UnitScalar(Dense):
+    """A `Dense` scalar known to be positive: its sign, a constant, is a plain
+    `1.0` that its rule makes (staged as a literal while JAX stages the program)."""
+
+
+@quax.register(lax.sign_p)
+def _(x: UnitScalar) -> jax.Array:
+    del x
+    return jnp.asarray(np.float32(1.0))
+
+
+def test_a_constant_output_of_a_rule_is_replayed() -> None:
+    """A rule whose output is a constant it made (the literal `1.0`) is recorded
+    with it, and a later bind of the same key gives that constant, as plain JAX's
+    `sign` of a positive number does (mutant `_read` 8 called `atom_tracer`
+    without the constant's kind: a `TypeError` on the replay)."""
+    sign = quax.quaxify(lax.sign)
+    for a in (np.float32(2.0), np.float32(3.0)):
+        out = jax.jit(lambda v: (sign(UnitScalar(v)), sign(UnitScalar(v * 2))))(a)
+        assert [o.dtype for o in out] == [np.float32] * 2
+        np.testing.assert_array_equal(out, [np.sign(a)] * 2)
+
+
+# The factor `Drifting`'s cosine is scaled by: read by its rule, held by no key.
+_drift = [1.0]
+
+
+class Drifting(Dense):
+    """A `Dense` whose cosine rule reads `_drift`, which no cache key holds: a rule
+    that verify mode must catch."""
+
+
+@quax.register(lax.cos_p)
+def _(x: Drifting) -> Drifting:
+    return Drifting(lax.cos(x.array) * _drift[0])
+
+
+def test_verify_mode_names_the_primitive_whose_rules_staged_otherwise(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """In verify mode, a replayed primitive whose rule stages otherwise when run
+    afresh raises, naming the primitive (mutant `_replay_or_run` 76 named an
+    inlined `jit` for a primitive, and read a jaxpr's `name` for an inlined `jit`)."""
+    monkeypatch.setattr(quax._foundation._caches, "verifying", True)
+    quax._foundation._caches.invalidate()
+    try:
+        cos = jax.jit(lambda v: quax.quaxify(lax.cos)(Drifting(v)))
+        out = cos(jnp.arange(3.0)).array
+        np.testing.assert_allclose(out, np.cos(np.arange(3.0)), rtol=1e-6)
+        _drift[0] = 2.0
+        with pytest.raises(
+            quax.CacheMismatchError,
+            match=r"replayed recordings.*in the equations staged \(of cos\)",
+        ):
+            jax.jit(lambda v: quax.quaxify(lax.cos)(Drifting(v)))(jnp.arange(3.0))
+    finally:
+        _drift[0] = 1.0
+        quax._foundation._caches.invalidate()
+
+
+def test_a_cpu_keeps_the_barriers_of_eager_programs() -> None:
+    """XLA's CPU compiler keeps optimisation barriers (a program compiled with
+    `KEEP_BARRIERS` shows them in its optimised text), and the check says so: on a
+    CPU, eager calls run as compiled programs (mutants `_barriers_kept_on` 30 and 33
+    broke the check's own program, read as "not kept": every eager call on a CPU
+    ran equation by equation, and the tests of compiled programs skipped)."""
+    device = jax.devices("cpu")[0]
+    x = jax.device_put(np.full(8, 0.1, np.float32), device)
+    program = jax.jit(
+        lambda x: lax.optimization_barrier(x * np.float32(10.0)) - 1,
+        compiler_options=quax_eager.KEEP_BARRIERS,
+    )
+    text = program.lower(x).compile().as_text()
+    assert text is not None and "opt-barrier" in text
+    assert quax_eager._barriers_kept_on(device) is True
+
+
+class SaysKnown(Dense):
+    """A `Dense` whose negation says, in its leaf `known` (1 or 0: a leaf, so that
+    the output's structure is the same either way), whether its rule knew the
+    array's value (`quax.known_constant`)."""
+
+    known: jax.Array = eqx.field(default_factory=lambda: jnp.float32(0.0))
+
+
+@quax.register(lax.neg_p)
+def _(x: SaysKnown) -> SaysKnown:
+    known = quax.known_constant(x.array)
+    return SaysKnown(-x.array, jnp.float32(known is not None))
+
+
+@pytest.mark.caching_behaviour
+@compiles_eager_programs
+def test_a_rule_asking_for_a_leaf_eagerly_is_answered_on_every_call(
+    eager_compilation: Any,
+) -> None:
+    """Eagerly a value's leaves are concrete, and a rule asking `known_constant`
+    about one is answered: its calls never run as a compiled program, where the
+    leaf would be a tracer and the rule answered otherwise (mutant `_compile` 50
+    traced the program with no eager program marked as traced, so the rule was
+    told nothing there: the third call said it did not know)."""
+    negative = quax.quaxify(jnp.negative)
+    for _ in range(3):  # the third call would run a compiled program
+        out = negative(SaysKnown(X))
+        assert out.known == 1.0
+        np.testing.assert_array_equal(out.array, -np.asarray(X))
