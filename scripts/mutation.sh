@@ -53,7 +53,7 @@ caching-per-jaxpr quax-core       quax/_caching/_per_jaxpr.py      test_caches.p
 caching-nested   quax-core        quax/_caching/_nested.py         test_nesting.py test_cache_lifetime.py test_caches.py test_cache_identity.py test_mutants_caching.py
 transform-interpreter quax-core   quax/_transform/_interpreter.py  test_nesting.py test_cache_lifetime.py test_cache_identity.py test_trace_fast.py test_custom_derivatives.py test_sharding.py test_joins.py test_known_constant.py test_mutants_interpreter.py
 dispatch-known   quax-core        quax/_dispatch/_known.py         test_known_constant.py test_known_scaled_constant.py test_known_scaled_constant_edges.py test_mutants_known.py test_nesting.py test_cache_identity.py
-dispatch-registry quax-core       quax/_dispatch/_registry.py      test_registry.py test_clients_registry.py test_cache_keys_types.py test_register_function_inline.py test_mutants_trace.py
+dispatch-registry quax-core       quax/_dispatch/_registry.py      test_registry.py test_clients_registry.py test_cache_keys_types.py test_register_function_inline.py test_mutants_trace.py test_quaxify.py
 dispatch-staged  quax-core        quax/_dispatch/_staged.py        test_registry.py test_quaxify.py test_built_inside.py test_nesting.py test_mutants_staged.py
 dispatch-plugins quax-core        quax/_dispatch/_plugins.py       test_plugins.py test_plugin_faults.py test_plugin_trace_context.py test_mutants_plugins.py
 transform-trace  quax-core        quax/_transform/_trace.py        test_quaxify.py test_nesting.py test_values.py test_sharding.py

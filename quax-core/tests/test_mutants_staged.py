@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import pytest
 import quax
 
+from .helpers import Dense, Refusing
 from .test_nesting import T, Tagged, _build_inside
 
 
@@ -56,3 +57,30 @@ def test_differentiating_a_staged_value_by_its_leaves_says_what_to_do() -> None:
         ),
     ):
         quax.quaxify(f)(T, jnp.array(2.0))
+
+
+def test_a_value_built_from_a_transforms_tracers_says_what_to_do() -> None:
+    """A value built inside `jax.jvp` (within a quaxified function) from its tracers
+    cannot join the quax trace outside the transform: where a JAX function asks it
+    for an array it is materialised, and a refusal says what happened, then the
+    ways out (mutants `lift` 30 and 34 changed the case of the one and the other;
+    `test_built_inside.py`'s test of this refusal matches neither sentence)."""
+
+    def f(x: Any) -> Any:
+        ones = (jnp.ones(3),)
+        return jax.jvp(lambda t: jnp.stack([Refusing(t), x]), ones, ones)[1]
+
+    with pytest.raises(RuntimeError) as refusal:
+        quax.quaxify(f)(Dense(jnp.arange(3.0)))
+    message = str(refusal.value)
+    assert (
+        "built inside a transform (`jax.grad`, `jax.jvp`, ...) within a quaxified "
+        "function, from that transform's tracers, met a JAX function that takes "
+        "arrays there; it cannot join the quax trace outside the transform, so "
+        "quax materialised it, and that failed: Refusing values never materialise"
+        in message
+    ), message
+    assert message.endswith(
+        " Build the value outside the transform, or apply the transform outside "
+        "`quax.quaxify`."
+    ), message

@@ -6,6 +6,8 @@ dispatch cache may keep, and its bound."""
 from typing import Any
 
 import equinox as eqx
+import jax
+import jax.extend.core
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -67,3 +69,31 @@ def test_the_dispatch_cache_starts_afresh_at_its_bound(
         assert len(_registry._cache) <= 2
         assert _registry._cache[(primitive, (Dense,))] is rule
     np.testing.assert_array_equal(rule([Dense(X)], {}).array, -X)
+
+
+class ScaledBy(Dense):
+    """A `Dense` that a primitive of a test's own multiplies by a plain array."""
+
+
+@pytest.mark.caching_behaviour
+def test_rules_on_value_types_and_jax_arrays_are_cached_by_types() -> None:
+    """A rule annotated with a value type and `jax.Array` is decided by the input
+    types, so its resolution is kept in the dispatch cache (mutants
+    `_decided_by_types` 6 and 15 counted `jax.Array`, or a value type's class,
+    equinox's, as not deciding: every call of the primitive resolved afresh). The
+    primitive is the test's own, so that its rule is the only one registered for it
+    (a primitive's resolutions are cached only where all of its rules are decided
+    by types), and registered here, where mutmut sees the test reach the check."""
+    scale_p = jax.extend.core.Primitive("quax_test_scale")
+    scale_p.def_abstract_eval(lambda x, y: x)
+
+    @quax.register(scale_p)
+    def _(x: ScaledBy, y: jax.Array) -> ScaledBy:
+        return ScaledBy(x.array * y)
+
+    values = [ScaledBy(X), jnp.asarray(X)]
+    rule: Any = _registry.rule_for(scale_p, values)
+    assert _registry._cache[(scale_p, (ScaledBy, type(values[1])))] is rule
+    np.testing.assert_array_equal(rule(values, {}).array, np.asarray(X) ** 2)
+    out = quax.quaxify(scale_p.bind)(ScaledBy(X), jnp.asarray(X))
+    np.testing.assert_array_equal(out.array, np.asarray(X) ** 2)
