@@ -1,8 +1,9 @@
 """Tests written for mutants of the core's caches (`quax/_caching/`) that a sampled
 run of `scripts/mutation.sh` let through (see `docs/mutation.md`), each failing with
 its mutant planted: what a replayed recording may hold, how a body that cannot be
-replayed is marked, which eager calls compile one program (with its barriers), how a
-nested `jit`'s shardings are passed on, and what is kept per jaxpr."""
+replayed is marked, what verify mode names when a replay differs, which eager calls
+compile one program (with its barriers, which a CPU keeps), how a nested `jit`'s
+shardings are passed on, and what is kept per jaxpr."""
 
 from typing import Any
 

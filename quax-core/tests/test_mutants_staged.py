@@ -1,7 +1,7 @@
 """Tests written for mutants of `quax/_dispatch/_staged.py` that a sampled run of
 `scripts/mutation.sh dispatch-staged` let through (see `docs/mutation.md`): the
-refusals of a value built inside a staged function say what went wrong and what to
-do, each failing with its mutant planted."""
+refusals of a value built inside a staged function, or inside a transform from its
+tracers, say what went wrong and what to do, each failing with its mutant planted."""
 
 import re
 from typing import Any
