@@ -58,13 +58,13 @@ dispatch-staged  quax-core        quax/_dispatch/_staged.py        test_registry
 dispatch-plugins quax-core        quax/_dispatch/_plugins.py       test_plugins.py test_plugin_faults.py test_plugin_trace_context.py test_mutants_plugins.py
 transform-trace  quax-core        quax/_transform/_trace.py        test_quaxify.py test_nesting.py test_values.py test_sharding.py
 transform-quaxify quax-core       quax/_transform/_quaxify.py      test_quaxify.py test_nesting.py test_built_inside.py test_mutants_quaxify.py
-lora-rules       quax-lora        quax_lora/_rules.py              test_rules.py test_dot_general.py test_multi_adapter.py test_variants.py test_mutants_rules.py
+lora-rules       quax-lora        quax_lora/_rules.py              test_rules.py test_dot_general.py test_multi_adapter.py test_variants.py test_mutants_rules.py test_value_weights.py
 quant-rules      quax-quant       quax_quant/_rules.py             test_rules.py test_matmul.py test_gptq.py test_mutants_rules.py
 named-rules      quax-named       quax_named/_rules.py             test_rules.py test_operators.py test_joins.py test_mutants_rules.py
 units-rules      quax-units       quax_units/_rules/_arrays.py     test_rules.py test_operators.py test_mutants_rules.py
-units-functions  quax-units       quax_units/_rules/_functions.py  test_rules.py test_rounding.py test_angle_conversions.py test_functions_transforms.py
+units-functions  quax-units       quax_units/_rules/_functions.py  test_rules.py test_rounding.py test_angle_conversions.py test_functions_transforms.py test_angle_derivatives.py test_mutants_rules.py
 units-linalg     quax-units       quax_units/_rules/_linalg.py     test_linalg.py
-sparse-rules     quax-sparse      quax_sparse/_rules.py            test_rules.py test_elementwise.py test_dot_general.py test_block_sparse.py test_solver_route.py test_mutants_rules.py
+sparse-rules     quax-sparse      quax_sparse/_rules.py            test_rules.py test_elementwise.py test_dot_general.py test_block_sparse.py test_solver_route.py test_mutants_rules.py test_ndense_ops.py
 structured-rules quax-structured  quax_structured/_rules.py        test_rules.py test_values.py test_small_det.py test_kronecker_noise.py test_traced_noise.py test_composite.py test_mutants_rules.py
 EOF
 )

@@ -10,6 +10,7 @@ import jax.random as jr
 import numpy as np
 import quax
 import quax_lora
+from jax import lax
 from lora_helpers import normal
 
 
@@ -30,3 +31,34 @@ def test_a_product_with_a_non_scalar_materialises_where_allowed() -> None:
         f = quax.quaxify(product)
         for run in (f, jax.jit(f)):
             np.testing.assert_allclose(run(lora, c), want, rtol=1e-5)
+
+
+# The second sample (seed 46).
+
+
+def test_dropout_drops_the_input_of_a_convolution_adapter_only(perturb) -> None:
+    # An adapted `eqx.nn.Conv2d` with a dropout key: the adapter's convolution takes
+    # the input dropped (each element kept with probability 1/2, by
+    # `jax.random.bernoulli` of the layer's key, and doubled), the base's takes it
+    # whole (mutant `_lora_conv` 27: the key dropped, so nothing was).
+    conv = eqx.nn.Conv2d(3, 5, 3, key=jr.key(0))
+    model = perturb(
+        quax_lora.loraify(
+            conv, rank=2, alpha=4.0, dropout=0.5, filter=eqx.nn.Conv, key=jr.key(1)
+        ),
+        jr.key(2),
+    )
+    key = jr.key(7)
+    dropped = quax_lora.with_dropout_key(model, key)
+    lora = model.weight
+    x = normal(jr.key(3), (3, 7, 7))
+    keep = jr.bernoulli(jr.fold_in(key, 0), 0.5, (1, 3, 7, 7))
+    x_dropped = jnp.where(keep, x[None] / 0.5, 0.0)
+    delta = (4.0 / 2) * jnp.einsum("or,rihw->oihw", lora.a, lora.b)
+    base = eqx.tree_at(lambda c: c.weight, model, lora.w)
+    want = base(x) + lax.conv_general_dilated(x_dropped, delta, (1, 1), "VALID")[0]
+    f = quax.quaxify(lambda m, x: m(x))
+    for run in (f, jax.jit(f)):
+        np.testing.assert_allclose(run(dropped, x), want, rtol=1e-5, atol=1e-5)
+    plain = base(x) + lax.conv_general_dilated(x[None], delta, (1, 1), "VALID")[0]
+    assert not np.allclose(want, plain, rtol=1e-3, atol=1e-3)

@@ -70,3 +70,80 @@ def test_an_update_kept_by_keepdims_meets_the_indexed_axis() -> None:
         assert isinstance(out, NamedArray)
         assert out.names == ("batch", "seq", "embed")
         np.testing.assert_array_equal(out.array, want)
+
+
+# The second sample (seed 46).
+
+
+def test_two_names_at_one_position_are_refused_with_the_way_out() -> None:
+    # `a + b` with axes 'a' and 'b' of one size: positional code would put both at
+    # position 0, and names never pair by position; the message says why and what
+    # to do instead (mutant `_layout` 35: the sentence changed).
+    a = NamedArray(jnp.arange(3.0), ("a",))
+    b = NamedArray(jnp.arange(3.0), ("b",))
+    with pytest.raises(
+        ValueError,
+        match=r"their axes \('a',\) and \('b',\) together have more axes than the "
+        r"result's positional shape \(3,\) can hold \(quax_named never aligns "
+        r"different names by position\)\. Broadcast explicitly by name "
+        r"\(`quax_named\.broadcast_to`, the NamedArray operators\) or use "
+        r"`quax_named\.nmap`\.",
+    ):
+        quax.quaxify(lambda a, b: a + b)(a, b)
+
+
+def test_an_unnamed_array_meets_a_named_one_densely_where_allowed() -> None:
+    # `x + v` with `v` an unnamed array that is not one value: where the NamedArray
+    # allows materialising, the sum is the dense one, broadcast by position
+    # (mutant `_elementwise` 61: the fallback given `None` for its operands).
+    x = NamedArray(jnp.asarray(DATA[0]), ("a", "b")).enable_materialise()
+    v = np.array([1.0, -2.0, 0.5, 4.0], np.float32)
+    f = quax.quaxify(lambda a: a + jnp.asarray(v))
+    for run in (f, jax.jit(f)):
+        np.testing.assert_array_equal(run(x), DATA[0] + v)
+
+
+def test_broadcast_axes_merged_and_split_keep_their_sizes() -> None:
+    # A vector broadcast along two axes and reshaped: the broadcast axes merge into
+    # one of size 20, and one of size 20 splits into two of sizes 4 and 5, each
+    # holding its size (mutant `_regroup` 96: the new broadcast axes of size None).
+    v = NamedArray(jnp.array([1.0, 2.0, 3.0]), ("a",))
+    merged = quax.quaxify(
+        lambda v: jnp.broadcast_to(v[:, None, None], (3, 4, 5)).reshape(3, 20)
+    )
+    split = quax.quaxify(
+        lambda v: jnp.broadcast_to(v[:, None], (3, 20)).reshape(3, 4, 5)
+    )
+    for fn, sizes in ((merged, [20]), (split, [4, 5])):
+        for run in (fn, jax.jit(fn)):
+            out = run(v)
+            assert isinstance(out, NamedArray)
+            assert out.names[0] == "a"
+            assert [axis.size for axis in out.axes[1:]] == sizes
+            want = np.broadcast_to(np.array([1.0, 2.0, 3.0])[:, None], (3, 20))
+            np.testing.assert_array_equal(out.array, want.reshape(out.array.shape))
+
+
+def test_reading_along_an_axis_pairs_the_batched_axes_by_name() -> None:
+    # `jnp.take_along_axis(x, idx, axis=1)` is a gather batched along axis 0: with
+    # plain indices the result keeps `x`'s names; with named ones, the batched axes
+    # must have one name, and 'a' against 'c' is refused (mutant `_gather_axes` 58:
+    # plain indices crashed, and 'a' was paired with 'c' silently).
+    x = NamedArray(jnp.arange(12.0).reshape(3, 4), ("a", "b"))
+    idx = np.array([[0, 3], [1, 1], [2, 0]], np.int32)
+    want = np.take_along_axis(np.arange(12.0).reshape(3, 4), idx, axis=1)
+    take = quax.quaxify(lambda x, i: jnp.take_along_axis(x, i, axis=1))
+    for run in (take, jax.jit(take)):
+        out = run(x, jnp.asarray(idx))
+        assert isinstance(out, NamedArray)
+        assert out.names == ("a", "b")
+        np.testing.assert_array_equal(out.array, want)
+        out = run(x, NamedArray(jnp.asarray(idx), ("a", "d")))
+        assert out.names == ("a", "d")
+        np.testing.assert_array_equal(out.array, want)
+        with pytest.raises(
+            ValueError,
+            match=r"with operand axis 'a' batched with index axis 'c': quax_named "
+            r"never pairs two names by position",
+        ):
+            run(x, NamedArray(jnp.asarray(idx), ("c", "d")))

@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 import jax.random as jr
 import numpy as np
+import pytest
 import quax
 import quax_quant as qq
 
@@ -54,3 +55,55 @@ def test_a_product_with_integers_dequantises_where_allowed(ref) -> None:
     for run in (f, jax.jit(f)):
         np.testing.assert_allclose(run(w, x), dense @ x, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(g(w, x), (dense @ x).T, rtol=1e-5, atol=1e-5)
+
+
+# The second sample (seed 46).
+
+
+def test_reshapes_that_keep_the_blocks_keep_the_quantisation(ref) -> None:
+    # An axis kept whole keeps its blocks, NF4's shorter last one too: (4, 10) in
+    # blocks of 4 (scales (4, 3)) reshaped to (2, 2, 10) or (4, 1, 10). Two axes
+    # regrouped whole keep them where the groups stay whole: (4, 6) in groups of 3
+    # (scales (4, 2)) to (2, 12) (scales (2, 4)). (Mutant `_reshape_blocks` 47: an
+    # axis kept whole taken as a merge, which NF4's shorter block refuses; and of
+    # two regrouped axes, the blocks of the first kept alone, a crash.)
+    nf4 = qq.quantise(jr.normal(jr.PRNGKey(4), (4, 10)), format="nf4", block_size=4)
+    grouped = qq.quantise(jr.normal(jr.PRNGKey(5), (4, 6)), group_size=3)
+    assert nf4.scale.shape == (4, 3) and grouped.scale.shape == (4, 2)
+    for w, new, scales in (
+        (nf4, (2, 2, 10), (2, 2, 3)),
+        (nf4, (4, 1, 10), (4, 1, 3)),
+        (grouped, (2, 12), (2, 4)),
+    ):
+        f = quax.quaxify(lambda a, new=new: a.reshape(new))
+        for run in (f, jax.jit(f)):
+            out = run(w)
+            assert isinstance(out, qq.QuantisedArray)
+            assert out.shape == new and out.scale.shape == scales
+            np.testing.assert_array_equal(
+                ref.dequantise(out), ref.dequantise(w).reshape(new)
+            )
+
+
+@pytest.mark.parametrize(
+    "take",
+    [lambda a: a[1, 2], lambda a: a[1:2, 2:3].reshape(())],
+    ids=["index", "reshape"],
+)
+def test_a_4_bit_array_to_a_scalar_is_refused_or_dequantised(ref, take) -> None:
+    # A 4-bit array packs two codes to a byte along its last axis, and a scalar has
+    # none: `w[1, 2]` (a squeeze of every axis) and a reshape to `()` are refused,
+    # saying so, and where allowed give the dequantised entry. (Found with mutant
+    # `_with` 12: both crashed with an `IndexError` while packing the scalar.)
+    w = qq.quantise(jr.normal(jr.PRNGKey(6), (4, 6)), bits=4)
+    f = quax.quaxify(take)
+    for run in (f, jax.jit(f)):
+        with pytest.raises(
+            qq.QuantMaterialisationError,
+            match=r"a 4-bit array packs its integers two to a byte along its last "
+            r"axis, and a scalar has none",
+        ):
+            run(w)
+        out = run(w.enable_materialise())
+        assert not isinstance(out, qq.QuantisedArray)
+        np.testing.assert_array_equal(out, ref.dequantise(w)[1, 2])

@@ -113,3 +113,33 @@ def test_clipped_rows_read_at_traced_indices_are_the_dense_ones(name, index):
     got = jax.jit(quax.quaxify(read))(m, idx)
     want = jax.jit(read)(m.enable_materialise().dense(), idx)
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+
+
+# The second sample (seed 46).
+
+
+@pytest.mark.parametrize("rows", [3, 4])
+def test_a_matrix_times_a_structure_on_the_right(rows):
+    """`X @ T` and `X @ T.T` with `T` a structure on the right and `X` a matrix
+    (not a vector, whose product with either operand order contracts axis 0 of
+    both): against NumPy on the tridiagonal written out, also for a square `X`,
+    under `jit` and batched by `vmap` over `X`. (Mutant `_structured_product` 4
+    read every product as the structure's on the left: `X @ T` came out as
+    `(T @ X).T`, silently for a square `X`, and a shape error otherwise.)"""
+    lower = np.array([1.0, -2.0, 0.5], np.float32)
+    main = np.array([4.0, 3.0, -1.0, 2.0], np.float32)
+    upper = np.array([0.25, 5.0, -3.0], np.float32)
+    t = qs.TridiagonalMatrix(jnp.asarray(lower), jnp.asarray(main), jnp.asarray(upper))
+    dense = np.diag(main) + np.diag(lower, -1) + np.diag(upper, 1)
+    x = np.arange(rows * 4, dtype=np.float32).reshape(rows, 4) - 5.0
+    for fn, want in (
+        (lambda x, t: x @ t, x @ dense),
+        (lambda x, t: x @ t.T, x @ dense.T),
+    ):
+        f = quax.quaxify(fn)
+        for run in (f, jax.jit(f)):
+            np.testing.assert_allclose(run(x, t), want, rtol=1e-6, atol=1e-5)
+        batched = jax.vmap(f, in_axes=(0, None))(np.stack([x, 2 * x]), t)
+        np.testing.assert_allclose(
+            batched, np.stack([want, 2 * want]), rtol=1e-6, atol=1e-5
+        )

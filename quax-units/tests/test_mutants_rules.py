@@ -1,10 +1,12 @@
-"""Units: tests that kill mutants of `quax_units/_rules/_arrays.py` which the other
-test files let through (`scripts/mutation.sh units-rules`; docs/mutation.md lists each
+"""Units: tests that kill mutants of `quax_units/_rules/_arrays.py` and
+`_functions.py` which the other test files let through (`scripts/mutation.sh
+units-rules`, `units-functions`; docs/mutation.md lists each
 surviving mutant of the sample run and the test that kills it). They check what the
 errors tell a user: the unit the numbers are held in, and the way out."""
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 import quax
 from jax import lax
@@ -68,3 +70,32 @@ def test_a_complex_number_of_two_dimensions_names_the_way_out() -> None:
         r"\(`lax\.complex\(x, Quantity\(y, unit\)\)`\), or strip the units",
     ):
         quax.quaxify(lax.complex)(Quantity(1.0, "m"), Quantity(2.0, "s"))
+
+
+# `_functions.py`, a sample (seed 46).
+
+
+def test_an_angle_shown_in_another_unit_keeps_its_numbers_and_dtype() -> None:
+    # `jnp.rad2deg` and `jnp.deg2rad` of an angle show it in deg or rad: the numbers
+    # (radians) stay, in the dtype JAX's functions give, float16 here (mutant
+    # `_angle_shown_in` 10: cast to the default float dtype, float32).
+    x = Quantity(jnp.array([0.5, 1.0], jnp.float16), "rad")
+    for fn, unit in ((jnp.rad2deg, "deg"), (jnp.deg2rad, "rad")):
+        f = quax.quaxify(fn)
+        for run in (f, jax.jit(f)):
+            out = run(x)
+            assert str(out.unit) == unit
+            assert out.array.dtype == jnp.float16 == fn(jnp.float16(0.5)).dtype
+            np.testing.assert_array_equal(out.array, np.array([0.5, 1.0], np.float16))
+
+
+def test_converting_a_length_as_an_angle_names_both_ways_out() -> None:
+    # `jnp.rad2deg` of metres: refused, with the way out for plain numbers and for
+    # an angle (mutant `_angle_shown_in` 6: the second changed).
+    with pytest.raises(
+        UnitError,
+        match=r"To scale plain numbers by 180 / pi, strip the units first "
+        r"\(`quax_units\.ustrip\(unit, q\)`\); to show an angle in another unit, "
+        r"use `q\.to\(unit\)`\.",
+    ):
+        quax.quaxify(jnp.rad2deg)(Quantity(1.0, "m"))

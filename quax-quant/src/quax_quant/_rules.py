@@ -375,6 +375,13 @@ def _reshape_blocks(
     return tuple(out)
 
 
+# Why a 4-bit array is not reshaped or squeezed to a scalar: `quantise` makes none.
+_NO_PACKED_AXIS = (
+    "a 4-bit array packs its integers two to a byte along its last axis, and a "
+    "scalar has none"
+)
+
+
 @quax.register(lax.reshape_p)
 @_not_act_order(lax.reshape_p)
 def _(
@@ -382,6 +389,13 @@ def _(
 ) -> Any:
     operand = operand.plain()
     new = tuple(new_sizes)
+    if operand.bits == 4 and not new:
+        return _refuse(
+            lax.reshape_p,
+            (operand,),
+            {"new_sizes": new_sizes, "dimensions": dimensions, **params},
+            _NO_PACKED_AXIS,
+        )
     blocks = (
         _reshape_blocks(operand.shape, operand.scale.shape, new)
         if dimensions is None
@@ -449,6 +463,8 @@ def _(
 def _(operand: QuantisedArray, *, dimensions: Sequence[int]) -> QuantisedArray:
     operand = operand.plain()
     dims = tuple(dimensions)
+    if operand.bits == 4 and len(dims) == operand.ndim:
+        return _refuse(lax.squeeze_p, (operand,), {"dimensions": dims}, _NO_PACKED_AXIS)
     return _map(operand, lambda a: lax.squeeze(a, dims), lambda b: lax.squeeze(b, dims))
 
 
