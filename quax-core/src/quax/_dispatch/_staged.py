@@ -173,9 +173,15 @@ def staging_joins() -> bool:
 # Values that JAX asks for an array -----------------------------------------------
 
 
-def lift(value: Value, trace: Any, between: list[Any]) -> Any:
+def lift(
+    value: Value,
+    trace: Any,
+    between: list[Any],
+    error: type[Exception] = TypeError,
+) -> Any:
     """`value`, which a JAX function running under the quax trace `trace` asks for
-    an array (`Value.__jax_array__`), as an operand of the current trace.
+    an array (`Value.__jax_array__`), or a primitive binds, as an operand of the
+    current trace.
 
     With `trace` current, the value becomes its tracer. Below a `jit`, `cond`,
     `vmap`, ... inside the quaxified function's body, the value is staged, as
@@ -190,6 +196,10 @@ def lift(value: Value, trace: Any, between: list[Any]) -> Any:
     - `trace`: the innermost quax trace, which the current trace is or runs inside.
     - `between`: the traces between `trace` and the current one (innermost first),
         as `quax._transform._trace.active_trace` gives them.
+    - `error`: the exception type explaining a value that failed to materialise
+        (see `materialise_or_explain`): a `TypeError` for `__jax_array__`, as JAX
+        refuses an argument that is not an array; another for `Primitive.bind`,
+        which replaces a `TypeError` of its arguments' conversion with its own.
 
     **Returns:**
 
@@ -215,4 +225,5 @@ def lift(value: Value, trace: Any, between: list[Any]) -> Any:
         ),
         " Build the value outside the transform, or apply the transform outside "
         "`quax.quaxify`.",
+        error,
     )
