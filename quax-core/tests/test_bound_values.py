@@ -117,11 +117,15 @@ def test_value_built_inside_the_transform_runs_its_rule(transform: str) -> None:
     np.testing.assert_allclose(out.array, 2.0 * X, rtol=1e-6)
 
 
-def test_value_built_from_gradient_tracers_refuses_saying_what_to_do() -> None:
+@pytest.mark.parametrize("transform", ["grad", "jit-grad", "vmap-grad"])
+def test_value_built_from_gradient_tracers_refuses_saying_what_to_do(
+    transform: str,
+) -> None:
     # Built from the tracers of a `grad` inside the quaxified function, it cannot
-    # join the quax trace outside the `grad`: its refusal says why and what to do,
-    # and stays a `RuntimeError` saying "Refusing to materialise".
-    f = quax.quaxify(lambda x: jax.grad(lambda a: lax.sin(Wrapper(a)).sum())(x))
+    # join the quax trace outside the `grad`, nor be staged in a `jit` or `vmap`
+    # outside it: its refusal says why and what to do, and stays a `RuntimeError`
+    # saying "Refusing to materialise".
+    f = quax.quaxify(lambda x: TRANSFORMS[transform](lambda a: lax.sin(Wrapper(a)))(x))
     with pytest.raises(RuntimeError, match="Refusing to materialise") as info:
         f(X)
     message = str(info.value)
@@ -131,17 +135,14 @@ def test_value_built_from_gradient_tracers_refuses_saying_what_to_do() -> None:
     assert not isinstance(info.value, TypeError)
 
 
-@pytest.mark.parametrize("transform", ["jit-grad", "vmap-grad"])
-def test_value_staged_from_gradient_tracers_refuses_saying_what_to_do(
-    transform: str,
-) -> None:
-    # Below a `jit` or `vmap` too, it is staged, and differentiating the staged
-    # value with respect to its leaves is refused, saying what to do, as for a
-    # `jax.numpy` function (whose own `jit` JAX linearizes: see
-    # test_refusal_leaks.py).
-    f = quax.quaxify(lambda x: TRANSFORMS[transform](lambda a: lax.sin(Wrapper(a)))(x))
-    with pytest.raises(NotImplementedError, match="Build the value outside"):
-        f(X)
+@pytest.mark.parametrize("transform", ["grad", "jit-grad", "vmap-grad"])
+def test_value_built_from_gradient_tracers_materialises(transform: str) -> None:
+    # One that may materialise is, there: the derivative is plain JAX's.
+    out = quax.quaxify(lambda x: TRANSFORMS[transform](lambda a: lax.sin(Dense(a)))(x))(
+        X
+    )
+    expected = TRANSFORMS[transform](lax.sin)(X)
+    np.testing.assert_allclose(out, expected, rtol=1e-6)
 
 
 @pytest.mark.parametrize("transform", ["jit", "vmap", "grad"])

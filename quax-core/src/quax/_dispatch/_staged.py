@@ -188,7 +188,8 @@ def lift(
     operators stage the values they meet there. Below other traces (`grad`,
     `jvp`), a value of constants is a constant of theirs: it becomes a tracer of
     `trace`, which they lift as any outer tracer. A value built there from their
-    tracers cannot join `trace`: it is materialised under its policy, or explained.
+    tracers cannot join `trace` (nor be staged in a `jit` or `vmap` outside them):
+    it is materialised under its policy, or explained.
 
     **Arguments:**
 
@@ -207,13 +208,19 @@ def lift(
     """
     if not between:
         return trace.wrap(value)
-    if staging_joins() and any(map(stages_or_batches, between)):
-        return stage_value(value)
-    inside = {id(t) for t in between}
-    if not any(
-        isinstance(leaf, Tracer) and id(leaf._trace) in inside
-        for leaf in jtu.tree_leaves(value)
-    ):
+    built_from = {
+        id(leaf._trace) for leaf in jtu.tree_leaves(value) if isinstance(leaf, Tracer)
+    }
+    if staging_joins():
+        for i, t in enumerate(between):
+            if stages_or_batches(t):
+                # Staged in the innermost `jit`, `vmap`, ..., unless built from the
+                # tracers of a `grad`, `jvp` inside it, whose derivative rules would
+                # refuse the staged value (`_jvp`).
+                if not any(id(inner) in built_from for inner in between[:i]):
+                    return stage_value(value)
+                break
+    if not any(id(t) in built_from for t in between):
         return trace.wrap(value)
     return materialise_or_explain(
         value,
