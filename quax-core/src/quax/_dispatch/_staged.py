@@ -173,16 +173,23 @@ def staging_joins() -> bool:
 # Values that JAX asks for an array -----------------------------------------------
 
 
-def lift(value: Value, trace: Any, between: list[Any]) -> Any:
+def lift(
+    value: Value,
+    trace: Any,
+    between: list[Any],
+    error: type[Exception] = TypeError,
+) -> Any:
     """`value`, which a JAX function running under the quax trace `trace` asks for
-    an array (`Value.__jax_array__`), as an operand of the current trace.
+    an array (`Value.__jax_array__`), or a primitive binds, as an operand of the
+    current trace.
 
     With `trace` current, the value becomes its tracer. Below a `jit`, `cond`,
     `vmap`, ... inside the quaxified function's body, the value is staged, as
     operators stage the values they meet there. Below other traces (`grad`,
     `jvp`), a value of constants is a constant of theirs: it becomes a tracer of
     `trace`, which they lift as any outer tracer. A value built there from their
-    tracers cannot join `trace`: it is materialised under its policy, or explained.
+    tracers cannot join `trace` (nor be staged in a `jit` or `vmap` outside them):
+    it is materialised under its policy, or explained.
 
     **Arguments:**
 
@@ -190,6 +197,10 @@ def lift(value: Value, trace: Any, between: list[Any]) -> Any:
     - `trace`: the innermost quax trace, which the current trace is or runs inside.
     - `between`: the traces between `trace` and the current one (innermost first),
         as `quax._transform._trace.active_trace` gives them.
+    - `error`: the exception type explaining a value that failed to materialise
+        (see `materialise_or_explain`): a `TypeError` for `__jax_array__`, as JAX
+        refuses an argument that is not an array; another for `Primitive.bind`,
+        which replaces a `TypeError` of its arguments' conversion with its own.
 
     **Returns:**
 
@@ -197,13 +208,19 @@ def lift(value: Value, trace: Any, between: list[Any]) -> Any:
     """
     if not between:
         return trace.wrap(value)
-    if staging_joins() and any(map(stages_or_batches, between)):
-        return stage_value(value)
-    inside = {id(t) for t in between}
-    if not any(
-        isinstance(leaf, Tracer) and id(leaf._trace) in inside
-        for leaf in jtu.tree_leaves(value)
-    ):
+    built_from = {
+        id(leaf._trace) for leaf in jtu.tree_leaves(value) if isinstance(leaf, Tracer)
+    }
+    if staging_joins():
+        for i, t in enumerate(between):
+            if stages_or_batches(t):
+                # Staged in the innermost `jit`, `vmap`, ..., unless built from the
+                # tracers of a `grad`, `jvp` inside it, whose derivative rules would
+                # refuse the staged value (`_jvp`).
+                if not any(id(inner) in built_from for inner in between[:i]):
+                    return stage_value(value)
+                break
+    if not any(id(t) in built_from for t in between):
         return trace.wrap(value)
     return materialise_or_explain(
         value,
@@ -215,4 +232,5 @@ def lift(value: Value, trace: Any, between: list[Any]) -> Any:
         ),
         " Build the value outside the transform, or apply the transform outside "
         "`quax.quaxify`.",
+        error,
     )

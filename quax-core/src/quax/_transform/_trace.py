@@ -412,15 +412,22 @@ class QuaxTrace(Trace):
 
 def _bound_value(value: Value) -> Any:
     """A value passed to `Primitive.bind` as it is, not as a quaxified function's
-    argument (`lax.add_p.bind(x, y)` with `y` a value the function closes over),
-    which JAX would refuse as "not a valid JAX type". Where a quax trace is current,
-    the value joins it, so that its rules apply (or its refusal to materialise);
-    elsewhere it is materialised, as a primitive binds arrays, or refuses."""
+    argument (`lax.add(x, y)` with `y` a value the function closes over), which JAX
+    would refuse as "not a valid JAX type". Inside a quax trace, also below the
+    `jit`, `vmap`, `grad`, ... traces in a quaxified function's body, the value joins
+    it as `__jax_array__` lifts it (see `quax._dispatch._staged.lift`), so that its
+    rules apply, or its refusal to materialise says what to do, as on a `jax.numpy`
+    function. Outside any, it is materialised, as a primitive binds arrays, or
+    refuses with the value's own error. Neither refusal is a `TypeError`:
+    `Primitive.bind` replaces one raised here with its own message, which would
+    lose the refusal's."""
     check_value(value)
-    trace = current_trace()
-    if type(trace) is QuaxTrace:
-        return trace.wrap(value)
-    return materialise_outside_quax(value, type_error=False)
+    trace, between = active_trace()
+    if trace is None:
+        return materialise_outside_quax(value, type_error=False)
+    if between and trace.selective:
+        return type(value).materialise(value)
+    return lift(value, trace, between, RuntimeError)
 
 
 register_bind_conversion(Value, _bound_value)
@@ -436,7 +443,7 @@ def _jax_array(value: Value) -> Any:
         return materialise_outside_quax(value)
     if trace.selective:
         return type(value).materialise(value)
-    return lift(value, trace, between)
+    return lift(value, trace, between, RuntimeError)
 
 
 _value.set_jax_array_conversion(_jax_array)
