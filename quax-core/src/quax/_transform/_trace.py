@@ -443,7 +443,7 @@ def _jax_array(value: Value) -> Any:
         return materialise_outside_quax(value)
     if trace.selective:
         return type(value).materialise(value)
-    return lift(value, trace, between, RuntimeError)
+    return lift(value, trace, between)
 
 
 _value.set_jax_array_conversion(_jax_array)
