@@ -85,3 +85,19 @@ def test_a_refused_join_says_where_the_body_is() -> None:
         r"test_mutants_interpreter\.py:\d+\)",
     ):
         quax.quaxify(f)(Refusing(jnp.arange(3.0)))
+
+
+def test_where_a_body_is_defined_is_read_from_open_and_closed_jaxprs() -> None:
+    """`body_source` reads where a traced body is defined from a closed jaxpr (a
+    `scan`'s, a `jit`'s) and from an open one alike: the function's name, its file
+    and its first line (mutant `body_source` 12 read `.jaxpr` of an open jaxpr
+    too, which has none: an `AttributeError`)."""
+
+    def traced_body(a: jax.Array) -> jax.Array:
+        return jnp.sin(a) * 2.0
+
+    closed = jax.make_jaxpr(traced_body)(jnp.ones(3))
+    code = traced_body.__code__
+    want = f"traced_body at {code.co_filename}:{code.co_firstlineno}"
+    assert _interpreter.body_source(closed) == want
+    assert _interpreter.body_source(closed.jaxpr) == want

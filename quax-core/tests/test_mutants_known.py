@@ -2,8 +2,8 @@
 `scripts/mutation.sh dispatch-known` let through (see `docs/mutation.md`), each
 failing with its mutant planted: `known_scaled_constant` on a traced array of one
 element that is not 0-dimensional, and under differentiation where the primal is all
-zeros; and a concrete array passed through two nested `jit`s to a rule that asks
-for its value."""
+zeros, and on a chain of products within its depth bound; and a concrete array
+passed through two nested `jit`s to a rule that asks for its value."""
 
 import equinox as eqx
 import jax
@@ -141,3 +141,26 @@ def test_a_concrete_array_through_two_nested_jits_is_known_to_the_rule(
             out = jax.jit(quax.quaxify(f))(p, c)
             assert out.added == "unknown"
             np.testing.assert_array_equal(out.array, np.arange(100.0))
+
+
+def test_a_chain_of_products_within_the_depth_bound_is_read() -> None:
+    """`known_scaled_constant` looks through at most `_INVARIANCE_MAX_DEPTH` (32)
+    equations in one chain, one per product: `s * EYE` times 2 twenty times more,
+    22 equations deep with the broadcast of `s`, is read, and its scale times its
+    constant is the program's value (mutant `_ScaledReader.read` 37 counted two
+    equations for each product, and gave up on a chain half as long); a chain of 40
+    is not read."""
+
+    def chain(s, n):
+        x = s * EYE
+        for _ in range(n):
+            x = x * np.float32(2.0)
+        return x
+
+    s = np.float32(0.75)
+    out = jax.jit(lambda s: _rebuilt(chain(s, 20)))(s)
+    np.testing.assert_array_equal(out, 0.75 * 2.0**20 * EYE)
+    # Past the bound, not read.
+    seen = []
+    jax.jit(lambda s: seen.append(quax.known_scaled_constant(chain(s, 40))))(s)
+    assert seen == [None]

@@ -2,7 +2,8 @@
 `scripts/mutation.sh dispatch-plugins` let through or reached with no test (see
 `docs/mutation.md`), each failing with its mutant planted. They run in this process
 (the loader's other tests run Python in subprocesses, which mutmut does not see),
-with the installed families replaced by what each test names."""
+with the installed families replaced by what each test names, but for the test of
+discovery, which reads the families the workspace installs."""
 
 import importlib.metadata
 import types
@@ -146,3 +147,39 @@ def test_an_example_module_by_an_alias_of_the_family(
     family = _plugins.load_in_process("aliased_family", Aliased())
     installed["aliased_family"] = family
     assert _plugins.example_module("also_known_as") is module
+
+
+def test_an_installed_family_names_the_distribution_that_declares_it() -> None:
+    """An installed family's `distribution` and `version` are those of the
+    distribution whose entry point declares it, as `importlib.metadata` reads them
+    (`quax-lora` for `lora`), never "?" (mutant `_discover` 53 gave "?" for a
+    known distribution)."""
+    points = importlib.metadata.entry_points(group="quax.rules")
+    assert points  # the workspace installs the families
+    found = {f.name: f for f in quax.plugins.families()}
+    for point in points:
+        assert point.dist is not None
+        family = found[point.name]
+        assert family.distribution == point.dist.name == f"quax-{point.name}"
+        assert family.version == point.dist.version
+
+
+def test_a_loaded_family_declares_its_value_types(installed: dict[str, Any]) -> None:
+    """A loaded family's value types are those its `quax_value_types` hook gives;
+    a family not loaded declares none (mutant `value_types` 7 asked no hook: a
+    `TypeError`)."""
+
+    class Declared(quax.ArrayValue):
+        pass
+
+    class Declaring:
+        @quax.hookspecs.hookimpl
+        def quax_value_types(self) -> list[type[quax.Value]]:
+            return [Declared]
+
+    family = _plugins.load_in_process("declaring_family", Declaring())
+    installed["declaring_family"] = family
+    assert _plugins.value_types(family) == [Declared]
+    point = importlib.metadata.EntryPoint("idle_family", "m", "quax.rules")
+    idle = _plugins.Family("idle_family", "d", "0", point, package="p")
+    assert _plugins.value_types(idle) == []

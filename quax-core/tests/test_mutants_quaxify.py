@@ -132,3 +132,20 @@ def test_the_values_a_quaxified_callable_holds_are_dispatched_on(
     want = jnp.sin(w).sum() if transform == "grad" else jnp.sin(w)  # plain JAX
     np.testing.assert_allclose(held, want, rtol=1e-6)
     np.testing.assert_allclose(out, jnp.sin(X), rtol=1e-6)
+
+
+@pytest.mark.parametrize("transform", ["jit", "vmap"])
+def test_a_value_staged_to_join_keeps_the_keyword_arguments(transform: str) -> None:
+    """A value built from the tracers of a `jit` or `vmap` inside a quaxified
+    function, passed to a nested quaxified function, is staged to join the outer
+    quax trace; the nested function gets its keyword arguments as given, and its
+    result is plain JAX's (mutant `_call_staged` 12 called it without them: a
+    `TypeError`)."""
+    shifted = quax.quaxify(lambda s, *, by: lax.sin(s) + by)
+    inside = lambda a: shifted(SealedSine(a), by=2.0)
+    calls = {
+        "jit": lambda v: jax.jit(inside)(v.array),
+        "vmap": lambda v: jax.vmap(inside)(v.array),
+    }
+    out = quax.quaxify(calls[transform])(Sine(X))
+    np.testing.assert_allclose(out, jnp.sin(X) + 2.0, rtol=1e-6)

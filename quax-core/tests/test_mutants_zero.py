@@ -65,3 +65,35 @@ def test_a_zero_plus_a_numpy_array_gives_a_jax_array() -> None:
         out = quax.quaxify(f)(Zero((3,), jnp.float32), y)
         assert type(out) is type(jnp.add(y, y)), type(out)
         np.testing.assert_array_equal(out, y)
+
+
+def test_a_complex_zero_annihilates_non_finite_concrete_elements() -> None:
+    """A zero times, or over, a concrete complex operand: outside `ieee_strict()` an
+    element a zero annihilates (non-finite; zero as a divisor) counts as a one with
+    the sign of its real part plus a zero with that of its imaginary part, so the
+    product is the dense zeros times those units, with their signs, never NaN
+    (mutant `_sanitised` 15 took every operand for a real one: NumPy's `copysign`
+    refused the complex array). The reference is plain JAX on the dense zeros and
+    the units written out."""
+    inf = np.inf
+    cases = [
+        (
+            jnp.multiply,
+            np.array([inf + 1j, -inf - 2j, 3 - 4j], np.complex64),
+            np.array([1 + 0j, complex(-1, -0.0), 3 - 4j], np.complex64),
+        ),
+        (
+            jnp.divide,
+            np.array([complex(-0.0, -0.0), 0j, -2 + 1j], np.complex64),
+            np.array([complex(-1, -0.0), 1 + 0j, -2 + 1j], np.complex64),
+        ),
+    ]
+    for op, y, units in cases:
+        z = Zero((3,), jnp.complex64)
+        out = quax.quaxify(op)(z, y)
+        got = out.materialise() if isinstance(out, Zero) else out
+        want = op(jnp.zeros(3, jnp.complex64), units)
+        assert got.dtype == np.complex64
+        np.testing.assert_array_equal(got, np.zeros(3, np.complex64))
+        for got_bits, want_bits in zip(_sign_bits(got), _sign_bits(want), strict=True):
+            np.testing.assert_array_equal(got_bits, want_bits)
