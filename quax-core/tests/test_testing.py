@@ -498,7 +498,10 @@ def test_pytest_plugin(tmp_path):
     (tmp_path / "test_plugin.py").write_text(PLUGIN_TESTS)
     core = Path(__file__).resolve().parents[1]
     installed = {e.name for e in importlib.metadata.entry_points(group="pytest11")}
+    # An accelerator machine's JAX warns at import that transparent hugepages are
+    # off (its TPU runtime's message, not quax's): that count is not this test's.
     options = ["-q", "-p", "no:cacheprovider"]
+    options += ["-W", "ignore:Transparent hugepages:UserWarning"]
     if "quax" not in installed:  # before the entry point is installed (uv sync)
         options += ["-p", "quax.testing._pytest_plugin"]
     # The core's tests before what this process sees (never replacing it: an
