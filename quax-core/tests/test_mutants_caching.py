@@ -329,20 +329,27 @@ def test_a_rule_asking_for_a_leaf_eagerly_is_answered_on_every_call(
 
 @pytest.mark.caching_behaviour
 @compiles_eager_programs
-def test_values_on_one_leaf_beside_a_plain_array_run_compiled(
-    eager_compilation: Any,
-) -> None:
-    """Two values built on one array, beside a small plain array, run as one
-    compiled program that gets the shared leaf once (mutant `_program_key` 41 lost
-    the distinct leaves where two were one object: the key's check against the
-    plain inputs then raised a `TypeError` on the first call)."""
-    digits = quax.quaxify(jax.jit(lambda x, y, z: 100 * x + 10 * y + z))
-    expected = 100 * np.asarray(Y) + 10 * np.asarray(Y) + np.asarray(X)
-    with quax.plugins.track_evaluations() as report:
-        first = digits(Dense(Y), Dense(Y), X)
-    np.testing.assert_array_equal(first.array, expected)
-    assert report.total > 0  # the first call runs equation by equation
-    _runs_compiled(lambda: digits(Dense(Y), Dense(Y), X), expected)
+def test_values_on_one_leaf_run_as_one_compiled_program(eager_compilation: Any) -> None:
+    """Two values built on one array, alone or beside a small plain array, run as
+    one compiled program that gets the shared leaf once (mutant `_program_key` 41
+    lost the distinct leaves where two were one object: beside a plain array, the
+    key's check against the plain inputs raised a `TypeError` on the first call;
+    alone, the program failed to trace, and every call ran uncompiled, with the
+    same results)."""
+    y, x = np.asarray(Y), np.asarray(X)
+    pair = jax.jit(lambda a, b: 10 * a + b)
+    digits = jax.jit(lambda a, b, c: 100 * a + 10 * b + c)
+    for fn, plain, expected in (
+        (pair, (), 10 * y + y),
+        (digits, (X,), 100 * y + 10 * y + x),
+    ):
+        for _ in range(3):  # the second call compiles the program, the third runs it
+            out = quax.quaxify(fn)(Dense(Y), Dense(Y), *plain)
+            np.testing.assert_array_equal(out.array, expected)
+        (program,) = [
+            e for k, e in quax_eager._programs._data.items() if k[0] == id(fn)
+        ]
+        assert program is not quax_eager._BY_EQUATION
 
 
 @compiles_eager_programs
