@@ -53,10 +53,10 @@ caching-per-jaxpr quax-core       quax/_caching/_per_jaxpr.py      test_caches.p
 caching-nested   quax-core        quax/_caching/_nested.py         test_nesting.py test_cache_lifetime.py test_caches.py test_cache_identity.py test_mutants_caching.py
 transform-interpreter quax-core   quax/_transform/_interpreter.py  test_nesting.py test_cache_lifetime.py test_cache_identity.py test_trace_fast.py test_custom_derivatives.py test_sharding.py test_joins.py test_known_constant.py test_mutants_interpreter.py
 dispatch-known   quax-core        quax/_dispatch/_known.py         test_known_constant.py test_known_scaled_constant.py test_known_scaled_constant_edges.py test_mutants_known.py test_nesting.py test_cache_identity.py
-dispatch-registry quax-core       quax/_dispatch/_registry.py      test_registry.py test_clients_registry.py test_cache_keys_types.py test_register_function_inline.py test_mutants_trace.py test_quaxify.py
-dispatch-staged  quax-core        quax/_dispatch/_staged.py        test_registry.py test_quaxify.py test_built_inside.py test_nesting.py test_mutants_staged.py
+dispatch-registry quax-core       quax/_dispatch/_registry.py      test_registry.py test_clients_registry.py test_cache_keys_types.py test_register_function_inline.py test_mutants_trace.py test_quaxify.py test_loop_fills.py
+dispatch-staged  quax-core        quax/_dispatch/_staged.py        test_registry.py test_quaxify.py test_built_inside.py test_nesting.py test_mutants_staged.py test_bound_values.py
 dispatch-plugins quax-core        quax/_dispatch/_plugins.py       test_plugins.py test_plugin_faults.py test_plugin_trace_context.py test_mutants_plugins.py
-transform-trace  quax-core        quax/_transform/_trace.py        test_quaxify.py test_nesting.py test_values.py test_sharding.py
+transform-trace  quax-core        quax/_transform/_trace.py        test_quaxify.py test_nesting.py test_values.py test_sharding.py test_bound_values.py test_mutants_trace.py
 transform-quaxify quax-core       quax/_transform/_quaxify.py      test_quaxify.py test_nesting.py test_built_inside.py test_mutants_quaxify.py
 lora-rules       quax-lora        quax_lora/_rules.py              test_rules.py test_dot_general.py test_multi_adapter.py test_variants.py test_mutants_rules.py test_value_weights.py
 quant-rules      quax-quant       quax_quant/_rules.py             test_rules.py test_matmul.py test_gptq.py test_mutants_rules.py

@@ -5,6 +5,7 @@ replayed is marked, what verify mode names when a replay differs, which eager ca
 compile one program (with its barriers, which a CPU keeps), how a nested `jit`'s
 shardings are passed on, and what is kept per jaxpr."""
 
+import gc
 from typing import Any
 
 import equinox as eqx
@@ -19,6 +20,7 @@ import quax._caching._per_jaxpr as _per_jaxpr
 import quax._caching._replay as quax_replay
 import quax._foundation._caches
 from jax import lax
+from jaxtyping import ArrayLike
 
 from .helpers import Dense, Refusing, Scaled, compiles_eager_programs
 
@@ -162,7 +164,9 @@ def test_a_nested_jit_with_shardings_keeps_them() -> None:
     result is plain JAX's, laid out as asked. Mutant `_jitted` 30 passed them under
     a wrong keyword, which `jax.jit` refuses; mutant `call_body` 22 passed the
     value's too, which JAX then asks of each of its leaves, and the value's scalar
-    leaf cannot be split by rows."""
+    leaf cannot be split by rows. One device shows no other layout, so the staged
+    program tells the rest: its nested `jit` holds the traced array's sharding, as
+    plain JAX's does (mutant `_jitted` 28 staged it with none)."""
     mesh = jax.make_mesh((1,), ("x",), axis_types=(jax.sharding.AxisType.Explicit,))
     rows = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("x"))
 
@@ -175,6 +179,14 @@ def test_a_nested_jit_with_shardings_keeps_them() -> None:
     np.testing.assert_array_equal(out.array, X * (Y + 2 * Y))
     np.testing.assert_array_equal(out.scale, 3.0)
     assert out.array.sharding.is_equivalent_to(rows, 1)
+    closed = jax.make_jaxpr(quax.quaxify(f))(Scaled(X, jnp.asarray(3.0)), Y, 2 * Y)
+    (nested,) = [e for e in closed.jaxpr.eqns if e.primitive.name == "jit"]
+    given = nested.params["in_shardings"]
+    # The value's leaves come first, `a` and `b` last: `a`'s sharding is staged, and
+    # the value's is not (JAX would ask it of each leaf).
+    named = jax.sharding.NamedSharding
+    assert [isinstance(s, named) for s in given] == [False, False, True, False]
+    assert given[2] == rows
 
 
 def test_a_checkpoint_on_plain_operands_whose_body_builds_values() -> None:
@@ -313,3 +325,129 @@ def test_a_rule_asking_for_a_leaf_eagerly_is_answered_on_every_call(
         out = negative(SaysKnown(X))
         assert out.known == 1.0
         np.testing.assert_array_equal(out.array, -np.asarray(X))
+
+
+@pytest.mark.caching_behaviour
+@compiles_eager_programs
+def test_values_on_one_leaf_run_as_one_compiled_program(eager_compilation: Any) -> None:
+    """Two values built on one array, alone or beside a small plain array, run as
+    one compiled program that gets the shared leaf once (mutant `_program_key` 41
+    lost the distinct leaves where two were one object: beside a plain array, the
+    key's check against the plain inputs raised a `TypeError` on the first call;
+    alone, the program failed to trace, and every call ran uncompiled, with the
+    same results)."""
+    y, x = np.asarray(Y), np.asarray(X)
+    pair = jax.jit(lambda a, b: 10 * a + b)
+    digits = jax.jit(lambda a, b, c: 100 * a + 10 * b + c)
+    for fn, plain, expected in (
+        (pair, (), 10 * y + y),
+        (digits, (X,), 100 * y + 10 * y + x),
+    ):
+        for _ in range(3):  # the second call compiles the program, the third runs it
+            out = quax.quaxify(fn)(Dense(Y), Dense(Y), *plain)
+            np.testing.assert_array_equal(out.array, expected)
+        (program,) = [
+            e for k, e in quax_eager._programs._data.items() if k[0] == id(fn)
+        ]
+        assert program is not quax_eager._BY_EQUATION
+
+
+@compiles_eager_programs
+def test_verify_mode_checks_a_compiled_eager_program(
+    eager_compilation: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """In verify mode, a hit of a compiled eager program is staged afresh and
+    compared with what the program was made with: a rule that stages otherwise on
+    a later call (it reads `_drift`, which no key holds) raises (mutants
+    `call_compiled` 117 and 139 kept what the program was made with, or looked it
+    up, under another name: nothing was ever compared)."""
+    monkeypatch.setattr(quax._foundation._caches, "verifying", True)
+    quax._foundation._caches.invalidate()
+    cos = quax.quaxify(jnp.cos)
+    try:
+        for _ in range(2):  # the second call compiles the program
+            out = cos(Drifting(X)).array
+            np.testing.assert_allclose(out, np.cos(np.asarray(X)), rtol=1e-6)
+        _drift[0] = 2.0
+        # A fresh rule run, not a replay of the first: what verify mode checks
+        # here is the eager program.
+        quax_replay._recordings.clear()
+        with pytest.raises(
+            quax.CacheMismatchError, match="its staged program or its outputs"
+        ):
+            cos(Drifting(X))
+    finally:
+        _drift[0] = 1.0
+        quax._foundation._caches.invalidate()
+
+
+def test_verify_mode_drops_what_an_inlined_jit_was_recorded_with_when_it_dies(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """In verify mode, what a recording of an inlined `jit` was made with is kept
+    while its jaxpr lives, and dropped with it, as the recording is (mutant
+    `_replay_or_run` 156 kept it for good, past its jaxpr: under a key holding the
+    dead jaxpr's `id`, which a later jaxpr may reuse)."""
+    caches = quax._foundation._caches
+    monkeypatch.setattr(caches, "verifying", True)
+    caches.invalidate()
+    made = caches._made
+
+    def of_inlined_jits() -> set[Any]:
+        # An inlined `jit`'s recording is keyed by its jaxpr's `id`; a primitive's
+        # by the primitive and its params.
+        return {
+            k
+            for k in made._data
+            if k[0] == quax_replay._recordings.name and type(k[1][0]) is int
+        }
+
+    def run() -> None:
+        # A fresh function: JAX's caches hold its jaxpr only while it lives.
+        triple = jax.jit(lambda v: v * 3.0, inline=True)
+        out = jax.jit(quax.quaxify(triple))(Dense(X))
+        np.testing.assert_array_equal(out.array, 3.0 * np.asarray(X))
+        assert of_inlined_jits()
+
+    try:
+        run()
+        gc.collect()
+        len(made)  # drops the entries whose code died
+        assert not of_inlined_jits()
+    finally:
+        caches.invalidate()
+
+
+# Each run of `AsksAbout`'s rule, and what `known_constant` told it.
+_asked: list[str] = []
+
+
+class AsksAbout(Dense):
+    """A `Dense` whose sum with a plain array asks `known_constant` about it."""
+
+
+@quax.register(lax.add_p)
+def _(x: AsksAbout, y: ArrayLike) -> AsksAbout:
+    _asked.append("run")
+    known = quax.known_constant(y, 1 << 20)
+    _asked.append("unknown" if known is None else "known")
+    return AsksAbout(x.array + y)
+
+
+@pytest.mark.caching_behaviour
+def test_a_nested_jit_remembers_which_large_arguments_its_rules_ask_about() -> None:
+    """A concrete array above `MAX_CONSTANT_SIZE` passed to a nested `jit` goes in
+    by its aval; where a rule asks `known_constant` about it, the body runs again
+    with it as a constant, and the `jit` remembers that: on later calls, the body
+    is keyed by that argument's value at once, never traced by its aval first
+    (mutant `call_body` 51 never read what it remembered, and every call with a new
+    array ran the rule twice, the first run stopped by the question)."""
+    add = quax.quaxify(jax.jit(lambda p, c: p + c))
+    p = AsksAbout(jnp.arange(100, dtype=jnp.float32))
+    _asked.clear()
+    for fill in (1.0, 2.0, 3.0):
+        c = np.full(100, fill, np.float32)
+        out = add(p, c)
+        np.testing.assert_array_equal(out.array, np.arange(100, dtype=np.float32) + c)
+    # The first call's first run was stopped by the question (no answer recorded).
+    assert _asked == ["run", "run", "known", "run", "known", "run", "known"]

@@ -12,6 +12,7 @@ import pytest
 import quax
 import quax._foundation._caches
 from jax import lax
+from quax._foundation import _debug
 from quax._transform import _interpreter
 
 from .helpers import Dense, Refusing
@@ -101,3 +102,39 @@ def test_where_a_body_is_defined_is_read_from_open_and_closed_jaxprs() -> None:
     want = f"traced_body at {code.co_filename}:{code.co_firstlineno}"
     assert _interpreter.body_source(closed) == want
     assert _interpreter.body_source(closed.jaxpr) == want
+
+
+class Tripled(Dense):
+    """A `Dense` whose rule for `pair_p` below gives one output too many."""
+
+
+pair_p = jax.extend.core.Primitive("quax_test_pair")
+pair_p.multiple_results = True
+pair_p.def_impl(lambda x: [x, 2 * x])
+pair_p.def_abstract_eval(lambda x: [x, x])
+
+
+@quax.register(pair_p)
+def _(x: Tripled) -> list[Tripled]:
+    return [Tripled(x.array), Tripled(2 * x.array), Tripled(3 * x.array)]
+
+
+def test_a_rule_giving_more_outputs_than_its_primitive_is_never_cut() -> None:
+    """Without debug checks, which name the rule, a rule giving a primitive of
+    several outputs one output too many fails where a `jit`'s jaxpr is run under
+    quax, rather than having its last output dropped unseen (mutant
+    `eval_quaxified` 93 zipped the equation's outputs with the rule's leniently).
+    With debug checks, the error names the rule and the counts."""
+    f = quax.quaxify(jax.jit(lambda x: pair_p.bind(x)[1]))
+    previous = _debug.is_enabled()
+    quax.set_debug_checks(False)
+    try:
+        with pytest.raises(ValueError, match="zip"):
+            f(Tripled(jnp.arange(3.0)))
+        quax.set_debug_checks(True)
+        with pytest.raises(
+            Exception, match="returned 3 outputs; `quax_test_pair` has 2"
+        ):
+            f(Tripled(jnp.arange(3.0)))
+    finally:
+        quax.set_debug_checks(previous)

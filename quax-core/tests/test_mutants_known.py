@@ -164,3 +164,27 @@ def test_a_chain_of_products_within_the_depth_bound_is_read() -> None:
     seen = []
     jax.jit(lambda s: seen.append(quax.known_scaled_constant(chain(s, 40))))(s)
     assert seen == [None]
+
+
+def test_a_tangent_nearly_proportional_to_its_primal_is_not_read() -> None:
+    """Under `jax.jvp`, the primal's and the tangent's constants must be
+    proportional, element by element to the dtype's rounding: `[1, 1e-9]` is not
+    `1` times `[1, 0]`, and a reading as that would give a tangent without its
+    second element (mutant `_ScaledReader.pair` 75 compared them with NumPy's
+    default absolute tolerance, `1e-8`, and read it so). Proportional, it is read,
+    and the tangent is plain JAX's."""
+    read: list[bool] = []
+
+    def ask(x: jax.Array) -> jax.Array:
+        read.append(quax.known_scaled_constant(x) is not None)
+        return x
+
+    primal = np.array([1.0, 0.0], np.float32)
+    near = np.array([1.0, 1e-9], np.float32)
+    assert near[1] != 0
+    out, tangent = jax.jvp(ask, (primal,), (near,))
+    assert read == [False]
+    np.testing.assert_array_equal(tangent, near)
+    out, tangent = jax.jvp(_rebuilt, (primal,), (2 * primal,))
+    np.testing.assert_array_equal(out, primal)
+    np.testing.assert_array_equal(tangent, [2.0, 0.0])

@@ -5,9 +5,12 @@
 with the installed families replaced by what each test names, but for the test of
 discovery, which reads the families the workspace installs."""
 
+import importlib
 import importlib.metadata
+import sys
 import types
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -183,3 +186,74 @@ def test_a_loaded_family_declares_its_value_types(installed: dict[str, Any]) -> 
     point = importlib.metadata.EntryPoint("idle_family", "m", "quax.rules")
     idle = _plugins.Family("idle_family", "d", "0", point, package="p")
     assert _plugins.value_types(idle) == []
+
+
+def test_an_installed_family_owns_the_package_of_its_entry_point() -> None:
+    """An installed family's package is the top-level package of the module its
+    entry point names (`quax_lora` for `lora`), and the family owns that package's
+    modules: a failed load forgets them (mutant `_discover` 43 recorded no
+    package)."""
+    points = importlib.metadata.entry_points(group="quax.rules")
+    assert points  # the workspace installs the families
+    found = {f.name: f for f in quax.plugins.families()}
+    for point in points:
+        family = found[point.name]
+        assert family.package == f"quax_{point.name}"
+        assert family.owns(f"quax_{point.name}._rules")
+        assert not family.owns(f"quax_{point.name}x")
+
+
+def test_a_failed_load_forgets_the_modules_of_a_package_it_added_from(
+    installed: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A family whose registration imports another package's module, which adds to
+    quax's tables (a value type), and then fails: that package's modules are
+    forgotten with the family's, so that importing them again adds again (mutant
+    `_forget_new_modules` 18 compared whole module names with the packages, and
+    forgot only the package's top module)."""
+    package = tmp_path / "quax_planted_helper"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "values.py").write_text(
+        "import quax\n\n\nclass Planted(quax.ArrayValue):\n    pass\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+    class HalfWay:
+        @quax.hookspecs.hookimpl
+        def quax_register_rules(self) -> None:
+            importlib.import_module("quax_planted_helper.values")
+            raise RuntimeError("failed half-way")
+
+    with pytest.warns(_plugins.PluginWarning):
+        family = _plugins.load_in_process("half_way_family", HalfWay())
+    installed["half_way_family"] = family
+    assert family.state == "failed"
+    assert "quax_planted_helper" not in sys.modules
+    assert "quax_planted_helper.values" not in sys.modules
+
+
+def test_autoload_loads_the_families_on_its_first_call_only(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`autoload`, which every quaxified call makes, loads the installed families
+    once; afterwards it returns at once (mutant `autoload` 12 never marked the
+    loading done, and every call loaded again)."""
+    loads: list[str | None] = []
+    monkeypatch.setattr(_plugins, "_autoloaded", False)
+    monkeypatch.setattr(_plugins, "load", lambda name=None: loads.append(name) or [])
+    monkeypatch.delenv(_plugins.DISABLE_ENV, raising=False)
+    for _ in range(3):
+        _plugins.autoload()
+    assert loads == [None]
+
+
+def test_an_example_module_not_available_is_an_import_error_naming_it(
+    installed: dict[str, Any],
+) -> None:
+    """The `ImportError` of an example module that is not available names the
+    module, as Python's own do (mutant `example_module` 48 named none)."""
+    del installed
+    with pytest.raises(ImportError) as error:
+        _plugins.example_module("nonesuch")
+    assert error.value.name == "quax.examples.nonesuch"

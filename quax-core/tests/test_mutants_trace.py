@@ -15,8 +15,9 @@ import quax
 from jax import lax
 from jaxtyping import Array, Float, Int
 from quax._dispatch import _registry
+from quax._foundation import _journal
 
-from .helpers import Dense
+from .helpers import Dense, Scaled
 
 
 X = jnp.array([0.5, -1.5, 2.25, 3.0])
@@ -100,3 +101,102 @@ def test_rules_on_value_types_and_jax_arrays_are_cached_by_types() -> None:
     np.testing.assert_array_equal(rule(values, {}).array, np.asarray(X) ** 2)
     out = quax.quaxify(scale_p.bind)(ScaledBy(X), jnp.asarray(X))
     np.testing.assert_array_equal(out.array, np.asarray(X) ** 2)
+
+
+class Swapped(Dense):
+    """A second value type for the test's own primitive below."""
+
+
+def test_a_failed_load_takes_back_only_its_own_rules() -> None:
+    """A rule registered in a block that raises (a family failing half-way through
+    its registration) is taken back: a new rule is removed, a replaced one comes
+    back, and the rules registered before the block stay (mutant `_withdraw` 7
+    took back the first registration that was not the one to take back). The
+    primitive's own evaluation, for plain arrays, adds; the rules multiply or
+    subtract, so each result says which ran."""
+    combine_p = jax.extend.core.Primitive("quax_test_combine")
+    combine_p.def_impl(lambda x, y: x + y)
+    combine_p.def_abstract_eval(lambda x, y: x)
+
+    @quax.register(combine_p)
+    def _(x: ScaledBy, y: jax.Array) -> ScaledBy:
+        return ScaledBy(x.array * y)
+
+    combine = quax.quaxify(combine_p.bind)
+    x = np.asarray(X)
+    with (
+        pytest.raises(RuntimeError, match="half-way"),
+        _journal.all_or_nothing(),
+    ):
+
+        @quax.register(combine_p)
+        def _(x: Swapped, y: jax.Array) -> Swapped:
+            return Swapped(x.array * y)
+
+        np.testing.assert_array_equal(combine(Swapped(X), X).array, x * x)
+        raise RuntimeError("the family failed half-way")
+    # The rule registered before the block stays; the new one is gone, and a
+    # `Swapped` goes to its type's default, the primitive's own evaluation.
+    np.testing.assert_array_equal(combine(ScaledBy(X), X).array, x * x)
+    np.testing.assert_array_equal(combine(Swapped(X), X).array, x + x)
+    with (
+        pytest.raises(RuntimeError, match="half-way"),
+        _journal.all_or_nothing(),
+    ):
+
+        @quax.register(combine_p)
+        def _(x: ScaledBy, y: jax.Array) -> ScaledBy:
+            return ScaledBy(x.array - y)
+
+        np.testing.assert_array_equal(combine(ScaledBy(X), X).array, x - x)
+        raise RuntimeError("the family failed half-way")
+    # The rule it replaced is back.
+    np.testing.assert_array_equal(combine(ScaledBy(X), X).array, x * x)
+
+
+def test_registering_a_function_names_the_primitive_to_register() -> None:
+    """`quax.register(jnp.add)` is refused, saying what it expects, what it got and
+    how to find the primitive (mutant `_check_primitive` 6 changed the case of the
+    way out)."""
+    with pytest.raises(TypeError) as refusal:
+        quax.register(jnp.add)  # pyright: ignore[reportArgumentType]
+    message = str(refusal.value)
+    assert message.startswith(
+        "quax.register expects a JAX primitive, such as `jax.lax.add_p` or "
+        "`jax.lax.dot_general_p`; got "
+    ), message
+    assert message.endswith(
+        "Functions such as `jnp.add` or `jax.lax.add` bind primitives; register the "
+        "primitive itself (find it with `jax.make_jaxpr(f)(x)`, which names each "
+        "primitive a function binds)."
+    ), message
+
+
+def test_a_value_left_out_by_a_filter_spec_is_materialised_by_jax_numpy() -> None:
+    """A value that a `filter_spec` leaves out passes into the quaxified function
+    unchanged; where a `jax.numpy` function asks it for an array, it is
+    materialised, as outside quax (mutant `_jax_array` 6 asked the type of `None`
+    to materialise it: an `AttributeError`)."""
+    f = quax.quaxify(lambda x, d: jnp.sin(d) + x, filter_spec=(True, (True, False), {}))
+    out = f(Dense(X), Dense(2 * X))
+    assert type(out) is Dense
+    np.testing.assert_allclose(
+        out.array, np.sin(2 * np.asarray(X)) + np.asarray(X), rtol=1e-6
+    )
+
+
+def test_an_eager_operators_result_is_a_tracer_to_jax_transforms() -> None:
+    """Eagerly, an operator on a value inside a quaxified function (`v * 2.0`) runs
+    as one compiled program; its result is a tracer of the quax trace, which
+    `jax.vmap` maps as the array it stands for (mutant `_eager_operator` 35 left it
+    a bare value, whose leaves `vmap` then mapped one by one: a `Scaled`'s scalar
+    scale cannot be, a `ValueError`)."""
+    array = jnp.arange(8.0).reshape(2, 4)
+    f = quax.quaxify(lambda v: jax.vmap(jnp.sum)(v * 2.0))
+    previous = quax.set_eager_compilation(True)
+    try:
+        for _ in range(3):  # the later calls run the compiled program
+            out = f(Scaled(array, jnp.asarray(3.0)))
+            np.testing.assert_array_equal(out, (np.asarray(array) * 6.0).sum(axis=1))
+    finally:
+        quax.set_eager_compilation(previous)
