@@ -23,7 +23,8 @@
 #                           minutes each on a TPU v5e (whose compiles make the whole
 #                           suite take several);
 #         full SLICE        one full suite: core, root, or a family's name (lora,
-#                           sparse, units, quant, structured, named);
+#                           sparse, units, quant, structured, named); like
+#                           `suite`, without the tests marked `sweep` (as CI);
 #         pytest ARGS...    pytest on ARGS, with the suites' settings;
 #         bench ARGS...     benchmarks/run.py ARGS (e.g. --quick), figures with the
 #                           device kind;
@@ -41,7 +42,7 @@ cd "$(dirname "$0")/.."
 
 accel=.accel
 command=${1:-}
-[ -n "$command" ] || { sed -n '2,38p' "$0"; exit 2; }
+[ -n "$command" ] || { sed -n '2,39p' "$0"; exit 2; }
 shift
 
 if [ "$command" = prepare ]; then
@@ -149,7 +150,7 @@ case "$command" in
         mapfile -t paths < <(grep -vE '^\s*(#|$)' scripts/accel-suite.txt |
             grep -E "^(--ignore=)?quax-${part:-[a-z]+}/")
         [ "${#paths[@]}" -gt 0 ] || { echo "no suite part: $part" >&2; exit 2; }
-        run_pytest "suite${part:+-$part}" "${paths[@]}" "$@"
+        run_pytest "suite${part:+-$part}" -m "not sweep" "${paths[@]}" "$@"
         ;;
     full)
         slice=${1:?full needs a slice: core, root, lora, sparse, units, quant, structured, named}
@@ -159,7 +160,7 @@ case "$command" in
             root) paths=(tests) ;;
             *) paths=("quax-$slice/tests") ;;
         esac
-        run_pytest "full-$slice" "${paths[@]}" "$@"
+        run_pytest "full-$slice" -m "not sweep" "${paths[@]}" "$@"
         ;;
     pytest)
         run_pytest pytest "$@"

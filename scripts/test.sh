@@ -47,6 +47,27 @@ export PYTHONPYCACHEPREFIX="$PWD/build/pycache"
 seed=(--hypothesis-seed="${QUAX_HYPOTHESIS_SEED:-0}")
 # Each run prints its 15 slowest tests: where CI's time goes, read off its log.
 slowest=(--durations=15)
+# Sweeps: the tests marked `sweep` repeat a check that an unmarked test already makes,
+# over more parametrisations (more solvers, step-size controllers, shapes, dtypes) at
+# the cost of more compiles; CI's time limit has no room for them. This script leaves
+# them out; `bash scripts/test.sh sweeps` runs them alone, in the same sections and
+# environments (on demand, before a release or after a change to what they sweep).
+if [ "${1:-}" = sweeps ]; then
+    marks="sweep"
+else
+    marks="not sweep"
+fi
+# Runs a pytest command; where only the sweeps run, a section that has none (pytest's
+# exit status 5, no test collected) is not a failure.
+run_pytest() {
+    local status=0
+    "$@" || status=$?
+    if [ "$status" -eq 5 ] && [ "$marks" = sweep ]; then
+        echo "(no sweep in this section)"
+        return 0
+    fi
+    return "$status"
+}
 
 families=()
 for d in quax-*/; do
@@ -64,7 +85,8 @@ uv run --locked --no-sync ruff format --check --quiet .
 # distribution installed; each family's own suite runs once, alone beside quax-core,
 # below (running it here too doubled CI's time).
 echo "== quax-core and the root tests, every distribution installed"
-uv run --locked --no-sync pytest -n 2 --dist worksteal -q "${seed[@]}" "${slowest[@]}" quax-core/tests tests
+run_pytest uv run --locked --no-sync pytest -n 2 --dist worksteal -q "${seed[@]}" "${slowest[@]}" \
+    -m "$marks" quax-core/tests tests
 
 # Cache verify mode: every cache hit (dispatch, compiled eager programs, replays, nested
 # jits, the per-jaxpr tables) is also recomputed and compared, and a mismatch raises
@@ -79,11 +101,17 @@ uv run --locked --no-sync pytest -n 2 --dist worksteal -q "${seed[@]}" "${slowes
 # (quax-core/src/quax/_caching/_eager.py), which few tests reach; in the verify runs
 # `QUAX_EAGER_COMPILE_AFTER=0` compiles on a key's second call, so that every test
 # calling twice runs a compiled program and verify mode checks it (quax-core's own
-# conftest.py does the same for its suite in both modes).
+# conftest.py does the same for its suite in both modes). Four files are left out, as
+# their subject never reaches a cache of this process: the documentation's code
+# blocks (tests/test_docs.py), the family template (generated and tested in a
+# subprocess), the core's layout and structure (the source tree, and imports in
+# subprocesses); they ran above.
 echo "== cache verify mode (QUAX_VERIFY_CACHES=1): quax-core's suite and the root tests"
-QUAX_VERIFY_CACHES=1 QUAX_EAGER_COMPILE_AFTER=0 uv run --locked --no-sync pytest -n 2 --dist worksteal -q \
+QUAX_VERIFY_CACHES=1 QUAX_EAGER_COMPILE_AFTER=0 run_pytest uv run --locked --no-sync pytest -n 2 --dist worksteal -q \
     -p no:cacheprovider "${seed[@]}" "${slowest[@]}" quax-core/tests tests \
-    --ignore tests/test_docs.py -m "not caching_behaviour"
+    --ignore tests/test_docs.py --ignore quax-core/tests/test_template.py \
+    --ignore quax-core/tests/test_structure.py --ignore quax-core/tests/test_layout.py \
+    -m "not caching_behaviour and ($marks)"
 
 for fam in "${families[@]}"; do
     echo "== $fam alone with quax-core"
@@ -97,6 +125,6 @@ for fam in "${families[@]}"; do
     [ "$fam" = quax-lora ] && flags=$plain_xla_flags
     verify=(QUAX_VERIFY_CACHES=0)
     [ "$fam" = quax-units ] && verify=(QUAX_VERIFY_CACHES=1 QUAX_EAGER_COMPILE_AFTER=0)
-    env "${verify[@]}" XLA_FLAGS=$flags "$venv/bin/python" -m pytest -n 2 --dist worksteal -q -p no:cacheprovider \
-        "${seed[@]}" "${slowest[@]}" "$fam/tests"
+    run_pytest env "${verify[@]}" XLA_FLAGS=$flags "$venv/bin/python" -m pytest -n 2 --dist worksteal -q \
+        -p no:cacheprovider "${seed[@]}" "${slowest[@]}" -m "$marks" "$fam/tests"
 done

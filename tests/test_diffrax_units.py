@@ -622,13 +622,18 @@ def _decay(y0, rate, atol, solver, adaptive):
 # Tsit5 and Dopri5 are first-same-as-last: their first stage is the last one of the
 # step before, a carry that starts as plain zeros, whose cotangent equinox's
 # backward loop starts from zeros too (quax lifts both into the state's units).
+# Euler with constant steps and Tsit5 with adaptive ones (first-same-as-last and the
+# controller's rejected steps) run in CI; the other four repeat those checks on more
+# solvers and are sweeps (`bash scripts/test.sh sweeps`), 10-16 s of compiles each.
 _GRADIENT_SOLVES = [
     pytest.param(dfx.Euler(), False, id="Euler-constant"),
-    pytest.param(dfx.Heun(), False, id="Heun-constant"),
-    pytest.param(dfx.Heun(), True, id="Heun-PIDController"),
-    pytest.param(dfx.Tsit5(), False, id="Tsit5-constant"),
+    pytest.param(dfx.Heun(), False, id="Heun-constant", marks=pytest.mark.sweep),
+    pytest.param(dfx.Heun(), True, id="Heun-PIDController", marks=pytest.mark.sweep),
+    pytest.param(dfx.Tsit5(), False, id="Tsit5-constant", marks=pytest.mark.sweep),
     pytest.param(dfx.Tsit5(), True, id="Tsit5-PIDController"),
-    pytest.param(dfx.Dopri5(), True, id="Dopri5-PIDController"),
+    pytest.param(
+        dfx.Dopri5(), True, id="Dopri5-PIDController", marks=pytest.mark.sweep
+    ),
 ]
 
 
@@ -661,10 +666,18 @@ def test_gradients_of_a_solve_on_a_quantity_state(solver, adaptive):
     np.testing.assert_allclose(got[1], -3.0 * np.exp(-0.5), rtol=rtol)
 
 
+# Under `jit` with adaptive steps in CI; the other three pairs are sweeps.
 @pytest.mark.float64
-@pytest.mark.parametrize("adaptive", [False, True], ids=["constant", "PIDController"])
-@pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
-def test_gradients_of_a_solve_with_a_rate_per_second(adaptive, jit):
+@pytest.mark.parametrize(
+    ("jit", "adaptive"),
+    [
+        pytest.param(False, False, id="eager-constant", marks=pytest.mark.sweep),
+        pytest.param(False, True, id="eager-PIDController", marks=pytest.mark.sweep),
+        pytest.param(True, False, id="jit-constant", marks=pytest.mark.sweep),
+        pytest.param(True, True, id="jit-PIDController"),
+    ],
+)
+def test_gradients_of_a_solve_with_a_rate_per_second(jit, adaptive):
     """`jax.grad` with respect to the initial state (in centimetres) and a rate in
     `1 / s`, both passed into `quax.quaxify` as quantities, through a Tsit5 solve
     with times in milliseconds (`quax_units.diffrax.diffeqsolve`): the plain
