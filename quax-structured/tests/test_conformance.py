@@ -166,7 +166,18 @@ def test_factorisations_match_dense(kind, name, data):
 
 
 @pytest.mark.long_running
-@pytest.mark.parametrize("kind", sorted(MAKERS))
+# Banded, Circulant, LowRank and UpperTriangular repeat, with rules of the same
+# shape, what the other seven check (and cost 3-30 s each): sweeps
+# (`bash scripts/test.sh sweeps`).
+@pytest.mark.parametrize(
+    "kind",
+    [
+        pytest.param(kind, marks=pytest.mark.sweep)
+        if kind in ("Banded", "Circulant", "LowRank", "UpperTriangular")
+        else kind
+        for kind in sorted(MAKERS)
+    ],
+)
 def test_thread_safe(kind):
     """Threads calling one function on one structure, eagerly and jitted, all
     get the single-threaded answer."""

@@ -125,7 +125,15 @@ def test_gradient_matches_dense(name):
 BRANCHING = ["low_rank_plus_diagonal", "low_rank_plus_diagonal_symmetric"]
 
 
-@pytest.mark.parametrize("name", BRANCHING)
+# The symmetric variant repeats the check with a Cholesky factor: a sweep
+# (`bash scripts/test.sh sweeps`).
+@pytest.mark.parametrize(
+    "name",
+    [
+        pytest.param(name, marks=pytest.mark.sweep) if "symmetric" in name else name
+        for name in BRANCHING
+    ],
+)
 def test_gradient_of_vmap_matches_dense(name, monkeypatch):
     """`jax.grad` of `vmap` over two matrices of each structure: a `lax.cond` in a
     JVP rule that takes tangents must stay a branch under `vmap` (see

@@ -78,7 +78,12 @@ def _by_leaf(grads):
 
 
 @pytest.mark.long_running
-@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.complex64])
+# float32 repeats float64's check at its own tolerance, as complex64 does with
+# conjugation besides: a sweep (`bash scripts/test.sh sweeps`).
+@pytest.mark.parametrize(
+    "dtype",
+    [pytest.param(np.float32, marks=pytest.mark.sweep), np.float64, np.complex64],
+)
 def test_zero_and_tiny_leading_minors_match_dense(dtype):
     with jax.enable_x64(dtype == np.float64):
         column, row, b = _leaves(dtype)
@@ -128,8 +133,13 @@ def _grad_of_vmap(matrix, b):
 
 
 @pytest.mark.long_running
+# `grad` of `vmap` repeats the check of `vmap` of `grad` in the other order: a sweep.
 @pytest.mark.parametrize(
-    "order", [_vmap_of_grad, _grad_of_vmap], ids=["vmap-of-grad", "grad-of-vmap"]
+    "order",
+    [
+        pytest.param(_vmap_of_grad, id="vmap-of-grad"),
+        pytest.param(_grad_of_vmap, id="grad-of-vmap", marks=pytest.mark.sweep),
+    ],
 )
 def test_vmap_both_orders_match_dense(order, monkeypatch):
     # Under `vmap` over matrices the routes' `lax.cond`s are decided once for

@@ -94,7 +94,15 @@ def _solve(t, b):
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64, np.complex64])
-@pytest.mark.parametrize("n", SIZES)
+# Sizes 2, 8 and 100 repeat what 1, 3, 5 and 4,097 check (a trivial system, odd
+# sizes, several levels of reduction): sweeps (`bash scripts/test.sh sweeps`).
+@pytest.mark.parametrize(
+    "n",
+    [
+        pytest.param(n, marks=pytest.mark.sweep) if n in (2, 8, 100) else n
+        for n in SIZES
+    ],
+)
 def test_parallel_solve_matches_dense_and_lax(dtype, n, x64):
     lower, main, upper = _diagonals(n, dtype)
     t = _matrix(lower, main, upper, dtype)
@@ -175,7 +183,17 @@ def _loss(t, b):
     return jnp.sum(x * jnp.cos(jnp.arange(x.size, dtype=x.dtype).reshape(x.shape)))
 
 
-@pytest.mark.parametrize("n", [1, 2, 3, 64, 513])
+# Sizes 2 and 64 repeat what 1, 3 and 513 check: sweeps.
+@pytest.mark.parametrize(
+    "n",
+    [
+        1,
+        pytest.param(2, marks=pytest.mark.sweep),
+        3,
+        pytest.param(64, marks=pytest.mark.sweep),
+        513,
+    ],
+)
 def test_gradients_as_the_sequential_solve(n, x64):
     """`jax.grad` w.r.t. the three diagonals and `b` (the reverse pass solves
     with `Tᵀ`), and `jax.jvp`, against the sequential path and dense JAX."""

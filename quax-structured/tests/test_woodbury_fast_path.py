@@ -272,7 +272,11 @@ def test_capacitance_solve_on_ill_conditioned_k(dtype, symmetric):
 
 
 @pytest.mark.long_running
-@pytest.mark.parametrize("symmetric", [True, False])
+# The unsymmetric variant repeats the symmetric one's check with an LU factor of the
+# capacitance: a sweep (`bash scripts/test.sh sweeps`).
+@pytest.mark.parametrize(
+    "symmetric", [True, pytest.param(False, marks=pytest.mark.sweep)]
+)
 def test_solve_rule_gradients_and_vmap(symmetric):
     """`jnp.linalg.solve` of a `LowRankPlusDiagonal` runs `pivoted_solve` (the
     registered rule): the value, `jax.grad` with respect to every leaf and `b`,
