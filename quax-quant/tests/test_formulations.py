@@ -62,6 +62,36 @@ LAYOUTS = {
 W = np.asarray(jax.random.normal(jax.random.PRNGKey(0), (128, 256)) / 16)
 
 
+def _field(layout):
+    """The `quax_quant.kernels` field of the layout's format: `"int8"`, `"int4"`,
+    `"nf4"` or `"float8"`."""
+    kwargs = LAYOUTS[layout]
+    fmt = kwargs.get("format", "int")
+    if fmt == "int":
+        return f"int{kwargs['bits']}"
+    return "float8" if fmt.startswith("float8") else fmt
+
+
+def _cases(layouts):
+    """Every formulation with every layout, as `(name, layout)` pairs. A pair whose
+    formulation changes a choice the layout's format never reads (`unpack` from
+    `"shift"`, read by the 4-bit formats only; `nf4_levels` from `"select"`, read
+    by NF4 only) runs the very program of the formulation without that choice: a
+    sweep (`bash scripts/test.sh sweeps`), as CI runs that program once."""
+    unread = {"unpack": ("shift", ("int4", "nf4")), "nf4_levels": ("select", ("nf4",))}
+    cases = []
+    for name in sorted(FORMULATIONS):
+        for layout in sorted(layouts):
+            repeats = any(
+                FORMULATIONS[name].get(choice, default) != default
+                and _field(layout) not in readers
+                for choice, (default, readers) in unread.items()
+            )
+            marks = [pytest.mark.sweep] if repeats else []
+            cases.append(pytest.param(name, layout, marks=marks))
+    return cases
+
+
 def _quantised(layout, w=W):
     return qq.quantise(jnp.asarray(w), matmul="weight_only", **LAYOUTS[layout])
 
@@ -74,8 +104,7 @@ def _check(got, want, dtype):
     )
 
 
-@pytest.mark.parametrize("layout", sorted(LAYOUTS))
-@pytest.mark.parametrize("name", sorted(FORMULATIONS))
+@pytest.mark.parametrize(("name", "layout"), _cases(LAYOUTS))
 def test_products_match_numpy(name, layout, ref):
     """`x @ w.T` (1 and 5 rows, float32 and bfloat16), `w @ x`, and the same
     weight as an NNX kernel `(in, out)` in `x @ kernel`."""
@@ -126,14 +155,15 @@ def test_batched_product(name, ref):
 
 
 @pytest.mark.parametrize(
-    "layout",
-    [
-        "int8 per channel",
-        "int4 asymmetric groups of 32",
-        "nf4 blocks of 64, double quant",
-    ],
+    ("name", "layout"),
+    _cases(
+        [
+            "int8 per channel",
+            "int4 asymmetric groups of 32",
+            "nf4 blocks of 64, double quant",
+        ]
+    ),
 )
-@pytest.mark.parametrize("name", sorted(FORMULATIONS))
 def test_derivatives_and_vmap(name, layout, ref):
     """The gradient with respect to the activations and to the scales, against
     JAX on the plain-JAX dequantisation; `vmap` over rows."""
@@ -152,9 +182,9 @@ def test_derivatives_and_vmap(name, layout, ref):
     _check(batched, np.asarray(x, np.float64) @ ref.dequantise(q).T, jnp.float32)
 
 
-@pytest.mark.parametrize("name", sorted(FORMULATIONS))
-def test_a_row_holding_a_nan_is_a_nan_row(name):
-    q = _quantised("int4 groups of 64")
+@pytest.mark.parametrize(("name", "layout"), _cases(["int4 groups of 64"]))
+def test_a_row_holding_a_nan_is_a_nan_row(name, layout):
+    q = _quantised(layout)
     x = jnp.ones((3, 256)).at[1, 5].set(jnp.nan)
     with qq.kernels(**_choices(name)):
         got = np.asarray(jax.jit(quax.quaxify(lambda w, x: x @ w.T))(q, x))
