@@ -20,6 +20,7 @@ import pytest
 import quax
 from jax import lax
 from jax.sharding import Mesh, PartitionSpec as P
+from quax._compat import BODY_TRACING_METHODS, DynamicJaxprTrace
 
 from .test_nesting import T, Tagged
 
@@ -145,9 +146,36 @@ def test_value_built_inside_shard_map_under_grad() -> None:
     _assert_tagged(quax.quaxify(inside)(T), "1*c*t", expected)
 
 
-def test_plain_shard_map_under_jit_unchanged() -> None:
-    # Outside quax, the bodies' traces nesting in the staging trace changes nothing.
-    f = jax.jit(_shard_map(lambda c: jnp.sin(c) * 2.0))
-    np.testing.assert_allclose(f(_DENSE), np.sin(_DENSE) * 2.0, rtol=1e-6)
-    g = jax.jit(jax.grad(lambda x: jnp.sum(_shard_map(jnp.sin)(x))))
-    np.testing.assert_allclose(g(_DENSE), np.cos(_DENSE), rtol=1e-6)
+@jax.custom_jvp
+def _plain_custom_jvp(x: Any) -> Any:
+    return jnp.sin(x)
+
+
+_plain_custom_jvp.defjvp(lambda p, t: (jnp.sin(p[0]), jnp.cos(p[0]) * t[0]))
+
+
+def test_plain_programs_unchanged(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Outside quax, the bodies' traces nesting in the staging trace changes neither
+    # the jaxprs (compared with JAX's own methods) nor the results.
+    plain = {
+        "shard_map": lambda x: _shard_map(lambda c: jnp.sin(c) * 2.0)(x),
+        "grad-of-shard_map": jax.grad(lambda x: jnp.sum(_shard_map(jnp.sin)(x))),
+        "custom_jvp": lambda x: _plain_custom_jvp(x) * 2.0,
+        "grad-of-custom_jvp": jax.grad(lambda x: jnp.sum(_plain_custom_jvp(x))),
+    }
+    expected = {
+        "shard_map": np.sin(_DENSE) * 2.0,
+        "grad-of-shard_map": np.cos(_DENSE),
+        "custom_jvp": np.sin(_DENSE) * 2.0,
+        "grad-of-custom_jvp": np.cos(_DENSE),
+    }
+    jaxprs = {}
+    for name, f in plain.items():
+        np.testing.assert_allclose(jax.jit(f)(_DENSE), expected[name], rtol=1e-6)
+        jaxprs[name] = str(jax.make_jaxpr(f)(_DENSE))
+    for name in BODY_TRACING_METHODS:
+        monkeypatch.setattr(
+            DynamicJaxprTrace, name, getattr(DynamicJaxprTrace, name).__wrapped__
+        )
+    for name, f in plain.items():
+        assert str(jax.make_jaxpr(f)(_DENSE)) == jaxprs[name], name
