@@ -59,6 +59,7 @@ __all__ = [
     "callback_module",
     "ClosedJaxpr",
     "cond_p",
+    "hide_from_source_info",
     "current_source_info",
     "current_trace",
     "custom_jvp_call_p",
@@ -455,6 +456,13 @@ def set_staging_method(name: str, method: Any) -> None:
     """Make `method` `DynamicJaxprTrace`'s method `name` (one of
     `BODY_TRACING_METHODS`)."""
     setattr(_pe.DynamicJaxprTrace, name, method)
+
+
+def hide_from_source_info(path: str) -> None:
+    """Leave the frames of the file `path` out of the source locations JAX records
+    for equations (and writes into compiled programs' metadata), as it leaves out
+    its own files."""
+    _source_info_util.register_exclusion(path)
 
 
 def jit_derivative_rules() -> tuple[Any, Any]:

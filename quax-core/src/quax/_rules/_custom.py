@@ -7,11 +7,10 @@ trace reaches these through its table of higher-order rules (see
 
 Below a quax trace, a `jit` stages these primitives with their sub-functions traced
 while the primitive binds: here the staging trace is made current for that tracing
-(`_nested_in_staging_trace`), so that a value built in a sub-function finds the quax
+(`_nesting.py`), so that a value built in a sub-function finds the quax
 trace above it.
 """
 
-import functools as ft
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -21,7 +20,6 @@ import jax.tree_util as jtu
 import numpy as np
 
 from .._compat import (
-    BODY_TRACING_METHODS,
     AdZero,
     FlatTree,
     Primitive,
@@ -36,15 +34,14 @@ from .._compat import (
     custom_vjp_call_p,
     pvary_to_spec,
     set_current_trace,
-    set_staging_method,
     shard_map_p,
-    staging_method,
     typeof,
     wrap_init,
 )
 from .._transform import _trace
 from .._transform._quaxify import quaxify
 from .._values._value import Value, describe, is_value, materialise_or_explain
+from . import _nesting as _nesting  # `_nesting`: the bodies' traces nest
 from ._joins import Fill, materialise_to_join
 
 
@@ -643,36 +640,6 @@ def shard_map_call(
         leaves_out = primitive.bind(*_leaves(values), subfuns=(body,), **new_params)
     outs = out["flat"].unflatten(list(leaves_out.vals))
     return out["tree"].update([trace.wrap(o) for o in outs])
-
-
-# Sub-functions traced while their primitive binds ----------------------------------
-
-
-def _nested_in_staging_trace(method: Callable[..., Any]) -> Callable[..., Any]:
-    """`method` of a `DynamicJaxprTrace`, one that traces a sub-function while its
-    primitive binds (`shard_map`'s body, a custom derivative's function), run with
-    that trace current: the sub-function's trace then has it as its parent, as a
-    `jit` body's trace has the trace the `jit` is staged in.
-
-    `Primitive.bind` makes the eval trace current while a trace processes the
-    primitive, so JAX would give the sub-function's trace the eval trace as its
-    parent. Inside a quaxified function (`jax.jit(jax.shard_map(g, ...))(t)`), the
-    chain of parents from `g`'s trace would then miss the quax trace
-    (`quax._transform._trace.active_trace`): a value that `g` builds would be
-    neither staged nor joined (see `quax._dispatch._staged`), and its operator would
-    run in a quax trace of its own, taking `g`'s tracers for plain arrays, and give a
-    value of values."""
-
-    @ft.wraps(method)
-    def nested(trace: Any, *args: Any, **kwargs: Any) -> Any:
-        with set_current_trace(trace):
-            return method(trace, *args, **kwargs)
-
-    return nested
-
-
-for _name in BODY_TRACING_METHODS:
-    set_staging_method(_name, _nested_in_staging_trace(staging_method(_name)))
 
 
 _trace.higher_order_rules[custom_jvp_call_p] = custom_jvp_call

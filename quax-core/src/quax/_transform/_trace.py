@@ -100,6 +100,7 @@ def add_staging_rule(primitive: Primitive, function: Callable[..., Any]) -> None
     inputs and the params) `primitive`'s entry in `staging_rules`."""
     staging_rules[primitive] = lambda values, params: function(*values, **params)
 
+
 # Read on every primitive without a function call: the registry's dispatch cache
 # (`rule_for` fills it; `register` clears it in place) and the materialisation
 # reports' state (non-empty while `quax.track_materialisation` runs).
