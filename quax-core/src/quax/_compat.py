@@ -46,6 +46,7 @@ from packaging.version import Version
 
 __all__ = [
     "AdZero",
+    "BODY_TRACING_METHODS",
     "atom_tracer",
     "batching",
     "bind_custom_jvp",
@@ -58,6 +59,7 @@ __all__ = [
     "callback_module",
     "ClosedJaxpr",
     "cond_p",
+    "hide_from_source_info",
     "current_source_info",
     "current_trace",
     "custom_jvp_call_p",
@@ -117,6 +119,7 @@ __all__ = [
     "set_eager_primitive_compiler",
     "set_jit_derivative_rules",
     "set_jit_staging_rule",
+    "set_staging_method",
     "ShapedArray",
     "shard_map_p",
     "staged_atom",
@@ -127,6 +130,7 @@ __all__ = [
     "staged_var",
     "stages_or_batches",
     "staging",
+    "staging_method",
     "SymbolicZero",
     "tangent_pair",
     "Trace",
@@ -430,6 +434,35 @@ instantiate_zeros = _ad.instantiate_zeros
 def set_jit_staging_rule(rule: Any) -> None:
     """Make `rule` the staging rule of `jit_p` (JAX's is `jax_jit_staging_rule`)."""
     _pe.custom_staging_rules[jprim.jit_p] = rule
+
+
+# The `DynamicJaxprTrace` methods that trace a sub-function while its primitive binds
+# (`shard_map`, custom derivatives), rather than before as `jit`, `cond`, ... do:
+# `bind` has made the eval trace current then, so the sub-function's trace would get
+# the eval trace as its parent (see `quax._rules._custom`).
+BODY_TRACING_METHODS = (
+    "process_shard_map",
+    "process_custom_jvp_call",
+    "process_custom_vjp_call",
+)
+
+
+def staging_method(name: str) -> Any:
+    """`DynamicJaxprTrace`'s method `name`, one of `BODY_TRACING_METHODS`."""
+    return getattr(_pe.DynamicJaxprTrace, name)
+
+
+def set_staging_method(name: str, method: Any) -> None:
+    """Make `method` `DynamicJaxprTrace`'s method `name` (one of
+    `BODY_TRACING_METHODS`)."""
+    setattr(_pe.DynamicJaxprTrace, name, method)
+
+
+def hide_from_source_info(path: str) -> None:
+    """Leave the frames of the file `path` out of the source locations JAX records
+    for equations (and writes into compiled programs' metadata), as it leaves out
+    its own files."""
+    _source_info_util.register_exclusion(path)
 
 
 def jit_derivative_rules() -> tuple[Any, Any]:

@@ -258,6 +258,6 @@ def _linear_solve(*args: ValueLike, const_lengths: Any, jaxprs: Any) -> list[Any
 _trace.unchecked_primitives.update(
     {jit_p, cond_p, while_p, scan_p, remat_p, linear_solve_p}
 )
-_trace.staging_primitives.update(
-    {jit_p, cond_p, while_p, scan_p, remat_p, linear_solve_p}
-)
+_trace.add_staging_rule(cond_p, _cond)
+_trace.add_staging_rule(remat_p, _remat)
+_trace.add_staging_rule(linear_solve_p, _linear_solve)

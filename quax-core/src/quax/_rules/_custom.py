@@ -4,6 +4,11 @@ Each re-binds its primitive at the parent of the quax trace, over the leaves of 
 values, with its sub-functions run on the values under a nested quax trace. The
 trace reaches these through its table of higher-order rules (see
 `_transform/_trace.py`).
+
+Below a quax trace, a `jit` stages these primitives with their sub-functions traced
+while the primitive binds: here the staging trace is made current for that tracing
+(`_nesting.py`), so that a value built in a sub-function finds the quax
+trace above it.
 """
 
 from collections.abc import Callable, Sequence
@@ -36,6 +41,7 @@ from .._compat import (
 from .._transform import _trace
 from .._transform._quaxify import quaxify
 from .._values._value import Value, describe, is_value, materialise_or_explain
+from . import _nesting as _nesting  # `_nesting`: the bodies' traces nest
 from ._joins import Fill, materialise_to_join
 
 

@@ -41,6 +41,7 @@ from .._dispatch._known import ValueAsked
 from .._dispatch._registry import register, registered_rule, resolve
 from .._foundation._caches import ADDRESS, Table
 from .._foundation._jit_rules import differentiate_jits_with, keep_inline_jit
+from .._transform import _trace
 from .._transform._interpreter import body_source
 from .._transform._trace import QuaxTracer
 from .._values._value import ValueLike, describe_types, is_value
@@ -488,6 +489,9 @@ def _jit(*args: ValueLike, jaxpr: Any, **params: Any) -> list[Any]:
             f"arrays; the function returns {len(jaxpr.out_avals)}."
         )
     return leaves
+
+
+_trace.add_staging_rule(jit_p, _jit)
 
 
 # Which registered function's `jvp` each body met under a registered source is (see

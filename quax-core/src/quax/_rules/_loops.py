@@ -19,6 +19,7 @@ from jax import lax
 
 from .._compat import release_traces, scan_p, typeof, while_p
 from .._dispatch._registry import register
+from .._transform import _trace
 from .._transform._interpreter import body_source
 from .._transform._quaxify import quaxify
 from .._values._value import Value, ValueLike, is_value
@@ -292,3 +293,7 @@ def _slices_leafwise(x: Any, length: int) -> bool:
         # axis): its own error would say nothing of the scan.
         return False
     return got.shape == expected.shape[1:] and got.dtype == expected.dtype
+
+
+_trace.add_staging_rule(while_p, _while)
+_trace.add_staging_rule(scan_p, _scan)

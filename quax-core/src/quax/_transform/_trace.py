@@ -70,9 +70,10 @@ __all__ = [
     "QuaxTrace",
     "QuaxTracer",
     "active_trace",
+    "add_staging_rule",
     "higher_order_rules",
     "run_nested",
-    "staging_primitives",
+    "staging_rules",
     "unchecked_primitives",
 ]
 
@@ -87,11 +88,18 @@ higher_order_rules: dict[Primitive, Callable[..., Any]] = {}
 # primitive's abstract evaluation (higher-order ones: filled by
 # `_rules/_control_flow.py`).
 unchecked_primitives: set[Primitive] = set()
-# Primitives with sub-jaxprs whose rules re-run them (filled by
-# `_rules/_control_flow.py`): one whose jaxprs stage a value (see
-# `quax._dispatch._staged`) goes to its rule even without a value among its inputs, as
-# only a quax trace can give that value its type.
-staging_primitives: set[Primitive] = set()
+# Primitives with sub-jaxprs whose rules re-run them, and the core's rule for each
+# (filled by the modules of `_rules/` defining them): one whose jaxprs stage a value
+# (see `quax._dispatch._staged`) goes to that rule even without a value among its
+# inputs, as only a quax trace can give that value its type.
+staging_rules: dict[Primitive, _registry.Rule] = {}
+
+
+def add_staging_rule(primitive: Primitive, function: Callable[..., Any]) -> None:
+    """Make `function` (the core's registered rule for `primitive`, called with the
+    inputs and the params) `primitive`'s entry in `staging_rules`."""
+    staging_rules[primitive] = lambda values, params: function(*values, **params)
+
 
 # Read on every primitive without a function call: the registry's dispatch cache
 # (`rule_for` fills it; `register` clears it in place) and the materialisation
@@ -308,12 +316,19 @@ class QuaxTrace(Trace):
         # only this trace can give its type back (see `quax._dispatch._staged`).
         if primitive is staged_value_p:
             return QuaxTracer(self, unstage(values, **params))
-        # 2. The parent trace: no input is this trace's (and no sub-jaxpr stages a
-        # value, which only this trace can type).
-        if not found and not (
-            primitive in staging_primitives and holds_staged_values(params)
-        ):
-            return self.parent_trace.process_primitive(primitive, values, params)
+        if not found:
+            # 2. The parent trace: no input is this trace's, and no sub-jaxpr stages
+            # a value, which only this trace can type.
+            if primitive not in staging_rules or not holds_staged_values(params):
+                return self.parent_trace.process_primitive(primitive, values, params)
+            # Only a sub-jaxpr's staged value brings the primitive here: the core's
+            # rule, which re-runs the sub-jaxprs on a quax trace. A family's rule
+            # taking its values or arrays (`NamedArray | ArrayLike`) matches these
+            # plain inputs too, but was written for calls with its values: it
+            # would run the sub-jaxprs as plain JAX, without the trace that gives
+            # the staged value its type.
+            rule = staging_rules[primitive]
+            return self.apply_rule(primitive, tracers, values, params, rule)
         # 3. The rule.
         return self.apply_rule(primitive, tracers, values, params)
 
@@ -323,10 +338,11 @@ class QuaxTrace(Trace):
         tracers: Sequence[Any],
         values: list[Any],
         params: dict[str, Any],
+        rule: _registry.Rule | None = None,
     ) -> Any:
         """`primitive`'s rule for `values` (`tracers`' values, some of them this
-        trace's), with the caches around it; its output values as this trace's
-        tracers.
+        trace's; `rule` where given, else the one the registry resolves), with the
+        caches around it; its output values as this trace's tracers.
 
         The rule of an inlined `jit` (every `jax.numpy` function, but those with
         `register_function` rules: see `kept_inline_jits`) is its equations, bound
@@ -348,18 +364,24 @@ class QuaxTrace(Trace):
                 return _replay.inline(self, values, params["jaxpr"], run)
             return run()
         if self.replays and primitive not in unchecked_primitives:
-            run = ft.partial(self._run_rule, primitive, values, params)
+            run = ft.partial(self._run_rule, primitive, values, params, rule)
             return _replay.bind(self, primitive, values, params, run)
-        return self._run_rule(primitive, values, params)
+        return self._run_rule(primitive, values, params, rule)
 
     def _run_rule(
-        self, primitive: Primitive, values: list[Any], params: dict[str, Any]
+        self,
+        primitive: Primitive,
+        values: list[Any],
+        params: dict[str, Any],
+        rule: _registry.Rule | None = None,
     ) -> Any:
-        """`primitive`'s registered rule for `values`, run under the parent trace;
-        its output values as this trace's tracers."""
-        rule = _rule_cache.get((primitive, tuple(map(type, values))))
+        """`primitive`'s rule for `values` (`rule` where given, else its registered
+        one), run under the parent trace; its output values as this trace's
+        tracers."""
         if rule is None:
-            rule = _registry.rule_for(primitive, values)
+            rule = _rule_cache.get((primitive, tuple(map(type, values))))
+            if rule is None:
+                rule = _registry.rule_for(primitive, values)
         if _debug.is_enabled() or _materialisations.reports:  # `_value.tracking()`
             checked = ft.partial(_apply_checked, primitive, rule)
             out = call_rule_at_trace(self.parent_trace, checked, values, params)
