@@ -101,15 +101,17 @@ run_pytest uv run --locked --no-sync pytest -n 2 --dist worksteal -q "${seed[@]}
 # (quax-core/src/quax/_caching/_eager.py), which few tests reach; in the verify runs
 # `QUAX_EAGER_COMPILE_AFTER=0` compiles on a key's second call, so that every test
 # calling twice runs a compiled program and verify mode checks it (quax-core's own
-# conftest.py does the same for its suite in both modes). Four files are left out, as
+# conftest.py does the same for its suite in both modes). Five files are left out, as
 # their subject never reaches a cache of this process: the documentation's code
-# blocks (tests/test_docs.py), the family template (generated and tested in a
-# subprocess), the core's layout and structure (the source tree, and imports in
-# subprocesses); they ran above.
+# blocks (tests/test_docs.py), plain JAX programs with and without quax imported
+# (each in a fresh interpreter: tests/test_plain_jax_unchanged.py), the family
+# template (generated and tested in a subprocess), the core's layout and structure
+# (the source tree, and imports in subprocesses); they ran above.
 echo "== cache verify mode (QUAX_VERIFY_CACHES=1): quax-core's suite and the root tests"
 QUAX_VERIFY_CACHES=1 QUAX_EAGER_COMPILE_AFTER=0 run_pytest uv run --locked --no-sync pytest -n 2 --dist worksteal -q \
     -p no:cacheprovider "${seed[@]}" "${slowest[@]}" quax-core/tests tests \
-    --ignore tests/test_docs.py --ignore quax-core/tests/test_template.py \
+    --ignore tests/test_docs.py --ignore tests/test_plain_jax_unchanged.py \
+    --ignore quax-core/tests/test_template.py \
     --ignore quax-core/tests/test_structure.py --ignore quax-core/tests/test_layout.py \
     -m "not caching_behaviour and ($marks)"
 

@@ -82,7 +82,13 @@ _SOLVES = {
     # The default `SaveAt(t1=True)`: the final state overwrites a buffer that the
     # loop passed through untouched, behind a `cond` on a static flag.
     "tsit5-t1": (dfx.Tsit5(), dfx.SaveAt(t1=True)),
-    "tsit5-ts": (dfx.Tsit5(), dfx.SaveAt(ts=jnp.linspace(0.0, 1.0, 5))),
+    # Tsit5 saving at times repeats what Euler's and Dopri5's times and Tsit5's `t1`
+    # check: a sweep (`bash scripts/test.sh sweeps`).
+    "tsit5-ts": pytest.param(
+        dfx.Tsit5(),
+        dfx.SaveAt(ts=jnp.linspace(0.0, 1.0, 5)),
+        marks=pytest.mark.sweep,
+    ),
     "euler-ts": (dfx.Euler(), dfx.SaveAt(ts=jnp.linspace(0.0, 1.0, 5))),
     "dopri5-ts": (dfx.Dopri5(), dfx.SaveAt(ts=jnp.linspace(0.0, 1.0, 5))),
     # Heun's stages are stacked (`jnp.stack`).
