@@ -10,6 +10,7 @@
 #   bash scripts/mutation.sh TARGET [ARGS...]  # mutate TARGET's module, run its tests
 #   bash scripts/mutation.sh TARGET names [SEED]   # every mutant of its module, by name
 #   bash scripts/mutation.sh TARGET sample N SEED  # run a uniform random sample of them
+#   bash scripts/mutation.sh --decorated TARGET ...  # the same, with decorated functions
 #
 # `sample` is for a module whose whole run does not fit the time at hand. `names` lists
 # every mutant mutmut makes of the module, without running anything; given a SEED, in a
@@ -34,6 +35,18 @@
 # To try a new test on a surviving mutant: add the test under the distribution's
 # tests/, rerun this script with the target and the mutant's name (the copy of the
 # tests is refreshed on every run).
+#
+# mutmut never mutates a function that carries a decorator (other than a lone
+# `@staticmethod` or `@classmethod`), so no rule defined under `@quax.register(...)`
+# is mutated by default. With `--decorated` first, the copy of the module is
+# rewritten before mutmut reads it (scripts/mutation_decorated.py): each decorated
+# function outside a class becomes a plain one decorated by an assignment after it,
+# and each named `_` is renamed `_line_N` after the line of its `def`, every other
+# line keeping its number. Then `names` and `sample` list only the mutants inside
+# those functions (mutmut's own mutants of the other functions are unchanged, by
+# name too); a run without names runs them all. That mode works in its own folder,
+# build/mutation/TARGET-decorated/, so that the default mode's names and results
+# stay as they were.
 source "$(dirname "$0")/_env.sh"
 export JAX_PLATFORMS=cpu JAX_CHECK_TRACER_LEAKS=1 QUAX_DEBUG_CHECKS=1
 export XLA_FLAGS="${XLA_FLAGS:-} --xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false"
@@ -60,7 +73,7 @@ transform-trace  quax-core        quax/_transform/_trace.py        test_quaxify.
 transform-quaxify quax-core       quax/_transform/_quaxify.py      test_quaxify.py test_nesting.py test_built_inside.py test_mutants_quaxify.py
 lora-rules       quax-lora        quax_lora/_rules.py              test_rules.py test_dot_general.py test_multi_adapter.py test_variants.py test_mutants_rules.py test_value_weights.py
 quant-rules      quax-quant       quax_quant/_rules.py             test_rules.py test_matmul.py test_gptq.py test_mutants_rules.py
-named-rules      quax-named       quax_named/_rules.py             test_rules.py test_operators.py test_joins.py test_mutants_rules.py
+named-rules      quax-named       quax_named/_rules.py             test_rules.py test_operators.py test_joins.py test_mutants_rules.py test_loops.py
 units-rules      quax-units       quax_units/_rules/_arrays.py     test_rules.py test_operators.py test_mutants_rules.py
 units-functions  quax-units       quax_units/_rules/_functions.py  test_rules.py test_rounding.py test_angle_conversions.py test_functions_transforms.py test_angle_derivatives.py test_mutants_rules.py
 units-linalg     quax-units       quax_units/_rules/_linalg.py     test_linalg.py
@@ -69,6 +82,11 @@ structured-rules quax-structured  quax_structured/_rules.py        test_rules.py
 EOF
 )
 
+decorated=
+if [ "${1:-}" = --decorated ]; then
+    decorated=1
+    shift
+fi
 if [ $# -eq 0 ] || [ "$1" = list ]; then
     echo "$targets"
     exit 0
@@ -84,7 +102,7 @@ fi
 read -r _ dist module tests <<<"$row"
 
 root=$PWD
-work=build/mutation/$target
+work=build/mutation/$target${decorated:+-decorated}
 mkdir -p "$work"
 # The distribution's sources and tests, copied afresh (mutmut's own results, under
 # mutants/, are kept between runs).
@@ -93,6 +111,9 @@ cp -r "$dist/src" "$work/src"
 cp -r "$dist/tests" "$work/tests"
 cp conftest.py "$work/conftest.py"
 find "$work/src" "$work/tests" -name __pycache__ -prune -exec rm -rf {} +
+if [ -n "$decorated" ]; then
+    "$root/.venv/bin/python" "$root/scripts/mutation_decorated.py" rewrite "$work/src/$module"
+fi
 
 # mutmut's settings, and the root's pytest settings (warnings are errors, the markers),
 # which the copy's tests run under: mutmut runs pytest in the copy's mutants/ folder.
@@ -132,8 +153,12 @@ cd "$work"
 if [ "${1:-}" = names ] || [ "${1:-}" = sample ]; then
     # Every mutant's name, as `mutmut run` will name it: mutmut's own mutation of the
     # module's source, parsed only (nothing is imported or run).
-    names=$(
-        "$root/.venv/bin/python" - "src/$module" <<'EOF'
+    if [ -n "$decorated" ]; then
+        # Only the mutants inside the functions that carried a decorator.
+        names=$("$root/.venv/bin/python" "$root/scripts/mutation_decorated.py" names "src/$module" "src/$module")
+    else
+        names=$(
+            "$root/.venv/bin/python" - "src/$module" <<'EOF'
 import sys
 from pathlib import Path
 
@@ -144,7 +169,8 @@ path = Path(sys.argv[1])
 for name in mutate_file_contents(str(path), path.read_text()).mutant_names:
     print(get_mutant_name(path, name))
 EOF
-    )
+        )
+    fi
     if [ "$1" = sample ] && [ $# -ne 3 ]; then
         echo "usage: bash scripts/mutation.sh TARGET sample N SEED" >&2
         exit 2
@@ -167,7 +193,7 @@ print("\n".join(names))
         echo "$names"
         exit 0
     fi
-    echo "$target: $(wc -l <<<"$names") mutants of $module; a uniform sample of $2 (seed $3):"
+    echo "$target: $(wc -l <<<"$names") mutants of $module${decorated:+ inside decorated functions}; a uniform sample of $2 (seed $3):"
     sample=$(head -n "$2" <<<"$names")
     echo "$sample"
     # shellcheck disable=SC2086 # one mutant name a line, no spaces

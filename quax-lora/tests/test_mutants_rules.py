@@ -62,3 +62,53 @@ def test_dropout_drops_the_input_of_a_convolution_adapter_only(perturb) -> None:
         np.testing.assert_allclose(run(dropped, x), want, rtol=1e-5, atol=1e-5)
     plain = base(x) + lax.conv_general_dilated(x[None], delta, (1, 1), "VALID")[0]
     assert not np.allclose(want, plain, rtol=1e-3, atol=1e-3)
+
+
+# The registered rules, a first sample (seed 48, `--decorated`).
+
+
+def _kernel_lora() -> tuple[quax_lora.LoraArray, np.ndarray]:
+    """A kernel whose rows span two axes (`row_ndim=2`), materialising allowed,
+    with a non-zero `b`; and its dense weight formed by NumPy from the factors."""
+    w = normal(jr.PRNGKey(3), (2, 3, 4))
+    lora = quax_lora.LoraArray(
+        w,
+        rank=2,
+        alpha=4.0,
+        batch_ndim=0,
+        row_ndim=2,
+        allow_materialise=True,
+        key=jr.PRNGKey(4),
+    )
+    b = 0.5 * normal(jr.PRNGKey(5), lora.b.shape)
+    lora = eqx.tree_at(lambda x: x.b, lora, b)
+    a = np.asarray(lora.a)
+    dense = np.asarray(w) + (4.0 / 2) * np.einsum("ijr,rk->ijk", a, np.asarray(b))
+    return lora, dense
+
+
+def test_a_transpose_of_rows_of_two_axes_is_dense_where_allowed() -> None:
+    # A transpose that is no `LoraArray` (rows of two axes permuted): where allowed,
+    # the dense weight transposed, eagerly and under `jit` (mutant `transpose`'s
+    # rule, line 431, 8: the fallback given `None` for its params).
+    lora, dense = _kernel_lora()
+    f = quax.quaxify(lambda x: jnp.transpose(x, (2, 0, 1)))
+    for run in (f, jax.jit(f)):
+        np.testing.assert_allclose(
+            run(lora), np.transpose(dense, (2, 0, 1)), rtol=1e-5, atol=1e-6
+        )
+
+
+def test_a_conversion_to_integers_rounds_the_dense_weight_where_allowed() -> None:
+    # Rounding does not distribute over `w + s a b`: `astype(int32)` converts the
+    # dense weight, where allowed (mutant `convert_element_type`'s rule, line 506,
+    # 15: the fallback given its dtype under another name).
+    lora, dense = _kernel_lora()
+    w = np.asarray(lora.w)
+    lora = eqx.tree_at(lambda x: x.w, lora, jnp.asarray(10.0 * w))
+    dense = dense + 9.0 * w
+    f = quax.quaxify(lambda x: x.astype(jnp.int32))
+    for run in (f, jax.jit(f)):
+        out = run(lora)
+        assert out.dtype == jnp.int32
+        np.testing.assert_array_equal(out, dense.astype(np.int32))

@@ -147,3 +147,30 @@ def test_reading_along_an_axis_pairs_the_batched_axes_by_name() -> None:
             r"never pairs two names by position",
         ):
             run(x, NamedArray(jnp.asarray(idx), ("c", "d")))
+
+
+# The registered rules, a first sample (seed 48, `--decorated`).
+
+
+def test_an_unnamed_array_joined_to_a_named_one_densely_where_allowed() -> None:
+    # `jnp.concatenate` of a NamedArray and an unnamed array that is not one value:
+    # where the NamedArray allows materialising, the dense concatenation (mutant
+    # `_concatenate` 10: the fallback given `None` for its operands).
+    x = NamedArray(jnp.asarray(DATA[0]), ("a", "b")).enable_materialise()
+    v = np.array([[1.0, -2.0, 0.5, 4.0]], np.float32)
+    f = quax.quaxify(lambda a: jnp.concatenate([a, jnp.asarray(v)], axis=0))
+    for run in (f, jax.jit(f)):
+        np.testing.assert_array_equal(run(x), np.concatenate([DATA[0], v], axis=0))
+
+
+def test_an_unnamed_update_written_densely_where_allowed() -> None:
+    # `lax.dynamic_update_slice` of a NamedArray by an unnamed update that is not one
+    # value: where the NamedArray allows materialising, the dense update (mutant
+    # `_dynamic_update_slice` 19: the fallback given `None` for its params).
+    x = NamedArray(jnp.asarray(DATA[0]), ("a", "b")).enable_materialise()
+    u = np.array([[7.0, -1.0], [2.5, 9.0]], np.float32)
+    f = quax.quaxify(lambda a: jax.lax.dynamic_update_slice(a, jnp.asarray(u), (1, 2)))
+    want = DATA[0].copy()
+    want[1:3, 2:4] = u
+    for run in (f, jax.jit(f)):
+        np.testing.assert_array_equal(run(x), want)

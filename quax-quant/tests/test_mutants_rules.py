@@ -107,3 +107,42 @@ def test_a_4_bit_array_to_a_scalar_is_refused_or_dequantised(ref, take) -> None:
         out = run(w.enable_materialise())
         assert not isinstance(out, qq.QuantisedArray)
         np.testing.assert_array_equal(out, ref.dequantise(w)[1, 2])
+
+
+# The registered rules, a first sample (seed 48, `--decorated`).
+
+
+@pytest.mark.parametrize("new", [(0, 2, 4), (2, 0, 8), (8, 0)])
+def test_an_empty_quantised_array_reshaped_stays_quantised(ref, new) -> None:
+    # An empty array (`w[:0]`) reshaped: its scales scale nothing, and one block of
+    # them is kept (mutant of the reshape rule, line 387, 56: the scales read with
+    # `reshape(None)`, a `TypeError`).
+    w = qq.quantise(jr.normal(jr.PRNGKey(7), (4, 8)), axis=0)
+    f = quax.quaxify(lambda a: a[:0].reshape(new))
+    for run in (f, jax.jit(f)):
+        out = run(w)
+        assert isinstance(out, qq.QuantisedArray)
+        assert out.shape == new
+        assert ref.dequantise(out).shape == new
+
+
+def test_a_broadcast_that_repeats_is_refused_or_dequantised(ref) -> None:
+    # `jnp.broadcast_to(w, (3, 4, 8))` repeats the array, which its scales do not
+    # stand for: refused, naming `broadcast_in_dim`, and where allowed the
+    # dequantised array broadcast (mutant of the broadcast rule, line 424, 19: the
+    # refusal given `None` for its primitive).
+    w = qq.quantise(jr.normal(jr.PRNGKey(8), (4, 8)))
+    f = quax.quaxify(lambda a: jnp.broadcast_to(a, (3, 4, 8)))
+    for run in (f, jax.jit(f)):
+        with pytest.raises(
+            qq.QuantMaterialisationError,
+            match=r"^Refusing to materialise `QuantisedArray` for primitive "
+            r"`broadcast_in_dim` on input types \(QuantisedArray\): broadcasting "
+            r"repeats the array",
+        ):
+            run(w)
+        out = run(w.enable_materialise())
+        assert not isinstance(out, qq.QuantisedArray)
+        np.testing.assert_allclose(
+            out, np.broadcast_to(ref.dequantise(w), (3, 4, 8)), rtol=1e-6
+        )

@@ -5,6 +5,7 @@ NumPy on dense arrays written out as literals."""
 
 import jax
 import jax.numpy as jnp
+import jax.scipy.linalg as jsl
 import numpy as np
 import pytest
 import quax
@@ -96,3 +97,68 @@ def test_max_and_comparisons_against_a_nonzero_are_dense_where_allowed() -> None
             got = run(x.enable_materialise())
             got = got.todense() if isinstance(got, BCOO) else got
             np.testing.assert_array_equal(got, want, strict=True)
+
+
+# The registered rules, a first sample (seed 48, `--decorated`).
+
+
+def _nonsymmetric() -> tuple[np.ndarray, BCOO]:
+    dense = np.array([[4.0, 1.0, 0.0], [2.0, 3.0, 2.0], [1.0, 0.0, 5.0]])
+    rows, cols = np.nonzero(dense)
+    indices = np.stack([rows, cols], axis=-1).astype(np.int32)
+    return dense, BCOO(jnp.asarray(dense[rows, cols]), jnp.asarray(indices), (3, 3))
+
+
+@pytest.mark.usefixtures("x64")
+def test_the_identity_mask_times_a_factor_is_its_diagonal() -> None:
+    # `eye * U` of a sparse LU factor (the branch `jnp.diagonal` takes for Pallas
+    # kernels): a sparse diagonal, `U`'s, which for this matrix is dense JAX's
+    # (4, 2.5, 5.2) (mutant of the `mul` rule, line 1374, 38: the diagonal's
+    # coordinates stacked with `axis=None`, a `TypeError`).
+    dense, a = _nonsymmetric()
+    f = quax.quaxify(lambda a: jax.lax.mul(jnp.eye(3), jax.lax.linalg.lu(a)[0]))
+    want = np.diag(np.diagonal(np.asarray(jax.lax.linalg.lu(jnp.asarray(dense))[0])))
+    np.testing.assert_allclose(want, np.diag([4.0, 2.5, 5.2]), rtol=1e-12)
+    for run in (f, jax.jit(f)):
+        out = run(a)
+        assert isinstance(out, BCOO)
+        np.testing.assert_allclose(out.todense(), want, rtol=1e-12)
+
+
+@pytest.mark.usefixtures("x64")
+def test_a_cholesky_solve_of_a_vector() -> None:
+    # `cho_solve` of a vector reshapes the right-hand side between its two
+    # triangular solves (`b[:, None]`), which the pending solve applies to the
+    # right-hand side it holds (mutant of the `broadcast_in_dim` rule, line 1538,
+    # 15: the primitive's other params, `sharding`, left out of the bind).
+    dense = np.array([[4.0, 1.0, 0.0], [1.0, 3.0, 0.5], [0.0, 0.5, 2.0]])
+    rows, cols = np.nonzero(dense)
+    indices = np.stack([rows, cols], axis=-1).astype(np.int32)
+    a = BCOO(jnp.asarray(dense[rows, cols]), jnp.asarray(indices), (3, 3))
+    b = np.array([1.0, -2.0, 0.5])
+    f = quax.quaxify(lambda a, b: jsl.cho_solve(jsl.cho_factor(a, lower=True), b))
+    for run in (f, jax.jit(f)):
+        np.testing.assert_allclose(run(a, b), np.linalg.solve(dense, b), rtol=1e-12)
+
+
+def test_a_float_conversion_keeps_duplicate_entries_apart() -> None:
+    # Converting to a floating type is exact enough for each stored value: entries
+    # at one position stay apart, each converted, not merged first (mutant of the
+    # `convert_element_type` rule, line 338, 12: merged, a sort and a sum the
+    # conversion does not need).
+    x = BCOO(
+        jnp.array([1.5, -2.0, 4.0, 0.25], jnp.float32),
+        jnp.array([[0, 0], [1, 2], [0, 0], [2, 1]]),
+        (3, 3),
+    )
+    want = np.zeros((3, 3), np.float16)
+    want[0, 0], want[1, 2], want[2, 1] = 5.5, -2.0, 0.25
+    f = quax.quaxify(lambda a: a.astype(jnp.float16))
+    for run in (f, jax.jit(f)):
+        out = run(x)
+        assert isinstance(out, BCOO)
+        np.testing.assert_array_equal(
+            out.data, np.array([1.5, -2.0, 4.0, 0.25], np.float16)
+        )
+        np.testing.assert_array_equal(out.indices, x.indices)
+        np.testing.assert_array_equal(out.todense(), want)

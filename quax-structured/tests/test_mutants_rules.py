@@ -143,3 +143,87 @@ def test_a_matrix_times_a_structure_on_the_right(rows):
         np.testing.assert_allclose(
             batched, np.stack([want, 2 * want]), rtol=1e-6, atol=1e-5
         )
+
+
+# The registered rules, a first sample (seed 48, `--decorated`).
+
+
+def _toeplitz() -> tuple[qs.Toeplitz, np.ndarray]:
+    """A symmetric Toeplitz matrix, materialising allowed, and its dense array."""
+    c = np.array([4.0, 1.0, 0.5], np.float32)
+    dense = np.array([[4.0, 1.0, 0.5], [1.0, 4.0, 1.0], [0.5, 1.0, 4.0]], np.float32)
+    return qs.Toeplitz(jnp.asarray(c), jnp.asarray(c)).enable_materialise(), dense
+
+
+def test_a_product_of_two_structures_with_no_closed_form_is_dense_where_allowed():
+    """`A.T @ D` written as one `dot_general` (contracting axis 0 of both), which is
+    no matrix product of the pair: where allowed, the dense product (mutant of the
+    `dot_general` rule, line 170, 11: the fallback given `None` for its
+    primitive)."""
+    t, dense = _toeplitz()
+    d = qs.Diagonal(jnp.array([1.0, 2.0, 3.0], jnp.float32)).enable_materialise()
+    f = quax.quaxify(lambda a, b: lax.dot_general(a, b, (((0,), (0,)), ((), ()))))
+    for run in (f, jax.jit(f)):
+        np.testing.assert_allclose(
+            run(t, d), dense.T @ np.diag([1.0, 2.0, 3.0]), rtol=1e-6
+        )
+
+
+def test_eigh_of_a_structure_without_one_is_dense_where_allowed():
+    """`jnp.linalg.eigh` of a Toeplitz matrix, which has no eigendecomposition of
+    its own: where allowed, dense JAX's, against NumPy's eigenvalues (mutant of the
+    `eigh` rule, line 600, 15: the fallback bound without the primitive's other
+    params)."""
+    t, dense = _toeplitz()
+    f = quax.quaxify(jnp.linalg.eigh)
+    for run in (f, jax.jit(f)):
+        values, vectors = run(t)
+        np.testing.assert_allclose(values, np.linalg.eigvalsh(dense), rtol=1e-5)
+        np.testing.assert_allclose(
+            vectors @ np.diag(values) @ vectors.T, dense, rtol=1e-5, atol=1e-5
+        )
+
+
+def test_a_solve_whose_right_hand_side_promotes_keeps_its_precision():
+    """`jnp.linalg.solve(T, b)` with `T` tridiagonal in float32 and `b` in float64:
+    the result is float64, as dense JAX's, and as accurate (mutant of the `solve`
+    rule, line 933, 20: the test of the promotion inverted, so that `b` was cast to
+    float32 and solved in single precision, silently)."""
+    with jax.enable_x64(True):
+        t = qs.TridiagonalMatrix(
+            jnp.array([1.0, 1.0], jnp.float32),
+            jnp.array([4.0, 4.0, 4.0], jnp.float32),
+            jnp.array([0.5, 0.5], jnp.float32),
+        )
+        dense = np.array([[4.0, 0.5, 0.0], [1.0, 4.0, 0.5], [0.0, 1.0, 4.0]])
+        b = np.array([1.0, 2.0, 3.0]) / 3.0
+        f = quax.quaxify(jnp.linalg.solve)
+        for run in (f, jax.jit(f)):
+            out = run(t, jnp.asarray(b))
+            assert out.dtype == jnp.float64
+            np.testing.assert_allclose(out, np.linalg.solve(dense, b), rtol=1e-14)
+
+
+def test_the_conjugate_of_a_structure_conjugated_as_a_whole_is_dense_where_allowed():
+    """`jnp.conj(S)` of a complex semiseparable matrix, which is not conjugated leaf
+    by leaf: where allowed, the dense conjugate. With rank-one factors whose right
+    ones are ones, `S[i, j]` is the left factor's `i`-th entry below (or above) the
+    diagonal (mutant of the `conj` rule, line 225, 10: the fallback given `None`
+    for its params)."""
+    low = np.array([1.0 + 2.0j, -1.0j, 3.0], np.complex64)
+    up = np.array([0.5j, 2.0 - 1.0j, -1.0 + 1.0j], np.complex64)
+    main = np.array([4.0 + 1.0j, 5.0, 6.0 - 2.0j], np.complex64)
+    ones = np.ones((3, 1), np.complex64)
+    s = qs.Semiseparable(
+        jnp.asarray(low[:, None]),
+        jnp.asarray(ones),
+        jnp.asarray(main),
+        jnp.asarray(up[:, None]),
+        jnp.asarray(ones),
+    ).enable_materialise()
+    rows = np.arange(3)[:, None] * np.ones(3, int)
+    dense = np.where(rows > rows.T, low[:, None], up[:, None])
+    dense[np.diag_indices(3)] = main
+    f = quax.quaxify(jnp.conj)
+    for run in (f, jax.jit(f)):
+        np.testing.assert_allclose(run(s), np.conj(dense), rtol=1e-6)

@@ -99,3 +99,49 @@ def test_converting_a_length_as_an_angle_names_both_ways_out() -> None:
         r"use `q\.to\(unit\)`\.",
     ):
         quax.quaxify(jnp.rad2deg)(Quantity(1.0, "m"))
+
+
+# The registered rules, a first sample (seed 48, `--decorated`).
+
+
+def test_clamping_a_length_between_two_lengths() -> None:
+    # `lax.clamp(low, x, high)` of lengths: the numbers clipped as NumPy clips them,
+    # in metres (mutant `_clamp` 15: the lower bound left out of the bind).
+    x = np.array([-1.5, 0.25, 0.75, 3.0], np.float32)
+    f = quax.quaxify(lax.clamp)
+    for run in (f, jax.jit(f)):
+        out = run(Quantity(0.0, "m"), Quantity(jnp.asarray(x), "m"), Quantity(1.0, "m"))
+        assert str(out.unit) == "m"
+        np.testing.assert_array_equal(out.array, np.clip(x, 0.0, 1.0))
+
+
+def test_a_loop_buffer_written_at_an_index_with_units_names_the_index() -> None:
+    # Equinox's loop buffers are written with `maybe_set_p` (diffrax's saved
+    # solution; bound here as equinox binds it, for one array index): a length
+    # written into a buffer of lengths stays one, and an index in seconds is refused
+    # as an index (mutant `_maybe_set` 12: called an operand). Equinox's own
+    # `buffer.at[i].set(x)` never gets there with such an index: it wraps a
+    # negative index first, and that sum is refused.
+    from equinox.internal._loop.common import maybe_set_p
+
+    def write(buffer: Quantity, x: Quantity, i: object) -> Quantity:
+        (out,) = maybe_set_p.bind(
+            jnp.bool_(True),
+            buffer,
+            x,
+            i,
+            i_static=None,
+            i_treedef=jax.tree_util.tree_structure(0),
+            kwargs=(),
+            makes_false_steps=False,
+        )
+        return out
+
+    buffer = Quantity(jnp.zeros(4), "m")
+    f = quax.quaxify(write)
+    for run in (f, jax.jit(f)):
+        out = run(buffer, Quantity(jnp.float32(2.5), "m"), jnp.int32(2))
+        assert str(out.unit) == "m"
+        np.testing.assert_array_equal(out.array, np.array([0.0, 0.0, 2.5, 0.0]))
+    with pytest.raises(UnitError, match=r"`maybe_set` needs a dimensionless index \("):
+        f(buffer, Quantity(jnp.float32(2.5), "m"), Quantity(jnp.int32(2), "s"))
