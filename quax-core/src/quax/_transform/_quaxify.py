@@ -14,6 +14,7 @@ from jaxtyping import PyTree
 from .._caching._eager import call_compiled
 from .._compat import (
     EQX_WRAPPER_FIELD_NAMES,
+    DynamicJaxprTrace,
     Tracer,
     batching,
     current_trace,
@@ -98,6 +99,8 @@ def _trace_to_join(leaves: Sequence[Any]) -> Any:
         and any(id(t._trace) in inside for t in tracers)
         and any(map(stages_or_batches, between))
     ):
+        if _rebuilt_in_a_body(leaves, trace, inside):
+            return None
         # Staged rather than closed over: a long-lived jitted function would keep
         # the quax trace's tracers among its jaxpr's constants.
         return _STAGE
@@ -108,6 +111,40 @@ def _trace_to_join(leaves: Sequence[Any]) -> Any:
         ):
             return None
     return trace
+
+
+def _rebuilt_in_a_body(leaves: Sequence[Any], trace: Any, inside: set[int]) -> bool:
+    """Whether the values among `leaves` are dispatched on now, in a nested quax
+    trace, rather than staged: their tracers of the traces inside `trace` are all
+    of traces that stage a body (`jit`, `scan`, `cond`, ..., not `vmap`), and no
+    operand outside a value is a tracer of `trace` or of those traces.
+
+    Such a value crossed into a staged body as a pytree (a loop carry or `xs`, a
+    `cond` operand, a `jit` argument, built from constants in the quaxified
+    function's body), so JAX rebuilt it around the body's tracers; or the body
+    built it. JAX requires a loop body to give its carry back with the structure it
+    got, so the body's operators must give a value, as they do on the same pytree
+    outside any quax trace: the rules act on its leaves, which the quax trace
+    re-running the body dispatches again. A plain operand of those traces may stand
+    for a value whose type JAX erased (a traced input, a closed-over tracer of
+    `trace`), on which a rule run now would take it for an array: the operator is
+    then staged (see `quax._dispatch._staged`).
+    """
+    for x in jtu.tree_leaves(leaves, is_leaf=is_value):
+        if not is_value(x):
+            if isinstance(x, Tracer) and (x._trace is trace or id(x._trace) in inside):
+                return False
+            continue
+        for leaf in jtu.tree_leaves(x):
+            if isinstance(leaf, Tracer) and (
+                leaf._trace is trace
+                or (
+                    id(leaf._trace) in inside
+                    and not isinstance(leaf._trace, DynamicJaxprTrace)
+                )
+            ):
+                return False
+    return True
 
 
 def _call_staged(leaves: list[Any], treedef: Any) -> Any:
