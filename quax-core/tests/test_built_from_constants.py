@@ -222,3 +222,37 @@ def test_loop_carry_built_from_constants_in_verify_mode(verifying: None) -> None
         f = quax.quaxify(lambda x, program=program: program(x, Metres))
         _check(f(_metres(X)), want)
         _check(f(_metres(X)), want)
+
+
+_TRANSFORMS: dict[str, Callable[[Callable[..., Any]], Callable[..., Any]]] = {
+    "vmap_outside": lambda f: jax.vmap(quax.quaxify(f)),
+    "vmap_inside": lambda f: quax.quaxify(jax.vmap(f)),
+    "jit_vmap_outside": lambda f: jax.jit(jax.vmap(quax.quaxify(f))),
+}
+
+
+@pytest.mark.parametrize("transform", list(_TRANSFORMS))
+@pytest.mark.parametrize("name", list(PROGRAMS))
+def test_loop_carry_built_from_constants_batched(name: str, transform: str) -> None:
+    program, _ = PROGRAMS[name]
+    xs = np.stack([X, 2 * X])
+    want = jax.vmap(lambda x: program(x, jnp.asarray))(jnp.asarray(xs))
+    got = _TRANSFORMS[transform](lambda x: program(x, Metres))(_metres(xs))
+    _check(got, want)
+
+
+def test_loop_carry_built_from_constants_differentiated() -> None:
+    # c_1 = s + 1, c_2 = s^2 + s + 1, c_3 = s^3 + s^2 + s + 1; d c_3 / ds at s = 2
+    # is 3 s^2 + 2 s + 1 = 17 for each of the 3 elements.
+    def looped(s: Any, V: Callable[[Any], Any]) -> Any:
+        return lax.fori_loop(0, 3, lambda i, c: c * s + V(jnp.ones(3)), V(jnp.ones(3)))
+
+    def loss(s: Any) -> Any:
+        out = quax.quaxify(lambda x: looped(s, Metres) + x)(_metres(X))
+        assert type(out) is Metres, out
+        return jnp.sum(out.array)
+
+    dense = jax.grad(lambda s: jnp.sum(looped(s, jnp.asarray) + X))(2.0)
+    np.testing.assert_allclose(dense, 51.0, rtol=1e-6)
+    np.testing.assert_allclose(jax.grad(loss)(2.0), dense, rtol=1e-6)
+    np.testing.assert_allclose(jax.jit(jax.grad(loss))(2.0), dense, rtol=1e-6)

@@ -83,9 +83,11 @@ def _trace_to_join(leaves: Sequence[Any]) -> Any:
     for a plain array and build a value of values. A value built from tracers of a
     `jit` or `vmap` (or `cond`, ...) inside the quaxified function cannot become a
     tracer of the quax trace; there it is staged (see `quax._dispatch._staged`): the
-    quax trace builds it when it re-runs what JAX staged or batched. A trace opened with
-    a `filter_spec` leaves the values it did not select to nested quaxifies, so nothing
-    joins it.
+    quax trace builds it when it re-runs what JAX staged or batched. Unless no plain
+    operand is traced there and JAX stages (not batches) the value's tracers, as for
+    a loop carry built from constants: then the rules run on it there, in a nested
+    trace (`_rebuilt_in_a_body`). A trace opened with a `filter_spec` leaves the
+    values it did not select to nested quaxifies, so nothing joins it.
     """
     trace, between = active_trace()
     if trace is None or trace.selective:
@@ -208,6 +210,38 @@ def _without_values(
     return out
 
 
+# How JAX's loops and branches refuse a body whose output's structure differs from its
+# carry's, or from another branch's.
+_STRUCTURE_MISMATCH = "must have the same pytree structure"
+_STRUCTURE_NOTE = (
+    "quax: a quax value crossed into this loop or branch as a pytree (built from "
+    "constants, or closed over, inside a quaxified function), where the body, or "
+    "another branch, gives a plain array: an input of the quaxified function, which "
+    "JAX traces there with its type erased, or a value that quax staged as a plain "
+    "array, as it stages one that meets a `jax.numpy` function or an array that JAX "
+    "traces there (a loop index, an array made in the body, such an input), whose "
+    "type it cannot know while JAX traces the body. Pass the value through "
+    "`jnp.asarray` where it is built, before the loop (`lax.fori_loop(0, n, body, "
+    "jnp.asarray(value))`) or in the branch that builds it: inside a quaxified "
+    "function that keeps the value and joins it to the quax trace, whose loop and "
+    "branch rules then dispatch on it, as on the function's inputs."
+)
+
+
+def _explain_structure_mismatch(error: TypeError) -> None:
+    """Add to JAX's refusal of a loop or branch whose output structure differs (a
+    value on one side, a plain array on the other) what to do, once."""
+    message = str(error)
+    if _STRUCTURE_MISMATCH not in message or _STRUCTURE_NOTE in getattr(
+        error, "__notes__", ()
+    ):
+        return
+    if any(
+        f"'{cls.__module__}.{cls.__qualname__}'" in message for cls in value_classes
+    ):
+        error.add_note(_STRUCTURE_NOTE)
+
+
 # The types of the arguments `_is_plain` found to be arrays (JAX's, tracers, NumPy's)
 # or scalars: one set lookup each on the next call.
 _plain_types: set[type] = set()
@@ -232,47 +266,52 @@ class _Quaxify(eqx.Module, Generic[_CT]):
         return self.fn
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        _plugins.autoload()
-        # The fields without equinox's attribute lookup (this is the eager hot path).
-        fields = _attribute(self, "__dict__")
-        fn, filter_spec = fields["fn"], fields["filter_spec"]
-        eager = is_eval_trace(current_trace())
-        if filter_spec is True and eager and _is_library_function(fn):
-            # Eagerly, library code runs as one compiled program
-            # (`quax._caching._eager`).
-            done, out = call_compiled(fn, lambda: self, args, kwargs)
-            if done:
-                return out
-        if filter_spec is True and not kwargs and type(fn) is FunctionType:
-            if (
-                all(type(x) in value_classes for x in args)
-                and args
-                and _trace_to_join(args) is None
-            ):
-                # The common case, a function called on values: nothing to flatten.
-                out = run_nested(lambda trace: fn(*map(trace.box, args)), False)
-                if batching():
-                    _check_batchable(out)
-                return out
-            if all(type(x) in _plain_types or _is_plain(x) for x in args):
-                # A function called on arrays alone: nothing to flatten either.
-                return _without_values(fn, args, kwargs, eager)
-        leaves, treedef = jtu.tree_flatten((fn, args, kwargs), is_leaf=is_value)
-        if filter_spec is True:
-            if not any(map(is_value, leaves)):
-                return _without_values(fn, args, kwargs, eager)
-            outer = _trace_to_join(leaves)
-            if outer is _STAGE:
-                return _call_staged(leaves, treedef)
-            if outer is not None:
-                return _call(outer, True, leaves, treedef)
-        selective = filter_spec is not True
-        out = run_nested(
-            lambda trace: _call(trace, filter_spec, leaves, treedef), selective
-        )
-        if batching():
-            _check_batchable(out)
-        return out
+        try:
+            _plugins.autoload()
+            # The fields without equinox's attribute lookup (this is the eager hot
+            # path).
+            fields = _attribute(self, "__dict__")
+            fn, filter_spec = fields["fn"], fields["filter_spec"]
+            eager = is_eval_trace(current_trace())
+            if filter_spec is True and eager and _is_library_function(fn):
+                # Eagerly, library code runs as one compiled program
+                # (`quax._caching._eager`).
+                done, out = call_compiled(fn, lambda: self, args, kwargs)
+                if done:
+                    return out
+            if filter_spec is True and not kwargs and type(fn) is FunctionType:
+                if (
+                    all(type(x) in value_classes for x in args)
+                    and args
+                    and _trace_to_join(args) is None
+                ):
+                    # The common case, a function called on values: nothing to flatten.
+                    out = run_nested(lambda trace: fn(*map(trace.box, args)), False)
+                    if batching():
+                        _check_batchable(out)
+                    return out
+                if all(type(x) in _plain_types or _is_plain(x) for x in args):
+                    # A function called on arrays alone: nothing to flatten either.
+                    return _without_values(fn, args, kwargs, eager)
+            leaves, treedef = jtu.tree_flatten((fn, args, kwargs), is_leaf=is_value)
+            if filter_spec is True:
+                if not any(map(is_value, leaves)):
+                    return _without_values(fn, args, kwargs, eager)
+                outer = _trace_to_join(leaves)
+                if outer is _STAGE:
+                    return _call_staged(leaves, treedef)
+                if outer is not None:
+                    return _call(outer, True, leaves, treedef)
+            selective = filter_spec is not True
+            out = run_nested(
+                lambda trace: _call(trace, filter_spec, leaves, treedef), selective
+            )
+            if batching():
+                _check_batchable(out)
+            return out
+        except TypeError as error:
+            _explain_structure_mismatch(error)
+            raise
 
     def __get__(self, instance: Any, owner: Any) -> Any:
         if instance is None:
