@@ -17,6 +17,7 @@ import quax
 from jax import lax
 
 from .test_built_from_constants import Metres, X, _check, _metres
+from .test_nesting import Tagged
 
 
 # Each program takes `x` (metres) and the constructor `V` of its value built from
@@ -82,6 +83,18 @@ def test_joined_value_runs(name: str, caching: bool) -> None:
 def test_plain_structure_mismatch_gets_no_note() -> None:
     # A mismatch of plain pytrees is the user's own: JAX's message alone.
     f = quax.quaxify(lambda x: lax.cond(True, lambda: (x, x), lambda: x))
+    with pytest.raises(TypeError, match="same pytree structure") as refused:
+        f(_metres(X))
+    notes = getattr(refused.value, "__notes__", [])
+    assert not any("quax" in note for note in notes), notes
+
+
+def test_value_changing_its_static_fields_gets_no_note() -> None:
+    # A carry whose tag each step changes (`Tagged`'s product names both factors):
+    # a value on both sides, which no `jnp.asarray` mends.
+    f = quax.quaxify(
+        lambda x: lax.fori_loop(0, 2, lambda i, c: c * 2.0, Tagged(jnp.ones(3), "c"))
+    )
     with pytest.raises(TypeError, match="same pytree structure") as refused:
         f(_metres(X))
     notes = getattr(refused.value, "__notes__", [])

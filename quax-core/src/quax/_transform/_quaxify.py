@@ -213,6 +213,9 @@ def _without_values(
 # How JAX's loops and branches refuse a body whose output's structure differs from its
 # carry's, or from another branch's.
 _STRUCTURE_MISMATCH = "must have the same pytree structure"
+# How those refusals name a plain array on one side (a value of one type on both
+# sides, differing in its static fields, is no staging's doing).
+_PLAIN_SIDES = ("pytree leaf", "ShapedArray'>")
 _STRUCTURE_NOTE = (
     "quax: a quax value crossed into this loop or branch as a pytree (built from "
     "constants, or closed over, inside a quaxified function), where the body, or "
@@ -229,14 +232,15 @@ _STRUCTURE_NOTE = (
 
 
 def _explain_structure_mismatch(error: TypeError) -> None:
-    """Add to JAX's refusal of a loop or branch whose output structure differs (a
-    value on one side, a plain array on the other) what to do, once."""
+    """Add to JAX's refusal of a loop or branch whose output structure differs, a
+    value on one side and a plain array on the other, what to do, once."""
     message = str(error)
     if _STRUCTURE_MISMATCH not in message or _STRUCTURE_NOTE in getattr(
         error, "__notes__", ()
     ):
         return
-    if any(
+    plain = any(side in message for side in _PLAIN_SIDES)
+    if plain and any(
         f"'{cls.__module__}.{cls.__qualname__}'" in message for cls in value_classes
     ):
         error.add_note(_STRUCTURE_NOTE)
