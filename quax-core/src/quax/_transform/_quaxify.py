@@ -240,8 +240,10 @@ def _explain_structure_mismatch(error: TypeError) -> None:
     ):
         return
     plain = any(side in message for side in _PLAIN_SIDES)
+    # A copy: another thread may define a value type meanwhile.
+    types = tuple(value_classes)
     if plain and any(
-        f"'{cls.__module__}.{cls.__qualname__}'" in message for cls in value_classes
+        f"'{cls.__module__}.{cls.__qualname__}'" in message for cls in types
     ):
         error.add_note(_STRUCTURE_NOTE)
 
