@@ -24,7 +24,10 @@ import numpy as np
 import pytest
 import quax
 from jax import lax
+from jax.core import ShapedArray
 from jaxtyping import Array, ArrayLike
+
+from .test_nesting import T, Tagged
 
 
 class Metres(quax.ArrayValue):
@@ -256,3 +259,56 @@ def test_loop_carry_built_from_constants_differentiated() -> None:
     np.testing.assert_allclose(dense, 51.0, rtol=1e-6)
     np.testing.assert_allclose(jax.grad(loss)(2.0), dense, rtol=1e-6)
     np.testing.assert_allclose(jax.jit(jax.grad(loss))(2.0), dense, rtol=1e-6)
+
+
+class Diag(quax.ArrayValue):
+    """A diagonal matrix from its diagonal: its aval is not its leaf's, so a batch of
+    them is not the value of the batched leaf."""
+
+    diag: Array
+
+    def aval(self) -> Any:
+        n = self.diag.shape[-1]
+        return ShapedArray((n, n), self.diag.dtype)
+
+    def materialise(self) -> Array:
+        raise RuntimeError("Refusing to materialise `Diag`")
+
+    @staticmethod
+    def default(primitive: Any, values: Sequence[Any], params: dict[str, Any]) -> Any:
+        raise NotImplementedError(primitive)
+
+    __mul__ = quax.quaxify(operator.mul)
+
+
+@quax.register(lax.mul_p)
+def _diag_mul(x: Diag, y: ArrayLike, **params: Any) -> Diag:
+    return Diag(lax.mul(x.diag, y, **params))
+
+
+def test_value_of_batched_leaves_is_still_staged() -> None:
+    # Only the tracers of a staged body are dispatched on there: a value built in a
+    # `vmap` from its batched tracers is staged, and the quax trace refuses a type
+    # that does not batch leaf by leaf. Dispatched on per example, the `vmap` would
+    # return one `Diag` of the batched leaf, a (3, 3) matrix for three 2 x 2 ones.
+    def f(x: Any) -> Any:
+        return jax.vmap(lambda d: Diag(d) * 2.0)(jnp.ones((3, 2))), x
+
+    with pytest.raises(ValueError, match="does not batch leaf by leaf"):
+        quax.quaxify(f)(_metres(X))
+
+
+def test_value_meeting_a_traced_input_in_a_body_is_still_staged() -> None:
+    # A value built from constants crosses into `cond` as a pytree and meets the
+    # traced input there (closed over, a tracer of the quax trace): it is staged, so
+    # that the rule sees the input's type (`Tagged`'s product names both tags: `c*t`).
+    # Dispatched on in the body, the rule took the input for a plain array (`c*1`).
+    def f(t: Any) -> Any:
+        c = Tagged(jnp.array([3.0, 4.0]), "c")
+        return lax.cond(t.shape[0] == 2, lambda c: c * t, lambda c: c * t, c)
+
+    for run in (quax.quaxify(f), jax.jit(quax.quaxify(f))):
+        out = run(T)
+        assert type(out) is Tagged, out
+        assert out.tag == "c*t"
+        np.testing.assert_allclose(out.array, np.array([3.0, 8.0]), rtol=1e-6)
