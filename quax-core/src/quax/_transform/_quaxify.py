@@ -14,6 +14,7 @@ from jaxtyping import PyTree
 from .._caching._eager import call_compiled
 from .._compat import (
     EQX_WRAPPER_FIELD_NAMES,
+    DynamicJaxprTrace,
     Tracer,
     batching,
     current_trace,
@@ -82,9 +83,11 @@ def _trace_to_join(leaves: Sequence[Any]) -> Any:
     for a plain array and build a value of values. A value built from tracers of a
     `jit` or `vmap` (or `cond`, ...) inside the quaxified function cannot become a
     tracer of the quax trace; there it is staged (see `quax._dispatch._staged`): the
-    quax trace builds it when it re-runs what JAX staged or batched. A trace opened with
-    a `filter_spec` leaves the values it did not select to nested quaxifies, so nothing
-    joins it.
+    quax trace builds it when it re-runs what JAX staged or batched. Unless no plain
+    operand is traced there and JAX stages (not batches) the value's tracers, as for
+    a loop carry built from constants: then the rules run on it there, in a nested
+    trace (`_rebuilt_in_a_body`). A trace opened with a `filter_spec` leaves the
+    values it did not select to nested quaxifies, so nothing joins it.
     """
     trace, between = active_trace()
     if trace is None or trace.selective:
@@ -98,6 +101,8 @@ def _trace_to_join(leaves: Sequence[Any]) -> Any:
         and any(id(t._trace) in inside for t in tracers)
         and any(map(stages_or_batches, between))
     ):
+        if _rebuilt_in_a_body(leaves, trace, inside):
+            return None
         # Staged rather than closed over: a long-lived jitted function would keep
         # the quax trace's tracers among its jaxpr's constants.
         return _STAGE
@@ -108,6 +113,40 @@ def _trace_to_join(leaves: Sequence[Any]) -> Any:
         ):
             return None
     return trace
+
+
+def _rebuilt_in_a_body(leaves: Sequence[Any], trace: Any, inside: set[int]) -> bool:
+    """Whether the values among `leaves` are dispatched on now, in a nested quax
+    trace, rather than staged: their tracers of the traces inside `trace` are all
+    of traces that stage a body (`jit`, `scan`, `cond`, ..., not `vmap`), and no
+    operand outside a value is a tracer of `trace` or of those traces.
+
+    Such a value crossed into a staged body as a pytree (a loop carry or `xs`, a
+    `cond` operand, a `jit` argument, built from constants in the quaxified
+    function's body), so JAX rebuilt it around the body's tracers; or the body
+    built it. JAX requires a loop body to give its carry back with the structure it
+    got, so the body's operators must give a value, as they do on the same pytree
+    outside any quax trace: the rules act on its leaves, which the quax trace
+    re-running the body dispatches again. A plain operand of those traces may stand
+    for a value whose type JAX erased (a traced input, a closed-over tracer of
+    `trace`), on which a rule run now would take it for an array: the operator is
+    then staged (see `quax._dispatch._staged`).
+    """
+    for x in jtu.tree_leaves(leaves, is_leaf=is_value):
+        if not is_value(x):
+            if isinstance(x, Tracer) and (x._trace is trace or id(x._trace) in inside):
+                return False
+            continue
+        for leaf in jtu.tree_leaves(x):
+            if isinstance(leaf, Tracer) and (
+                leaf._trace is trace
+                or (
+                    id(leaf._trace) in inside
+                    and not isinstance(leaf._trace, DynamicJaxprTrace)
+                )
+            ):
+                return False
+    return True
 
 
 def _call_staged(leaves: list[Any], treedef: Any) -> Any:
@@ -171,6 +210,44 @@ def _without_values(
     return out
 
 
+# How JAX's loops and branches refuse a body whose output's structure differs from its
+# carry's, or from another branch's.
+_STRUCTURE_MISMATCH = "must have the same pytree structure"
+# How those refusals name a plain array on one side (a value of one type on both
+# sides, differing in its static fields, is no staging's doing).
+_PLAIN_SIDES = ("pytree leaf", "ShapedArray'>")
+_STRUCTURE_NOTE = (
+    "quax: a quax value crossed into this loop or branch as a pytree (built from "
+    "constants, or closed over, inside a quaxified function), where the body, or "
+    "another branch, gives a plain array: an input of the quaxified function, which "
+    "JAX traces there with its type erased, or a value that quax staged as a plain "
+    "array, as it stages one that meets a `jax.numpy` function or an array that JAX "
+    "traces there (a loop index, an array made in the body, such an input), whose "
+    "type it cannot know while JAX traces the body. Pass the value through "
+    "`jnp.asarray` where it is built, before the loop (`lax.fori_loop(0, n, body, "
+    "jnp.asarray(value))`) or in the branch that builds it: inside a quaxified "
+    "function that keeps the value and joins it to the quax trace, whose loop and "
+    "branch rules then dispatch on it, as on the function's inputs."
+)
+
+
+def _explain_structure_mismatch(error: TypeError) -> None:
+    """Add to JAX's refusal of a loop or branch whose output structure differs, a
+    value on one side and a plain array on the other, what to do, once."""
+    message = str(error)
+    if _STRUCTURE_MISMATCH not in message or _STRUCTURE_NOTE in getattr(
+        error, "__notes__", ()
+    ):
+        return
+    plain = any(side in message for side in _PLAIN_SIDES)
+    # A copy: another thread may define a value type meanwhile.
+    types = tuple(value_classes)
+    if plain and any(
+        f"'{cls.__module__}.{cls.__qualname__}'" in message for cls in types
+    ):
+        error.add_note(_STRUCTURE_NOTE)
+
+
 # The types of the arguments `_is_plain` found to be arrays (JAX's, tracers, NumPy's)
 # or scalars: one set lookup each on the next call.
 _plain_types: set[type] = set()
@@ -195,47 +272,52 @@ class _Quaxify(eqx.Module, Generic[_CT]):
         return self.fn
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        _plugins.autoload()
-        # The fields without equinox's attribute lookup (this is the eager hot path).
-        fields = _attribute(self, "__dict__")
-        fn, filter_spec = fields["fn"], fields["filter_spec"]
-        eager = is_eval_trace(current_trace())
-        if filter_spec is True and eager and _is_library_function(fn):
-            # Eagerly, library code runs as one compiled program
-            # (`quax._caching._eager`).
-            done, out = call_compiled(fn, lambda: self, args, kwargs)
-            if done:
-                return out
-        if filter_spec is True and not kwargs and type(fn) is FunctionType:
-            if (
-                all(type(x) in value_classes for x in args)
-                and args
-                and _trace_to_join(args) is None
-            ):
-                # The common case, a function called on values: nothing to flatten.
-                out = run_nested(lambda trace: fn(*map(trace.box, args)), False)
-                if batching():
-                    _check_batchable(out)
-                return out
-            if all(type(x) in _plain_types or _is_plain(x) for x in args):
-                # A function called on arrays alone: nothing to flatten either.
-                return _without_values(fn, args, kwargs, eager)
-        leaves, treedef = jtu.tree_flatten((fn, args, kwargs), is_leaf=is_value)
-        if filter_spec is True:
-            if not any(map(is_value, leaves)):
-                return _without_values(fn, args, kwargs, eager)
-            outer = _trace_to_join(leaves)
-            if outer is _STAGE:
-                return _call_staged(leaves, treedef)
-            if outer is not None:
-                return _call(outer, True, leaves, treedef)
-        selective = filter_spec is not True
-        out = run_nested(
-            lambda trace: _call(trace, filter_spec, leaves, treedef), selective
-        )
-        if batching():
-            _check_batchable(out)
-        return out
+        try:
+            _plugins.autoload()
+            # The fields without equinox's attribute lookup (this is the eager hot
+            # path).
+            fields = _attribute(self, "__dict__")
+            fn, filter_spec = fields["fn"], fields["filter_spec"]
+            eager = is_eval_trace(current_trace())
+            if filter_spec is True and eager and _is_library_function(fn):
+                # Eagerly, library code runs as one compiled program
+                # (`quax._caching._eager`).
+                done, out = call_compiled(fn, lambda: self, args, kwargs)
+                if done:
+                    return out
+            if filter_spec is True and not kwargs and type(fn) is FunctionType:
+                if (
+                    all(type(x) in value_classes for x in args)
+                    and args
+                    and _trace_to_join(args) is None
+                ):
+                    # The common case, a function called on values: nothing to flatten.
+                    out = run_nested(lambda trace: fn(*map(trace.box, args)), False)
+                    if batching():
+                        _check_batchable(out)
+                    return out
+                if all(type(x) in _plain_types or _is_plain(x) for x in args):
+                    # A function called on arrays alone: nothing to flatten either.
+                    return _without_values(fn, args, kwargs, eager)
+            leaves, treedef = jtu.tree_flatten((fn, args, kwargs), is_leaf=is_value)
+            if filter_spec is True:
+                if not any(map(is_value, leaves)):
+                    return _without_values(fn, args, kwargs, eager)
+                outer = _trace_to_join(leaves)
+                if outer is _STAGE:
+                    return _call_staged(leaves, treedef)
+                if outer is not None:
+                    return _call(outer, True, leaves, treedef)
+            selective = filter_spec is not True
+            out = run_nested(
+                lambda trace: _call(trace, filter_spec, leaves, treedef), selective
+            )
+            if batching():
+                _check_batchable(out)
+            return out
+        except TypeError as error:
+            _explain_structure_mismatch(error)
+            raise
 
     def __get__(self, instance: Any, owner: Any) -> Any:
         if instance is None:
