@@ -143,7 +143,12 @@ def test_structured_operator_with_a_value_built_inside():
 def test_structure_built_inside_from_plain_arguments(transform):
     # The issue's program: no value among the arguments, the structure built from
     # them inside; its O(n r^2) solve, not a refusal to materialise. Against NumPy's
-    # dense solve, float64.
+    # dense solve, in float64 where the backend has it natively; on a TPU, whose
+    # XLA has no float64 LU ("Only F32 and C64 types are implemented in
+    # LuDecomposition", seen on a TPU v5e), in float32 at float32's tolerance, its
+    # matrix products at full float32 precision (a TPU's default rounds them
+    # through bfloat16).
+    dtype = jnp.float32 if jax.default_backend() == "tpu" else jnp.float64
     rng = np.random.default_rng(0)
     d = rng.uniform(1.0, 2.0, (3, 5))
     u = rng.normal(size=(3, 5, 2))
@@ -154,12 +159,13 @@ def test_structure_built_inside_from_plain_arguments(transform):
     solve = quax.quaxify(
         lambda d, u, b: jnp.linalg.solve(qs.LowRankPlusDiagonal(d, u), b)
     )
-    with jax.enable_x64(True):
-        args = [jnp.asarray(x, jnp.float64) for x in (d, u, rhs)]
+    with jax.enable_x64(True), jax.default_matmul_precision("highest"):
+        args = [jnp.asarray(x, dtype) for x in (d, u, rhs)]
         if transform == "eager":
             got = jnp.stack([solve(*(x[i] for x in args)) for i in range(3)])
         elif transform == "vmap":
             got = jax.vmap(solve)(*args)
         else:
             got = jax.jit(jax.vmap(solve))(*args)
-        np.testing.assert_allclose(got, want, rtol=1e-10)
+        assert got.dtype == dtype
+        np.testing.assert_allclose(got, want, **quax.testing.tolerance(dtype))
