@@ -22,7 +22,6 @@ import jax
 import jax.numpy as jnp
 import quax
 from jax import lax
-from jax.experimental.sparse.linalg import spsolve
 from jaxtyping import Array
 
 from ._kernels import sum_duplicates
@@ -130,6 +129,13 @@ def _csr(data: Array, indices: Array, n: int) -> tuple[Array, Array, Array]:
 
 def _solve_one(data: Array, indices: Array, b: Array, trans: int) -> Array:
     """One system, `b` of shape `(n, k)`: `k` calls of `spsolve`."""
+    # Imported here, when a solve takes this route, not with the family: it
+    # imports `jax.experimental.sparse` and `scipy.sparse`, about 0.6 s of CPU,
+    # which made up most of `import quax_sparse` (measured 2026-12-07: `import
+    # quax` 2.7-2.9 s, `import quax_sparse` 3.4-3.6 s), paid at the first
+    # quaxified call of a program that never solves on this route.
+    from jax.experimental.sparse.linalg import spsolve
+
     n, k = b.shape
     if n == 0 or k == 0:
         return b
