@@ -4,7 +4,10 @@
 #
 #   bash scripts/hypothesis_sweep.sh [SEEDS] [PATHS...]
 #
-# SEEDS (default 20) runs seeds 1..SEEDS; PATHS defaults to every such module. A failure
+# SEEDS (default 20) runs seeds 1..SEEDS; PATHS defaults to every such module.
+# QUAX_HYPOTHESIS_SCALE=N (default 1, as in CI) multiplies the examples of the property
+# tests whose count CI keeps small (each example compiles a new program; see
+# scripts/test.sh): `QUAX_HYPOTHESIS_SCALE=3 bash scripts/hypothesis_sweep.sh 5`. A failure
 # prints hypothesis's reproduction (the seed and `@reproduce_failure`); fix it with a
 # regression test, then rerun.
 source "$(dirname "$0")/_env.sh"

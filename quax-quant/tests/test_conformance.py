@@ -7,6 +7,8 @@ weight-only path, which is exact with respect to the dequantised weight; the int
 int8 path adds the activations' rounding by design and is checked against its own
 NumPy reference in `test_matmul.py`."""
 
+import os
+
 import jax
 import jax.numpy as jnp
 import jax.random as jr
@@ -20,7 +22,8 @@ from jax import lax
 
 
 # Examples per test: each runs every check of the kit (about six compilations).
-EXAMPLES = 10
+# QUAX_HYPOTHESIS_SCALE (see scripts/hypothesis_sweep.sh) multiplies them.
+EXAMPLES = 10 * int(os.environ.get("QUAX_HYPOTHESIS_SCALE", "1"))
 
 
 @st.composite

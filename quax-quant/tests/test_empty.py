@@ -54,8 +54,19 @@ def test_quantise_and_dequantise(name, shape):
 
 
 @pytest.mark.parametrize(("name", "shape"), CASES)
-@pytest.mark.parametrize("rows", [1, 8])
-@pytest.mark.parametrize("kernel", ["blocked", "fused", "reduce", "pallas"])
+# Above `REDUCE_MAX_ROWS` (1) rows the "reduce" formulation is the "fused" one
+# (`_weight_only_product`): "reduce" at 8 rows repeats "fused" at 8 rows, a sweep
+# (`bash scripts/test.sh sweeps`).
+@pytest.mark.parametrize(
+    ("kernel", "rows"),
+    [
+        pytest.param(kernel, rows, marks=pytest.mark.sweep)
+        if (kernel, rows) == ("reduce", 8)
+        else (kernel, rows)
+        for kernel in ("blocked", "fused", "reduce", "pallas")
+        for rows in (1, 8)
+    ],
+)
 def test_products_give_what_dense_gives(name, shape, rows, kernel):
     """`x @ w.T` and `w @ x.T` on every path the format has, in every formulation
     of the weight-only product (`quax_quant.kernels`), eagerly and under `jit`,

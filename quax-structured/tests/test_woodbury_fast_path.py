@@ -54,6 +54,15 @@ def _assert_accurate(m, b, x, slack: float = 20.0):
 
 _B = jnp.array([1.0, -2.0, 0.5, 3.0])
 
+# The dtypes of the checks below: float32 repeats float64's check (the same code, real
+# arithmetic) at single precision's tolerance, which complex64 checks too (its `eps`
+# is float32's), with conjugation besides: a sweep (`bash scripts/test.sh sweeps`).
+DTYPES = [
+    pytest.param(jnp.float32, marks=pytest.mark.sweep),
+    jnp.float64,
+    jnp.complex64,
+]
+
 
 def test_woodbury_cancels_yet_the_solve_is_accurate():
     m = _cancelling()
@@ -96,7 +105,7 @@ def test_scaled_right_hand_sides(scale):
     np.testing.assert_allclose(got / scale, _solve(m, _B), rtol=1e-5)
 
 
-@pytest.mark.parametrize("dtype", [jnp.float32, jnp.float64, jnp.complex64])
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("symmetric", [True, False])
 def test_check_never_accepts_above_the_tolerance(dtype, symmetric):
     """`_woodbury_accurate` (an upper bound of the backward error from the
@@ -136,7 +145,7 @@ def test_check_never_accepts_above_the_tolerance(dtype, symmetric):
         assert seen == {True, False}
 
 
-@pytest.mark.parametrize("dtype", [jnp.float32, jnp.float64, jnp.complex64])
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_check_on_woodbury_where_it_fails(dtype):
     """Woodbury's own answers where it loses accuracy: an entry of `diag` from
     1e-1 down to 1e-12 against `U Vᵀ` (cancellation), and a capacitance made
@@ -234,7 +243,7 @@ def test_indefinite_capacitance_falls_back(dtype):
         np.testing.assert_allclose(logdet, want_logdet, rtol=100 * eps)
 
 
-@pytest.mark.parametrize("dtype", [jnp.float32, jnp.float64, jnp.complex64])
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("symmetric", [True, False])
 def test_capacitance_solve_on_ill_conditioned_k(dtype, symmetric):
     """Woodbury's `r x r` solve (Cholesky for a real symmetric `K`, else
@@ -411,7 +420,7 @@ def test_vmap_decides_the_branch_once_for_the_batch():
 _slogdet = jax.jit(quax.quaxify(jnp.linalg.slogdet))
 
 
-@pytest.mark.parametrize("dtype", [jnp.float32, jnp.float64, jnp.complex64])
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("symmetric", [True, False])
 def test_slogdet_rule_against_dense(dtype, symmetric):
     """`jnp.linalg.slogdet` of a `LowRankPlusDiagonal` (a registered rule, the
