@@ -112,3 +112,63 @@ def test_a_conversion_to_integers_rounds_the_dense_weight_where_allowed() -> Non
         out = run(lora)
         assert out.dtype == jnp.int32
         np.testing.assert_array_equal(out, dense.astype(np.int32))
+
+
+# The registered rules, a second sample (seed 49, `--decorated`).
+
+
+def _adapted(
+    shape: tuple[int, ...], batch_ndim: int, allow: bool
+) -> tuple[quax_lora.LoraArray, np.ndarray]:
+    # A `LoraArray` whose rows are one axis, with `b` nonzero, and its dense weight
+    # `w + s a b` formed by NumPy from the factors (`b`'s columns may span several
+    # axes, each batch axis pairs `a`'s with `b`'s).
+    w = normal(jr.PRNGKey(6), shape)
+    lora = quax_lora.LoraArray(
+        w,
+        rank=2,
+        alpha=4.0,
+        batch_ndim=batch_ndim,
+        allow_materialise=allow,
+        key=jr.PRNGKey(7),
+    )
+    b = 0.5 * normal(jr.PRNGKey(8), lora.b.shape)
+    lora = eqx.tree_at(lambda x: x.b, lora, b)
+    a = np.asarray(lora.a).reshape(*shape[: batch_ndim + 1], 2)
+    b = np.asarray(b).reshape(*shape[:batch_ndim], 2, -1)
+    update = np.einsum("...ir,...rj->...ij", a, b).reshape(shape)
+    return lora, np.asarray(w) + (4.0 / 2) * update
+
+
+def test_a_stack_of_adapted_matrices_transposed_along_its_batch_axes() -> None:
+    # Permuting the batch axes of a stack of matrices permutes the factors' batch
+    # axes alike: a `LoraArray` still, whose dense weight is the dense one permuted
+    # (mutant `transpose`'s rule, line 431, 43: `a` replaced by `None`).
+    lora, dense = _adapted((2, 3, 4, 5), 2, allow=False)
+    f = quax.quaxify(lambda x: jnp.transpose(x, (1, 0, 2, 3)))
+    for run in (f, jax.jit(f)):
+        out = run(lora)
+        assert isinstance(out, quax_lora.LoraArray)
+        np.testing.assert_allclose(
+            quax_lora.merge(out), np.transpose(dense, (1, 0, 2, 3)), rtol=1e-5
+        )
+
+
+def test_a_kernel_transposed_along_its_input_axes_stays_adapted() -> None:
+    # A kernel (`batch_ndim=0`, its columns two input axes): permuting the input
+    # axes permutes `b`'s, a `LoraArray` still; moving the output axis is no
+    # `LoraArray`, dense where allowed (mutants `transpose`'s rule, line 431, 72:
+    # `sorted(None)`, a `TypeError`; and 76: `rest[1] == nb` for `rest[0] == nb`,
+    # which made the first dense and the second a malformed `LoraArray`: `w`
+    # transposed, `a` of shape (4, 2) and `b` of shape (3, 2, 5), silently).
+    lora, dense = _adapted((4, 3, 5), 0, allow=True)
+    for perm, adapted in (((0, 2, 1), True), ((1, 0, 2), False)):
+        f = quax.quaxify(lambda x, perm=perm: jnp.transpose(x, perm))
+        for run in (f, jax.jit(f)):
+            out = run(lora)
+            assert isinstance(out, quax_lora.LoraArray) == adapted
+            if adapted:
+                out = quax_lora.merge(out)
+            np.testing.assert_allclose(
+                out, np.transpose(dense, perm), rtol=1e-5, atol=1e-6
+            )

@@ -174,3 +174,59 @@ def test_an_unnamed_update_written_densely_where_allowed() -> None:
     want[1:3, 2:4] = u
     for run in (f, jax.jit(f)):
         np.testing.assert_array_equal(run(x), want)
+
+
+# The registered rules, a second sample (seed 49, `--decorated`).
+
+
+def test_an_unnamed_array_times_a_named_one_is_refused_or_dense() -> None:
+    # `v @ x` with the unnamed array on the left: refused, naming the NamedArray's
+    # axes and the unnamed array's shape; where the NamedArray allows materialising,
+    # the dense product (mutant `_dot_general_rhs` 6: the unnamed operand left out
+    # of the call, a `TypeError` of Python's in both cases).
+    v = np.array([[1.0, -2.0], [0.5, 3.0], [4.0, 1.0]], np.float32)
+    f = quax.quaxify(lambda a: jnp.asarray(v) @ a)
+    x = NamedArray(jnp.asarray(DATA[0, :2]), ("a", "b"))
+    with pytest.raises(
+        TypeError,
+        match=r"^Cannot contract mismatched dimensions: a NamedArray with axes "
+        r"\('a', 'b'\) meets an unnamed array of shape \(3, 2\) in `dot_general`",
+    ):
+        f(x)
+    for run in (f, jax.jit(f)):
+        np.testing.assert_allclose(
+            run(x.enable_materialise()), v @ DATA[0, :2], rtol=1e-6
+        )
+
+
+def test_stacking_a_named_and_an_unnamed_array_names_the_way_out() -> None:
+    # `jnp.stack` of a NamedArray and an unnamed array that is not one value:
+    # refused, with the way out of stacking by name (mutant `_stack` 1: the way out
+    # `None`, printed as "None" in the message).
+    x = NamedArray(jnp.asarray(DATA[0]), ("a", "b"))
+    with pytest.raises(
+        ValueError,
+        match=r"Wrap the other operand as `NamedArray\(array, axes\)`, or stack by "
+        r"name with `quax_named\.stack`\.$",
+    ):
+        quax.quaxify(lambda a: jnp.stack([a, jnp.asarray(DATA[1])]))(x)
+
+
+def test_a_join_that_would_hold_one_name_twice_is_refused() -> None:
+    # `x[:, None]` (axes 'a' and a broadcast axis) joined along position 1 to `x`
+    # broadcast along position 0 (a broadcast axis and 'a'): position 0 holds 'a',
+    # and the joined axis is 'a' too. Refused, naming the axis and both operands
+    # (mutant `_concatenate` 80: the operands `None`, a `TypeError` of Python's).
+    x = NamedArray(jnp.arange(3.0), ("a",))
+    f = quax.quaxify(
+        lambda x: jnp.concatenate(
+            [x[:, None], jnp.broadcast_to(x[None, :], (3, 3))], axis=1
+        )
+    )
+    with pytest.raises(
+        ValueError,
+        match=r"^`concatenate` would hold axis 'a' twice \(operands \('a', '<broadcast "
+        r"1>'\) and \('<broadcast 3>', 'a'\)\): a NamedArray holds each axis once\. "
+        r"Rename one of them first \(`quax_named\.rename`\)\.$",
+    ):
+        f(x)

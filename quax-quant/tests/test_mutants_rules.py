@@ -146,3 +146,31 @@ def test_a_broadcast_that_repeats_is_refused_or_dequantised(ref) -> None:
         np.testing.assert_allclose(
             out, np.broadcast_to(ref.dequantise(w), (3, 4, 8)), rtol=1e-6
         )
+
+
+# The registered rules, a second sample (seed 49, `--decorated`).
+
+
+def test_a_product_of_two_quantised_arrays_keeps_the_preferred_dtype(ref) -> None:
+    # The int8 x int8 product of two symmetric int8 arrays, asked for bfloat16 (as
+    # `lax.dot_general(..., preferred_element_type=jnp.bfloat16)` gives of two
+    # float32 arrays): the result is bfloat16, and the product of the dequantised
+    # arrays within bfloat16's rounding (mutant of the int8 x int8 rule, line 151,
+    # 44: the preferred dtype never read, so float32, which quax's check of a rule's
+    # output against the primitive's refuses with a `TypeError`).
+    a = qq.quantise(jr.normal(jr.PRNGKey(9), (5, 8)))
+    b = qq.quantise(jr.normal(jr.PRNGKey(10), (8, 3)))
+    dn = (((1,), (0,)), ((), ()))
+    want = ref.dequantise(a).astype(np.float64) @ ref.dequantise(b).astype(np.float64)
+    for dtype in (jnp.bfloat16, jnp.float16):
+        f = quax.quaxify(
+            lambda x, y, dtype=dtype: jax.lax.dot_general(
+                x, y, dn, preferred_element_type=dtype
+            )
+        )
+        for run in (f, jax.jit(f)):
+            out = run(a, b)
+            assert out.dtype == dtype
+            np.testing.assert_allclose(
+                np.asarray(out, np.float64), want, rtol=2e-2, atol=2e-2
+            )

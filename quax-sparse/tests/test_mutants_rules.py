@@ -162,3 +162,33 @@ def test_a_float_conversion_keeps_duplicate_entries_apart() -> None:
         )
         np.testing.assert_array_equal(out.indices, x.indices)
         np.testing.assert_array_equal(out.todense(), want)
+
+
+# The registered rules, a second sample (seed 49, `--decorated`).
+
+
+def test_two_triangular_solves_out_of_order_say_which_order_is_one_solve() -> None:
+    # `lax.linalg.lu` of a sparse matrix, then its upper solve before its lower
+    # one: no solve with the matrix, refused at trace time with what was bound, in
+    # what order, and what the two solves must be (mutant of the second solve's
+    # rule, line 1459, 44: the message's case changed).
+    a = BCOO.fromdense(
+        np.array([[4.0, 1.0, 0.0], [0.0, 3.0, 2.0], [1.0, 0.0, 5.0]], np.float32)
+    )
+
+    def wrong_order(a, b):
+        lu, _, _ = jax.lax.linalg.lu(a)
+        y = jax.lax.linalg.triangular_solve(lu, b, left_side=True, lower=False)
+        return jax.lax.linalg.triangular_solve(lu, y, left_side=True, lower=True)
+
+    with pytest.raises(
+        SparseMaterialisationError,
+        match=r"^Refusing to materialise `SparseLU` for primitive `triangular_solve` "
+        r"on input types \(SparseLU, PendingSolve\): two triangular solves with a "
+        r"sparse factor are one solve with its matrix only in the order "
+        r"`jax\.scipy\.linalg\.lu_solve` and `cho_solve` bind them, with the same "
+        r"factor; got \(False, False, False, False\) then \(True, False, False, "
+        r"False\) \(lower, transpose_a, conjugate_a, unit_diagonal\) on a `lu` "
+        r"factor\. ",
+    ):
+        quax.quaxify(wrong_order)(a, jnp.ones((3, 1), jnp.float32))

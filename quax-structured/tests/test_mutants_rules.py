@@ -227,3 +227,131 @@ def test_the_conjugate_of_a_structure_conjugated_as_a_whole_is_dense_where_allow
     f = quax.quaxify(jnp.conj)
     for run in (f, jax.jit(f)):
         np.testing.assert_allclose(run(s), np.conj(dense), rtol=1e-6)
+
+
+# The registered rules, a second sample (seed 49, `--decorated`).
+
+
+def _tridiagonal(lower, main, upper):
+    """The dense matrices of a (stack of) tridiagonal matrices, by NumPy."""
+    n = main.shape[-1]
+    dense = np.zeros((*main.shape, n), main.dtype)
+    i = np.arange(n)
+    dense[..., i, i] = main
+    dense[..., i[1:], i[:-1]] = lower
+    dense[..., i[:-1], i[1:]] = upper
+    return dense
+
+
+def test_a_stack_of_structures_transposed_across_its_batch_axis():
+    """`jnp.transpose(T, (1, 0, 2))` of a stack of two tridiagonal matrices moves a
+    matrix axis first, which no structure stands for: where allowed, the dense
+    stack transposed (mutant of the `transpose` rule, line 190, 20: the fallback
+    called without its primitive, a `TypeError`)."""
+    lower = np.array([[1.0, 2.0], [-1.0, 0.5]], np.float32)
+    main = np.array([[4.0, 5.0, 6.0], [7.0, -8.0, 9.0]], np.float32)
+    upper = np.array([[3.0, -2.0], [0.25, 1.5]], np.float32)
+    t = qs.TridiagonalMatrix(
+        jnp.asarray(lower), jnp.asarray(main), jnp.asarray(upper)
+    ).enable_materialise()
+    f = quax.quaxify(lambda x: jnp.transpose(x, (1, 0, 2)))
+    for run in (f, jax.jit(f)):
+        np.testing.assert_array_equal(
+            run(t), np.transpose(_tridiagonal(lower, main, upper), (1, 0, 2))
+        )
+
+
+def _semiseparable(low, main, up):
+    """A complex semiseparable matrix of rank-one factors whose right ones are
+    ones, where allowed, and the plain-JAX function of its leaves giving its dense
+    matrix: `S[i, j]` is `low[i]` below the diagonal and `up[i]` above it."""
+    ones = jnp.ones((3, 1), low.dtype)
+    s = qs.Semiseparable(low[:, None], ones, main, up[:, None], ones)
+    rows = jnp.arange(3)[:, None] * jnp.ones(3, int)
+
+    def dense(low, main, up):
+        full = jnp.where(rows > rows.T, low[:, None], up[:, None])
+        return full.at[jnp.diag_indices(3)].set(main)
+
+    return s.enable_materialise(), dense
+
+
+def test_the_cotangent_of_a_dense_conjugate_is_conjugated():
+    """The vector-Jacobian product of `jnp.conj(S)` with `S` complex and
+    semiseparable (the dense fallback's `conj`): the cotangent conjugated onto the
+    leaves, as plain JAX gives for the dense matrix built from them (mutant of the
+    `conj` rule, line 225, 15: the fallback's `input_dtype` `None`, so that JAX's
+    transpose of `conj` took the real part of the cotangent)."""
+    low = jnp.array([1.0 + 2.0j, -1.0j, 3.0], jnp.complex64)
+    main = jnp.array([4.0 + 1.0j, 5.0, 6.0 - 2.0j], jnp.complex64)
+    up = jnp.array([0.5j, 2.0 - 1.0j, -1.0 + 1.0j], jnp.complex64)
+    ct = jnp.arange(9.0).reshape(3, 3) * (1.0 - 0.5j) + 1.0j
+    _, dense = _semiseparable(low, main, up)
+
+    def structured(low, main, up):
+        s, _ = _semiseparable(low, main, up)
+        return quax.quaxify(jnp.conj)(s)
+
+    _, want = jax.vjp(lambda *leaves: jnp.conj(dense(*leaves)), low, main, up)
+    for fn in (structured, jax.jit(structured)):
+        _, got = jax.vjp(fn, low, main, up)
+        for g, w in zip(got(ct), want(ct), strict=True):
+            np.testing.assert_allclose(g, w, rtol=1e-6)
+
+
+def test_a_triangular_solve_of_a_structure_without_one_is_dense_where_allowed():
+    """`solve_triangular(L, b, lower=True, trans=1)` of a low-rank matrix `u vᵀ`,
+    which has no triangular solve of its own: where allowed, the dense solve with
+    the lower triangle transposed (mutant of the `triangular_solve` rule, line 507,
+    14: the fallback's params without `transpose_a`, a `TypeError`)."""
+    u = np.array([[1.0, 0.0], [2.0, 1.0], [0.0, -1.0]], np.float32)
+    v = np.array([[1.0, 1.0], [0.0, 2.0], [3.0, 1.0]], np.float32)
+    low_rank = qs.LowRank(jnp.asarray(u), jnp.asarray(v)).enable_materialise()
+    b = np.array([[1.0, 2.0], [-1.0, 0.0], [3.0, 0.5]], np.float32)
+    want = np.linalg.solve(np.tril(u @ v.T).T, b)
+    f = quax.quaxify(
+        lambda a, b: jax.scipy.linalg.solve_triangular(a, b, lower=True, trans=1)
+    )
+    for run in (f, jax.jit(f)):
+        np.testing.assert_allclose(run(low_rank, jnp.asarray(b)), want, rtol=1e-5)
+
+
+def test_eigh_of_a_low_rank_matrix_for_a_subset_is_refused_or_dense():
+    """`lax.linalg.eigh(L, subset_by_index=(0, 2))` of a low-rank matrix, which the
+    structure's eigendecomposition does not take: refused, naming `eigh`; where
+    allowed, the dense `eigh`'s two eigenvalues, traced only (JAX's `eigh` takes
+    no subset on CPU and GPU: a `NotImplementedError` when run) (mutant of the `eigh`
+    rule, line 855, 1: the result `""` before the test, returned as the result and
+    unpacked, a `ValueError`)."""
+    u = jnp.array([[1.0, 0.0], [2.0, 1.0], [0.0, -1.0], [1.0, 3.0]], jnp.float32)
+    low_rank = qs.LowRank(u)
+    f = quax.quaxify(lambda a: lax.linalg.eigh(a, subset_by_index=(0, 2))[1])
+    for run in (f, jax.jit(f)):
+        with pytest.raises(
+            qs.StructuredMaterialisationError,
+            match=r"^Refusing to materialise `LowRank` for primitive `eigh`",
+        ):
+            run(low_rank)
+    out = jax.eval_shape(f, low_rank.enable_materialise())
+    assert (out.shape, out.dtype) == ((2,), jnp.float32)
+
+
+def test_expm_of_a_structure_declared_upper_triangular_is_refused():
+    """`jax.scipy.linalg.expm(T, upper_triangular=True)` of a tridiagonal matrix,
+    which is not upper triangular: refused, saying why and what to do (mutant of
+    the `expm` rule, line 880, 8: the message's case changed)."""
+    t = qs.TridiagonalMatrix(
+        jnp.array([1.0, 2.0]), jnp.array([0.5, 0.25, 1.0]), jnp.array([3.0, 4.0])
+    )
+    f = quax.quaxify(lambda a: jax.scipy.linalg.expm(a, upper_triangular=True))
+    with pytest.raises(
+        ValueError,
+        match=re.escape(
+            "`jax.scipy.linalg.expm(M, upper_triangular=True)` declares `M` upper "
+            "triangular, and a `TridiagonalMatrix` is not one: JAX's expm would "
+            "then read only the upper triangle, which is not the exponential of "
+            "the `TridiagonalMatrix`. Drop `upper_triangular=True` for the exact "
+            "exponential through the structure."
+        ),
+    ):
+        f(t)
