@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import quax
+import quax.testing
 import quax_structured as qs
 from quax_named import NamedArray
 from quax_units import Quantity, UnitError, ustrip
