@@ -25,7 +25,11 @@ from ._first_order import (
     _decompositions as _decompositions,
     _leafwise as _leafwise,
 )
-from ._foundation import _shadow as _shadow
+from ._foundation import (
+    _shadow as _shadow,
+    # JAX's lowering: host callbacks on a TPU lowered afresh at every place.
+    _tpu_callbacks as _tpu_callbacks,
+)
 from ._foundation._caches import (
     CacheMismatchError as CacheMismatchError,
     caching as caching,

@@ -100,6 +100,8 @@ __all__ = [
     "jvp_body",
     "linear_solve_p",
     "Literal",
+    "lowered_functions",
+    "lowering_cache",
     "manual_axes_active",
     "NUMPY_ARRAYS",
     "optimization_barrier_p",
@@ -145,7 +147,11 @@ __all__ = [
     "with_leaf_vma",
     "with_tangent",
     "without_unused",
+    "wrap_called_jaxpr_lowering",
+    "wrap_equation_lowering_miss",
     "wrap_init",
+    "wrap_jit_lowering",
+    "wrap_tpu_callback_lowering",
 ]
 
 # Clients of the published quax import these two from `quax._compat` (quaxed's test
@@ -434,6 +440,62 @@ instantiate_zeros = _ad.instantiate_zeros
 def set_jit_staging_rule(rule: Any) -> None:
     """Make `rule` the staging rule of `jit_p` (JAX's is `jax_jit_staging_rule`)."""
     _pe.custom_staging_rules[jprim.jit_p] = rule
+
+
+# Lowering host callbacks for a TPU (see `quax._foundation._tpu_callbacks`): JAX's
+# function that lowers one (as send and receive operations on host-transfer channels,
+# numbered once, at lowering), and the three places where JAX's lowering reuses what
+# it lowered before: the lowering of an equation of a cacheable primitive (reused for
+# an equation of the same primitive, parameters and input types), the function of a
+# called jaxpr, and the function of a `jit` body (each called at every place).
+_callback = importlib.import_module("jax._src.callback")
+_mlir = importlib.import_module("jax._src.interpreters.mlir")
+
+
+def wrap_tpu_callback_lowering(wrap: Any) -> None:
+    """Replace JAX's function that lowers a host callback for a TPU by
+    `wrap(function)`."""
+    name = "_emit_tpu_python_callback"
+    setattr(_callback, name, wrap(getattr(_callback, name)))
+
+
+def wrap_equation_lowering_miss(wrap: Any) -> None:
+    """Replace JAX's function that lowers an equation of a cacheable primitive on a
+    miss of the module's lowering cache, `(module_context, eqn, cache_key, ...) ->
+    entry`, which then stores the entry under `cache_key` in `lowering_cache(...)`, by
+    `wrap(function)`."""
+    name = "_cached_lowering_miss"
+    setattr(_mlir, name, wrap(getattr(_mlir, name)))
+
+
+def wrap_called_jaxpr_lowering(wrap: Any) -> None:
+    """Replace JAX's function that lowers a called jaxpr to a function of the module,
+    `(module_context, fn_name, closed_jaxpr, num_const_args, effects, ...)`, kept in
+    `lowered_functions(...)` under `(fn_name, closed_jaxpr.jaxpr, tuple(effects))`,
+    by `wrap(function)`."""
+    name = "_lower_jaxpr_to_fun_cached"
+    setattr(_mlir, name, wrap(getattr(_mlir, name)))
+
+
+def wrap_jit_lowering(wrap: Any) -> None:
+    """Replace the lowering rule of `jit_p`, `(ctx, *args, name, jaxpr, ...)`, which
+    keeps the body's function in `lowered_functions(ctx.module_context)` under a
+    tuple `(jit_p, name, jaxpr, ...)`, by `wrap(rule)`."""
+    entry = _mlir._lowerings[jprim.jit_p]
+    _mlir.register_lowering(
+        jprim.jit_p, wrap(entry.rule), inline=entry.inline, cacheable=False
+    )
+
+
+def lowering_cache(module_context: Any) -> dict[Any, Any]:
+    """The lowerings of equations that a module being lowered reuses."""
+    return module_context.lowering_cache
+
+
+def lowered_functions(module_context: Any) -> dict[Any, Any]:
+    """The functions of called jaxprs and `jit` bodies that a module being lowered
+    reuses."""
+    return module_context.cached_primitive_lowerings
 
 
 # The `DynamicJaxprTrace` methods that trace a sub-function while its primitive binds

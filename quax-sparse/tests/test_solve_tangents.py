@@ -1,0 +1,100 @@
+"""Derivatives of sparse direct solves in float32, against closed forms that are exact
+in float32, so that they hold to the bit on every backend (`test_direct.py` checks the
+solves in float64 against NumPy, where a TPU has no float64).
+
+On a TPU v5e (JAX 0.10.2, 2026-12-07) the JVP of `jnp.linalg.solve` of a `BCOO` gave
+the primal `[1, 1]` for `diag(2, 4) x = 0`: JAX reused the lowering of the solve's
+host callback for the tangent's solve, on the same host-transfer channels, and the
+runtime handed the primal solve the factorisation's pivots as its right-hand side.
+quax-core now has JAX lower such callbacks afresh at every place
+(`quax._foundation._tpu_callbacks`); these tests are in `scripts/accel-suite.txt`.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import quax
+import quax_sparse
+from quax_sparse import BCOO
+
+
+@pytest.fixture(params=["superlu", "cusolver"])
+def route(request):
+    """The test on both solver routes (`quax_sparse.solver_route`). JAX lowers
+    `spsolve`, the `"cusolver"` route, for the CPU (through SciPy) and CUDA only."""
+    if request.param == "cusolver" and jax.default_backend() not in ("cpu", "gpu"):
+        pytest.skip(f"JAX has no `spsolve` for the {jax.default_backend()} backend")
+    with quax_sparse.solver_route(request.param):
+        yield request.param
+
+
+# `diag(2, 4)` in float32, stored with one padding entry (whose tangent reaches
+# nothing): `x = b / a`, and along the stored values `t` and the right-hand side `db`,
+# `dx = (db - t x) / a`, all exact in float32.
+_DIAGONAL = np.array([2.0, 4.0], np.float32)
+_INDICES = jnp.asarray([[0, 0], [1, 1], [2, 2]], jnp.int32)
+_DATA = jnp.asarray([2.0, 4.0, 0.0], jnp.float32)
+_T = jnp.asarray([0.5, -0.25, 3.0], jnp.float32)
+_DB = jnp.asarray([-1.25, 0.5], jnp.float32)
+
+
+def _solve(data, b):
+    return quax.quaxify(jnp.linalg.solve)(BCOO(data, _INDICES, (2, 2)), b)
+
+
+@pytest.mark.usefixtures("route")
+@pytest.mark.parametrize("jit", [False, True])
+@pytest.mark.parametrize("b", [(0.0, 0.0), (2.0, -4.0)])
+def test_jvp_of_a_diagonal_solve_against_its_closed_form(jit, b):
+    # The zero right-hand side is the case quax-sparse's conformance test shrank to
+    # on the TPU (the quaxified tangent [-1.53, 0.42], the dense [-1.34, -0.35]).
+    b = jnp.asarray(b, jnp.float32)
+    run = jax.jit(_solve) if jit else _solve
+    x, dx = jax.jvp(run, (_DATA, b), (_T, _DB))
+    x_want = np.asarray(b) / _DIAGONAL
+    dx_want = (np.asarray(_DB) - np.asarray(_T)[:2] * x_want) / _DIAGONAL
+    assert x.dtype == dx.dtype == jnp.float32
+    np.testing.assert_array_equal(x, x_want)
+    np.testing.assert_array_equal(dx, dx_want)
+
+
+@pytest.mark.usefixtures("route")
+@pytest.mark.parametrize("jit", [False, True])
+def test_gradient_of_a_diagonal_solve_against_its_closed_form(jit):
+    # `L = c · x` with `x = b / a`: `dL/db = c / a`, `dL/da_i = -c_i x_i / a_i`, and
+    # zero at the padding entry. The reverse pass solves the transposed system, a
+    # second host callback beside the forward one.
+    b = jnp.asarray([2.0, -4.0], jnp.float32)
+    c = np.array([1.5, -0.5], np.float32)
+
+    def loss(data, b):
+        return jnp.dot(jnp.asarray(c), _solve(data, b))
+
+    grad = jax.grad(loss, argnums=(0, 1))
+    g_data, g_b = (jax.jit(grad) if jit else grad)(_DATA, b)
+    x = np.asarray(b) / _DIAGONAL
+    np.testing.assert_array_equal(g_b, c / _DIAGONAL)
+    np.testing.assert_array_equal(g_data, np.append(-c * x / _DIAGONAL, 0))
+
+
+@pytest.mark.parametrize("jit", [False, True])
+def test_solve_and_slogdet_in_one_program(jit):
+    # Two factorisations' callbacks and two solves' in one differentiated program:
+    # `d log|det A| / da_i = 1 / a_i` beside the solve's `dx`.
+    def both(data, b):
+        a = BCOO(data, _INDICES, (2, 2))
+        f = quax.quaxify(lambda a, b: (jnp.linalg.solve(a, b), jnp.linalg.slogdet(a)))
+        x, (_, logdet) = f(a, b)
+        return x, logdet
+
+    b = jnp.asarray([2.0, -4.0], jnp.float32)
+    run = jax.jit(both) if jit else both
+    (x, logdet), (dx, dlogdet) = jax.jvp(run, (_DATA, b), (_T, _DB))
+    x_want = np.asarray(b) / _DIAGONAL
+    np.testing.assert_array_equal(x, x_want)
+    np.testing.assert_array_equal(
+        dx, (np.asarray(_DB) - np.asarray(_T)[:2] * x_want) / _DIAGONAL
+    )
+    np.testing.assert_allclose(logdet, np.log(8.0), rtol=1e-6)
+    np.testing.assert_allclose(dlogdet, 0.5 / 2 - 0.25 / 4, rtol=1e-6)
