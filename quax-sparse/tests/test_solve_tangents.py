@@ -16,14 +16,17 @@ import numpy as np
 import pytest
 import quax
 import quax_sparse
-from quax_sparse import BCOO
+from quax_sparse import BCOO, _cusolver
 
 
 @pytest.fixture(params=["superlu", "cusolver"])
 def route(request):
     """The test on both solver routes (`quax_sparse.solver_route`). JAX lowers
-    `spsolve`, the `"cusolver"` route, for the CPU (through SciPy) and CUDA only."""
-    if request.param == "cusolver" and jax.default_backend() not in ("cpu", "gpu"):
+    `spsolve`, the `"cusolver"` route, for the CPU (through SciPy) and CUDA only:
+    elsewhere (a TPU) the route does not exist, and
+    `test_the_cusolver_route_is_refused_where_jax_has_no_spsolve` checks that it
+    is refused, naming the way out."""
+    if request.param == "cusolver" and _cusolver._spsolve_backend() is None:
         pytest.skip(f"JAX has no `spsolve` for the {jax.default_backend()} backend")
     with quax_sparse.solver_route(request.param):
         yield request.param
@@ -98,3 +101,21 @@ def test_solve_and_slogdet_in_one_program(jit):
     )
     np.testing.assert_allclose(logdet, np.log(8.0), rtol=1e-6)
     np.testing.assert_allclose(dlogdet, 0.5 / 2 - 0.25 / 4, rtol=1e-6)
+
+
+def test_the_cusolver_route_is_refused_where_jax_has_no_spsolve(monkeypatch):
+    # On a TPU (or a ROCm GPU), forcing the route names the way out at trace time;
+    # checked here with the backend stood in for (and quax's caches off: within one
+    # process the backend never changes, so the programs the other tests cached
+    # under the route would be served).
+    monkeypatch.setattr(_cusolver, "_spsolve_backend", lambda: None)
+    b = jnp.asarray([2.0, -4.0], jnp.float32)
+    with (
+        quax.caching(False),
+        quax_sparse.solver_route("cusolver"),
+        pytest.raises(ValueError, match="CUDA GPUs only") as info,
+    ):
+        _solve(_DATA, b)
+    assert 'solver_route("superlu")' in str(info.value)
+    with quax.caching(False), quax_sparse.solver_route("auto"):
+        np.testing.assert_array_equal(_solve(_DATA, b), np.asarray(b) / _DIAGONAL)

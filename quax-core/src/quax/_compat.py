@@ -59,6 +59,9 @@ __all__ = [
     "callback_module",
     "ClosedJaxpr",
     "cond_p",
+    "forget_called_jaxpr",
+    "forget_equation_lowering",
+    "forget_jit_body",
     "hide_from_source_info",
     "current_source_info",
     "current_trace",
@@ -100,8 +103,6 @@ __all__ = [
     "jvp_body",
     "linear_solve_p",
     "Literal",
-    "lowered_functions",
-    "lowering_cache",
     "manual_axes_active",
     "NUMPY_ARRAYS",
     "optimization_barrier_p",
@@ -462,40 +463,59 @@ def wrap_tpu_callback_lowering(wrap: Any) -> None:
 def wrap_equation_lowering_miss(wrap: Any) -> None:
     """Replace JAX's function that lowers an equation of a cacheable primitive on a
     miss of the module's lowering cache, `(module_context, eqn, cache_key, ...) ->
-    entry`, which then stores the entry under `cache_key` in `lowering_cache(...)`, by
-    `wrap(function)`."""
+    entry`, which then keeps the entry under `cache_key` (`forget_equation_lowering`
+    drops it), by `wrap(function)`."""
     name = "_cached_lowering_miss"
     setattr(_mlir, name, wrap(getattr(_mlir, name)))
 
 
 def wrap_called_jaxpr_lowering(wrap: Any) -> None:
     """Replace JAX's function that lowers a called jaxpr to a function of the module,
-    `(module_context, fn_name, closed_jaxpr, num_const_args, effects, ...)`, kept in
-    `lowered_functions(...)` under `(fn_name, closed_jaxpr.jaxpr, tuple(effects))`,
-    by `wrap(function)`."""
+    `(module_context, fn_name, closed_jaxpr, num_const_args, effects, ...)`, which
+    keeps the function for the module's later calls (`forget_called_jaxpr` drops
+    it), by `wrap(function)`."""
     name = "_lower_jaxpr_to_fun_cached"
     setattr(_mlir, name, wrap(getattr(_mlir, name)))
 
 
 def wrap_jit_lowering(wrap: Any) -> None:
     """Replace the lowering rule of `jit_p`, `(ctx, *args, name, jaxpr, ...)`, which
-    keeps the body's function in `lowered_functions(ctx.module_context)` under a
-    tuple `(jit_p, name, jaxpr, ...)`, by `wrap(rule)`."""
+    keeps the body's function for the module's later `jit`s of the same body
+    (`forget_jit_body` drops it), by `wrap(rule)`."""
     entry = _mlir._lowerings[jprim.jit_p]
     _mlir.register_lowering(
         jprim.jit_p, wrap(entry.rule), inline=entry.inline, cacheable=False
     )
 
 
-def lowering_cache(module_context: Any) -> dict[Any, Any]:
-    """The lowerings of equations that a module being lowered reuses."""
-    return module_context.lowering_cache
+def forget_equation_lowering(module_context: Any, cache_key: Any) -> None:
+    """Drop the lowering of an equation that the module being lowered keeps under
+    `cache_key` (given to the function `wrap_equation_lowering_miss` wraps), so
+    that the module's next such equation is lowered again."""
+    module_context.lowering_cache.pop(cache_key, None)
 
 
-def lowered_functions(module_context: Any) -> dict[Any, Any]:
-    """The functions of called jaxprs and `jit` bodies that a module being lowered
-    reuses."""
-    return module_context.cached_primitive_lowerings
+def forget_called_jaxpr(
+    module_context: Any, fn_name: str, call_jaxpr: Any, effects: Any
+) -> None:
+    """Drop the function of the called jaxpr `call_jaxpr` (a closed jaxpr) that the
+    module being lowered keeps (the arguments of the function
+    `wrap_called_jaxpr_lowering` wraps), so that its next call is lowered again."""
+    key = (fn_name, call_jaxpr.jaxpr, tuple(effects))
+    module_context.cached_primitive_lowerings.pop(key, None)
+
+
+def forget_jit_body(module_context: Any, jaxpr: Any) -> None:
+    """Drop every function of the `jit` body `jaxpr` (the closed jaxpr of a `jit_p`
+    equation) that the module being lowered keeps, under keys `(jit_p, name, jaxpr,
+    ...)`, so that its next `jit` equation is lowered again."""
+    functions = module_context.cached_primitive_lowerings
+    for key in [
+        k
+        for k in functions
+        if type(k) is tuple and len(k) > 2 and k[0] is jprim.jit_p and k[2] is jaxpr
+    ]:
+        del functions[key]
 
 
 # The `DynamicJaxprTrace` methods that trace a sub-function while its primitive binds

@@ -86,17 +86,38 @@ def current_route() -> str:
     return _route.value
 
 
+def _spsolve_backend() -> str | None:
+    """JAX's default backend where JAX lowers `spsolve` there (the CPU, a CUDA
+    GPU), else `None` (a TPU, a ROCm GPU)."""
+    backend = jax.default_backend()
+    if backend == "cpu":
+        return backend
+    if backend != "gpu":
+        return None
+    version = str(getattr(jax.devices()[0].client, "platform_version", ""))
+    return None if "rocm" in version.lower() else backend
+
+
 def resolve_route(route: str | None = None) -> str:
     """`"superlu"` or `"cusolver"`: `route` (the current `solver_route` when
     `None`), `"auto"` read from JAX's default backend (a CUDA GPU takes
-    `"cusolver"`: JAX lowers `spsolve` for CUDA and CPU only)."""
+    `"cusolver"`: JAX lowers `spsolve` for CUDA and CPU only). `"cusolver"` on a
+    backend without `spsolve` (a TPU, a ROCm GPU) raises a `ValueError` saying so,
+    at trace time, where JAX would fail at compile time without naming the
+    route."""
     route = _checked(current_route() if route is None else route)
-    if route != "auto":
-        return route
-    if jax.default_backend() != "gpu":
-        return "superlu"
-    version = str(getattr(jax.devices()[0].client, "platform_version", ""))
-    return "superlu" if "rocm" in version.lower() else "cusolver"
+    backend = _spsolve_backend()
+    if route == "auto":
+        return "cusolver" if backend == "gpu" else "superlu"
+    if route == "cusolver" and backend is None:
+        raise ValueError(
+            'quax-sparse\'s `"cusolver"` route solves with '
+            "`jax.experimental.sparse.linalg.spsolve`, which JAX lowers for the CPU "
+            f"and CUDA GPUs only, not for this {jax.default_backend()} backend. Use "
+            '`quax_sparse.solver_route("superlu")` (SciPy\'s SuperLU on the host) '
+            'or `"auto"`, which picks it here.'
+        )
+    return route
 
 
 def _csr(data: Array, indices: Array, n: int) -> tuple[Array, Array, Array]:

@@ -31,9 +31,9 @@ import threading
 from typing import Any
 
 from .._compat import (
-    jit_p,
-    lowered_functions,
-    lowering_cache,
+    forget_called_jaxpr,
+    forget_equation_lowering,
+    forget_jit_body,
     wrap_called_jaxpr_lowering,
     wrap_equation_lowering_miss,
     wrap_jit_lowering,
@@ -54,6 +54,8 @@ def tpu_callbacks_lowered() -> int:
 
 
 def _count(emit: Any) -> Any:
+    """JAX's lowering of a host callback for a TPU, counted."""
+
     def emit_counted(*args: Any, **kwargs: Any) -> Any:
         _lowered.count = tpu_callbacks_lowered() + 1
         return emit(*args, **kwargs)
@@ -62,19 +64,25 @@ def _count(emit: Any) -> Any:
 
 
 def _equation_afresh(miss: Any) -> Any:
+    """An equation's lowering, not kept for the module's next equation of the same
+    primitive, parameters and input types where it lowered a TPU callback."""
+
     def lower_equation(
         ctx: Any, eqn: Any, cache_key: Any, *args: Any, **kw: Any
     ) -> Any:
         before = tpu_callbacks_lowered()
         entry = miss(ctx, eqn, cache_key, *args, **kw)
         if tpu_callbacks_lowered() != before:
-            lowering_cache(ctx).pop(cache_key, None)
+            forget_equation_lowering(ctx, cache_key)
         return entry
 
     return lower_equation
 
 
 def _called_jaxpr_afresh(lower: Any) -> Any:
+    """A called jaxpr's function, not kept for the module's next call of it where
+    it lowered a TPU callback."""
+
     def lower_called_jaxpr(
         ctx: Any,
         fn_name: Any,
@@ -87,25 +95,21 @@ def _called_jaxpr_afresh(lower: Any) -> Any:
         before = tpu_callbacks_lowered()
         func = lower(ctx, fn_name, call_jaxpr, num_const_args, effects, *args, **kw)
         if tpu_callbacks_lowered() != before:
-            key = (fn_name, call_jaxpr.jaxpr, tuple(effects))
-            lowered_functions(ctx).pop(key, None)
+            forget_called_jaxpr(ctx, fn_name, call_jaxpr, effects)
         return func
 
     return lower_called_jaxpr
 
 
 def _jit_afresh(rule: Any) -> Any:
+    """A `jit` body's function, not kept for the module's next `jit` of the same
+    body where it lowered a TPU callback."""
+
     def lower_jit(ctx: Any, *args: Any, jaxpr: Any, **params: Any) -> Any:
         before = tpu_callbacks_lowered()
         out = rule(ctx, *args, jaxpr=jaxpr, **params)
         if tpu_callbacks_lowered() != before:
-            functions = lowered_functions(ctx.module_context)
-            for key in [
-                k
-                for k in functions
-                if type(k) is tuple and len(k) > 2 and k[0] is jit_p and k[2] is jaxpr
-            ]:
-                del functions[key]
+            forget_jit_body(ctx.module_context, jaxpr)
         return out
 
     return lower_jit
