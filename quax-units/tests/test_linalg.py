@@ -188,6 +188,8 @@ def test_eigh():
 
 
 def test_eig():
+    if jax.default_backend() == "tpu":
+        pytest.skip("plain JAX has no TPU lowering of `eig` (nor of `eigvals`)")
     check(jnp.linalg.eig, general, units=["kg", ""])
     check(jnp.linalg.eigvals, general, units="kg")
 

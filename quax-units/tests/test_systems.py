@@ -22,6 +22,7 @@ from quax_units import (
     unit,
     ustrip,
 )
+from quax_units._value import held_range  # the range a dtype holds on a backend
 
 
 # (value, unit, system, expected value, expected unit's name): literals.
@@ -50,6 +51,7 @@ def _ids(case):
     return f"{case[1]}->{case[2].name}"
 
 
+@pytest.mark.float64
 @pytest.mark.parametrize("case", _CASES, ids=_ids)
 def test_decompose_literals_float64(case):
     value, u, system, expected, name = case
@@ -76,6 +78,7 @@ def test_decompose_literals_float32_and_jit(case):
     np.testing.assert_allclose(jitted.value, expected, rtol=5e-7)
 
 
+@pytest.mark.float64
 def test_gravitational_constant_in_each_system():
     with jax.enable_x64(True):
         for system, expected, name in [
@@ -210,8 +213,13 @@ def test_numbers_out_of_range_in_si_are_refused():
     np.testing.assert_allclose(Quantity(1e8, "Msun").array, 1.988409870698051e38, 1e-6)
     assert np.isinf(Quantity(jnp.inf, "km").array)
     with jax.enable_x64(True):
-        big = Quantity(1e12, "Msun")
-        assert big.array == 1.988409870698051e42 and big.value == 1e12
+        if held_range(jnp.float64) == held_range(jnp.float32):
+            # A TPU: XLA's float64 there holds float32's range (2e42 was NaN).
+            with pytest.raises(ValueError, match="pairs of float32 numbers"):
+                Quantity(1e12, "Msun")
+        else:
+            big = Quantity(1e12, "Msun")
+            assert big.array == 1.988409870698051e42 and big.value == 1e12
 
 
 def test_the_range_check_waits_for_the_device_only_for_device_numbers(monkeypatch):
@@ -256,6 +264,7 @@ _units = st.lists(st.tuples(_named, st.integers(-2, 2)), min_size=1, max_size=3)
 )
 
 
+@pytest.mark.float64
 @settings(max_examples=20, deadline=None)
 @given(_units, st.sampled_from([si, cgs, galactic]))
 def test_decompose_is_the_base_units_to_the_dimensions_exponents(u, system):

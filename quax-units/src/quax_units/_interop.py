@@ -8,7 +8,7 @@ import numpy as np
 
 from ._dimensions import Dimension, Dimensions, UnitError
 from ._units import Unit, unit
-from ._value import Quantity
+from ._value import Quantity, float64_emulated, held_range
 
 
 __all__ = ["from_astropy", "from_pint", "to_astropy", "to_pint"]
@@ -32,37 +32,54 @@ def _astropy_offset_units() -> dict[str, Any]:
 def _numbers(value: Any, source: str) -> jax.Array:
     """`value` (numbers in SI-coherent units) as a JAX array, refusing numbers that
     JAX's dtype for them cannot hold: without 64-bit mode a float64 `1e300` would be
-    `inf` and `1e-50` would be 0 in float32."""
+    `inf` and `1e-50` would be 0 in float32; on a TPU, whose float64 holds float32's
+    range (`held_range`), so would they in float64."""
     scalar = isinstance(value, int | float | complex) and not isinstance(value, bool)
     value = np.asarray(value)
     if value.dtype == object:
         value = value.astype(np.result_type(*value.ravel()) if value.size else float)
     dtype = jax.dtypes.canonicalize_dtype(value.dtype)
-    if np.issubdtype(value.dtype, np.inexact) and dtype != value.dtype:
-        finfo = jnp.finfo(dtype)
-        parts = (value.real, value.imag) if np.iscomplexobj(value) else (value,)
-        sizes = np.concatenate([np.abs(p[np.isfinite(p)]).ravel() for p in parts])
-        fix = (
-            "Enable 64-bit numbers (`jax.config.update('jax_enable_x64', True)`) "
-            "before converting, or scale the numbers into range first."
-        )
-        if np.any(sizes > float(finfo.max)):
-            raise ValueError(
-                f"{source}: numbers up to {sizes.max():.6g} in SI-coherent units (what "
-                f"a Quantity holds) are beyond {dtype}'s range (at most "
-                f"{float(finfo.max):.6g}): they would be infinite. {fix}"
-            )
-        small = sizes[sizes != 0]
-        if np.any(small < float(finfo.tiny)):
-            raise ValueError(
-                f"{source}: nonzero numbers as small as {small.min():.6g} in "
-                f"SI-coherent units (what a Quantity holds) are below {dtype}'s "
-                f"smallest normal number {float(finfo.tiny):.6g}: they would keep "
-                f"fewer digits or be 0. {fix}"
-            )
+    if np.issubdtype(value.dtype, np.inexact):
+        _check_held(value, dtype, source)
     if scalar:  # a Python number stays weakly typed, as JAX keeps it
         return jnp.asarray(value.item())
     return jnp.asarray(value.astype(dtype))
+
+
+def _check_held(value: Any, dtype: Any, source: str) -> None:
+    """Refuse floating `value` that JAX's `dtype` holds as infinities or zeros
+    (or fewer digits) on JAX's default backend (`held_range`)."""
+    tiny, most = held_range(dtype)
+    emulated = float64_emulated(dtype)
+    if dtype == value.dtype and not emulated:
+        return
+    parts = (value.real, value.imag) if np.iscomplexobj(value) else (value,)
+    sizes = np.concatenate([np.abs(p[np.isfinite(p)]).ravel() for p in parts])
+    fix = (
+        "Enable 64-bit numbers (`jax.config.update('jax_enable_x64', True)`) "
+        "before converting, or scale the numbers into range first."
+    )
+    if emulated:
+        fix = (
+            f"On a {jax.default_backend()}, XLA emulates {dtype} with pairs of "
+            "float32 numbers, which hold float32's range: convert on the CPU "
+            "(`with jax.default_device(jax.devices('cpu')[0]):`), or scale the "
+            "numbers into range first."
+        )
+    if np.any(sizes > most):
+        raise ValueError(
+            f"{source}: numbers up to {sizes.max():.6g} in SI-coherent units (what "
+            f"a Quantity holds) are beyond {dtype}'s range (at most "
+            f"{most:.6g}): they would be infinite. {fix}"
+        )
+    small = sizes[sizes != 0]
+    if np.any(small < tiny):
+        raise ValueError(
+            f"{source}: nonzero numbers as small as {small.min():.6g} in "
+            f"SI-coherent units (what a Quantity holds) are below {dtype}'s "
+            f"smallest normal number {tiny:.6g}: they would keep "
+            f"fewer digits or be 0. {fix}"
+        )
 
 
 def _display(text: str, dims: Dimensions) -> Unit | None:

@@ -474,12 +474,16 @@ def scaled(array: Any, factor: float, *, divide: bool = False) -> Any:
     constant is left for XLA to fold into one out of range (as it folds `x * a * b`
     into `x * (a * b)`), so no optimisation barrier is needed, which TPUs cannot
     compile. It is a linear map with its own transpose (`lax.custom_linear_solve`),
-    so `jvp`, `grad` and `vmap` go through it as through a product.
+    so `jvp`, `grad` and `vmap` go through it as through a product. The range is the
+    one the dtype holds on JAX's default backend (`held_range`): on a TPU, float64's
+    is float32's.
     """
     dtype = jnp.result_type(array)
     if jnp.issubdtype(dtype, jnp.inexact):
-        finfo = jnp.finfo(dtype)
-        if not float(finfo.tiny) <= factor <= float(finfo.max):
+        tiny, largest = held_range(dtype)
+        if not tiny <= factor <= largest:
+            if float64_emulated(dtype):
+                return _scaled_in_two_steps(array, factor, divide)
             return jax.lax.custom_linear_solve(
                 lambda y: _exactly_scaled(y, factor, not divide),
                 jnp.asarray(array),
@@ -487,6 +491,30 @@ def scaled(array: Any, factor: float, *, divide: bool = False) -> Any:
                 symmetric=True,
             )
     return array / factor if divide else array * factor
+
+
+def _scaled_in_two_steps(array: Any, factor: float, divide: bool) -> Any:
+    """`array * factor` (or `/`) in float64 on a platform that emulates float64 with
+    pairs of float32 numbers (a TPU), for a `factor` out of float32's range: there
+    `jnp.frexp` of a float64 does not compile ("Binary op and with different element
+    types: s32 and u32", TPU v5e), so `_exactly_scaled` cannot run. Two products
+    by factors in range instead, a power of two and the rest: where the result is in
+    range, so is the number between the two products (it lies between the number
+    and the result). The TPU's compiler does not fold the two constants into one out
+    of range (seen on a TPU v5e, JAX 0.10.2: 1e30 J in `Msun kpc2 / Myr2` gave
+    5.26018397e-13). A division is a product with the reciprocal (a division by
+    both steps gave 1e-30 J in those units to 3e-9 there; products to 1e-12).
+    Two roundings, not one; where a factor is beyond what two
+    steps in range make, no result is in range, and one product gives it."""
+    if divide:  # by products with reciprocals: the emulation's division is coarser
+        factor = 1 / factor
+    mantissa, power = math.frexp(factor)
+    first = 2.0 ** (power // 2)
+    second = mantissa * 2.0 ** (power - power // 2)
+    tiny, largest = held_range(jnp.float32)
+    if not (tiny <= first <= largest and tiny <= second <= largest):
+        return array * factor
+    return array * first * second
 
 
 def _exactly_scaled(array: Any, factor: float, divide: bool) -> Any:
@@ -534,37 +562,82 @@ def _times_power_of_two(fraction: Any, exponent: Any) -> Any:
     return jnp.where(exponent > finfo.maxexp, jnp.copysign(jnp.inf, fraction), out)
 
 
+# The platforms whose hardware has no float64 arithmetic, where XLA emulates float64
+# with pairs of float32 numbers: their float64 holds float32's exponent range. Seen on
+# a TPU v5e (JAX 0.10.2): `Quantity(1e12, "Msun")` in float64 (1.99e42 kg) was held as
+# NaN and 1.05e-39 as 0, where the CPU holds both.
+_FLOAT64_IN_FLOAT32_RANGE = frozenset({"tpu"})
+
+
+def held_range(dtype: Any, platform: str | None = None) -> tuple[float, float]:
+    """The smallest normal number and the largest finite number that arrays of
+    `dtype` hold on `platform`.
+
+    **Arguments:**
+
+    - `dtype`: a floating or complex dtype.
+    - `platform`: `"cpu"`, `"gpu"`, `"tpu"`, ...; JAX's default backend where
+        `None`.
+
+    **Returns:**
+
+    `jnp.finfo(dtype)`'s `tiny` and `max`, but float32's for float64 and complex128
+    on a platform that emulates float64 with pairs of float32 numbers (a TPU: see
+    `float64_emulated`).
+    """
+    finfo = jnp.finfo(jnp.float32 if float64_emulated(dtype, platform) else dtype)
+    return float(finfo.tiny), float(finfo.max)
+
+
+def float64_emulated(dtype: Any, platform: str | None = None) -> bool:
+    """Whether `dtype` is float64 or complex128 and `platform` (JAX's default backend
+    where `None`) emulates float64 with pairs of float32 numbers, which hold
+    float32's range (a TPU)."""
+    return (
+        jnp.finfo(dtype).bits == 64
+        and (platform or jax.default_backend()) in _FLOAT64_IN_FLOAT32_RANGE
+    )
+
+
+def _platform_of(array: Any) -> str:
+    """The platform that the concrete `array` is on."""
+    return next(iter(array.devices())).platform
+
+
 @jax.jit
-def _leaves_range(value: Any, array: Any) -> Any:
-    """Whether a finite number of `value` is out of `array`'s normal range there:
-    infinite, or (a nonzero one) below the smallest normal number, where it keeps
-    fewer digits or is 0 (one dispatch)."""
+def _leaves_range(value: Any, array: Any, tiny: Any, most: Any) -> Any:
+    """Whether a finite number of `value` is out of `array`'s normal range there
+    (from `tiny` to `most`, its `held_range`): not finite (infinite, or NaN where XLA
+    emulates the dtype), above `most`, or (a nonzero one) below `tiny`, where it
+    keeps fewer digits or is 0 (one dispatch)."""
     finite = jnp.isfinite(value)
-    tiny = jnp.finfo(array.dtype).tiny
-    overflow = jnp.isinf(array) & finite
+    overflow = ~(jnp.abs(array) <= most) & finite
     underflow = (jnp.abs(array) < tiny) & (value != 0) & finite
     return jnp.any(overflow | underflow)
 
 
-def _cannot_leave_range(value_dtype: Any, dtype: Any, factor: float) -> bool:
+def _cannot_leave_range(
+    value_dtype: Any, held: tuple[float, float], factor: float
+) -> bool:
     """Whether every number of `value_dtype`, times `factor`, is finite and (if
-    nonzero) normal in `dtype`: booleans and integers (`int32` up to 2.1e9, or as
-    small as 1) converted to a float array, for the factors of most units. (Floats
-    keep their dtype, where the largest ones overflow and the smallest underflow.)"""
+    nonzero) normal in the range `held` (a dtype's `held_range`): booleans and
+    integers (`int32` up to 2.1e9, or as small as 1) converted to a float array, for
+    the factors of most units. (Floats keep their dtype, where the largest ones
+    overflow and the smallest underflow.)"""
     if not (
         jnp.issubdtype(value_dtype, jnp.bool_)
         or jnp.issubdtype(value_dtype, jnp.integer)
     ):
         return False
-    finfo = jnp.finfo(dtype)
+    tiny, most = held
     # With a margin for the rounding of the product and of `factor` in `dtype`.
-    if factor * (1 - 1e-6) < float(finfo.tiny):
+    if factor * (1 - 1e-6) < tiny:
         return False
     if jnp.issubdtype(value_dtype, jnp.bool_):
-        return factor * (1 + 1e-6) < float(finfo.max)
+        return factor * (1 + 1e-6) < most
     info = jnp.iinfo(value_dtype)
     largest = max(abs(int(info.min)), int(info.max))
-    return largest * factor * (1 + 1e-6) < float(finfo.max)
+    return largest * factor * (1 + 1e-6) < most
 
 
 def _check_in_range(given: Any, value: Any, array: Any, u: Unit) -> None:
@@ -572,7 +645,8 @@ def _check_in_range(given: Any, value: Any, array: Any, u: Unit) -> None:
     SI-coherent units: `1e12 Msun` is 2e42 kg, beyond float32's 3.4e38, where the
     array would hold infinities; `3 ns` is 3e-9 s, below float16's smallest normal
     number 6.1e-5, where the array would hold 0 (and `100 ns` a subnormal 1.19e-7
-    s, read back as 119 ns).
+    s, read back as 119 ns). The range is the one the dtype holds on the array's
+    platform (`held_range`): on a TPU, float64 holds float32's.
 
     Reading whether any number left the range waits for the device: it is skipped
     where no number of the given dtype can (integers, for most factors), and done
@@ -581,38 +655,57 @@ def _check_in_range(given: Any, value: Any, array: Any, u: Unit) -> None:
     dtype's range. Otherwise the device computes it in one dispatch.
     """
     dtype = jnp.result_type(array)
-    if _cannot_leave_range(jnp.result_type(value), dtype, u.scale):
+    platform = _platform_of(array)
+    tiny, most = held_range(dtype, platform)
+    if _cannot_leave_range(jnp.result_type(value), (tiny, most), u.scale):
         return
-    finfo = jnp.finfo(dtype)
     if isinstance(given, np.ndarray | np.generic | int | float) and (
-        float(finfo.tiny) <= u.scale <= float(finfo.max)
+        tiny <= u.scale <= most
     ):
         numbers = np.asarray(given).astype(dtype)
         with np.errstate(over="ignore", under="ignore", invalid="ignore"):
-            product = numbers * dtype.type(u.scale)
+            product = np.abs(numbers * dtype.type(u.scale))
             finite = np.isfinite(numbers)
-            out = np.isinf(product) & finite
-            out |= (np.abs(product) < finfo.tiny) & (numbers != 0) & finite
+            out = ~(product <= most) & finite
+            out |= (product < tiny) & (numbers != 0) & finite
     else:
-        out = _leaves_range(value, array)
+        out = _leaves_range(value, array, tiny, most)
     if not bool(np.any(out)):
         return
+    emulated = fix = ""
+    if float64_emulated(dtype, platform):
+        emulated = (
+            f" on a {platform}, where XLA emulates {dtype} with pairs of float32 "
+            "numbers, which hold float32's range"
+        )
+        fix = (
+            "compute with such values on the CPU (`with jax.default_device("
+            "jax.devices('cpu')[0]):`), or give them in a form that stays in range "
+            "(their logarithm, or a plain array in the unit you read them in)."
+        )
     if u.scale > 1.0:
         raise ValueError(
             f"Quantity: numbers in {u} out of {dtype}'s range once held in "
             f"SI-coherent units ({si_unit(u.dimensions)}, {u.scale:.6g} per {u}; "
-            f"{dtype} holds at most {float(finfo.max):.6g}), which would "
-            "be infinite. A Quantity holds its array in SI-coherent units: use "
-            "float64 (`jax.config.update('jax_enable_x64', True)` and float64 "
-            "numbers) for such values."
+            f"{dtype} holds at most {most:.6g}{emulated}), which would "
+            "be infinite. A Quantity holds its array in SI-coherent units: "
+            + (
+                fix
+                or "use float64 (`jax.config.update('jax_enable_x64', True)` and "
+                "float64 numbers) for such values."
+            )
         )
     raise ValueError(
         f"Quantity: nonzero numbers in {u} below {dtype}'s normal range once held "
         f"in SI-coherent units ({si_unit(u.dimensions)}, {u.scale:.6g} per {u}; "
-        f"{dtype}'s smallest normal number is {float(finfo.tiny):.6g}), where they "
+        f"{dtype}'s smallest normal number is {tiny:.6g}{emulated}), where they "
         "would keep fewer digits or be 0. A Quantity holds its array in SI-coherent "
-        "units: use a wider dtype (float32, or float64 with "
-        "`jax.config.update('jax_enable_x64', True)`) for such values."
+        "units: "
+        + (
+            fix
+            or "use a wider dtype (float32, or float64 with "
+            "`jax.config.update('jax_enable_x64', True)`) for such values."
+        )
     )
 
 
