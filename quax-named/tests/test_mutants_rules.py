@@ -230,3 +230,45 @@ def test_a_join_that_would_hold_one_name_twice_is_refused() -> None:
         r"Rename one of them first \(`quax_named\.rename`\)\.$",
     ):
         f(x)
+
+
+def test_an_update_of_another_rank_is_refused_as_jax_refuses_it() -> None:
+    # Plain JAX raises `TypeError: dynamic_update_slice update must have the same rank
+    # as operand`; so does the rule, naming the axes, where it once let `zip` raise a
+    # bare `ValueError` (mutant: the `zip`'s `strict=True` dropped).
+    x = NamedArray(jnp.ones((4, 3)), ("a", "b"))
+    update = NamedArray(jnp.ones((2,)), ("a",))
+    with pytest.raises(
+        TypeError,
+        match=r"^dynamic_update_slice update must have the same rank as operand, got "
+        r"an update with axes \('a',\) for a NamedArray with axes \('a', 'b'\)\.$",
+    ):
+        quax.quaxify(lambda x, u: jax.lax.dynamic_update_slice(x, u, (0, 0)))(x, update)
+
+
+def test_stacks_joined_along_their_anonymous_axis_keep_its_size() -> None:
+    # Two stacks of a NamedArray (an anonymous leading axis each, of 2 and 3 pieces)
+    # joined along it: one anonymous axis of 5 (mutant: its size dropped to `None`,
+    # which matches any size).
+    x = NamedArray(jnp.asarray(DATA[0]), ("a", "b"))
+    f = quax.quaxify(lambda x: jnp.concatenate([jnp.stack([x, x]), jnp.stack([x] * 3)]))
+    for run in (f, jax.jit(f)):
+        out = run(x)
+        assert out.axes[0].name is None and out.axes[0].size == 5
+        assert out.names[1:] == ("a", "b") and out.array.shape == (5, 3, 4)
+        np.testing.assert_array_equal(out.array, np.stack([DATA[0]] * 5))
+
+
+def test_mismatched_batch_axes_are_named_on_both_sides() -> None:
+    # The refusal names each operand's axes (mutant: the right-hand side's dropped).
+    p = NamedArray(jnp.ones((2, 3, 4)), ("b", "i", "j"))
+    q = NamedArray(jnp.ones((2, 4, 5)), ("c", "j", "k"))
+    with pytest.raises(
+        TypeError,
+        match=r"^Cannot batch mismatched dimensions: lhs axis 'b' \(of \('b', 'i', "
+        r"'j'\)\) with rhs axis 'c' \(of \('c', 'j', 'k'\)\)\. If they are the same "
+        r"axis",
+    ):
+        quax.quaxify(
+            lambda p, q: jax.lax.dot_general(p, q, (((2,), (1,)), ((0,), (0,))))
+        )(p, q)

@@ -5,6 +5,7 @@ surviving mutant of the sample run and the test that kills it). They check what 
 errors tell a user: the unit the numbers are held in, and the way out."""
 
 import jax
+import jax.extend.core.primitives as jprim
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -145,3 +146,60 @@ def test_a_loop_buffer_written_at_an_index_with_units_names_the_index() -> None:
         np.testing.assert_array_equal(out.array, np.array([0.0, 0.0, 2.5, 0.0]))
     with pytest.raises(UnitError, match=r"`maybe_set` needs a dimensionless index \("):
         f(buffer, Quantity(jnp.float32(2.5), "m"), Quantity(jnp.int32(2), "s"))
+
+
+def test_a_known_plain_part_beside_a_quantity_in_add_any_is_refused_either_way() -> (
+    None
+):
+    # Autodiff's accumulation of a quantity in metres and a plain part: zeros (an
+    # instantiated symbolic zero) take the metres, a known nonzero part is refused,
+    # with the quantity first or second (mutant: the plain part looked for on the
+    # wrong side when the quantity comes first).
+    add_any = jprim.add_jaxvals_p
+    q = Quantity(jnp.array([1.0, 2.0]), "m")
+    for first in (True, False):
+        bind = quax.quaxify(
+            lambda q, p, first=first: (
+                add_any.bind(q, p) if first else add_any.bind(p, q)
+            )
+        )
+        out = bind(q, jnp.zeros(2))
+        assert out.units == q.units
+        np.testing.assert_array_equal(out.array, [1.0, 2.0])
+        with pytest.raises(
+            UnitError, match=r"a plain part other than zeros beside a dimensional one"
+        ):
+            bind(q, jnp.array([3.0, 4.0]))
+
+
+def test_complex_builds_a_quantity_from_its_two_parts() -> None:
+    # `lax.complex` of two lengths: a complex length, the real part first (mutants:
+    # the result's array dropped; the real part replaced by `None`). A plain zero
+    # part fits any unit; parts of two dimensions are refused.
+    re = Quantity(jnp.array([1.0, 2.0]), "km")
+    im = Quantity(jnp.array([30.0, -40.0]), "m")
+    f = quax.quaxify(lax.complex)
+    g = quax.quaxify(lambda im: lax.complex(jnp.zeros(2), im))
+    for run, run_zero in ((f, g), (jax.jit(f), jax.jit(g))):
+        out = run(re, im)
+        assert out.units == re.units
+        np.testing.assert_array_equal(out.array, [1000.0 + 30.0j, 2000.0 - 40.0j])
+        zero_real = run_zero(im)
+        np.testing.assert_array_equal(zero_real.array, [30.0j, -40.0j])
+        assert zero_real.units == im.units
+    with pytest.raises(UnitError, match=r"Give both parts in one dimension"):
+        f(re, Quantity(jnp.array([1.0, 2.0]), "s"))
+
+
+def test_an_update_in_other_units_names_dynamic_update_slice() -> None:
+    # Writing seconds into metres is refused, naming the primitive (mutant: the
+    # primitive left out of the refusal).
+    x = Quantity(jnp.zeros(4), "m")
+    with pytest.raises(UnitError, match=r"dynamic_update_slice"):
+        quax.quaxify(lambda x, u: lax.dynamic_update_slice(x, u, (1,)))(
+            x, Quantity(jnp.ones(2), "s")
+        )
+    out = quax.quaxify(lambda x, u: lax.dynamic_update_slice(x, u, (1,)))(
+        x, Quantity(jnp.ones(2), "km")
+    )
+    np.testing.assert_array_equal(out.array, [0.0, 1000.0, 1000.0, 0.0])

@@ -751,6 +751,12 @@ def _dynamic_update_slice(
         rule = quax.fallback_rule(lax.dynamic_update_slice_p, values)
         return rule(values, params)
     if isinstance(update, NamedArray):
+        if len(update.axes) != len(x.axes):  # JAX's own refusal, with the names
+            raise TypeError(
+                "dynamic_update_slice update must have the same rank as operand, "
+                f"got an update with axes {labels(update.axes)} for a NamedArray "
+                f"with axes {labels(x.axes)}."
+            )
         for j, (a, b) in enumerate(zip(x.axes, update.axes, strict=True)):
             if isinstance(b, Broadcast) or a.key == b.key:
                 continue
