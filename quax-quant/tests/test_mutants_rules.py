@@ -174,3 +174,54 @@ def test_a_product_of_two_quantised_arrays_keeps_the_preferred_dtype(ref) -> Non
             np.testing.assert_allclose(
                 np.asarray(out, np.float64), want, rtol=2e-2, atol=2e-2
             )
+
+
+def test_refusals_of_broadcast_and_conversion_say_why(ref) -> None:
+    # A broadcast that repeats the array, and a conversion to integers, are refused
+    # saying why (mutant: the broadcast's reason changed); allowed, each gives the
+    # dense result (mutant: the conversion's params misnamed for the fallback).
+    w = qq.quantise(jr.normal(jr.PRNGKey(0), (4, 8)), bits=8)
+    with pytest.raises(
+        qq.QuantMaterialisationError,
+        match=r"`broadcast_in_dim` on input types \(QuantisedArray\): broadcasting "
+        r"repeats the array \(only new axes of size 1 keep the quantisation\), and ",
+    ):
+        quax.quaxify(lambda a: jnp.broadcast_to(a, (3, 4, 8)))(w)
+    with pytest.raises(
+        qq.QuantMaterialisationError,
+        match=r"`convert_element_type` on input types \(QuantisedArray\): converting "
+        r"to int32 rounds the dequantised values, and ",
+    ):
+        quax.quaxify(lambda a: a.astype(jnp.int32))(w)
+    allowed = w.enable_materialise()
+    dense = ref.dequantise(w)
+    for run in (quax.quaxify, lambda f: jax.jit(quax.quaxify(f))):
+        converted = run(lambda a: a.astype(jnp.int32))(allowed)
+        assert converted.dtype == jnp.int32
+        np.testing.assert_array_equal(converted, dense.astype(np.int32))
+        repeated = run(lambda a: jnp.broadcast_to(a, (3, 4, 8)))(allowed)
+        np.testing.assert_allclose(
+            repeated, np.broadcast_to(dense, (3, 4, 8)), rtol=1e-6
+        )
+
+
+def test_a_calibrated_weight_on_the_left_keeps_the_products_params() -> None:
+    # `w @ x` (as `eqx.nn.Linear` writes it) with a weight recording its inputs: the
+    # product keeps its params, here a float32 result of bfloat16 operands, and the
+    # inputs are recorded (mutant: the params dropped, giving bfloat16).
+    from quax_quant._layer_inputs import RecordingWeight
+
+    recorded = []
+    weight = jr.normal(jr.PRNGKey(0), (3, 4)).astype(jnp.bfloat16)
+    x = jr.normal(jr.PRNGKey(1), (4, 5)).astype(jnp.bfloat16)
+    w = RecordingWeight(weight, 1, lambda gram, abs_sum, rows: recorded.append(rows))
+    out = quax.quaxify(
+        lambda w, x: jax.lax.dot_general(
+            w, x, (((1,), (0,)), ((), ())), preferred_element_type=jnp.float32
+        )
+    )(w, x)
+    jax.effects_barrier()
+    assert out.dtype == jnp.float32
+    want = np.asarray(weight, np.float32) @ np.asarray(x, np.float32)
+    np.testing.assert_allclose(out, want, rtol=1e-6, atol=1e-6)
+    assert recorded == [5]
