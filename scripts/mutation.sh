@@ -60,7 +60,7 @@ targets=$(
 zero-rules       quax-core        quax/zero/_rules.py              test_zero.py test_zero_signs.py test_zero_preserving.py test_zero_conformance.py test_custom_symbolic_zeros.py test_mutants_zero.py
 zero-value       quax-core        quax/zero/_value.py              test_zero.py test_zero_signs.py test_zero_conformance.py
 caching-keys     quax-core        quax/_caching/_keys.py           test_cache_keys_inputs.py test_cache_keys_types.py test_cache_identity.py test_known_constant.py test_caches.py test_mutants_keys.py
-caching-eager    quax-core        quax/_caching/_eager.py          test_eager.py test_cache_keys_inputs.py test_cache_identity.py test_mutants_caching.py
+caching-eager    quax-core        quax/_caching/_eager.py          test_eager.py test_cache_keys_inputs.py test_cache_identity.py test_mutants_caching.py test_mutants_eager.py
 caching-replay   quax-core        quax/_caching/_replay.py         test_replay.py test_cache_identity.py test_caches.py test_mutants_caching.py
 caching-per-jaxpr quax-core       quax/_caching/_per_jaxpr.py      test_caches.py test_cache_lifetime.py test_built_inside.py test_nesting.py test_control_flow.py test_mutants_per_jaxpr.py test_mutants_caching.py
 caching-nested   quax-core        quax/_caching/_nested.py         test_nesting.py test_cache_lifetime.py test_caches.py test_cache_identity.py test_mutants_caching.py
@@ -69,7 +69,7 @@ dispatch-known   quax-core        quax/_dispatch/_known.py         test_known_co
 dispatch-registry quax-core       quax/_dispatch/_registry.py      test_registry.py test_clients_registry.py test_cache_keys_types.py test_register_function_inline.py test_mutants_trace.py test_quaxify.py test_loop_fills.py
 dispatch-staged  quax-core        quax/_dispatch/_staged.py        test_registry.py test_quaxify.py test_built_inside.py test_nesting.py test_mutants_staged.py test_bound_values.py
 dispatch-plugins quax-core        quax/_dispatch/_plugins.py       test_plugins.py test_plugin_faults.py test_plugin_trace_context.py test_mutants_plugins.py
-transform-trace  quax-core        quax/_transform/_trace.py        test_quaxify.py test_nesting.py test_values.py test_sharding.py test_bound_values.py test_mutants_trace.py
+transform-trace  quax-core        quax/_transform/_trace.py        test_quaxify.py test_nesting.py test_values.py test_sharding.py test_bound_values.py test_mutants_trace.py test_register_function_inline.py
 transform-quaxify quax-core       quax/_transform/_quaxify.py      test_quaxify.py test_nesting.py test_built_inside.py test_mutants_quaxify.py
 lora-rules       quax-lora        quax_lora/_rules.py              test_rules.py test_dot_general.py test_multi_adapter.py test_variants.py test_mutants_rules.py test_value_weights.py
 quant-rules      quax-quant       quax_quant/_rules.py             test_rules.py test_matmul.py test_gptq.py test_mutants_rules.py

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pluggy
 import pytest
 import quax
 from quax._dispatch import _plugins
@@ -257,3 +258,89 @@ def test_an_example_module_not_available_is_an_import_error_naming_it(
     with pytest.raises(ImportError) as error:
         _plugins.example_module("nonesuch")
     assert error.value.name == "quax.examples.nonesuch"
+
+
+def test_an_installed_family_not_loaded_yet_is_available(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Discovered afresh, with no family loaded, each installed family is
+    `"available"`, the state `load` loads (mutant `_discover` 68 wrote
+    `"AVAILABLE"`, which `load` skips: no installed family was ever loaded)."""
+    points = importlib.metadata.entry_points(group="quax.rules")
+    assert points  # the workspace installs the families
+    monkeypatch.setattr(_plugins, "_families", None)
+    monkeypatch.setattr(_plugins, "_blocked", set())
+    monkeypatch.setattr(_plugins, "_manager", pluggy.PluginManager("quax_no_family"))
+    found = _plugins._discover()
+    for point in points:
+        assert found[point.name].state == "available", point.name
+    loaded: list[str] = []
+    monkeypatch.setattr(
+        _plugins, "_load_one", lambda family: loaded.append(family.name)
+    )
+    quax.plugins.load()
+    assert set(loaded) >= {point.name for point in points}
+
+
+@pytest.mark.parametrize(("value", "loads"), [("0", [None]), ("1", [])])
+def test_autoload_is_disabled_by_any_value_but_0(
+    monkeypatch: pytest.MonkeyPatch, value: str, loads: list[str | None]
+) -> None:
+    """`QUAX_DISABLE_PLUGIN_AUTOLOAD=0` leaves autoloading on, as unset does; `1`
+    turns it off (mutant `autoload` 11 took `0` for off)."""
+    seen: list[str | None] = []
+    monkeypatch.setattr(_plugins, "_autoloaded", False)
+    monkeypatch.setattr(_plugins, "load", lambda name=None: seen.append(name) or [])
+    monkeypatch.setenv(_plugins.DISABLE_ENV, value)
+    _plugins.autoload()
+    assert seen == loads
+
+
+def test_a_family_adding_to_the_trace_context_is_warned_of_with_the_way_out(
+    installed: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A family whose load adds to JAX's trace context is warned of, with what
+    happens and the way out, word for word (mutant `_load_one` 70 changed the
+    text). The trace context's size is the test's own counter."""
+    size = [3]
+    monkeypatch.setattr(_plugins, "trace_context_size", lambda: size[0])
+
+    class Adding:
+        @quax.hookspecs.hookimpl
+        def quax_register_rules(self) -> None:
+            size[0] += 1
+
+    with pytest.warns(_plugins.PluginWarning) as record:
+        family = _plugins.load_in_process("adding_family", Adding())
+    installed["adding_family"] = family
+    assert family.state == "loaded"
+    assert [str(w.message) for w in record] == [
+        "The quax family 'adding_family' (distribution <in process> 0) added 1 "
+        "value to JAX's trace context as it loaded (a `jax.make_user_context`, or "
+        "a JAX option included in the trace context, made at import): a `jax.jit` "
+        "whose first call loads the families (the program's first quaxified call) "
+        "then finds its cache key changed, and traces and compiles again on its "
+        "next call. Make such a setting with `quax.plugins.jit_context(default)`, "
+        "which adds nothing to JAX's trace context."
+    ]
+
+
+def test_a_family_loaded_in_process_names_no_distribution_but_that(
+    installed: dict[str, Any],
+) -> None:
+    """A family loaded in the process is of the distribution `"<in process>"`,
+    which its failure's warning names (mutant `load_in_process` 12 gave `None`)."""
+
+    class Failing:
+        @quax.hookspecs.hookimpl
+        def quax_register_rules(self) -> None:
+            raise RuntimeError("no rules today")
+
+    with pytest.warns(
+        _plugins.PluginWarning,
+        match=r"^The quax family 'named_failing' \(distribution <in process> 0\) "
+        "failed to load",
+    ):
+        family = _plugins.load_in_process("named_failing", Failing())
+    installed["named_failing"] = family
+    assert (family.distribution, family.version) == ("<in process>", "0")

@@ -3,6 +3,7 @@
 `docs/mutation.md`), each failing with its mutant planted: which resolutions the
 dispatch cache may keep, and its bound."""
 
+import functools as ft
 from typing import Any
 
 import equinox as eqx
@@ -15,7 +16,7 @@ import quax
 from jax import lax
 from jaxtyping import Array, Float, Int
 from quax._dispatch import _registry
-from quax._foundation import _journal
+from quax._foundation import _debug, _journal
 
 from .helpers import Dense, Scaled
 
@@ -200,3 +201,74 @@ def test_an_eager_operators_result_is_a_tracer_to_jax_transforms() -> None:
             np.testing.assert_array_equal(out, (np.asarray(array) * 6.0).sum(axis=1))
     finally:
         quax.set_eager_compilation(previous)
+
+
+@pytest.mark.parametrize("jitted", [False, True])
+def test_rules_run_without_debug_checks(jitted: bool) -> None:
+    """With debug checks off (the default outside the tests), a rule is called
+    directly, not through the checked call: a value's product and negation,
+    eagerly and under `jit`, against NumPy (mutant `_run_rule` 34 called `None` on
+    that path, a `TypeError` for every rule)."""
+    a = np.array([0.5, -1.5, 2.25, 3.0], np.float32)
+
+    def f(v: Any) -> Any:
+        return -(v * 3.0)
+
+    g = quax.quaxify(jax.jit(f) if jitted else f)
+    previous = _debug.is_enabled()
+    quax.set_debug_checks(False)
+    try:
+        out = g(Scaled(jnp.asarray(a), jnp.asarray(2.0, jnp.float32)))
+    finally:
+        quax.set_debug_checks(previous)
+    assert isinstance(out, Scaled)
+    np.testing.assert_allclose(np.asarray(out.materialise()), -(a * 2.0 * 3.0))
+
+
+def test_a_catch_all_rule_catching_another_owners_type_is_warned_of_in_full() -> None:
+    """A rule annotating none of its positional parameters that catches a value
+    type of another owner is warned of, ending with the way out word for word
+    (mutant `_warn_if_foreign` 38 lower-cased its example's types)."""
+    caught_p = jax.extend.core.Primitive("mutant_catch_all")
+    caught_p.def_impl(lambda x: 2 * x)
+    caught_p.def_abstract_eval(lambda x: x)
+
+    def unannotated(x, **params):
+        del params
+        return Dense(x.array * 3.0)
+
+    unannotated.__module__ = "someone_else._rules"
+    quax.register(caught_p)(unannotated)
+    with pytest.warns(quax.RuleConflictWarning) as caught:
+        out = quax.quaxify(caught_p.bind)(Dense(X))
+    message = str(caught[0].message)
+    assert message.startswith("The quax rule someone_else._rules.")
+    assert message.endswith(
+        "of another distribution than the rule's (someone_else), which has no "
+        "rule of its own for `mutant_catch_all` here. Annotate the inputs the "
+        "rule handles, e.g. `def _(x: MyArray, y: ArrayLike, **params)`."
+    )
+    np.testing.assert_array_equal(out.array, np.asarray(X) * 3.0)
+
+
+@ft.partial(jax.jit, inline=True)
+def _tripled(a: Any) -> Any:
+    return a * 3.0
+
+
+@quax.register_function(_tripled)
+def _(a: ByDtype) -> ByDtype:
+    return ByDtype(a.array * 3.0, "tripled")
+
+
+def test_a_function_rule_without_the_call_param_is_refused_naming_it() -> None:
+    """A `register_function` rule that takes neither `call` nor `**params` is
+    refused when quax calls it with `call`, naming the function and the param
+    (mutant `registered_rule` 22 made the rule without its primitive: an
+    `AttributeError` of `None` instead)."""
+    with pytest.raises(
+        TypeError,
+        match=r"for primitive `_tripled \(jitted function\)` does not take the "
+        r"param `call`, and JAX binds `_tripled \(jitted function\)` with `call=",
+    ):
+        quax.quaxify(_tripled)(ByDtype(X, ""))
