@@ -23,7 +23,14 @@ from jax import lax
 
 # Examples per test: each runs every check of the kit (about six compilations).
 # QUAX_HYPOTHESIS_SCALE (see scripts/hypothesis_sweep.sh) multiplies them.
-EXAMPLES = 10 * int(os.environ.get("QUAX_HYPOTHESIS_SCALE", "1"))
+SCALE = int(os.environ.get("QUAX_HYPOTHESIS_SCALE", "1"))
+EXAMPLES = 10 * SCALE
+# The structural operations draw 7 (two checks an example; at 10 they were the
+# suite's slowest test, 39 s of its 463 s on 2 workers): at the fixed seed 0 their
+# examples reach the same 6 of the 8 operations (all but "neg" and "reshape
+# merging") and all four formats (int as 8 bits, not symmetric) as 10 did (8 and 7
+# examples: the same; 6 leave "reshape splitting at groups" out).
+STRUCTURAL_EXAMPLES = 7 * SCALE
 
 
 @st.composite
@@ -107,7 +114,7 @@ STRUCTURAL = {
 
 
 @pytest.mark.long_running
-@settings(max_examples=EXAMPLES, deadline=None)
+@settings(max_examples=STRUCTURAL_EXAMPLES, deadline=None)
 @given(
     case=st.sampled_from(sorted(STRUCTURAL)),
     fmt=st.sampled_from(FORMATS),
