@@ -50,6 +50,7 @@ from typing import Any
 import jax
 import pytest
 import quax
+import quax._compat
 import quax.testing
 
 
@@ -105,13 +106,17 @@ def _share_mlir_contexts() -> None:
     another (a lowering rule that runs a program, as lineax's does, compiling it
     while the outer module is being built) gets a new context, as every other
     caller does: the outer lowering's insertion point is active in the shared one."""
-    from jax._src.interpreters import mlir
-
-    make, lower = mlir.make_ir_context, mlir.lower_jaxpr_to_module
     local = threading.local()  # context, uses, busy, wanted: this thread's
 
-    @functools.wraps(make)
-    def shared_for_the_outermost_lowering() -> Any:
+    def wrap_context(make: Any) -> Any:
+        return functools.wraps(make)(lambda: shared_for_the_outermost_lowering(make))
+
+    def wrap_lowering(lower: Any) -> Any:
+        return functools.wraps(lower)(
+            lambda *args, **kwargs: lower_jaxpr_to_module(lower, *args, **kwargs)
+        )
+
+    def shared_for_the_outermost_lowering(make: Any) -> Any:
         if not getattr(local, "wanted", False):
             return make()
         local.wanted = False
@@ -120,8 +125,7 @@ def _share_mlir_contexts() -> None:
         local.uses += 1
         return local.context
 
-    @functools.wraps(lower)
-    def lower_jaxpr_to_module(*args: Any, **kwargs: Any) -> Any:
+    def lower_jaxpr_to_module(lower: Any, *args: Any, **kwargs: Any) -> Any:
         if getattr(local, "busy", False):
             return lower(*args, **kwargs)
         if not hasattr(local, "context"):
@@ -132,8 +136,7 @@ def _share_mlir_contexts() -> None:
         finally:
             local.busy, local.wanted = False, False
 
-    mlir.make_ir_context = shared_for_the_outermost_lowering
-    mlir.lower_jaxpr_to_module = lower_jaxpr_to_module
+    quax._compat.wrap_module_lowering(wrap_context, wrap_lowering)
 
 
 _share_mlir_contexts()

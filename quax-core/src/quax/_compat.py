@@ -152,6 +152,7 @@ __all__ = [
     "wrap_equation_lowering_miss",
     "wrap_init",
     "wrap_jit_lowering",
+    "wrap_module_lowering",
     "wrap_tpu_callback_lowering",
 ]
 
@@ -486,6 +487,19 @@ def wrap_jit_lowering(wrap: Any) -> None:
     _mlir.register_lowering(
         jprim.jit_p, wrap(entry.rule), inline=entry.inline, cacheable=False
     )
+
+
+def wrap_module_lowering(wrap_context: Any, wrap_lowering: Any) -> None:
+    """Replace JAX's function that makes a new MLIR context for each module it
+    lowers, `make_ir_context()`, by `wrap_context(function)`, and JAX's function
+    that lowers a jaxpr to a module, `lower_jaxpr_to_module(...)`, by
+    `wrap_lowering(function)`. quax itself changes neither: the test suites' root
+    `conftest.py` does, to share a context between the programs it lowers."""
+    for name, wrap in [
+        ("make_ir_context", wrap_context),
+        ("lower_jaxpr_to_module", wrap_lowering),
+    ]:
+        setattr(_mlir, name, wrap(getattr(_mlir, name)))
 
 
 def forget_equation_lowering(module_context: Any, cache_key: Any) -> None:
