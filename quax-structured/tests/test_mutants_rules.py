@@ -355,3 +355,88 @@ def test_expm_of_a_structure_declared_upper_triangular_is_refused():
         ),
     ):
         f(t)
+
+
+def test_a_conjugate_keeps_the_structure_and_its_tags():
+    """`jnp.conj` of a complex tridiagonal matrix is one, conjugated; of a positive
+    definite diagonal, one still tagged so (mutant of the `conj` rule, line 225, 16:
+    the tag read from `None`, which broke every conjugate with a structure)."""
+    t = qs.TridiagonalMatrix(
+        jnp.array([1.0 + 1j, 2.0]),
+        jnp.array([0.5, 0.25j, 1.0]),
+        jnp.array([3.0, 4 - 2j]),
+    )
+    f = quax.quaxify(jnp.conj)
+    for run in (f, jax.jit(f)):
+        out = run(t)
+        assert isinstance(out, qs.TridiagonalMatrix)
+        np.testing.assert_array_equal(
+            out.enable_materialise().dense(), np.conj(t.enable_materialise().dense())
+        )
+        d = run(qs.Diagonal(jnp.array([1.0, 2.0]), positive_definite=True))
+        assert isinstance(d, qs.Diagonal) and d.positive_definite
+
+
+def test_a_selection_against_zeros_reads_no_entry_it_drops():
+    """`jnp.where(mask, D, 0)` of a diagonal holding an infinity where the mask
+    drops it: 0 there, as dense `jnp.where` gives, not `inf * 0` (mutant of the
+    `select_n` rule, line 470, 27: a product with the mask in place of a
+    selection)."""
+    d = qs.Diagonal(jnp.array([jnp.inf, 2.0, 3.0]))
+    mask = np.array([[False, True, False], [False, True, False], [False, False, True]])
+    f = quax.quaxify(lambda m, a: jnp.where(m, a, 0.0))
+    want = np.where(mask, np.diag([np.inf, 2.0, 3.0]), 0.0)
+    for run in (f, jax.jit(f)):
+        out = run(mask, d)
+        assert isinstance(out, qs.Diagonal)
+        np.testing.assert_array_equal(out.enable_materialise().dense(), want)
+
+
+def test_eig_with_eigenvectors_of_a_structure_is_refused_or_dense():
+    """`jnp.linalg.eig` (eigenvectors asked) of a diagonal matrix: refused naming
+    `eig`; allowed, the dense result (mutant of the `eigvals` rule, line 578, 1: the
+    answer for "no eigenvalues of the structure's own" was `""`, returned as the
+    result). Plain JAX has no TPU lowering of `eig`."""
+    if jax.default_backend() == "tpu":
+        pytest.skip("plain JAX has no TPU lowering of `eig`")
+    d = qs.Diagonal(jnp.array([3.0, 1.0, 2.0]))
+    with pytest.raises(qs.StructuredMaterialisationError, match=r"primitive `eig`"):
+        quax.quaxify(jnp.linalg.eig)(d)
+    values, vectors = quax.quaxify(jnp.linalg.eig)(d.enable_materialise())
+    np.testing.assert_allclose(np.sort(np.real(values)), [1.0, 2.0, 3.0])
+    np.testing.assert_allclose(np.abs(vectors), np.eye(3), atol=1e-6)
+
+
+def test_expm_of_a_structure_without_one_names_what_it_computes():
+    """`jax.scipy.linalg.expm` of a tridiagonal matrix, which has no exponential of
+    its own: refused, naming the structures it has one for (mutant of the `expm`
+    rule, line 880, 30: the Kronecker condition's case changed)."""
+    t = qs.TridiagonalMatrix(
+        jnp.array([1.0, 2.0]), jnp.array([0.5, 0.25, 1.0]), jnp.array([3.0, 4.0])
+    )
+    with pytest.raises(
+        qs.StructuredMaterialisationError,
+        match=r"Refusing to materialise `TridiagonalMatrix` for "
+        r"`jax\.scipy\.linalg\.expm` \(a nested `jit` named `expm`\): "
+        r"quax-structured computes the matrix exponential of .* \(a `Kronecker` when "
+        r"it is symmetric or one factor is a constant multiple of the identity\), not "
+        r"of a `TridiagonalMatrix`, and ",
+    ):
+        quax.quaxify(jax.scipy.linalg.expm)(t)
+
+
+def test_a_batch_of_tridiagonal_matrices_solves_a_shared_right_hand_side():
+    """`jnp.linalg.solve` of two tridiagonal matrices (a batch) with one right-hand
+    side: JAX's body solves each, as NumPy does (mutant of the pivoted solve's
+    entry, line 933, 8: a batch of matrices sent to the pivoted solve of one)."""
+    t = qs.TridiagonalMatrix(
+        jnp.array([[1.0, 2.0], [0.5, 1.0]]),
+        jnp.array([[4.0, 5.0, 6.0], [3.0, 4.0, 5.0]]),
+        jnp.array([[1.0, 1.5], [2.0, 0.25]]),
+    )
+    b = np.array([1.0, 2.0, 3.0], np.float32)
+    dense = np.asarray(t.enable_materialise().dense(), np.float64)
+    want = np.linalg.solve(dense, np.broadcast_to(b, (2, 3))[..., None])[..., 0]
+    f = quax.quaxify(jnp.linalg.solve)
+    for run in (f, jax.jit(f)):
+        np.testing.assert_allclose(run(t, b), want, rtol=1e-5)
