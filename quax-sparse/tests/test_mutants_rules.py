@@ -192,3 +192,53 @@ def test_two_triangular_solves_out_of_order_say_which_order_is_one_solve() -> No
         r"factor\. ",
     ):
         quax.quaxify(wrong_order)(a, jnp.ones((3, 1), jnp.float32))
+
+
+def test_a_squeeze_drops_padding_entries_of_the_squeezed_dimension():
+    """`jnp.squeeze` of a (1, 3) `BCOO` holding a padding entry (its index along the
+    squeezed dimension is 1, out of bounds) with a nonzero value: the padding is
+    dropped, as its dense array never held it (mutant of the `squeeze` rule, line
+    1038, 35: index 1 taken as in bounds, which gave [0, 1, 5])."""
+    x = BCOO(
+        jnp.array([1.0, 5.0]), jnp.array([[0, 1], [1, 2]], jnp.int32), shape=(1, 3)
+    )
+    f = quax.quaxify(lambda a: jnp.squeeze(a, 0))
+    for run in (f, jax.jit(f)):
+        np.testing.assert_array_equal(run(x).todense(), [0.0, 1.0, 0.0])
+
+
+def test_a_reshape_of_the_sparse_dimensions_keeps_the_batch():
+    """A (2, 3, 4) `BCOO` with one batch dimension reshaped to (2, 12): a `BCOO`
+    still, with its batch dimension (mutant of the `reshape` rule, line 1056, 30:
+    the batch shape lost, so every reshape of a batched array was refused)."""
+    dense = np.arange(24.0, dtype=np.float32).reshape(2, 3, 4)
+    dense[0, 1] = 0.0
+    x = BCOO.fromdense(jnp.asarray(dense), n_batch=1)
+    f = quax.quaxify(lambda a: a.reshape(2, 12))
+    for run in (f, jax.jit(f)):
+        out = run(x)
+        assert isinstance(out, BCOO) and out.n_batch == 1
+        np.testing.assert_array_equal(out.todense(), dense.reshape(2, 12))
+
+
+def test_a_rule_for_scalar_entries_refuses_blocks_naming_its_primitive():
+    """`lax.linalg.lu` of a `BCOO` that stores blocks (`n_dense=1`): its rule
+    handles scalar entries only, refused naming `lu` and the way out; allowed, the
+    dense factorisation (mutant of `register`, 6: the refusal given `None` for its
+    primitive)."""
+    dense = np.array([[4.0, 1.0, 0.0], [1.0, 3.0, 0.0], [0.0, 0.0, 2.0]], np.float32)
+    x = BCOO.fromdense(jnp.asarray(dense), n_dense=1)
+    lu = quax.quaxify(jax.lax.linalg.lu)
+    with pytest.raises(
+        SparseMaterialisationError,
+        match=r"for primitive `lu` on input types \(BCOO\): the BCOO of shape "
+        r"\(3, 3\) stores blocks over its n_dense=1 trailing dense dimensions "
+        r"\(block shape \(3,\)\), and quax-sparse's rule for `lu` on these types "
+        r"handles scalar entries only \(n_dense=0\)\. Turn the dense dimensions into "
+        r"sparse ones first",
+    ):
+        lu(x)
+    for got, want in zip(
+        lu(x.enable_materialise()), jax.lax.linalg.lu(jnp.asarray(dense)), strict=True
+    ):
+        np.testing.assert_allclose(got, want, rtol=1e-6)
