@@ -21,19 +21,22 @@ def _dense_loss(x, y, params):
 
 
 def test_loss_and_gradient_match_dense():
-    # In float64 where the backend has it natively. A TPU's XLA has no float64 LU for the
-    # dense reference ("Only F32 and C64 types are implemented in LuDecomposition", seen
-    # on a TPU v5e): there the example runs in float32, against the dense computation in
-    # float32 at float32's tolerance, matrix products at full float32 precision (a TPU's
-    # default rounds their operands to bfloat16). On a CPU the float32 run agrees to
-    # 7e-6 (relative) in the gradient, well inside that tolerance.
+    # In float64 where the backend has it natively. A TPU's XLA has no float64 LU for
+    # the dense reference ("Only F32 and C64 types are implemented in
+    # LuDecomposition", seen on a TPU v5e): there the example runs in float32, against
+    # the dense computation in float32 at float32's tolerance, matrix products at full
+    # float32 precision (a TPU's default rounds their operands to bfloat16). On a CPU
+    # the float32 run agrees to 7e-6 (relative) in the gradient, well inside that
+    # tolerance.
     if jax.default_backend() == "tpu":
         with jax.default_matmul_precision("highest"):
             tolerance = quax.testing.tolerance(jnp.float32)
             _loss_and_gradient_match_dense(tolerance, tolerance)
     else:
         with jax.enable_x64(True):
-            _loss_and_gradient_match_dense({"rtol": 1e-10}, {"rtol": 1e-8, "atol": 1e-12})
+            _loss_and_gradient_match_dense(
+                {"rtol": 1e-10}, {"rtol": 1e-8, "atol": 1e-12}
+            )
 
 
 def _loss_and_gradient_match_dense(value_tolerance, gradient_tolerance):
