@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import quax
+import quax.testing
 from jax import lax
 from jaxtyping import Array, Float, Int
 from quax._dispatch import _registry
