@@ -56,16 +56,14 @@ def _check_held(value: Any, dtype: Any, source: str) -> None:
     parts = (value.real, value.imag) if np.iscomplexobj(value) else (value,)
     sizes = np.concatenate([np.abs(p[np.isfinite(p)]).ravel() for p in parts])
     fix = (
-        "Enable 64-bit numbers (`jax.config.update('jax_enable_x64', True)`) "
+        f"On a {jax.default_backend()}, XLA emulates {dtype} with pairs of float32 "
+        "numbers, which hold float32's range: convert on the CPU (`with "
+        "jax.default_device(jax.devices('cpu')[0]):`), or scale the numbers into "
+        "range first."
+        if emulated
+        else "Enable 64-bit numbers (`jax.config.update('jax_enable_x64', True)`) "
         "before converting, or scale the numbers into range first."
     )
-    if emulated:
-        fix = (
-            f"On a {jax.default_backend()}, XLA emulates {dtype} with pairs of "
-            "float32 numbers, which hold float32's range: convert on the CPU "
-            "(`with jax.default_device(jax.devices('cpu')[0]):`), or scale the "
-            "numbers into range first."
-        )
     if np.any(sizes > most):
         raise ValueError(
             f"{source}: numbers up to {sizes.max():.6g} in SI-coherent units (what "
