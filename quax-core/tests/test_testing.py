@@ -335,6 +335,24 @@ def test_compiled_hlo_and_assert_hlo_lacks():
     qt.assert_hlo_lacks(_dot, Wrapped(X), Y, shapes=[(2, 4)], dtypes=[jnp.int32])
 
 
+def test_assert_hlo_lacks_reads_a_programs_text():
+    # A program that is not `jax.jit(quaxify(fn))` is checked by its compiled text:
+    # the same findings as from the function, the backend's rewrites included.
+    product = "convolution" if jax.default_backend() == "tpu" else "dot"
+    hlo = jax.jit(_dot).lower(X, Y).compile().as_text()
+    assert hlo is not None
+    qt.assert_hlo_lacks(hlo, shapes=[(4, 4)], ops=["sort"])
+    with pytest.raises(AssertionError, match=rf"array f32\[2, 4\]: .*{product}"):
+        qt.assert_hlo_lacks(hlo, shapes=[(2, 4)])
+    with pytest.raises(AssertionError, match=f"op {product}"):
+        qt.assert_hlo_lacks(hlo, ops=["dot"])
+    with pytest.raises(AssertionError, match=r"array f32\[3, 4\]: .*parameter"):
+        qt.assert_hlo_lacks(hlo, shapes=[(3, 4)])
+    qt.assert_hlo_lacks(hlo, shapes=[(3, 4)], ignore_parameters=True)
+    with pytest.raises(TypeError, match="no arguments after a program's HLO text"):
+        qt.assert_hlo_lacks(hlo, X, shapes=[(3, 4)])
+
+
 def test_forbidding_an_op_forbids_what_the_backend_rewrites_it_as(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -261,7 +261,7 @@ def _hlo_dtype(dtype: Any) -> str:
 
 
 def assert_hlo_lacks(
-    fn: Callable[..., Any],
+    fn: Callable[..., Any] | str,
     *args: Any,
     shapes: Iterable[tuple[int, ...]] = (),
     ops: Iterable[str] = (),
@@ -284,7 +284,11 @@ def assert_hlo_lacks(
 
     **Arguments:**
 
-    - `fn`: the function (it need not know about quax).
+    - `fn`: the function (it need not know about quax); or, for a program that is
+        not `jax.jit(quax.quaxify(fn))` (a `jax.vmap` over a function that calls
+        `quaxify` itself, an `eqx.filter_jit`), that program's optimised HLO text
+        (`jax.jit(g).lower(...).compile().as_text()`), compiled for JAX's default
+        backend, with no `args`.
     - `*args`: its arguments, arrays and [`quax.Value`][]s.
     - `shapes`: forbidden array shapes, as tuples of ints.
     - `ops`: forbidden HLO opcodes (`"dot"`, `"convolution"`, `"sort"`, ...). On a
@@ -308,7 +312,15 @@ def assert_hlo_lacks(
     no instruction that could be parsed (so that a change of format cannot make the
     check pass vacuously).
     """
-    hlo, platform = _compiled(fn, *args)
+    if isinstance(fn, str):
+        if args:
+            raise TypeError(
+                "assert_hlo_lacks takes no arguments after a program's HLO text; "
+                "pass the function and its arguments instead"
+            )
+        hlo, platform = fn, jax.default_backend()
+    else:
+        hlo, platform = _compiled(fn, *args)
     forbidden_shapes = {tuple(int(d) for d in s) for s in shapes}
     forbidden_ops = set(ops)
     rewritten = _REWRITTEN_OPS.get(platform, {})
