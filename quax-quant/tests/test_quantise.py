@@ -19,7 +19,14 @@ def test_per_tensor_literal():
     x = jnp.array([[1.0, -2.0], [0.5, 0.25]])
     q = qq.quantise(x)
     np.testing.assert_allclose(q.scale, [[2.0 / 127]])
-    np.testing.assert_array_equal(q.values, [[64, -127], [32, 16]])
+    # 1.0 / (2 / 127) is the tie 63.5, rounded half to even (as torch and
+    # bitsandbytes round): 64 where division is IEEE's. A TPU divides in float32 to
+    # within an ulp, not correctly rounded, and its quotient falls below the tie
+    # (63 on a TPU v5e): the tie's side is the platform's arithmetic.
+    tie = [64] if jax.default_backend() != "tpu" else [63, 64]
+    assert int(q.values[0, 0]) in tie
+    np.testing.assert_array_equal(q.values[0, 1:], [-127])
+    np.testing.assert_array_equal(q.values[1], [32, 16])
     assert q.shape == (2, 2) and q.dtype == jnp.float32 and q.zero_point is None
 
 
