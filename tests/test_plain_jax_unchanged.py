@@ -14,6 +14,11 @@ import textwrap
 import pytest
 
 
+# Plain JAX programs, each in a fresh interpreter: nothing here reaches a cache of this
+# process, so scripts/test.sh's cache verify mode run leaves these tests out.
+pytestmark = pytest.mark.caches_unreached
+
+
 # Prints, as JSON, what JAX makes of two plain programs: `common`, which uses no
 # function a family registered a rule for with `quax.register_function` whose `jit`
 # JAX inlines, and `kept`, which does (`jnp.rad2deg`, `jnp.deg2rad`: quax-units).

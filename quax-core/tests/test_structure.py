@@ -17,6 +17,12 @@ import quax
 from packaging.version import Version
 
 
+# The core's structure: its source tree, and imports in subprocesses: nothing here
+# reaches a cache of this process, so scripts/test.sh's cache verify mode run leaves
+# these tests out.
+pytestmark = pytest.mark.caches_unreached
+
+
 SOURCE = Path(quax.__file__).parent
 
 
