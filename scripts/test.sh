@@ -24,8 +24,18 @@ export JAX_PLATFORMS=cpu JAX_CHECK_TRACER_LEAKS=1 QUAX_DEBUG_CHECKS=1
 # -> 81 s, 410 s -> 244 s; quax-sparse alone 134 s -> 75 s, 221 s -> 162 s;
 # quax-quant alone 77 s -> 40 s, 115 s -> 81 s; quax-named alone 30 s -> 16 s,
 # 51 s -> 39 s; two of quax-structured's files, one worker, 28 s -> 15 s, 51 s -> 33 s.
+# `--xla_cpu_parallel_codegen_split_count=1`: XLA compiles each program's LLVM module
+# as one part, not split into parts for threads to compile at once: with two pytest
+# workers on two cores no thread is idle to take a part, and splitting (each part
+# its own module to set up and compile) cost CPU. Only how the machine code is
+# compiled changes, not the code. Measured, one process, XLA's compile time summed
+# (then the process's CPU time): quax-structured's `test_transposed_solves.py` (533
+# programs, two runs each way) 35.4 / 35.8 s -> 26.2 / 24.5 s (62.7 / 66.8 s -> 53.3
+# / 50.7 s), its `test_linalg_derivatives.py` (one run each) 24.3 s -> 20.8 s (65.2 s
+# -> 57.6 s); quax-sparse's `test_conformance.py` (1,231 small programs, one run
+# each) unchanged (26.0 s either way).
 plain_xla_flags=${XLA_FLAGS:-}
-export XLA_FLAGS="$plain_xla_flags --xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false"
+export XLA_FLAGS="$plain_xla_flags --xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false --xla_cpu_parallel_codegen_split_count=1"
 # XLA's compiled programs are kept on disk (JAX's persistent compilation cache, keyed by
 # the program, the compile options and the jax/jaxlib versions): a family's suite alone
 # reads back what the root tests compiled for the same programs, and a rerun of the
