@@ -96,35 +96,33 @@ uv run --locked --no-sync ruff format --check --quiet .
 
 # Two workers; `--dist worksteal`: a worker that runs out of tests takes some of the
 # other's, so that a few slow tests at the end of one worker's share keep no core idle.
-# The root tests (families together, real programs) with every distribution
-# installed, then the root tests and quax-core's suite in the caches' verify mode;
-# each family's own suite runs once, alone beside quax-core, below (running it here
-# too doubled CI's time).
+# quax-core's suite and the root tests (families together, real programs) with every
+# distribution installed, in the caches' verify mode; each family's own suite runs
+# once, alone beside quax-core, below (running it here too doubled CI's time).
 #
 # Cache verify mode: every cache hit (dispatch, compiled eager programs, replays,
 # nested jits, the per-jaxpr tables) is also recomputed and compared, and a mismatch
 # raises naming the cache and the key component. It runs what the normal mode runs
-# (the cached results go on), with those checks besides: so quax-core's suite, whose
-# conftest.py compiles an eager program on a key's second call in both modes, runs
-# in verify mode only (tests marked `quax_core_suite`), as quax-units' suite (its
-# rules read static fields, settings and constants, what cache keys most often got
-# wrong) does in its own run below, alone beside quax-core. The root tests run in
-# both modes: users' eager calls compile their program only once a key's later calls
+# (the cached results go on), with those checks besides, so these tests run in it
+# only, as quax-units' suite (its rules read static fields, settings and constants,
+# what cache keys most often got wrong) does in its own run below, alone beside
+# quax-core. Users' eager calls compile their program only once a key's later calls
 # have taken as long as a compile (quax-core/src/quax/_caching/_eager.py), which few
-# tests reach, the path the normal mode takes; in the verify runs
-# `QUAX_EAGER_COMPILE_AFTER=0` compiles on a key's second call, so that every test
-# calling twice runs a compiled program and verify mode checks it. The tests marked
-# `caching_behaviour` observe the caches themselves (quax-core/tests/conftest.py
-# turns verify mode off for them), and those marked `caches_unreached` never reach a
-# cache of this process (the documentation's code blocks, plain JAX programs in fresh
-# interpreters, the family template in a subprocess, the core's layout and
-# structure): both run in the normal mode only.
-echo "== the root tests, and quax-core's tests of the caches themselves, every distribution installed"
+# tests reach; here `QUAX_EAGER_COMPILE_AFTER=0` compiles on a key's second call (as
+# quax-core's conftest.py does for its suite), so that every test calling twice runs
+# a compiled program and verify mode checks it, and a test's first call runs
+# equation by equation, the path users' calls made a few times take (and the one
+# the other families' suites below take, in the normal mode). Two kinds of test run
+# in the normal mode instead, first: those marked `caching_behaviour` observe the
+# caches themselves (quax-core/tests/conftest.py turns verify mode off for them), and
+# those marked `caches_unreached` never reach a cache of this process (the
+# documentation's code blocks, plain JAX programs in fresh interpreters, the family
+# template in a subprocess, the core's layout and structure).
+echo "== quax-core's and the root tests of the caches themselves and of what reaches none"
 run_pytest uv run --locked --no-sync pytest -n 2 --dist worksteal -q "${seed[@]}" "${slowest[@]}" \
-    -m "($marks) and (not quax_core_suite or caching_behaviour or caches_unreached)" \
-    quax-core/tests tests
+    -m "($marks) and (caching_behaviour or caches_unreached)" quax-core/tests tests
 
-echo "== cache verify mode (QUAX_VERIFY_CACHES=1): quax-core's suite and the root tests"
+echo "== quax-core's suite and the root tests, every distribution installed, in cache verify mode (QUAX_VERIFY_CACHES=1)"
 QUAX_VERIFY_CACHES=1 QUAX_EAGER_COMPILE_AFTER=0 run_pytest uv run --locked --no-sync pytest -n 2 --dist worksteal -q \
     -p no:cacheprovider "${seed[@]}" "${slowest[@]}" quax-core/tests tests \
     -m "($marks) and not caching_behaviour and not caches_unreached"

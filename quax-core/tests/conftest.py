@@ -3,27 +3,12 @@ marked `caching_behaviour` run with verify mode off. Every test compiles an eage
 program on a key's second call."""
 
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 import quax
 import quax._caching._eager
 import quax._foundation._caches
-
-
-_SUITE = Path(__file__).parent
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark this suite's tests `quax_core_suite` (before `-m` selects), so that
-    scripts/test.sh can run the suite in the cache verify mode only: with a key's
-    second call compiling in both modes (below), verify mode runs what the normal
-    mode runs, and recomputes and compares every cache hit besides."""
-    for item in items:
-        if item.path.is_relative_to(_SUITE):
-            item.add_marker(pytest.mark.quax_core_suite)
 
 
 @pytest.fixture(autouse=True)
