@@ -355,7 +355,12 @@ class QuaxTrace(Trace):
         inlined `jit` runs as one compiled program (see `quax._caching._eager`);
         while a program is staged, a rule's equations recorded for the same key
         are replayed (see `quax._caching._replay`)."""
-        inline = primitive is jit_p and _inlined(params)
+        # Whether the `jit` is inlined into this trace: JAX inlines it, and no
+        # `register_function` rule keeps it (see `kept_inline_jits`).
+        inline = primitive is jit_p and jit_inlines(params)
+        if inline:
+            sources = kept_inline_jits.get(params["name"])
+            inline = sources is None or body_source(params["jaxpr"]) not in sources
         if inline and self.eager:
             done, out = call_rule_at_trace(
                 self.parent_trace, _compiled_inline, values, params
@@ -532,15 +537,6 @@ def run_nested(body: Callable[[QuaxTrace], _T], selective: bool = False) -> _T:
     with ensure_no_leaks(trace):
         del trace, to_value
     return out
-
-
-def _inlined(params: dict[str, Any]) -> bool:
-    """Whether a `jit` with `params` is inlined into the trace that binds it: JAX
-    inlines it, and no `register_function` rule keeps it (see `kept_inline_jits`)."""
-    if not jit_inlines(params):
-        return False
-    sources = kept_inline_jits.get(params["name"])
-    return sources is None or body_source(params["jaxpr"]) not in sources
 
 
 def _inline_jit(tracers: Sequence[Any], params: dict[str, Any]) -> list[Any]:
