@@ -557,6 +557,27 @@ def test_per_jaxpr_entries_go_with_their_jaxpr() -> None:
         quax._foundation._caches._tables.remove(table)
 
 
+def test_a_table_without_codes_reads_its_entries_and_refuses_a_code() -> None:
+    # Its `read` is its dict's own `get` (no dead keys to drop first): it sees
+    # what `put` keeps, the bound's drops and `clear`; an entry that would go with
+    # a code is refused, as no finalizer would drop it.
+    table = quax._foundation._caches.Table("a test's structures", 2, coded=False)
+    try:
+        for k in range(3):
+            table.put(("key", k), k)
+        assert table.read(("key", 0)) is None  # the bound: the oldest went
+        assert table.read(("key", 2)) == 2
+        assert table.read(("key", 0), "none") == "none"
+        jaxpr = jax.make_jaxpr(lambda a: a * 2)(A)
+        with pytest.raises(ValueError, match="go with no code"):
+            table.put(("key", 3), 3, jaxpr)
+        assert table.read(("key", 3)) is None
+        table.clear()
+        assert table.read(("key", 2)) is None
+    finally:
+        quax._foundation._caches._tables.remove(table)
+
+
 def test_verify_mode_catches_the_jaxpr_left_out(verifying: Any) -> None:
     # With the jaxpr left out of the key, every jaxpr shares one entry: the second
     # library function evaluated quaxified gets the first one's steps.

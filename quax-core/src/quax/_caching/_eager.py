@@ -313,14 +313,18 @@ def _program_key(code: Any, inputs: Sequence[Any], treedef: Any) -> Any:
         return None
     # A leaf twice (`K + K`, or a value built on one array twice): rules may see
     # that (a closed form for a sum of one matrix with itself), so the key holds
-    # which leaves are one object, and the program gets each once.
-    positions = _keys.aliasing(leaves)
+    # which leaves are one object (its aliasing), and the program gets each once.
+    found, parts = _keys.program_key(id(code), tuple(key), leaves)
+    positions = parts[_ALIASING]
     if positions is not None:
         leaves = list({id(t): t for t in leaves}.values())
     if constants and {id(c) for c in constants} & {id(t) for t in leaves}:
         return None  # a leaf that is also a plain input: one object, two roles
-    found, parts = _keys.program_key(id(code), tuple(key), positions)
     return found, leaves, positions, parts
+
+
+# Where a program key's components hold its aliasing.
+_ALIASING = _keys.PROGRAM.index("aliasing")
 
 
 class _FirstOutput:

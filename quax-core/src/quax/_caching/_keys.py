@@ -19,7 +19,7 @@ everything the rules may read, alike in every cache:
   their strict structure (`value_structure`: type and static fields, one object
   per text and treedef) and, where a program is checked for one shape, their
   leaves' avals; plain inputs that compiled code closes over by `ConstKey`;
-- the context every key holds (`context`): the settings rules read (declared
+- the context every key holds (`CONTEXT`): the settings rules read (declared
   with `add_setting`, as `quax.zero.ieee_strict`), JAX's trace context (the
   settings JAX's own tracing caches key on: `enable_x64`, the default matmul
   precision, the mesh, ...), the debug-check flag, and the registry's
@@ -65,9 +65,7 @@ __all__ = [
     "MAX_CONSTANT_SIZE",
     "ConstKey",
     "add_setting",
-    "aliasing",
     "constant_key",
-    "context",
     "field_layout",
     "float_key",
     "jaxpr_key",
@@ -79,7 +77,7 @@ __all__ = [
     "value_structure",
 ]
 
-# The components of every key's context, in the order `context` gives them.
+# The components of every key's context, in the order `program_key` gives them.
 CONTEXT = ("settings", "trace context", "debug checks", "rules generation")
 
 # Components that keys leave out. Always empty, except in the tests of the verify
@@ -113,35 +111,47 @@ PROGRAM = ("code", "inputs", "aliasing", *CONTEXT)
 
 
 def program_key(
-    code: Any, inputs: Any, aliasing: Any
+    code: Any, inputs: Any, leaves: Sequence[Any] = ()
 ) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
-    """The key of a program, and its components (`PROGRAM`): its `code` (what it
-    runs, as each cache names it: never a jaxpr itself, which the key would keep
-    alive, but its `id` in a `Table` that drops the entry with it), its
-    `inputs` (the types, static fields and avals of values, the plain inputs'
-    avals or `constant_key`s), their `aliasing` (which leaves are one object, or
-    `None`) and the `context`."""
-    parts = (code, inputs, aliasing, *context())
-    return key(PROGRAM, parts), parts
+    """The key of a program, and its components (`PROGRAM`).
 
+    **Arguments:**
 
-def aliasing(leaves: Sequence[Any]) -> tuple[int, ...] | None:
-    """Which of `leaves` are one object, as the `aliasing` of `program_key`: the
-    place of each leaf's object among the distinct ones, in order; `None` when each
-    is there once. Rules may see it (`x * x`; a closed form for `K + K` that `K +
-    K2` has not), so a program's key holds it."""
+    - `code`: what the program runs, as each cache names it: never a jaxpr itself,
+        which the key would keep alive, but its `id` in a `Table` that drops the
+        entry with it.
+    - `inputs`: the types, static fields and avals of values, the plain inputs'
+        avals or `constant_key`s.
+    - `leaves`: the leaves that the program is given, whose `aliasing` (which are
+        one object) the key holds: rules may see it (`x * x`; a closed form for `K
+        + K` that `K + K2` has not).
+
+    **Returns:**
+
+    The key (less any component in `omitted`) and its components: `code`,
+    `inputs`, the aliasing (the place of each leaf's object among the distinct
+    ones, in order; `None` when each is there once), and the context: the
+    settings rules read (see `add_setting`), JAX's trace context, the debug-check
+    flag (`quax.set_debug_checks`: rules raise otherwise with it) and the
+    registry's generation.
+    """
+    # One function builds the whole key, its settings read without a frame each
+    # where they are C callables: this runs on every eager library call.
     if len(set(map(id, leaves))) == len(leaves):
-        return None
-    firsts: dict[int, int] = {}
-    return tuple(firsts.setdefault(id(t), len(firsts)) for t in leaves)
-
-
-def context() -> tuple[Any, ...]:
-    """The components of `CONTEXT`, as they are now."""
-    # The settings rules read (see `add_setting`).
-    settings = tuple([read() for read in _settings])
-    # The debug-check flag (`quax.set_debug_checks`): rules raise otherwise with it.
-    return settings, trace_context(), _debug.is_enabled(), _registry._generation
+        aliasing = None
+    else:
+        firsts: dict[int, int] = {}
+        aliasing = tuple(firsts.setdefault(id(t), len(firsts)) for t in leaves)
+    parts = (
+        code,
+        inputs,
+        aliasing,
+        tuple(map(operator.call, _settings)),
+        trace_context(),
+        _debug.is_enabled(),
+        _registry._generation,
+    )
+    return (key(PROGRAM, parts) if omitted else parts), parts
 
 
 _FLOATS = (float, complex, np.floating, np.complexfloating)
@@ -339,8 +349,8 @@ class _Structure:
 # `MAX_STRUCTURES` entries, the oldest dropped first (a structure interned again is
 # another key of programs: a miss, never a wrong hit).
 MAX_STRUCTURES = 4096
-_structures = _caches.Table("value structures", MAX_STRUCTURES)
-_by_fields = _caches.Table("value structures by fields", MAX_STRUCTURES)
+_structures = _caches.Table("value structures", MAX_STRUCTURES, coded=False)
+_by_fields = _caches.Table("value structures by fields", MAX_STRUCTURES, coded=False)
 
 # Per value type: the names of its dynamic and static fields and its field count.
 _fields: dict[type, tuple[tuple[str, ...], tuple[str, ...], int]] = {}
@@ -401,7 +411,7 @@ def value_structure(x: Any) -> tuple[_Structure | None, Sequence[Any], list[Any]
             statics = None
         if statics is not None and _leaf_types.issuperset(map(type, leaves)):
             key = (cls, *map(id, statics))
-            kept = _by_fields.get(key)
+            kept = _by_fields.read(key)
             if kept is not None:
                 return kept[0], leaves, list(map(_aval, leaves))
             flat, treedef = jtu.tree_flatten(x)
@@ -442,7 +452,8 @@ def add_setting(read: Callable[[], Any]) -> None:
     **Arguments:**
 
     - `read`: returns the setting's current value, hashable. Called for every key,
-        so keep it cheap (a thread-local read).
+        so keep it cheap: a `ContextVar`'s bound `get` costs least, called with no
+        Python frame.
 
     **Returns:**
 

@@ -96,7 +96,6 @@ def call_body(
         hint = _keys.program_key(
             (_BY_VALUE, id(jaxpr), *common),
             tuple(strict_structure(a) if is_value(a) else typeof(a) for a in args),
-            None,
         )
         kept = _bodies.get(hint[0])
         if kept is not None and not _caches.verifying:
@@ -174,9 +173,7 @@ def _call(
         for i in dynamic
     )
     # The settings rules read while the body traces, and the rest of the context.
-    key, parts = _keys.program_key(
-        (id(jaxpr), *common, donate), (slots, structures), None
-    )
+    key, parts = _keys.program_key((id(jaxpr), *common, donate), (slots, structures))
 
     caching = _caches.is_enabled()
     jitted = _bodies.get(key) if caching else None

@@ -30,6 +30,7 @@ __all__ = [
 MAX_JAXPRS = 4096
 
 _T = TypeVar("_T")
+_MISSING: Any = object()
 
 
 def per_jaxpr(
@@ -62,6 +63,13 @@ def per_jaxpr(
         key, parts = jaxpr_key(jaxpr)
     except TypeError:  # a jaxpr that is not weakly referable: not kept
         return compute(jaxpr)
+    if not _caches.verifying:
+        # A hit, read here rather than through `remembered` (which checks the
+        # switch again): this runs twice on every inlined `jit` run equation by
+        # equation.
+        out = table.get(key, _MISSING)
+        if out is not _MISSING:
+            return out
     return _caches.remembered(
         table, key, JAXPR, parts, lambda: compute(jaxpr), what, same, jaxpr
     )

@@ -191,7 +191,7 @@ def _key(trace: Any, code: Any, values: list[Any]) -> tuple[Any, list[Any], Any]
             return None
         key.append(tuple(part))
     # A tracer twice (`x * x`): rules may see that, and so does the key.
-    key_, parts = _keys.program_key(code, tuple(key), _keys.aliasing(leaves))
+    key_, parts = _keys.program_key(code, tuple(key), leaves)
     return key_, leaves, parts
 
 

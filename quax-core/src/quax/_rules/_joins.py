@@ -10,6 +10,7 @@ retries a higher-order primitive until its types join.
 """
 
 import contextlib
+import contextvars
 import dataclasses
 import functools as ft
 import itertools
@@ -573,7 +574,7 @@ class Fill(Value):
             # (`dt * f0` with `f0` zeros is added to a quantity). Only types are
             # taken from this trace, so the zero need not hold for a NaN factor.
             out = bind(*dense)
-            if isinstance(out, Value) and not _fills.zero_products:
+            if isinstance(out, Value) and not _zero_products.get():
                 return out
             aval = out.aval() if isinstance(out, Value) else out
             return Fill(0, aval.shape, aval.dtype)
@@ -618,12 +619,9 @@ _ANNIHILATED = frozenset({lax.mul_p, lax.dot_general_p})
 
 
 class _Fills(threading.local):
-    """Whether a product with a zero `Fill` is a zero `Fill` whatever the other
-    factor; and, by the `origin` of each carry's stand-in in the traces that find
-    carries' types, the value type a nested join lifted it into, if any (see
+    """By the `origin` of each carry's stand-in in the traces that find carries'
+    types, the value type a nested join lifted it into, if any (see
     `join_fills`)."""
-
-    zero_products = False
 
     def __init__(self) -> None:
         self.needed: dict[int, Any] = {}
@@ -633,10 +631,12 @@ _origins = itertools.count()
 
 
 _fills = _Fills()
-# Rules give a product with a zero fill another type in the two traces of
+# Whether a product with a zero `Fill` is a zero `Fill` whatever the other factor
+# (see `join_fills`). Rules give such a product another type in the two traces of
 # `join_fills`: what they staged under one (a nested `jit`'s body) is not reused
-# under the other.
-add_setting(lambda: _fills.zero_products)
+# under the other. Its bound `get` is the setting's read: one C call per key.
+_zero_products = contextvars.ContextVar("quax_zero_products", default=False)
+add_setting(_zero_products.get)
 
 # Largest carry recognised as a constant fill (the known value is a broadcast view).
 _FILL_MAX_SIZE = 2**26
@@ -733,9 +733,9 @@ def _first_iteration(
         # the type of whatever value they meet next. (The lifted carries are then
         # traced, and checked, by the rules as usual.) A new function, so that
         # JAX's tracing cache cannot answer with the trace above.
-        before, _fills.zero_products = _fills.zero_products, True
+        token = _zero_products.set(True)
         try:
             found = jax.eval_shape(lambda c, x: first(c, x), trial, list(xs))
         finally:
-            _fills.zero_products = before
+            _zero_products.reset(token)
     return found

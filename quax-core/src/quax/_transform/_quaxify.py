@@ -287,8 +287,8 @@ class _Quaxify(eqx.Module, Generic[_CT]):
                     return out
             if filter_spec is True and not kwargs and type(fn) is FunctionType:
                 if (
-                    all(type(x) in value_classes for x in args)
-                    and args
+                    args
+                    and value_classes.issuperset(map(type, args))
                     and _trace_to_join(args) is None
                 ):
                     # The common case, a function called on values: nothing to flatten.

@@ -301,7 +301,7 @@ class QuaxTrace(Trace):
         its inlined `jit` and then `mul` on a trace that stages it, each reaching
         this method."""
         # The hot path of quax: kept to plain loops, one dict lookup (the registry's
-        # dispatch cache, read in `apply_rule` rather than through `rule_for`), and
+        # dispatch cache, read in `_run_rule` rather than through `rule_for`), and
         # JAX's trace switch without its context manager.
         tag = self.tag
         values = []
@@ -329,8 +329,12 @@ class QuaxTrace(Trace):
             # the staged value its type.
             rule = staging_rules[primitive]
             return self.apply_rule(primitive, tracers, values, params, rule)
-        # 3. The rule.
-        return self.apply_rule(primitive, tracers, values, params)
+        # 3. The rule, with the caches around it (`apply_rule`) where there are any
+        # for it: for an inlined `jit`, and while a program is staged. Otherwise
+        # it runs as it is, one call less on every eager primitive.
+        if primitive is jit_p or self.replays:
+            return self.apply_rule(primitive, tracers, values, params)
+        return self._run_rule(primitive, values, params)
 
     def apply_rule(
         self,
@@ -351,7 +355,12 @@ class QuaxTrace(Trace):
         inlined `jit` runs as one compiled program (see `quax._caching._eager`);
         while a program is staged, a rule's equations recorded for the same key
         are replayed (see `quax._caching._replay`)."""
-        inline = primitive is jit_p and _inlined(params)
+        # Whether the `jit` is inlined into this trace: JAX inlines it, and no
+        # `register_function` rule keeps it (see `kept_inline_jits`).
+        inline = primitive is jit_p and jit_inlines(params)
+        if inline:
+            sources = kept_inline_jits.get(params["name"])
+            inline = sources is None or body_source(params["jaxpr"]) not in sources
         if inline and self.eager:
             done, out = call_rule_at_trace(
                 self.parent_trace, _compiled_inline, values, params
@@ -507,12 +516,16 @@ def run_nested(body: Callable[[QuaxTrace], _T], selective: bool = False) -> _T:
     staged_values_state.set_local(not selective)
     # Inside, a value meeting JAX outside this trace (in a rule's own code) is no
     # value of a quaxified function running plain (see `_value.plain_running`).
-    plain = plain_running.set(False)
+    # Set only where it is on (one C call to read it, rather than two to set and
+    # reset it on every quaxified call).
+    plain = plain_running.set(False) if plain_running.get() else None
     out: Any
     try:
-        out = call_at_trace(trace, _call, body, trace)
+        # `body(trace)`, at `trace`.
+        out = call_at_trace(trace, operator.call, body, trace)
     finally:
-        plain_running.reset(plain)
+        if plain is not None:
+            plain_running.reset(plain)
         staged_values_state.set_local(staged)
     to_value = trace.to_value
     if type(out) is QuaxTracer:
@@ -524,19 +537,6 @@ def run_nested(body: Callable[[QuaxTrace], _T], selective: bool = False) -> _T:
     with ensure_no_leaks(trace):
         del trace, to_value
     return out
-
-
-def _call(body: Callable[[QuaxTrace], _T], trace: QuaxTrace) -> _T:
-    return body(trace)
-
-
-def _inlined(params: dict[str, Any]) -> bool:
-    """Whether a `jit` with `params` is inlined into the trace that binds it: JAX
-    inlines it, and no `register_function` rule keeps it (see `kept_inline_jits`)."""
-    if not jit_inlines(params):
-        return False
-    sources = kept_inline_jits.get(params["name"])
-    return sources is None or body_source(params["jaxpr"]) not in sources
 
 
 def _inline_jit(tracers: Sequence[Any], params: dict[str, Any]) -> list[Any]:

@@ -189,7 +189,7 @@ def _evaluated_signs(
 ) -> Sequence[tuple[bool, bool] | None]:
     if any(o[0] == "array" for o in operands):
         return _evaluate_now(primitive, operands, params)
-    key, parts = program_key((primitive, params_key(params)), tuple(operands), None)
+    key, parts = program_key((primitive, params_key(params)), tuple(operands))
     return remembered(
         _evaluations,
         key,

@@ -250,4 +250,6 @@ def is_ieee_strict() -> bool:
     return _strict.get()
 
 
-add_setting(is_ieee_strict)  # compiled eager programs follow the setting
+# Compiled eager programs follow the setting; its read is `_strict.get`, one C call
+# per key.
+add_setting(_strict.get)
