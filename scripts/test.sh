@@ -115,17 +115,17 @@ uv run --locked --no-sync ruff format --check --quiet .
 # the other families' suites below take, in the normal mode). Two kinds of test run
 # in the normal mode instead, first: those marked `caching_behaviour` observe the
 # caches themselves (quax-core/tests/conftest.py turns verify mode off for them), and
-# those marked `caches_unreached` never reach a cache of this process (the
+# those marked `normal_mode_only` have another subject than the caches (the
 # documentation's code blocks, plain JAX programs in fresh interpreters, the family
 # template in a subprocess, the core's layout and structure).
-echo "== quax-core's and the root tests of the caches themselves and of what reaches none"
+echo "== quax-core's and the root tests of the caches themselves and of other subjects"
 run_pytest uv run --locked --no-sync pytest -n 2 --dist worksteal -q "${seed[@]}" "${slowest[@]}" \
-    -m "($marks) and (caching_behaviour or caches_unreached)" quax-core/tests tests
+    -m "($marks) and (caching_behaviour or normal_mode_only)" quax-core/tests tests
 
 echo "== quax-core's suite and the root tests, every distribution installed, in cache verify mode (QUAX_VERIFY_CACHES=1)"
 QUAX_VERIFY_CACHES=1 QUAX_EAGER_COMPILE_AFTER=0 run_pytest uv run --locked --no-sync pytest -n 2 --dist worksteal -q \
     -p no:cacheprovider "${seed[@]}" "${slowest[@]}" quax-core/tests tests \
-    -m "($marks) and not caching_behaviour and not caches_unreached"
+    -m "($marks) and not caching_behaviour and not normal_mode_only"
 
 for fam in "${families[@]}"; do
     echo "== $fam alone with quax-core"

@@ -14,9 +14,10 @@ import textwrap
 import pytest
 
 
-# Plain JAX programs, each in a fresh interpreter: nothing here reaches a cache of this
-# process, so scripts/test.sh's cache verify mode run leaves these tests out.
-pytestmark = pytest.mark.caches_unreached
+# Plain JAX programs, each in a fresh interpreter: their subject is JAX without quax,
+# not the caches; so they run in the normal mode only (scripts/test.sh), not in the
+# cache verify mode run.
+pytestmark = pytest.mark.normal_mode_only
 
 
 # Prints, as JSON, what JAX makes of two plain programs: `common`, which uses no
