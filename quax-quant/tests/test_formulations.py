@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import quax
 import quax_quant as qq
-from quax_quant import _matmul
+from quax_quant import _matmul, _pallas
 
 
 FIELDS = ("int8", "int4", "nf4", "float8")
@@ -278,8 +278,17 @@ def test_jit_traces_again_under_another_choice():
 def test_a_kernel_that_does_not_compile_takes_the_xla_path(monkeypatch, caplog, ref):
     """On a TPU the kernel is compiled once per shape before it is used: here the
     CPU, told it is a TPU, cannot compile it (only interpret mode runs there), so
-    the product takes the "fused" path, logs why, and is right."""
+    the product takes the "fused" path, logs why, and is right. On a TPU, where the
+    kernel compiles, a kernel whose compilation raises stands in for it (and the
+    answers remembered for the shapes are forgotten)."""
     monkeypatch.setattr(_matmul, "_on_tpu", lambda: True)
+    if jax.default_backend() == "tpu":
+
+        def does_not_compile(*args, **kwargs):
+            raise NotImplementedError("an operation Mosaic does not lower")
+
+        monkeypatch.setattr(_pallas, "weight_only_matmul", does_not_compile)
+        monkeypatch.setattr(_pallas, "_available", {})
     q = _quantised("int4 groups of 64")
     x = jax.random.normal(jax.random.PRNGKey(11), (4, 256))
     with qq.kernels(int4="pallas"), caplog.at_level(logging.INFO, "quax_quant"):

@@ -5,7 +5,8 @@ rows on it is dequantised in blocks, forward and backward.
 
 These are the `"blocked"` formulation's promises (`quax_quant.Kernels`), the default
 on every backend but the TPU, whose defaults (`"reduce"`, `"pallas"`, `"fused"`)
-have promises of their own; the tests take `"blocked"` on every backend."""
+have promises of their own; the tests take `"blocked"` on every backend, but the
+one-row test on a TPU, which takes the TPU's defaults (its docstring says why)."""
 
 import dataclasses
 import math
@@ -56,16 +57,25 @@ def test_int8_path_has_integer_dot_and_no_float_weight():
 
 
 def test_weight_only_one_row_never_writes_the_float_weight():
+    """One row under the formulations a user gets here: `"blocked"` on the CPU,
+    whose XLA fuses the conversion into the product; the TPU's own defaults
+    (`DEFAULT_KERNELS["tpu"]`: `"reduce"` for int8, `"pallas"` for int4 without
+    zero points, `"fused"` for the asymmetric groups) on a TPU, whose XLA writes the
+    converted weight out before a one-row product under `"blocked"` (f32[96,160] on
+    a TPU v5e, JAX 0.10.2, 2026-12-07): why `"blocked"` is not its default."""
     grouped = qq.quantise(
         jr.normal(jr.PRNGKey(0), (N, K)), bits=4, group_size=32, symmetric=False
     )
+    on_tpu = jax.default_backend() == "tpu"
+    defaults = dataclasses.asdict(qq.DEFAULT_KERNELS["tpu"]) if on_tpu else {}
     for w in (_weight(matmul="weight_only"), _weight(bits=4), grouped):
         x = jr.normal(jr.PRNGKey(1), (K,))
-        hlo = quax.testing.compiled_hlo(lambda w, x: w @ x, w, x)
+        with qq.kernels(**defaults):
+            hlo = quax.testing.compiled_hlo(lambda w, x: w @ x, w, x)
         assert ("f32", (N, K)) not in _entry_arrays(hlo)
         # That the check can fail: XLA on CPU converts the weight inside the
-        # product's fusion. (Under a TPU's default "reduce" formulation its XLA
-        # formed no float (N, K) array at all; its fusions are its own.)
+        # product's fusion. (Under a TPU's defaults its XLA formed no float
+        # (N, K) array at all; its fusions are its own.)
         if jax.default_backend() == "cpu":
             assert ("f32", (N, K)) in [
                 a for i in quax.testing.hlo_instructions(hlo) for a in i.arrays

@@ -8,13 +8,23 @@ import jax
 import jax.numpy as jnp
 import jax.tree_util as jtu
 import numpy as np
+import pytest
 import quax
 import quax.testing
-from quax_sparse import BCOO
+from quax_sparse import BCOO, _cusolver
 
 
 DENSE = np.array([[0.0, 1.5, 0.0, 0.0], [2.0, 0.0, 0.0, -1.0], [0.0, 0.0, 0.0, 3.0]])
 """A 3 x 4 matrix with four nonzeros, for the tests that need a small literal."""
+
+needs_spsolve = pytest.mark.skipif(
+    _cusolver._spsolve_backend() is None,
+    reason=f'the `"cusolver"` route is this test\'s subject, and JAX has no `spsolve` '
+    f"for the {jax.default_backend()} backend (`test_solve_tangents.py` checks that "
+    "the route is refused there, naming the way out)",
+)
+"""For the tests of the `"cusolver"` route (`jax.experimental.sparse.linalg.spsolve`),
+which JAX lowers for the CPU and CUDA GPUs only: skipped on a TPU or a ROCm GPU."""
 
 
 def random_sparse(

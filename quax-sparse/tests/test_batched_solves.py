@@ -2,7 +2,8 @@
 `jnp.linalg.solve`, `slogdet`, `cho_solve` and `lu_factor` factor and solve each
 member (the host's callback loops over the batch), with gradients with respect to
 the right-hand sides and the stored values, against dense batched JAX in float64,
-on both solver routes."""
+on both solver routes. float64 is the subject (skipped on a backend without it, a
+TPU): `test_solve_tangents.py` solves a batch in float32 on every backend."""
 
 import re
 
@@ -16,11 +17,12 @@ import quax_sparse
 from jax.extend.core import primitives
 from jax.interpreters import ad
 from quax_sparse import BCOO, _superlu
+from sparse_helpers import needs_spsolve
 
 
-pytestmark = pytest.mark.usefixtures("x64")
+pytestmark = [pytest.mark.usefixtures("x64"), pytest.mark.float64]
 
-ROUTES = ["superlu", "cusolver"]
+ROUTES = ["superlu", pytest.param("cusolver", marks=needs_spsolve)]
 
 
 def _batch(shape=(3,), n: int = 7, seed: int = 0, spd: bool = False):

@@ -109,6 +109,7 @@ def _nonsymmetric() -> tuple[np.ndarray, BCOO]:
     return dense, BCOO(jnp.asarray(dense[rows, cols]), jnp.asarray(indices), (3, 3))
 
 
+@pytest.mark.float64
 @pytest.mark.usefixtures("x64")
 def test_the_identity_mask_times_a_factor_is_its_diagonal() -> None:
     # `eye * U` of a sparse LU factor (the branch `jnp.diagonal` takes for Pallas

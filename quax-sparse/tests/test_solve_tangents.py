@@ -103,6 +103,52 @@ def test_solve_and_slogdet_in_one_program(jit):
     np.testing.assert_allclose(dlogdet, 0.5 / 2 - 0.25 / 4, rtol=1e-6)
 
 
+# A batch of two diagonal matrices, `diag(2, 4)` and `diag(8, 0.5)`, each with one
+# padding entry: the host callback loops over the batch (`test_batched_solves.py`
+# checks batches in float64, where a TPU has none).
+_BATCH_DIAGONALS = np.array([[2.0, 4.0], [8.0, 0.5]], np.float32)
+_BATCH_DATA = jnp.asarray([[2.0, 4.0, 0.0], [8.0, 0.5, 0.0]], jnp.float32)
+_BATCH_INDICES = jnp.asarray([[[0, 0], [1, 1], [2, 2]]] * 2, jnp.int32)
+_BATCH_T = jnp.asarray([[0.5, -0.25, 3.0], [-2.0, 0.125, 1.0]], jnp.float32)
+_BATCH_B = jnp.asarray([[2.0, -4.0], [1.0, 0.25]], jnp.float32)
+_BATCH_DB = jnp.asarray([[-1.25, 0.5], [4.0, -0.5]], jnp.float32)
+
+
+def _solve_batch(data, b):
+    a = BCOO(data, _BATCH_INDICES, (2, 2, 2))
+    return quax.quaxify(lambda a, b: jnp.linalg.solve(a, b[..., None])[..., 0])(a, b)
+
+
+@pytest.mark.usefixtures("route")
+@pytest.mark.parametrize("jit", [False, True])
+def test_jvp_of_a_batch_of_diagonal_solves_against_its_closed_form(jit):
+    # Each member as the single solve above: `x = b / a`, `dx = (db - t x) / a`.
+    run = jax.jit(_solve_batch) if jit else _solve_batch
+    x, dx = jax.jvp(run, (_BATCH_DATA, _BATCH_B), (_BATCH_T, _BATCH_DB))
+    x_want = np.asarray(_BATCH_B) / _BATCH_DIAGONALS
+    dx_want = (np.asarray(_BATCH_DB) - np.asarray(_BATCH_T)[:, :2] * x_want) / (
+        _BATCH_DIAGONALS
+    )
+    assert x.dtype == dx.dtype == jnp.float32
+    np.testing.assert_array_equal(x, x_want)
+    np.testing.assert_array_equal(dx, dx_want)
+
+
+@pytest.mark.usefixtures("route")
+def test_vmap_of_a_solve_over_a_batch_against_its_closed_form():
+    # `vmap` over the members of one solve, forward and reversed: the same numbers.
+    def one(data, b):
+        return quax.quaxify(jnp.linalg.solve)(BCOO(data, _INDICES, (2, 2)), b)
+
+    got = jax.jit(jax.vmap(one))(_BATCH_DATA, _BATCH_B)
+    np.testing.assert_array_equal(got, np.asarray(_BATCH_B) / _BATCH_DIAGONALS)
+    c = np.array([[1.5, -0.5], [0.25, 2.0]], np.float32)
+    g_b = jax.jit(jax.grad(lambda b: jnp.sum(jax.vmap(one)(_BATCH_DATA, b) * c)))(
+        _BATCH_B
+    )
+    np.testing.assert_array_equal(g_b, c / _BATCH_DIAGONALS)
+
+
 def test_the_cusolver_route_is_refused_where_jax_has_no_spsolve(monkeypatch):
     # On a TPU (or a ROCm GPU), forcing the route names the way out at trace time;
     # checked here with the backend stood in for (and quax's caches off: within one

@@ -2,7 +2,8 @@
 to the cuSolver route (`jax.experimental.sparse.linalg.spsolve`), forced on CPU,
 where JAX runs `spsolve` through `scipy.sparse.linalg.spsolve`: duplicates and
 padding, float32, factor objects, `slogdet`, singular matrices and the backward-error
-check, against NumPy and dense JAX in float64. The solves, `vmap` and gradients of
+check, against NumPy and dense JAX in float64 (skipped where JAX has no `spsolve`: a
+TPU, a ROCm GPU). The solves, `vmap` and gradients of
 `test_direct.py` run on both routes too (its `route` fixture)."""
 
 import jax
@@ -13,6 +14,7 @@ import pytest
 import quax
 import quax_sparse
 from quax_sparse import BCOO, CSR, _cusolver, _superlu
+from sparse_helpers import needs_spsolve
 from test_direct import _at_pattern, _general, _spd, _with_data
 
 
@@ -44,6 +46,7 @@ def test_auto_route_follows_the_default_backend(monkeypatch):
         quax_sparse.lu_factor(_general()[1], route="lapack")
 
 
+@needs_spsolve
 def test_the_route_decides_the_primitives_and_retraces_jit():
     dense, a = _general()
     b = np.ones(12)
@@ -71,6 +74,7 @@ def test_the_route_decides_the_primitives_and_retraces_jit():
 
 @pytest.mark.parametrize("jit", [False, True])
 @pytest.mark.parametrize("rhs", [(), (3,)])
+@needs_spsolve
 def test_cusolver_solve_matches_numpy(jit, rhs):
     # `_general` stores padding and shuffles the entries; add duplicates too.
     dense, a = _general()
@@ -91,6 +95,7 @@ def test_cusolver_solve_matches_numpy(jit, rhs):
     np.testing.assert_allclose(got_csr, want, rtol=1e-12, atol=1e-14)
 
 
+@needs_spsolve
 def test_cusolver_float32():
     dense, a = _general()
     b = np.random.default_rng(4).normal(size=12)
@@ -101,6 +106,7 @@ def test_cusolver_float32():
     np.testing.assert_allclose(got, np.linalg.solve(dense, b), rtol=1e-5, atol=1e-6)
 
 
+@needs_spsolve
 def test_cusolver_factor_objects_cholesky_and_slogdet():
     dense, a = _spd()
     b = np.random.default_rng(11).normal(size=(16, 2))
@@ -126,6 +132,7 @@ def test_cusolver_factor_objects_cholesky_and_slogdet():
 
 
 @pytest.mark.filterwarnings("ignore::scipy.sparse.linalg.MatrixRankWarning")
+@needs_spsolve
 def test_cusolver_singular_matrix_gives_nan():
     _, a = _general()
     data = jnp.where(a.indices[:, 0] == 3, 0.0, a.data)  # row 3 all zero
@@ -134,6 +141,7 @@ def test_cusolver_singular_matrix_gives_nan():
     assert np.all(np.isnan(x))
 
 
+@needs_spsolve
 def test_backward_error_check_turns_a_wrong_solve_into_nan(monkeypatch):
     # A size no other test uses: quax's caches must not hold this program yet.
     _, a = _general(n=9)

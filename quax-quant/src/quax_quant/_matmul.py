@@ -196,10 +196,12 @@ class Kernels:
     bits), `nf4`, `float8` (both float8 formats). Each is one of:
 
     - `"blocked"`: `w` dequantised to float32 inside the product: fused into it
-        at one row, and from 2 rows on one block of at most `BLOCK_ELEMENTS` at a
-        time in a loop, so that no float copy of `w` is ever whole. What XLA on
-        CPU needs (it converts a whole integer operand before a dot with more
-        than one row); the default on every backend but the TPU.
+        at one row (by XLA on CPU; a TPU's XLA writes the converted weight out
+        first, f32 `(out, in)` on a TPU v5e), and from 2 rows on one block of at
+        most `BLOCK_ELEMENTS` at a time in a loop, so that no float copy of `w`
+        is ever whole. What XLA on CPU needs (it converts a whole integer
+        operand before a dot with more than one row); the default on every
+        backend but the TPU.
     - `"fused"`: one `dot_general` of `x` with `w`'s levels converted to `x`'s
         dtype (bfloat16 stays bfloat16 at the default precision), accumulating
         in float32; the scale multiplies the output columns after the dot where
