@@ -347,8 +347,24 @@ def test_any_length_round_trips_exactly(shape, block, scales, size):
     assert double.shape == shape
 
 
-@pytest.mark.parametrize(("shape", "block", "scales", "size"), ANY_LENGTH[:4])
-@pytest.mark.parametrize("double_quant", [False, True])
+# The lengths times double quantisation: CI runs each length once, double
+# quantised at the second and the fourth (the scales stored quantised, read the
+# same way at any length); the other four repeat a length's products with the other
+# storage of its scales (6-7 s of compiles each): sweeps (`bash scripts/test.sh
+# sweeps`).
+@pytest.mark.parametrize(
+    ("double_quant", "shape", "block", "scales", "size"),
+    [
+        pytest.param(
+            double_quant,
+            *case,
+            id=f"{double_quant}-shape{i}-{case[1]}-scales{i}-{case[3]}",
+            marks=[] if double_quant == (i % 2 == 1) else [pytest.mark.sweep],
+        )
+        for double_quant in (False, True)
+        for i, case in enumerate(ANY_LENGTH[:4])
+    ],
+)
 def test_any_length_products(shape, block, scales, size, double_quant, ref):
     """Products on every side and row count (one fused row, blocked rows), and
     the gradient with respect to the activations, against NumPy on the NumPy

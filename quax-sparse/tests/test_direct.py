@@ -5,6 +5,7 @@ right-hand side and the stored values, against NumPy and dense JAX in float64. T
 solves run on both routes (the `route` fixture: SuperLU, and `spsolve` forced)."""
 
 import re
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -74,14 +75,51 @@ def _with_data(a: BCOO, data: jax.Array) -> BCOO:
 def route(request):
     """The test on both solver routes (`quax_sparse.solver_route`): SuperLU on the
     host, and `jax.experimental.sparse.linalg.spsolve`, forced (on CPU, JAX runs
-    it through `scipy.sparse.linalg.spsolve`)."""
+    it through `scipy.sparse.linalg.spsolve`). A test that takes a grid of the
+    routes and other choices parametrises it itself (`_grid`)."""
     with quax_sparse.solver_route(request.param):
         yield request.param
 
 
-@pytest.mark.parametrize("jit", [False, True])
-@pytest.mark.parametrize("rhs", [(), (3,)])
-@pytest.mark.usefixtures("route")
+def _grid(names, cases, in_ci, id_of: Callable[[object], str] = str):
+    """`pytest.mark.parametrize` of `("route", *names)` over `cases` (tuples
+    starting with the route; the route through the `route` fixture), with the
+    ids the fixture gave (`route-...`, each choice's `id_of`); the cases not in
+    `in_ci` are sweeps (`bash scripts/test.sh sweeps`)."""
+    parametrize = pytest.mark.parametrize(
+        ("route", *names),
+        [
+            pytest.param(
+                *case,
+                id="-".join(map(id_of, case)),
+                marks=[] if case in in_ci else [pytest.mark.sweep],
+            )
+            for case in cases
+        ],
+        indirect=["route"],
+    )
+    return lambda test: pytest.mark.usefixtures("route")(parametrize(test))
+
+
+# The routes times the right-hand sides times eager and `jit`: CI runs, on each
+# route, a vector eagerly and a matrix under `jit` (the route is the rule's; eager
+# or jitted, quax's dispatch, the same for both); the other four repeat them
+# (`_grid`).
+@_grid(
+    ("rhs", "jit"),
+    [
+        (route, rhs, jit)
+        for route in ("superlu", "cusolver")
+        for rhs in ((), (3,))
+        for jit in (False, True)
+    ],
+    in_ci={
+        (route, rhs, jit)
+        for route in ("superlu", "cusolver")
+        for rhs, jit in (((), False), ((3,), True))
+    },
+    id_of=lambda x: f"rhs{len(x)}" if isinstance(x, tuple) else str(x),
+)
 def test_solve_matches_numpy(jit, rhs):
     dense, a = _general()
     b = np.random.default_rng(2).normal(size=(12, *rhs))
@@ -138,9 +176,25 @@ def _complex_spd(seed: int = 1) -> tuple[np.ndarray, BCOO]:
     return _bcoo_of(dense, rng)
 
 
-@pytest.mark.usefixtures("route")
-@pytest.mark.parametrize(
-    "how", ["lu_factor.solve", "cho_factor.solve", "lu_solve in quaxify"]
+# The routes times the ways in: `lu_factor.solve` and `lu_solve` in `quaxify` run
+# the same LU factor's `solve`, the second through the registered rule; CI runs
+# every way on SuperLU and, on the other route (11 s of compiles a case),
+# `cho_factor` and `lu_solve` in `quaxify` (the rule and the LU's transposed
+# solve), so `lu_factor.solve` there is a sweep (`_grid`).
+@_grid(
+    ("how",),
+    [
+        (route, how)
+        for route in ("superlu", "cusolver")
+        for how in ("lu_factor.solve", "cho_factor.solve", "lu_solve in quaxify")
+    ],
+    in_ci={
+        ("superlu", "lu_factor.solve"),
+        ("superlu", "cho_factor.solve"),
+        ("superlu", "lu_solve in quaxify"),
+        ("cusolver", "cho_factor.solve"),
+        ("cusolver", "lu_solve in quaxify"),
+    },
 )
 def test_gradients_of_the_conjugate_transposed_solve(how):
     # `A⁻ᴴ b` (trans=2), differentiated with respect to `b` and the stored values
@@ -261,8 +315,15 @@ def test_singular_matrix_gives_nan_and_zero_determinant():
 
 
 @pytest.mark.filterwarnings("ignore::scipy.sparse.linalg.MatrixRankWarning")
-@pytest.mark.usefixtures("route")
-@pytest.mark.parametrize("jit", [False, True])
+# The routes times eager and `jit`: CI runs SuperLU eagerly and the other route
+# under `jit` (the NaN is each route's rule; eager or jitted, quax's dispatch);
+# the other route eagerly (27 s of compiles, each operation its own program) and
+# SuperLU under `jit` repeat them (`_grid`).
+@_grid(
+    ("jit",),
+    [(route, jit) for route in ("superlu", "cusolver") for jit in (False, True)],
+    in_ci={("superlu", False), ("cusolver", True)},
+)
 def test_singular_solve_is_nan_where_dense_gives_infinities(jit):
     # Pinned (README, Limits): a singular sparse solve is NaN in every element,
     # whatever the route, `trans` or right-hand side, where dense JAX's LU divides
@@ -513,8 +574,24 @@ def test_large_matrices_check_their_masks_at_run_time():
     np.testing.assert_allclose(pos(a, b), np.linalg.solve(t, b), rtol=1e-10)
 
 
-@pytest.mark.parametrize("n", [1, 2, 3])
-@pytest.mark.parametrize("jit", [False, True])
+# CI runs every size under `jit` (each size its own way through JAX's formulas:
+# `slogdet` from the elements at 1 and 2, `det` at 2 and 3) and eagerly at 1;
+# eagerly at 2 and 3 (6 and 10 s, each operation its own program) repeat the
+# jitted sizes' rules through quax's eager dispatch, which size 1 checks: sweeps
+# (`bash scripts/test.sh sweeps`).
+@pytest.mark.parametrize(
+    ("jit", "n"),
+    [
+        pytest.param(
+            jit,
+            n,
+            id=f"{jit}-{n}",
+            marks=[pytest.mark.sweep] if not jit and n > 1 else [],
+        )
+        for jit in (False, True)
+        for n in (1, 2, 3)
+    ],
+)
 def test_small_det_and_slogdet_with_duplicates(n: int, jit: bool) -> None:
     # JAX computes `slogdet` of a 1 x 1 or 2 x 2 matrix and `det` of a 2 x 2 or
     # 3 x 3 one from its elements (`a[0, 0] * a[1, 1] - ...`), not through `lu`:

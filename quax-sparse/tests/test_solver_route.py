@@ -72,8 +72,22 @@ def test_the_route_decides_the_primitives_and_retraces_jit():
         _superlu._host_factor = host_factor
 
 
-@pytest.mark.parametrize("jit", [False, True])
-@pytest.mark.parametrize("rhs", [(), (3,)])
+# The right-hand sides times eager and `jit`: CI runs a vector eagerly and a
+# matrix under `jit` (the route's rule is the same; eager or jitted, quax's
+# dispatch); the other two repeat them: sweeps (`bash scripts/test.sh sweeps`).
+@pytest.mark.parametrize(
+    ("rhs", "jit"),
+    [
+        pytest.param(
+            rhs,
+            jit,
+            id=f"rhs{i}-{jit}",
+            marks=[] if (rhs == ()) != jit else [pytest.mark.sweep],
+        )
+        for i, rhs in enumerate([(), (3,)])
+        for jit in (False, True)
+    ],
+)
 @needs_spsolve
 def test_cusolver_solve_matches_numpy(jit, rhs):
     # `_general` stores padding and shuffles the entries; add duplicates too.

@@ -47,6 +47,20 @@ def _dense(factors):
 
 KINDS = ["symmetric", "general"]
 SIZES = [(4, 5), (2, 3, 4)]
+# The kinds times the sizes: CI runs two factors symmetric (`eigh`) and three
+# general (`eig`), which reach both routes and both numbers of factors; the other
+# two cases repeat them (symmetric three factors cost 8-9 s of compiles a test):
+# sweeps (`bash scripts/test.sh sweeps`).
+GRID = [
+    pytest.param(
+        sizes,
+        kind,
+        id=f"{sizes}-{kind}",
+        marks=[pytest.mark.sweep] if (len(sizes) == 3) == (kind == "symmetric") else [],
+    )
+    for sizes in SIZES
+    for kind in KINDS
+]
 
 
 def _solve_and_logdet(k, y):
@@ -55,8 +69,7 @@ def _solve_and_logdet(k, y):
     return jnp.linalg.solve(m, y), jnp.linalg.slogdet(m), jnp.linalg.det(m)
 
 
-@pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("sizes", SIZES, ids=str)
+@pytest.mark.parametrize(("sizes", "kind"), GRID)
 def test_solve_slogdet_det_match_numpy(kind, sizes):
     """The issue's program: `K + 0.1 * jnp.eye(n)` on an untagged `Kronecker`,
     eagerly and under `jit`."""
@@ -101,8 +114,7 @@ def _dense_nll(factors, noise, y):
     return 0.5 * y @ jnp.linalg.solve(m, y) + 0.5 * jnp.linalg.slogdet(m)[1]
 
 
-@pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("sizes", SIZES, ids=str)
+@pytest.mark.parametrize(("sizes", "kind"), GRID)
 def test_gradient_with_a_traced_noise(kind, sizes):
     """`jax.grad` with respect to the noise (a tracer), every factor and `y`,
     against `jax.grad` through the dense matrix."""

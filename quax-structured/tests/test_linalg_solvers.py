@@ -64,7 +64,18 @@ def _program(m, b):
     return jnp.linalg.solve(m, b), vector, sign, logdet
 
 
-@pytest.mark.parametrize("name", CASES)
+# A batch of `Toeplitz` matrices repeats the single one's route once per matrix
+# (10 s of compiles), as the batches of test_toeplitz_checked_levinson.py and
+# test_pivoting.py do: a sweep (`bash scripts/test.sh sweeps`).
+@pytest.mark.parametrize(
+    "name",
+    [
+        pytest.param(name, marks=pytest.mark.sweep)
+        if name == "toeplitz_batch"
+        else name
+        for name in CASES
+    ],
+)
 def test_solve_and_slogdet_match_dense(name):
     make, dense, leaves = CASES[name]
     m = make(*leaves)

@@ -238,8 +238,27 @@ def test_pinv_kronecker_with_a_cutoff_that_does_not_factor_is_nan():
     )
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize(("n", "r"), [(6, 2), (5, 3), (4, 6)])
+# The dtypes times the shapes (two of rank below `n`, one `r > n`): CI runs each
+# shape in one dtype and each dtype once, `(6, 2)` float32, `(5, 3)` float64, `(4, 6)`
+# complex64; the other six repeat a shape's route in another dtype: sweeps (`bash
+# scripts/test.sh sweeps`).
+_LOW_RANK_CI = {(6, 2): np.float32, (5, 3): np.float64, (4, 6): np.complex64}
+
+
+@pytest.mark.parametrize(
+    ("dtype", "n", "r"),
+    [
+        pytest.param(
+            dtype,
+            n,
+            r,
+            id=f"{n}-{r}-{dtype.__name__}",
+            marks=[] if _LOW_RANK_CI[n, r] is dtype else [pytest.mark.sweep],
+        )
+        for dtype in DTYPES
+        for n, r in _LOW_RANK_CI
+    ],
+)
 def test_pinv_low_rank(dtype, n, r):
     """`U Vᵀ` to a `LowRank` of the same rank, also with a dependent column of
     `U` (rank below `r`), a symmetric one (`v=None`), `r > n`, and `rtol`
