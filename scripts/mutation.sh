@@ -11,6 +11,7 @@
 #   bash scripts/mutation.sh TARGET names [SEED]   # every mutant of its module, by name
 #   bash scripts/mutation.sh TARGET sample N SEED  # run a uniform random sample of them
 #   bash scripts/mutation.sh --decorated TARGET ...  # the same, with decorated functions
+#   bash scripts/mutation.sh --suite TARGET ...      # against the whole suite, as CI runs it
 #
 # `sample` is for a module whose whole run does not fit the time at hand. `names` lists
 # every mutant mutmut makes of the module, without running anything; given a SEED, in a
@@ -47,6 +48,15 @@
 # name too); a run without names runs them all. That mode works in its own folder,
 # build/mutation/TARGET-decorated/, so that the default mode's names and results
 # stay as they were.
+#
+# A target's list of test files is a fast selection; CI runs the distribution's whole
+# tests/ but the tests marked `sweep` (scripts/test.sh). With `--suite` first (before
+# or after `--decorated`), the mutants run against that: the selection is all of the
+# copy's tests/, and every pytest call mutmut makes gets `-m "not sweep"`. The mutants
+# and their names are the same; the results go to a folder of their own,
+# build/mutation/TARGET[-decorated]-suite/, so that the listed-files runs' results
+# stay as they were. mutmut's first run of a whole suite (to learn which tests call
+# which function) takes as long as the suite run by one process.
 source "$(dirname "$0")/_env.sh"
 export JAX_PLATFORMS=cpu JAX_CHECK_TRACER_LEAKS=1 QUAX_DEBUG_CHECKS=1
 export XLA_FLAGS="${XLA_FLAGS:-} --xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false"
@@ -83,10 +93,12 @@ EOF
 )
 
 decorated=
-if [ "${1:-}" = --decorated ]; then
-    decorated=1
+suite=
+while [ "${1:-}" = --decorated ] || [ "${1:-}" = --suite ]; do
+    [ "$1" = --decorated ] && decorated=1
+    [ "$1" = --suite ] && suite=1
     shift
-fi
+done
 if [ $# -eq 0 ] || [ "$1" = list ]; then
     echo "$targets"
     exit 0
@@ -102,33 +114,54 @@ fi
 read -r _ dist module tests <<<"$row"
 
 root=$PWD
-work=build/mutation/$target${decorated:+-decorated}
+work=build/mutation/$target${decorated:+-decorated}${suite:+-suite}
 mkdir -p "$work"
 # The distribution's sources and tests, copied afresh (mutmut's own results, under
 # mutants/, are kept between runs).
-rm -rf "$work/src" "$work/tests" "$work/mutants/tests"
+rm -rf "$work/src" "$work/tests" "$work/mutants/tests" "$work/$dist" "$work/mutants/$dist"
 cp -r "$dist/src" "$work/src"
-cp -r "$dist/tests" "$work/tests"
+if [ -n "$suite" ]; then
+    # The whole suite runs as in the checkout, from $dist/tests/ under the root: pytest
+    # names a test module after its path (`quax-units.tests.test_quantity`), and a
+    # rule a test registers is owned by that name's first part, the family's
+    # distribution (a test that re-registers a family's rule relies on it), and a
+    # test may read a file beside tests/ (quax-structured's README.md).
+    mkdir "$work/$dist"
+    cp -r "$dist/tests" "$work/$dist/tests"
+    [ -f "$dist/README.md" ] && cp "$dist/README.md" "$work/$dist/"
+    tests_copy=$work/$dist
+else
+    cp -r "$dist/tests" "$work/tests"
+    tests_copy=$work/tests
+fi
 cp conftest.py "$work/conftest.py"
-find "$work/src" "$work/tests" -name __pycache__ -prune -exec rm -rf {} +
+find "$work/src" "$tests_copy" -name __pycache__ -prune -exec rm -rf {} +
 if [ -n "$decorated" ]; then
     "$root/.venv/bin/python" "$root/scripts/mutation_decorated.py" rewrite "$work/src/$module"
 fi
 
 # mutmut's settings, and the root's pytest settings (warnings are errors, the markers),
 # which the copy's tests run under: mutmut runs pytest in the copy's mutants/ folder.
-selection=$(printf '"tests/%s", ' $tests)
+# With --suite, the whole of the distribution's tests/ but the sweeps, as CI runs it
+# (scripts/test.sh): `-m "not sweep"` goes with every pytest call mutmut makes.
+if [ -n "$suite" ]; then
+    selection="\"$dist/tests\", "
+    marks='"-m", "not sweep", '
+else
+    selection=$(printf '"tests/%s", ' $tests)
+    marks=
+fi
 {
     sed -n '/^\[tool.pytest.ini_options\]/,/^\[tool.ruff\]/p' pyproject.toml | sed '$d'
     cat <<EOF
 [tool.mutmut]
 source_paths = ["src"]
 only_mutate = ["src/$module"]
-also_copy = ["conftest.py"]
+also_copy = ["conftest.py"${suite:+, \"$dist\"}]
 pytest_add_cli_args_test_selection = [${selection%, }]
 # Where a process imported quax before pytest started, pytest cannot rewrite the
 # asserts of quax.testing's pytest plugin and warns (an error, as every warning).
-pytest_add_cli_args = ["-p", "no:cacheprovider", "-p", "no:xdist", "--hypothesis-seed=0", "-W", "ignore::pytest.PytestAssertRewriteWarning"]
+pytest_add_cli_args = [$marks"-p", "no:cacheprovider", "-p", "no:xdist", "--hypothesis-seed=0", "-W", "ignore::pytest.PytestAssertRewriteWarning"]
 # Each mutant's tests run in a process forked from a server that has imported
 # nothing of the tests' (\`forkserver_warmup = "none"\`), never from mutmut's own
 # process: that one ran the tests, and JAX's runtime threads do not survive a fork
@@ -193,7 +226,7 @@ print("\n".join(names))
         echo "$names"
         exit 0
     fi
-    echo "$target: $(wc -l <<<"$names") mutants of $module${decorated:+ inside decorated functions}; a uniform sample of $2 (seed $3):"
+    echo "$target: $(wc -l <<<"$names") mutants of $module${decorated:+ inside decorated functions}${suite:+, against all of $dist/tests/}; a uniform sample of $2 (seed $3):"
     sample=$(head -n "$2" <<<"$names")
     echo "$sample"
     # shellcheck disable=SC2086 # one mutant name a line, no spaces

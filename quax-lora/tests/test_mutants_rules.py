@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 import jax.random as jr
 import numpy as np
+import pytest
 import quax
 import quax_lora
 from jax import lax
@@ -172,3 +173,25 @@ def test_a_kernel_transposed_along_its_input_axes_stays_adapted() -> None:
             np.testing.assert_allclose(
                 out, np.transpose(dense, perm), rtol=1e-5, atol=1e-6
             )
+
+
+# The registered rules against the whole suite (seed 51, `--suite --decorated`).
+
+
+def test_slices_of_columns_are_dense_where_allowed_and_refused_otherwise() -> None:
+    # A slice that does not take whole rows has no low-rank form: where allowed,
+    # the dense weight sliced (static and dynamic slices, eagerly and under `jit`);
+    # otherwise refused. Columns 1:3 of 4 (mutants: the static slice's sizes
+    # `hi + lo`, which is 4 for them, taken as whole rows; the dynamic slice's
+    # fallback given `slice_sizes` under another name).
+    for allow in (True, False):
+        lora, dense = _adapted((6, 4), 0, allow=allow)
+        static = quax.quaxify(lambda x: x[:, 1:3])
+        dynamic = quax.quaxify(lambda x: lax.dynamic_slice(x, (2, 1), (3, 2)))
+        for f, want in ((static, dense[:, 1:3]), (dynamic, dense[2:5, 1:3])):
+            for run in (f, jax.jit(f)):
+                if allow:
+                    np.testing.assert_allclose(run(lora), want, rtol=1e-5, atol=1e-6)
+                else:
+                    with pytest.raises(quax_lora.LoraMaterialisationError):
+                        run(lora)

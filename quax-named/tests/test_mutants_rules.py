@@ -272,3 +272,22 @@ def test_mismatched_batch_axes_are_named_on_both_sides() -> None:
         quax.quaxify(
             lambda p, q: jax.lax.dot_general(p, q, (((2,), (1,)), ((0,), (0,))))
         )(p, q)
+
+
+# The registered rules against the whole suite (seed 51, `--suite --decorated`).
+
+
+def test_joining_two_differently_named_axes_names_the_way_out() -> None:
+    # `seq` joined to `time` by position: refused, with the reason and both ways
+    # out whole (mutant `_concatenate` 64: the first way out changed).
+    x = NamedArray(jnp.asarray(DATA), ("batch", "seq", "embed"))
+    y = NamedArray(jnp.asarray(DATA[:, :2]), ("batch", "time", "embed"))
+    with pytest.raises(
+        ValueError,
+        match=r"^`concatenate` joins axes \('seq', 'time'\) along position 1 "
+        r"\(\('batch', 'seq', 'embed'\) and \('batch', 'time', 'embed'\)\): a "
+        r"joined axis is one axis, and quax_named never pairs two names by "
+        r"position\. Give the pieces one name \(`quax_named\.rename`\), or join by "
+        r"name with `quax_named\.concatenate`\.$",
+    ):
+        quax.quaxify(lambda a, b: jnp.concatenate([a, b], axis=1))(x, y)

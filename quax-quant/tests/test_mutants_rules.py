@@ -225,3 +225,27 @@ def test_a_calibrated_weight_on_the_left_keeps_the_products_params() -> None:
     want = np.asarray(weight, np.float32) @ np.asarray(x, np.float32)
     np.testing.assert_allclose(out, want, rtol=1e-6, atol=1e-6)
     assert recorded == [5]
+
+
+# The registered rules against the whole suite (seed 51, `--suite --decorated`).
+
+
+def test_a_scalar_on_the_left_scales_and_a_vector_dequantises_where_allowed(
+    ref,
+) -> None:
+    # `c * w` with `c` on the left: a float scalar scales the scales, a vector has
+    # no quantised product: refused, and where allowed the dequantised product
+    # (mutant, line 612, 4: the rule for `c * w` gave the fallback `None` for its
+    # params; no test multiplied with the plain operand on the left).
+    w = qq.quantise(jr.normal(jr.PRNGKey(20), (4, 6)))
+    dense = ref.dequantise(w)
+    c = np.linspace(-1.0, 2.0, 6, dtype=np.float32)
+    f = quax.quaxify(lambda c, a: c * a)
+    for run in (f, jax.jit(f)):
+        out = run(jnp.float32(3.0), w)
+        assert isinstance(out, qq.QuantisedArray)
+        np.testing.assert_allclose(ref.dequantise(out), 3.0 * dense, rtol=1e-6)
+        with pytest.raises(qq.QuantMaterialisationError, match=r"`mul`"):
+            run(jnp.asarray(c), w)
+        out = run(jnp.asarray(c), w.enable_materialise())
+        np.testing.assert_allclose(out, c * dense, rtol=1e-6)

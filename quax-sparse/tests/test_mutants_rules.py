@@ -243,3 +243,51 @@ def test_a_rule_for_scalar_entries_refuses_blocks_naming_its_primitive():
         lu(x.enable_materialise()), jax.lax.linalg.lu(jnp.asarray(dense)), strict=True
     ):
         np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+# The registered rules against the whole suite (seed 51, `--suite --decorated`).
+
+
+def test_reshaping_every_sparse_dimension_away_drops_the_padding() -> None:
+    # A (1, 1) array reshaped to (), and a (1, 3) one of blocks (`n_dense=1`) to
+    # (3,): no sparse dimension is left, so padding entries (index 1 along a
+    # dimension of size 1) can only be held as zero values: the result is the sum
+    # of the real entries (mutant, line 1056, 128: the padding mask built without
+    # the data, a `TypeError`).
+    scalar = BCOO(jnp.array([2.0, 5.0]), jnp.array([[0, 0], [1, 1]]), (1, 1))
+    blocks = BCOO(
+        jnp.array([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0], [0.5, 0.25, 0.125]]),
+        jnp.array([[0], [1], [0]]),
+        (1, 3),
+    )
+    f = quax.quaxify(lambda a: jnp.reshape(a, ()))
+    g = quax.quaxify(lambda a: jnp.reshape(a, (3,)))
+    for run_f, run_g in ((f, g), (jax.jit(f), jax.jit(g))):
+        np.testing.assert_array_equal(run_f(scalar), np.float32(2.0))
+        out = run_g(blocks)
+        if isinstance(out, BCOO):
+            out = out.todense()
+        np.testing.assert_array_equal(out, np.array([1.5, 2.25, 3.125], np.float32))
+
+
+def test_a_concatenation_of_arrays_without_duplicates_keeps_the_promise() -> None:
+    # Entries shifted apart along the joined axis stay apart: joining two arrays
+    # that promise unique indices gives one that does (mutant, line 1213, 76: the
+    # promise dropped); one without the promise gives none.
+    a = BCOO(
+        jnp.array([1.0, 2.0]), jnp.array([[0, 1], [1, 0]]), (2, 2), unique_indices=True
+    )
+    b = BCOO(jnp.array([3.0]), jnp.array([[1, 1]]), (2, 2), unique_indices=True)
+    c = BCOO(jnp.array([3.0, 4.0]), jnp.array([[1, 1], [1, 1]]), (2, 2))
+    f = quax.quaxify(lambda x, y: jnp.concatenate([x, y], axis=0))
+    for run in (f, jax.jit(f)):
+        out = run(a, b)
+        assert out.unique_indices is True
+        np.testing.assert_array_equal(
+            out.todense(), np.array([[0, 1], [2, 0], [0, 0], [0, 3]], np.float32)
+        )
+        out = run(a, c)
+        assert not out.unique_indices
+        np.testing.assert_array_equal(
+            out.todense(), np.array([[0, 1], [2, 0], [0, 0], [0, 7]], np.float32)
+        )

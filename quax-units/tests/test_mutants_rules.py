@@ -203,3 +203,29 @@ def test_an_update_in_other_units_names_dynamic_update_slice() -> None:
         x, Quantity(jnp.ones(2), "km")
     )
     np.testing.assert_array_equal(out.array, [0.0, 1000.0, 1000.0, 0.0])
+
+
+# The registered rules against the whole suite (seed 51, `--suite --decorated`).
+
+
+def test_joining_a_length_and_a_time_names_concatenate() -> None:
+    # `jnp.concatenate` of metres and seconds: refused, naming the primitive
+    # (mutant `_concatenate` 2: `None` named in its place).
+    with pytest.raises(
+        UnitError, match=r"^`concatenate` needs operands of the same dimensions"
+    ):
+        quax.quaxify(lambda x, y: jnp.concatenate([x, y]))(
+            Quantity(jnp.ones(2), "m"), Quantity(jnp.ones(3), "s")
+        )
+
+
+def test_a_cumulative_product_of_lengths_says_why_it_is_refused() -> None:
+    # The reason, whole: element i has the units to the power i + 1, and an array
+    # holds one unit (mutant `_cumprod` 5: a sentence of it changed).
+    with pytest.raises(
+        UnitError,
+        match=r"^`cumprod` needs a dimensionless operand \(element i of a cumulative "
+        r"product has the units raised to the power i \+ 1: m, m2, m3, \.\.\., and "
+        r"an array holds one unit for all its elements\), but got ",
+    ):
+        quax.quaxify(jnp.cumprod)(Quantity(jnp.array([1.0, 2.0]), "m"))
