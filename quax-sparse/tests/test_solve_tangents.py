@@ -17,17 +17,16 @@ import pytest
 import quax
 import quax_sparse
 from quax_sparse import BCOO, _cusolver
+from sparse_helpers import needs_spsolve
 
 
-@pytest.fixture(params=["superlu", "cusolver"])
+@pytest.fixture(params=["superlu", pytest.param("cusolver", marks=needs_spsolve)])
 def route(request):
     """The test on both solver routes (`quax_sparse.solver_route`). JAX lowers
     `spsolve`, the `"cusolver"` route, for the CPU (through SciPy) and CUDA only:
     elsewhere (a TPU) the route does not exist, and
     `test_the_cusolver_route_is_refused_where_jax_has_no_spsolve` checks that it
     is refused, naming the way out."""
-    if request.param == "cusolver" and _cusolver._spsolve_backend() is None:
-        pytest.skip(f"JAX has no `spsolve` for the {jax.default_backend()} backend")
     with quax_sparse.solver_route(request.param):
         yield request.param
 
