@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import quax
 import quax_structured as qs
+import scipy.linalg
 from jax import lax
 
 
@@ -440,3 +441,133 @@ def test_a_batch_of_tridiagonal_matrices_solves_a_shared_right_hand_side():
     f = quax.quaxify(jnp.linalg.solve)
     for run in (f, jax.jit(f)):
         np.testing.assert_allclose(run(t, b), want, rtol=1e-5)
+
+
+# The registered rules against the whole suite (seed 51, `--suite --decorated`).
+
+
+def _assert_refused(f, name, primitive, *args):
+    """`f` and `jax.jit(f)` of `args` refuse to materialise the structure `name` for
+    `primitive`, naming both."""
+    for run in (f, jax.jit(f)):
+        with pytest.raises(
+            qs.StructuredMaterialisationError,
+            match=rf"^Refusing to materialise `{name}` for primitive `{primitive}`",
+        ):
+            run(*args)
+
+
+def _low_rank(dtype) -> qs.LowRank:
+    """A 3 x 3 low-rank matrix `u vᵀ` of `dtype`, which has no triangular solve of
+    its own, materialising allowed."""
+    u = np.array([[1.0, 0.0], [2.0, 1.0], [0.0, -1.0]])
+    v = np.array([[1.0, 1.0], [0.0, 2.0], [3.0, 1.0]])
+    if np.issubdtype(dtype, np.complexfloating):
+        u, v = u * (1.0 + 0.5j), v - 1.0j
+    return qs.LowRank(jnp.asarray(u, dtype), jnp.asarray(v, dtype)).enable_materialise()
+
+
+def test_a_unit_triangular_solve_of_a_structure_without_one_is_dense_where_allowed():
+    """`solve_triangular(L, b, lower=True, unit_diagonal=True)` of a low-rank
+    matrix, which has no triangular solve of its own: where allowed, the dense
+    solve with ones read on the diagonal, as SciPy's of the dense matrix (mutant of
+    the `triangular_solve` rule, line 507, 11: the fallback's `unit_diagonal`
+    `None`, so that the diagonal was read)."""
+    low_rank = _low_rank(np.float32)
+    dense = np.asarray(low_rank.dense(), np.float64)
+    b = np.array([[1.0, 2.0], [-1.0, 0.0], [3.0, 0.5]], np.float32)
+    want = scipy.linalg.solve_triangular(dense, b, lower=True, unit_diagonal=True)
+    f = quax.quaxify(
+        lambda a, b: jax.scipy.linalg.solve_triangular(
+            a, b, lower=True, unit_diagonal=True
+        )
+    )
+    for run in (f, jax.jit(f)):
+        np.testing.assert_allclose(run(low_rank, b), want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_conjugated_triangular_solve_of_a_structure_without_one_is_dense():
+    """`solve_triangular(L, b, lower=True, trans=2)` (`Lᴴ x = b`) of a complex
+    low-rank matrix, which has no triangular solve of its own: where allowed, the
+    dense solve with the lower triangle conjugated and transposed, as SciPy's of
+    the dense matrix (mutant of the `triangular_solve` rule, line 507, 10: the
+    fallback's `conjugate_a` `None`, so that `Lᵀ x = b` was solved)."""
+    low_rank = _low_rank(np.complex64)
+    dense = np.asarray(low_rank.dense(), np.complex128)
+    b = np.array([[1.0, 2.0j], [-1.0, 0.0], [3.0 - 1.0j, 0.5]], np.complex64)
+    want = scipy.linalg.solve_triangular(dense, b, lower=True, trans=2)
+    f = quax.quaxify(
+        lambda a, b: jax.scipy.linalg.solve_triangular(a, b, lower=True, trans=2)
+    )
+    for run in (f, jax.jit(f)):
+        np.testing.assert_allclose(run(low_rank, b), want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("compute_uv", [False, True])
+def test_an_svd_of_a_structure_for_a_subset_is_refused_or_dense(compute_uv):
+    """`lax.linalg.svd(D, subset_by_index=(0, 2))` of a 3 x 3 diagonal matrix, which
+    the structure's SVD does not take: refused, naming `svd`; where allowed, the
+    dense `svd`'s two singular values (and vectors), traced only (JAX's `svd` takes
+    no subset on CPU and GPU: a `NotImplementedError` when run), as plain JAX
+    traces it on the dense matrix (mutant of the `svd` rule, line 816, 23: the
+    fallback's `subset_by_index` `None`, so that all three came out)."""
+    d = qs.Diagonal(jnp.array([3.0, 1.0, 2.0], jnp.float32))
+    svd = lambda a: lax.linalg.svd(
+        a, full_matrices=False, compute_uv=compute_uv, subset_by_index=(0, 2)
+    )
+    f = quax.quaxify(svd)
+    _assert_refused(f, "Diagonal", "svd", d)
+    got = jax.eval_shape(f, d.enable_materialise())
+    want = jax.eval_shape(svd, d.enable_materialise().dense())
+    assert jax.tree.map(lambda s: (s.shape, s.dtype), got) == jax.tree.map(
+        lambda s: (s.shape, s.dtype), want
+    )
+
+
+# The same order's next 10 names (seed 51, names 11 to 20).
+
+
+def test_a_sum_of_structures_of_two_shapes_is_refused_as_dense_jax_refuses_it():
+    """`lax.add` of a 4 x 4 tridiagonal and a 3 x 3 diagonal matrix (no sum): refused
+    naming `add`; where allowed, the `TypeError` plain JAX raises for the dense
+    arrays (mutant of the `add` rule for two structures, line 290, 9: the fallback
+    called without its primitive, a `TypeError` of Python's in place of both)."""
+    t = qs.TridiagonalMatrix(jnp.ones(3), jnp.arange(1.0, 5.0), 2 * jnp.ones(3))
+    d = qs.Diagonal(jnp.arange(1.0, 4.0))
+    with pytest.raises(TypeError) as dense:
+        lax.add(t.enable_materialise().dense(), d.enable_materialise().dense())
+    f = quax.quaxify(lax.add)
+    _assert_refused(f, "TridiagonalMatrix", "add", t, d)
+    for run in (f, jax.jit(f)):
+        with pytest.raises(TypeError, match=re.escape(str(dense.value))):
+            run(t.enable_materialise(), d.enable_materialise())
+
+
+def test_a_slice_of_more_than_n_entries_is_dense_where_allowed():
+    """`D[1:3, 0:3]` and `D[0:4:2, 1:4]` of a 4 x 4 diagonal matrix read more than
+    4 entries, which the structure's entries do not serve: where allowed, the dense
+    slices, as NumPy's of the dense matrix (mutant of the `slice` rule, line 743,
+    14: the fallback's `strides` misnamed, a `TypeError` where allowed)."""
+    main = np.array([1.0, -2.0, 3.0, 4.0], np.float32)
+    d = qs.Diagonal(jnp.asarray(main)).enable_materialise()
+    f = quax.quaxify(lambda m: (m[1:3, 0:3], m[0:4:2, 1:4]))
+    for run in (f, jax.jit(f)):
+        got = run(d)
+        want = (np.diag(main)[1:3, 0:3], np.diag(main)[0:4:2, 1:4])
+        for g, w in zip(got, want, strict=True):
+            np.testing.assert_array_equal(g, w)
+
+
+def test_a_structure_divided_by_a_vector_is_refused_or_dense():
+    """`D / y` with `y` a vector (no scalar: no structure-keeping scale): refused,
+    naming `div`; where allowed, the dense quotient, as NumPy's of the dense matrix
+    (mutant of the `div` rule, line 280, 4: the fallback given `None` for its
+    operands)."""
+    main = np.array([1.0, -2.0, 3.0, 4.0], np.float32)
+    y = np.array([1.0, 2.0, 4.0, 8.0], np.float32)
+    d = qs.Diagonal(jnp.asarray(main))
+    f = quax.quaxify(lambda m, y: m / y)
+    _assert_refused(f, "Diagonal", "div", d, y)
+    for run in (f, jax.jit(f)):
+        got = run(d.enable_materialise(), y)
+        np.testing.assert_allclose(got, np.diag(main) / y, rtol=1e-6)
