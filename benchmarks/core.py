@@ -30,13 +30,16 @@ ratios. The machine is shared, so everything is timed in CPU time, which other j
 do not inflate: tracing and lowering (pure Python) in the running thread's, eager
 calls, compiles (which may use XLA's threads) and imports in the whole process's.
 
-    python benchmarks/core.py [--quick] [--calls | --against SRC [--runs N]]
+    python benchmarks/core.py [--quick] [--calls | --against SRC [--runs N] [--count]]
 
 Prints Markdown tables, writes `docs/images/core_ratios.png` and returns the figures.
 To compare a change with the code before it, `--against <dir>` (the `src` folder of
 another checkout's quax-core) runs `measure()` in fresh interpreters, alternating
 between that code and this checkout's, `--runs` times each, and prints each row's
 time and ratio to plain JAX on both sides, and their quotient (after / before).
+With `--count` it compares the function calls each row makes instead of its time
+(deterministic, where a shared machine's times of the same code differ by more than
+the 5% asked of a change; the compile phase, in C++, it does not see).
 To compare with the published quax 0.4.6, point `QUAX_PUBLISHED_PYTHON` at the
 interpreter of an environment holding it (`uv venv <dir> && uv pip install --python
 <dir>/bin/python quax==0.4.6 jax==0.10.2 equinox`); the same `measure()` runs there
@@ -178,6 +181,25 @@ def _summary(times: dict[str, list[float]], plain: str, name: str) -> dict[str, 
 
 CPU = time.thread_time
 PROCESS = time.process_time
+
+
+class _CallCount:
+    """A clock that reads function calls, not seconds: installed as the thread's
+    profile hook (`sys.setprofile`), it counts each call of a Python function and
+    of a C function made from Python. Deterministic where time is not: on a shared
+    machine two runs of the same code time apart by more than 5%, but make the
+    same calls (bar the hash-seeded order of a set or a dict; XLA's compiling, in
+    C++, makes none)."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def hook(self, frame: Any, event: str, arg: Any) -> None:
+        if event == "call" or event == "c_call":
+            self.calls += 1
+
+    def __call__(self) -> float:
+        return float(self.calls)
 
 
 def _called(programs: dict[str, Any]) -> dict[str, Any]:
@@ -396,14 +418,29 @@ def compiled(rounds: int) -> dict[str, dict[str, float]]:
     return out
 
 
-def measure(quick: bool = False) -> dict[str, dict[str, float]]:
-    """Every measure but the import time, as `{name: {plain_s, quax_s, ratio}}`."""
-    return {
-        **eager(5 if quick else 15),
-        **tracing(5 if quick else 15),
-        **without_values(5 if quick else 15),
-        **compiled(3 if quick else 7),
-    }
+def measure(quick: bool = False, count: bool = False) -> dict[str, dict[str, float]]:
+    """Every measure but the import time, as `{name: {plain_s, quax_s, ratio}}`.
+    With `count`, each "time" is the number of function calls made (see
+    `_CallCount`), one round each: `quax_s` and `plain_s` are then calls per call
+    (per phase for the compiled programs; the compile phase, in C++, counts only
+    the calls around it)."""
+    global CPU, PROCESS
+    if not count:
+        return {
+            **eager(5 if quick else 15),
+            **tracing(5 if quick else 15),
+            **without_values(5 if quick else 15),
+            **compiled(3 if quick else 7),
+        }
+    counter = _CallCount()
+    kept = CPU, PROCESS
+    CPU = PROCESS = counter
+    sys.setprofile(counter.hook)
+    try:
+        return {**eager(1), **tracing(1), **without_values(1), **compiled(1)}
+    finally:
+        sys.setprofile(None)
+        CPU, PROCESS = kept
 
 
 # First calls --------------------------------------------------------------------------
@@ -522,7 +559,7 @@ def published(quick: bool) -> dict[str, Any] | str:
     return json.loads(done.stdout)
 
 
-def _measured(quick: bool, source: str | None) -> dict[str, Any]:
+def _measured(quick: bool, source: str | None, count: bool = False) -> dict[str, Any]:
     """`measure()` in a fresh interpreter, importing `quax` from `source` (the
     `src` folder of a quax-core checkout) or, for `None`, from this environment."""
     env = dict(os.environ)
@@ -532,7 +569,8 @@ def _measured(quick: bool, source: str | None) -> dict[str, Any]:
         )
     code = (
         "import json, runpy, sys; "
-        f"m = runpy.run_path({__file__!r}, run_name='bench')['measure']({quick}); "
+        f"m = runpy.run_path({__file__!r}, run_name='bench')['measure']({quick}, "
+        f"{count}); "
         "json.dump(m, sys.stdout)"
     )
     done = subprocess.run(
@@ -543,16 +581,19 @@ def _measured(quick: bool, source: str | None) -> dict[str, Any]:
     return json.loads(done.stdout)
 
 
-def compare(source: str, quick: bool, runs: int) -> dict[str, dict[str, float]]:
+def compare(
+    source: str, quick: bool, runs: int, count: bool = False
+) -> dict[str, dict[str, float]]:
     """This checkout's `measure()` against that of the quax-core in `source` (before
     a change), in alternating fresh interpreters, `runs` each: per row, each side's
     median time and ratio to plain JAX, and the quotient of the ratios (after /
-    before; within 1.05 is within 5%)."""
+    before; within 1.05 is within 5%). With `count`, function calls instead of
+    time (`measure`'s `count`): the same quotients, of calls."""
     before: list[dict[str, Any]] = []
     after: list[dict[str, Any]] = []
     for _ in range(runs):
-        before.append(_measured(quick, source))
-        after.append(_measured(quick, None))
+        before.append(_measured(quick, source, count))
+        after.append(_measured(quick, None, count))
     out = {}
     for key, _ in ROWS:
         if key not in before[0] or key not in after[0]:
@@ -566,8 +607,10 @@ def compare(source: str, quick: bool, runs: int) -> dict[str, dict[str, float]]:
             "after_ratio": a,
             "after_over_before": a / b,
         }
+    unit = "calls" if count else "time"
     print(
-        f"| measure | before / plain | after / plain | after / before ({runs} runs) |"
+        f"| measure | before / plain | after / plain | after / before ({runs} runs, "
+        f"{unit}) |"
     )
     print("|---|---|---|---|")
     for key, label in ROWS:
@@ -697,13 +740,18 @@ if __name__ == "__main__":
         "--runs", type=int, default=3, help="interpreters per side with --against"
     )
     parser.add_argument(
+        "--count",
+        action="store_true",
+        help="with --against: compare function calls made, not time",
+    )
+    parser.add_argument(
         "--calls",
         action="store_true",
         help="only the first-calls table (first calls and steady state per call)",
     )
     args = parser.parse_args()
     if args.against:
-        compare(args.against, args.quick, args.runs)
+        compare(args.against, args.quick, args.runs, args.count)
     elif args.calls:
         cold(1 if args.quick else 3)
     else:
