@@ -291,3 +291,43 @@ def test_joining_two_differently_named_axes_names_the_way_out() -> None:
         r"name with `quax_named\.concatenate`\.$",
     ):
         quax.quaxify(lambda a, b: jnp.concatenate([a, b], axis=1))(x, y)
+
+
+# Named's undecorated functions against the whole suite (seed 51, `--suite`).
+
+
+def test_a_broadcast_axis_of_the_results_size_is_the_one_kept() -> None:
+    # `v[:, None] + jnp.broadcast_to(v[:, None], (3, 4))`: at position 1 one operand
+    # holds a broadcast axis of size 1 and the other one of size 4, and no name; the
+    # result keeps the one of its own size, 4 (mutant `_same_layout` 38: the one of
+    # size 1 kept, an axis of size 1 over 4 entries).
+    v = NamedArray(jnp.array([1.0, 2.0, 3.0]), ("x",))
+    f = quax.quaxify(lambda v: v[:, None] + jnp.broadcast_to(v[:, None], (3, 4)))
+    want = np.broadcast_to(2.0 * np.array([1.0, 2.0, 3.0])[:, None], (3, 4))
+    for run in (f, jax.jit(f)):
+        out = run(v)
+        assert isinstance(out, NamedArray)
+        assert out.names == ("x", None)
+        assert out.axes[1].size == 4
+        np.testing.assert_array_equal(out.array, want)
+
+
+def test_a_name_met_at_a_taken_position_takes_the_first_free_one_of_its_size() -> None:
+    # Two vectors broadcast alike to (3, 3, 3) and added: positional code puts 'x'
+    # and 'y' both at position 0, and aligning by name moves 'y' to the first free
+    # position of its size, 1, leaving the broadcast axis at 2; the entries are
+    # v[i] + w[j] (mutant `_layout` 44: 'y' laid out at position 2).
+    v = NamedArray(jnp.array([1.0, 2.0, 3.0]), ("x",))
+    w = NamedArray(jnp.array([10.0, 20.0, 30.0]), ("y",))
+
+    def spread(a):
+        return jnp.broadcast_to(a[:, None, None], (3, 3, 3))
+
+    f = quax.quaxify(lambda v, w: spread(v) + spread(w))
+    sums = np.array([1.0, 2.0, 3.0])[:, None] + np.array([10.0, 20.0, 30.0])[None, :]
+    want = np.broadcast_to(sums[:, :, None], (3, 3, 3))
+    for run in (f, jax.jit(f)):
+        out = run(v, w)
+        assert isinstance(out, NamedArray)
+        assert out.names == ("x", "y", None)
+        np.testing.assert_array_equal(out.array, want)
