@@ -204,18 +204,28 @@ def test_an_installed_family_owns_the_package_of_its_entry_point() -> None:
         assert not family.owns(f"quax_{point.name}x")
 
 
+@pytest.mark.parametrize(
+    "module", ["quax_planted_helper.values", "quax_planted_deep.sub.values"]
+)
 def test_a_failed_load_forgets_the_modules_of_a_package_it_added_from(
-    installed: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    module: str,
+    installed: dict[str, Any],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A family whose registration imports another package's module, which adds to
     quax's tables (a value type), and then fails: that package's modules are
-    forgotten with the family's, so that importing them again adds again (mutant
-    `_forget_new_modules` 18 compared whole module names with the packages, and
-    forgot only the package's top module)."""
-    package = tmp_path / "quax_planted_helper"
-    package.mkdir()
-    (package / "__init__.py").write_text("")
-    (package / "values.py").write_text(
+    forgotten with the family's, every level of them, so that importing them again
+    adds again (mutant `_forget_new_modules` 18 compared whole module names with
+    the packages, and forgot only the package's top module; mutant 9 took the
+    module's parent for its package, `quax_planted_deep.sub` for the module two
+    levels down, which no module's top-level name equals: nothing was forgotten)."""
+    parts = module.split(".")
+    folder = tmp_path.joinpath(*parts[:-1])
+    folder.mkdir(parents=True)
+    for level in range(1, len(parts)):
+        (tmp_path.joinpath(*parts[:level]) / "__init__.py").write_text("")
+    (folder / f"{parts[-1]}.py").write_text(
         "import quax\n\n\nclass Planted(quax.ArrayValue):\n    pass\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path))
@@ -223,15 +233,15 @@ def test_a_failed_load_forgets_the_modules_of_a_package_it_added_from(
     class HalfWay:
         @quax.hookspecs.hookimpl
         def quax_register_rules(self) -> None:
-            importlib.import_module("quax_planted_helper.values")
+            importlib.import_module(module)
             raise RuntimeError("failed half-way")
 
     with pytest.warns(_plugins.PluginWarning):
         family = _plugins.load_in_process("half_way_family", HalfWay())
     installed["half_way_family"] = family
     assert family.state == "failed"
-    assert "quax_planted_helper" not in sys.modules
-    assert "quax_planted_helper.values" not in sys.modules
+    for level in range(1, len(parts) + 1):
+        assert ".".join(parts[:level]) not in sys.modules
 
 
 def test_autoload_loads_the_families_on_its_first_call_only(

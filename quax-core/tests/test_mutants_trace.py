@@ -273,3 +273,18 @@ def test_a_function_rule_without_the_call_param_is_refused_naming_it() -> None:
         r"param `call`, and JAX binds `_tripled \(jitted function\)` with `call=",
     ):
         quax.quaxify(_tripled)(ByDtype(X, ""))
+
+
+@pytest.mark.caching_behaviour
+def test_a_primitive_without_rules_has_its_default_resolution_cached() -> None:
+    """A primitive that no rule is registered for resolves to the value type's
+    `default` by types alone, and that resolution is kept in the dispatch cache
+    like any other (mutant `rule_for` 30: a primitive absent from the table of
+    those decided by types counted as not decided, resolved afresh on every call).
+    The primitive is the test's own, so that nothing registers a rule for it."""
+    double_p = jax.extend.core.Primitive("quax_test_double")
+    double_p.def_impl(lambda x: 2 * x)
+    double_p.def_abstract_eval(lambda x: x)
+    rule: Any = _registry.rule_for(double_p, [Dense(X)])
+    assert _registry._cache[(double_p, (Dense,))] is rule
+    np.testing.assert_array_equal(rule([Dense(X)], {}).array, 2 * np.asarray(X))

@@ -331,3 +331,134 @@ def test_a_name_met_at_a_taken_position_takes_the_first_free_one_of_its_size() -
         assert isinstance(out, NamedArray)
         assert out.names == ("x", "y", None)
         np.testing.assert_array_equal(out.array, want)
+
+
+# Named's registered rules against the whole suite (seed 52, `--suite --decorated`).
+
+
+def test_contracting_unequal_numbers_of_axes_is_refused_as_jax_refuses_it() -> None:
+    # `lax.dot_general` binds its dimension numbers unchecked, and JAX's shape rule
+    # refuses two contracting axes against one with a `TypeError`; so does the rule,
+    # naming the axes, where it used to fail inside `zip` (mutant `_dot_general` 7:
+    # the pairs zipped loosely, the second axis of 'a', 'b' never checked).
+    x = NamedArray(jnp.ones((2, 3)), ("a", "b"))
+    y = NamedArray(jnp.ones((2, 4)), ("a", "c"))
+    dimension_numbers = (((0, 1), (0,)), ((), ()))
+    with pytest.raises(TypeError, match="dot_general"):
+        jax.lax.dot_general(jnp.ones((2, 3)), jnp.ones((2, 4)), dimension_numbers)
+    with pytest.raises(
+        TypeError,
+        match=r"^dot_general requires as many contracting dimensions, and as many "
+        r"batch dimensions, on each side, got .* for operands with axes "
+        r"\('a', 'b'\) and \('a', 'c'\)\. Contract by name",
+    ):
+        quax.quaxify(lambda x, y: jax.lax.dot_general(x, y, dimension_numbers))(x, y)
+
+
+def test_an_updated_slice_keeps_the_arrays_permission_to_materialise() -> None:
+    # `lax.dynamic_update_slice` of a NamedArray keeps its names and its
+    # `allow_materialise`, as every positional rule does (mutant
+    # `_dynamic_update_slice` 56: the permission dropped, `None`).
+    data = np.arange(6.0, dtype=np.float32).reshape(2, 3)
+    update = NamedArray(jnp.ones((1, 2)), ("a", "b"))
+    want = data.copy()
+    want[1:, 1:] = 1.0
+    f = quax.quaxify(lambda x, u: jax.lax.dynamic_update_slice(x, u, (1, 1)))
+    for allowed in (True, False):
+        x = NamedArray(jnp.asarray(data), ("a", "b"))
+        x = x.enable_materialise() if allowed else x
+        for run in (f, jax.jit(f)):
+            out = run(x, update)
+            assert out.names == ("a", "b")
+            assert out.allow_materialise is allowed
+            np.testing.assert_array_equal(out.array, want)
+
+
+def test_a_reshape_that_also_transposes_is_dense_where_allowed() -> None:
+    # `lax.reshape` with `dimensions` transposes and regroups at once: refused with
+    # the way out, and where materialising is allowed the plain array NumPy gives
+    # (mutants `_reshape` 21: the fallback without its `dimensions`, no transpose;
+    # `_reshape` 31: the fallback rule asked for without its primitive).
+    data = np.arange(6.0, dtype=np.float32).reshape(2, 3)
+    f = quax.quaxify(lambda x: jax.lax.reshape(x, (3, 2), dimensions=(1, 0)))
+    want = np.reshape(np.transpose(data), (3, 2))
+    x = NamedArray(jnp.asarray(data), ("a", "b"))
+    with pytest.raises(ValueError, match=r"`reshape` with `dimensions=\(1, 0\)`"):
+        f(x)
+    for run in (f, jax.jit(f)):
+        out = run(x.enable_materialise())
+        assert not isinstance(out, NamedArray)
+        np.testing.assert_array_equal(out, want)
+
+
+def test_sorting_operands_laid_out_apart_names_the_ways_out() -> None:
+    # `lax.sort` of two NamedArrays whose names differ by position: refused with both
+    # ways out, the second `quax_named.sort`/`quax_named.argsort` (mutants `_sort`
+    # 14, 15, 16: that way out `None`, or its text changed).
+    x = NamedArray(jnp.arange(6.0).reshape(2, 3), ("a", "b"))
+    y = NamedArray(jnp.arange(6.0).reshape(2, 3), ("b", "a"))
+    with pytest.raises(
+        ValueError,
+        match=r"^`sort` lines up its operands position by position, and position 0 "
+        r"holds axes 'a' and 'b' .*: quax_named never pairs two names by position\. "
+        r"Lay the operands out alike by name first \(`quax_named\.transpose`, "
+        r"`quax_named\.align`\), or sort by name with "
+        r"`quax_named\.sort`/`quax_named\.argsort`\.$",
+    ):
+        quax.quaxify(lambda x, y: jax.lax.sort((x, y), num_keys=1))(x, y)
+
+
+def _scan_rows(x):
+    return jax.lax.scan(lambda c, row: (c + row, 2.0 * row), jnp.zeros(3), x)[1]
+
+
+_INDICES = jnp.array([1, 0])
+
+# One program per positional rule of `quax_named/_rules.py`, each taking a (2, 3)
+# NamedArray 'a', 'b' (and `y`, the same axes) to NamedArrays.
+_KEEPING_PERMISSION = {
+    "elementwise": lambda x, y: jnp.sin(x) + y,
+    "dot_general": lambda x, y: jnp.einsum("ab,ab->a", x, y),
+    "reduction": lambda x, y: jnp.sum(x, axis=1),
+    "cumulative": lambda x, y: jnp.cumsum(x, axis=1),
+    "transpose": lambda x, y: x.T,
+    "broadcast_in_dim": lambda x, y: jnp.broadcast_to(x, (4, 2, 3)),
+    "squeeze": lambda x, y: jnp.squeeze(x[:, None, :], axis=1),
+    "reshape": lambda x, y: jnp.reshape(x, (2, 3, 1)),
+    "slice": lambda x, y: x[:, 1:],
+    "rev": lambda x, y: jnp.flip(x, axis=1),
+    "scan": lambda x, y: _scan_rows(x),
+    "concatenate": lambda x, y: jnp.concatenate([x, y], axis=1),
+    "stack": lambda x, y: jnp.stack([x, y]),
+    "unstack": lambda x, y: jax.lax.unstack(x)[0],
+    "split": lambda x, y: jnp.split(x, [1], axis=1)[1],
+    "pad": lambda x, y: jnp.pad(x, ((0, 0), (1, 1))),
+    "dynamic_slice": lambda x, y: jax.lax.dynamic_slice(x, (0, 1), (2, 2)),
+    "dynamic_update_slice": lambda x, y: jax.lax.dynamic_update_slice(
+        x, y[:, :1], (0, 1)
+    ),
+    "sort": lambda x, y: jnp.sort(x, axis=1),
+    "fft": lambda x, y: jnp.fft.fft(x).real,
+    "gather": lambda x, y: x[_INDICES],
+    "scatter": lambda x, y: x.at[_INDICES].set(y),
+}
+
+
+@pytest.mark.parametrize("allowed", [True, False])
+@pytest.mark.parametrize("op", sorted(_KEEPING_PERMISSION))
+def test_every_positional_rule_keeps_the_permission_to_materialise(
+    op: str, allowed: bool
+) -> None:
+    # Each rule's result carries its operands' `allow_materialise`, so that a
+    # program that allowed materialising keeps it after any positional step, and
+    # one that did not still refuses later (mutants: a rule's result made with the
+    # permission `None`, or another operand's, as `_dynamic_update_slice` 56 did).
+    def named(x):
+        x = NamedArray(jnp.asarray(x, jnp.float32), ("a", "b"))
+        return x.enable_materialise() if allowed else x
+
+    x = named(np.arange(6.0).reshape(2, 3))
+    y = named(np.ones((2, 3)))
+    out = quax.quaxify(_KEEPING_PERMISSION[op])(x, y)
+    assert isinstance(out, NamedArray)
+    assert out.allow_materialise is allowed

@@ -229,3 +229,105 @@ def test_a_cumulative_product_of_lengths_says_why_it_is_refused() -> None:
         r"an array holds one unit for all its elements\), but got ",
     ):
         quax.quaxify(jnp.cumprod)(Quantity(jnp.array([1.0, 2.0]), "m"))
+
+
+# Units' registered rules against the whole suite (seed 52, `--suite --decorated`).
+
+
+def test_a_selection_between_lengths_in_km_shows_km() -> None:
+    # `jnp.where` between two lengths given in km: the numbers are held in metres,
+    # and the result shows in the operands' unit, km, as arithmetic's results do
+    # (mutant `_select_n` 25: the display unit dropped, the result shown in m).
+    a = Quantity(jnp.array([1.0, 2.0, 3.0]), "km")
+    b = Quantity(jnp.array([4.0, 5.0, 6.0]), "km")
+    f = quax.quaxify(lambda c, a, b: jnp.where(c, a, b))
+    for run in (f, jax.jit(f)):
+        out = run(jnp.array([True, False, True]), a, b)
+        assert str(out.unit) == "km"
+        np.testing.assert_allclose(out.array, [1000.0, 5000.0, 3000.0])
+
+
+def test_a_scatter_at_indices_with_units_names_the_index() -> None:
+    # The indices of a scatter must be plain numbers: refused, naming the index as
+    # what needs to be dimensionless (mutant `_scatter` 13: "a dimensionless None").
+    a = Quantity(jnp.array([1.0, 2.0, 3.0]), "km")
+    numbers = lax.ScatterDimensionNumbers(
+        update_window_dims=(),
+        inserted_window_dims=(0,),
+        scatter_dims_to_operand_dims=(0,),
+    )
+    f = quax.quaxify(lambda a, i, u: lax.scatter(a, i, u, numbers))
+    with pytest.raises(
+        UnitError, match=r"^`scatter` needs a dimensionless index \(angles count"
+    ):
+        f(a, Quantity(jnp.array([[1]]), "m"), Quantity(jnp.array([9.0]), "km"))
+
+
+_I = jnp.array([2, 0])
+_MASK = jnp.array([True, False, True])
+
+# (program of two quantities x, y; the unit its result shows for two lengths in km;
+# for two temperatures in degC). A selection (max, where, a scatter that sets, a
+# slice) keeps an offset unit; arithmetic gives its SI unit, K; `None`: a program
+# that temperatures do not make sense in, run for lengths only.
+_SHOWN = {
+    "add": (lambda x, y: x + y, "km", "K"),
+    "sub": (lambda x, y: x - y, "km", "K"),
+    "max": (jnp.maximum, "km", "degC"),
+    "min": (jnp.minimum, "km", "degC"),
+    "rem": (jnp.remainder, "km", "K"),
+    "nextafter": (jnp.nextafter, "km", "degC"),
+    "clamp": (lambda x, y: lax.clamp(y[1], x, y[2]), "km", "degC"),
+    "select_n": (lambda x, y: jnp.where(_MASK, x, y), "km", "degC"),
+    "concatenate": (lambda x, y: jnp.concatenate([x, y]), "km", "degC"),
+    "stack": (lambda x, y: jnp.stack([x, y]), "km", "degC"),
+    "pad": (lambda x, y: jnp.pad(x, 1, constant_values=y[0]), "km", "degC"),
+    "dynamic_update_slice": (
+        lambda x, y: lax.dynamic_update_slice(x, y[:1], (1,)),
+        "km",
+        "degC",
+    ),
+    "scatter": (lambda x, y: x.at[_I].set(y[:2]), "km", "degC"),
+    "scatter_max": (lambda x, y: x.at[_I].max(y[:2]), "km", "degC"),
+    "scatter_add": (lambda x, y: x.at[_I].add(y[:2]), "km", "K"),
+    "scatter_mul": (lambda x, y: x.at[_I].multiply(2.0), "km", None),
+    "complex": (lax.complex, "km", None),
+    "real": (lambda x, y: jnp.real(lax.complex(x, y)), "km", None),
+    "mul": (lambda x, y: x * y, "km2", None),
+    "div": (lambda x, y: x / (y / x), "km", None),
+    "reciprocal": (lambda x, y: 1.0 / x, "1 / km", None),
+    "pow": (lambda x, y: x**2, "km2", None),
+    "integer_pow": (lambda x, y: lax.integer_pow(x, 3), "km3", None),
+    "sqrt": (lambda x, y: jnp.sqrt(x * y), "km", None),
+    "cbrt": (lambda x, y: jnp.cbrt(x * x * x), "km", None),
+    "neg": (lambda x, y: -x, "km", "K"),
+    "abs": (lambda x, y: jnp.abs(x), "km", "K"),
+    "sort": (lambda x, y: jnp.sort(x), "km", "degC"),
+    "gather": (lambda x, y: x[_I], "km", "degC"),
+    "slice": (lambda x, y: x[1:], "km", "degC"),
+    "sum": (lambda x, y: jnp.sum(x), "km", "K"),
+    "reduce_max": (lambda x, y: jnp.max(x), "km", "degC"),
+    "prod": (lambda x, y: jnp.prod(x), "km3", None),
+    "cumsum": (lambda x, y: jnp.cumsum(x), "km", None),
+    "cummax": (lambda x, y: lax.cummax(x), "km", "degC"),
+    "dot": (lambda x, y: x @ y, "km2", None),
+    "var": (lambda x, y: jnp.var(x), "km2", None),
+    "hypot": (jnp.hypot, "km", None),
+}
+
+
+@pytest.mark.parametrize(
+    ("op", "kind"),
+    [(op, "km") for op in sorted(_SHOWN)]
+    + [(op, "degC") for op in sorted(_SHOWN) if _SHOWN[op][2] is not None],
+)
+def test_each_rule_shows_its_result_in_the_operands_unit(op: str, kind: str) -> None:
+    # The numbers are held in SI units; what a result shows (`.unit`) follows the
+    # operands' units, so that a program in km prints km (mutants: a rule's display
+    # unit dropped, as `_select_n` 25 did, or taken linear where a selection keeps
+    # an offset unit, or the other way round).
+    f, km, degc = _SHOWN[op]
+    want = km if kind == "km" else degc
+    x = Quantity(jnp.array([10.0, 20.0, 30.0]), kind)
+    y = Quantity(jnp.array([15.0, 5.0, 40.0]), kind)
+    assert str(quax.quaxify(f)(x, y).unit) == want

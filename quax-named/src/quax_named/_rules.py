@@ -259,6 +259,13 @@ def _dot_general(
     lhs: NamedArray, rhs: NamedArray, *, dimension_numbers: Any, **params: Any
 ) -> Any:
     (lc, rc), (lb, rb) = dimension_numbers
+    if len(lc) != len(rc) or len(lb) != len(rb):  # JAX's own refusal, with the names
+        raise TypeError(
+            "dot_general requires as many contracting dimensions, and as many batch "
+            f"dimensions, on each side, got {dimension_numbers} for operands with "
+            f"axes {labels(lhs.axes)} and {labels(rhs.axes)}. Contract by name with "
+            "`quax_named.dot`/`quax_named.einsum`."
+        )
     for i, j in zip(lc, rc, strict=True):
         if not _same(lhs.axes[i], rhs.axes[j]):
             raise TypeError(
