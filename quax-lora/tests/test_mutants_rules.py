@@ -195,3 +195,81 @@ def test_slices_of_columns_are_dense_where_allowed_and_refused_otherwise() -> No
                 else:
                     with pytest.raises(quax_lora.LoraMaterialisationError):
                         run(lora)
+
+
+# LoRA's registered rules against the whole suite (seed 52, `--suite --decorated`).
+
+
+def _rows(x: jax.Array) -> lax.GatherDimensionNumbers:
+    del x
+    return lax.GatherDimensionNumbers(
+        offset_dims=(1,), collapsed_slice_dims=(0,), start_index_map=(0,)
+    )
+
+
+def _rows_from(x: jax.Array) -> lax.GatherDimensionNumbers:
+    del x
+    return lax.GatherDimensionNumbers(
+        offset_dims=(1,), collapsed_slice_dims=(0,), start_index_map=(0, 1)
+    )
+
+
+@pytest.mark.parametrize("fill", [5.0, None, 0.0, -jnp.inf])
+@pytest.mark.parametrize(
+    "mode",
+    [lax.GatherScatterMode.FILL_OR_DROP, lax.GatherScatterMode.CLIP],
+    ids=["fill", "clip"],
+)
+def test_gathered_rows_out_of_bounds_are_the_dense_gathers(mode, fill) -> None:
+    # Rows gathered by index, some out of bounds: filled with `fill_value` (or
+    # clamped) exactly as the dense weight's gather fills them, without
+    # materialising the weight; by a row index alone and by a (row, column) start
+    # (column 0 in bounds, 1 out). The rule used to fill the rows of `a` with the
+    # same value, so that a filled row read `fill + s * fill * sum(b)` (a wrong
+    # number with any fill but 0 and NaN); and it refused every (row, column)
+    # start with a fill (mutant line 597, 10: those taken for a row index alone).
+    lora, dense = _adapted((6, 4), 0, allow=False)
+    b = np.asarray(lora.b).copy()
+    b[0, 0] = np.inf  # a filled row must not read the adapter at all
+    lora = eqx.tree_at(lambda x: x.b, lora, jnp.asarray(b))
+    dense = np.asarray(lora.w) + 2.0 * np.asarray(lora.a) @ b
+    cases = [
+        (_rows, jnp.array([[1], [10], [-1], [5]])),
+        (_rows_from, jnp.array([[1, 0], [10, 0], [2, 1], [5, 0]])),
+    ]
+    for numbers, indices in cases:
+
+        def gather(x, numbers=numbers, indices=indices):
+            return lax.gather(
+                x,
+                indices,
+                numbers(x),
+                slice_sizes=(1, 4),
+                mode=mode,
+                fill_value=fill,
+            )
+
+        want = np.asarray(gather(jnp.asarray(dense)))
+        f = quax.quaxify(gather)
+        for run in (f, jax.jit(f)):
+            np.testing.assert_allclose(run(lora), want, rtol=1e-5, atol=1e-6)
+
+
+def test_a_gather_of_columns_is_dense_where_allowed_and_refused_otherwise() -> None:
+    # Columns gathered by index have no low-rank form: where allowed, the dense
+    # weight's columns (eagerly and under `jit`); otherwise refused, naming the
+    # primitive (mutant line 597, 31: the fallback asked for without its values).
+    columns = jnp.array([3, 1])
+    for allow in (True, False):
+        lora, dense = _adapted((6, 4), 0, allow=allow)
+        f = quax.quaxify(lambda x: x[:, columns])
+        for run in (f, jax.jit(f)):
+            if allow:
+                np.testing.assert_allclose(
+                    run(lora), dense[:, [3, 1]], rtol=1e-5, atol=1e-6
+                )
+            else:
+                with pytest.raises(
+                    quax_lora.LoraMaterialisationError, match="primitive `gather`"
+                ):
+                    run(lora)

@@ -599,16 +599,10 @@ def _(
 ) -> Any:
     operand = operand.selected()
     slice_sizes = tuple(params["slice_sizes"])
-    mode = params["mode"]
-    # The start along the row must be 0 in both gathers: clamped (`CLIP`) or
-    # promised so, for a slice as long as the row; with `FILL_OR_DROP` only when
-    # the row is not indexed at all.
-    starts_row = 1 in dimension_numbers.start_index_map
     if (
         not _gathers_rows(operand, slice_sizes)
         or 1 in dimension_numbers.collapsed_slice_dims
         or dimension_numbers.operand_batching_dims
-        or (starts_row and mode == lax.GatherScatterMode.FILL_OR_DROP)
     ):
         return quax.fallback_rule(lax.gather_p, (operand, indices))(
             (operand, indices), {"dimension_numbers": dimension_numbers, **params}
@@ -620,20 +614,37 @@ def _(
         dimension_numbers=dimension_numbers,
         **params,
     )
+    # A slice as long as the row starts at 0 along it, in `w` as in `a` (whose rows
+    # are `rank` long): clamped there (`CLIP`), promised, or else out of bounds in
+    # both. So the two gathers take the same rows, and where `FILL_OR_DROP` fills
+    # one it fills the other: `a`'s with zeros, which the select below keeps out of
+    # the result (whose filled rows are the fill value alone, as the dense
+    # gather's are, whatever `b` holds) and out of the gradient.
+    filling = params["mode"] == lax.GatherScatterMode.FILL_OR_DROP
     rows_a = lax.gather_p.bind(
         operand.a,
         indices,
         dimension_numbers=dimension_numbers,
-        **{**params, "slice_sizes": (slice_sizes[0], operand.rank)},
+        **{
+            **params,
+            "slice_sizes": (slice_sizes[0], operand.rank),
+            **({"fill_value": 0} if filling else {}),
+        },
     )
     # The row's axis is the last of the offset axes (axis 1 is never collapsed).
-    return _rows_times_b(
-        rows_a,
-        operand.b,
-        operand.scaling,
-        dimension_numbers.offset_dims[-1],
-        dense,
+    row_axis = dimension_numbers.offset_dims[-1]
+    out = _rows_times_b(rows_a, operand.b, operand.scaling, row_axis, dense)
+    if not filling:
+        return out
+    # Which gathered rows are filled: the same gather of a column of `False`, one
+    # entry along the row (it starts at 0 as the others do), filled with `True`.
+    filled = lax.gather_p.bind(
+        jnp.zeros((operand.shape[0], 1), bool),
+        indices,
+        dimension_numbers=dimension_numbers,
+        **{**params, "slice_sizes": (slice_sizes[0], 1), "fill_value": True},
     )
+    return jnp.where(filled, dense, out)
 
 
 @quax.register(lax.dynamic_slice_p)
