@@ -463,6 +463,33 @@ def test_gather_scatter_keep_units():
         quax.quaxify(lambda x, i: lax.dynamic_slice(x, (i,), (1,)))(a, Quantity(1, "m"))
 
 
+@pytest.mark.parametrize("fill", [0.0, None, jnp.inf, jnp.nan, 5.0])
+def test_a_gather_fills_out_of_bounds_entries_with_what_fits_the_units(fill):
+    # `mode="fill"` writes its `fill_value` (a param, not an operand) where an index
+    # is out of bounds. A plain number fits a dimensional quantity only where it is
+    # 0, infinite or NaN, as anywhere else: 5.0 is refused for a length in km and a
+    # temperature in degC (it used to be written into the SI numbers: 0.005 km,
+    # -268.15 degC); a dimensionless quantity takes any.
+    indices = jnp.array([1, 10])
+    numbers = np.arange(12.0, dtype=np.float32).reshape(6, 2)
+    f = quax.quaxify(lambda x: x.at[indices].get(mode="fill", fill_value=fill))
+    dense = jnp.asarray(numbers).at[indices].get(mode="fill", fill_value=fill)
+    for name in ("km", "degC", ""):
+        q = Quantity(jnp.asarray(numbers), name)
+        if fill == 5.0 and name:
+            with pytest.raises(UnitError, match=r"with the plain number 5\.0, which"):
+                f(q)
+            with pytest.raises(UnitError, match="plain number"):
+                jax.jit(f)(q)
+            continue
+        for run in (f, jax.jit(f)):
+            out = run(q)
+            assert str(out.unit) == str(q.unit)
+            np.testing.assert_array_equal(out.array[0], q.array[1])
+            # The filled row: the fill as it is, in the SI numbers.
+            np.testing.assert_array_equal(out.array[1], dense[1])
+
+
 def test_vmap():
     check(jax.vmap(lambda x, y: x * y + x * y), a, t, units="m s")
     check(jax.vmap(lambda x: x * 2.0, in_axes=0), a, units="m")

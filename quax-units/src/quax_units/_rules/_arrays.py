@@ -479,6 +479,24 @@ def _index(
     primitive: Any, operand: Quantity, *indices: _Operand, **params: Any
 ) -> Quantity:
     index = [_require_dimensionless(primitive, i, "index") for i in indices]
+    fill = params.get("fill_value")
+    if (
+        params.get("mode") == lax.GatherScatterMode.FILL_OR_DROP
+        and fill is not None
+        and not operand.units.is_dimensionless
+        and not fits_any_unit(np.asarray(fill))
+    ):
+        # The fill is a param, a plain number that no rule's check of operands
+        # sees: written into the SI-coherent numbers, 5.0 for a length in km
+        # would read 0.005 km, and for a temperature in degC -268.15 degC.
+        raise UnitError(
+            f"`{primitive.name}` fills the entries out of bounds of "
+            f"{describe(operand)} with the plain number {fill}, which has no "
+            "units: a plain number fits a dimensional quantity only where it is 0, "
+            "infinite or NaN. Fill with NaN (the default for `mode='fill'`) and "
+            "put a quantity in the filled entries (`jnp.where`), or strip the units "
+            "first (`quax_units.ustrip`)."
+        )
     return _wrap(
         primitive.bind(operand.array, *index, **params), operand.units, operand.unit
     )
