@@ -138,3 +138,21 @@ def test_a_rule_giving_more_outputs_than_its_primitive_is_never_cut() -> None:
             f(Tripled(jnp.arange(3.0)))
     finally:
         quax.set_debug_checks(previous)
+
+
+def test_equations_that_bind_as_bind_does_are_read_to_skip_binds_checks() -> None:
+    """A jaxpr's steps keep each equation's bind params, and mark the equations of
+    primitives that bind as `Primitive.bind` does (`sin`, `mul`) to skip `bind`'s
+    checks on tracers; a primitive with its own `get_bind_params` (a custom
+    derivative, `jax.nn.relu`) has its params built at each evaluation, and goes
+    through `bind` (mutant `_read_steps` 3: every equation's params left to be
+    built, so that no equation ever took the direct path, a cost on every traced
+    equation of every inlined `jit`)."""
+    closed = jax.make_jaxpr(lambda a: jax.nn.relu(jnp.sin(a) * 2.0))(jnp.ones(3))
+    steps = {s.primitive.name: s for s in _interpreter._read_steps(closed.jaxpr)}
+    eqns = {e.primitive.name: e for e in closed.jaxpr.eqns}
+    for name in ("sin", "mul"):
+        assert steps[name].direct
+        assert steps[name].params == eqns[name].params
+    assert steps["custom_jvp_call"].params is None
+    assert not steps["custom_jvp_call"].direct
