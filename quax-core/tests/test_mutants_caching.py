@@ -451,3 +451,107 @@ def test_a_nested_jit_remembers_which_large_arguments_its_rules_ask_about() -> N
         np.testing.assert_array_equal(out.array, np.arange(100, dtype=np.float32) + c)
     # The first call's first run was stopped by the question (no answer recorded).
     assert _asked == ["run", "run", "known", "run", "known", "run", "known"]
+
+
+# Each run of `MakesLists`'s rule: its number.
+_list_runs: list[int] = []
+
+
+class Listed(Dense):
+    """A `Dense` with a static field that cannot be hashed: a list."""
+
+    runs: list[int] = eqx.field(static=True)
+
+
+class MakesLists(Dense):
+    """A `Dense` whose exponential is a `Listed` holding a new list on each run of
+    its rule: the run's number."""
+
+
+@quax.register(lax.exp_p)
+def _(x: MakesLists) -> Listed:
+    _list_runs.append(len(_list_runs) + 1)
+    return Listed(lax.exp(x.array), [_list_runs[-1]])
+
+
+def test_an_output_field_that_cannot_be_hashed_is_never_replayed_unchecked() -> None:
+    """A rule whose output holds a static field it made that cannot be hashed (a
+    list, no input's) is not replayed on its first run's word: the next run must
+    give an equal one, and here each run gives its own, so every bind of the same
+    key in one program runs the rule, and each output holds its own run's list, as
+    without `jit` (mutant `_kept_statics` 13 took such a field for one every run
+    gives: the second and third binds replayed the first's list, `[1]`)."""
+    exp = quax.quaxify(lax.exp)
+    seen: list[list[int]] = []
+
+    def f(x: jax.Array) -> list[jax.Array]:
+        outs = [exp(MakesLists(x)) for _ in range(3)]
+        seen.extend(o.runs for o in outs)
+        return [o.array for o in outs]
+
+    _list_runs.clear()
+    got = jax.jit(f)(X)
+    assert seen == [[1], [2], [3]]
+    for g in got:
+        np.testing.assert_allclose(g, np.exp(np.asarray(X)), rtol=1e-6)
+
+
+# The number each run of `CallsHost`'s rule adds through a host callback.
+_host_runs: list[float] = []
+
+
+class CallsHost(Dense):
+    """A `Dense` whose logarithm adds, in a host callback, its rule's run number."""
+
+
+@quax.register(lax.log_p)
+def _(x: CallsHost) -> CallsHost:
+    _host_runs.append(float(len(_host_runs) + 1))
+    n = np.float32(_host_runs[-1])
+    shape = jax.ShapeDtypeStruct(x.array.shape, x.array.dtype)
+    added = jax.pure_callback(lambda a: a + n, shape, x.array, vmap_method="sequential")
+    return CallsHost(lax.log(added))
+
+
+def test_a_rule_staging_a_host_callback_is_run_again_not_replayed() -> None:
+    """A rule that stages a host callback (a `pure_callback`, which has no effect
+    and no sub-jaxpr) is run on every bind of the same key in one program: host
+    code is its own each time, and each bind's callback adds its own run's number,
+    as without `jit` (mutant `_record` 60 kept the recording where the callback
+    did not call a jaxpr, and replayed the first run's callback: `+ 1` three
+    times)."""
+    log = quax.quaxify(lax.log)
+
+    def f(x: jax.Array) -> list[jax.Array]:
+        return [log(CallsHost(x)).array for _ in range(3)]
+
+    _host_runs.clear()
+    x = jnp.array([0.5, 1.5, 2.25, 3.0])
+    got = jax.jit(f)(x)
+    assert _host_runs == [1.0, 2.0, 3.0]
+    for n, g in zip(_host_runs, got, strict=True):
+        np.testing.assert_allclose(g, np.log(np.asarray(x) + n), rtol=1e-6)
+
+
+@pytest.mark.caching_behaviour
+def test_an_inlined_jits_recording_is_dropped_when_its_jaxpr_dies() -> None:
+    """The recording of an inlined `jit` is kept under its jaxpr's `id` while the
+    jaxpr lives, and dropped with it: a later jaxpr may reuse the `id` (mutant
+    `_replay_or_run` 148 put it without the jaxpr, and kept it for good)."""
+
+    def of_inlined_jits() -> list[Any]:
+        # An inlined `jit`'s key starts with its jaxpr's `id`; a primitive's with
+        # the primitive and its params.
+        return [k for k in quax_replay._recordings._data if type(k[0]) is int]
+
+    def run() -> None:
+        # A fresh function: JAX's caches hold its jaxpr only while it lives.
+        triple = jax.jit(lambda v: v * 3.0, inline=True)
+        out = jax.jit(quax.quaxify(triple))(Dense(X))
+        np.testing.assert_array_equal(out.array, 3.0 * np.asarray(X))
+        assert of_inlined_jits()
+
+    run()
+    gc.collect()
+    len(quax_replay._recordings)  # drops the entries whose code died
+    assert not of_inlined_jits()

@@ -188,3 +188,20 @@ def test_a_tangent_nearly_proportional_to_its_primal_is_not_read() -> None:
     out, tangent = jax.jvp(_rebuilt, (primal,), (2 * primal,))
     np.testing.assert_array_equal(out, primal)
     np.testing.assert_array_equal(tangent, [2.0, 0.0])
+
+
+def test_scale_invariance_is_read_through_float64_equations() -> None:
+    """With float64 on, a traced float64 array times zeros is shown to be all zeros
+    and NaNs, as a product with such an array is one (the docstring's words), and
+    so is a float32 one (mutant `known_scale_invariant` 42 read the equations of
+    every dtype but float64, and told `False` for the first)."""
+    seen: list[bool] = []
+
+    def ask(x: jax.Array, y: jax.Array) -> None:
+        seen.append(quax.known_scale_invariant(jnp.zeros(3, jnp.float64) * x))
+        seen.append(quax.known_scale_invariant(jnp.zeros(3, jnp.float32) * y))
+
+    with jax.enable_x64(True):
+        x = np.array([1.0, -2.0, 3.5], np.float64)
+        jax.jit(ask)(x, x.astype(np.float32))
+    assert seen == [True, True]

@@ -8,6 +8,7 @@ from typing import Any
 
 import equinox as eqx
 import jax
+import jax.core
 import jax.extend.core
 import jax.numpy as jnp
 import numpy as np
@@ -15,11 +16,11 @@ import pytest
 import quax
 import quax.testing
 from jax import lax
-from jaxtyping import Array, Float, Int
+from jaxtyping import Array, ArrayLike, Float, Int
 from quax._dispatch import _registry
 from quax._foundation import _debug, _journal
 
-from .helpers import Dense, Scaled
+from .helpers import Dense, Refusing, Scaled
 
 
 X = jnp.array([0.5, -1.5, 2.25, 3.0])
@@ -288,3 +289,71 @@ def test_a_primitive_without_rules_has_its_default_resolution_cached() -> None:
     rule: Any = _registry.rule_for(double_p, [Dense(X)])
     assert _registry._cache[(double_p, (Dense,))] is rule
     np.testing.assert_array_equal(rule([Dense(X)], {}).array, 2 * np.asarray(X))
+
+
+class Checkpointed(Dense):
+    """A `Dense` that a test's own rule for `jax.checkpoint` (`remat_p`) takes."""
+
+
+def test_a_checkpoint_whose_body_builds_values_takes_the_cores_rule() -> None:
+    """`jax.checkpoint` of plain operands whose body builds values goes to the
+    core's rule, which re-runs the body on the quax trace, even where a family's
+    rule takes its values or arrays (`Checkpointed | ArrayLike`, the more specific
+    signature) and runs the body as plain JAX: the result is the `Refusing` value,
+    as NumPy's `where` gives its array (mutant `process_primitive` 37 resolved the
+    rule from the registry, the family's, whose plain JAX met the staged value and
+    was refused). The family's rule is taken back afterwards."""
+    lower, upper = jnp.array([1.5, -0.5, 0.25]), jnp.array([0.75, 2.0, -1.0])
+
+    def f(x: jax.Array) -> Any:
+        return jax.checkpoint(
+            lambda x: jnp.where(x > Refusing(lower), x, Refusing(upper))
+        )(x)
+
+    x = jnp.array([0.5, 1.0, 2.0])
+    with (
+        pytest.raises(RuntimeError, match="taken back"),
+        _journal.all_or_nothing(),
+    ):
+
+        @quax.register(jax.extend.core.primitives.remat_p)
+        def _(*args: Checkpointed | ArrayLike, jaxpr: Any, **params: Any) -> Any:
+            del params
+            arrays = [a.array if isinstance(a, Checkpointed) else a for a in args]
+            return jax.core.eval_jaxpr(jaxpr, (), *arrays)
+
+        got = quax.quaxify(f)(x)
+        assert type(got) is Refusing
+        np.testing.assert_array_equal(got.array, np.where(x > lower, x, upper))
+        raise RuntimeError("the family's rule is taken back")
+
+
+@jax.custom_vjp
+def _cubed(x: jax.Array) -> jax.Array:
+    return x**3
+
+
+def _cubed_fwd(x: jax.Array) -> tuple[jax.Array, jax.Array]:
+    return x**3, x
+
+
+def _cubed_bwd(x: jax.Array, g: jax.Array) -> tuple[jax.Array]:
+    return (3.0 * x**2 * g,)
+
+
+_cubed.defvjp(_cubed_fwd, _cubed_bwd)
+
+
+def test_a_custom_vjp_function_on_a_value_runs_under_the_quax_trace() -> None:
+    """A `jax.custom_vjp` function called on a value inside `quax.quaxify` goes to
+    the trace's rule for it, with the output trees JAX passes: its result is the
+    value of the cubes, and its gradient through the value that of its own
+    `bwd`, as plain JAX's (mutant `process_custom_vjp_call` 19 called the rule
+    without the output trees: a `TypeError`)."""
+    x = np.asarray(X)
+    out = quax.quaxify(_cubed)(Dense(X))
+    assert type(out) is Dense
+    np.testing.assert_allclose(out.array, x**3, rtol=1e-6)
+    grad = jax.grad(lambda a: quax.quaxify(_cubed)(Dense(a)).array.sum())(X)
+    np.testing.assert_allclose(grad, jax.grad(lambda a: _cubed(a).sum())(X))
+    np.testing.assert_allclose(grad, 3.0 * x**2, rtol=1e-6)
