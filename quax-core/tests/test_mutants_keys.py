@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import quax
 import quax.plugins
+import quax.testing
 from quax._caching import _keys
 from quax._caching._keys import (
     CONSTANT_MAX_SIZE,
@@ -197,3 +198,26 @@ def test_a_jaxpr_is_keyed_by_a_weak_reference_to_it() -> None:
     assert key == jaxpr_key(closed)[0] and parts == key
     assert key[0]() is closed
     assert key != jaxpr_key(other)[0]
+
+
+class Labelled(Dense):
+    """A `Dense` with a dynamic field that holds a Python object, not an array."""
+
+    label: Any = None
+
+
+def test_a_value_with_a_leaf_that_is_no_array_runs_without_a_program() -> None:
+    """A value one of whose leaves is not an array (a dynamic field holding a
+    string) has no structure to key a compiled program by: each call runs
+    equation by equation, and gives NumPy's values (mutant `value_structure` 73
+    asked for the avals of such leaves too: JAX's `TypeError` for the string)."""
+    f = quax.quaxify(lambda v: jnp.sin(v) * 2.0)
+    x = jnp.array([0.5, -1.5, 2.25, 3.0])
+    for _ in range(3):
+        out = f(Labelled(x, "a label"))
+        assert type(out) is Labelled
+        np.testing.assert_allclose(
+            out.array,
+            2.0 * np.sin(np.asarray(x)),
+            **quax.testing.tolerance(jnp.float32),
+        )
