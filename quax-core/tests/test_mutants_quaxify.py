@@ -14,6 +14,8 @@ import quax
 from jax import lax
 from quax.zero import Zero
 
+from .helpers import Refusing
+
 
 def test_a_leafless_value_out_of_vmap_is_refused() -> None:
     """`jax.vmap` of a quaxified function returning a value without array leaves
@@ -149,3 +151,21 @@ def test_a_value_staged_to_join_keeps_the_keyword_arguments(transform: str) -> N
     }
     out = quax.quaxify(calls[transform])(Sine(X))
     np.testing.assert_allclose(out, jnp.sin(X) + 2.0, rtol=1e-6)
+
+
+def test_an_eager_library_function_keeps_its_keyword_arguments() -> None:
+    """`quaxify` of a jitted function, called eagerly with keyword arguments (a
+    plain array and a value), takes the path that runs library code as one
+    compiled program (`quax._caching._eager`: equation by equation on the first
+    call, then compiled where the backend allows) and gets them on every call: its
+    results are NumPy's (mutant `_Quaxify.__call__` 28 passed that path no keyword
+    arguments: a `TypeError` on the first call)."""
+    scale = jax.jit(lambda a, *, by, shift: a * by - shift)
+    x = jnp.arange(6.0).reshape(2, 3)
+    by, shift = jnp.array([1.0, 2.0, 3.0]), jnp.array([0.5, 1.0, 1.5])
+    want = np.arange(6.0).reshape(2, 3) * [1.0, 2.0, 3.0] - [0.5, 1.0, 1.5]
+    f = quax.quaxify(scale)
+    for _ in range(3):
+        out = f(Refusing(x), by=by, shift=Refusing(shift))
+        assert type(out) is Refusing
+        np.testing.assert_allclose(out.array, want, rtol=1e-6)
