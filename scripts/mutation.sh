@@ -80,7 +80,7 @@ dispatch-registry quax-core       quax/_dispatch/_registry.py      test_registry
 dispatch-staged  quax-core        quax/_dispatch/_staged.py        test_registry.py test_quaxify.py test_built_inside.py test_nesting.py test_mutants_staged.py test_bound_values.py
 dispatch-plugins quax-core        quax/_dispatch/_plugins.py       test_plugins.py test_plugin_faults.py test_plugin_trace_context.py test_mutants_plugins.py
 transform-trace  quax-core        quax/_transform/_trace.py        test_quaxify.py test_nesting.py test_values.py test_sharding.py test_bound_values.py test_mutants_trace.py test_register_function_inline.py
-transform-quaxify quax-core       quax/_transform/_quaxify.py      test_quaxify.py test_nesting.py test_built_inside.py test_mutants_quaxify.py
+transform-quaxify quax-core       quax/_transform/_quaxify.py      test_quaxify.py test_nesting.py test_built_inside.py test_mutants_quaxify.py test_built_from_constants.py test_eager.py
 lora-rules       quax-lora        quax_lora/_rules.py              test_rules.py test_dot_general.py test_multi_adapter.py test_variants.py test_mutants_rules.py test_value_weights.py
 quant-rules      quax-quant       quax_quant/_rules.py             test_rules.py test_matmul.py test_gptq.py test_mutants_rules.py
 named-rules      quax-named       quax_named/_rules.py             test_rules.py test_operators.py test_joins.py test_mutants_rules.py test_loops.py
