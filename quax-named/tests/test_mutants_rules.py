@@ -462,3 +462,43 @@ def test_every_positional_rule_keeps_the_permission_to_materialise(
     out = quax.quaxify(_KEEPING_PERMISSION[op])(x, y)
     assert isinstance(out, NamedArray)
     assert out.allow_materialise is allowed
+
+
+_OTHER = np.array([[1.0, -2.0, 3.0], [0.5, 4.0, -1.0]], np.float32)
+_ROWS, _COLUMNS = jnp.array([1, 0]), jnp.array([2, 0])
+
+# One program per fallback of `quax_named/_rules.py`: each meets a (2, 3) NamedArray
+# with an unnamed array it cannot line up by name (or regroups it by position), and
+# so is refused unless materialising is allowed.
+_FALLING_BACK = {
+    "elementwise": lambda x: x + jnp.asarray(_OTHER),
+    "dot_general": lambda x: x @ jnp.arange(12.0).reshape(3, 4),
+    "reshape": lambda x: jnp.reshape(x, (3, 2)),
+    "concatenate": lambda x: jnp.concatenate([x, jnp.asarray(_OTHER)], axis=0),
+    "stack": lambda x: jnp.stack([x, jnp.asarray(_OTHER)]),
+    "dynamic_update_slice": lambda x: jax.lax.dynamic_update_slice(
+        x, jnp.asarray(_OTHER)[:, :2], (0, 1)
+    ),
+    "gather": lambda x: x[_ROWS, _COLUMNS],
+    "scatter": lambda x: x.at[_ROWS, _COLUMNS].set(jnp.array([7.0, 8.0])),
+    "scatter_add": lambda x: x.at[_ROWS].add(jnp.asarray(_OTHER)),
+}
+
+
+@pytest.mark.parametrize("op", sorted(_FALLING_BACK))
+def test_every_fallback_is_the_dense_computation_where_allowed(op: str) -> None:
+    # Where materialising is allowed, each refused program gives what plain JAX
+    # gives on the stored array, eagerly and under `jit`; otherwise it is refused
+    # (mutants: a fallback called with its params or values spoiled, or without
+    # its primitive, as `_reshape` 21 and 31 were).
+    f = _FALLING_BACK[op]
+    data = np.arange(6.0, dtype=np.float32).reshape(2, 3)
+    want = np.asarray(f(jnp.asarray(data)))
+    x = NamedArray(jnp.asarray(data), ("a", "b"))
+    with pytest.raises((TypeError, ValueError)):
+        quax.quaxify(f)(x)
+    g = quax.quaxify(f)
+    for run in (g, jax.jit(g)):
+        out = run(x.enable_materialise())
+        assert not isinstance(out, NamedArray)
+        np.testing.assert_allclose(out, want, rtol=1e-6)
