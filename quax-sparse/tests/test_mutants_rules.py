@@ -291,3 +291,24 @@ def test_a_concatenation_of_arrays_without_duplicates_keeps_the_promise() -> Non
         np.testing.assert_array_equal(
             out.todense(), np.array([[0, 1], [2, 0], [0, 0], [0, 7]], np.float32)
         )
+
+
+# Sparse's registered rules against the whole suite (seed 52, `--suite --decorated`).
+
+
+def test_a_product_of_two_sparse_operands_with_blocks_on_the_left_names_the_way_out():
+    # Blocks are kept only as the right operand's free dense dimensions: with them
+    # on the left the product is refused, and the message says why and both ways
+    # out whole (mutant line 267, 35: the second way out's text changed).
+    a = BCOO.fromdense(jnp.arange(12.0).reshape(3, 4), n_dense=1)
+    b = BCOO.fromdense(jnp.eye(4))
+    with pytest.raises(
+        SparseMaterialisationError,
+        match=r"a product of two sparse operands keeps blocks only as the right "
+        r"operand's free dense dimensions, `\(n, k\) @ \(k, m, \*block\)`, where the "
+        r"dense dimensions stay last\. Densify the other operand first "
+        r"\(`y\.todense\(\)`: the product of a sparse array with blocks and a dense "
+        r"one keeps the blocks\), or bind the product as "
+        r"`\(n, k\) @ \(k, m, \*block\)`\. ",
+    ):
+        quax.quaxify(lambda a, b: a @ b)(a, b)
