@@ -3,6 +3,7 @@ test files let through (`scripts/mutation.sh quant-rules`; docs/mutation.md list
 each surviving mutant of the sample run and the test that kills it). References are
 NumPy on the dequantised arrays (the `ref` fixture unpacks the leaves itself)."""
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import jax.random as jr
@@ -249,3 +250,87 @@ def test_a_scalar_on_the_left_scales_and_a_vector_dequantises_where_allowed(
             run(jnp.asarray(c), w)
         out = run(jnp.asarray(c), w.enable_materialise())
         np.testing.assert_allclose(out, c * dense, rtol=1e-6)
+
+
+# Quant's registered rules against the whole suite (seed 52, `--suite --decorated`).
+
+
+def _conv(x, k):
+    return jax.lax.conv_general_dilated(x, k, (1, 1), "SAME")
+
+
+def test_a_kernel_scaled_along_its_input_channels_is_refused_or_dense() -> None:
+    # A 1 x 1 kernel with one scale per input channel (2 of them) has no scale per
+    # output feature: refused with the reason whole; where allowed, plain JAX's
+    # convolution with the dequantised kernel (mutants line 198, 14: 2 scales
+    # along an input axis taken for none; line 198, 48: the reason's text changed).
+    w = jr.normal(jr.PRNGKey(3), (4, 2, 1, 1))
+    x = jr.normal(jr.PRNGKey(4), (1, 2, 5, 5))
+    k = qq.quantise(w, axis=1)
+    assert k.scale.shape == (1, 2, 1, 1)
+    f = quax.quaxify(_conv)
+    with pytest.raises(
+        qq.QuantMaterialisationError,
+        match=r"`conv_general_dilated` on input types \(array, QuantisedArray\): "
+        r"the quantised convolution needs a float input, a kernel with one scale "
+        r"per output feature \(or per tensor\), no straight-through master, no "
+        r"batch groups, and no zero point with feature groups, and dequantising",
+    ):
+        f(x, k)
+    allowed = qq.quantise(w, axis=1, allow_materialise=True)
+    want = _conv(x, allowed.dequantise())
+    for run in (f, jax.jit(f)):
+        np.testing.assert_allclose(run(x, allowed), want, rtol=1e-5, atol=1e-5)
+
+
+def test_the_negation_of_a_straight_through_array_keeps_its_gradient() -> None:
+    # `-q` of a straight-through array keeps its float master, negated: the
+    # gradient of `sum((-q) @ x)` with respect to the weight is `-outer(1, x)`, as
+    # if the quantisation were the identity (mutant line 585, 4: the master
+    # dropped, and with it the gradient).
+    w = jr.normal(jr.PRNGKey(0), (8, 12))
+    x = jr.normal(jr.PRNGKey(1), (12,))
+
+    def loss(w):
+        q = qq.quantise(w, axis=0, straight_through=True)
+        return jnp.sum(quax.quaxify(lambda q, x: (-q) @ x)(q, x))
+
+    g = jax.grad(loss)(w)
+    want = -np.outer(np.ones(8), np.asarray(x))
+    np.testing.assert_allclose(g, want, rtol=1e-5, atol=1e-5)
+
+
+def test_an_act_order_array_is_refused_naming_the_primitive() -> None:
+    # An act-order array (its last axis permuted, `input_order`) met by a rule that
+    # would move or cut that axis is refused naming the primitive and the reason
+    # (mutant `_not_act_order` 4: the refusal made for the primitive `None`).
+    q = qq.quantise(jr.normal(jr.PRNGKey(0), (4, 8)), bits=4, group_size=4)
+    order = jnp.array([3, 1, 2, 0, 7, 5, 6, 4])
+    q = eqx.tree_at(lambda a: a.input_order, q, order, is_leaf=lambda v: v is None)
+    with pytest.raises(
+        qq.QuantMaterialisationError,
+        match=r"for primitive `transpose` on input types \(QuantisedArray\): the "
+        r"array holds its last axis permuted \(an act-order GPTQ layer",
+    ):
+        quax.quaxify(jnp.transpose)(q)
+
+
+def test_the_transpose_of_a_4_bit_straight_through_array_keeps_its_gradient() -> None:
+    # The transpose of a packed 4-bit straight-through array transposes its float
+    # master with it: the gradient of `sum(q.T @ y)` with respect to the weight is
+    # `outer(y, 1)`, as if the quantisation were the identity, and the product is
+    # the dequantised weight's (mutant line 283, 48: the master transposed without
+    # the permutation, a `TypeError`).
+    w = jr.normal(jr.PRNGKey(0), (8, 12))
+    y = jr.normal(jr.PRNGKey(1), (8,))
+
+    def loss(w):
+        q = qq.quantise(w, bits=4, group_size=4, straight_through=True)
+        return jnp.sum(quax.quaxify(lambda q, y: q.T @ y)(q, y))
+
+    g = jax.grad(loss)(w)
+    np.testing.assert_allclose(
+        g, np.outer(np.asarray(y), np.ones(12)), rtol=1e-5, atol=1e-5
+    )
+    deq = qq.quantise(w, bits=4, group_size=4).dequantise()
+    np.testing.assert_allclose(loss(w), jnp.sum(deq.T @ y), rtol=1e-5, atol=1e-5)
