@@ -241,3 +241,19 @@ __all__ = [
     "in_traced_body",
     "leaves_equal",
 ]
+
+
+CHECKPOINT_LOWER = jnp.array([1.5, -0.5, 0.25])
+CHECKPOINT_UPPER = jnp.array([0.75, 2.0, -1.0])
+
+
+def checkpoint_building_values(x: jax.Array) -> Any:
+    """`jax.checkpoint` of a plain `x` whose body builds values (its params hold an
+    open jaxpr): `where(x > lower, x, upper)` with `Refusing` bounds, so a
+    `Refusing` value whose array is NumPy's `where` of `CHECKPOINT_LOWER` and
+    `CHECKPOINT_UPPER`."""
+    return jax.checkpoint(
+        lambda x: jnp.where(
+            x > Refusing(CHECKPOINT_LOWER), x, Refusing(CHECKPOINT_UPPER)
+        )
+    )(x)

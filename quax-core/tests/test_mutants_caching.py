@@ -22,7 +22,15 @@ import quax._foundation._caches
 from jax import lax
 from jaxtyping import ArrayLike
 
-from .helpers import Dense, Refusing, Scaled, compiles_eager_programs
+from .helpers import (
+    CHECKPOINT_LOWER,
+    CHECKPOINT_UPPER,
+    Dense,
+    Refusing,
+    Scaled,
+    checkpoint_building_values,
+    compiles_eager_programs,
+)
 
 
 @pytest.fixture(autouse=True)
@@ -193,17 +201,11 @@ def test_a_checkpoint_on_plain_operands_whose_body_builds_values() -> None:
     """`jax.checkpoint` of plain operands whose body builds values (its params hold
     an open jaxpr) runs under the quax trace, by the values' rules (mutant
     `_param_holds` 2 read an open jaxpr as `None`, and raised)."""
-    lower, upper = jnp.array([1.5, -0.5, 0.25]), jnp.array([0.75, 2.0, -1.0])
-
-    def f(x: jax.Array) -> Any:
-        return jax.checkpoint(
-            lambda x: jnp.where(x > Refusing(lower), x, Refusing(upper))
-        )(x)
-
     x = jnp.array([0.5, 1.0, 2.0])
-    got = quax.quaxify(f)(x)
+    got = quax.quaxify(checkpoint_building_values)(x)
     assert type(got) is Refusing
-    np.testing.assert_array_equal(got.array, np.where(x > lower, x, upper))
+    want = np.where(x > CHECKPOINT_LOWER, x, CHECKPOINT_UPPER)
+    np.testing.assert_array_equal(got.array, want)
 
 
 def test_what_cannot_be_weakly_referenced_is_computed_not_kept() -> None:

@@ -20,7 +20,14 @@ from jaxtyping import Array, ArrayLike, Float, Int
 from quax._dispatch import _registry
 from quax._foundation import _debug, _journal
 
-from .helpers import Dense, Refusing, Scaled
+from .helpers import (
+    CHECKPOINT_LOWER,
+    CHECKPOINT_UPPER,
+    Dense,
+    Refusing,
+    Scaled,
+    checkpoint_building_values,
+)
 
 
 X = jnp.array([0.5, -1.5, 2.25, 3.0])
@@ -303,13 +310,6 @@ def test_a_checkpoint_whose_body_builds_values_takes_the_cores_rule() -> None:
     as NumPy's `where` gives its array (mutant `process_primitive` 37 resolved the
     rule from the registry, the family's, whose plain JAX met the staged value and
     was refused). The family's rule is taken back afterwards."""
-    lower, upper = jnp.array([1.5, -0.5, 0.25]), jnp.array([0.75, 2.0, -1.0])
-
-    def f(x: jax.Array) -> Any:
-        return jax.checkpoint(
-            lambda x: jnp.where(x > Refusing(lower), x, Refusing(upper))
-        )(x)
-
     x = jnp.array([0.5, 1.0, 2.0])
     with (
         pytest.raises(RuntimeError, match="taken back"),
@@ -322,9 +322,10 @@ def test_a_checkpoint_whose_body_builds_values_takes_the_cores_rule() -> None:
             arrays = [a.array if isinstance(a, Checkpointed) else a for a in args]
             return jax.core.eval_jaxpr(jaxpr, (), *arrays)
 
-        got = quax.quaxify(f)(x)
+        got = quax.quaxify(checkpoint_building_values)(x)
         assert type(got) is Refusing
-        np.testing.assert_array_equal(got.array, np.where(x > lower, x, upper))
+        want = np.where(x > CHECKPOINT_LOWER, x, CHECKPOINT_UPPER)
+        np.testing.assert_array_equal(got.array, want)
         raise RuntimeError("the family's rule is taken back")
 
 

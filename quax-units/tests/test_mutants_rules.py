@@ -234,19 +234,6 @@ def test_a_cumulative_product_of_lengths_says_why_it_is_refused() -> None:
 # Units' registered rules against the whole suite (seed 52, `--suite --decorated`).
 
 
-def test_a_selection_between_lengths_in_km_shows_km() -> None:
-    # `jnp.where` between two lengths given in km: the numbers are held in metres,
-    # and the result shows in the operands' unit, km, as arithmetic's results do
-    # (mutant `_select_n` 25: the display unit dropped, the result shown in m).
-    a = Quantity(jnp.array([1.0, 2.0, 3.0]), "km")
-    b = Quantity(jnp.array([4.0, 5.0, 6.0]), "km")
-    f = quax.quaxify(lambda c, a, b: jnp.where(c, a, b))
-    for run in (f, jax.jit(f)):
-        out = run(jnp.array([True, False, True]), a, b)
-        assert str(out.unit) == "km"
-        np.testing.assert_allclose(out.array, [1000.0, 5000.0, 3000.0])
-
-
 def test_a_scatter_at_indices_with_units_names_the_index() -> None:
     # The indices of a scatter must be plain numbers: refused, naming the index as
     # what needs to be dimensionless (mutant `_scatter` 13: "a dimensionless None").
