@@ -1,6 +1,7 @@
 """Fixtures shared by the quax-structured tests."""
 
 import functools as ft
+import pathlib
 
 import jax
 import numpy as np
@@ -40,6 +41,42 @@ def _jit_matches_dense(fn, *args):
 def jit_matches_dense():
     """The function `jit_matches_dense(fn, *args)` (asserts; returns nothing)."""
     return _jit_matches_dense
+
+
+_HERE = pathlib.Path(__file__).parent
+_DOUBLE = {np.dtype(np.float64), np.dtype(np.complex128)}
+
+
+def _dtype_of(value: object) -> np.dtype | None:
+    """The dtype a test parameter names (`np.float64`, `jnp.complex64`, a
+    `np.dtype`) or holds (an array), else `None`."""
+    if isinstance(value, type) and issubclass(value, np.generic):
+        return np.dtype(value)
+    dtype = getattr(value, "dtype", value)
+    return dtype if isinstance(dtype, np.dtype) else None
+
+
+def _runs_in_float64(item: pytest.Item) -> bool:
+    """Whether `item` computes in float64: when it runs under the `x64` fixture, is
+    parametrised by `x64=True`, or by a float64 or complex128 dtype (or array). A
+    test that enables float64 inside its body carries the marker itself."""
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    if "x64" in getattr(item, "fixturenames", ()) or params.get("x64") is True:
+        return True
+    return any(_dtype_of(value) in _DOUBLE for value in params.values())
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The tests of this folder that compute in float64 carry the `float64` marker,
+    which `quax.testing`'s pytest plugin turns into a skip, with its reason, on a
+    backend with no native float64 (a TPU: its XLA has no float64 LU nor FFT, and
+    aborts the process compiling some complex128 programs, seen on a TPU v5e with
+    JAX 0.10.2, 2026-12-08). Their subject is a structure's algebra checked to
+    float64's precision; the float32 tests (conformance, solvers, the float32
+    parametrisations) run there."""
+    for item in items:
+        if _HERE in item.path.parents and _runs_in_float64(item):
+            item.add_marker(pytest.mark.float64)
 
 
 @pytest.fixture

@@ -231,6 +231,22 @@ def test_compiled_programs_hold_no_dense_matrix():
     quax.testing.assert_hlo_lacks(
         lambda x, b: (x @ b, jnp.linalg.solve(x, b)), bd, b, shapes=[(M, M)]
     )
+
+
+def test_compiled_fft_programs_hold_no_dense_matrix():
+    """`Circulant` and `Toeplitz` products and eigenvalues go through FFTs of
+    length `M` (and `2 M`), never an `(M, M)` array. Not on a TPU: there the
+    program held 78 instructions of shape `(M, M)`, every one from the lowering of
+    the `fft` operation (`iota`, `sine`, `cosine`: the DFT matrix, and its
+    products; seen on a TPU v5e, JAX 0.10.2, 2026-12-08), the operation that
+    plain `jnp.fft.fft` binds: the platform's FFT, not a densified structure."""
+    if jax.default_backend() == "tpu":
+        pytest.skip(
+            "a TPU's XLA lowers an FFT of length 256 to a product by its (256, 256) "
+            "DFT matrix, built in the program (the fft operation's own lowering)"
+        )
+    k = jr.split(jr.key(3), 5)
+    b = jr.normal(k[0], (M,))
     c, t = qs.Circulant(jr.normal(k[3], (M,))), qs.Toeplitz(b, jr.normal(k[4], (M,)))
     quax.testing.assert_hlo_lacks(
         lambda c, t, b: (c @ b, t @ b, jnp.linalg.eigvals(c)), c, t, b, shapes=[(M, M)]

@@ -185,6 +185,7 @@ def test_eigh_of_a_structure_without_one_is_dense_where_allowed():
         )
 
 
+@pytest.mark.float64
 def test_a_solve_whose_right_hand_side_promotes_keeps_its_precision():
     """`jnp.linalg.solve(T, b)` with `T` tridiagonal in float32 and `b` in float64:
     the result is float64, as dense JAX's, and as accurate (mutant of the `solve`

@@ -355,6 +355,7 @@ def _positive_definite():
 _B = jnp.array([1.0, 2, 3, 4, 5])
 
 
+@pytest.mark.float64
 def test_tiny_leading_minor_float64(toeplitz_guarantee):
     with jax.enable_x64(True):
         makers = (_toeplitz, _low_rank_plus_diagonal, _banded)
@@ -486,6 +487,7 @@ def test_non_dominant_matches_numpy(toeplitz_guarantee, system):
     _check(_float32_cases(*matrices), b, toeplitz_guarantee)
 
 
+@pytest.mark.float64
 @pytest.mark.parametrize("kind", ["symmetric", "general", "complex"])
 def test_low_rank_plus_diagonal_norm_bound(kind):
     """The bound of `‖A‖₂` in the Woodbury route's backward-error check is

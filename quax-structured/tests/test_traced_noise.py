@@ -95,6 +95,7 @@ def test_traced_noise_keeps_the_structure(name, dtype):
             np.testing.assert_allclose(got, want, rtol=100 * tol["rtol"])
 
 
+@pytest.mark.float64
 def test_a_scaled_constant_diagonal_is_a_diagonal():
     """`M + noise * jnp.diag(d)` with a constant `d` (not all equal) adds the
     diagonal `noise * d`; `M + noise * (2 * jnp.eye(n))` the scaled identity."""
@@ -159,6 +160,7 @@ def test_gp_gradient_with_respect_to_a_traced_noise(dtype):
             np.testing.assert_allclose(got_s, want[2], rtol=rtol)
 
 
+@pytest.mark.float64
 def test_low_rank_gradient_with_respect_to_a_traced_noise():
     """The GP loss of `U Uᵀ + noise * jnp.eye(n)` (a `LowRankPlusDiagonal`,
     solved by Woodbury): its gradient with respect to `U` and the noise under
@@ -177,6 +179,7 @@ def test_low_rank_gradient_with_respect_to_a_traced_noise():
         np.testing.assert_allclose(got_m.u, want_u, rtol=1e-9, atol=1e-12)
 
 
+@pytest.mark.float64
 def test_gp_gradient_with_traced_eye_noise_holds_no_dense_matrix():
     """`jax.jit(jax.grad(...))` of the GP loss written `K + noise * jnp.eye(n)`
     (the eye a constant of the program, the noise a `grad` variable), at n =
@@ -199,6 +202,7 @@ def test_gp_gradient_with_traced_eye_noise_holds_no_dense_matrix():
         np.testing.assert_allclose(jax.jit(grad)(k, 0.3)[1], want, rtol=1e-9)
 
 
+@pytest.mark.float64
 def test_a_non_finite_traced_noise_gives_nan_as_dense():
     """An infinite or NaN traced noise: the solve and `slogdet` of `K + noise *
     jnp.eye(n)` are NaN, as dense JAX's are (the dense product puts NaN off the
@@ -221,6 +225,7 @@ def test_a_non_finite_traced_noise_gives_nan_as_dense():
             np.testing.assert_allclose(got, want, rtol=1e-9)
 
 
+@pytest.mark.float64
 def test_ieee_strict_refuses_a_traced_noise():
     """Inside `quax.zero.ieee_strict` a traced noise is not read: `noise *
     jnp.eye(n)` puts NaN off the diagonal for an infinite noise, which the

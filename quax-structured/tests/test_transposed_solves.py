@@ -68,16 +68,23 @@ def _complex(m, seed):
     )
 
 
-# The module's matrices, built in float64 (and complex128); `ScaledIdentity`
-# only complex (a real one is symmetric).
+# The module's matrices, built in float64; `ScaledIdentity` only complex (a real
+# one is symmetric).
 with jax.enable_x64(True):
     STRUCTURES = _structures()
     IDS = [type(m).__name__ for m in STRUCTURES]
-    COMPLEX = [
+COMPLEX_IDS = [*IDS, "ScaledIdentity"]
+
+
+@ft.cache
+def _complex_structures() -> list:
+    """The complex128 matrices, built when a test first asks (under `x64`): not at
+    import, where a backend without native float64 would compile complex128
+    arithmetic while pytest collects (a TPU's compiler aborts the process)."""
+    return [
         *(_complex(m, 30 + i) for i, m in enumerate(STRUCTURES)),
         qs.ScaledIdentity(jnp.asarray(2.0 - 0.5j), N),
     ]
-    COMPLEX_IDS = [*IDS, "ScaledIdentity"]
 
 
 def _dense(m):
@@ -124,16 +131,17 @@ def test_grad_of_solve_matches_dense(m):
 
 
 def test_complex_matrices_are_not_hermitian():
-    for m in COMPLEX:
+    for m in _complex_structures():
         d = np.asarray(_dense(m))
         assert not np.allclose(d, d.conj().T), type(m).__name__
 
 
-@pytest.mark.parametrize("m", COMPLEX, ids=COMPLEX_IDS)
+@pytest.mark.parametrize("index", range(len(COMPLEX_IDS)), ids=COMPLEX_IDS)
 @pytest.mark.parametrize("trans", [0, 1, 2])
-def test_complex_lu_solve_trans_matches_dense(m, trans):
+def test_complex_lu_solve_trans_matches_dense(index, trans):
     """`trans=2` solves `Mᴴ x = b`, `trans=1` `Mᵀ x = b`: against JAX's dense
     `lu_solve` with the same `trans` and against NumPy."""
+    m = _complex_structures()[index]
     b = _rand(23, N, 2) + 1j * _rand(24, N, 2)
 
     def solve(m, b):
@@ -147,12 +155,13 @@ def test_complex_lu_solve_trans_matches_dense(m, trans):
         np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-11)
 
 
-@pytest.mark.parametrize("m", COMPLEX, ids=COMPLEX_IDS)
+@pytest.mark.parametrize("index", range(len(COMPLEX_IDS)), ids=COMPLEX_IDS)
 @pytest.mark.parametrize("trans", [1, 2])
-def test_grad_of_complex_lu_solve_matches_dense(m, trans):
+def test_grad_of_complex_lu_solve_matches_dense(index, trans):
     """The gradient of a real loss of `lu_solve(..., trans)` with respect to the
     complex right-hand side and every leaf, against `jax.grad` through JAX's
     dense `lu_solve`."""
+    m = _complex_structures()[index]
     b = _rand(25, N) + 1j * _rand(26, N)
     w = _rand(27, N) - 2j * _rand(28, N)
 
@@ -172,7 +181,7 @@ def test_pivoted_halves_of_mixed_conjugation_refuse(first):
     """A conjugated first half of a pivoted solve (`Tᴴ`) with a second half that
     is not (or the converse) is no solve `lu_solve` binds: it refuses, never the
     solution of the other system."""
-    t = COMPLEX[0]
+    t = _complex_structures()[0]
     assert isinstance(t, qs.TridiagonalMatrix)
     b = _rand(29, N, 1) + 1j * _rand(30, N, 1)
 

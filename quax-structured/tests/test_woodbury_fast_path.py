@@ -280,6 +280,7 @@ def test_capacitance_solve_on_ill_conditioned_k(dtype, symmetric):
             assert error <= 50 * cond * eps, error
 
 
+@pytest.mark.float64
 @pytest.mark.long_running
 # The unsymmetric variant repeats the symmetric one's check with an LU factor of the
 # capacitance: a sweep (`bash scripts/test.sh sweeps`).
@@ -345,6 +346,7 @@ def test_solve_rule_gradients_and_vmap(symmetric):
         close(per_b, jax.vmap(jax.grad(loss(dense), 0), over_b)(d, u, bs))
 
 
+@pytest.mark.float64
 def test_solve_rule_tridiagonal_and_banded():
     """The rule covers every matrix with `pivoted_solve`: a tridiagonal and a
     banded matrix with a zero leading pivot (an LU without pivoting fails),
@@ -458,6 +460,7 @@ def test_slogdet_rule_against_dense(dtype, symmetric):
         np.testing.assert_allclose(logdet, want_logdet, rtol=100 * eps, atol=100 * eps)
 
 
+@pytest.mark.float64
 def test_slogdet_rule_zero_and_gradients():
     """A singular matrix (`V` picks the first row of `D⁻¹ U`, which is `-e₀`, so
     that `K = I + Vᵀ D⁻¹ U` has a zero row): sign 0 and `-inf`, as dense JAX
