@@ -57,30 +57,38 @@ def test_int8_path_has_integer_dot_and_no_float_weight():
 
 
 def test_weight_only_one_row_never_writes_the_float_weight():
-    """One row under the formulations a user gets here: `"blocked"` on the CPU,
-    whose XLA fuses the conversion into the product; the TPU's own defaults
-    (`DEFAULT_KERNELS["tpu"]`: `"reduce"` for int8, `"pallas"` for int4 without
-    zero points, `"fused"` for the asymmetric groups) on a TPU, whose XLA writes the
-    converted weight out before a one-row product under `"blocked"` (f32[96,160] on
-    a TPU v5e, JAX 0.10.2, 2026-12-07): why `"blocked"` is not its default."""
+    """One row under the formulations a user gets on each backend: `"blocked"`
+    (the CPU's), whose conversion XLA on CPU fuses into the product; the TPU's own
+    defaults (`DEFAULT_KERNELS["tpu"]`: `"reduce"` for int8, `"pallas"` for int4
+    without zero points, and where the kernel does not apply, as for the
+    asymmetric groups, `"reduce"` at one row), on every backend. On a TPU v5e
+    (JAX 0.10.2) XLA wrote the converted weight out before a one-row product
+    under `"blocked"` (f32[96,160], 2026-12-07), why it is not the TPU's default,
+    and under `"fused"` for the asymmetric groups (2026-12-08), as XLA on CPU
+    does (checked below), why the kernel's fallback at one row is `"reduce"`."""
     grouped = qq.quantise(
         jr.normal(jr.PRNGKey(0), (N, K)), bits=4, group_size=32, symmetric=False
     )
-    on_tpu = jax.default_backend() == "tpu"
-    defaults = dataclasses.asdict(qq.DEFAULT_KERNELS["tpu"]) if on_tpu else {}
-    for w in (_weight(matmul="weight_only"), _weight(bits=4), grouped):
-        x = jr.normal(jr.PRNGKey(1), (K,))
-        with qq.kernels(**defaults):
-            hlo = quax.testing.compiled_hlo(lambda w, x: w @ x, w, x)
-        assert ("f32", (N, K)) not in _entry_arrays(hlo)
-        # That the check can fail: XLA on CPU converts the weight inside the
-        # product's fusion. (Under a TPU's defaults its XLA formed no float
-        # (N, K) array at all; its fusions are its own.)
-        if jax.default_backend() == "cpu":
-            assert ("f32", (N, K)) in [
-                a for i in quax.testing.hlo_instructions(hlo) for a in i.arrays
-            ], "expected the conversion fused into the product"
-        assert "f32[96,160]" not in hlo.split("ENTRY")[1].split("\n}")[0]
+    x = jr.normal(jr.PRNGKey(1), (K,))
+    tpu = dataclasses.asdict(qq.DEFAULT_KERNELS["tpu"])
+    choices = [tpu] if jax.default_backend() == "tpu" else [{}, tpu]
+    for choice in choices:
+        for w in (_weight(matmul="weight_only"), _weight(bits=4), grouped):
+            with qq.kernels(**choice):
+                hlo = quax.testing.compiled_hlo(lambda w, x: w @ x, w, x)
+            assert ("f32", (N, K)) not in _entry_arrays(hlo), (choice, w)
+            assert "f32[96,160]" not in hlo.split("ENTRY")[1].split("\n}")[0]
+            # That the check can fail: XLA on CPU converts the weight inside the
+            # product's fusion under "blocked".
+            if jax.default_backend() == "cpu" and not choice:
+                assert ("f32", (N, K)) in [
+                    a for i in quax.testing.hlo_instructions(hlo) for a in i.arrays
+                ], "expected the conversion fused into the product"
+    # And that it fails where the whole float weight is written: "fused" at one
+    # row of the asymmetric groups (on a TPU v5e, and on the CPU).
+    with qq.kernels(**{**tpu, "int4": "fused"}):
+        hlo = quax.testing.compiled_hlo(lambda w, x: w @ x, grouped, x)
+    assert ("f32", (N, K)) in _entry_arrays(hlo)
 
 
 def _float_arrays(hlo: str) -> list[tuple[int, ...]]:

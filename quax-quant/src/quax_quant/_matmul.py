@@ -220,7 +220,11 @@ class Kernels:
         an NNX kernel `(in, out)`). Where it does not apply (zero points, batch
         axes, more than 2 axes, groups that are not a multiple of 64 inputs,
         4-bit values packed along the free axis) or does not compile for the
-        shapes (checked once, logged), `"fused"`.
+        shapes (checked once, logged), `"reduce"` at most `REDUCE_MAX_ROWS`
+        rows, else `"fused"`: at one row of int4 in asymmetric groups (zero
+        points), `"fused"` wrote the whole converted weight out before the
+        product on a TPU v5e (f32 `(out, in)`, JAX 0.10.2, 2026-12-08), where
+        `"reduce"` reads the stored values once.
 
     And for the 4-bit formats under `"fused"`, `unpack`: `"shift"` (shifts,
     then the two halves concatenated: `unpack_int4`), or `"halves"` (no
@@ -664,7 +668,8 @@ def _formulated_product(
     out_dtype: Any,
 ) -> Array:
     """The weight-only product as `choice` writes it for `w`'s format (not
-    "blocked": that is `_canonical_product`)."""
+    "blocked": that is `_canonical_product`); where the "pallas" kernel does not
+    apply, the "reduce" formulation's choice by rows."""
     kernel = choice.of(w)
     if kernel == "pallas":
         out = _pallas_product(
@@ -678,7 +683,7 @@ def _formulated_product(
         )
         if out is not None:
             return out
-    if kernel == "reduce" and rows <= REDUCE_MAX_ROWS:
+    if kernel in ("reduce", "pallas") and rows <= REDUCE_MAX_ROWS:
         return _reduce_product(
             x, w, choice, dn=dn, w_is_lhs=w_is_lhs, out_dtype=out_dtype
         )
