@@ -28,7 +28,9 @@ Rounds are interleaved (each round times every program once, plain and quaxified
 side by side); times are medians over rounds, ratios medians of the per-round
 ratios. The machine is shared, so everything is timed in CPU time, which other jobs
 do not inflate: tracing and lowering (pure Python) in the running thread's, eager
-calls, compiles (which may use XLA's threads) and imports in the whole process's.
+calls, compiles (which may use XLA's threads) and imports in the whole process's;
+on a machine that does not account CPU time per process (the TPU machine's sandbox),
+in wall-clock time (`_clocks.py`).
 
     python benchmarks/core.py [--quick] [--calls | --against SRC [--runs N] [--count]]
 
@@ -65,6 +67,12 @@ import jax.numpy as jnp
 import jax.random as jr
 import quax
 from jax import lax
+
+
+# `_clocks.py` beside this file, also where the published quax's environment runs it
+# (`runpy.run_path`, which puts no folder on the path).
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _clocks
 
 
 IMAGES = Path(__file__).resolve().parent.parent / "docs" / "images"
@@ -179,8 +187,10 @@ def _summary(times: dict[str, list[float]], plain: str, name: str) -> dict[str, 
     }
 
 
-CPU = time.thread_time
-PROCESS = time.process_time
+# This thread's and this process's CPU time, or the wall clock where the machine
+# does not account them (`_clocks.py`).
+CPU = _clocks.host_clock(per_thread=True)
+PROCESS = _clocks.host_clock()
 
 
 class _CallCount:
@@ -524,15 +534,15 @@ def cold(runs: int = 3) -> dict[str, dict[str, list[float]]]:
 
 
 def import_time(python: str, code: str, runs: int) -> float:
-    """Median CPU time of a fresh interpreter running `code`."""
+    """Median time of a fresh interpreter running `code`, on `PROCESS`'s clock."""
+    clock = "process_time" if PROCESS is time.process_time else "perf_counter"
     times = []
     for _ in range(runs):
         done = subprocess.run(
             [
                 python,
                 "-c",
-                "import time; t = time.process_time(); "
-                f"{code}; print(time.process_time() - t)",
+                f"import time; t = time.{clock}(); {code}; print(time.{clock}() - t)",
             ],
             capture_output=True,
             text=True,

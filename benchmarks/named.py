@@ -1,7 +1,8 @@
 """quax-named: a compiled named transformer block against the same positional program.
 
 Measures, in one run (interleaved rounds, medians):
-- the compiled run time (CPU time of the process) of the block on NamedArrays
+- the compiled run time (CPU time of the process on the CPU, wall-clock time on
+  an accelerator: `_clocks.py`) of the block on NamedArrays
   (through `quax.quaxify`) over the plain positional program (goal: at most
   1.01x), for several sequence lengths, with the fitted exponent of time against
   length for both, and whether the two compiled programs are the same;
@@ -25,10 +26,10 @@ import json
 import os
 import statistics
 import subprocess
-import time
 from pathlib import Path
 from typing import Any
 
+import _clocks
 import jax
 import jax.numpy as jnp
 import jax.random as jr
@@ -112,13 +113,15 @@ def _register_bound(jaxpr: Any) -> None:
 
 
 def _time(fn: Any, *args: Any, calls: int = 10) -> float:
-    """Seconds of CPU time of this process (all its threads) per call: on a machine
-    shared with other jobs, less noisy than wall-clock time."""
-    start = time.process_time()
+    """Seconds per call on `_clocks.program_clock()`: on the CPU this process's CPU
+    time (all its threads: on a machine shared with other jobs, less noisy than
+    wall-clock time), on an accelerator the wall clock."""
+    clock = _clocks.program_clock()
+    start = clock()
     for _ in range(calls):
         out = fn(*args)
     jax.block_until_ready(out)
-    return (time.process_time() - start) / calls
+    return (clock() - start) / calls
 
 
 def _ops(fn: Any, *args: Any) -> list[str]:
@@ -196,12 +199,13 @@ def tracing(rounds: int, quaxified: Any) -> dict[str, float]:
     for i in range(rounds):
         order = list(traces)[i % 3 :] + list(traces)[: i % 3]
         for k in order:
-            # CPU time of the process, as for the runs: other jobs on a shared
-            # machine stretch wall-clock time, not this process's CPU time.
-            start = time.process_time()
+            # CPU time of the process where the machine accounts it: other jobs on
+            # a shared machine stretch wall-clock time, not this process's CPU time.
+            clock = _clocks.host_clock()
+            start = clock()
             for _ in range(3):
                 traces[k]()
-            times[k].append((time.process_time() - start) / 3)
+            times[k].append((clock() - start) / 3)
 
     def ratio(k: str) -> float:
         pairs = zip(times[k], times["positional"], strict=True)

@@ -75,6 +75,10 @@ def discover(directory: pathlib.Path = HERE) -> list[str]:
 
 def _load(name: str, directory: pathlib.Path):
     path = directory / f"{name}.py"
+    # The benchmarks' shared modules (`_clocks.py`) beside them, importable as when
+    # a benchmark runs as a script.
+    if str(directory) not in sys.path:
+        sys.path.insert(0, str(directory))
     spec = importlib.util.spec_from_file_location(f"quax_benchmark_{name}", path)
     if spec is None or spec.loader is None:
         raise ImportError(f"cannot import {path}")

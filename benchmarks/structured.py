@@ -786,7 +786,7 @@ def pivoted_solves(sizes: tuple[int, ...], rounds: int) -> list[dict[str, Any]]:
         if n <= DENSE_SOLVE_MAX:
             dense = lrpd.enable_materialise().materialise()
             fns["lrpd dense"] = ft.partial(dense_solve, dense, b)
-            dense = Banded(bands, 2, 2, True).materialise()
+            dense = Banded(bands, 2, 2, allow_materialise=True).materialise()
             fns["banded slogdet dense"] = ft.partial(dense_slogdet, dense)
         times = _timed(fns, rounds)
         out: dict[str, Any] = {"n": n}
