@@ -246,6 +246,23 @@ def test_an_update_of_another_rank_is_refused_as_jax_refuses_it() -> None:
         quax.quaxify(lambda x, u: jax.lax.dynamic_update_slice(x, u, (0, 0)))(x, update)
 
 
+def test_an_update_laid_out_by_other_names_names_the_update_by_name() -> None:
+    # An update whose names lie in another order than the array's is refused, and
+    # the message ends with the way out: `x.at[{...}].set(update)`, exactly as
+    # written (mutants: the way out `None`, or its case changed).
+    x = NamedArray(jnp.ones((3, 3)), ("a", "b"))
+    update = NamedArray(jnp.ones((2, 2)), ("b", "a"))
+    with pytest.raises(
+        ValueError,
+        match=r"^`dynamic_update_slice` writes an update with axes \('b', 'a'\) into "
+        r"a NamedArray with axes \('a', 'b'\), and position 0 holds 'b' in one and "
+        r"'a' in the other: quax_named never pairs two names by position\. Lay the "
+        r"update out as the array, or update by name with "
+        r"`x\.at\[\{\.\.\.\}\]\.set\(update\)`\.$",
+    ):
+        quax.quaxify(lambda x, u: jax.lax.dynamic_update_slice(x, u, (0, 0)))(x, update)
+
+
 def test_stacks_joined_along_their_anonymous_axis_keep_its_size() -> None:
     # Two stacks of a NamedArray (an anonymous leading axis each, of 2 and 3 pieces)
     # joined along it: one anonymous axis of 5 (mutant: its size dropped to `None`,
