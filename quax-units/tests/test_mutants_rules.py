@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import quax
+from equinox.internal._loop.common import _maybe_set, select_if_vmap_p
 from jax import lax
 from quax_units import Quantity, UnitError
 
@@ -300,6 +301,18 @@ _SHOWN = {
     "dot": (lambda x, y: x @ y, "km2", None),
     "var": (lambda x, y: jnp.var(x), "km2", None),
     "hypot": (jnp.hypot, "km", None),
+    # Equinox's loop primitives, bound as its loops bind them (diffrax's steps and
+    # saved solution), which `jax.numpy` never binds.
+    "select_if_vmap": (
+        lambda x, y: select_if_vmap_p.bind(jnp.bool_(True), x, y),
+        "km",
+        "degC",
+    ),
+    "maybe_set": (
+        lambda x, y: _maybe_set(True, x, y[0], 1, kwargs={}, makes_false_steps=False),
+        "km",
+        "degC",
+    ),
 }
 
 
