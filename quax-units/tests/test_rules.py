@@ -477,7 +477,17 @@ def test_a_gather_fills_out_of_bounds_entries_with_what_fits_the_units(fill):
     for name in ("km", "degC", ""):
         q = Quantity(jnp.asarray(numbers), name)
         if fill == 5.0 and name:
-            with pytest.raises(UnitError, match=r"with the plain number 5\.0, which"):
+            # The whole message, with its ways out (mutant `_index` 35: their end
+            # changed).
+            with pytest.raises(
+                UnitError,
+                match=r"^`gather` fills the entries out of bounds of .* with the plain "
+                r"number 5\.0, which has no units: a plain number fits a dimensional "
+                r"quantity only where it is 0, infinite or NaN\. Fill with NaN \(the "
+                r"default for `mode='fill'`\) and put a quantity in the filled "
+                r"entries \(`jnp\.where`\), or strip the units first "
+                r"\(`quax_units\.ustrip`\)\.$",
+            ):
                 f(q)
             with pytest.raises(UnitError, match="plain number"):
                 jax.jit(f)(q)
