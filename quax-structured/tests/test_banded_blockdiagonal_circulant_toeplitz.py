@@ -233,21 +233,25 @@ def test_compiled_programs_hold_no_dense_matrix():
     )
 
 
+# The length of the FFT structures' check: a TPU's XLA lowers an FFT of length 256
+# to a product by its (256, 256) DFT matrix, built in the program (78 instructions
+# of that shape in this check at M; TPU v5e, JAX 0.10.2, 2026-12-08), where
+# `jnp.fft.fft` of 1,024 to 16,384 numbers held no array over 16,384 elements: at
+# this length a dense matrix in the program is the structure's, on every backend.
+M_FFT = 1024
+
+
 def test_compiled_fft_programs_hold_no_dense_matrix():
     """`Circulant` and `Toeplitz` products and eigenvalues go through FFTs of
-    length `M` (and `2 M`), never an `(M, M)` array. Not on a TPU: there the
-    program held 78 instructions of shape `(M, M)`, every one from the lowering of
-    the `fft` operation (`iota`, `sine`, `cosine`: the DFT matrix, and its
-    products; seen on a TPU v5e, JAX 0.10.2, 2026-12-08), the operation that
-    plain `jnp.fft.fft` binds: the platform's FFT, not a densified structure."""
-    if jax.default_backend() == "tpu":
-        pytest.skip(
-            "a TPU's XLA lowers an FFT of length 256 to a product by its (256, 256) "
-            "DFT matrix, built in the program (the fft operation's own lowering)"
-        )
-    k = jr.split(jr.key(3), 5)
-    b = jr.normal(k[0], (M,))
-    c, t = qs.Circulant(jr.normal(k[3], (M,))), qs.Toeplitz(b, jr.normal(k[4], (M,)))
+    length `M_FFT` (and `2 M_FFT`), never an `(M_FFT, M_FFT)` array."""
+    k = jr.split(jr.key(3), 3)
+    b = jr.normal(k[0], (M_FFT,))
+    c = qs.Circulant(jr.normal(k[1], (M_FFT,)))
+    t = qs.Toeplitz(b, jr.normal(k[2], (M_FFT,)))
     quax.testing.assert_hlo_lacks(
-        lambda c, t, b: (c @ b, t @ b, jnp.linalg.eigvals(c)), c, t, b, shapes=[(M, M)]
+        lambda c, t, b: (c @ b, t @ b, jnp.linalg.eigvals(c)),
+        c,
+        t,
+        b,
+        shapes=[(M_FFT, M_FFT)],
     )
